@@ -1,0 +1,42 @@
+"""hspmd_sdk: HSPMD (Hierarchical and Heterogeneous SPMD, the Hetu v2 paper) on PyTorch.
+
+Public names are imported lazily so that ``import hspmd_sdk`` stays fast and pulls in torch only when a name
+that needs it is used.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "DS": "hspmd_sdk.core.annotation",
+    "Annotation": "hspmd_sdk.core.annotation",
+    "local_view": "hspmd_sdk.core.annotation",
+    "Cluster": "hspmd_sdk.core.cluster",
+    "LlamaConfig": "hspmd_sdk.core.model_config",
+    "Strategy": "hspmd_sdk.core.strategy",
+    "Pipeline": "hspmd_sdk.core.strategy",
+    "Stage": "hspmd_sdk.core.strategy",
+    "AnnotationPlan": "hspmd_sdk.core.plan",
+    "specialize": "hspmd_sdk.core.specialize",
+    "launch": "hspmd_sdk.runtime",
+    "HSPMDError": "hspmd_sdk.errors",
+    "PlanValidationError": "hspmd_sdk.errors",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hspmd_sdk' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,240 @@
+"""The cluster model: device kinds, nodes (hosts), links between ranks.
+
+Ranks are numbered by the order of ``nodes`` and, inside a node, by ``Node.ranks``.  Two ranks on one node talk
+over the node's intra-node link (NVLink figures from the device preset); ranks on different nodes over the
+inter-node network (``inter_bandwidth_gbs``, ``inter_latency_us``).  Bandwidths are GB/s (1e9 bytes/s) per
+direction per device, as vendors and the paper's Table 7 quote them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from ..errors import PlanValidationError
+
+
+class DeviceSpec(BaseModel):
+    """One device kind: memory, peak bf16 throughput, intra-node (NVLink-class) bandwidth."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str = Field(min_length=1)
+    memory_mb: int = Field(gt=0, description="device memory in MB (as nvidia-smi reports it)")
+    bf16_tflops: float = Field(gt=0, description="peak dense bf16 TFLOPS")
+    intra_bandwidth_gbs: float = Field(gt=0, description="intra-node bandwidth per device, GB/s")
+
+
+#: Device presets.  H800 and H20 are the paper's Table 7; the others are vendor figures (SXM parts).
+#: ``cpu`` is a local process used for tests and demos (its figures are nominal; profile for real ones).
+DEVICE_PRESETS: dict[str, DeviceSpec] = {
+    s.kind: s
+    for s in (
+        DeviceSpec(kind="H800", memory_mb=81559, bf16_tflops=990, intra_bandwidth_gbs=400),
+        DeviceSpec(kind="H20", memory_mb=97871, bf16_tflops=148, intra_bandwidth_gbs=900),
+        DeviceSpec(kind="A100", memory_mb=81920, bf16_tflops=312, intra_bandwidth_gbs=600),
+        DeviceSpec(kind="H100", memory_mb=81559, bf16_tflops=989, intra_bandwidth_gbs=900),
+        DeviceSpec(kind="H200", memory_mb=143771, bf16_tflops=989, intra_bandwidth_gbs=900),
+        DeviceSpec(kind="cpu", memory_mb=8192, bf16_tflops=0.5, intra_bandwidth_gbs=5),
+    )
+}
+
+
+class Node(BaseModel):
+    """A host and the ranks of its devices (all of one kind)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = Field(min_length=1)
+    kind: str = Field(min_length=1)
+    ranks: list[int] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class Link:
+    """The link between two ranks: class (``self``/``intra``/``inter``), bandwidth in bytes/s, latency in s."""
+
+    cls: Literal["self", "intra", "inter"]
+    bandwidth: float
+    latency: float
+
+    def time(self, nbytes: int) -> float:
+        """Seconds to move ``nbytes`` over this link (latency + bytes / bandwidth); 0 for ``self``."""
+        return 0.0 if self.cls == "self" or nbytes == 0 else self.latency + nbytes / self.bandwidth
+
+
+class Cluster(BaseModel):
+    """Devices grouped into nodes, with the links between them.
+
+    >>> Cluster.mixed({"H800": 16, "H20": 32}).num_ranks
+    48
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    nodes: list[Node] = Field(min_length=1)
+    devices: dict[str, DeviceSpec] = Field(default_factory=dict,
+                                           description="specs of the kinds used; presets fill in missing ones")
+    inter_bandwidth_gbs: float = Field(default=25.0, gt=0, description="inter-node bandwidth per device, GB/s")
+    inter_latency_us: float = Field(default=5.0, ge=0)
+    intra_latency_us: float = Field(default=1.0, ge=0)
+
+    _rank_node: list[int] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_presets(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("nodes"), list):
+            devices = dict(data.get("devices") or {})
+            for node in data["nodes"]:
+                kind = node.get("kind") if isinstance(node, dict) else getattr(node, "kind", None)
+                if isinstance(kind, str) and kind not in devices and kind in DEVICE_PRESETS:
+                    devices[kind] = DEVICE_PRESETS[kind]
+            data = {**data, "devices": devices}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> "Cluster":
+        for i, node in enumerate(self.nodes):
+            if node.kind not in self.devices:
+                raise ValueError(f"nodes[{i}].kind: unknown device kind {node.kind!r}; give its spec in "
+                                 f"'devices' or use a preset ({', '.join(DEVICE_PRESETS)})")
+        for kind, spec in self.devices.items():
+            if spec.kind != kind:
+                raise ValueError(f"devices[{kind!r}].kind is {spec.kind!r}; it must equal its key")
+        ranks = [r for n in self.nodes for r in n.ranks]
+        if sorted(ranks) != list(range(len(ranks))):
+            dup = sorted({r for r in ranks if ranks.count(r) > 1})
+            missing = sorted(set(range(len(ranks))) - set(ranks))
+            raise ValueError(f"nodes: ranks must be 0..{len(ranks) - 1}, each once"
+                             + (f"; repeated: {dup}" if dup else "") + (f"; missing: {missing}" if missing else ""))
+        rank_node = [0] * len(ranks)
+        for i, n in enumerate(self.nodes):
+            for r in n.ranks:
+                rank_node[r] = i
+        self._rank_node = rank_node
+        return self
+
+    # ---- constructors --------------------------------------------------------------------------------------
+    @classmethod
+    def homogeneous(cls, kind: str, n: int, *, per_node: int = 8, **kw: Any) -> "Cluster":
+        """``n`` devices of one kind, ``per_node`` to a node."""
+        return cls.mixed({kind: n}, per_node=per_node, **kw)
+
+    @classmethod
+    def mixed(cls, counts: Mapping[str, int], *, per_node: int = 8, **kw: Any) -> "Cluster":
+        """Devices of several kinds, ``per_node`` to a node, ranks in the order given.
+
+        ``Cluster.mixed({"H800": 16, "H20": 32})`` is the paper's cluster: ranks 0-15 H800, 16-47 H20.
+        """
+        nodes, rank = [], 0
+        for kind, count in counts.items():
+            left = count
+            while left > 0:
+                take = min(per_node, left)
+                nodes.append({"host": f"node{len(nodes)}", "kind": kind, "ranks": list(range(rank, rank + take))})
+                rank += take
+                left -= take
+        return cls.load({"nodes": nodes, **kw})
+
+    @classmethod
+    def local(cls, n: int, kind: str = "cpu") -> "Cluster":
+        """``n`` worker processes on this machine (one node, ``localhost``)."""
+        return cls.load({"nodes": [{"host": "localhost", "kind": kind, "ranks": list(range(n))}]})
+
+    @classmethod
+    def from_hostfile(cls, path: str | Path, *, default_kind: str = "cpu", **kw: Any) -> "Cluster":
+        """Read a DeepSpeed-style hostfile: ``host slots=N [kind=H20]`` a line, ``#`` comments."""
+        nodes, rank = [], 0
+        for lineno, raw in enumerate(Path(path).read_text().splitlines(), 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            host, *opts = line.split()
+            fields = {}
+            for opt in opts:
+                k, sep, v = opt.partition("=")
+                if not sep or k not in ("slots", "kind"):
+                    raise PlanValidationError([(f"{path}:{lineno}", f"cannot read {opt!r}; expected slots=N or "
+                                                                    "kind=NAME")], what="hostfile")
+                fields[k] = v
+            try:
+                slots = int(fields.get("slots", "1"))
+            except ValueError:
+                raise PlanValidationError([(f"{path}:{lineno}", f"slots={fields['slots']!r} is not an integer")],
+                                          what="hostfile") from None
+            if slots < 1:
+                raise PlanValidationError([(f"{path}:{lineno}", f"slots={slots} must be >= 1")], what="hostfile")
+            nodes.append({"host": host, "kind": fields.get("kind", default_kind),
+                          "ranks": list(range(rank, rank + slots))})
+            rank += slots
+        if not nodes:
+            raise PlanValidationError([(str(path), "no hosts in hostfile")], what="hostfile")
+        return cls.load({"nodes": nodes, **kw})
+
+    @classmethod
+    def load(cls, data: Any) -> "Cluster":
+        """Validate a dict, a JSON string or a path; raises ``PlanValidationError`` with field paths."""
+        from .annotation import validated
+
+        if isinstance(data, Path) or (isinstance(data, str) and not data.lstrip().startswith("{")):
+            data = Path(data).read_text()
+        if isinstance(data, str):
+            from pydantic import ValidationError
+            try:
+                return cls.model_validate_json(data)
+            except ValidationError as e:
+                raise PlanValidationError.from_pydantic(e, what="cluster") from None
+        return validated(cls, data, what="cluster")
+
+    # ---- queries -------------------------------------------------------------------------------------------
+    @property
+    def num_ranks(self) -> int:
+        return len(self._rank_node)
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(range(self.num_ranks))
+
+    def check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.num_ranks:
+            raise IndexError(f"rank {rank} is not in the cluster ({self.num_ranks} ranks: 0..{self.num_ranks - 1})")
+
+    def node_index(self, rank: int) -> int:
+        """Index into ``nodes`` of the node holding ``rank``."""
+        self.check_rank(rank)
+        return self._rank_node[rank]
+
+    def node_of(self, rank: int) -> Node:
+        return self.nodes[self.node_index(rank)]
+
+    def spec(self, rank: int) -> DeviceSpec:
+        """The device spec of ``rank``."""
+        return self.devices[self.node_of(rank).kind]
+
+    def kind(self, rank: int) -> str:
+        return self.node_of(rank).kind
+
+    def link(self, a: int, b: int) -> Link:
+        """The link between ranks ``a`` and ``b``: class, bandwidth (bytes/s), latency (s)."""
+        if a == b:
+            self.check_rank(a)
+            return Link("self", math.inf, 0.0)
+        if self.node_index(a) == self.node_index(b):
+            bw = min(self.spec(a).intra_bandwidth_gbs, self.spec(b).intra_bandwidth_gbs)
+            return Link("intra", bw * 1e9, self.intra_latency_us * 1e-6)
+        return Link("inter", self.inter_bandwidth_gbs * 1e9, self.inter_latency_us * 1e-6)
+
+    def kinds(self) -> dict[str, int]:
+        """Device kind -> count, in rank order of first appearance."""
+        out: dict[str, int] = {}
+        for n in self.nodes:
+            out[n.kind] = out.get(n.kind, 0) + len(n.ranks)
+        return out
+
+    def __str__(self) -> str:
+        kinds = ", ".join(f"{c} {k}" for k, c in self.kinds().items())
+        return f"Cluster({self.num_ranks} ranks on {len(self.nodes)} nodes: {kinds})"

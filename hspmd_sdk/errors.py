@@ -1,0 +1,82 @@
+"""The package's exception hierarchy.
+
+Every error says *what* went wrong, *where* (field path, tensor name, rank) and, when there is one, what to do.
+
+``PlanValidationError`` is what every loader raises for bad input.  It wraps pydantic's ``ValidationError`` so
+that users catch one type, and it keeps each problem as ``(path, reason)`` so editors can show the error at the
+place it concerns.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+
+class HSPMDError(Exception):
+    """Base class of every error raised by hspmd_sdk."""
+
+
+class PlanValidationError(HSPMDError, ValueError):
+    """A strategy, plan, annotation or cluster is invalid.
+
+    ``problems`` is a list of ``(path, reason)``; ``str(err)`` renders one problem a line as ``path: reason``.
+    """
+
+    def __init__(self, problems: Iterable[tuple[str, str]], *, what: str = "input") -> None:
+        self.problems: list[tuple[str, str]] = [(p or "<root>", r) for p, r in problems]
+        self.what = what
+        lines = [f"{p}: {r}" for p, r in self.problems]
+        super().__init__(f"invalid {what}:\n  " + "\n  ".join(lines) if len(lines) > 1
+                         else f"invalid {what}: {lines[0]}" if lines else f"invalid {what}")
+
+    @classmethod
+    def from_pydantic(cls, err: Any, *, what: str = "input", prefix: str = "") -> "PlanValidationError":
+        """Convert a ``pydantic.ValidationError`` into this error with dotted/indexed field paths."""
+        problems = []
+        for e in err.errors(include_url=False):
+            path = format_path(e.get("loc", ()))
+            if prefix:
+                path = f"{prefix}.{path}" if path and not path.startswith("[") else f"{prefix}{path}"
+            msg = str(e.get("msg", "invalid"))
+            for head in ("Value error, ", "Assertion failed, "):
+                if msg.startswith(head):
+                    msg = msg[len(head):]
+            if not path:
+                head, sep, rest = msg.partition(": ")
+                if sep and head and " " not in head:  # a model-level check that names its own field path
+                    path, msg = head, rest
+            problems.append((path, msg))
+        return cls(problems, what=what)
+
+
+class ResolutionError(HSPMDError):
+    """A Reshard between two annotations cannot be resolved into communication."""
+
+
+class SpecializationError(HSPMDError):
+    """Graph specialization failed (deduction mismatch, missing annotation, shape constraint)."""
+
+
+class ShapeError(HSPMDError, ValueError):
+    """A tensor shape does not fit an annotation (e.g. a split that does not divide a dimension)."""
+
+
+class RuntimeFailure(HSPMDError, RuntimeError):
+    """A worker failed; ``rank`` and ``traceback`` tell which and why."""
+
+    def __init__(self, message: str, *, rank: int | None = None, traceback: str = "") -> None:
+        self.rank = rank
+        self.traceback = traceback
+        super().__init__(message)
+
+
+def format_path(loc: Iterable[Any]) -> str:
+    """``("pipelines", 1, "stages", 2, "devices")`` -> ``pipelines[1].stages[2].devices``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("function-", "json-or-python", "lax-or-strict", "tagged-union")):
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out
