@@ -1,0 +1,14 @@
+# Sourced by the README's commands: create/refresh .venv and install hspmd_sdk with the extras named in $EXTRAS.
+EXTRAS="${EXTRAS:-dev}"
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+. .venv/bin/activate
+stamp=".venv/.installed-$EXTRAS-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  python -m pip install -q --upgrade pip
+  # torch first, pinned: the CPU wheel on this kind of machine; an unpinned torch would pull a CUDA build.
+  python -m pip install -q "torch==2.13.0"
+  python -m pip install -q -e ".[$EXTRAS]"
+  touch "$stamp"
+fi
