@@ -6,9 +6,10 @@ fi
 . .venv/bin/activate
 stamp=".venv/.installed-$EXTRAS-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
-  python -m pip install -q --upgrade pip
   # torch first, pinned: the CPU wheel on this kind of machine; an unpinned torch would pull a CUDA build.
-  python -m pip install -q "torch==2.13.0"
-  python -m pip install -q -e ".[$EXTRAS]"
+  { python -m pip install -q --upgrade pip \
+    && python -m pip install -q "torch==2.13.0" \
+    && python -m pip install -q -e ".[$EXTRAS]"; } 2>&1 | { grep -v -e "is ignored: it is neither" -e "^  " || true; }
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "installation failed" >&2; return 1 2>/dev/null || exit 1; }
   touch "$stamp"
 fi

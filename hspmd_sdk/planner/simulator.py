@@ -1,0 +1,340 @@
+"""An event-driven simulation of one training step of a strategy on a cluster (§8's "evaluate a plan").
+
+The step follows the schedules the runtime executes (:func:`hspmd_sdk.core.schedule.build_schedule`), replayed
+together by :func:`hspmd_sdk.core.schedule.replay` with a timing callback:
+
+1. ``PRE`` (ZeRO-1 only): all-gather of the bf16 parameters across the replicas holding each layer;
+2. every pipeline runs its own micro-batches (count and size per pipeline): ``F``/``B`` take the stage's compute
+   time plus its TP all-reduces (the slowest device kind of the TP group sets the pace); activations and
+   gradients move between neighbouring stages point-to-point over :meth:`Cluster.link`, one transfer at a time
+   per direction, without blocking the sender; a receive waits for its data;
+3. ``POST``: gradient synchronisation after each stage's last backward (ring all-reduce, or reduce-scatter with
+   ZeRO-1) in *buckets*: runs of layers held by the same set of stages (for heterogeneous pipelines whose stages
+   hold different layer ranges, HSPMD's SplitAllReduce/SplitReduceScatter); a bucket starts when all its holders
+   are ready and runs at the pace of its slowest holder and link; then the Adam update of the parameters each
+   device owns.
+
+Memory per device: bf16 parameters and gradients, the fp32 optimizer part (divided by the number of replicas
+holding each layer under ZeRO-1), activations of the micro-batches in flight (:func:`in_flight`), the largest
+transient buffer, and ``CostModel.memory_reserve_mb``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Hashable
+
+from ..core.schedule import Action, build_schedule, in_flight, replay
+from .cost import BF16, CostModel, LayerCost, embedding_cost, head_cost, layer_cost, static_memory
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.cluster import Cluster, DeviceSpec, Link
+    from ..core.model_config import LlamaConfig
+    from ..core.strategy import Stage, Strategy
+
+__all__ = ["simulate", "SimResult", "Event", "Transfer"]
+
+EventKind = str  # "F" | "B" | "comm" | "sync" | "optim" | "idle"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One interval on a device's compute timeline."""
+
+    start: float
+    end: float
+    kind: EventKind
+    micro_batch: int | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A point-to-point activation (``F``) or gradient (``B``) transfer between two stages of one pipeline."""
+
+    pipeline: int
+    src_stage: int
+    dst_stage: int
+    kind: str
+    micro_batch: int
+    start: float
+    end: float
+    nbytes: float
+
+
+@dataclass
+class SimResult:
+    """The outcome of :func:`simulate`.
+
+    ``step_time`` (s); ``timeline``: device -> non-overlapping :class:`Event` list covering ``[0, step_time]``;
+    ``bubble_fraction``: idle share of the devices' time between the first forward and the last backward of the
+    step; ``peak_memory`` and ``memory`` (breakdown): bytes per device; ``capacity``: bytes per device;
+    ``oom``: devices whose peak exceeds their capacity; ``transfers``: pipeline point-to-point transfers.
+    """
+
+    step_time: float
+    timeline: dict[int, list[Event]]
+    bubble_fraction: float
+    peak_memory: dict[int, float]
+    memory: dict[int, dict[str, float]]
+    capacity: dict[int, float]
+    oom: list[int]
+    transfers: list[Transfer] = field(default_factory=list)
+    pipeline_end: list[float] = field(default_factory=list)
+    sync_time: float = 0.0
+    label: str = ""
+
+    def busy(self, device: int, kinds: tuple[str, ...] = ("F", "B")) -> float:
+        """Seconds ``device`` spends in events of ``kinds``."""
+        return sum(e.duration for e in self.timeline[device] if e.kind in kinds)
+
+    def summary(self) -> str:
+        """A few readable lines: step time, bubble, pipelines, memory and OOM."""
+        lines = [f"{self.label + ': ' if self.label else ''}step {self.step_time:.3f} s, bubble "
+                 f"{self.bubble_fraction:.1%}, gradient sync + optimizer {self.sync_time:.3f} s"]
+        for i, t in enumerate(self.pipeline_end):
+            lines.append(f"  pipeline {i}: last backward at {t:.3f} s")
+        worst = max(self.peak_memory, key=lambda d: self.peak_memory[d] / self.capacity[d])
+        lines.append(f"  peak memory {max(self.peak_memory.values()) / 2**30:.1f} GiB; fullest device {worst}: "
+                     f"{self.peak_memory[worst] / 2**30:.1f} / {self.capacity[worst] / 2**30:.1f} GiB")
+        lines.append(f"  OOM on devices {self.oom}" if self.oom else "  fits in memory")
+        return "\n".join(lines)
+
+
+# ---- per-stage costs ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _StageCost:
+    fwd: float
+    bwd: float
+    act_per_mb: float
+    transient: float
+    units: tuple[tuple[Hashable, float], ...]  # (model unit, params per device)
+
+
+def _ring_link(cluster: "Cluster", devices: list[int]) -> "Link":
+    """The slowest link of a ring over ``devices``."""
+    if len(devices) == 1:
+        return cluster.link(devices[0], devices[0])
+    links = [cluster.link(devices[k], devices[(k + 1) % len(devices)]) for k in range(len(devices))]
+    return min(links, key=lambda l: l.bandwidth)
+
+
+def _stage_cost(model: "LlamaConfig", stage: "Stage", first: bool, last: bool, cluster: "Cluster",
+                micro_batch: int, seq_len: int, cost: CostModel) -> _StageCost:
+    tp, link = stage.tp_degree, _ring_link(cluster, stage.devices)
+    specs = {cluster.spec(d).kind: cluster.spec(d) for d in stage.devices}
+    best: _StageCost | None = None
+    for spec in specs.values():  # lockstep TP group: the slowest kind sets the pace
+        layer = layer_cost(model, spec, tp, link, micro_batch, seq_len, cost, recompute=stage.recompute)
+        parts: list[tuple[Hashable, LayerCost]] = [(("layer", i), layer) for i in range(stage.layers[0],
+                                                                                          stage.layers[1] + 1)]
+        if first:
+            parts.insert(0, (("embedding",), embedding_cost(model, spec, tp, link, micro_batch, seq_len, cost)))
+        if last:
+            parts.append((("head",), head_cost(model, spec, tp, link, micro_batch, seq_len, cost)))
+        sc = _StageCost(fwd=sum(c.fwd for _, c in parts), bwd=sum(c.bwd for _, c in parts),
+                        act_per_mb=sum(c.act_bytes for _, c in parts),
+                        transient=max(c.transient_bytes for _, c in parts),
+                        units=tuple((u, c.params) for u, c in parts if c.params > 0))
+        if best is None or sc.fwd + sc.bwd > best.fwd + best.bwd:
+            best = sc
+    assert best is not None
+    return best
+
+
+# ---- data-parallel collectives ----------------------------------------------------------------------------------
+StageKey = tuple[int, int]
+
+
+def _buckets(costs: dict[StageKey, _StageCost]) -> list[tuple[tuple[StageKey, ...], dict[StageKey, float]]]:
+    """Runs of model units held by the same stages: ``(holders, params per device of each holder)``, in model
+    order (embedding, layers, head)."""
+    holders: dict[Hashable, dict[StageKey, float]] = {}
+    for key, sc in costs.items():
+        for unit, params in sc.units:
+            holders.setdefault(unit, {})[key] = params
+    order = sorted(holders, key=lambda u: (-1,) if u[0] == "embedding" else (10**9,) if u[0] == "head"
+                   else (u[1],))
+    out: list[tuple[tuple[StageKey, ...], dict[StageKey, float]]] = []
+    for unit in order:
+        hs = tuple(sorted(holders[unit]))
+        if out and out[-1][0] == hs:
+            for k in hs:
+                out[-1][1][k] += holders[unit][k]
+        else:
+            out.append((hs, dict(holders[unit])))
+    return out
+
+
+def _group_link(cluster: "Cluster", stages: list[list[int]]) -> "Link":
+    """The slowest link between position-aligned devices of the holder stages (the DP ring)."""
+    width = max(len(s) for s in stages)
+    links = [cluster.link(a[k % len(a)], b[k % len(b)]) for k in range(width)
+             for a, b in zip(stages, stages[1:] + stages[:1]) if a is not b]
+    return min(links, key=lambda l: l.bandwidth) if links else cluster.link(stages[0][0], stages[0][0])
+
+
+def _run_collectives(op: str, buckets: list[tuple[tuple[StageKey, ...], dict[StageKey, float]]],
+                     ready: dict[StageKey, float], devices: dict[StageKey, list[int]], cluster: "Cluster",
+                     cost: CostModel, events: dict[StageKey, list[Event]], kind: str) -> dict[StageKey, float]:
+    """List-schedule one collective per bucket (in the order given): it starts when all holders are free and
+    lasts as long as its slowest holder needs.  Returns each stage's time when its last collective ends."""
+    clock = dict(ready)
+    for holders, params in buckets:
+        if len(holders) < 2:
+            continue
+        link = _group_link(cluster, [devices[h] for h in holders])
+        dur = max(cost.collective_time(op, params[h] * BF16, len(holders), link) for h in holders)
+        start = max(clock[h] for h in holders)
+        for h in holders:
+            events[h].append(Event(start, start + dur, kind))
+            clock[h] = start + dur
+    return clock
+
+
+# ---- the simulation -----------------------------------------------------------------------------------------------
+def simulate(model: "LlamaConfig | str", strategy: "Strategy | str | dict", cluster: "Cluster", *,
+             global_batch: int | None = None, seq_len: int, cost: CostModel | None = None,
+             label: str = "") -> SimResult:
+    """Simulate one training step of ``strategy`` for ``model`` on ``cluster`` with sequences of ``seq_len``.
+
+    ``model`` may be a preset name and ``strategy`` anything :meth:`Strategy.load` reads.  ``global_batch``, if
+    given, must equal the strategy's (micro-batch size x count summed over pipelines).  ``cost`` defaults to
+    :class:`CostModel`'s analytic defaults.  Raises :class:`PlanValidationError` when the strategy does not fit
+    the model, the cluster or the batch.
+
+    >>> from hspmd_sdk.core.cluster import Cluster
+    >>> r = simulate("tiny", {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 4, "stages": [
+    ...     {"devices": [0], "layers": [0, 1]}, {"devices": [1], "layers": [2, 3]}]}]}, Cluster.local(2), seq_len=16)
+    >>> len([e for e in r.timeline[1] if e.kind == "F"])
+    4
+    """
+    from ..core.model_config import LlamaConfig
+    from ..core.strategy import Strategy
+
+    model = LlamaConfig.load(model) if not isinstance(model, LlamaConfig) else model
+    strategy = Strategy.load(strategy, model=model, cluster=cluster, global_batch=global_batch)
+    cost = cost or CostModel()
+    costs: dict[StageKey, _StageCost] = {}
+    devices: dict[StageKey, list[int]] = {}
+    for i, p in enumerate(strategy.pipelines):
+        for j, st in enumerate(p.stages):
+            costs[(i, j)] = _stage_cost(model, st, j == 0, j == p.num_stages - 1, cluster, p.micro_batch_size,
+                                        seq_len, cost)
+            devices[(i, j)] = list(st.devices)
+    buckets = _buckets(costs)
+    events: dict[StageKey, list[Event]] = {k: [] for k in costs}
+
+    # 1. PRE: ZeRO-1 parameter all-gather.
+    start = {k: 0.0 for k in costs}
+    if strategy.zero1:
+        start = _run_collectives("all_gather", buckets, start, devices, cluster, cost, events, "comm")
+
+    # 2. The pipelines, replayed with timing.
+    clock, transfers = _run_pipelines(model, strategy, cluster, seq_len, cost, costs, devices, start, events)
+    pipe_end = [max(clock[(i, j)] for j in range(p.num_stages)) for i, p in enumerate(strategy.pipelines)]
+    compute_end = dict(clock)
+
+    # 3. POST: gradient synchronisation (last layers first), then the optimizer.
+    op = "reduce_scatter" if strategy.zero1 else "all_reduce"
+    clock = _run_collectives(op, buckets[::-1], clock, devices, cluster, cost, events, "sync")
+    memory = _memory(strategy, cluster, costs, buckets, devices, cost)
+    for k in costs:
+        owned = sum(params / (len(h) if strategy.zero1 else 1) for h, ps in buckets for kk, params in ps.items()
+                    if kk == k)
+        spec = _slowest_spec(cluster, devices[k], lambda s: cost.optimizer_time(1.0, s))
+        dur = cost.optimizer_time(owned, spec)
+        events[k].append(Event(clock[k], clock[k] + dur, "optim"))
+        clock[k] += dur
+    step = max(clock.values())
+    timeline = {d: _with_idle(events[k], step) for k in costs for d in devices[k]}
+    first_f = min(e.start for evs in events.values() for e in evs if e.kind == "F")
+    last_b = max(compute_end.values())
+    window = (last_b - first_f) * sum(len(v) for v in devices.values())
+    busy = sum(e.duration * len(devices[k]) for k, evs in events.items() for e in evs if e.kind in ("F", "B"))
+    peak = {d: sum(parts.values()) for d, parts in memory.items()}
+    capacity = {d: cluster.spec(d).memory_mb * 2.0**20 for d in peak}
+    return SimResult(step_time=step, timeline=dict(sorted(timeline.items())),
+                     bubble_fraction=1.0 - busy / window if window > 0 else 0.0,
+                     peak_memory=dict(sorted(peak.items())), memory=dict(sorted(memory.items())),
+                     capacity=dict(sorted(capacity.items())),
+                     oom=sorted(d for d in peak if peak[d] > capacity[d]), transfers=transfers,
+                     pipeline_end=pipe_end, sync_time=step - last_b, label=label or (strategy.name or ""))
+
+
+def _run_pipelines(model: "LlamaConfig", strategy: "Strategy", cluster: "Cluster", seq_len: int, cost: CostModel,
+                   costs: dict[StageKey, _StageCost], devices: dict[StageKey, list[int]],
+                   start: dict[StageKey, float], events: dict[StageKey, list[Event]],
+                   ) -> tuple[dict[StageKey, float], list[Transfer]]:
+    """Replay every stage's schedule with timing: compute advances the stage's clock, a send occupies its
+    (sender, receiver) channel for the transfer time without blocking the sender, a receive waits for the data.
+    Returns each stage's clock after its last action and the transfers."""
+    clock = dict(start)
+    channel_free: dict[tuple[StageKey, StageKey], float] = {}
+    transfers: list[Transfer] = []
+
+    def execute(key: Hashable, a: Action, payload: object) -> object:
+        k: StageKey = key  # type: ignore[assignment]
+        sc, p = costs[k], strategy.pipelines[k[0]]
+        if a.kind in ("F", "B"):
+            dur = sc.fwd if a.kind == "F" else sc.bwd
+            events[k].append(Event(clock[k], clock[k] + dur, a.kind, a.micro_batch))
+            clock[k] += dur
+        elif a.kind in ("SEND_F", "SEND_B"):
+            dst = (k[0], a.peer)
+            nbytes = p.micro_batch_size * seq_len * model.hidden_size * BF16
+            t0 = max(clock[k], channel_free.get((k, dst), 0.0))
+            link = min((cluster.link(s, d) for s, d in zip(devices[k], devices[dst])), key=lambda l: l.bandwidth)
+            t1 = t0 + cost.p2p_time(nbytes, link)
+            channel_free[(k, dst)] = t1
+            transfers.append(Transfer(k[0], k[1], dst[1], a.kind[-1], a.micro_batch or 0, t0, t1, nbytes))
+            return t1
+        elif a.kind in ("RECV_F", "RECV_B"):
+            clock[k] = max(clock[k], float(payload))  # type: ignore[arg-type]
+        return None
+
+    replay({k: build_schedule(strategy.schedule, strategy.pipelines[k[0]].num_stages, k[1],
+                              strategy.pipelines[k[0]].num_micro_batches) for k in costs}, execute)
+    return clock, transfers
+
+
+def _slowest_spec(cluster: "Cluster", devices: list[int], time_of: Callable[["DeviceSpec"], float]) -> "DeviceSpec":
+    """The spec among ``devices`` for which ``time_of`` is largest (the TP group's pace-setter)."""
+    return max((cluster.spec(d) for d in devices), key=time_of)
+
+
+def _memory(strategy: "Strategy", cluster: "Cluster", costs: dict[StageKey, _StageCost],
+            buckets: list[tuple[tuple[StageKey, ...], dict[StageKey, float]]], devices: dict[StageKey, list[int]],
+            cost: CostModel) -> dict[int, dict[str, float]]:
+    """Per-device bytes: params, grads, optimizer (ZeRO-1: divided by the holders of each unit), activations,
+    reserve."""
+    out: dict[int, dict[str, float]] = {}
+    for k, sc in costs.items():
+        parts = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
+        for holders, params in buckets:
+            if k in params:
+                for name, b in static_memory(params[k], len(holders) if strategy.zero1 else 1).items():
+                    parts[name] += b
+        p = strategy.pipelines[k[0]]
+        held = in_flight(strategy.schedule, p.num_stages, k[1], p.num_micro_batches)
+        parts["activations"] = sc.act_per_mb * held + sc.transient
+        parts["reserve"] = cost.memory_reserve_mb * 2.0**20
+        for d in devices[k]:
+            out[d] = dict(parts)
+    return out
+
+
+def _with_idle(events: list[Event], end: float) -> list[Event]:
+    """``events`` sorted, with ``idle`` events filling the gaps in ``[0, end]``."""
+    out: list[Event] = []
+    t = 0.0
+    for e in sorted(events, key=lambda e: e.start):
+        if e.start > t + 1e-12:
+            out.append(Event(t, e.start, "idle"))
+        out.append(e)
+        t = max(t, e.end)
+    if end > t + 1e-12:
+        out.append(Event(t, end, "idle"))
+    return out

@@ -1,0 +1,171 @@
+"""The step simulator and the cost model (§8), checked against pipeline theory and hand arithmetic."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from hspmd_sdk.core.cluster import Cluster
+from hspmd_sdk.core.model_config import LlamaConfig
+from hspmd_sdk.core.strategy import Strategy
+from hspmd_sdk.errors import PlanValidationError
+from hspmd_sdk.planner import CostModel, profile_device, simulate
+from hspmd_sdk.planner.cost import ComputeFit
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "hspmd_sdk" / "examples"
+NO_COMM = CostModel(comm_scale=0.0, include_embedding=False)
+
+
+def _uniform(p: int, m: int, *, tp: int = 1, layers_per_stage: int = 2, pipelines: int = 1, mbs: int = 1,
+             schedule: str = "1f1b", zero1: bool = False, recompute: bool = False) -> Strategy:
+    pipes = []
+    for i in range(pipelines):
+        base = i * p * tp
+        pipes.append({"micro_batch_size": mbs, "num_micro_batches": m, "stages": [
+            {"devices": list(range(base + s * tp, base + (s + 1) * tp)),
+             "layers": [s * layers_per_stage, (s + 1) * layers_per_stage - 1], "recompute": recompute}
+            for s in range(p)]})
+    return Strategy.load({"pipelines": pipes, "schedule": schedule, "zero1": zero1})
+
+
+def _model(layers: int) -> LlamaConfig:
+    return LlamaConfig(vocab_size=32000, hidden_size=4096, num_layers=layers, num_heads=32,
+                       ffn_hidden_size=11008, max_seq_len=4096)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 3), (3, 12), (1, 4)])
+def test_bubble_fraction_matches_pipeline_theory(schedule: str, p: int, m: int) -> None:
+    model, tp, seq = _model(2 * p), 2, 2048
+    cluster = Cluster.homogeneous("H800", p * tp)
+    res = simulate(model, _uniform(p, m, tp=tp, schedule=schedule), cluster, seq_len=seq, cost=NO_COMM)
+    assert res.bubble_fraction == pytest.approx((p - 1) / (m + p - 1), abs=1e-9)
+    # independent reference: 2 layers a stage, FLOPs / TP / (peak x MFU), backward = 2 forwards
+    f = 2 * model.layer_flops(seq, seq) / tp / (990e12 * 0.45)
+    assert res.pipeline_end[0] == pytest.approx((m + p - 1) * 3 * f, rel=1e-9)
+
+
+def test_timeline_is_a_partition_of_the_step() -> None:
+    model = _model(8)
+    res = simulate(model, _uniform(4, 6, tp=2, pipelines=2, zero1=True), Cluster.homogeneous("H20", 16),
+                   seq_len=1024)
+    for dev, events in res.timeline.items():
+        assert events[0].start == 0.0 and events[-1].end == pytest.approx(res.step_time)
+        for a, b in zip(events, events[1:]):
+            assert a.end == pytest.approx(b.start)
+        assert sorted(e.micro_batch for e in events if e.kind == "F") == list(range(6))
+        assert [e.kind for e in events if e.kind in ("sync", "optim")][-1] == "optim"
+    assert res.step_time > max(res.pipeline_end)
+
+
+def test_communication_costs_time() -> None:
+    model, cluster = _model(8), Cluster.homogeneous("H800", 16)
+    strategy = _uniform(4, 8, tp=2, pipelines=2, zero1=True)
+    free = simulate(model, strategy, cluster, seq_len=2048, cost=CostModel(comm_scale=0.0))
+    paid = simulate(model, strategy, cluster, seq_len=2048)
+    assert paid.step_time > free.step_time
+    assert all(t.end > t.start for t in paid.transfers)
+    assert len(paid.transfers) == 2 * 2 * 3 * 8  # pipelines x (F and B) x stage boundaries x micro-batches
+
+
+def test_memory_of_tiny_model_matches_param_and_optimizer_bytes() -> None:
+    model = LlamaConfig.preset("tiny")  # 4 layers
+    cluster = Cluster.local(4)
+    h, v, f = model.hidden_size, model.vocab_size, model.ffn_hidden_size
+    layer = 4 * h * h + 3 * h * f + 2 * h  # MHA: q, k, v, o; SwiGLU; two norms
+    emb, head = v * h, h * v + h
+    for zero1 in (False, True):
+        strat = _uniform(2, 2, layers_per_stage=2, pipelines=2, zero1=zero1)
+        res = simulate(model, strat, cluster, seq_len=16)
+        shards = 2 if zero1 else 1
+        for dev, stage_params in ((0, 2 * layer + emb), (1, 2 * layer + head), (2, 2 * layer + emb),
+                                  (3, 2 * layer + head)):
+            mem = res.memory[dev]
+            assert mem["params"] == pytest.approx(2 * stage_params)
+            assert mem["grads"] == pytest.approx(2 * stage_params)
+            assert mem["optimizer"] == pytest.approx(12 * stage_params / shards)
+
+
+def test_memory_tp_and_schedule_and_recompute() -> None:
+    model, cluster = _model(8), Cluster.homogeneous("H800", 8)
+    cost = CostModel(include_embedding=False)
+    one = simulate(model, _uniform(4, 8, tp=2), cluster, seq_len=4096, cost=cost)
+    gp = simulate(model, _uniform(4, 8, tp=2, schedule="gpipe"), cluster, seq_len=4096, cost=cost)
+    rc = simulate(model, _uniform(4, 8, tp=2, recompute=True), cluster, seq_len=4096, cost=cost)
+    # 1F1B stage 0 holds 4 micro-batches, GPipe 8; the last 1F1B stage holds one
+    act = one.memory[0]["activations"]
+    per_mb = 2 * model.layer_activation_bytes(4096) / 2  # 2 layers, sequence parallel over TP 2
+    assert act == pytest.approx(4 * per_mb)
+    assert gp.memory[0]["activations"] == pytest.approx(8 * per_mb)
+    assert one.memory[6]["activations"] == pytest.approx(per_mb)
+    assert rc.memory[0]["activations"] < act / 4
+    assert rc.step_time > one.step_time
+    # TP halves parameters per device
+    assert one.memory[2]["params"] == pytest.approx(2 * 2 * model.layer_param_count() / 2)
+
+
+def test_oom_is_reported() -> None:
+    model = LlamaConfig.preset("llama-70b")
+    strat = Strategy.load({"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 4, "stages": [
+        {"devices": [0], "layers": [0, 39]}, {"devices": [1], "layers": [40, 79]}]}]})
+    res = simulate(model, strat, Cluster.homogeneous("H20", 2), seq_len=4096)
+    assert res.oom == [0, 1]
+    assert "OOM" in res.summary()
+
+
+def test_global_batch_must_match() -> None:
+    with pytest.raises(PlanValidationError, match="global batch"):
+        simulate(_model(8), _uniform(4, 8), Cluster.homogeneous("H800", 4), seq_len=128, global_batch=64)
+
+
+def test_uneven_pipelines_run_their_own_micro_batches() -> None:
+    data = json.loads((EXAMPLES / "table11_c2.json").read_text())
+    res = simulate(LlamaConfig.preset("llama-32b"), Strategy.load(data), Cluster.load(EXAMPLES / "h20_31.json"),
+                   seq_len=4096, global_batch=64)
+    for dev in (0, 16, 30):
+        n = 33 if dev < 16 else 31
+        assert sum(1 for e in res.timeline[dev] if e.kind == "B") == n
+    assert not res.oom
+
+
+def test_cost_model_profile_and_round_trip(tmp_path: Path) -> None:
+    cost = profile_device("cpu", shapes=[(64, 64, 64), (128, 128, 128), (256, 256, 256)], repeats=3)
+    fit = cost.compute_fits["cpu"]
+    assert fit.a > 0 and math.isfinite(fit.tflops)
+    cost.save(tmp_path / "cost.json")
+    assert CostModel.load(tmp_path / "cost.json") == cost
+    spec = Cluster.local(1).spec(0)
+    assert cost.compute_time(1e9, spec) == pytest.approx(fit.a * 1e9 + fit.b)
+    fitted = CostModel(compute_fits={"cpu": ComputeFit(a=1e-9, b=0.5)})
+    assert fitted.compute_time(2e9, spec) == pytest.approx(2.5)
+
+
+def test_ring_collective_formula() -> None:
+    link = Cluster.homogeneous("H800", 8).link(0, 1)
+    cost = CostModel(collective_efficiency=1.0)
+    nbytes = 1e9
+    ar = cost.collective_time("all_reduce", nbytes, 4, link)
+    assert ar == pytest.approx(2 * 3 / 4 * nbytes / link.bandwidth + 6 * link.latency)
+    rs = cost.collective_time("reduce_scatter", nbytes, 4, link)
+    assert rs == pytest.approx(3 / 4 * nbytes / link.bandwidth + 3 * link.latency)
+
+
+def _fixture(name: str) -> tuple[LlamaConfig, Strategy, Cluster, int]:
+    meta = json.loads((EXAMPLES / "index.json").read_text())["strategies"][name]
+    return (LlamaConfig.preset(meta["model"]), Strategy.load(EXAMPLES / name), Cluster.load(EXAMPLES / meta["cluster"]),
+            meta["global_batch"])
+
+
+def test_table9_32b_beats_megatron_on_16_h800_16_h20() -> None:
+    """Figure 15: HSPMD's heterogeneous strategy (Table 9) is faster than Megatron's DP2TP4PP4 (Table 8)."""
+    out = {}
+    for name in ("table9_32b_16h800_16h20.json", "megatron_32b_16h800_16h20.json"):
+        model, strat, cluster, gb = _fixture(name)
+        out[name] = simulate(model, strat, cluster, seq_len=4096, global_batch=gb)
+        assert not out[name].oom, out[name].summary()
+    hspmd, megatron = out.values()
+    print(f"\nHSPMD {hspmd.step_time:.2f} s, Megatron {megatron.step_time:.2f} s, "
+          f"speed-up {megatron.step_time / hspmd.step_time:.2f}x")
+    assert hspmd.step_time < megatron.step_time
