@@ -8,7 +8,10 @@ place it concerns.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable
+
+_HEAD = re.compile(r"^(?P<head>[A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*): (?P<rest>.*)$", re.S)
 
 
 class HSPMDError(Exception):
@@ -40,10 +43,11 @@ class PlanValidationError(HSPMDError, ValueError):
             for head in ("Value error, ", "Assertion failed, "):
                 if msg.startswith(head):
                     msg = msg[len(head):]
-            if not path:
-                head, sep, rest = msg.partition(": ")
-                if sep and head and " " not in head:  # a model-level check that names its own field path
-                    path, msg = head, rest
+            m = _HEAD.match(msg)
+            if m:  # a model-level check that names the field path below it: move it into the path
+                head = m["head"]
+                path = head if not path else f"{path}{head}" if head.startswith("[") else f"{path}.{head}"
+                msg = m["rest"]
             problems.append((path, msg))
         return cls(problems, what=what)
 

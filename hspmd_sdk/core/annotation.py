@@ -21,14 +21,14 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import PlanValidationError, ShapeError
 
 PARTIAL = -2
 DUPLICATE = -1
 
-__all__ = ["DS", "Annotation", "LocalView", "local_view", "local_views", "validated", "PARTIAL", "DUPLICATE", "parse_ranks", "format_ranks"]
+__all__ = ["DS", "Annotation", "LocalView", "local_view", "local_views", "PARTIAL", "DUPLICATE", "parse_ranks", "format_ranks"]
 
 
 def _key_token(key: int, degree: int) -> str:
@@ -78,8 +78,8 @@ class DS(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    states: dict[int, int]
-    order: list[int]
+    states: dict[int, int] = Field(default_factory=dict)
+    order: list[int] = Field(default_factory=list)
 
     def __init__(self, states: Any = None, order: Sequence[int] | None = None, /, **data: Any) -> None:
         if states is not None:
@@ -470,13 +470,3 @@ def local_views(annotation: Annotation, shape: Sequence[int]) -> Iterator[LocalV
         v = local_view(annotation, shape, r)
         assert v is not None
         yield v
-
-
-def validated(model: type[BaseModel], data: Any, *, what: str) -> Any:
-    """``model.model_validate(data)`` raising :class:`PlanValidationError` with field paths."""
-    from pydantic import ValidationError
-
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise PlanValidationError.from_pydantic(e, what=what) from None

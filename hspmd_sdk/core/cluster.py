@@ -88,7 +88,10 @@ class Cluster(BaseModel):
     @classmethod
     def _fill_presets(cls, data: Any) -> Any:
         if isinstance(data, dict) and isinstance(data.get("nodes"), list):
-            devices = dict(data.get("devices") or {})
+            devices = data.get("devices") or {}
+            if not isinstance(devices, dict):
+                return data  # pydantic reports the wrong type at 'devices'
+            devices = dict(devices)
             for node in data["nodes"]:
                 kind = node.get("kind") if isinstance(node, dict) else getattr(node, "kind", None)
                 if isinstance(kind, str) and kind not in devices and kind in DEVICE_PRESETS:
@@ -178,17 +181,9 @@ class Cluster(BaseModel):
     @classmethod
     def load(cls, data: Any) -> "Cluster":
         """Validate a dict, a JSON string or a path; raises ``PlanValidationError`` with field paths."""
-        from .annotation import validated
+        from .loading import load_model
 
-        if isinstance(data, Path) or (isinstance(data, str) and not data.lstrip().startswith("{")):
-            data = Path(data).read_text()
-        if isinstance(data, str):
-            from pydantic import ValidationError
-            try:
-                return cls.model_validate_json(data)
-            except ValidationError as e:
-                raise PlanValidationError.from_pydantic(e, what="cluster") from None
-        return validated(cls, data, what="cluster")
+        return load_model(cls, data, what="cluster")
 
     # ---- queries -------------------------------------------------------------------------------------------
     @property

@@ -1,0 +1,242 @@
+"""The ``hspmd`` command line.
+
+Subcommands live in :data:`COMMANDS`; add one with the :func:`command` decorator::
+
+    @command("train", "train a model", add_arguments=lambda p: p.add_argument("--steps", type=int))
+    def _train(args: argparse.Namespace) -> int:
+        ...
+        return 0
+
+A subcommand returns the exit status.  :class:`~hspmd_sdk.errors.HSPMDError` (e.g. a ``PlanValidationError``)
+raised by it is printed to stderr, one problem a line as ``path: reason``, with exit status 1 and no traceback.
+
+FILE arguments are a path, or the name of a packaged example (``hspmd show table9_32b_16h800_16h20``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .errors import HSPMDError, PlanValidationError
+
+EXAMPLES = Path(__file__).resolve().parent / "examples"
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its help line, a function adding its arguments, and the function running it."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], Any]
+    run: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str, help: str, add_arguments: Callable[[argparse.ArgumentParser], Any] = lambda p: None
+            ) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
+    """Register a subcommand ``name`` running the decorated function."""
+    def register(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        COMMANDS[name] = Command(help, add_arguments, run)
+        return run
+    return register
+
+
+# ---- input helpers -------------------------------------------------------------------------------------------
+def resolve_file(name: str) -> Path:
+    """A path that exists, or a packaged example by file name (``.json`` optional)."""
+    path = Path(name)
+    if path.exists():
+        return path
+    for candidate in (EXAMPLES / name, EXAMPLES / f"{name}.json"):
+        if candidate.is_file() and candidate.parent == EXAMPLES:
+            return candidate
+    raise PlanValidationError([(name, "no such file (nor a packaged example; `hspmd examples` lists them)")],
+                              what="input")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise PlanValidationError([(str(path), f"not valid JSON: line {e.lineno} column {e.colno}: {e.msg}")],
+                                  what="input") from None
+    except OSError as e:
+        raise PlanValidationError([(str(path), f"cannot read: {e.strerror or e}")], what="input") from None
+
+
+def detect_kind(data: Any, path: Path) -> str:
+    """``strategy`` / ``plan`` / ``cluster`` from the top-level keys of a JSON document."""
+    if isinstance(data, dict):
+        for key, kind in (("pipelines", "strategy"), ("annotations", "plan"), ("nodes", "cluster")):
+            if key in data:
+                return kind
+    raise PlanValidationError([(str(path), "not a strategy, plan or cluster: expected a JSON object with "
+                                           "'pipelines' (strategy), 'annotations' (plan) or 'nodes' (cluster)")],
+                              what="input")
+
+
+def example_context(path: Path) -> dict[str, Any]:
+    """For a packaged example strategy, its model, cluster and global batch from ``examples/index.json``."""
+    index = path.resolve().parent / "index.json"
+    if not index.is_file():
+        return {}
+    try:
+        entry = json.loads(index.read_text()).get("strategies", {}).get(path.name, {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return entry if isinstance(entry, dict) else {}
+
+
+def load_context(args: argparse.Namespace, path: Path) -> tuple[Any, Any, int | None]:
+    """Model, cluster and global batch from the arguments, else from the example index; each may be None."""
+    from .core.cluster import Cluster
+    from .core.model_config import LlamaConfig
+
+    ctx = example_context(path)
+    model_name = args.model or ctx.get("model")
+    cluster_file = args.cluster or (str(path.resolve().parent / ctx["cluster"]) if "cluster" in ctx else None)
+    batch = getattr(args, "global_batch", None)
+    if batch is None:
+        batch = ctx.get("global_batch")
+    model = LlamaConfig.load(model_name) if model_name else None
+    cluster = Cluster.load(resolve_file(cluster_file)) if cluster_file else None
+    return model, cluster, batch
+
+
+def cluster_summary(cluster: Any) -> str:
+    """Nodes with their ranks and device kinds, and the device specs."""
+    from .core.annotation import format_ranks
+
+    lines = [str(cluster)]
+    for node in cluster.nodes:
+        lines.append(f"  {node.host:<12} {node.kind:<6} ranks {format_ranks(node.ranks)}")
+    for kind, spec in cluster.devices.items():
+        lines.append(f"  {kind}: {spec.memory_mb} MB, {spec.bf16_tflops:g} TFLOPS bf16, "
+                     f"{spec.intra_bandwidth_gbs:g} GB/s intra-node")
+    lines.append(f"  inter-node: {cluster.inter_bandwidth_gbs:g} GB/s, {cluster.inter_latency_us:g} us")
+    return "\n".join(lines)
+
+
+def _context_args(p: argparse.ArgumentParser, *, batch: bool) -> None:
+    p.add_argument("file", metavar="FILE", help="strategy, annotation plan or cluster JSON (or an example name)")
+    p.add_argument("--model", metavar="PRESET", help="model preset (tiny, llama-7b, llama-32b, llama-70b) or "
+                                                      "model-config JSON")
+    p.add_argument("--cluster", metavar="FILE", help="cluster JSON to check ranks against")
+    if batch:
+        p.add_argument("--global-batch", type=int, metavar="N", help="required samples per step")
+
+
+def _load(args: argparse.Namespace) -> tuple[str, Any, Path]:
+    from .core.cluster import Cluster
+    from .core.plan import AnnotationPlan
+    from .core.strategy import Strategy
+
+    path = resolve_file(args.file)
+    data = read_json(path)
+    kind = detect_kind(data, path)
+    loader = {"strategy": Strategy.load, "plan": AnnotationPlan.load, "cluster": Cluster.load}[kind]
+    return kind, loader(data), path
+
+
+# ---- subcommands ---------------------------------------------------------------------------------------------
+@command("validate", "check a strategy, annotation plan or cluster JSON (exit 0 if valid, 1 with the problems)",
+         lambda p: _context_args(p, batch=True))
+def _validate(args: argparse.Namespace) -> int:
+    from .core.cluster import Cluster
+
+    kind, obj, path = _load(args)
+    if kind == "strategy":
+        model, cluster, batch = load_context(args, path)
+        obj.check(model=model, cluster=cluster, global_batch=batch)
+        against = [str(x) for x in (model and model.name, cluster, batch and f"global batch {batch}") if x]
+        print(f"OK: strategy {obj.name or path.name!r}: {obj.dp_degree} pipeline(s), {obj.num_ranks} ranks"
+              + (f"; fits {', '.join(against)}" if against else " (no model/cluster given: structure only)"))
+    elif kind == "plan":
+        cluster = Cluster.load(resolve_file(args.cluster)) if args.cluster else None
+        obj.check(cluster=cluster)
+        print(f"OK: annotation plan {path.name}: {len(obj.annotations)} tensors on {len(obj.ranks)} ranks"
+              + (f"; fits {cluster}" if cluster else ""))
+    else:
+        print(f"OK: cluster {path.name}: {obj}")
+    return 0
+
+
+@command("show", "print a readable summary of a strategy, annotation plan or cluster",
+         lambda p: _context_args(p, batch=False))
+def _show(args: argparse.Namespace) -> int:
+    kind, obj, path = _load(args)
+    if kind == "strategy":
+        model, cluster, _ = load_context(args, path)
+        print(obj.summary(model=model, cluster=cluster))
+    elif kind == "plan":
+        print(obj.summary())
+    else:
+        print(cluster_summary(obj))
+    return 0
+
+
+@command("examples", "list the packaged example strategies and clusters")
+def _examples(args: argparse.Namespace) -> int:
+    index = json.loads((EXAMPLES / "index.json").read_text())
+    print("strategies (model, cluster, global batch):")
+    for name, e in index["strategies"].items():
+        print(f"  {name:<36} {e['model']:<10} {e['cluster']:<24} {e['global_batch']}")
+    print("clusters:")
+    for name, desc in index["clusters"].items():
+        print(f"  {name:<36} {desc}")
+    return 0
+
+
+@command("demo", "the main job: load the heterogeneous tiny example, validate it and print its summary")
+def _demo(args: argparse.Namespace) -> int:
+    from .core.cluster import Cluster
+    from .core.model_config import LlamaConfig
+    from .core.strategy import Strategy
+
+    model, cluster = LlamaConfig.preset("tiny"), Cluster.local(4)
+    strategy = Strategy.load(EXAMPLES / "example_hetero_tiny.json", model=model, cluster=cluster)
+    print(f"model:   {model}")
+    print(f"cluster: {cluster}")
+    print(strategy.summary(model=model, cluster=cluster))
+    print("OK: the strategy is valid for this model and cluster")
+    return 0
+
+
+# ---- entry point ---------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hspmd", description="HSPMD: heterogeneous SPMD training plans and tools")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, cmd in COMMANDS.items():
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(p)
+        p.set_defaults(_run=cmd.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``hspmd``; returns the exit status (0 ok, 1 invalid input or error, 2 usage)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "_run", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except PlanValidationError as e:
+        print(f"error: invalid {e.what}:", file=sys.stderr)
+        for path, reason in e.problems:
+            print(f"  {path}: {reason}", file=sys.stderr)
+        return 1
+    except HSPMDError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,382 @@
+"""The high-level parallel strategy, as the paper's Tables 9-16 write it.
+
+A :class:`Strategy` is a list of pipelines (data parallel across them).  A :class:`Pipeline` is a list of stages
+and its own micro-batch size and number of micro-batches (heterogeneous pipelines may differ in both).  A
+:class:`Stage` is a tensor-parallel group of ranks (``devices``; the TP degree is their number) holding the
+inclusive layer range ``layers = [first, last]``.
+
+Numbers and flags are strict: ``true`` is not a rank, ``"2"`` is not a micro-batch size, ``1`` is not ``zero1``.
+
+Two kinds of checks:
+
+* context-free ones run whenever a model is built (a rank used twice, a bad layer range, non-contiguous stages);
+* context-dependent ones need the model, the cluster or the global batch: :meth:`Strategy.check` and
+  :meth:`Strategy.load` with those arguments.  All raise :class:`~hspmd_sdk.errors.PlanValidationError` whose
+  problems are ``(field path, reason)``, e.g.
+  ``pipelines[1].stages[2].devices: rank 31 is not in the cluster (31 ranks: 0..30)``.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
+
+from ..errors import PlanValidationError
+from .annotation import format_ranks
+from .loading import load_model
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+    from .model_config import LlamaConfig
+
+__all__ = ["Stage", "Pipeline", "Strategy", "memory_estimate"]
+
+def _no_bool_or_text(value: Any) -> Any:
+    if isinstance(value, (bool, str, bytes)):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+#: An integer that is not spelled as a bool or a string (numpy integers and 2.0 are accepted).
+StrictInt = Annotated[int, BeforeValidator(_no_bool_or_text)]
+
+#: Bytes per parameter in the paper's mixed precision with Adam: bf16 parameter and gradient (2 + 2), and the
+#: fp32 master copy, first and second moments (4 + 4 + 4), which ZeRO-1 shards across data-parallel replicas.
+BF16_PARAM_GRAD_BYTES = 4
+FP32_OPTIMIZER_BYTES = 12
+
+
+class Stage(BaseModel):
+    """A pipeline stage: a TP group of ranks (``devices``) holding layers ``first..last`` (inclusive)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    devices: list[StrictInt] = Field(min_length=1, description="ranks of the stage's tensor-parallel group")
+    layers: list[StrictInt] = Field(min_length=2, max_length=2, description="[first, last] layer, inclusive")
+    recompute: StrictBool = Field(default=False, description="activation recomputation (checkpointing)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Stage":
+        seen: set[int] = set()
+        for r in self.devices:
+            if r < 0:
+                raise ValueError(f"devices: rank {r} is negative")
+            if r in seen:
+                raise ValueError(f"devices: rank {r} is listed twice")
+            seen.add(r)
+        first, last = self.layers
+        if first < 0:
+            raise ValueError(f"layers: first layer {first} is negative")
+        if first > last:
+            raise ValueError(f"layers: [{first}, {last}] is empty; give [first, last] with first <= last")
+        return self
+
+    @property
+    def tp_degree(self) -> int:
+        """Tensor-parallel degree: the number of ranks."""
+        return len(self.devices)
+
+    @property
+    def first_layer(self) -> int:
+        return self.layers[0]
+
+    @property
+    def last_layer(self) -> int:
+        return self.layers[1]
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0] + 1
+
+    def __str__(self) -> str:
+        rc = " +recompute" if self.recompute else ""
+        return f"R{format_ranks(self.devices)} L{self.layers[0]}-{self.layers[1]}{rc}"
+
+
+class Pipeline(BaseModel):
+    """Stages in pipeline order, and this pipeline's ``num_micro_batches`` micro-batches of ``micro_batch_size``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stages: list[Stage] = Field(min_length=1)
+    micro_batch_size: StrictInt = Field(ge=1)
+    num_micro_batches: StrictInt = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Pipeline":
+        expected = 0
+        for j, stage in enumerate(self.stages):
+            first, last = stage.layers
+            if first != expected:
+                where = "the first stage must start at layer 0" if j == 0 else \
+                    f"stages[{j - 1}] ends at layer {expected - 1}, so this stage must start at {expected}"
+                raise ValueError(f"stages[{j}].layers: starts at layer {first} but {where} (stages hold "
+                                 "contiguous layer ranges in order)")
+            expected = last + 1
+        return self
+
+    @property
+    def batch(self) -> int:
+        """Samples per step: ``micro_batch_size * num_micro_batches``."""
+        return self.micro_batch_size * self.num_micro_batches
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def num_layers(self) -> int:
+        """Layers covered: ``last layer of the last stage + 1``."""
+        return self.stages[-1].layers[1] + 1
+
+    @property
+    def ranks(self) -> list[int]:
+        return [r for s in self.stages for r in s.devices]
+
+    def __str__(self) -> str:
+        return f"{self.num_micro_batches} x bs{self.micro_batch_size}: " + " | ".join(map(str, self.stages))
+
+
+class Strategy(BaseModel):
+    """Data parallelism over heterogeneous pipelines; ``schedule`` and ``zero1`` apply to all of them.
+
+    >>> s = Strategy.load({"pipelines": [{"stages": [{"devices": [0, 1], "layers": [0, 3]}],
+    ...                                   "micro_batch_size": 1, "num_micro_batches": 4}]})
+    >>> s.dp_degree, s.stage_of(1)
+    (1, (0, 0))
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pipelines: list[Pipeline] = Field(min_length=1)
+    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    zero1: StrictBool = Field(default=False, description="ZeRO-1: shard fp32 master weights and Adam states over DP")
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "Strategy":
+        owner: dict[int, tuple[int, int]] = {}
+        for i, p in enumerate(self.pipelines):
+            for j, s in enumerate(p.stages):
+                for r in s.devices:
+                    if r in owner:
+                        a, b = owner[r]
+                        raise ValueError(f"pipelines[{i}].stages[{j}].devices: rank {r} is already in "
+                                         f"pipelines[{a}].stages[{b}]")
+                    owner[r] = (i, j)
+        return self
+
+    # ---- loading -------------------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, data: Any, *, model: "LlamaConfig | None" = None, cluster: "Cluster | None" = None,
+             global_batch: int | None = None) -> "Strategy":
+        """Validate a dict, JSON text, ``Path``/path string or ``Strategy``; then :meth:`check` the context given.
+
+        Raises :class:`PlanValidationError` with every problem found as ``(field path, reason)``.
+        """
+        strategy = load_model(cls, data, what="strategy")
+        strategy.check(model=model, cluster=cluster, global_batch=global_batch)
+        return strategy
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return self.model_dump_json(indent=indent)
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        """The JSON Schema of a strategy file."""
+        return cls.model_json_schema()
+
+    # ---- context checks ------------------------------------------------------------------------------------
+    def problems(self, model: "LlamaConfig | None" = None, cluster: "Cluster | None" = None,
+                 global_batch: int | None = None) -> list[tuple[str, str]]:
+        """Every context-dependent problem as ``(field path, reason)``; empty when the strategy fits."""
+        out: list[tuple[str, str]] = []
+        if model is not None:
+            out += _model_problems(self, model)
+        if cluster is not None:
+            out += _cluster_problems(self, cluster)
+        if global_batch is not None and self.global_batch != global_batch:
+            parts = ", ".join(f"pipeline {i}: {p.num_micro_batches} x bs{p.micro_batch_size}"
+                              for i, p in enumerate(self.pipelines))
+            out.append(("pipelines", f"micro-batches sum to {self.global_batch} samples ({parts}) but the global "
+                                     f"batch is {global_batch}; change num_micro_batches or micro_batch_size"))
+        return out
+
+    def check(self, model: "LlamaConfig | None" = None, cluster: "Cluster | None" = None,
+              global_batch: int | None = None) -> "Strategy":
+        """Raise :class:`PlanValidationError` listing every problem against the context given; return self."""
+        found = self.problems(model, cluster, global_batch)
+        if found:
+            raise PlanValidationError(found, what="strategy")
+        return self
+
+    # ---- queries -------------------------------------------------------------------------------------------
+    @property
+    def ranks(self) -> list[int]:
+        """Every rank used, sorted."""
+        return sorted(r for p in self.pipelines for r in p.ranks)
+
+    @property
+    def num_ranks(self) -> int:
+        return sum(len(p.ranks) for p in self.pipelines)
+
+    @property
+    def dp_degree(self) -> int:
+        """Data-parallel degree: the number of pipelines."""
+        return len(self.pipelines)
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per step over all pipelines."""
+        return sum(p.batch for p in self.pipelines)
+
+    def stage_of(self, rank: int) -> tuple[int, int]:
+        """``(pipeline index, stage index)`` of ``rank``; ``KeyError`` if the strategy does not use it."""
+        for i, p in enumerate(self.pipelines):
+            for j, s in enumerate(p.stages):
+                if rank in s.devices:
+                    return i, j
+        raise KeyError(f"rank {rank} is not used by this strategy (ranks {format_ranks(self.ranks)})")
+
+    def stage(self, rank: int) -> Stage:
+        i, j = self.stage_of(rank)
+        return self.pipelines[i].stages[j]
+
+    def tp_degree(self, rank: int) -> int:
+        """TP degree of the stage holding ``rank``."""
+        return self.stage(rank).tp_degree
+
+    def tp_degrees(self) -> list[list[int]]:
+        """TP degree of every stage, per pipeline."""
+        return [[s.tp_degree for s in p.stages] for p in self.pipelines]
+
+    # ---- reporting -----------------------------------------------------------------------------------------
+    def memory_estimate(self, model: "LlamaConfig", seq_len: int | None = None) -> dict[int, float]:
+        """Estimated bytes per rank (see :func:`memory_estimate`)."""
+        return memory_estimate(self, model, seq_len=seq_len)
+
+    def summary(self, model: "LlamaConfig | None" = None, cluster: "Cluster | None" = None) -> str:
+        """A readable description: pipelines, stages (ranks, device kinds, layers, TP), micro-batches and,
+        when ``model`` is given, an estimate of the memory each rank needs."""
+        head = f"Strategy {self.name!r}" if self.name else "Strategy"
+        lines = [f"{head}: {_n(self.dp_degree, 'pipeline')}, {_n(self.num_ranks, 'rank')}, schedule {self.schedule}, "
+                 f"ZeRO-1 {'on' if self.zero1 else 'off'}, global batch {self.global_batch}"]
+        mem = memory_estimate(self, model) if model is not None else {}
+        for i, p in enumerate(self.pipelines):
+            lines.append(f"  pipeline {i}: {_n(p.num_micro_batches, 'micro-batch', 'micro-batches')} x "
+                         f"bs{p.micro_batch_size} ({_n(p.batch, 'sample')}), {_n(p.num_stages, 'stage')}")
+            for j, s in enumerate(p.stages):
+                kinds = _kinds(s.devices, cluster)
+                line = (f"    stage {j}: ranks {format_ranks(s.devices):<10} TP{s.tp_degree:<2} "
+                        f"layers {s.layers[0]}-{s.layers[1]} ({s.num_layers})")
+                if kinds:
+                    line += f"  [{kinds}]"
+                if s.recompute:
+                    line += "  recompute"
+                if mem:
+                    line += f"  ~{_gb(max(mem[r] for r in s.devices))}/rank"
+                lines.append(line)
+        if mem:
+            seq = model.max_seq_len if model is not None else 0
+            lines.append(f"  memory: estimate of bf16 params+grads, fp32 Adam states"
+                         f"{' (ZeRO-1 over DP)' if self.zero1 else ''} and in-flight activations at "
+                         f"seq_len {seq}; peak {_gb(max(mem.values()))}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return "Strategy(" + " || ".join(map(str, self.pipelines)) + ")"
+
+
+# ---- helpers -------------------------------------------------------------------------------------------------
+def _n(count: int, one: str, many: str | None = None) -> str:
+    return f"{count} {one if count == 1 else (many or one + 's')}"
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.2f} MB"
+
+
+def _kinds(ranks: list[int], cluster: "Cluster | None") -> str:
+    if cluster is None:
+        return ""
+    counts: dict[str, int] = {}
+    for r in ranks:
+        k = cluster.kind(r) if 0 <= r < cluster.num_ranks else "?"
+        counts[k] = counts.get(k, 0) + 1
+    return ", ".join(f"{n}x{k}" for k, n in counts.items())
+
+
+def _model_problems(strategy: Strategy, model: "LlamaConfig") -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    n = model.num_layers
+    for i, p in enumerate(strategy.pipelines):
+        if p.num_layers != n:
+            out.append((f"pipelines[{i}]", f"layers cover 0..{p.num_layers - 1} but the model has {n} layers "
+                                            f"(0..{n - 1})"))
+        for j, s in enumerate(p.stages):
+            t = s.tp_degree
+            for field, value in (("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads),
+                                 ("hidden_size", model.hidden_size), ("ffn_hidden_size", model.ffn_hidden_size)):
+                if value % t:
+                    out.append((f"pipelines[{i}].stages[{j}].devices",
+                                f"TP degree {t} does not divide {field}={value}"))
+                    break
+    return out
+
+
+def _cluster_problems(strategy: Strategy, cluster: "Cluster") -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    n = cluster.num_ranks
+    for i, p in enumerate(strategy.pipelines):
+        for j, s in enumerate(p.stages):
+            for r in s.devices:
+                if not 0 <= r < n:
+                    out.append((f"pipelines[{i}].stages[{j}].devices",
+                                f"rank {r} is not in the cluster ({n} ranks: 0..{n - 1})"))
+    return out
+
+
+def _in_flight(strategy: Strategy, p: Pipeline, j: int) -> int:
+    """Micro-batches whose activations stage ``j`` holds at its peak: all under GPipe; under 1F1B the
+    warm-up depth ``num_stages - j`` (capped by the number of micro-batches)."""
+    if strategy.schedule == "gpipe":
+        return p.num_micro_batches
+    return min(p.num_stages - j, p.num_micro_batches)
+
+
+def memory_estimate(strategy: Strategy, model: "LlamaConfig", *, seq_len: int | None = None) -> dict[int, float]:
+    """Estimated bytes each rank needs for training: an *estimate*, not a measurement.
+
+    * Model states, the paper's mixed precision: bf16 parameters and gradients (2 + 2 bytes per parameter) and
+      fp32 master weights, Adam m and v (12 bytes).  The stage's parameters (its layers, plus the embedding on
+      the first stage and the final norm and LM head on the last) are divided by its TP degree.  With ZeRO-1
+      the 12 bytes are divided by the DP degree (the number of pipelines); for heterogeneous pipelines, whose
+      stages hold different layer ranges, the real shards are uneven and this is only approximate.
+    * Activations: :meth:`LlamaConfig.layer_activation_bytes` (bf16) for ``micro_batch_size * seq_len`` tokens
+      per layer divided by the TP degree (sequence parallel), times the micro-batches in flight
+      (:func:`_in_flight`).  With ``recompute`` a layer keeps only its input (``hidden`` values a token) and one
+      layer's full activations are rebuilt at a time.  ``seq_len`` defaults to ``model.max_seq_len``.
+    """
+    seq = model.max_seq_len if seq_len is None else seq_len
+    dp = strategy.dp_degree
+    opt_bytes = FP32_OPTIMIZER_BYTES / dp if strategy.zero1 else FP32_OPTIMIZER_BYTES
+    out: dict[int, float] = {}
+    for p in strategy.pipelines:
+        for j, s in enumerate(p.stages):
+            t = s.tp_degree
+            params = s.num_layers * model.layer_param_count()
+            if j == 0:
+                params += model.embedding_param_count()
+            if j == p.num_stages - 1:
+                params += model.head_param_count()
+            states = params / t * (BF16_PARAM_GRAD_BYTES + opt_bytes)
+            tokens = p.micro_batch_size * seq
+            full_layer = model.layer_activation_bytes(tokens, 2) / t
+            if s.recompute:
+                per_mb = s.num_layers * tokens * model.hidden_size * 2 / t
+                acts = per_mb * _in_flight(strategy, p, j) + full_layer
+            else:
+                acts = s.num_layers * full_layer * _in_flight(strategy, p, j)
+            for r in s.devices:
+                out[r] = states + acts
+    return out

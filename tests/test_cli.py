@@ -1,0 +1,107 @@
+"""The ``hspmd`` command line: exit codes, messages on stderr, summaries, help."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hspmd_sdk.cli import COMMANDS, main
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "hspmd_sdk" / "examples"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_validate_ok_with_explicit_context(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "validate", str(EXAMPLES / "table9_70b_16h800_24h20.json"), "--model", "llama-70b",
+                         "--cluster", str(EXAMPLES / "paper_16h800_24h20.json"), "--global-batch", "64")
+    assert code == 0 and out.startswith("OK: strategy") and "llama-70b" in out and err == ""
+
+
+def test_validate_example_by_name_uses_its_index_context(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "validate", "table11_c2")
+    assert code == 0 and "llama-32b" in out and "31 ranks" in out and "global batch 64" in out
+
+
+def test_validate_cluster_and_plan_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = run(capsys, "validate", str(EXAMPLES / "h20_31.json"))
+    assert code == 0 and out.startswith("OK: cluster")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"annotations": {"w": "[0,1] S0x2 | [2] R"}}))
+    code, out, _ = run(capsys, "validate", str(plan))
+    assert code == 0 and out.startswith("OK: annotation plan") and "1 tensors" in out
+    code, out, err = run(capsys, "validate", str(plan), "--cluster", "local_4")
+    assert code == 0 and "fits Cluster(4 ranks" in out
+    plan.write_text(json.dumps({"annotations": {"w": "[0,1] S0x2 | [2,7] D2"}}))
+    code, out, err = run(capsys, "validate", str(plan), "--cluster", "local_4")
+    assert code == 1 and "annotations.w.dg_union[1]: rank 7 is not in the cluster (4 ranks: 0..3)" in err
+
+
+def test_validate_bad_strategy_prints_each_problem(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = json.loads((EXAMPLES / "table11_c1.json").read_text())
+    bad["pipelines"][0]["stages"][3]["layers"] = [45, 58]
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps(bad))
+    code, out, err = run(capsys, "validate", str(f), "--model", "llama-32b", "--cluster",
+                         str(EXAMPLES / "h20_31.json"))
+    assert code == 1 and out == ""
+    assert "  pipelines[0]: layers cover 0..58 but the model has 60 layers (0..59)" in err.splitlines()
+    assert "  pipelines[1].stages[3].devices: rank 31 is not in the cluster (31 ranks: 0..30)" in err.splitlines()
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (None, "no such file"), ("{not json", "not valid JSON: line 1"), ("[1, 2]", "not a strategy, plan or cluster"),
+    ('{"pipelines": 3}', "pipelines: Input should be a valid list"),
+])
+def test_validate_bad_inputs_exit_1_without_traceback(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                       content: str | None, fragment: str) -> None:
+    f = tmp_path / "x.json"
+    if content is not None:
+        f.write_text(content)
+    code, out, err = run(capsys, "validate", str(f))
+    assert code == 1 and fragment in err and "Traceback" not in err
+
+
+def test_show_strategy_lists_stages(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "show", str(EXAMPLES / "table11_c2.json"), "--model", "llama-32b",
+                       "--cluster", str(EXAMPLES / "h20_31.json"))
+    assert code == 0
+    assert "pipeline 1: 31 micro-batches x bs1" in out and "stage 4: ranks 30" in out and "layers 56-59" in out
+    assert "1xH20" in out and "GB/rank" in out and "estimate" in out
+
+
+def test_show_cluster_and_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "show", "paper_16h800_32h20")
+    assert code == 0 and "H800" in out and "ranks 16-23" in out
+    code, out, _ = run(capsys, "examples")
+    assert code == 0 and "table9_32b_16h800_16h20.json" in out
+
+
+def test_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "demo")
+    assert code == 0 and "stage 0: ranks 0,1" in out and out.rstrip().endswith("valid for this model and cluster")
+
+
+@pytest.mark.parametrize("argv", [["--help"]] + [[name, "--help"] for name in COMMANDS])
+def test_help_everywhere(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 0 and "usage: hspmd" in capsys.readouterr().out
+
+
+def test_console_entry_point() -> None:
+    """The installed ``hspmd`` script (or ``python -m hspmd_sdk.cli``) runs in a fresh process."""
+    proc = subprocess.run([sys.executable, "-m", "hspmd_sdk.cli", "validate", "example_hetero_tiny"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("OK: strategy"), proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "hspmd_sdk.cli", "validate", "missing.json"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "no such file" in proc.stderr and "Traceback" not in proc.stderr
