@@ -5,13 +5,20 @@ Imports no torch.distributed, widgets or plotting; fast to import.
 from ..errors import HSPMDError, PlanValidationError, ResolutionError, ShapeError, SpecializationError
 from .annotation import (DS, DUPLICATE, PARTIAL, Annotation, LocalView, format_ranks, local_view, local_views,
                          parse_ranks)
+from .bsr import Assignment, BSREntry, LinkModel, bsr_scheme, bsr_table
 from .cluster import DEVICE_PRESETS, Cluster, DeviceSpec, Link, Node
+from .comm_ops import (CollectiveGroup, CollectiveOp, IdentityOp, Message, PointToPointOp, SliceCollective,
+                       SplitCollectiveOp)
+from .comm_plan import CommPlan, volume_table
 from .loading import load_model
 from .model_config import MODEL_PRESETS, LlamaConfig
 from .plan import AnnotationPlan
+from .resolve import itemsize_of, resolve, split_kind
 from .schedule import (SCHEDULE_KINDS, Action, ReplayResult, ScheduleError, build_schedule, compute_order,
                        format_schedule, in_flight, replay, warmup_count)
+from .slices import Box
 from .strategy import Pipeline, Stage, Strategy, memory_estimate
+from .switch import PackedItem, PackedMessage, SwitchPlan, SwitchStep, TensorMove, plan_switch, switch_table
 
 __all__ = [
     "DS", "Annotation", "LocalView", "local_view", "local_views", "PARTIAL", "DUPLICATE", "parse_ranks",
@@ -19,5 +26,9 @@ __all__ = [
     "LlamaConfig", "MODEL_PRESETS", "Strategy", "Pipeline", "Stage", "memory_estimate", "AnnotationPlan",
     "Action", "build_schedule", "replay", "ReplayResult", "ScheduleError", "compute_order", "warmup_count",
     "in_flight", "format_schedule", "SCHEDULE_KINDS",
+    "resolve", "CommPlan", "itemsize_of", "split_kind", "volume_table", "CollectiveOp", "CollectiveGroup",
+    "SplitCollectiveOp", "SliceCollective", "PointToPointOp", "Message", "IdentityOp", "Box",
+    "BSREntry", "Assignment", "bsr_table", "bsr_scheme", "LinkModel",
+    "plan_switch", "SwitchPlan", "switch_table", "SwitchStep", "PackedMessage", "PackedItem", "TensorMove",
     "HSPMDError", "PlanValidationError", "ResolutionError", "ShapeError", "SpecializationError",
 ]

@@ -382,7 +382,10 @@ class Annotation(BaseModel):
                 box = self.subgroup_box(shape, k)
             except ShapeError as e:
                 raise ShapeError(where + str(e)) from None
-            ds.check_shape([b - a for a, b in box], where=f"{where}subgroup {k} ({format_ranks(self.dg_union[k])}): ")
+            try:
+                ds.check_shape([b - a for a, b in box])
+            except ShapeError as e:
+                raise ShapeError(f"{where}subgroup {k} ({format_ranks(self.dg_union[k])}): {e}") from None
 
     # ---- notation ------------------------------------------------------------------------------------------
     @classmethod

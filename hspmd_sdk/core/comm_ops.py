@@ -1,0 +1,315 @@
+"""The communication IR: the operators a :class:`CommPlan` is made of (paper §5, SPEC §2).
+
+Every operator says exactly what the runtime does, in global coordinates, so nothing is re-derived later:
+
+* :class:`CollectiveOp` -- a bottom-tier collective (``AllReduce``, ``ReduceScatter``, ``AllGather``,
+  ``AllToAll``) or the local ``LocalSplit``: ordered rank groups, and per rank the box it holds before (``in``)
+  and after (``out``).  Group order is the collective's rank order: ``AllGather`` concatenates along ``dim`` in
+  group order, ``ReduceScatter`` hands chunk ``i`` along ``dim`` to member ``i``, ``AllToAll`` sends member
+  ``j`` the part of its input inside ``out_boxes[j]`` and concatenates what it receives along ``src_dim``.
+* :class:`SplitCollectiveOp` -- a top-tier collective (``SplitAllReduce``, ``SplitReduceScatter``,
+  ``SplitAllGather``): one :class:`SliceCollective` per finest-grained slice, over the ranks that hold or need
+  it.  The contributors' parts of the slice are summed (one contributor: a broadcast) and written to every
+  receiver.
+* :class:`PointToPointOp` -- ``SendRecv`` and ``BSR``: messages ``(src, dst, box)``, local copies, and ranks
+  whose output is zeros (the non-zero-index summands of a Partial destination: the decomposition used for a
+  partial destination is "summand 0 holds the value, the others hold zeros").
+* :class:`IdentityOp` -- nothing moves.
+
+Each operator reads the per-rank tensors as they were *before* it and writes the ranks in ``out_boxes``; ranks
+it does not write keep their tensor.  ``apply`` executes that on numpy arrays or torch tensors in one process
+(the reference semantics of the runtime), ``transfers`` lists the bytes each rank sends under the ring
+algorithms (see :func:`ring_transfers`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from .slices import Box, box_intersect, box_numel, format_box, relative
+
+__all__ = ["Transfer", "Message", "CollectiveGroup", "CollectiveOp", "SliceCollective", "SplitCollectiveOp",
+           "PointToPointOp", "IdentityOp", "CommOp", "ring_transfers"]
+
+#: ``(sender, receiver, bytes, steps)``: bytes one rank sends to another inside one operator, in ``steps``
+#: messages (each step pays the link latency once).
+Transfer = tuple[int, int, int, int]
+
+
+# ---- array helpers (numpy or torch, imported by the caller) ------------------------------------------------
+def _zeros(like: Any, shape: tuple[int, ...]) -> Any:
+    if hasattr(like, "new_zeros"):  # torch
+        return like.new_zeros(shape)
+    import numpy as np
+
+    return np.zeros(shape, dtype=like.dtype)
+
+
+def _clone(t: Any) -> Any:
+    return t.clone() if hasattr(t, "clone") else t.copy()
+
+
+def _shape(box: Box) -> tuple[int, ...]:
+    return tuple(b - a for a, b in box)
+
+
+def _check_local(rank: int, t: Any, box: Box, what: str) -> None:
+    if tuple(t.shape) != _shape(box):
+        raise ValueError(f"{what}: rank {rank} holds a tensor of shape {tuple(t.shape)} but the plan expects the "
+                         f"box {format_box(box)} of shape {_shape(box)}")
+
+
+def ring_transfers(ranks: tuple[int, ...], nbytes: int, steps: int) -> list[Transfer]:
+    """Each member of a ring sends ``nbytes`` to its successor (``ranks[i] -> ranks[i+1]``, cyclic)."""
+    g = len(ranks)
+    if g < 2 or nbytes == 0:
+        return []
+    return [(ranks[i], ranks[(i + 1) % g], nbytes, steps) for i in range(g)]
+
+
+# ---- operators ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Message:
+    """One point-to-point transfer: ``src`` sends its part ``box`` (global coordinates) to ``dst``."""
+
+    src: int
+    dst: int
+    box: Box
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class CollectiveGroup:
+    """One collective call: its ranks in collective order and each one's box before and after."""
+
+    ranks: tuple[int, ...]
+    in_boxes: tuple[Box, ...]
+    out_boxes: tuple[Box, ...]
+
+
+@dataclass(frozen=True)
+class CollectiveOp:
+    """A bottom-tier collective, or ``LocalSplit`` (local slicing, one single-rank group per rank).
+
+    Volumes (bytes a member sends to its ring successor; ``B`` = bytes of its input tensor, ``g`` = group size):
+    ``AllReduce`` 2(g-1)/g·B in 2(g-1) steps; ``ReduceScatter`` (g-1)/g·B in g-1 steps; ``AllGather`` (g-1)·B in
+    g-1 steps; ``AllToAll`` sends each peer the part of its input that peer keeps, one step each.
+    """
+
+    kind: str
+    groups: tuple[CollectiveGroup, ...]
+    itemsize: int
+    dim: int | None = None
+    src_dim: int | None = None
+
+    @property
+    def ranks(self) -> list[int]:
+        return [r for g in self.groups for r in g.ranks]
+
+    def transfers(self) -> list[Transfer]:
+        out: list[Transfer] = []
+        for grp in self.groups:
+            g = len(grp.ranks)
+            if g < 2:
+                continue
+            b = box_numel(grp.in_boxes[0]) * self.itemsize
+            if self.kind == "AllReduce":
+                out += ring_transfers(grp.ranks, 2 * (g - 1) * b // g, 2 * (g - 1))
+            elif self.kind == "ReduceScatter":
+                out += ring_transfers(grp.ranks, (g - 1) * b // g, g - 1)
+            elif self.kind == "AllGather":
+                out += ring_transfers(grp.ranks, (g - 1) * b, g - 1)
+            elif self.kind == "AllToAll":
+                for i, src in enumerate(grp.ranks):
+                    for j, dst in enumerate(grp.ranks):
+                        part = box_intersect(grp.in_boxes[i], grp.out_boxes[j])
+                        if i != j and part is not None:
+                            out.append((src, dst, box_numel(part) * self.itemsize, 1))
+        return out
+
+    def apply(self, state: Mapping[int, Any]) -> dict[int, Any]:
+        new: dict[int, Any] = {}
+        for grp in self.groups:
+            ins = []
+            for r, box in zip(grp.ranks, grp.in_boxes):
+                _check_local(r, state[r], box, self.kind)
+                ins.append(state[r])
+            if self.kind in ("AllReduce", "ReduceScatter"):
+                total = _clone(ins[0])
+                for t in ins[1:]:
+                    total = total + t
+                for r, box in zip(grp.ranks, grp.out_boxes):
+                    new[r] = _clone(total[relative(box, grp.in_boxes[0])])
+            elif self.kind == "LocalSplit":
+                for r, ib, ob in zip(grp.ranks, grp.in_boxes, grp.out_boxes):
+                    new[r] = _clone(state[r][relative(ob, ib)])
+            elif self.kind in ("AllGather", "AllToAll"):
+                for r, ob in zip(grp.ranks, grp.out_boxes):
+                    buf = _zeros(ins[0], _shape(ob))
+                    for t, ib in zip(ins, grp.in_boxes):
+                        part = box_intersect(ib, ob)
+                        if part is not None:
+                            buf[relative(part, ob)] = t[relative(part, ib)]
+                    new[r] = buf
+            else:  # pragma: no cover - construction guarantees the kinds above
+                raise ValueError(f"unknown collective kind {self.kind!r}")
+        return new
+
+    def describe(self) -> list[str]:
+        dims = f" dim={self.dim}" if self.dim is not None else ""
+        if self.src_dim is not None:
+            dims = f" dim {self.src_dim}->{self.dim}"
+        lines = [f"{self.kind}{dims}: {len(self.groups)} group(s)"]
+        for grp in self.groups[:8]:
+            lines.append(f"    ranks {list(grp.ranks)}  in {format_box(grp.in_boxes[0])} -> out "
+                         + ", ".join(format_box(b) for b in dict.fromkeys(grp.out_boxes)))
+        if len(self.groups) > 8:
+            lines.append(f"    ... {len(self.groups) - 8} more")
+        return lines
+
+
+@dataclass(frozen=True)
+class SliceCollective:
+    """One top-tier collective over one finest-grained slice ``box``.
+
+    ``ranks``: every participant, ascending.  The ``contributors``' parts of ``box`` are summed (a single
+    contributor makes it a broadcast) and the sum is written into every receiver's output at ``box``.
+    """
+
+    box: Box
+    ranks: tuple[int, ...]
+    contributors: tuple[int, ...]
+    receivers: tuple[int, ...]
+
+    def transfers(self, itemsize: int) -> list[Transfer]:
+        """Broadcast: a chain contributor -> receivers, each link carries B.  Reduction: ring reduce-scatter
+        over ``ranks`` ((g-1)/g·B each), then each member sends its reduced B/g chunk to each other receiver
+        (a ring all-reduce, 2(g-1)/g·B each, when every member receives)."""
+        b = box_numel(self.box) * itemsize
+        if len(self.contributors) == 1:
+            chain = list(self.contributors) + [r for r in self.receivers if r != self.contributors[0]]
+            return [(chain[i], chain[i + 1], b, 1) for i in range(len(chain) - 1)]
+        g = len(self.ranks)
+        if set(self.receivers) == set(self.ranks):
+            return ring_transfers(self.ranks, 2 * (g - 1) * b // g, 2 * (g - 1))
+        out = ring_transfers(self.ranks, (g - 1) * b // g, g - 1)
+        for r in self.ranks:
+            for q in self.receivers:
+                if q != r:
+                    out.append((r, q, b // g, 1))
+        return out
+
+
+@dataclass(frozen=True)
+class SplitCollectiveOp:
+    """A top-tier collective across sharding subgroups (§5.2): one :class:`SliceCollective` per slice.
+
+    ``in_boxes``/``out_boxes``: ``(rank, box)`` held before/after.  A rank in ``out_boxes`` that receives no
+    slice holds zeros (a non-zero-index summand of a Partial destination).
+    """
+
+    kind: str
+    src_hdim: int
+    dst_hdim: int
+    slices: tuple[SliceCollective, ...]
+    in_boxes: tuple[tuple[int, Box], ...]
+    out_boxes: tuple[tuple[int, Box], ...]
+    itemsize: int
+
+    def transfers(self) -> list[Transfer]:
+        return [t for s in self.slices for t in s.transfers(self.itemsize)]
+
+    def apply(self, state: Mapping[int, Any]) -> dict[int, Any]:
+        inb = dict(self.in_boxes)
+        for r, box in self.in_boxes:
+            _check_local(r, state[r], box, self.kind)
+        like = state[self.in_boxes[0][0]]
+        new = {r: _zeros(like, _shape(box)) for r, box in self.out_boxes}
+        outb = dict(self.out_boxes)
+        for s in self.slices:
+            c0 = s.contributors[0]
+            total = _clone(state[c0][relative(s.box, inb[c0])])
+            for c in s.contributors[1:]:
+                total = total + state[c][relative(s.box, inb[c])]
+            for r in s.receivers:
+                new[r][relative(s.box, outb[r])] = total
+        return new
+
+    def describe(self) -> list[str]:
+        lines = [f"{self.kind} hdim {self.src_hdim}->{self.dst_hdim}: {len(self.slices)} slice collective(s)"]
+        for s in self.slices[:8]:
+            lines.append(f"    slice {format_box(s.box)} over {list(s.ranks)}: sum of {list(s.contributors)} "
+                         f"-> {list(s.receivers)}")
+        if len(self.slices) > 8:
+            lines.append(f"    ... {len(self.slices) - 8} more")
+        return lines
+
+
+@dataclass(frozen=True)
+class PointToPointOp:
+    """``SendRecv`` or ``BSR``: messages, local copies ``(rank, box)`` and zero-filled outputs.
+
+    ``in_boxes``: what senders and copiers hold before; ``out_boxes``: what every writing rank holds after.  The
+    output of a rank is assembled from its local copies and the messages it receives; ranks in ``zero_fill``
+    hold zeros.  Each message is one transfer of its bytes, one step.
+    """
+
+    kind: str
+    messages: tuple[Message, ...]
+    copies: tuple[tuple[int, Box], ...]
+    in_boxes: tuple[tuple[int, Box], ...]
+    out_boxes: tuple[tuple[int, Box], ...]
+    zero_fill: tuple[int, ...] = ()
+
+    def transfers(self) -> list[Transfer]:
+        return [(m.src, m.dst, m.nbytes, 1) for m in self.messages if m.src != m.dst]
+
+    def apply(self, state: Mapping[int, Any]) -> dict[int, Any]:
+        inb = dict(self.in_boxes)
+        for r, box in self.in_boxes:
+            _check_local(r, state[r], box, self.kind)
+        like = state[self.in_boxes[0][0]] if self.in_boxes else next(iter(state.values()))
+        new = {r: _zeros(like, _shape(box)) for r, box in self.out_boxes}
+        outb = dict(self.out_boxes)
+        for r, box in self.copies:
+            new[r][relative(box, outb[r])] = state[r][relative(box, inb[r])]
+        for m in self.messages:
+            new[m.dst][relative(m.box, outb[m.dst])] = state[m.src][relative(m.box, inb[m.src])]
+        return new
+
+    def describe(self) -> list[str]:
+        lines = [f"{self.kind}: {len(self.messages)} message(s), {len(self.copies)} local cop(ies)"
+                 + (f", zeros on {list(self.zero_fill)}" if self.zero_fill else "")]
+        for m in self.messages[:12]:
+            lines.append(f"    {m.src} -> {m.dst}  {format_box(m.box)}  {m.nbytes} B")
+        if len(self.messages) > 12:
+            lines.append(f"    ... {len(self.messages) - 12} more")
+        return lines
+
+
+@dataclass(frozen=True)
+class IdentityOp:
+    """Nothing moves: source and destination layouts agree on every rank."""
+
+    kind: str = field(default="Identity")
+
+    def transfers(self) -> list[Transfer]:
+        return []
+
+    def apply(self, state: Mapping[int, Any]) -> dict[int, Any]:
+        return {}
+
+    def describe(self) -> list[str]:
+        return ["Identity: nothing moves"]
+
+
+CommOp = CollectiveOp | SplitCollectiveOp | PointToPointOp | IdentityOp
+
+
+def merge_p2p(ops: Iterable[PointToPointOp]) -> PointToPointOp:
+    """One point-to-point operator from several on disjoint outputs (``BSR`` unless all are ``SendRecv``)."""
+    ops = list(ops)
+    kind = "SendRecv" if all(o.kind == "SendRecv" for o in ops) else "BSR"
+    return PointToPointOp(kind, tuple(m for o in ops for m in o.messages), tuple(c for o in ops for c in o.copies),
+                          tuple(dict(b for o in ops for b in o.in_boxes).items()),
+                          tuple(b for o in ops for b in o.out_boxes), tuple(z for o in ops for z in o.zero_fill))

@@ -1,0 +1,409 @@
+"""Hierarchical communication resolution (paper §5, Figures 7-11; SPEC §2).
+
+``resolve(src, dst, shape)`` classifies a Reshard and plans its communication:
+
+* **Bottom tier** (same HSize, HDim and subgroup boxes): each sharding subgroup on its own --
+  equal DS: ``Identity`` (same DG) or position-aligned ``SendRecv``; same DG, DS differing in one key (one key
+  loses a factor ``f`` that another key gains, the other coordinates unchanged): ``AllReduce`` (P->D),
+  ``ReduceScatter`` (P->S), ``AllGather`` (S->D), ``AllToAll`` (S_i->S_j), ``LocalSplit`` (every destination
+  box inside the rank's source box); otherwise a per-subgroup ``BSR``.  Collective groups are the devices that
+  differ only in the changing coordinates.
+* **Top tier** (same HSize, different HDim, identical DG Unions): ``SplitAllReduce`` (-2 -> -1),
+  ``SplitReduceScatter`` (-2 -> d), ``SplitAllGather`` (d -> -1): one collective per finest-grained slice over
+  the ranks that hold or need it (any TP degrees and duplicate counts).  When the DS Unions differ, a
+  bottom-tier step aligns them first (Figure 10) -- or, when cheaper, right after the top-tier step.
+* **BSR** for everything else (§5.3, :mod:`.bsr`).  A Partial source is reduced first: ``AllReduce`` inside
+  each partial group, then ``SplitAllReduce`` across subgroups when HDim is -2.  A Partial destination gets
+  the value on summand 0 and zeros on the other summands.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..errors import ResolutionError, ShapeError
+from .annotation import PARTIAL, DUPLICATE, DS, Annotation, LocalView, local_views
+from .bsr import LinkModel, bsr_scheme, bsr_table
+from .comm_ops import (CollectiveGroup, CollectiveOp, CommOp, IdentityOp, Message, PointToPointOp, SliceCollective,
+                       SplitCollectiveOp, merge_p2p)
+from .slices import Box, Grid, box_numel, coalesce
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+    from .comm_plan import CommPlan
+
+__all__ = ["resolve", "itemsize_of", "split_kind"]
+
+_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "float8_e4m3fn": 1,
+             "float8_e5m2": 1, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+             "double": 8, "float": 4, "half": 2}
+
+
+def itemsize_of(dtype: Any) -> int:
+    """Bytes per element of ``dtype``: a name (``"bfloat16"``) or a numpy/torch dtype."""
+    size = getattr(dtype, "itemsize", None)
+    if isinstance(size, int):
+        return size
+    name = str(dtype).removeprefix("torch.")
+    if name not in _ITEMSIZE:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(sorted(_ITEMSIZE))} or a numpy/torch dtype")
+    return _ITEMSIZE[name]
+
+
+def split_kind(src_hdim: int, dst_hdim: int) -> str | None:
+    """The top-tier operator for an HDim change (§5.2), or ``None`` when there is none."""
+    if src_hdim == PARTIAL and dst_hdim == DUPLICATE:
+        return "SplitAllReduce"
+    if src_hdim == PARTIAL and dst_hdim >= 0:
+        return "SplitReduceScatter"
+    if src_hdim >= 0 and dst_hdim == DUPLICATE:
+        return "SplitAllGather"
+    return None
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    shape: tuple[int, ...]
+    itemsize: int
+    links: LinkModel
+
+
+def resolve(src: Annotation, dst: Annotation, shape: Sequence[int], dtype: Any = "float32",
+            cluster: "Cluster | None" = None) -> "CommPlan":
+    """Plan the communication of a Reshard of a tensor of ``shape`` from ``src`` to ``dst`` (§5).
+
+    ``cluster`` (optional) steers the BSR scheme toward high-bandwidth links and classifies bytes as intra-/inter-
+    node in :meth:`CommPlan.volume`.  Raises :class:`ShapeError` when the shape does not fit an annotation and
+    :class:`ResolutionError` when the Reshard cannot be planned.
+    """
+    from .comm_plan import CommPlan
+
+    shape = tuple(int(n) for n in shape)
+    for which, ann in (("source", src), ("destination", dst)):
+        try:
+            ann.check_shape(shape)
+        except ShapeError as e:
+            raise ShapeError(f"resolve({src} -> {dst}): the {which} annotation does not fit shape {shape}: {e}") \
+                from None
+    if cluster is not None:
+        bad = sorted(r for r in set(src.ranks) | set(dst.ranks) if r >= cluster.num_ranks)
+        if bad:
+            raise ResolutionError(f"resolve({src} -> {dst}): rank(s) {bad} are not in {cluster}")
+    ctx = _Ctx(shape, itemsize_of(dtype), LinkModel(cluster))
+    ops = _classify(src, dst, ctx)
+    return CommPlan(src=src, dst=dst, shape=shape, dtype=str(dtype), itemsize=ctx.itemsize, ops=tuple(ops),
+                    cluster=cluster)
+
+
+# ---- classification ----------------------------------------------------------------------------------------
+def _views(ann: Annotation, shape: tuple[int, ...]) -> dict[int, LocalView]:
+    return {v.rank: v for v in local_views(ann, shape)}
+
+
+def _classify(src: Annotation, dst: Annotation, ctx: _Ctx) -> list[CommOp]:
+    sv, dv = _views(src, ctx.shape), _views(dst, ctx.shape)
+    if _same_views(src, dst, sv, dv):
+        return [IdentityOp()]
+    if src.hsize == dst.hsize and src.hdim == dst.hdim and all(
+            src.subgroup_box(ctx.shape, k) == dst.subgroup_box(ctx.shape, k) for k in range(src.hsize)):
+        return _bottom_tier(src, dst, sv, dv, ctx) or [IdentityOp()]
+    if src.hsize == dst.hsize and src.dg_union == dst.dg_union and split_kind(src.hdim, dst.hdim):
+        ops = _top_tier(src, dst, sv, dv, ctx)
+        if ops is not None:
+            return ops
+    return _bsr_whole(src, dst, sv, dv, ctx)
+
+
+def _same_views(src: Annotation, dst: Annotation, sv: dict[int, LocalView], dv: dict[int, LocalView]) -> bool:
+    if set(sv) != set(dv):
+        return False
+    if any(v.partial_count > 1 for v in sv.values()):  # summands must also add up within the same ranks
+        if (src.hdim == PARTIAL) != (dst.hdim == PARTIAL):
+            return False
+        if src.hdim != PARTIAL and {frozenset(g) for g, d in zip(src.dg_union, src.ds_union) if d.partial > 1} \
+                != {frozenset(g) for g, d in zip(dst.dg_union, dst.ds_union) if d.partial > 1}:
+            return False
+    return all((sv[r].box, sv[r].partial_index, sv[r].partial_count)
+               == (dv[r].box, dv[r].partial_index, dv[r].partial_count) for r in sv)
+
+
+def _bottom_partial(ds: DS, position: int) -> int:
+    return ds.coords(position).get(PARTIAL, 0)
+
+
+# ---- bottom tier (§5.1) ------------------------------------------------------------------------------------
+def _bottom_tier(src: Annotation, dst: Annotation, sv: dict[int, LocalView], dv: dict[int, LocalView],
+                 ctx: _Ctx) -> list[CommOp]:
+    """Each subgroup's own operators, merged stage by stage (final transfers aligned to the last stage)."""
+    per_subgroup = [_bottom_subgroup(k, src, dst, sv, dv, ctx) for k in range(src.hsize)]
+    return _merge_stages(per_subgroup)
+
+
+def _merge_stages(per_subgroup: list[list[CommOp]]) -> list[CommOp]:
+    n = max((len(ops) for ops in per_subgroup), default=0)
+    out: list[CommOp] = []
+    for i in range(n):
+        stage = [ops[i - (n - len(ops))] for ops in per_subgroup if i >= n - len(ops)]
+        collectives: dict[tuple[Any, ...], list[CollectiveOp]] = {}
+        p2p: list[PointToPointOp] = []
+        for op in stage:
+            if isinstance(op, CollectiveOp):
+                collectives.setdefault((op.kind, op.dim, op.src_dim), []).append(op)
+            elif isinstance(op, PointToPointOp):
+                p2p.append(op)
+            else:
+                out.append(op)
+        for (kind, dim, src_dim), ops in collectives.items():
+            out.append(CollectiveOp(kind, tuple(g for o in ops for g in o.groups), ops[0].itemsize, dim, src_dim))
+        if p2p:
+            out.append(merge_p2p(p2p))
+    return out
+
+
+def _bottom_subgroup(k: int, src: Annotation, dst: Annotation, sv: dict[int, LocalView],
+                     dv: dict[int, LocalView], ctx: _Ctx) -> list[CommOp]:
+    s, t = src.ds_union[k], dst.ds_union[k]
+    a, b = src.dg_union[k], dst.dg_union[k]
+    if s == t:
+        return [] if a == b else [_with_bytes(_send_recv(a, b, sv, dv), ctx.itemsize)]
+    if a == b:
+        if all((sv[r].box, _bottom_partial(s, i)) == (dv[r].box, _bottom_partial(t, i)) for i, r in enumerate(a)):
+            return []
+        op = _local_split(s, t, a, sv, dv, ctx) or _bottom_collective(s, t, a, sv, dv, ctx)
+        if op is not None:
+            return [op]
+    ops: list[CommOp] = []
+    if s.partial > 1:
+        ops.append(_partial_allreduce([(s, a)], sv, ctx))
+    receivers = [(r, dv[r].box) for i, r in enumerate(b) if _bottom_partial(t, i) == 0]
+    zeros = [(r, dv[r].box) for i, r in enumerate(b) if _bottom_partial(t, i) != 0]
+    ops.append(_bsr_op([(r, sv[r].box) for r in a], receivers, zeros, ctx))
+    return ops
+
+
+def _send_recv(a: list[int], b: list[int], sv: dict[int, LocalView], dv: dict[int, LocalView]) -> PointToPointOp:
+    """Same DS, different DG: position ``i`` of the source group sends its shard to position ``i`` of the
+    destination group."""
+    msgs, copies = [], []
+    for r, q in zip(a, b):
+        box = sv[r].box
+        if r == q:
+            copies.append((r, box))
+        else:
+            msgs.append(Message(r, q, box, 0))
+    return PointToPointOp("SendRecv", tuple(msgs), tuple(copies), tuple((r, sv[r].box) for r in a),
+                          tuple((q, dv[q].box) for q in b))
+
+
+def _with_bytes(op: PointToPointOp, itemsize: int) -> PointToPointOp:
+    msgs = tuple(Message(m.src, m.dst, m.box, box_numel(m.box) * itemsize) for m in op.messages)
+    return PointToPointOp(op.kind, msgs, op.copies, op.in_boxes, op.out_boxes, op.zero_fill)
+
+
+def _local_split(s: DS, t: DS, ranks: list[int], sv: dict[int, LocalView], dv: dict[int, LocalView],
+                 ctx: _Ctx) -> CollectiveOp | None:
+    """Dup -> split on the same devices: every destination box lies in the rank's source box."""
+    for i, r in enumerate(ranks):
+        if _bottom_partial(s, i) != _bottom_partial(t, i) or s.partial != t.partial:
+            return None
+        sb, db = sv[r].box, dv[r].box
+        if not all(a <= c and d <= e for (a, e), (c, d) in zip(sb, db)):
+            return None
+    groups = tuple(CollectiveGroup((r,), (sv[r].box,), (dv[r].box,)) for r in ranks)
+    return CollectiveOp("LocalSplit", groups, ctx.itemsize)
+
+
+def _bottom_collective(s: DS, t: DS, ranks: list[int], sv: dict[int, LocalView], dv: dict[int, LocalView],
+                       ctx: _Ctx) -> CollectiveOp | None:
+    """A single-key transition: key ``a`` loses a factor ``f`` that key ``b`` gains, other coordinates equal.
+
+    The groups are the positions that share every other coordinate, the outer digit of ``a`` and the source
+    digit of ``b``; inside a group the inner digit of ``a`` (source) and of ``b`` (destination) run over ``f``.
+    """
+    keys = set(s.states) | set(t.states)
+    diff = [k for k in keys if s.degree(k) != t.degree(k)]
+    if len(diff) != 2:
+        return None
+    a = next((k for k in diff if s.degree(k) > t.degree(k)), None)
+    b = next((k for k in diff if t.degree(k) > s.degree(k)), None)
+    if a is None or b is None or s.degree(a) % t.degree(a):
+        return None
+    f = s.degree(a) // t.degree(a)
+    if t.degree(b) != s.degree(b) * f:
+        return None
+    if a == PARTIAL and b == DUPLICATE:
+        kind = "AllReduce"
+    elif a == PARTIAL and b >= 0:
+        kind = "ReduceScatter"
+    elif a >= 0 and b == DUPLICATE:
+        kind = "AllGather"
+    elif a >= 0 and b >= 0:
+        kind = "AllToAll"
+    else:
+        return None
+    others = sorted(keys - {a, b})
+    groups: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}
+    for pos, r in enumerate(ranks):
+        cs, ct = s.coords(pos), t.coords(pos)
+        if any(cs.get(k, 0) != ct.get(k, 0) for k in others):
+            return None
+        if cs.get(a, 0) // f != ct.get(a, 0):
+            return None
+        if b != DUPLICATE and ct.get(b, 0) // f != cs.get(b, 0):
+            return None
+        key = (tuple(cs.get(k, 0) for k in others), cs.get(a, 0) // f, cs.get(b, 0))
+        groups.setdefault(key, []).append((r, cs.get(a, 0) % f, ct.get(b, 0) % f))
+    out = []
+    for members in groups.values():
+        if len(members) != f or len({g for _, g, _ in members}) != f:
+            return None
+        if b != DUPLICATE and len({g for _, _, g in members}) != f:
+            return None
+        order = 1 if kind == "AllGather" else 2  # AG: source chunk order; RS/A2A/AR: destination chunk order
+        members.sort(key=lambda m: m[order])
+        rs = tuple(m[0] for m in members)
+        out.append(CollectiveGroup(rs, tuple(sv[r].box for r in rs), tuple(dv[r].box for r in rs)))
+    dim = a if kind == "AllGather" else (b if b >= 0 else None)
+    return CollectiveOp(kind, tuple(out), ctx.itemsize, dim, a if kind == "AllToAll" else None)
+
+
+def _partial_allreduce(subgroups: list[tuple[DS, list[int]]], sv: dict[int, LocalView], ctx: _Ctx) -> CollectiveOp:
+    """``AllReduce`` over each partial group: the devices that differ only in the Partial coordinate."""
+    groups = []
+    for ds, ranks in subgroups:
+        by_rest: dict[tuple[tuple[int, int], ...], list[tuple[int, int]]] = {}
+        for pos, r in enumerate(ranks):
+            c = ds.coords(pos)
+            rest = tuple(sorted((k, v) for k, v in c.items() if k != PARTIAL))
+            by_rest.setdefault(rest, []).append((c.get(PARTIAL, 0), r))
+        for members in by_rest.values():
+            rs = tuple(r for _, r in sorted(members))
+            groups.append(CollectiveGroup(rs, tuple(sv[r].box for r in rs), tuple(sv[r].box for r in rs)))
+    return CollectiveOp("AllReduce", tuple(groups), ctx.itemsize)
+
+
+# ---- BSR (§5.3) --------------------------------------------------------------------------------------------
+def _bsr_op(owners: list[tuple[int, Box]], receivers: list[tuple[int, Box]], zeros: list[tuple[int, Box]],
+            ctx: _Ctx, *, kind: str = "BSR") -> PointToPointOp:
+    """A BSR operator from owner and receiver boxes: table, scheme, messages merged per sender/receiver."""
+    entries = bsr_table(owners, receivers, ctx.shape, ctx.itemsize) if receivers else []
+    assigns = bsr_scheme(entries, ctx.links, {})
+    copies = [(a.dst, a.box) for a in assigns if a.src == a.dst]
+    moves = [((a.src, a.dst), a.box) for a in assigns if a.src != a.dst]
+    msgs = tuple(Message(s, d, box, box_numel(box) * ctx.itemsize)
+                 for (s, d), box in coalesce(moves, order=lambda sd: sd))
+    cps = tuple((r, box) for r, box in coalesce(copies, order=lambda r: r))
+    return PointToPointOp(kind, msgs, cps, tuple(owners), tuple(receivers) + tuple(zeros),
+                          tuple(r for r, _ in zeros))
+
+
+def _bsr_whole(src: Annotation, dst: Annotation, sv: dict[int, LocalView], dv: dict[int, LocalView],
+               ctx: _Ctx) -> list[CommOp]:
+    """BSR over the whole tensor, after reducing a Partial source (bottom AllReduce, then SplitAllReduce)."""
+    ops: list[CommOp] = []
+    partial = [(ds, dg) for ds, dg in zip(src.ds_union, src.dg_union) if ds.partial > 1]
+    if partial:
+        ops.append(_partial_allreduce(partial, sv, ctx))
+    if src.hdim == PARTIAL and src.hsize > 1:
+        held = [_Held(r, v.subgroup, v.box, v.subgroup, src.hsize) for r, v in sv.items()]
+        boxes = [(r, v.box) for r, v in sv.items()]
+        ops.append(_split_op("SplitAllReduce", PARTIAL, DUPLICATE, held, True, boxes, [], ctx))
+    receivers = [(r, v.box) for r, v in dv.items() if v.partial_index == 0]
+    zeros = [(r, v.box) for r, v in dv.items() if v.partial_index != 0]
+    ops.append(_bsr_op([(r, v.box) for r, v in sv.items()], receivers, zeros, ctx))
+    return ops
+
+
+# ---- top tier (§5.2) ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Held:
+    rank: int
+    subgroup: int
+    box: Box
+    pidx: int
+    pcount: int
+
+
+def _contributors(holders: list[_Held], top_partial: bool) -> tuple[int, ...] | None:
+    """Ranks whose parts sum to the slice's value: one per summand (of all subgroups when HDim is -2, else of
+    the first subgroup that holds every summand)."""
+    if top_partial:
+        pick: dict[int, int] = {}
+        for h in holders:
+            pick.setdefault(h.pidx, h.rank)
+        return tuple(sorted(pick.values())) if holders and len(pick) == holders[0].pcount else None
+    by_sub: dict[int, dict[int, int]] = {}
+    for h in holders:
+        by_sub.setdefault(h.subgroup, {}).setdefault(h.pidx, h.rank)
+    for sub in sorted(by_sub):
+        got = by_sub[sub]
+        first = next(h for h in holders if h.subgroup == sub)
+        if len(got) == first.pcount:
+            return tuple(sorted(got.values()))
+    return None
+
+
+def _split_op(kind: str, src_hdim: int, dst_hdim: int, held: list[_Held], top_partial: bool,
+              targets: list[tuple[int, Box]], zeros: list[tuple[int, Box]], ctx: _Ctx) -> SplitCollectiveOp:
+    """One collective per finest-grained slice: the contributors' parts summed, written to every receiver."""
+    grid = Grid(ctx.shape, [h.box for h in held] + [b for _, b in targets])
+    holders: dict[tuple[int, ...], list[_Held]] = {}
+    for h in sorted(held, key=lambda h: h.rank):
+        for cell in grid.cells_of(h.box):
+            holders.setdefault(cell, []).append(h)
+    need: dict[tuple[int, ...], list[int]] = {}
+    for r, box in sorted(targets):
+        for cell in grid.cells_of(box):
+            need.setdefault(cell, []).append(r)
+    sig = []
+    for cell, recv in need.items():
+        contrib = _contributors(holders.get(cell, []), top_partial)
+        if contrib is None:  # pragma: no cover - annotations always cover the tensor
+            raise ResolutionError(f"{kind}: slice {grid.box(cell)} is not held completely by any subgroup")
+        sig.append(((contrib, tuple(recv)), grid.box(cell)))
+    slices = tuple(SliceCollective(box, tuple(sorted(set(c) | set(rs))), c, rs)
+                   for (c, rs), box in coalesce(sig, order=lambda s: 0))
+    return SplitCollectiveOp(kind, src_hdim, dst_hdim, slices, tuple((h.rank, h.box) for h in held),
+                             tuple(targets) + tuple(zeros), ctx.itemsize)
+
+
+def _top_op(a: Annotation, b: Annotation, ctx: _Ctx, av: dict[int, LocalView] | None = None,
+            bv_: dict[int, LocalView] | None = None) -> SplitCollectiveOp:
+    kind = split_kind(a.hdim, b.hdim)
+    assert kind is not None
+    av = av if av is not None else _views(a, ctx.shape)
+    held = [_Held(v.rank, v.subgroup, v.box, v.partial_index, v.partial_count) for v in av.values()]
+    bv = list((bv_ if bv_ is not None else _views(b, ctx.shape)).values())
+    targets = [(v.rank, v.box) for v in bv if v.partial_index == 0]
+    zeros = [(v.rank, v.box) for v in bv if v.partial_index != 0]
+    return _split_op(kind, a.hdim, b.hdim, held, a.hdim == PARTIAL, targets, zeros, ctx)
+
+
+def _annotation_or_none(dg: list[list[int]], ds: list[DS], hdim: int, hratios: list[int] | None,
+                        shape: tuple[int, ...]) -> Annotation | None:
+    try:
+        ann = Annotation(dg, ds, hdim, hratios)
+        ann.check_shape(shape)
+        return ann
+    except (ValueError, ShapeError):
+        return None
+
+
+def _top_tier(src: Annotation, dst: Annotation, sv: dict[int, LocalView], dv: dict[int, LocalView],
+              ctx: _Ctx) -> list[CommOp] | None:
+    """Top-tier collectives; a bottom-tier step aligns differing DS Unions before (or after) them."""
+    if src.ds_union == dst.ds_union:
+        return [_top_op(src, dst, ctx, sv, dv)]
+    candidates: list[list[CommOp]] = []
+    mid = _annotation_or_none(src.dg_union, dst.ds_union, src.hdim, src.hratios, ctx.shape)
+    if mid is not None:  # Figure 10: align the DS Union, then the HDim
+        mv = _views(mid, ctx.shape)
+        candidates.append(_bottom_tier(src, mid, sv, mv, ctx) + [_top_op(mid, dst, ctx, mv, dv)])
+    mid = _annotation_or_none(src.dg_union, src.ds_union, dst.hdim, dst.hratios, ctx.shape)
+    if mid is not None:  # align the HDim first, then each subgroup's DS
+        mv = _views(mid, ctx.shape)
+        candidates.append([_top_op(src, mid, ctx, sv, mv)] + _bottom_tier(mid, dst, mv, dv, ctx))
+    candidates = [c for c in candidates if not any(op.kind == "BSR" for op in c)]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda ops: sum(t[2] for op in ops for t in op.transfers()))
