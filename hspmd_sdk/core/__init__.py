@@ -10,6 +10,8 @@ from .cluster import DEVICE_PRESETS, Cluster, DeviceSpec, Link, Node
 from .comm_ops import (CollectiveGroup, CollectiveOp, IdentityOp, Message, PointToPointOp, SliceCollective,
                        SplitCollectiveOp)
 from .comm_plan import CommPlan, volume_table
+from .deduction import deduce
+from .graph import Graph, GraphBuilder, Node as GraphNode, Tensor, TensorSpec
 from .loading import load_model
 from .model_config import MODEL_PRESETS, LlamaConfig
 from .plan import AnnotationPlan
@@ -17,7 +19,10 @@ from .resolve import itemsize_of, resolve, split_kind
 from .schedule import (SCHEDULE_KINDS, Action, ReplayResult, ScheduleError, build_schedule, compute_order,
                        format_schedule, in_flight, replay, warmup_count)
 from .slices import Box
+from .specialize import ExecOp, ExecutableGraph, Program, specialize
 from .strategy import Pipeline, Stage, Strategy, memory_estimate
+from .strategy_plan import plan_from_strategy
+from .symbolic import Sym, sym
 from .switch import PackedItem, PackedMessage, SwitchPlan, SwitchStep, TensorMove, plan_switch, switch_table
 
 __all__ = [
@@ -30,5 +35,7 @@ __all__ = [
     "SplitCollectiveOp", "SliceCollective", "PointToPointOp", "Message", "IdentityOp", "Box",
     "BSREntry", "Assignment", "bsr_table", "bsr_scheme", "LinkModel",
     "plan_switch", "SwitchPlan", "switch_table", "SwitchStep", "PackedMessage", "PackedItem", "TensorMove",
+    "Graph", "GraphBuilder", "GraphNode", "Tensor", "TensorSpec", "deduce", "Sym", "sym",
+    "specialize", "Program", "ExecutableGraph", "ExecOp", "plan_from_strategy",
     "HSPMDError", "PlanValidationError", "ResolutionError", "ShapeError", "SpecializationError",
 ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import cached_property
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -338,6 +339,14 @@ class Annotation(BaseModel):
         """HSize: the number of sharding subgroups."""
         return len(self.dg_union)
 
+    @cached_property
+    def partial_offsets(self) -> tuple[int, ...]:
+        """For ``hdim == -2``: the number of summands held by subgroups before ``k`` (then the total)."""
+        out = [0]
+        for ds in self.ds_union:
+            out.append(out[-1] + ds.partial)
+        return tuple(out)
+
     @property
     def ranks(self) -> list[int]:
         """Every rank of the DG Union, subgroup by subgroup."""
@@ -461,8 +470,8 @@ def local_view(annotation: Annotation, shape: Sequence[int], rank: int) -> Local
         box[d] = (start, start + chunk)
     p_index, p_count = coords.get(PARTIAL, 0), ds.partial
     if annotation.hdim == PARTIAL:
-        offset = sum(annotation.ds_union[j].partial for j in range(k))
-        p_index, p_count = offset + p_index, sum(d.partial for d in annotation.ds_union)
+        offsets = annotation.partial_offsets
+        p_index, p_count = offsets[k] + p_index, offsets[-1]
     return LocalView(rank, k, pos, tuple(box), p_index, p_count)
 
 

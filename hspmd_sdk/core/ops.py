@@ -1,0 +1,457 @@
+"""Compute operators of the defined graph: the builder API, a symbolic shape rule and a deduction rule for each.
+
+Deduction (paper §6.1, Table 2).  DG Union and HSize always propagate unchanged (checked by
+:mod:`hspmd_sdk.core.deduction`).  DS Union and HDim follow a per-op *axis rule*: the inputs' DS are refined to a
+common list of device axes (mixed-radix digits, slowest first) and each axis maps the tuple of input keys on it
+(``-2`` Partial, ``-1`` Duplicate, ``d`` Split of dim ``d``) to the output key(s).  Top-tier (HDim) deduction is
+the same rule applied to one axis of degree HSize, "a simplified 1D sharding" as the paper puts it.  Most ops
+propagate keys unchanged; Dot (Figure 13), Sum, Reshape, Embedding and CrossEntropy have custom rules.
+
+The local torch implementation of each op lives in :mod:`hspmd_sdk.runtime.kernels` (this module imports no torch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from ..errors import ShapeError, SpecializationError
+from .graph import RESHARD, Tensor, _dims
+from .symbolic import Dim, Sym, dim_div, dim_prod, dims_equal, divides, shape_str
+
+__all__ = ["OpDef", "OPS", "RuleError", "infer_shapes", "PARTIAL", "DUPLICATE",
+           "embedding", "dot", "linear", "rmsnorm", "rope", "attention", "swiglu", "gelu", "add", "mul",
+           "reshape", "split", "concat", "sum", "cross_entropy"]
+
+PARTIAL, DUPLICATE = -2, -1
+Shapes = Sequence[tuple[Dim, ...]]
+
+
+class RuleError(Exception):
+    """An axis rule cannot place its inputs' keys; the deduction wraps it with tensor and subgroup names."""
+
+
+AxisRule = Callable[[tuple[int, ...], Shapes, Mapping[str, Any]], tuple[int, ...]]
+ShapeRule = Callable[[Shapes, Mapping[str, Any], str], list[tuple[Dim, ...]]]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """An operator kind: its shape rule, its axis rule, and which inputs are weights (for gradient deduction).
+
+    ``custom`` marks the ops of Table 2 whose deduction changes DS Union / HDim (Dot, Sum, Reshape, ...).
+    ``weight_inputs``: indices of inputs that are usually parameters; ``batch_dims(shapes)`` gives the dims of
+    the activation (input 0) that the weight does not have: a Duplicate weight axis facing a Split of such a dim
+    gets a Partial gradient.
+    """
+
+    kind: str
+    shape: ShapeRule
+    axis: AxisRule
+    custom: bool = False
+    weight_inputs: tuple[int, ...] = ()
+    batch_dims: Callable[[Shapes], tuple[int, ...]] = lambda shapes: ()
+
+
+# ---- axis rules ------------------------------------------------------------------------------------------------
+def _same(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    """Nonlinear elementwise: every input has the same key, and Partial cannot pass."""
+    k = keys[0]
+    if any(x != k for x in keys):
+        raise RuleError(f"inputs are sharded differently ({_keys(keys)}); they must match")
+    if k == PARTIAL:
+        raise RuleError("a Partial input cannot pass a nonlinear op; Reshard it (e.g. all-reduce) first")
+    return (k,)
+
+
+def _linear_same(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    """Linear elementwise (add, rope, reshard-free reshape): equal keys, Partial allowed."""
+    k = keys[0]
+    if any(x != k for x in keys):
+        raise RuleError(f"inputs are sharded differently ({_keys(keys)}); they must match (Partial + Partial is "
+                        "fine, Partial + Duplicate is not)")
+    return (k,)
+
+
+def _mul_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    a, b = keys
+    if a == b and a != PARTIAL:
+        return (a,)
+    if {a, b} == {PARTIAL, DUPLICATE}:
+        return (PARTIAL,)
+    raise RuleError(f"cannot multiply inputs sharded as {_keys(keys)}")
+
+
+def _dot_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    """Figure 13: X[..., K] @ W[K, N].  Split of the contracted dim on both sides gives Partial."""
+    xk, wk = keys
+    r = len(shapes[0])
+    if xk == DUPLICATE and wk == DUPLICATE:
+        return (DUPLICATE,)
+    if 0 <= xk < r - 1 and wk == DUPLICATE:
+        return (xk,)
+    if xk == r - 1 and wk == 0:
+        return (PARTIAL,)
+    if xk == DUPLICATE and wk == 1:
+        return (r - 1,)
+    if (xk, wk) in ((PARTIAL, DUPLICATE), (DUPLICATE, PARTIAL)):
+        return (PARTIAL,)
+    raise RuleError(f"Dot cannot combine X {_key(xk)} with W {_key(wk)} on one device axis (supported: batch "
+                    "split x Duplicate, contracted split x row split -> Partial, Duplicate x column split)")
+
+
+def _embedding_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    tk, wk = keys
+    r = len(shapes[0])
+    if tk == DUPLICATE and wk == DUPLICATE:
+        return (DUPLICATE,)
+    if 0 <= tk < r and wk == DUPLICATE:
+        return (tk,)
+    if tk == DUPLICATE and wk == 1:
+        return (r,)
+    if tk == DUPLICATE and wk == 0:
+        return (PARTIAL,)  # vocab-parallel embedding: rows outside the local range give zeros
+    raise RuleError(f"Embedding cannot combine tokens {_key(tk)} with weight {_key(wk)}")
+
+
+def _rmsnorm_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    xk, wk = keys
+    r = len(shapes[0])
+    if wk != DUPLICATE:
+        raise RuleError(f"RMSNorm weight must be Duplicate, not {_key(wk)}")
+    if xk == r - 1:
+        raise RuleError("RMSNorm normalises the last dim, which is split here; Reshard it to Duplicate first")
+    if xk == PARTIAL:
+        raise RuleError("RMSNorm is nonlinear; a Partial input must be reduced (Reshard) first")
+    return (xk,)
+
+
+def _rope_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    (k,) = keys
+    if k in (1, 3):
+        raise RuleError(f"RoPE needs whole {'sequences' if k == 1 else 'head dims'} on a device; "
+                        "split the batch or the heads instead")
+    return (k,)
+
+
+def _attention_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    k = keys[0]
+    if any(x != k for x in keys):
+        raise RuleError(f"q, k, v are sharded differently ({_keys(keys)})")
+    if k not in (DUPLICATE, 0, 2):
+        raise RuleError(f"causal attention supports splitting the batch (0) or the heads (2), not {_key(k)}; "
+                        "sequence (context) parallel attention is not implemented")
+    return (k,)
+
+
+def _reshape_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    (k,) = keys
+    if k < 0:
+        return (k,)
+    mapping = _reshape_map(shapes[0], attrs["shape"])
+    if k not in mapping:
+        raise RuleError(f"Reshape {shape_str(shapes[0])} -> {shape_str(attrs['shape'])} cannot keep dim {k} split "
+                        "(only the leading dim of a merged or split group can stay split)")
+    return (mapping[k],)
+
+
+def _sum_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    (k,) = keys
+    dims = _norm_dims(attrs["dims"], len(shapes[0]))
+    if k < 0:
+        return (k,)
+    if k in dims:
+        return (PARTIAL,)
+    return (k if attrs.get("keepdim") else k - len([d for d in dims if d < k]),)
+
+
+def _split_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    (k,) = keys
+    if k == attrs["dim"]:
+        raise RuleError(f"Split along dim {k}, which is itself split across devices; Reshard first")
+    return (k,) * attrs["parts"]
+
+
+def _concat_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    out = _linear_same(keys, shapes, attrs)
+    if out[0] == attrs["dim"]:
+        raise RuleError(f"Concat along dim {out[0]}, which is split across devices; Reshard first")
+    return out
+
+
+def _ce_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    lk, tk = keys
+    r = len(shapes[1])
+    if lk == DUPLICATE and tk == DUPLICATE:
+        return (DUPLICATE,)
+    if lk == tk and 0 <= lk < r:
+        return (PARTIAL,)  # each device: sum of its tokens' losses / global token count
+    if lk == r:
+        raise RuleError("CrossEntropy over a vocab-split logits tensor is not supported; Reshard the logits to "
+                        "Duplicate (all-gather) first")
+    raise RuleError(f"CrossEntropy cannot combine logits {_key(lk)} with targets {_key(tk)}")
+
+
+# ---- shape rules -----------------------------------------------------------------------------------------------
+def _need(cond: bool, node: str, msg: str) -> None:
+    if not cond:
+        raise ShapeError(f"op {node!r}: {msg}")
+
+
+def _shape_same(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    for s in shapes[1:]:
+        _need(len(s) == len(shapes[0]) and all(dims_equal(a, b) for a, b in zip(s, shapes[0])), node,
+              f"input shapes {', '.join(shape_str(x) for x in shapes)} must be equal")
+    return [tuple(shapes[0])]
+
+
+def _shape_dot(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    x, w = shapes
+    _need(len(w) == 2 and len(x) >= 1, node, f"Dot takes X[..., K] and W[K, N], got {shape_str(x)}, {shape_str(w)}")
+    _need(dims_equal(x[-1], w[0]), node, f"contracted dims differ: X {shape_str(x)} vs W {shape_str(w)}")
+    return [tuple(x[:-1]) + (w[1],)]
+
+
+def _shape_embedding(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    t, w = shapes
+    _need(len(w) == 2, node, f"embedding weight must be [vocab, hidden], got {shape_str(w)}")
+    return [tuple(t) + (w[1],)]
+
+
+def _shape_rmsnorm(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    x, w = shapes
+    _need(len(w) == 1 and dims_equal(w[0], x[-1]), node, f"weight {shape_str(w)} must match the last dim of "
+                                                         f"{shape_str(x)}")
+    return [tuple(x)]
+
+
+def _shape_rope(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    (x,) = shapes
+    _need(len(x) == 4, node, f"RoPE takes [B, S, heads, head_dim], got {shape_str(x)}")
+    _need(isinstance(x[3], int) and x[3] % 2 == 0, node, f"head_dim {x[3]} must be an even int")
+    return [tuple(x)]
+
+
+def _shape_attention(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    q, k, v = shapes
+    _need(len(q) == 4 and len(k) == 4 and len(v) == 4, node, "attention takes q, k, v as [B, S, heads, head_dim]")
+    _need(all(dims_equal(a, b) for a, b in zip(k, v)), node, f"k {shape_str(k)} and v {shape_str(v)} differ")
+    _need(dims_equal(q[0], k[0]) and dims_equal(q[1], k[1]) and dims_equal(q[3], k[3]), node,
+          f"q {shape_str(q)} and k {shape_str(k)} differ in batch, sequence or head_dim")
+    _need(isinstance(q[2], int) and isinstance(k[2], int) and q[2] % k[2] == 0, node,
+          f"query heads {q[2]} must be a multiple of kv heads {k[2]} (GQA)")
+    return [tuple(q)]
+
+
+def _shape_reshape(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    (x,) = shapes
+    out = tuple(attrs["shape"])
+    _need(dims_equal(dim_prod(x), dim_prod(out)), node, f"cannot reshape {shape_str(x)} to {shape_str(out)} "
+                                                        "(element counts differ)")
+    return [out]
+
+
+def _shape_sum(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    (x,) = shapes
+    dims = _norm_dims(attrs["dims"], len(x))
+    if attrs.get("keepdim"):
+        return [tuple(1 if i in dims else d for i, d in enumerate(x))]
+    return [tuple(d for i, d in enumerate(x) if i not in dims)]
+
+
+def _shape_split(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    (x,) = shapes
+    d, parts = attrs["dim"], attrs["parts"]
+    _need(0 <= d < len(x), node, f"split dim {d} out of range for {shape_str(x)}")
+    chunk = dim_div(x[d], parts, tensor=node, dim=d, why=f"split into {parts} parts")
+    return [tuple(chunk if i == d else s for i, s in enumerate(x))] * parts
+
+
+def _shape_concat(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    d = attrs["dim"]
+    first = shapes[0]
+    total: Dim = 0
+    for s in shapes:
+        _need(len(s) == len(first) and all(dims_equal(a, b) for i, (a, b) in enumerate(zip(s, first)) if i != d),
+              node, f"concat inputs {', '.join(shape_str(x) for x in shapes)} differ outside dim {d}")
+        total = _dim_add(total, s[d], node)
+    return [tuple(total if i == d else x for i, x in enumerate(first))]
+
+
+def _shape_ce(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    logits, targets = shapes
+    _need(len(logits) == len(targets) + 1 and all(dims_equal(a, b) for a, b in zip(logits, targets)), node,
+          f"logits {shape_str(logits)} must be targets {shape_str(targets)} + [vocab]")
+    return [()]
+
+
+def _shape_reshard(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    return [tuple(shapes[0])]
+
+
+def _shape_leaf(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    return [tuple(attrs["shape"])]
+
+
+def _no_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    raise RuleError("leaf and Reshard annotations come from the plan, not from deduction")
+
+
+def _leading(shapes: Shapes) -> tuple[int, ...]:
+    return tuple(range(len(shapes[0]) - 1))
+
+
+def _all_dims(shapes: Shapes) -> tuple[int, ...]:
+    return tuple(range(len(shapes[0])))
+
+
+OPS: dict[str, OpDef] = {o.kind: o for o in (
+    OpDef("placeholder", _shape_leaf, _no_rule),
+    OpDef("parameter", _shape_leaf, _no_rule),
+    OpDef(RESHARD, _shape_reshard, _no_rule),
+    OpDef("embedding", _shape_embedding, _embedding_rule, custom=True, weight_inputs=(1,), batch_dims=_all_dims),
+    OpDef("dot", _shape_dot, _dot_rule, custom=True, weight_inputs=(1,), batch_dims=_leading),
+    OpDef("rmsnorm", _shape_rmsnorm, _rmsnorm_rule, weight_inputs=(1,), batch_dims=_leading),
+    OpDef("rope", _shape_rope, _rope_rule),
+    OpDef("attention", _shape_attention, _attention_rule),
+    OpDef("swiglu", _shape_same, _same),
+    OpDef("gelu", _shape_same, _same),
+    OpDef("add", _shape_same, _linear_same),
+    OpDef("mul", _shape_same, _mul_rule),
+    OpDef("reshape", _shape_reshape, _reshape_rule, custom=True),
+    OpDef("sum", _shape_sum, _sum_rule, custom=True),
+    OpDef("split", _shape_split, _split_rule),
+    OpDef("concat", _shape_concat, _concat_rule),
+    OpDef("cross_entropy", _shape_ce, _ce_rule, custom=True),
+)}
+
+
+def infer_shapes(kind: str, in_shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    """Output shapes of an op (the symbolic shape rule); ``ShapeError`` names the node."""
+    op = OPS.get(kind)
+    if op is None:
+        raise SpecializationError(f"unknown op kind {kind!r} for node {node!r}; known: {', '.join(sorted(OPS))}")
+    return op.shape(in_shapes, attrs, node)
+
+
+# ---- builder API -------------------------------------------------------------------------------------------
+def _b(x: Tensor) -> Any:
+    return x.builder
+
+
+def embedding(tokens: Tensor, weight: Tensor, *, name: str | None = None) -> Tensor:
+    """``weight[tokens]``: tokens ``[...]`` (int64), weight ``[vocab, hidden]``."""
+    return _b(tokens).add("embedding", [tokens, weight], {}, name=name)[0]
+
+
+def dot(x: Tensor, w: Tensor, *, name: str | None = None) -> Tensor:
+    """``x @ w`` with ``x[..., K]`` and ``w[K, N]`` (the paper's Dot; weights are stored ``[in, out]``)."""
+    return _b(x).add("dot", [x, w], {}, name=name)[0]
+
+
+linear = dot
+
+
+def rmsnorm(x: Tensor, weight: Tensor, *, eps: float = 1e-5, name: str | None = None) -> Tensor:
+    """``x / sqrt(mean(x^2, -1) + eps) * weight``."""
+    return _b(x).add("rmsnorm", [x, weight], {"eps": float(eps)}, name=name)[0]
+
+
+def rope(x: Tensor, *, theta: float = 10000.0, name: str | None = None) -> Tensor:
+    """Rotary position embedding of ``x[B, S, heads, head_dim]`` (half-split rotation, positions 0..S-1)."""
+    return _b(x).add("rope", [x], {"theta": float(theta)}, name=name)[0]
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, name: str | None = None) -> Tensor:
+    """Causal softmax attention, ``[B, S, heads, head_dim]``; ``k``/``v`` may have fewer heads (GQA)."""
+    return _b(q).add("attention", [q, k, v], {"causal": True}, name=name)[0]
+
+
+def swiglu(gate: Tensor, up: Tensor, *, name: str | None = None) -> Tensor:
+    """``silu(gate) * up``."""
+    return _b(gate).add("swiglu", [gate, up], {}, name=name)[0]
+
+
+def gelu(x: Tensor, *, name: str | None = None) -> Tensor:
+    return _b(x).add("gelu", [x], {}, name=name)[0]
+
+
+def add(a: Tensor, b: Tensor, *, name: str | None = None) -> Tensor:
+    """Elementwise sum (the residual add)."""
+    return _b(a).add("add", [a, b], {}, name=name)[0]
+
+
+def mul(a: Tensor, b: Tensor, *, name: str | None = None) -> Tensor:
+    return _b(a).add("mul", [a, b], {}, name=name)[0]
+
+
+def reshape(x: Tensor, shape: Sequence[Dim], *, name: str | None = None) -> Tensor:
+    """Reshape to ``shape`` (global, symbolic).  A split dim stays split only as the leading dim of its group."""
+    return _b(x).add("reshape", [x], {"shape": _dims(shape)}, name=name)[0]
+
+
+def sum(x: Tensor, dims: Sequence[int] | int, *, keepdim: bool = False, name: str | None = None) -> Tensor:  # noqa: A001
+    """Sum over ``dims``; a split of a summed dim becomes Partial."""
+    d = (dims,) if isinstance(dims, int) else tuple(dims)
+    return _b(x).add("sum", [x], {"dims": d, "keepdim": bool(keepdim)}, name=name)[0]
+
+
+def split(x: Tensor, dim: int, parts: int, *, name: str | None = None) -> list[Tensor]:
+    """``parts`` equal chunks along ``dim`` (a symbolic dim gets the constraint ``dim ≡ 0 (mod parts)``)."""
+    d = dim % len(x.shape)
+    return _b(x).add("split", [x], {"dim": d, "parts": int(parts)}, name=name, num_outputs=parts)
+
+
+def concat(xs: Sequence[Tensor], dim: int, *, name: str | None = None) -> Tensor:
+    d = dim % len(xs[0].shape)
+    return _b(xs[0]).add("concat", list(xs), {"dim": d}, name=name)[0]
+
+
+def cross_entropy(logits: Tensor, targets: Tensor, *, name: str | None = None) -> Tensor:
+    """Mean cross-entropy over all tokens: ``logits[..., V]``, ``targets[...]`` (int64) -> scalar."""
+    return _b(logits).add("cross_entropy", [logits, targets], {}, name=name, dtype=logits.dtype)[0]
+
+
+# ---- helpers -----------------------------------------------------------------------------------------------
+def _key(k: int) -> str:
+    return {PARTIAL: "Partial", DUPLICATE: "Duplicate"}.get(k, f"Split(dim {k})")
+
+
+def _keys(keys: tuple[int, ...]) -> str:
+    return ", ".join(_key(k) for k in keys)
+
+
+def _norm_dims(dims: Sequence[int], rank: int) -> tuple[int, ...]:
+    return tuple(sorted(d % rank for d in dims))
+
+
+def _dim_add(a: Dim, b: Dim, node: str) -> Dim:
+    if isinstance(a, int) and isinstance(b, int):
+        return a + b
+    if a == 0:
+        return b
+    if isinstance(a, Sym) and isinstance(b, Sym) and a.factors == b.factors:
+        return Sym(a.coef + b.coef, a.factors)
+    raise ShapeError(f"op {node!r}: cannot add dims {a} and {b} symbolically")
+
+
+def _reshape_map(src: Sequence[Dim], dst: Sequence[Dim]) -> dict[int, int]:
+    """Input dim -> output dim for the dims that may stay split: the leading dim of each group of dims whose
+    products agree (``[B, S, H] -> [B, S, nh, hd]`` maps 0->0, 1->1, 2->2)."""
+    out: dict[int, int] = {}
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        gi, gj = [i], [j]
+        pi, pj = src[i], dst[j]
+        while not dims_equal(pi, pj):
+            if divides(pi, pj) and i + len(gi) < len(src):
+                gi.append(i + len(gi))
+                pi = dim_prod([src[k] for k in gi])
+            elif j + len(gj) < len(dst):
+                gj.append(j + len(gj))
+                pj = dim_prod([dst[k] for k in gj])
+            else:
+                return out
+        out[gi[0]] = gj[0]
+        i, j = gi[-1] + 1, gj[-1] + 1
+    return out
+

@@ -1,0 +1,619 @@
+"""Progressive graph specialization (paper §6, Appendix A.2): defined graph + annotation plan -> :class:`Program`.
+
+``specialize(model, plan, cluster)``
+
+1. deduces every tensor's annotation (§6.1, :mod:`.deduction`);
+2. resolves every Reshard with :func:`hspmd_sdk.core.resolve.resolve` — the same ``CommPlan`` objects the editor
+   shows and the runtime executes — plus the backward communication of forward Reshards, the gradient
+   reductions of Duplicate activations (Megatron's "f"), and each parameter's gradient synchronisation
+   ``<param>.grad_sync`` (§5);
+3. builds the pipelines from the forward/backward communication (Figure 21, :mod:`.pipelines`);
+4. on demand, per rank, drops the non-local operators (§6.2) and splits what is left into the ``Pre``, ``F``,
+   ``B`` and ``Post`` executable subgraphs (:meth:`Program.executable_graph`).
+
+Shapes stay symbolic (``B``, ``S``).  Communication is planned on *representative* values of the symbols
+(``bindings=`` if given, else the graph's hints — ``S = max_seq_len`` for Llama — and the smallest values that
+satisfy every divisibility constraint); the operator kinds, groups and messages do not depend on the values,
+only the byte counts do.  :meth:`Program.bind` checks concrete values against every constraint.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from ..errors import ResolutionError, ShapeError, SpecializationError
+from .annotation import Annotation, format_ranks
+from .deduction import (activation_grad_annotation, deduce, local_constraints, local_shape, partial_as_duplicate,
+                        weight_grad_annotation)
+from .graph import Graph, Node
+from .pipelines import build_pipelines, op_ranks
+from .symbolic import Constraint, Dim, evaluate_shape, representative_value
+
+__all__ = ["specialize", "Program", "ExecutableGraph", "ExecOp", "PHASES"]
+
+PHASES = ("Pre", "F", "B", "Post")
+
+
+@dataclass(frozen=True)
+class ExecOp:
+    """One operator of a rank's executable graph.
+
+    ``kind``: the op kind (``dot``...), ``Reshard``, ``<kind>Bwd``, ``ReshardBwd``, ``GradReduce``, ``GradSync``
+    or ``OptimizerStep``.  ``comm``: the ``CommPlan`` of a communication op; ``comm_kinds``: the operators of it
+    this rank executes (e.g. ``("ReduceScatter",)``); ``bytes_sent``: bytes this rank sends per execution at the
+    program's representative shapes.
+    """
+
+    name: str
+    kind: str
+    phase: str
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    comm: Any = None
+    comm_kinds: tuple[str, ...] = ()
+    bytes_sent: int = 0
+
+    @property
+    def is_comm(self) -> bool:
+        return self.comm is not None
+
+    def __str__(self) -> str:
+        s = f"{self.kind} {self.name}"
+        if self.comm is not None:
+            s += f" [{' + '.join(self.comm_kinds) or 'nothing on this rank'}]"
+            if self.bytes_sent:
+                s += f" sends {_fmt_bytes(self.bytes_sent)}"
+        return s
+
+
+@dataclass(frozen=True)
+class ExecutableGraph:
+    """What one rank runs (§6.2): its leaves and its Pre / F / B / Post executable subgraphs (Figure 21)."""
+
+    rank: int
+    pipeline: int | None
+    stage: int | None
+    leaves: tuple[str, ...]
+    pre: tuple[ExecOp, ...]
+    forward: tuple[ExecOp, ...]
+    backward: tuple[ExecOp, ...]
+    post: tuple[ExecOp, ...]
+
+    def phase(self, name: str) -> tuple[ExecOp, ...]:
+        """The subgraph ``"Pre"``, ``"F"``, ``"B"`` or ``"Post"``."""
+        return {"Pre": self.pre, "F": self.forward, "B": self.backward, "Post": self.post}[name]
+
+    @property
+    def ops(self) -> tuple[ExecOp, ...]:
+        return self.pre + self.forward + self.backward + self.post
+
+    @property
+    def op_names(self) -> set[str]:
+        return {o.name for o in self.ops}
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        return tuple(n for n in self.leaves if n in self._params)
+
+    _params: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Program:
+    """The result of specialization: every rank's executable graph, the pipelines and their schedules.
+
+    ``comm_plans``: Reshard name -> ``CommPlan`` (forward); ``backward_plans``: the same names -> the plan of
+    the gradient's way back; ``grad_reduce_plans``: activation name -> all-reduce of its Partial gradient;
+    ``grad_sync_plans``: ``<param>.grad_sync`` -> gradient synchronisation.  ``pipelines``: list of pipelines,
+    each a list of stages, each a sorted list of ranks.  ``bindings``: the representative symbol values the
+    plans were resolved at.
+    """
+
+    graph: Graph
+    plan: Any
+    cluster: Any
+    annotations: Mapping[str, Annotation]
+    comm_plans: Mapping[str, Any]
+    backward_plans: Mapping[str, Any]
+    grad_reduce_plans: Mapping[str, Any]
+    grad_sync_plans: Mapping[str, Any]
+    pipelines: list[list[list[int]]]
+    bindings: Mapping[str, int]
+    constraints: tuple[Constraint, ...]
+    schedule_kind: str = "1f1b"
+    micro_batches: tuple[int, ...] = ()
+    micro_batch_sizes: tuple[int, ...] = ()
+    pre_reshards: frozenset[str] = frozenset()
+    _node_ranks: Mapping[str, frozenset[int]] = field(default_factory=dict, repr=False, compare=False)
+    _where: Mapping[int, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
+    _cache: dict[int, ExecutableGraph] = field(default_factory=dict, repr=False, compare=False)
+    _concrete: dict[tuple[str, tuple[int, ...]], Any] = field(default_factory=dict, repr=False, compare=False)
+    _rank_tables: dict[int, dict[int, tuple[tuple[str, ...], int]]] = field(default_factory=dict, repr=False,
+                                                                             compare=False)
+    _compute_ops: Mapping[str, tuple[ExecOp, ExecOp]] = field(default_factory=dict, repr=False, compare=False)
+    _plan_keys: Mapping[str, tuple[Annotation, Annotation, str]] = field(default_factory=dict, repr=False,
+                                                                         compare=False)
+    _resolver: Any = field(default=None, repr=False, compare=False)
+
+    # ---- pipelines and stages ------------------------------------------------------------------------------
+    @property
+    def ranks(self) -> list[int]:
+        """Every rank that runs part of the program, sorted."""
+        return sorted(self._where)
+
+    def stage_of(self, rank: int) -> tuple[int, int]:
+        """``(pipeline index, stage index)`` of ``rank``; ``KeyError`` naming the rank if it runs nothing."""
+        try:
+            return self._where[rank]
+        except KeyError:
+            raise KeyError(f"rank {rank} runs no forward operator of this program (ranks "
+                           f"{format_ranks(self.ranks)})") from None
+
+    def stage_ranks(self, pipeline: int, stage: int) -> list[int]:
+        return list(self.pipelines[pipeline][stage])
+
+    def num_stages(self, pipeline: int) -> int:
+        return len(self.pipelines[pipeline])
+
+    def num_micro_batches(self, pipeline: int) -> int:
+        return self.micro_batches[pipeline] if pipeline < len(self.micro_batches) else 1
+
+    def micro_batch_size(self, pipeline: int) -> int | None:
+        return self.micro_batch_sizes[pipeline] if pipeline < len(self.micro_batch_sizes) else None
+
+    def schedule(self, rank: int) -> list[Any]:
+        """The list of actions (``Pre``, ``F``/``B`` per micro-batch with sends/receives, ``Post``) ``rank`` runs.
+
+        Built by :func:`hspmd_sdk.core.schedule.build_schedule` for the rank's pipeline (its own number of
+        micro-batches) and stage.
+        """
+        from .schedule import build_schedule  # the schedule generator (GPipe / 1F1B) lives in schedule.py
+
+        p, s = self.stage_of(rank)
+        return build_schedule(self.schedule_kind, self.num_stages(p), s, self.num_micro_batches(p))
+
+    # ---- executable graphs ---------------------------------------------------------------------------------
+    def executable_graph(self, rank: int) -> ExecutableGraph:
+        """Rank ``rank``'s executable graph: the defined graph without the operators not placed on it (§6.2)."""
+        got = self._cache.get(rank)
+        if got is None:
+            got = _instantiate(self, rank)
+            self._cache[rank] = got
+        return got
+
+    def local_shape(self, tensor: str, rank: int, bindings: Mapping[str, int] | None = None) -> tuple[Dim, ...]:
+        """Shape of ``rank``'s shard of ``tensor``: symbolic, or concrete when ``bindings`` are given."""
+        ann = self.annotations[tensor]
+        loc = ann.locate(rank)
+        if loc is None:
+            raise KeyError(f"rank {rank} holds no shard of tensor {tensor!r} (annotation {ann})")
+        shape = local_shape(ann, self.graph.tensors[tensor].shape, loc[0], tensor)
+        if bindings is None:
+            return shape
+        return evaluate_shape(shape, bindings, tensor=tensor, where=f"local shard on rank {rank}")
+
+    def concrete_plan(self, name: str, bindings: Mapping[str, int]) -> Any:
+        """The ``CommPlan`` of communication ``name`` resolved at concrete symbol values (the program's own plans
+        are at :attr:`bindings`).  ``name``: a Reshard, ``<reshard>.bwd``, ``<tensor>.grad_reduce`` or
+        ``<param>.grad_sync``.  Plans at the program's bindings are returned as they are."""
+        try:
+            src, dst, tensor = self._plan_keys[name]
+        except KeyError:
+            raise KeyError(f"no communication named {name!r} in this program") from None
+        if dict(bindings) == dict(self.bindings):
+            return self._plans_by_name()[name]
+        shape = evaluate_shape(self.graph.tensors[tensor].shape, bindings, tensor=tensor)
+        key = (name, shape)
+        got = self._concrete.get(key)
+        if got is None:
+            dtype = self.graph.tensors[tensor].dtype
+            got = _identity_plan(src, shape, dtype, self.cluster) if src == dst else \
+                (self._resolver or _default_resolver())(src, dst, shape, dtype, self.cluster)
+            self._concrete[key] = got
+        return got
+
+    def _plans_by_name(self) -> dict[str, Any]:
+        out = dict(self.comm_plans)
+        out.update({f"{k}.bwd": v for k, v in self.backward_plans.items()})
+        out.update({f"{k}.grad_reduce": v for k, v in self.grad_reduce_plans.items()})
+        out.update(self.grad_sync_plans)
+        return out
+
+    def bind(self, bindings: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
+        """Check concrete symbol values against every constraint; return every tensor's global shape.
+
+        Raises :class:`ShapeError` naming the tensor, the dim and the constraint that fails."""
+        shapes = self.graph.bind(bindings)
+        for c in self.constraints:
+            c.check(bindings)
+        return shapes
+
+    # ---- printing ------------------------------------------------------------------------------------------
+    def describe(self, rank: int | None = None) -> str:
+        """A readable account of the whole program (``rank=None``) or of one rank's executable graph."""
+        return _describe_rank(self, rank) if rank is not None else _describe_program(self)
+
+    def __str__(self) -> str:
+        return _describe_program(self)
+
+
+# ---- specialization --------------------------------------------------------------------------------------------
+def specialize(model: Any, plan: Any, cluster: Any = None, *, bindings: Mapping[str, int] | None = None,
+               resolver: Callable[..., Any] | None = None) -> Program:
+    """Specialize ``model`` (a :class:`Graph` or a ``LlamaConfig``) under ``plan`` (an ``AnnotationPlan`` or a
+    mapping name -> Annotation) for ``cluster`` (§6).  ``bindings``: representative symbol values for planning
+    communication volumes (optional).  Raises :class:`SpecializationError` / :class:`ShapeError` naming the
+    tensor, op or rank at fault."""
+    graph = _as_graph(model)
+    given, meta = _plan_parts(plan)
+    unknown = sorted(n for n in given if n not in graph.tensors and not n.endswith(".grad_sync"))
+    if unknown:
+        raise SpecializationError(f"the plan annotates {len(unknown)} tensor(s) the graph does not have: "
+                                  f"{unknown[:5]}{' ...' if len(unknown) > 5 else ''} (graph {graph.name!r})")
+    anns = deduce(graph, given)
+    constraints = _constraints(graph, anns)
+    reps = _representative(graph, constraints, bindings, _meta_hints(meta))
+    planner = _Planner(graph, reps, resolver or _default_resolver(), cluster)
+    plan_of = planner.plan
+    pre = frozenset(n.name for n in graph.reshards if _from_parameter(graph, n))
+    comm, back = {}, {}
+    for n in graph.reshards:
+        src, dst = anns[n.inputs[0]], anns[n.outputs[0]]
+        comm[n.name] = plan_of(src, dst, n.inputs[0], name=n.name)
+        if n.name not in pre:
+            back[n.name] = plan_of(partial_as_duplicate(dst), partial_as_duplicate(src), n.inputs[0],
+                                   f"backward of Reshard {n.name!r}", f"{n.name}.bwd")
+    reduce_plans = _grad_reduce_plans(graph, anns, pre, plan_of)
+    sync = _grad_sync_plans(graph, anns, given, plan_of)
+    fwd_ranks = {r for n in graph.nodes if not n.is_leaf and n.name not in pre
+                 for t in n.outputs for r in anns[t].ranks}
+    order_key = _pipeline_order(graph, anns)
+    f_plans = [comm[n.name] for n in graph.reshards if n.name not in pre]
+    b_plans = list(back.values()) + list(reduce_plans.values())
+    pipelines = build_pipelines(fwd_ranks, f_plans, b_plans, order_key)
+    micro, sizes = _micro_batching(meta, pipelines, order_key)
+    where = {r: (i, j) for i, p in enumerate(pipelines) for j, s in enumerate(p) for r in s}
+    node_ranks = _node_rank_sets(graph, anns)
+    compute = {n.name: (ExecOp(n.name, n.kind, "F", n.inputs, n.outputs),
+                        ExecOp(f"{n.name}.bwd", f"{n.kind}Bwd", "B", n.outputs, n.inputs))
+               for n in graph.nodes if not n.is_leaf and not n.is_reshard}
+    return Program(graph, plan, cluster, anns, comm, back, reduce_plans, sync, pipelines, reps,
+                   tuple(constraints), str(meta.get("schedule", "1f1b")), micro, sizes, pre, node_ranks, where,
+                   _compute_ops=compute, _plan_keys=planner.keys, _resolver=resolver)
+
+
+class _Planner:
+    """Resolves communication at the representative shapes, once per distinct ``(src, dst, shape, dtype)``, and
+    remembers which annotations each named communication came from (for :meth:`Program.concrete_plan`)."""
+
+    def __init__(self, graph: Graph, reps: Mapping[str, int], resolve: Callable[..., Any], cluster: Any) -> None:
+        self.graph, self.reps, self.resolve, self.cluster = graph, reps, resolve, cluster
+        self.keys: dict[str, tuple[Annotation, Annotation, str]] = {}
+        self._by_value: dict[tuple[Any, ...], Any] = {}
+        self._by_id: dict[tuple[Any, ...], Any] = {}  # fast path: the same annotation objects recur per layer
+        self._alive: list[Any] = []  # keeps the annotations whose ids key ``_by_id`` alive
+
+    def plan(self, src: Annotation, dst: Annotation, tensor: str, label: str = "", name: str = "") -> Any:
+        self.keys[name] = (src, dst, tensor)
+        spec = self.graph.tensors[tensor]
+        fast = (id(src), id(dst), spec.shape, spec.dtype)
+        got = self._by_id.get(fast)
+        if got is not None:
+            return got
+        shape = evaluate_shape(spec.shape, self.reps, tensor=tensor)
+        key = (src, dst, shape, spec.dtype)
+        if key not in self._by_value:
+            try:
+                self._by_value[key] = _identity_plan(src, shape, spec.dtype, self.cluster) if src == dst else \
+                    self.resolve(src, dst, shape, spec.dtype, self.cluster)
+            except (ResolutionError, ShapeError, SpecializationError) as e:  # name the tensor, keep the reason
+                raise type(e)(f"{label or 'Reshard ' + repr(tensor)}: {e}") from e
+        self._alive.append((src, dst))
+        self._by_id[fast] = self._by_value[key]
+        return self._by_value[key]
+
+
+def _identity_plan(ann: Annotation, shape: tuple[int, ...], dtype: str, cluster: Any) -> Any:
+    """The plan ``resolve`` gives for equal annotations (nothing moves), without re-deriving the views."""
+    from .comm_ops import IdentityOp
+    from .comm_plan import CommPlan
+    from .resolve import itemsize_of
+
+    ann.check_shape(shape)
+    return CommPlan(src=ann, dst=ann, shape=shape, dtype=str(dtype), itemsize=itemsize_of(dtype),
+                    ops=(IdentityOp(),), cluster=cluster)
+
+
+def _default_resolver() -> Callable[..., Any]:
+    from .resolve import resolve
+
+    return resolve
+
+
+def _as_graph(model: Any) -> Graph:
+    if isinstance(model, Graph):
+        return model
+    from .model_config import LlamaConfig
+
+    if isinstance(model, LlamaConfig):
+        from ..models.llama import build_llama_graph
+
+        return build_llama_graph(model)
+    raise SpecializationError(f"specialize() takes a Graph or a LlamaConfig, not {type(model).__name__}")
+
+
+def _plan_parts(plan: Any) -> tuple[dict[str, Annotation], dict[str, Any]]:
+    if hasattr(plan, "annotations"):
+        return dict(plan.annotations), dict(getattr(plan, "meta", {}) or {})
+    if isinstance(plan, Mapping):
+        return {k: v if isinstance(v, Annotation) else Annotation(v) for k, v in plan.items()}, {}
+    raise SpecializationError(f"plan must be an AnnotationPlan or a mapping name -> Annotation, not "
+                              f"{type(plan).__name__}")
+
+
+def _from_parameter(graph: Graph, node: Node) -> bool:
+    """A Reshard fed (through other Reshards) by a parameter: it belongs to the Pre subgraph."""
+    src = graph.producer(node.inputs[0])
+    while src.is_reshard:
+        src = graph.producer(src.inputs[0])
+    return src.kind == "parameter"
+
+
+def _constraints(graph: Graph, anns: Mapping[str, Annotation]) -> list[Constraint]:
+    seen: dict[Any, Constraint] = {}
+    memo: dict[tuple[int, tuple[Dim, ...]], list[Constraint]] = {}
+    for name, spec in graph.tensors.items():
+        ann = anns[name]
+        key = (id(ann), spec.shape)
+        if key not in memo:
+            memo[key] = local_constraints(ann, spec.shape, name)
+        for c in memo[key]:
+            if c.expr not in seen:  # one constraint per expression, naming the first tensor that needs it
+                seen[c.expr] = c
+    for name, spec in graph.tensors.items():  # global dims (e.g. a split of S in two)
+        for i, d in enumerate(spec.shape):
+            if not isinstance(d, int) and not d.is_integral and d not in seen:
+                seen[d] = Constraint(name, i, d, "global shape")
+    return list(seen.values())
+
+
+def _meta_hints(meta: Mapping[str, Any]) -> dict[str, int]:
+    """``B`` = the global batch of one step when the plan comes from a strategy (its HDim ratios are per step)."""
+    nmb, mbs = meta.get("num_micro_batches"), meta.get("micro_batch_size")
+    if isinstance(nmb, (list, tuple)) and isinstance(mbs, (list, tuple)) and len(nmb) == len(mbs):
+        return {"B": sum(int(a) * int(b) for a, b in zip(nmb, mbs))}
+    return {}
+
+
+def _representative(graph: Graph, constraints: Sequence[Constraint], bindings: Mapping[str, int] | None,
+                    hints: Mapping[str, int]) -> dict[str, int]:
+    if bindings is not None:
+        for c in constraints:
+            c.check(bindings)
+        missing = graph.symbols - set(bindings)
+        if missing:
+            raise ShapeError(f"bindings lack symbol(s) {sorted(missing)} of graph {graph.name!r}")
+        return dict(bindings)
+    exprs = [c.expr for c in constraints]
+    all_hints = {**graph.hints, **hints}
+    reps = {s: representative_value(s, exprs, all_hints.get(s)) for s in sorted(graph.symbols)}
+    for c in constraints:
+        try:
+            c.check(reps)
+        except ShapeError as e:
+            raise ShapeError(f"{e} (while choosing representative values {reps}; pass specialize(..., "
+                             "bindings={...}) with values that satisfy every constraint)") from None
+    return reps
+
+
+def _grad_reduce_plans(graph: Graph, anns: Mapping[str, Annotation], pre: frozenset[str],
+                       plan_of: Callable[..., Any]) -> dict[str, Any]:
+    """Activations whose gradient comes back Partial where the tensor is Duplicate (Megatron's "f")."""
+    out: dict[str, Any] = {}
+    for node in graph.nodes:
+        if node.is_leaf or node.is_reshard or node.kind != "dot":
+            continue
+        x = node.inputs[0]
+        if graph.producer(x).is_leaf:
+            continue
+        in_anns = [anns[t] for t in node.inputs]
+        shapes = [graph.tensors[t].shape for t in node.inputs]
+        grad = activation_grad_annotation(node.kind, in_anns, shapes, 0)
+        want = partial_as_duplicate(anns[x])
+        if grad != want and x not in out:
+            out[x] = plan_of(grad, want, x, f"gradient reduction of {x!r}", f"{x}.grad_reduce")
+    return out
+
+
+def _grad_sync_plans(graph: Graph, anns: Mapping[str, Annotation], given: Mapping[str, Annotation],
+                     plan_of: Callable[..., Any]) -> dict[str, Any]:
+    """``<param>.grad_sync``: from the gradient's deduced layout to the plan's (default: the parameter's)."""
+    out: dict[str, Any] = {}
+    for p in graph.parameters:
+        name = p.outputs[0]
+        used, consumer = name, None
+        for _ in range(len(graph.nodes)):
+            cons = graph.consumers(used)
+            if not cons:
+                break
+            if cons[0].is_reshard:
+                used = cons[0].outputs[0]
+                continue
+            consumer = cons[0]
+            break
+        if consumer is None:
+            continue
+        idx = consumer.inputs.index(used)
+        op_w = consumer.kind
+        act = consumer.inputs[0] if idx != 0 else consumer.inputs[-1]
+        grad = weight_grad_annotation(op_w, anns[act], anns[used], graph.tensors[act].shape,
+                                      graph.tensors[used].shape) if idx in _weight_inputs(op_w) else \
+            partial_as_duplicate(anns[used])
+        dst = given.get(f"{name}.grad_sync", anns[name])
+        out[f"{name}.grad_sync"] = plan_of(grad, dst, name, f"gradient synchronisation {name + '.grad_sync'!r}",
+                                           f"{name}.grad_sync")
+    return out
+
+
+def _weight_inputs(kind: str) -> tuple[int, ...]:
+    from .ops import OPS
+
+    return OPS[kind].weight_inputs
+
+
+def _node_rank_sets(graph: Graph, anns: Mapping[str, Annotation]) -> dict[str, frozenset[int]]:
+    interned: dict[tuple[int, ...], frozenset[int]] = {}
+    out: dict[str, frozenset[int]] = {}
+    for n in graph.nodes:
+        key = tuple(sorted({r for t in n.inputs + n.outputs for r in anns[t].ranks}))
+        out[n.name] = interned.setdefault(key, frozenset(key))
+    return out
+
+
+def _pipeline_order(graph: Graph, anns: Mapping[str, Annotation]) -> Callable[[list[int]], tuple[int, int]]:
+    """Pipelines are numbered like the subgroups of the first placeholder (the data), then by smallest rank."""
+    first = graph.placeholders[0].outputs[0] if graph.placeholders else None
+    dg = anns[first].dg_union if first else []
+
+    def key(stage: list[int]) -> tuple[int, int]:
+        for k, g in enumerate(dg):
+            if set(stage) & set(g):
+                return k, min(stage)
+        return len(dg), min(stage)
+
+    return key
+
+
+def _micro_batching(meta: Mapping[str, Any], pipelines: list[list[list[int]]],
+                    order_key: Callable[[list[int]], tuple[int, int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    nmb, mbs = meta.get("num_micro_batches", 1), meta.get("micro_batch_size")
+    micro, sizes = [], []
+    for p in pipelines:
+        k = order_key(p[0])[0]
+        micro.append(int(nmb[k]) if isinstance(nmb, (list, tuple)) and k < len(nmb) else
+                     int(nmb) if isinstance(nmb, int) else 1)
+        if isinstance(mbs, (list, tuple)) and k < len(mbs):
+            sizes.append(int(mbs[k]))
+    return tuple(micro), tuple(sizes)
+
+
+# ---- instantiation (§6.2) -----------------------------------------------------------------------------------
+def _rank_table(plan: Any) -> dict[int, tuple[tuple[str, ...], int]]:
+    """rank -> (communication kinds it executes, bytes it sends) for one plan."""
+    kinds: dict[int, list[str]] = {}
+    for op in plan.ops:
+        for r in op_ranks(op):
+            kinds.setdefault(r, []).append(op.kind)
+    sent: dict[int, int] = {}
+    for transfers in plan.transfers():
+        for src, _, b, _ in transfers:
+            sent[src] = sent.get(src, 0) + b
+    return {r: (tuple(k), sent.get(r, 0)) for r, k in kinds.items()}
+
+
+def _comm_op(prog: "Program", name: str, kind: str, phase: str, plan: Any, rank: int,
+             inputs: tuple[str, ...] = (), outputs: tuple[str, ...] = ()) -> ExecOp:
+    table = prog._rank_tables.get(id(plan))
+    if table is None:
+        table = prog._rank_tables[id(plan)] = _rank_table(plan)
+    kinds, sent = table.get(rank, ((), 0))
+    return ExecOp(name, kind, phase, inputs, outputs, plan, kinds, sent)
+
+
+def _instantiate(prog: Program, rank: int) -> ExecutableGraph:
+    g, anns = prog.graph, prog.annotations
+    local = [n for n in g.nodes if rank in prog._node_ranks[n.name]]
+    leaves = tuple(n.outputs[0] for n in local if n.is_leaf)
+    params = frozenset(n.outputs[0] for n in local if n.kind == "parameter")
+    pre, fwd = [], []
+    for n in local:
+        if n.is_leaf:
+            continue
+        if n.is_reshard:
+            phase = "Pre" if n.name in prog.pre_reshards else "F"
+            op = _comm_op(prog, n.name, "Reshard", phase, prog.comm_plans[n.name], rank, n.inputs, n.outputs)
+            (pre if phase == "Pre" else fwd).append(op)
+        else:
+            fwd.append(prog._compute_ops[n.name][0])
+    bwd: list[ExecOp] = []
+    for op in reversed(fwd):
+        for t in op.outputs:
+            rp = prog.grad_reduce_plans.get(t)
+            if rp is not None and rank in anns[t].ranks:
+                bwd.append(_comm_op(prog, f"{t}.grad_reduce", "GradReduce", "B", rp, rank, (t,), (t,)))
+        if op.kind == "Reshard":
+            bwd.append(_comm_op(prog, f"{op.name}.bwd", "ReshardBwd", "B", prog.backward_plans[op.name], rank,
+                                op.outputs, op.inputs))
+        else:
+            bwd.append(prog._compute_ops[op.name][1])
+    post = [_comm_op(prog, name, "GradSync", "Post", plan, rank, (name[: -len(".grad_sync")],))
+            for name, plan in prog.grad_sync_plans.items() if name[: -len(".grad_sync")] in params]
+    if params:
+        post.append(ExecOp("optimizer", "OptimizerStep", "Post", tuple(sorted(params))))
+    p, s = prog._where.get(rank, (None, None))
+    return ExecutableGraph(rank, p, s, leaves, tuple(pre), tuple(fwd), tuple(bwd), tuple(post), params)
+
+
+# ---- printing --------------------------------------------------------------------------------------------------
+def _fmt_bytes(n: float) -> str:
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _step_bytes(prog: Program, eg: ExecutableGraph) -> int:
+    """Bytes per step: the representative ``B`` is a whole step's batch (the HDim ratios are per step), so the
+    F/B figures already cover all micro-batches."""
+    return sum(o.bytes_sent for o in eg.ops)
+
+
+def _describe_rank(prog: Program, rank: int) -> str:
+    eg = prog.executable_graph(rank)
+    where = (f"pipeline {eg.pipeline}, stage {eg.stage} of {prog.num_stages(eg.pipeline)} "
+             f"(stage ranks {format_ranks(prog.stage_ranks(eg.pipeline, eg.stage))}), "
+             f"{prog.num_micro_batches(eg.pipeline)} micro-batch(es)") if eg.pipeline is not None else \
+        "no pipeline (takes part only in Pre/Post communication)"
+    lines = [f"Executable graph of rank {rank}: {where}",
+             f"  leaves: {len(eg.leaves)} ({len(eg.parameters)} parameters)"]
+    for phase in PHASES:
+        ops = eg.phase(phase)
+        comms = [o for o in ops if o.is_comm and o.comm_kinds and o.comm_kinds != ("Identity",)]
+        lines.append(f"  {phase}: {len(ops)} ops, {len(comms)} communicating")
+        for o in ops:
+            if o.is_comm and (not o.comm_kinds or o.comm_kinds == ("Identity",)):
+                continue
+            if not o.is_comm and len(ops) > 40:
+                continue
+            lines.append(f"    {o}")
+    lines.append(f"  bytes sent per step: {_fmt_bytes(_step_bytes(prog, eg))} (activations at the step's shapes "
+                 + ", ".join(f"{k}={v}" for k, v in prog.bindings.items()) + ")")
+    return "\n".join(lines)
+
+
+def _describe_program(prog: Program) -> str:
+    lines = [f"Program of graph {prog.graph.name!r}: {len(prog.ranks)} ranks in {len(prog.pipelines)} pipeline(s), "
+             f"schedule {prog.schedule_kind}, symbols " + ", ".join(f"{k}={v}" for k, v in prog.bindings.items())]
+    for i, p in enumerate(prog.pipelines):
+        stages = " -> ".join(f"[{format_ranks(s)}]" for s in p)
+        lines.append(f"  pipeline {i} ({prog.num_micro_batches(i)} micro-batches): {stages}")
+    kinds: dict[str, int] = {}
+    for plan in prog.comm_plans.values():
+        for k in plan.kinds:
+            kinds[k] = kinds.get(k, 0) + 1
+    lines.append("  forward/Pre Reshards by kind: " + ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())))
+    moving = [(name, plan) for name, plan in prog.comm_plans.items() if plan.kinds != ["Identity"]]
+    moving.sort(key=lambda item: item[1].kinds == ["AllReduce"])  # boundaries and gathers before TP all-reduces
+    for name, plan in moving[:24]:
+        lines.append(f"    {name}: {' + '.join(plan.kinds)}  {plan.src} -> {plan.dst}")
+    if len(moving) > 24:
+        lines.append(f"    ... {len(moving) - 24} more")
+    sync: dict[str, int] = {}
+    for plan in prog.grad_sync_plans.values():
+        for k in plan.kinds:
+            sync[k] = sync.get(k, 0) + 1
+    lines.append("  gradient synchronisation by kind: " + ", ".join(f"{k} x{n}" for k, n in sorted(sync.items())))
+    if prog.constraints:
+        lines.append(f"  shape constraints: " + "; ".join(sorted({c.expr.constraint_text() for c in prog.constraints})))
+    return "\n".join(lines)
+
