@@ -1,0 +1,46 @@
+"""The runtime: worker processes, launch, jobs, and the training data.
+
+``launch(...) -> Job`` starts one worker process per rank (:mod:`.worker`), each calling an entry function
+``fn(state, spec) -> dict``; ``Job.wait()`` returns a :class:`JobResult` (per-step ``losses``, per-rank results,
+metrics) or raises :class:`~hspmd_sdk.errors.RuntimeFailure` naming the first failing rank.  Transports start the
+workers (:class:`LocalTransport`: local processes).  :mod:`.data` is the deterministic byte-level dataset.
+
+Names are imported lazily so that ``import hspmd_sdk.runtime`` does not pull in torch.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "launch": ".launcher",
+    "launch_spec": ".launcher",
+    "build_spec": ".launcher",
+    "free_port": ".launcher",
+    "LaunchSpec": ".spec",
+    "backend_for": ".spec",
+    "Job": ".job",
+    "JobResult": ".job",
+    "JobStatus": ".job",
+    "JobCancelled": ".job",
+    "Transport": ".transport",
+    "WorkerGroup": ".transport",
+    "LocalTransport": ".transport",
+    "WorkerState": ".worker",
+    "StepMetrics": ".metrics",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hspmd_sdk.runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,130 @@
+"""Launching jobs: build a :class:`LaunchSpec` for a cluster, start its workers, return a :class:`Job`."""
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import HSPMDError
+from .job import Job
+from .spec import Backend, LaunchSpec, backend_for
+from .transport import LocalTransport, Transport
+
+#: Host names that mean "this machine".
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def is_local_host(host: str) -> bool:
+    return host in LOCAL_NAMES or host == socket.gethostname()
+
+
+def hosts_of(spec: LaunchSpec) -> dict[str, list[int]]:
+    """Host -> its ranks, hosts in order of their first rank."""
+    out: dict[str, list[int]] = {}
+    for r, h in enumerate(spec.hosts):
+        out.setdefault(h, []).append(r)
+    return out
+
+
+def build_spec(cluster: Any, *, entry: str, steps: int = 1, seed: int = 0,
+               payload: Mapping[str, Any] | None = None, timeout_s: float = 120.0,
+               slowdown: Mapping[int, float] | None = None, loss_rank: int | None = None,
+               backend: Backend | None = None, local: bool = True, master_port: int | None = None,
+               num_threads: int | None = None, job_id: str | None = None) -> LaunchSpec:
+    """The spec of a job on ``cluster`` (a :class:`~hspmd_sdk.Cluster`).
+
+    ``local``: every rank runs on this machine (hosts ``localhost``, master on loopback at a free port, CUDA device
+    = rank), whatever hosts the cluster names; otherwise the master is rank 0's host.  ``backend`` defaults to
+    gloo for CPU clusters and nccl for GPU clusters (pass ``"gloo"`` to emulate a GPU cluster on CPU processes).
+    """
+    n = cluster.num_ranks
+    hosts = ["localhost"] * n if local else [cluster.node_of(r).host for r in range(n)]
+    kinds = [cluster.kind(r) for r in range(n)]
+    if local:
+        master_addr, port = "127.0.0.1", master_port or free_port()
+    else:
+        master_addr, port = hosts[0], master_port or random.randint(20000, 40000)
+    per_host = n if local else max(hosts.count(h) for h in set(hosts))
+    return LaunchSpec(
+        job_id=job_id or f"{time.strftime('%H%M%S')}-{secrets.token_hex(3)}", world_size=n, ranks=list(range(n)),
+        hosts=hosts, devices=kinds, master_addr=master_addr, master_port=port,
+        backend=backend or backend_for(kinds), timeout_s=timeout_s, seed=seed, steps=steps, entry=entry,
+        payload=dict(payload or {}), loss_rank=loss_rank, slowdown={int(r): float(k) for r, k in
+                                                                    (slowdown or {}).items()},
+        num_threads=num_threads or max(1, (os.cpu_count() or 1) // per_host))
+
+
+def launch_spec(spec: LaunchSpec, cluster: Any = None, transport: Transport | None = None, *,
+                log_dir: str | Path | None = None, progress: bool = False, echo: bool = False) -> Job:
+    """Start the workers of ``spec`` and return the running :class:`Job`.
+
+    ``transport``: how to start workers; default :class:`LocalTransport` when every host is this machine.
+    ``progress``: show a progress bar (a widget in a notebook, a line on stderr in a terminal).
+    ``echo``: also print every worker line, prefixed by its rank, as it arrives.
+    """
+    if cluster is not None and cluster.num_ranks != spec.world_size:
+        raise HSPMDError(f"the spec is for {spec.world_size} ranks but the cluster has {cluster.num_ranks}; "
+                         "build the spec from this cluster")
+    hosts = hosts_of(spec)
+    if transport is None:
+        remote = [h for h in hosts if not is_local_host(h)]
+        if remote:
+            raise HSPMDError(f"hosts {remote} are not this machine: pass transport= (e.g. an SSH transport), or "
+                             "transport=LocalTransport() to run every rank on this machine")
+        transport = LocalTransport()
+    if isinstance(transport, LocalTransport):
+        hosts = {"localhost": list(spec.ranks)}
+    echo_fn = (lambda line: print(line, file=sys.stdout, flush=True)) if echo else None
+    return Job(spec, hosts, transport, log_dir=log_dir, progress=progress, echo=echo_fn).start()
+
+
+def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 0, entry: str | None = None,
+           payload: Mapping[str, Any] | None = None, transport: Transport | None = None,
+           slowdown: Mapping[int, float] | None = None, timeout_s: float = 120.0, loss_rank: int | None = None,
+           backend: Backend | None = None, progress: bool = False, echo: bool = False,
+           log_dir: str | Path | None = None) -> Job:
+    """The general launcher: run ``entry`` (``"module:function"``) on one worker process per rank of ``cluster``.
+
+    Each worker calls ``function(state, spec) -> dict`` with its
+    :class:`~hspmd_sdk.runtime.worker.WorkerState` and the :class:`LaunchSpec` (``spec.payload`` carries
+    ``payload``, ``spec.steps``/``spec.seed`` the run length and seed).  Returns the running :class:`Job`;
+    ``job.wait()`` gives a result whose ``losses`` are the per-step losses the entry reported.
+
+    ``program``: a specialized Program to train; it needs the training executor's entry (until that is plugged in,
+    pass ``entry=`` explicitly).  ``slowdown={rank: k}`` emulates a ``k``-times slower device on that rank (CPU
+    demos; labelled as emulation in metrics and progress).  ``transport``: local processes by default when every
+    host of the cluster is this machine.
+    """
+    if cluster is None:
+        raise HSPMDError("launch() needs a cluster (e.g. Cluster.local(4))")
+    if entry is None:
+        raise HSPMDError("launch(): pass entry='module:function' (training a Program needs the training "
+                         "executor's entry, which is not plugged in yet)")
+    if program is not None:
+        payload = {"program": _program_payload(program), **(payload or {})}
+    local = (isinstance(transport, LocalTransport)
+             or transport is None and all(is_local_host(n.host) for n in cluster.nodes))
+    spec = build_spec(cluster, entry=entry, steps=steps, seed=seed, payload=payload, timeout_s=timeout_s,
+                      slowdown=slowdown, loss_rank=loss_rank, backend=backend, local=local)
+    return launch_spec(spec, cluster, transport, log_dir=log_dir, progress=progress, echo=echo)
+
+
+def _program_payload(program: Any) -> Any:
+    """The JSON form of a Program for ``spec.payload["program"]`` (its ``model_dump`` / ``to_json``)."""
+    for name in ("model_dump", "to_json", "to_dict"):
+        fn = getattr(program, name, None)
+        if callable(fn):
+            return fn(mode="json") if name == "model_dump" else fn()
+    raise HSPMDError(f"cannot serialize {type(program).__name__} for the workers: it has no model_dump/to_json")

@@ -1,0 +1,111 @@
+"""Per-step metrics: what a worker measures and what the launcher keeps.
+
+A worker reports one :class:`StepMetrics` per step (``WorkerState.report``); the launcher appends it to a
+:class:`MetricsHistory`.  Emulated slowdown (CPU demos) is always visible: ``emulated_slowdown`` is the factor and
+``emulated_s`` the seconds the worker slept to emulate it; both are absent on a real run.
+"""
+from __future__ import annotations
+
+import resource
+import sys
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class StepMetrics:
+    """One step of one rank."""
+
+    rank: int
+    step: int
+    step_time: float | None = None
+    loss: float | None = None
+    tokens: int | None = None
+    tokens_per_s: float | None = None
+    memory_mb: float | None = None
+    emulated_slowdown: float | None = None
+    emulated_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_message(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("rank")
+        return {k: v for k, v in d.items() if v is not None and v != {}}
+
+    @classmethod
+    def from_message(cls, msg: dict[str, Any]) -> "StepMetrics":
+        known = {f for f in cls.__dataclass_fields__ if f != "extra"}
+        kw = {k: msg[k] for k in known if k in msg}
+        return cls(**kw, extra=dict(msg.get("extra", {})))
+
+    def describe(self) -> str:
+        """A short human line, e.g. ``step 3: loss 2.4130, 0.21 s, 9.8k tok/s (emulated 3.0x slower)``."""
+        parts = [f"step {self.step}"]
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.4f}")
+        if self.step_time is not None:
+            parts.append(f"{self.step_time:.2f} s")
+        if self.tokens_per_s is not None:
+            parts.append(f"{self.tokens_per_s / 1e3:.1f}k tok/s")
+        text = parts[0] + (": " + ", ".join(parts[1:]) if len(parts) > 1 else "")
+        if self.emulated_slowdown:
+            text += f" (emulated {self.emulated_slowdown:g}x slower)"
+        return text
+
+
+def memory_mb(device: Any = None) -> float:
+    """Peak memory of this process in MB: CUDA peak allocated on a GPU device, peak RSS otherwise."""
+    if device is not None and getattr(device, "type", None) == "cuda":
+        import torch
+
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KB on Linux
+
+
+class MetricsHistory:
+    """Every rank's reported steps, in arrival order (thread-safe: reader threads append)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_rank: dict[int, list[StepMetrics]] = {}
+
+    def add(self, m: StepMetrics) -> None:
+        with self._lock:
+            self._by_rank.setdefault(m.rank, []).append(m)
+
+    def rank(self, rank: int) -> list[StepMetrics]:
+        """The steps ``rank`` reported (a copy)."""
+        with self._lock:
+            return list(self._by_rank.get(rank, []))
+
+    def ranks(self) -> list[int]:
+        with self._lock:
+            return sorted(self._by_rank)
+
+    def last_step(self) -> int:
+        """The highest step any rank reported (-1 before the first)."""
+        with self._lock:
+            return max((m.step for ms in self._by_rank.values() for m in ms), default=-1)
+
+    def loss_rank(self, preferred: int | None = None) -> int | None:
+        """``preferred`` if given, else the lowest rank that reported a loss."""
+        if preferred is not None:
+            return preferred
+        with self._lock:
+            return min((r for r, ms in self._by_rank.items() if any(m.loss is not None for m in ms)),
+                       default=None)
+
+    def losses(self, preferred: int | None = None) -> list[float]:
+        """Per-step losses of the loss rank, ordered by step (a later report of a step replaces an earlier one)."""
+        r = self.loss_rank(preferred)
+        if r is None:
+            return []
+        by_step = {m.step: m.loss for m in self.rank(r) if m.loss is not None}
+        return [float(by_step[s]) for s in sorted(by_step)]
+
+    def as_records(self) -> list[dict[str, Any]]:
+        """Flat records (rank, step, ...), handy for a DataFrame."""
+        with self._lock:
+            return [{"rank": m.rank, **m.to_message()} for ms in self._by_rank.values() for m in ms]

@@ -1,0 +1,123 @@
+"""The worker -> launcher channel: one JSON message a line.
+
+A message line is ``@hspmd {"t": KIND, "rank": R, "time": T, ...}``.  Kinds:
+
+- ``hello``: the worker started (``pid``, ``host``);
+- ``log``: one line of text the worker printed (``stream``: ``stdout``/``stderr``, ``text``);
+- ``metric``: one step's metrics (see :class:`~hspmd_sdk.runtime.metrics.StepMetrics`);
+- ``result``: the entry function's returned dict (``value``);
+- ``error``: the entry failed (``type``, ``message``, ``traceback``, ``collateral``: whether it looks like a
+  consequence of another rank's death, e.g. a closed connection).
+
+Any other line the launcher receives (C-level output, a crash dump) is kept as a raw log line.  Each message is
+written with one ``os.write`` under a lock, so lines never interleave mid-line.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+import time
+from typing import Any
+
+PREFIX = "@hspmd "
+
+#: Exit status of a worker whose entry raised (it sent an ``error`` message first).
+EXIT_FAILED = 1
+#: Exit status of a worker whose stdin closed: the launcher stopped the job or went away.
+EXIT_ORPHANED = 3
+
+#: Substrings of errors that a surviving rank raises when a peer died (gloo, NCCL, TCPStore).
+_COLLATERAL_MARKERS = ("connection closed by peer", "connection reset", "broken pipe", "socket closed",
+                       "remote process exited", "nccl communicator was aborted", "connection refused",
+                       "recvbytes", "sendbytes", "read error", "write error", "timed out", "timeout",
+                       "broken promise", "end of file")
+
+
+def encode(kind: str, rank: int, **fields: Any) -> str:
+    """One protocol line (with the trailing newline)."""
+    msg = {"t": kind, "rank": rank, "time": time.time(), **fields}
+    return PREFIX + json.dumps(msg, default=_json_default, separators=(",", ":")) + "\n"
+
+
+def decode(line: str) -> dict[str, Any] | None:
+    """The message of a protocol line, or ``None`` for a raw text line."""
+    if not line.startswith(PREFIX):
+        return None
+    try:
+        msg = json.loads(line[len(PREFIX):])
+    except json.JSONDecodeError:
+        return None
+    return msg if isinstance(msg, dict) and "t" in msg else None
+
+
+def is_collateral(message: str) -> bool:
+    """Whether an error message looks like the consequence of *another* rank failing."""
+    low = message.lower()
+    return any(m in low for m in _COLLATERAL_MARKERS)
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with tensors and numpy values turned into lists and numbers (for results and metrics)."""
+    return json.loads(json.dumps(value, default=_json_default))
+
+
+def _json_default(obj: Any) -> Any:
+    tolist = getattr(obj, "tolist", None)
+    if callable(tolist):  # torch.Tensor, numpy arrays and scalars
+        return tolist()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    return repr(obj)
+
+
+class Channel:
+    """The worker's end: writes protocol lines to a file descriptor, one ``os.write`` per line, under a lock."""
+
+    def __init__(self, fd: int, rank: int) -> None:
+        self.fd = fd
+        self.rank = rank
+        self._lock = threading.Lock()
+
+    def send(self, kind: str, **fields: Any) -> None:
+        data = encode(kind, self.rank, **fields).encode("utf-8", "replace")
+        with self._lock:
+            view = memoryview(data)
+            while view:
+                n = os.write(self.fd, view)
+                view = view[n:]
+
+    def log(self, text: str, stream: str = "stdout") -> None:
+        self.send("log", stream=stream, text=text)
+
+
+class LineWriter(io.TextIOBase):
+    """A text stream (for ``sys.stdout``/``sys.stderr``) that sends each complete line as a ``log`` message."""
+
+    def __init__(self, channel: Channel, stream: str) -> None:
+        super().__init__()
+        self._channel = channel
+        self._stream = stream
+        self._buf = ""
+        self._lock = threading.Lock()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        with self._lock:
+            self._buf += s
+            *lines, self._buf = self._buf.split("\n")
+        for line in lines:
+            self._channel.log(line, self._stream)
+        return len(s)
+
+    def flush(self) -> None:
+        with self._lock:
+            rest, self._buf = self._buf, ""
+        if rest:
+            self._channel.log(rest, self._stream)
+
+    def isatty(self) -> bool:
+        return False

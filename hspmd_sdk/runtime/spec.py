@@ -1,0 +1,101 @@
+"""The launch spec: everything one worker process needs, in one JSON-serializable value.
+
+The spec travels *with* the launch (a worker reads it as the first line of its stdin), so nothing has to exist on a
+remote host beforehand.  Every worker of a job receives the same spec; its own rank comes from its command line.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Backend = Literal["gloo", "nccl"]
+
+#: Device kinds that run on the host CPU (gloo); every other kind is a CUDA device (nccl).
+CPU_KINDS = frozenset({"cpu"})
+
+
+class LaunchSpec(BaseModel):
+    """What each worker of a job needs: rendezvous, entry point, run length and a free payload.
+
+    ``entry`` is ``"package.module:function"``; the worker calls ``function(state, spec) -> dict`` where ``state``
+    is its :class:`~hspmd_sdk.runtime.worker.WorkerState`.  ``payload`` is free JSON for the entry (later the
+    serialized Program / AnnotationPlan and model config).  ``slowdown`` maps a rank to a factor ``k >= 1``: that
+    rank emulates a device ``k`` times slower (CPU demos only; always labelled as emulation in the metrics).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str = Field(min_length=1)
+    world_size: int = Field(ge=1)
+    ranks: list[int] = Field(description="all ranks of the job, 0..world_size-1")
+    hosts: list[str] = Field(description="host of each rank (index = rank)")
+    devices: list[str] = Field(description="device kind of each rank (index = rank)")
+    master_addr: str = Field(min_length=1)
+    master_port: int = Field(ge=1, le=65535)
+    backend: Backend
+    timeout_s: float = Field(default=120.0, gt=0, description="collective and rendezvous timeout")
+    seed: int = 0
+    steps: int = Field(default=1, ge=0)
+    entry: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="'module:function'")
+    payload: dict[str, Any] = Field(default_factory=dict)
+    loss_rank: int | None = Field(default=None, description="rank whose reported losses are the job's losses; "
+                                                             "None: the lowest rank that reports a loss")
+    slowdown: dict[int, float] = Field(default_factory=dict, description="rank -> emulated slowdown factor >= 1")
+    num_threads: int = Field(default=1, ge=1, description="torch intra-op threads per worker (CPU)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "LaunchSpec":
+        n = self.world_size
+        if self.ranks != list(range(n)):
+            raise ValueError(f"ranks: must be 0..{n - 1} in order, got {self.ranks}")
+        for name in ("hosts", "devices"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name}: needs one entry per rank ({n}), got {len(getattr(self, name))}")
+        for r, k in self.slowdown.items():
+            if not 0 <= r < n:
+                raise ValueError(f"slowdown: rank {r} is not in the job (0..{n - 1})")
+            if k < 1:
+                raise ValueError(f"slowdown[{r}]: factor {k} must be >= 1 (1 = real speed)")
+        if self.loss_rank is not None and not 0 <= self.loss_rank < n:
+            raise ValueError(f"loss_rank: rank {self.loss_rank} is not in the job (0..{n - 1})")
+        return self
+
+    def to_line(self) -> str:
+        """The spec as one line of JSON (what a worker reads from stdin)."""
+        return self.model_dump_json() + "\n"
+
+    @classmethod
+    def from_line(cls, line: str) -> "LaunchSpec":
+        return cls.model_validate_json(line)
+
+    def local_rank(self, rank: int) -> int:
+        """Index of ``rank`` among the ranks on its host (the CUDA device index)."""
+        host = self.hosts[rank]
+        return sum(1 for r in range(rank) if self.hosts[r] == host)
+
+
+def backend_for(kinds: list[str] | set[str]) -> Backend:
+    """``gloo`` when every device is a CPU, ``nccl`` when every device is a GPU; a mix is an error."""
+    cpu = {k in CPU_KINDS for k in kinds}
+    if cpu == {True}:
+        return "gloo"
+    if cpu == {False}:
+        return "nccl"
+    raise ValueError(f"cannot run one job on both CPU and GPU devices (kinds: {sorted(set(kinds))}); "
+                     "launch on a cluster of one sort")
+
+
+def resolve_entry(entry: str) -> Callable[..., Any]:
+    """Import ``"module:function"``; the error says which part failed."""
+    module_name, _, fn_name = entry.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ImportError(f"entry {entry!r}: cannot import module {module_name!r} ({e}); the module must be "
+                          "importable by the worker's Python (installed, or on PYTHONPATH)") from e
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise AttributeError(f"entry {entry!r}: module {module_name!r} has no function {fn_name!r}")
+    return fn

@@ -1,0 +1,223 @@
+"""Transports start a job's worker processes on one host and stop them.
+
+A :class:`Transport` starts the workers of a set of ranks on a host and hands every line they write to the job
+(``on_line(rank, stream, text)``), then their exit status (``on_exit(rank, returncode)``, called after the last
+line).  It returns a :class:`WorkerGroup` to poll and kill them.  :class:`LocalTransport` runs them on this machine;
+an SSH transport (one connection per host, a per-host agent started with ``setsid`` that spawns the ranks and
+multiplexes their lines, which already carry their rank) implements the same two classes.
+
+Each local worker is the leader of its own session and process group (``start_new_session=True``), so killing the
+group also kills whatever the worker spawned, and a Ctrl-C in the notebook never reaches the workers directly: the
+job decides what happens.  Each worker reads the spec from stdin and keeps stdin open: when the launcher dies, the
+pipe closes and the worker exits.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from abc import ABC, abstractmethod
+from typing import IO, Callable, Sequence
+
+from .protocol import EXIT_ORPHANED
+from .spec import LaunchSpec
+
+LineSink = Callable[[int, str, str], None]
+"""``on_line(rank, stream, text)``: ``stream`` is ``"out"`` (protocol channel) or ``"err"`` (raw stderr)."""
+ExitSink = Callable[[int, int], None]
+"""``on_exit(rank, returncode)``: negative return codes are signals, as in ``subprocess``."""
+
+WORKER_MODULE = "hspmd_sdk.runtime.worker"
+#: Seconds to wait, after a worker exited, for the last lines of its pipes before stopping what holds them.
+DRAIN_S = 2.0
+
+
+class WorkerGroup(ABC):
+    """The workers a transport started on one host."""
+
+    host: str
+    ranks: list[int]
+
+    @abstractmethod
+    def poll(self) -> dict[int, int | None]:
+        """Rank -> return code, ``None`` while running."""
+
+    @abstractmethod
+    def kill(self, grace_s: float = 0.5) -> None:
+        """Stop every worker (and its children): SIGTERM, then SIGKILL after ``grace_s``.  Idempotent."""
+
+    @abstractmethod
+    def pids(self) -> dict[int, int]:
+        """Rank -> process id (on its host)."""
+
+    @abstractmethod
+    def stopped_by_kill(self, rank: int, returncode: int) -> bool:
+        """Whether ``rank`` exiting with ``returncode`` is the doing of ``kill`` (not a failure of its own).
+
+        ``kill`` sends SIGTERM (and closes stdin, on which a worker exits with ``EXIT_ORPHANED``); only a worker
+        still alive after the grace period gets SIGKILL.  So a SIGKILL, a segfault or an abort of a worker that
+        was not escalated is its own failure even when it happens while the job is stopping.
+        """
+
+
+class Transport(ABC):
+    """Starts workers on hosts."""
+
+    @abstractmethod
+    def start(self, host: str, ranks: Sequence[int], spec: LaunchSpec, on_line: LineSink,
+              on_exit: ExitSink) -> WorkerGroup:
+        """Start one worker per rank on ``host``, each reading ``spec`` from its stdin."""
+
+    def close(self) -> None:
+        """Release connections (nothing for local processes)."""
+
+
+class LocalTransport(Transport):
+    """Workers as local processes: ``python -m hspmd_sdk.runtime.worker --rank R``.
+
+    ``python`` is the launcher's own interpreter unless given; ``cwd`` defaults to the launcher's working
+    directory (so modules there are importable as entries); ``env`` adds variables to the inherited ones.
+    """
+
+    def __init__(self, python: str | None = None, *, cwd: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.python = python or sys.executable
+        self.cwd = cwd
+        self.env = dict(env or {})
+
+    def start(self, host: str, ranks: Sequence[int], spec: LaunchSpec, on_line: LineSink,
+              on_exit: ExitSink) -> WorkerGroup:
+        group = LocalWorkers(host, list(ranks))
+        try:
+            for r in ranks:
+                group.add(r, self._popen(r, spec), on_line, on_exit, spec.to_line())
+        except BaseException:
+            group.kill(grace_s=0)
+            raise
+        return group
+
+    def _popen(self, rank: int, spec: LaunchSpec) -> subprocess.Popen[bytes]:
+        env = {**os.environ, **self.env, **worker_env(spec, rank)}
+        return subprocess.Popen([self.python, "-m", WORKER_MODULE, "--rank", str(rank)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self.cwd, env=env,
+                                start_new_session=True)
+
+
+def worker_env(spec: LaunchSpec, rank: int) -> dict[str, str]:
+    """The variables torch's ecosystem expects in a worker's environment."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(spec.world_size), "LOCAL_RANK": str(spec.local_rank(rank)),
+            "MASTER_ADDR": spec.master_addr, "MASTER_PORT": str(spec.master_port), "PYTHONUNBUFFERED": "1"}
+
+
+class LocalWorkers(WorkerGroup):
+    """Local worker processes, one process group each; reader threads feed the job."""
+
+    def __init__(self, host: str, ranks: list[int]) -> None:
+        self.host = host
+        self.ranks = ranks
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._escalated: set[int] = set()
+
+    def add(self, rank: int, proc: subprocess.Popen[bytes], on_line: LineSink, on_exit: ExitSink,
+            spec_line: str) -> None:
+        self._procs[rank] = proc
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        threading.Thread(target=_write_spec, args=(proc.stdin, spec_line), name=f"hspmd-rank{rank}-spec",
+                         daemon=True).start()  # a thread: a large payload must not block starting the next worker
+        pumps = [threading.Thread(target=_pump, args=(stream, rank, name, on_line), name=f"hspmd-rank{rank}-{name}",
+                                  daemon=True) for stream, name in ((proc.stdout, "out"), (proc.stderr, "err"))]
+        for t in pumps:
+            t.start()
+        waiter = threading.Thread(target=self._await_exit, args=(rank, proc, pumps, on_exit),
+                                  name=f"hspmd-rank{rank}-exit", daemon=True)
+        waiter.start()
+        self._threads += [*pumps, waiter]
+
+    @staticmethod
+    def _await_exit(rank: int, proc: subprocess.Popen[bytes], pumps: list[threading.Thread],
+                    on_exit: ExitSink) -> None:
+        """When the worker exits: deliver its last lines, stop what it left running, then report the exit."""
+        rc = proc.wait()
+        for t in pumps:
+            t.join(DRAIN_S)
+        if any(t.is_alive() for t in pumps):  # a child of the worker still holds its pipes: stop it
+            _signal_group(proc.pid, signal.SIGKILL)
+            for t in pumps:
+                t.join()
+        on_exit(rank, rc)
+
+    def poll(self) -> dict[int, int | None]:
+        return {r: p.poll() for r, p in self._procs.items()}
+
+    def pids(self) -> dict[int, int]:
+        return {r: p.pid for r, p in self._procs.items()}
+
+    def stopped_by_kill(self, rank: int, returncode: int) -> bool:
+        with self._lock:
+            return self._stopping and (returncode in (-signal.SIGTERM, EXIT_ORPHANED) or rank in self._escalated)
+
+    def kill(self, grace_s: float = 0.5) -> None:
+        with self._lock:
+            self._stopping = True
+            procs = dict(self._procs)
+        for p in procs.values():
+            _close_quietly(p.stdin)
+            _signal_group(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for p in procs.values():
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        with self._lock:
+            self._escalated |= {r for r, p in procs.items() if p.returncode is None}
+        for p in procs.values():  # the leader may be gone while children it spawned are still in its group
+            _signal_group(p.pid, signal.SIGKILL)
+        for p in procs.values():
+            p.wait()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the reader and exit threads (all lines and exits delivered)."""
+        for t in self._threads:
+            t.join(timeout)
+
+
+def _write_spec(stdin: IO[bytes], spec_line: str) -> None:
+    try:
+        stdin.write(spec_line.encode())
+        stdin.flush()
+    except (OSError, ValueError):
+        pass  # the worker died at once (its exit status tells why) or the job was stopped meanwhile
+
+
+def _pump(stream: IO[bytes], rank: int, name: str, on_line: LineSink) -> None:
+    try:
+        for raw in iter(stream.readline, b""):
+            try:
+                on_line(rank, name, raw.decode("utf-8", "replace").rstrip("\r\n"))
+            except Exception:  # noqa: BLE001 - a bug in a handler must not stop reading (the worker would block)
+                traceback.print_exc()
+    finally:
+        stream.close()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _close_quietly(stream: IO[bytes] | None) -> None:
+    if stream is not None:
+        try:
+            stream.close()
+        except OSError:
+            pass

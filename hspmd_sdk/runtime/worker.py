@@ -1,0 +1,296 @@
+"""The worker process: ``python -m hspmd_sdk.runtime.worker --rank R`` (spec as the first line of stdin).
+
+The worker joins the job's process group (TCPStore rendezvous at the spec's master address, rank 0 hosting the
+store), builds a :class:`WorkerState` and calls the spec's entry ``fn(state, spec) -> dict``.  Everything it says
+goes to the launcher as protocol lines on its original stdout (see :mod:`.protocol`); ``print`` becomes ``log``
+messages and C-level output goes to stderr, which the launcher keeps as raw log lines.  On an exception the worker
+sends its traceback and exits with status 1.  When its stdin closes (the launcher went away) it exits at once, so
+no worker outlives its launcher.
+
+There is no module-level state: a worker is entirely its ``WorkerState``, so a later step can re-specialize in
+place (graph switching) by replacing ``state.program`` and the process groups it needs.
+
+Writing an entry (e.g. the training executor)::
+
+    def train(state: WorkerState, spec: LaunchSpec) -> dict:
+        program = load_program(spec.payload["program"])       # whatever the launcher put in the payload
+        state.create_groups(program.comm_groups())              # every rank, same sets
+        for step in range(spec.steps):
+            state.begin_step()
+            t = time.perf_counter(); loss = run_one_step(...); state.emulate(time.perf_counter() - t)
+            state.report(step, loss=global_loss_or_None, tokens=tokens_this_rank_processed)
+        return {"final_loss": ...}                             # JSON-able; becomes JobResult.results[rank]
+
+``JobResult.losses`` are the ``loss`` values reported by ``spec.loss_rank`` (default: the lowest rank that reports
+one), ordered by step: report the loss of the whole global batch there (reduced across pipelines).
+"""
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Iterable, NoReturn, Sequence
+
+from .metrics import StepMetrics, memory_mb
+from .protocol import EXIT_FAILED, EXIT_ORPHANED, Channel, LineWriter, is_collateral, jsonable
+from .spec import LaunchSpec, resolve_entry
+
+
+@dataclass
+class WorkerState:
+    """Everything one worker holds: its rank, the spec, process groups, and (later) parameters and Program.
+
+    Process groups are cached by their sorted rank tuple.  ``create_groups`` must be called by *every* rank with
+    the same sets (torch requires all ranks to take part in creating each group); it creates the missing ones in
+    sorted order, so the order never depends on how a rank listed them.
+    """
+
+    spec: LaunchSpec
+    rank: int
+    channel: Channel
+    device: Any = None  # torch.device
+    groups: dict[tuple[int, ...], Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    optimizer: Any = None
+    program: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+    _step_start: float | None = None
+    _emulated: float = 0.0
+
+    # ---- identity ------------------------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.spec.world_size
+
+    @property
+    def slowdown(self) -> float:
+        """The emulated slowdown factor of this rank (1.0: real speed)."""
+        return float(self.spec.slowdown.get(self.rank, 1.0))
+
+    # ---- process groups ------------------------------------------------------------------------------------
+    def create_groups(self, rank_sets: Iterable[Sequence[int]]) -> None:
+        """Create the process groups for ``rank_sets`` (call on every rank with the same sets)."""
+        import torch.distributed as dist
+
+        for key in sorted({_group_key(s) for s in rank_sets}):
+            if key in self.groups:
+                continue
+            if key == tuple(range(self.world_size)):
+                self.groups[key] = dist.group.WORLD
+            else:
+                self.groups[key] = dist.new_group(list(key), timeout=timedelta(seconds=self.spec.timeout_s))
+
+    def group(self, ranks: Sequence[int]) -> Any:
+        """The process group of ``ranks`` (created earlier by ``create_groups`` on every rank)."""
+        key = _group_key(ranks)
+        if key not in self.groups:
+            if key == tuple(range(self.world_size)):
+                import torch.distributed as dist
+
+                return dist.group.WORLD
+            raise KeyError(f"rank {self.rank}: no process group for ranks {list(key)}; call "
+                           "state.create_groups([...]) on every rank with the same sets before using it")
+        return self.groups[key]
+
+    def reset_groups(self) -> None:
+        """Forget (and destroy) every sub-group, e.g. before re-specializing for another Program."""
+        import torch.distributed as dist
+
+        for key, g in list(self.groups.items()):
+            if g is not dist.group.WORLD and g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
+                dist.destroy_process_group(g)
+        self.groups.clear()
+
+    # ---- steps, emulation, metrics -------------------------------------------------------------------------
+    def begin_step(self) -> None:
+        """Start the step clock (optional: after the first ``report`` the clock restarts by itself)."""
+        self._step_start = time.perf_counter()
+        self._emulated = 0.0
+
+    def emulate(self, compute_seconds: float) -> float:
+        """Emulate a slower device: sleep ``(k - 1) * compute_seconds`` when this rank has slowdown ``k``.
+
+        Call it right after the compute it stands for; returns the seconds slept (0 at real speed).  The step's
+        metrics label the time as emulated.
+        """
+        extra = max(0.0, (self.slowdown - 1.0) * compute_seconds)
+        if extra > 0:
+            time.sleep(extra)
+            self._emulated += extra
+        return extra
+
+    def report(self, step: int, *, loss: float | None = None, tokens: int | None = None,
+               step_time: float | None = None, **extra: Any) -> StepMetrics:
+        """Send one step's metrics to the launcher (loss, tokens, time since ``begin_step``, memory).
+
+        The job's ``losses`` are the ``loss`` values that the loss rank (``spec.loss_rank``, else the lowest
+        rank that reports a loss) reports, ordered by ``step``; report the *global-batch* loss there.
+        """
+        now = time.perf_counter()
+        if step_time is None and self._step_start is not None:
+            step_time = now - self._step_start
+        m = StepMetrics(rank=self.rank, step=int(step), step_time=step_time,
+                        loss=None if loss is None else float(loss), tokens=tokens,
+                        tokens_per_s=(tokens / step_time) if tokens and step_time else None,
+                        memory_mb=round(memory_mb(self.device), 1),
+                        emulated_slowdown=self.slowdown if self.slowdown != 1.0 else None,
+                        emulated_s=round(self._emulated, 6) if self.slowdown != 1.0 else None,
+                        extra=jsonable(extra))
+        self.channel.send("metric", **m.to_message())
+        self._step_start, self._emulated = now, 0.0
+        return m
+
+    def log(self, text: str) -> None:
+        """Send a log line (also what ``print`` does in a worker)."""
+        for line in str(text).split("\n"):
+            self.channel.log(line, "log")
+
+    # ---- lifetime ------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Leave the process group."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _group_key(ranks: Sequence[int]) -> tuple[int, ...]:
+    return tuple(sorted({int(r) for r in ranks}))
+
+
+def connect(spec: LaunchSpec, rank: int, channel: Channel) -> WorkerState:
+    """Join the job's process group and return the worker's state."""
+    import torch
+    import torch.distributed as dist
+
+    torch.manual_seed(spec.seed)
+    timeout = timedelta(seconds=spec.timeout_s)
+    if spec.backend == "nccl":
+        device = torch.device("cuda", spec.local_rank(rank))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(spec.num_threads)
+    store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=(rank == 0),
+                          timeout=timeout)
+    dist.init_process_group(spec.backend, store=store, rank=rank, world_size=spec.world_size, timeout=timeout)
+    state = WorkerState(spec=spec, rank=rank, channel=channel, device=device)
+    state.extras["store"] = store
+    return state
+
+
+# ---- process plumbing ---------------------------------------------------------------------------------------
+def take_stdout(rank: int) -> Channel:
+    """Reserve the original stdout for protocol lines; ``print`` -> log messages, fd 1 -> stderr."""
+    sys.stdout.flush()
+    channel = Channel(os.dup(1), rank)
+    os.dup2(2, 1)
+    sys.stdout = LineWriter(channel, "stdout")
+    sys.stderr = LineWriter(channel, "stderr")
+    return channel
+
+
+def read_line(fd: int) -> str:
+    """The first line of a file descriptor (the spec; the launcher writes nothing after it yet)."""
+    data = bytearray()
+    while b"\n" not in data:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            break
+        data += chunk
+    if not data:
+        raise EOFError("no launch spec on stdin: the launcher writes it as the first line")
+    return data.split(b"\n", 1)[0].decode()
+
+
+def watch_stdin(fd: int, channel: Channel) -> threading.Thread:
+    """Exit the process when the launcher closes our stdin (it went away or cancelled the job)."""
+    def run() -> None:
+        while os.read(fd, 4096):
+            pass
+        try:
+            channel.log(f"rank {channel.rank}: launcher closed the connection; exiting", "log")
+        except OSError:
+            pass  # the launcher is gone, and its end of our stdout with it
+        os._exit(EXIT_ORPHANED)
+
+    t = threading.Thread(target=run, name="hspmd-stdin-watch", daemon=True)
+    t.start()
+    return t
+
+
+def report_failure(channel: Channel, exc: BaseException) -> None:
+    """Send the exception and its traceback as an ``error`` message."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    message = f"{type(exc).__name__}: {exc}"
+    channel.send("error", type=type(exc).__name__, message=message, traceback=tb,
+                 collateral=is_collateral(message))
+
+
+def run_worker(spec: LaunchSpec, rank: int, channel: Channel) -> dict[str, Any]:
+    """Connect, call the entry, return its (JSON-able) result."""
+    channel.send("hello", pid=os.getpid(), pgid=os.getpgid(0), host=socket.gethostname())
+    fn = resolve_entry(spec.entry)
+    state = connect(spec, rank, channel)
+    if state.slowdown != 1.0:
+        state.log(f"EMULATION: rank {rank} emulates a device {state.slowdown:g}x slower "
+                  f"(sleeps {state.slowdown - 1:g}x its measured compute time per step)")
+    result = fn(state, spec)
+    state.close()
+    return jsonable(result if result is not None else {})
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m hspmd_sdk.runtime.worker", description=__doc__.split("\n")[0])
+    p.add_argument("--rank", type=int, default=None, help="this worker's rank (default: $RANK)")
+    p.add_argument("--spec", default="-", help="spec JSON file, '-' for the first line of stdin (default)")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Run one worker; the process exits with 0 (success), 1 (the entry failed) or 3 (the launcher went away)."""
+    args = _parse(argv)
+    rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "0"))
+    channel = take_stdout(rank)
+    faulthandler.enable(file=sys.__stderr__)  # a crash in C code still leaves a Python stack in the rank's log
+    try:
+        if args.spec == "-":
+            line = read_line(0)
+            watch_stdin(0, channel)
+        else:
+            with open(args.spec) as f:
+                line = f.read()
+        spec = LaunchSpec.from_line(line)
+        if not 0 <= rank < spec.world_size:
+            raise ValueError(f"--rank {rank} is not in the job (0..{spec.world_size - 1})")
+        result = run_worker(spec, rank, channel)
+        _flush_writers()
+        channel.send("result", value=result)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the launcher
+        _flush_writers()
+        try:
+            report_failure(channel, exc)
+        except OSError:
+            pass  # the launcher is gone; nobody to tell
+        os._exit(EXIT_FAILED)  # skip atexit / process-group teardown that could hang on dead peers
+    _flush_writers()
+    os._exit(0)  # everything is sent; skip interpreter teardown (daemon threads, torch atexit hooks)
+
+
+def _flush_writers() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a broken stream must not hide the real error
+            pass
+
+
+if __name__ == "__main__":
+    main()
