@@ -208,6 +208,33 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _resolve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", help="source annotation in the compact notation, e.g. \"[0,1] P2\"")
+    p.add_argument("dst", help="destination annotation, e.g. \"[0,1] S0x2\"")
+    p.add_argument("--shape", required=True, help="global tensor shape, comma separated (e.g. 64,64)")
+    p.add_argument("--dtype", default="float32", help="element type (float32, bfloat16, ...; default float32)")
+    p.add_argument("--cluster", help="cluster JSON (or packaged example) for link classes and time estimates")
+
+
+@command("resolve", "resolve the communication that turns one annotation into another (§5)", _resolve_arguments)
+def _resolve(args: argparse.Namespace) -> int:
+    from .core.annotation import Annotation
+    from .core.cluster import Cluster
+    from .core.resolve import resolve
+
+    try:
+        src, dst = Annotation(args.src), Annotation(args.dst)
+        shape = tuple(int(x) for x in args.shape.split(","))
+    except (ValueError, TypeError) as e:
+        raise PlanValidationError([("annotation/shape", str(e).splitlines()[-1].strip())], what="input") from None
+    cluster = Cluster.load(resolve_file(args.cluster)) if args.cluster else None
+    plan = resolve(src, dst, shape, dtype=args.dtype, cluster=cluster)
+    print(plan.render())
+    if cluster is not None:
+        print(f"  estimated time on {cluster}: {plan.estimated_time(cluster) * 1e3:.3f} ms")
+    return 0
+
+
 # ---- entry point ---------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hspmd", description="HSPMD: heterogeneous SPMD training plans and tools")

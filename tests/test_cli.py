@@ -105,3 +105,21 @@ def test_console_entry_point() -> None:
     proc = subprocess.run([sys.executable, "-m", "hspmd_sdk.cli", "validate", "missing.json"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "no such file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_resolve_prints_kinds_and_volumes(capsys):
+    from hspmd_sdk.cli import main
+
+    assert main(["resolve", "[0,1,2,3] P4", "[0,1,2,3] S0x4", "--shape", "64,32", "--cluster", "local_4"]) == 0
+    out = capsys.readouterr().out
+    assert "kinds: ReduceScatter" in out
+    # ring reduce-scatter: each rank sends (g-1)/g of its 64x32 fp32 input
+    assert "R0: 6144 | 0" in out
+
+
+def test_resolve_bad_annotation_is_a_clean_error(capsys):
+    from hspmd_sdk.cli import main
+
+    assert main(["resolve", "[0,1] X", "[0] R", "--shape", "8"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot read DS token 'X'" in err and "Traceback" not in err
