@@ -1,0 +1,484 @@
+"""Executing resolved communication with ``torch.distributed`` (paper §5; SPEC §2).
+
+``resolve`` plans, the runtime executes: every function here is driven only by the operators of a
+:class:`~hspmd_sdk.core.comm_plan.CommPlan` -- their groups (in collective order), boxes (global coordinates),
+slices and messages -- and re-derives nothing.  The one-process reference of each operator is its ``apply``
+(:mod:`hspmd_sdk.core.comm_ops`); :func:`execute` does the same on real ranks:
+
+=====================  ===============================================================================
+operator               what every member rank does
+=====================  ===============================================================================
+``Identity``           nothing
+``LocalSplit``         slices its output box out of its input
+``AllReduce``          ``all_reduce`` on the group, then keeps its output box of the sum
+``ReduceScatter``      ``reduce_scatter_tensor`` of a flat buffer laid out as the members' output boxes in the
+                       process group's rank order (so the plan's group order decides who gets which chunk)
+``AllGather``          ``all_gather_into_tensor`` of its flat input; each member's piece is written at the
+                       intersection of that member's input box with its own output box
+``AllToAll``           ``all_to_all_single`` with per-peer splits = the intersections of its input box with
+                       each peer's output box (and of each peer's input box with its own output box)
+``Split*`` (top tier)  per slice, in plan order: ``broadcast`` from the single contributor, or ``all_reduce``
+                       over the slice's ranks (non-contributors add zeros); receivers write the slice's box.
+                       Slices over the same ranks and contributors travel as one flat buffer (one call per
+                       batch); batches run in the order of their first slice, the same order on every rank.
+``SendRecv`` / ``BSR``  one ``batch_isend_irecv`` for all of a rank's messages, local copies, zero fill
+=====================  ===============================================================================
+
+Ranks that hold nothing before (pure receivers) pass ``None``; ranks outside the destination get ``None`` back.
+Process groups come from a *group lookup*: a :class:`~hspmd_sdk.runtime.worker.WorkerState` (its ``group``), a
+callable ``ranks -> ProcessGroup`` or a mapping from the sorted rank tuple.  Create every group the plans need up
+front, on every rank, with :func:`comm_groups`::
+
+    state.create_groups(comm_groups(plans))
+
+Autograd: :func:`reshard` runs a plan forward and another plan on the gradient backward; :func:`backward_plan_for`
+and :func:`gradient_layout` state the gradient-layout convention (see there).  Graph switching:
+:func:`hspmd_sdk.runtime.switch_exec.execute_switch`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..core.annotation import DS, Annotation
+from ..core.comm_ops import CollectiveOp, IdentityOp, PointToPointOp, SplitCollectiveOp
+from ..core.slices import Box, box_intersect, box_numel, format_box, relative
+from ..errors import HSPMDError
+
+if TYPE_CHECKING:
+    from ..core.comm_plan import CommPlan
+
+__all__ = ["CommExecutionError", "comm_groups", "execute", "reshard", "backward_plan_for", "gradient_layout",
+           "group_lookup", "torch_dtype", "default_device"]
+
+GroupLookup = Callable[[Sequence[int]], Any]
+
+
+class CommExecutionError(HSPMDError):
+    """A plan could not be executed on this rank (wrong local tensor, missing group, ...)."""
+
+
+# ---- groups ------------------------------------------------------------------------------------------------
+def comm_groups(plans: Iterable["CommPlan"]) -> list[tuple[int, ...]]:
+    """Every rank set (sorted tuple, >= 2 ranks) that an operator of ``plans`` runs a collective on, sorted.
+
+    Call ``state.create_groups(comm_groups(plans))`` on every rank with the same plans before :func:`execute`.
+    Point-to-point operators need no group.
+    """
+    sets: set[tuple[int, ...]] = set()
+    for plan in plans:
+        for op in plan.ops:
+            if isinstance(op, CollectiveOp) and op.kind != "LocalSplit":
+                sets.update(tuple(sorted(g.ranks)) for g in op.groups if len(g.ranks) >= 2)
+            elif isinstance(op, SplitCollectiveOp):
+                sets.update(tuple(sorted(s.ranks)) for s in op.slices if len(s.ranks) >= 2)
+    return sorted(sets)
+
+
+def group_lookup(groups: Any) -> GroupLookup:
+    """A ``ranks -> ProcessGroup`` function from a WorkerState (``.group``), a callable or a mapping."""
+    if hasattr(groups, "group") and callable(groups.group):
+        return groups.group
+    if callable(groups):
+        return groups
+    if isinstance(groups, Mapping):
+        return lambda ranks: groups[tuple(sorted(ranks))]
+    if groups is None:
+        raise CommExecutionError("no process groups given: pass the WorkerState, a callable ranks -> group or a "
+                                 "mapping {sorted ranks: group}")
+    raise TypeError(f"cannot look process groups up in a {type(groups).__name__}")
+
+
+def _group(lookup: GroupLookup, ranks: Sequence[int], rank: int, what: str) -> tuple[Any, list[int]]:
+    """The process group of ``ranks`` and its members in group-rank order (the order collectives use)."""
+    try:
+        g = lookup(ranks)
+    except KeyError as e:
+        raise CommExecutionError(f"rank {rank}, {what}: no process group for ranks {sorted(ranks)} ({e}); create "
+                                 "comm_groups(plans) on every rank first") from None
+    order = dist.get_process_group_ranks(g)
+    if sorted(order) != sorted(ranks):
+        raise CommExecutionError(f"rank {rank}, {what}: the group for {sorted(ranks)} has ranks {order}")
+    return g, list(order)
+
+
+# ---- small helpers -----------------------------------------------------------------------------------------
+def torch_dtype(name: Any) -> torch.dtype:
+    """The torch dtype of a plan's dtype name (``"float32"``, ``"torch.bfloat16"``) or a torch dtype."""
+    if isinstance(name, torch.dtype):
+        return name
+    dt = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise CommExecutionError(f"plan dtype {name!r} is not a torch dtype")
+    return dt
+
+
+def _shape(box: Box) -> tuple[int, ...]:
+    return tuple(b - a for a, b in box)
+
+
+def _piece(t: torch.Tensor, inner: Box, outer: Box) -> torch.Tensor:
+    """The part ``inner`` of a local tensor that holds ``outer``, flattened and contiguous."""
+    return t[relative(inner, outer)].reshape(-1)
+
+
+class _Ctx:
+    """What executing one plan on one rank needs: the rank, the group lookup, dtype and device of buffers."""
+
+    def __init__(self, rank: int, lookup: GroupLookup, dtype: torch.dtype, device: torch.device) -> None:
+        self.rank, self.lookup, self.dtype, self.device = rank, lookup, dtype, device
+
+    def zeros(self, box: Box) -> torch.Tensor:
+        return torch.zeros(_shape(box), dtype=self.dtype, device=self.device)
+
+    def empty(self, n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=self.dtype, device=self.device)
+
+    def check(self, t: torch.Tensor | None, box: Box, what: str) -> torch.Tensor:
+        if t is None:
+            raise CommExecutionError(f"rank {self.rank}, {what}: the plan expects this rank to hold "
+                                     f"{format_box(box)} but it holds nothing (None)")
+        if tuple(t.shape) != _shape(box):
+            raise CommExecutionError(f"rank {self.rank}, {what}: holds a tensor of shape {tuple(t.shape)} but the "
+                                     f"plan expects the box {format_box(box)} of shape {_shape(box)}")
+        return t
+
+
+# ---- execute -----------------------------------------------------------------------------------------------
+def execute(plan: "CommPlan", local: torch.Tensor | None, groups: Any, *, rank: int | None = None,
+            device: torch.device | str | None = None) -> torch.Tensor | None:
+    """Run ``plan`` on this rank with real collectives; returns this rank's destination tensor, or ``None``.
+
+    Every rank of ``plan.src.ranks`` and ``plan.dst.ranks`` must call it (with the same plan, in the same order
+    as other plans).  ``local``: this rank's source tensor (its summand for a Partial source), ``None`` when it
+    holds nothing before.  ``groups``: see :func:`group_lookup`.  ``rank`` defaults to the process rank.
+    """
+    rank = dist.get_rank() if rank is None else int(rank)
+    dtype = torch_dtype(plan.dtype)
+    if local is not None and local.dtype != dtype:
+        raise CommExecutionError(f"rank {rank}: the local tensor is {local.dtype} but the plan was resolved for "
+                                 f"{plan.dtype}; resolve(..., dtype={str(local.dtype).removeprefix('torch.')!r})")
+    dev = torch.device(device) if device is not None else (local.device if local is not None else
+                                                             default_device(groups))
+    ctx = _Ctx(rank, group_lookup(groups), dtype, dev)
+    cur = local
+    for i, op in enumerate(plan.ops):
+        what = f"op {i} ({op.kind}) of {plan.src} -> {plan.dst}"
+        try:
+            cur = _run_op(op, cur, ctx, what)
+        except RuntimeError as e:  # a collective failed or timed out: say where
+            raise CommExecutionError(f"rank {rank}, {what}: {e}") from e
+    return cur if rank in plan.dst.ranks else None
+
+
+def default_device(groups: Any = None) -> torch.device:
+    """Where buffers of a rank that holds nothing go: the WorkerState's device if it has one, else the CPU."""
+    dev = getattr(groups, "device", None)
+    return torch.device(dev) if dev is not None else torch.device("cpu")
+
+
+def _run_op(op: Any, cur: torch.Tensor | None, ctx: _Ctx, what: str) -> torch.Tensor | None:
+    if isinstance(op, IdentityOp):
+        return cur
+    if isinstance(op, CollectiveOp):
+        return _run_collective(op, cur, ctx, what)
+    if isinstance(op, SplitCollectiveOp):
+        return _run_split(op, cur, ctx, what)
+    if isinstance(op, PointToPointOp):
+        return _run_p2p(op, cur, ctx, what)
+    raise CommExecutionError(f"rank {ctx.rank}, {what}: unknown operator {type(op).__name__}")
+
+
+# ---- bottom tier -------------------------------------------------------------------------------------------
+def _run_collective(op: CollectiveOp, cur: torch.Tensor | None, ctx: _Ctx, what: str) -> torch.Tensor | None:
+    grp = next((g for g in op.groups if ctx.rank in g.ranks), None)
+    if grp is None:
+        return cur
+    i = grp.ranks.index(ctx.rank)
+    x = ctx.check(cur, grp.in_boxes[i], what)
+    inb, outb = dict(zip(grp.ranks, grp.in_boxes)), dict(zip(grp.ranks, grp.out_boxes))
+    if op.kind == "LocalSplit" or len(grp.ranks) == 1:
+        return _local_collective(op.kind, x, inb, outb, ctx.rank)
+    pg, order = _group(ctx.lookup, grp.ranks, ctx.rank, what)
+    if op.kind == "AllReduce":
+        total = x.contiguous().clone()
+        dist.all_reduce(total, group=pg)
+        return total[relative(outb[ctx.rank], inb[ctx.rank])].clone()
+    if op.kind == "ReduceScatter":
+        return _reduce_scatter(x, inb, outb, order, pg, ctx)
+    if op.kind == "AllGather":
+        return _all_gather(x, inb, outb, order, pg, ctx, what)
+    if op.kind == "AllToAll":
+        return _all_to_all(x, inb, outb, order, pg, ctx)
+    raise CommExecutionError(f"rank {ctx.rank}, {what}: unknown collective kind {op.kind!r}")
+
+
+def _local_collective(kind: str, x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box],
+                      rank: int) -> torch.Tensor:
+    """``LocalSplit``, or any collective of one rank: the output box cut out of the input."""
+    return x[relative(outb[rank], inb[rank])].clone()
+
+
+def _reduce_scatter(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: Any,
+                    ctx: _Ctx) -> torch.Tensor:
+    """Chunk ``j`` of the flat input is member ``order[j]``'s output box: whoever the plan gives a box gets it."""
+    me = inb[ctx.rank]
+    sizes = {box_numel(outb[q]) for q in order}
+    if len(sizes) != 1:
+        raise CommExecutionError(f"rank {ctx.rank}, ReduceScatter: unequal output boxes {sorted(sizes)}")
+    flat = torch.cat([_piece(x, outb[q], me) for q in order])
+    out = ctx.empty(sizes.pop())
+    dist.reduce_scatter_tensor(out, flat, group=pg)
+    return out.reshape(_shape(outb[ctx.rank]))
+
+
+def _all_gather(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: Any,
+                ctx: _Ctx, what: str) -> torch.Tensor:
+    """Gather the members' flat inputs in group-rank order; place each at its box inside the output box."""
+    n = x.numel()
+    if any(box_numel(inb[q]) != n for q in order):
+        raise CommExecutionError(f"rank {ctx.rank}, {what}: AllGather members hold boxes of different sizes")
+    flat = ctx.empty(n * len(order))
+    dist.all_gather_into_tensor(flat, x.contiguous().reshape(-1), group=pg)
+    mine = outb[ctx.rank]
+    out = ctx.zeros(mine)
+    for j, q in enumerate(order):
+        part = box_intersect(inb[q], mine)
+        if part is not None:
+            src = flat[j * n:(j + 1) * n].reshape(_shape(inb[q]))
+            out[relative(part, mine)] = src[relative(part, inb[q])]
+    return out
+
+
+def _all_to_all(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: Any,
+                ctx: _Ctx) -> torch.Tensor:
+    """Send each peer the part of the input inside its output box; receive the parts of the own output box."""
+    me_in, me_out = inb[ctx.rank], outb[ctx.rank]
+    send_parts = [box_intersect(me_in, outb[q]) for q in order]
+    recv_parts = [box_intersect(inb[q], me_out) for q in order]
+    send_sizes = [box_numel(p) if p is not None else 0 for p in send_parts]
+    recv_sizes = [box_numel(p) if p is not None else 0 for p in recv_parts]
+    pieces = [_piece(x, p, me_in) for p in send_parts if p is not None]
+    send = torch.cat(pieces) if pieces else ctx.empty(0)
+    recv = ctx.empty(sum(recv_sizes))
+    dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=pg)
+    out = ctx.zeros(me_out)
+    at = 0
+    for part, n in zip(recv_parts, recv_sizes):
+        if part is not None:
+            out[relative(part, me_out)] = recv[at:at + n].reshape(_shape(part))
+            at += n
+    return out
+
+
+# ---- top tier ----------------------------------------------------------------------------------------------
+def _slice_batches(op: SplitCollectiveOp) -> list[tuple[tuple[int, ...], int | None, list[Any]]]:
+    """Slices batched by rank set and operation: ``(ranks, root, slices)``, ``root`` the single contributor of a
+    broadcast batch or ``None`` for a summing batch (whose slices may have different contributors).
+
+    Batches are ordered by their first slice in plan order.  That is a function of the plan alone, the same on
+    every rank, so every rank issues its collectives in one global order and overlapping groups cannot deadlock.
+    """
+    batches: dict[tuple[tuple[int, ...], int | None], list[Any]] = {}
+    for s in op.slices:
+        root = s.contributors[0] if len(s.contributors) == 1 else None
+        batches.setdefault((tuple(s.ranks), root), []).append(s)
+    return [(r, root, ss) for (r, root), ss in batches.items()]
+
+
+def _run_split(op: SplitCollectiveOp, cur: torch.Tensor | None, ctx: _Ctx, what: str) -> torch.Tensor | None:
+    inb, outb = dict(op.in_boxes), dict(op.out_boxes)
+    x = ctx.check(cur, inb[ctx.rank], what) if ctx.rank in inb else None
+    out = ctx.zeros(outb[ctx.rank]) if ctx.rank in outb else None
+    for ranks, root, slices in _slice_batches(op):
+        if ctx.rank not in ranks:
+            continue
+        buf = _split_buffer(slices, x, inb, ctx)
+        if len(ranks) > 1:
+            pg, _ = _group(ctx.lookup, ranks, ctx.rank, what)
+            if root is not None:
+                dist.broadcast(buf, src=root, group=pg)
+            else:
+                dist.all_reduce(buf, group=pg)
+        _split_unpack(buf, slices, out, outb, ctx)
+    return out if out is not None else cur
+
+
+def _split_buffer(slices: list[Any], x: torch.Tensor | None, inb: dict[int, Box], ctx: _Ctx) -> torch.Tensor:
+    """The flat buffer of a batch: per slice, this rank's part if it contributes to that slice, else zeros."""
+    parts = []
+    for s in slices:
+        if ctx.rank in s.contributors:
+            assert x is not None
+            parts.append(_piece(x, s.box, inb[ctx.rank]))
+        else:
+            parts.append(torch.zeros(box_numel(s.box), dtype=ctx.dtype, device=ctx.device))
+    return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+
+
+def _split_unpack(buf: torch.Tensor, slices: list[Any], out: torch.Tensor | None, outb: dict[int, Box],
+                  ctx: _Ctx) -> None:
+    at = 0
+    for s in slices:
+        n = box_numel(s.box)
+        if ctx.rank in s.receivers:
+            assert out is not None
+            out[relative(s.box, outb[ctx.rank])] = buf[at:at + n].reshape(_shape(s.box))
+        at += n
+
+
+# ---- point to point ----------------------------------------------------------------------------------------
+def _run_p2p(op: PointToPointOp, cur: torch.Tensor | None, ctx: _Ctx, what: str) -> torch.Tensor | None:
+    inb, outb = dict(op.in_boxes), dict(op.out_boxes)
+    x = ctx.check(cur, inb[ctx.rank], what) if ctx.rank in inb else None
+    out = ctx.zeros(outb[ctx.rank]) if ctx.rank in outb else None
+    for r, box in op.copies:
+        if r == ctx.rank:
+            out[relative(box, outb[r])] = x[relative(box, inb[r])]  # type: ignore[index]
+    ops, recvs = [], []
+    for tag, m in enumerate(op.messages):
+        if m.src == m.dst == ctx.rank:
+            out[relative(m.box, outb[m.dst])] = x[relative(m.box, inb[m.src])]  # type: ignore[index]
+        elif m.src == ctx.rank:
+            piece = _piece(x, m.box, inb[m.src]).contiguous()  # type: ignore[arg-type]
+            ops.append(dist.P2POp(dist.isend, piece, m.dst, tag=tag))
+        elif m.dst == ctx.rank:
+            buf = ctx.empty(box_numel(m.box))
+            ops.append(dist.P2POp(dist.irecv, buf, m.src, tag=tag))
+            recvs.append((m.box, buf))
+    _wait_all(ops, ctx.rank, what)
+    for box, buf in recvs:
+        out[relative(box, outb[ctx.rank])] = buf.reshape(_shape(box))  # type: ignore[index]
+    return out if out is not None else cur
+
+
+def _wait_all(ops: list[Any], rank: int, what: str) -> None:
+    """One ``batch_isend_irecv`` for all of this rank's sends and receives, then wait for each."""
+    if not ops:
+        return
+    try:
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+    except RuntimeError as e:
+        raise CommExecutionError(f"rank {rank}, {what}: batched send/receive failed: {e}") from e
+
+
+# ---- gradients ---------------------------------------------------------------------------------------------
+def gradient_layout(ann: Annotation, consumed: str = "redundant") -> Annotation:
+    """The layout of the gradient of a tensor of layout ``ann`` (same DG Union, split dims and box per rank).
+
+    The convention (per rank, the gradient autograd computes with respect to its *local* tensor):
+
+    * **Split** stays Split: each rank's gradient is its box of the full gradient.
+    * **Partial -> Duplicate**: ``T = sum_r x_r``, so ``dL/dx_r = dL/dT`` -- every summand's gradient is the whole
+      gradient of its box.
+    * **Duplicate**, ``consumed="redundant"`` (the default): every replica feeds the *same* computation (a
+      LayerNorm or a loss repeated on each TP rank), so each rank computes the whole gradient: Duplicate.
+      ``consumed="divergent"``: each replica feeds a *different* computation (the input of a column-parallel
+      linear, each rank multiplying by its own weight shard; a weight replicated across data-parallel groups),
+      so the replicas' gradients are summands: **Duplicate -> Partial** (and Partial -> Duplicate, a swap).
+
+    Both tiers follow the rule (DS keys -2/-1 and HDim -2/-1).  A redundant Partial+Duplicate DS whose two keys
+    are not adjacent in ``order`` has no single-DS gradient layout; that raises (pass the layout explicitly).
+    """
+    if consumed not in ("redundant", "divergent"):
+        raise ValueError(f"consumed must be 'redundant' or 'divergent', not {consumed!r}")
+    ds = [_grad_ds(d, consumed) for d in ann.ds_union]
+    hdim = ann.hdim
+    if hdim == -2 or (consumed == "divergent" and hdim == -1 and ann.hsize > 1):
+        hdim = -1 if hdim == -2 else -2
+    return Annotation(ann.dg_union, ds, hdim, ann.hratios if hdim >= 0 else None)
+
+
+def _grad_ds(ds: DS, consumed: str) -> DS:
+    states, order = dict(ds.states), list(ds.order)
+    if consumed == "divergent":
+        swap = {-2: -1, -1: -2}
+        return DS({swap.get(k, k): v for k, v in states.items()}, [swap.get(k, k) for k in order])
+    if -2 not in states:
+        return ds
+    if -1 not in states:
+        return DS({(-1 if k == -2 else k): v for k, v in states.items()}, [-1 if k == -2 else k for k in order])
+    i, j = order.index(-2), order.index(-1)
+    if abs(i - j) != 1:
+        raise CommExecutionError(f"gradient_layout: DS {ds} has Partial and Duplicate keys that are not adjacent "
+                                 "in its order; its gradient has no single-DS layout, pass it explicitly")
+    merged = {k: v for k, v in states.items() if k != -2}
+    merged[-1] = states[-2] * states[-1]
+    return DS(merged, [k for k in order if k != -2])
+
+
+def backward_plan_for(plan: "CommPlan", *, grad_src: Annotation | None = None,
+                      grad_dst: Annotation | None = None) -> "CommPlan":
+    """The plan that moves the gradient of a Reshard's output back to its input: ``resolve(grad_dst, grad_src)``.
+
+    ``grad_dst``: the layout in which the consumers deliver the output's gradient; ``grad_src``: the layout the
+    input's producer expects its gradient in.  Both default to :func:`gradient_layout` with redundant
+    consumption (Partial -> Duplicate, the rest unchanged).  The Megatron operators, TP group ``[0, 1]``:
+
+    * *g* (row-parallel output): ``plan = resolve(P, D)`` is an AllReduce; the output is consumed redundantly so
+      ``grad_dst = D``, and the Partial input's gradient is ``D``: the backward is ``Identity``.
+    * *f* (column-parallel input): ``plan = resolve(D, D)`` is an Identity; the output feeds a column-parallel
+      linear -- consumed divergently -- so pass ``grad_dst=gradient_layout(D, "divergent")`` (= ``P``); the
+      input's producer (a replicated LayerNorm) expects ``D``: the backward is an ``AllReduce``.
+
+    Choosing the gradient layouts is specialization's job (it passes ``grad_*`` from the backward graph's
+    annotations); these defaults are the common convention.
+    """
+    from ..core.resolve import resolve
+
+    gs = grad_src if grad_src is not None else gradient_layout(plan.src)
+    gd = grad_dst if grad_dst is not None else gradient_layout(plan.dst)
+    return resolve(gd, gs, plan.shape, plan.dtype, plan.cluster)
+
+
+# ---- autograd ----------------------------------------------------------------------------------------------
+class _Reshard(torch.autograd.Function):
+    """Forward: execute ``plan``; backward: execute ``backward_plan`` on the incoming gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, holds: bool, plan: "CommPlan", backward_plan: "CommPlan",
+                groups: Any, rank: int) -> torch.Tensor:  # type: ignore[override]
+        ctx.plan, ctx.backward_plan, ctx.groups, ctx.rank, ctx.holds = plan, backward_plan, groups, rank, holds
+        ctx.dtype, ctx.device = x.dtype, x.device
+        out = execute(plan, x if holds else None, groups, rank=rank, device=x.device)
+        if out is None:
+            return x.new_empty((0,))
+        return out.view_as(out) if out is x else out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        bp = ctx.backward_plan
+        g_in = grad.contiguous() if ctx.rank in bp.src.ranks else None
+        g = execute(bp, g_in, ctx.groups, rank=ctx.rank, device=ctx.device)
+        if not ctx.holds:
+            return None, None, None, None, None, None
+        if g is None:
+            raise CommExecutionError(f"rank {ctx.rank}: the backward plan {bp.src} -> {bp.dst} gives this rank no "
+                                     "gradient, but it holds the Reshard's input")
+        return g, None, None, None, None, None
+
+
+def reshard(x: torch.Tensor | None, plan: "CommPlan", backward_plan: "CommPlan | None" = None, groups: Any = None,
+            *, rank: int | None = None, dtype: Any = None, device: torch.device | str | None = None) -> torch.Tensor:
+    """A differentiable Reshard: forward executes ``plan``, backward executes ``backward_plan`` on the gradient.
+
+    ``backward_plan`` defaults to :func:`backward_plan_for` (``plan``).  Every rank of both plans calls it, and
+    every one of them must later run the backward (the collectives inside need all their members):
+
+    * a rank that holds no input passes ``x=None``; a placeholder that requires grad is used so the output still
+      joins the autograd graph;
+    * a rank outside the destination gets a zero-element tensor; drive its backward with
+      ``out.backward(out.new_empty(0))`` (or add ``out.sum()`` to its loss).
+    """
+    rank = dist.get_rank() if rank is None else int(rank)
+    bp = backward_plan if backward_plan is not None else backward_plan_for(plan)
+    if bp.shape != plan.shape:
+        raise CommExecutionError(f"rank {rank}: backward plan shape {bp.shape} differs from the plan's {plan.shape}")
+    holds = x is not None
+    if x is None:
+        dev = torch.device(device) if device is not None else default_device(groups)
+        x = torch.empty(0, dtype=torch_dtype(dtype or plan.dtype), device=dev, requires_grad=True)
+    return _Reshard.apply(x, holds, plan, bp, groups, rank)

@@ -1,0 +1,337 @@
+"""The communication executors on real processes (gloo): CommPlans, autograd reshards, graph switching.
+
+One 8-rank job runs every case (entry ``hspmd_sdk.runtime._comm_selftest:run_all``) so process start-up is paid
+once.  The cases are seeded random annotation pairs (generators in the style of ``test_resolve_property``, at most
+8 ranks) plus a few named ones so that every operator kind appears.  The workers build their source tensors
+from a seeded global tensor and write what they end up with to files; the expectations are computed here from
+the global tensor and ``local_view`` alone (``resolve_reference.check_destination``), and the autograd cases
+against single-process torch autograd.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from hspmd_sdk.core.annotation import DS, Annotation, local_view
+from hspmd_sdk.core.cluster import Cluster
+from hspmd_sdk.core.resolve import resolve
+from hspmd_sdk.core.switch import plan_switch
+from hspmd_sdk.runtime import launch
+from hspmd_sdk.runtime.comm import CommExecutionError, backward_plan_for, comm_groups, execute, gradient_layout
+
+from resolve_reference import check_destination
+
+WORLD = 8
+N_RANDOM = 110
+ALL_KINDS = {"Identity", "SendRecv", "LocalSplit", "AllReduce", "ReduceScatter", "AllGather", "AllToAll",
+             "SplitAllReduce", "SplitReduceScatter", "SplitAllGather", "BSR"}
+
+
+# ---- seeded generators (the hypothesis strategies of test_resolve_property, drawn from random.Random) ---------
+def factorization(rng: random.Random, n: int) -> list[int]:
+    out, left = [], n
+    while left > 1:
+        d = rng.choice([d for d in range(2, left + 1) if left % d == 0])
+        out.append(d)
+        left //= d
+    return out
+
+
+def ds_of(rng: random.Random, n: int, ndim: int) -> DS:
+    keys = [-2, -1] + list(range(ndim))
+    factors = factorization(rng, n)
+    while len(factors) > len(keys):
+        factors = factorization(rng, n)
+    chosen = rng.sample(keys, len(factors))
+    states = dict(zip(chosen, factors))
+    order = rng.sample(sorted(states), len(states))
+    return DS(states, order)
+
+
+def dg_union_of(rng: random.Random, ranks: list[int], hsize: int) -> list[list[int]]:
+    sizes = [rng.choice([1, 2, 2, 3, 4, 4]) for _ in range(hsize)]
+    while sum(sizes) > len(ranks):
+        sizes[sizes.index(max(sizes))] -= 1
+    chosen = rng.sample(ranks, len(ranks))
+    out, at = [], 0
+    for s in (s for s in sizes if s > 0):
+        group = chosen[at:at + s]
+        out.append(sorted(group) if rng.random() < 0.5 else group)
+        at += s
+    return out
+
+
+def hdim_of(rng: random.Random, hsize: int, ndim: int) -> tuple[int, list[int] | None]:
+    hdim = rng.choice([-2, -1] + list(range(ndim)))
+    ratios = [rng.randint(1, 3) for _ in range(hsize)] if hdim >= 0 and hsize > 1 and rng.random() < 0.5 else None
+    return hdim, ratios
+
+
+def annotation_of(rng: random.Random, ranks: list[int], ndim: int, min_hsize: int = 1) -> Annotation:
+    dg = dg_union_of(rng, ranks, rng.randint(min_hsize, 4))
+    hdim, ratios = hdim_of(rng, len(dg), ndim)
+    return Annotation(dg, [ds_of(rng, len(g), ndim) for g in dg], hdim, ratios)
+
+
+def fitting_shape(anns: list[Annotation], ndim: int, mult: list[int]) -> tuple[int, ...]:
+    shape = []
+    for d in range(ndim):
+        n = 1
+        for a in anns:
+            lcm_deg = math.lcm(*[ds.degree(d) for ds in a.ds_union])
+            if a.hdim == d and a.hsize > 1:
+                n = math.lcm(n, lcm_deg * sum(a.hratios or [1] * a.hsize))
+            else:
+                n = math.lcm(n, lcm_deg)
+        shape.append(n * mult[d])
+    return tuple(shape)
+
+
+def random_pair(rng: random.Random, relation: str) -> tuple[Annotation, Annotation, tuple[int, ...]]:
+    """A (src, dst, shape) case on at most ``WORLD`` ranks, biased toward ``relation``'s tier of §5."""
+    ranks = list(range(rng.randint(2, WORLD)))
+    ndim = rng.randint(1, 3)
+    src = annotation_of(rng, ranks, ndim, 2 if relation == "top" else 1)
+    if relation == "bottom":
+        dg = src.dg_union if rng.random() < 0.75 else dg_union_of(rng, ranks, src.hsize)
+        if len(dg) != src.hsize or any(len(a) != len(b) for a, b in zip(dg, src.dg_union)):
+            dg = src.dg_union
+        ds = [ds_of(rng, len(g), ndim) if rng.random() < 0.75 else src.ds_union[k] for k, g in enumerate(dg)]
+        dst = Annotation(dg, ds, src.hdim, src.hratios)
+    elif relation == "top":
+        hdim, ratios = hdim_of(rng, src.hsize, ndim)
+        while hdim == src.hdim:
+            hdim, ratios = hdim_of(rng, src.hsize, ndim)
+        ds = [ds_of(rng, len(g), ndim) if rng.random() < 1 / 3 else src.ds_union[k]
+              for k, g in enumerate(src.dg_union)]
+        dst = Annotation(src.dg_union, ds, hdim, ratios)
+    else:
+        dst = annotation_of(rng, ranks, ndim)
+    shape = fitting_shape([src, dst], ndim, [rng.choice([1, 1, 2]) for _ in range(ndim)])
+    if math.prod(shape) > 1024:
+        shape = fitting_shape([src, dst], ndim, [1] * ndim)
+    return src, dst, shape
+
+
+def named_pairs() -> list[tuple[Annotation, Annotation, tuple[int, ...]]]:
+    """Pairs that pin down one operator kind each (Figures 8-10 and the §5.1 cases)."""
+    a = Annotation
+    return [
+        (a([[0, 1, 2, 3]], [DS({0: 4})]), a([[0, 1, 2, 3]], [DS({0: 4})]), (8, 4)),               # Identity
+        (a([[0, 1]], [DS({1: 2})]), a([[2, 3]], [DS({1: 2})]), (4, 6)),                           # SendRecv
+        (a([[0, 1]], [DS({-1: 2})]), a([[0, 1]], [DS({0: 2})]), (4, 6)),                          # LocalSplit
+        (a([[0, 1, 2]], [DS({-2: 3})]), a([[0, 1, 2]], [DS({-1: 3})]), (3, 5)),                   # AllReduce
+        (a([[3, 1, 2, 0]], [DS({-2: 4})]), a([[3, 1, 2, 0]], [DS({1: 4})]), (2, 8)),              # ReduceScatter
+        (a([[0, 1, 2, 3]], [DS({0: 2, -2: 2}, [0, -2])]), a([[0, 1, 2, 3]], [DS({0: 4})]), (8, 3)),
+        (a([[2, 0, 3, 1]], [DS({1: 4})]), a([[2, 0, 3, 1]], [DS({-1: 4})]), (3, 8)),              # AllGather
+        (a([[0, 1, 2, 3]], [DS({0: 2, 1: 2}, [1, 0])]), a([[0, 1, 2, 3]], [DS({0: 2, -1: 2})]), (4, 4)),
+        (a([[1, 0, 2]], [DS({0: 3})]), a([[1, 0, 2]], [DS({1: 3})]), (6, 9)),                     # AllToAll
+        (a([[0, 1], [2, 3]], [DS({0: 2}), DS({0: 2})], -2), a([[0, 1], [2, 3]], [DS({0: 2}), DS({0: 2})], -1),
+         (4, 3)),                                                                                  # SplitAllReduce
+        (a([[0, 1], [2, 3, 4, 5]], [DS({1: 2}), DS({1: 4})], -2),
+         a([[0, 1], [2, 3, 4, 5]], [DS({1: 2}), DS({1: 4})], 0, [1, 2]), (6, 8)),                 # SplitReduceScatter
+        (a([[0, 1], [2, 3, 4]], [DS({1: 2}), DS({1: 3})], 0, [2, 1]),
+         a([[0, 1], [2, 3, 4]], [DS({1: 2}), DS({1: 3})], -1), (6, 6)),                            # SplitAllGather
+        (a([[0, 1, 2]], [DS({0: 3})]), a([[3, 4], [5, 6, 7]], [DS({1: 2}), DS({0: 3})], 0, [1, 2]), (9, 6)),  # BSR
+        (a([[0, 1], [2, 3]], [DS({-2: 2}), DS({1: 2})], -2), a([[4, 5, 6]], [DS({0: 3})]), (3, 4)),  # P -> BSR
+        (a([[0, 1, 2, 3]], [DS({1: 4})]), a([[4, 5], [6, 7]], [DS({-2: 2}), DS({0: 2})]), (4, 4)),  # BSR -> P
+        (a([[0, 1, 2, 3]], [DS({-1: 2, 0: 2}, [-1, 0])]), a([[0, 1, 2, 3]], [DS({-1: 2, 1: 2}, [-1, 1])]),
+         (4, 4)),                                                                                  # AllToAll x2
+        (a([[0, 1], [2, 3, 4]], [DS({0: 2}), DS({0: 3})], 1), a([[0, 1], [2, 3, 4]], [DS({1: 2}), DS({1: 3})], 1),
+         (6, 12)),                                                                                 # AllToAll, HSize 2
+        (a([[0, 1, 2, 3]], [DS({-1: 4})]), a([[0, 1, 2, 3]], [DS({0: 2, 1: 2})]), (4, 4)),       # LocalSplit
+        (a([[0, 1], [2, 3]], [DS({0: 2}), DS({1: 2})], 0), a([[4, 5], [6, 7]], [DS({0: 2}), DS({1: 2})], 0),
+         (4, 4)),                                                                                  # SendRecv, HSize 2
+    ]
+
+
+def make_cases(seed: int = 2024) -> list[tuple[Annotation, Annotation, tuple[int, ...]]]:
+    """The named pairs, then ``N_RANDOM`` seeded random ones (bottom / top / random relations in turn)."""
+    rng = random.Random(seed)
+    cases = named_pairs()
+    relations = ["bottom", "top", "random"]
+    while len(cases) < len(named_pairs()) + N_RANDOM:
+        try:
+            src, dst, shape = random_pair(rng, relations[len(cases) % 3])
+            resolve(src, dst, shape)
+        except Exception:  # noqa: BLE001 - a generated pair that does not fit: draw another
+            continue
+        cases.append((src, dst, shape))
+    return cases
+
+
+def switch_layouts() -> tuple[dict[str, Any], dict[str, Any], list[int]]:
+    """A C1 -> C2-like switch on 8 ranks: DP4 x TP2 (and two other layouts) -> 7 survivors after rank 5 fails,
+    with heterogeneous subgroups (HDim 0, ratios 4:3) for one tensor."""
+    a = Annotation
+    src = {
+        "w_qkv": (a([[0, 1], [2, 3], [4, 5], [6, 7]], [DS({1: 2})] * 4), (12, 12)),
+        "w_out": (a([[0, 1, 2, 3], [4, 5, 6, 7]], [DS({0: 2, -1: 2}), DS({0: 2, -1: 2})]), (14, 6)),
+        "bias": (a([list(range(8))], [DS({-1: 8})]), (12,)),
+    }
+    dst = {
+        "w_qkv": (a([[0, 1, 2], [3, 4, 6]], [DS({1: 3}), DS({0: 3})]), (12, 12)),
+        "w_out": (a([[0, 1, 2, 3], [4, 6, 7]], [DS({0: 4}), DS({0: 3})], 0, [8, 6]), (14, 6)),
+        "bias": (a([[0, 1, 2, 3, 4, 6, 7]], [DS({-1: 7})]), (12,)),
+    }
+    return src, dst, [5]
+
+
+def _json(ann: Annotation) -> Any:
+    return ann.model_dump(mode="json")
+
+
+BSR_SRC = Annotation([[0, 1]], [DS({0: 2})])
+BSR_DST = Annotation([[2, 3, 4]], [DS({1: 3})])
+BSR_SHAPE = (4, 6)
+
+
+# ---- the one job ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    cases = make_cases()
+    sw_src, sw_dst, failed = switch_layouts()
+    out_dir = tmp_path_factory.mktemp("comm")
+    payload = {
+        "out_dir": str(out_dir),
+        "cases": [{"src": _json(s), "dst": _json(d), "shape": list(sh), "seed": i} for i, (s, d, sh) in
+                  enumerate(cases)],
+        "megatron": {"seed": 7},
+        "bsr_grad": {"src": _json(BSR_SRC), "dst": _json(BSR_DST), "shape": list(BSR_SHAPE), "seed": 11},
+        "switch": {"src": {n: [_json(a), list(s)] for n, (a, s) in sw_src.items()},
+                   "dst": {n: [_json(a), list(s)] for n, (a, s) in sw_dst.items()}, "failed": failed, "seed": 100},
+    }
+    t0 = time.perf_counter()
+    job = launch(cluster=Cluster.local(WORLD), entry="hspmd_sdk.runtime._comm_selftest:run_all", steps=1,
+                 payload=payload, timeout_s=120)
+    result = job.wait(timeout=240)
+    wall = time.perf_counter() - t0
+    files = {r: dict(np.load(out_dir / f"rank{r}.npz")) for r in range(WORLD)}
+    return {"cases": cases, "results": result.results, "files": files, "wall": wall,
+            "switch": (sw_src, sw_dst, failed)}
+
+
+# ---- CommPlans -----------------------------------------------------------------------------------------------
+def test_every_pair_reproduces_the_destination_layout(run: dict[str, Any]) -> None:
+    cases, files = run["cases"], run["files"]
+    assert len(cases) >= 100
+    seen: dict[str, int] = {}
+    for i, (src, dst, shape) in enumerate(cases):
+        plan = resolve(src, dst, shape, "float64")
+        assert run["results"][0]["kinds"][i] == plan.kinds  # the workers resolved the same plan
+        for k in plan.kinds:
+            seen[k] = seen.get(k, 0) + 1
+        value = np.random.default_rng(i).standard_normal(shape)  # the global tensor the workers drew
+        out = {r: files[r][f"case{i}"] for r in dst.ranks}
+        try:
+            check_destination(dst, shape, value, out)
+        except AssertionError as e:  # pragma: no cover - the message names the case
+            raise AssertionError(f"case {i}: {src} -> {dst} {shape}, kinds {plan.kinds}: {e}") from None
+    assert set(seen) == ALL_KINDS, f"kinds not covered: {ALL_KINDS - set(seen)}"
+    print(f"\n{len(cases)} pairs, kinds: {dict(sorted(seen.items()))}, job {run['wall']:.1f} s, "
+          f"worker timings {run['results'][0]['seconds']}, {run['results'][0]['groups']} groups")
+
+
+def test_comm_groups_lists_every_collective_rank_set() -> None:
+    plans = [resolve(s, d, sh) for s, d, sh in named_pairs()]
+    groups = comm_groups(plans)
+    assert groups == sorted(set(groups)) and all(len(g) >= 2 and list(g) == sorted(g) for g in groups)
+    assert (0, 1, 2) in groups and (0, 1, 2, 3) in groups  # AllReduce / ReduceScatter groups
+    assert comm_groups([resolve(BSR_SRC, BSR_DST, BSR_SHAPE)]) == []  # point-to-point needs no group
+
+
+# ---- autograd ------------------------------------------------------------------------------------------------
+def test_megatron_f_and_g_match_single_process_autograd(run: dict[str, Any]) -> None:
+    rng = np.random.default_rng(7)
+    x0, w1, w2 = (torch.tensor(rng.standard_normal(s), requires_grad=True) for s in ((4, 6), (6, 8), (8, 6)))
+    x = torch.tanh(x0)
+    loss = ((torch.nn.functional.gelu(x @ w1) @ w2 + x) ** 2).sum()
+    loss.backward()
+    for r in (0, 1):
+        f = run["files"][r]
+        assert list(f["mlp_kinds"]) == ["Identity", "AllReduce", "AllReduce", "Identity"]  # f fwd/bwd, g fwd/bwd
+        np.testing.assert_allclose(f["mlp_loss"], loss.item(), rtol=1e-12)
+        np.testing.assert_allclose(f["mlp_dx0"], x0.grad.numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(f["mlp_dw1"], w1.grad.numpy()[:, 4 * r:4 * r + 4], rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(f["mlp_dw2"], w2.grad.numpy()[4 * r:4 * r + 4], rtol=1e-10, atol=1e-12)
+
+
+def test_bsr_reshard_backward_runs_the_reverse_plan(run: dict[str, Any]) -> None:
+    files = run["files"]
+    value = np.random.default_rng(11).standard_normal(BSR_SHAPE)
+    c = np.random.default_rng(12).standard_normal(BSR_SHAPE)
+    assert list(files[2]["bsr_kinds"]) == ["BSR", "BSR"]
+    for r in BSR_DST.ranks:
+        np.testing.assert_allclose(files[r]["bsr_out"], value[local_view(BSR_DST, BSR_SHAPE, r).slices])
+    for r in BSR_SRC.ranks:  # d(sum(out * C))/dx = C in the source layout
+        np.testing.assert_allclose(files[r]["bsr_grad"], c[local_view(BSR_SRC, BSR_SHAPE, r).slices])
+        assert "bsr_out" not in files[r]
+
+
+def test_gradient_layout_convention() -> None:
+    dup, part = Annotation([[0, 1]], [DS({-1: 2})]), Annotation([[0, 1]], [DS({-2: 2})])
+    assert gradient_layout(part) == dup and gradient_layout(dup) == dup
+    assert gradient_layout(dup, "divergent") == part
+    mixed = Annotation([[0, 1, 2, 3]], [DS({-2: 2, 0: 2}, [0, -2])])
+    assert gradient_layout(mixed) == Annotation([[0, 1, 2, 3]], [DS({-1: 2, 0: 2}, [0, -1])])
+    both = Annotation([[0, 1, 2, 3]], [DS({-2: 2, -1: 2}, [-2, -1])])
+    assert gradient_layout(both) == Annotation([[0, 1, 2, 3]], [DS({-1: 4})])
+    top = Annotation([[0, 1], [2, 3]], [DS({0: 2}), DS({0: 2})], -2)
+    assert gradient_layout(top).hdim == -1 and gradient_layout(gradient_layout(top), "divergent").hdim == -2
+    g = resolve(part, dup, (4, 6))
+    assert backward_plan_for(g).kinds == ["Identity"]
+    f = resolve(dup, dup, (4, 6))
+    assert backward_plan_for(f).kinds == ["Identity"]
+    assert backward_plan_for(f, grad_dst=gradient_layout(dup, "divergent")).kinds == ["AllReduce"]
+    ag = resolve(Annotation([[0, 1]], [DS({0: 2})]), dup, (4, 6))
+    assert ag.kinds == ["AllGather"] and backward_plan_for(ag, grad_dst=part).kinds == ["ReduceScatter"]
+
+
+# ---- graph switching -----------------------------------------------------------------------------------------
+def test_switch_reproduces_the_destination_layout_on_the_survivors(run: dict[str, Any]) -> None:
+    sw_src, sw_dst, failed = run["switch"]
+    plan = plan_switch(sw_src, sw_dst, None, dtype="float64", failed=failed)
+    pairs = [(m.src, m.dst) for s in plan.steps for m in s.messages]
+    assert len(pairs) == len(set(pairs)) and all(5 not in p for p in pairs)  # one packed message per pair
+    assert any(len(m.items) > 1 for s in plan.steps for m in s.messages)  # packing actually happens
+    assert len(plan_switch(sw_src, sw_dst, None, dtype="float64", failed=failed, fused=False).steps) == 3
+    for mode, shift in (("fused", 0), ("unfused", 0), ("shift3", 3)):
+        for name, (ann, shape) in sw_dst.items():
+            value = np.random.default_rng(100 + list(sw_src).index(name)).standard_normal(shape)
+            for r in ann.ranks:  # plan rank r is played by process (r + shift) % WORLD
+                got = run["files"][(r + shift) % WORLD][f"sw_{mode}_{name}"]
+                np.testing.assert_array_equal(got, value[local_view(ann, shape, r).slices], err_msg=f"{mode} {name}")
+        assert not any(k.startswith(f"sw_{mode}_") for k in run["files"][(5 + shift) % WORLD])  # the failed rank
+
+
+# ---- errors and one-process paths (no process group needed) --------------------------------------------------
+def test_errors_name_the_rank_and_the_operator() -> None:
+    ar = resolve(Annotation([[0, 1, 2]], [DS({-2: 3})]), Annotation([[0, 1, 2]], [DS({-1: 3})]), (3, 5), "float64")
+    with pytest.raises(CommExecutionError, match=r"rank 1, op 0 \(AllReduce\).*shape \(2, 5\)"):
+        execute(ar, torch.zeros(2, 5, dtype=torch.float64), {}, rank=1)
+    with pytest.raises(CommExecutionError, match=r"rank 1, op 0 \(AllReduce\).*no process group for ranks \[0, 1, 2\]"):
+        execute(ar, torch.zeros(3, 5, dtype=torch.float64), {}, rank=1)
+    with pytest.raises(CommExecutionError, match="rank 2: the local tensor is torch.float32.*float64"):
+        execute(ar, torch.zeros(3, 5), {}, rank=2)
+    with pytest.raises(CommExecutionError, match="rank 0, op 0 .*holds nothing"):
+        execute(ar, None, {}, rank=0)
+
+
+def test_local_operators_run_in_one_process() -> None:
+    value = torch.arange(16.0).reshape(4, 4)
+    dup, split = Annotation([[0, 1, 2, 3]], [DS({-1: 4})]), Annotation([[0, 1, 2, 3]], [DS({0: 2, 1: 2})])
+    plan = resolve(dup, split, (4, 4))
+    assert plan.kinds == ["LocalSplit"]
+    for r in range(4):
+        got = execute(plan, value.clone(), {}, rank=r)
+        assert torch.equal(got, value[local_view(split, (4, 4), r).slices])
+    same = resolve(split, split, (4, 4))
+    x = value[:2, :2].clone()
+    assert execute(same, x, {}, rank=0) is x  # Identity moves nothing
+    assert execute(same, x, {}, rank=7) is None  # a rank outside the destination gets nothing
