@@ -113,7 +113,7 @@ def test_example_cluster_files_match_constructors(examples_dir: Path) -> None:
 
 
 def test_json_schema_validates_cluster_files(examples_dir: Path) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema
     schema = Cluster.model_json_schema()
     for name in ("paper_16h800_32h20.json", "h20_31.json", "local_4.json"):
         jsonschema.validate(json.loads((examples_dir / name).read_text()), schema)

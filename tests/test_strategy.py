@@ -58,12 +58,12 @@ def test_fixture_loads_with_its_context_and_round_trips(name: str, tmp_path: Pat
 
 @pytest.mark.parametrize("name", STRATEGY_FILES)
 def test_json_schema_validates_fixture(name: str) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema
     jsonschema.validate(json.loads((EXAMPLES / name).read_text()), Strategy.json_schema())
 
 
 def test_json_schema_rejects_what_the_loader_rejects() -> None:
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema
     bad = c2_dict()
     bad["pipelines"][0]["micro_batch_size"] = 0
     with pytest.raises(jsonschema.ValidationError):
@@ -229,5 +229,5 @@ def test_annotation_plan_round_trip_and_errors(tmp_path: Path) -> None:
     with pytest.raises(PlanValidationError) as info:
         AnnotationPlan.load({"format_version": 2, "annotations": {}})
     assert info.value.problems[0][0] == "format_version"
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema
     jsonschema.validate(json.loads(plan.to_json()), AnnotationPlan.json_schema())
