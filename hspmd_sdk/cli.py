@@ -235,6 +235,23 @@ def _resolve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lazy(module: str, name: str) -> Callable[..., Any]:
+    """A function from ``module`` imported when called (keeps ``hspmd --help`` fast)."""
+    def call(*args: Any) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(module), name)(*args)
+    return call
+
+
+COMMANDS["plan"] = Command("plan a strategy for a cluster and model (--scenario hetero|elastic|mixed)",
+                           _lazy("hspmd_sdk.planner.cli", "add_plan_arguments"),
+                           _lazy("hspmd_sdk.planner.cli", "run_plan"))
+COMMANDS["simulate"] = Command("estimate one training step of a strategy (step time, bubble, peak memory)",
+                               _lazy("hspmd_sdk.planner.cli", "add_simulate_arguments"),
+                               _lazy("hspmd_sdk.planner.cli", "run_simulate"))
+
+
 # ---- entry point ---------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hspmd", description="HSPMD: heterogeneous SPMD training plans and tools")

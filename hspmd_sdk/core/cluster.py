@@ -8,11 +8,12 @@ direction per device, as vendors and the paper's Table 7 quote them.
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import PlanValidationError
 
@@ -82,8 +83,6 @@ class Cluster(BaseModel):
     inter_latency_us: float = Field(default=5.0, ge=0)
     intra_latency_us: float = Field(default=1.0, ge=0)
 
-    _rank_node: list[int] = PrivateAttr(default_factory=list)
-
     @model_validator(mode="before")
     @classmethod
     def _fill_presets(cls, data: Any) -> Any:
@@ -114,12 +113,16 @@ class Cluster(BaseModel):
             missing = sorted(set(range(len(ranks))) - set(ranks))
             raise ValueError(f"nodes: ranks must be 0..{len(ranks) - 1}, each once"
                              + (f"; repeated: {dup}" if dup else "") + (f"; missing: {missing}" if missing else ""))
-        rank_node = [0] * len(ranks)
+        return self
+
+    @cached_property
+    def _rank_node(self) -> tuple[int, ...]:
+        """Node index of every rank (a plain cached tuple: link queries are on the planners' hot path)."""
+        rank_node = [0] * sum(len(n.ranks) for n in self.nodes)
         for i, n in enumerate(self.nodes):
             for r in n.ranks:
                 rank_node[r] = i
-        self._rank_node = rank_node
-        return self
+        return tuple(rank_node)
 
     # ---- constructors --------------------------------------------------------------------------------------
     @classmethod
@@ -200,8 +203,13 @@ class Cluster(BaseModel):
 
     def node_index(self, rank: int) -> int:
         """Index into ``nodes`` of the node holding ``rank``."""
-        self.check_rank(rank)
-        return self._rank_node[rank]
+        if rank < 0:
+            self.check_rank(rank)
+        try:
+            return self._rank_node[rank]
+        except IndexError:
+            self.check_rank(rank)
+            raise
 
     def node_of(self, rank: int) -> Node:
         return self.nodes[self.node_index(rank)]

@@ -1,4 +1,6 @@
-"""The planner (§8, Appendix A.1): the operator-centric cost model, the step simulator and the planners.
+"""The planner (§8, Appendix A.1): the operator-centric cost model, the step simulator and the scenario planners
+(heterogeneous devices: :func:`plan_hetero`; unstable devices: :func:`replan_elastic`; mixed-length data:
+:func:`plan_mixed` and :func:`dispatch`).
 
 Names are imported lazily, so ``import hspmd_sdk.planner`` is cheap; only :func:`profile_device` imports torch.
 """
@@ -15,6 +17,17 @@ _EXPORTS = {
     "SimResult": "hspmd_sdk.planner.simulator",
     "Event": "hspmd_sdk.planner.simulator",
     "Transfer": "hspmd_sdk.planner.simulator",
+    "plan_hetero": "hspmd_sdk.planner.hetero",
+    "replan_elastic": "hspmd_sdk.planner.elastic",
+    "survivor_cluster": "hspmd_sdk.planner.elastic",
+    "plan_mixed": "hspmd_sdk.planner.mixed",
+    "dispatch": "hspmd_sdk.planner.mixed",
+    "simulate_mixed": "hspmd_sdk.planner.mixed",
+    "packed_baseline": "hspmd_sdk.planner.mixed",
+    "MixedPlan": "hspmd_sdk.planner.mixed",
+    "MixedEntry": "hspmd_sdk.planner.mixed",
+    "Dispatch": "hspmd_sdk.planner.mixed",
+    "sample_lengths": "hspmd_sdk.planner.mixed",
 }
 
 __all__ = sorted(_EXPORTS)

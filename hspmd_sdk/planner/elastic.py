@@ -1,0 +1,187 @@
+"""Scenario (b), unstable devices: replanning on the survivors after failures (Appendix A.1 (b)).
+
+The offline plan (from :func:`~hspmd_sdk.planner.hetero.plan_hetero` or a hand-written strategy such as the
+paper's Table 11 C1) is the starting point; the replanner reuses it instead of searching again:
+
+* **keep the templates**: pipelines without a failed rank keep their stages and layers; in an affected pipeline
+  each stage keeps its surviving ranks, a stage that lost some is cut into the largest allowed TP groups that
+  fit (3 survivors of a TP4 stage: a TP2 and a TP1 stage, the paper's C2), and only that pipeline's layer ILP is
+  solved again;
+* **regroup** (the first level pruned by the offline solution): same number of pipelines (and one fewer) and the
+  same TP degree per device kind, the survivors regrouped node by node, the first and second levels solved
+  again;
+
+then the micro-batch ILP splits the global batch over the pipelines, the candidates are ranked by the simulator
+and the micro-batches polished as in the offline planner.  Every surviving device is used.  Ranks keep their
+numbers in the original cluster (:func:`survivor_cluster` renumbers them when a compact cluster is wanted).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+from .cost import CostModel
+from .hetero import (Candidate, PipelinePlan, PlanContext, TPGroup, configure_pipelines, make_groups, pick,
+                     solve_layers, solve_micro_batches, split_node, tp_degrees, _stage_parts, _sync_estimate)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.cluster import Cluster
+    from ..core.model_config import LlamaConfig
+    from ..core.strategy import Strategy
+
+__all__ = ["replan_elastic", "survivor_cluster", "renumber"]
+
+
+def _group(ctx: PlanContext, ranks: Sequence[int]) -> TPGroup:
+    return TPGroup(tuple(ranks), ctx.cluster.kind(ranks[0]), ctx.cluster.node_index(ranks[0]))
+
+
+def _kept_plan(ctx: PlanContext, groups: Sequence[TPGroup], layers: Sequence[int], b: int, z: int,
+               recompute: bool) -> PipelinePlan:
+    """The :class:`PipelinePlan` of an unaffected pipeline: its stages and layers as they are."""
+    S = len(groups)
+    times = []
+    for s, (g, n) in enumerate(zip(groups, layers)):
+        prof = ctx.profile(g, b, z, recompute)
+        times.append(n * prof.layer_time + _stage_parts(prof, s == 0, s == S - 1, 1)[0])
+    p2p = 2 * sum(ctx.p2p_time(a, c, b) for a, c in zip(groups, groups[1:]))
+    return PipelinePlan(tuple(groups), tuple(layers), tuple(times), p2p, recompute)
+
+
+def _keep_templates(ctx: PlanContext, strategy: "Strategy", failed: set[int], b: int,
+                    allowed: Sequence[int]) -> Candidate | None:
+    """Unaffected pipelines as they are; affected ones with their surviving ranks regrouped stage by stage and
+    their layers re-solved."""
+    M = ctx.global_batch // b
+    affected = [any(r in failed for r in p.ranks) for p in strategy.pipelines]
+    kept = [p for p, hit in zip(strategy.pipelines, affected) if not hit or any(r not in failed for r in p.ranks)]
+    D = len(kept)
+    if D == 0:
+        return None
+    z = ctx.zero_shards(D)
+    pipes: list[PipelinePlan] = []
+    for p in kept:
+        if not any(r in failed for r in p.ranks):
+            groups = [_group(ctx, s.devices) for s in p.stages]
+            pipes.append(_kept_plan(ctx, groups, [s.num_layers for s in p.stages], b, z,
+                                    any(s.recompute for s in p.stages)))
+            continue
+        groups = []
+        for s in p.stages:
+            alive = [r for r in s.devices if r not in failed]
+            if alive:
+                groups += [_group(ctx, g) for g in split_node(alive, len(s.devices), allowed)]
+        plan = solve_layers(ctx, groups, b, max(1, M // D), z) or \
+            solve_layers(ctx, groups, b, max(1, M // D), z, recompute=True)
+        if plan is None:
+            return None
+        pipes.append(plan)
+    sol = solve_micro_batches(pipes, M, extra=[_sync_estimate(ctx, p, D) for p in pipes])
+    if sol is None:
+        return None
+    degree = {ctx.cluster.kind(s.devices[0]): len(s.devices) for p in kept for s in p.stages}
+    return Candidate(degree, D, b, sol[1], [list(p.groups) for p in pipes], "kept", pipes, sol[0], sol[1])
+
+
+def _regroup(ctx: PlanContext, strategy: "Strategy", survivors: Sequence[int], D: int, b: int,
+             allowed: Sequence[int]) -> list[Candidate]:
+    """The survivors regrouped at the offline TP degree of each kind, spread over ``D`` pipelines."""
+    from .hetero import solve_candidate
+
+    degree: dict[str, int] = {}
+    for p in strategy.pipelines:
+        for s in p.stages:
+            k = ctx.cluster.kind(s.devices[0])
+            degree[k] = max(degree.get(k, 1), len(s.devices))
+    for k in {ctx.cluster.kind(r) for r in survivors}:
+        degree.setdefault(k, max(allowed))
+    groups = make_groups(ctx.cluster, survivors, degree, allowed)
+    if D < 1 or D > sum(len(g) for g in groups.values()) or D > ctx.global_batch // b:
+        return []
+    comps = configure_pipelines(ctx, groups, D, b)
+    if comps is None:
+        return []
+    return solve_candidate(ctx, Candidate(degree, D, b, 0.0, comps))
+
+
+def replan_elastic(model: "LlamaConfig | str", cluster: "Cluster", strategy: "Strategy | str | dict",
+                   failed: Iterable[int], *, seq_len: int, global_batch: int | None = None,
+                   cost: CostModel | None = None, min_pipelines: int | None = None, simulate_top: int = 4,
+                   refine: bool = True, name: str | None = None) -> "Strategy":
+    """A new strategy on every surviving device of ``cluster`` after ``failed`` ranks are lost.
+
+    ``strategy`` is the one running (its schedule and ZeRO-1 setting are kept; the paper disables ZeRO-1 for
+    elastic training so that a replica survives every failure).  ``global_batch`` defaults to the strategy's.
+    The returned strategy uses the original rank numbers and never a failed rank.  ``min_pipelines`` (default:
+    2 when the running strategy has two or more, else 1) keeps enough data-parallel replicas for the next
+    failure to be survivable without a checkpoint.
+
+    >>> from hspmd_sdk.core.cluster import Cluster
+    >>> c1 = {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 8, "stages": [
+    ...     {"devices": [0, 1], "layers": [0, 15]}, {"devices": [2, 3], "layers": [16, 31]}]}]}
+    >>> replan_elastic("llama-7b", Cluster.homogeneous("H20", 4), c1, [3], seq_len=2048).num_ranks
+    3
+    """
+    from ..core.model_config import LlamaConfig
+    from ..core.strategy import Strategy
+    from ..errors import PlanValidationError
+
+    model = LlamaConfig.load(model) if not isinstance(model, LlamaConfig) else model
+    strategy = Strategy.load(strategy, model=model, cluster=cluster)
+    failed = set(failed)
+    for r in failed:
+        cluster.check_rank(r)
+    survivors = [r for r in cluster.ranks if r not in failed]
+    gb = global_batch or strategy.global_batch
+    ctx = PlanContext(model, cluster, global_batch=gb, seq_len=seq_len, cost=cost, schedule=strategy.schedule,
+                      zero1=strategy.zero1)
+    max_node = max(len(n.ranks) for n in cluster.nodes)
+    allowed = tp_degrees(model, max_node)
+    sizes = sorted({1, strategy.pipelines[0].micro_batch_size} & {b for b in (1, 2, 4) if gb % b == 0})
+    floor = min(strategy.dp_degree, 2) if min_pipelines is None else min_pipelines
+    cands: list[Candidate] = []
+    for b in sizes:
+        keep = _keep_templates(ctx, strategy, failed, b, allowed)
+        if keep is not None:
+            cands.append(keep)
+        for D in sorted({strategy.dp_degree, strategy.dp_degree - 1}):
+            if D >= floor:
+                cands += _regroup(ctx, strategy, survivors, D, b, allowed)
+    cands = [c for c in cands if c.num_pipelines >= floor
+             and sorted(r for p in c.pipes for g in p.groups for r in g.ranks) == survivors]
+    if not cands:
+        raise PlanValidationError([("failed", f"no strategy for {model.name} fits the {len(survivors)} surviving "
+                                              f"devices")], what="elastic plan")
+    cands.sort(key=lambda c: c.estimate)
+    name = name or f"replan_elastic: {model.name} on {len(survivors)} devices (lost {sorted(failed)})"
+    return pick(ctx, cands, simulate_top=simulate_top, refine=refine, name=name)
+
+
+def survivor_cluster(cluster: "Cluster", failed: Iterable[int]) -> tuple["Cluster", dict[int, int]]:
+    """The cluster without ``failed`` ranks, renumbered ``0..n-1`` in order, and the map old rank -> new rank."""
+    from ..core.cluster import Cluster
+
+    failed = set(failed)
+    mapping: dict[int, int] = {}
+    nodes = []
+    for n in cluster.nodes:
+        alive = [r for r in n.ranks if r not in failed]
+        if alive:
+            new = []
+            for r in alive:
+                mapping[r] = len(mapping)
+                new.append(mapping[r])
+            nodes.append({"host": n.host, "kind": n.kind, "ranks": new})
+    data = cluster.model_dump()
+    data["nodes"] = nodes
+    return Cluster.load(data), mapping
+
+
+def renumber(strategy: "Strategy", mapping: dict[int, int]) -> "Strategy":
+    """``strategy`` with every rank ``r`` replaced by ``mapping[r]``."""
+    from ..core.strategy import Strategy
+
+    data = strategy.model_dump()
+    for p in data["pipelines"]:
+        for s in p["stages"]:
+            s["devices"] = [mapping[r] for r in s["devices"]]
+    return Strategy.load(data)
