@@ -5,8 +5,7 @@ that needs it is used.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -33,17 +32,5 @@ _EXPORTS = {
     "PlanValidationError": "hspmd_sdk.errors",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hspmd_sdk' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+__all__ = __all__ + ["__version__"]

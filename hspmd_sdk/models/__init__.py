@@ -5,8 +5,7 @@ and are imported on first use.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_exports
 
 _EXPORTS = {
     "build_llama_graph": ".llama",
@@ -19,17 +18,4 @@ _EXPORTS = {
     "LlamaReference": ".reference",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hspmd_sdk.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -6,8 +6,7 @@ Names are imported lazily, so ``import hspmd_sdk.planner`` is cheap; only :func:
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_exports
 
 _EXPORTS = {
     "CostModel": "hspmd_sdk.planner.cost",
@@ -30,17 +29,4 @@ _EXPORTS = {
     "sample_lengths": "hspmd_sdk.planner.mixed",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hspmd_sdk.planner' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

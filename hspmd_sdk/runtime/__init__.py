@@ -9,8 +9,7 @@ Names are imported lazily so that ``import hspmd_sdk.runtime`` does not pull in 
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_exports
 
 _EXPORTS = {
     "launch": ".launcher",
@@ -30,17 +29,4 @@ _EXPORTS = {
     "StepMetrics": ".metrics",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hspmd_sdk.runtime' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
