@@ -1,0 +1,42 @@
+"""Colours shared by the figures and the editor."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from plotly.colors import qualitative, sample_colorscale
+
+__all__ = ["stage_colour", "pipeline_colour", "subgroup_colour", "UNUSED", "LINK_COLOURS", "EVENT_COLOURS",
+           "ERROR", "SELECTED"]
+
+_PIPELINE_SCALES = ("Blues", "Oranges", "Greens", "Purples", "Reds", "Greys", "YlOrBr", "PuBuGn")
+_PIPELINE_BASE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#7f7f7f", "#bcbd22", "#17becf")
+
+#: Fill of a device that no stage uses.
+UNUSED = "#eceff3"
+#: Outline of devices of a stage with a problem, and of the selected stage.
+ERROR = "#d62728"
+SELECTED = "#111111"
+#: Point-to-point sends by link class.
+LINK_COLOURS = {"intra": "#159a8c", "inter": "#d1495b"}
+#: Gantt bar colours by simulator event kind.
+EVENT_COLOURS = {"F": "#4c78a8", "B": "#f58518", "comm": "#b279a2", "sync": "#e45756", "optim": "#9d755d",
+                 "idle": "#e8e8e8"}
+
+
+def pipeline_colour(p: int) -> str:
+    """The base colour of pipeline ``p`` (outlines, legends)."""
+    return _PIPELINE_BASE[p % len(_PIPELINE_BASE)]
+
+
+@lru_cache(maxsize=4096)
+def stage_colour(p: int, s: int, num_stages: int) -> str:
+    """Fill of stage ``s`` of pipeline ``p``: a shade of the pipeline's colour family, darker for later stages."""
+    scale = _PIPELINE_SCALES[p % len(_PIPELINE_SCALES)]
+    t = 0.35 if num_stages <= 1 else 0.3 + 0.5 * s / (num_stages - 1)
+    return sample_colorscale(scale, [t])[0]
+
+
+def subgroup_colour(k: int) -> str:
+    """Colour of sharding subgroup ``k`` of an annotation."""
+    pal = qualitative.D3
+    return pal[k % len(pal)]

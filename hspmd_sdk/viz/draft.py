@@ -1,0 +1,154 @@
+"""The plan editor's working copy of a strategy, and its validation in plain words.
+
+A :class:`Draft` is a mutable, possibly invalid strategy (a stage may have no devices yet, layer ranges may not
+meet).  :func:`check_draft` turns it into a :class:`~hspmd_sdk.core.strategy.Strategy` with the core's own
+checks (:meth:`Strategy.load`, :meth:`Strategy.problems`) and reports every problem as a :class:`Problem`
+located at a pipeline, a stage or a tensor, so that the editor shows it where it belongs.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import PlanValidationError
+
+if TYPE_CHECKING:
+    from ..core.cluster import Cluster
+    from ..core.model_config import LlamaConfig
+    from ..core.strategy import Strategy
+
+__all__ = ["StageDraft", "PipelineDraft", "Draft", "Problem", "check_draft", "locate"]
+
+
+@dataclass
+class StageDraft:
+    """A stage being edited: its ranks (TP group) and inclusive layer range."""
+
+    devices: list[int]
+    layers: list[int]
+    recompute: bool = False
+
+
+@dataclass
+class PipelineDraft:
+    """A pipeline being edited: stages, micro-batch size and count."""
+
+    stages: list[StageDraft]
+    micro_batch_size: int = 1
+    num_micro_batches: int = 1
+
+
+@dataclass
+class Draft:
+    """A strategy being edited (possibly invalid)."""
+
+    pipelines: list[PipelineDraft] = field(default_factory=list)
+    schedule: str = "1f1b"
+    zero1: bool = False
+    name: str | None = None
+
+    @classmethod
+    def from_strategy(cls, strategy: "Strategy") -> "Draft":
+        return cls([PipelineDraft([StageDraft(list(s.devices), list(s.layers), s.recompute) for s in p.stages],
+                                  p.micro_batch_size, p.num_micro_batches) for p in strategy.pipelines],
+                   strategy.schedule, strategy.zero1, strategy.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form :meth:`Strategy.load` reads."""
+        return asdict(self)
+
+    def copy(self) -> "Draft":
+        return copy.deepcopy(self)
+
+    def owner(self, rank: int) -> tuple[int, int] | None:
+        """``(pipeline, stage)`` whose devices include ``rank``, or ``None``."""
+        for i, p in enumerate(self.pipelines):
+            for j, s in enumerate(p.stages):
+                if rank in s.devices:
+                    return i, j
+        return None
+
+    def stage(self, p: int, s: int) -> StageDraft:
+        if not 0 <= p < len(self.pipelines):
+            raise IndexError(f"there is no pipeline {p} (pipelines 0..{len(self.pipelines) - 1})")
+        stages = self.pipelines[p].stages
+        if not 0 <= s < len(stages):
+            raise IndexError(f"pipeline {p} has no stage {s} (stages 0..{len(stages) - 1})")
+        return stages[s]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem, in plain words, with where it belongs: ``pipeline``/``stage`` indices or a ``tensor``.
+
+    ``level`` is ``"error"`` (the plan cannot be used) or ``"warning"`` (e.g. a device would run out of memory).
+    """
+
+    path: str
+    message: str
+    pipeline: int | None = None
+    stage: int | None = None
+    tensor: str | None = None
+    level: str = "error"
+
+    @property
+    def where(self) -> str:
+        if self.tensor:
+            return f"tensor {self.tensor}"
+        if self.stage is not None:
+            return f"pipeline {self.pipeline} · stage {self.stage}"
+        if self.pipeline is not None:
+            return f"pipeline {self.pipeline}"
+        return "strategy"
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+_PATH = re.compile(r"pipelines\[(\d+)\](?:\.stages\[(\d+)\])?")
+_TENSOR = re.compile(r"tensor '([^']+)'")
+_PYDANTIC_WORDS = {"List should have at least 1 item after validation, not 0": "is empty"}
+
+
+def locate(path: str, message: str, level: str = "error") -> Problem:
+    """A :class:`Problem` for a core ``(field path, reason)`` pair (or an error message naming a tensor)."""
+    m = _PATH.search(path)
+    t = _TENSOR.search(message)
+    msg = _PYDANTIC_WORDS.get(message, message)
+    return Problem(path, msg, int(m[1]) if m else None, int(m[2]) if m and m[2] is not None else None,
+                   t[1] if t else None, level)
+
+
+def _draft_problems(draft: Draft) -> list[Problem]:
+    """What the core would reject with less helpful words: no pipelines, a stage without devices."""
+    out: list[Problem] = []
+    if not draft.pipelines:
+        out.append(Problem("pipelines", "there are no pipelines; add one"))
+    for i, p in enumerate(draft.pipelines):
+        if not p.stages:
+            out.append(Problem(f"pipelines[{i}].stages", "this pipeline has no stages; add one", i))
+        for j, s in enumerate(p.stages):
+            if not s.devices:
+                out.append(Problem(f"pipelines[{i}].stages[{j}].devices",
+                                   "no devices yet: select this stage and click device tiles to add some", i, j))
+    return out
+
+
+def check_draft(draft: Draft, model: "LlamaConfig | None" = None, cluster: "Cluster | None" = None,
+                global_batch: int | None = None) -> tuple["Strategy | None", list[Problem]]:
+    """The :class:`Strategy` of ``draft`` and ``[]``, or ``None`` and every problem found (core checks)."""
+    from ..core.strategy import Strategy
+
+    early = _draft_problems(draft)
+    if early:
+        return None, early
+    try:
+        strategy = Strategy.load(draft.to_dict())
+    except PlanValidationError as e:
+        return None, [locate(p, r) for p, r in e.problems]
+    found = strategy.problems(model, cluster, global_batch)
+    if found:
+        return None, [locate(p, r) for p, r in found]
+    return strategy, []
