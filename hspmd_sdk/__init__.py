@@ -27,7 +27,7 @@ _EXPORTS = {
     "plan_switch": "hspmd_sdk.core.switch",
     "build_reference": "hspmd_sdk.models",
     "build_llama_graph": "hspmd_sdk.models",
-    "launch": "hspmd_sdk.runtime",
+    "launch": "hspmd_sdk.runtime.train",
     "HSPMDError": "hspmd_sdk.errors",
     "PlanValidationError": "hspmd_sdk.errors",
 }

@@ -193,18 +193,66 @@ def _examples(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("demo", "the main job: load the heterogeneous tiny example, validate it and print its summary")
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+@command("demo", "the main job: train the heterogeneous tiny example on 4 local worker processes and compare "
+                 "its losses with the single-device model", _demo_arguments)
 def _demo(args: argparse.Namespace) -> int:
     from .core.cluster import Cluster
     from .core.model_config import LlamaConfig
     from .core.strategy import Strategy
+    from .runtime.train import run_demo
 
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(4)
     strategy = Strategy.load(EXAMPLES / "example_hetero_tiny.json", model=model, cluster=cluster)
     print(f"model:   {model}")
     print(f"cluster: {cluster}")
     print(strategy.summary(model=model, cluster=cluster))
-    print("OK: the strategy is valid for this model and cluster")
+    losses = run_demo(steps=args.steps, seed=args.seed)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses["hspmd"], losses["reference"]))
+    print(f"\nlargest relative loss difference from the single-device model: {worst:.1e}")
+    return 0
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="STRATEGY", help="strategy JSON (or packaged example name)")
+    p.add_argument("--local", type=int, required=True, metavar="N", help="number of local worker processes")
+    p.add_argument("--model", default="tiny", help="model preset (default tiny)")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", choices=("stdlib", "synthetic"), default="stdlib")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the model's max_seq_len)")
+    p.add_argument("--no-reference", action="store_true", help="skip the single-device comparison")
+
+
+@command("run", "train a strategy on N local worker processes and print its losses next to the single-device "
+                "model's", _run_arguments)
+def _run(args: argparse.Namespace) -> int:
+    from .core.cluster import Cluster
+    from .core.model_config import LlamaConfig
+    from .core.specialize import specialize
+    from .core.strategy import Strategy
+    from .core.strategy_plan import plan_from_strategy
+    from .runtime.train import launch_training, recompute_ranks, reference_training
+
+    model, cluster = LlamaConfig.load(args.model), Cluster.local(args.local)
+    strategy = Strategy.load(resolve_file(args.file), model=model, cluster=cluster)
+    program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster)
+    result = launch_training(program, cluster, steps=args.steps, seed=args.seed, data=args.data, lr=args.lr,
+                             seq_len=args.seq_len, recompute=recompute_ranks(strategy), progress=True).wait()
+    ref = None if args.no_reference else reference_training(
+        model, steps=args.steps, seed=args.seed, global_batch=program.bindings["B"], seq_len=args.seq_len,
+        data=args.data, lr=args.lr)
+    print(f"{'step':>4}  {'HSPMD':>12}" + ("" if ref is None else f"  {'single device':>14}  {'rel. diff':>9}"))
+    for i, loss in enumerate(result.losses):
+        line = f"{i:>4}  {loss:>12.6f}"
+        if ref is not None:
+            line += f"  {ref.losses[i]:>14.6f}  {abs(loss - ref.losses[i]) / abs(ref.losses[i]):>9.1e}"
+        print(line)
     return 0
 
 
@@ -250,6 +298,11 @@ COMMANDS["plan"] = Command("plan a strategy for a cluster and model (--scenario 
 COMMANDS["simulate"] = Command("estimate one training step of a strategy (step time, bubble, peak memory)",
                                _lazy("hspmd_sdk.planner.cli", "add_simulate_arguments"),
                                _lazy("hspmd_sdk.planner.cli", "run_simulate"))
+
+
+COMMANDS["launch"] = Command("train a strategy (or run an entry) on remote hosts over SSH",
+                             _lazy("hspmd_sdk.runtime.ssh_cli", "add_launch_arguments"),
+                             _lazy("hspmd_sdk.runtime.ssh_cli", "run_launch"))
 
 
 # ---- entry point ---------------------------------------------------------------------------------------------

@@ -85,9 +85,22 @@ def test_show_cluster_and_examples(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "table9_32b_16h800_16h20.json" in out
 
 
-def test_demo(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "demo")
-    assert code == 0 and "stage 0: ranks 0,1" in out and out.rstrip().endswith("valid for this model and cluster")
+def test_demo_trains_and_matches_the_single_device_model(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "demo", "--steps", "2")
+    assert code == 0 and "stage 0: ranks 0,1" in out
+    worst = float(out.rstrip().rsplit(" ", 1)[-1])
+    assert "largest relative loss difference" in out and worst < 1e-5
+
+
+def test_run_trains_a_strategy_file(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    strategy = {"pipelines": [{"stages": [{"devices": [0], "layers": [0, 1]}, {"devices": [1], "layers": [2, 3]}],
+                               "micro_batch_size": 2, "num_micro_batches": 2}], "schedule": "1f1b"}
+    path = tmp_path / "pp2.json"
+    path.write_text(json.dumps(strategy))
+    code, out, _ = run(capsys, "run", str(path), "--local", "2", "--steps", "2", "--data", "synthetic")
+    assert code == 0
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert len(rows) == 2 and all(float(r[3]) < 1e-5 for r in rows)
 
 
 @pytest.mark.parametrize("argv", [["--help"]] + [[name, "--help"] for name in COMMANDS])

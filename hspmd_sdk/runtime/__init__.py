@@ -13,6 +13,15 @@ from .._lazy import lazy_exports
 
 _EXPORTS = {
     "launch": ".launcher",
+    "launch_training": ".train",
+    "SSHTransport": ".ssh",
+    "SSHHost": ".hosts",
+    "check_hosts": ".ssh",
+    "launch_remote": ".ssh",
+    "launch_training_remote": ".ssh",
+    "PreflightError": ".ssh",
+    "SSHError": ".ssh",
+    "StepExecutor": ".executor",
     "launch_spec": ".launcher",
     "build_spec": ".launcher",
     "free_port": ".launcher",

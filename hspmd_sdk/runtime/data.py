@@ -12,6 +12,7 @@ Pure numpy/torch; no torch.distributed.
 from __future__ import annotations
 
 import functools
+import os
 import sysconfig
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -44,7 +45,10 @@ def stdlib_files(root: Path | None = None) -> list[Path]:
 @functools.lru_cache(maxsize=4)
 def _files(root_str: str) -> tuple[Path, ...]:
     root = Path(root_str)
-    files = [p for p in root.rglob("*.py") if not _SKIP_DIRS & set(p.relative_to(root).parts[:-1])]
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]  # prune: never walk site-packages
+        files += [Path(dirpath, f) for f in filenames if f.endswith(".py")]
     return tuple(sorted(files, key=lambda p: p.relative_to(root).as_posix()))
 
 

@@ -102,18 +102,29 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
     ``payload``, ``spec.steps``/``spec.seed`` the run length and seed).  Returns the running :class:`Job`;
     ``job.wait()`` gives a result whose ``losses`` are the per-step losses the entry reported.
 
-    ``program``: a specialized Program to train; it needs the training executor's entry (until that is plugged in,
-    pass ``entry=`` explicitly).  ``slowdown={rank: k}`` emulates a ``k``-times slower device on that rank (CPU
+    ``program`` without ``entry``: train it (:func:`hspmd_sdk.runtime.train.launch_training`, the default
+    training entry).  ``slowdown={rank: k}`` emulates a ``k``-times slower device on that rank (CPU
     demos; labelled as emulation in metrics and progress).  ``transport``: local processes by default when every
     host of the cluster is this machine.
     """
     if cluster is None:
         raise HSPMDError("launch() needs a cluster (e.g. Cluster.local(4))")
     if entry is None:
-        raise HSPMDError("launch(): pass entry='module:function' (training a Program needs the training "
-                         "executor's entry, which is not plugged in yet)")
+        if program is None:
+            raise HSPMDError("launch(): pass a Program to train, or entry='module:function' to run")
+        from .train import launch_training
+
+        return launch_training(program, cluster, steps=steps, seed=seed, transport=transport, slowdown=slowdown,
+                               timeout_s=timeout_s, loss_rank=loss_rank, backend=backend, progress=progress,
+                               echo=echo, log_dir=log_dir)
     if program is not None:
         payload = {"program": _program_payload(program), **(payload or {})}
+    if transport is not None and hasattr(transport, "rendezvous"):  # SSHTransport: preflight, remote rendezvous
+        from .ssh import launch_remote
+
+        return launch_remote(cluster, entry=entry, steps=steps, seed=seed, payload=payload, transport=transport,
+                             slowdown=slowdown, timeout_s=timeout_s, loss_rank=loss_rank, backend=backend,
+                             progress=progress, echo=echo, log_dir=log_dir)
     local = (isinstance(transport, LocalTransport)
              or transport is None and all(is_local_host(n.host) for n in cluster.nodes))
     spec = build_spec(cluster, entry=entry, steps=steps, seed=seed, payload=payload, timeout_s=timeout_s,

@@ -1,0 +1,132 @@
+"""``hspmd launch FILE --hostfile hosts.txt``: train a strategy (or run an entry) on remote hosts over SSH.
+
+``FILE`` is a strategy JSON (or a packaged example name); the cluster comes from a DeepSpeed-style hostfile
+(``host slots=N [kind=H20]``).  Per-host SSH settings (address, port, user, python, workdir, env) come from
+``--ssh-hosts hosts.json`` (``{"host": {...}}``); ``--python``, ``--workdir``, ``--ssh-port`` and ``--ssh-user``
+set the defaults for every host.  ``--check`` only runs the preflight.  ``--entry module:function`` runs that
+entry instead of training (FILE is then not needed).
+
+Exit status: 0 success, 1 failure (preflight, a worker, a connection), 130 interrupted (every worker stopped).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def add_launch_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE", nargs="?", help="strategy JSON to train (or a packaged example name)")
+    p.add_argument("--hostfile", required=True, metavar="PATH", help="hosts: 'host slots=N [kind=KIND]' a line")
+    p.add_argument("--entry", metavar="MODULE:FUNCTION", help="run this entry instead of training FILE")
+    p.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="tiny", metavar="PRESET", help="model preset or config JSON (default tiny)")
+    p.add_argument("--data", default="synthetic", choices=["synthetic", "stdlib"])
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seq-len", type=int, default=None, metavar="N")
+    p.add_argument("--backend", choices=["gloo", "nccl"], default=None,
+                   help="default: gloo for CPU hosts, nccl for GPU hosts")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="collective/rendezvous timeout")
+    g = p.add_argument_group("SSH")
+    g.add_argument("--ssh-hosts", metavar="JSON", help="per-host settings {host: {address, port, user, python, "
+                                                       "workdir, env}}")
+    g.add_argument("--python", default=None, help="remote Python for every host (default python3)")
+    g.add_argument("--workdir", default=None, help="remote working directory for every host")
+    g.add_argument("--ssh-port", type=int, default=None)
+    g.add_argument("--ssh-user", default=None)
+    g.add_argument("--known-hosts", default=None, metavar="PATH", help="default ~/.ssh/known_hosts")
+    g.add_argument("--accept-new-host-keys", action="store_true",
+                   help="trust hosts not in known_hosts yet (adds their keys; a changed key is still refused)")
+    g.add_argument("-i", "--identity", action="append", default=None, metavar="KEY",
+                   help="private key file (repeatable; default: ssh-agent and ~/.ssh/id_*)")
+    g.add_argument("--check", action="store_true", help="only check the hosts (exit 0 if all pass)")
+    p.add_argument("--log-dir", default=None, metavar="DIR", help="per-rank logs (default: a temporary folder)")
+    p.add_argument("--quiet", action="store_true", help="do not echo the workers' lines")
+
+
+def _transport(args: argparse.Namespace) -> Any:
+    from .hosts import read_hosts_file
+    from .ssh import SSHTransport
+
+    default: dict[str, Any] = {}
+    for key, value in (("python", args.python), ("workdir", args.workdir), ("port", args.ssh_port),
+                       ("user", args.ssh_user)):
+        if value is not None:
+            default[key] = value
+    hosts = read_hosts_file(args.ssh_hosts) if args.ssh_hosts else None
+    return SSHTransport(hosts, default=default, known_hosts=args.known_hosts,
+                        accept_new_host_keys=args.accept_new_host_keys, client_keys=args.identity)
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    """Run ``hspmd launch``; :class:`~hspmd_sdk.errors.HSPMDError` propagates (the CLI prints it, status 1)."""
+    from ..core.cluster import Cluster
+    from ..errors import PlanValidationError
+    from .ssh import launch_remote
+
+    cluster = Cluster.from_hostfile(args.hostfile)
+    transport = _transport(args)
+    report = transport.check(cluster)
+    print(report)
+    if args.check or not report.ok:
+        transport.close()
+        if not report.ok:
+            print("\npreflight failed, nothing was started:\n" + report.problems_text(), file=sys.stderr)
+        return 0 if report.ok else 1
+    common = dict(transport=transport, preflight=False, timeout_s=args.timeout, backend=args.backend,
+                  log_dir=args.log_dir, echo=not args.quiet, seed=args.seed, steps=args.steps)
+    if args.entry:
+        job = launch_remote(cluster, entry=args.entry, **common)
+    elif args.file:
+        job = _launch_training(args, cluster, common)
+    else:
+        transport.close()
+        raise PlanValidationError([("FILE", "give a strategy to train, or --entry module:function")],
+                                  what="arguments")
+    print(f"job {job.job_id}: {cluster.num_ranks} ranks on {len(cluster.nodes)} hosts; logs in {job.log_dir}",
+          flush=True)
+    try:
+        result = job.wait()
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: every worker was stopped; logs in {job.log_dir}", file=sys.stderr)
+        return 130
+    if result.losses:
+        print("losses: " + " ".join(f"{x:.6f}" for x in result.losses))
+    print(f"done in {result.wall_time:.1f} s; logs in {result.log_dir}")
+    return 0
+
+
+def _launch_training(args: argparse.Namespace, cluster: Any, common: dict[str, Any]) -> Any:
+    from ..cli import resolve_file
+    from ..core.model_config import LlamaConfig
+    from ..core.specialize import specialize
+    from ..core.strategy import Strategy
+    from ..core.strategy_plan import plan_from_strategy
+    from .train import ENTRY, training_run
+
+    config = LlamaConfig.load(args.model)
+    strategy = Strategy.load(resolve_file(args.file))
+    program = specialize(config, plan_from_strategy(config, strategy, cluster), cluster)
+    run = training_run(program, steps=args.steps, seed=args.seed, data=args.data, lr=args.lr,
+                       seq_len=args.seq_len, cluster=cluster)
+    from .ssh import launch_remote
+
+    return launch_remote(cluster, entry=ENTRY, payload={"runs": [run]}, **common)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone use: ``python -m hspmd_sdk.runtime.ssh_cli FILE --hostfile hosts.txt``."""
+    from ..errors import HSPMDError
+
+    p = argparse.ArgumentParser(prog="hspmd launch", description=__doc__.split("\n")[0])
+    add_launch_arguments(p)
+    try:
+        return run_launch(p.parse_args(argv))
+    except HSPMDError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

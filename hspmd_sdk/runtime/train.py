@@ -1,0 +1,330 @@
+"""Training a specialized Program on worker processes, and the single-device reference it must match.
+
+* :func:`launch_training` ``(program, cluster, *, steps, seed=0, data="synthetic", lr=...) -> Job`` — the public
+  ``launch``: one worker per rank; each worker re-specializes the same annotation plan (every process keeps its own
+  copy of the plan and its executable graph, §6.4), creates the process groups the plan's communication needs,
+  builds its parameter shards and runs :class:`~.executor.StepExecutor` for ``steps`` steps.  ``Job.wait().losses``
+  are the per-step losses of the global batch.
+* :func:`train_entry` — the worker entry (``"hspmd_sdk.runtime.train:train_entry"``).  Its payload is a list of
+  *runs* (:func:`training_run`), executed one after the other in the same processes (tests train several plans
+  while paying process start-up once).
+* :func:`reference_training` — the plain single-device model (:func:`hspmd_sdk.models.build_reference`) trained
+  with ``torch.optim.Adam`` on the same data: the independent reference.
+* :func:`run_demo` — trains the example heterogeneous plan on 4 local processes and prints its loss curve next
+  to the reference's (what ``hspmd demo`` shows).
+
+Data: ``"synthetic"`` (uniform random tokens of the model's vocabulary) or ``"stdlib"`` (bytes of the Python
+standard library, vocabulary 256); step ``s`` always reads ``global_batch(s, ...)`` of the same seed, so every plan
+sees the same samples.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+__all__ = ["launch", "launch_training", "launch_runs", "recompute_ranks", "training_run", "train_entry",
+           "reference_training", "ReferenceResult", "run_demo", "dataset_for", "load_captured", "assemble"]
+
+ENTRY = "hspmd_sdk.runtime.train:train_entry"
+
+
+# ---- the launcher side --------------------------------------------------------------------------------------
+def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthetic", lr: float = 1e-3,
+                 betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                 seq_len: int | None = None, recompute: Sequence[int] = (), capture_dir: str | Path | None = None,
+                 cluster: Any = None) -> dict[str, Any]:
+    """The JSON description of one training run of ``program`` (what a worker needs to rebuild it).
+
+    ``seq_len``: tokens per sample (default: the model's ``max_seq_len``); the global batch is the program's
+    ``B`` (the strategy's samples per step).  ``recompute``: ranks that recompute activations in backward.
+    ``capture_dir``: each rank saves its synchronised gradients of step 0 and its final parameter shards there
+    (``run<i>_rank<r>.pt``, for :func:`load_captured`)."""
+    config = program.graph.meta.get("config")
+    if config is None:
+        raise ValueError("launch_training needs a Program specialized from a LlamaConfig (its graph carries the "
+                         "config); specialize(LlamaConfig..., plan, cluster)")
+    plan = program.plan
+    if not hasattr(plan, "model_dump"):
+        from ..core.plan import AnnotationPlan
+
+        plan = AnnotationPlan(annotations=dict(plan))
+    cluster = cluster if cluster is not None else program.cluster
+    if cluster is None:
+        raise ValueError("launch_training needs a cluster: pass cluster= or specialize with one")
+    return {
+        "config": config.model_dump(mode="json"),
+        "plan": plan.model_dump(mode="json"),
+        "cluster": cluster.model_dump(mode="json"),
+        "bindings": dict(program.bindings),
+        "steps": int(steps), "seed": int(seed), "data": data,
+        "seq_len": int(seq_len or config.max_seq_len),
+        "global_batch": int(program.bindings["B"]),
+        "adam": {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay},
+        "recompute": sorted(int(r) for r in recompute),
+        "capture_dir": str(capture_dir) if capture_dir is not None else None,
+    }
+
+
+def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs: Any) -> Any:
+    """Start one job that executes ``runs`` (from :func:`training_run`) one after the other on ``cluster``'s
+    ranks (ranks a run's program does not use sit it out).  Each rank's result is ``{"runs": [...]}``."""
+    from .launcher import launch
+
+    total = sum(int(r["steps"]) for r in runs)
+    return launch(None, cluster, steps=total, seed=int(runs[0]["seed"]) if runs else 0, entry=ENTRY,
+                  payload={"runs": [dict(r) for r in runs]}, **launch_kwargs)
+
+
+def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int = 0, data: str = "synthetic",
+                    lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
+                    weight_decay: float = 0.0, seq_len: int | None = None, recompute: Sequence[int] = (),
+                    capture_dir: str | Path | None = None, **launch_kwargs: Any) -> Any:
+    """Train ``program`` for ``steps`` steps on one worker process per rank of ``cluster``; returns the running
+    :class:`~.job.Job` (``job.wait().losses``: the loss of each step's global batch).
+
+    The same ``seed`` gives the same data and the same initial parameters whatever the plan, so a 1-rank and an
+    N-rank program of one model produce the same losses.  ``launch_kwargs`` go to
+    :func:`hspmd_sdk.runtime.launcher.launch` (``progress``, ``echo``, ``slowdown``, ``timeout_s``, ``transport``,
+    ``log_dir``)."""
+    cluster = cluster if cluster is not None else program.cluster
+    run = training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
+                       weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
+                       cluster=cluster)
+    return launch_runs([run], cluster, **launch_kwargs)
+
+
+def recompute_ranks(strategy: Any) -> list[int]:
+    """Ranks of the stages a :class:`~hspmd_sdk.core.strategy.Strategy` marks ``recompute`` (for ``recompute=``)."""
+    return sorted(r for p in strategy.pipelines for s in p.stages if s.recompute for r in s.devices)
+
+
+# ---- the worker side ----------------------------------------------------------------------------------------
+def dataset_for(data: str, vocab_size: int) -> Any:
+    """The token source of a run: ``"synthetic"`` or ``"stdlib"`` (needs a vocabulary of at least 256)."""
+    from .data import VOCAB_SIZE, StdlibBytes, SyntheticTokens
+
+    if data == "synthetic":
+        return SyntheticTokens(vocab_size)
+    if data == "stdlib":
+        if vocab_size < VOCAB_SIZE:
+            raise ValueError(f"data='stdlib' is byte-level (256 tokens) but the model's vocabulary has {vocab_size}")
+        return StdlibBytes()
+    raise ValueError(f"data must be 'synthetic' or 'stdlib', not {data!r}")
+
+
+def train_entry(state: Any, spec: Any) -> dict[str, Any]:
+    """Worker entry: run every run of ``spec.payload["runs"]`` in order; returns ``{"runs": [...], "losses"}``."""
+    results, offset = [], 0
+    for i, run in enumerate(spec.payload["runs"]):
+        results.append(_train_one(state, run, i, offset))
+        offset += int(run["steps"])
+    return {"runs": results, "losses": results[0]["losses"] if len(results) == 1 else None}
+
+
+def _program_of(run: Mapping[str, Any]) -> Any:
+    from ..core.cluster import Cluster
+    from ..core.model_config import LlamaConfig
+    from ..core.plan import AnnotationPlan
+    from ..core.specialize import specialize
+
+    config = LlamaConfig.model_validate(run["config"])
+    plan = AnnotationPlan.model_validate(run["plan"])
+    cluster = Cluster.model_validate(run["cluster"])
+    return specialize(config, plan, cluster, bindings=run.get("bindings"))
+
+
+def _train_one(state: Any, run: Mapping[str, Any], index: int, offset: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from .comm import comm_groups
+    from .executor import AdamConfig, StepExecutor, program_comm_plans
+
+    started = time.perf_counter()
+    program = _program_of(run)
+    state.program = program
+    state.create_groups(comm_groups(program_comm_plans(program)))
+    rank = state.rank
+    adam = AdamConfig(lr=run["adam"]["lr"], betas=tuple(run["adam"]["betas"]), eps=run["adam"]["eps"],
+                      weight_decay=run["adam"]["weight_decay"])
+    B, S, seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
+    ex = None
+    if rank in program.ranks:
+        ex = StepExecutor(program, rank, state, seed=seed, global_batch=B, seq_len=S, adam=adam,
+                          recompute=rank in run.get("recompute", ()), device=state.device)
+        state.params, state.optimizer = ex.params, ex.optimizer
+    dataset = dataset_for(run["data"], program.graph.meta["config"].vocab_size)
+    capture = run.get("capture_dir")
+    losses: list[float] = []
+    for step in range(int(run["steps"])):
+        state.begin_step()
+        t0 = time.perf_counter()
+        local = 0.0
+        if ex is not None:
+            batch = dataset.global_batch(step, B, S, seed) if ex.needs_data else None
+            local = ex.step(batch, capture_grads=bool(capture) and step == 0)
+        state.emulate(time.perf_counter() - t0)
+        mine = local if ex is not None and ex.loss_contributor() else 0.0
+        part = torch.tensor([mine], dtype=torch.float64, device=state.device)
+        dist.all_reduce(part)
+        losses.append(float(part.item()))
+        tokens = ex.micro_size * ex.num_micro * S if ex is not None and ex.stage == 0 else None
+        state.report(offset + step, loss=losses[-1], tokens=tokens, run=index)
+    out: dict[str, Any] = {"losses": losses, "rank": rank, "active": ex is not None,
+                           "seconds": round(time.perf_counter() - started, 3)}
+    if ex is not None:
+        out.update(_memory_summary(ex, program, rank))
+        if capture:
+            _save_capture(ex, program, rank, Path(capture) / f"run{index}_rank{rank}.pt")
+    dist.barrier()
+    return out
+
+
+def _memory_summary(ex: Any, program: Any, rank: int) -> dict[str, Any]:
+    """Bytes of the rank's parameters, of its Adam state, and of its shards by the annotations."""
+    import torch
+
+    from .params import parameter_bytes, shard_box
+
+    return {"param_bytes": parameter_bytes(ex.params),
+            "optimizer_bytes": sum(t.numel() * t.element_size() for st in ex.optimizer.state.values()
+                                   for t in st.values() if isinstance(t, torch.Tensor) and t.dim() > 0),
+            "shard_bytes": sum(4 * _numel(shard_box(program, n, rank)) for n in ex.params),
+            "pipeline": ex.pipeline, "stage": ex.stage, "micro_batches": [ex.num_micro, ex.micro_size]}
+
+
+def _save_capture(ex: Any, program: Any, rank: int, path: Path) -> None:
+    """Save the rank's synchronised gradients of step 0, its final parameter shards and their boxes."""
+    import torch
+
+    from .params import shard_box
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"grads": {k: v.cpu() for k, v in (ex.captured_grads or {}).items()},
+                "params": {k: v.detach().cpu().clone() for k, v in ex.params.items()},
+                "boxes": {k: shard_box(program, k, rank) for k in ex.params}}, path)
+
+
+def _numel(box: Sequence[tuple[int, int]]) -> int:
+    n = 1
+    for a, b in box:
+        n *= b - a
+    return n
+
+
+# ---- captured shards -> full tensors ------------------------------------------------------------------------
+def load_captured(capture_dir: str | Path, index: int = 0) -> list[dict[str, Any]]:
+    """Every rank's saved shards of run ``index`` (``{"grads", "params", "boxes"}`` each)."""
+    import torch
+
+    return [torch.load(p, map_location="cpu") for p in sorted(Path(capture_dir).glob(f"run{index}_rank*.pt"))]
+
+
+def assemble(captured: Sequence[Mapping[str, Any]], which: str, shapes: Mapping[str, Sequence[int]]
+             ) -> tuple[dict[str, Any], float]:
+    """Full tensors from the ranks' shards (``which``: ``"grads"`` or ``"params"``) and the largest difference
+    between two ranks' copies of the same element (replicas must agree)."""
+    import torch
+
+    full = {n: torch.full(tuple(s), float("nan")) for n, s in shapes.items()}
+    worst = 0.0
+    for cap in captured:
+        for name, t in cap[which].items():
+            idx = tuple(slice(a, b) for a, b in cap["boxes"][name])
+            cur = full[name][idx]
+            seen = ~torch.isnan(cur)
+            if seen.any():
+                worst = max(worst, float((cur[seen] - t[seen]).abs().max()))
+            full[name][idx] = t
+    return full, worst
+
+
+# ---- the single-device reference ----------------------------------------------------------------------------
+@dataclass
+class ReferenceResult:
+    """Losses per step, the gradients of step 0 and the parameters after the last step (full tensors)."""
+
+    losses: list[float]
+    grads: dict[str, Any]
+    params: dict[str, Any]
+
+
+def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: int, seq_len: int | None = None,
+                       data: str = "synthetic", lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
+                       eps: float = 1e-8, weight_decay: float = 0.0) -> ReferenceResult:
+    """Train :func:`~hspmd_sdk.models.build_reference` on one device with ``torch.optim.Adam`` on the same data."""
+    import torch
+
+    from ..models import build_reference, next_token_split
+
+    seq_len = int(seq_len or config.max_seq_len)
+    model = build_reference(config, seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                           foreach=False)
+    dataset = dataset_for(data, config.vocab_size)
+    losses, grads = [], {}
+    for step in range(steps):
+        tokens, targets = next_token_split(dataset.global_batch(step, global_batch, seq_len, seed))
+        opt.zero_grad(set_to_none=True)
+        loss = model.loss(tokens, targets)
+        loss.backward()
+        if step == 0:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        losses.append(float(loss.detach()))
+    return ReferenceResult(losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+# ---- the demo -----------------------------------------------------------------------------------------------
+def run_demo(steps: int = 10, *, seed: int = 0, data: str = "stdlib", lr: float = 3e-3, progress: bool = False,
+             echo: bool = False) -> dict[str, list[float]]:
+    """Train the example heterogeneous plan (``examples/example_hetero_tiny.json``: a TP2 -> TP1 pipeline with 3
+    micro-batches beside a 1-rank pipeline with 1) on 4 local processes, train the single-device reference on the
+    same data, and print both loss curves side by side.  Returns ``{"hspmd": [...], "reference": [...]}``."""
+    from ..core.cluster import Cluster
+    from ..core.model_config import LlamaConfig
+    from ..core.specialize import specialize
+    from ..core.strategy import Strategy
+    from ..core.strategy_plan import plan_from_strategy
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    config = LlamaConfig.preset("tiny")
+    strategy = Strategy.load(examples / "example_hetero_tiny.json")
+    cluster = Cluster.local(4)
+    program = specialize(config, plan_from_strategy(config, strategy, cluster), cluster)
+    print(program.describe())
+    t0 = time.perf_counter()
+    result = launch_training(program, cluster, steps=steps, seed=seed, data=data, lr=lr, progress=progress,
+                             echo=echo).wait()
+    wall = time.perf_counter() - t0
+    ref = reference_training(config, steps=steps, seed=seed, global_batch=program.bindings["B"], data=data, lr=lr)
+    print(f"\n{len(program.ranks)} worker processes, {wall:.1f} s; single-device reference on the same data")
+    print(f"{'step':>4}  {'HSPMD (4 ranks)':>16}  {'single device':>14}  {'rel. diff':>9}")
+    for i, (a, b) in enumerate(zip(result.losses, ref.losses)):
+        print(f"{i:>4}  {a:>16.6f}  {b:>14.6f}  {abs(a - b) / abs(b):>9.1e}")
+    print("\n" + _sparkline(result.losses, ref.losses))
+    return {"hspmd": list(result.losses), "reference": ref.losses}
+
+
+def _sparkline(a: Sequence[float], b: Sequence[float], width: int = 40, height: int = 8) -> str:
+    """A small text plot of two curves (``*``: HSPMD, ``o``: reference, ``@``: both)."""
+    lo, hi = min(list(a) + list(b)), max(list(a) + list(b))
+    span = (hi - lo) or 1.0
+    n = max(len(a), len(b))
+    cols = min(width, n)
+    grid = [[" "] * cols for _ in range(height)]
+    for series, mark in ((b, "o"), (a, "*")):
+        for i, v in enumerate(series):
+            c = i * (cols - 1) // max(1, n - 1)
+            r = int(round((hi - v) / span * (height - 1)))
+            grid[r][c] = "@" if grid[r][c] not in (" ", mark) else mark
+    lines = [f"{hi:8.3f} |" + "".join(grid[0])] + ["         |" + "".join(r) for r in grid[1:-1]]
+    lines.append(f"{lo:8.3f} |" + "".join(grid[-1]))
+    lines.append("          loss per step   * HSPMD   o single device   @ both")
+    return "\n".join(lines)
+
+
+#: The public ``hspmd_sdk.launch`` (SPEC §3): train a specialized Program.
+launch = launch_training

@@ -1,0 +1,194 @@
+"""The training executor against the single-device reference (paper §6.3, Appendix A.2).
+
+Every strategy trains the tiny Llama for 3 steps on real worker processes (gloo, fp32) from the same seed and
+data as :func:`~hspmd_sdk.runtime.train.reference_training` (the plain ``torch.nn.Module`` with ``torch.optim.Adam``).
+Checked per strategy: the loss of every step, every synchronised gradient of step 0 and every parameter after step
+3, each assembled from the ranks' shards (replicas must agree), and that each rank holds only its shards.
+
+Two jobs keep process start-up to two payments: the 2-rank strategies, then the 4- to 7-rank ones (sitting-out
+ranks of a run just join its loss reduction).
+
+Relative error of a tensor: ``max|a - b| / max|b|`` for losses and gradients.  For parameters after Adam the
+norm-wise ``||a - b|| / ||b||``: Adam divides each element's update by its own gradient's magnitude, so elements
+whose gradient is ~1e-8 (sums that nearly cancel) turn fp32 rounding differences of the summation order into
+``lr``-sized update differences; the element-wise figure (measured ~6e-5..9e-5 with lr 1e-3) is also what a
+single device gets from merely accumulating the batch in micro-batches (~1e-5) plus the SDK kernels' own
+rounding, not a difference of the computation.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hspmd_sdk.core.cluster import Cluster  # noqa: E402
+from hspmd_sdk.core.model_config import LlamaConfig  # noqa: E402
+from hspmd_sdk.core.specialize import specialize  # noqa: E402
+from hspmd_sdk.core.strategy import Strategy  # noqa: E402
+from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
+from hspmd_sdk.models import param_shapes  # noqa: E402
+from hspmd_sdk.runtime.train import (assemble, launch_runs, load_captured, reference_training,  # noqa: E402
+                                     training_run)
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "hspmd_sdk" / "examples"
+STEPS, SEED, SEQ, LR = 3, 1, 16, 1e-3
+TOL = 1e-5
+
+
+def _pipe(stages: list[tuple[list[int], list[int]]], mbs: int, n: int) -> dict:
+    return {"stages": [{"devices": d, "layers": l} for d, l in stages], "micro_batch_size": mbs,
+            "num_micro_batches": n}
+
+
+_HETERO = json.loads((EXAMPLES / "example_hetero_tiny.json").read_text())
+
+#: name -> (strategy, ranks that recompute activations)
+SMALL = {
+    "single": ({"pipelines": [_pipe([([0], [0, 3])], 8, 1)]}, ()),   # 1 rank (rank 1 sits it out)
+    "dp2": ({"pipelines": [_pipe([([0], [0, 3])], 2, 2), _pipe([([1], [0, 3])], 2, 2)]}, ()),
+    "tp2": ({"pipelines": [_pipe([([0, 1], [0, 3])], 4, 2)]}, ()),
+    "pp2_gpipe": ({"pipelines": [_pipe([([0], [0, 1]), ([1], [2, 3])], 2, 4)], "schedule": "gpipe"}, ()),
+    "pp2_1f1b": ({"pipelines": [_pipe([([0], [0, 1]), ([1], [2, 3])], 2, 4)], "schedule": "1f1b"}, ()),
+    "pp2_1f1b_recompute": ({"pipelines": [_pipe([([0], [0, 1]), ([1], [2, 3])], 2, 4)]}, (0, 1)),
+}
+LARGE = {
+    "dp2xtp2": ({"pipelines": [_pipe([([0, 1], [0, 3])], 2, 2), _pipe([([2, 3], [0, 3])], 2, 2)]}, ()),
+    # TP2 -> TP1 (BSR between stages of different TP degree), 3 micro-batches, beside a 1-rank pipeline with 1
+    "hetero_tp": (_HETERO, ()),
+    # different stage boundaries (after layer 0 / after layer 2) and micro-batch counts and sizes (4x1 / 2x2)
+    "hetero_boundaries": ({"pipelines": [_pipe([([0], [0, 0]), ([1], [1, 3])], 1, 4),
+                                         _pipe([([2], [0, 2]), ([3], [3, 3])], 2, 2)]}, ()),
+    # C2-like: a TP4 pipeline beside a TP2 -> TP1 pipeline (stages of 4, 2 and 1 ranks; 7 ranks)
+    "c2_like": ({"pipelines": [_pipe([([0, 1, 2, 3], [0, 3])], 2, 2),
+                               _pipe([([4, 5], [0, 1]), ([6], [2, 3])], 1, 4)]}, (4, 5)),
+    # three stages: the middle one reads no data and only relays activations and gradients
+    "pp3_1f1b": ({"pipelines": [_pipe([([0], [0, 0]), ([1], [1, 2]), ([2], [3, 3])], 2, 4)]}, ()),
+    "hetero_tp_zero1": ({**_HETERO, "zero1": True, "name": "hetero-tiny + ZeRO-1"}, ()),
+}
+STRATEGIES = {**SMALL, **LARGE}
+
+
+@pytest.fixture(scope="module")
+def config() -> LlamaConfig:
+    return LlamaConfig.preset("tiny")
+
+
+def _programs(config: LlamaConfig, table: dict, cluster: Cluster) -> dict:
+    return {name: specialize(config, plan_from_strategy(config, Strategy.load(data), cluster), cluster)
+            for name, (data, _) in table.items()}
+
+
+def _run_job(config: LlamaConfig, table: dict, world: int, out: Path) -> dict:
+    cluster = Cluster.local(world)
+    programs = _programs(config, table, cluster)
+    runs = [training_run(programs[n], steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=out,
+                         recompute=table[n][1], cluster=cluster) for n in table]
+    result = launch_runs(runs, cluster, timeout_s=120).wait()
+    shapes = param_shapes(config)
+    got = {}
+    for i, name in enumerate(table):
+        captured = load_captured(out, i)
+        grads, grad_spread = assemble(captured, "grads", shapes)
+        params, param_spread = assemble(captured, "params", shapes)
+        got[name] = {"program": programs[name], "ranks": {r: res["runs"][i] for r, res in result.results.items()},
+                     "losses": result.results[0]["runs"][i]["losses"], "grads": grads, "params": params,
+                     "spread": max(grad_spread, param_spread)}
+    return got
+
+
+@pytest.fixture(scope="module")
+def trained(config: LlamaConfig, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    got = _run_job(config, SMALL, 2, tmp_path_factory.mktemp("small"))
+    got.update(_run_job(config, LARGE, 7, tmp_path_factory.mktemp("large")))
+    return got
+
+
+@pytest.fixture(scope="module")
+def reference(config: LlamaConfig) -> object:
+    return reference_training(config, steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
+
+
+def _max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def _norm_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_training_equals_the_single_device_reference(name: str, trained: dict, reference: object) -> None:
+    run = trained[name]
+    assert run["program"].bindings["B"] == 8
+    loss_err = max(abs(a - b) / abs(b) for a, b in zip(run["losses"], reference.losses))
+    assert len(run["losses"]) == STEPS and loss_err <= TOL, (run["losses"], reference.losses)
+    assert run["spread"] == 0.0  # replicas (TP-duplicated norms, DP copies) agree exactly
+    for pname, full in reference.grads.items():
+        assert not torch.isnan(run["grads"][pname]).any(), f"{pname}: some element held by no rank"
+        assert _max_rel(run["grads"][pname], full) <= TOL, (pname, _max_rel(run["grads"][pname], full))
+    for pname, full in reference.params.items():
+        assert _norm_rel(run["params"][pname], full) <= TOL, (pname, _norm_rel(run["params"][pname], full))
+        assert _max_rel(run["params"][pname], full) <= 3e-4, (pname, _max_rel(run["params"][pname], full))
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_each_rank_holds_only_its_shards(name: str, trained: dict, config: LlamaConfig) -> None:
+    run = trained[name]
+    full = 4 * sum(torch.Size(s).numel() for s in param_shapes(config).values())
+    for rank, res in run["ranks"].items():
+        if not res["active"]:
+            continue
+        assert res["param_bytes"] == res["shard_bytes"], rank     # nothing gathered, nothing extra
+        assert res["optimizer_bytes"] == 2 * res["param_bytes"]   # Adam moments of exactly the shards
+        prog = run["program"]
+        p, st = prog.stage_of(rank)
+        whole = prog.num_stages(p) == 1 and len(prog.stage_ranks(p, st)) == 1 and not prog.plan.meta["zero1"]
+        assert (res["param_bytes"] == full) if whole else (res["param_bytes"] < full), rank
+
+
+def test_heterogeneous_runs_use_their_own_micro_batching(trained: dict) -> None:
+    ranks = trained["hetero_boundaries"]["ranks"]
+    assert ranks[0]["micro_batches"] == [4, 1] and ranks[3]["micro_batches"] == [2, 2]
+    prog = trained["hetero_tp"]["program"]
+    assert prog.comm_plans["layers.2.in"].kinds == ["BSR"]           # TP2 -> TP1 stage boundary
+    prog = trained["c2_like"]["program"]
+    assert {k for p in prog.grad_sync_plans.values() for k in p.kinds} == {"SplitAllReduce"}
+
+
+def test_zero1_shards_parameters_and_optimizer_state_across_pipelines(trained: dict) -> None:
+    zero, plain = trained["hetero_tp_zero1"], trained["hetero_tp"]
+    prog = zero["program"]
+    assert prog.comm_plans["layers.0.attn.wq.gather"].kinds == ["SplitAllGather"]
+    assert prog.grad_sync_plans["layers.0.attn.wq.grad_sync"].kinds == ["SplitReduceScatter"]
+    for rank in (0, 1, 2, 3):
+        z, p = zero["ranks"][rank], plain["ranks"][rank]
+        assert z["param_bytes"] < p["param_bytes"] and z["optimizer_bytes"] < p["optimizer_bytes"], rank
+
+
+def test_launch_training_returns_a_job_with_the_step_losses(config: LlamaConfig, reference: object) -> None:
+    from hspmd_sdk import launch  # the public name (SPEC §3)
+
+    cluster = Cluster.local(2)
+    strategy = Strategy.load({"pipelines": [_pipe([([0], [0, 1]), ([1], [2, 3])], 4, 2)]})
+    program = specialize(config, plan_from_strategy(config, strategy, cluster), cluster)
+    result = launch(program, cluster, steps=2, seed=SEED, seq_len=SEQ, lr=LR).wait()
+    assert len(result.losses) == 2
+    assert max(abs(a - b) / abs(b) for a, b in zip(result.losses, reference.losses)) <= TOL
+
+
+def test_micro_batch_plans_keep_the_operators_at_the_micro_batch_shape(config: LlamaConfig) -> None:
+    from hspmd_sdk.runtime.microbatch import MicroBatchError, micro_batch_plan
+
+    cluster = Cluster.local(4)
+    prog = specialize(config, plan_from_strategy(config, Strategy.load(_HETERO), cluster), cluster)
+    plan = prog.comm_plans["layers.2.in"]                   # BSR [0,1] D2 | [3] R -> [2] R | [3] R, rows 0:6 | 6:8
+    small = micro_batch_plan(plan, 0, (0, 6), 2)             # pipeline 0: 3 micro-batches of 2 rows
+    assert small.kinds == plan.kinds
+    for m, m2 in zip(plan.ops[0].messages, small.ops[0].messages):
+        assert (m.src, m.dst) == (m2.src, m2.dst) and m2.box[0] == (0, 2) and m2.box[1:] == m.box[1:]
+        assert m2.nbytes * 3 == m.nbytes
+    with pytest.raises(MicroBatchError, match="covers part"):
+        micro_batch_plan(plan, 0, (0, 3), 1)                 # a chunk the plan's boxes straddle

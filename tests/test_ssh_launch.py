@@ -1,0 +1,333 @@
+"""Remote launch over SSH against real sshd processes on loopback addresses (127.0.0.2, 127.0.0.3, ...).
+
+Each "host" is an OpenSSH server started by the test (:mod:`hspmd_sdk.runtime.testing_sshd`) with its own host
+key, key-only login and a known_hosts file made for it.  Every process the hosts run is on this machine, so the
+tests check what is left behind by listing processes (/proc).  Expected collective values are computed here, and
+the remote job is compared with the same job run by local processes.
+"""
+from __future__ import annotations
+
+import _thread
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hspmd_sdk.core.cluster import Cluster
+from hspmd_sdk.errors import RuntimeFailure
+from hspmd_sdk.runtime import JobCancelled, JobStatus
+from hspmd_sdk.runtime.hosts import SSHHost, remote_command
+from hspmd_sdk.runtime.ssh import PreflightError, SSHError, SSHTransport, check_hosts, launch_remote
+from hspmd_sdk.runtime.testing_sshd import LoopbackHosts, NetnsHosts, netns_available, sshd_available
+
+pytestmark = pytest.mark.skipif(not sshd_available() and not os.environ.get("CI"),
+                                reason="needs /usr/sbin/sshd (apt-get install openssh-server); required in CI")
+
+SELFTEST = "hspmd_sdk.runtime._selftest"
+EXAMPLES = Path(__file__).resolve().parent.parent / "hspmd_sdk" / "examples"
+
+
+# ---- helpers --------------------------------------------------------------------------------------------------
+def proc_table() -> dict[int, tuple[int, int, str, str]]:
+    """pid -> (ppid, pgrp, state, cmdline) of every live process."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(entry)] = (int(fields[1]), int(fields[2]), fields[0], cmd)
+    return out
+
+
+def alive() -> set[int]:
+    return {pid for pid, (_, _, state, _) in proc_table().items() if state != "Z"}
+
+
+def leftovers(job, lab: LoopbackHosts) -> list[str]:
+    """Processes of this job still alive: workers' and agents' process groups, anything naming the job id,
+    and sshd connection processes (children of the test's sshd listeners)."""
+    pgids = set(job.pids().values()) | {g.agent_pgid for g in job.transport.groups if g.agent_pgid}
+    listeners = {s.proc.pid for s in lab.servers if s.proc is not None}
+    table = proc_table()
+    found = []
+    for pid, (ppid, pgrp, state, cmd) in table.items():
+        if state == "Z":
+            continue
+        if pgrp in pgids or f"--job {job.job_id}" in cmd or ppid in listeners:
+            found.append(f"{pid} {cmd.strip()}")
+    return found
+
+
+def assert_nothing_left(job, lab: LoopbackHosts, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while leftovers(job, lab) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert leftovers(job, lab) == [], "processes were left behind"
+
+
+def wait_for(predicate, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def one_rank_per_host(lab: LoopbackHosts) -> Cluster:
+    return Cluster.load({"nodes": [{"host": s.address, "kind": "cpu", "ranks": [i]}
+                                   for i, s in enumerate(lab.servers)]})
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with LoopbackHosts(2, ranks_per_host=2) as hosts:
+        yield hosts
+
+
+# ---- preflight ------------------------------------------------------------------------------------------------
+def test_check_hosts_reports_every_host_and_refuses_an_unreachable_one(lab: LoopbackHosts, tmp_path: Path) -> None:
+    import torch
+
+    import hspmd_sdk
+
+    report = check_hosts(lab.cluster, lab.hosts, **lab.ssh_options)
+    assert report.ok, str(report)
+    assert [h.host for h in report.hosts] == ["127.0.0.2", "127.0.0.3"]
+    for h in report.hosts:
+        assert h.reachable and h.torch == torch.__version__ and h.hspmd_sdk == hspmd_sdk.__version__
+        assert h.ranks == ([0, 1] if h.host == "127.0.0.2" else [2, 3]) and h.cpus and h.free_port
+    assert "127.0.0.3" in str(report) and "<table>" in report._repr_html_()
+
+    # a third host with nothing listening, and a GPU host that has no GPU: the launch refuses, per host
+    cluster = Cluster.load({"nodes": [{"host": "127.0.0.2", "kind": "cpu", "ranks": [0]},
+                                      {"host": "127.0.0.3", "kind": "H100", "ranks": [1]},
+                                      {"host": "127.0.0.9", "kind": "cpu", "ranks": [2]}]})
+    with pytest.raises(PreflightError) as info:
+        launch_remote(cluster, hosts={**lab.hosts, "127.0.0.9": {"port": lab.servers[0].port}}, entry=f"{SELFTEST}:"
+                      "allreduce_check", steps=1, connect_retries=2, backoff_s=0.05, log_dir=tmp_path,
+                      **lab.ssh_options)
+    text = str(info.value)
+    assert "127.0.0.9" in text and "cannot connect after 2 attempts" in text
+    assert "1 H100 ranks on this host but it has 0 CUDA devices" in text
+    assert info.value.report["127.0.0.2"].ok and not info.value.report["127.0.0.9"].reachable
+    assert not list(tmp_path.iterdir())  # nothing started, not even a log
+
+
+# ---- jobs -----------------------------------------------------------------------------------------------------
+def test_four_rank_collectives_on_two_hosts(lab: LoopbackHosts, tmp_path: Path) -> None:
+    world, steps = 4, 2
+    job = launch_remote(lab.cluster, hosts=lab.hosts, entry=f"{SELFTEST}:allreduce_check", steps=steps, seed=3,
+                        timeout_s=60, log_dir=tmp_path, payload={"blob": "x" * 100_000}, **lab.ssh_options)
+    assert sorted(job.pids()) == [0, 1, 2, 3]
+    result = job.wait(timeout=90)
+    assert job.status is JobStatus.SUCCEEDED
+    groups = [[0, 1], [2, 3], [1, 2], [0, 1, 2]]  # the self-test's default groups, across the two hosts
+    for r in range(world):
+        res = result.results[r]
+        assert res["world_sum"] == sum(q + 1 for q in range(world)) == res["reduce_scatter"]
+        assert res["gathered"] == [float(q) for q in range(world)] and res["ring_recv"] == (r - 1) % world
+        assert res["group_sums"] == {",".join(map(str, g)): float(sum(q + 1 for q in g)) for g in groups if r in g}
+        assert res["payload_bytes"] > 100_000  # the spec travelled whole, on stdin
+        assert [m.step for m in result.metrics[r]] == [0, 1]
+    assert result.losses == [10.0, 5.0]  # world_sum / (step + 1)
+    # logs per rank in the local folder, lines whole and attributed to their rank
+    assert "step 1: collectives done on rank 3" in (tmp_path / "rank3.log").read_text()
+    assert "fd1 line from rank 2" in job.logs(2) and "on rank 3" not in job.logs(2)
+    joblog = (tmp_path / "job.log").read_text().splitlines()
+    assert joblog and all(line.startswith("[rank ") for line in joblog)
+    assert_nothing_left(job, lab)
+
+
+def test_training_on_two_hosts_equals_the_local_run_and_the_reference(lab: LoopbackHosts) -> None:
+    from hspmd_sdk.core.model_config import LlamaConfig
+    from hspmd_sdk.core.specialize import specialize
+    from hspmd_sdk.core.strategy import Strategy
+    from hspmd_sdk.core.strategy_plan import plan_from_strategy
+    from hspmd_sdk.runtime.ssh import launch_training_remote
+    from hspmd_sdk.runtime.train import launch_training, reference_training
+
+    config, steps, seed, seq = LlamaConfig.preset("tiny"), 3, 1, 16
+    strategy = Strategy.load(EXAMPLES / "example_hetero_tiny.json")  # TP2 -> TP1 pipeline beside a 1-rank one
+
+    def program(cluster: Cluster):
+        return specialize(config, plan_from_strategy(config, strategy, cluster), cluster)
+
+    remote = launch_training_remote(program(lab.cluster), lab.cluster, steps=steps, seed=seed, hosts=lab.hosts,
+                                    run_options={"seq_len": seq}, timeout_s=120, **lab.ssh_options)
+    local = launch_training(program(Cluster.local(4)), Cluster.local(4), steps=steps, seed=seed, seq_len=seq,
+                            timeout_s=120)
+    remote_losses, local_losses = remote.wait(timeout=150).losses, local.wait(timeout=150).losses
+    ref = reference_training(config, steps=steps, seed=seed, global_batch=program(lab.cluster).bindings["B"],
+                             seq_len=seq).losses
+    assert len(remote_losses) == steps
+    assert remote_losses == pytest.approx(local_losses, rel=1e-6, abs=0)
+    assert remote_losses == pytest.approx(ref, rel=1e-5, abs=0)  # the single-device model, independent
+    assert_nothing_left(remote, lab)
+
+
+def test_interrupt_in_wait_stops_every_worker_on_every_host(lab: LoopbackHosts) -> None:
+    job = launch_remote(one_rank_per_host(lab), hosts=lab.hosts, entry=f"{SELFTEST}:sleep_forever", steps=1,
+                        payload={"child": True}, **lab.ssh_options)
+    wait_for(lambda: all(job.metrics.rank(r) for r in range(2)) and "child pid" in job.logs(1))
+    child = int(job.logs(1).split("child pid ")[1].split()[0])
+    assert child in alive()
+    threading.Timer(0.3, _thread.interrupt_main).start()  # the notebook's stop button
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        job.wait(timeout=60)
+    assert time.monotonic() - t0 < 15
+    assert job.status is JobStatus.CANCELLED
+    with pytest.raises(JobCancelled):
+        job.wait()
+    assert_nothing_left(job, lab)
+    assert child not in alive()
+
+
+def test_sigkill_of_a_remote_worker_fails_the_job_naming_that_rank(lab: LoopbackHosts) -> None:
+    job = launch_remote(one_rank_per_host(lab), hosts=lab.hosts, entry=f"{SELFTEST}:sleep_forever", steps=1,
+                        **lab.ssh_options)
+    wait_for(lambda: all(job.metrics.rank(r) for r in range(2)))
+    os.kill(job.pids()[1], signal.SIGKILL)  # rank 1 runs on 127.0.0.3 (the same machine: the pid is local)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeFailure, match="rank 1 exited with status -9") as info:
+        job.wait(timeout=60)
+    assert time.monotonic() - t0 < 10
+    assert info.value.rank == 1 and job.status is JobStatus.FAILED
+    assert_nothing_left(job, lab)
+
+
+def test_cancel_kills_over_a_fresh_connection_when_an_agent_hangs(lab: LoopbackHosts) -> None:
+    transport = SSHTransport(lab.hosts, kill_timeout_s=1.0, **lab.ssh_options)
+    job = launch_remote(one_rank_per_host(lab), transport=transport, entry=f"{SELFTEST}:sleep_forever", steps=1)
+    wait_for(lambda: all(job.metrics.rank(r) for r in range(2)))
+    hung = next(g for g in transport.groups if g.host == "127.0.0.3")
+    os.kill(hung.agent_pid, signal.SIGSTOP)  # the agent no longer answers; its workers keep running
+    t0 = time.monotonic()
+    job.cancel()
+    assert time.monotonic() - t0 < 15
+    assert job.status is JobStatus.CANCELLED
+    assert "killed over a fresh SSH connection" in job.logs(1)
+    assert_nothing_left(job, lab)
+
+
+# ---- security -------------------------------------------------------------------------------------------------
+def test_unknown_or_changed_host_keys_are_refused(lab: LoopbackHosts, tmp_path: Path) -> None:
+    cluster = one_rank_per_host(lab)
+    empty = tmp_path / "known_hosts"
+    opts = {"client_keys": lab.ssh_options["client_keys"], "connect_retries": 1}
+    report = check_hosts(cluster, lab.hosts, known_hosts=empty, **opts)
+    assert not report.ok
+    for h in report.hosts:
+        assert "host key not verified" in h.error and "is not in" in h.error and "accept_new_host_keys" in h.error
+    with pytest.raises(PreflightError, match="host key not verified"):
+        launch_remote(cluster, hosts=lab.hosts, known_hosts=empty, entry=f"{SELFTEST}:allreduce_check", steps=1,
+                      **opts)
+
+    # accept new keys: added to the file, and the file then verifies them
+    assert check_hosts(cluster, lab.hosts, known_hosts=empty, accept_new_host_keys=True, **opts).ok
+    lines = empty.read_text().splitlines()
+    assert sorted(lines) == sorted(s.known_hosts_line().strip() for s in lab.servers)
+    assert check_hosts(cluster, lab.hosts, known_hosts=empty, **opts).ok
+
+    # a changed key (host 2's entry carries host 3's key) is refused, even when accepting new keys
+    a, b = lab.servers
+    wrong = tmp_path / "wrong_known_hosts"
+    wrong.write_text(f"[{a.address}]:{a.port} " + " ".join(b.known_hosts_line().split()[1:]) + "\n"
+                     + b.known_hosts_line())
+    report = check_hosts(cluster, lab.hosts, known_hosts=wrong, accept_new_host_keys=True, **opts)
+    assert "HOST KEY MISMATCH" in report[a.address].error and report[b.address].ok
+    assert len(wrong.read_text().splitlines()) == 2  # nothing added
+
+
+def test_a_key_the_host_does_not_accept_is_refused_without_trying_passwords(lab: LoopbackHosts,
+                                                                            tmp_path: Path) -> None:
+    from hspmd_sdk.runtime.testing_sshd import make_key
+
+    stranger = make_key(tmp_path / "id_stranger")
+    report = check_hosts(one_rank_per_host(lab), lab.hosts, known_hosts=lab.known_hosts, client_keys=[stranger],
+                         agent_path=None, connect_retries=1)
+    for h in report.hosts:
+        assert "public-key authentication failed" in h.error and "passwords are never used" in h.error
+
+
+def test_no_shell_injection_from_hosts_paths_or_arguments(lab: LoopbackHosts, tmp_path: Path) -> None:
+    marker = tmp_path / f"pwned-{uuid.uuid4().hex}"
+    evil = f"x; touch {marker}"
+    a = lab.servers[0]
+    base = lab.hosts[a.address]
+    cases = {
+        "workdir": {**base, "workdir": f"/nonexistent; touch {marker}"},
+        "python": {**base, "python": f"python3; touch {marker}"},
+        "env": {**base, "env": {"X": f"$(touch {marker})`touch {marker}`"}},
+    }
+    for what, settings in cases.items():
+        cluster = Cluster.load({"nodes": [{"host": a.address, "kind": "cpu", "ranks": [0]}]})
+        report = check_hosts(cluster, {a.address: settings}, **lab.ssh_options)
+        if what == "env":
+            assert report.ok, str(report)  # the value reached the probe as a plain string
+        else:
+            assert not report.ok and report.hosts[0].reachable, what
+        assert not marker.exists(), f"injection through {what} ran"
+    # a host *name* with shell syntax: mapped to an address it is only a quoted argument; unmapped, it is
+    # a name that does not resolve
+    named = Cluster.load({"nodes": [{"host": evil, "kind": "cpu", "ranks": [0]}]})
+    assert check_hosts(named, {evil: {**base, "address": a.address}}, **lab.ssh_options).ok
+    report = check_hosts(named, {}, connect_retries=1, **lab.ssh_options)
+    assert not report.ok and "cannot connect" in report.hosts[0].error and not report.hosts[0].reachable
+    assert not marker.exists()
+    # the agent's command line quotes every word
+    cmd = remote_command(SSHHost(python=evil, workdir=evil, env={"A": evil}), ["-m", "m", "--host", evil],
+                         setsid=True)
+    assert cmd.count(f"'{evil}'") == 3 and f"'A={evil}'" in cmd
+
+
+def test_an_agent_that_cannot_start_fails_the_launch_naming_the_host(lab: LoopbackHosts) -> None:
+    b = lab.servers[1]
+    hosts = {**lab.hosts, b.address: {**lab.hosts[b.address], "workdir": "/nonexistent/dir"}}
+    with pytest.raises(SSHError, match=r"127\.0\.0\.3 .*could not start the workers") as info:
+        launch_remote(one_rank_per_host(lab), hosts=hosts, preflight=False, entry=f"{SELFTEST}:sleep_forever",
+                      steps=1, **lab.ssh_options)
+    assert "/nonexistent/dir" in str(info.value)  # the remote shell's complaint is quoted
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any("hspmd_sdk.runtime.agent" in cmd for *_, cmd in proc_table().values()):
+        time.sleep(0.1)
+    assert not any("hspmd_sdk.runtime.agent" in cmd for *_, cmd in proc_table().values())
+
+
+def test_cli_check_passes_and_refuses_unverified_hosts(lab: LoopbackHosts, tmp_path: Path, capsys) -> None:
+    import json
+
+    from hspmd_sdk.runtime.ssh_cli import main
+
+    (tmp_path / "hosts.txt").write_text("127.0.0.2 slots=2\n127.0.0.3 slots=2\n")
+    (tmp_path / "ssh.json").write_text(json.dumps(lab.hosts))
+    base = ["--hostfile", str(tmp_path / "hosts.txt"), "--ssh-hosts", str(tmp_path / "ssh.json"), "-i",
+            str(lab.client_key), "--check"]
+    assert main([*base, "--known-hosts", str(lab.known_hosts)]) == 0
+    assert "127.0.0.3" in capsys.readouterr().out
+    assert main([*base, "--known-hosts", str(tmp_path / "none")]) == 1
+    err = capsys.readouterr().err
+    assert "preflight failed, nothing was started" in err and "127.0.0.2" in err and "127.0.0.3" in err
+
+
+@pytest.mark.skipif(not netns_available(), reason="needs root and network namespaces (ip netns)")
+def test_hosts_in_separate_network_namespaces() -> None:
+    """Two hosts with network stacks of their own (joined by veth pairs and a bridge): the rendezvous and the
+    collectives really go over the hosts' addresses, not over a loopback that they share."""
+    with NetnsHosts(2, ranks_per_host=1) as lab:
+        job = launch_remote(lab.cluster, hosts=lab.hosts, entry=f"{SELFTEST}:allreduce_check", steps=1,
+                            timeout_s=60, **lab.ssh_options)
+        result = job.wait(timeout=90)
+        assert job.spec.master_addr == lab.servers[0].address
+        for r in range(2):
+            assert result.results[r]["world_sum"] == 3.0 and result.results[r]["gathered"] == [0.0, 1.0]
+            assert result.results[r]["ring_recv"] == 1 - r
+        assert_nothing_left(job, lab)
