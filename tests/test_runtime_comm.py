@@ -1,15 +1,14 @@
 """The communication executors on real processes (gloo): CommPlans, autograd reshards, graph switching.
 
 One 8-rank job runs every case (entry ``hspmd_sdk.runtime._comm_selftest:run_all``) so process start-up is paid
-once.  The cases are seeded random annotation pairs (generators in the style of ``test_resolve_property``, at most
-8 ranks) plus a few named ones so that every operator kind appears.  The workers build their source tensors
-from a seeded global tensor and write what they end up with to files; the expectations are computed here from
+once.  The cases are seeded random annotation pairs (``resolve_reference.random_pair``, the generators of
+``test_resolve_property``, at most 8 ranks) plus a few named ones so that every operator kind appears.  The workers
+build their source tensors from a seeded global tensor and write what they end up with to files; the expectations are computed here from
 the global tensor and ``local_view`` alone (``resolve_reference.check_destination``), and the autograd cases
 against single-process torch autograd.
 """
 from __future__ import annotations
 
-import math
 import random
 import time
 from typing import Any
@@ -25,98 +24,12 @@ from hspmd_sdk.core.switch import plan_switch
 from hspmd_sdk.runtime import launch
 from hspmd_sdk.runtime.comm import CommExecutionError, backward_plan_for, comm_groups, execute, gradient_layout
 
-from resolve_reference import check_destination
+from resolve_reference import check_destination, random_pair
 
 WORLD = 8
 N_RANDOM = 110
 ALL_KINDS = {"Identity", "SendRecv", "LocalSplit", "AllReduce", "ReduceScatter", "AllGather", "AllToAll",
              "SplitAllReduce", "SplitReduceScatter", "SplitAllGather", "BSR"}
-
-
-# ---- seeded generators (the hypothesis strategies of test_resolve_property, drawn from random.Random) ---------
-def factorization(rng: random.Random, n: int) -> list[int]:
-    out, left = [], n
-    while left > 1:
-        d = rng.choice([d for d in range(2, left + 1) if left % d == 0])
-        out.append(d)
-        left //= d
-    return out
-
-
-def ds_of(rng: random.Random, n: int, ndim: int) -> DS:
-    keys = [-2, -1] + list(range(ndim))
-    factors = factorization(rng, n)
-    while len(factors) > len(keys):
-        factors = factorization(rng, n)
-    chosen = rng.sample(keys, len(factors))
-    states = dict(zip(chosen, factors))
-    order = rng.sample(sorted(states), len(states))
-    return DS(states, order)
-
-
-def dg_union_of(rng: random.Random, ranks: list[int], hsize: int) -> list[list[int]]:
-    sizes = [rng.choice([1, 2, 2, 3, 4, 4]) for _ in range(hsize)]
-    while sum(sizes) > len(ranks):
-        sizes[sizes.index(max(sizes))] -= 1
-    chosen = rng.sample(ranks, len(ranks))
-    out, at = [], 0
-    for s in (s for s in sizes if s > 0):
-        group = chosen[at:at + s]
-        out.append(sorted(group) if rng.random() < 0.5 else group)
-        at += s
-    return out
-
-
-def hdim_of(rng: random.Random, hsize: int, ndim: int) -> tuple[int, list[int] | None]:
-    hdim = rng.choice([-2, -1] + list(range(ndim)))
-    ratios = [rng.randint(1, 3) for _ in range(hsize)] if hdim >= 0 and hsize > 1 and rng.random() < 0.5 else None
-    return hdim, ratios
-
-
-def annotation_of(rng: random.Random, ranks: list[int], ndim: int, min_hsize: int = 1) -> Annotation:
-    dg = dg_union_of(rng, ranks, rng.randint(min_hsize, 4))
-    hdim, ratios = hdim_of(rng, len(dg), ndim)
-    return Annotation(dg, [ds_of(rng, len(g), ndim) for g in dg], hdim, ratios)
-
-
-def fitting_shape(anns: list[Annotation], ndim: int, mult: list[int]) -> tuple[int, ...]:
-    shape = []
-    for d in range(ndim):
-        n = 1
-        for a in anns:
-            lcm_deg = math.lcm(*[ds.degree(d) for ds in a.ds_union])
-            if a.hdim == d and a.hsize > 1:
-                n = math.lcm(n, lcm_deg * sum(a.hratios or [1] * a.hsize))
-            else:
-                n = math.lcm(n, lcm_deg)
-        shape.append(n * mult[d])
-    return tuple(shape)
-
-
-def random_pair(rng: random.Random, relation: str) -> tuple[Annotation, Annotation, tuple[int, ...]]:
-    """A (src, dst, shape) case on at most ``WORLD`` ranks, biased toward ``relation``'s tier of §5."""
-    ranks = list(range(rng.randint(2, WORLD)))
-    ndim = rng.randint(1, 3)
-    src = annotation_of(rng, ranks, ndim, 2 if relation == "top" else 1)
-    if relation == "bottom":
-        dg = src.dg_union if rng.random() < 0.75 else dg_union_of(rng, ranks, src.hsize)
-        if len(dg) != src.hsize or any(len(a) != len(b) for a, b in zip(dg, src.dg_union)):
-            dg = src.dg_union
-        ds = [ds_of(rng, len(g), ndim) if rng.random() < 0.75 else src.ds_union[k] for k, g in enumerate(dg)]
-        dst = Annotation(dg, ds, src.hdim, src.hratios)
-    elif relation == "top":
-        hdim, ratios = hdim_of(rng, src.hsize, ndim)
-        while hdim == src.hdim:
-            hdim, ratios = hdim_of(rng, src.hsize, ndim)
-        ds = [ds_of(rng, len(g), ndim) if rng.random() < 1 / 3 else src.ds_union[k]
-              for k, g in enumerate(src.dg_union)]
-        dst = Annotation(src.dg_union, ds, hdim, ratios)
-    else:
-        dst = annotation_of(rng, ranks, ndim)
-    shape = fitting_shape([src, dst], ndim, [rng.choice([1, 1, 2]) for _ in range(ndim)])
-    if math.prod(shape) > 1024:
-        shape = fitting_shape([src, dst], ndim, [1] * ndim)
-    return src, dst, shape
 
 
 def named_pairs() -> list[tuple[Annotation, Annotation, tuple[int, ...]]]:
@@ -148,6 +61,13 @@ def named_pairs() -> list[tuple[Annotation, Annotation, tuple[int, ...]]]:
         (a([[0, 1, 2, 3]], [DS({-1: 4})]), a([[0, 1, 2, 3]], [DS({0: 2, 1: 2})]), (4, 4)),       # LocalSplit
         (a([[0, 1], [2, 3]], [DS({0: 2}), DS({1: 2})], 0), a([[4, 5], [6, 7]], [DS({0: 2}), DS({1: 2})], 0),
          (4, 4)),                                                                                  # SendRecv, HSize 2
+        # DS with three keys on 8 ranks (random pairs on at most 8 ranks rarely draw one)
+        (a([list(range(8))], [DS({-2: 2, 0: 2, 1: 2}, [-2, 0, 1])]),
+         a([list(range(8))], [DS({-1: 2, 0: 2, 1: 2}, [-1, 0, 1])]), (4, 4)),                      # AllReduce
+        (a([list(range(8))], [DS({0: 2, -1: 2, 1: 2}, [0, -1, 1])]),
+         a([[3, 1, 2, 0, 7, 5, 6, 4]], [DS({1: 2, 0: 4}, [1, 0])]), (8, 4)),                        # BSR
+        (a([list(range(8))], [DS({-2: 2, -1: 2, 0: 2}, [0, -1, -2])]),
+         a([list(range(8))], [DS({1: 2, 0: 2, -2: 2}, [-2, 1, 0])]), (4, 6)),                      # AllReduce, BSR
     ]
 
 
@@ -157,8 +77,8 @@ def make_cases(seed: int = 2024) -> list[tuple[Annotation, Annotation, tuple[int
     cases = named_pairs()
     relations = ["bottom", "top", "random"]
     while len(cases) < len(named_pairs()) + N_RANDOM:
-        try:
-            src, dst, shape = random_pair(rng, relations[len(cases) % 3])
+        try:  # at most WORLD ranks, the generators shared with test_resolve_property
+            src, dst, shape = random_pair(rng, relations[len(cases) % 3], range(rng.randint(2, WORLD)), 1024)
             resolve(src, dst, shape)
         except Exception:  # noqa: BLE001 - a generated pair that does not fit: draw another
             continue
@@ -335,3 +255,38 @@ def test_local_operators_run_in_one_process() -> None:
     x = value[:2, :2].clone()
     assert execute(same, x, {}, rank=0) is x  # Identity moves nothing
     assert execute(same, x, {}, rank=7) is None  # a rank outside the destination gets nothing
+
+
+def test_point_to_point_messages_carry_the_callers_tag_base(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Message ``i`` of a point-to-point operator is tagged ``tag_base + i`` in :func:`execute` and in both
+    directions of :func:`reshard` -- the tags the training executor's own stage-boundary sends and receives use,
+    so a rank that runs a stage-crossing plan through ``reshard`` matches a peer that posts its messages itself."""
+    import hspmd_sdk.runtime.comm as comm
+
+    posted: list[tuple[str, int, int]] = []
+
+    def p2p_op(fn: Any, tensor: torch.Tensor, peer: int, tag: int = 0) -> tuple[str, int, int]:
+        posted.append(("send" if fn is comm.dist.isend else "recv", peer, tag))
+        return posted[-1]
+
+    monkeypatch.setattr(comm.dist, "P2POp", p2p_op)
+    monkeypatch.setattr(comm.dist, "batch_isend_irecv", lambda ops: [])
+    src, dst = Annotation([[0, 1]], [DS({0: 2})]), Annotation([[1, 0]], [DS({0: 2})])
+    plan = resolve(src, dst, (4, 3), "float64")
+    (op,) = plan.ops
+    assert op.kind == "SendRecv"
+
+    def expected(p: Any, base: int) -> list[tuple[str, int, int]]:
+        return [("send", m.dst, base + i) if m.src == 0 else ("recv", m.src, base + i)
+                for i, m in enumerate(p.ops[0].messages) if 0 in (m.src, m.dst) and m.src != m.dst]
+
+    x = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
+    execute(plan, x.detach(), {}, rank=0, tag_base=5000)
+    assert posted == expected(plan, 5000) and len(posted) == 2
+    posted.clear()
+    bp = backward_plan_for(plan)
+    out = comm.reshard(x, plan, bp, {}, rank=0, tag_base=2048, backward_tag_base=3072)
+    assert posted == expected(plan, 2048)
+    posted.clear()
+    out.backward(torch.ones_like(out))
+    assert posted == expected(bp, 3072) and len(posted) == 2

@@ -18,6 +18,7 @@ rounding, not a difference of the computation.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from hspmd_sdk.core.model_config import LlamaConfig  # noqa: E402
 from hspmd_sdk.core.specialize import specialize  # noqa: E402
 from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
+from hspmd_sdk.errors import PlanValidationError  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
 from hspmd_sdk.runtime.train import (assemble, launch_runs, load_captured, reference_training,  # noqa: E402
                                      training_run)
@@ -134,14 +136,53 @@ def test_training_equals_the_single_device_reference(name: str, trained: dict, r
         assert _max_rel(run["params"][pname], full) <= 3e-4, (pname, _max_rel(run["params"][pname], full))
 
 
+#: Megatron TP split dim of each decoder-layer parameter (None: whole on every TP rank): wq/wk/wv/w1/w3
+#: column-parallel (output dim), wo/w2 row-parallel (input dim); the embedding (vocab, hidden) is split along
+#: hidden, the LM head (hidden, vocab) along vocab.
+_TP_DIM = {"attn_norm.weight": None, "attn.wq": 1, "attn.wk": 1, "attn.wv": 1, "attn.wo": 0,
+           "mlp_norm.weight": None, "mlp.w1": 1, "mlp.w3": 1, "mlp.w2": 0,
+           "embed.weight": 1, "final_norm.weight": None, "lm_head.weight": 1}
+
+
+def _expected_param_bytes(data: dict, config: LlamaConfig, rank: int) -> int | None:
+    """fp32 bytes of the parameters ``rank`` should hold under the strategy ``data``, from the strategy and the
+    model's parameter shapes alone: the layers of its stage (plus the embedding on a first stage, the final norm
+    and LM head on a last one), TP-split weights divided by the stage's TP degree, and under ZeRO-1 everything
+    also divided among the pipelines (the tiny model's dims are all even).  ``None``: the rank is in no stage."""
+    strategy = Strategy.load(data)
+    shapes = param_shapes(config)
+    zero = len(strategy.pipelines) if strategy.zero1 else 1
+    for pipe in strategy.pipelines:
+        for k, stage in enumerate(pipe.stages):
+            if rank not in stage.devices:
+                continue
+            first, last = stage.layers
+            names = [n for n in shapes if n.startswith("layers.") and first <= int(n.split(".")[1]) <= last]
+            names += ["embed.weight"] * (k == 0) + ["final_norm.weight", "lm_head.weight"] * (k == len(pipe.stages) - 1)
+            tp, total = len(stage.devices), 0
+            for n in names:
+                dim = _TP_DIM[n.split(".", 2)[2] if n.startswith("layers.") else n]
+                numel = math.prod(shapes[n])
+                if dim is not None:
+                    assert shapes[n][dim] % tp == 0, (n, tp)
+                    numel //= tp
+                assert numel % zero == 0, (n, zero)
+                total += numel // zero
+            return 4 * total
+    return None
+
+
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_each_rank_holds_only_its_shards(name: str, trained: dict, config: LlamaConfig) -> None:
     run = trained[name]
     full = 4 * sum(torch.Size(s).numel() for s in param_shapes(config).values())
     for rank, res in run["ranks"].items():
+        expected = _expected_param_bytes(STRATEGIES[name][0], config, rank)
+        assert res["active"] == (expected is not None), rank
         if not res["active"]:
             continue
-        assert res["param_bytes"] == res["shard_bytes"], rank     # nothing gathered, nothing extra
+        assert res["param_bytes"] == expected, (rank, res["param_bytes"], expected)  # nothing gathered or extra
+        assert res["shard_bytes"] == expected, rank                 # the annotations say the same
         assert res["optimizer_bytes"] == 2 * res["param_bytes"]   # Adam moments of exactly the shards
         prog = run["program"]
         p, st = prog.stage_of(rank)
@@ -192,3 +233,55 @@ def test_micro_batch_plans_keep_the_operators_at_the_micro_batch_shape(config: L
         assert m2.nbytes * 3 == m.nbytes
     with pytest.raises(MicroBatchError, match="covers part"):
         micro_batch_plan(plan, 0, (0, 3), 1)                 # a chunk the plan's boxes straddle
+
+
+# ---- a bad run fails in the caller: no worker starts -----------------------------------------------------------
+@pytest.fixture()
+def no_workers(monkeypatch: pytest.MonkeyPatch) -> list:
+    """``launch_spec`` (what starts the workers) replaced by a stub that records its spec and refuses."""
+    import hspmd_sdk.runtime.launcher as launcher
+
+    calls: list = []
+
+    def refuse(spec, *args, **kwargs):
+        calls.append(spec)
+        raise RuntimeError("a worker would have started")
+
+    monkeypatch.setattr(launcher, "launch_spec", refuse)
+    return calls
+
+
+def test_a_bad_plan_or_run_option_starts_no_worker(config: LlamaConfig, no_workers: list) -> None:
+    from hspmd_sdk import launch
+    from hspmd_sdk.runtime import launch as general_launch
+
+    four = Cluster.local(4)
+    program = specialize(config, plan_from_strategy(config, Strategy.load(_HETERO), four), four)
+    with pytest.raises(PlanValidationError, match=r"cluster: the program uses ranks \[2, 3\]"):
+        launch(program, Cluster.local(2), steps=1)                  # specialized for 4 ranks, launched on 2
+    bad = [({"data": "bogus"}, "data"), ({"steps": 0}, "steps"), ({"steps": -1}, "steps"),
+           ({"seq_len": 0}, "seq_len")]
+    for options, field in bad:
+        kwargs = {"steps": 1, **options}
+        with pytest.raises(PlanValidationError, match=rf"{field}: "):
+            launch(program, four, **kwargs)
+        with pytest.raises(PlanValidationError, match=rf"{field}: "):
+            general_launch(program, four, **kwargs)                # the general launcher forwards them
+    other = training_run(program, steps=1, cluster=Cluster.local(5))
+    with pytest.raises(PlanValidationError, match=r"runs\[0\]\.cluster"):
+        launch_runs([other], four)                                  # a run built for another cluster
+    assert no_workers == []
+
+
+def test_the_general_launcher_forwards_the_run_options(config: LlamaConfig, no_workers: list) -> None:
+    from hspmd_sdk.runtime import launch as general_launch
+
+    cluster = Cluster.local(2)
+    program = specialize(config, plan_from_strategy(config, Strategy.load(SMALL["pp2_1f1b"][0]), cluster), cluster)
+    with pytest.raises(RuntimeError, match="a worker would have started"):
+        general_launch(program, cluster, steps=2, seq_len=SEQ, lr=0.5, data="stdlib", recompute=[1],
+                       capture_dir="/tmp/x")
+    (spec,) = no_workers
+    (run,) = spec.payload["runs"]
+    assert (run["steps"], run["seq_len"], run["adam"]["lr"], run["data"], run["recompute"], run["capture_dir"]) == \
+        (2, SEQ, 0.5, "stdlib", [1], "/tmp/x")

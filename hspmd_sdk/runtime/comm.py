@@ -148,12 +148,14 @@ class _Ctx:
 
 # ---- execute -----------------------------------------------------------------------------------------------
 def execute(plan: "CommPlan", local: torch.Tensor | None, groups: Any, *, rank: int | None = None,
-            device: torch.device | str | None = None) -> torch.Tensor | None:
+            device: torch.device | str | None = None, tag_base: int = 0) -> torch.Tensor | None:
     """Run ``plan`` on this rank with real collectives; returns this rank's destination tensor, or ``None``.
 
     Every rank of ``plan.src.ranks`` and ``plan.dst.ranks`` must call it (with the same plan, in the same order
     as other plans).  ``local``: this rank's source tensor (its summand for a Partial source), ``None`` when it
     holds nothing before.  ``groups``: see :func:`group_lookup`.  ``rank`` defaults to the process rank.
+    ``tag_base``: point-to-point message ``i`` of an operator is tagged ``tag_base + i`` (the training executor
+    passes its micro-batch tag so that a peer posting the same messages itself, with that tag, matches).
     """
     rank = dist.get_rank() if rank is None else int(rank)
     dtype = torch_dtype(plan.dtype)
@@ -167,7 +169,7 @@ def execute(plan: "CommPlan", local: torch.Tensor | None, groups: Any, *, rank: 
     for i, op in enumerate(plan.ops):
         what = f"op {i} ({op.kind}) of {plan.src} -> {plan.dst}"
         try:
-            cur = _run_op(op, cur, ctx, what)
+            cur = _run_op(op, cur, ctx, what, tag_base)
         except RuntimeError as e:  # a collective failed or timed out: say where
             raise CommExecutionError(f"rank {rank}, {what}: {e}") from e
     return cur if rank in plan.dst.ranks else None
@@ -179,7 +181,7 @@ def default_device(groups: Any = None) -> torch.device:
     return torch.device(dev) if dev is not None else torch.device("cpu")
 
 
-def _run_op(op: Any, cur: torch.Tensor | None, ctx: _Ctx, what: str) -> torch.Tensor | None:
+def _run_op(op: Any, cur: torch.Tensor | None, ctx: _Ctx, what: str, tag_base: int = 0) -> torch.Tensor | None:
     if isinstance(op, IdentityOp):
         return cur
     if isinstance(op, CollectiveOp):
@@ -187,7 +189,7 @@ def _run_op(op: Any, cur: torch.Tensor | None, ctx: _Ctx, what: str) -> torch.Te
     if isinstance(op, SplitCollectiveOp):
         return _run_split(op, cur, ctx, what)
     if isinstance(op, PointToPointOp):
-        return _run_p2p(op, cur, ctx, what)
+        return _run_p2p(op, cur, ctx, what, tag_base)
     raise CommExecutionError(f"rank {ctx.rank}, {what}: unknown operator {type(op).__name__}")
 
 
@@ -330,7 +332,9 @@ def _split_unpack(buf: torch.Tensor, slices: list[Any], out: torch.Tensor | None
 
 
 # ---- point to point ----------------------------------------------------------------------------------------
-def _run_p2p(op: PointToPointOp, cur: torch.Tensor | None, ctx: _Ctx, what: str) -> torch.Tensor | None:
+def _run_p2p(op: PointToPointOp, cur: torch.Tensor | None, ctx: _Ctx, what: str,
+             tag_base: int = 0) -> torch.Tensor | None:
+    """This rank's messages of ``op``; message ``i`` is tagged ``tag_base + i``."""
     inb, outb = dict(op.in_boxes), dict(op.out_boxes)
     x = ctx.check(cur, inb[ctx.rank], what) if ctx.rank in inb else None
     out = ctx.zeros(outb[ctx.rank]) if ctx.rank in outb else None
@@ -338,7 +342,8 @@ def _run_p2p(op: PointToPointOp, cur: torch.Tensor | None, ctx: _Ctx, what: str)
         if r == ctx.rank:
             out[relative(box, outb[r])] = x[relative(box, inb[r])]  # type: ignore[index]
     ops, recvs = [], []
-    for tag, m in enumerate(op.messages):
+    for i, m in enumerate(op.messages):
+        tag = tag_base + i
         if m.src == m.dst == ctx.rank:
             out[relative(m.box, outb[m.dst])] = x[relative(m.box, inb[m.src])]  # type: ignore[index]
         elif m.src == ctx.rank:
@@ -440,10 +445,10 @@ class _Reshard(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, holds: bool, plan: "CommPlan", backward_plan: "CommPlan",
-                groups: Any, rank: int) -> torch.Tensor:  # type: ignore[override]
+                groups: Any, rank: int, tags: tuple[int, int] = (0, 0)) -> torch.Tensor:  # type: ignore[override]
         ctx.plan, ctx.backward_plan, ctx.groups, ctx.rank, ctx.holds = plan, backward_plan, groups, rank, holds
-        ctx.dtype, ctx.device = x.dtype, x.device
-        out = execute(plan, x if holds else None, groups, rank=rank, device=x.device)
+        ctx.dtype, ctx.device, ctx.backward_tag = x.dtype, x.device, tags[1]
+        out = execute(plan, x if holds else None, groups, rank=rank, device=x.device, tag_base=tags[0])
         if out is None:
             return x.new_empty((0,))
         return out.view_as(out) if out is x else out
@@ -452,17 +457,18 @@ class _Reshard(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         bp = ctx.backward_plan
         g_in = grad.contiguous() if ctx.rank in bp.src.ranks else None
-        g = execute(bp, g_in, ctx.groups, rank=ctx.rank, device=ctx.device)
+        g = execute(bp, g_in, ctx.groups, rank=ctx.rank, device=ctx.device, tag_base=ctx.backward_tag)
         if not ctx.holds:
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         if g is None:
             raise CommExecutionError(f"rank {ctx.rank}: the backward plan {bp.src} -> {bp.dst} gives this rank no "
                                      "gradient, but it holds the Reshard's input")
-        return g, None, None, None, None, None
+        return g, None, None, None, None, None, None
 
 
 def reshard(x: torch.Tensor | None, plan: "CommPlan", backward_plan: "CommPlan | None" = None, groups: Any = None,
-            *, rank: int | None = None, dtype: Any = None, device: torch.device | str | None = None) -> torch.Tensor:
+            *, rank: int | None = None, dtype: Any = None, device: torch.device | str | None = None,
+            tag_base: int = 0, backward_tag_base: int | None = None) -> torch.Tensor:
     """A differentiable Reshard: forward executes ``plan``, backward executes ``backward_plan`` on the gradient.
 
     ``backward_plan`` defaults to :func:`backward_plan_for` (``plan``).  Every rank of both plans calls it, and
@@ -472,6 +478,9 @@ def reshard(x: torch.Tensor | None, plan: "CommPlan", backward_plan: "CommPlan |
       joins the autograd graph;
     * a rank outside the destination gets a zero-element tensor; drive its backward with
       ``out.backward(out.new_empty(0))`` (or add ``out.sum()`` to its loss).
+
+    ``tag_base`` / ``backward_tag_base`` (default: ``tag_base``): the point-to-point tag bases of the forward and
+    backward plans (see :func:`execute`).
     """
     rank = dist.get_rank() if rank is None else int(rank)
     bp = backward_plan if backward_plan is not None else backward_plan_for(plan)
@@ -481,4 +490,5 @@ def reshard(x: torch.Tensor | None, plan: "CommPlan", backward_plan: "CommPlan |
     if x is None:
         dev = torch.device(device) if device is not None else default_device(groups)
         x = torch.empty(0, dtype=torch_dtype(dtype or plan.dtype), device=dev, requires_grad=True)
-    return _Reshard.apply(x, holds, plan, bp, groups, rank)
+    tags = (int(tag_base), int(tag_base if backward_tag_base is None else backward_tag_base))
+    return _Reshard.apply(x, holds, plan, bp, groups, rank, tags)

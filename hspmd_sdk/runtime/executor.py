@@ -339,8 +339,9 @@ class StepExecutor:
             if _identity_for(plan, self.rank) and _identity_for(self._plan(f"{op.name}.bwd", src), self.rank):
                 vals[dst] = vals[src]
             else:
+                # the same message tags as a peer's _send/_receive of this plan (it may be on another stage)
                 vals[dst] = reshard(vals[src], plan, self._plan(f"{op.name}.bwd", src), self.groups, rank=self.rank,
-                                    device=self.device)
+                                    device=self.device, tag_base=_tag(mb, 0), backward_tag_base=_tag(mb, 1))
         elif role == "send":
             self._send(plan, vals[src], _tag(mb, 0))
             rec.outputs.append((op.name, vals[src]))

@@ -94,7 +94,7 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
            payload: Mapping[str, Any] | None = None, transport: Transport | None = None,
            slowdown: Mapping[int, float] | None = None, timeout_s: float = 120.0, loss_rank: int | None = None,
            backend: Backend | None = None, progress: bool = False, echo: bool = False,
-           log_dir: str | Path | None = None) -> Job:
+           log_dir: str | Path | None = None, **run_options: Any) -> Job:
     """The general launcher: run ``entry`` (``"module:function"``) on one worker process per rank of ``cluster``.
 
     Each worker calls ``function(state, spec) -> dict`` with its
@@ -103,7 +103,9 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
     ``job.wait()`` gives a result whose ``losses`` are the per-step losses the entry reported.
 
     ``program`` without ``entry``: train it (:func:`hspmd_sdk.runtime.train.launch_training`, the default
-    training entry).  ``slowdown={rank: k}`` emulates a ``k``-times slower device on that rank (CPU
+    training entry); ``run_options`` (``seq_len``, ``lr``, ``betas``, ``eps``, ``weight_decay``, ``data``,
+    ``recompute``, ``capture_dir``) go to it and are checked there before any worker starts (they are an error
+    with ``entry``).  ``slowdown={rank: k}`` emulates a ``k``-times slower device on that rank (CPU
     demos; labelled as emulation in metrics and progress).  ``transport``: local processes by default when every
     host of the cluster is this machine.
     """
@@ -116,7 +118,10 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
 
         return launch_training(program, cluster, steps=steps, seed=seed, transport=transport, slowdown=slowdown,
                                timeout_s=timeout_s, loss_rank=loss_rank, backend=backend, progress=progress,
-                               echo=echo, log_dir=log_dir)
+                               echo=echo, log_dir=log_dir, **run_options)
+    if run_options:
+        raise HSPMDError(f"launch(): {sorted(run_options)} are training options; they need no entry= (train "
+                         "a Program), the entry gets its settings from payload=")
     if program is not None:
         payload = {"program": _program_payload(program), **(payload or {})}
     if transport is not None and hasattr(transport, "rendezvous"):  # SSHTransport: preflight, remote rendezvous

@@ -40,7 +40,12 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
     ``seq_len``: tokens per sample (default: the model's ``max_seq_len``); the global batch is the program's
     ``B`` (the strategy's samples per step).  ``recompute``: ranks that recompute activations in backward.
     ``capture_dir``: each rank saves its synchronised gradients of step 0 and its final parameter shards there
-    (``run<i>_rank<r>.pt``, for :func:`load_captured`)."""
+    (``run<i>_rank<r>.pt``, for :func:`load_captured`).
+
+    The run is checked here, before any worker starts (:func:`_validate_run`): ``steps >= 1``, ``seq_len >= 1``
+    when given, a known ``data`` source for the model's vocabulary, every rank of the program in ``cluster``, and
+    the plan specialized once, as each worker will, against ``cluster``.  A bad run raises
+    :class:`~hspmd_sdk.errors.PlanValidationError` naming the field."""
     config = program.graph.meta.get("config")
     if config is None:
         raise ValueError("launch_training needs a Program specialized from a LlamaConfig (its graph carries the "
@@ -53,24 +58,69 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
     cluster = cluster if cluster is not None else program.cluster
     if cluster is None:
         raise ValueError("launch_training needs a cluster: pass cluster= or specialize with one")
-    return {
+    run = {
         "config": config.model_dump(mode="json"),
         "plan": plan.model_dump(mode="json"),
         "cluster": cluster.model_dump(mode="json"),
         "bindings": dict(program.bindings),
         "steps": int(steps), "seed": int(seed), "data": data,
-        "seq_len": int(seq_len or config.max_seq_len),
+        "seq_len": int(config.max_seq_len if seq_len is None else seq_len),
         "global_batch": int(program.bindings["B"]),
         "adam": {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay},
         "recompute": sorted(int(r) for r in recompute),
         "capture_dir": str(capture_dir) if capture_dir is not None else None,
     }
+    _validate_run(run, program, cluster, config)
+    return run
+
+
+def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: Any) -> None:
+    """Raise :class:`~hspmd_sdk.errors.PlanValidationError` for a run that would fail only in the workers."""
+    from ..errors import HSPMDError, PlanValidationError
+
+    what = "training run"
+    problems = []
+    if run["steps"] < 1:
+        problems.append(("steps", f"must be at least 1, not {run['steps']}"))
+    if run["seq_len"] < 1:
+        problems.append(("seq_len", f"must be at least 1, not {run['seq_len']}"))
+    try:
+        dataset_for(run["data"], config.vocab_size)
+    except ValueError as e:
+        problems.append(("data", str(e)))
+    outside = sorted(r for r in program.ranks if not 0 <= r < cluster.num_ranks)
+    if outside:
+        problems.append(("cluster", f"the program uses ranks {outside} but the cluster has only "
+                                    f"{cluster.num_ranks} (0..{cluster.num_ranks - 1}); launch it on the cluster it "
+                                    "was specialized for"))
+    if problems:
+        raise PlanValidationError(problems, what=what)
+    try:  # what every worker does first (train_entry -> _program_of), once here
+        again = _program_of(run)
+    except (HSPMDError, ValueError) as e:
+        raise PlanValidationError([("plan", f"does not specialize on the launch cluster: {e}")], what=what) from e
+    if sorted(again.ranks) != sorted(program.ranks):
+        raise PlanValidationError([("cluster", f"the plan specialized on the launch cluster uses ranks "
+                                               f"{sorted(again.ranks)}, not the program's {sorted(program.ranks)}")],
+                                  what=what)
 
 
 def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs: Any) -> Any:
     """Start one job that executes ``runs`` (from :func:`training_run`) one after the other on ``cluster``'s
-    ranks (ranks a run's program does not use sit it out).  Each rank's result is ``{"runs": [...]}``."""
+    ranks (ranks a run's program does not use sit it out).  Each rank's result is ``{"runs": [...]}``.
+
+    Every run must have been built (and so checked) for this ``cluster``."""
+    from ..errors import PlanValidationError
     from .launcher import launch
+
+    if not runs:
+        raise PlanValidationError([("runs", "no run to launch")], what="training job")
+    want = cluster.model_dump(mode="json")
+    wrong = [(f"runs[{i}].cluster", "was built for another cluster than the launch cluster; "
+                                    "pass training_run(..., cluster=<the launch cluster>)")
+             for i, r in enumerate(runs) if r.get("cluster") != want]
+    if wrong:
+        raise PlanValidationError(wrong, what="training job")
 
     total = sum(int(r["steps"]) for r in runs)
     return launch(None, cluster, steps=total, seed=int(runs[0]["seed"]) if runs else 0, entry=ENTRY,
