@@ -24,7 +24,7 @@ from typing import Any, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..errors import PlanValidationError, ShapeError
+from ..errors import ShapeError
 
 PARTIAL = -2
 DUPLICATE = -1

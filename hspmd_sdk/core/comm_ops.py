@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from .slices import Box, box_intersect, box_numel, format_box, relative
+from .slices import Box, box_intersect, box_numel, box_shape, format_box, relative, zeros
 
 __all__ = ["Transfer", "Message", "CollectiveGroup", "CollectiveOp", "SliceCollective", "SplitCollectiveOp",
            "PointToPointOp", "IdentityOp", "CommOp", "ring_transfers"]
@@ -37,26 +37,18 @@ Transfer = tuple[int, int, int, int]
 
 
 # ---- array helpers (numpy or torch, imported by the caller) ------------------------------------------------
-def _zeros(like: Any, shape: tuple[int, ...]) -> Any:
-    if hasattr(like, "new_zeros"):  # torch
-        return like.new_zeros(shape)
-    import numpy as np
-
-    return np.zeros(shape, dtype=like.dtype)
 
 
 def _clone(t: Any) -> Any:
     return t.clone() if hasattr(t, "clone") else t.copy()
 
 
-def _shape(box: Box) -> tuple[int, ...]:
-    return tuple(b - a for a, b in box)
 
 
 def _check_local(rank: int, t: Any, box: Box, what: str) -> None:
-    if tuple(t.shape) != _shape(box):
+    if tuple(t.shape) != box_shape(box):
         raise ValueError(f"{what}: rank {rank} holds a tensor of shape {tuple(t.shape)} but the plan expects the "
-                         f"box {format_box(box)} of shape {_shape(box)}")
+                         f"box {format_box(box)} of shape {box_shape(box)}")
 
 
 def ring_transfers(ranks: tuple[int, ...], nbytes: int, steps: int) -> list[Transfer]:
@@ -145,7 +137,7 @@ class CollectiveOp:
                     new[r] = _clone(state[r][relative(ob, ib)])
             elif self.kind in ("AllGather", "AllToAll"):
                 for r, ob in zip(grp.ranks, grp.out_boxes):
-                    buf = _zeros(ins[0], _shape(ob))
+                    buf = zeros(ins[0], box_shape(ob))
                     for t, ib in zip(ins, grp.in_boxes):
                         part = box_intersect(ib, ob)
                         if part is not None:
@@ -224,7 +216,7 @@ class SplitCollectiveOp:
         for r, box in self.in_boxes:
             _check_local(r, state[r], box, self.kind)
         like = state[self.in_boxes[0][0]]
-        new = {r: _zeros(like, _shape(box)) for r, box in self.out_boxes}
+        new = {r: zeros(like, box_shape(box)) for r, box in self.out_boxes}
         outb = dict(self.out_boxes)
         for s in self.slices:
             c0 = s.contributors[0]
@@ -269,7 +261,7 @@ class PointToPointOp:
         for r, box in self.in_boxes:
             _check_local(r, state[r], box, self.kind)
         like = state[self.in_boxes[0][0]] if self.in_boxes else next(iter(state.values()))
-        new = {r: _zeros(like, _shape(box)) for r, box in self.out_boxes}
+        new = {r: zeros(like, box_shape(box)) for r, box in self.out_boxes}
         outb = dict(self.out_boxes)
         for r, box in self.copies:
             new[r][relative(box, outb[r])] = state[r][relative(box, inb[r])]

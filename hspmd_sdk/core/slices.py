@@ -14,12 +14,26 @@ from typing import Callable, Hashable, Iterable, Iterator, Sequence, TypeVar
 Box = tuple[tuple[int, int], ...]
 K = TypeVar("K", bound=Hashable)
 
-__all__ = ["Box", "Grid", "box_numel", "box_contains", "box_intersect", "relative", "coalesce", "format_box"]
+__all__ = ["Box", "Grid", "box_numel", "box_shape", "zeros", "box_contains", "box_intersect", "relative", "coalesce", "format_box"]
 
 
 def box_numel(box: Box) -> int:
     """Number of elements in ``box``."""
     return math.prod(b - a for a, b in box)
+
+
+def box_shape(box: Box) -> tuple[int, ...]:
+    """Shape of the local tensor that holds ``box``."""
+    return tuple(b - a for a, b in box)
+
+
+def zeros(like: object, shape: tuple[int, ...]) -> object:
+    """Zeros of ``shape`` in the array library and dtype of ``like`` (a torch tensor or a numpy array)."""
+    if hasattr(like, "new_zeros"):  # torch
+        return like.new_zeros(shape)
+    import numpy as np
+
+    return np.zeros(shape, dtype=like.dtype)  # type: ignore[attr-defined]
 
 
 def box_contains(outer: Box, inner: Box) -> bool:

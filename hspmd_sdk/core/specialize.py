@@ -614,6 +614,6 @@ def _describe_program(prog: Program) -> str:
             sync[k] = sync.get(k, 0) + 1
     lines.append("  gradient synchronisation by kind: " + ", ".join(f"{k} x{n}" for k, n in sorted(sync.items())))
     if prog.constraints:
-        lines.append(f"  shape constraints: " + "; ".join(sorted({c.expr.constraint_text() for c in prog.constraints})))
+        lines.append("  shape constraints: " + "; ".join(sorted({c.expr.constraint_text() for c in prog.constraints})))
     return "\n".join(lines)
 

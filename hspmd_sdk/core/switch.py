@@ -26,7 +26,7 @@ from .annotation import Annotation, local_views
 from .bsr import Assignment, LinkModel, bsr_scheme, bsr_table
 from .comm_plan import pick_unit, time_of, volume_by_rank, volume_table
 from .resolve import itemsize_of
-from .slices import Box, coalesce, relative
+from .slices import Box, box_numel, box_shape, coalesce, relative, zeros
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -126,7 +126,7 @@ class SwitchPlan:
         out: dict[str, dict[int, Any]] = {}
         for t in self.tensors:
             like = next(iter(src[t.name].values()))
-            out[t.name] = {r: _zeros(like, _shape(b)) for r, b in dboxes[t.name].items()}
+            out[t.name] = {r: zeros(like, box_shape(b)) for r, b in dboxes[t.name].items()}
         for step in self.steps:
             for name, r, box in step.copies:
                 out[name][r][relative(box, dboxes[name][r])] = src[name][r][relative(box, sboxes[name][r])]
@@ -134,7 +134,7 @@ class SwitchPlan:
                 buf = _pack([src[i.tensor][m.src][relative(i.box, sboxes[i.tensor][m.src])] for i in m.items])
                 for i in m.items:
                     like = src[i.tensor][m.src]
-                    piece = _unpack(buf, i.offset, i.nbytes, like, _shape(i.box))
+                    piece = _unpack(buf, i.offset, i.nbytes, like, box_shape(i.box))
                     out[i.tensor][m.dst][relative(i.box, dboxes[i.tensor][m.dst])] = piece
         return out
 
@@ -234,7 +234,7 @@ def _step(assigns: list[Assignment], zeros: list[tuple[str, int]]) -> SwitchStep
     """Group the scheme's decisions into one packed message per (sender, receiver) and local copies."""
     copies = [((a.key, a.dst), a.box) for a in assigns if a.src == a.dst]
     moves = [((a.src, a.dst, a.key), a.box) for a in assigns if a.src != a.dst]
-    itemsize = {a.key: a.nbytes // max(1, _numel(a.box)) for a in assigns}
+    itemsize = {a.key: a.nbytes // max(1, box_numel(a.box)) for a in assigns}
     per_pair: dict[tuple[int, int], list[tuple[str, Box]]] = {}
     for (s, d, name), box in coalesce(moves):
         per_pair.setdefault((s, d), []).append((name, box))
@@ -242,7 +242,7 @@ def _step(assigns: list[Assignment], zeros: list[tuple[str, int]]) -> SwitchStep
     for (s, d), items in sorted(per_pair.items()):
         packed, off = [], 0
         for name, box in items:
-            n = _numel(box) * itemsize[name]
+            n = box_numel(box) * itemsize[name]
             packed.append(PackedItem(name, box, off, n))
             off += n
         msgs.append(PackedMessage(s, d, tuple(packed), off))
@@ -251,23 +251,10 @@ def _step(assigns: list[Assignment], zeros: list[tuple[str, int]]) -> SwitchStep
 
 
 # ---- array helpers -----------------------------------------------------------------------------------------
-def _numel(box: Box) -> int:
-    n = 1
-    for a, b in box:
-        n *= b - a
-    return n
 
 
-def _shape(box: Box) -> tuple[int, ...]:
-    return tuple(b - a for a, b in box)
 
 
-def _zeros(like: Any, shape: tuple[int, ...]) -> Any:
-    if hasattr(like, "new_zeros"):
-        return like.new_zeros(shape)
-    import numpy as np
-
-    return np.zeros(shape, dtype=like.dtype)
 
 
 def _pack(pieces: list[Any]) -> Any:

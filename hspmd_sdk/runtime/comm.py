@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from ..core.annotation import DS, Annotation
 from ..core.comm_ops import CollectiveOp, IdentityOp, PointToPointOp, SplitCollectiveOp
-from ..core.slices import Box, box_intersect, box_numel, format_box, relative
+from ..core.slices import Box, box_intersect, box_numel, box_shape, format_box, relative
 from ..errors import HSPMDError
 
 if TYPE_CHECKING:
@@ -115,8 +115,6 @@ def torch_dtype(name: Any) -> torch.dtype:
     return dt
 
 
-def _shape(box: Box) -> tuple[int, ...]:
-    return tuple(b - a for a, b in box)
 
 
 def _piece(t: torch.Tensor, inner: Box, outer: Box) -> torch.Tensor:
@@ -131,7 +129,7 @@ class _Ctx:
         self.rank, self.lookup, self.dtype, self.device = rank, lookup, dtype, device
 
     def zeros(self, box: Box) -> torch.Tensor:
-        return torch.zeros(_shape(box), dtype=self.dtype, device=self.device)
+        return torch.zeros(box_shape(box), dtype=self.dtype, device=self.device)
 
     def empty(self, n: int) -> torch.Tensor:
         return torch.empty(n, dtype=self.dtype, device=self.device)
@@ -140,9 +138,9 @@ class _Ctx:
         if t is None:
             raise CommExecutionError(f"rank {self.rank}, {what}: the plan expects this rank to hold "
                                      f"{format_box(box)} but it holds nothing (None)")
-        if tuple(t.shape) != _shape(box):
+        if tuple(t.shape) != box_shape(box):
             raise CommExecutionError(f"rank {self.rank}, {what}: holds a tensor of shape {tuple(t.shape)} but the "
-                                     f"plan expects the box {format_box(box)} of shape {_shape(box)}")
+                                     f"plan expects the box {format_box(box)} of shape {box_shape(box)}")
         return t
 
 
@@ -233,7 +231,7 @@ def _reduce_scatter(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], 
     flat = torch.cat([_piece(x, outb[q], me) for q in order])
     out = ctx.empty(sizes.pop())
     dist.reduce_scatter_tensor(out, flat, group=pg)
-    return out.reshape(_shape(outb[ctx.rank]))
+    return out.reshape(box_shape(outb[ctx.rank]))
 
 
 def _all_gather(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: Any,
@@ -249,7 +247,7 @@ def _all_gather(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], orde
     for j, q in enumerate(order):
         part = box_intersect(inb[q], mine)
         if part is not None:
-            src = flat[j * n:(j + 1) * n].reshape(_shape(inb[q]))
+            src = flat[j * n:(j + 1) * n].reshape(box_shape(inb[q]))
             out[relative(part, mine)] = src[relative(part, inb[q])]
     return out
 
@@ -270,7 +268,7 @@ def _all_to_all(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], orde
     at = 0
     for part, n in zip(recv_parts, recv_sizes):
         if part is not None:
-            out[relative(part, me_out)] = recv[at:at + n].reshape(_shape(part))
+            out[relative(part, me_out)] = recv[at:at + n].reshape(box_shape(part))
             at += n
     return out
 
@@ -327,7 +325,7 @@ def _split_unpack(buf: torch.Tensor, slices: list[Any], out: torch.Tensor | None
         n = box_numel(s.box)
         if ctx.rank in s.receivers:
             assert out is not None
-            out[relative(s.box, outb[ctx.rank])] = buf[at:at + n].reshape(_shape(s.box))
+            out[relative(s.box, outb[ctx.rank])] = buf[at:at + n].reshape(box_shape(s.box))
         at += n
 
 
@@ -355,7 +353,7 @@ def _run_p2p(op: PointToPointOp, cur: torch.Tensor | None, ctx: _Ctx, what: str,
             recvs.append((m.box, buf))
     _wait_all(ops, ctx.rank, what)
     for box, buf in recvs:
-        out[relative(box, outb[ctx.rank])] = buf.reshape(_shape(box))  # type: ignore[index]
+        out[relative(box, outb[ctx.rank])] = buf.reshape(box_shape(box))  # type: ignore[index]
     return out if out is not None else cur
 
 

@@ -30,14 +30,14 @@ plan says.  Optional activation recomputation per stage re-runs a micro-batch's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import torch
 import torch.distributed as dist
 
 from ..core.annotation import local_view
 from ..core.comm_ops import CollectiveOp, IdentityOp, PointToPointOp, SplitCollectiveOp
-from ..core.slices import box_numel, relative
+from ..core.slices import box_numel, box_shape, relative
 from ..core.symbolic import evaluate_shape
 from ..errors import HSPMDError
 from .comm import execute, reshard, torch_dtype
@@ -410,7 +410,7 @@ class StepExecutor:
                 outb = dict(op.out_boxes)
                 if self.rank not in outb:
                     continue
-                out = torch.zeros(_box_shape(outb[self.rank]), dtype=torch_dtype(plan.dtype), device=self.device)
+                out = torch.zeros(box_shape(outb[self.rank]), dtype=torch_dtype(plan.dtype), device=self.device)
                 recvs = []
                 for i, m in enumerate(op.messages):
                     if m.dst == self.rank and m.src != self.rank:
@@ -418,7 +418,7 @@ class StepExecutor:
                         recvs.append((dist.irecv(buf, m.src, tag=tag + i), buf, m.box))
                 for work, buf, box in recvs:
                     work.wait()
-                    out[relative(box, outb[self.rank])] = buf.reshape(_box_shape(box))
+                    out[relative(box, outb[self.rank])] = buf.reshape(box_shape(box))
                 cur = out
             else:
                 cur = _run_single(op, plan, cur, self.groups, self.rank, self.device)
@@ -448,8 +448,6 @@ def _tag(mb: int, direction: int) -> int:
     return ((mb % 4096) * 2 + direction) * 1024
 
 
-def _box_shape(box: Sequence[tuple[int, int]]) -> tuple[int, ...]:
-    return tuple(b - a for a, b in box)
 
 
 def _identity_for(plan: Any, rank: int) -> bool:

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.annotation import local_views
-from ..core.slices import Box, box_numel, format_box, relative
+from ..core.slices import Box, box_numel, box_shape, format_box, relative
 from .comm import CommExecutionError, default_device
 
 if TYPE_CHECKING:
@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["execute_switch"]
 
 
-def _shape(box: Box) -> tuple[int, ...]:
-    return tuple(b - a for a, b in box)
 
 
 def execute_switch(plan: "SwitchPlan", tensors: Mapping[str, torch.Tensor], state: Any = None, *,
@@ -51,7 +49,7 @@ def execute_switch(plan: "SwitchPlan", tensors: Mapping[str, torch.Tensor], stat
     mine = _check_inputs(plan, tensors, sboxes, me)
     dev = torch.device(device) if device is not None else _device_of(tensors, state)
     dtypes = {t.name: (dtypes or {}).get(t.name) or _dtype_of(t.name, tensors, t.itemsize) for t in plan.tensors}
-    out = {name: torch.zeros(_shape(b[me]), dtype=dtypes[name], device=dev)
+    out = {name: torch.zeros(box_shape(b[me]), dtype=dtypes[name], device=dev)
            for name, b in dboxes.items() if me in b}
     for step in plan.steps:
         for name, r, box in step.copies:
@@ -93,9 +91,9 @@ def _check_inputs(plan: "SwitchPlan", tensors: Mapping[str, torch.Tensor], sboxe
         if x is None:
             raise CommExecutionError(f"rank {me}, switch: no local tensor {t.name!r}, but the source plan places "
                                      f"{format_box(box)} of it here")
-        if tuple(x.shape) != _shape(box):
+        if tuple(x.shape) != box_shape(box):
             raise CommExecutionError(f"rank {me}, switch: tensor {t.name!r} has shape {tuple(x.shape)} but the "
-                                     f"source plan places {format_box(box)} (shape {_shape(box)}) here")
+                                     f"source plan places {format_box(box)} (shape {box_shape(box)}) here")
         if x.element_size() != t.itemsize:
             raise CommExecutionError(f"rank {me}, switch: tensor {t.name!r} is {x.dtype} but was planned with "
                                      f"{t.itemsize}-byte elements")
@@ -134,7 +132,7 @@ def _exchange(messages: tuple["PackedMessage", ...], me: int, to_proc: Any, grou
     for m, buf in recvs:
         for it in m.items:
             dbox = dboxes[it.tensor][me]
-            piece = buf[it.offset:it.offset + it.nbytes].view(dtypes[it.tensor]).reshape(_shape(it.box))
+            piece = buf[it.offset:it.offset + it.nbytes].view(dtypes[it.tensor]).reshape(box_shape(it.box))
             if box_numel(it.box) * out[it.tensor].element_size() != it.nbytes:
                 raise CommExecutionError(f"rank {me}, switch: item {it.tensor!r} {format_box(it.box)} is "
                                          f"{it.nbytes} bytes, not {out[it.tensor].dtype}")

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..core.slices import box_numel
+
 __all__ = ["launch", "launch_training", "launch_runs", "recompute_ranks", "training_run", "train_entry",
            "reference_training", "ReferenceResult", "run_demo", "dataset_for", "load_captured", "assemble"]
 
@@ -241,7 +243,7 @@ def _memory_summary(ex: Any, program: Any, rank: int) -> dict[str, Any]:
     return {"param_bytes": parameter_bytes(ex.params),
             "optimizer_bytes": sum(t.numel() * t.element_size() for st in ex.optimizer.state.values()
                                    for t in st.values() if isinstance(t, torch.Tensor) and t.dim() > 0),
-            "shard_bytes": sum(4 * _numel(shard_box(program, n, rank)) for n in ex.params),
+            "shard_bytes": sum(4 * box_numel(shard_box(program, n, rank)) for n in ex.params),
             "pipeline": ex.pipeline, "stage": ex.stage, "micro_batches": [ex.num_micro, ex.micro_size]}
 
 
@@ -257,11 +259,6 @@ def _save_capture(ex: Any, program: Any, rank: int, path: Path) -> None:
                 "boxes": {k: shard_box(program, k, rank) for k in ex.params}}, path)
 
 
-def _numel(box: Sequence[tuple[int, int]]) -> int:
-    n = 1
-    for a, b in box:
-        n *= b - a
-    return n
 
 
 # ---- captured shards -> full tensors ------------------------------------------------------------------------
