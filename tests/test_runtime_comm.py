@@ -290,3 +290,23 @@ def test_point_to_point_messages_carry_the_callers_tag_base(monkeypatch: pytest.
     posted.clear()
     out.backward(torch.ones_like(out))
     assert posted == expected(bp, 3072) and len(posted) == 2
+
+
+def test_gradient_buckets_coalesce_slices_across_plans_and_respect_the_cap() -> None:
+    """Bucketing (the grad-sync path): slices of many SplitAllReduce plans share one collective per rank set,
+    in first-slice order, and a bucket never grows past the cap (unless one slice alone is larger)."""
+    from hspmd_sdk.core import Annotation, resolve
+    from hspmd_sdk.runtime.comm import _buckets
+
+    src = Annotation("[0,1] S0x2 | [2,3] S0x2 ; hdim=-2")  # gradients: a summand per pipeline (TP2 each)
+    dst = Annotation("[0,1] S0x2 | [2,3] S0x2")
+    plans = [resolve(src, dst, (4, 8)) for _ in range(5)]
+    assert all(p.kinds == ["SplitAllReduce"] for p in plans)
+    items = [(p, None) for p in plans]
+    mine = [s for s in plans[0].ops[0].slices if 0 in s.ranks]
+    per_plan = sum(4 * (b - a) * (d - c) for s in mine for (a, b), (c, d) in [s.box])
+    one = _buckets(items, range(5), cap=10**9, me=0)
+    assert len(one) == 1 and one[0][0] == (0, 2) and len(one[0][2]) == 5 * len(mine)
+    capped = _buckets(items, range(5), cap=2 * per_plan, me=0)
+    assert [len(m) for _, _, m in capped] == [2 * len(mine), 2 * len(mine), len(mine)]
+    assert [i for _, _, m in capped for i, _ in m] == [i for _, _, m in one for i, _ in m]

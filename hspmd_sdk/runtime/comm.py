@@ -50,7 +50,7 @@ from ..errors import HSPMDError
 if TYPE_CHECKING:
     from ..core.comm_plan import CommPlan
 
-__all__ = ["CommExecutionError", "comm_groups", "execute", "reshard", "backward_plan_for", "gradient_layout",
+__all__ = ["CommExecutionError", "comm_groups", "execute", "execute_bucketed", "reshard", "backward_plan_for", "gradient_layout",
            "group_lookup", "torch_dtype", "default_device"]
 
 GroupLookup = Callable[[Sequence[int]], Any]
@@ -171,6 +171,94 @@ def execute(plan: "CommPlan", local: torch.Tensor | None, groups: Any, *, rank: 
         except RuntimeError as e:  # a collective failed or timed out: say where
             raise CommExecutionError(f"rank {rank}, {what}: {e}") from e
     return cur if rank in plan.dst.ranks else None
+
+
+#: Largest flat buffer of one bucketed collective (DDP's default bucket size).
+BUCKET_BYTES = 25 * 2**20
+
+
+def execute_bucketed(items: Sequence[tuple["CommPlan", torch.Tensor | None]], groups: Any, *,
+                     rank: int | None = None, device: torch.device | str | None = None,
+                     bucket_bytes: int = BUCKET_BYTES) -> list[torch.Tensor | None]:
+    """Run many plans, coalescing the slice collectives of top-tier plans into few large calls (bucketing).
+
+    Gradient synchronisation issues one plan per parameter (``SplitAllReduce`` / ``SplitReduceScatter``); run one
+    by one that is one small collective each.  Here every plan made of a single :class:`SplitCollectiveOp` has its
+    slices batched *across plans* by (rank set, broadcast root), as :func:`execute` batches them inside one plan,
+    into flat buffers of at most ``bucket_bytes``: one collective per bucket.  The other plans run first, one by
+    one, in the order given.  Every rank must pass its plans in one global order (e.g. parameter order); buckets
+    are issued in the order of their first slice, which then agrees on every rank of each group.
+    Returns the destination tensor of each item (``None`` where this rank holds nothing after).
+    """
+    me = dist.get_rank() if rank is None else int(rank)
+    out: list[torch.Tensor | None] = [None] * len(items)
+    bucketed: list[int] = []
+    for i, (plan, local) in enumerate(items):
+        if len(plan.ops) == 1 and isinstance(plan.ops[0], SplitCollectiveOp):
+            bucketed.append(i)
+        else:
+            out[i] = execute(plan, local, groups, rank=me, device=device)
+    if not bucketed:
+        return out
+    first_plan, first_local = items[bucketed[0]]
+    dtype = torch_dtype(first_plan.dtype)
+    dev = torch.device(device) if device is not None else (first_local.device if first_local is not None else
+                                                             default_device(groups))
+    ctx = _Ctx(me, group_lookup(groups), dtype, dev)
+    xs: dict[int, torch.Tensor | None] = {}
+    for i in bucketed:
+        plan, local = items[i]
+        op = plan.ops[0]
+        inb, outb = dict(op.in_boxes), dict(op.out_boxes)
+        what = f"op 0 ({op.kind}) of {plan.src} -> {plan.dst}"
+        if torch_dtype(plan.dtype) != dtype:
+            raise CommExecutionError(f"rank {me}: bucketed plans must share a dtype ({plan.dtype} != "
+                                     f"{first_plan.dtype})")
+        xs[i] = ctx.check(local, inb[me], what) if me in inb else None
+        out[i] = ctx.zeros(outb[me]) if me in outb else local
+    for ranks, root, members in _buckets(items, bucketed, bucket_bytes, me):
+        parts = [_split_buffer([s], xs[i], dict(items[i][0].ops[0].in_boxes), ctx) for i, s in members]
+        buf = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if len(ranks) > 1:
+            pg, _ = _group(ctx.lookup, ranks, me, f"a bucket of {len(members)} slices over {list(ranks)}")
+            try:
+                if root is not None:
+                    dist.broadcast(buf, src=root, group=pg)
+                else:
+                    dist.all_reduce(buf, group=pg)
+            except RuntimeError as e:
+                raise CommExecutionError(f"rank {me}, bucketed collective over {list(ranks)}: {e}") from e
+        at = 0
+        for i, s in members:
+            n = box_numel(s.box)
+            if me in s.receivers:
+                outb = dict(items[i][0].ops[0].out_boxes)
+                out[i][relative(s.box, outb[me])] = buf[at:at + n].reshape(box_shape(s.box))  # type: ignore[index]
+            at += n
+    return [o if me in items[i][0].dst.ranks else None for i, o in enumerate(out)]
+
+
+def _buckets(items: Sequence[tuple[Any, Any]], indices: Sequence[int], cap: int, me: int
+             ) -> list[tuple[tuple[int, ...], int | None, list[tuple[int, Any]]]]:
+    """This rank's buckets: slices of the plans ``indices`` grouped by (rank set, root), at most ``cap`` bytes
+    each, in the order of their first slice."""
+    open_: dict[tuple[tuple[int, ...], int | None], int] = {}
+    buckets: list[tuple[tuple[int, ...], int | None, list[tuple[int, Any]], list[int]]] = []
+    for i in indices:
+        op = items[i][0].ops[0]
+        for s in op.slices:
+            if me not in s.ranks:
+                continue
+            root = s.contributors[0] if len(s.contributors) == 1 else None
+            key = (tuple(s.ranks), root)
+            nbytes = box_numel(s.box) * op.itemsize
+            b = open_.get(key)
+            if b is None or buckets[b][3][0] + nbytes > cap and buckets[b][2]:
+                open_[key] = b = len(buckets)
+                buckets.append((key[0], root, [], [0]))
+            buckets[b][2].append((i, s))
+            buckets[b][3][0] += nbytes
+    return [(r, root, members) for r, root, members, _ in buckets]
 
 
 def default_device(groups: Any = None) -> torch.device:

@@ -40,7 +40,7 @@ from ..core.comm_ops import CollectiveOp, IdentityOp, PointToPointOp, SplitColle
 from ..core.slices import box_numel, box_shape, relative
 from ..core.symbolic import evaluate_shape
 from ..errors import HSPMDError
-from .comm import execute, reshard, torch_dtype
+from .comm import execute, execute_bucketed, reshard, torch_dtype
 from .kernels import KERNELS
 from .microbatch import batch_dim, micro_batch_plan
 from .params import init_local_parameters
@@ -370,6 +370,7 @@ class StepExecutor:
 
     def post(self, *, capture_grads: bool = False) -> None:
         """``Post``: gradient synchronisation per the plan, then Adam on the local shards."""
+        syncs: list[tuple[str, Any, torch.Tensor]] = []
         for op in self.eg.post:
             if op.kind == "GradSync":
                 p = op.inputs[0]
@@ -377,9 +378,15 @@ class StepExecutor:
                 g = used.grad if used is not None and used.grad is not None else None
                 if g is None:
                     g = torch.zeros_like(used if used is not None else self.params[p])
-                out = g if _identity_for(op.comm, self.rank) else execute(op.comm, g, self.groups, rank=self.rank,
-                                                                          device=self.device)
-                self.params[p].grad = out
+                if _identity_for(op.comm, self.rank):
+                    self.params[p].grad = g
+                else:
+                    syncs.append((p, op.comm, g))
+        # one collective per bucket of gradients, not one per parameter (like DDP's buckets)
+        outs = execute_bucketed([(plan, g) for _, plan, g in syncs], self.groups, rank=self.rank,
+                                device=self.device)
+        for (p, _, _), out in zip(syncs, outs):
+            self.params[p].grad = out
         if capture_grads:
             self.captured_grads = {k: v.grad.detach().clone() for k, v in self.params.items()}
         if any(o.kind == "OptimizerStep" for o in self.eg.post):
