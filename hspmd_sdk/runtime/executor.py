@@ -29,8 +29,9 @@ plan says.  Optional activation recomputation per stage re-runs a micro-batch's 
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -104,8 +105,11 @@ class StepExecutor:
 
     def __init__(self, program: Any, rank: int, groups: Any, *, seed: int, global_batch: int, seq_len: int,
                  adam: AdamConfig = AdamConfig(), recompute: bool = False,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, emulate: Callable[[float], Any] | None = None) -> None:
         self.program, self.rank, self.groups = program, rank, groups
+        # speed emulation (CPU demos): called with the seconds of each compute piece -- a forward kernel, a
+        # stage's autograd backward, the optimizer step -- never with time spent waiting for other ranks
+        self.emulate = emulate
         self.device = device or torch.device("cpu")
         self.graph = program.graph
         self.anns = program.annotations
@@ -322,9 +326,18 @@ class StepExecutor:
         if "loss" in vals and self.rank in self.anns["loss"].ranks:
             rec.loss = vals["loss"]
 
+    def _timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, reporting its seconds to ``emulate`` when speed emulation is on."""
+        if self.emulate is None:
+            return fn(*args, **kwargs)
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        self.emulate(time.perf_counter() - t0)
+        return out
+
     def _compute(self, op: Any, vals: dict[str, torch.Tensor]) -> None:
         node = self.nodes[op.name]
-        out = KERNELS[node.kind](*(vals[t] for t in node.inputs), **self._node_attrs(node))
+        out = self._timed(KERNELS[node.kind], *(vals[t] for t in node.inputs), **self._node_attrs(node))
         outs = out if isinstance(out, tuple) else (out,)
         for name, v in zip(node.outputs, outs):
             if name in self.grad_reduce:
@@ -362,7 +375,7 @@ class StepExecutor:
             roots.append(t)
             grads.append(self._receive(self._plan(f"{name}.bwd", self.nodes[name].inputs[0]), _tag(mb, 1)))
         if roots:
-            torch.autograd.backward(roots, grads)
+            self._timed(torch.autograd.backward, roots, grads)
         for name, t in reversed(rec.inputs):
             g = t.grad if t.grad is not None else torch.zeros_like(t)
             self._send(self._plan(f"{name}.bwd", self.nodes[name].inputs[0]), g, _tag(mb, 1))
@@ -390,7 +403,7 @@ class StepExecutor:
         if capture_grads:
             self.captured_grads = {k: v.grad.detach().clone() for k, v in self.params.items()}
         if any(o.kind == "OptimizerStep" for o in self.eg.post):
-            self.optimizer.step()
+            self._timed(self.optimizer.step)
         self.optimizer.zero_grad(set_to_none=True)
         self.step_values = {}
         self._wait_sends()

@@ -205,19 +205,18 @@ def _train_one(state: Any, run: Mapping[str, Any], index: int, offset: int) -> d
     ex = None
     if rank in program.ranks:
         ex = StepExecutor(program, rank, state, seed=seed, global_batch=B, seq_len=S, adam=adam,
-                          recompute=rank in run.get("recompute", ()), device=state.device)
+                          recompute=rank in run.get("recompute", ()), device=state.device,
+                          emulate=state.emulate if state.slowdown != 1.0 else None)
         state.params, state.optimizer = ex.params, ex.optimizer
     dataset = dataset_for(run["data"], program.graph.meta["config"].vocab_size)
     capture = run.get("capture_dir")
     losses: list[float] = []
     for step in range(int(run["steps"])):
         state.begin_step()
-        t0 = time.perf_counter()
         local = 0.0
         if ex is not None:
             batch = dataset.global_batch(step, B, S, seed) if ex.needs_data else None
             local = ex.step(batch, capture_grads=bool(capture) and step == 0)
-        state.emulate(time.perf_counter() - t0)
         mine = local if ex is not None and ex.loss_contributor() else 0.0
         part = torch.tensor([mine], dtype=torch.float64, device=state.device)
         dist.all_reduce(part)
