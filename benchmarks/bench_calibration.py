@@ -18,6 +18,13 @@ Two predictions per strategy: ``sim`` (the profiled line as is) and ``sim/core-s
 get half a core, which the simulator does not know).  What the simulator does not model on a CPU is said in
 ``benchmarks/RESULTS.md``.
 
+Representative profiling (``profiled`` columns): :func:`hspmd_sdk.planner.cost.profile_model` times one decoder
+layer of the reference Llama (forward and backward), the embedding, the final norm + LM head + loss and the Adam
+step at the bench model's shapes (1 thread), and the gloo link between two local processes
+(:func:`hspmd_sdk.planner.cost.profile_link`, stored as ``link_overrides["intra"]`` with fp32 wire bytes); the
+``profiled + cores`` column also sets ``CostModel.cores`` to this machine's core count.  The profile is saved as
+``results/cpu_profile.json``.
+
 Run: ``python benchmarks/bench_calibration.py`` (about 2 min); ``--quick`` for a smoke run.
 """
 from __future__ import annotations
@@ -75,13 +82,26 @@ def main(argv: list[str] | None = None) -> dict:
     cores = os.cpu_count() or 1
     cost = profiled_cost({})
     fit = cost.compute_fits["cpu"]
+    from hspmd_sdk.planner.cost import profile_model
+
+    prof_cost = profile_model(BENCH_MODEL, "cpu", threads=1, link=True, base=cost)
+    prof_cost.save(Path(args.json).parent / "cpu_profile.json")
+    prof_cores = prof_cost.model_copy(update={"cores": cores})
+    prof, lk = prof_cost.profiles["cpu"], prof_cost.link_overrides["intra"]
     print(f"bench_calibration: {BENCH_MODEL}, seq {SEQ}, {cores} cores, load {load()}")
     print(f"profiled cpu fit (1 thread): {fit.tflops * 1e3:.1f} GFLOP/s, b = {fit.b * 1e6:.1f} us, r2 = {fit.r2:.3f}")
+    print(f"profiled layer: fwd {1e-9 / prof.layer_fwd.a:.1f} GFLOP/s + {prof.layer_fwd.b * 1e6:.0f} us, bwd "
+          f"{1e-9 / max(prof.layer_bwd.a, 1e-30):.1f} GFLOP/s + {prof.layer_bwd.b * 1e6:.0f} us; Adam "
+          f"{prof.optimizer_s_per_param * 1e9:.2f} ns/param; gloo p2p {lk.latency * 1e6:.0f} us + "
+          f"{lk.bandwidth / 1e9:.2f} GB/s, all_reduce step {lk.collective_latency * 1e6:.0f} us + "
+          f"{lk.collective_bandwidth / 1e9:.2f} GB/s")
     rows = []
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cores": cores, "load_start": load(),
-                           "fit": fit.model_dump(), "rows": rows}
+                           "fit": fit.model_dump(), "profile": json.loads(prof_cost.model_dump_json()),
+                           "rows": rows}
     print(f"{'strategy':<22} {'ranks':>5} {'measured ms':>12} {'sim ms':>8} {'meas/sim':>9} "
-          f"{'sim/core-share ms':>18} {'meas/sim':>9}  load")
+          f"{'sim/core-share ms':>18} {'meas/sim':>9} {'profiled ms':>12} {'meas/prof':>9} "
+          f"{'prof+cores ms':>14} {'meas/p+c':>9}  load")
     for world, strats in STRATEGIES.items():
         before = load()
         times = measure(world, strats, args)
@@ -93,14 +113,21 @@ def main(argv: list[str] | None = None) -> dict:
             m = median(times[name])
             sim = simulate(BENCH_MODEL, strat, cluster, seq_len=SEQ, cost=cost)
             sim2 = simulate(BENCH_MODEL, strat, cluster, seq_len=SEQ, cost=shared)
+            sim3 = simulate(BENCH_MODEL, strat, cluster, seq_len=SEQ, cost=prof_cost)
+            sim4 = simulate(BENCH_MODEL, strat, cluster, seq_len=SEQ, cost=prof_cores)
             row = {"strategy": name, "ranks": world, "measured_s": m, "min_s": min(times[name]),
                    "simulated_s": sim.step_time, "ratio": m / sim.step_time,
                    "simulated_core_share_s": sim2.step_time, "ratio_core_share": m / sim2.step_time,
+                   "simulated_profiled_s": sim3.step_time, "ratio_profiled": m / sim3.step_time,
+                   "simulated_profiled_cores_s": sim4.step_time, "ratio_profiled_cores": m / sim4.step_time,
+                   "sim_profiled_sync_s": sim4.sync_time, "sim_profiled_bubble": sim4.bubble_fraction,
                    "sim_sync_s": sim.sync_time, "sim_bubble": sim.bubble_fraction, "times": times[name],
                    "load": f"{before} -> {load()}"}
             rows.append(row)
             print(f"{strat.name:<22} {world:>5} {m * 1e3:12.1f} {sim.step_time * 1e3:8.1f} {row['ratio']:9.2f} "
-                  f"{sim2.step_time * 1e3:18.1f} {row['ratio_core_share']:9.2f}  {row['load']}", flush=True)
+                  f"{sim2.step_time * 1e3:18.1f} {row['ratio_core_share']:9.2f} {sim3.step_time * 1e3:12.1f} "
+                  f"{row['ratio_profiled']:9.2f} {sim4.step_time * 1e3:14.1f} {row['ratio_profiled_cores']:9.2f}  "
+                  f"{row['load']}", flush=True)
     out["load_end"] = load()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1))

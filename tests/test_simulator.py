@@ -131,7 +131,8 @@ def test_uneven_pipelines_run_their_own_micro_batches() -> None:
 
 
 def test_cost_model_profile_and_round_trip(tmp_path: Path) -> None:
-    cost = profile_device("cpu", shapes=[(64, 64, 64), (128, 128, 128), (256, 256, 256)], repeats=3)
+    # a wide FLOP range (0.5 to 268 MFLOP) so that the slope stays positive even on a loaded machine
+    cost = profile_device("cpu", shapes=[(64, 64, 64), (256, 256, 256), (512, 512, 512)], repeats=3)
     fit = cost.compute_fits["cpu"]
     assert fit.a > 0 and math.isfinite(fit.tflops)
     cost.save(tmp_path / "cost.json")
@@ -140,6 +141,42 @@ def test_cost_model_profile_and_round_trip(tmp_path: Path) -> None:
     assert cost.compute_time(1e9, spec) == pytest.approx(fit.a * 1e9 + fit.b)
     fitted = CostModel(compute_fits={"cpu": ComputeFit(a=1e-9, b=0.5)})
     assert fitted.compute_time(2e9, spec) == pytest.approx(2.5)
+
+
+def test_profile_model_round_trip_and_use(tmp_path: Path) -> None:
+    from hspmd_sdk.planner.cost import LinkOverride, OperatorProfile, layer_cost, profile_model
+
+    model = LlamaConfig.preset("tiny")
+    cost = profile_model(model, "cpu", threads=1, shapes=[(16, 16), (64, 16)], repeats=1)
+    prof = cost.profiles["cpu"]
+    cost.save(tmp_path / "cost.json")
+    assert CostModel.load(tmp_path / "cost.json") == cost
+    for fit in (prof.layer_fwd, prof.layer_bwd, prof.head_fwd, prof.head_bwd, prof.embed):
+        small, large = fit.a * 1e6 + fit.b, fit.a * 1e9 + fit.b
+        assert fit.a >= 0 and fit.b >= 0 and 0 < small <= large  # positive, monotonic
+    assert prof.optimizer_s_per_param > 0 and prof.shapes == [(16, 16), (64, 16)]
+    # the profiled lines are the layer's compute; cores scales compute under oversubscription
+    c = CostModel(profiles={"cpu": OperatorProfile(layer_fwd=ComputeFit(a=1e-9, b=0.0),
+                                                   layer_bwd=ComputeFit(a=3e-9, b=0.0),
+                                                   head_fwd=ComputeFit(a=0.0, b=0.0),
+                                                   head_bwd=ComputeFit(a=0.0, b=0.0))},
+                  include_embedding=False)
+    cl = Cluster.local(4)
+    lc = layer_cost(model, cl.spec(0), 1, cl.link(0, 0), 1, 16, c)
+    assert lc.fwd_compute == pytest.approx(1e-9 * model.layer_flops(16, 16))
+    assert lc.bwd_compute == pytest.approx(3 * lc.fwd_compute)
+    strat = {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 1, "stages": [
+        {"devices": [0], "layers": [0, model.num_layers - 1]}]}, {"micro_batch_size": 1, "num_micro_batches": 1,
+        "stages": [{"devices": [1], "layers": [0, model.num_layers - 1]}]}]}
+    base = simulate(model, strat, Cluster.local(2), seq_len=16, cost=c.model_copy(update={"comm_scale": 0.0}))
+    shared = simulate(model, strat, Cluster.local(2), seq_len=16,
+                      cost=c.model_copy(update={"comm_scale": 0.0, "cores": 1}))
+    assert shared.step_time == pytest.approx(2 * base.step_time)
+    # link overrides replace the cluster's figures for that link class
+    slow = c.model_copy(update={"link_overrides": {"intra": LinkOverride(latency=1e-3, bandwidth=1e9)}})
+    link = cl.link(0, 1)
+    assert slow.p2p_time(1e6, link) == pytest.approx(1e-3 + 1e-3)
+    assert slow.collective_time("all_reduce", 1e6, 2, link) == pytest.approx(2 * 1e-3 + 1e6 / 1e9)
 
 
 def test_ring_collective_formula() -> None:

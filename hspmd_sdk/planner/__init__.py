@@ -2,7 +2,8 @@
 (heterogeneous devices: :func:`plan_hetero`; unstable devices: :func:`replan_elastic`; mixed-length data:
 :func:`plan_mixed` and :func:`dispatch`).
 
-Names are imported lazily, so ``import hspmd_sdk.planner`` is cheap; only :func:`profile_device` imports torch.
+Names are imported lazily, so ``import hspmd_sdk.planner`` is cheap; only the profilers (:func:`profile_device`,
+:func:`profile_model`, :func:`profile_link`) import torch.
 """
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ _EXPORTS = {
     "CostModel": "hspmd_sdk.planner.cost",
     "ComputeFit": "hspmd_sdk.planner.cost",
     "profile_device": "hspmd_sdk.planner.cost",
+    "profile_model": "hspmd_sdk.planner.cost",
+    "profile_link": "hspmd_sdk.planner.cost",
+    "OperatorProfile": "hspmd_sdk.planner.cost",
+    "LinkOverride": "hspmd_sdk.planner.cost",
     "simulate": "hspmd_sdk.planner.simulator",
     "SimResult": "hspmd_sdk.planner.simulator",
     "Event": "hspmd_sdk.planner.simulator",

@@ -15,6 +15,17 @@ Every estimate is built from a few operators, each costed on one hardware resour
   the replicas holding the same layer), activations of the micro-batches in flight.
 
 Backward costs ``backward_factor`` (2) forwards; activation recompute adds one more forward to the backward.
+**Representative profiling** (:func:`profile_model`): on a CPU, bare matmuls are only about 60% of a decoder
+step (RMSNorm, RoPE, SwiGLU, the attention kernel, the loss and Adam are the rest), so a matmul line underestimates
+a step.  :func:`profile_model` times the real forward and backward of ONE decoder layer of the reference Llama
+(:mod:`hspmd_sdk.models.reference`) at a few ``(tokens, seq_len)`` shapes, the embedding and the final norm + LM head
++ cross-entropy, and the Adam step, and fits per-operator lines ``time = a * FLOPs + b``
+(:class:`OperatorProfile`, stored per device kind in ``CostModel.profiles``); these replace both
+``compute_fits`` and the ``backward_factor`` for that kind.  It can also measure the local gloo link
+(:func:`profile_link`: a 2-process all_reduce / send-recv run) into ``CostModel.link_overrides``, which replaces
+the latency and bandwidth of a link class (``"intra"``, ``"inter"``) from :meth:`Cluster.link` -- the Cluster
+presets stay as they are.  Everything is JSON (:meth:`CostModel.save` / :meth:`CostModel.load`).
+
 All figures are seconds and bytes.  The efficiencies are fields of :class:`CostModel`, documented there and
 overridable; nothing here is global.
 """
@@ -30,7 +41,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster, DeviceSpec, Link
     from ..core.model_config import LlamaConfig
 
-__all__ = ["CostModel", "ComputeFit", "profile_device", "ring_factor", "LayerCost", "layer_cost",
+__all__ = ["CostModel", "ComputeFit", "OperatorProfile", "LinkOverride", "profile_device", "profile_model",
+           "profile_link", "ring_factor", "LayerCost", "layer_cost",
            "head_cost", "embedding_cost", "static_memory", "activation_memory"]
 
 BF16 = 2
@@ -60,6 +72,47 @@ class ComputeFit(BaseModel):
         return 1e-12 / self.a if self.a > 0 else float("inf")
 
 
+class OperatorProfile(BaseModel):
+    """Profiled costs of whole model operators on one device kind (from :func:`profile_model`).
+
+    Each line maps the operator's *forward* FLOPs (per device, i.e. already divided by the TP degree) to seconds:
+    ``layer_fwd``/``layer_bwd`` for one decoder layer (x: :meth:`LlamaConfig.layer_flops`), ``head_fwd``/``head_bwd``
+    for the final RMSNorm + LM head + cross-entropy (x: :meth:`LlamaConfig.head_flops`), ``embed`` for the embedding
+    forward + backward (x: ``tokens * hidden``, a nominal count).  ``points``: the measured ``(x, seconds)`` per
+    line (``lf``, ``lb``, ``hf``, ``hb``, ``e``).  ``optimizer_s_per_param``: seconds of the
+    Adam step per parameter (fp32 ``torch.optim.Adam``).  ``shapes``: the ``(tokens, seq_len)`` shapes measured.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    layer_fwd: ComputeFit
+    layer_bwd: ComputeFit
+    head_fwd: ComputeFit
+    head_bwd: ComputeFit
+    embed: ComputeFit = Field(default_factory=lambda: ComputeFit(a=0.0, b=0.0))
+    optimizer_s_per_param: float = Field(default=0.0, ge=0)
+    shapes: list[tuple[int, int]] = Field(default_factory=list)
+    threads: int | None = None
+    model: str = ""
+    points: dict[str, list[tuple[float, float]]] = Field(default_factory=dict)
+
+
+class LinkOverride(BaseModel):
+    """Measured costs of a link class, replacing :meth:`Cluster.link`'s latency and bandwidth (from
+    :func:`profile_link`).  ``latency``/``bandwidth`` (s, bytes/s) cost point-to-point transfers;
+    ``collective_latency``/``collective_bandwidth`` cost each step of a ring collective (default: the p2p
+    figures).  Measured figures already include the achieved efficiency, so ``p2p_efficiency`` and
+    ``collective_efficiency`` are not applied on an overridden link."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    latency: float = Field(ge=0)
+    bandwidth: float = Field(gt=0)
+    collective_latency: float | None = Field(default=None, ge=0)
+    collective_bandwidth: float | None = Field(default=None, gt=0)
+    backend: str = ""
+
+
 class CostModel(BaseModel):
     """The tunable constants of the cost model.  Defaults are typical Megatron-on-Hopper figures.
 
@@ -77,6 +130,17 @@ class CostModel(BaseModel):
     * ``optimizer_bytes_per_param`` and ``hbm_gbs``/``hbm_efficiency``: the memory-bound Adam step reads and
       writes that many bytes per parameter it owns.
     * ``memory_reserve_mb``: per device memory the framework holds besides tensors (CUDA context, allocator).
+    * ``profiles``: per device kind, an :class:`OperatorProfile` (from :func:`profile_model`); when present it is
+      the source of layer / head / embedding compute and of the optimizer time for that kind (it takes precedence
+      over ``compute_fits``, ``mfu`` and ``backward_factor``).
+    * ``link_overrides``: link class (``"intra"``, ``"inter"``) -> :class:`LinkOverride`, measured latency and
+      bandwidth that replace the :class:`Cluster`'s for every link of that class.
+    * ``comm_bytes_factor``: bytes on the wire per byte the model counts (the model counts bf16; ``2.0`` for a
+      run that communicates fp32).
+    * ``cores``: CPU cores per node, for local simulations with more ranks on a node than cores.  When set, the
+      compute and optimizer time of a device is multiplied by ``max(1, ranks_on_its_node / cores)``.  An
+      approximation: it assumes the OS shares the cores evenly and that every rank computes all the time
+      (ranks waiting in a pipeline bubble or a collective free their core, which it ignores).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -95,6 +159,10 @@ class CostModel(BaseModel):
     default_hbm_gbs: float = Field(default=2000.0, gt=0)
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
     memory_reserve_mb: float = Field(default=2048.0, ge=0)
+    profiles: dict[str, OperatorProfile] = Field(default_factory=dict)
+    link_overrides: dict[str, LinkOverride] = Field(default_factory=dict)
+    comm_bytes_factor: float = Field(default=1.0, gt=0)
+    cores: int | None = Field(default=None, ge=1)
 
     # ---- persistence ---------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
@@ -120,6 +188,10 @@ class CostModel(BaseModel):
         """Seconds to send ``nbytes`` point-to-point over ``link``."""
         if link.cls == "self" or nbytes <= 0:
             return 0.0
+        nbytes *= self.comm_bytes_factor
+        o = self.link_overrides.get(link.cls)
+        if o is not None:
+            return self.comm_scale * (o.latency + nbytes / o.bandwidth)
         return self.comm_scale * (link.latency + nbytes / (link.bandwidth * self.p2p_efficiency))
 
     def collective_time(self, op: str, nbytes: float, n: int, link: "Link") -> float:
@@ -128,11 +200,25 @@ class CostModel(BaseModel):
         if n <= 1 or nbytes <= 0 or link.cls == "self":
             return 0.0
         steps = 2 * (n - 1) if op == "all_reduce" else n - 1
-        volume = ring_factor(op, n) * nbytes
+        volume = ring_factor(op, n) * nbytes * self.comm_bytes_factor
+        o = self.link_overrides.get(link.cls)
+        if o is not None:
+            lat = o.latency if o.collective_latency is None else o.collective_latency
+            bw = o.bandwidth if o.collective_bandwidth is None else o.collective_bandwidth
+            return self.comm_scale * (steps * lat + volume / bw)
         return self.comm_scale * (steps * link.latency + volume / (link.bandwidth * self.collective_efficiency))
 
+    def core_share(self, ranks_on_node: int) -> float:
+        """The slowdown of compute when ``ranks_on_node`` ranks share ``cores`` cores: ``max(1, ranks / cores)``
+        (1 when ``cores`` is unset).  An approximation, see the class docstring."""
+        return max(1.0, ranks_on_node / self.cores) if self.cores else 1.0
+
     def optimizer_time(self, params: float, spec: "DeviceSpec") -> float:
-        """Seconds for the Adam update of ``params`` parameters (memory-bound)."""
+        """Seconds for the Adam update of ``params`` parameters (profiled per parameter if ``profiles`` has the
+        kind, else memory-bound)."""
+        prof = self.profiles.get(spec.kind)
+        if prof is not None and prof.optimizer_s_per_param > 0:
+            return params * prof.optimizer_s_per_param
         bw = self.hbm_gbs.get(spec.kind, self.default_hbm_gbs) * 1e9 * self.hbm_efficiency
         return params * self.optimizer_bytes_per_param / bw
 
@@ -183,16 +269,26 @@ def layer_cost(model: "LlamaConfig", spec: "DeviceSpec", tp: int, tp_link: "Link
     is kept and one layer's full activations are transient.
     """
     tokens = micro_batch * seq_len
-    fwd = cost.compute_time(model.layer_flops(tokens, seq_len) / tp, spec)
+    flops = model.layer_flops(tokens, seq_len) / tp
+    prof = cost.profiles.get(spec.kind)
+    if prof is not None:  # profiled whole-layer lines
+        fwd, bwd = _line(prof.layer_fwd, flops), _line(prof.layer_bwd, flops)
+    else:
+        fwd = cost.compute_time(flops, spec)
+        bwd = cost.backward_factor * fwd
     ar = cost.collective_time("all_reduce", tokens * model.hidden_size * BF16, tp, tp_link)
     full_act = _layer_activation_bytes(model, tokens, tp, cost.sequence_parallel)
-    bwd = cost.backward_factor * fwd + (fwd if recompute else 0.0)
+    bwd += fwd if recompute else 0.0
     return LayerCost(
         fwd_compute=fwd, bwd_compute=bwd, fwd_comm=2 * ar, bwd_comm=(4 if recompute else 2) * ar,
         act_bytes=tokens * model.hidden_size * BF16 / (tp if cost.sequence_parallel else 1) if recompute
         else full_act,
         transient_bytes=full_act if recompute else 0.0,
         params=model.layer_param_count() / tp)
+
+
+def _line(fit: ComputeFit, x: float) -> float:
+    return fit.a * x + fit.b if x > 0 else 0.0
 
 
 def _layer_activation_bytes(model: "LlamaConfig", tokens: int, tp: int, sequence_parallel: bool) -> float:
@@ -210,7 +306,10 @@ def embedding_cost(model: "LlamaConfig", spec: "DeviceSpec", tp: int, tp_link: "
         return LayerCost()
     tokens = micro_batch * seq_len
     ar = cost.collective_time("all_reduce", tokens * model.hidden_size * BF16, tp, tp_link)
-    return LayerCost(fwd_comm=ar, params=model.embedding_param_count() / tp)
+    prof = cost.profiles.get(spec.kind)
+    # profiled: the embedding's forward + backward, put in the backward (the forward is a gather)
+    bwd = _line(prof.embed, tokens * model.hidden_size / tp) if prof is not None else 0.0
+    return LayerCost(fwd_comm=ar, bwd_compute=bwd, params=model.embedding_param_count() / tp)
 
 
 def head_cost(model: "LlamaConfig", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
@@ -222,8 +321,14 @@ def head_cost(model: "LlamaConfig", spec: "DeviceSpec", tp: int, tp_link: "Link"
     if not cost.include_embedding:
         return LayerCost()
     tokens = micro_batch * seq_len
-    fwd = cost.compute_time(model.head_flops(tokens) / tp, spec)
-    return LayerCost(fwd_compute=fwd, bwd_compute=cost.backward_factor * fwd,
+    flops = model.head_flops(tokens) / tp
+    prof = cost.profiles.get(spec.kind)
+    if prof is not None:
+        fwd, bwd = _line(prof.head_fwd, flops), _line(prof.head_bwd, flops)
+    else:
+        fwd = cost.compute_time(flops, spec)
+        bwd = cost.backward_factor * fwd
+    return LayerCost(fwd_compute=fwd, bwd_compute=bwd,
                      act_bytes=tokens * model.hidden_size * BF16,
                      transient_bytes=2 * tokens * model.vocab_size * FP32 / tp,
                      params=model.head_param_count() / tp)
@@ -301,3 +406,207 @@ def _fit_line(xs: Iterable[float], ys: Iterable[float]) -> ComputeFit:
     ss_res = sum((y - (a * x + b)) ** 2 for x, y in zip(xs, ys))
     return ComputeFit(a=a, b=b, r2=1 - ss_res / ss_tot if ss_tot > 0 else None)
 
+
+
+# ---- representative profiling -----------------------------------------------------------------------------------
+def profile_model(config: "LlamaConfig | str", device: str = "cpu", threads: int | None = 1, *,
+                  shapes: Sequence[tuple[int, int]] | None = None, kind: str | None = None, repeats: int = 5,
+                  link: bool = False, link_class: str = "intra", backend: str = "gloo",
+                  base: CostModel | None = None) -> CostModel:
+    """Profile whole operators of ``config``'s reference Llama on ``device`` and return ``base`` with an
+    :class:`OperatorProfile` under ``kind`` (default ``device``) in ``CostModel.profiles``.
+
+    Times (median of ``repeats`` sweeps over the shapes, after a warm-up sweep) the forward and the backward of
+    ONE decoder layer of :class:`hspmd_sdk.models.reference.LlamaReference` (RMSNorm, RoPE, attention via
+    ``scaled_dot_product_attention``, SwiGLU, residuals), the final RMSNorm + LM head + cross-entropy, and the
+    embedding forward + backward, at each ``(tokens, seq_len)`` of ``shapes`` (default: 1, 2, 4 and 8 sequences of
+    ``min(max_seq_len, 128)`` tokens), and fits ``seconds = a * FLOPs + b`` per operator over the FLOPs the cost
+    model counts (:meth:`LlamaConfig.layer_flops`, :meth:`LlamaConfig.head_flops`).  Tensor parallelism is costed
+    by dividing the FLOPs by the TP degree and reading the same line.  The Adam step (``torch.optim.Adam``,
+    fp32) is timed on the layer's parameters: seconds per parameter.  ``threads``: torch threads while profiling
+    (each runtime worker runs with 1; ``None`` leaves the setting alone).
+
+    With ``link=True`` it also runs :func:`profile_link` (``backend``, 2 local processes) and stores the result in
+    ``link_overrides[link_class]``, with ``comm_bytes_factor = 2`` (the runtime communicates fp32, the model
+    counts bf16).  The run is fp32 (the reference model's dtype).  Takes a few seconds for a small model.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from ..core.model_config import LlamaConfig
+    from ..models.reference import LlamaReference, _rmsnorm
+
+    config = LlamaConfig.load(config) if not isinstance(config, LlamaConfig) else config
+    seq = min(config.max_seq_len, 128)
+    shapes = [tuple(s) for s in (shapes or [(seq * k, seq) for k in (1, 2, 4, 8)])]
+    old = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        ref = LlamaReference(config.model_copy(update={"num_layers": 1}), seed=0).to(device)
+        layer = ref.layers[0]
+        c = config
+
+        def layer_fwd(h: "torch.Tensor") -> "torch.Tensor":
+            h = h + ref._attention(layer, _rmsnorm(h, layer.attn_norm.weight, c.rms_eps))
+            x = _rmsnorm(h, layer.mlp_norm.weight, c.rms_eps)
+            return h + (F.silu(x @ layer.mlp.w1) * (x @ layer.mlp.w3)) @ layer.mlp.w2
+
+        def head_fwd(h: "torch.Tensor", targets: "torch.Tensor") -> "torch.Tensor":
+            logits = _rmsnorm(h, ref.final_norm.weight, c.rms_eps) @ ref.lm_head.weight
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+        inputs = []
+        for tokens, s in shapes:
+            b = max(1, tokens // s)
+            inputs.append((b, s, torch.randn(b, s, c.hidden_size, device=device),
+                           torch.randint(0, c.vocab_size, (b, s), device=device)))
+        # sweeps over all shapes, repeated (a warm-up sweep first), so that a change of background load hits every
+        # shape alike instead of biasing the slope or the intercept; median per shape.
+        samples: list[list[list[float]]] = [[[] for _ in range(6)] for _ in inputs]
+        for sweep in range(repeats + 1):
+            for i, (b, s, h0, tg) in enumerate(inputs):
+                t = (_time_fwd_bwd(torch, device, lambda: layer_fwd(h0.clone().requires_grad_()))
+                     + _time_fwd_bwd(torch, device, lambda: head_fwd(h0.clone().requires_grad_(), tg))
+                     + _time_fwd_bwd(torch, device, lambda: F.embedding(tg, ref.embed.weight)))
+                if sweep:
+                    for j in range(6):
+                        samples[i][j].append(t[j])
+        rows: dict[str, list[tuple[float, float]]] = {k: [] for k in ("lf", "lb", "hf", "hb", "e")}
+        for (b, s, _, _), smp in zip(inputs, samples):
+            lf, lb, hf, hb, ef, eb = (sorted(x)[len(x) // 2] for x in smp)
+            n = b * s
+            rows["lf"].append((c.layer_flops(n, s), lf))
+            rows["lb"].append((c.layer_flops(n, s), lb))
+            rows["hf"].append((c.head_flops(n), hf))
+            rows["hb"].append((c.head_flops(n), hb))
+            rows["e"].append((n * c.hidden_size, ef + eb))
+        ref.zero_grad(set_to_none=True)
+        params = list(layer.parameters())
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.Adam(params, lr=1e-3)
+        opt.step()  # warm-up (allocates the state)
+        runs = []
+        for _ in range(repeats):
+            _sync(torch, device)
+            t0 = time.perf_counter()
+            opt.step()
+            _sync(torch, device)
+            runs.append(time.perf_counter() - t0)
+        adam = sorted(runs)[len(runs) // 2] / sum(p.numel() for p in params)
+    finally:
+        if threads is not None:
+            torch.set_num_threads(old)
+
+    def fit(key: str) -> ComputeFit:
+        f = _fit_line([x for x, _ in rows[key]], [y for _, y in rows[key]])
+        return f.model_copy(update={"device": device, "dtype": "float32"})
+
+    prof = OperatorProfile(layer_fwd=fit("lf"), layer_bwd=fit("lb"), head_fwd=fit("hf"), head_bwd=fit("hb"),
+                           embed=fit("e"), optimizer_s_per_param=adam, shapes=[(int(t), int(s)) for t, s in shapes],
+                           threads=threads, model=config.name or "",
+                           points={k: [(float(x), float(y)) for x, y in v] for k, v in rows.items()})
+    base = base or CostModel()
+    update: dict = {"profiles": {**base.profiles, kind or device: prof}}
+    if link:
+        update["link_overrides"] = {**base.link_overrides, link_class: profile_link(backend=backend)}
+        update["comm_bytes_factor"] = 2.0
+    return base.model_copy(update=update)
+
+
+def _time_fwd_bwd(torch: object, device: str, fwd: "object") -> tuple[float, float]:
+    """Forward and backward seconds of one run of ``fwd()`` (a tensor; backward with a ones gradient)."""
+    _sync(torch, device)
+    t0 = time.perf_counter()
+    out = fwd()  # type: ignore[operator]
+    _sync(torch, device)
+    t1 = time.perf_counter()
+    out.backward(torch.ones_like(out))  # type: ignore[attr-defined]
+    _sync(torch, device)
+    return t1 - t0, time.perf_counter() - t1
+
+
+#: message sizes (bytes) of :func:`profile_link`.
+LINK_SIZES: tuple[int, ...] = (4 * 1024, 64 * 1024, 1024 * 1024, 4 * 1024 * 1024)
+
+
+def profile_link(backend: str = "gloo", sizes: Sequence[int] = LINK_SIZES, *, repeats: int = 10,
+                 timeout_s: float = 60.0) -> LinkOverride:
+    """Measure the link between two local processes with ``backend`` (default gloo over loopback).
+
+    Spawns 2 processes (``torch.multiprocessing``, ``init_process_group(timeout=...)`` on a free local port), times
+    ``repeats`` ping-pongs (``send``/``recv``; one way = half the round trip) and 2-rank ``all_reduce``s of fp32
+    buffers of each of ``sizes`` bytes (median), and fits ``seconds = latency + bytes / bandwidth``.  For the
+    collective, a 2-rank ring all-reduce is 2 steps of half the buffer each, so its line ``c + bytes * d`` gives a
+    per-step latency ``c / 2`` and bandwidth ``1 / d``.  Takes a few seconds (process start-up, imports).
+    """
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_link_worker, args=(r, port, backend, list(sizes), repeats, timeout_s, q))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        res = q.get(timeout=timeout_s * 2)
+    finally:
+        for p in procs:
+            p.join(timeout=timeout_s)
+            if p.is_alive():
+                p.terminate()
+    if isinstance(res, str):
+        raise RuntimeError(f"profile_link failed: {res}")
+    p2p = _fit_line(sizes, res["p2p"])
+    ar = _fit_line(sizes, res["all_reduce"])
+    return LinkOverride(latency=p2p.b, bandwidth=1.0 / p2p.a if p2p.a > 0 else 1e12,
+                        collective_latency=ar.b / 2, collective_bandwidth=1.0 / ar.a if ar.a > 0 else 1e12,
+                        backend=backend)
+
+
+def _link_worker(rank: int, port: int, backend: str, sizes: list[int], repeats: int, timeout_s: float,
+                 q: object) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        out: dict[str, list[float]] = {"p2p": [], "all_reduce": []}
+        for size in sizes:
+            t = torch.zeros(max(1, size // 4), dtype=torch.float32)
+            pp, ar = [], []
+            for i in range(repeats + 1):
+                dist.barrier()
+                t0 = time.perf_counter()
+                if rank == 0:
+                    dist.send(t, 1)
+                    dist.recv(t, 1)
+                else:
+                    dist.recv(t, 0)
+                    dist.send(t, 0)
+                t1 = time.perf_counter()
+                dist.barrier()
+                t2 = time.perf_counter()
+                dist.all_reduce(t)
+                t3 = time.perf_counter()
+                if i:
+                    pp.append((t1 - t0) / 2)
+                    ar.append(t3 - t2)
+            out["p2p"].append(sorted(pp)[len(pp) // 2])
+            out["all_reduce"].append(sorted(ar)[len(ar) // 2])
+        if rank == 0:
+            q.put(out)  # type: ignore[attr-defined]
+        dist.destroy_process_group()
+    except Exception as e:  # pragma: no cover - reported to the parent
+        if rank == 0:
+            q.put(f"{type(e).__name__}: {e}")  # type: ignore[attr-defined]

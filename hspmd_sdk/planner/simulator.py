@@ -14,6 +14,12 @@ together by :func:`hspmd_sdk.core.schedule.replay` with a timing callback:
    are ready and runs at the pace of its slowest holder and link; then the Adam update of the parameters each
    device owns.
 
+Compute comes from the cost model: analytic, a matmul fit (``CostModel.compute_fits``) or whole profiled operators
+(``CostModel.profiles``, :func:`hspmd_sdk.planner.cost.profile_model`).  Link latency and bandwidth come from
+:meth:`Cluster.link`, unless ``CostModel.link_overrides`` holds measured figures for the link's class (e.g.
+``"intra"`` for local gloo ranks).  With ``CostModel.cores`` set, compute and optimizer time of a device are
+scaled by ``max(1, ranks on its node / cores)`` (oversubscribed local CPU runs; an approximation).
+
 Memory per device: bf16 parameters and gradients, the fp32 optimizer part (divided by the number of replicas
 holding each layer under ZeRO-1), activations of the micro-batches in flight (:func:`in_flight`), the largest
 transient buffer, and ``CostModel.memory_reserve_mb``.
@@ -134,7 +140,9 @@ def _stage_cost(model: "LlamaConfig", stage: "Stage", first: bool, last: bool, c
             parts.insert(0, (("embedding",), embedding_cost(model, spec, tp, link, micro_batch, seq_len, cost)))
         if last:
             parts.append((("head",), head_cost(model, spec, tp, link, micro_batch, seq_len, cost)))
-        sc = _StageCost(fwd=sum(c.fwd for _, c in parts), bwd=sum(c.bwd for _, c in parts),
+        f = _core_share(cluster, stage.devices, cost)  # oversubscribed local CPUs (CostModel.cores)
+        sc = _StageCost(fwd=sum(c.fwd_compute * f + c.fwd_comm for _, c in parts),
+                        bwd=sum(c.bwd_compute * f + c.bwd_comm for _, c in parts),
                         act_per_mb=sum(c.act_bytes for _, c in parts),
                         transient=max(c.transient_bytes for _, c in parts),
                         units=tuple((u, c.params) for u, c in parts if c.params > 0))
@@ -245,7 +253,7 @@ def simulate(model: "LlamaConfig | str", strategy: "Strategy | str | dict", clus
         owned = sum(params / (len(h) if strategy.zero1 else 1) for h, ps in buckets for kk, params in ps.items()
                     if kk == k)
         spec = _slowest_spec(cluster, devices[k], lambda s: cost.optimizer_time(1.0, s))
-        dur = cost.optimizer_time(owned, spec)
+        dur = cost.optimizer_time(owned, spec) * _core_share(cluster, devices[k], cost)
         events[k].append(Event(clock[k], clock[k] + dur, "optim"))
         clock[k] += dur
     step = max(clock.values())
@@ -298,6 +306,14 @@ def _run_pipelines(model: "LlamaConfig", strategy: "Strategy", cluster: "Cluster
     replay({k: build_schedule(strategy.schedule, strategy.pipelines[k[0]].num_stages, k[1],
                               strategy.pipelines[k[0]].num_micro_batches) for k in costs}, execute)
     return clock, transfers
+
+
+def _core_share(cluster: "Cluster", devices: list[int], cost: CostModel) -> float:
+    """The compute slowdown of ``devices`` from ``CostModel.cores``: ``max(1, ranks on the node / cores)`` over the
+    busiest node among them (1 when ``cores`` is unset)."""
+    if not cost.cores:
+        return 1.0
+    return max(cost.core_share(len(cluster.nodes[cluster.node_index(d)].ranks)) for d in devices)
 
 
 def _slowest_spec(cluster: "Cluster", devices: list[int], time_of: Callable[["DeviceSpec"], float]) -> "DeviceSpec":
