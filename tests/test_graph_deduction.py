@@ -175,3 +175,27 @@ def test_symbolic_arithmetic() -> None:
     assert evaluate_dim(dim_div(B * S, 4), {"B": 2, "S": 6}) == 3
     with pytest.raises(ShapeError, match=r"B\*S ≡ 0 \(mod 4\)"):
         evaluate_dim(dim_div(B * S, 4), {"B": 1, "S": 6}, tensor="t", dim=0)
+
+
+def test_symbolic_local_shape_agrees_with_local_view() -> None:
+    """``deduction.local_shape`` (symbolic, used by specialization) must give the concrete shapes of
+    ``local_view`` (the single definition of a layout) for every subgroup of random annotations."""
+    import random
+
+    from hspmd_sdk.core.annotation import local_view
+    from hspmd_sdk.core.deduction import local_shape
+
+    from resolve_reference import annotation_of, fitting_shape
+
+    rng = random.Random(20261129)
+    checked = 0
+    for _ in range(400):
+        ndim = rng.randint(1, 3)
+        ranks = rng.sample(range(16), rng.randint(1, 16))
+        ann = annotation_of(rng, ranks, ndim)
+        shape = fitting_shape([ann], ndim, [rng.randint(1, 3) for _ in range(ndim)])
+        for k, dg in enumerate(ann.dg_union):
+            want = local_view(ann, shape, dg[0]).shape
+            assert tuple(local_shape(ann, shape, k)) == want, (str(ann), shape, k)
+            checked += 1
+    assert checked > 400
