@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from hspmd_sdk.core.annotation import DS, Annotation, local_views
+from hspmd_sdk.runtime._comm_selftest import decompose
 
 #: Subgroup sizes drawn for a DG Union (6 and 8 give DS with three keys, e.g. 2 x 2 x 2).
 SUBGROUP_SIZES = [1, 2, 2, 3, 4, 4, 6, 8]
@@ -125,23 +126,9 @@ def _family(ann: Annotation, subgroup: int) -> int:
     return -1 if ann.hdim == -2 else subgroup
 
 
-def source_inputs(src: Annotation, shape: tuple[int, ...], value: np.ndarray,
-                  rng: np.random.Generator) -> dict[int, np.ndarray]:
-    """Each source rank's local tensor: its box of a random decomposition of ``value`` into summands.
-
-    Summand i < count-1 is random, the last is value minus the others; ranks with equal family, box and summand
-    index get identical data.
-    """
-    summands: dict[tuple[int, int], list[np.ndarray]] = {}
-    out = {}
-    for v in local_views(src, shape):
-        key = (_family(src, v.subgroup), v.partial_count)
-        if key not in summands:
-            parts = [rng.standard_normal(shape) for _ in range(v.partial_count - 1)]
-            parts.append(value - sum(parts, np.zeros(shape)))
-            summands[key] = parts
-        out[v.rank] = summands[key][v.partial_index][v.slices].copy()
-    return out
+# inputs: every source rank's box of a random summand decomposition of the global value (shared with the
+# runtime's self-test); the expected destinations below are computed from the value alone
+source_inputs = decompose
 
 
 def check_destination(dst: Annotation, shape: tuple[int, ...], value: np.ndarray,

@@ -33,15 +33,22 @@ def _ann(data: Any) -> Any:
 
 
 def source_locals(src: Any, shape: tuple[int, ...], seed: int) -> dict[int, np.ndarray]:
-    """Each source rank's tensor: its box of a random decomposition of ``value = default_rng(seed) draw``.
+    """Each source rank's tensor for ``value = default_rng(seed)`` draw: see :func:`decompose`."""
+    rng = np.random.default_rng(seed)
+    value = rng.standard_normal(shape)
+    return decompose(src, shape, value, rng)
+
+
+def decompose(src: Any, shape: tuple[int, ...], value: np.ndarray,
+              rng: np.random.Generator) -> dict[int, np.ndarray]:
+    """Each source rank's local tensor: its box of a random decomposition of ``value`` into summands.
 
     Summands of one family (every rank when HDim is -2, else one subgroup) are random but for the last, which is
-    the value minus the others; every rank computes the same decomposition from the seed.
+    the value minus the others; ranks with equal family, box and summand index get identical data.  Test inputs
+    only (the property tests share it); expected outputs are computed from ``value`` independently.
     """
     from ..core.annotation import local_views
 
-    rng = np.random.default_rng(seed)
-    value = rng.standard_normal(shape)
     summands: dict[tuple[int, int], list[np.ndarray]] = {}
     out = {}
     for v in local_views(src, shape):
