@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hspmd_sdk.models import build_reference
-from hspmd_sdk.models.reference import LlamaReference, _rmsnorm, _rope
+from hspmd_sdk.models.llama.reference import LlamaReference
+from hspmd_sdk.models.llama.reference import rmsnorm as _rmsnorm, rope as _rope
 
 __all__ = ["bench_entry", "LinearLlama"]
 
@@ -78,7 +79,7 @@ class _PeerDDP:
     """torch DDP on the reference module; rank ``r`` trains rows ``[r*B/W, (r+1)*B/W)``."""
 
     def __init__(self, state: Any, run: Mapping[str, Any], conf: Mapping[str, Any]) -> None:
-        from hspmd_sdk.core.model_config import LlamaConfig
+        from hspmd_sdk import LlamaConfig
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         config = LlamaConfig.model_validate(run["config"])
@@ -157,7 +158,7 @@ class _PeerTPDDP:
     (TP groups {0,1}, {2,3}; DP groups {0,2}, {1,3}) like the SDK's ``dp2xtp2`` strategy."""
 
     def __init__(self, state: Any, run: Mapping[str, Any], conf: Mapping[str, Any]) -> None:
-        from hspmd_sdk.core.model_config import LlamaConfig
+        from hspmd_sdk import LlamaConfig
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -228,7 +229,7 @@ class _PeerPipeline:
     """``torch.distributed.pipelining``: one ``PipelineStage`` per rank, ``Schedule1F1B`` (or GPipe)."""
 
     def __init__(self, state: Any, run: Mapping[str, Any], conf: Mapping[str, Any]) -> None:
-        from hspmd_sdk.core.model_config import LlamaConfig
+        from hspmd_sdk import LlamaConfig
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
         config = LlamaConfig.model_validate(run["config"])

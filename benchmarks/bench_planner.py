@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from hspmd_sdk.core.cluster import Cluster
-from hspmd_sdk.core.model_config import LlamaConfig
+from hspmd_sdk import LlamaConfig
 from hspmd_sdk.core.strategy import Strategy
 from hspmd_sdk.planner import CostModel, simulate
 from hspmd_sdk.planner.elastic import replan_elastic

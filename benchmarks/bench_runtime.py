@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from hspmd_sdk.core.cluster import Cluster  # noqa: E402
-from hspmd_sdk.core.model_config import LlamaConfig  # noqa: E402
+from hspmd_sdk import LlamaConfig  # noqa: E402
 from hspmd_sdk.core.specialize import specialize  # noqa: E402
 from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402

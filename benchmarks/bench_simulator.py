@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from hspmd_sdk.core.cluster import Cluster
-from hspmd_sdk.core.model_config import LlamaConfig
+from hspmd_sdk import LlamaConfig
 from hspmd_sdk.core.strategy import Strategy
 from hspmd_sdk.planner import CostModel, SimResult, simulate
 

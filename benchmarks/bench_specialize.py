@@ -16,7 +16,7 @@ import tracemalloc
 from pathlib import Path
 
 from hspmd_sdk.core.cluster import Cluster
-from hspmd_sdk.core.model_config import LlamaConfig
+from hspmd_sdk import LlamaConfig
 from hspmd_sdk.core.specialize import specialize
 from hspmd_sdk.core.strategy import Strategy
 from hspmd_sdk.core.deduction import clear_caches

@@ -96,7 +96,7 @@ def example_context(path: Path) -> dict[str, Any]:
 def load_context(args: argparse.Namespace, path: Path) -> tuple[Any, Any, int | None]:
     """Model, cluster and global batch from the arguments, else from the example index; each may be None."""
     from .core.cluster import Cluster
-    from .core.model_config import LlamaConfig
+    from .models.registry import load_model_spec
 
     ctx = example_context(path)
     model_name = args.model or ctx.get("model")
@@ -104,7 +104,7 @@ def load_context(args: argparse.Namespace, path: Path) -> tuple[Any, Any, int | 
     batch = getattr(args, "global_batch", None)
     if batch is None:
         batch = ctx.get("global_batch")
-    model = LlamaConfig.load(model_name) if model_name else None
+    model = load_model_spec(model_name) if model_name else None
     cluster = Cluster.load(resolve_file(cluster_file)) if cluster_file else None
     return model, cluster, batch
 
@@ -202,11 +202,11 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
                  "its losses with the single-device model", _demo_arguments)
 def _demo(args: argparse.Namespace) -> int:
     from .core.cluster import Cluster
-    from .core.model_config import LlamaConfig
     from .core.strategy import Strategy
-    from .runtime.train import run_demo
+    from .models.registry import load_model_spec
+    from .demo import run_demo
 
-    model, cluster = LlamaConfig.preset("tiny"), Cluster.local(4)
+    model, cluster = load_model_spec("llama:tiny"), Cluster.local(4)
     strategy = Strategy.load(EXAMPLES / "example_hetero_tiny.json", model=model, cluster=cluster)
     print(f"model:   {model}")
     print(f"cluster: {cluster}")
@@ -233,17 +233,17 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                 "model's", _run_arguments)
 def _run(args: argparse.Namespace) -> int:
     from .core.cluster import Cluster
-    from .core.model_config import LlamaConfig
+    from .models.registry import load_model_spec
     from .core.specialize import specialize
     from .core.strategy import Strategy
     from .core.strategy_plan import plan_from_strategy
-    from .runtime.train import launch_training, recompute_ranks, reference_training
+    from .runtime.train import launch_training, reference_training
 
-    model, cluster = LlamaConfig.load(args.model), Cluster.local(args.local)
+    model, cluster = load_model_spec(args.model), Cluster.local(args.local)
     strategy = Strategy.load(resolve_file(args.file), model=model, cluster=cluster)
     program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster)
     result = launch_training(program, cluster, steps=args.steps, seed=args.seed, data=args.data, lr=args.lr,
-                             seq_len=args.seq_len, recompute=recompute_ranks(strategy), progress=True).wait()
+                             seq_len=args.seq_len, progress=True).wait()
     ref = None if args.no_reference else reference_training(
         model, steps=args.steps, seed=args.seed, global_batch=program.bindings["B"], seq_len=args.seq_len,
         data=args.data, lr=args.lr)

@@ -6,8 +6,9 @@ import math
 import pytest
 import torch
 
-from hspmd_sdk.core.model_config import LlamaConfig
-from hspmd_sdk.models import build_llama_graph, build_reference, init_parameter, next_token_split, param_shapes
+from hspmd_sdk import LlamaConfig
+from hspmd_sdk.models import build_llama_graph, build_reference, next_token_split, param_shapes
+from hspmd_sdk.models.llama.config import init_parameter
 from hspmd_sdk.runtime.kernels import run_graph
 
 

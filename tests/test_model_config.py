@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from hspmd_sdk.core.model_config import MODEL_PRESETS, LlamaConfig
+from hspmd_sdk.models.llama.config import MODEL_PRESETS, LlamaConfig
 from hspmd_sdk.errors import PlanValidationError
 
 
@@ -63,6 +63,6 @@ def test_bad_configs(kwargs: dict, path: str, fragment: str) -> None:
 
 
 def test_unknown_preset_lists_presets() -> None:
-    with pytest.raises(PlanValidationError, match="unknown preset 'llama-13b'.*tiny, llama-7b, llama-32b, llama-70b"):
+    with pytest.raises(PlanValidationError, match="unknown Llama preset .llama-13b..*tiny, llama-7b, llama-32b, llama-70b"):
         LlamaConfig.preset("llama-13b")
     assert LlamaConfig.load("tiny") == LlamaConfig.preset("tiny")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hspmd_sdk.core.cluster import Cluster
-from hspmd_sdk.core.model_config import LlamaConfig
+from hspmd_sdk import LlamaConfig
 from hspmd_sdk.core.strategy import Strategy
 from hspmd_sdk.planner import plan_hetero, simulate
 from hspmd_sdk.planner.hetero import (PlanContext, PipelinePlan, TPGroup, configure_pipelines, make_groups,

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from hspmd_sdk.core.cluster import Cluster
-from hspmd_sdk.core.model_config import LlamaConfig
+from hspmd_sdk import LlamaConfig
 from hspmd_sdk.planner import dispatch, packed_baseline, plan_mixed, simulate_mixed
 from hspmd_sdk.planner.mixed import MixedPlan, pack, sample_batch, sample_lengths
 

@@ -26,7 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hspmd_sdk.core.cluster import Cluster  # noqa: E402
-from hspmd_sdk.core.model_config import LlamaConfig  # noqa: E402
+from hspmd_sdk import LlamaConfig  # noqa: E402
 from hspmd_sdk.core.specialize import specialize  # noqa: E402
 from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
@@ -221,7 +221,7 @@ def test_launch_training_returns_a_job_with_the_step_losses(config: LlamaConfig,
 
 
 def test_micro_batch_plans_keep_the_operators_at_the_micro_batch_shape(config: LlamaConfig) -> None:
-    from hspmd_sdk.runtime.microbatch import MicroBatchError, micro_batch_plan
+    from hspmd_sdk.core.microbatch import MicroBatchError, micro_batch_plan
 
     cluster = Cluster.local(4)
     prog = specialize(config, plan_from_strategy(config, Strategy.load(_HETERO), cluster), cluster)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hspmd_sdk.core.cluster import Cluster
-from hspmd_sdk.core.model_config import LlamaConfig
+from hspmd_sdk import LlamaConfig
 from hspmd_sdk.core.strategy import Strategy
 from hspmd_sdk.errors import PlanValidationError
 from hspmd_sdk.planner import CostModel, profile_device, simulate

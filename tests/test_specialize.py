@@ -10,7 +10,7 @@ from hspmd_sdk.core import ops
 from hspmd_sdk.core.annotation import Annotation
 from hspmd_sdk.core.cluster import Cluster
 from hspmd_sdk.core.graph import GraphBuilder
-from hspmd_sdk.core.model_config import LlamaConfig
+from hspmd_sdk import LlamaConfig
 from hspmd_sdk.core.specialize import specialize
 from hspmd_sdk.core.strategy import Strategy
 from hspmd_sdk.core.strategy_plan import plan_from_strategy

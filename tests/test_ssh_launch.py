@@ -147,7 +147,7 @@ def test_four_rank_collectives_on_two_hosts(lab: LoopbackHosts, tmp_path: Path) 
 
 
 def test_training_on_two_hosts_equals_the_local_run_and_the_reference(lab: LoopbackHosts) -> None:
-    from hspmd_sdk.core.model_config import LlamaConfig
+    from hspmd_sdk import LlamaConfig
     from hspmd_sdk.core.specialize import specialize
     from hspmd_sdk.core.strategy import Strategy
     from hspmd_sdk.core.strategy_plan import plan_from_strategy

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from hspmd_sdk.core.cluster import Cluster
-from hspmd_sdk.core.model_config import LlamaConfig
+from hspmd_sdk import LlamaConfig
 from hspmd_sdk.core.plan import AnnotationPlan
 from hspmd_sdk.core.strategy import Pipeline, Stage, Strategy, memory_estimate
 from hspmd_sdk.errors import PlanValidationError

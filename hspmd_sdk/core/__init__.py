@@ -13,13 +13,13 @@ from .comm_plan import CommPlan, volume_table
 from .deduction import deduce
 from .graph import Graph, GraphBuilder, Node as GraphNode, Tensor, TensorSpec
 from .loading import load_model
-from .model_config import MODEL_PRESETS, LlamaConfig
+from .model_spec import ModelSpec, Placement
 from .plan import AnnotationPlan
 from .resolve import itemsize_of, resolve, split_kind
 from .schedule import (SCHEDULE_KINDS, Action, ReplayResult, ScheduleError, build_schedule, compute_order,
                        format_schedule, in_flight, replay, warmup_count)
 from .slices import Box
-from .specialize import ExecOp, ExecutableGraph, Program, specialize
+from .specialize import ExecOp, ExecutableGraph, GradSync, Program, StateLayout, specialize
 from .strategy import Pipeline, Stage, Strategy, memory_estimate
 from .strategy_plan import plan_from_strategy
 from .symbolic import Sym, sym
@@ -28,7 +28,7 @@ from .switch import PackedItem, PackedMessage, SwitchPlan, SwitchStep, TensorMov
 __all__ = [
     "DS", "Annotation", "LocalView", "local_view", "local_views", "PARTIAL", "DUPLICATE", "parse_ranks",
     "format_ranks", "Cluster", "DeviceSpec", "Node", "Link", "DEVICE_PRESETS", "load_model",
-    "LlamaConfig", "MODEL_PRESETS", "Strategy", "Pipeline", "Stage", "memory_estimate", "AnnotationPlan",
+    "ModelSpec", "Placement", "Strategy", "Pipeline", "Stage", "memory_estimate", "AnnotationPlan",
     "Action", "build_schedule", "replay", "ReplayResult", "ScheduleError", "compute_order", "warmup_count",
     "in_flight", "format_schedule", "SCHEDULE_KINDS",
     "resolve", "CommPlan", "itemsize_of", "split_kind", "volume_table", "CollectiveOp", "CollectiveGroup",
@@ -36,6 +36,6 @@ __all__ = [
     "BSREntry", "Assignment", "bsr_table", "bsr_scheme", "LinkModel",
     "plan_switch", "SwitchPlan", "switch_table", "SwitchStep", "PackedMessage", "PackedItem", "TensorMove",
     "Graph", "GraphBuilder", "GraphNode", "Tensor", "TensorSpec", "deduce", "Sym", "sym",
-    "specialize", "Program", "ExecutableGraph", "ExecOp", "plan_from_strategy",
+    "specialize", "Program", "ExecutableGraph", "ExecOp", "GradSync", "StateLayout", "plan_from_strategy",
     "HSPMDError", "PlanValidationError", "ResolutionError", "ShapeError", "SpecializationError",
 ]

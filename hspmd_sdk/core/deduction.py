@@ -236,7 +236,8 @@ def activation_grad_annotation(kind: str, anns: Sequence[Annotation], shapes: Se
 
     The backward of most ops leaves the gradient laid out like the input (Partial read as Duplicate).  A Dot
     whose Duplicate input meets a column-split (or Partial) weight gives a Partial input gradient on that axis
-    (Megatron's "f": identity forward, all-reduce backward); the specializer inserts that reduction."""
+    (Megatron's "f": identity forward, all-reduce backward; the op's ``input_grad`` rule); the specializer inserts
+    that reduction."""
     return _activation_grad(kind, tuple(anns), tuple(tuple(s) for s in shapes), index)
 
 
@@ -244,18 +245,15 @@ def activation_grad_annotation(kind: str, anns: Sequence[Annotation], shapes: Se
 def _activation_grad(kind: str, anns: tuple[Annotation, ...], shapes: tuple[tuple[Dim, ...], ...],
                      index: int) -> Annotation:
     base = partial_as_duplicate(anns[index])
-    if kind != "dot" or index != 0:
+    rule = OPS[kind].input_grad
+    if rule is None or index != 0:
         return base
-    x, w = anns
-
-    def key(xk: int, wk: int) -> int:
-        return PARTIAL if xk == DUPLICATE and wk in (1, PARTIAL) else (DUPLICATE if xk == PARTIAL else xk)
-
+    x, w = anns[0], anns[1]
     subs = []
     for x_ds, w_ds in zip(x.ds_union, w.ds_union):
         axes = refine_axes([x_ds, w_ds])
-        subs.append(_assemble([(key(k[0], k[1]), d) for k, d in axes]) if axes else DS({}))
-    hd = key(x.hdim, w.hdim) if x.hsize > 1 else DUPLICATE
+        subs.append(_assemble([(rule(k[0], k[1]), d) for k, d in axes]) if axes else DS({}))
+    hd = rule(x.hdim, w.hdim) if x.hsize > 1 else DUPLICATE
     return Annotation([list(dg) for dg in x.dg_union], subs, hd, x.hratios if hd >= 0 else None)
 
 

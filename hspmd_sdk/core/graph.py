@@ -79,7 +79,8 @@ class Graph:
     """An immutable defined graph: ``nodes`` in topological order, ``tensors`` by name.
 
     ``hints`` gives a typical value of each symbol (e.g. ``{"S": 4096}``), used for representative shapes when
-    communication volumes are estimated; ``meta`` is free-form (the Llama builder stores its config there).
+    communication volumes are estimated; ``meta`` is free-form.  ``loss``: the scalar tensor training minimises
+    (:meth:`GraphBuilder.mark_loss`); the runtime reads it from here, never by a conventional name.
     """
 
     name: str
@@ -87,6 +88,7 @@ class Graph:
     tensors: Mapping[str, TensorSpec]
     hints: Mapping[str, int] = field(default_factory=dict)
     meta: Mapping[str, Any] = field(default_factory=dict)
+    loss: str | None = None
     _producer: Mapping[str, Node] = field(default_factory=dict, repr=False, compare=False)
     _consumers: Mapping[str, tuple[Node, ...]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -103,6 +105,8 @@ class Graph:
                 if t in producer:
                     raise SpecializationError(f"graph {self.name!r}: tensor {t!r} is produced twice")
                 producer[t] = n
+        if self.loss is not None and self.loss not in producer:
+            raise SpecializationError(f"graph {self.name!r}: the loss tensor {self.loss!r} is not in the graph")
         object.__setattr__(self, "_producer", producer)
         object.__setattr__(self, "_consumers", {k: tuple(v) for k, v in consumers.items()})
 
@@ -208,6 +212,7 @@ class GraphBuilder:
         self._nodes: list[Node] = []
         self._tensors: dict[str, TensorSpec] = {}
         self._scope: list[str] = []
+        self._loss: str | None = None
 
     # ---- naming --------------------------------------------------------------------------------------------
     def scope(self, prefix: str) -> "_Scope":
@@ -242,11 +247,21 @@ class GraphBuilder:
         """A Reshard marker: the plan's annotation for ``name`` says where ``x`` must be after it (§3)."""
         return self.add(RESHARD, [x], {}, name=name)[0]
 
+    def mark_loss(self, x: Tensor) -> Tensor:
+        """Declare ``x`` (a scalar) the loss that training minimises; returns it."""
+        if x.builder is not self:
+            raise SpecializationError(f"tensor {x.name!r} belongs to another graph")
+        if x.shape:
+            raise ShapeError(f"the loss must be a scalar; {x.name!r} has shape {shape_str(x.shape)}")
+        self._loss = x.name
+        return x
+
     # ---- generic -------------------------------------------------------------------------------------------
     def add(self, kind: str, inputs: Sequence[Tensor], attrs: Mapping[str, Any], *, name: str | None = None,
             num_outputs: int = 1, dtype: str | None = None) -> list[Tensor]:
-        """Append a node; output shapes come from the op's shape rule (:func:`ops.infer_shapes`)."""
-        from .ops import infer_shapes  # ops imports graph
+        """Append a node; output shapes and dtype come from the op's rules (:func:`ops.infer_shapes`,
+        :func:`ops.infer_dtype`); ``dtype`` overrides the dtype."""
+        from .ops import infer_dtype, infer_shapes  # ops imports graph
 
         for t in inputs:
             if t.builder is not self:
@@ -257,9 +272,7 @@ class GraphBuilder:
         if len(out_shapes) != num_outputs:
             raise SpecializationError(f"op {kind} {node_name!r} has {len(out_shapes)} outputs, not {num_outputs}")
         outs = [node_name] if len(out_shapes) == 1 else [f"{node_name}.{i}" for i in range(len(out_shapes))]
-        out_dtype = dtype or (inputs[0].dtype if inputs else "float32")
-        if kind == "embedding":
-            out_dtype = inputs[1].dtype
+        out_dtype = dtype or infer_dtype(kind, [t.dtype for t in inputs])
         for o, s in zip(outs, out_shapes):
             self._tensors[o] = TensorSpec(o, tuple(s), out_dtype)
         self._nodes.append(Node(node_name, kind, tuple(t.name for t in inputs), tuple(outs),
@@ -267,7 +280,8 @@ class GraphBuilder:
         return [Tensor(self, o, tuple(s), out_dtype) for o, s in zip(outs, out_shapes)]
 
     def build(self) -> Graph:
-        return Graph(self.name, tuple(self._nodes), dict(self._tensors), dict(self.hints), dict(self.meta))
+        return Graph(self.name, tuple(self._nodes), dict(self._tensors), dict(self.hints), dict(self.meta),
+                     loss=self._loss)
 
 
 class _Scope:

@@ -18,9 +18,9 @@ from ..errors import ShapeError, SpecializationError
 from .graph import RESHARD, Tensor, _dims
 from .symbolic import Dim, Sym, dim_div, dim_prod, dims_equal, divides, shape_str
 
-__all__ = ["OpDef", "OPS", "RuleError", "infer_shapes", "PARTIAL", "DUPLICATE",
-           "embedding", "dot", "linear", "rmsnorm", "rope", "attention", "swiglu", "gelu", "add", "mul",
-           "reshape", "split", "concat", "sum", "cross_entropy"]
+__all__ = ["OpDef", "OPS", "RuleError", "register_op", "op_def", "infer_shapes", "infer_dtype", "PARTIAL",
+           "DUPLICATE", "embedding", "positions", "dot", "linear", "bias_add", "rmsnorm", "layernorm", "rope",
+           "attention", "swiglu", "gelu", "add", "mul", "reshape", "split", "concat", "sum", "cross_entropy"]
 
 PARTIAL, DUPLICATE = -2, -1
 Shapes = Sequence[tuple[Dim, ...]]
@@ -41,7 +41,11 @@ class OpDef:
     ``custom`` marks the ops of Table 2 whose deduction changes DS Union / HDim (Dot, Sum, Reshape, ...).
     ``weight_inputs``: indices of inputs that are usually parameters; ``batch_dims(shapes)`` gives the dims of
     the activation (input 0) that the weight does not have: a Duplicate weight axis facing a Split of such a dim
-    gets a Partial gradient.
+    gets a Partial gradient.  ``dtype(input dtypes)``: the output dtype (default: the first input's).
+    ``input_grad(x key, w key)``: for a matmul-like op, the key of input 0's gradient on a device axis where the
+    weight has key ``w key`` — Partial where a Duplicate activation meets an output-split weight (Megatron's
+    "f": the specializer inserts that gradient's all-reduce); ``None`` for ops whose input gradients are laid out
+    like their inputs.
     """
 
     kind: str
@@ -50,6 +54,8 @@ class OpDef:
     custom: bool = False
     weight_inputs: tuple[int, ...] = ()
     batch_dims: Callable[[Shapes], tuple[int, ...]] = lambda shapes: ()
+    dtype: Callable[[Sequence[str]], str] | None = None
+    input_grad: Callable[[int, int], int] | None = None
 
 
 # ---- axis rules ------------------------------------------------------------------------------------------------
@@ -191,6 +197,57 @@ def _ce_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) ->
     raise RuleError(f"CrossEntropy cannot combine logits {_key(lk)} with targets {_key(tk)}")
 
 
+def _linear_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    """``X[..., K] @ W[N, K]^T`` (torch's ``F.linear`` weight layout): Dot's rule with W's dims swapped."""
+    xk, wk = keys
+    swapped = {0: 1, 1: 0}.get(wk, wk)
+    return _dot_rule((xk, swapped), shapes, attrs)
+
+
+def _dot_input_grad(xk: int, wk: int) -> int:
+    return PARTIAL if xk == DUPLICATE and wk in (1, PARTIAL) else (DUPLICATE if xk == PARTIAL else xk)
+
+
+def _linear_input_grad(xk: int, wk: int) -> int:
+    return PARTIAL if xk == DUPLICATE and wk in (0, PARTIAL) else (DUPLICATE if xk == PARTIAL else xk)
+
+
+def _norm_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    """RMSNorm / LayerNorm: every weight Duplicate, the normalised last dim whole, no Partial input."""
+    xk, *wks = keys
+    r = len(shapes[0])
+    if any(wk != DUPLICATE for wk in wks):
+        raise RuleError(f"norm weights must be Duplicate, not {_keys(tuple(wks))}")
+    if xk == r - 1:
+        raise RuleError("a norm normalises the last dim, which is split here; Reshard it to Duplicate first")
+    if xk == PARTIAL:
+        raise RuleError("a norm is nonlinear; a Partial input must be reduced (Reshard) first")
+    return (xk,)
+
+
+def _bias_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    """``X[..., N] + b[N]``: b Duplicate (X not Partial: every summand would add it), or b split like X's last
+    dim."""
+    xk, bk = keys
+    r = len(shapes[0])
+    if bk == DUPLICATE and xk != PARTIAL and xk != r - 1:
+        return (xk,)
+    if bk == 0 and xk == r - 1:
+        return (xk,)
+    if xk == PARTIAL:
+        raise RuleError("a bias cannot be added to a Partial input (each summand would add it); Reshard the "
+                        "input (all-reduce) first")
+    raise RuleError(f"BiasAdd cannot combine X {_key(xk)} with bias {_key(bk)} (bias split must match X's last "
+                    "dim)")
+
+
+def _positions_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    (k,) = keys
+    if k == PARTIAL:
+        raise RuleError("positions of a Partial tensor are undefined")
+    return (k,)
+
+
 # ---- shape rules -----------------------------------------------------------------------------------------------
 def _need(cond: bool, node: str, msg: str) -> None:
     if not cond:
@@ -284,6 +341,30 @@ def _shape_ce(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple
     return [()]
 
 
+def _shape_linear(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    x, w = shapes
+    _need(len(w) == 2 and len(x) >= 1, node, f"Linear takes X[..., K] and W[N, K], got {shape_str(x)}, "
+                                             f"{shape_str(w)}")
+    _need(dims_equal(x[-1], w[1]), node, f"contracted dims differ: X {shape_str(x)} vs W {shape_str(w)} (W is "
+                                         "[out, in])")
+    return [tuple(x[:-1]) + (w[0],)]
+
+
+def _shape_layernorm(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    x, w, b = shapes
+    for name, s in (("weight", w), ("bias", b)):
+        _need(len(s) == 1 and dims_equal(s[0], x[-1]), node, f"{name} {shape_str(s)} must match the last dim of "
+                                                             f"{shape_str(x)}")
+    return [tuple(x)]
+
+
+def _shape_bias(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    x, b = shapes
+    _need(len(b) == 1 and dims_equal(b[0], x[-1]), node, f"bias {shape_str(b)} must match the last dim of "
+                                                         f"{shape_str(x)}")
+    return [tuple(x)]
+
+
 def _shape_reshard(shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
     return [tuple(shapes[0])]
 
@@ -304,13 +385,28 @@ def _all_dims(shapes: Shapes) -> tuple[int, ...]:
     return tuple(range(len(shapes[0])))
 
 
+def _weight_dtype(dtypes: Sequence[str]) -> str:
+    return dtypes[1]
+
+
+def _int64(dtypes: Sequence[str]) -> str:
+    return "int64"
+
+
 OPS: dict[str, OpDef] = {o.kind: o for o in (
     OpDef("placeholder", _shape_leaf, _no_rule),
     OpDef("parameter", _shape_leaf, _no_rule),
     OpDef(RESHARD, _shape_reshard, _no_rule),
-    OpDef("embedding", _shape_embedding, _embedding_rule, custom=True, weight_inputs=(1,), batch_dims=_all_dims),
-    OpDef("dot", _shape_dot, _dot_rule, custom=True, weight_inputs=(1,), batch_dims=_leading),
+    OpDef("embedding", _shape_embedding, _embedding_rule, custom=True, weight_inputs=(1,), batch_dims=_all_dims,
+          dtype=_weight_dtype),
+    OpDef("positions", _shape_same, _positions_rule, dtype=_int64),
+    OpDef("dot", _shape_dot, _dot_rule, custom=True, weight_inputs=(1,), batch_dims=_leading,
+          input_grad=_dot_input_grad),
+    OpDef("linear", _shape_linear, _linear_rule, custom=True, weight_inputs=(1,), batch_dims=_leading,
+          input_grad=_linear_input_grad),
+    OpDef("bias_add", _shape_bias, _bias_rule, weight_inputs=(1,), batch_dims=_leading),
     OpDef("rmsnorm", _shape_rmsnorm, _rmsnorm_rule, weight_inputs=(1,), batch_dims=_leading),
+    OpDef("layernorm", _shape_layernorm, _norm_rule, weight_inputs=(1, 2), batch_dims=_leading),
     OpDef("rope", _shape_rope, _rope_rule),
     OpDef("attention", _shape_attention, _attention_rule),
     OpDef("swiglu", _shape_same, _same),
@@ -325,12 +421,38 @@ OPS: dict[str, OpDef] = {o.kind: o for o in (
 )}
 
 
-def infer_shapes(kind: str, in_shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
-    """Output shapes of an op (the symbolic shape rule); ``ShapeError`` names the node."""
+def register_op(op: OpDef, *, replace: bool = False) -> OpDef:
+    """Add an operator kind to the graph API (its shape and deduction rules); returns it.
+
+    Its torch kernel is registered separately with :func:`hspmd_sdk.runtime.kernels.register_kernel` (the core
+    imports no torch).  Replacing an existing kind needs ``replace=True``."""
+    if op.kind in OPS and not replace:
+        raise SpecializationError(f"op kind {op.kind!r} is already registered; pass replace=True to replace it")
+    OPS[op.kind] = op
+    return op
+
+
+def op_def(kind: str, node: str = "") -> OpDef:
+    """The :class:`OpDef` of ``kind``; the error lists the known kinds."""
     op = OPS.get(kind)
     if op is None:
-        raise SpecializationError(f"unknown op kind {kind!r} for node {node!r}; known: {', '.join(sorted(OPS))}")
-    return op.shape(in_shapes, attrs, node)
+        where = f" for node {node!r}" if node else ""
+        raise SpecializationError(f"unknown op kind {kind!r}{where}; known: {', '.join(sorted(OPS))} (add one "
+                                  "with hspmd_sdk.core.ops.register_op)")
+    return op
+
+
+def infer_shapes(kind: str, in_shapes: Shapes, attrs: Mapping[str, Any], node: str) -> list[tuple[Dim, ...]]:
+    """Output shapes of an op (the symbolic shape rule); ``ShapeError`` names the node."""
+    return op_def(kind, node).shape(in_shapes, attrs, node)
+
+
+def infer_dtype(kind: str, in_dtypes: Sequence[str]) -> str:
+    """Output dtype of an op: its ``dtype`` rule, else the first input's (``float32`` for leaves)."""
+    op = op_def(kind)
+    if op.dtype is not None:
+        return op.dtype(in_dtypes)
+    return in_dtypes[0] if in_dtypes else "float32"
 
 
 # ---- builder API -------------------------------------------------------------------------------------------
@@ -343,12 +465,31 @@ def embedding(tokens: Tensor, weight: Tensor, *, name: str | None = None) -> Ten
     return _b(tokens).add("embedding", [tokens, weight], {}, name=name)[0]
 
 
+def positions(x: Tensor, *, name: str | None = None) -> Tensor:
+    """Position of each element along dim 1 (``x[B, S]`` -> int64 ``[B, S]`` holding ``0..S-1``), for learned
+    position embeddings: ``embedding(positions(tokens), wpe)``."""
+    return _b(x).add("positions", [x], {}, name=name)[0]
+
+
 def dot(x: Tensor, w: Tensor, *, name: str | None = None) -> Tensor:
     """``x @ w`` with ``x[..., K]`` and ``w[K, N]`` (the paper's Dot; weights are stored ``[in, out]``)."""
     return _b(x).add("dot", [x, w], {}, name=name)[0]
 
 
-linear = dot
+def linear(x: Tensor, w: Tensor, *, name: str | None = None) -> Tensor:
+    """``x @ w.T`` with ``x[..., K]`` and ``w[N, K]`` (torch's ``F.linear`` layout; e.g. an LM head tied to an
+    embedding ``[vocab, hidden]``)."""
+    return _b(x).add("linear", [x, w], {}, name=name)[0]
+
+
+def bias_add(x: Tensor, b: Tensor, *, name: str | None = None) -> Tensor:
+    """``x + b`` with ``x[..., N]`` and a bias ``b[N]``."""
+    return _b(x).add("bias_add", [x, b], {}, name=name)[0]
+
+
+def layernorm(x: Tensor, weight: Tensor, bias: Tensor, *, eps: float = 1e-5, name: str | None = None) -> Tensor:
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last dim."""
+    return _b(x).add("layernorm", [x, weight, bias], {"eps": float(eps)}, name=name)[0]
 
 
 def rmsnorm(x: Tensor, weight: Tensor, *, eps: float = 1e-5, name: str | None = None) -> Tensor:
@@ -371,8 +512,10 @@ def swiglu(gate: Tensor, up: Tensor, *, name: str | None = None) -> Tensor:
     return _b(gate).add("swiglu", [gate, up], {}, name=name)[0]
 
 
-def gelu(x: Tensor, *, name: str | None = None) -> Tensor:
-    return _b(x).add("gelu", [x], {}, name=name)[0]
+def gelu(x: Tensor, *, approximate: str = "none", name: str | None = None) -> Tensor:
+    """GELU; ``approximate="tanh"`` is GPT-2's ``gelu_new``."""
+    attrs = {"approximate": approximate} if approximate != "none" else {}
+    return _b(x).add("gelu", [x], attrs, name=name)[0]
 
 
 def add(a: Tensor, b: Tensor, *, name: str | None = None) -> Tensor:

@@ -16,7 +16,7 @@ from .loading import load_model
 
 if TYPE_CHECKING:
     from .cluster import Cluster
-    from .model_config import LlamaConfig
+    from .model_spec import ModelSpec
     from .strategy import Strategy
 
 __all__ = ["AnnotationPlan"]
@@ -49,7 +49,7 @@ class AnnotationPlan(BaseModel):
         return cls.model_json_schema()
 
     @classmethod
-    def from_strategy(cls, model: "LlamaConfig", strategy: "Strategy", cluster: "Cluster") -> "AnnotationPlan":
+    def from_strategy(cls, model: "ModelSpec", strategy: "Strategy", cluster: "Cluster") -> "AnnotationPlan":
         """The annotation plan that realises a high-level :class:`Strategy` for ``model`` on ``cluster``."""
         from .strategy_plan import plan_from_strategy  # type: ignore[import-not-found]
 

@@ -19,17 +19,31 @@ only the byte counts do.  :meth:`Program.bind` checks concrete values against ev
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from ..errors import ResolutionError, ShapeError, SpecializationError
-from .annotation import Annotation, format_ranks
+from .annotation import Annotation, format_ranks, local_view
 from .deduction import (activation_grad_annotation, deduce, local_constraints, local_shape, partial_as_duplicate,
                         weight_grad_annotation)
 from .graph import Graph, Node
+from .microbatch import batch_dim, micro_batch_plan
+from .ops import op_def
 from .pipelines import build_pipelines, op_ranks
+from .plan import AnnotationPlan
+from .schedule import Action, build_schedule
+from .slices import Box
 from .symbolic import Constraint, Dim, evaluate_shape, representative_value
 
-__all__ = ["specialize", "Program", "ExecutableGraph", "ExecOp", "PHASES"]
+if TYPE_CHECKING:
+    from .cluster import Cluster
+    from .comm_plan import CommPlan
+    from .model_spec import ModelSpec
+
+__all__ = ["specialize", "Program", "ExecutableGraph", "ExecOp", "GradSync", "StateLayout", "PHASES",
+           "OPTIMIZER_STATES"]
+
+#: Adam's per-parameter state tensors, laid out like the parameter (ZeRO-1 shards them with it).
+OPTIMIZER_STATES = ("exp_avg", "exp_avg_sq")
 
 PHASES = ("Pre", "F", "B", "Post")
 
@@ -49,7 +63,7 @@ class ExecOp:
     phase: str
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
-    comm: Any = None
+    comm: "CommPlan | None" = None
     comm_kinds: tuple[str, ...] = ()
     bytes_sent: int = 0
 
@@ -99,24 +113,52 @@ class ExecutableGraph:
 
 
 @dataclass(frozen=True)
-class Program:
-    """The result of specialization: every rank's executable graph, the pipelines and their schedules.
+class GradSync:
+    """One gradient synchronisation of parameter ``param``: on each rank the gradients of ``uses`` (tensors through
+    which the graph reads the parameter, whose gradients have one layout) are summed, then the plan ``name``
+    moves the sum onto the parameter's layout.  A parameter's gradient is the sum over its GradSyncs (a tied
+    weight used on two stages has two)."""
 
-    ``comm_plans``: Reshard name -> ``CommPlan`` (forward); ``backward_plans``: the same names -> the plan of
-    the gradient's way back; ``grad_reduce_plans``: activation name -> all-reduce of its Partial gradient;
-    ``grad_sync_plans``: ``<param>.grad_sync`` -> gradient synchronisation.  ``pipelines``: list of pipelines,
-    each a list of stages, each a sorted list of ranks.  ``bindings``: the representative symbol values the
-    plans were resolved at.
+    param: str
+    name: str
+    uses: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """The layout of one tensor of training state: a parameter (``kind="param"``) or one of its Adam moments."""
+
+    name: str
+    param: str
+    kind: Literal["param", "exp_avg", "exp_avg_sq"]
+    annotation: Annotation
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Program:
+    """The result of specialization: every rank's executable graph, the pipelines and their schedules — the one
+    artifact the runtime, the planner's simulator and the editor read.
+
+    ``model``: the :class:`~hspmd_sdk.core.model_spec.ModelSpec` it was specialized from (``None`` for a bare
+    graph).  ``comm_plans``: Reshard name -> ``CommPlan`` (forward); ``backward_plans``: the same names -> the
+    plan of the gradient's way back; ``grad_reduce_plans``: activation name -> all-reduce of its Partial
+    gradient; ``grad_sync_plans``: ``<param>.grad_sync[.k]`` -> gradient synchronisation, used as
+    ``grad_syncs`` says.  ``pipelines``: list of pipelines, each a list of stages, each a sorted list of ranks.
+    ``schedules``: ``(pipeline, stage)`` -> the actions that stage replays every step (compute and transfers).
+    ``bindings``: the representative symbol values the plans were resolved at.  ``recompute``: ranks that
+    recompute activations in backward.
     """
 
     graph: Graph
-    plan: Any
-    cluster: Any
+    plan: AnnotationPlan
+    cluster: "Cluster | None"
     annotations: Mapping[str, Annotation]
-    comm_plans: Mapping[str, Any]
-    backward_plans: Mapping[str, Any]
-    grad_reduce_plans: Mapping[str, Any]
-    grad_sync_plans: Mapping[str, Any]
+    comm_plans: Mapping[str, "CommPlan"]
+    backward_plans: Mapping[str, "CommPlan"]
+    grad_reduce_plans: Mapping[str, "CommPlan"]
+    grad_sync_plans: Mapping[str, "CommPlan"]
     pipelines: list[list[list[int]]]
     bindings: Mapping[str, int]
     constraints: tuple[Constraint, ...]
@@ -124,6 +166,10 @@ class Program:
     micro_batches: tuple[int, ...] = ()
     micro_batch_sizes: tuple[int, ...] = ()
     pre_reshards: frozenset[str] = frozenset()
+    grad_syncs: tuple[GradSync, ...] = ()
+    schedules: Mapping[tuple[int, int], tuple[Action, ...]] = field(default_factory=dict)
+    recompute: frozenset[int] = frozenset()
+    model: "ModelSpec | None" = None
     _node_ranks: Mapping[str, frozenset[int]] = field(default_factory=dict, repr=False, compare=False)
     _where: Mapping[int, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
     _cache: dict[int, ExecutableGraph] = field(default_factory=dict, repr=False, compare=False)
@@ -134,6 +180,7 @@ class Program:
     _plan_keys: Mapping[str, tuple[Annotation, Annotation, str]] = field(default_factory=dict, repr=False,
                                                                          compare=False)
     _resolver: Any = field(default=None, repr=False, compare=False)
+    _micro: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False, compare=False)
 
     # ---- pipelines and stages ------------------------------------------------------------------------------
     @property
@@ -161,16 +208,61 @@ class Program:
     def micro_batch_size(self, pipeline: int) -> int | None:
         return self.micro_batch_sizes[pipeline] if pipeline < len(self.micro_batch_sizes) else None
 
-    def schedule(self, rank: int) -> list[Any]:
-        """The list of actions (``Pre``, ``F``/``B`` per micro-batch with sends/receives, ``Post``) ``rank`` runs.
+    def schedule(self, rank: int) -> list[Action]:
+        """The list of actions (``Pre``, ``F``/``B`` per micro-batch with their sends/receives, ``Post``) ``rank``
+        replays every step: the stored schedule of its pipeline's stage (:func:`~.schedule.build_schedule` with the
+        pipeline's own number of micro-batches)."""
+        return list(self.schedules[self.stage_of(rank)])
 
-        Built by :func:`hspmd_sdk.core.schedule.build_schedule` for the rank's pipeline (its own number of
-        micro-batches) and stage.
-        """
-        from .schedule import build_schedule  # the schedule generator (GPipe / 1F1B) lives in schedule.py
+    # ---- training state --------------------------------------------------------------------------------------
+    @property
+    def parameters(self) -> list[str]:
+        """Every parameter of the graph, in graph order."""
+        return [n.outputs[0] for n in self.graph.parameters]
 
-        p, s = self.stage_of(rank)
-        return build_schedule(self.schedule_kind, self.num_stages(p), s, self.num_micro_batches(p))
+    def state_layouts(self) -> dict[str, StateLayout]:
+        """Every parameter's and every Adam moment's layout: ``name`` (``<param>``, ``<param>.exp_avg``,
+        ``<param>.exp_avg_sq``) -> annotation, full shape and dtype.  A switch between two Programs, or a checkpoint
+        written under one and read under another, is a function of two such tables."""
+        out: dict[str, StateLayout] = {}
+        for name in self.parameters:
+            spec = self.graph.tensors[name]
+            shape = tuple(int(d) for d in spec.shape)
+            ann = self.annotations[name]
+            out[name] = StateLayout(name, name, "param", ann, shape, spec.dtype)
+            for kind in OPTIMIZER_STATES:
+                out[f"{name}.{kind}"] = StateLayout(f"{name}.{kind}", name, kind, ann, shape, "float32")
+        return out
+
+    # ---- micro-batches ---------------------------------------------------------------------------------------
+    def batch_rows(self, rank: int, bindings: Mapping[str, int]) -> tuple[int, int]:
+        """The rows ``[a, b)`` of the step's global batch that ``rank``'s pipeline trains, from the annotation of
+        an activation of its executable graph."""
+        key = ("rows", rank, tuple(sorted(bindings.items())))
+        got = self._micro.get(key)
+        if got is not None:
+            return got
+        for op in self.executable_graph(rank).forward:
+            for t in op.outputs + op.inputs:
+                d = batch_dim(self.graph.tensors[t].shape)
+                if d is not None and rank in self.annotations[t].ranks:
+                    shape = tuple(int(x) for x in evaluate_shape(self.graph.tensors[t].shape, bindings, tensor=t))
+                    got = self._micro[key] = local_view(self.annotations[t], shape, rank).box[d]
+                    return got
+        raise SpecializationError(f"rank {rank}: no activation of its executable graph has a batch dim")
+
+    def micro_batch_plan(self, name: str, rank: int, bindings: Mapping[str, int], micro_size: int) -> "CommPlan":
+        """The plan of communication ``name`` at one micro-batch of ``micro_size`` rows of ``rank``'s pipeline
+        (the step-level plan with the pipeline's batch rows rewritten to ``[0, micro_size)``; see
+        :mod:`.microbatch`).  Cached."""
+        key = (name, rank, micro_size, tuple(sorted(bindings.items())))
+        got = self._micro.get(key)
+        if got is None:
+            plan = self.concrete_plan(name, bindings)
+            d = batch_dim(self.graph.tensors[self._plan_keys[name][2]].shape)
+            got = plan if d is None else micro_batch_plan(plan, d, self.batch_rows(rank, bindings), micro_size)
+            self._micro[key] = got
+        return got
 
     # ---- executable graphs ---------------------------------------------------------------------------------
     def executable_graph(self, rank: int) -> ExecutableGraph:
@@ -238,18 +330,21 @@ class Program:
 
 
 # ---- specialization --------------------------------------------------------------------------------------------
-def specialize(model: Any, plan: Any, cluster: Any = None, *, bindings: Mapping[str, int] | None = None,
+def specialize(model: Any, plan: Any, cluster: "Cluster | None" = None, *, bindings: Mapping[str, int] | None = None,
                resolver: Callable[..., Any] | None = None) -> Program:
-    """Specialize ``model`` (a :class:`Graph` or a ``LlamaConfig``) under ``plan`` (an ``AnnotationPlan`` or a
-    mapping name -> Annotation) for ``cluster`` (§6).  ``bindings``: representative symbol values for planning
-    communication volumes (optional).  Raises :class:`SpecializationError` / :class:`ShapeError` naming the
-    tensor, op or rank at fault."""
-    graph = _as_graph(model)
+    """Specialize ``model`` (a :class:`~hspmd_sdk.core.model_spec.ModelSpec` such as ``LlamaConfig`` or
+    ``GPTConfig``, or a bare :class:`Graph`) under ``plan`` (an ``AnnotationPlan`` or a mapping name ->
+    Annotation) for ``cluster`` (§6).  ``bindings``: symbol values for planning communication volumes (optional;
+    a ``B`` that contradicts the plan's micro-batches is an error).  Raises :class:`SpecializationError` /
+    :class:`ShapeError` naming the tensor, op or rank at fault."""
+    graph, spec = _as_graph(model)
     given, meta = _plan_parts(plan)
-    unknown = sorted(n for n in given if n not in graph.tensors and not n.endswith(".grad_sync"))
+    plan = plan if isinstance(plan, AnnotationPlan) else AnnotationPlan(annotations=given, meta=meta)
+    unknown = sorted(n for n in given if n not in graph.tensors and ".grad_sync" not in n)
     if unknown:
         raise SpecializationError(f"the plan annotates {len(unknown)} tensor(s) the graph does not have: "
                                   f"{unknown[:5]}{' ...' if len(unknown) > 5 else ''} (graph {graph.name!r})")
+    _check_batch_binding(bindings, meta)
     anns = deduce(graph, given)
     constraints = _constraints(graph, anns)
     reps = _representative(graph, constraints, bindings, _meta_hints(meta))
@@ -264,7 +359,7 @@ def specialize(model: Any, plan: Any, cluster: Any = None, *, bindings: Mapping[
             back[n.name] = plan_of(partial_as_duplicate(dst), partial_as_duplicate(src), n.inputs[0],
                                    f"backward of Reshard {n.name!r}", f"{n.name}.bwd")
     reduce_plans = _grad_reduce_plans(graph, anns, pre, plan_of)
-    sync = _grad_sync_plans(graph, anns, given, plan_of)
+    sync, syncs = _grad_sync_plans(graph, anns, given, plan_of)
     fwd_ranks = {r for n in graph.nodes if not n.is_leaf and n.name not in pre
                  for t in n.outputs for r in anns[t].ranks}
     order_key = _pipeline_order(graph, anns)
@@ -272,14 +367,46 @@ def specialize(model: Any, plan: Any, cluster: Any = None, *, bindings: Mapping[
     b_plans = list(back.values()) + list(reduce_plans.values())
     pipelines = build_pipelines(fwd_ranks, f_plans, b_plans, order_key)
     micro, sizes = _micro_batching(meta, pipelines, order_key)
+    kind = str(meta.get("schedule", "1f1b"))
+    schedules = _schedules(kind, pipelines, micro)
     where = {r: (i, j) for i, p in enumerate(pipelines) for j, s in enumerate(p) for r in s}
+    recompute = frozenset(int(r) for r in meta.get("recompute", ()) or ())
+    unknown_rc = sorted(recompute - set(where))
+    if unknown_rc:
+        raise SpecializationError(f"plan.meta['recompute'] names rank(s) {unknown_rc} that run no stage of this "
+                                  f"program (stage ranks {format_ranks(sorted(where))})")
     node_ranks = _node_rank_sets(graph, anns)
     compute = {n.name: (ExecOp(n.name, n.kind, "F", n.inputs, n.outputs),
                         ExecOp(f"{n.name}.bwd", f"{n.kind}Bwd", "B", n.outputs, n.inputs))
                for n in graph.nodes if not n.is_leaf and not n.is_reshard}
     return Program(graph, plan, cluster, anns, comm, back, reduce_plans, sync, pipelines, reps,
-                   tuple(constraints), str(meta.get("schedule", "1f1b")), micro, sizes, pre, node_ranks, where,
-                   _compute_ops=compute, _plan_keys=planner.keys, _resolver=resolver)
+                   tuple(constraints), kind, micro, sizes, pre, syncs, schedules, recompute, spec,
+                   node_ranks, where, _compute_ops=compute, _plan_keys=planner.keys, _resolver=resolver)
+
+
+def _schedules(kind: str, pipelines: list[list[list[int]]], micro: Sequence[int]
+               ) -> dict[tuple[int, int], tuple[Action, ...]]:
+    """Every stage's schedule, built once per distinct ``(stages, stage, micro-batches)`` and shared."""
+    built: dict[tuple[int, int, int], tuple[Action, ...]] = {}
+    out: dict[tuple[int, int], tuple[Action, ...]] = {}
+    for i, p in enumerate(pipelines):
+        m = micro[i] if i < len(micro) else 1
+        for j in range(len(p)):
+            key = (len(p), j, m)
+            if key not in built:
+                built[key] = tuple(build_schedule(kind, len(p), j, m))
+            out[(i, j)] = built[key]
+    return out
+
+
+def _check_batch_binding(bindings: Mapping[str, int] | None, meta: Mapping[str, Any]) -> None:
+    """A ``B`` in ``bindings`` must be the step's batch that the plan's micro-batches add up to."""
+    want = _meta_hints(meta).get("B")
+    if bindings is None or want is None or "B" not in bindings or int(bindings["B"]) == want:
+        return
+    raise ShapeError(f"bindings: B={bindings['B']} but the plan's micro-batches add up to {want} samples per step "
+                     f"(micro_batch_size {meta.get('micro_batch_size')} x num_micro_batches "
+                     f"{meta.get('num_micro_batches')}); pass B={want} or change the strategy's micro-batches")
 
 
 class _Planner:
@@ -330,16 +457,16 @@ def _default_resolver() -> Callable[..., Any]:
     return resolve
 
 
-def _as_graph(model: Any) -> Graph:
+def _as_graph(model: Any) -> tuple[Graph, Any]:
+    """The defined graph of ``model`` and the model spec (``None`` for a bare graph)."""
     if isinstance(model, Graph):
-        return model
-    from .model_config import LlamaConfig
+        return model, None
+    if hasattr(model, "build_graph"):
+        from .strategy_plan import graph_of
 
-    if isinstance(model, LlamaConfig):
-        from ..models.llama import build_llama_graph
-
-        return build_llama_graph(model)
-    raise SpecializationError(f"specialize() takes a Graph or a LlamaConfig, not {type(model).__name__}")
+        return graph_of(model), model
+    raise SpecializationError(f"specialize() takes a model config (a ModelSpec: LlamaConfig, GPTConfig, ...) or a "
+                              f"Graph, not {type(model).__name__}")
 
 
 def _plan_parts(plan: Any) -> tuple[dict[str, Annotation], dict[str, Any]]:
@@ -411,7 +538,7 @@ def _grad_reduce_plans(graph: Graph, anns: Mapping[str, Annotation], pre: frozen
     """Activations whose gradient comes back Partial where the tensor is Duplicate (Megatron's "f")."""
     out: dict[str, Any] = {}
     for node in graph.nodes:
-        if node.is_leaf or node.is_reshard or node.kind != "dot":
+        if node.is_leaf or node.is_reshard or op_def(node.kind).input_grad is None:
             continue
         x = node.inputs[0]
         if graph.producer(x).is_leaf:
@@ -425,34 +552,51 @@ def _grad_reduce_plans(graph: Graph, anns: Mapping[str, Annotation], pre: frozen
     return out
 
 
+def _parameter_uses(graph: Graph, param: str) -> list[tuple[str, Node]]:
+    """Every tensor through which the graph reads parameter ``param`` (the parameter itself or the end of a chain
+    of its Reshards), each with its first compute consumer, in graph order.  A tied weight (GPT-2's embedding,
+    also its LM head) has two."""
+    out: list[tuple[str, Node]] = []
+    todo = [param]
+    while todo:
+        t = todo.pop(0)
+        compute = [c for c in graph.consumers(t) if not c.is_reshard]
+        if compute:
+            out.append((t, compute[0]))
+        todo.extend(c.outputs[0] for c in graph.consumers(t) if c.is_reshard)
+    return out
+
+
+def _use_grad(graph: Graph, anns: Mapping[str, Annotation], used: str, consumer: Node) -> Annotation:
+    """The deduced layout of the gradient that ``consumer``'s backward gives the parameter tensor ``used``."""
+    idx = consumer.inputs.index(used)
+    if idx not in _weight_inputs(consumer.kind):
+        return partial_as_duplicate(anns[used])
+    act = consumer.inputs[0] if idx != 0 else consumer.inputs[-1]
+    return weight_grad_annotation(consumer.kind, anns[act], anns[used], graph.tensors[act].shape,
+                                  graph.tensors[used].shape)
+
+
 def _grad_sync_plans(graph: Graph, anns: Mapping[str, Annotation], given: Mapping[str, Annotation],
-                     plan_of: Callable[..., Any]) -> dict[str, Any]:
-    """``<param>.grad_sync``: from the gradient's deduced layout to the plan's (default: the parameter's)."""
-    out: dict[str, Any] = {}
+                     plan_of: Callable[..., Any]) -> tuple[dict[str, Any], tuple["GradSync", ...]]:
+    """Each parameter's gradient synchronisation: per group of uses whose gradients have the same deduced layout,
+    the local sum of their gradients moves to the plan's ``<param>.grad_sync`` annotation (default: the
+    parameter's).  The first group's plan is ``<param>.grad_sync``, further groups' ``<param>.grad_sync.<k>``
+    (a tied weight used on two stages: its second use's gradient travels back to the parameter by BSR and is
+    added there — the gradient is the sum of both uses)."""
+    plans: dict[str, Any] = {}
+    syncs: list[GradSync] = []
     for p in graph.parameters:
         name = p.outputs[0]
-        used, consumer = name, None
-        for _ in range(len(graph.nodes)):
-            cons = graph.consumers(used)
-            if not cons:
-                break
-            if cons[0].is_reshard:
-                used = cons[0].outputs[0]
-                continue
-            consumer = cons[0]
-            break
-        if consumer is None:
-            continue
-        idx = consumer.inputs.index(used)
-        op_w = consumer.kind
-        act = consumer.inputs[0] if idx != 0 else consumer.inputs[-1]
-        grad = weight_grad_annotation(op_w, anns[act], anns[used], graph.tensors[act].shape,
-                                      graph.tensors[used].shape) if idx in _weight_inputs(op_w) else \
-            partial_as_duplicate(anns[used])
+        groups: dict[Annotation, list[str]] = {}
+        for used, consumer in _parameter_uses(graph, name):
+            groups.setdefault(_use_grad(graph, anns, used, consumer), []).append(used)
         dst = given.get(f"{name}.grad_sync", anns[name])
-        out[f"{name}.grad_sync"] = plan_of(grad, dst, name, f"gradient synchronisation {name + '.grad_sync'!r}",
-                                           f"{name}.grad_sync")
-    return out
+        for k, (grad, uses) in enumerate(groups.items()):
+            sync = f"{name}.grad_sync" if k == 0 else f"{name}.grad_sync.{k}"
+            plans[sync] = plan_of(grad, dst, name, f"gradient synchronisation {sync!r}", sync)
+            syncs.append(GradSync(name, sync, tuple(uses)))
+    return plans, tuple(syncs)
 
 
 def _weight_inputs(kind: str) -> tuple[int, ...]:
@@ -546,8 +690,11 @@ def _instantiate(prog: Program, rank: int) -> ExecutableGraph:
                                 op.outputs, op.inputs))
         else:
             bwd.append(prog._compute_ops[op.name][1])
-    post = [_comm_op(prog, name, "GradSync", "Post", plan, rank, (name[: -len(".grad_sync")],))
-            for name, plan in prog.grad_sync_plans.items() if name[: -len(".grad_sync")] in params]
+    post = []
+    for gs in prog.grad_syncs:  # every rank the plan touches: the uses' ranks send, the parameter's receive
+        plan = prog.grad_sync_plans[gs.name]
+        if rank in plan.src.ranks or rank in plan.dst.ranks:
+            post.append(_comm_op(prog, gs.name, "GradSync", "Post", plan, rank, gs.uses, (gs.param,)))
     if params:
         post.append(ExecOp("optimizer", "OptimizerStep", "Post", tuple(sorted(params))))
     p, s = prog._where.get(rank, (None, None))

@@ -27,7 +27,7 @@ from .loading import load_model
 
 if TYPE_CHECKING:
     from .cluster import Cluster
-    from .model_config import LlamaConfig
+    from .model_spec import ModelSpec
 
 __all__ = ["Stage", "Pipeline", "Strategy", "memory_estimate"]
 
@@ -168,7 +168,7 @@ class Strategy(BaseModel):
 
     # ---- loading -------------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, data: Any, *, model: "LlamaConfig | None" = None, cluster: "Cluster | None" = None,
+    def load(cls, data: Any, *, model: "ModelSpec | None" = None, cluster: "Cluster | None" = None,
              global_batch: int | None = None) -> "Strategy":
         """Validate a dict, JSON text, ``Path``/path string or ``Strategy``; then :meth:`check` the context given.
 
@@ -187,7 +187,7 @@ class Strategy(BaseModel):
         return cls.model_json_schema()
 
     # ---- context checks ------------------------------------------------------------------------------------
-    def problems(self, model: "LlamaConfig | None" = None, cluster: "Cluster | None" = None,
+    def problems(self, model: "ModelSpec | None" = None, cluster: "Cluster | None" = None,
                  global_batch: int | None = None) -> list[tuple[str, str]]:
         """Every context-dependent problem as ``(field path, reason)``; empty when the strategy fits."""
         out: list[tuple[str, str]] = []
@@ -202,7 +202,7 @@ class Strategy(BaseModel):
                                      f"batch is {global_batch}; change num_micro_batches or micro_batch_size"))
         return out
 
-    def check(self, model: "LlamaConfig | None" = None, cluster: "Cluster | None" = None,
+    def check(self, model: "ModelSpec | None" = None, cluster: "Cluster | None" = None,
               global_batch: int | None = None) -> "Strategy":
         """Raise :class:`PlanValidationError` listing every problem against the context given; return self."""
         found = self.problems(model, cluster, global_batch)
@@ -251,11 +251,11 @@ class Strategy(BaseModel):
         return [[s.tp_degree for s in p.stages] for p in self.pipelines]
 
     # ---- reporting -----------------------------------------------------------------------------------------
-    def memory_estimate(self, model: "LlamaConfig", seq_len: int | None = None) -> dict[int, float]:
+    def memory_estimate(self, model: "ModelSpec", seq_len: int | None = None) -> dict[int, float]:
         """Estimated bytes per rank (see :func:`memory_estimate`)."""
         return memory_estimate(self, model, seq_len=seq_len)
 
-    def summary(self, model: "LlamaConfig | None" = None, cluster: "Cluster | None" = None) -> str:
+    def summary(self, model: "ModelSpec | None" = None, cluster: "Cluster | None" = None) -> str:
         """A readable description: pipelines, stages (ranks, device kinds, layers, TP), micro-batches and,
         when ``model`` is given, an estimate of the memory each rank needs."""
         head = f"Strategy {self.name!r}" if self.name else "Strategy"
@@ -306,7 +306,7 @@ def _kinds(ranks: list[int], cluster: "Cluster | None") -> str:
     return ", ".join(f"{n}x{k}" for k, n in counts.items())
 
 
-def _model_problems(strategy: Strategy, model: "LlamaConfig") -> list[tuple[str, str]]:
+def _model_problems(strategy: Strategy, model: "ModelSpec") -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     n = model.num_layers
     for i, p in enumerate(strategy.pipelines):
@@ -314,13 +314,9 @@ def _model_problems(strategy: Strategy, model: "LlamaConfig") -> list[tuple[str,
             out.append((f"pipelines[{i}]", f"layers cover 0..{p.num_layers - 1} but the model has {n} layers "
                                             f"(0..{n - 1})"))
         for j, s in enumerate(p.stages):
-            t = s.tp_degree
-            for field, value in (("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads),
-                                 ("hidden_size", model.hidden_size), ("ffn_hidden_size", model.ffn_hidden_size)):
-                if value % t:
-                    out.append((f"pipelines[{i}].stages[{j}].devices",
-                                f"TP degree {t} does not divide {field}={value}"))
-                    break
+            reasons = model.tp_problems(s.tp_degree) if s.tp_degree > 1 else []
+            if reasons:
+                out.append((f"pipelines[{i}].stages[{j}].devices", reasons[0]))
     return out
 
 
@@ -344,7 +340,7 @@ def _in_flight(strategy: Strategy, p: Pipeline, j: int) -> int:
     return min(p.num_stages - j, p.num_micro_batches)
 
 
-def memory_estimate(strategy: Strategy, model: "LlamaConfig", *, seq_len: int | None = None) -> dict[int, float]:
+def memory_estimate(strategy: Strategy, model: "ModelSpec", *, seq_len: int | None = None) -> dict[int, float]:
     """Estimated bytes each rank needs for training: an *estimate*, not a measurement.
 
     * Model states, the paper's mixed precision: bf16 parameters and gradients (2 + 2 bytes per parameter) and
@@ -352,7 +348,7 @@ def memory_estimate(strategy: Strategy, model: "LlamaConfig", *, seq_len: int | 
       the first stage and the final norm and LM head on the last) are divided by its TP degree.  With ZeRO-1
       the 12 bytes are divided by the DP degree (the number of pipelines); for heterogeneous pipelines, whose
       stages hold different layer ranges, the real shards are uneven and this is only approximate.
-    * Activations: :meth:`LlamaConfig.layer_activation_bytes` (bf16) for ``micro_batch_size * seq_len`` tokens
+    * Activations: the model's ``layer_activation_bytes`` (bf16) for ``micro_batch_size * seq_len`` tokens
       per layer divided by the TP degree (sequence parallel), times the micro-batches in flight
       (:func:`_in_flight`).  With ``recompute`` a layer keeps only its input (``hidden`` values a token) and one
       layer's full activations are rebuilt at a time.  ``seq_len`` defaults to ``model.max_seq_len``.

@@ -85,10 +85,10 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_plan(args: argparse.Namespace) -> int:
     """Run ``hspmd plan``; prints the plan, its simulated step time and the planning time."""
-    from ..core.model_config import LlamaConfig
+    from ..models.registry import load_model_spec
     from ..errors import PlanValidationError
 
-    model = LlamaConfig.load(args.model)
+    model = load_model_spec(args.model)
     cluster = load_cluster(args.cluster)
     seq = args.seq_len or model.max_seq_len
     cost = _cost(args.cost)
@@ -149,7 +149,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
 def run_simulate(args: argparse.Namespace) -> int:
     """Run ``hspmd simulate``; prints the step time, bubble, memory and (``--timeline``) per-device busy time."""
     from ..cli import example_context, resolve_file
-    from ..core.model_config import LlamaConfig
+    from ..models.registry import load_model_spec
     from ..errors import PlanValidationError
     from .simulator import simulate
 
@@ -160,7 +160,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if not model_name or not cluster_name:
         raise PlanValidationError([("--model/--cluster", "give the model and the cluster of this strategy")],
                                   what="arguments")
-    model = LlamaConfig.load(model_name)
+    model = load_model_spec(model_name)
     cluster = load_cluster(cluster_name)
     batch = args.global_batch if args.global_batch is not None else ctx.get("global_batch")
     res = simulate(model, path, cluster, global_batch=batch, seq_len=args.seq_len or model.max_seq_len,

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster, DeviceSpec, Link
-    from ..core.model_config import LlamaConfig
+    from ..core.model_spec import ModelSpec
 
 __all__ = ["CostModel", "ComputeFit", "OperatorProfile", "LinkOverride", "profile_device", "profile_model",
            "profile_link", "ring_factor", "LayerCost", "layer_cost",
@@ -76,8 +76,8 @@ class OperatorProfile(BaseModel):
     """Profiled costs of whole model operators on one device kind (from :func:`profile_model`).
 
     Each line maps the operator's *forward* FLOPs (per device, i.e. already divided by the TP degree) to seconds:
-    ``layer_fwd``/``layer_bwd`` for one decoder layer (x: :meth:`LlamaConfig.layer_flops`), ``head_fwd``/``head_bwd``
-    for the final RMSNorm + LM head + cross-entropy (x: :meth:`LlamaConfig.head_flops`), ``embed`` for the embedding
+    ``layer_fwd``/``layer_bwd`` for one decoder layer (x: :meth:`ModelSpec.layer_flops`), ``head_fwd``/``head_bwd``
+    for the final RMSNorm + LM head + cross-entropy (x: :meth:`ModelSpec.head_flops`), ``embed`` for the embedding
     forward + backward (x: ``tokens * hidden``, a nominal count).  ``points``: the measured ``(x, seconds)`` per
     line (``lf``, ``lb``, ``hf``, ``hb``, ``e``).  ``optimizer_s_per_param``: seconds of the
     Adam step per parameter (fp32 ``torch.optim.Adam``).  ``shapes``: the ``(tokens, seq_len)`` shapes measured.
@@ -258,13 +258,13 @@ class LayerCost(BaseModel):
         return self.bwd_compute + self.bwd_comm
 
 
-def layer_cost(model: "LlamaConfig", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
+def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
                seq_len: int, cost: CostModel, *, recompute: bool = False) -> LayerCost:
     """One decoder layer on one device of a TP group of ``tp`` devices whose slowest link is ``tp_link``.
 
     Compute: ``layer_flops / tp``.  TP communication (Megatron): two all-reduces of ``tokens x hidden`` bf16
     in the forward and two in the backward (two more when the backward recomputes the forward).  Activations:
-    :meth:`LlamaConfig.layer_activation_bytes` divided by ``tp`` (with ``cost.sequence_parallel``; without it the
+    :meth:`ModelSpec.layer_activation_bytes` divided by ``tp`` (with ``cost.sequence_parallel``; without it the
     RMSNorm inputs/outputs, ``4 * hidden`` per token, stay replicated); with ``recompute`` only the layer input
     is kept and one layer's full activations are transient.
     """
@@ -291,7 +291,7 @@ def _line(fit: ComputeFit, x: float) -> float:
     return fit.a * x + fit.b if x > 0 else 0.0
 
 
-def _layer_activation_bytes(model: "LlamaConfig", tokens: int, tp: int, sequence_parallel: bool) -> float:
+def _layer_activation_bytes(model: "ModelSpec", tokens: int, tp: int, sequence_parallel: bool) -> float:
     total = model.layer_activation_bytes(tokens)  # no TP
     if sequence_parallel:
         return total / tp
@@ -299,7 +299,7 @@ def _layer_activation_bytes(model: "LlamaConfig", tokens: int, tp: int, sequence
     return replicated + (total - replicated) / tp
 
 
-def embedding_cost(model: "LlamaConfig", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
+def embedding_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
                    seq_len: int, cost: CostModel) -> LayerCost:
     """The vocab-parallel token embedding: no FLOPs to speak of, one all-reduce of its output."""
     if not cost.include_embedding:
@@ -312,7 +312,7 @@ def embedding_cost(model: "LlamaConfig", spec: "DeviceSpec", tp: int, tp_link: "
     return LayerCost(fwd_comm=ar, bwd_compute=bwd, params=model.embedding_param_count() / tp)
 
 
-def head_cost(model: "LlamaConfig", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
+def head_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
               seq_len: int, cost: CostModel) -> LayerCost:
     """Final RMSNorm, the vocab-parallel LM head and the cross-entropy loss.
 
@@ -409,7 +409,7 @@ def _fit_line(xs: Iterable[float], ys: Iterable[float]) -> ComputeFit:
 
 
 # ---- representative profiling -----------------------------------------------------------------------------------
-def profile_model(config: "LlamaConfig | str", device: str = "cpu", threads: int | None = 1, *,
+def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int | None = 1, *,
                   shapes: Sequence[tuple[int, int]] | None = None, kind: str | None = None, repeats: int = 5,
                   link: bool = False, link_class: str = "intra", backend: str = "gloo",
                   base: CostModel | None = None) -> CostModel:
@@ -417,11 +417,11 @@ def profile_model(config: "LlamaConfig | str", device: str = "cpu", threads: int
     :class:`OperatorProfile` under ``kind`` (default ``device``) in ``CostModel.profiles``.
 
     Times (median of ``repeats`` sweeps over the shapes, after a warm-up sweep) the forward and the backward of
-    ONE decoder layer of :class:`hspmd_sdk.models.reference.LlamaReference` (RMSNorm, RoPE, attention via
-    ``scaled_dot_product_attention``, SwiGLU, residuals), the final RMSNorm + LM head + cross-entropy, and the
+    ONE decoder layer of the model's single-device reference (``block(0, h)``; for Llama: RMSNorm, RoPE, attention
+    via ``scaled_dot_product_attention``, SwiGLU, residuals), its final norm + LM head + cross-entropy, and the
     embedding forward + backward, at each ``(tokens, seq_len)`` of ``shapes`` (default: 1, 2, 4 and 8 sequences of
     ``min(max_seq_len, 128)`` tokens), and fits ``seconds = a * FLOPs + b`` per operator over the FLOPs the cost
-    model counts (:meth:`LlamaConfig.layer_flops`, :meth:`LlamaConfig.head_flops`).  Tensor parallelism is costed
+    model counts (:meth:`ModelSpec.layer_flops`, :meth:`ModelSpec.head_flops`).  Tensor parallelism is costed
     by dividing the FLOPs by the TP degree and reading the same line.  The Adam step (``torch.optim.Adam``,
     fp32) is timed on the layer's parameters: seconds per parameter.  ``threads``: torch threads while profiling
     (each runtime worker runs with 1; ``None`` leaves the setting alone).
@@ -433,27 +433,24 @@ def profile_model(config: "LlamaConfig | str", device: str = "cpu", threads: int
     import torch
     import torch.nn.functional as F
 
-    from ..core.model_config import LlamaConfig
-    from ..models.reference import LlamaReference, _rmsnorm
+    from ..models.registry import load_model_spec
 
-    config = LlamaConfig.load(config) if not isinstance(config, LlamaConfig) else config
+    config = load_model_spec(config)
     seq = min(config.max_seq_len, 128)
     shapes = [tuple(s) for s in (shapes or [(seq * k, seq) for k in (1, 2, 4, 8)])]
     old = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        ref = LlamaReference(config.model_copy(update={"num_layers": 1}), seed=0).to(device)
+        ref = config.with_layers(1).build_reference(seed=0).to(device)
         layer = ref.layers[0]
         c = config
 
         def layer_fwd(h: "torch.Tensor") -> "torch.Tensor":
-            h = h + ref._attention(layer, _rmsnorm(h, layer.attn_norm.weight, c.rms_eps))
-            x = _rmsnorm(h, layer.mlp_norm.weight, c.rms_eps)
-            return h + (F.silu(x @ layer.mlp.w1) * (x @ layer.mlp.w3)) @ layer.mlp.w2
+            return ref.block(0, h)
 
         def head_fwd(h: "torch.Tensor", targets: "torch.Tensor") -> "torch.Tensor":
-            logits = _rmsnorm(h, ref.final_norm.weight, c.rms_eps) @ ref.lm_head.weight
+            logits = ref.head(h)
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
         inputs = []
@@ -468,7 +465,7 @@ def profile_model(config: "LlamaConfig | str", device: str = "cpu", threads: int
             for i, (b, s, h0, tg) in enumerate(inputs):
                 t = (_time_fwd_bwd(torch, device, lambda: layer_fwd(h0.clone().requires_grad_()))
                      + _time_fwd_bwd(torch, device, lambda: head_fwd(h0.clone().requires_grad_(), tg))
-                     + _time_fwd_bwd(torch, device, lambda: F.embedding(tg, ref.embed.weight)))
+                     + _time_fwd_bwd(torch, device, lambda: ref.embed_tokens(tg)))
                 if sweep:
                     for j in range(6):
                         samples[i][j].append(t[j])

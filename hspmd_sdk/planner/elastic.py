@@ -25,7 +25,7 @@ from .hetero import (Candidate, PipelinePlan, PlanContext, TPGroup, configure_pi
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
-    from ..core.model_config import LlamaConfig
+    from ..core.model_spec import ModelSpec
     from ..core.strategy import Strategy
 
 __all__ = ["replan_elastic", "survivor_cluster", "renumber"]
@@ -103,7 +103,7 @@ def _regroup(ctx: PlanContext, strategy: "Strategy", survivors: Sequence[int], D
     return solve_candidate(ctx, Candidate(degree, D, b, 0.0, comps))
 
 
-def replan_elastic(model: "LlamaConfig | str", cluster: "Cluster", strategy: "Strategy | str | dict",
+def replan_elastic(model: "ModelSpec | str", cluster: "Cluster", strategy: "Strategy | str | dict",
                    failed: Iterable[int], *, seq_len: int, global_batch: int | None = None,
                    cost: CostModel | None = None, min_pipelines: int | None = None, simulate_top: int = 4,
                    refine: bool = True, name: str | None = None) -> "Strategy":
@@ -121,11 +121,11 @@ def replan_elastic(model: "LlamaConfig | str", cluster: "Cluster", strategy: "St
     >>> replan_elastic("llama-7b", Cluster.homogeneous("H20", 4), c1, [3], seq_len=2048).num_ranks
     3
     """
-    from ..core.model_config import LlamaConfig
+    from ..models.registry import load_model_spec
     from ..core.strategy import Strategy
     from ..errors import PlanValidationError
 
-    model = LlamaConfig.load(model) if not isinstance(model, LlamaConfig) else model
+    model = load_model_spec(model)
     strategy = Strategy.load(strategy, model=model, cluster=cluster)
     failed = set(failed)
     for r in failed:

@@ -40,7 +40,7 @@ from .cost import BF16, FP32, CostModel, embedding_cost, head_cost, layer_cost
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
-    from ..core.model_config import LlamaConfig
+    from ..core.model_spec import ModelSpec
     from ..core.strategy import Strategy
     from .simulator import SimResult
 
@@ -64,11 +64,11 @@ class TPGroup:
         return len(self.ranks)
 
 
-def tp_degrees(model: "LlamaConfig", max_degree: int) -> list[int]:
-    """Powers of two up to ``max_degree`` that divide the heads, KV heads, hidden and FFN sizes."""
+def tp_degrees(model: "ModelSpec", max_degree: int) -> list[int]:
+    """Powers of two up to ``max_degree`` that the model can take as TP degree (``model.tp_problems``)."""
     out, d = [], 1
     while d <= max_degree:
-        if all(v % d == 0 for v in (model.num_heads, model.kv_heads, model.hidden_size, model.ffn_hidden_size)):
+        if d == 1 or not model.tp_problems(d):
             out.append(d)
         d *= 2
     return out
@@ -129,7 +129,7 @@ def _static_bytes(params: float, zero_shards: float) -> float:
 class PlanContext:
     """The model, cluster, workload and cost model a planning run shares, with a cache of group profiles."""
 
-    def __init__(self, model: "LlamaConfig", cluster: "Cluster", *, global_batch: int, seq_len: int,
+    def __init__(self, model: "ModelSpec", cluster: "Cluster", *, global_batch: int, seq_len: int,
                  cost: CostModel | None = None, schedule: str = "1f1b", zero1: bool = True) -> None:
         self.model, self.cluster, self.global_batch, self.seq_len = model, cluster, global_batch, seq_len
         self.cost = cost or CostModel()
@@ -639,7 +639,7 @@ def enumerate_candidates(ctx: PlanContext, ranks: Sequence[int], *, max_pipeline
     return out
 
 
-def plan_hetero(model: "LlamaConfig | str", cluster: "Cluster", *, global_batch: int, seq_len: int,
+def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: int, seq_len: int,
                 cost: CostModel | None = None, ranks: Sequence[int] | None = None, schedule: str = "1f1b",
                 zero1: bool = True, candidates: int | None = None, simulate_top: int | None = None,
                 min_pipelines: int = 1, max_pipelines: int | None = None, micro_batches: Sequence[int] = (1, 2, 4),
@@ -659,10 +659,10 @@ def plan_hetero(model: "LlamaConfig | str", cluster: "Cluster", *, global_batch:
     >>> s.num_ranks
     16
     """
-    from ..core.model_config import LlamaConfig
+    from ..models.registry import load_model_spec
     from ..errors import PlanValidationError
 
-    model = LlamaConfig.load(model) if not isinstance(model, LlamaConfig) else model
+    model = load_model_spec(model)
     ctx = PlanContext(model, cluster, global_batch=global_batch, seq_len=seq_len, cost=cost, schedule=schedule,
                       zero1=zero1)
     ranks = list(range(cluster.num_ranks)) if ranks is None else sorted(ranks)

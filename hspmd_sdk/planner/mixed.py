@@ -37,7 +37,7 @@ from .hetero import PipelinePlan, PlanContext, TPGroup, _stage_parts, _sync_esti
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
-    from ..core.model_config import LlamaConfig
+    from ..core.model_spec import ModelSpec
 
 __all__ = ["Method", "MixedEntry", "MixedPlan", "Dispatch", "plan_mixed", "dispatch", "simulate_mixed",
            "packed_baseline", "pack", "sample_lengths", "sample_batch"]
@@ -160,7 +160,7 @@ class _Costs:
     """Per (method, window): the :class:`PipelinePlan` of one pipeline (even layer split) or ``None`` when it
     does not fit in memory; cached."""
 
-    def __init__(self, model: "LlamaConfig", cluster: "Cluster", cost: CostModel, zero_shards: int,
+    def __init__(self, model: "ModelSpec", cluster: "Cluster", cost: CostModel, zero_shards: int,
                  schedule: str) -> None:
         self.model, self.cluster, self.cost, self.z, self.schedule = model, cluster, cost, zero_shards, schedule
         self._ctx: dict[int, PlanContext] = {}
@@ -201,7 +201,7 @@ class _Costs:
         return PipelinePlan(tuple(groups), tuple(layers), tuple(times), p2p, method.recompute)
 
 
-def _methods(model: "LlamaConfig", cluster: "Cluster", max_tp: int) -> list[Method]:
+def _methods(model: "ModelSpec", cluster: "Cluster", max_tp: int) -> list[Method]:
     tps = tp_degrees(model, max_tp)
     pps = [p for p in (1, 2, 4, 8) if p <= model.num_layers]
     return [Method(t, p, rc) for t in tps for p in pps for rc in (False, True) if t * p <= cluster.num_ranks]
@@ -284,7 +284,7 @@ def _combine(costs: _Costs, chosen: Sequence[tuple[Method, int, int]], *, schedu
     return Strategy.load({"pipelines": pipelines, "schedule": schedule, "zero1": zero1}), windows, names
 
 
-def plan_mixed(model: "LlamaConfig | str", cluster: "Cluster", lengths: Sequence[int], *, tokens_per_batch: int,
+def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[int], *, tokens_per_batch: int,
                context_len: int | None = None, cost: CostModel | None = None, boundaries: Sequence[int] | None = None,
                methods: Sequence[Method] | None = None, schedule: str = "1f1b", zero1: bool = True,
                max_tp: int = 16, long_weights: Sequence[int] = (1, 2, 4)) -> MixedPlan:
@@ -297,10 +297,10 @@ def plan_mixed(model: "LlamaConfig | str", cluster: "Cluster", lengths: Sequence
     top interval counted ``long_weights`` times (batches heavier in long sequences).  Memory is checked with ZeRO-1 over two replicas (the smallest useful plan); the
     simulator checks the final strategies.
     """
-    from ..core.model_config import LlamaConfig
+    from ..models.registry import load_model_spec
     from ..errors import PlanValidationError
 
-    model = LlamaConfig.load(model) if not isinstance(model, LlamaConfig) else model
+    model = load_model_spec(model)
     if len(cluster.kinds()) != 1:
         raise PlanValidationError([("cluster", "plan_mixed plans homogeneous clusters (one device kind); got "
                                                f"{cluster.kinds()}")], what="mixed plan")
@@ -373,13 +373,13 @@ def _assign(plans: Sequence[PipelinePlan], windows: Sequence[int], batch: Sequen
     return packed, max(plan.time(len(w)) for plan, w in zip(plans, packed))
 
 
-def dispatch(plan: MixedPlan, model: "LlamaConfig | str", cluster: "Cluster", batch: Sequence[int], *,
+def dispatch(plan: MixedPlan, model: "ModelSpec | str", cluster: "Cluster", batch: Sequence[int], *,
              cost: CostModel | None = None) -> Dispatch:
     """Assign one batch's sequences to the pipelines of every entry that can take its longest sequence and pick
     the entry with the smallest estimated step time.  Sequences longer than the context are truncated."""
-    from ..core.model_config import LlamaConfig
+    from ..models.registry import load_model_spec
 
-    model = LlamaConfig.load(model) if not isinstance(model, LlamaConfig) else model
+    model = load_model_spec(model)
     batch = [min(int(x), plan.context_len) for x in batch if x > 0]
     longest = max(batch)
     zero1 = plan.entries[0].strategy.zero1
@@ -405,7 +405,7 @@ def dispatch(plan: MixedPlan, model: "LlamaConfig | str", cluster: "Cluster", ba
 
 
 # ---- evaluation ------------------------------------------------------------------------------------------------
-def simulate_mixed(model: "LlamaConfig | str", cluster: "Cluster", chosen: Dispatch, *,
+def simulate_mixed(model: "ModelSpec | str", cluster: "Cluster", chosen: Dispatch, *,
                    cost: CostModel | None = None) -> tuple[float, list[int]]:
     """Simulated step time (s) of a dispatched batch and the devices out of memory.
 
@@ -427,16 +427,16 @@ def simulate_mixed(model: "LlamaConfig | str", cluster: "Cluster", chosen: Dispa
     return end + runs[w].sync_time, sorted(oom)
 
 
-def packed_baseline(model: "LlamaConfig | str", cluster: "Cluster", batch: Sequence[int], *, context_len: int,
+def packed_baseline(model: "ModelSpec | str", cluster: "Cluster", batch: Sequence[int], *, context_len: int,
                     cost: CostModel | None = None, schedule: str = "1f1b",
                     zero1: bool = True) -> tuple[Strategy, float]:
     """Standard SPMD: the batch packed into ``context_len`` windows, one homogeneous strategy (every DP x TP x PP
     with even layers, with and without recomputation), the fastest in the simulator that fits in memory.
     Returns the strategy and its simulated step time."""
-    from ..core.model_config import LlamaConfig
+    from ..models.registry import load_model_spec
     from .simulator import simulate
 
-    model = LlamaConfig.load(model) if not isinstance(model, LlamaConfig) else model
+    model = load_model_spec(model)
     n = cluster.num_ranks
     windows = len(pack([min(int(x), context_len) for x in batch], context_len))
     best: tuple[Strategy, float] | None = None

@@ -34,7 +34,7 @@ from .cost import BF16, CostModel, LayerCost, embedding_cost, head_cost, layer_c
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster, DeviceSpec, Link
-    from ..core.model_config import LlamaConfig
+    from ..core.model_spec import ModelSpec
     from ..core.strategy import Stage, Strategy
 
 __all__ = ["simulate", "SimResult", "Event", "Transfer"]
@@ -127,7 +127,7 @@ def _ring_link(cluster: "Cluster", devices: list[int]) -> "Link":
     return min(links, key=lambda l: l.bandwidth)
 
 
-def _stage_cost(model: "LlamaConfig", stage: "Stage", first: bool, last: bool, cluster: "Cluster",
+def _stage_cost(model: "ModelSpec", stage: "Stage", first: bool, last: bool, cluster: "Cluster",
                 micro_batch: int, seq_len: int, cost: CostModel) -> _StageCost:
     tp, link = stage.tp_degree, _ring_link(cluster, stage.devices)
     specs = {cluster.spec(d).kind: cluster.spec(d) for d in stage.devices}
@@ -203,7 +203,7 @@ def _run_collectives(op: str, buckets: list[tuple[tuple[StageKey, ...], dict[Sta
 
 
 # ---- the simulation -----------------------------------------------------------------------------------------------
-def simulate(model: "LlamaConfig | str", strategy: "Strategy | str | dict", cluster: "Cluster", *,
+def simulate(model: "ModelSpec | str", strategy: "Strategy | str | dict", cluster: "Cluster", *,
              global_batch: int | None = None, seq_len: int, cost: CostModel | None = None,
              label: str = "") -> SimResult:
     """Simulate one training step of ``strategy`` for ``model`` on ``cluster`` with sequences of ``seq_len``.
@@ -219,10 +219,10 @@ def simulate(model: "LlamaConfig | str", strategy: "Strategy | str | dict", clus
     >>> len([e for e in r.timeline[1] if e.kind == "F"])
     4
     """
-    from ..core.model_config import LlamaConfig
+    from ..models.registry import load_model_spec
     from ..core.strategy import Strategy
 
-    model = LlamaConfig.load(model) if not isinstance(model, LlamaConfig) else model
+    model = load_model_spec(model)
     strategy = Strategy.load(strategy, model=model, cluster=cluster, global_batch=global_batch)
     cost = cost or CostModel()
     costs: dict[StageKey, _StageCost] = {}
@@ -272,7 +272,7 @@ def simulate(model: "LlamaConfig | str", strategy: "Strategy | str | dict", clus
                      pipeline_end=pipe_end, sync_time=step - last_b, label=label or (strategy.name or ""))
 
 
-def _run_pipelines(model: "LlamaConfig", strategy: "Strategy", cluster: "Cluster", seq_len: int, cost: CostModel,
+def _run_pipelines(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", seq_len: int, cost: CostModel,
                    costs: dict[StageKey, _StageCost], devices: dict[StageKey, list[int]],
                    start: dict[StageKey, float], events: dict[StageKey, list[Event]],
                    ) -> tuple[dict[StageKey, float], list[Transfer]]:

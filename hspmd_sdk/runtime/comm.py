@@ -31,8 +31,8 @@ front, on every rank, with :func:`comm_groups`::
 
     state.create_groups(comm_groups(plans))
 
-Autograd: :func:`reshard` runs a plan forward and another plan on the gradient backward; :func:`backward_plan_for`
-and :func:`gradient_layout` state the gradient-layout convention (see there).  Graph switching:
+Autograd: :func:`reshard` runs a plan forward and another plan on the gradient backward; the gradient-layout
+convention is the core's (:mod:`hspmd_sdk.core.gradients`).  Graph switching:
 :func:`hspmd_sdk.runtime.switch_exec.execute_switch`.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from ..core.annotation import DS, Annotation
+from ..core.gradients import backward_plan_for, gradient_layout
 from ..core.comm_ops import CollectiveOp, IdentityOp, PointToPointOp, SplitCollectiveOp
 from ..core.slices import Box, box_intersect, box_numel, box_shape, format_box, relative
 from ..errors import HSPMDError
@@ -50,8 +50,8 @@ from ..errors import HSPMDError
 if TYPE_CHECKING:
     from ..core.comm_plan import CommPlan
 
-__all__ = ["CommExecutionError", "comm_groups", "execute", "execute_bucketed", "reshard", "backward_plan_for", "gradient_layout",
-           "group_lookup", "torch_dtype", "default_device"]
+__all__ = ["CommExecutionError", "comm_groups", "execute", "execute_bucketed", "execute_op", "post_sends", "receive",
+           "reshard", "backward_plan_for", "gradient_layout", "group_lookup", "torch_dtype", "default_device"]
 
 GroupLookup = Callable[[Sequence[int]], Any]
 
@@ -171,6 +171,19 @@ def execute(plan: "CommPlan", local: torch.Tensor | None, groups: Any, *, rank: 
         except RuntimeError as e:  # a collective failed or timed out: say where
             raise CommExecutionError(f"rank {rank}, {what}: {e}") from e
     return cur if rank in plan.dst.ranks else None
+
+
+def execute_op(plan: "CommPlan", index: int, local: torch.Tensor | None, groups: Any, *, rank: int,
+               device: torch.device) -> torch.Tensor | None:
+    """Run operator ``index`` of ``plan`` alone on this rank; a rank it does not write keeps ``local``."""
+    ctx = _Ctx(rank, group_lookup(groups), torch_dtype(plan.dtype), device)
+    op = plan.ops[index]
+    what = f"op {index} ({op.kind}) of {plan.src} -> {plan.dst}"
+    try:
+        out = _run_op(op, local, ctx, what)
+    except RuntimeError as e:
+        raise CommExecutionError(f"rank {rank}, {what}: {e}") from e
+    return out if out is not None else local
 
 
 #: Largest flat buffer of one bucketed collective (DDP's default bucket size).
@@ -445,6 +458,40 @@ def _run_p2p(op: PointToPointOp, cur: torch.Tensor | None, ctx: _Ctx, what: str,
     return out if out is not None else cur
 
 
+def post_sends(op: PointToPointOp, x: torch.Tensor | None, rank: int, in_box: Box | None,
+               tag_base: int = 0) -> list[tuple[Any, torch.Tensor]]:
+    """Post this rank's sends of ``op`` asynchronously (``isend``; message ``i`` tagged ``tag_base + i``) from its
+    local tensor ``x`` holding ``in_box``; returns ``(work, buffer)`` pairs to wait on later.  With
+    :func:`receive` this is the split-phase form of a point-to-point operator that pipeline stages use: the
+    sending stage goes on computing while its messages travel."""
+    pending = []
+    for i, m in enumerate(op.messages):
+        if m.src == rank and m.dst != rank:
+            assert x is not None and in_box is not None
+            buf = x[relative(m.box, in_box)].contiguous()
+            pending.append((dist.isend(buf, m.dst, tag=tag_base + i), buf))
+    return pending
+
+
+def receive(op: PointToPointOp, rank: int, dtype: torch.dtype, device: torch.device,
+            tag_base: int = 0) -> torch.Tensor | None:
+    """Receive this rank's part of ``op`` (blocking) into a new tensor of its output box; ``None`` if it has none.
+    The peer posts the same messages with the same tags (:func:`post_sends` or :func:`execute`)."""
+    outb = dict(op.out_boxes)
+    if rank not in outb:
+        return None
+    out = torch.zeros(box_shape(outb[rank]), dtype=dtype, device=device)
+    recvs = []
+    for i, m in enumerate(op.messages):
+        if m.dst == rank and m.src != rank:
+            buf = torch.empty(box_numel(m.box), dtype=dtype, device=device)
+            recvs.append((dist.irecv(buf, m.src, tag=tag_base + i), buf, m.box))
+    for work, buf, box in recvs:
+        work.wait()
+        out[relative(box, outb[rank])] = buf.reshape(box_shape(box))
+    return out
+
+
 def _wait_all(ops: list[Any], rank: int, what: str) -> None:
     """One ``batch_isend_irecv`` for all of this rank's sends and receives, then wait for each."""
     if not ops:
@@ -454,75 +501,6 @@ def _wait_all(ops: list[Any], rank: int, what: str) -> None:
             req.wait()
     except RuntimeError as e:
         raise CommExecutionError(f"rank {rank}, {what}: batched send/receive failed: {e}") from e
-
-
-# ---- gradients ---------------------------------------------------------------------------------------------
-def gradient_layout(ann: Annotation, consumed: str = "redundant") -> Annotation:
-    """The layout of the gradient of a tensor of layout ``ann`` (same DG Union, split dims and box per rank).
-
-    The convention (per rank, the gradient autograd computes with respect to its *local* tensor):
-
-    * **Split** stays Split: each rank's gradient is its box of the full gradient.
-    * **Partial -> Duplicate**: ``T = sum_r x_r``, so ``dL/dx_r = dL/dT`` -- every summand's gradient is the whole
-      gradient of its box.
-    * **Duplicate**, ``consumed="redundant"`` (the default): every replica feeds the *same* computation (a
-      LayerNorm or a loss repeated on each TP rank), so each rank computes the whole gradient: Duplicate.
-      ``consumed="divergent"``: each replica feeds a *different* computation (the input of a column-parallel
-      linear, each rank multiplying by its own weight shard; a weight replicated across data-parallel groups),
-      so the replicas' gradients are summands: **Duplicate -> Partial** (and Partial -> Duplicate, a swap).
-
-    Both tiers follow the rule (DS keys -2/-1 and HDim -2/-1).  A redundant Partial+Duplicate DS whose two keys
-    are not adjacent in ``order`` has no single-DS gradient layout; that raises (pass the layout explicitly).
-    """
-    if consumed not in ("redundant", "divergent"):
-        raise ValueError(f"consumed must be 'redundant' or 'divergent', not {consumed!r}")
-    ds = [_grad_ds(d, consumed) for d in ann.ds_union]
-    hdim = ann.hdim
-    if hdim == -2 or (consumed == "divergent" and hdim == -1 and ann.hsize > 1):
-        hdim = -1 if hdim == -2 else -2
-    return Annotation(ann.dg_union, ds, hdim, ann.hratios if hdim >= 0 else None)
-
-
-def _grad_ds(ds: DS, consumed: str) -> DS:
-    states, order = dict(ds.states), list(ds.order)
-    if consumed == "divergent":
-        swap = {-2: -1, -1: -2}
-        return DS({swap.get(k, k): v for k, v in states.items()}, [swap.get(k, k) for k in order])
-    if -2 not in states:
-        return ds
-    if -1 not in states:
-        return DS({(-1 if k == -2 else k): v for k, v in states.items()}, [-1 if k == -2 else k for k in order])
-    i, j = order.index(-2), order.index(-1)
-    if abs(i - j) != 1:
-        raise CommExecutionError(f"gradient_layout: DS {ds} has Partial and Duplicate keys that are not adjacent "
-                                 "in its order; its gradient has no single-DS layout, pass it explicitly")
-    merged = {k: v for k, v in states.items() if k != -2}
-    merged[-1] = states[-2] * states[-1]
-    return DS(merged, [k for k in order if k != -2])
-
-
-def backward_plan_for(plan: "CommPlan", *, grad_src: Annotation | None = None,
-                      grad_dst: Annotation | None = None) -> "CommPlan":
-    """The plan that moves the gradient of a Reshard's output back to its input: ``resolve(grad_dst, grad_src)``.
-
-    ``grad_dst``: the layout in which the consumers deliver the output's gradient; ``grad_src``: the layout the
-    input's producer expects its gradient in.  Both default to :func:`gradient_layout` with redundant
-    consumption (Partial -> Duplicate, the rest unchanged).  The Megatron operators, TP group ``[0, 1]``:
-
-    * *g* (row-parallel output): ``plan = resolve(P, D)`` is an AllReduce; the output is consumed redundantly so
-      ``grad_dst = D``, and the Partial input's gradient is ``D``: the backward is ``Identity``.
-    * *f* (column-parallel input): ``plan = resolve(D, D)`` is an Identity; the output feeds a column-parallel
-      linear -- consumed divergently -- so pass ``grad_dst=gradient_layout(D, "divergent")`` (= ``P``); the
-      input's producer (a replicated LayerNorm) expects ``D``: the backward is an ``AllReduce``.
-
-    Choosing the gradient layouts is specialization's job (it passes ``grad_*`` from the backward graph's
-    annotations); these defaults are the common convention.
-    """
-    from ..core.resolve import resolve
-
-    gs = grad_src if grad_src is not None else gradient_layout(plan.src)
-    gd = grad_dst if grad_dst is not None else gradient_layout(plan.dst)
-    return resolve(gd, gs, plan.shape, plan.dtype, plan.cluster)
 
 
 # ---- autograd ----------------------------------------------------------------------------------------------

@@ -1,50 +1,54 @@
-"""The training executor: one rank runs its executable graph step by step (paper §6.3, Appendix A.2).
+"""The training executor: one rank replays its executable graph step by step (paper §6.3, Appendix A.2).
 
-Per step a rank replays its schedule (:meth:`Program.schedule`): ``PRE`` (ZeRO parameter gathering), ``F``/``B`` of
-each of its pipeline's micro-batches in GPipe or 1F1B order, then ``POST`` (gradient synchronisation, Adam).
-Everything it does comes from the :class:`~hspmd_sdk.core.specialize.Program`: the compute ops of its
-executable graph (:data:`~hspmd_sdk.runtime.kernels.KERNELS` on local shards), and the ``CommPlan`` of every
-Reshard, backward Reshard, gradient reduction and gradient synchronisation, executed by :mod:`.comm`.  Nothing is
-re-derived; the only run-time decision is the concrete micro-batch shape (:mod:`.microbatch`).
+Per step a rank replays its stage's stored schedule (:meth:`Program.schedule`), action by action: ``PRE`` (the
+parameters' Reshards: ZeRO gathering, a tied weight's second placement), then per micro-batch ``RECV_F`` / ``F`` /
+``SEND_F`` and ``RECV_B`` / ``B`` / ``SEND_B`` in GPipe or 1F1B order, then ``POST`` (gradient synchronisation,
+Adam).  Everything it does comes from the :class:`~hspmd_sdk.core.specialize.Program`: the compute ops of its
+executable graph (the kernel registry :data:`~hspmd_sdk.runtime.kernels.KERNELS`, on local shards), the loss
+tensor the graph marks, and the ``CommPlan`` of every Reshard, backward Reshard, gradient reduction and gradient
+synchronisation at the micro-batch's shape (:meth:`Program.micro_batch_plan`), executed by :mod:`.comm`.  It names
+no model, no op kind and no tensor.
 
 Backward is torch autograd over the local ops.  A Reshard whose source and destination both hold this rank is a
 differentiable :func:`~.comm.reshard` (forward plan, backward plan ``<name>.bwd``); an activation with a gradient
 reduction (Megatron's *f*) is wrapped so that its accumulated gradient runs ``<tensor>.grad_reduce``.  A Reshard
 that crosses pipeline stages (this rank holds only its source, or only its destination — SendRecv or BSR, also
-between stages of different TP degrees) is where the schedule's transfers happen: the sending stage posts its
-messages asynchronously at the end of its ``F`` (``SEND_F``) and receives the gradient before its ``B``
-(``RECV_B``); the receiving stage receives before its ``F`` (``RECV_F``) and sends the input's gradient after its
-``B`` (``SEND_B``).  Receives block; sends do not (they are waited for at the end of the step) — the semantics
-under which :func:`hspmd_sdk.core.schedule.replay` proves the schedules deadlock-free.
+between stages of different TP degrees) is the schedule's transfer actions: the receiving stage receives it in
+``RECV_F`` and sends its gradient in ``SEND_B``; the sending stage posts it asynchronously in ``SEND_F`` and
+receives the gradient in ``RECV_B``.  Receives block; sends do not (they are waited for at the end of the step) —
+the semantics under which :func:`hspmd_sdk.core.schedule.replay` proves the schedules deadlock-free.
 
-Loss: the graph's ``cross_entropy`` runs with ``total_count`` = the *global* number of target tokens of the step,
-so each micro-batch's loss is its summand of the global mean and the accumulated gradients (summed over
-micro-batches, then across pipelines by ``<param>.grad_sync``) are exactly the single-device model's.
+Loss: the loss op runs with the step's *global* number of target tokens (the kernel registry's
+``loss_normalizer``), so each micro-batch's loss is its summand of the global mean and the accumulated gradients
+(summed over micro-batches, then across pipelines by the gradient synchronisation) are exactly the single-device
+model's.
 
-Optimizer: :class:`torch.optim.Adam` on this rank's parameter shards (elementwise, so shard-wise Adam is Adam).
-With ZeRO-1 the parameters themselves are sharded across pipelines (``<param>.gather`` in ``PRE``), the gradient
-is reduce-scattered onto the shard (SplitReduceScatter), and the optimizer state is per shard: sharded as the
-plan says.  Optional activation recomputation per stage re-runs a micro-batch's local forward inside
-``torch.utils.checkpoint`` (see :class:`StepExecutor`).
+Parameters and optimizer state: each rank holds only its shards — built from the model's initialisation
+(:func:`~.params.init_local_parameters`), or handed in (``params=``, ``optimizer_state=``: a switch, a checkpoint,
+Hugging Face weights).  :class:`torch.optim.Adam` runs on the shards (elementwise, so shard-wise Adam is Adam);
+:meth:`StepExecutor.optimizer_state` / :meth:`StepExecutor.load_optimizer_state` give its state by parameter
+name.  With ZeRO-1 the parameters are sharded across pipelines (gathered in ``PRE``), the gradient is
+reduce-scattered onto the shard, and the optimizer state is per shard.  Activation recomputation (the Program's
+``recompute`` ranks) re-runs a micro-batch's local forward inside ``torch.utils.checkpoint``.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
-import torch.distributed as dist
 
 from ..core.annotation import local_view
 from ..core.comm_ops import CollectiveOp, IdentityOp, PointToPointOp, SplitCollectiveOp
-from ..core.slices import box_numel, box_shape, relative
+from ..core.microbatch import batch_dim
+from ..core.slices import Box, box_shape
 from ..core.symbolic import evaluate_shape
 from ..errors import HSPMDError
-from .comm import execute, execute_bucketed, reshard, torch_dtype
-from .kernels import KERNELS
-from .microbatch import batch_dim, micro_batch_plan
-from .params import init_local_parameters
+from .comm import execute, execute_bucketed, execute_op, post_sends, receive, reshard, torch_dtype
+from .kernels import kernel_for
+from .params import check_local_parameters, init_local_parameters
 
 __all__ = ["StepExecutor", "ExecutorError", "program_comm_plans", "AdamConfig"]
 
@@ -55,12 +59,38 @@ class ExecutorError(HSPMDError):
 
 @dataclass(frozen=True)
 class AdamConfig:
-    """``torch.optim.Adam`` hyper-parameters."""
+    """``torch.optim.Adam`` hyper-parameters, checked when made (so a bad value fails before any worker runs)."""
 
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            from ..errors import PlanValidationError
+
+            raise PlanValidationError(problems, what="optimizer options")
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        values = {"lr": self.lr, "eps": self.eps, "weight_decay": self.weight_decay}
+        for name, v in values.items():
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                out.append((name, f"must be a finite number, not {v!r}"))
+        if not out:
+            if self.lr <= 0:
+                out.append(("lr", f"must be > 0, not {self.lr}"))
+            if self.eps <= 0:
+                out.append(("eps", f"must be > 0, not {self.eps}"))
+            if self.weight_decay < 0:
+                out.append(("weight_decay", f"must be >= 0, not {self.weight_decay}"))
+        betas = tuple(self.betas) if isinstance(self.betas, (tuple, list)) else ()
+        if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                                      and math.isfinite(b) and 0 <= b < 1 for b in betas):
+            out.append(("betas", f"must be two numbers in [0, 1), not {self.betas!r}"))
+        return out
 
 
 def program_comm_plans(program: Any) -> list[Any]:
@@ -72,12 +102,14 @@ def program_comm_plans(program: Any) -> list[Any]:
 
 @dataclass
 class _MicroBatch:
-    """What a micro-batch's F leaves for its B."""
+    """What a micro-batch's actions leave for its later actions."""
 
     loss: torch.Tensor | None = None
-    outputs: list[tuple[str, torch.Tensor]] = field(default_factory=list)   # sent to the next stage
-    inputs: list[tuple[str, torch.Tensor]] = field(default_factory=list)    # received from the previous stage
     loss_value: float = 0.0
+    received: dict[str, torch.Tensor] = field(default_factory=dict)         # RECV_F -> F
+    outputs: list[tuple[str, torch.Tensor]] = field(default_factory=list)    # F -> SEND_F, B (sent downstream)
+    inputs: list[tuple[str, torch.Tensor]] = field(default_factory=list)     # F -> B, SEND_B (received)
+    out_grads: list[torch.Tensor] = field(default_factory=list)              # RECV_B -> B
 
 
 class _GradReduce(torch.autograd.Function):
@@ -94,18 +126,45 @@ class _GradReduce(torch.autograd.Function):
         return g, None, None, None
 
 
+class _Local:
+    """The :class:`~.kernels.KernelContext` of one rank at its micro-batch shape."""
+
+    def __init__(self, ex: "StepExecutor") -> None:
+        self.ex = ex
+        self.loss_normalizer: int | None = ex.loss_normalizer
+
+    def global_shape(self, tensor: str) -> tuple[int, ...]:
+        return self.ex.global_shape(tensor)
+
+    def box(self, tensor: str) -> Box:
+        ex = self.ex
+        view = local_view(ex.anns[tensor], self.global_shape(tensor), ex.rank)
+        if view is None:
+            raise ExecutorError(f"rank {ex.rank} holds no shard of {tensor!r}")
+        box = view.box
+        d = batch_dim(ex.graph.tensors[tensor].shape)
+        return box if d is None else box[:d] + ((0, ex.micro_size),) + box[d + 1:]
+
+    def local_shape(self, tensor: str) -> tuple[int, ...]:
+        return box_shape(self.box(tensor))
+
+
 class StepExecutor:
     """Runs training steps of ``program`` on rank ``rank``.
 
     ``groups``: the process-group lookup (the :class:`~.worker.WorkerState`); every rank must already have called
     ``state.create_groups(comm_groups(program_comm_plans(program)))``.  ``global_batch``/``seq_len``: the step's
-    concrete ``B`` and ``S``.  ``recompute``: activation recomputation on this rank's stage (the micro-batch's
-    local forward between its stage-boundary transfers is re-run in backward).
+    concrete ``B`` and ``S``.  ``recompute``: activation recomputation on this rank's stage (default: whether the
+    Program lists the rank).  ``params``: this rank's parameter shards to start from (name -> tensor of its box),
+    instead of the model's initialisation from ``seed``; ``optimizer_state``: Adam's state by parameter name
+    (:meth:`optimizer_state`'s form).
     """
 
-    def __init__(self, program: Any, rank: int, groups: Any, *, seed: int, global_batch: int, seq_len: int,
-                 adam: AdamConfig = AdamConfig(), recompute: bool = False,
-                 device: torch.device | None = None, emulate: Callable[[float], Any] | None = None) -> None:
+    def __init__(self, program: Any, rank: int, groups: Any, *, seed: int = 0, global_batch: int, seq_len: int,
+                 adam: AdamConfig = AdamConfig(), recompute: bool | None = None,
+                 device: torch.device | None = None, emulate: Callable[[float], Any] | None = None,
+                 params: Mapping[str, torch.Tensor] | None = None,
+                 optimizer_state: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.program, self.rank, self.groups = program, rank, groups
         # speed emulation (CPU demos): called with the seconds of each compute piece -- a forward kernel, a
         # stage's autograd backward, the optimizer step -- never with time spent waiting for other ranks
@@ -113,21 +172,31 @@ class StepExecutor:
         self.device = device or torch.device("cpu")
         self.graph = program.graph
         self.anns = program.annotations
+        if self.graph.loss is None:
+            raise ExecutorError(f"graph {self.graph.name!r} marks no loss tensor (GraphBuilder.mark_loss); there "
+                                "is nothing to train")
+        self.loss_name = self.graph.loss
         self.eg = program.executable_graph(rank)
         if self.eg.pipeline is None:
             raise ExecutorError(f"rank {rank} runs no forward operator of this program")
         self.pipeline, self.stage = self.eg.pipeline, self.eg.stage
         self.bindings = {"B": int(global_batch), "S": int(seq_len)}
         program.bind(self.bindings)
-        self.total_tokens = int(global_batch) * int(seq_len)
-        self.recompute = recompute
+        self.loss_normalizer = int(global_batch) * int(seq_len)
+        self.recompute = rank in program.recompute if recompute is None else bool(recompute)
         self.nodes = {n.name: n for n in self.graph.nodes}
-        self.params = {k: v.to(self.device) if v.device != self.device else v
-                       for k, v in init_local_parameters(program, rank, seed).items()}
+        if params is None:
+            local = init_local_parameters(program, rank, seed)
+        else:
+            local = check_local_parameters(program, rank, params)
+        self.params = {k: (v.to(self.device) if v.device != self.device else v).detach().requires_grad_(True)
+                       for k, v in local.items()}
         self.optimizer = torch.optim.Adam(list(self.params.values()), lr=adam.lr, betas=adam.betas, eps=adam.eps,
                                           weight_decay=adam.weight_decay, foreach=False)
+        if optimizer_state is not None:
+            self.load_optimizer_state(optimizer_state)
         self.num_micro = program.num_micro_batches(self.pipeline)
-        self.chunk = self._batch_chunk()
+        self.chunk = program.batch_rows(rank, self.bindings)
         rows = self.chunk[1] - self.chunk[0]
         mbs = program.micro_batch_size(self.pipeline)
         self.micro_size = int(mbs) if mbs else rows // self.num_micro
@@ -136,8 +205,7 @@ class StepExecutor:
                                 f"{self.num_micro} micro-batches of {self.micro_size}")
         self.grad_reduce = {o.inputs[0] for o in self.eg.backward if o.kind == "GradReduce"}
         self.roles = {o.name: self._role(o) for o in self.eg.forward if o.kind == "Reshard"}
-        self.used = self._used_tensors()
-        self._plans: dict[tuple[str, int], Any] = {}
+        self.context = _Local(self)
         self._attrs: dict[str, dict[str, Any]] = {}
         self._pending: list[Any] = []
         self.step_values: dict[str, torch.Tensor] = {}
@@ -145,17 +213,8 @@ class StepExecutor:
         self.captured_grads: dict[str, torch.Tensor] | None = None
 
     # ---- set-up ---------------------------------------------------------------------------------------------
-    def _global_shape(self, tensor: str) -> tuple[int, ...]:
+    def global_shape(self, tensor: str) -> tuple[int, ...]:
         return tuple(int(d) for d in evaluate_shape(self.graph.tensors[tensor].shape, self.bindings, tensor=tensor))
-
-    def _batch_chunk(self) -> tuple[int, int]:
-        """This pipeline's rows ``[a, b)`` of the global batch, from the annotation of a local activation."""
-        for op in self.eg.forward:
-            for t in op.outputs + op.inputs:
-                d = batch_dim(self.graph.tensors[t].shape)
-                if d is not None and self.rank in self.anns[t].ranks:
-                    return local_view(self.anns[t], self._global_shape(t), self.rank).box[d]
-        raise ExecutorError(f"rank {self.rank}: no local activation has a batch dim")
 
     def _role(self, op: Any) -> str:
         """``local`` (holds source and destination), ``send`` (only the source) or ``recv`` (only the
@@ -164,54 +223,43 @@ class StepExecutor:
         has_src, has_dst = self.rank in src.ranks, self.rank in dst.ranks
         return "local" if has_src and has_dst else "send" if has_src else "recv"
 
-    def _used_tensors(self) -> dict[str, str]:
-        """Parameter -> the tensor its consumers read (the end of its chain of ``Pre`` Reshards)."""
-        used = {p: p for p in self.params}
-        owner = {p: p for p in self.params}
-        for op in self.eg.pre:
-            p = owner.get(op.inputs[0])
-            if p is not None:
-                owner[op.outputs[0]] = p
-                used[p] = op.outputs[0]
-        return used
-
-    def _plan(self, name: str, tensor: str) -> Any:
-        """The micro-batch plan of communication ``name`` (moving ``tensor``) at this pipeline's micro size."""
-        key = (name, self.micro_size)
-        got = self._plans.get(key)
-        if got is None:
-            plan = self.program.concrete_plan(name, self.bindings)
-            d = batch_dim(self.graph.tensors[tensor].shape)
-            got = plan if d is None else micro_batch_plan(plan, d, self.chunk, self.micro_size)
-            self._plans[key] = got
-        return got
+    def _plan(self, name: str) -> Any:
+        """The plan of communication ``name`` at this pipeline's micro-batch shape."""
+        return self.program.micro_batch_plan(name, self.rank, self.bindings, self.micro_size)
 
     def _node_attrs(self, node: Any) -> dict[str, Any]:
         got = self._attrs.get(node.name)
-        if got is not None:
-            return got
-        attrs = dict(node.attr)
-        out = node.outputs[0]
-        if node.kind == "reshape":
-            shape = list(self.program.local_shape(out, self.rank, self.bindings))
-            d = batch_dim(self.graph.tensors[out].shape)
-            if d is not None:
-                shape[d] = self.micro_size
-            attrs["shape"] = tuple(int(s) for s in shape)
-        elif node.kind == "cross_entropy":
-            attrs["total_count"] = self.total_tokens
-        elif node.kind == "embedding":
-            w = node.inputs[1]
-            box = local_view(self.anns[w], self._global_shape(w), self.rank).box
-            if box[0] != (0, self._global_shape(w)[0]):
-                attrs["vocab_start"] = box[0][0]
-        elif node.kind == "rope":
-            x = node.inputs[0]
-            box = local_view(self.anns[x], self._global_shape(x), self.rank).box
-            if box[1][0]:
-                attrs["position_offset"] = box[1][0]
-        self._attrs[node.name] = attrs
-        return attrs
+        if got is None:
+            got = self._attrs[node.name] = kernel_for(node.kind, node.name).attrs(node, self.context)
+        return got
+
+    # ---- training state by name ----------------------------------------------------------------------------
+    def optimizer_state(self) -> dict[str, dict[str, Any]]:
+        """Adam's state of this rank's shards by parameter name: ``{"exp_avg", "exp_avg_sq"}`` (tensors of the
+        parameter's box) and ``"step"`` (a float) — empty dicts before the first step."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, p in self.params.items():
+            st = self.optimizer.state.get(p, {})
+            out[name] = {k: (float(v) if k == "step" else v) for k, v in st.items()}
+        return out
+
+    def load_optimizer_state(self, state: Mapping[str, Mapping[str, Any]]) -> None:
+        """Set Adam's state from :meth:`optimizer_state`'s form (every local parameter, shards of its box)."""
+        missing = sorted(set(self.params) - set(state))
+        if missing:
+            raise ExecutorError(f"rank {self.rank}: optimizer state lacks parameter(s) {missing[:5]}")
+        for name, p in self.params.items():
+            st = state[name]
+            if not st:
+                continue
+            new: dict[str, Any] = {"step": torch.tensor(float(st["step"]))}
+            for k in ("exp_avg", "exp_avg_sq"):
+                t = st[k]
+                if tuple(t.shape) != tuple(p.shape):
+                    raise ExecutorError(f"rank {self.rank}: optimizer state {name}.{k} has shape {tuple(t.shape)}, "
+                                        f"the parameter's shard {tuple(p.shape)}")
+                new[k] = t.detach().to(device=p.device, dtype=torch.float32).clone()
+            self.optimizer.state[p] = new
 
     # ---- one step ---------------------------------------------------------------------------------------------
     @property
@@ -219,26 +267,46 @@ class StepExecutor:
         """Whether this rank reads the batch (its executable graph has a placeholder: first or last stage)."""
         return any(self.graph.producer(n).kind == "placeholder" for n in self.eg.leaves)
 
-    def step(self, batch: torch.Tensor | None, *, capture_grads: bool = False) -> float:
-        """Run one training step on the global batch ``batch[B, S+1]`` (every rank that :attr:`needs_data` passes
-        the same; others may pass ``None``); returns this rank's summand of the global loss (see
-        :meth:`loss_contributor`)."""
-        full = {} if batch is None else {"tokens": batch[:, :-1], "targets": batch[:, 1:]}
-        self._feeds = self._local_feeds(full)
+    def step(self, batch: Any, *, capture_grads: bool = False) -> float:
+        """Run one training step on the global batch — token sequences ``[B, S+1]`` that the model's ``feeds``
+        turns into the graph's placeholders, or a mapping placeholder -> full tensor (every rank that
+        :attr:`needs_data` passes the same; others may pass ``None``); returns this rank's summand of the global
+        loss (see :meth:`loss_contributor`)."""
+        self._feeds = self._local_feeds(self._full_feeds(batch))
         self.records.clear()
         loss = 0.0
         for action in self.program.schedule(self.rank):
-            kind = action.kind
+            kind, mb = action.kind, action.micro_batch
             if kind == "PRE":
                 self.pre()
+            elif kind == "RECV_F":
+                self.recv_forward(mb)
             elif kind == "F":
-                self.forward(action.micro_batch)
+                self.forward(mb)
+            elif kind == "SEND_F":
+                self.send_forward(mb)
+            elif kind == "RECV_B":
+                self.recv_backward(mb)
             elif kind == "B":
-                loss += self.backward(action.micro_batch)
+                loss += self.backward(mb)
+            elif kind == "SEND_B":
+                self.send_backward(mb)
             elif kind == "POST":
                 self.post(capture_grads=capture_grads)
-            # SEND_*/RECV_*: the transfers run inside F and B at the stage-boundary Reshards (module docstring)
+            else:  # pragma: no cover - the schedule IR has exactly the kinds above
+                raise ExecutorError(f"rank {self.rank}: unknown schedule action {action}")
         return loss
+
+    def _full_feeds(self, batch: Any) -> Mapping[str, torch.Tensor]:
+        if batch is None:
+            return {}
+        if isinstance(batch, Mapping):
+            return batch
+        model = self.program.model
+        if model is None:
+            raise ExecutorError(f"rank {self.rank}: the program has no model to turn a batch into feeds; pass a "
+                                "mapping placeholder -> tensor")
+        return model.feeds(batch)
 
     def _local_feeds(self, full: Mapping[str, torch.Tensor]) -> dict[str, list[torch.Tensor]]:
         """Each placeholder leaf of this rank, cut to its box and split into the pipeline's micro-batches."""
@@ -252,11 +320,12 @@ class StepExecutor:
             view = local_view(self.anns[name], tuple(t.shape), self.rank)
             local = t[view.slices].to(self.device)
             d = batch_dim(self.graph.tensors[name].shape)
-            out[name] = list(torch.split(local, self.micro_size, dim=d))
+            out[name] = list(torch.split(local, self.micro_size, dim=d)) if d is not None else [local] * self.num_micro
         return out
 
     def pre(self) -> None:
-        """``Pre``: parameter leaves, and the Reshards that gather them (ZeRO-1 SplitAllGather)."""
+        """``Pre``: parameter leaves, and the Reshards of parameters (ZeRO-1 SplitAllGather, a tied weight's move
+        to its other stage).  Their outputs are fresh leaves whose gradients the gradient synchronisation reads."""
         vals: dict[str, torch.Tensor] = dict(self.params)
         for op in self.eg.pre:
             src, dst = op.inputs[0], op.outputs[0]
@@ -272,28 +341,44 @@ class StepExecutor:
                 vals[dst] = out.requires_grad_(True)
         self.step_values = vals
 
+    def _record(self, mb: int) -> _MicroBatch:
+        rec = self.records.get(mb)
+        if rec is None:
+            rec = self.records[mb] = _MicroBatch()
+        return rec
+
+    def recv_forward(self, mb: int) -> None:
+        """``RECV_F``: this stage's inputs of micro-batch ``mb`` from the previous stage (blocking)."""
+        rec = self._record(mb)
+        for op in self.eg.forward:
+            if op.kind == "Reshard" and self.roles[op.name] == "recv":
+                rec.received[op.name] = self._receive(self._plan(op.name), _tag(mb, 0))
+
     def forward(self, mb: int) -> None:
         """``F`` of micro-batch ``mb``."""
-        rec = _MicroBatch()
+        rec = self._record(mb)
         vals = dict(self.step_values)
         for name, parts in self._feeds.items():
             vals[name] = parts[mb]
         if self.recompute:
             self._forward_recompute(mb, vals, rec)
         else:
-            self._run_forward(mb, vals, rec)
-        if rec.loss is not None:
+            self._run_forward(mb, vals, rec, self.eg.forward)
+        if self.loss_name in vals and self.rank in self.anns[self.loss_name].ranks:
+            rec.loss = vals[self.loss_name]
             rec.loss_value = float(rec.loss.detach())
-        self.records[mb] = rec
 
-    def _run_forward(self, mb: int, vals: dict[str, torch.Tensor], rec: _MicroBatch) -> None:
-        for op in self.eg.forward:
+    def send_forward(self, mb: int) -> None:
+        """``SEND_F``: post this stage's outputs of micro-batch ``mb`` to the next stage (asynchronous)."""
+        for name, t in self.records[mb].outputs:
+            self._send(self._plan(name), t, _tag(mb, 0))
+
+    def _run_forward(self, mb: int, vals: dict[str, torch.Tensor], rec: _MicroBatch, ops: Any) -> None:
+        for op in ops:
             if op.kind == "Reshard":
                 self._forward_reshard(op, mb, vals, rec)
             else:
                 self._compute(op, vals)
-        if "loss" in vals and self.rank in self.anns["loss"].ranks:
-            rec.loss = vals["loss"]
 
     def _forward_recompute(self, mb: int, vals: dict[str, torch.Tensor], rec: _MicroBatch) -> None:
         """The local part of the forward (after this stage's receives, before its sends) under
@@ -305,26 +390,19 @@ class StepExecutor:
         head = [o for o in ops if o.kind == "Reshard" and self.roles[o.name] == "recv"]
         tail = [o for o in ops if o.kind == "Reshard" and self.roles[o.name] == "send"]
         body = [o for o in ops if o not in head and o not in tail]
-        for op in head:
-            self._forward_reshard(op, mb, vals, rec)
-        wanted = [o.inputs[0] for o in tail] + (["loss"] if "loss" in {t for o in body for t in o.outputs} else [])
+        self._run_forward(mb, vals, rec, head)
+        produced = {t for o in body for t in o.outputs}
+        wanted = [o.inputs[0] for o in tail] + ([self.loss_name] if self.loss_name in produced else [])
         names = sorted(k for k, v in vals.items() if isinstance(v, torch.Tensor))
 
         def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
             local = dict(zip(names, tensors))
-            for op in body:
-                if op.kind == "Reshard":
-                    self._forward_reshard(op, mb, local, rec)
-                else:
-                    self._compute(op, local)
+            self._run_forward(mb, local, rec, body)
             return tuple(local[w] for w in wanted)
 
         outs = checkpoint(run, *(vals[n] for n in names), use_reentrant=False)
         vals.update(zip(wanted, outs))
-        for op in tail:
-            self._forward_reshard(op, mb, vals, rec)
-        if "loss" in vals and self.rank in self.anns["loss"].ranks:
-            rec.loss = vals["loss"]
+        self._run_forward(mb, vals, rec, tail)
 
     def _timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``, reporting its seconds to ``emulate`` when speed emulation is on."""
@@ -337,111 +415,124 @@ class StepExecutor:
 
     def _compute(self, op: Any, vals: dict[str, torch.Tensor]) -> None:
         node = self.nodes[op.name]
-        out = self._timed(KERNELS[node.kind], *(vals[t] for t in node.inputs), **self._node_attrs(node))
+        kernel = kernel_for(node.kind, node.name)
+        out = self._timed(kernel.fn, *(vals[t] for t in node.inputs), **self._node_attrs(node))
         outs = out if isinstance(out, tuple) else (out,)
         for name, v in zip(node.outputs, outs):
             if name in self.grad_reduce:
-                v = _GradReduce.apply(v, self._plan(f"{name}.grad_reduce", name), self.groups, self.rank)
+                v = _GradReduce.apply(v, self._plan(f"{name}.grad_reduce"), self.groups, self.rank)
             vals[name] = v
 
     def _forward_reshard(self, op: Any, mb: int, vals: dict[str, torch.Tensor], rec: _MicroBatch) -> None:
         src, dst = op.inputs[0], op.outputs[0]
         role = self.roles[op.name]
-        plan = self._plan(op.name, src)
         if role == "local":
-            if _identity_for(plan, self.rank) and _identity_for(self._plan(f"{op.name}.bwd", src), self.rank):
+            plan, back = self._plan(op.name), self._plan(f"{op.name}.bwd")
+            if _identity_for(plan, self.rank) and _identity_for(back, self.rank):
                 vals[dst] = vals[src]
             else:
                 # the same message tags as a peer's _send/_receive of this plan (it may be on another stage)
-                vals[dst] = reshard(vals[src], plan, self._plan(f"{op.name}.bwd", src), self.groups, rank=self.rank,
-                                    device=self.device, tag_base=_tag(mb, 0), backward_tag_base=_tag(mb, 1))
+                vals[dst] = reshard(vals[src], plan, back, self.groups, rank=self.rank, device=self.device,
+                                    tag_base=_tag(mb, 0), backward_tag_base=_tag(mb, 1))
         elif role == "send":
-            self._send(plan, vals[src], _tag(mb, 0))
             rec.outputs.append((op.name, vals[src]))
         else:
-            x = self._receive(plan, _tag(mb, 0)).requires_grad_(True)
+            x = rec.received.pop(op.name).requires_grad_(True)
             vals[dst] = x
             rec.inputs.append((op.name, x))
 
+    def recv_backward(self, mb: int) -> None:
+        """``RECV_B``: the gradients of this stage's outputs of micro-batch ``mb`` from the next stage."""
+        rec = self.records[mb]
+        rec.out_grads = [self._receive(self._plan(f"{name}.bwd"), _tag(mb, 1)) for name, _ in rec.outputs]
+
     def backward(self, mb: int) -> float:
         """``B`` of micro-batch ``mb``; returns the micro-batch's loss summand (0 off the last stage)."""
-        rec = self.records.pop(mb)
+        rec = self.records[mb]
         roots: list[torch.Tensor] = []
         grads: list[torch.Tensor] = []
         if rec.loss is not None:
             roots.append(rec.loss)
             grads.append(torch.ones_like(rec.loss))
-        for name, t in reversed(rec.outputs):
+        for (_, t), g in zip(rec.outputs, rec.out_grads):
             roots.append(t)
-            grads.append(self._receive(self._plan(f"{name}.bwd", self.nodes[name].inputs[0]), _tag(mb, 1)))
+            grads.append(g)
         if roots:
             self._timed(torch.autograd.backward, roots, grads)
-        for name, t in reversed(rec.inputs):
-            g = t.grad if t.grad is not None else torch.zeros_like(t)
-            self._send(self._plan(f"{name}.bwd", self.nodes[name].inputs[0]), g, _tag(mb, 1))
+        # keep only what SEND_B needs: the activations and gradients of this micro-batch can go
+        self.records[mb] = _MicroBatch(loss_value=rec.loss_value, inputs=rec.inputs)
         return rec.loss_value
 
+    def send_backward(self, mb: int) -> None:
+        """``SEND_B``: post the gradients of this stage's inputs of micro-batch ``mb`` to the previous stage."""
+        rec = self.records.pop(mb)
+        for name, t in rec.inputs:
+            g = t.grad if t.grad is not None else torch.zeros_like(t)
+            self._send(self._plan(f"{name}.bwd"), g, _tag(mb, 1))
+
     def post(self, *, capture_grads: bool = False) -> None:
-        """``Post``: gradient synchronisation per the plan, then Adam on the local shards."""
-        syncs: list[tuple[str, Any, torch.Tensor]] = []
+        """``Post``: gradient synchronisation per the plan (each parameter's uses summed), then Adam on the local
+        shards."""
+        syncs: list[tuple[str, Any, torch.Tensor | None]] = []
         for op in self.eg.post:
-            if op.kind == "GradSync":
-                p = op.inputs[0]
-                used = self.step_values.get(self.used[p])
-                g = used.grad if used is not None and used.grad is not None else None
-                if g is None:
-                    g = torch.zeros_like(used if used is not None else self.params[p])
-                if _identity_for(op.comm, self.rank):
-                    self.params[p].grad = g
-                else:
-                    syncs.append((p, op.comm, g))
+            if op.kind != "GradSync":
+                continue
+            p = op.outputs[0]
+            g = self._local_use_grad(op.inputs)
+            if p in self.params and _identity_for(op.comm, self.rank):
+                syncs.append((p, None, g if g is not None else torch.zeros_like(self.params[p])))
+            else:
+                syncs.append((p, op.comm, g))
         # one collective per bucket of gradients, not one per parameter (like DDP's buckets)
-        outs = execute_bucketed([(plan, g) for _, plan, g in syncs], self.groups, rank=self.rank,
-                                device=self.device)
-        for (p, _, _), out in zip(syncs, outs):
-            self.params[p].grad = out
+        moving = [(plan, g) for _, plan, g in syncs if plan is not None]
+        outs = iter(execute_bucketed(moving, self.groups, rank=self.rank, device=self.device))
+        synced: dict[str, torch.Tensor] = {}
+        for p, plan, g in syncs:
+            out = next(outs) if plan is not None else g
+            if p in self.params and out is not None:
+                synced[p] = out if p not in synced else synced[p] + out
+        for p, g in synced.items():  # replaces what autograd accumulated on the leaves: the synced sum is the grad
+            self.params[p].grad = g
         if capture_grads:
-            self.captured_grads = {k: v.grad.detach().clone() for k, v in self.params.items()}
+            self.captured_grads = {k: v.grad.detach().clone() if v.grad is not None else torch.zeros_like(v)
+                                   for k, v in self.params.items()}
         if any(o.kind == "OptimizerStep" for o in self.eg.post):
             self._timed(self.optimizer.step)
         self.optimizer.zero_grad(set_to_none=True)
         self.step_values = {}
         self._wait_sends()
 
+    def _local_use_grad(self, uses: tuple[str, ...]) -> torch.Tensor | None:
+        """The sum of the gradients this rank holds for the uses of a parameter (zeros for a use it holds that got
+        no gradient; ``None`` if it holds none of them)."""
+        total = None
+        for u in uses:
+            t = self.step_values.get(u)
+            if t is None:
+                continue
+            g = t.grad if t.grad is not None else torch.zeros_like(t)
+            total = g if total is None else total + g
+        return total
+
     # ---- stage-boundary transfers -------------------------------------------------------------------------------
     def _send(self, plan: Any, local: torch.Tensor, tag: int) -> None:
         """Post this rank's messages of a stage-crossing plan asynchronously (other operators run in place)."""
         cur: torch.Tensor | None = local.detach()
-        for op in plan.ops:
+        for i, op in enumerate(plan.ops):
             if isinstance(op, PointToPointOp):
-                inb = dict(op.in_boxes)
-                for i, m in enumerate(op.messages):
-                    if m.src == self.rank and m.dst != self.rank:
-                        buf = cur[relative(m.box, inb[self.rank])].contiguous()
-                        self._pending.append((dist.isend(buf, m.dst, tag=tag + i), buf))
+                self._pending.extend(post_sends(op, cur, self.rank, dict(op.in_boxes).get(self.rank), tag))
             else:
-                cur = _run_single(op, plan, cur, self.groups, self.rank, self.device)
+                cur = execute_op(plan, i, cur, self.groups, rank=self.rank, device=self.device)
 
     def _receive(self, plan: Any, tag: int) -> torch.Tensor:
         """Receive this rank's part of a stage-crossing plan (blocking); returns its destination tensor."""
         cur: torch.Tensor | None = None
-        for op in plan.ops:
+        for i, op in enumerate(plan.ops):
             if isinstance(op, PointToPointOp):
-                outb = dict(op.out_boxes)
-                if self.rank not in outb:
-                    continue
-                out = torch.zeros(box_shape(outb[self.rank]), dtype=torch_dtype(plan.dtype), device=self.device)
-                recvs = []
-                for i, m in enumerate(op.messages):
-                    if m.dst == self.rank and m.src != self.rank:
-                        buf = torch.empty(box_numel(m.box), dtype=out.dtype, device=self.device)
-                        recvs.append((dist.irecv(buf, m.src, tag=tag + i), buf, m.box))
-                for work, buf, box in recvs:
-                    work.wait()
-                    out[relative(box, outb[self.rank])] = buf.reshape(box_shape(box))
-                cur = out
+                got = receive(op, self.rank, torch_dtype(plan.dtype), self.device, tag)
+                cur = got if got is not None else cur
             else:
-                cur = _run_single(op, plan, cur, self.groups, self.rank, self.device)
+                cur = execute_op(plan, i, cur, self.groups, rank=self.rank, device=self.device)
         if cur is None:
             raise ExecutorError(f"rank {self.rank}: plan {plan.src} -> {plan.dst} gives this rank nothing to receive")
         return cur
@@ -454,8 +545,8 @@ class StepExecutor:
     # ---- reporting -----------------------------------------------------------------------------------------------
     def loss_contributor(self) -> bool:
         """Whether this rank's loss summands count toward the global loss: one rank per Partial summand of the
-        ``loss`` annotation (TP replicas of a last stage hold equal copies)."""
-        ann = self.anns["loss"]
+        loss's annotation (TP replicas of a last stage hold equal copies)."""
+        ann = self.anns[self.loss_name]
         if self.rank not in ann.ranks:
             return False
         mine = local_view(ann, (), self.rank).partial_index
@@ -466,8 +557,6 @@ class StepExecutor:
 def _tag(mb: int, direction: int) -> int:
     """Message tag base of micro-batch ``mb`` (``direction`` 0: activations, 1: gradients)."""
     return ((mb % 4096) * 2 + direction) * 1024
-
-
 
 
 def _identity_for(plan: Any, rank: int) -> bool:
@@ -487,20 +576,9 @@ def _identity_for(plan: Any, rank: int) -> bool:
         elif isinstance(op, PointToPointOp):
             if any(rank in (m.src, m.dst) for m in op.messages) or rank in op.zero_fill:
                 return False
-            outb = dict(op.out_boxes)
-            if rank in outb and dict(op.in_boxes).get(rank) != outb[rank]:
+            outb = dict(op.in_boxes), dict(op.out_boxes)
+            if rank in outb[1] and outb[0].get(rank) != outb[1][rank]:
                 return False
         else:
             return False
     return True
-
-
-def _run_single(op: Any, plan: Any, cur: torch.Tensor | None, groups: Any, rank: int,
-                device: torch.device) -> torch.Tensor | None:
-    """One non-point-to-point operator of a plan through :func:`~.comm.execute` (ranks it does not write keep
-    their tensor)."""
-    from dataclasses import replace
-
-    sub = replace(plan, ops=(op,))
-    out = execute(sub, cur, groups, rank=rank, device=device)
-    return out if out is not None else cur

@@ -1,28 +1,68 @@
-"""Local torch implementations of the defined graph's compute ops (no ``torch.distributed``).
+"""Local torch implementations of the defined graph's compute ops (no ``torch.distributed``): the kernel registry.
 
-``KERNELS`` maps an op kind (:data:`hspmd_sdk.core.ops.OPS`) to a function ``kernel(*inputs, **attrs)`` working on
-one device's local tensors.  The runtime calls them with the node's attrs, except for ``reshape``, whose
-``shape`` attr is global and symbolic: pass the *local* concrete shape instead.  Extra keyword arguments that
-only a sharded run needs:
+``KERNELS`` maps an op kind (:data:`hspmd_sdk.core.ops.OPS`) to a :class:`Kernel`: a function
+``fn(*inputs, **attrs)`` working on one device's local tensors, and optionally ``local_attrs(node, ctx)``, the
+extra keyword arguments a sharded run needs, computed from where this device's shards sit (``ctx``: a
+:class:`KernelContext`).  The executor calls ``fn(*inputs, **node.attr, **local_attrs(node, ctx))``; nothing else
+in the runtime knows an op kind.  The built-in local attributes:
 
+* ``reshape(..., shape=...)``: the *local* concrete shape (the node's attr is global and symbolic);
 * ``embedding(..., vocab_start=...)``: the first vocabulary row the local weight holds (vocab-parallel
   embedding; rows outside give zeros, so the result is a Partial summand);
-* ``rope(..., position_offset=...)``: position of the first local token;
-* ``cross_entropy(..., total_count=...)``: the global number of tokens; the result is then
-  ``sum(local losses) / total_count``, a Partial summand of the global mean.
+* ``rope(..., position_offset=...)`` / ``positions(..., position_offset=...)``: position of the first local token;
+* ``cross_entropy(..., total_count=...)``: the step's number of real target tokens; the result is then
+  ``sum(local losses) / total_count``, a Partial summand of the global mean (targets ``-100`` are padding).
 
-:func:`run_graph` executes a whole defined graph op by op on one device (every Reshard is the identity there);
-the tests use it to prove that the Llama graph and the reference module are the same model.
+A user adds an op with :func:`hspmd_sdk.core.ops.register_op` (shape and deduction rules) and
+:func:`register_kernel` (its torch kernel).  :func:`run_graph` executes a whole defined graph op by op on one
+device (every Reshard is the identity there); the tests use it to prove that a model's graph and its reference
+module are the same model.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["KERNELS", "run_graph", "rope_cos_sin"]
+__all__ = ["KERNELS", "Kernel", "KernelContext", "register_kernel", "run_graph", "rope_cos_sin", "IGNORE_INDEX"]
+
+#: A target of this value is padding: it adds nothing to the loss and is not counted.
+IGNORE_INDEX = -100
+
+
+class KernelContext(Protocol):
+    """Where a device's shards sit, for :attr:`Kernel.local_attrs` (the executor provides one per micro-batch)."""
+
+    loss_normalizer: int | None  #: real target tokens of the whole step (``None``: the local count)
+
+    def box(self, tensor: str) -> tuple[tuple[int, int], ...]:
+        """This device's box of ``tensor`` in global coordinates (the batch dim in micro-batch rows)."""
+        ...
+
+    def global_shape(self, tensor: str) -> tuple[int, ...]: ...
+
+    def local_shape(self, tensor: str) -> tuple[int, ...]: ...
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """An op kind's torch kernel and the local keyword arguments it needs on a sharded device."""
+
+    fn: Callable[..., Any]
+    local_attrs: Callable[[Any, KernelContext], dict[str, Any]] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def attrs(self, node: Any, ctx: KernelContext) -> dict[str, Any]:
+        """The node's attrs plus the local ones (the local ones win)."""
+        out = dict(node.attr)
+        if self.local_attrs is not None:
+            out.update(self.local_attrs(node, ctx))
+        return out
 
 
 def embedding(tokens: torch.Tensor, weight: torch.Tensor, *, vocab_start: int | None = None) -> torch.Tensor:
@@ -83,8 +123,27 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def gelu(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x)
+def gelu(x: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
+    return F.gelu(x, approximate=approximate)
+
+
+def positions(x: torch.Tensor, *, position_offset: int = 0) -> torch.Tensor:
+    """``[B, S]`` int64 positions ``offset .. offset+S-1`` of every row."""
+    b, s = x.shape[0], x.shape[1]
+    pos = torch.arange(position_offset, position_offset + s, dtype=torch.int64, device=x.device)
+    return pos.unsqueeze(0).expand(b, s)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, w)
+
+
+def bias_add(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return x + b
+
+
+def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, eps: float = 1e-5) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
 def add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -114,17 +173,84 @@ def concat(*xs: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, total_count: int | None = None) -> torch.Tensor:
+    """``sum`` of the token losses over ``total_count`` (default: the local real targets); padding targets
+    (:data:`IGNORE_INDEX`) add nothing."""
     flat = logits.reshape(-1, logits.shape[-1]).float()
-    losses = F.cross_entropy(flat, targets.reshape(-1), reduction="sum")
-    count = targets.numel() if total_count is None else total_count
-    return (losses / count).to(logits.dtype)
+    tg = targets.reshape(-1)
+    losses = F.cross_entropy(flat, tg, reduction="sum", ignore_index=IGNORE_INDEX)
+    count = int((tg != IGNORE_INDEX).sum()) if total_count is None else total_count
+    return (losses / max(count, 1)).to(logits.dtype)
 
 
-KERNELS: dict[str, Callable[..., Any]] = {
-    "embedding": embedding, "dot": dot, "rmsnorm": rmsnorm, "rope": rope, "attention": attention,
-    "swiglu": swiglu, "gelu": gelu, "add": add, "mul": mul, "reshape": reshape, "sum": sum_, "split": split,
-    "concat": concat, "cross_entropy": cross_entropy,
+# ---- local attributes of the built-in ops -------------------------------------------------------------------
+def _reshape_attrs(node: Any, ctx: KernelContext) -> dict[str, Any]:
+    return {"shape": ctx.local_shape(node.outputs[0])}
+
+
+def _vocab_start(node: Any, ctx: KernelContext) -> dict[str, Any]:
+    w = node.inputs[1]
+    rows = ctx.box(w)[0]
+    return {} if rows == (0, ctx.global_shape(w)[0]) else {"vocab_start": rows[0]}
+
+
+def _position_offset(node: Any, ctx: KernelContext) -> dict[str, Any]:
+    start = ctx.box(node.inputs[0])[1][0]
+    return {"position_offset": start} if start else {}
+
+
+def _loss_normalizer(node: Any, ctx: KernelContext) -> dict[str, Any]:
+    return {} if ctx.loss_normalizer is None else {"total_count": int(ctx.loss_normalizer)}
+
+
+KERNELS: dict[str, Kernel] = {
+    "embedding": Kernel(embedding, _vocab_start), "positions": Kernel(positions, _position_offset),
+    "dot": Kernel(dot), "linear": Kernel(linear), "bias_add": Kernel(bias_add), "rmsnorm": Kernel(rmsnorm),
+    "layernorm": Kernel(layernorm), "rope": Kernel(rope, _position_offset), "attention": Kernel(attention),
+    "swiglu": Kernel(swiglu), "gelu": Kernel(gelu), "add": Kernel(add), "mul": Kernel(mul),
+    "reshape": Kernel(reshape, _reshape_attrs), "sum": Kernel(sum_), "split": Kernel(split),
+    "concat": Kernel(concat), "cross_entropy": Kernel(cross_entropy, _loss_normalizer),
 }
+
+
+def register_kernel(kind: str, fn: Callable[..., Any], *,
+                    local_attrs: Callable[[Any, KernelContext], dict[str, Any]] | None = None,
+                    replace: bool = False) -> Kernel:
+    """Register the torch kernel of op ``kind`` (whose rules :func:`hspmd_sdk.core.ops.register_op` added).
+
+    ``local_attrs(node, ctx)`` returns the keyword arguments that depend on where this device's shards sit (see
+    :class:`KernelContext`).  The worker processes must register it too: do it at import time of a module the
+    workers import (e.g. the module that defines the model config)."""
+    if kind in KERNELS and not replace:
+        raise ValueError(f"a kernel for op kind {kind!r} is already registered; pass replace=True to replace it")
+    KERNELS[kind] = Kernel(fn, local_attrs)
+    return KERNELS[kind]
+
+
+def kernel_for(kind: str, node: str = "") -> Kernel:
+    """The registered kernel of ``kind``; the error says how to register one."""
+    k = KERNELS.get(kind)
+    if k is None:
+        where = f" (node {node!r})" if node else ""
+        raise KeyError(f"no torch kernel for op kind {kind!r}{where}; register one with "
+                       "hspmd_sdk.runtime.kernels.register_kernel")
+    return k
+
+
+@dataclass
+class _WholeContext:
+    """A single device holding every tensor whole (what :func:`run_graph` runs on)."""
+
+    shapes: Mapping[str, tuple[int, ...]]
+    loss_normalizer: int | None = None
+
+    def box(self, tensor: str) -> tuple[tuple[int, int], ...]:
+        return tuple((0, int(d)) for d in self.shapes[tensor])
+
+    def global_shape(self, tensor: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.shapes[tensor])
+
+    def local_shape(self, tensor: str) -> tuple[int, ...]:
+        return self.global_shape(tensor)
 
 
 def run_graph(graph: Any, feeds: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor]
@@ -133,9 +259,8 @@ def run_graph(graph: Any, feeds: Mapping[str, torch.Tensor], params: Mapping[str
 
     ``feeds`` gives the placeholders, ``params`` the parameters (full tensors); Reshards are identities.
     """
-    from hspmd_sdk.core.symbolic import evaluate_shape
-
     bindings = graph.infer_bindings({k: tuple(v.shape) for k, v in feeds.items()})
+    ctx = _WholeContext(graph.bind(bindings))
     values: dict[str, torch.Tensor] = {}
     for node in graph.nodes:
         if node.kind == "placeholder":
@@ -145,10 +270,8 @@ def run_graph(graph: Any, feeds: Mapping[str, torch.Tensor], params: Mapping[str
         elif node.kind == "Reshard":
             values[node.outputs[0]] = values[node.inputs[0]]
         else:
-            attrs = node.attr
-            if node.kind == "reshape":
-                attrs["shape"] = evaluate_shape(attrs["shape"], bindings, tensor=node.name)
-            out = KERNELS[node.kind](*(values[t] for t in node.inputs), **attrs)
+            kernel = kernel_for(node.kind, node.name)
+            out = kernel(*(values[t] for t in node.inputs), **kernel.attrs(node, ctx))
             outs = out if isinstance(out, tuple) else (out,)
             for name, v in zip(node.outputs, outs):
                 values[name] = v

@@ -99,13 +99,13 @@ def run_launch(args: argparse.Namespace) -> int:
 
 def _launch_training(args: argparse.Namespace, cluster: Any, common: dict[str, Any]) -> Any:
     from ..cli import resolve_file
-    from ..core.model_config import LlamaConfig
+    from ..models.registry import load_model_spec
     from ..core.specialize import specialize
     from ..core.strategy import Strategy
     from ..core.strategy_plan import plan_from_strategy
     from .train import ENTRY, training_run
 
-    config = LlamaConfig.load(args.model)
+    config = load_model_spec(args.model)
     strategy = Strategy.load(resolve_file(args.file))
     program = specialize(config, plan_from_strategy(config, strategy, cluster), cluster)
     run = training_run(program, steps=args.steps, seed=args.seed, data=args.data, lr=args.lr,

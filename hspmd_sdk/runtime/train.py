@@ -10,8 +10,6 @@
   while paying process start-up once).
 * :func:`reference_training` — the plain single-device model (:func:`hspmd_sdk.models.build_reference`) trained
   with ``torch.optim.Adam`` on the same data: the independent reference.
-* :func:`run_demo` — trains the example heterogeneous plan on 4 local processes and prints its loss curve next
-  to the reference's (what ``hspmd demo`` shows).
 
 Data: ``"synthetic"`` (uniform random tokens of the model's vocabulary) or ``"stdlib"`` (bytes of the Python
 standard library, vocabulary 256); step ``s`` always reads ``global_batch(s, ...)`` of the same seed, so every plan
@@ -27,7 +25,7 @@ from typing import Any, Mapping, Sequence
 from ..core.slices import box_numel
 
 __all__ = ["launch", "launch_training", "launch_runs", "recompute_ranks", "training_run", "train_entry",
-           "reference_training", "ReferenceResult", "run_demo", "dataset_for", "load_captured", "assemble"]
+           "reference_training", "ReferenceResult", "dataset_for", "load_captured", "assemble"]
 
 ENTRY = "hspmd_sdk.runtime.train:train_entry"
 
@@ -35,33 +33,45 @@ ENTRY = "hspmd_sdk.runtime.train:train_entry"
 # ---- the launcher side --------------------------------------------------------------------------------------
 def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthetic", lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 seq_len: int | None = None, recompute: Sequence[int] = (), capture_dir: str | Path | None = None,
-                 cluster: Any = None) -> dict[str, Any]:
+                 seq_len: int | None = None, recompute: Sequence[int] | None = None,
+                 capture_dir: str | Path | None = None, cluster: Any = None, init: Any = None) -> dict[str, Any]:
     """The JSON description of one training run of ``program`` (what a worker needs to rebuild it).
 
     ``seq_len``: tokens per sample (default: the model's ``max_seq_len``); the global batch is the program's
-    ``B`` (the strategy's samples per step).  ``recompute``: ranks that recompute activations in backward.
-    ``capture_dir``: each rank saves its synchronised gradients of step 0 and its final parameter shards there
-    (``run<i>_rank<r>.pt``, for :func:`load_captured`).
+    ``B`` (the strategy's samples per step).  ``recompute``: ranks that recompute activations in backward
+    (default: the program's — the strategy's stages marked ``recompute``).  ``capture_dir``: each rank saves its
+    synchronised gradients of step 0 and its final parameter shards there (``run<i>_rank<r>.pt``, for
+    :func:`load_captured`).  ``init``: start from these weights instead of the seeded initialisation — a Hugging
+    Face directory (``config.json`` + ``model.safetensors``) or a state dict (names = the model's); each rank
+    reads only its own slices (:mod:`hspmd_sdk.models.hf`).
 
     The run is checked here, before any worker starts (:func:`_validate_run`): ``steps >= 1``, ``seq_len >= 1``
-    when given, a known ``data`` source for the model's vocabulary, every rank of the program in ``cluster``, and
-    the plan specialized once, as each worker will, against ``cluster``.  A bad run raises
-    :class:`~hspmd_sdk.errors.PlanValidationError` naming the field."""
-    config = program.graph.meta.get("config")
-    if config is None:
-        raise ValueError("launch_training needs a Program specialized from a LlamaConfig (its graph carries the "
-                         "config); specialize(LlamaConfig..., plan, cluster)")
-    plan = program.plan
-    if not hasattr(plan, "model_dump"):
-        from ..core.plan import AnnotationPlan
+    when given, the optimizer options, a known ``data`` source for the model's vocabulary, every rank of the
+    program in ``cluster``, the init weights against the model, and the plan specialized once, as each worker
+    will, against ``cluster``.  A bad run raises :class:`~hspmd_sdk.errors.PlanValidationError` naming the field."""
+    from ..core.model_spec import model_json
+    from ..errors import PlanValidationError
+    from .executor import AdamConfig
 
-        plan = AnnotationPlan(annotations=dict(plan))
+    config = program.model
+    if config is None:
+        raise PlanValidationError([("program", "was specialized from a bare graph; launch needs a Program "
+                                               "specialized from a model config (specialize(LlamaConfig..., plan, "
+                                               "cluster)) so that workers can rebuild the model")],
+                                  what="training run")
+    AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)  # raises naming the bad option
+    plan = program.plan
     cluster = cluster if cluster is not None else program.cluster
     if cluster is None:
-        raise ValueError("launch_training needs a cluster: pass cluster= or specialize with one")
+        raise PlanValidationError([("cluster", "launch needs a cluster: pass cluster= or specialize with one")],
+                                  what="training run")
+    rc = sorted(program.recompute) if recompute is None else sorted(int(r) for r in recompute)
+    unknown = sorted(set(rc) - set(program.ranks))
+    if unknown:
+        raise PlanValidationError([("recompute", f"rank(s) {unknown} run no stage of this program (stage ranks "
+                                                 f"{program.ranks})")], what="training run")
     run = {
-        "config": config.model_dump(mode="json"),
+        "config": model_json(config),
         "plan": plan.model_dump(mode="json"),
         "cluster": cluster.model_dump(mode="json"),
         "bindings": dict(program.bindings),
@@ -69,8 +79,9 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
         "seq_len": int(config.max_seq_len if seq_len is None else seq_len),
         "global_batch": int(program.bindings["B"]),
         "adam": {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay},
-        "recompute": sorted(int(r) for r in recompute),
+        "recompute": rc,
         "capture_dir": str(capture_dir) if capture_dir is not None else None,
+        "init": _init_source(init, config),
     }
     _validate_run(run, program, cluster, config)
     return run
@@ -131,19 +142,20 @@ def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs
 
 def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int = 0, data: str = "synthetic",
                     lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
-                    weight_decay: float = 0.0, seq_len: int | None = None, recompute: Sequence[int] = (),
-                    capture_dir: str | Path | None = None, **launch_kwargs: Any) -> Any:
+                    weight_decay: float = 0.0, seq_len: int | None = None, recompute: Sequence[int] | None = None,
+                    capture_dir: str | Path | None = None, init: Any = None, **launch_kwargs: Any) -> Any:
     """Train ``program`` for ``steps`` steps on one worker process per rank of ``cluster``; returns the running
     :class:`~.job.Job` (``job.wait().losses``: the loss of each step's global batch).
 
     The same ``seed`` gives the same data and the same initial parameters whatever the plan, so a 1-rank and an
-    N-rank program of one model produce the same losses.  ``launch_kwargs`` go to
+    N-rank program of one model produce the same losses.  ``init``: a Hugging Face directory or a state dict to
+    start from (see :func:`training_run`).  ``launch_kwargs`` go to
     :func:`hspmd_sdk.runtime.launcher.launch` (``progress``, ``echo``, ``slowdown``, ``timeout_s``, ``transport``,
     ``log_dir``)."""
     cluster = cluster if cluster is not None else program.cluster
     run = training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
                        weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
-                       cluster=cluster)
+                       cluster=cluster, init=init)
     return launch_runs([run], cluster, **launch_kwargs)
 
 
@@ -177,11 +189,11 @@ def train_entry(state: Any, spec: Any) -> dict[str, Any]:
 
 def _program_of(run: Mapping[str, Any]) -> Any:
     from ..core.cluster import Cluster
-    from ..core.model_config import LlamaConfig
     from ..core.plan import AnnotationPlan
     from ..core.specialize import specialize
+    from ..models.registry import model_from_json
 
-    config = LlamaConfig.model_validate(run["config"])
+    config = model_from_json(run["config"])
     plan = AnnotationPlan.model_validate(run["plan"])
     cluster = Cluster.model_validate(run["cluster"])
     return specialize(config, plan, cluster, bindings=run.get("bindings"))
@@ -204,11 +216,12 @@ def _train_one(state: Any, run: Mapping[str, Any], index: int, offset: int) -> d
     B, S, seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
     ex = None
     if rank in program.ranks:
+        params = _initial_shards(program, rank, run.get("init"))
         ex = StepExecutor(program, rank, state, seed=seed, global_batch=B, seq_len=S, adam=adam,
                           recompute=rank in run.get("recompute", ()), device=state.device,
-                          emulate=state.emulate if state.slowdown != 1.0 else None)
+                          emulate=state.emulate if state.slowdown != 1.0 else None, params=params)
         state.params, state.optimizer = ex.params, ex.optimizer
-    dataset = dataset_for(run["data"], program.graph.meta["config"].vocab_size)
+    dataset = dataset_for(run["data"], program.model.vocab_size)
     capture = run.get("capture_dir")
     losses: list[float] = []
     for step in range(int(run["steps"])):
@@ -231,6 +244,26 @@ def _train_one(state: Any, run: Mapping[str, Any], index: int, offset: int) -> d
             _save_capture(ex, program, rank, Path(capture) / f"run{index}_rank{rank}.pt")
     dist.barrier()
     return out
+
+
+def _init_source(init: Any, config: Any) -> dict[str, Any] | None:
+    """The JSON form of ``init=`` for the workers: a Hugging Face directory, checked against the model here (a
+    state dict is written to a temporary safetensors file first, so that no worker ever receives it whole)."""
+    if init is None:
+        return None
+    from ..models.hf import init_directory
+
+    return {"hf": str(init_directory(init, config))}
+
+
+def _initial_shards(program: Any, rank: int, init: Mapping[str, Any] | None) -> Any:
+    """This rank's parameter shards read from the run's ``init`` (``None``: the seeded initialisation)."""
+    if not init:
+        return None
+    from ..models.hf import shard_reader
+    from .params import load_local_parameters
+
+    return load_local_parameters(program, rank, shard_reader(init["hf"], program.model))
 
 
 def _memory_summary(ex: Any, program: Any, rank: int) -> dict[str, Any]:
@@ -300,76 +333,26 @@ class ReferenceResult:
 def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: int, seq_len: int | None = None,
                        data: str = "synthetic", lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
                        eps: float = 1e-8, weight_decay: float = 0.0) -> ReferenceResult:
-    """Train :func:`~hspmd_sdk.models.build_reference` on one device with ``torch.optim.Adam`` on the same data."""
+    """Train the model's single-device reference (``config.build_reference``) on one device with
+    ``torch.optim.Adam`` on the same data (``config`` is any :class:`~hspmd_sdk.models.ModelSpec`)."""
     import torch
 
-    from ..models import build_reference, next_token_split
-
     seq_len = int(seq_len or config.max_seq_len)
-    model = build_reference(config, seed)
+    model = config.build_reference(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                            foreach=False)
     dataset = dataset_for(data, config.vocab_size)
     losses, grads = [], {}
     for step in range(steps):
-        tokens, targets = next_token_split(dataset.global_batch(step, global_batch, seq_len, seed))
+        feeds = config.feeds(dataset.global_batch(step, global_batch, seq_len, seed))
         opt.zero_grad(set_to_none=True)
-        loss = model.loss(tokens, targets)
+        loss = model.loss(feeds["tokens"], feeds["targets"])
         loss.backward()
         if step == 0:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         opt.step()
         losses.append(float(loss.detach()))
     return ReferenceResult(losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()})
-
-
-# ---- the demo -----------------------------------------------------------------------------------------------
-def run_demo(steps: int = 10, *, seed: int = 0, data: str = "stdlib", lr: float = 3e-3, progress: bool = False,
-             echo: bool = False) -> dict[str, list[float]]:
-    """Train the example heterogeneous plan (``examples/example_hetero_tiny.json``: a TP2 -> TP1 pipeline with 3
-    micro-batches beside a 1-rank pipeline with 1) on 4 local processes, train the single-device reference on the
-    same data, and print both loss curves side by side.  Returns ``{"hspmd": [...], "reference": [...]}``."""
-    from ..core.cluster import Cluster
-    from ..core.model_config import LlamaConfig
-    from ..core.specialize import specialize
-    from ..core.strategy import Strategy
-    from ..core.strategy_plan import plan_from_strategy
-
-    examples = Path(__file__).resolve().parent.parent / "examples"
-    config = LlamaConfig.preset("tiny")
-    strategy = Strategy.load(examples / "example_hetero_tiny.json")
-    cluster = Cluster.local(4)
-    program = specialize(config, plan_from_strategy(config, strategy, cluster), cluster)
-    print(program.describe())
-    t0 = time.perf_counter()
-    result = launch_training(program, cluster, steps=steps, seed=seed, data=data, lr=lr, progress=progress,
-                             echo=echo).wait()
-    wall = time.perf_counter() - t0
-    ref = reference_training(config, steps=steps, seed=seed, global_batch=program.bindings["B"], data=data, lr=lr)
-    print(f"\n{len(program.ranks)} worker processes, {wall:.1f} s; single-device reference on the same data")
-    print(f"{'step':>4}  {'HSPMD (4 ranks)':>16}  {'single device':>14}  {'rel. diff':>9}")
-    for i, (a, b) in enumerate(zip(result.losses, ref.losses)):
-        print(f"{i:>4}  {a:>16.6f}  {b:>14.6f}  {abs(a - b) / abs(b):>9.1e}")
-    print("\n" + _sparkline(result.losses, ref.losses))
-    return {"hspmd": list(result.losses), "reference": ref.losses}
-
-
-def _sparkline(a: Sequence[float], b: Sequence[float], width: int = 40, height: int = 8) -> str:
-    """A small text plot of two curves (``*``: HSPMD, ``o``: reference, ``@``: both)."""
-    lo, hi = min(list(a) + list(b)), max(list(a) + list(b))
-    span = (hi - lo) or 1.0
-    n = max(len(a), len(b))
-    cols = min(width, n)
-    grid = [[" "] * cols for _ in range(height)]
-    for series, mark in ((b, "o"), (a, "*")):
-        for i, v in enumerate(series):
-            c = i * (cols - 1) // max(1, n - 1)
-            r = int(round((hi - v) / span * (height - 1)))
-            grid[r][c] = "@" if grid[r][c] not in (" ", mark) else mark
-    lines = [f"{hi:8.3f} |" + "".join(grid[0])] + ["         |" + "".join(r) for r in grid[1:-1]]
-    lines.append(f"{lo:8.3f} |" + "".join(grid[-1]))
-    lines.append("          loss per step   * HSPMD   o single device   @ both")
-    return "\n".join(lines)
 
 
 #: The public ``hspmd_sdk.launch`` (SPEC §3): train a specialized Program.

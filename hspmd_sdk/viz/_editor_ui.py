@@ -271,9 +271,7 @@ def _tensor_shape(ed: "PlanEditor", name: str) -> tuple[int, ...]:
         base = name.rsplit(".", 1)[0] if name not in shapes else name
         if base in shapes:
             return tuple(shapes[base])
-    from ..models.llama import param_shapes
-
-    return tuple(param_shapes(ed.model)[name])
+    return tuple(ed.model.param_shapes()[name])
 
 
 def _comm_note(ed: "PlanEditor", name: str) -> str:

@@ -16,7 +16,7 @@ from ..errors import PlanValidationError
 
 if TYPE_CHECKING:
     from ..core.cluster import Cluster
-    from ..core.model_config import LlamaConfig
+    from ..core.model_spec import ModelSpec
     from ..core.strategy import Strategy
 
 __all__ = ["StageDraft", "PipelineDraft", "Draft", "Problem", "check_draft", "locate"]
@@ -136,7 +136,7 @@ def _draft_problems(draft: Draft) -> list[Problem]:
     return out
 
 
-def check_draft(draft: Draft, model: "LlamaConfig | None" = None, cluster: "Cluster | None" = None,
+def check_draft(draft: Draft, model: "ModelSpec | None" = None, cluster: "Cluster | None" = None,
                 global_batch: int | None = None) -> tuple["Strategy | None", list[Problem]]:
     """The :class:`Strategy` of ``draft`` and ``[]``, or ``None`` and every problem found (core checks)."""
     from ..core.strategy import Strategy

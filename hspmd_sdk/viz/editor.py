@@ -29,7 +29,7 @@ from .draft import Draft, PipelineDraft, Problem, StageDraft, check_draft, locat
 
 if TYPE_CHECKING:
     from ..core.cluster import Cluster
-    from ..core.model_config import LlamaConfig
+    from ..core.model_spec import ModelSpec
     from ..core.plan import AnnotationPlan
     from ..core.strategy import Strategy
     from ..planner.simulator import SimResult
@@ -80,19 +80,19 @@ class _Valid:
 class PlanEditor:
     """An interactive editor of a :class:`Strategy` on a cluster diagram (display it in a notebook).
 
-    ``model``: a :class:`LlamaConfig` or preset name.  ``global_batch``: samples per step the strategy must add
+    ``model``: a model config (:class:`~hspmd_sdk.models.ModelSpec`: ``LlamaConfig``, ``GPTConfig``, ...) or preset name.  ``global_batch``: samples per step the strategy must add
     up to (default: the initial strategy's).  ``seq_len``: for the simulator (default ``model.max_seq_len``).
     ``background``: resolve communication on a background thread (``False``: inline, for scripts and tests).
     """
 
-    def __init__(self, cluster: "Cluster", model: "LlamaConfig | str", strategy: "Strategy | Any | None" = None,
+    def __init__(self, cluster: "Cluster", model: "ModelSpec | str", strategy: "Strategy | Any | None" = None,
                  *, global_batch: int | None = None, seq_len: int | None = None, cost: Any = None,
                  background: bool = True) -> None:
-        from ..core.model_config import LlamaConfig
+        from ..models.registry import load_model_spec
         from ..core.strategy import Strategy
 
         self.cluster = cluster
-        self.model = model if isinstance(model, LlamaConfig) else LlamaConfig.load(model)
+        self.model = load_model_spec(model)
         start = Strategy.load(strategy) if strategy is not None else None
         self.global_batch = global_batch if global_batch is not None else (start.global_batch if start else None)
         self.seq_len = seq_len or self.model.max_seq_len

@@ -14,19 +14,19 @@
   SplitAllGather in the pre-processing subgraph when the plan shards the parameter across pipelines).
 
 A Reshard the plan does not annotate is the identity.  Weights are stored ``[in, out]`` (``y = x @ W``).
-The loss is the mean next-token cross-entropy over all ``B*S`` positions of ``targets`` (see
-:mod:`hspmd_sdk.models.reference` for the data convention).
+The loss (the graph's marked loss tensor ``loss``) is the mean next-token cross-entropy over all ``B*S``
+positions of ``targets`` (see :mod:`.reference` for the data convention).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..core import ops
-from ..core.graph import Graph, GraphBuilder
-from ..core.symbolic import sym
+from ...core import ops
+from ...core.graph import Graph, GraphBuilder
+from ...core.symbolic import sym
 
 if TYPE_CHECKING:
-    from ..core.model_config import LlamaConfig
+    from .config import LlamaConfig
 
 __all__ = ["build_llama_graph", "param_shapes", "layer_param_names"]
 
@@ -57,7 +57,7 @@ def build_llama_graph(config: "LlamaConfig") -> Graph:
     B, S = sym("B"), sym("S")
     nh, nkv, hd = config.num_heads, config.kv_heads, config.head_dim
     shapes = param_shapes(config)
-    g = GraphBuilder(f"llama[{config.name}]", hints={"S": config.max_seq_len}, meta={"config": config})
+    g = GraphBuilder(f"llama[{config.name}]", hints={"S": config.max_seq_len})
 
     def param(name: str) -> ops.Tensor:
         return g.reshard(g.parameter(name, shapes[name]), f"{name}.gather")
@@ -91,5 +91,5 @@ def build_llama_graph(config: "LlamaConfig") -> Graph:
     h = g.reshard(h, "final_norm.in")
     h = ops.rmsnorm(h, param("final_norm.weight"), eps=config.rms_eps, name="final_norm")
     logits = g.reshard(ops.dot(h, param("lm_head.weight"), name="lm_head"), "logits")
-    ops.cross_entropy(logits, targets, name="loss")
+    g.mark_loss(ops.cross_entropy(logits, targets, name="loss"))
     return g.build()

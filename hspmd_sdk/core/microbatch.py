@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..core.comm_ops import (CollectiveGroup, CollectiveOp, IdentityOp, Message, PointToPointOp, SliceCollective,
+from .comm_ops import (CollectiveGroup, CollectiveOp, IdentityOp, Message, PointToPointOp, SliceCollective,
                              SplitCollectiveOp)
-from ..core.slices import Box, box_numel
+from .slices import Box, box_numel
 from ..errors import HSPMDError
 
 __all__ = ["micro_batch_plan", "batch_dim", "MicroBatchError"]

@@ -1,6 +1,6 @@
-"""The Llama model configuration and its size/cost arithmetic (parameters, FLOPs, activation memory).
-
-Parameter *names* are not defined here (the model graph defines them); this module only counts.
+"""The Llama model configuration: its presets, its size/cost arithmetic (parameters, FLOPs, activation memory)
+and the model contract (:class:`~hspmd_sdk.core.model_spec.ModelSpec`) that points the engine at the family's
+graph (:mod:`.graph`), placement rule, initialisation and reference (:mod:`.reference`).
 
 A Llama decoder layer (the paper's Table 6: SwiGLU, RMSNorm, RoPE, no dropout, no biases) holds:
 
@@ -11,13 +11,26 @@ A Llama decoder layer (the paper's Table 6: SwiGLU, RMSNorm, RoPE, no dropout, n
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..errors import PlanValidationError
+from ..common import next_token_feeds, preset_of, seeded_normal, tp_divisibility
 
-__all__ = ["LlamaConfig", "MODEL_PRESETS"]
+if TYPE_CHECKING:
+    from ...core.graph import Graph
+    from ...core.model_spec import Placement
+
+__all__ = ["LlamaConfig", "MODEL_PRESETS", "TP_SPLIT", "init_parameter"]
+
+#: Megatron TP: the split dim of each parameter inside a stage (``None``: Duplicate).  Names are the part after
+#: ``layers.{i}.`` (or the whole name outside the layers).  The embedding is split along hidden (all-gathered at
+#: ``embed.out``), the LM head along the vocabulary (all-gathered at ``logits``).
+TP_SPLIT: dict[str, int | None] = {
+    "embed.weight": 1, "attn_norm.weight": None, "attn.wq": 1, "attn.wk": 1, "attn.wv": 1, "attn.wo": 0,
+    "mlp_norm.weight": None, "mlp.w1": 1, "mlp.w3": 1, "mlp.w2": 0, "final_norm.weight": None,
+    "lm_head.weight": 1,
+}
 
 #: Preset name -> constructor arguments.  ``llama-32b`` is the paper's Table 6.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
@@ -32,6 +45,16 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def init_parameter(name: str, shape: Sequence[int], seed: int) -> Any:
+    """The full initial value (float32, CPU) of Llama parameter ``name``, the same on every process: RMSNorm
+    weights are ones, every other parameter ``0.02 * N(0, 1)`` (:func:`~hspmd_sdk.models.common.seeded_normal`)."""
+    if name.endswith("norm.weight"):
+        import torch
+
+        return torch.ones(tuple(int(s) for s in shape), dtype=torch.float32)
+    return seeded_normal(name, shape, seed)
+
+
 class LlamaConfig(BaseModel):
     """Shape of a Llama model.  ``num_kv_heads=None`` means plain multi-head attention (= ``num_heads``).
 
@@ -40,7 +63,9 @@ class LlamaConfig(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = MODEL_PRESETS
 
+    family: Literal["llama"] = "llama"
     name: str = "custom"
     vocab_size: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
@@ -70,19 +95,60 @@ class LlamaConfig(BaseModel):
     @classmethod
     def preset(cls, name: str) -> "LlamaConfig":
         """One of :data:`MODEL_PRESETS`: ``tiny``, ``llama-7b``, ``llama-32b`` (Table 6), ``llama-70b``."""
-        if name not in MODEL_PRESETS:
-            raise PlanValidationError([("model", f"unknown preset {name!r}; presets are "
-                                                 f"{', '.join(MODEL_PRESETS)}")], what="model config")
-        return cls(name=name, **MODEL_PRESETS[name])
+        return preset_of(cls, MODEL_PRESETS, name, "Llama")
 
     @classmethod
     def load(cls, data: Any) -> "LlamaConfig":
         """A preset name, a dict, a JSON string or a path; raises ``PlanValidationError`` with field paths."""
         if isinstance(data, str) and data in MODEL_PRESETS:
             return cls.preset(data)
-        from .loading import load_model
+        from ...core.loading import load_model
 
         return load_model(cls, data, what="model config")
+
+    # ---- the model contract --------------------------------------------------------------------------------
+    def build_graph(self) -> "Graph":
+        """The defined graph (:func:`.graph.build_llama_graph`)."""
+        from .graph import build_llama_graph
+
+        return build_llama_graph(self)
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        from .graph import param_shapes
+
+        return param_shapes(self)
+
+    def placements(self) -> list["Placement"]:
+        """Layers on their stages, embedding and data on the first, head and targets on the last; Megatron TP
+        (:data:`TP_SPLIT`)."""
+        from ...core.strategy_plan import graph_of
+        from ..common import layered_placements
+
+        return layered_placements(graph_of(self), TP_SPLIT)
+
+    def tp_problems(self, degree: int) -> list[str]:
+        """Heads, KV heads, hidden, FFN and the vocabulary (the LM head is vocab-split) must divide by ``degree``."""
+        return tp_divisibility(degree, {"num_heads": self.num_heads, "num_kv_heads": self.kv_heads,
+                                        "hidden_size": self.hidden_size, "ffn_hidden_size": self.ffn_hidden_size,
+                                        "vocab_size": self.vocab_size})
+
+    def feeds(self, batch: Any) -> Mapping[str, Any]:
+        """Token sequences ``[B, S+1]`` -> ``tokens = seq[:, :-1]``, ``targets = seq[:, 1:]``."""
+        return next_token_feeds(batch)
+
+    def init_parameter(self, name: str, shape: Sequence[int], seed: int) -> Any:
+        """See :func:`init_parameter`."""
+        return init_parameter(name, shape, seed)
+
+    def build_reference(self, seed: int = 0) -> Any:
+        """The plain single-device Llama (:class:`.reference.LlamaReference`)."""
+        from .reference import LlamaReference
+
+        return LlamaReference(self, seed)
+
+    def with_layers(self, num_layers: int) -> "LlamaConfig":
+        """The same model with ``num_layers`` layers (profiling one layer)."""
+        return self.model_copy(update={"num_layers": int(num_layers)})
 
     # ---- shapes --------------------------------------------------------------------------------------------
     @property

@@ -1,0 +1,85 @@
+"""Model families by their JSON tag, and loading a model config from a preset name, a dict, JSON or a file.
+
+A worker process, a checkpoint or the CLI gets a model as data; the ``family`` field says which config class
+reads it.  The SDK's families are ``"llama"`` (:class:`~hspmd_sdk.models.llama.LlamaConfig`) and ``"gpt"``
+(:class:`~hspmd_sdk.models.gpt.GPTConfig`); :func:`register_family` adds one (a user's model config must be
+importable by the workers: define it in a module, not in a notebook cell).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import PlanValidationError
+
+__all__ = ["register_family", "family_class", "model_from_json", "load_model_spec", "FAMILIES", "preset_names"]
+
+#: family tag -> "module:Class" of its config (imported on first use).
+FAMILIES: dict[str, str] = {
+    "llama": "hspmd_sdk.models.llama.config:LlamaConfig",
+    "gpt": "hspmd_sdk.models.gpt.config:GPTConfig",
+}
+
+
+def register_family(tag: str, cls: type | str) -> None:
+    """Make ``model_from_json`` read configs tagged ``family=tag`` with ``cls`` (a class or "module:Class")."""
+    FAMILIES[tag] = cls if isinstance(cls, str) else f"{cls.__module__}:{cls.__qualname__}"
+
+
+def family_class(tag: str) -> type:
+    """The config class of family ``tag``."""
+    target = FAMILIES.get(tag)
+    if target is None:
+        raise PlanValidationError([("family", f"unknown model family {tag!r}; known: {', '.join(FAMILIES)} "
+                                              "(register one with hspmd_sdk.models.register_family)")],
+                                  what="model config")
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def model_from_json(data: Any) -> Any:
+    """A model config from its JSON form (a dict or text with a ``family`` tag; no tag: Llama, for configs
+    written before there were families)."""
+    if isinstance(data, str):
+        data = json.loads(data)
+    if not isinstance(data, dict):
+        raise PlanValidationError([("model", f"expected a JSON object, not {type(data).__name__}")],
+                                  what="model config")
+    cls = family_class(str(data.get("family", "llama")))
+    return cls.load(data)
+
+
+def preset_names() -> dict[str, list[str]]:
+    """Family tag -> its preset names."""
+    return {tag: list(getattr(family_class(tag), "PRESETS", {})) for tag in FAMILIES}
+
+
+def load_model_spec(data: Any) -> Any:
+    """A model config from a preset name (``"llama-32b"``, ``"tiny"`` = the Llama one, ``"gpt2"``, or
+    ``"family:preset"`` such as ``"gpt:tiny"``), a config object, a dict, JSON text or a JSON file.
+
+    Raises :class:`~hspmd_sdk.errors.PlanValidationError` naming the problem."""
+    if hasattr(data, "build_graph"):
+        return data
+    if isinstance(data, str) and not data.lstrip().startswith("{") and not Path(data).suffix == ".json":
+        tag, sep, name = data.partition(":")
+        if sep:
+            return family_class(tag).preset(name)
+        for tag in FAMILIES:
+            cls = family_class(tag)
+            if data in getattr(cls, "PRESETS", {}):
+                return cls.preset(data)
+        known = ", ".join(f"{t}:{p}" for t, ps in preset_names().items() for p in ps)
+        raise PlanValidationError([("model", f"unknown model preset {data!r}; presets are {known} (or give a "
+                                             "model config JSON file)")], what="model config")
+    if isinstance(data, (str, Path)):
+        from ..core.loading import read_json_text
+
+        text = read_json_text(data, what="model config")
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise PlanValidationError([(str(data)[:200], f"not valid JSON: {e}")], what="model config") from None
+    return model_from_json(data)
