@@ -331,8 +331,8 @@ class StepExecutor:
             src, dst = op.inputs[0], op.outputs[0]
             plan = self.program.comm_plans[op.name]
             if _identity_for(plan, self.rank):
-                if src in vals:
-                    vals[dst] = vals[src]
+                if src in vals:  # the same storage, but a leaf of its own: each use collects its own gradient
+                    vals[dst] = vals[src].detach().requires_grad_(True)
                 continue
             with torch.no_grad():
                 out = execute(plan, vals[src].detach() if src in vals else None, self.groups, rank=self.rank,
@@ -505,11 +505,12 @@ class StepExecutor:
     def _local_use_grad(self, uses: tuple[str, ...]) -> torch.Tensor | None:
         """The sum of the gradients this rank holds for the uses of a parameter (zeros for a use it holds that got
         no gradient; ``None`` if it holds none of them)."""
-        total = None
+        total, seen = None, set()
         for u in uses:
             t = self.step_values.get(u)
-            if t is None:
+            if t is None or id(t) in seen:  # one tensor read twice: autograd summed its uses already
                 continue
+            seen.add(id(t))
             g = t.grad if t.grad is not None else torch.zeros_like(t)
             total = g if total is None else total + g
         return total

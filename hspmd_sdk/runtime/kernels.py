@@ -104,18 +104,14 @@ def rope(x: torch.Tensor, *, theta: float = 10000.0, position_offset: int = 0) -
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True) -> torch.Tensor:
-    """Causal softmax attention on ``[B, S, heads, head_dim]``; kv heads are repeated for GQA."""
+    """Causal softmax attention on ``[B, S, heads, head_dim]``; kv heads are repeated for GQA.  Runs
+    ``scaled_dot_product_attention`` (flash / memory-efficient kernels where the device has them)."""
     rep = q.shape[2] // k.shape[2]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=2)
         v = v.repeat_interleave(rep, dim=2)
-    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-    scores = torch.matmul(qt, kt.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    if causal:
-        s = q.shape[1]
-        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(mask, float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), vt)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         is_causal=causal, scale=1.0 / math.sqrt(q.shape[-1]))
     return out.transpose(1, 2)
 
 
