@@ -114,7 +114,7 @@ class ModelSpec(Protocol):
 def model_json(model: Any) -> dict[str, Any]:
     """The JSON form of a model config, with its family tag (what workers and checkpoints store)."""
     data = model.model_dump(mode="json")
-    data.setdefault("family", model.family)
+    data.setdefault("family", getattr(model, "family", type(model).__name__))
     return data
 
 

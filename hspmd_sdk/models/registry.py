@@ -14,7 +14,8 @@ from typing import Any
 
 from ..errors import PlanValidationError
 
-__all__ = ["register_family", "family_class", "model_from_json", "load_model_spec", "FAMILIES", "preset_names"]
+__all__ = ["register_family", "family_class", "model_from_json", "load_model_spec", "FAMILIES", "preset_names",
+           "class_path", "model_from_class"]
 
 #: family tag -> "module:Class" of its config (imported on first use).
 FAMILIES: dict[str, str] = {
@@ -83,3 +84,31 @@ def load_model_spec(data: Any) -> Any:
         except ValueError as e:
             raise PlanValidationError([(str(data)[:200], f"not valid JSON: {e}")], what="model config") from None
     return model_from_json(data)
+
+
+def class_path(model: Any) -> str:
+    """``"module:Class"`` of a model config, for processes that rebuild it from JSON (workers, checkpoints).  A
+    class defined in a notebook cell (module ``__main__``) cannot be imported there: that is an error naming the
+    class and what to do."""
+    cls = type(model)
+    if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
+        raise PlanValidationError([("model", f"the model config class {cls.__qualname__!r} is defined in "
+                                             f"{'a notebook cell or script' if cls.__module__ == '__main__' else 'a function'}; "
+                                             "worker processes cannot import it. Put it in a module (a .py file "
+                                             "next to the notebook, e.g. with %%writefile) and import it from there")],
+                                  what="model config")
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def model_from_class(path: str | None, data: Any) -> Any:
+    """A model config from its JSON ``data`` read by the class at ``path`` (``"module:Class"``); without a path,
+    by its ``family`` tag (:func:`model_from_json`)."""
+    if not path:
+        return model_from_json(data)
+    module, _, name = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise PlanValidationError([("model", f"cannot import the model config class {path!r} ({e}); the module "
+                                             "must be importable by this process")], what="model config") from None
+    return cls.load(data) if hasattr(cls, "load") else cls.model_validate(data)

@@ -51,6 +51,7 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
     will, against ``cluster``.  A bad run raises :class:`~hspmd_sdk.errors.PlanValidationError` naming the field."""
     from ..core.model_spec import model_json
     from ..errors import PlanValidationError
+    from ..models.registry import class_path
     from .executor import AdamConfig
 
     config = program.model
@@ -72,6 +73,7 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
                                                  f"{program.ranks})")], what="training run")
     run = {
         "config": model_json(config),
+        "model_class": class_path(config),
         "plan": plan.model_dump(mode="json"),
         "cluster": cluster.model_dump(mode="json"),
         "bindings": dict(program.bindings),
@@ -191,9 +193,9 @@ def _program_of(run: Mapping[str, Any]) -> Any:
     from ..core.cluster import Cluster
     from ..core.plan import AnnotationPlan
     from ..core.specialize import specialize
-    from ..models.registry import model_from_json
+    from ..models.registry import model_from_class
 
-    config = model_from_json(run["config"])
+    config = model_from_class(run.get("model_class"), run["config"])
     plan = AnnotationPlan.model_validate(run["plan"])
     cluster = Cluster.model_validate(run["cluster"])
     return specialize(config, plan, cluster, bindings=run.get("bindings"))
@@ -332,13 +334,17 @@ class ReferenceResult:
 
 def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: int, seq_len: int | None = None,
                        data: str = "synthetic", lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
-                       eps: float = 1e-8, weight_decay: float = 0.0) -> ReferenceResult:
+                       eps: float = 1e-8, weight_decay: float = 0.0,
+                       init: Mapping[str, Any] | None = None) -> ReferenceResult:
     """Train the model's single-device reference (``config.build_reference``) on one device with
-    ``torch.optim.Adam`` on the same data (``config`` is any :class:`~hspmd_sdk.models.ModelSpec`)."""
+    ``torch.optim.Adam`` on the same data (``config`` is any :class:`~hspmd_sdk.models.ModelSpec`).
+    ``init``: a state dict to start from instead of the seeded initialisation."""
     import torch
 
     seq_len = int(seq_len or config.max_seq_len)
     model = config.build_reference(seed)
+    if init is not None:
+        model.load_state_dict({k: v.detach().clone() for k, v in init.items()})
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                            foreach=False)
     dataset = dataset_for(data, config.vocab_size)

@@ -11,11 +11,12 @@ move (BSR) and sends the head's gradient back to be added to the embedding's —
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from ..common import next_token_feeds, preset_of, seeded_normal, tp_divisibility
+from ..base import ModelBase
+from ..common import preset_of, seeded_normal, tp_divisibility
 
 if TYPE_CHECKING:
     from ...core.graph import Graph
@@ -59,15 +60,15 @@ def init_parameter(name: str, shape: Sequence[int], seed: int, num_layers: int =
     return seeded_normal(name, shape, seed, std)
 
 
-class GPTConfig(BaseModel):
+class GPTConfig(ModelBase):
     """Shape of a GPT-2 model.
 
     >>> GPTConfig.preset("gpt2").param_count()
     124439808
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = GPT_PRESETS
+    TP_SPLIT: ClassVar[dict[str, int | None]] = TP_SPLIT
 
     family: Literal["gpt"] = "gpt"
     name: str = "custom"
@@ -91,15 +92,6 @@ class GPTConfig(BaseModel):
         """One of :data:`GPT_PRESETS`: ``tiny`` or ``gpt2`` (124M)."""
         return preset_of(cls, GPT_PRESETS, name, "GPT")
 
-    @classmethod
-    def load(cls, data: Any) -> "GPTConfig":
-        """A preset name, a dict, a JSON string or a path; raises ``PlanValidationError`` with field paths."""
-        if isinstance(data, str) and data in GPT_PRESETS:
-            return cls.preset(data)
-        from ...core.loading import load_model
-
-        return load_model(cls, data, what="model config")
-
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
@@ -118,22 +110,15 @@ class GPTConfig(BaseModel):
     def placements(self) -> list["Placement"]:
         """Layers on their stages; embeddings and data on the first stage; the final norm, the tied LM head use
         of ``wte.weight`` and the targets on the last; Megatron TP (:data:`TP_SPLIT`)."""
-        from ...core.strategy_plan import graph_of
-        from ..common import layered_placements
-
         from dataclasses import replace
 
-        out = layered_placements(graph_of(self), TP_SPLIT)
+        out = super().placements()
         # the LM head's input split along hidden inside the TP group (a LocalSplit): the head contracts over it
         return [replace(p, tp_split=2) if p.tensor == "head.in" else p for p in out]
 
     def tp_problems(self, degree: int) -> list[str]:
         return tp_divisibility(degree, {"num_heads": self.num_heads, "hidden_size": self.hidden_size,
                                         "ffn_hidden_size": self.ffn_hidden_size})
-
-    def feeds(self, batch: Any) -> Mapping[str, Any]:
-        """Token sequences ``[B, S+1]`` -> ``tokens = seq[:, :-1]``, ``targets = seq[:, 1:]``."""
-        return next_token_feeds(batch)
 
     def init_parameter(self, name: str, shape: Sequence[int], seed: int) -> Any:
         return init_parameter(name, shape, seed, self.num_layers)
@@ -143,8 +128,6 @@ class GPTConfig(BaseModel):
 
         return GPTReference(self, seed)
 
-    def with_layers(self, num_layers: int) -> "GPTConfig":
-        return self.model_copy(update={"num_layers": int(num_layers)})
 
     # ---- parameters ----------------------------------------------------------------------------------------
     def layer_param_count(self) -> int:

@@ -38,10 +38,10 @@ class GPTReference(nn.Module):
         layers = []
         for i in range(config.num_layers):
             vals = {n.split(".", 2)[2]: init[n] for n in layer_param_names(i)}
-            layer = nn.Module()
-            for part in ("ln_1", "ln_2"):
-                setattr(layer, part, _Params({k: vals[f"{part}.{k}"] for k in ("weight", "bias")}))
+            layer = nn.Module()  # registered in graph order: state_dict() keys = param_shapes() in order
+            layer.ln_1 = _Params({k: vals[f"ln_1.{k}"] for k in ("weight", "bias")})
             layer.attn = _Params({k: vals[f"attn.{k}"] for k in ("wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo")})
+            layer.ln_2 = _Params({k: vals[f"ln_2.{k}"] for k in ("weight", "bias")})
             layer.mlp = _Params({k: vals[f"mlp.{k}"] for k in ("w_fc", "b_fc", "w_proj", "b_proj")})
             layers.append(layer)
         self.layers = nn.ModuleList(layers)

@@ -11,11 +11,12 @@ A Llama decoder layer (the paper's Table 6: SwiGLU, RMSNorm, RoPE, no dropout, n
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from ..common import next_token_feeds, preset_of, seeded_normal, tp_divisibility
+from ..base import ModelBase
+from ..common import preset_of, seeded_normal, tp_divisibility
 
 if TYPE_CHECKING:
     from ...core.graph import Graph
@@ -55,15 +56,15 @@ def init_parameter(name: str, shape: Sequence[int], seed: int) -> Any:
     return seeded_normal(name, shape, seed)
 
 
-class LlamaConfig(BaseModel):
+class LlamaConfig(ModelBase):
     """Shape of a Llama model.  ``num_kv_heads=None`` means plain multi-head attention (= ``num_heads``).
 
     >>> LlamaConfig.preset("llama-32b").num_layers
     60
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = MODEL_PRESETS
+    TP_SPLIT: ClassVar[dict[str, int | None]] = TP_SPLIT  # placements(): the layered rule with Megatron TP
 
     family: Literal["llama"] = "llama"
     name: str = "custom"
@@ -97,15 +98,6 @@ class LlamaConfig(BaseModel):
         """One of :data:`MODEL_PRESETS`: ``tiny``, ``llama-7b``, ``llama-32b`` (Table 6), ``llama-70b``."""
         return preset_of(cls, MODEL_PRESETS, name, "Llama")
 
-    @classmethod
-    def load(cls, data: Any) -> "LlamaConfig":
-        """A preset name, a dict, a JSON string or a path; raises ``PlanValidationError`` with field paths."""
-        if isinstance(data, str) and data in MODEL_PRESETS:
-            return cls.preset(data)
-        from ...core.loading import load_model
-
-        return load_model(cls, data, what="model config")
-
     # ---- the model contract --------------------------------------------------------------------------------
     def build_graph(self) -> "Graph":
         """The defined graph (:func:`.graph.build_llama_graph`)."""
@@ -118,23 +110,11 @@ class LlamaConfig(BaseModel):
 
         return param_shapes(self)
 
-    def placements(self) -> list["Placement"]:
-        """Layers on their stages, embedding and data on the first, head and targets on the last; Megatron TP
-        (:data:`TP_SPLIT`)."""
-        from ...core.strategy_plan import graph_of
-        from ..common import layered_placements
-
-        return layered_placements(graph_of(self), TP_SPLIT)
-
     def tp_problems(self, degree: int) -> list[str]:
         """Heads, KV heads, hidden, FFN and the vocabulary (the LM head is vocab-split) must divide by ``degree``."""
         return tp_divisibility(degree, {"num_heads": self.num_heads, "num_kv_heads": self.kv_heads,
                                         "hidden_size": self.hidden_size, "ffn_hidden_size": self.ffn_hidden_size,
                                         "vocab_size": self.vocab_size})
-
-    def feeds(self, batch: Any) -> Mapping[str, Any]:
-        """Token sequences ``[B, S+1]`` -> ``tokens = seq[:, :-1]``, ``targets = seq[:, 1:]``."""
-        return next_token_feeds(batch)
 
     def init_parameter(self, name: str, shape: Sequence[int], seed: int) -> Any:
         """See :func:`init_parameter`."""
@@ -146,9 +126,6 @@ class LlamaConfig(BaseModel):
 
         return LlamaReference(self, seed)
 
-    def with_layers(self, num_layers: int) -> "LlamaConfig":
-        """The same model with ``num_layers`` layers (profiling one layer)."""
-        return self.model_copy(update={"num_layers": int(num_layers)})
 
     # ---- shapes --------------------------------------------------------------------------------------------
     @property
