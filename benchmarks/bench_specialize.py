@@ -1,5 +1,5 @@
-"""Benchmark: graph specialization of the 60-layer 32B Llama (paper §6; the paper's Table 5 reports
-specialization overheads).
+"""Benchmark: graph specialization of the 60-layer 32B Llama and of GPT-2 (124M, tied embeddings) (paper §6;
+the paper's Table 5 reports specialization overheads).
 
 Two cases: the paper's Table 9 strategy (32B on 16 H800 + 16 H20, 32 ranks, ZeRO-1), Table 9's 48-rank strategy
 (16 H800 + 32 H20) and a 1024-rank strategy (64 pipelines x 4 stages x TP4, half of them with a TP2+TP2 tail to
@@ -16,7 +16,7 @@ import tracemalloc
 from pathlib import Path
 
 from hspmd_sdk.core.cluster import Cluster
-from hspmd_sdk import LlamaConfig
+from hspmd_sdk import GPTConfig, LlamaConfig
 from hspmd_sdk.core.specialize import specialize
 from hspmd_sdk.core.strategy import Strategy
 from hspmd_sdk.core.deduction import clear_caches
@@ -72,6 +72,20 @@ def measure(name: str, strategy: Strategy, cluster: Cluster, model: LlamaConfig,
           f"executable graphs of all ranks {t_graphs:.2f} s (peak incl. them {peak_all / 1e6:.0f} MB)")
 
 
+def gpt_strategy(pipelines: int, tp: int, stages: int, layers: int = 12) -> Strategy:
+    """``pipelines`` pipelines of ``stages`` stages of TP ``tp`` over GPT-2's ``layers`` layers (the tied embedding
+    and LM head on different stages, so the tied weight moves by BSR and its gradient comes back)."""
+    per, rank, out = layers // stages, 0, []
+    for _ in range(pipelines):
+        st = []
+        for s in range(stages):
+            st.append({"devices": list(range(rank, rank + tp)), "layers": [s * per, layers - 1 if s == stages - 1
+                                                                          else (s + 1) * per - 1]})
+            rank += tp
+        out.append({"stages": st, "micro_batch_size": 1, "num_micro_batches": 8})
+    return Strategy.load({"pipelines": out, "name": f"gpt2 {pipelines}x{stages}xTP{tp}"})
+
+
 def main() -> None:
     model = LlamaConfig.preset("llama-32b")
     measure("Table 9, 32B, 16 H800 + 16 H20",
@@ -81,6 +95,11 @@ def main() -> None:
             Strategy.load(EXAMPLES / "table9_32b_16h800_32h20.json"), Cluster.mixed({"H800": 16, "H20": 32}),
             model)
     measure("1024 ranks, 32B", strategy_1024(), Cluster.homogeneous("H20", 1024), model)
+    gpt = GPTConfig.preset("gpt2")
+    measure("GPT-2 124M, 48 ranks (12 pipelines x 2 stages x TP2)", gpt_strategy(12, 2, 2),
+            Cluster.mixed({"H800": 16, "H20": 32}), gpt)
+    measure("GPT-2 124M, 1024 ranks (128 pipelines x 4 stages x TP2)", gpt_strategy(128, 2, 4),
+            Cluster.homogeneous("H20", 1024), gpt)
 
 
 if __name__ == "__main__":

@@ -181,6 +181,7 @@ class Program:
                                                                          compare=False)
     _resolver: Any = field(default=None, repr=False, compare=False)
     _micro: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False, compare=False)
+    _sync_ranks: tuple[frozenset[int], ...] = field(default=(), repr=False, compare=False)
 
     # ---- pipelines and stages ------------------------------------------------------------------------------
     @property
@@ -381,7 +382,21 @@ def specialize(model: Any, plan: Any, cluster: "Cluster | None" = None, *, bindi
                for n in graph.nodes if not n.is_leaf and not n.is_reshard}
     return Program(graph, plan, cluster, anns, comm, back, reduce_plans, sync, pipelines, reps,
                    tuple(constraints), kind, micro, sizes, pre, syncs, schedules, recompute, spec,
-                   node_ranks, where, _compute_ops=compute, _plan_keys=planner.keys, _resolver=resolver)
+                   node_ranks, where, _compute_ops=compute, _plan_keys=planner.keys, _resolver=resolver,
+                   _sync_ranks=_sync_rank_sets(syncs, sync))
+
+
+def _sync_rank_sets(syncs: Sequence[GradSync], plans: Mapping[str, Any]) -> tuple[frozenset[int], ...]:
+    """Per gradient synchronisation, the ranks its plan touches (computed once per distinct plan)."""
+    by_plan: dict[int, frozenset[int]] = {}
+    out = []
+    for gs in syncs:
+        plan = plans[gs.name]
+        got = by_plan.get(id(plan))
+        if got is None:
+            got = by_plan[id(plan)] = frozenset(plan.src.ranks) | frozenset(plan.dst.ranks)
+        out.append(got)
+    return tuple(out)
 
 
 def _schedules(kind: str, pipelines: list[list[list[int]]], micro: Sequence[int]
@@ -588,11 +603,16 @@ def _grad_sync_plans(graph: Graph, anns: Mapping[str, Annotation], given: Mappin
     syncs: list[GradSync] = []
     for p in graph.parameters:
         name = p.outputs[0]
-        groups: dict[Annotation, list[str]] = {}
+        groups: list[tuple[Annotation, list[str]]] = []  # one or two uses: a list beats hashing annotations
         for used, consumer in _parameter_uses(graph, name):
-            groups.setdefault(_use_grad(graph, anns, used, consumer), []).append(used)
+            grad = _use_grad(graph, anns, used, consumer)
+            same = next((g for g in groups if g[0] is grad or g[0] == grad), None)
+            if same is None:
+                groups.append((grad, [used]))
+            else:
+                same[1].append(used)
         dst = given.get(f"{name}.grad_sync", anns[name])
-        for k, (grad, uses) in enumerate(groups.items()):
+        for k, (grad, uses) in enumerate(groups):
             sync = f"{name}.grad_sync" if k == 0 else f"{name}.grad_sync.{k}"
             plans[sync] = plan_of(grad, dst, name, f"gradient synchronisation {sync!r}", sync)
             syncs.append(GradSync(name, sync, tuple(uses)))
@@ -691,10 +711,10 @@ def _instantiate(prog: Program, rank: int) -> ExecutableGraph:
         else:
             bwd.append(prog._compute_ops[op.name][1])
     post = []
-    for gs in prog.grad_syncs:  # every rank the plan touches: the uses' ranks send, the parameter's receive
-        plan = prog.grad_sync_plans[gs.name]
-        if rank in plan.src.ranks or rank in plan.dst.ranks:
-            post.append(_comm_op(prog, gs.name, "GradSync", "Post", plan, rank, gs.uses, (gs.param,)))
+    for gs, ranks in zip(prog.grad_syncs, prog._sync_ranks):  # the uses' ranks send, the parameter's receive
+        if rank in ranks:
+            post.append(_comm_op(prog, gs.name, "GradSync", "Post", prog.grad_sync_plans[gs.name], rank, gs.uses,
+                                 (gs.param,)))
     if params:
         post.append(ExecOp("optimizer", "OptimizerStep", "Post", tuple(sorted(params))))
     p, s = prog._where.get(rank, (None, None))
