@@ -67,6 +67,12 @@ def leftovers(job, lab: LoopbackHosts) -> list[str]:
     return found
 
 
+def proc_ppid(line: str) -> int | None:
+    """The parent pid of a ``leftovers`` entry."""
+    entry = proc_table().get(int(line.split()[0]))
+    return entry[0] if entry else None
+
+
 def assert_nothing_left(job, lab: LoopbackHosts, within: float = 10.0) -> None:
     deadline = time.monotonic() + within
     while leftovers(job, lab) and time.monotonic() < deadline:
@@ -331,3 +337,175 @@ def test_hosts_in_separate_network_namespaces() -> None:
             assert result.results[r]["world_sum"] == 3.0 and result.results[r]["gathered"] == [0.0, 1.0]
             assert result.results[r]["ring_recv"] == 1 - r
         assert_nothing_left(job, lab)
+
+
+# ---- faults: heartbeats, lost agents and connections, partitions ----------------------------------------------
+FAST = {"heartbeat_s": 0.2, "stall_s": 2.0}
+
+
+@pytest.mark.timeout(90)
+def test_control_messages_are_relayed_by_the_agents(lab: LoopbackHosts) -> None:
+    job = launch_remote(lab.cluster, hosts=lab.hosts, entry=f"{SELFTEST}:echo_control", steps=1, **FAST,
+                        **lab.ssh_options)
+    wait_for(lambda: all(job.metrics.rank(r) for r in range(4)))
+    job._send_control({"n": 1})
+    job._send_control({"n": 2}, ranks=[1, 2])  # one rank on each host
+    job._send_control({"stop": True})
+    result = job.wait(timeout=60)
+    for r in range(4):
+        want = [{"n": 1}, {"n": 2}, {"stop": True}] if r in (1, 2) else [{"n": 1}, {"stop": True}]
+        assert result.results[r]["messages"] == want, r
+    assert_nothing_left(job, lab)
+
+
+@pytest.mark.timeout(90)
+def test_a_stopped_remote_worker_is_named_with_its_stack(lab: LoopbackHosts) -> None:
+    job = launch_remote(lab.cluster, hosts=lab.hosts, entry=f"{SELFTEST}:hang_on_rank", steps=100_000,
+                        payload={"rank": -1}, **FAST, **lab.ssh_options)
+    wait_for(lambda: job.metrics.last_step() >= 5)
+    os.kill(job.pids()[2], signal.SIGSTOP)  # rank 2 on 127.0.0.3; its agent and the connection stay alive
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeFailure) as info:
+        job.wait(timeout=60)
+    assert time.monotonic() - t0 < 20
+    err = info.value
+    assert err.rank == 2 and "rank 2 on" in str(err) and "no heartbeat" in str(err), str(err)
+    assert "most recent call first" in err.traceback and "hang_on_rank" in err.traceback
+    assert_nothing_left(job, lab)
+
+
+@pytest.mark.timeout(90)
+def test_a_killed_agent_is_a_lost_connection_naming_its_ranks(lab: LoopbackHosts) -> None:
+    transport = SSHTransport(lab.hosts, kill_timeout_s=1.0, **lab.ssh_options)
+    job = launch_remote(lab.cluster, transport=transport, entry=f"{SELFTEST}:sleep_forever", steps=1, **FAST)
+    wait_for(lambda: all(job.metrics.rank(r) for r in range(4)))
+    agent = next(g for g in transport.groups if g.host == "127.0.0.3")
+    os.kill(agent.agent_pid, signal.SIGKILL)
+    with pytest.raises(RuntimeFailure) as info:
+        job.wait(timeout=60)
+    text = str(info.value)
+    assert "host 127.0.0.3: connection lost" in text and "ranks [2, 3]" in text, text
+    assert "status 255" not in text
+    first = job.first_failure()
+    assert first is not None and first.kind == "connection lost" and first.ranks == (2, 3)
+    assert_nothing_left(job, lab)
+
+
+@pytest.mark.timeout(90)
+def test_a_dropped_connection_is_reported_as_such(lab: LoopbackHosts) -> None:
+    transport = SSHTransport(lab.hosts, kill_timeout_s=1.0, **lab.ssh_options)
+    job = launch_remote(one_rank_per_host(lab), transport=transport, entry=f"{SELFTEST}:sleep_forever", steps=1,
+                        **FAST)
+    wait_for(lambda: all(job.metrics.rank(r) for r in range(2)))
+    b = lab.servers[1]
+    sessions = [pid for pid, (ppid, *_rest) in proc_table().items() if ppid == b.proc.pid]
+    assert sessions
+    for pid in sessions:  # the sshd processes serving 127.0.0.3's connection: the link dies, the host lives
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(RuntimeFailure) as info:
+        job.wait(timeout=60)
+    assert "host 127.0.0.3: connection lost" in str(info.value) and "ranks [1]" in str(info.value)
+    assert_nothing_left(job, lab, within=20)  # the cut-off agent stops its workers by itself
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not netns_available(), reason="needs root and network namespaces (ip netns)")
+def test_a_partition_stops_the_cut_off_workers_within_seconds() -> None:
+    """Host B's link goes down (a real partition between network namespaces): B's agent hears no ping and stops
+    its workers by itself; the launcher reports B as lost with its ranks, and stops A's."""
+    import subprocess
+
+    with NetnsHosts(2, ranks_per_host=1) as lab:
+        transport = SSHTransport(lab.hosts, kill_timeout_s=1.0, connect_timeout_s=2.0, connect_retries=1,
+                                 **lab.ssh_options)
+        job = launch_remote(lab.cluster, transport=transport, entry=f"{SELFTEST}:sleep_forever", steps=1,
+                            heartbeat_s=0.3, stall_s=3.0)
+        wait_for(lambda: all(job.metrics.rank(r) for r in range(2)))
+        cut_off = job.pids()[1]
+        subprocess.run(["ip", "link", "set", lab.ifaces[1][0], "down"], check=True, timeout=30)
+        t0 = time.monotonic()
+        while cut_off in alive() and time.monotonic() - t0 < 30:
+            time.sleep(0.1)
+        stopped_after = time.monotonic() - t0
+        assert cut_off not in alive(), "the cut-off worker kept running"
+        assert stopped_after < 15, f"the cut-off worker ran {stopped_after:.1f} s after the partition"
+        with pytest.raises(RuntimeFailure) as info:
+            job.wait(timeout=60)
+        assert f"host {lab.servers[1].address}: connection lost" in str(info.value)
+        assert "ranks [1]" in str(info.value)
+        assert time.monotonic() - t0 < 45
+        # every agent and worker is gone; the cut-off host's sshd still serves a session whose client it cannot
+        # know is gone (TCP is silent) -- sshd's own business, ended with the server
+        cut_listener = lab.servers[1].proc.pid
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and [p for p in leftovers(job, lab) if proc_ppid(p) != cut_listener]:
+            time.sleep(0.1)
+        assert [p for p in leftovers(job, lab) if proc_ppid(p) != cut_listener] == []
+
+
+@pytest.mark.timeout(60)
+def test_a_host_name_starting_with_a_dash_is_never_an_option(lab: LoopbackHosts, capfd) -> None:
+    a = lab.servers[0]
+    name = "-oProxyCommand=touch /tmp/hspmd-pwned"
+    cluster = Cluster.load({"nodes": [{"host": name, "kind": "cpu", "ranks": [0]}]})
+    job = launch_remote(cluster, hosts={name: {**lab.hosts[a.address], "address": a.address}},
+                        entry=f"{SELFTEST}:allreduce_check", steps=1, **FAST, **lab.ssh_options)
+    result = job.wait(timeout=45)
+    assert result.results[0]["world_sum"] == 1.0
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "I/O operation on closed file" not in err
+    assert not Path("/tmp/hspmd-pwned").exists()
+
+
+def test_a_bad_known_hosts_or_key_file_is_named_as_such(lab: LoopbackHosts, tmp_path: Path) -> None:
+    cluster = one_rank_per_host(lab)
+    bad_kh = tmp_path / "known_hosts"
+    bad_kh.write_bytes(b"\x00\xff garbage that is no host key\n")
+    report = check_hosts(cluster, lab.hosts, known_hosts=bad_kh, client_keys=lab.ssh_options["client_keys"],
+                         connect_retries=1)
+    for h in report.hosts:
+        assert f"known_hosts file {bad_kh}" in h.error and "not a valid host name" not in h.error, h.error
+    bad_key = tmp_path / "id_bad"
+    bad_key.write_text("not a key\n")
+    report = check_hosts(cluster, lab.hosts, known_hosts=lab.known_hosts, client_keys=[bad_key], connect_retries=1)
+    for h in report.hosts:
+        assert f"client key {bad_key}" in h.error and "not a valid host name" not in h.error, h.error
+    report = check_hosts(cluster, lab.hosts, known_hosts=lab.known_hosts, client_keys=[tmp_path / "missing"],
+                         connect_retries=1)
+    assert all("client key" in h.error and "No such file" in h.error for h in report.hosts)
+
+
+@pytest.mark.timeout(180)
+def test_twenty_ssh_launches_leave_fds_and_threads_where_they_started(lab: LoopbackHosts) -> None:
+    cluster = Cluster.load({"nodes": [{"host": lab.servers[0].address, "kind": "cpu", "ranks": [0]}]})
+
+    def one() -> None:
+        job = launch_remote(cluster, hosts=lab.hosts, entry=f"{SELFTEST}:fail_alone", steps=1,
+                            payload={"rank": -1, "steps_each": 1, "pause": 0.0}, **FAST, **lab.ssh_options)
+        assert job.wait(timeout=90).results[0] == {"done": True}
+        jobs.append(job)
+
+    def hspmd_threads() -> list[str]:
+        return sorted(t.name for t in threading.enumerate() if t.name.startswith("hspmd"))
+
+    def settle() -> None:
+        deadline = time.monotonic() + 15
+        while hspmd_threads() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    jobs: list = []
+    one()  # warm-up: asyncssh's imports and caches
+    check_hosts(cluster, lab.hosts, **lab.ssh_options)
+    settle()
+    fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+    for _ in range(4):  # 20 launches, five at a time, plus a preflight check each round
+        batch = [threading.Thread(target=one) for _ in range(5)]
+        for t in batch:
+            t.start()
+        for t in batch:
+            t.join()
+        assert check_hosts(cluster, lab.hosts, **lab.ssh_options).ok
+    assert len(jobs) == 21
+    settle()
+    assert hspmd_threads() == [] and threading.active_count() == threads, [t.name for t in threading.enumerate()]
+    assert len(os.listdir("/proc/self/fd")) == fds

@@ -369,7 +369,7 @@ class Job:
         with self._lock:
             rec = self._ranks[rank]
             rec.returncode = returncode
-            reported = any(rank in f.ranks for f in self.failures)
+            reported = rec.suspect or any(rank in f.ranks for f in self.failures)  # suspect: being reported
             killed = group is not None and group.stopped_by_kill(rank, returncode)
         if lost is not None:
             self._append(rank, f"exit status unknown: {lost}")

@@ -130,11 +130,16 @@ class Heartbeat:
         return {"comm_s": held, "busy_s": None} if state else {"comm_s": None, "busy_s": held}
 
     def _run(self) -> None:
+        last = time.monotonic()
         while not self._stop.wait(self.interval * self._rng.uniform(0.8, 1.2)):
             try:
                 self.channel.send("beat", **self.sample())
             except OSError:
                 return  # the launcher is gone; the listener ends the process
+            now, woke_late = time.monotonic(), time.monotonic() - last > 3 * self.interval
+            last = now
+            if woke_late:  # this process was stopped or starved itself: let the listener read what came meanwhile
+                continue
             if self.listener is not None and self.silent_s is not None and \
                     self.listener.silent_for() > self.silent_s:
                 leave(self.channel, f"rank {self.channel.rank}: no word from the launcher for "
