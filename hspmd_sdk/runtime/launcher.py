@@ -112,7 +112,8 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
            slowdown: Mapping[int, float] | None = None, timeout_s: float = 120.0, loss_rank: int | None = None,
            backend: Backend | None = None, progress: bool = False, echo: bool = False,
            log_dir: str | Path | None = None, heartbeat_s: float = 1.0, stall_s: float | None = 30.0,
-           policy: FailurePolicy | None = None, **run_options: Any) -> Job:
+           policy: FailurePolicy | None = None, resource_check: bool = True,
+           memory_per_rank: Mapping[int, float] | None = None, **run_options: Any) -> Job:
     """The general launcher: run ``entry`` (``"module:function"``) on one worker process per rank of ``cluster``.
 
     Each worker calls ``function(state, spec) -> dict`` with its
@@ -132,6 +133,11 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
     as the culprit with its stack, long before the collective timeout ``timeout_s`` would end the job
     (``stall_s=None``: only silence).  ``policy``: what the job does about a failure (:mod:`.faults`; default:
     stop every worker and fail naming the culprit).
+
+    Resources (:mod:`.preflight`) are checked before any worker starts: ``memory_per_rank`` (bytes, rank -> estimate;
+    training computes it from the Program) against each GPU's memory or the host's available RAM, ranks against
+    GPUs and cores.  A job that does not fit raises :class:`~.preflight.ResourceError`; ``resource_check=False``
+    starts it anyway.
     """
     if cluster is None:
         raise HSPMDError("launch() needs a cluster (e.g. Cluster.local(4))")
@@ -143,7 +149,7 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
         return launch_training(program, cluster, steps=steps, seed=seed, transport=transport, slowdown=slowdown,
                                timeout_s=timeout_s, loss_rank=loss_rank, backend=backend, progress=progress,
                                echo=echo, log_dir=log_dir, heartbeat_s=heartbeat_s, stall_s=stall_s,
-                               policy=policy, **run_options)
+                               policy=policy, resource_check=resource_check, **run_options)
     if run_options:
         raise HSPMDError(f"launch(): {sorted(run_options)} are training options; they need no entry= (train "
                          "a Program), the entry gets its settings from payload=")
@@ -155,12 +161,18 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
         return launch_remote(cluster, entry=entry, steps=steps, seed=seed, payload=payload, transport=transport,
                              slowdown=slowdown, timeout_s=timeout_s, loss_rank=loss_rank, backend=backend,
                              progress=progress, echo=echo, log_dir=log_dir, heartbeat_s=heartbeat_s,
-                             stall_s=stall_s, policy=policy)
+                             stall_s=stall_s, policy=policy, resource_check=resource_check,
+                             memory_per_rank=memory_per_rank)
     local = (isinstance(transport, LocalTransport)
              or transport is None and all(is_local_host(n.host) for n in cluster.nodes))
     spec = build_spec(cluster, entry=entry, steps=steps, seed=seed, payload=payload, timeout_s=timeout_s,
                       slowdown=slowdown, loss_rank=loss_rank, backend=backend, local=local,
                       heartbeat_s=heartbeat_s, stall_s=stall_s)
+    if resource_check and local:
+        from .preflight import check_resources, local_facts
+
+        check_resources(cluster, {"localhost": local_facts(cuda=spec.backend == "nccl")}, memory_per_rank,
+                        hosts={"localhost": list(spec.ranks)}, gpu=spec.backend == "nccl")
     return launch_spec(spec, cluster, transport, log_dir=log_dir, progress=progress, echo=echo, policy=policy)
 
 

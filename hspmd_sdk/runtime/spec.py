@@ -6,6 +6,7 @@ remote host beforehand.  Every worker of a job receives the same spec; its own r
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -15,6 +16,9 @@ Backend = Literal["gloo", "nccl"]
 #: A worker, an agent or a launcher that has not been heard for this many heartbeat periods is lost (stopped,
 #: frozen, cut off): ``LaunchSpec.silent_s``.
 SILENT_BEATS = 10
+
+#: What an entry looks like: ``package.module:function``.
+ENTRY_PATTERN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 #: Device kinds that run on the host CPU (gloo); every other kind is a CUDA device (nccl).
 CPU_KINDS = frozenset({"cpu"})
@@ -48,7 +52,7 @@ class LaunchSpec(BaseModel):
     timeout_s: float = Field(default=120.0, gt=0, description="collective and rendezvous timeout")
     seed: int = 0
     steps: int = Field(default=1, ge=0)
-    entry: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="'module:function'")
+    entry: str = Field(pattern=rf"^{ENTRY_PATTERN.pattern}$", description="'module:function'")
     payload: dict[str, Any] = Field(default_factory=dict)
     loss_rank: int | None = Field(default=None, description="rank whose reported losses are the job's losses; "
                                                              "None: the lowest rank that reports a loss")

@@ -131,6 +131,11 @@ try:
         out["device_names"] = [torch.cuda.get_device_name(i) for i in range(n)]
 except Exception as e:
     out["torch_error"] = "%s: %s" % (type(e).__name__, e)
+try:
+    with open("/proc/meminfo") as f:
+        out["mem_available"] = [int(l.split()[1]) * 1024 for l in f if l.startswith("MemAvailable:")][0]
+except Exception:
+    pass
 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 s.bind(("", 0))
 out["free_port"] = s.getsockname()[1]
@@ -470,6 +475,14 @@ class SSHTransport(Transport):
             if not rep.ok:
                 raise SSHError(f"{self.where(host)}: {rep.error or '; '.join(rep.problems)}")
         return self._probes[host]
+
+    def host_facts(self, host: str) -> Any:
+        """Cores, available RAM and CUDA devices of ``host``, from its preflight probe (empty if not probed)."""
+        from .preflight import HostFacts
+
+        info = self._probes.get(host, {})
+        return HostFacts(cpus=info.get("cpus"), mem_available=info.get("mem_available"),
+                         gpus=info.get("cuda_devices"))
 
     def rendezvous(self, host: str) -> tuple[str, int]:
         """Address and a free port on ``host`` for the job's TCPStore (rank 0 runs there)."""
@@ -866,6 +879,7 @@ def launch_remote(cluster: Any, *, entry: str, steps: int, hosts: HostsArg = Non
                   loss_rank: int | None = None, backend: Any = None, master_port: int | None = None,
                   progress: bool = False, echo: bool = False, log_dir: str | Path | None = None,
                   heartbeat_s: float = 1.0, stall_s: float | None = 30.0, policy: Any = None,
+                  resource_check: bool = True, memory_per_rank: Mapping[int, float] | None = None,
                   **ssh_options: Any) -> Any:
     """Run ``entry`` on one worker per rank of ``cluster``, on its hosts over SSH; returns the running Job.
 
@@ -875,6 +889,8 @@ def launch_remote(cluster: Any, *, entry: str, steps: int, hosts: HostsArg = Non
     ``stall_s``, ``policy``: fault detection and reaction, as for :func:`hspmd_sdk.runtime.launcher.launch`; the
     launcher and every host's agent watch each other, so a host cut off from the launcher stops its workers
     within ``10 * heartbeat_s`` seconds, and the launcher reports it as ``connection lost`` with its ranks.
+    ``resource_check``/``memory_per_rank``: the resource preflight against what each host's probe found (cores,
+    available RAM, CUDA devices), as for a local launch.
     """
     from .launcher import build_spec, launch_spec
 
@@ -890,6 +906,11 @@ def launch_remote(cluster: Any, *, entry: str, steps: int, hosts: HostsArg = Non
                           master_port=master_port or port, num_threads=threads, heartbeat_s=heartbeat_s,
                           stall_s=stall_s)
         spec = spec.model_copy(update={"master_addr": addr})
+        if resource_check:
+            from .preflight import check_resources
+
+            check_resources(cluster, {h: transport.host_facts(h) for h in {n.host for n in cluster.nodes}},
+                            memory_per_rank, gpu=spec.backend == "nccl")
     except BaseException:
         transport.close()
         raise
@@ -918,5 +939,6 @@ def launch_training_remote(program: Any, cluster: Any = None, *, steps: int, see
 
     cluster = cluster if cluster is not None else program.cluster
     run = training_run(program, steps=steps, seed=seed, cluster=cluster, **dict(run_options or {}))
+    launch_kwargs.setdefault("memory_per_rank", {int(r): b for r, b in run["memory_estimate"].items()})
     return launch_remote(cluster, entry=ENTRY, steps=steps, seed=seed, hosts=hosts, payload={"runs": [run]},
                          **launch_kwargs)

@@ -73,6 +73,10 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
         "capture_dir": str(capture_dir) if capture_dir is not None else None,
     }
     _validate_run(run, program, cluster, config)
+    from .preflight import training_memory  # what each rank will need, for the launcher's resource preflight
+
+    run["memory_estimate"] = {str(r): b for r, b in training_memory(
+        program, global_batch=run["global_batch"], seq_len=run["seq_len"], recompute=run["recompute"]).items()}
     return run
 
 
@@ -86,6 +90,10 @@ def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: An
         problems.append(("steps", f"must be at least 1, not {run['steps']}"))
     if run["seq_len"] < 1:
         problems.append(("seq_len", f"must be at least 1, not {run['seq_len']}"))
+    problems += _adam_problems(run["adam"])
+    unknown = sorted(set(run["recompute"]) - set(program.ranks))
+    if unknown:
+        problems.append(("recompute", f"ranks {unknown} run no stage of the program (ranks {sorted(program.ranks)})"))
     try:
         dataset_for(run["data"], config.vocab_size)
     except ValueError as e:
@@ -107,6 +115,23 @@ def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: An
                                   what=what)
 
 
+def _adam_problems(adam: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Adam's options: finite, ``lr > 0``, ``0 <= beta < 1``, ``eps > 0``, ``weight_decay >= 0``."""
+    import math
+
+    def bad(value: Any) -> bool:
+        return isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+    out = []
+    for name, low, strict in (("lr", 0.0, True), ("eps", 0.0, True), ("weight_decay", 0.0, False)):
+        v = adam[name]
+        if bad(v) or (v <= low if strict else v < low):
+            out.append((name, f"must be a finite number {'>' if strict else '>='} {low:g}, not {v!r}"))
+    betas = adam["betas"]
+    if len(betas) != 2 or any(bad(b) or not 0.0 <= b < 1.0 for b in betas):
+        out.append(("betas", f"must be two finite numbers in [0, 1), not {tuple(betas)!r}"))
+    return out
+
+
 def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs: Any) -> Any:
     """Start one job that executes ``runs`` (from :func:`training_run`) one after the other on ``cluster``'s
     ranks (ranks a run's program does not use sit it out).  Each rank's result is ``{"runs": [...]}``.
@@ -125,6 +150,11 @@ def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs
         raise PlanValidationError(wrong, what="training job")
 
     total = sum(int(r["steps"]) for r in runs)
+    memory: dict[int, float] = {}  # the runs follow one another: a rank needs the most any run needs
+    for r in runs:
+        for rank, need in (r.get("memory_estimate") or {}).items():
+            memory[int(rank)] = max(memory.get(int(rank), 0.0), float(need))
+    launch_kwargs.setdefault("memory_per_rank", memory)
     return launch(None, cluster, steps=total, seed=int(runs[0]["seed"]) if runs else 0, entry=ENTRY,
                   payload={"runs": [dict(r) for r in runs]}, **launch_kwargs)
 
