@@ -193,6 +193,31 @@ def test_a_custom_policy_sees_typed_failures_and_lets_the_others_finish() -> Non
     assert [m.step for m in result.metrics[2]] == [0, 1, 2, 3]
 
 
+class DropHung(Recorder):
+    """Stops a hung rank itself and lets the others go on (what an elastic policy does first)."""
+
+    def on_failure(self, job, failure: Failure) -> Reaction:
+        super().on_failure(job, failure)
+        if failure.kind == "hung":
+            job.stop_ranks(failure.ranks)
+        return Reaction.CONTINUE
+
+
+@pytest.mark.timeout(60)
+def test_a_policy_can_stop_a_hung_rank_and_let_the_others_finish() -> None:
+    policy = DropHung()
+    job = launch(cluster=Cluster.local(3), entry=f"{SELFTEST}:fail_alone", steps=3, policy=policy,
+                 payload={"rank": -1, "steps_each": 30, "pause": 0.2}, **FAST)
+    wait_for(lambda: all(job.metrics.rank(r) for r in range(3)))
+    os.kill(job.pids()[1], signal.SIGSTOP)
+    result = job.wait(timeout=45)
+    assert job.status is JobStatus.SUCCEEDED
+    assert [(f.kind, f.ranks) for f in policy.seen] == [("hung", (1,))]
+    assert "most recent call first" in policy.seen[0].traceback
+    assert result.results[0] == result.results[2] == {"done": True} and result.results[1] == {}
+    assert "stopped by the launcher" in job.logs(1)
+
+
 @pytest.mark.timeout(60)
 def test_the_default_policy_stops_everyone_and_a_signal_is_typed() -> None:
     job = launch(cluster=Cluster.local(2), entry=f"{SELFTEST}:fail_on_rank", steps=1000,
@@ -219,7 +244,7 @@ def tiny_tmpfs(tmp_path: Path):
 
 
 @pytest.mark.timeout(90)
-def test_a_full_log_disk_degrades_to_a_warning_and_the_job_finishes(tiny_tmpfs: Path) -> None:
+def test_a_full_log_disk_degrades_to_a_warning_and_the_job_finishes(tiny_tmpfs: Path, capfd) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         job = launch(cluster=Cluster.local(2), entry=f"{SELFTEST}:allreduce_check", steps=40, log_dir=tiny_tmpfs,
@@ -229,6 +254,7 @@ def test_a_full_log_disk_degrades_to_a_warning_and_the_job_finishes(tiny_tmpfs: 
     assert "step 39: collectives done on rank 1" in job.logs(1)  # the logs are whole in memory
     text = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len([t for t in text if "cannot write its logs" in t]) == 1, text
+    assert "Traceback" not in capfd.readouterr().err
 
 
 @pytest.mark.timeout(90)

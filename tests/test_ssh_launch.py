@@ -509,3 +509,33 @@ def test_twenty_ssh_launches_leave_fds_and_threads_where_they_started(lab: Loopb
     settle()
     assert hspmd_threads() == [] and threading.active_count() == threads, [t.name for t in threading.enumerate()]
     assert len(os.listdir("/proc/self/fd")) == fds
+
+
+@pytest.mark.timeout(60)
+def test_more_ranks_than_a_host_can_run_are_refused_before_any_worker(lab: LoopbackHosts) -> None:
+    from hspmd_sdk.runtime.preflight import MAX_RANKS_PER_CORE, ResourceError
+
+    a = lab.servers[0]
+    cpus = os.cpu_count() or 1
+    n = MAX_RANKS_PER_CORE * cpus + 1
+    cluster = Cluster.load({"nodes": [{"host": a.address, "kind": "cpu", "ranks": list(range(n))}]})
+    with pytest.raises(ResourceError, match=f"runs {n} CPU ranks on {cpus} cores"):
+        launch_remote(cluster, hosts=lab.hosts, entry=f"{SELFTEST}:allreduce_check", steps=1, **lab.ssh_options)
+    assert lab_agents(lab) == []
+
+
+def lab_agents(lab: LoopbackHosts) -> list[int]:
+    """Agents started through this lab's sshd servers (not another test session's)."""
+    table = proc_table()
+    listeners = {s.proc.pid for s in lab.servers if s.proc is not None}
+
+    def under_lab(pid: int) -> bool:
+        for _ in range(20):
+            if pid in listeners:
+                return True
+            if pid not in table:
+                return False
+            pid = table[pid][0]
+        return False
+    return [pid for pid, (_, _, state, cmd) in table.items()
+            if state != "Z" and "hspmd_sdk.runtime.agent" in cmd and under_lab(pid)]
