@@ -302,18 +302,24 @@ def settle(timeout: float = 10.0) -> None:
 
 @pytest.mark.timeout(120)
 def test_twenty_local_launches_leave_fds_and_threads_where_they_started() -> None:
-    def one() -> None:
-        job = launch(cluster=Cluster.local(1), entry=f"{SELFTEST}:fail_alone", steps=1,
+    def one(ok: bool = True) -> None:
+        """A job that succeeds, or one whose entry fails at once (the failure path releases everything too)."""
+        entry = f"{SELFTEST}:fail_alone" if ok else "no_such_module_hspmd:entry"
+        job = launch(cluster=Cluster.local(1), entry=entry, steps=1,
                      payload={"rank": -1, "steps_each": 1, "pause": 0.0}, **FAST)
-        assert job.wait(timeout=60).results[0] == {"done": True}
+        if ok:
+            assert job.wait(timeout=60).results[0] == {"done": True}
+        else:
+            with pytest.raises(RuntimeFailure, match="cannot import module"):
+                job.wait(timeout=60)
         jobs.append(job)  # kept alive: nothing may depend on garbage collection to be released
 
     jobs: list = []
     one()  # warm-up: imports, lazily created pools
     settle()
     fds, threads = open_fds(), threading.active_count()
-    for _ in range(4):  # 20 launches, five at a time
-        batch = [threading.Thread(target=one) for _ in range(5)]
+    for _ in range(4):  # 20 launches, five at a time, two of each five succeeding
+        batch = [threading.Thread(target=one, args=(i < 2,)) for i in range(5)]
         for t in batch:
             t.start()
         for t in batch:

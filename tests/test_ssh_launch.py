@@ -445,16 +445,16 @@ def test_a_partition_stops_the_cut_off_workers_within_seconds() -> None:
 
 @pytest.mark.timeout(60)
 def test_a_host_name_starting_with_a_dash_is_never_an_option(lab: LoopbackHosts, capfd) -> None:
-    a = lab.servers[0]
-    name = "-oProxyCommand=touch /tmp/hspmd-pwned"
-    cluster = Cluster.load({"nodes": [{"host": name, "kind": "cpu", "ranks": [0]}]})
-    job = launch_remote(cluster, hosts={name: {**lab.hosts[a.address], "address": a.address}},
-                        entry=f"{SELFTEST}:allreduce_check", steps=1, **FAST, **lab.ssh_options)
+    a, b = lab.servers
+    names = ["-h", "--job=x"]  # as options: the agent's help (exit 0, no workers), another job's id
+    cluster = Cluster.load({"nodes": [{"host": n, "kind": "cpu", "ranks": [i]} for i, n in enumerate(names)]})
+    hosts = {n: {**lab.hosts[s.address], "address": s.address} for n, s in zip(names, (a, b))}
+    job = launch_remote(cluster, hosts=hosts, entry=f"{SELFTEST}:allreduce_check", steps=1, **FAST,
+                        **lab.ssh_options)
     result = job.wait(timeout=45)
-    assert result.results[0]["world_sum"] == 1.0
+    assert [result.results[r]["world_sum"] for r in (0, 1)] == [3.0, 3.0]
     err = capfd.readouterr().err
     assert "Traceback" not in err and "I/O operation on closed file" not in err
-    assert not Path("/tmp/hspmd-pwned").exists()
 
 
 def test_a_bad_known_hosts_or_key_file_is_named_as_such(lab: LoopbackHosts, tmp_path: Path) -> None:
@@ -479,10 +479,16 @@ def test_a_bad_known_hosts_or_key_file_is_named_as_such(lab: LoopbackHosts, tmp_
 def test_twenty_ssh_launches_leave_fds_and_threads_where_they_started(lab: LoopbackHosts) -> None:
     cluster = Cluster.load({"nodes": [{"host": lab.servers[0].address, "kind": "cpu", "ranks": [0]}]})
 
-    def one() -> None:
-        job = launch_remote(cluster, hosts=lab.hosts, entry=f"{SELFTEST}:fail_alone", steps=1,
+    def one(ok: bool = True) -> None:
+        """A job that succeeds, or one whose entry fails at once (the failure path releases everything too)."""
+        entry = f"{SELFTEST}:fail_alone" if ok else "no_such_module_hspmd:entry"
+        job = launch_remote(cluster, hosts=lab.hosts, entry=entry, steps=1,
                             payload={"rank": -1, "steps_each": 1, "pause": 0.0}, **FAST, **lab.ssh_options)
-        assert job.wait(timeout=90).results[0] == {"done": True}
+        if ok:
+            assert job.wait(timeout=90).results[0] == {"done": True}
+        else:
+            with pytest.raises(RuntimeFailure, match="cannot import module"):
+                job.wait(timeout=90)
         jobs.append(job)
 
     def hspmd_threads() -> list[str]:
@@ -498,8 +504,8 @@ def test_twenty_ssh_launches_leave_fds_and_threads_where_they_started(lab: Loopb
     check_hosts(cluster, lab.hosts, **lab.ssh_options)
     settle()
     fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
-    for _ in range(4):  # 20 launches, five at a time, plus a preflight check each round
-        batch = [threading.Thread(target=one) for _ in range(5)]
+    for _ in range(4):  # 20 launches, five at a time (two of each five succeeding), plus a preflight check
+        batch = [threading.Thread(target=one, args=(i < 2,)) for i in range(5)]
         for t in batch:
             t.start()
         for t in batch:
