@@ -270,6 +270,22 @@ def test_a_full_log_disk_does_not_hide_a_failure(tiny_tmpfs: Path) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_a_read_only_log_dir_is_an_error_before_any_worker(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a read-only tmpfs needs root")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=16k", "tmpfs", str(ro)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        with pytest.raises(LogDirError, match="Read-only file system"):
+            launch(cluster=Cluster.local(2), entry=f"{SELFTEST}:allreduce_check", steps=1, log_dir=ro)
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], capture_output=True)
+
+
+@pytest.mark.timeout(30)
 def test_an_unwritable_log_dir_is_an_error_before_any_worker(tmp_path: Path) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("")

@@ -308,6 +308,21 @@ def test_an_agent_that_cannot_start_fails_the_launch_naming_the_host(lab: Loopba
     assert not any("hspmd_sdk.runtime.agent" in cmd for *_, cmd in proc_table().values())
 
 
+@pytest.mark.timeout(90)
+def test_cli_launch_counts_hosts_not_hostfile_lines(lab: LoopbackHosts, tmp_path: Path, capsys) -> None:
+    import json
+
+    from hspmd_sdk.cli import main
+
+    (tmp_path / "hosts.txt").write_text("127.0.0.2 slots=1\n127.0.0.2 slots=1\n127.0.0.3 slots=1\n")
+    (tmp_path / "ssh.json").write_text(json.dumps(lab.hosts))
+    code = main(["launch", "--hostfile", str(tmp_path / "hosts.txt"), "--ssh-hosts", str(tmp_path / "ssh.json"),
+                 "-i", str(lab.client_key), "--known-hosts", str(lab.known_hosts), "--entry",
+                 f"{SELFTEST}:allreduce_check", "--steps", "1", "--quiet", "--timeout", "60"])
+    out = capsys.readouterr().out
+    assert code == 0 and "3 ranks on 2 hosts" in out, out
+
+
 def test_cli_check_passes_and_refuses_unverified_hosts(lab: LoopbackHosts, tmp_path: Path, capsys) -> None:
     import json
 
