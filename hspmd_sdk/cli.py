@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .cli_inputs import (EXAMPLES, MAX_SAMPLES, MAX_SECONDS, MAX_SEED, MAX_STEPS, MAX_TOKENS, int_in,
+from .cli_inputs import (EXAMPLES, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_TOKENS, add_fault_arguments, int_in,
                          number_above, read_json, resolve_file)
 from .errors import HSPMDError, PlanValidationError
 
@@ -222,19 +222,6 @@ def _demo(args: argparse.Namespace) -> int:
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses["hspmd"], losses["reference"]))
     print(f"\nlargest relative loss difference from the single-device model: {worst:.1e}")
     return 0
-
-
-def add_fault_arguments(p: argparse.ArgumentParser) -> None:
-    """``--timeout``, ``--stall``, ``--heartbeat``, ``--no-resource-check`` (``run`` and ``launch``)."""
-    p.add_argument("--timeout", type=number_above(0, high=MAX_SECONDS), default=120.0, metavar="S",
-                   help="collective and rendezvous timeout in seconds (default 120)")
-    p.add_argument("--stall", type=number_above(0, high=MAX_SECONDS), default=30.0, metavar="S",
-                   help="name a rank as hung when it stays out of communication this long while its peers wait "
-                        "for it (default 30; a rank that stops beating is named after 10 heartbeats)")
-    p.add_argument("--heartbeat", type=number_above(0, high=60), default=1.0, metavar="S",
-                   help="heartbeat period of workers, agents and launcher (default 1)")
-    p.add_argument("--no-resource-check", action="store_true",
-                   help="start even if the memory estimate or the ranks exceed what the hosts have")
 
 
 def _run_arguments(p: argparse.ArgumentParser) -> None:

@@ -58,6 +58,19 @@ def number_above(low: float, *, inclusive: bool = False, high: float = math.inf)
     return parse
 
 
+def add_fault_arguments(p: argparse.ArgumentParser) -> None:
+    """``--timeout``, ``--stall``, ``--heartbeat``, ``--no-resource-check`` (``run`` and ``launch``)."""
+    p.add_argument("--timeout", type=number_above(0, high=MAX_SECONDS), default=120.0, metavar="S",
+                   help="collective and rendezvous timeout in seconds (default 120)")
+    p.add_argument("--stall", type=number_above(0, high=MAX_SECONDS), default=30.0, metavar="S",
+                   help="name a rank as hung when it stays out of communication this long while its peers wait "
+                        "for it (default 30; a rank that stops beating is named after 10 heartbeats)")
+    p.add_argument("--heartbeat", type=number_above(0, high=60), default=1.0, metavar="S",
+                   help="heartbeat period of workers, agents and launcher (default 1)")
+    p.add_argument("--no-resource-check", action="store_true",
+                   help="start even if the memory estimate or the ranks exceed what the hosts have")
+
+
 def _short(text: str) -> str:
     return repr(text if len(text) <= 40 else text[:37] + "...")
 

@@ -280,5 +280,6 @@ def _read_hostfile(path: str | Path) -> str:
         raise PlanValidationError([(str(path), f"not UTF-8 text (byte {e.start}): a binary file?")],
                                   what="hostfile") from None
     except (OSError, ValueError) as e:
-        reason = "no such file" if isinstance(e, FileNotFoundError) else f"cannot read: {getattr(e, 'strerror', None) or e}"
+        why = getattr(e, "strerror", None) or e
+        reason = "no such file" if isinstance(e, FileNotFoundError) else f"cannot read: {why}"
         raise PlanValidationError([(str(path), reason)], what="hostfile") from None

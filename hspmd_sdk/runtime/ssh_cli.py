@@ -16,8 +16,7 @@ from typing import Any
 
 
 def add_launch_arguments(p: argparse.ArgumentParser) -> None:
-    from ..cli import add_fault_arguments
-    from ..cli_inputs import MAX_SEED, MAX_STEPS, MAX_TOKENS, int_in, number_above
+    from ..cli_inputs import MAX_SEED, MAX_STEPS, MAX_TOKENS, add_fault_arguments, int_in, number_above
 
     p.add_argument("file", metavar="FILE", nargs="?", help="strategy JSON to train (or a packaged example name)")
     p.add_argument("--hostfile", required=True, metavar="PATH", help="hosts: 'host slots=N [kind=KIND]' a line")
