@@ -67,30 +67,27 @@ class AdamConfig:
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        problems = self.problems()
+        problems = adam_problems(self.lr, self.betas, self.eps, self.weight_decay)
         if problems:
             from ..errors import PlanValidationError
 
             raise PlanValidationError(problems, what="optimizer options")
 
-    def problems(self) -> list[tuple[str, str]]:
-        out = []
-        values = {"lr": self.lr, "eps": self.eps, "weight_decay": self.weight_decay}
-        for name, v in values.items():
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-                out.append((name, f"must be a finite number, not {v!r}"))
-        if not out:
-            if self.lr <= 0:
-                out.append(("lr", f"must be > 0, not {self.lr}"))
-            if self.eps <= 0:
-                out.append(("eps", f"must be > 0, not {self.eps}"))
-            if self.weight_decay < 0:
-                out.append(("weight_decay", f"must be >= 0, not {self.weight_decay}"))
-        betas = tuple(self.betas) if isinstance(self.betas, (tuple, list)) else ()
-        if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool)
-                                      and math.isfinite(b) and 0 <= b < 1 for b in betas):
-            out.append(("betas", f"must be two numbers in [0, 1), not {self.betas!r}"))
-        return out
+
+def adam_problems(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> list[tuple[str, str]]:
+    """Adam's options as ``(field, reason)`` problems: finite, ``lr > 0``, ``0 <= beta < 1``, ``eps > 0``,
+    ``weight_decay >= 0`` (checked by the launcher before any worker starts, and by :class:`AdamConfig`)."""
+    def bad(value: Any) -> bool:
+        return isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+
+    out = []
+    for name, v, strict in (("lr", lr, True), ("eps", eps, True), ("weight_decay", weight_decay, False)):
+        if bad(v) or (v <= 0 if strict else v < 0):
+            out.append((name, f"must be a finite number {'>' if strict else '>='} 0, not {v!r}"))
+    betas = tuple(betas) if isinstance(betas, (tuple, list)) else (betas,)
+    if len(betas) != 2 or any(bad(b) or not 0.0 <= b < 1.0 for b in betas):
+        out.append(("betas", f"must be two finite numbers in [0, 1), not {betas!r}"))
+    return out
 
 
 def program_comm_plans(program: Any) -> list[Any]:

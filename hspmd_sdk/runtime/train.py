@@ -52,7 +52,6 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
     from ..core.model_spec import model_json
     from ..errors import PlanValidationError
     from ..models.registry import class_path
-    from .executor import AdamConfig
 
     config = program.model
     if config is None:
@@ -60,17 +59,12 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
                                                "specialized from a model config (specialize(LlamaConfig..., plan, "
                                                "cluster)) so that workers can rebuild the model")],
                                   what="training run")
-    AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)  # raises naming the bad option
     plan = program.plan
     cluster = cluster if cluster is not None else program.cluster
     if cluster is None:
         raise PlanValidationError([("cluster", "launch needs a cluster: pass cluster= or specialize with one")],
                                   what="training run")
     rc = sorted(program.recompute) if recompute is None else sorted(int(r) for r in recompute)
-    unknown = sorted(set(rc) - set(program.ranks))
-    if unknown:
-        raise PlanValidationError([("recompute", f"rank(s) {unknown} run no stage of this program (stage ranks "
-                                                 f"{program.ranks})")], what="training run")
     run = {
         "config": model_json(config),
         "model_class": class_path(config),
@@ -80,18 +74,24 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
         "steps": int(steps), "seed": int(seed), "data": data,
         "seq_len": int(config.max_seq_len if seq_len is None else seq_len),
         "global_batch": int(program.bindings["B"]),
-        "adam": {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay},
+        "adam": {"lr": lr, "betas": list(betas) if isinstance(betas, (list, tuple)) else betas, "eps": eps,
+                 "weight_decay": weight_decay},
         "recompute": rc,
         "capture_dir": str(capture_dir) if capture_dir is not None else None,
         "init": _init_source(init, config),
     }
     _validate_run(run, program, cluster, config)
+    from .preflight import training_memory  # what each rank will need, for the launcher's resource preflight
+
+    run["memory_estimate"] = {str(r): b for r, b in training_memory(
+        program, global_batch=run["global_batch"], seq_len=run["seq_len"], recompute=run["recompute"]).items()}
     return run
 
 
 def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: Any) -> None:
     """Raise :class:`~hspmd_sdk.errors.PlanValidationError` for a run that would fail only in the workers."""
     from ..errors import HSPMDError, PlanValidationError
+    from .executor import adam_problems
 
     what = "training run"
     problems = []
@@ -99,6 +99,10 @@ def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: An
         problems.append(("steps", f"must be at least 1, not {run['steps']}"))
     if run["seq_len"] < 1:
         problems.append(("seq_len", f"must be at least 1, not {run['seq_len']}"))
+    problems += adam_problems(**run["adam"])
+    unknown = sorted(set(run["recompute"]) - set(program.ranks))
+    if unknown:
+        problems.append(("recompute", f"ranks {unknown} run no stage of the program (ranks {sorted(program.ranks)})"))
     try:
         dataset_for(run["data"], config.vocab_size)
     except ValueError as e:
@@ -138,6 +142,11 @@ def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs
         raise PlanValidationError(wrong, what="training job")
 
     total = sum(int(r["steps"]) for r in runs)
+    memory: dict[int, float] = {}  # the runs follow one another: a rank needs the most any run needs
+    for r in runs:
+        for rank, need in (r.get("memory_estimate") or {}).items():
+            memory[int(rank)] = max(memory.get(int(rank), 0.0), float(need))
+    launch_kwargs.setdefault("memory_per_rank", memory)
     return launch(None, cluster, steps=total, seed=int(runs[0]["seed"]) if runs else 0, entry=ENTRY,
                   payload={"runs": [dict(r) for r in runs]}, **launch_kwargs)
 
