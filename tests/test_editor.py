@@ -13,6 +13,7 @@ pytest.importorskip("anywidget")
 
 from hspmd_sdk import Cluster, LlamaConfig, Strategy  # noqa: E402
 from hspmd_sdk.errors import HSPMDError  # noqa: E402
+from hspmd_sdk.planner import CostModel  # noqa: E402
 from hspmd_sdk.viz import PlanEditor, training_runtime  # noqa: E402
 from hspmd_sdk.viz._canvas_view import canvas_view  # noqa: E402
 
@@ -113,9 +114,11 @@ def test_hover_and_summary_describe_the_draft_shown_not_the_last_valid_plan():
     ed.click_device(3)  # stage (0, 1) is now ranks [0, 2, 3]: TP3 does not divide the heads
     assert not ed.is_valid
     want = Strategy.load(ed.draft.to_dict()).memory_estimate(LlamaConfig.preset("tiny"), 16)
+    reserve = CostModel().memory_reserve_mb * 2**20  # the simulator's runtime reserve, added to compare
     tile = canvas_view(ed)["tiles"][0]
-    assert "estimate (not simulated" in tile["title"]
-    assert f"{want[0] / 2**20:.1f} MiB" in tile["title"]  # the core's estimate of the draft, not the old sim
+    assert "estimate: Strategy.memory_estimate + the runtime reserve" in tile["title"]
+    assert f"needs ~{(want[0] + reserve) / 2**30:.1f} GiB" in tile["title"]  # the draft's, not the old sim's
+    assert ed._memory[0] == pytest.approx(want[0] + reserve)
     assert "estimate, not simulated" in ed.summary()
     assert "ranks 0,2,3" in ed.summary()  # the draft's stage, not the last valid plan's [0]
     ed.set_layers(0, 1, 3, 3)  # layer 2 uncovered: the draft is not even a strategy, nothing is estimated

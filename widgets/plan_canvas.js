@@ -11,7 +11,7 @@
 // out, [ and ] change the selected stage, Ctrl+Z / Ctrl+Shift+Z (or Ctrl+Y) undo and redo.
 
 const SVG = "http://www.w3.org/2000/svg";
-const GAP = 16, PAD = 12, HEAD = 24, NODE_GAP = 36, HULL = 5;
+const GAP = 16, PAD = 12, HEAD = 34, NODE_GAP = 36, HULL = 5, LANE = 26;
 const LINK = { intra: "#159a8c", inter: "#d1495b", mixed: "#7b4fb0" };
 
 function esc(s) {
@@ -325,16 +325,16 @@ class Canvas {
   toolbar(v) {
     const can = v.can || {};
     const btn = (op, text, ok, tip, extra = "") =>
-      `<button class="hc-btn" data-op="${op}" ${ok ? "" : "disabled"} title="${esc(tip)}" ${extra}>${text}</button>`;
+      `<button class="hc-btn" data-op="${op}" data-key="btn-${op}" ${ok ? "" : "disabled"} title="${esc(tip)}" ${extra}>${text}</button>`;
     const groups = this.model.get("tensors") || [];
     const gsel = this.group || (v.tensor_name ? groupOf(groups, v.tensor_name) : "");
     const names = (groups.find((g) => g[0] === gsel) || [null, []])[1];
     return `<div class="hc-toolbar" role="toolbar" aria-label="plan editor">
       <span class="hc-group">${btn("undo", "↶ Undo", can.undo, "undo the last change (Ctrl+Z)")}${btn("redo", "↷ Redo", can.redo, "redo (Ctrl+Shift+Z or Ctrl+Y)")}</span>
       <span class="hc-group" title="dragging on the empty canvas selects devices">select
-        <button class="hc-btn hc-toggle ${this.mode === "box" ? "on" : ""}" data-op="mode" data-mode="box" aria-pressed="${this.mode === "box"}">▭ box</button><button class="hc-btn hc-toggle ${this.mode === "lasso" ? "on" : ""}" data-op="mode" data-mode="lasso" aria-pressed="${this.mode === "lasso"}">◯ lasso</button></span>
+        <button class="hc-btn hc-toggle ${this.mode === "box" ? "on" : ""}" data-op="mode" data-mode="box" data-key="mode-box" aria-pressed="${this.mode === "box"}">▭ box</button><button class="hc-btn hc-toggle ${this.mode === "lasso" ? "on" : ""}" data-op="mode" data-mode="lasso" data-key="mode-lasso" aria-pressed="${this.mode === "lasso"}">◯ lasso</button></span>
       <span class="hc-group"><label>schedule <select data-op="schedule" data-key="schedule">${["1f1b", "gpipe"].map((s) => `<option ${s === v.schedule ? "selected" : ""}>${s}</option>`).join("")}</select></label>
-        <label title="shard fp32 master weights and Adam states over the pipelines"><input type="checkbox" data-op="zero1" ${v.zero1 ? "checked" : ""}> ZeRO-1</label>
+        <label title="shard fp32 master weights and Adam states over the pipelines"><input type="checkbox" data-op="zero1" data-key="zero1" ${v.zero1 ? "checked" : ""}> ZeRO-1</label>
         <label title="samples per step; pinned: edits never change it (${esc(v.batch_source)})">global batch <input class="hc-num" type="number" min="1" data-op="batch" data-key="batch" value="${v.global_batch ?? ""}"></label></span>
       <span class="hc-group hc-picker"><label>tensor <select data-op="tgroup" data-key="tgroup" aria-label="tensor group"><option value="">—</option>${groups.map((g) => `<option value="${esc(g[0])}" ${g[0] === gsel ? "selected" : ""}>${esc(g[0])} (${g[1].length})</option>`).join("")}</select></label><select data-op="tname" data-key="tname" aria-label="tensor">${names.length ? `<option value="">pick…</option>` : ""}${names.map((n) => `<option ${n === v.tensor_name ? "selected" : ""} value="${esc(n)}">${esc(gsel && n.startsWith(gsel + ".") ? n.slice(gsel.length + 1) : n)}</option>`).join("")}</select>
         <input class="hc-text" list="hc-tensors-${this.uid()}" placeholder="or type a name" data-op="tensor" data-key="tensor" value="${esc(v.tensor_name)}" size="18"><datalist id="hc-tensors-${this.uid()}">${groups.flatMap((g) => g[1]).slice(0, 4000).map((n) => `<option value="${esc(n)}">`).join("")}</datalist>${v.tensor_name ? btn("untensor", "✕", true, "clear the tensor") : ""}</span>
@@ -373,13 +373,14 @@ class Canvas {
   pipelineCard(p, v) {
     const rows = p.stages.map((s) => {
       const probs = s.problems.map((x) => `<div class="hc-msg hc-${x.level}">${x.level === "error" ? "✗" : "⚠"} ${esc(x.text)}</div>`).join("");
-      const mem = s.mem != null ? `<span class="hc-mem" title="fullest device, ${esc(s.mem_kind)}"><span class="hc-bar"><span style="width:${Math.min(100, s.mem * 100).toFixed(0)}%;background:${s.mem > 1 ? "#d62728" : s.mem > 0.9 ? "#d4a72c" : "#2da44e"}"></span></span>${esc(s.mem_text)}</span>` : "";
+      const mem = s.mem != null ? `<span class="hc-mem" title="fullest device of the stage, ${esc(s.mem_kind)}"><span class="hc-bar"><span style="width:${Math.min(100, s.mem * 100).toFixed(0)}%;background:${s.mem > 1 ? "#d62728" : s.mem > 0.9 ? "#d4a72c" : "#2da44e"}"></span></span>${esc(s.mem_text)}${s.mem_kind === "estimate" ? " (estimate)" : ""}</span>` : `<span class="hc-mem hc-note">memory: not estimated</span>`;
+      const nl = this.model.get("cluster").num_layers || 1;
       return `<div class="hc-stage ${s.selected ? "hc-selected" : ""} ${s.problems.some((x) => x.level === "error") ? "hc-has-error" : ""}" data-stage="${s.p},${s.s}">
-        <button class="hc-chip hc-drop" data-op="select" data-p="${s.p}" data-s="${s.s}" data-drop="${s.p},${s.s}" style="background:${s.fill};border-color:${s.line}" title="select pipeline ${s.p} stage ${s.s} (clicked devices join it); drop devices here" aria-pressed="${s.selected}">${s.selected ? "▶ " : ""}S${s.s}</button>
+        <div class="hc-srow"><button class="hc-chip hc-drop" data-op="select" data-key="chip-${s.p}-${s.s}" data-p="${s.p}" data-s="${s.s}" data-drop="${s.p},${s.s}" style="background:${s.fill};border-color:${s.line};color:${s.ink || "#1b1f24"}" title="select pipeline ${s.p} stage ${s.s} (clicked devices join it); drop devices here" aria-pressed="${s.selected}">${s.selected ? "▶ " : ""}S${s.s}</button>
         <span class="hc-ranks" title="TP group">${esc(s.ranks_text)} <small>TP${s.tp}${s.kinds ? " · " + esc(s.kinds) : ""}</small></span>
-        <span class="hc-layers">L <input class="hc-num" type="number" min="0" max="${(this.model.get("cluster").num_layers || 1) - 1}" data-op="layers" data-which="first" data-p="${s.p}" data-s="${s.s}" data-key="first-${s.p}-${s.s}" value="${s.layers[0]}" aria-label="first layer">–<input class="hc-num" type="number" min="0" max="${(this.model.get("cluster").num_layers || 1) - 1}" data-op="layers" data-which="last" data-p="${s.p}" data-s="${s.s}" data-key="last-${s.p}-${s.s}" value="${s.layers[1]}" aria-label="last layer"></span>
-        <label class="hc-rc" title="recompute activations in backward"><input type="checkbox" data-op="recompute" data-p="${s.p}" data-s="${s.s}" ${s.recompute ? "checked" : ""}> rc</label>
-        ${mem}<button class="hc-x" data-op="remove_stage" data-p="${s.p}" data-s="${s.s}" title="remove this stage (its layers go to a neighbour)">✕</button>${probs}</div>`;
+        <button class="hc-x" data-op="remove_stage" data-p="${s.p}" data-s="${s.s}" title="remove this stage (its layers go to a neighbour)">✕</button></div>
+        <div class="hc-srow2"><span class="hc-layers">layers <input class="hc-num" type="number" min="0" max="${nl - 1}" data-op="layers" data-which="first" data-p="${s.p}" data-s="${s.s}" data-key="first-${s.p}-${s.s}" value="${s.layers[0]}" aria-label="first layer">–<input class="hc-num" type="number" min="0" max="${nl - 1}" data-op="layers" data-which="last" data-p="${s.p}" data-s="${s.s}" data-key="last-${s.p}-${s.s}" value="${s.layers[1]}" aria-label="last layer"></span>
+        <label class="hc-rc" title="recompute activations in backward"><input type="checkbox" data-op="recompute" data-p="${s.p}" data-s="${s.s}" ${s.recompute ? "checked" : ""}> recompute</label>${mem}</div>${probs}</div>`;
     }).join("");
     const pprobs = p.problems.map((x) => `<div class="hc-msg hc-${x.level}">${x.level === "error" ? "✗" : "⚠"} ${esc(x.text)}</div>`).join("");
     return `<div class="hc-pipeline" style="border-color:${p.colour}">
@@ -408,7 +409,7 @@ class Canvas {
     const subs = t.subgroups.map((g) => `<div><span class="hc-swatch" style="border-color:${g.colour}"></span> <b>G${g.k}</b> [${esc(g.ranks_text)}] <code>${esc(g.ds)}</code></div>`).join("");
     const rs = t.reshard ? `<div class="hc-note"><b>${esc(t.reshard.text)}</b>${t.reshard.more ? ` (${t.reshard.more} more messages not drawn)` : ""}</div>` : "";
     return `<div class="hc-card hc-tensor"><div class="hc-card-head">${esc(t.name)} <small>${esc(JSON.stringify(t.shape))}</small></div>
-      <div><b>DG Union</b>: HSize ${t.hsize}, HDim ${t.hdim} — ${esc(t.words)}</div><div><code>${esc(t.annotation)}</code></div>${subs}
+      <div><b>DG Union</b>: ${esc(t.words)}</div><div><code>${esc(t.annotation)}</code></div>${subs}
       <div class="hc-note">${esc(t.grid)}; filled = the box a device holds · Σi/n = summand i of n · Dn = the same shard on n devices</div>${rs}</div>`;
   }
 
@@ -421,7 +422,8 @@ class Canvas {
     for (const b of lay.boxes) {
       const n = b.node;
       under += `<rect class="hc-node" x="${b.x}" y="${b.y}" width="${b.w}" height="${b.h}" rx="6"/>
-        <text class="hc-node-head" x="${b.x + PAD}" y="${b.y + 16}"><tspan font-weight="600">${esc(n.host)}</tspan> · ${n.ranks.length}×${esc(n.kind)} · ${n.mem_gib} GiB · NVLink ${n.nvlink_gbs} GB/s</text>`;
+        <text class="hc-node-head" x="${b.x + PAD}" y="${b.y + 14}"><tspan font-weight="600">${esc(n.host)}</tspan> · ${n.ranks.length}×${esc(n.kind)}</text>
+        <text class="hc-node-sub" x="${b.x + PAD}" y="${b.y + 27}">${n.mem_gib} GiB each · NVLink ${n.nvlink_gbs} GB/s</text>`;
     }
     for (const a of lay.boxes) for (const b of lay.boxes) {
       if (a.y === b.y && b.x > a.x && b.x - (a.x + a.w) < NODE_GAP + 1) under += `<line class="hc-net" x1="${a.x + a.w}" y1="${a.y + a.h / 2}" x2="${b.x}" y2="${b.y + b.h / 2}"/>`;
@@ -454,7 +456,7 @@ class Canvas {
     const comm = v.comm || {};
     const tileRects = lay.tiles.filter(Boolean).map((t) => ({ x0: t.x, y0: t.y, x1: t.x + t.w, y1: t.y + t.h }));
     let over = "";
-    const arrows = tmode && v.tensor.reshard ? [] : comm.arrows || [];
+    const arrows = tmode ? [] : comm.arrows || [];
     const maxB = Math.max(1, ...arrows.map((a) => a.intra + a.inter));
     const ch = arrows.length ? channels(lay) : null;
     arrows.forEach((a, i) => {
@@ -491,34 +493,49 @@ class Canvas {
         busiest = segments(pts);
       }
     }
-    // arrow labels, on a segment of their route, where they cover the fewest tiles and other labels
+    // labels: on their route where it runs through a gap, else in free space near it (a lane is kept below the
+    // nodes) with a leader line; they avoid tiles, node headers and each other
     const placed = [];
     let labelHtml = "";
-    for (const { a, segs } of labels) {
-      const text = `${a.op} · ${a.bytes}/step`;
-      const w = Math.round(12 + 5.6 * text.length + (a.redundant ? 22 : 0)), h = 15;
+    let leaders = "";
+    const heads = lay.boxes.map((b) => ({ x0: b.x, y0: b.y, x1: b.x + b.w, y1: b.y + HEAD - 4 }));
+    const H = lay.height + LANE;
+    const place = (segs, w, h) => {
       let best = null;
-      for (const sg of segs) {
-        for (const t of [0.5, 0.3, 0.7, 0.15, 0.85]) {
-          const x = sg.a[0] + (sg.b[0] - sg.a[0]) * t, y = sg.a[1] + (sg.b[1] - sg.a[1]) * t;
-          const r = { x0: x - w / 2, y0: y - h / 2, x1: x + w / 2, y1: y + h / 2 };
-          const cost = tileRects.reduce((c, q) => c + overlap(r, q), 0) + placed.reduce((c, q) => c + 20 * overlap(r, q), 0);
-          if (!best || cost < best.cost) best = { r, cost };
+      const pts = [];
+      for (const sg of segs) for (const t of [0.5, 0.3, 0.7, 0.15, 0.85]) pts.push([sg.a[0] + (sg.b[0] - sg.a[0]) * t, sg.a[1] + (sg.b[1] - sg.a[1]) * t, 0]);
+      const base = pts.slice();
+      for (const [x, y] of base) for (const dx of [-1.5, -0.8, 0, 0.8, 1.5]) for (const dy of [-40, -22, 0, 22, 40]) pts.push([x + dx * w, y + dy, 1]);
+      for (const [x] of base) pts.push([x, lay.height + LANE / 2, 1]);
+      for (const [x, y, off] of pts) {
+        const r = { x0: x - w / 2, y0: y - h / 2, x1: x + w / 2, y1: y + h / 2 };
+        if (r.x0 < 0 || r.x1 > lay.width + 4 || r.y0 < -14 || r.y1 > H) continue;
+        let near = Infinity, anchor = base[0];
+        for (const p of base) {
+          const d = Math.hypot(p[0] - x, p[1] - y);
+          if (d < near) { near = d; anchor = p; }
         }
+        const cost = 4 * tileRects.reduce((c, q) => c + overlap(r, q), 0) + heads.reduce((c, q) => c + overlap(r, q), 0) +
+          40 * placed.reduce((c, q) => c + overlap(r, q), 0) + 2 * near + (off ? 30 : 0);
+        if (!best || cost < best.cost) best = { r, cost, near, anchor };
       }
+      if (best) placed.push(best.r);
+      return best;
+    };
+    for (const { a, segs } of labels) {
+      const text = `${a.op} · ${a.short}/step`;
+      const w = Math.round(12 + 5.6 * text.length + (a.redundant ? 22 : 0)), h = 15;
+      const best = place(segs, w, h);
       if (!best) continue;
-      placed.push(best.r);
-      labelHtml += `<div class="hc-arrow-label hc-${a.cls}" data-op="comm" data-reshard="${esc(a.reshard)}" data-p="${a.p}" style="left:${best.r.x0.toFixed(0)}px;top:${best.r.y0.toFixed(0)}px;width:${w}px" title="P${a.p} S${a.from} → S${a.to} ${esc(a.reshard)}: ${esc(a.label)}${a.fix ? "\nfix: " + esc(a.fix) : ""} — click for its comm_figure"><b>${esc(a.op)}</b> · ${esc(a.bytes)}/step${a.redundant ? ` <span class="hc-w">×${Math.round(a.redundant)}</span>` : ""}</div>`;
+      const { r } = best;
+      if (best.near > 10) {
+        const cx = Math.min(Math.max(best.anchor[0], r.x0), r.x1), cy = Math.min(Math.max(best.anchor[1], r.y0), r.y1);
+        leaders += `<line class="hc-leader" x1="${best.anchor[0]}" y1="${best.anchor[1]}" x2="${cx}" y2="${cy}" stroke="${LINK[a.cls]}"/>`;
+      }
+      labelHtml += `<div class="hc-arrow-label hc-${a.cls}" data-op="comm" data-reshard="${esc(a.reshard)}" data-p="${a.p}" style="left:${r.x0.toFixed(0)}px;top:${r.y0.toFixed(0)}px;width:${w}px" title="P${a.p} S${a.from} → S${a.to} ${esc(a.reshard)}: ${esc(a.label)}${a.fix ? "\nfix: " + esc(a.fix) : ""} — click for its comm_figure"><b>${esc(a.op)}</b> · ${esc(a.short)}/step${a.redundant ? ` <span class="hc-w">×${Math.round(a.redundant)}</span>` : ""}</div>`;
     }
     if (busiest) {
-      const w = 74, h = 15;
-      let best = null;
-      for (const sg of busiest) for (const t of [0.5, 0.25, 0.75]) {
-        const x = sg.a[0] + (sg.b[0] - sg.a[0]) * t, y = sg.a[1] + (sg.b[1] - sg.a[1]) * t;
-        const r = { x0: x - w / 2, y0: y - h / 2, x1: x + w / 2, y1: y + h / 2 };
-        const cost = tileRects.reduce((c, q) => c + overlap(r, q), 0) + placed.reduce((c, q) => c + 20 * overlap(r, q), 0);
-        if (!best || cost < best.cost) best = { r, cost };
-      }
+      const best = place(busiest, 74, 15);
       if (best) badges.push({ x: best.r.x0, y: best.r.y0, cls: "hc-badge hc-badge-purple", text: "busiest link", title: comm.busiest.text });
     }
     const badgeHtml = badges.map((b) => `<div class="${b.cls}" style="left:${b.x}px;top:${Math.max(0, b.y)}px;${b.colour ? `border-color:${b.colour};color:${b.colour}` : ""}" title="${esc(b.title)}">${esc(b.text)}</div>`).join("");
@@ -544,13 +561,14 @@ class Canvas {
         <div class="hc-thead"><b>${t.r}</b> <span>${esc(t.kind)}</span>${t.failed ? ' <b class="hc-e">✕ failed</b>' : ""}</div>${body}</div>`;
     }).join("");
     const head = (id, colour) => `<marker id="${id}" viewBox="0 0 10 10" refX="9" refY="5" markerUnits="userSpaceOnUse" markerWidth="13" markerHeight="13" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="${colour}"/></marker>`;
-    const heads = ["intra", "inter", "mixed"].map((c) => head(`hc-head-${c}`, LINK[c]) + head(`hc-head-${c}-stale`, "#9aa3ad")).join("");
+    const markers = ["intra", "inter", "mixed"].map((c) => head(`hc-head-${c}`, LINK[c]) + head(`hc-head-${c}-stale`, "#9aa3ad")).join("");
     const note = comm.stale ? `<div class="hc-badge hc-resolving" style="right:4px;top:0">resolving communication …</div>` : "";
-    return `<div class="hc-stagearea" style="height:${lay.height + 6}px;width:${lay.width + 6}px">
-      <svg class="hc-under" width="${lay.width + 6}" height="${lay.height + 6}"><defs>${heads}</defs>${under}${over}</svg>
+    const hgt = lay.height + (arrows.length ? LANE : 6);
+    return `<div class="hc-stagearea" style="height:${hgt}px;width:${lay.width + 6}px">
+      <svg class="hc-under" width="${lay.width + 6}" height="${hgt}"><defs>${markers}</defs>${under}${over}${leaders}</svg>
       <div class="hc-tiles">${tileHtml}</div>
       <div class="hc-labels">${labelHtml}${badgeHtml}${note}</div>
-      <svg class="hc-over" width="${lay.width + 6}" height="${lay.height + 6}"></svg>
+      <svg class="hc-over" width="${lay.width + 6}" height="${hgt}"></svg>
       ${this.sel.size ? this.selectionBar(v) : ""}</div>`;
   }
 
@@ -780,7 +798,7 @@ class Canvas {
       finish();
       const [x, y] = local(ev);
       const [x0, y0] = pts[0];
-      if (Math.hypot(x - x0, y - y0) < 6) { if (this.sel.size) { this.sel.clear(); this.render(); } return; }
+      if (pts.every(([px, py]) => Math.hypot(px - x0, py - y0) < 6)) { if (this.sel.size) { this.sel.clear(); this.render(); } return; }
       if (!ev.shiftKey) this.sel.clear();
       for (const t of this.lay.tiles) {
         if (!t) continue;

@@ -42,7 +42,7 @@ def cluster_view(ed: "PlanEditor") -> dict[str, Any]:
 
 def _short_memory(need: float, cap: float) -> str:
     """``43.9/80 GiB`` (or ``12 MiB/8 GiB`` for small needs): fits a tile."""
-    head = f"{need / 2**30:.1f}" if need >= 0.1 * 2**30 else f"{need / 2**20:.0f} MiB"
+    head = f"{need / 2**30:.1f}" if need >= 0.1 * 2**30 else f"{need / 2**20:.1f} MiB"
     return f"{head}/{cap / 2**30:.0f} GiB"
 
 
@@ -58,7 +58,8 @@ def _tiles(ed: "PlanEditor", flagged: dict[int, str]) -> list[dict[str, Any]]:
         for j, s in enumerate(p.stages):
             for r in s.devices:
                 where[r] = (i, j)
-    kind = "simulated" if ed._memory_kind == "simulated" else "estimate (not simulated: the plan has errors)"
+    kind = ("simulated" if ed._memory_kind == "simulated"
+            else "estimate: Strategy.memory_estimate + the runtime reserve (not simulated: the plan has errors)")
     out = []
     for r in range(c.num_ranks):
         spec = c.spec(r)
@@ -99,6 +100,7 @@ def _pipelines(ed: "PlanEditor") -> list[dict[str, Any]]:
                            "ranks_text": format_ranks(s.devices) if s.devices else "no devices",
                            "tp": len(s.devices), "layers": list(s.layers), "recompute": s.recompute,
                            "fill": stage_colour(i, j, len(p.stages)), "line": pipeline_colour(i),
+                           "ink": ink(stage_colour(i, j, len(p.stages))),
                            "kinds": kinds_text(ed, s.devices), "nodes": len(nodes),
                            "mem": round(mem[0] / mem[1], 4) if mem else None,
                            "mem_text": f"{fmt_memory(mem[0])} of {fmt_memory(mem[1])}" if mem else "",
@@ -120,6 +122,8 @@ def _arrows(ed: "PlanEditor", comm: Any) -> list[dict[str, Any]]:
                     "to": a.dst_stage, "src": list(a.src_ranks), "dst": list(a.dst_ranks), "kinds": list(a.kinds),
                     "label": a.label(), "op": " + ".join(a.kinds),
                     "bytes": " + ".join(f"{fmt_bytes(n)} {c}" for c, n in v.items() if n) or "0 B",
+                    "short": (" + ".join(f"{fmt_bytes(n)} {c}" for c, n in v.items() if n) if cls == "mixed"
+                              else fmt_bytes(v["intra"] + v["inter"])),
                     "intra": v["intra"], "inter": v["inter"], "cls": cls,
                     "redundant": round(a.redundancy, 2) if a.redundant else 0,
                     "fix": a.fix.describe() if a.fix is not None else ""})
@@ -206,8 +210,8 @@ def _can(ed: "PlanEditor") -> dict[str, Any]:
     return out
 
 
-def canvas_view(ed: "PlanEditor", *, timeline_key: str | None = None) -> dict[str, Any]:
-    """Everything the canvas draws for the draft shown."""
+def canvas_view(ed: "PlanEditor", *, timeline_key: str | None = None, version: int = 0) -> dict[str, Any]:
+    """Everything the canvas draws for the draft shown (``version``: the redraw's number, for the front end)."""
     flagged: dict[int, str] = {}
     for p in ed._problems:
         if p.stage is not None and p.pipeline is not None:
@@ -228,7 +232,7 @@ def canvas_view(ed: "PlanEditor", *, timeline_key: str | None = None) -> dict[st
             tensor_error = f"tensor {ed._tensor}: {e}"
     key = ed._current.model_dump_json() if ed._current is not None else None
     return {
-        "version": ed.version, "selected": list(ed._selected) if ed._selected else None,
+        "version": version, "selected": list(ed._selected) if ed._selected else None,
         "tiles": _tiles(ed, flagged), "pipelines": _pipelines(ed), "schedule": d.schedule, "zero1": d.zero1,
         "name": d.name or "", "global_batch": ed.global_batch, "batch_source": ed.batch_source,
         "verdict": {"level": level, "text": text},

@@ -73,13 +73,17 @@ def draft_strategy(draft: Draft) -> "Strategy | None":
         return None
 
 
-def draft_memory(draft: Draft, model: Any, seq_len: int | None) -> dict[int, float]:
-    """The core's memory estimate (bytes per rank) of the draft's stages that have devices."""
+def draft_memory(draft: Draft, model: Any, seq_len: int | None, cost: Any = None) -> dict[int, float]:
+    """The core's memory estimate (bytes per rank) of the draft's stages that have devices, plus the cost
+    model's per-device runtime reserve (what the simulator adds too), so that it compares with simulated peaks."""
+    from ..planner.cost import CostModel
+
     s = draft_strategy(draft)
     if s is None:
         return {}
+    reserve = (cost or CostModel()).memory_reserve_mb * 2.0**20
     try:
-        return dict(s.memory_estimate(model, seq_len))
+        return {r: b + reserve for r, b in s.memory_estimate(model, seq_len).items()}
     except Exception:  # noqa: BLE001 - an estimate that cannot be made is simply not shown
         return {}
 

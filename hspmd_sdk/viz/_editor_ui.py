@@ -48,6 +48,7 @@ class EditorUI:
         self.job_box = W.VBox()
         self.dashboard: Any = None
         self._timeline_key: str | None = None
+        self._version = 0
         self._tensor_groups: Any = None
         self.root = W.VBox([self.canvas, self.comm_out, self.timeline_note, self.timeline, self.job_box],
                            layout=W.Layout(width="100%"))
@@ -152,7 +153,8 @@ class EditorUI:
             if groups != self._tensor_groups:
                 self._tensor_groups = groups
                 self.canvas.tensors = groups
-            view = canvas_view(self.ed, timeline_key=self._timeline_key)
+            self._version += 1
+            view = canvas_view(self.ed, timeline_key=self._timeline_key, version=self._version)
             self.canvas.view = view
             self.timeline_note.value = (
                 "<div style='color:#7d4e00;border:1px dashed #d4a72c;padding:2px 6px'>⚠ stale: this timeline is "

@@ -120,7 +120,6 @@ class PlanEditor:
         self._job_events = 0
         self._failed: set[int] = set()
         self._groups: tuple[Any, list[tuple[str, list[str]]]] = (None, [])
-        self.version = 0
         self.last_change_seconds = 0.0
         self._revalidate()
         if job is not None:
@@ -725,13 +724,12 @@ class PlanEditor:
         if strategy is not None and self.global_batch is None:
             self.global_batch, self.batch_source = strategy.global_batch, "the first valid plan"
         memory, kind = (dict(sim.peak_memory), "simulated") if sim is not None else (
-            draft_memory(self._draft, self.model, self.seq_len), "estimated")
+            draft_memory(self._draft, self.model, self.seq_len, self.cost), "estimated")
         with self._lock:
             if self._current is not None and self._sim is not None:
                 self._previous_step = self._sim.step_time
             self._current, self._sim, self._problems = strategy, sim, problems
             self._memory, self._memory_kind = memory, kind if memory else ""
-            self.version += 1
         if strategy is not None:
             key = strategy.model_dump_json()
             self._resolver.request(key, strategy, lambda res, s=strategy, m=sim, k=key: self._accept(k, s, m, res))
@@ -763,7 +761,6 @@ class PlanEditor:
             else:
                 self._valid = _Valid(strategy, sim, res)
                 self._problems = self._problems + comm_warnings(res.comm)
-            self.version += 1
         if from_worker:
             self._redraw(from_worker=True)
 
