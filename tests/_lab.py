@@ -46,8 +46,10 @@ class Lab:
     def __init__(self, root: Path, port: int, token: str, proc: subprocess.Popen) -> None:
         self.root, self.port, self.token, self.proc = root, port, token, proc
 
-    def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.port}/lab/tree/{name}?token={self.token}"
+    def url(self, name: str, workspace: str | None = None) -> str:
+        """The notebook ``name`` in JupyterLab (in a fresh ``workspace`` of its own, if named)."""
+        where = f"workspaces/{workspace}/tree" if workspace else "tree"
+        return f"http://127.0.0.1:{self.port}/lab/{where}/{name}?token={self.token}" + ("&reset" if workspace else "")
 
     def api(self, path: str, method: str = "GET") -> Any:
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,

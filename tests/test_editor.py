@@ -290,7 +290,7 @@ def test_figures_of_the_editor_read_the_program():
     assert "layers.2.in" in dict(ed.boundary_reshards())
     cf = ed.comm_figure("layers.2.in")
     n_msgs = sum(len(getattr(op, "messages", ())) for op in plan.ops)
-    assert len([a for a in cf.layout.annotations if a.showarrow]) == n_msgs
+    assert len([sh for sh in cf.layout.shapes if sh.name == "message"]) == n_msgs
     g = ed.gantt([0])
     assert {t.name for t in g.data} >= {"forward", "backward"}
     with pytest.raises(KeyError):
