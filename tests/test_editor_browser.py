@@ -317,7 +317,7 @@ def test_launch_locally_and_follow_the_job_in_the_dashboard(session):
     assert errors[start:] == []
 
 
-@pytest.mark.parametrize("width", [1024, 1600])
+@pytest.mark.parametrize("width", [1024, 1280, 1600])
 def test_responsive_from_1024_px(session, width):
     page, errors = session
     start = len(errors)

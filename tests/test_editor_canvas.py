@@ -141,12 +141,14 @@ def test_widget_messages_call_the_editor(tmp_path):
     assert "unknown action" in ed.message
     ui._on_msg(None, {"op": "comm", "reshard": "layers.2.in"}, None)
     assert len(ui.comm_out.outputs) == 2 and "application/vnd.plotly.v1+json" in ui.comm_out.outputs[0]["data"]
+    assert ui.comm_note.value == ""
     ui._on_msg(None, {"op": "fix", "reshard": "layers.2.in"}, None)
     assert len(ui.comm_out.outputs) == 3  # the fix in words, then its two Reshards drawn
     ui._on_msg(None, {"op": "timeline"}, None)
     assert len(ui.timeline.outputs) == 1 and ui.timeline_note.value == ""
     ui._on_msg(None, {"op": "layers", "p": 0, "s": 0, "first": 0, "last": 0}, None)  # the Gantt is now stale
     assert ui.canvas.view["timeline_stale"] and "stale" in ui.timeline_note.value
+    assert "stale" in ui.comm_note.value
     ui._on_msg(None, {"op": "tensor", "name": "lm_head"}, None)
     assert "did you mean" in ui.canvas.view["message"]
     groups = dict(ui.canvas.tensors)

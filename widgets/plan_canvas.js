@@ -296,7 +296,7 @@ class Canvas {
       `<div class="hc-body"><div class="hc-area"></div><div class="hc-side">${this.side(view)}</div></div>`;
     const area = this.root.querySelector(".hc-area");
     this.width = area.clientWidth || avail;
-    this.lay = layout(cluster, Math.max(this.width, 300));
+    this.lay = layout(cluster, Math.max(this.width - 8, 300));  // room for the hulls around the outer tiles
     area.innerHTML = this.stageArea(view, cluster);
     this.root.dataset.version = String(view.version ?? "");
     this.root.dataset.valid = String(view.verdict?.level !== "error");
@@ -477,6 +477,16 @@ class Canvas {
     });
     // a picked Reshard: its messages as arrows and its collectives as rings
     if (tmode && v.tensor.reshard) {
+      let k = 0;
+      for (const g of v.tensor.reshard.groups) {
+        for (const ranks of g.ranks) {
+          const parts = byNode(lay, ranks);
+          if (!parts.length || k++ >= 24) continue;
+          const b = bbox(parts[0], HULL);
+          badges.push({ x: b.x0 + 2, y: b.y1 - 2, cls: "hc-badge hc-collective", text: `⟳ ${g.kind}`,
+                        title: `${g.kind} over ranks ${ranks.join(", ")}` });
+        }
+      }
       for (const [s, d, n, cls] of v.tensor.reshard.messages) {
         const a = lay.tiles[s], b = lay.tiles[d];
         if (!a || !b) continue;

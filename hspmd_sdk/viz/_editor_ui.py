@@ -44,13 +44,15 @@ class EditorUI:
         self.canvas.on_msg(self._on_msg)
         self.timeline_note = W.HTML()
         self.timeline = W.Output()
+        self.comm_note = W.HTML()
         self.comm_out = W.Output()
+        self._comm_key: str | None = None
         self.job_box = W.VBox()
         self.dashboard: Any = None
         self._timeline_key: str | None = None
         self._version = 0
         self._tensor_groups: Any = None
-        self.root = W.VBox([self.canvas, self.comm_out, self.timeline_note, self.timeline, self.job_box],
+        self.root = W.VBox([self.canvas, self.comm_note, self.comm_out, self.timeline_note, self.timeline, self.job_box],
                            layout=W.Layout(width="100%"))
         self.root.add_class("hspmd-plan-editor")
         self._ops: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -111,6 +113,7 @@ class EditorUI:
         from .comm_fig import volume_table_html
 
         fig = self.ed.comm_figure(reshard)
+        self._comm_key = self.ed._valid.strategy.model_dump_json()
         self.comm_out.outputs = (_figure_output(fig),
                                  _html_output(volume_table_html(self.ed.comm_plan(reshard), self.ed.cluster)))
 
@@ -121,6 +124,7 @@ class EditorUI:
         from .comm_fig import comm_figure
 
         comm = self.ed.comm
+        self._comm_key = self.ed._valid.strategy.model_dump_json() if self.ed._valid else None
         arrow = next((a for a in comm.arrows if a.reshard == reshard and a.fix is not None), None) if comm else None
         if arrow is None:
             self.comm_out.outputs = (_html_output(f"<p>no cheaper resolution of {html.escape(reshard)} is known</p>"),)
@@ -156,6 +160,11 @@ class EditorUI:
             self._version += 1
             view = canvas_view(self.ed, timeline_key=self._timeline_key, version=self._version)
             self.canvas.view = view
+            current = self.ed._current.model_dump_json() if self.ed._current is not None else None
+            self.comm_note.value = (
+                "<div style='color:#7d4e00;border:1px dashed #d4a72c;padding:2px 6px'>⚠ stale: this communication "
+                "figure is of an earlier plan; click an arrow on the canvas to redraw it</div>"
+                if self._comm_key is not None and self._comm_key != current else "")
             self.timeline_note.value = (
                 "<div style='color:#7d4e00;border:1px dashed #d4a72c;padding:2px 6px'>⚠ stale: this timeline is "
                 "of an earlier plan; press Timeline on the canvas to redraw it</div>" if view["timeline_stale"]
