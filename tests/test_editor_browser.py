@@ -297,6 +297,24 @@ def test_communication_arrows_match_the_programs_boundary_reshards(ui):
     assert strategy.num_ranks == 6
 
 
+def test_pick_a_tensor_to_see_its_dg_union_and_shards(ui):
+    page, canvas = ui
+    canvas.locator("select[data-op='tgroup']").select_option("layers.0")  # the group: local to the page
+    act(page, canvas, lambda: canvas.locator("select[data-op='tname']").select_option("layers.0.attn.wq"))
+    assert canvas.locator("g.hc-union").count() == 2  # one dashed hull per DG Union subgroup ([4,5], [6,7])
+    assert canvas.locator(".hc-tile .hc-grid").count() == 4  # a shard grid on each device that holds it
+    legend = canvas.locator(".hc-tensor").inner_text()
+    assert "HSize 2" in legend and "G0 [4,5]" in legend and "G1 [6,7]" in legend
+    canvas.screenshot(path=str(ARTIFACTS / "editor_tensor.png"))
+    box = canvas.locator("input[data-op='tensor']")
+    box.fill("lm_head")
+    act(page, canvas, lambda: box.press("Enter"))
+    assert "did you mean lm_head.weight" in canvas.locator(".hc-message").inner_text()
+    assert canvas.locator("g.hc-union").count() == 2  # an unknown name changes nothing
+    act(page, canvas, lambda: canvas.locator("button[data-op='untensor']").click())
+    assert canvas.locator("g.hc-union").count() == 0 and canvas.locator("g.hc-hull").count() > 0
+
+
 def test_launch_locally_and_follow_the_job_in_the_dashboard(session):
     page, errors = session
     start = len(errors)

@@ -263,20 +263,28 @@ class Canvas {
     this.gesture = false;
     this.pending = false;
     this.onView = () => (this.gesture ? (this.pending = true) : this.render());
+    // the tensor names for the picker's search box: one datalist beside the canvas, rebuilt only when they change
+    this.names = document.createElement("datalist");
+    this.names.id = `hc-tensors-${this.uid()}`;
+    el.appendChild(this.names);
+    this.onTensors = () => {
+      this.names.innerHTML = (model.get("tensors") || []).flatMap((g) => g[1]).map((n) => `<option value="${esc(n)}">`).join("");
+      this.onView();
+    };
     model.on("change:view", this.onView);
-    model.on("change:tensors", this.onView);
+    model.on("change:tensors", this.onTensors);
     this.ro = new ResizeObserver(() => {
       const area = this.root.querySelector(".hc-area");
       const w = area ? area.clientWidth : 0;
       if (w && Math.abs(w - this.width) > 8) this.render();
     });
     this.ro.observe(this.root);
-    this.render();
+    this.onTensors();
   }
 
   destroy() {
     this.model.off("change:view", this.onView);
-    this.model.off("change:tensors", this.onView);
+    this.model.off("change:tensors", this.onTensors);
     this.ro.disconnect();
   }
 
@@ -337,7 +345,7 @@ class Canvas {
         <label title="shard fp32 master weights and Adam states over the pipelines"><input type="checkbox" data-op="zero1" data-key="zero1" ${v.zero1 ? "checked" : ""}> ZeRO-1</label>
         <label title="samples per step; pinned: edits never change it (${esc(v.batch_source)})">global batch <input class="hc-num" type="number" min="1" data-op="batch" data-key="batch" value="${v.global_batch ?? ""}"></label></span>
       <span class="hc-group hc-picker"><label>tensor <select data-op="tgroup" data-key="tgroup" aria-label="tensor group"><option value="">—</option>${groups.map((g) => `<option value="${esc(g[0])}" ${g[0] === gsel ? "selected" : ""}>${esc(g[0])} (${g[1].length})</option>`).join("")}</select></label><select data-op="tname" data-key="tname" aria-label="tensor">${names.length ? `<option value="">pick…</option>` : ""}${names.map((n) => `<option ${n === v.tensor_name ? "selected" : ""} value="${esc(n)}">${esc(gsel && n.startsWith(gsel + ".") ? n.slice(gsel.length + 1) : n)}</option>`).join("")}</select>
-        <input class="hc-text" list="hc-tensors-${this.uid()}" placeholder="or type a name" data-op="tensor" data-key="tensor" value="${esc(v.tensor_name)}" size="18"><datalist id="hc-tensors-${this.uid()}">${groups.flatMap((g) => g[1]).slice(0, 4000).map((n) => `<option value="${esc(n)}">`).join("")}</datalist>${v.tensor_name ? btn("untensor", "✕", true, "clear the tensor") : ""}</span>
+        <input class="hc-text" list="hc-tensors-${this.uid()}" placeholder="or type a name" data-op="tensor" data-key="tensor" value="${esc(v.tensor_name)}" size="18">${v.tensor_name ? btn("untensor", "✕", true, "clear the tensor") : ""}</span>
       <span class="hc-group"><input class="hc-text" data-key="path" data-role="path" value="${esc(this.path || "strategy.json")}" size="14" title="file for Save / Load">${btn("save", "Save", can.save, can.save ? "save the plan shown as strategy JSON" : "blocked: " + can.save_why)}${btn("load", "Load", true, "load a strategy JSON")}</span>
       <span class="hc-group">${btn("timeline", "Timeline", can.timeline, can.timeline ? "draw the simulated timeline of the plan shown" : "the plan shown does not simulate")}${btn("launch", "▶ Launch locally", can.launch, can.launch ? "train the plan shown on this machine (hspmd_sdk.launch)" : "blocked: " + can.launch_why)}${can.job ? btn("apply", "⇄ Apply to running job", can.apply, can.apply ? "job.switch(editor.program) at the job's next step boundary" : "blocked: " + can.apply_why) : ""}</span>
     </div>`;
