@@ -267,6 +267,7 @@ def test_background_resolution_matches_inline():
     inline = _editor(strategy=ed.strategy)
     assert ed.boundary_reshards() == inline.boundary_reshards()
     assert [a.label() for a in ed.comm.arrows] == [a.label() for a in inline.comm.arrows]
+    assert ed.comm.busiest == inline.comm.busiest is not None  # delivered after the arrows, same result
     ed.close()
 
 

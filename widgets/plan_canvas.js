@@ -167,11 +167,46 @@ function channels(lay) {
   const rects = lay.tiles.filter(Boolean).map((t) => [t.x - 1, t.y - 1, t.x + t.w + 1, t.y + t.h + 1]);
   const free = (x0, y0, x1, y1) => !rects.some((r) => Math.max(x0, x1) > r[0] && Math.min(x0, x1) < r[2] && Math.max(y0, y1) > r[1] && Math.min(y0, y1) < r[3]);
   const ok = X.map((x) => Y.map((y) => free(x, y, x, y)));
-  return { X, Y, ok, free };
+  // which steps between neighbouring crossings stay in the gaps (computed once per layout, not per arrow)
+  const right = X.map((x, i) => Y.map((y) => i + 1 < X.length && free(x, y, X[i + 1], y)));
+  const down = X.map((x) => Y.map((y, j) => j + 1 < Y.length && free(x, y, x, Y[j + 1])));
+  return { X, Y, ok, free, right, down };
+}
+
+// A binary min-heap of [cost, ...] entries.
+class Heap {
+  constructor() { this.a = []; }
+  get size() { return this.a.length; }
+  push(e) {
+    const a = this.a;
+    a.push(e);
+    for (let i = a.length - 1; i > 0;) {
+      const p = (i - 1) >> 1;
+      if (a[p][0] <= a[i][0]) break;
+      [a[p], a[i]] = [a[i], a[p]];
+      i = p;
+    }
+  }
+  pop() {
+    const a = this.a, top = a[0], last = a.pop();
+    if (a.length) {
+      a[0] = last;
+      for (let i = 0; ;) {
+        const l = 2 * i + 1, r = l + 1;
+        let m = i;
+        if (l < a.length && a[l][0] < a[m][0]) m = l;
+        if (r < a.length && a[r][0] < a[m][0]) m = r;
+        if (m === i) break;
+        [a[m], a[i]] = [a[i], a[m]];
+        i = m;
+      }
+    }
+    return top;
+  }
 }
 
 function route(ch, src, dst) {
-  const { X, Y, ok, free } = ch;
+  const { X, Y, ok, free, right, down } = ch;
   const near = (b) => {
     const out = [];
     X.forEach((x, i) => Y.forEach((y, j) => {
@@ -188,7 +223,7 @@ function route(ch, src, dst) {
   if (!starts.length || !ends.length) return null;
   const endAt = new Map(ends.map((e) => [`${e.i},${e.j}`, e]));
   const key = (i, j, d) => `${i},${j},${d}`;
-  const dist = new Map(), prev = new Map(), heap = [];
+  const dist = new Map(), prev = new Map(), heap = new Heap();
   const push = (c, i, j, d, from) => {
     const k = key(i, j, d);
     if (dist.has(k) && dist.get(k) <= c) return;
@@ -197,8 +232,7 @@ function route(ch, src, dst) {
   for (const s0 of starts) push(s0.d, s0.i, s0.j, -1, null);
   const steps = [[1, 0], [-1, 0], [0, 1], [0, -1]];
   let best = null;
-  while (heap.length) {
-    heap.sort((a, b) => b[0] - a[0]);
+  while (heap.size) {
     const [c, i, j, d] = heap.pop();
     if (c > dist.get(key(i, j, d))) continue;
     const e = endAt.get(`${i},${j}`);
@@ -207,7 +241,8 @@ function route(ch, src, dst) {
     steps.forEach(([di, dj], nd) => {
       const ni = i + di, nj = j + dj;
       if (ni < 0 || nj < 0 || ni >= X.length || nj >= Y.length || !ok[ni][nj]) return;
-      if (!free(X[i], Y[j], X[ni], Y[nj])) return;
+      const open = di === 1 ? right[i][j] : di === -1 ? right[ni][j] : dj === 1 ? down[i][j] : down[i][nj];
+      if (!open) return;
       const len = Math.abs(X[ni] - X[i]) + Math.abs(Y[nj] - Y[j]);
       push(c + len + (d >= 0 && d !== nd ? 40 : 0), ni, nj, nd, key(i, j, d));
     });

@@ -239,10 +239,11 @@ def busiest_link(program: Any, cluster: Any) -> BusiestLink | None:
     return best
 
 
-def comm_view(program: Any, strategy: Any, cluster: Any) -> CommView:
-    """Arrows, the busiest link and the gradient synchronisation's operators of ``program``."""
+def comm_view(program: Any, strategy: Any, cluster: Any, *, busiest: bool = True) -> CommView:
+    """Arrows, the busiest link (``busiest=False``: left ``None``, to be added later) and the gradient
+    synchronisation's operators of ``program``."""
     from collections import Counter
 
     sync = Counter(" + ".join(p.kinds) for p in program.grad_sync_plans.values())
-    return CommView(tuple(boundary_arrows(program, strategy, cluster)), busiest_link(program, cluster),
-                    tuple(sync.most_common()))
+    return CommView(tuple(boundary_arrows(program, strategy, cluster)),
+                    busiest_link(program, cluster) if busiest else None, tuple(sync.most_common()))

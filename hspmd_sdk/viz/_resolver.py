@@ -1,6 +1,9 @@
 """Communication resolution for the editor: ``AnnotationPlan.from_strategy`` + ``specialize`` + what the canvas
 draws of it (:func:`._comm_view.comm_view`), inline or on one background thread (the newest request wins), with a
-small cache keyed by the strategy so that undo and redo are instant."""
+small cache keyed by the strategy so that undo and redo are instant.
+
+On the background thread the result comes in two deliveries: first the program and its stage-boundary arrows, then
+(after summing every operator's transfers) the busiest link -- so the arrows are drawn without waiting for it."""
 from __future__ import annotations
 
 import threading
@@ -66,9 +69,13 @@ class Resolver:
         def job() -> None:
             if self._wanted != key:  # superseded before it started
                 return
-            res = self._compute(key, strategy)
+            res = self._compute(key, strategy, busiest=False)
             if self._wanted == key:
                 done(res)
+            if res.program is not None and self._wanted == key:
+                res = self._add_busiest(key, res)
+                if self._wanted == key:
+                    done(res)
         self._pending = self._executor.submit(job)
 
     def cancel(self) -> None:
@@ -85,7 +92,19 @@ class Resolver:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
 
-    def _compute(self, key: str, strategy: Any) -> Resolved:
+    def _add_busiest(self, key: str, res: Resolved) -> Resolved:
+        from dataclasses import replace
+
+        from ._comm_view import busiest_link
+
+        full = replace(res, comm=replace(res.comm, busiest=busiest_link(res.program, self.cluster)))
+        with self._lock:
+            self._cache[key] = full
+            while len(self._cache) > _CACHE:
+                self._cache.popitem(last=False)
+        return full
+
+    def _compute(self, key: str, strategy: Any, busiest: bool = True) -> Resolved:
         from ..core.plan import AnnotationPlan
         from ..core.specialize import specialize
         from ._comm_view import comm_view
@@ -94,7 +113,8 @@ class Resolver:
         try:
             plan = AnnotationPlan.from_strategy(self.model, strategy, self.cluster)
             program = specialize(self.model, plan, self.cluster)
-            res = Resolved(plan, program, comm_view(program, strategy, self.cluster), None, time.perf_counter() - t0)
+            res = Resolved(plan, program, comm_view(program, strategy, self.cluster, busiest=busiest), None,
+                           time.perf_counter() - t0)
         except HSPMDError as e:
             problems = getattr(e, "problems", None)
             prob = locate(*problems[0]) if problems else locate("", str(e))
@@ -105,8 +125,9 @@ class Resolver:
             res = Resolved(problem=Problem("communication", f"communication resolution failed "
                                                             f"({type(e).__name__}): {e}"),
                            seconds=time.perf_counter() - t0)
-        with self._lock:
-            self._cache[key] = res
-            while len(self._cache) > _CACHE:
-                self._cache.popitem(last=False)
+        if busiest or res.program is None:  # a partial result is never cached
+            with self._lock:
+                self._cache[key] = res
+                while len(self._cache) > _CACHE:
+                    self._cache.popitem(last=False)
         return res

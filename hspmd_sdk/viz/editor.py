@@ -105,6 +105,7 @@ class PlanEditor:
         self._history: list[tuple[Draft, tuple[int, int] | None, int | None, str]] = []
         self._future: list[tuple[Draft, tuple[int, int] | None, int | None, str]] = []
         self._problems: list[Problem] = []
+        self._draft_problems: list[Problem] = []  # the draft's own, before communication resolution adds its
         self._current: "Strategy | None" = None
         self._sim: "SimResult | None" = None
         self._memory: dict[int, float] = {}
@@ -729,6 +730,7 @@ class PlanEditor:
             if self._current is not None and self._sim is not None:
                 self._previous_step = self._sim.step_time
             self._current, self._sim, self._problems = strategy, sim, problems
+            self._draft_problems = list(problems)
             self._memory, self._memory_kind = memory, kind if memory else ""
         if strategy is not None:
             key = strategy.model_dump_json()
@@ -757,10 +759,10 @@ class PlanEditor:
             if self._current is None or self._current.model_dump_json() != key:
                 return
             if res.problem is not None:
-                self._problems = self._problems + [res.problem]
+                self._problems = self._draft_problems + [res.problem]
             else:
                 self._valid = _Valid(strategy, sim, res)
-                self._problems = self._problems + comm_warnings(res.comm)
+                self._problems = self._draft_problems + comm_warnings(res.comm)
         if from_worker:
             self._redraw(from_worker=True)
 
