@@ -208,6 +208,9 @@ class StepExecutor:
         self.step_values: dict[str, torch.Tensor] = {}
         self.records: dict[int, _MicroBatch] = {}
         self.captured_grads: dict[str, torch.Tensor] | None = None
+        self._before_update: Callable[[float], Any] | None = None
+        self._step_loss = 0.0
+        self.compute_s = 0.0
 
     # ---- set-up ---------------------------------------------------------------------------------------------
     def global_shape(self, tensor: str) -> tuple[int, ...]:
@@ -264,13 +267,21 @@ class StepExecutor:
         """Whether this rank reads the batch (its executable graph has a placeholder: first or last stage)."""
         return any(self.graph.producer(n).kind == "placeholder" for n in self.eg.leaves)
 
-    def step(self, batch: Any, *, capture_grads: bool = False) -> float:
+    def step(self, batch: Any, *, capture_grads: bool = False,
+             before_update: Callable[[float], Any] | None = None) -> float:
         """Run one training step on the global batch — token sequences ``[B, S+1]`` that the model's ``feeds``
         turns into the graph's placeholders, or a mapping placeholder -> full tensor (every rank that
         :attr:`needs_data` passes the same; others may pass ``None``); returns this rank's summand of the global
-        loss (see :meth:`loss_contributor`)."""
+        loss (see :meth:`loss_contributor`).
+
+        ``before_update(loss summand)`` runs after the gradient synchronisation and before Adam changes anything:
+        the commit point of the step (the training loop agrees there, with every rank, that the step is whole;
+        if it raises, no parameter or optimizer state has changed)."""
         self._feeds = self._local_feeds(self._full_feeds(batch))
         self.records.clear()
+        self._before_update = before_update
+        self._step_loss = 0.0
+        self.compute_s = 0.0  # this step's compute seconds (kernels, backward, Adam; never waiting for peers)
         loss = 0.0
         for action in self.program.schedule(self.rank):
             kind, mb = action.kind, action.micro_batch
@@ -286,6 +297,7 @@ class StepExecutor:
                 self.recv_backward(mb)
             elif kind == "B":
                 loss += self.backward(mb)
+                self._step_loss = loss
             elif kind == "SEND_B":
                 self.send_backward(mb)
             elif kind == "POST":
@@ -402,12 +414,14 @@ class StepExecutor:
         self._run_forward(mb, vals, rec, tail)
 
     def _timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)``, reporting its seconds to ``emulate`` when speed emulation is on."""
-        if self.emulate is None:
-            return fn(*args, **kwargs)
+        """``fn(*args, **kwargs)``, its seconds added to :attr:`compute_s` (and reported to ``emulate`` when speed
+        emulation is on)."""
         t0 = time.perf_counter()
         out = fn(*args, **kwargs)
-        self.emulate(time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        if self.emulate is not None:
+            dt += self.emulate(dt) or 0.0
+        self.compute_s += dt
         return out
 
     def _compute(self, op: Any, vals: dict[str, torch.Tensor]) -> None:
@@ -493,6 +507,9 @@ class StepExecutor:
         if capture_grads:
             self.captured_grads = {k: v.grad.detach().clone() if v.grad is not None else torch.zeros_like(v)
                                    for k, v in self.params.items()}
+        self._wait_sends()  # every message of the step is out before the step commits
+        if self._before_update is not None:
+            self._before_update(self._step_loss if self.loss_contributor() else 0.0)
         if any(o.kind == "OptimizerStep" for o in self.eg.post):
             self._timed(self.optimizer.step)
         self.optimizer.zero_grad(set_to_none=True)

@@ -68,7 +68,8 @@ class JobResult:
 
     ``losses``: per-step losses of the loss rank, ordered by step; ``results``: each rank's entry return value;
     ``metrics``: every rank's step metrics; ``emulation``: ranks whose speed was emulated (rank -> factor);
-    ``failures``: failures the job's policy let it survive (empty under the default policy).
+    ``failures``: failures the job's policy let it survive (empty under the default policy); ``events``: every
+    reconfiguration (``Job.switch``, an elastic recovery, a straggler, a length switch; SPEC §6).
     """
 
     job_id: str
@@ -79,6 +80,7 @@ class JobResult:
     log_dir: Path
     emulation: dict[int, float] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
+    events: list[Any] = field(default_factory=list)
 
     def step_times(self, rank: int) -> list[float]:
         return [m.step_time for m in self.metrics.get(rank, []) if m.step_time is not None]
@@ -120,10 +122,14 @@ class _Logs:
             raise LogDirError(f"cannot write the job's logs in {log_dir}: {e.strerror or e}; pass log_dir= (CLI: "
                               "--log-dir) a writable folder. Nothing was started.") from None
 
-    def write(self, rank: int, text: str) -> None:
+    def write(self, rank: int | None, text: str) -> None:
+        """A line of ``rank``'s log (and the job's); ``rank=None``: the job's own line, in job.log only."""
         if self.broken is not None or not self._files:
             return
         try:
+            if rank is None:
+                self._files[None].write(f"[job] {text}\n")
+                return
             self._files[rank].write(text + "\n")
             self._files[None].write(f"[rank {rank}] {text}\n")
         except (OSError, ValueError) as e:  # ValueError: written after close
@@ -177,6 +183,9 @@ class Job:
         self._t0 = time.monotonic()
         self._t1: float | None = None
         self._progress: Progress | None = make_progress(spec.steps, f"job {spec.job_id}") if progress else None
+        self._observers: dict[str, list[Callable[[int, dict[str, Any]], None]]] = {}
+        self.notes: list[str] = []  #: the job's own messages (reconfigurations), also in job.log
+        self.controller: Any = None  #: the :class:`~.controller.TrainingController` of a training job
         self._watch = threading.Thread(target=self._watchdog, name=f"hspmd-watch-{spec.job_id}", daemon=True)
         self._atexit = self._kill_at_exit
         atexit.register(self._atexit)
@@ -244,6 +253,52 @@ class Job:
             mine = [r for r in g.ranks if r in wanted]
             if mine:
                 g.kill(grace_s, ranks=mine)
+
+    # ---- graph switching (a training job's controller) -----------------------------------------------------
+    def switch(self, program: Any) -> Any:
+        """Move the running job to ``program`` at the next step boundary (SPEC §6): every parameter and Adam
+        moment moves by one fused BSR, no process restarts, training goes on at the same step.  ``program`` trains
+        the same model on ranks the job runs (``job.cluster``).  Returns the :class:`~.controller.Event`; it is
+        ``done`` once every worker switched."""
+        if self.controller is None:
+            raise RuntimeFailure(f"job {self.job_id} runs an entry that cannot switch plans (only training jobs "
+                                 "launched with hspmd_sdk.launch can)")
+        if self._done.is_set():
+            raise RuntimeFailure(f"job {self.job_id} has finished ({self.status.value}); there is nothing to switch")
+        return self.controller.switch(program)
+
+    @property
+    def events(self) -> list[Any]:
+        """Every reconfiguration so far (:class:`~.controller.Event`; live)."""
+        return list(self.controller.events) if self.controller is not None else []
+
+    @property
+    def program(self) -> Any:
+        """The Program the job runs now (``None`` for a job that does not train one)."""
+        return self.controller.program if self.controller is not None else None
+
+    @property
+    def cluster(self) -> Any:
+        """The cluster the job runs on now (after an elastic recovery: the survivors, renumbered)."""
+        return self.controller.cluster if self.controller is not None else None
+
+    def on_message(self, kind: str, fn: Callable[[int, dict[str, Any]], None]) -> None:
+        """Call ``fn(rank, message)`` for every worker protocol message of ``kind`` (after the job's own handling;
+        on the reader thread: keep it short)."""
+        self._observers.setdefault(kind, []).append(fn)
+
+    def _note(self, text: str) -> None:
+        """A line of the job's own (a reconfiguration): job.log, ``job.notes`` and the echo."""
+        with self._lock:
+            self.notes.append(text)
+            self._logs.write(None, text)
+        if self._echo is not None:
+            self._echo(f"[job] {text}")
+        if self._progress is not None:
+            try:
+                self._progress.note(text)
+            except Exception:  # noqa: BLE001 - a broken terminal must not break the job
+                pass
 
     def __enter__(self) -> "Job":
         return self
@@ -330,6 +385,11 @@ class Job:
                 rec.result = dict(msg.get("value") or {})
         elif kind == "error":
             self._on_error(rank, msg)
+        for fn in self._observers.get(str(kind), ()):
+            try:
+                fn(rank, msg)
+            except Exception as e:  # noqa: BLE001 - an observer's bug must not kill the reader thread
+                self._append(rank, f"(a message observer raised {type(e).__name__}: {e})", stderr=True)
 
     def _append(self, rank: int, text: str, *, stderr: bool = False) -> None:
         with self._lock:
@@ -352,7 +412,9 @@ class Job:
     def _progress_text(self, m: StepMetrics) -> str:
         text = m.describe().partition(": ")[2].split(" (emulated")[0]
         if self.spec.slowdown:
-            text += " | EMULATED slowdown " + ", ".join(f"rank {r}: {k:g}x" for r, k in self.spec.slowdown.items())
+            text += " | EMULATED slowdown " + ", ".join(
+                f"rank {r}: {k:g}x" if isinstance(k, (int, float)) else f"rank {r}: " + ", ".join(
+                    f"{f:g}x from step {s}" for s, f in k) for r, k in self.spec.slowdown.items())
         return text
 
     def _on_error(self, rank: int, msg: dict[str, Any]) -> None:
@@ -565,8 +627,9 @@ class Job:
                          losses=self.metrics.losses(self.spec.loss_rank),
                          metrics={r: self.metrics.rank(r) for r in self.spec.ranks},
                          wall_time=(self._t1 or time.monotonic()) - self._t0, log_dir=self.log_dir,
-                         emulation={int(r): float(k) for r, k in self.spec.slowdown.items()},
-                         failures=list(self._absorbed))
+                         emulation={int(r): (float(k) if isinstance(k, (int, float)) else max(f for _, f in k))
+                                    for r, k in self.spec.slowdown.items()},
+                         failures=list(self._absorbed), events=self.events)
 
     def first_failure(self) -> Failure | None:
         """The failure that caused the others: a genuine error before connection errors, then the earliest."""

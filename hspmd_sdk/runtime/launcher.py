@@ -69,7 +69,8 @@ def build_spec(cluster: Any, *, entry: str, steps: int = 1, seed: int = 0,
             ranks=list(range(n)), hosts=hosts, devices=kinds, master_addr=master_addr, master_port=port,
             backend=backend or backend_for(kinds), timeout_s=timeout_s, seed=seed, steps=steps, entry=entry,
             payload=dict(payload or {}), loss_rank=loss_rank,
-            slowdown={int(r): float(k) for r, k in (slowdown or {}).items()},
+            slowdown={int(r): (float(k) if isinstance(k, (int, float)) else [(int(a), float(b)) for a, b in k])
+                      for r, k in (slowdown or {}).items()},
             num_threads=num_threads or max(1, (os.cpu_count() or 1) // per_host), heartbeat_s=heartbeat_s,
             stall_s=stall_s)
     except ValidationError as e:

@@ -56,7 +56,8 @@ class LaunchSpec(BaseModel):
     payload: dict[str, Any] = Field(default_factory=dict)
     loss_rank: int | None = Field(default=None, description="rank whose reported losses are the job's losses; "
                                                              "None: the lowest rank that reports a loss")
-    slowdown: dict[int, float] = Field(default_factory=dict, description="rank -> emulated slowdown factor >= 1")
+    slowdown: dict[int, float | list[tuple[int, float]]] = Field(
+        default_factory=dict, description="rank -> emulated slowdown factor >= 1, or a schedule [(step, factor), ...]")
     num_threads: int = Field(default=1, ge=1, description="torch intra-op threads per worker (CPU)")
     heartbeat_s: float = Field(default=1.0, gt=0, le=60, description="heartbeat and ping period")
     stall_s: float | None = Field(default=30.0, gt=0, description="a rank not in communication while a peer "
@@ -78,8 +79,10 @@ class LaunchSpec(BaseModel):
         for r, k in self.slowdown.items():
             if not 0 <= r < n:
                 raise ValueError(f"slowdown: rank {r} is not in the job (0..{n - 1})")
-            if k < 1:
-                raise ValueError(f"slowdown[{r}]: factor {k} must be >= 1 (1 = real speed)")
+            for step, factor in ([(0, k)] if isinstance(k, (int, float)) else k):
+                if factor < 1 or step < 0:
+                    raise ValueError(f"slowdown[{r}]: factor {factor} (from step {step}) must be >= 1 (1 = real "
+                                     "speed) from a step >= 0")
         if self.loss_rank is not None and not 0 <= self.loss_rank < n:
             raise ValueError(f"loss_rank: rank {self.loss_rank} is not in the job (0..{n - 1})")
         if self.stall_s is not None and self.stall_s < 2 * self.heartbeat_s:

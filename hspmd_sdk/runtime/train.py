@@ -154,20 +154,38 @@ def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs
 def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int = 0, data: str = "synthetic",
                     lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
                     weight_decay: float = 0.0, seq_len: int | None = None, recompute: Sequence[int] | None = None,
-                    capture_dir: str | Path | None = None, init: Any = None, **launch_kwargs: Any) -> Any:
+                    capture_dir: str | Path | None = None, init: Any = None, elastic: bool = False,
+                    straggler: Any = None, cost: Any = None, **launch_kwargs: Any) -> Any:
     """Train ``program`` for ``steps`` steps on one worker process per rank of ``cluster``; returns the running
     :class:`~.job.Job` (``job.wait().losses``: the loss of each step's global batch).
 
     The same ``seed`` gives the same data and the same initial parameters whatever the plan, so a 1-rank and an
     N-rank program of one model produce the same losses.  ``init``: a Hugging Face directory or a state dict to
-    start from (see :func:`training_run`).  ``launch_kwargs`` go to
-    :func:`hspmd_sdk.runtime.launcher.launch` (``progress``, ``echo``, ``slowdown``, ``timeout_s``, ``transport``,
-    ``log_dir``)."""
+    start from (see :func:`training_run`).
+
+    Graph switching (SPEC §6): ``job.switch(program)`` moves the running job to another plan.  ``elastic=True``:
+    a worker that dies does not end the job — the survivors replan, switch by fused BSR and redo the interrupted
+    step (:mod:`.controller`).  ``straggler=True`` (or a :class:`~.controller.StragglerWatch`): a rank that stays
+    slower than under its plan is replanned around; ``cost``: the :class:`~hspmd_sdk.planner.CostModel` those
+    replans use.  ``job.events`` lists every reconfiguration.  ``launch_kwargs`` go to
+    :func:`hspmd_sdk.runtime.launcher.launch` (``progress``, ``echo``, ``slowdown`` — a factor or a schedule
+    ``{rank: [(step, factor), ...]}`` —, ``timeout_s``, ``transport``, ``log_dir``, ...)."""
+    from .controller import StragglerWatch, TrainingController
+
     cluster = cluster if cluster is not None else program.cluster
     run = training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
                        weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
                        cluster=cluster, init=init)
-    return launch_runs([run], cluster, **launch_kwargs)
+    run["elastic"] = bool(elastic)
+    watch = StragglerWatch() if straggler is True else (straggler or None)
+    controller = TrainingController(program, cluster, global_batch=run["global_batch"], seq_len=run["seq_len"],
+                                    elastic=bool(elastic), straggler=watch, cost=cost)
+    if elastic and "policy" not in launch_kwargs:
+        launch_kwargs["policy"] = controller
+    job = launch_runs([run], cluster, **launch_kwargs)
+    job.controller = controller
+    controller.attach(job)
+    return job
 
 
 def recompute_ranks(strategy: Any) -> list[int]:
@@ -190,10 +208,13 @@ def dataset_for(data: str, vocab_size: int) -> Any:
 
 
 def train_entry(state: Any, spec: Any) -> dict[str, Any]:
-    """Worker entry: run every run of ``spec.payload["runs"]`` in order; returns ``{"runs": [...], "losses"}``."""
+    """Worker entry: run every run of ``spec.payload["runs"]`` in order (a :class:`~.session.TrainSession`
+    each); returns ``{"runs": [...], "losses"}``."""
+    from .session import TrainSession
+
     results, offset = [], 0
     for i, run in enumerate(spec.payload["runs"]):
-        results.append(_train_one(state, run, i, offset))
+        results.append(TrainSession(state, run, i, offset).train())
         offset += int(run["steps"])
     return {"runs": results, "losses": results[0]["losses"] if len(results) == 1 else None}
 
@@ -208,53 +229,6 @@ def _program_of(run: Mapping[str, Any]) -> Any:
     plan = AnnotationPlan.model_validate(run["plan"])
     cluster = Cluster.model_validate(run["cluster"])
     return specialize(config, plan, cluster, bindings=run.get("bindings"))
-
-
-def _train_one(state: Any, run: Mapping[str, Any], index: int, offset: int) -> dict[str, Any]:
-    import torch
-    import torch.distributed as dist
-
-    from .comm import comm_groups
-    from .executor import AdamConfig, StepExecutor, program_comm_plans
-
-    started = time.perf_counter()
-    program = _program_of(run)
-    state.program = program
-    state.create_groups(comm_groups(program_comm_plans(program)))
-    rank = state.rank
-    adam = AdamConfig(lr=run["adam"]["lr"], betas=tuple(run["adam"]["betas"]), eps=run["adam"]["eps"],
-                      weight_decay=run["adam"]["weight_decay"])
-    B, S, seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
-    ex = None
-    if rank in program.ranks:
-        params = _initial_shards(program, rank, run.get("init"))
-        ex = StepExecutor(program, rank, state, seed=seed, global_batch=B, seq_len=S, adam=adam,
-                          recompute=rank in run.get("recompute", ()), device=state.device,
-                          emulate=state.emulate if state.slowdown != 1.0 else None, params=params)
-        state.params, state.optimizer = ex.params, ex.optimizer
-    dataset = dataset_for(run["data"], program.model.vocab_size)
-    capture = run.get("capture_dir")
-    losses: list[float] = []
-    for step in range(int(run["steps"])):
-        state.begin_step()
-        local = 0.0
-        if ex is not None:
-            batch = dataset.global_batch(step, B, S, seed) if ex.needs_data else None
-            local = ex.step(batch, capture_grads=bool(capture) and step == 0)
-        mine = local if ex is not None and ex.loss_contributor() else 0.0
-        part = torch.tensor([mine], dtype=torch.float64, device=state.device)
-        dist.all_reduce(part)
-        losses.append(float(part.item()))
-        tokens = ex.micro_size * ex.num_micro * S if ex is not None and ex.stage == 0 else None
-        state.report(offset + step, loss=losses[-1], tokens=tokens, run=index)
-    out: dict[str, Any] = {"losses": losses, "rank": rank, "active": ex is not None,
-                           "seconds": round(time.perf_counter() - started, 3)}
-    if ex is not None:
-        out.update(_memory_summary(ex, program, rank))
-        if capture:
-            _save_capture(ex, program, rank, Path(capture) / f"run{index}_rank{rank}.pt")
-    dist.barrier()
-    return out
 
 
 def _init_source(init: Any, config: Any) -> dict[str, Any] | None:

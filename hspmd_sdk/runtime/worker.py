@@ -69,18 +69,51 @@ class WorkerState:
     program: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
     inbox: ControlInbox = field(default_factory=ControlInbox)
+    launch_rank: int = -1   #: the rank the launcher started this process as; never changes (``rank`` may)
+    world: int | None = None  #: the world size after the survivors re-formed it (``None``: the spec's)
+    step: int = 0           #: the training step being run (emulated slowdowns can change with it)
     _step_start: float | None = None
     _emulated: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.launch_rank < 0:
+            self.launch_rank = self.rank
 
     # ---- identity ------------------------------------------------------------------------------------------
     @property
     def world_size(self) -> int:
-        return self.spec.world_size
+        return self.world if self.world is not None else self.spec.world_size
 
     @property
     def slowdown(self) -> float:
-        """The emulated slowdown factor of this rank (1.0: real speed)."""
-        return float(self.spec.slowdown.get(self.rank, 1.0))
+        """The emulated slowdown factor of this process at the current step (1.0: real speed)."""
+        return slowdown_at(self.spec.slowdown.get(self.launch_rank, 1.0), self.step)
+
+    # ---- re-forming the world (elastic training) ------------------------------------------------------------
+    def abandon_groups(self) -> None:
+        """Destroy every process group, the default one included (after a peer died: the peers still blocked
+        on this process get an error at once, so every survivor notices).  Never raises."""
+        import torch.distributed as dist
+
+        self.groups.clear()
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a broken world may refuse a clean teardown; it is gone either way
+            pass
+
+    def rejoin(self, master_addr: str, master_port: int, world_size: int, rank: int) -> None:
+        """Join a new world (the survivors, renumbered): rank ``rank`` of ``world_size``, rendezvous at
+        ``master_addr:master_port`` (hosted by the new rank 0)."""
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=self.spec.timeout_s)
+        store = dist.TCPStore(master_addr, int(master_port), int(world_size), is_master=(rank == 0),
+                              timeout=timeout)
+        dist.init_process_group(self.spec.backend, store=store, rank=int(rank), world_size=int(world_size),
+                                timeout=timeout)
+        self.rank, self.world = int(rank), int(world_size)
+        self.extras["store"] = store
 
     # ---- process groups ------------------------------------------------------------------------------------
     def create_groups(self, rank_sets: Iterable[Sequence[int]]) -> None:
@@ -173,6 +206,18 @@ class WorkerState:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def slowdown_at(schedule: Any, step: int) -> float:
+    """The factor of an emulated slowdown at ``step``: a number, or a schedule ``[(from_step, factor), ...]``
+    (the last entry whose step is <= ``step``; 1.0 before the first)."""
+    if isinstance(schedule, (int, float)):
+        return float(schedule)
+    factor = 1.0
+    for start, k in sorted((int(a), float(b)) for a, b in schedule):
+        if start <= step:
+            factor = k
+    return factor
 
 
 def _group_key(ranks: Sequence[int]) -> tuple[int, ...]:
