@@ -161,8 +161,12 @@ class StepExecutor:
                  adam: AdamConfig = AdamConfig(), recompute: bool | None = None,
                  device: torch.device | None = None, emulate: Callable[[float], Any] | None = None,
                  params: Mapping[str, torch.Tensor] | None = None,
-                 optimizer_state: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 optimizer_state: Mapping[str, Mapping[str, Any]] | None = None,
+                 probe: Callable[[str], Any] | None = None) -> None:
         self.program, self.rank, self.groups = program, rank, groups
+        # called with "forward", "backward", "grad_sync", "optimizer" as a step reaches them (fault-injection
+        # tests kill the process there)
+        self.probe = probe
         # speed emulation (CPU demos): called with the seconds of each compute piece -- a forward kernel, a
         # stage's autograd backward, the optimizer step -- never with time spent waiting for other ranks
         self.emulate = emulate
@@ -365,6 +369,8 @@ class StepExecutor:
 
     def forward(self, mb: int) -> None:
         """``F`` of micro-batch ``mb``."""
+        if self.probe is not None:
+            self.probe("forward")
         rec = self._record(mb)
         vals = dict(self.step_values)
         for name, parts in self._feeds.items():
@@ -459,6 +465,8 @@ class StepExecutor:
 
     def backward(self, mb: int) -> float:
         """``B`` of micro-batch ``mb``; returns the micro-batch's loss summand (0 off the last stage)."""
+        if self.probe is not None:
+            self.probe("backward")
         rec = self.records[mb]
         roots: list[torch.Tensor] = []
         grads: list[torch.Tensor] = []
@@ -484,6 +492,8 @@ class StepExecutor:
     def post(self, *, capture_grads: bool = False) -> None:
         """``Post``: gradient synchronisation per the plan (each parameter's uses summed), then Adam on the local
         shards."""
+        if self.probe is not None:
+            self.probe("grad_sync")
         syncs: list[tuple[str, Any, torch.Tensor | None]] = []
         for op in self.eg.post:
             if op.kind != "GradSync":
@@ -510,6 +520,8 @@ class StepExecutor:
         self._wait_sends()  # every message of the step is out before the step commits
         if self._before_update is not None:
             self._before_update(self._step_loss if self.loss_contributor() else 0.0)
+        if self.probe is not None:
+            self.probe("optimizer")
         if any(o.kind == "OptimizerStep" for o in self.eg.post):
             self._timed(self.optimizer.step)
         self.optimizer.zero_grad(set_to_none=True)
