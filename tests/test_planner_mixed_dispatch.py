@@ -5,6 +5,7 @@ baseline."""
 from __future__ import annotations
 
 import math
+import pickle
 import random
 
 import pytest
@@ -107,7 +108,22 @@ def test_dispatch_is_deterministic(plan: MixedPlan, lengths: list[int]) -> None:
     batch = sample_batch(lengths, TOKENS, seed=11)
     first = dispatch(plan, MODEL, CLUSTER, batch)
     assert dispatch(plan, MODEL, CLUSTER, list(batch)) == first
-    assert Dispatcher(plan, MODEL, CLUSTER)(batch) == first
+    built = Dispatcher(plan, MODEL, CLUSTER)
+    assert built(batch) == first
+    assert pickle.loads(pickle.dumps(built))(batch) == first  # a planner process can hold its own Dispatcher
+    assert pickle.loads(pickle.dumps(first)) == first
+
+
+def test_any_model_family_plans_and_dispatches() -> None:
+    from hspmd_sdk.models.gpt import GPTConfig
+
+    gpt = GPTConfig.preset("gpt2")  # tied embeddings: the LM head shares the first stage's weight
+    plan = plan_mixed(gpt, CLUSTER, [300] * 90 + [1024] * 10, tokens_per_batch=16384, context_len=1024)
+    programs = plan.programs(gpt, CLUSTER)
+    d = dispatch(programs, gpt, CLUSTER, [1024, 100, 500, 1000])
+    assert sorted(i for pipe in d.micro_batches for mb in pipe for i in mb) == [0, 1, 2, 3]
+    r = simulate_dispatch(gpt, CLUSTER, d)
+    assert not r.oom and r.step_time == pytest.approx(d.estimate, rel=0.1)
 
 
 def test_dispatch_balances_identical_pipelines_within_the_lpt_bound() -> None:

@@ -376,6 +376,7 @@ def _interval_plan(methods: _Methods, todo: Sequence[Method], segs: "_Segments |
     import numpy as np
 
     segs = segs if isinstance(segs, _Segments) else _Segments(segs)
+    todo = [m for m in todo if methods.plan(m, bounds[0]) is not None]  # memory grows with the window
     kinds = list(methods.kind_ranks)
     unit = {k: math.gcd(*[m.devices for m in todo if m.kind == k] or [1]) for k in kinds}
     dims = tuple(len(methods.kind_ranks[k]) // unit[k] + 1 for k in kinds)
