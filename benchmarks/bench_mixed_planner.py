@@ -101,13 +101,14 @@ def report(rows: list[dict]) -> None:
     for r in rows:
         err = statistics.mean(abs(p - o) / o for p, o in zip(r["prediction"], r["ours"]))
         xp, xh = _ratios(r["packed"], r["ours"]), _ratios(r["hotspa_steps"], r["ours"])
-        print(f"{r['cluster']:<18} {r['plan_s']:7.2f} {r['plan_cpu_s']:6.2f} {r['specialize_s']:7.2f} {r['hotspa_plan_s']:13.2f} "
+        print(f"{r['cluster']:<18} {r['plan_s']:7.2f} {r['plan_cpu_s']:6.2f} {r['specialize_s']:7.2f} "
+              f"{r['hotspa_plan_s']:13.2f} "
               f"{r['dispatch_ms_mean']:7.1f} / {r['dispatch_ms_max']:6.1f} {statistics.mean(r['ours']):7.2f} "
               f"{err:8.1%} {statistics.mean(r['packed']):8.2f} {statistics.mean(r['hotspa_steps']):8.2f} "
               f"{xp[0]:5.2f} ({xp[1]:.2f}-{xp[2]:.2f}) {xh[0]:5.2f} ({xh[1]:.2f}-{xh[2]:.2f}) "
               f"{r['switches']:>4}/{r['steps']:<3} {r['load_start']:4.1f}-{r['load_end']:.1f}")
-    print("\nplan s: wall (cpu s: this process's CPU time); dispatch ms: mean / max wall per step.  x packed / x HotSPa: "
-          "total baseline time over ours (per-step min-max); ours includes switch estimates.")
+    print("\nplan s: wall (cpu s: this process's CPU time); dispatch ms: mean / max wall per step.  "
+          "x packed / x HotSPa: total baseline time over ours (per-step min-max); ours includes switch estimates.")
     print("Paper (Table 5): planning 24.1-26.8 s offline, selection 1.5-2.1 s per step, switch 0.8-1.3 s; "
           "Hydraulis: 1.32-2.66x over packed baselines.")
     for r in rows:

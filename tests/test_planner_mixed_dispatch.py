@@ -164,6 +164,9 @@ def test_dispatch_refuses_what_the_data_layer_must_cut(dispatcher: Dispatcher) -
         dispatcher([5, 0])
     with pytest.raises(PlanValidationError, match="current: 99 is not a candidate"):
         dispatcher([5], current=99)
+    entry = MixedEntry(max_seq_len=4096, windows=[2048], strategy=_stage([0, 1], (0, MODEL.num_layers - 1)))
+    with pytest.raises(PlanValidationError, match=r"candidates\[0\]\.windows: \[2048\] for 1 pipelines.*4096"):
+        Dispatcher([entry], MODEL, CLUSTER)
 
 
 # ---- the mixed simulator --------------------------------------------------------------------------------------------

@@ -33,9 +33,10 @@ strategy, so a :class:`Program` alone is a dispatch candidate).
 (fixed by the data) go, longest first, to where the estimated finish time grows least: over the pipelines whose
 window holds the sequence, into that pipeline's open micro-batch (padded to its longest, while ``rows x longest``
 stays within the window; sorted lengths keep padding small) or as a new micro-batch -- so padding is accepted only
-where the cost model says that batching pays; each candidate whose ``max_seq_len`` holds the step's longest sequence is costed
-this way (padded shapes, attention's quadratic term included, plus its gradient synchronisation and optimizer) and
-the cheapest is chosen.  :func:`~hspmd_sdk.planner.mixed_sim.simulate_dispatch` simulates the result.
+where the cost model says that batching pays; each candidate whose ``max_seq_len`` holds the step's longest
+sequence is costed this way (padded shapes, attention's quadratic term included, plus its ZeRO-1 gather, gradient
+synchronisation and optimizer) and the cheapest is chosen (counting the switch from the ``current`` one, if
+given).  :func:`~hspmd_sdk.planner.mixed_sim.simulate_dispatch` simulates the result.
 """
 from __future__ import annotations
 
@@ -437,8 +438,8 @@ def _best_interval_plan(methods: _Methods, todo: Sequence[Method], lengths: Sequ
                         scale: float) -> tuple[float, list[tuple[Method, int, int]]] | None:
     """The DP once per overhead level ``sigma`` (:meth:`_Methods.overhead`: the gradient sync and optimizer a
     method's pipeline adds to the step, which the slowest of them sets), on the methods within it, minimising
-    ``makespan + sigma``; levels within 25% of each other are tried as one, from the lowest, until ``sigma`` alone exceeds the best total.  Returns
-    the makespan (without ``sigma``) and the chosen pipelines, or ``None``."""
+    ``makespan + sigma``; levels within 25% of each other are tried as one, from the lowest, until ``sigma`` alone
+    exceeds the best total.  Returns the makespan (without ``sigma``) and the chosen pipelines, or ``None``."""
     segs = _Segments(lengths)
     level = {m: methods.overhead(m) for m in todo}
     groups: list[list[float]] = []
@@ -653,10 +654,10 @@ class Dispatcher:
         self.candidates: list[_Candidate] = []
         for i, c in enumerate(items):
             strategy, windows, cap = _candidate_parts(i, c)
-            if len(windows) != strategy.dp_degree:
-                raise PlanValidationError([(f"candidates[{i}].windows", f"{len(windows)} windows for "
-                                                                        f"{strategy.dp_degree} pipelines")],
-                                          what="dispatch")
+            if len(windows) != strategy.dp_degree or max(windows) < cap:
+                raise PlanValidationError([(f"candidates[{i}].windows", f"{windows} for {strategy.dp_degree} "
+                                            f"pipelines: one window a pipeline, the largest at least max_seq_len "
+                                            f"{cap}")], what="dispatch")
             pipes = [PipelineCost.of(self.model, p, cluster, self.cost, cache) for p in strategy.pipelines]
             tail = _overhead(simulate_shapes(self.model, strategy, cluster, [[(1, w)] for w in windows],
                                              cost=self.cost))
@@ -709,8 +710,8 @@ class Dispatcher:
                                                              f"context ({cap}); the data layer cuts such documents "
                                                              "into chunks before dispatch")], what="dispatch")
         if current is not None and not 0 <= current < len(self.candidates):
-            raise PlanValidationError([("current", f"{current} is not a candidate index (0..{len(self.candidates) - 1})")],
-                                      what="dispatch")
+            raise PlanValidationError([("current", f"{current} is not a candidate index "
+                                                   f"(0..{len(self.candidates) - 1})")], what="dispatch")
 
 
 def _assign(pipes: Sequence[PipelineCost], windows: Sequence[int], order: Sequence[int],

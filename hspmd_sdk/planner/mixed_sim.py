@@ -242,8 +242,8 @@ def packed_baseline(model: "ModelSpec | str", cluster: "Cluster", batch: Sequenc
                     zero1: bool = True) -> tuple[Strategy, float]:
     """Standard SPMD (Megatron/DeepSpeed): the step's sequences packed into ``context_len`` windows, one
     symmetric strategy (every DP x TP x PP with even layers, with and without recomputation, TP groups inside
-    nodes, on all devices or on one device kind's), the fastest in the simulator that fits in memory -- chosen for this step, which
-    favours the baseline over one fixed strategy.  Returns the strategy and its simulated step time."""
+    nodes, on all devices or on one device kind's), the fastest in the simulator that fits in memory -- chosen for
+    this step, which favours the baseline over one fixed strategy.  Returns the strategy and its simulated step time."""
     from ..errors import PlanValidationError
     from ..models.registry import load_model_spec
 
