@@ -388,7 +388,7 @@ class TrainingController:
         host = job.spec.hosts[launch_rank] if job is not None else "localhost"
         transport = getattr(job, "transport", None)
         if transport is not None and hasattr(transport, "rendezvous") and not is_local_host(host):
-            return transport.rendezvous(host)
+            return transport.rendezvous(host, fresh=True)
         return "127.0.0.1", free_port()
 
     def _give_up(self, error: BaseException) -> None:

@@ -484,8 +484,11 @@ class SSHTransport(Transport):
         return HostFacts(cpus=info.get("cpus"), mem_available=info.get("mem_available"),
                          gpus=info.get("cuda_devices"))
 
-    def rendezvous(self, host: str) -> tuple[str, int]:
-        """Address and a free port on ``host`` for the job's TCPStore (rank 0 runs there)."""
+    def rendezvous(self, host: str, *, fresh: bool = False) -> tuple[str, int]:
+        """Address and a free port on ``host`` for the job's TCPStore (rank 0 runs there).  ``fresh``: probe the
+        host again for a port free *now* (a re-formed world's rendezvous: the first store may still hold its port)."""
+        if fresh:
+            self._probes.pop(host, None)
         return self.settings(host).address_of(host), int(self.probe(host)["free_port"])
 
     # ---- workers -----------------------------------------------------------------------------------------------
