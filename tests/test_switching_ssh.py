@@ -93,3 +93,37 @@ def test_a_lost_host_with_its_agent_and_workers_is_survived(lab: LoopbackHosts, 
     assert any(f.kind == "connection lost" or f.rank in (2, 3) for f in result.failures)
     assert {r: job.pids()[r] for r in (0, 1)} == {r: pids[r] for r in (0, 1)}
     _wait(lambda: not any(_alive(p) for p in pids.values()), 20)
+
+
+@pytest.mark.timeout(180)
+def test_hspmd_launch_elastic_survives_a_killed_remote_worker(lab: LoopbackHosts, reference, tmp_path,
+                                                             monkeypatch, capsys) -> None:
+    """``hspmd launch STRATEGY --elastic`` over SSH: a remote worker SIGKILLed from outside mid-run; the command
+    exits 0, prints the single-device losses and the reconfiguration."""
+    import json
+    import threading
+
+    from hspmd_sdk.cli import main
+    from hspmd_sdk.runtime import train
+
+    jobs = []
+    real = train.launch_training
+    monkeypatch.setattr(train, "launch_training", lambda *a, **k: jobs.append(real(*a, **k)) or jobs[-1])
+    (tmp_path / "hosts.txt").write_text("".join(f"{s.address} slots=2\n" for s in lab.servers))
+    (tmp_path / "ssh.json").write_text(json.dumps(lab.hosts))
+    (tmp_path / "s.json").write_text(json.dumps(PER_HOST))
+    codes = []
+    cli = threading.Thread(target=lambda: codes.append(main([
+        "launch", str(tmp_path / "s.json"), "--hostfile", str(tmp_path / "hosts.txt"), "--ssh-hosts",
+        str(tmp_path / "ssh.json"), "-i", str(lab.client_key), "--known-hosts", str(lab.known_hosts), "--elastic",
+        "--steps", str(STEPS), "--seed", str(SEED), "--seq-len", str(SEQ), "--quiet", "--timeout", "60",
+        "--heartbeat", "0.5"])))
+    cli.start()
+    _wait(lambda: jobs and jobs[0].metrics.last_step() >= 1)
+    os.kill(jobs[0].pids()[3], signal.SIGKILL)
+    cli.join(timeout=150)
+    out = capsys.readouterr().out
+    assert codes == [0], out
+    losses = [float(x) for x in out.split("losses: ")[1].split("\n")[0].split()]
+    assert losses == pytest.approx(reference.losses, rel=1e-5, abs=0)
+    assert "reconfigured at step" in out and "failure, lost ranks [3]" in out, out

@@ -29,6 +29,10 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int_in(1, MAX_TOKENS), default=None, metavar="N")
     p.add_argument("--backend", choices=["gloo", "nccl"], default=None,
                    help="default: gloo for CPU hosts, nccl for GPU hosts")
+    p.add_argument("--elastic", action="store_true",
+                   help="survive workers and hosts that die: replan for the survivors and switch in memory")
+    p.add_argument("--straggler", action="store_true",
+                   help="replan around a rank that stays slower than under its plan")
     add_fault_arguments(p)
     g = p.add_argument_group("SSH")
     g.add_argument("--ssh-hosts", metavar="JSON", help="per-host settings {host: {address, port, user, python, "
@@ -71,6 +75,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         problems.append(("--entry", f"{args.entry[:80]!r} is not 'module:function' (dotted module, identifier)"))
     if not args.entry and not args.file and not args.check:
         problems.append(("FILE", "give a strategy to train, or --entry module:function"))
+    if args.entry is not None and (args.elastic or args.straggler):
+        problems.append(("--elastic/--straggler", "apply to training a strategy, not to an --entry"))
     if args.stall < 2 * args.heartbeat:
         problems.append(("--stall", f"{args.stall:g} s must be at least two heartbeats (--heartbeat "
                                     f"{args.heartbeat:g})"))
@@ -112,6 +118,8 @@ def run_launch(args: argparse.Namespace) -> int:
         return 130
     if result.losses:
         print("losses: " + " ".join(f"{x:.6f}" for x in result.losses))
+    for event in result.events:
+        print(f"reconfigured at {event}\n  -> {event.strategy}")
     print(f"done in {result.wall_time:.1f} s; logs in {result.log_dir}")
     return 0
 
@@ -122,17 +130,14 @@ def _launch_training(args: argparse.Namespace, cluster: Any, common: dict[str, A
     from ..core.specialize import specialize
     from ..core.strategy import Strategy
     from ..core.strategy_plan import plan_from_strategy
-    from .train import ENTRY, training_run
+    from .train import launch_training
 
     config = load_model_spec(args.model)
     strategy = Strategy.load(resolve_file(args.file))
     program = specialize(config, plan_from_strategy(config, strategy, cluster), cluster)
-    run = training_run(program, steps=args.steps, seed=args.seed, data=args.data, lr=args.lr,
-                       seq_len=args.seq_len, cluster=cluster)
-    from .ssh import launch_remote
-
-    memory = {int(r): b for r, b in run["memory_estimate"].items()}
-    return launch_remote(cluster, entry=ENTRY, payload={"runs": [run]}, memory_per_rank=memory, **common)
+    options = {k: v for k, v in common.items() if k != "preflight"}  # the one training path checks the hosts itself
+    return launch_training(program, cluster, data=args.data, lr=args.lr, seq_len=args.seq_len,
+                           elastic=args.elastic, straggler=args.straggler, **options)
 
 
 def main(argv: list[str] | None = None) -> int:
