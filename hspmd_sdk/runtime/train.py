@@ -18,7 +18,7 @@ sees the same samples.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -34,7 +34,10 @@ ENTRY = "hspmd_sdk.runtime.train:train_entry"
 def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthetic", lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  seq_len: int | None = None, recompute: Sequence[int] | None = None,
-                 capture_dir: str | Path | None = None, cluster: Any = None, init: Any = None) -> dict[str, Any]:
+                 capture_dir: str | Path | None = None, cluster: Any = None, init: Any = None,
+                 checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
+                 checkpoint_async: bool = True, resume_from: str | Path | None = None,
+                 _crash: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON description of one training run of ``program`` (what a worker needs to rebuild it).
 
     ``seq_len``: tokens per sample (default: the model's ``max_seq_len``); the global batch is the program's
@@ -44,6 +47,14 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
     :func:`load_captured`).  ``init``: start from these weights instead of the seeded initialisation — a Hugging
     Face directory (``config.json`` + ``model.safetensors``) or a state dict (names = the model's); each rank
     reads only its own slices (:mod:`hspmd_sdk.models.hf`).
+
+    Checkpoints (:mod:`.checkpoint`): ``checkpoint_dir`` saves the sharded parameters, Adam state, data position
+    and RNG after every ``checkpoint_every``-th step and after the last (only after the last by default), keeping
+    the newest ``keep``; ``checkpoint_async`` writes in the background (the step waits only for copies of the
+    shards).  ``resume_from``: a checkpoint root (its latest complete checkpoint) or one step directory to continue
+    from, under this program whatever plan and world size saved it: the run executes steps ``s .. steps-1``.
+    ``_crash`` (tests only): ``{"rank", "step", "point"}`` kills that rank at a point of that step's checkpoint
+    write (:data:`~.checkpoint_io.WRITE_POINTS`).
 
     The run is checked here, before any worker starts (:func:`_validate_run`): ``steps >= 1``, ``seq_len >= 1``
     when given, the optimizer options, a known ``data`` source for the model's vocabulary, every rank of the
@@ -84,8 +95,16 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
         "recompute": rc,
         "capture_dir": str(capture_dir) if capture_dir is not None else None,
         "init": _init_source(init, config),
+        "_crash": dict(_crash) if _crash else None,
     }
     _validate_run(run, program, cluster, config)
+    if resume_from is not None and init is not None:
+        raise PlanValidationError([("init", "resume_from= already gives the weights (and the optimizer state); "
+                                            "pass one of init= and resume_from=")], what="training run")
+    from .checkpoint import run_fields
+
+    run.update(run_fields(run, program, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                          keep=keep, checkpoint_async=checkpoint_async, resume_from=resume_from))
     return run
 
 
@@ -137,7 +156,7 @@ def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs
     if wrong:
         raise PlanValidationError(wrong, what="training job")
 
-    total = sum(int(r["steps"]) for r in runs)
+    total = sum(int(r["steps"]) - _start_step(r) for r in runs)
     return launch(None, cluster, steps=total, seed=int(runs[0]["seed"]) if runs else 0, entry=ENTRY,
                   payload={"runs": [dict(r) for r in runs]}, **launch_kwargs)
 
@@ -145,19 +164,26 @@ def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs
 def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int = 0, data: str = "synthetic",
                     lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
                     weight_decay: float = 0.0, seq_len: int | None = None, recompute: Sequence[int] | None = None,
-                    capture_dir: str | Path | None = None, init: Any = None, **launch_kwargs: Any) -> Any:
+                    capture_dir: str | Path | None = None, init: Any = None,
+                    checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
+                    checkpoint_async: bool = True, resume_from: str | Path | None = None,
+                    _crash: Mapping[str, Any] | None = None, **launch_kwargs: Any) -> Any:
     """Train ``program`` for ``steps`` steps on one worker process per rank of ``cluster``; returns the running
     :class:`~.job.Job` (``job.wait().losses``: the loss of each step's global batch).
 
     The same ``seed`` gives the same data and the same initial parameters whatever the plan, so a 1-rank and an
     N-rank program of one model produce the same losses.  ``init``: a Hugging Face directory or a state dict to
-    start from (see :func:`training_run`).  ``launch_kwargs`` go to
+    start from; ``checkpoint_dir``/``checkpoint_every``/``keep``/``checkpoint_async`` save sharded checkpoints and
+    ``resume_from`` continues from one under this program (``job.wait().losses`` then has ``steps - s`` entries, s
+    the checkpoint's step); see :func:`training_run`.  ``launch_kwargs`` go to
     :func:`hspmd_sdk.runtime.launcher.launch` (``progress``, ``echo``, ``slowdown``, ``timeout_s``, ``transport``,
     ``log_dir``)."""
     cluster = cluster if cluster is not None else program.cluster
     run = training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
                        weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
-                       cluster=cluster, init=init)
+                       cluster=cluster, init=init, checkpoint_dir=checkpoint_dir,
+                       checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
+                       resume_from=resume_from, _crash=_crash)
     return launch_runs([run], cluster, **launch_kwargs)
 
 
@@ -185,7 +211,7 @@ def train_entry(state: Any, spec: Any) -> dict[str, Any]:
     results, offset = [], 0
     for i, run in enumerate(spec.payload["runs"]):
         results.append(_train_one(state, run, i, offset))
-        offset += int(run["steps"])
+        offset += int(run["steps"]) - _start_step(run)
     return {"runs": results, "losses": results[0]["losses"] if len(results) == 1 else None}
 
 
@@ -216,17 +242,19 @@ def _train_one(state: Any, run: Mapping[str, Any], index: int, offset: int) -> d
     adam = AdamConfig(lr=run["adam"]["lr"], betas=tuple(run["adam"]["betas"]), eps=run["adam"]["eps"],
                       weight_decay=run["adam"]["weight_decay"])
     B, S, seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
-    ex = None
+    ex, resumed, start, steps = None, None, _start_step(run), int(run["steps"])
     if rank in program.ranks:
-        params = _initial_shards(program, rank, run.get("init"))
+        params, opt_state, resumed = _initial_state(program, rank, run)
         ex = StepExecutor(program, rank, state, seed=seed, global_batch=B, seq_len=S, adam=adam,
                           recompute=rank in run.get("recompute", ()), device=state.device,
-                          emulate=state.emulate if state.slowdown != 1.0 else None, params=params)
+                          emulate=state.emulate if state.slowdown != 1.0 else None, params=params,
+                          optimizer_state=opt_state)
         state.params, state.optimizer = ex.params, ex.optimizer
+    saver = _checkpoint_saver(state, run, program, ex, index)
     dataset = dataset_for(run["data"], program.model.vocab_size)
     capture = run.get("capture_dir")
     losses: list[float] = []
-    for step in range(int(run["steps"])):
+    for step in range(start, steps):
         state.begin_step()
         local = 0.0
         if ex is not None:
@@ -237,9 +265,15 @@ def _train_one(state: Any, run: Mapping[str, Any], index: int, offset: int) -> d
         dist.all_reduce(part)
         losses.append(float(part.item()))
         tokens = ex.micro_size * ex.num_micro * S if ex is not None and ex.stage == 0 else None
-        state.report(offset + step, loss=losses[-1], tokens=tokens, run=index)
+        state.report(offset + step - start, loss=losses[-1], tokens=tokens, run=index)
+        if saver is not None:
+            saver.after_step(step + 1, last=step + 1 == steps)
     out: dict[str, Any] = {"losses": losses, "rank": rank, "active": ex is not None,
                            "seconds": round(time.perf_counter() - started, 3)}
+    if saver is not None:
+        out["checkpoint"] = saver.close()
+    if resumed is not None:
+        out["resumed"] = resumed
     if ex is not None:
         out.update(_memory_summary(ex, program, rank))
         if capture:
@@ -268,6 +302,35 @@ def _initial_shards(program: Any, rank: int, init: Mapping[str, Any] | None) -> 
     return load_local_parameters(program, rank, shard_reader(init["hf"], program.model))
 
 
+# ---- checkpoint hooks (:mod:`.checkpoint`) -------------------------------------------------------------------
+def _start_step(run: Mapping[str, Any]) -> int:
+    """The first step a run executes: the resumed checkpoint's step, else 0."""
+    resume = run.get("resume")
+    return int(resume["step"]) if resume else 0
+
+
+def _initial_state(program: Any, rank: int, run: Mapping[str, Any]) -> tuple[Any, Any, dict[str, Any] | None]:
+    """``(params, optimizer_state, resume stats)`` of this rank: read from the resumed checkpoint (its RNG state
+    restored too), else the ``init`` weights or the seeded initialisation and a fresh optimizer."""
+    resume = run.get("resume")
+    if not resume:
+        return _initial_shards(program, rank, run.get("init")), None, None
+    from .checkpoint_worker import load_resume, restore_rng
+
+    params, opt_state, stats = load_resume(resume, program, rank)
+    stats["rng_restored"] = restore_rng(resume, rank)
+    return params, opt_state, stats
+
+
+def _checkpoint_saver(state: Any, run: Mapping[str, Any], program: Any, ex: Any, index: int) -> Any:
+    """The run's :class:`~.checkpoint_worker.CheckpointSaver`, or ``None`` without ``checkpoint_dir``."""
+    if not run.get("checkpoint"):
+        return None
+    from .checkpoint_worker import CheckpointSaver
+
+    return CheckpointSaver(state, run, program, ex, index)
+
+
 def _memory_summary(ex: Any, program: Any, rank: int) -> dict[str, Any]:
     """Bytes of the rank's parameters, of its Adam state, and of its shards by the annotations."""
     import torch
@@ -288,8 +351,12 @@ def _save_capture(ex: Any, program: Any, rank: int, path: Path) -> None:
     from .params import shard_box
 
     path.parent.mkdir(parents=True, exist_ok=True)
+    opt = ex.optimizer_state()
     torch.save({"grads": {k: v.cpu() for k, v in (ex.captured_grads or {}).items()},
                 "params": {k: v.detach().cpu().clone() for k, v in ex.params.items()},
+                **{kind: {k: st[kind].detach().cpu().clone() for k, st in opt.items() if kind in st}
+                   for kind in ("exp_avg", "exp_avg_sq")},
+                "optimizer_step": {k: st.get("step") for k, st in opt.items()},
                 "boxes": {k: shard_box(program, k, rank) for k in ex.params}}, path)
 
 
@@ -297,7 +364,8 @@ def _save_capture(ex: Any, program: Any, rank: int, path: Path) -> None:
 
 # ---- captured shards -> full tensors ------------------------------------------------------------------------
 def load_captured(capture_dir: str | Path, index: int = 0) -> list[dict[str, Any]]:
-    """Every rank's saved shards of run ``index`` (``{"grads", "params", "boxes"}`` each)."""
+    """Every rank's saved shards of run ``index`` (``{"grads", "params", "exp_avg", "exp_avg_sq",
+    "optimizer_step", "boxes"}`` each)."""
     import torch
 
     return [torch.load(p, map_location="cpu") for p in sorted(Path(capture_dir).glob(f"run{index}_rank*.pt"))]
@@ -305,7 +373,8 @@ def load_captured(capture_dir: str | Path, index: int = 0) -> list[dict[str, Any
 
 def assemble(captured: Sequence[Mapping[str, Any]], which: str, shapes: Mapping[str, Sequence[int]]
              ) -> tuple[dict[str, Any], float]:
-    """Full tensors from the ranks' shards (``which``: ``"grads"`` or ``"params"``) and the largest difference
+    """Full tensors from the ranks' shards (``which``: ``"grads"``, ``"params"``, ``"exp_avg"`` or
+    ``"exp_avg_sq"``) and the largest difference
     between two ranks' copies of the same element (replicas must agree)."""
     import torch
 
@@ -325,11 +394,13 @@ def assemble(captured: Sequence[Mapping[str, Any]], which: str, shapes: Mapping[
 # ---- the single-device reference ----------------------------------------------------------------------------
 @dataclass
 class ReferenceResult:
-    """Losses per step, the gradients of step 0 and the parameters after the last step (full tensors)."""
+    """Losses per step, the gradients of step 0, the parameters after the last step and Adam's moments then
+    (``moments[name] = {"exp_avg", "exp_avg_sq"}``; full tensors)."""
 
     losses: list[float]
     grads: dict[str, Any]
     params: dict[str, Any]
+    moments: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: int, seq_len: int | None = None,
@@ -358,7 +429,9 @@ def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: 
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         opt.step()
         losses.append(float(loss.detach()))
-    return ReferenceResult(losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()})
+    moments = {n: {k: opt.state[p][k].detach().clone() for k in ("exp_avg", "exp_avg_sq")}
+               for n, p in model.named_parameters() if p in opt.state}
+    return ReferenceResult(losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}, moments)
 
 
 #: The public ``hspmd_sdk.launch`` (SPEC §3): train a specialized Program.
