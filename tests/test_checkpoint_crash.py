@@ -140,11 +140,13 @@ def _copy(crashed: dict, tmp_path: Path) -> Path:
 
 def _refused(directory: Path, match: str, no_workers: list, error: type = CheckpointError, **options) -> None:
     from hspmd_sdk import launch
+    from hspmd_sdk.runtime import launch as general_launch
 
     program, cluster = _program(ONE, 1, options.pop("model", MODEL))
     kwargs = {"steps": STEPS, "seed": SEED, "seq_len": SEQ, **options}
-    with pytest.raises(error, match=match):
-        launch(program, cluster, resume_from=directory, **kwargs)
+    for fn in (launch, general_launch):  # the general launcher forwards resume_from= to training
+        with pytest.raises(error, match=match):
+            fn(program, cluster, resume_from=directory, **kwargs)
     assert no_workers == []
 
 

@@ -338,7 +338,8 @@ class Checkpoint:
         mbs, nmb = meta.get("micro_batch_size", []), meta.get("num_micro_batches", [])
         for i, pipe in enumerate(self.manifest.pipelines):
             stages = " -> ".join(f"TP{len(s)} {s}" for s in pipe)
-            micro = f"  ({nmb[i]} micro-batches of {mbs[i]})" if i < len(mbs) and i < len(nmb) else ""
+            micro = (f"  ({nmb[i]} micro-batch{'es' if nmb[i] != 1 else ''} of {mbs[i]})"
+                     if i < len(mbs) and i < len(nmb) else "")
             lines.append(f"pipeline {i}: {stages}{micro}")
         return lines
 

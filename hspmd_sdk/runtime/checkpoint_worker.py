@@ -77,7 +77,7 @@ class CheckpointSaver:
             return
         t0 = time.perf_counter()
         self.wait()
-        items, opt_step = self._snapshot(copy=self.async_)
+        items, opt_step = self.snapshot(copy=self.async_)
         record = {"step": completed, "blocked_s": 0.0, "write_s": None}
         self.saved.append(record)
         if self.async_:
@@ -98,13 +98,16 @@ class CheckpointSaver:
             raise err
 
     def close(self) -> dict[str, Any]:
-        """Wait for the last checkpoint; what was saved (steps, seconds the loop was blocked, write seconds)."""
+        """Wait for the last checkpoint; what was saved: per checkpoint its step, the seconds the loop was blocked
+        (``blocked_s``) and the write took (``write_s``; ``shard_s`` the rank's file; on rank 0 ``commit_s``, of which
+        ``wait_s`` waiting for the other ranks' files and ``prune_s`` removing old checkpoints)."""
         self.wait()
         return {"dir": str(self.root), "saved": self.saved, "async": self.async_}
 
     # ---- snapshot -----------------------------------------------------------------------------------------
-    def _snapshot(self, *, copy: bool) -> tuple[list[tuple[str, Any]], int | None]:
-        """This rank's pieces (copied when written later), its RNG state, and Adam's step count."""
+    def snapshot(self, *, copy: bool) -> tuple[list[tuple[str, Any]], int | None]:
+        """``(items, Adam's step count)``: this rank's pieces as ``(key, tensor)`` — copies with ``copy`` (they are
+        written while training goes on), else views — and its RNG state."""
         import torch
 
         if self.ex is None:
@@ -162,12 +165,15 @@ class CheckpointSaver:
         if self.rank in self.writers:
             fname = shard_file_name(self.rank)
             size, written = write_shard(tmp / fname, items, point=point)
+            record["shard_s"] = round(time.perf_counter() - t0, 6)
             mine = {"file": fname, "bytes": size, "optimizer_step": opt_step,
                     "pieces": {w.key: [w.offset, w.nbytes, w.crc32] for w in written}}
             if self.rank != 0:
                 self._announce(completed, mine)
         if self.rank == 0:
-            self._commit(completed, tmp, mine, point)
+            t1 = time.perf_counter()
+            self._commit(completed, tmp, mine, point, record)
+            record["commit_s"] = round(time.perf_counter() - t1, 6)
         record["write_s"] = round(time.perf_counter() - t0, 6)
 
     def _client(self) -> Any:
@@ -202,8 +208,11 @@ class CheckpointSaver:
                 time.sleep(_POLL_S)
         return out
 
-    def _commit(self, completed: int, tmp: Path, mine: Mapping[str, Any] | None, point: Any) -> None:
+    def _commit(self, completed: int, tmp: Path, mine: Mapping[str, Any] | None, point: Any,
+                timing: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
         records = self._collect(completed, mine)
+        timing["wait_s"] = round(time.perf_counter() - t0, 6)
         manifest = self._manifest(completed, records)
         atomic_write_bytes(tmp / MANIFEST, manifest.model_dump_json(indent=1).encode(), point=point,
                            point_name="manifest-partial")
@@ -219,7 +228,9 @@ class CheckpointSaver:
             os.replace(tmp, final)
         fsync_dir(self.root)
         point("before-prune")
+        t0 = time.perf_counter()
         self._prune()
+        timing["prune_s"] = round(time.perf_counter() - t0, 6)
 
     def _prune(self) -> None:
         """Keep the newest ``keep`` checkpoints; remove what crashed writes of other jobs left."""
