@@ -177,3 +177,17 @@ def test_a_crash_point_leaves_only_the_temporary_file(tmp_path: Path) -> None:
     tmp = tmp_path / "r.safetensors.tmp"
     start, _ = read_header(tmp)
     assert tmp.stat().st_size == start + 64 * 64 * 4 // 2  # exactly half of the data
+
+
+def test_a_ranks_rng_state_is_restored(tmp_path: Path) -> None:
+    from hspmd_sdk.runtime.checkpoint_worker import restore_rng
+
+    torch.manual_seed(1234)
+    saved = torch.get_rng_state()
+    _, (w,) = write_shard(tmp_path / "rank00002.safetensors", [("__rng__/2", saved)])
+    want = torch.rand(5)                                  # what the saved state draws next
+    torch.manual_seed(0)                                  # another state
+    resume = {"dir": str(tmp_path), "rng": {"2": ["rank00002.safetensors", w.offset, w.nbytes]}}
+    assert not restore_rng(resume, 1)                     # rank 1 was not in the saved job: left alone
+    assert restore_rng(resume, 2)
+    assert torch.equal(torch.get_rng_state(), saved) and torch.equal(torch.rand(5), want)

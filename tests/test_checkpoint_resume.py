@@ -207,6 +207,7 @@ def test_each_rank_reads_only_the_bytes_of_its_boxes(index: int, jobs: dict) -> 
         if rank not in pb.ranks:
             assert stats is None
             continue
+        assert stats["rng_restored"] == (rank in jobs["pairs"][index]["pa"].ranks)  # its RNG, if it had one
         held = set(pb.executable_graph(rank).parameters)
         boxes = [local_view(l.annotation, l.shape, rank).box for l in layouts.values() if l.param in held]
         want = 4 * sum(box_numel(b) for b in boxes)

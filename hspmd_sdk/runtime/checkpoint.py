@@ -13,7 +13,8 @@ the model (JSON + class path), the annotation plan, cluster and pipelines, the A
 position (source, seed, global batch, sequence length, next step) and, per tensor, its shape, dtype and pieces
 (box, file, absolute byte offset, size, CRC-32).
 
-Complete or absent: the ranks write into ``ROOT/.tmp-step-00000004-<job>/`` (each file under a temporary name,
+``ROOT`` must be a directory every rank can write (on several hosts: one shared filesystem, as for DCP's file
+system writer).  Complete or absent: the ranks write into ``ROOT/.tmp-step-00000004-<job>/`` (each file under a temporary name,
 fsync-ed, renamed); rank 0 waits until every rank has announced its file, writes the manifest the same way and
 renames the directory to ``step-00000004`` (atomic), then prunes all but the newest ``keep``.  A crash at any point
 leaves the previous checkpoint the latest complete one.
@@ -385,13 +386,17 @@ def load_checkpoint(directory: str | Path, *, verify: bool = True) -> Checkpoint
 # ---- resuming a run ---------------------------------------------------------------------------------------
 def resume_problems(ck: Checkpoint, program: Any, run: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Why ``run`` (a :func:`~.train.training_run` of ``program``) cannot continue from ``ck``: ``(field,
-    reason)`` pairs naming the tensor or setting (empty: it can)."""
+    reason)`` pairs naming the tensor or setting (empty: it can).  The model (its config, the name aside, and
+    class), the data source, seed, global batch and sequence length must be the checkpoint's, ``steps`` beyond its
+    step, and the program's tensors exactly the checkpoint's with their shapes and dtypes; the plan, the world
+    size and Adam's options (a new learning rate) may change."""
     from ..core.model_spec import model_json
 
     where = str(ck.path / MANIFEST)
     out: list[tuple[str, str]] = []
     m = ck.manifest
-    theirs, ours = m.model, model_json(program.model)
+    theirs = {k: v for k, v in m.model.items() if k != "name"}  # a renamed config is the same model
+    ours = {k: v for k, v in model_json(program.model).items() if k != "name"}
     if theirs != ours or (m.model_class and m.model_class != run.get("model_class")):
         diff = [f"{k}: {theirs.get(k)!r} (checkpoint) != {ours.get(k)!r} (program)"
                 for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]

@@ -246,8 +246,11 @@ class PieceReader:
         itemsize = DTYPE_BYTES[piece.dtype]
         pshape = box_shape(piece.box)
         inner = tuple((a - p, b - p) for (a, b), (p, _) in zip(box, piece.box))
-        buf = bytearray(math.prod(box_shape(box)) * itemsize)
-        mv = memoryview(buf)
+        out = torch.empty(box_shape(box), dtype=getattr(torch, piece.dtype))  # read into it: no zero fill
+        nbytes = out.numel() * itemsize
+        if not nbytes:
+            return out
+        mv = memoryview(out.reshape(-1).view(torch.uint8).numpy()).cast("B")
         fd, pos = self._fd(piece.file), 0
         counter = ThreadReadCounter() if self.count_os else None
         if counter is not None:
@@ -262,11 +265,8 @@ class PieceReader:
             counter.__exit__(None, None, None)
             self.os_bytes_read = None if counter.bytes is None or self.os_bytes_read is None \
                 else self.os_bytes_read + counter.bytes
-        self.bytes_read += len(buf)
-        dtype = getattr(torch, piece.dtype)
-        if not buf:
-            return torch.empty(box_shape(box), dtype=dtype)
-        return torch.frombuffer(buf, dtype=dtype).reshape(box_shape(box))
+        self.bytes_read += nbytes
+        return out
 
     def assemble(self, pieces: Sequence[StoredPiece], items: Sequence[Any], box: Box, *, tensor: str = "") -> Any:
         """The tensor of ``box`` from the read items (:class:`~.checkpoint_plan.ReadItem`) of ``pieces``."""

@@ -67,6 +67,7 @@ class CheckpointSaver:
         self.crash = run.get("_crash")
         self._store = None
         self._thread: threading.Thread | None = None
+        self._pruner: threading.Thread | None = None
         self._error: BaseException | None = None
         self.saved: list[dict[str, Any]] = []
 
@@ -89,10 +90,14 @@ class CheckpointSaver:
         record["blocked_s"] = round(time.perf_counter() - t0, 6)
 
     def wait(self) -> None:
-        """Wait for the checkpoint in flight; re-raise its error here (the training loop's thread)."""
+        """Wait for the checkpoint in flight (and the pruning after it); re-raise its error here (the training
+        loop's thread)."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._pruner is not None:
+            self._pruner.join()
+            self._pruner = None
         if self._error is not None:
             err, self._error = self._error, None
             raise err
@@ -100,7 +105,8 @@ class CheckpointSaver:
     def close(self) -> dict[str, Any]:
         """Wait for the last checkpoint; what was saved: per checkpoint its step, the seconds the loop was blocked
         (``blocked_s``) and the write took (``write_s``; ``shard_s`` the rank's file; on rank 0 ``commit_s``, of which
-        ``wait_s`` waiting for the other ranks' files and ``prune_s`` removing old checkpoints)."""
+        ``wait_s`` waiting for the other ranks' files) and, once pruned, ``prune_s`` (removing old checkpoints, in a
+        thread of its own: deleting large files costs disk time nobody needs to wait for)."""
         self.wait()
         return {"dir": str(self.root), "saved": self.saved, "async": self.async_}
 
@@ -228,17 +234,19 @@ class CheckpointSaver:
             os.replace(tmp, final)
         fsync_dir(self.root)
         point("before-prune")
-        t0 = time.perf_counter()
-        self._prune()
-        timing["prune_s"] = round(time.perf_counter() - t0, 6)
+        self._pruner = threading.Thread(target=self._prune, args=(timing,), name="hspmd-checkpoint-prune",
+                                        daemon=True)
+        self._pruner.start()
 
-    def _prune(self) -> None:
+    def _prune(self, timing: dict[str, Any]) -> None:
         """Keep the newest ``keep`` checkpoints; remove what crashed writes of other jobs left."""
+        t0 = time.perf_counter()
         for _, path in list_checkpoints(self.root)[:-self.keep]:
             shutil.rmtree(path, ignore_errors=True)
         for p in self.root.iterdir():
             if p.name.startswith((".tmp-", ".old-")) and f"-{self.job_id}." not in p.name:
                 shutil.rmtree(p, ignore_errors=True)
+        timing["prune_s"] = round(time.perf_counter() - t0, 6)
 
     def _manifest(self, completed: int, records: Mapping[int, Mapping[str, Any]]) -> Manifest:
         from ..core.model_spec import model_json

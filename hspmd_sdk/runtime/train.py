@@ -264,10 +264,10 @@ def _train_one(state: Any, run: Mapping[str, Any], index: int, offset: int) -> d
         part = torch.tensor([mine], dtype=torch.float64, device=state.device)
         dist.all_reduce(part)
         losses.append(float(part.item()))
+        if saver is not None:  # before the report: the step's time includes what saving blocked
+            saver.after_step(step + 1, last=step + 1 == steps)
         tokens = ex.micro_size * ex.num_micro * S if ex is not None and ex.stage == 0 else None
         state.report(offset + step - start, loss=losses[-1], tokens=tokens, run=index)
-        if saver is not None:
-            saver.after_step(step + 1, last=step + 1 == steps)
     out: dict[str, Any] = {"losses": losses, "rank": rank, "active": ex is not None,
                            "seconds": round(time.perf_counter() - started, 3)}
     if saver is not None:
