@@ -99,9 +99,12 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(point: str, crashe
 @pytest.fixture(scope="module")
 def resumed(crashed: dict) -> dict:
     program, cluster = _program(ONE, 1)
+    # from each root's latest checkpoint; after "before-prune" explicitly from the older step-1 directory, so that
+    # the resumed run's checkpoint of step 2 replaces the one already there
     runs = [training_run(program, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, cluster=cluster,
-                         resume_from=root, checkpoint_dir=root, checkpoint_every=1, keep=1)
-            for root, _ in crashed["points"].values()]
+                         resume_from=root / f"step-{CRASH_STEP - 1:08d}" if point == "before-prune" else root,
+                         checkpoint_dir=root, checkpoint_every=1, keep=1)
+            for point, (root, _) in crashed["points"].items()]
     return {"result": launch_runs(runs, cluster, timeout_s=60).wait(),
             "starts": [r["resume"]["step"] for r in runs]}
 
@@ -110,6 +113,7 @@ def test_training_resumes_after_every_crash_under_another_plan(crashed: dict, re
     ref = reference_training(MODEL, steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
     for i, (point, (root, _)) in enumerate(crashed["points"].items()):
         start = resumed["starts"][i]
+        assert start == CRASH_STEP - 1, point
         losses = resumed["result"].results[0]["runs"][i]["losses"]
         assert len(losses) == STEPS - start
         assert max(abs(a - b) / b for a, b in zip(losses, ref.losses[start:])) <= 1e-5, point
