@@ -32,7 +32,7 @@
     here.
 
 Run: ``python benchmarks/bench_checkpoint.py`` (~3 min on 2 cores), ``--quick`` (~1 min), ``--only a,b,c``.
-Figures: ``benchmarks/results/checkpoint.json``; the tables are in ``benchmarks/RESULTS.md`` §6.
+Figures: ``benchmarks/results/checkpoint.json``; the tables are in ``benchmarks/RESULTS.md`` §7.
 """
 from __future__ import annotations
 

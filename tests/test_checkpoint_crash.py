@@ -1,8 +1,8 @@
 """Crashes while a checkpoint is written, and checkpoints that do not match their files or the program.
 
 A 2-rank TP2 job saves after every step (``keep=1``); at step 2's checkpoint one worker is SIGKILLed at one of the
-named points of the write (:data:`~hspmd_sdk.runtime.checkpoint_io.WRITE_POINTS`, through the run's test-only
-``_crash`` option: the process kills itself with SIGKILL exactly there), rank 1 for its shard, rank 0 for the
+named points of the write (:data:`~hspmd_sdk.runtime.checkpoint_io.WRITE_POINTS`, through ``launch``'s
+``fault_injection``: the process kills itself with SIGKILL exactly there), rank 1 for its shard, rank 0 for the
 manifest and the commit.  Each time: the job fails naming a rank, the latest complete checkpoint is step 1 (step 2
 once the commit is done: ``before-prune``) and verifies, and training resumes from it — in one job on one rank
 (another plan and world size), with the same losses as the single-device model, its new checkpoints pruning
@@ -57,7 +57,7 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> dict:
         root = base / point
         job = launch_training(program, cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, checkpoint_dir=root,
                               checkpoint_every=1, keep=1, timeout_s=60,
-                              _crash={"rank": KILLED[point], "step": CRASH_STEP, "point": point})
+                              fault_injection=[{"rank": KILLED[point], "step": CRASH_STEP, "at": point}])
         with pytest.raises(RuntimeFailure) as failure:
             job.wait(timeout=120)
         out[point] = (root, failure.value)

@@ -67,30 +67,27 @@ class AdamConfig:
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        problems = self.problems()
+        problems = adam_problems(self.lr, self.betas, self.eps, self.weight_decay)
         if problems:
             from ..errors import PlanValidationError
 
             raise PlanValidationError(problems, what="optimizer options")
 
-    def problems(self) -> list[tuple[str, str]]:
-        out = []
-        values = {"lr": self.lr, "eps": self.eps, "weight_decay": self.weight_decay}
-        for name, v in values.items():
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-                out.append((name, f"must be a finite number, not {v!r}"))
-        if not out:
-            if self.lr <= 0:
-                out.append(("lr", f"must be > 0, not {self.lr}"))
-            if self.eps <= 0:
-                out.append(("eps", f"must be > 0, not {self.eps}"))
-            if self.weight_decay < 0:
-                out.append(("weight_decay", f"must be >= 0, not {self.weight_decay}"))
-        betas = tuple(self.betas) if isinstance(self.betas, (tuple, list)) else ()
-        if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool)
-                                      and math.isfinite(b) and 0 <= b < 1 for b in betas):
-            out.append(("betas", f"must be two numbers in [0, 1), not {self.betas!r}"))
-        return out
+
+def adam_problems(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> list[tuple[str, str]]:
+    """Adam's options as ``(field, reason)`` problems: finite, ``lr > 0``, ``0 <= beta < 1``, ``eps > 0``,
+    ``weight_decay >= 0`` (checked by the launcher before any worker starts, and by :class:`AdamConfig`)."""
+    def bad(value: Any) -> bool:
+        return isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+
+    out = []
+    for name, v, strict in (("lr", lr, True), ("eps", eps, True), ("weight_decay", weight_decay, False)):
+        if bad(v) or (v <= 0 if strict else v < 0):
+            out.append((name, f"must be a finite number {'>' if strict else '>='} 0, not {v!r}"))
+    betas = tuple(betas) if isinstance(betas, (tuple, list)) else (betas,)
+    if len(betas) != 2 or any(bad(b) or not 0.0 <= b < 1.0 for b in betas):
+        out.append(("betas", f"must be two finite numbers in [0, 1), not {betas!r}"))
+    return out
 
 
 def program_comm_plans(program: Any) -> list[Any]:
@@ -164,8 +161,12 @@ class StepExecutor:
                  adam: AdamConfig = AdamConfig(), recompute: bool | None = None,
                  device: torch.device | None = None, emulate: Callable[[float], Any] | None = None,
                  params: Mapping[str, torch.Tensor] | None = None,
-                 optimizer_state: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 optimizer_state: Mapping[str, Mapping[str, Any]] | None = None,
+                 probe: Callable[[str], Any] | None = None) -> None:
         self.program, self.rank, self.groups = program, rank, groups
+        # called with "forward", "backward", "grad_sync", "optimizer" as a step reaches them (fault-injection
+        # tests kill the process there)
+        self.probe = probe
         # speed emulation (CPU demos): called with the seconds of each compute piece -- a forward kernel, a
         # stage's autograd backward, the optimizer step -- never with time spent waiting for other ranks
         self.emulate = emulate
@@ -211,6 +212,9 @@ class StepExecutor:
         self.step_values: dict[str, torch.Tensor] = {}
         self.records: dict[int, _MicroBatch] = {}
         self.captured_grads: dict[str, torch.Tensor] | None = None
+        self._before_update: Callable[[float], Any] | None = None
+        self._step_loss = 0.0
+        self.compute_s = 0.0
 
     # ---- set-up ---------------------------------------------------------------------------------------------
     def global_shape(self, tensor: str) -> tuple[int, ...]:
@@ -267,13 +271,21 @@ class StepExecutor:
         """Whether this rank reads the batch (its executable graph has a placeholder: first or last stage)."""
         return any(self.graph.producer(n).kind == "placeholder" for n in self.eg.leaves)
 
-    def step(self, batch: Any, *, capture_grads: bool = False) -> float:
+    def step(self, batch: Any, *, capture_grads: bool = False,
+             before_update: Callable[[float], Any] | None = None) -> float:
         """Run one training step on the global batch — token sequences ``[B, S+1]`` that the model's ``feeds``
         turns into the graph's placeholders, or a mapping placeholder -> full tensor (every rank that
         :attr:`needs_data` passes the same; others may pass ``None``); returns this rank's summand of the global
-        loss (see :meth:`loss_contributor`)."""
+        loss (see :meth:`loss_contributor`).
+
+        ``before_update(loss summand)`` runs after the gradient synchronisation and before Adam changes anything:
+        the commit point of the step (the training loop agrees there, with every rank, that the step is whole;
+        if it raises, no parameter or optimizer state has changed)."""
         self._feeds = self._local_feeds(self._full_feeds(batch))
         self.records.clear()
+        self._before_update = before_update
+        self._step_loss = 0.0
+        self.compute_s = 0.0  # this step's compute seconds (kernels, backward, Adam; never waiting for peers)
         loss = 0.0
         for action in self.program.schedule(self.rank):
             kind, mb = action.kind, action.micro_batch
@@ -289,6 +301,7 @@ class StepExecutor:
                 self.recv_backward(mb)
             elif kind == "B":
                 loss += self.backward(mb)
+                self._step_loss = loss
             elif kind == "SEND_B":
                 self.send_backward(mb)
             elif kind == "POST":
@@ -356,6 +369,8 @@ class StepExecutor:
 
     def forward(self, mb: int) -> None:
         """``F`` of micro-batch ``mb``."""
+        if self.probe is not None:
+            self.probe("forward")
         rec = self._record(mb)
         vals = dict(self.step_values)
         for name, parts in self._feeds.items():
@@ -405,12 +420,14 @@ class StepExecutor:
         self._run_forward(mb, vals, rec, tail)
 
     def _timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)``, reporting its seconds to ``emulate`` when speed emulation is on."""
-        if self.emulate is None:
-            return fn(*args, **kwargs)
+        """``fn(*args, **kwargs)``, its seconds added to :attr:`compute_s` (and reported to ``emulate`` when speed
+        emulation is on)."""
         t0 = time.perf_counter()
         out = fn(*args, **kwargs)
-        self.emulate(time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        if self.emulate is not None:
+            dt += self.emulate(dt) or 0.0
+        self.compute_s += dt
         return out
 
     def _compute(self, op: Any, vals: dict[str, torch.Tensor]) -> None:
@@ -448,6 +465,8 @@ class StepExecutor:
 
     def backward(self, mb: int) -> float:
         """``B`` of micro-batch ``mb``; returns the micro-batch's loss summand (0 off the last stage)."""
+        if self.probe is not None:
+            self.probe("backward")
         rec = self.records[mb]
         roots: list[torch.Tensor] = []
         grads: list[torch.Tensor] = []
@@ -473,6 +492,8 @@ class StepExecutor:
     def post(self, *, capture_grads: bool = False) -> None:
         """``Post``: gradient synchronisation per the plan (each parameter's uses summed), then Adam on the local
         shards."""
+        if self.probe is not None:
+            self.probe("grad_sync")
         syncs: list[tuple[str, Any, torch.Tensor | None]] = []
         for op in self.eg.post:
             if op.kind != "GradSync":
@@ -496,6 +517,11 @@ class StepExecutor:
         if capture_grads:
             self.captured_grads = {k: v.grad.detach().clone() if v.grad is not None else torch.zeros_like(v)
                                    for k, v in self.params.items()}
+        self._wait_sends()  # every message of the step is out before the step commits
+        if self._before_update is not None:
+            self._before_update(self._step_loss if self.loss_contributor() else 0.0)
+        if self.probe is not None:
+            self.probe("optimizer")
         if any(o.kind == "OptimizerStep" for o in self.eg.post):
             self._timed(self.optimizer.step)
         self.optimizer.zero_grad(set_to_none=True)

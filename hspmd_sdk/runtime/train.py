@@ -36,8 +36,7 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
                  seq_len: int | None = None, recompute: Sequence[int] | None = None,
                  capture_dir: str | Path | None = None, cluster: Any = None, init: Any = None,
                  checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
-                 checkpoint_async: bool = True, resume_from: str | Path | None = None,
-                 _crash: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 checkpoint_async: bool = True, resume_from: str | Path | None = None) -> dict[str, Any]:
     """The JSON description of one training run of ``program`` (what a worker needs to rebuild it).
 
     ``seq_len``: tokens per sample (default: the model's ``max_seq_len``); the global batch is the program's
@@ -53,8 +52,6 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
     the newest ``keep``; ``checkpoint_async`` writes in the background (the step waits only for copies of the
     shards).  ``resume_from``: a checkpoint root (its latest complete checkpoint) or one step directory to continue
     from, under this program whatever plan and world size saved it: the run executes steps ``s .. steps-1``.
-    ``_crash`` (tests only): ``{"rank", "step", "point"}`` kills that rank at a point of that step's checkpoint
-    write (:data:`~.checkpoint_io.WRITE_POINTS`).
 
     The run is checked here, before any worker starts (:func:`_validate_run`): ``steps >= 1``, ``seq_len >= 1``
     when given, the optimizer options, a known ``data`` source for the model's vocabulary, every rank of the
@@ -63,7 +60,6 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
     from ..core.model_spec import model_json
     from ..errors import PlanValidationError
     from ..models.registry import class_path
-    from .executor import AdamConfig
 
     config = program.model
     if config is None:
@@ -71,17 +67,12 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
                                                "specialized from a model config (specialize(LlamaConfig..., plan, "
                                                "cluster)) so that workers can rebuild the model")],
                                   what="training run")
-    AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)  # raises naming the bad option
     plan = program.plan
     cluster = cluster if cluster is not None else program.cluster
     if cluster is None:
         raise PlanValidationError([("cluster", "launch needs a cluster: pass cluster= or specialize with one")],
                                   what="training run")
     rc = sorted(program.recompute) if recompute is None else sorted(int(r) for r in recompute)
-    unknown = sorted(set(rc) - set(program.ranks))
-    if unknown:
-        raise PlanValidationError([("recompute", f"rank(s) {unknown} run no stage of this program (stage ranks "
-                                                 f"{program.ranks})")], what="training run")
     run = {
         "config": model_json(config),
         "model_class": class_path(config),
@@ -91,11 +82,11 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
         "steps": int(steps), "seed": int(seed), "data": data,
         "seq_len": int(config.max_seq_len if seq_len is None else seq_len),
         "global_batch": int(program.bindings["B"]),
-        "adam": {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay},
+        "adam": {"lr": lr, "betas": list(betas) if isinstance(betas, (list, tuple)) else betas, "eps": eps,
+                 "weight_decay": weight_decay},
         "recompute": rc,
         "capture_dir": str(capture_dir) if capture_dir is not None else None,
         "init": _init_source(init, config),
-        "_crash": dict(_crash) if _crash else None,
     }
     _validate_run(run, program, cluster, config)
     if resume_from is not None and init is not None:
@@ -105,12 +96,17 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
 
     run.update(run_fields(run, program, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                           keep=keep, checkpoint_async=checkpoint_async, resume_from=resume_from))
+    from .preflight import training_memory  # what each rank will need, for the launcher's resource preflight
+
+    run["memory_estimate"] = {str(r): b for r, b in training_memory(
+        program, global_batch=run["global_batch"], seq_len=run["seq_len"], recompute=run["recompute"]).items()}
     return run
 
 
 def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: Any) -> None:
     """Raise :class:`~hspmd_sdk.errors.PlanValidationError` for a run that would fail only in the workers."""
     from ..errors import HSPMDError, PlanValidationError
+    from .executor import adam_problems
 
     what = "training run"
     problems = []
@@ -118,6 +114,10 @@ def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: An
         problems.append(("steps", f"must be at least 1, not {run['steps']}"))
     if run["seq_len"] < 1:
         problems.append(("seq_len", f"must be at least 1, not {run['seq_len']}"))
+    problems += adam_problems(**run["adam"])
+    unknown = sorted(set(run["recompute"]) - set(program.ranks))
+    if unknown:
+        problems.append(("recompute", f"ranks {unknown} run no stage of the program (ranks {sorted(program.ranks)})"))
     try:
         dataset_for(run["data"], config.vocab_size)
     except ValueError as e:
@@ -156,7 +156,12 @@ def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs
     if wrong:
         raise PlanValidationError(wrong, what="training job")
 
-    total = sum(int(r["steps"]) - _start_step(r) for r in runs)
+    total = sum(int(r["steps"]) for r in runs)
+    memory: dict[int, float] = {}  # the runs follow one another: a rank needs the most any run needs
+    for r in runs:
+        for rank, need in (r.get("memory_estimate") or {}).items():
+            memory[int(rank)] = max(memory.get(int(rank), 0.0), float(need))
+    launch_kwargs.setdefault("memory_per_rank", memory)
     return launch(None, cluster, steps=total, seed=int(runs[0]["seed"]) if runs else 0, entry=ENTRY,
                   payload={"runs": [dict(r) for r in runs]}, **launch_kwargs)
 
@@ -164,27 +169,62 @@ def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs
 def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int = 0, data: str = "synthetic",
                     lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
                     weight_decay: float = 0.0, seq_len: int | None = None, recompute: Sequence[int] | None = None,
-                    capture_dir: str | Path | None = None, init: Any = None,
+                    capture_dir: str | Path | None = None, init: Any = None, elastic: bool = False,
+                    straggler: Any = None, cost: Any = None, fault_injection: Sequence[Mapping[str, Any]] = (),
                     checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
                     checkpoint_async: bool = True, resume_from: str | Path | None = None,
-                    _crash: Mapping[str, Any] | None = None, **launch_kwargs: Any) -> Any:
+                    **launch_kwargs: Any) -> Any:
     """Train ``program`` for ``steps`` steps on one worker process per rank of ``cluster``; returns the running
     :class:`~.job.Job` (``job.wait().losses``: the loss of each step's global batch).
 
     The same ``seed`` gives the same data and the same initial parameters whatever the plan, so a 1-rank and an
     N-rank program of one model produce the same losses.  ``init``: a Hugging Face directory or a state dict to
-    start from; ``checkpoint_dir``/``checkpoint_every``/``keep``/``checkpoint_async`` save sharded checkpoints and
-    ``resume_from`` continues from one under this program (``job.wait().losses`` then has ``steps - s`` entries, s
-    the checkpoint's step); see :func:`training_run`.  ``launch_kwargs`` go to
-    :func:`hspmd_sdk.runtime.launcher.launch` (``progress``, ``echo``, ``slowdown``, ``timeout_s``, ``transport``,
-    ``log_dir``)."""
+    start from (see :func:`training_run`).
+
+    Checkpoints (SPEC §5, :mod:`.checkpoint`): ``checkpoint_dir``/``checkpoint_every``/``keep``/
+    ``checkpoint_async`` save sharded checkpoints; ``resume_from`` continues from one under this program, whatever
+    plan and world size saved it (``job.wait().losses`` then has ``steps - s`` entries, s the checkpoint's step);
+    see :func:`training_run`.
+
+    Graph switching (SPEC §6): ``job.switch(program)`` moves the running job to another plan.  ``elastic=True``:
+    a worker that dies does not end the job — the survivors replan, switch by fused BSR and redo the interrupted
+    step (:mod:`.controller`).  ``straggler=True`` (or a :class:`~.controller.StragglerWatch`): a rank that stays
+    slower than under its plan is replanned around; ``cost``: the :class:`~hspmd_sdk.planner.CostModel` those
+    replans use.  ``job.events`` lists every reconfiguration.  ``fault_injection`` (for tests and demos of
+    failures): ``[{"rank": r, "step": s, "at": point}]`` makes rank ``r`` SIGKILL itself at ``point`` of step ``s``
+    (``"forward"``, ``"backward"``, ``"grad_sync"``, ``"optimizer"``, or ``"switch"`` during a switch), or at a
+    point of the write of the checkpoint of step ``s`` (steps completed; :data:`~.checkpoint_io.WRITE_POINTS`).
+    ``launch_kwargs`` go to
+    :func:`hspmd_sdk.runtime.launcher.launch` (``progress``, ``echo``, ``slowdown`` — a factor or a schedule
+    ``{rank: [(step, factor), ...]}`` —, ``timeout_s``, ``transport``, ``log_dir``, ...)."""
+    from .controller import StragglerWatch, TrainingController
+
     cluster = cluster if cluster is not None else program.cluster
     run = training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
                        weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
                        cluster=cluster, init=init, checkpoint_dir=checkpoint_dir,
                        checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
-                       resume_from=resume_from, _crash=_crash)
-    return launch_runs([run], cluster, **launch_kwargs)
+                       resume_from=resume_from)
+    run["elastic"] = bool(elastic)
+    from .checkpoint_io import WRITE_POINTS
+
+    points = {"forward", "backward", "grad_sync", "optimizer", "switch", *WRITE_POINTS}
+    bad = [f for f in fault_injection if f.get("at") not in points or int(f.get("rank", -1)) not in program.ranks]
+    if bad:
+        from ..errors import PlanValidationError
+
+        raise PlanValidationError([("fault_injection", f"{bad[0]}: 'at' must be one of {sorted(points)} and 'rank' "
+                                                       "a rank of the program")], what="training run")
+    run["faults"] = [dict(f) for f in fault_injection]
+    watch = StragglerWatch() if straggler is True else (straggler or None)
+    controller = TrainingController(program, cluster, global_batch=run["global_batch"], seq_len=run["seq_len"],
+                                    elastic=bool(elastic), straggler=watch, cost=cost)
+    if elastic and launch_kwargs.get("policy") is None:
+        launch_kwargs["policy"] = controller
+    job = launch_runs([run], cluster, **launch_kwargs)
+    job.controller = controller
+    controller.attach(job)
+    return job
 
 
 def recompute_ranks(strategy: Any) -> list[int]:
@@ -207,11 +247,14 @@ def dataset_for(data: str, vocab_size: int) -> Any:
 
 
 def train_entry(state: Any, spec: Any) -> dict[str, Any]:
-    """Worker entry: run every run of ``spec.payload["runs"]`` in order; returns ``{"runs": [...], "losses"}``."""
+    """Worker entry: run every run of ``spec.payload["runs"]`` in order (a :class:`~.session.TrainSession`
+    each); returns ``{"runs": [...], "losses"}``."""
+    from .session import TrainSession
+
     results, offset = [], 0
     for i, run in enumerate(spec.payload["runs"]):
-        results.append(_train_one(state, run, i, offset))
-        offset += int(run["steps"]) - _start_step(run)
+        results.append(TrainSession(state, run, i, offset).train())
+        offset += int(run["steps"])
     return {"runs": results, "losses": results[0]["losses"] if len(results) == 1 else None}
 
 
@@ -225,61 +268,6 @@ def _program_of(run: Mapping[str, Any]) -> Any:
     plan = AnnotationPlan.model_validate(run["plan"])
     cluster = Cluster.model_validate(run["cluster"])
     return specialize(config, plan, cluster, bindings=run.get("bindings"))
-
-
-def _train_one(state: Any, run: Mapping[str, Any], index: int, offset: int) -> dict[str, Any]:
-    import torch
-    import torch.distributed as dist
-
-    from .comm import comm_groups
-    from .executor import AdamConfig, StepExecutor, program_comm_plans
-
-    started = time.perf_counter()
-    program = _program_of(run)
-    state.program = program
-    state.create_groups(comm_groups(program_comm_plans(program)))
-    rank = state.rank
-    adam = AdamConfig(lr=run["adam"]["lr"], betas=tuple(run["adam"]["betas"]), eps=run["adam"]["eps"],
-                      weight_decay=run["adam"]["weight_decay"])
-    B, S, seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
-    ex, resumed, start, steps = None, None, _start_step(run), int(run["steps"])
-    if rank in program.ranks:
-        params, opt_state, resumed = _initial_state(program, rank, run)
-        ex = StepExecutor(program, rank, state, seed=seed, global_batch=B, seq_len=S, adam=adam,
-                          recompute=rank in run.get("recompute", ()), device=state.device,
-                          emulate=state.emulate if state.slowdown != 1.0 else None, params=params,
-                          optimizer_state=opt_state)
-        state.params, state.optimizer = ex.params, ex.optimizer
-    saver = _checkpoint_saver(state, run, program, ex, index)
-    dataset = dataset_for(run["data"], program.model.vocab_size)
-    capture = run.get("capture_dir")
-    losses: list[float] = []
-    for step in range(start, steps):
-        state.begin_step()
-        local = 0.0
-        if ex is not None:
-            batch = dataset.global_batch(step, B, S, seed) if ex.needs_data else None
-            local = ex.step(batch, capture_grads=bool(capture) and step == 0)
-        mine = local if ex is not None and ex.loss_contributor() else 0.0
-        part = torch.tensor([mine], dtype=torch.float64, device=state.device)
-        dist.all_reduce(part)
-        losses.append(float(part.item()))
-        if saver is not None:  # before the report: the step's time includes what saving blocked
-            saver.after_step(step + 1, last=step + 1 == steps)
-        tokens = ex.micro_size * ex.num_micro * S if ex is not None and ex.stage == 0 else None
-        state.report(offset + step - start, loss=losses[-1], tokens=tokens, run=index)
-    out: dict[str, Any] = {"losses": losses, "rank": rank, "active": ex is not None,
-                           "seconds": round(time.perf_counter() - started, 3)}
-    if saver is not None:
-        out["checkpoint"] = saver.close()
-    if resumed is not None:
-        out["resumed"] = resumed
-    if ex is not None:
-        out.update(_memory_summary(ex, program, rank))
-        if capture:
-            _save_capture(ex, program, rank, Path(capture) / f"run{index}_rank{rank}.pt")
-    dist.barrier()
-    return out
 
 
 def _init_source(init: Any, config: Any) -> dict[str, Any] | None:
@@ -302,11 +290,11 @@ def _initial_shards(program: Any, rank: int, init: Mapping[str, Any] | None) -> 
     return load_local_parameters(program, rank, shard_reader(init["hf"], program.model))
 
 
-# ---- checkpoint hooks (:mod:`.checkpoint`) -------------------------------------------------------------------
-def _start_step(run: Mapping[str, Any]) -> int:
-    """The first step a run executes: the resumed checkpoint's step, else 0."""
+# ---- checkpoint hooks (:mod:`.checkpoint`; called by :class:`~.session.TrainSession`) -------------------------
+def _resume_point(run: Mapping[str, Any]) -> tuple[int, int]:
+    """``(first step, Adam updates done)`` of a run: the resumed checkpoint's, else ``(0, 0)``."""
     resume = run.get("resume")
-    return int(resume["step"]) if resume else 0
+    return (int(resume["step"]), int(resume["optimizer_step"])) if resume else (0, 0)
 
 
 def _initial_state(program: Any, rank: int, run: Mapping[str, Any]) -> tuple[Any, Any, dict[str, Any] | None]:
@@ -322,13 +310,13 @@ def _initial_state(program: Any, rank: int, run: Mapping[str, Any]) -> tuple[Any
     return params, opt_state, stats
 
 
-def _checkpoint_saver(state: Any, run: Mapping[str, Any], program: Any, ex: Any, index: int) -> Any:
+def _checkpoint_saver(state: Any, run: Mapping[str, Any], index: int) -> Any:
     """The run's :class:`~.checkpoint_worker.CheckpointSaver`, or ``None`` without ``checkpoint_dir``."""
     if not run.get("checkpoint"):
         return None
     from .checkpoint_worker import CheckpointSaver
 
-    return CheckpointSaver(state, run, program, ex, index)
+    return CheckpointSaver(state, run, index)
 
 
 def _memory_summary(ex: Any, program: Any, rank: int) -> dict[str, Any]:
@@ -354,8 +342,9 @@ def _save_capture(ex: Any, program: Any, rank: int, path: Path) -> None:
     opt = ex.optimizer_state()
     torch.save({"grads": {k: v.cpu() for k, v in (ex.captured_grads or {}).items()},
                 "params": {k: v.detach().cpu().clone() for k, v in ex.params.items()},
-                **{kind: {k: st[kind].detach().cpu().clone() for k, st in opt.items() if kind in st}
-                   for kind in ("exp_avg", "exp_avg_sq")},
+                "exp_avg": {k: st["exp_avg"].detach().cpu().clone() for k, st in opt.items() if "exp_avg" in st},
+                "exp_avg_sq": {k: st["exp_avg_sq"].detach().cpu().clone() for k, st in opt.items()
+                               if "exp_avg_sq" in st},
                 "optimizer_step": {k: st.get("step") for k, st in opt.items()},
                 "boxes": {k: shard_box(program, k, rank) for k in ex.params}}, path)
 
@@ -394,13 +383,14 @@ def assemble(captured: Sequence[Mapping[str, Any]], which: str, shapes: Mapping[
 # ---- the single-device reference ----------------------------------------------------------------------------
 @dataclass
 class ReferenceResult:
-    """Losses per step, the gradients of step 0, the parameters after the last step and Adam's moments then
-    (``moments[name] = {"exp_avg", "exp_avg_sq"}``; full tensors)."""
+    """Losses per step, the gradients of step 0, the parameters and Adam moments after the last step (full
+    tensors)."""
 
     losses: list[float]
     grads: dict[str, Any]
     params: dict[str, Any]
-    moments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    exp_avg: dict[str, Any] = field(default_factory=dict)
+    exp_avg_sq: dict[str, Any] = field(default_factory=dict)
 
 
 def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: int, seq_len: int | None = None,
@@ -429,9 +419,11 @@ def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: 
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         opt.step()
         losses.append(float(loss.detach()))
-    moments = {n: {k: opt.state[p][k].detach().clone() for k in ("exp_avg", "exp_avg_sq")}
-               for n, p in model.named_parameters() if p in opt.state}
-    return ReferenceResult(losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}, moments)
+    named = dict(model.named_parameters())
+    state = {n: opt.state.get(p, {}) for n, p in named.items()}
+    return ReferenceResult(losses, grads, {n: p.detach().clone() for n, p in named.items()},
+                           {n: s["exp_avg"].clone() for n, s in state.items() if "exp_avg" in s},
+                           {n: s["exp_avg_sq"].clone() for n, s in state.items() if "exp_avg_sq" in s})
 
 
 #: The public ``hspmd_sdk.launch`` (SPEC §3): train a specialized Program.
