@@ -185,14 +185,14 @@ def io_entry(state: Any, spec: Any) -> dict[str, Any]:
     contestants = ["ours save", "torch.save same bytes", "torch.save per-rank shards", "DCP save"]
     for rnd in range(int(p["rounds"])):
         step = rnd + 1
-        saver = CheckpointSaver(state, run, prog, shim, index=rnd)
-        mine = saver.snapshot(copy=False)[0]  # the pieces this rank writes for us: "the same bytes"
+        saver = CheckpointSaver(state, run, index=rnd)
+        mine = saver.pieces(prog, shim)  # the pieces this rank writes for us: "the same bytes"
         rdir = root / f"torch-{rnd}"
         rdir.mkdir(parents=True, exist_ok=True)
         dcp_dir = root / f"dcp-{rnd}"
 
         def ours_save() -> None:
-            saver.after_step(step, last=True)
+            saver.after_step(step, last=True, program=prog, ex=shim)
             phases.append(saver.close()["saved"][-1])
 
         def torch_same() -> None:

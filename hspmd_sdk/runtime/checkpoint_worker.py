@@ -169,6 +169,10 @@ class CheckpointSaver:
         return _Target(program, ex, self.state.rank, self.state.world_size,
                        f"{self.job_id}.{self.index}.{generation}", layouts, state_layouts, plan, threading.Event())
 
+    def pieces(self, program: Any, ex: Any) -> list[tuple[str, Any]]:
+        """The ``(key, tensor)`` pieces this rank writes for ``program`` (views, its RNG state last)."""
+        return self.snapshot(self._target(program, ex, 0), copy=False)[0]
+
     def snapshot(self, target: _Target, *, copy: bool) -> tuple[list[tuple[str, Any]], int | None]:
         """``(items, Adam's step count)``: this rank's pieces as ``(key, tensor)`` — copies with ``copy`` (they are
         written while training goes on), else views — and its RNG state."""
