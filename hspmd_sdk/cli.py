@@ -371,6 +371,10 @@ COMMANDS["simulate"] = Command("estimate one training step of a strategy (step t
 COMMANDS["launch"] = Command("train a strategy (or run an entry) on remote hosts over SSH",
                              _lazy("hspmd_sdk.runtime.ssh_cli", "add_launch_arguments"),
                              _lazy("hspmd_sdk.runtime.ssh_cli", "run_launch"))
+COMMANDS["checkpoint"] = Command("show a sharded checkpoint (step, model, strategy, sizes, integrity) or export "
+                                 "it to Hugging Face", _lazy("hspmd_sdk.runtime.checkpoint_cli",
+                                                             "add_checkpoint_arguments"),
+                                 _lazy("hspmd_sdk.runtime.checkpoint_cli", "run_checkpoint"))
 
 
 # ---- entry point ---------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 ``launch(...) -> Job`` starts one worker process per rank (:mod:`.worker`), each calling an entry function
 ``fn(state, spec) -> dict``; ``Job.wait()`` returns a :class:`JobResult` (per-step ``losses``, per-rank results,
-metrics) or raises :class:`~hspmd_sdk.errors.RuntimeFailure` naming the first failing rank.  Transports start the
+metrics) or raises :class:`~hspmd_sdk.errors.RuntimeFailure` naming the first failing rank.
+``load_checkpoint(DIR)`` opens a sharded checkpoint (:mod:`.checkpoint`).  Transports start the
 workers (:class:`LocalTransport`: local processes).  :mod:`.data` is the deterministic byte-level dataset.
 
 Faults (:mod:`.faults`, :mod:`.liveness`): workers and agents beat, the job's watchdog names a rank that stops
@@ -47,6 +48,9 @@ _EXPORTS = {
     "LocalTransport": ".transport",
     "WorkerState": ".worker",
     "StepMetrics": ".metrics",
+    "load_checkpoint": ".checkpoint",
+    "Checkpoint": ".checkpoint",
+    "CheckpointError": ".checkpoint_io",
 }
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -87,7 +87,7 @@ class TrainSession:
     """One run of ``train_entry`` on one worker: see the module docstring."""
 
     def __init__(self, state: Any, run: Mapping[str, Any], index: int, offset: int) -> None:
-        from .train import _initial_shards, _program_of, dataset_for
+        from .train import _checkpoint_saver, _initial_state, _program_of, _resume_point, dataset_for
 
         self.state, self.run, self.index, self.offset = state, run, index, offset
         self.elastic = bool(run.get("elastic"))
@@ -111,9 +111,13 @@ class TrainSession:
         self.ex = None
         self.state.program = self.program
         self._make_groups(self.program)
-        params = _initial_shards(self.program, state.rank, run.get("init")) if state.rank in self.program.ranks \
-            else None
-        self._make_executor(params, None)
+        # a resumed run (resume_from=) starts from its checkpoint's shards, at its step (:mod:`.checkpoint`)
+        params, opt_state, self.resumed = _initial_state(self.program, state.rank, run) \
+            if state.rank in self.program.ranks else (None, None, None)
+        self.start, self.adam_steps = _resume_point(run)
+        self.committed = self.start - 1
+        self.saver = _checkpoint_saver(state, run, index)
+        self._make_executor(params, opt_state)
         if self.ex is None:  # a spare rank may get state in a switch: pay torch.optim's first-use import now
             import torch
 
@@ -178,7 +182,7 @@ class TrainSession:
 
         started = time.perf_counter()
         losses: dict[int, float] = {}
-        step = 0
+        step = self.start
         while step < self.steps:
             reason = None
             try:
@@ -195,6 +199,10 @@ class TrainSession:
                                "launch_rank": self.state.launch_rank, "active": self.ex is not None,
                                "seconds": round(time.perf_counter() - started, 3),
                                "switches": self.switch_done, "reconfigurations": self.reconfigured}
+        if self.saver is not None:
+            out["checkpoint"] = self.saver.close()
+        if self.resumed is not None:
+            out["resumed"] = self.resumed
         if self.ex is not None:
             from .train import _memory_summary, _save_capture
 
@@ -234,6 +242,9 @@ class TrainSession:
         if self.previous is not None:  # the first step after a switch committed everywhere: the old state can go
             self.previous = None
         self._switch_agreed = int(agreed["switch"])
+        if self.saver is not None:  # before the report: the step's time includes what saving blocked
+            self.saver.after_step(step + 1, last=step + 1 == self.steps, program=self.program, ex=ex,
+                                  generation=self.reconfigured)
         tokens = ex.micro_size * ex.num_micro * self.S if ex is not None and ex.stage == 0 else None
         state.report(self.offset + step, loss=agreed["loss"], tokens=tokens, run=self.index,
                      compute_s=round(ex.compute_s, 6) if ex is not None else None)
@@ -347,6 +358,8 @@ class TrainSession:
         import gc
 
         t0 = time.perf_counter()
+        if self.saver is not None:  # a checkpoint in flight cannot complete in the broken world
+            self.saver.abandon()
         finish = self._in_commit
         finished = None
         if finish is not None and self.ex is not None:

@@ -34,7 +34,9 @@ ENTRY = "hspmd_sdk.runtime.train:train_entry"
 def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthetic", lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  seq_len: int | None = None, recompute: Sequence[int] | None = None,
-                 capture_dir: str | Path | None = None, cluster: Any = None, init: Any = None) -> dict[str, Any]:
+                 capture_dir: str | Path | None = None, cluster: Any = None, init: Any = None,
+                 checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
+                 checkpoint_async: bool = True, resume_from: str | Path | None = None) -> dict[str, Any]:
     """The JSON description of one training run of ``program`` (what a worker needs to rebuild it).
 
     ``seq_len``: tokens per sample (default: the model's ``max_seq_len``); the global batch is the program's
@@ -44,6 +46,12 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
     :func:`load_captured`).  ``init``: start from these weights instead of the seeded initialisation — a Hugging
     Face directory (``config.json`` + ``model.safetensors``) or a state dict (names = the model's); each rank
     reads only its own slices (:mod:`hspmd_sdk.models.hf`).
+
+    Checkpoints (:mod:`.checkpoint`): ``checkpoint_dir`` saves the sharded parameters, Adam state, data position
+    and RNG after every ``checkpoint_every``-th step and after the last (only after the last by default), keeping
+    the newest ``keep``; ``checkpoint_async`` writes in the background (the step waits only for copies of the
+    shards).  ``resume_from``: a checkpoint root (its latest complete checkpoint) or one step directory to continue
+    from, under this program whatever plan and world size saved it: the run executes steps ``s .. steps-1``.
 
     The run is checked here, before any worker starts (:func:`_validate_run`): ``steps >= 1``, ``seq_len >= 1``
     when given, the optimizer options, a known ``data`` source for the model's vocabulary, every rank of the
@@ -81,6 +89,13 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
         "init": _init_source(init, config),
     }
     _validate_run(run, program, cluster, config)
+    if resume_from is not None and init is not None:
+        raise PlanValidationError([("init", "resume_from= already gives the weights (and the optimizer state); "
+                                            "pass one of init= and resume_from=")], what="training run")
+    from .checkpoint import run_fields
+
+    run.update(run_fields(run, program, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                          keep=keep, checkpoint_async=checkpoint_async, resume_from=resume_from))
     from .preflight import training_memory  # what each rank will need, for the launcher's resource preflight
 
     run["memory_estimate"] = {str(r): b for r, b in training_memory(
@@ -156,6 +171,8 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
                     weight_decay: float = 0.0, seq_len: int | None = None, recompute: Sequence[int] | None = None,
                     capture_dir: str | Path | None = None, init: Any = None, elastic: bool = False,
                     straggler: Any = None, cost: Any = None, fault_injection: Sequence[Mapping[str, Any]] = (),
+                    checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
+                    checkpoint_async: bool = True, resume_from: str | Path | None = None,
                     **launch_kwargs: Any) -> Any:
     """Train ``program`` for ``steps`` steps on one worker process per rank of ``cluster``; returns the running
     :class:`~.job.Job` (``job.wait().losses``: the loss of each step's global batch).
@@ -164,13 +181,19 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     N-rank program of one model produce the same losses.  ``init``: a Hugging Face directory or a state dict to
     start from (see :func:`training_run`).
 
+    Checkpoints (SPEC §5, :mod:`.checkpoint`): ``checkpoint_dir``/``checkpoint_every``/``keep``/
+    ``checkpoint_async`` save sharded checkpoints; ``resume_from`` continues from one under this program, whatever
+    plan and world size saved it (``job.wait().losses`` then has ``steps - s`` entries, s the checkpoint's step);
+    see :func:`training_run`.
+
     Graph switching (SPEC §6): ``job.switch(program)`` moves the running job to another plan.  ``elastic=True``:
     a worker that dies does not end the job — the survivors replan, switch by fused BSR and redo the interrupted
     step (:mod:`.controller`).  ``straggler=True`` (or a :class:`~.controller.StragglerWatch`): a rank that stays
     slower than under its plan is replanned around; ``cost``: the :class:`~hspmd_sdk.planner.CostModel` those
     replans use.  ``job.events`` lists every reconfiguration.  ``fault_injection`` (for tests and demos of
     failures): ``[{"rank": r, "step": s, "at": point}]`` makes rank ``r`` SIGKILL itself at ``point`` of step ``s``
-    (``"forward"``, ``"backward"``, ``"grad_sync"``, ``"optimizer"``, or ``"switch"`` during a switch).
+    (``"forward"``, ``"backward"``, ``"grad_sync"``, ``"optimizer"``, or ``"switch"`` during a switch), or at a
+    point of the write of the checkpoint of step ``s`` (steps completed; :data:`~.checkpoint_io.WRITE_POINTS`).
     ``launch_kwargs`` go to
     :func:`hspmd_sdk.runtime.launcher.launch` (``progress``, ``echo``, ``slowdown`` — a factor or a schedule
     ``{rank: [(step, factor), ...]}`` —, ``timeout_s``, ``transport``, ``log_dir``, ...)."""
@@ -179,9 +202,13 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     cluster = cluster if cluster is not None else program.cluster
     run = training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
                        weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
-                       cluster=cluster, init=init)
+                       cluster=cluster, init=init, checkpoint_dir=checkpoint_dir,
+                       checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
+                       resume_from=resume_from)
     run["elastic"] = bool(elastic)
-    points = {"forward", "backward", "grad_sync", "optimizer", "switch"}
+    from .checkpoint_io import WRITE_POINTS
+
+    points = {"forward", "backward", "grad_sync", "optimizer", "switch", *WRITE_POINTS}
     bad = [f for f in fault_injection if f.get("at") not in points or int(f.get("rank", -1)) not in program.ranks]
     if bad:
         from ..errors import PlanValidationError
@@ -263,6 +290,35 @@ def _initial_shards(program: Any, rank: int, init: Mapping[str, Any] | None) -> 
     return load_local_parameters(program, rank, shard_reader(init["hf"], program.model))
 
 
+# ---- checkpoint hooks (:mod:`.checkpoint`; called by :class:`~.session.TrainSession`) -------------------------
+def _resume_point(run: Mapping[str, Any]) -> tuple[int, int]:
+    """``(first step, Adam updates done)`` of a run: the resumed checkpoint's, else ``(0, 0)``."""
+    resume = run.get("resume")
+    return (int(resume["step"]), int(resume["optimizer_step"])) if resume else (0, 0)
+
+
+def _initial_state(program: Any, rank: int, run: Mapping[str, Any]) -> tuple[Any, Any, dict[str, Any] | None]:
+    """``(params, optimizer_state, resume stats)`` of this rank: read from the resumed checkpoint (its RNG state
+    restored too), else the ``init`` weights or the seeded initialisation and a fresh optimizer."""
+    resume = run.get("resume")
+    if not resume:
+        return _initial_shards(program, rank, run.get("init")), None, None
+    from .checkpoint_worker import load_resume, restore_rng
+
+    params, opt_state, stats = load_resume(resume, program, rank)
+    stats["rng_restored"] = restore_rng(resume, rank)
+    return params, opt_state, stats
+
+
+def _checkpoint_saver(state: Any, run: Mapping[str, Any], index: int) -> Any:
+    """The run's :class:`~.checkpoint_worker.CheckpointSaver`, or ``None`` without ``checkpoint_dir``."""
+    if not run.get("checkpoint"):
+        return None
+    from .checkpoint_worker import CheckpointSaver
+
+    return CheckpointSaver(state, run, index)
+
+
 def _memory_summary(ex: Any, program: Any, rank: int) -> dict[str, Any]:
     """Bytes of the rank's parameters, of its Adam state, and of its shards by the annotations."""
     import torch
@@ -289,6 +345,7 @@ def _save_capture(ex: Any, program: Any, rank: int, path: Path) -> None:
                 "exp_avg": {k: st["exp_avg"].detach().cpu().clone() for k, st in opt.items() if "exp_avg" in st},
                 "exp_avg_sq": {k: st["exp_avg_sq"].detach().cpu().clone() for k, st in opt.items()
                                if "exp_avg_sq" in st},
+                "optimizer_step": {k: st.get("step") for k, st in opt.items()},
                 "boxes": {k: shard_box(program, k, rank) for k in ex.params}}, path)
 
 
@@ -296,7 +353,8 @@ def _save_capture(ex: Any, program: Any, rank: int, path: Path) -> None:
 
 # ---- captured shards -> full tensors ------------------------------------------------------------------------
 def load_captured(capture_dir: str | Path, index: int = 0) -> list[dict[str, Any]]:
-    """Every rank's saved shards of run ``index`` (``{"grads", "params", "boxes"}`` each)."""
+    """Every rank's saved shards of run ``index`` (``{"grads", "params", "exp_avg", "exp_avg_sq",
+    "optimizer_step", "boxes"}`` each)."""
     import torch
 
     return [torch.load(p, map_location="cpu") for p in sorted(Path(capture_dir).glob(f"run{index}_rank*.pt"))]
@@ -304,7 +362,8 @@ def load_captured(capture_dir: str | Path, index: int = 0) -> list[dict[str, Any
 
 def assemble(captured: Sequence[Mapping[str, Any]], which: str, shapes: Mapping[str, Sequence[int]]
              ) -> tuple[dict[str, Any], float]:
-    """Full tensors from the ranks' shards (``which``: ``"grads"`` or ``"params"``) and the largest difference
+    """Full tensors from the ranks' shards (``which``: ``"grads"``, ``"params"``, ``"exp_avg"`` or
+    ``"exp_avg_sq"``) and the largest difference
     between two ranks' copies of the same element (replicas must agree)."""
     import torch
 

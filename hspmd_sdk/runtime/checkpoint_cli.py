@@ -1,0 +1,39 @@
+"""``hspmd checkpoint show DIR`` and ``hspmd checkpoint export DIR --hf OUT`` (registered in :mod:`hspmd_sdk.cli`).
+
+``DIR`` is a checkpoint root (its latest complete checkpoint) or one ``step-NNNNNNNN`` directory.  ``show`` prints
+the step, the model, the strategy it was saved under, the data position, the bytes each rank wrote and the
+integrity check (every file, header and checksum; ``--no-verify`` skips it); ``export`` writes the parameters as a
+Hugging Face model directory.  Errors (:class:`~.checkpoint_io.CheckpointError`: a missing, truncated or corrupted
+shard, naming the file and the tensor) go through the CLI's one ``error:`` line, exit status 1.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="checkpoint_command", metavar="ACTION", required=True)
+    show = sub.add_parser("show", help="step, model, strategy, size per rank and integrity of a checkpoint",
+                          description="Print a checkpoint's step, model, strategy, data position, size per rank "
+                                      "and integrity (every file, header and checksum checked).")
+    show.add_argument("directory", metavar="DIR", help="a checkpoint root (its latest checkpoint) or a step directory")
+    show.add_argument("--no-verify", action="store_true", help="skip reading the files (integrity not checked)")
+    export = sub.add_parser("export", help="write a checkpoint's parameters as a Hugging Face model directory",
+                            description="Write the parameters of a checkpoint as a Hugging Face model directory "
+                                        "(config.json + model.safetensors) that transformers loads.")
+    export.add_argument("directory", metavar="DIR", help="a checkpoint root (its latest checkpoint) or a step directory")
+    export.add_argument("--hf", required=True, metavar="OUT", help="the Hugging Face directory to write")
+
+
+def run_checkpoint(args: argparse.Namespace) -> int:
+    from .checkpoint import load_checkpoint
+
+    if args.checkpoint_command == "show":
+        verify = not args.no_verify
+        ck = load_checkpoint(args.directory, verify=verify)
+        print(ck.summary(verified=verify))
+        return 0
+    ck = load_checkpoint(args.directory)
+    out = ck.to_hf(args.hf)
+    print(f"wrote {out} (Hugging Face {ck.model.family} model, step {ck.step} of {ck.path})")
+    return 0
