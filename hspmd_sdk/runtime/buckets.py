@@ -231,9 +231,6 @@ class GradBuckets:
         self.backward_done()
         ctx, me = self.ctx, self.rank
         out: dict[int, torch.Tensor | None] = {}
-        for i in sorted(self.bucketed):
-            outb = dict(self.items[i].plan.ops[0].out_boxes)
-            out[i] = ctx.zeros(outb[me]) if me in outb else self._wire_input(i)
         for b, (work, buf) in zip(self.buckets, self._posted):
             if work is not None:
                 work.wait()
@@ -241,9 +238,19 @@ class GradBuckets:
             for i, s in b.members:
                 n = box_numel(s.box)
                 if me in s.receivers:
-                    outb = dict(self.items[i].plan.ops[0].out_boxes)
-                    out[i][relative(s.box, outb[me])] = buf[at:at + n].reshape(box_shape(s.box))  # type: ignore
+                    mine = dict(self.items[i].plan.ops[0].out_boxes)[me]
+                    piece = buf[at:at + n].view(box_shape(s.box))
+                    if s.box == mine:  # the slice is this rank's whole gradient: a view of the bucket, no copy
+                        out[i] = piece
+                    else:
+                        if out.get(i) is None:
+                            out[i] = ctx.zeros(mine)
+                        out[i][relative(s.box, mine)] = piece  # type: ignore[index]
                 at += n
+        for i in self.bucketed:
+            if out.get(i) is None:  # no slice for this rank: zeros of its box (or it holds no destination)
+                outb = dict(self.items[i].plan.ops[0].out_boxes)
+                out[i] = ctx.zeros(outb[me]) if me in outb else None
         synced: dict[str, torch.Tensor] = {}
         for i, item in enumerate(self.items):
             if item.plan is None:
