@@ -271,11 +271,16 @@ PEERS: dict[str, Callable[..., Any]] = {"ddp": _PeerDDP, "tp_ddp": _PeerTPDDP, "
 
 
 # ---- the entry ------------------------------------------------------------------------------------------------
-def _timed(fn: Callable[[], float]) -> tuple[float, float]:
+def _timed(fn: Callable[[], float], cpu: list[float] | None = None) -> tuple[float, float]:
+    """Wall seconds of ``fn`` between two barriers (the slowest rank) and its loss; ``cpu`` gets this process's
+    CPU seconds in ``fn`` (every thread: the compute and gloo's)."""
     dist.barrier()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     loss = fn()
+    c1 = time.process_time()
     dist.barrier()
+    if cpu is not None:
+        cpu.append(c1 - c0)
     return time.perf_counter() - t0, loss
 
 
@@ -293,6 +298,7 @@ def bench_entry(state: Any, spec: Any) -> dict[str, Any]:
     B, S, seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
     batches = [dataset.global_batch(s, B, S, seed) for s in range(8)]
     times: dict[str, list[float]] = {"ours": [], "peer": []}
+    cpu: dict[str, list[float]] = {"ours": [], "peer": []}
     losses: dict[str, list[float]] = {"ours": [], "peer": []}
     done = {"ours": 0, "peer": 0}
     contestants = {"ours": ours, "peer": peer}
@@ -301,12 +307,14 @@ def bench_entry(state: Any, spec: Any) -> dict[str, Any]:
         for name in order:
             for s in range(int(p["steps"])):
                 batch = batches[done[name] % len(batches)]
-                dt, loss = _timed(lambda: contestants[name].step(batch))
+                spent: list[float] = []
+                dt, loss = _timed(lambda: contestants[name].step(batch), spent)
                 if done[name] >= int(p["warmup"]):
                     times[name].append(dt)
+                    cpu[name].append(spent[0])
                 done[name] += 1
                 losses[name].append(loss)
-    return {"times": times, "losses": losses, "threads": torch.get_num_threads()}
+    return {"times": times, "cpu": cpu, "losses": losses, "threads": torch.get_num_threads()}
 
 
 # ---- compute-only slow-device emulation (part d) ----------------------------------------------------------------

@@ -110,6 +110,8 @@ def versus(name: str, strat: Strategy, peer: dict[str, Any], world: int, args: a
                  transport=LocalTransport(cwd=str(REPO))).wait()
     wall = time.perf_counter() - t0
     times = res.results[0]["times"]
+    cpu = {k: median([median([r["cpu"][k][i] for r in res.results.values()]) for i in range(len(times[k]))])
+           for k in ("ours", "peer")}  # CPU seconds per step: median over steps of the ranks' median
     ours, theirs = median(times["ours"]), median(times["peer"])
     pairs = [a / b for a, b in zip(times["ours"], times["peer"])]
     out = {"name": name, "strategy": strat.name, "peer": peer["kind"], "ours_s": ours, "peer_s": theirs,
@@ -118,10 +120,12 @@ def versus(name: str, strat: Strategy, peer: dict[str, Any], world: int, args: a
            "n": len(times["ours"]), "ours_all": times["ours"], "peer_all": times["peer"],
            "load_before": before, "load_after": load(), "wall_s": wall,
            "ours_loss0": res.results[0]["losses"]["ours"][0], "peer_loss0": res.results[0]["losses"]["peer"][0],
-           "threads": res.results[0]["threads"]}
+           "threads": res.results[0]["threads"], "ours_cpu_s": cpu["ours"], "peer_cpu_s": cpu["peer"],
+           "cpu_ratio": cpu["ours"] / cpu["peer"]}
     print(f"  {name:<28} median ours {ours * 1e3:7.1f} ms  peer {theirs * 1e3:7.1f} ms  ratio {ours / theirs:5.2f}"
           f" | pairwise {out['pair_ratio']:5.2f} | min {out['ours_min_s'] * 1e3:6.1f} / {out['peer_min_s'] * 1e3:6.1f}"
-          f" = {out['min_ratio']:5.2f}  (n={out['n']}, load {before} -> {out['load_after']}, {wall:.0f} s)",
+          f" = {out['min_ratio']:5.2f} | cpu/step {cpu['ours'] * 1e3:6.1f} / {cpu['peer'] * 1e3:6.1f} ="
+          f" {out['cpu_ratio']:5.2f}  (n={out['n']}, load {before} -> {out['load_after']}, {wall:.0f} s)",
           flush=True)
     return out
 

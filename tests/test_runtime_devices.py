@@ -144,9 +144,11 @@ def test_receives_are_posted_one_action_ahead_in_each_direction() -> None:
 
     actions = build_schedule("1f1b", 3, 1, 4)  # a middle stage: receives in both directions
     ahead = _next_receives(actions)
-    for j, a in enumerate(actions):
-        if a.kind in ("RECV_F", "RECV_B"):
-            assert any(j in ahead[i] for i in range(j)), (j, a)  # posted before its action
+    posted = [j for later in ahead for j in later]
+    receives = [j for j, a in enumerate(actions) if a.kind in ("RECV_F", "RECV_B")]
+    assert sorted(posted) == receives                            # each receive posted exactly once
     for i, later in enumerate(ahead):
-        assert len(later) <= 2 and all(j > i for j in later)
-        assert len({actions[j].kind for j in later}) == len(later)  # at most one per direction
+        for j in later:
+            assert i < j or i == j == 0                           # before its own action
+            same = [k for k in receives if actions[k].kind == actions[j].kind and i <= k < j]
+            assert len(same) <= 1                                  # at most one earlier receive of its direction open

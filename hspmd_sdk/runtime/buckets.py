@@ -33,7 +33,7 @@ import torch
 
 from ..core.comm_ops import SplitCollectiveOp
 from ..core.slices import box_numel, box_shape, relative
-from .comm import _collective, _Ctx, _split_buffer, execute, group_lookup
+from .comm import _collective, _Ctx, _piece, execute, group_lookup
 
 __all__ = ["SyncItem", "Bucket", "GradBuckets", "plan_buckets", "bucketable", "BUCKET_BYTES", "FIRST_BUCKET_BYTES"]
 
@@ -68,10 +68,7 @@ class Bucket:
     root: int | None
     members: list[tuple[int, Any]] = field(default_factory=list)
     nbytes: int = 0
-
-    @property
-    def items(self) -> list[int]:
-        return sorted({i for i, _ in self.members})
+    items: list[int] = field(default_factory=list)   #: the items it holds slices of, ascending
 
 
 def plan_buckets(plans: Sequence[tuple[int, Any]], rank: int, *, bucket_bytes: int = BUCKET_BYTES,
@@ -98,6 +95,8 @@ def plan_buckets(plans: Sequence[tuple[int, Any]], rank: int, *, bucket_bytes: i
                 out.append(b)
             b.members.append((i, s))
             b.nbytes += nbytes
+    for b in out:
+        b.items = sorted({i for i, _ in b.members})
     return out
 
 
@@ -161,10 +160,13 @@ class GradBuckets:
 
     def _on_grad(self, key: int, tensor: torch.Tensor) -> None:
         g = tensor.grad
-        tensor.grad = None
         if g is not None:
-            acc = self._grad.get(key)
-            self._grad[key] = g.float() if acc is None else acc + g   # micro-batches summed in fp32
+            if g.dtype == torch.float32:  # autograd sums the micro-batches into .grad itself, in place
+                self._grad[key] = g
+            else:  # bf16: the micro-batches are summed in an fp32 buffer of ours
+                tensor.grad = None
+                acc = self._grad.get(key)
+                self._grad[key] = g.float() if acc is None else acc.add_(g)
         if self._last:
             names = self._names[key]
             self._final.update(names)
@@ -210,13 +212,15 @@ class GradBuckets:
     def _post(self, b: Bucket) -> None:
         ctx = self.ctx
         parts = []
-        for i, s in b.members:
+        for i, s in b.members:  # views of the gradients (or zeros where this rank adds nothing): one copy, the cat
             op = self.items[i].plan.ops[0]
             inb = dict(op.in_boxes)
-            x = ctx.check(self._wire_input(i), inb[self.rank], f"gradient of {self.items[i].param!r}") \
-                if self.rank in inb else None
-            parts.append(_split_buffer([s], x, inb, ctx))
-        buf = torch.cat(parts) if len(parts) > 1 else parts[0]
+            if self.rank in s.contributors:
+                x = ctx.check(self._wire_input(i), inb[self.rank], f"gradient of {self.items[i].param!r}")
+                parts.append(_piece(x, s.box, inb[self.rank]))
+            else:
+                parts.append(torch.zeros(box_numel(s.box), dtype=ctx.dtype, device=ctx.device))
+        buf = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
         what = f"a gradient bucket of {len(b.members)} slices over {list(b.ranks)}"
         work = _collective(buf, b.ranks, b.root, ctx, what) if len(b.ranks) > 1 else None
         if self.trace is not None:

@@ -661,14 +661,15 @@ class StepExecutor:
 
 
 def _next_receives(actions: Any) -> list[list[int]]:
-    """For each action index, the receive actions to post before it runs: the next ``RECV_F`` and the next
-    ``RECV_B`` after it (one ahead per direction; posting twice is a no-op)."""
+    """For each action index, the receive actions to post before it runs: a ``RECV_F`` / ``RECV_B`` is posted
+    when the previous receive of its direction runs (the first ones before the first action), so each is posted
+    once, at most two per direction are outstanding, and each is posted before its own action."""
     out: list[list[int]] = [[] for _ in actions]
-    nxt: dict[str, int] = {}
-    for i in range(len(actions) - 1, -1, -1):
-        out[i] = sorted(nxt.values())
-        if actions[i].kind in ("RECV_F", "RECV_B"):
-            nxt[actions[i].kind] = i
+    last: dict[str, int] = {}
+    for j, a in enumerate(actions):
+        if a.kind in ("RECV_F", "RECV_B"):
+            out[last.get(a.kind, 0)].append(j)
+            last[a.kind] = j
     return out
 
 
