@@ -12,7 +12,8 @@ box.  Checked on real worker processes (gloo), tiny models, fp32, with small buc
 * ZeRO-1: the forward starts before the last layers' gathered parameters are waited for;
 * 1F1B: the next micro-batch's activations and the first gradients are received into buffers posted ahead;
 * and none of it changes a result: the losses equal the single-device reference (fp32, 1e-5), as do every
-  strategy's in ``test_runtime_train.py`` (which runs with the default buckets).
+  strategy's in ``test_runtime_train.py`` (which runs with the default buckets) — also with the stage-boundary
+  messages on a group per rank pair and direction (``pipeline_groups``, what the executor uses under NCCL).
 """
 from __future__ import annotations
 
@@ -40,7 +41,10 @@ RUNS = {
     "llama_dp2_zero1": (LlamaConfig, {**DP2, "zero1": True}),
     "llama_pp2_1f1b": (LlamaConfig, {"pipelines": [_pipe([([0], [0, 1]), ([1], [2, 3])], 2, 4)]}),
     "gpt_dp2": (GPTConfig, DP2),
+    # the NCCL layout of stage-boundary messages (a group per rank pair and direction), run on gloo
+    "gpt_pp2_1f1b_pair_groups": (GPTConfig, {"pipelines": [_pipe([([0], [0, 1]), ([1], [2, 3])], 2, 4)]}),
 }
+PAIR_GROUPS = ["gpt_pp2_1f1b_pair_groups"]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +54,7 @@ def traced() -> dict:
                               cluster) for n, (m, s) in RUNS.items()}
     runs = {n: training_run(p, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, cluster=cluster)
             for n, p in programs.items()}
-    payload = {"runs": runs, "bucket_bytes": 128 * 1024, "first_bucket_bytes": 32 * 1024}
+    payload = {"runs": runs, "bucket_bytes": 128 * 1024, "first_bucket_bytes": 32 * 1024, "pair_groups": PAIR_GROUPS}
     old = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS), old])  # the workers import overlap_entry from here
     try:
@@ -116,6 +120,14 @@ def test_zero1_gathers_overlap_the_first_forward(traced: dict) -> None:
         ready = {ev[i]["name"]: i for i in _index(ev, event="param_ready")}
         assert ready["layers.0.attn.wq.gather"] > pre_end and ready["layers.3.attn.wq.gather"] > first_f
         assert ready["layers.0.attn.wq.gather"] < ready["layers.3.attn.wq.gather"]  # waited for in use order
+
+
+def test_stage_boundary_groups_per_pair_and_direction(traced: dict) -> None:
+    from hspmd_sdk.runtime.executor import pipeline_pairs
+
+    program = traced["programs"]["gpt_pp2_1f1b_pair_groups"]
+    assert program.comm_plans["wte.weight.head"].kinds == ["SendRecv"]  # PRE's tied-weight move: the job's group
+    assert pipeline_pairs(program) == [(0, 0, 1), (1, 0, 1)]           # activations 0 -> 1, gradients 1 -> 0
 
 
 def test_pipeline_receives_are_posted_ahead(traced: dict) -> None:

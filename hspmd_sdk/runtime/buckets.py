@@ -33,7 +33,7 @@ import torch
 
 from ..core.comm_ops import SplitCollectiveOp
 from ..core.slices import box_numel, box_shape, relative
-from .comm import _collective, _Ctx, _piece, execute, group_lookup
+from .comm import CommExecutionError, _collective, _Ctx, _piece, execute, group_lookup
 
 __all__ = ["SyncItem", "Bucket", "GradBuckets", "plan_buckets", "bucketable", "BUCKET_BYTES", "FIRST_BUCKET_BYTES"]
 
@@ -235,9 +235,12 @@ class GradBuckets:
         self.backward_done()
         ctx, me = self.ctx, self.rank
         out: dict[int, torch.Tensor | None] = {}
-        for b, (work, buf) in zip(self.buckets, self._posted):
+        for k, (b, (work, buf)) in enumerate(zip(self.buckets, self._posted)):
             if work is not None:
-                work.wait()
+                try:
+                    work.wait()
+                except RuntimeError as e:  # a peer failed or timed out: say which collective
+                    raise CommExecutionError(f"rank {me}, gradient bucket {k} over {list(b.ranks)}: {e}") from e
             at = 0
             for i, s in b.members:
                 n = box_numel(s.box)

@@ -156,10 +156,6 @@ class Pending:
         p.wait()
         return p
 
-    @property
-    def is_done(self) -> bool:
-        return self._done
-
     def wait(self) -> Any:
         if not self._done:
             try:
@@ -471,27 +467,33 @@ def _run_p2p(op: PointToPointOp, cur: torch.Tensor | None, ctx: _Ctx, what: str,
     return out if out is not None else cur
 
 
+P2PGroup = Callable[[int, int], Any]
+
+
 def post_sends(op: PointToPointOp, x: torch.Tensor | None, rank: int, in_box: Box | None,
-               tag_base: int = 0) -> list[tuple[Any, torch.Tensor]]:
+               tag_base: int = 0, group: P2PGroup | None = None) -> list[tuple[Any, torch.Tensor]]:
     """Post this rank's sends of ``op`` asynchronously (``isend``; message ``i`` tagged ``tag_base + i``) from its
     local tensor ``x`` holding ``in_box``; returns ``(work, buffer)`` pairs to wait on later.  With
     :func:`receive` this is the split-phase form of a point-to-point operator that pipeline stages use: the
-    sending stage goes on computing while its messages travel."""
+    sending stage goes on computing while its messages travel.  ``group(src, dst)``: the process group a message
+    travels on (default: the whole job's)."""
     pending = []
     for i, m in enumerate(op.messages):
         if m.src == rank and m.dst != rank:
             assert x is not None and in_box is not None
             buf = x[relative(m.box, in_box)].contiguous()
-            pending.append((dist.isend(buf, m.dst, tag=tag_base + i), buf))
+            pg = group(m.src, m.dst) if group is not None else None
+            pending.append((dist.isend(buf, m.dst, tag=tag_base + i, group=pg), buf))
     return pending
 
 
 def post_receives(op: PointToPointOp, rank: int, dtype: torch.dtype, device: torch.device,
-                  tag_base: int = 0) -> Pending:
+                  tag_base: int = 0, group: P2PGroup | None = None) -> Pending:
     """Post this rank's receives of ``op`` (``irecv``; message ``i`` tagged ``tag_base + i``) and return at once;
     ``.wait()`` assembles its output box (``None`` if it has none).  The peer posts the same messages with the
     same tags (:func:`post_sends` or :func:`execute`).  Posting early changes no result: messages match by
-    (peer, tag) in posting order, and the caller waits where it would have received."""
+    (peer, tag) in posting order, and the caller waits where it would have received.  ``group``: as in
+    :func:`post_sends` (the sender's and the receiver's must agree)."""
     outb = dict(op.out_boxes)
     if rank not in outb:
         return Pending.done(None)
@@ -500,13 +502,15 @@ def post_receives(op: PointToPointOp, rank: int, dtype: torch.dtype, device: tor
     if len(mine) == 1 and mine[0][1].box == outb[rank]:  # one message is the whole output: receive in place
         (i, m), = mine
         whole = torch.empty(box_shape(outb[rank]), dtype=dtype, device=device)
-        return Pending([dist.irecv(whole.view(-1), m.src, tag=tag_base + i)], lambda: whole, what, rank)
+        pg = group(m.src, m.dst) if group is not None else None
+        return Pending([dist.irecv(whole.view(-1), m.src, tag=tag_base + i, group=pg)], lambda: whole, what, rank)
     out = torch.zeros(box_shape(outb[rank]), dtype=dtype, device=device)
     recvs = []
     for i, m in enumerate(op.messages):
         if m.dst == rank and m.src != rank:
             buf = torch.empty(box_numel(m.box), dtype=dtype, device=device)
-            recvs.append((dist.irecv(buf, m.src, tag=tag_base + i), buf, m.box))
+            pg = group(m.src, m.dst) if group is not None else None
+            recvs.append((dist.irecv(buf, m.src, tag=tag_base + i, group=pg), buf, m.box))
 
     def finish() -> torch.Tensor:
         for _, buf, box in recvs:

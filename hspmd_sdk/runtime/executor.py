@@ -18,6 +18,18 @@ between stages of different TP degrees) is the schedule's transfer actions: the 
 receives the gradient in ``RECV_B``.  Receives block; sends do not (they are waited for at the end of the step) —
 the semantics under which :func:`hspmd_sdk.core.schedule.replay` proves the schedules deadlock-free.
 
+Overlap, none of which changes a result or that semantics: under gloo each receive is *posted* ahead, when the
+previous receive of its direction runs, and waited for at its own action (messages match by peer and tag, so
+posting early cannot match another message: ``PRE``/``POST`` messages have tags of their own); ZeRO-1's gathers
+are started in ``PRE`` and each gathered parameter is waited for where the forward first reads it; gradient
+buckets (:mod:`.buckets`) start their collectives from autograd hooks during the step's last ``B``, as soon as
+every use of their parameters has its final gradient.
+
+Precision (SPEC §8): ``precision="bf16"`` computes with bf16 working copies of the fp32 master parameters (made
+in ``PRE``), bf16 activations and gradients, every plan executed for bf16 (:func:`~.comm.with_dtype`); the loss
+is fp32; each use's gradient is summed over micro-batches in fp32, synchronised in bf16 and applied in fp32 to the
+masters, whose Adam state is fp32.
+
 Loss: the loss op runs with the step's *global* number of target tokens (the kernel registry's
 ``loss_normalizer``), so each micro-batch's loss is its summand of the global mean and the accumulated gradients
 (summed over micro-batches, then across pipelines by the gradient synchronisation) are exactly the single-device
@@ -52,7 +64,8 @@ from .comm import Pending, execute, execute_async, execute_op, post_receives, po
 from .kernels import kernel_for
 from .params import check_local_parameters, init_local_parameters
 
-__all__ = ["StepExecutor", "ExecutorError", "program_comm_plans", "AdamConfig", "PRECISIONS", "precision_dtype"]
+__all__ = ["StepExecutor", "ExecutorError", "program_comm_plans", "AdamConfig", "PRECISIONS", "precision_dtype",
+           "pipeline_pairs", "pipeline_groups"]
 
 #: ``precision=`` -> the dtype of parameters' working copies, activations, gradients and messages (SPEC §8).  The
 #: master weights and Adam's state are fp32 either way.
@@ -180,6 +193,8 @@ class StepExecutor:
     ``trace``: a test hook, ``trace(event, **info)`` with ``event`` one of ``action`` (a schedule action starts),
     ``recv_posted`` (a receive was posted ahead), ``param_ready`` (a gathered parameter was waited for),
     ``grad_final`` and ``bucket_start`` (:class:`~.buckets.GradBuckets`), ``backward_end``.
+    ``p2p_groups``: :func:`pipeline_groups` — the stage-boundary messages travel on a group per rank pair and
+    direction (what NCCL needs; default: the job's group).
     """
 
     def __init__(self, program: Any, rank: int, groups: Any, *, seed: int = 0, global_batch: int, seq_len: int,
@@ -188,12 +203,14 @@ class StepExecutor:
                  params: Mapping[str, torch.Tensor] | None = None,
                  optimizer_state: Mapping[str, Mapping[str, Any]] | None = None, precision: str = "fp32",
                  bucket_bytes: int = BUCKET_BYTES, first_bucket_bytes: int | None = FIRST_BUCKET_BYTES,
-                 trace: Callable[..., None] | None = None) -> None:
+                 trace: Callable[..., None] | None = None,
+                 p2p_groups: Mapping[tuple[int, int, int], Any] | None = None) -> None:
         self.program, self.rank, self.groups = program, rank, groups
         # speed emulation (CPU demos): called with the seconds of each compute piece -- a forward kernel, a
         # stage's autograd backward, the optimizer step -- never with time spent waiting for other ranks
         self.emulate = emulate
         self.trace = trace
+        self.p2p_groups = p2p_groups
         self.precision, self.dtype = precision, precision_dtype(precision)
         self.device = device or torch.device("cpu")
         self.graph = program.graph
@@ -326,9 +343,9 @@ class StepExecutor:
         :attr:`needs_data` passes the same; others may pass ``None``); returns this rank's summand of the global
         loss (see :meth:`loss_contributor`).
 
-        Overlap (results unchanged): the receive of the next ``RECV_F`` / ``RECV_B`` is posted one action ahead
-        (gloo), ZeRO-1 gathers are waited for where the forward first reads them, and gradient buckets start
-        during the last backward (:mod:`.buckets`)."""
+        Overlap (results unchanged): receives are posted ahead (gloo; see the module docstring), ZeRO-1 gathers
+        are waited for where the forward first reads them, and gradient buckets start during the last backward
+        (:mod:`.buckets`)."""
         self._feeds = self._local_feeds(self._full_feeds(batch))
         self.records.clear()
         actions = self.program.schedule(self.rank)
@@ -461,7 +478,7 @@ class StepExecutor:
         rec = self._record(mb)
         for op in self.eg.forward:
             if op.kind == "Reshard" and self.roles[op.name] == "recv":
-                rec.received[op.name] = self._receive(self._plan(op.name), _tag(mb, 0), ("RECV_F", mb, op.name))
+                rec.received[op.name] = self._receive(self._plan(op.name), mb, 0, ("RECV_F", mb, op.name))
 
     def forward(self, mb: int) -> None:
         """``F`` of micro-batch ``mb``."""
@@ -482,7 +499,7 @@ class StepExecutor:
     def send_forward(self, mb: int) -> None:
         """``SEND_F``: post this stage's outputs of micro-batch ``mb`` to the next stage (asynchronous)."""
         for name, t in self.records[mb].outputs:
-            self._send(self._plan(name), t, _tag(mb, 0))
+            self._send(self._plan(name), t, mb, 0)
 
     def _run_forward(self, mb: int, vals: dict[str, torch.Tensor], rec: _MicroBatch, ops: Any) -> None:
         for op in ops:
@@ -556,7 +573,7 @@ class StepExecutor:
     def recv_backward(self, mb: int) -> None:
         """``RECV_B``: the gradients of this stage's outputs of micro-batch ``mb`` from the next stage."""
         rec = self.records[mb]
-        rec.out_grads = [self._receive(self._plan(f"{name}.bwd"), _tag(mb, 1), ("RECV_B", mb, name))
+        rec.out_grads = [self._receive(self._plan(f"{name}.bwd"), mb, 1, ("RECV_B", mb, name))
                          for name, _ in rec.outputs]
 
     def backward(self, mb: int, *, last: bool = False) -> float:
@@ -587,7 +604,7 @@ class StepExecutor:
         rec = self.records.pop(mb)
         for name, t in rec.inputs:
             g = t.grad if t.grad is not None else torch.zeros_like(t)
-            self._send(self._plan(f"{name}.bwd"), g, _tag(mb, 1))
+            self._send(self._plan(f"{name}.bwd"), g, mb, 1)
 
     def post(self, *, capture_grads: bool = False) -> None:
         """``Post``: gradient synchronisation per the plan (each parameter's uses summed; buckets posted during
@@ -606,12 +623,21 @@ class StepExecutor:
         self._wait_sends()
 
     # ---- stage-boundary transfers -------------------------------------------------------------------------------
-    def _send(self, plan: Any, local: torch.Tensor, tag: int) -> None:
+    def _p2p_group(self, direction: int) -> Callable[[int, int], Any] | None:
+        """Where a stage-boundary message of ``direction`` (0: activations, 1: gradients) travels: its pair's
+        group of that direction (NCCL), or the job's group (``None``)."""
+        if self.p2p_groups is None:
+            return None
+        groups = self.p2p_groups
+        return lambda src, dst: groups.get((direction, min(src, dst), max(src, dst)))
+
+    def _send(self, plan: Any, local: torch.Tensor, mb: int, direction: int) -> None:
         """Post this rank's messages of a stage-crossing plan asynchronously (other operators run in place)."""
         cur: torch.Tensor | None = local.detach()
+        tag, group = _tag(mb, direction), self._p2p_group(direction)
         for i, op in enumerate(plan.ops):
             if isinstance(op, PointToPointOp):
-                self._pending.extend(post_sends(op, cur, self.rank, dict(op.in_boxes).get(self.rank), tag))
+                self._pending.extend(post_sends(op, cur, self.rank, dict(op.in_boxes).get(self.rank), tag, group))
             else:
                 cur = execute_op(plan, i, cur, self.groups, rank=self.rank, device=self.device)
 
@@ -624,18 +650,21 @@ class StepExecutor:
             key = (kind, mb, name)
             if key in self._posted or not plan.ops or not isinstance(plan.ops[0], PointToPointOp):
                 continue
-            self._posted[key] = post_receives(plan.ops[0], self.rank, self.dtype, self.device,
-                                              _tag(mb, 0 if kind == "RECV_F" else 1))
+            d = 0 if kind == "RECV_F" else 1
+            self._posted[key] = post_receives(plan.ops[0], self.rank, self.dtype, self.device, _tag(mb, d),
+                                              self._p2p_group(d))
             self._event("recv_posted", kind=kind, mb=mb, name=name)
 
-    def _receive(self, plan: Any, tag: int, key: tuple[str, int, str] | None = None) -> torch.Tensor:
+    def _receive(self, plan: Any, mb: int, direction: int, key: tuple[str, int, str] | None = None
+                 ) -> torch.Tensor:
         """Receive this rank's part of a stage-crossing plan (blocking; its first operator's receives may have
         been posted ahead under ``key``); returns its destination tensor."""
         cur: torch.Tensor | None = None
+        tag, group = _tag(mb, direction), self._p2p_group(direction)
         for i, op in enumerate(plan.ops):
             if isinstance(op, PointToPointOp):
                 ahead = self._posted.pop(key, None) if i == 0 and key is not None else None
-                got = (ahead or post_receives(op, self.rank, self.dtype, self.device, tag)).wait()
+                got = (ahead or post_receives(op, self.rank, self.dtype, self.device, tag, group)).wait()
                 cur = got if got is not None else cur
             else:
                 cur = execute_op(plan, i, cur, self.groups, rank=self.rank, device=self.device)
@@ -658,6 +687,39 @@ class StepExecutor:
         mine = local_view(ann, (), self.rank).partial_index
         first = next(r for r in ann.ranks if local_view(ann, (), r).partial_index == mine)
         return first == self.rank
+
+
+def pipeline_pairs(program: Any) -> list[tuple[int, int, int]]:
+    """``(direction, low rank, high rank)`` of every pair of ranks that exchanges stage-boundary messages — a
+    rank holding only the source of a Reshard with one holding only its destination (direction 0: activations,
+    the Reshard's plan; 1: gradients, its backward plan) — sorted, the same on every rank.  Messages of ranks that
+    hold both ends run inside :func:`~.comm.reshard` on the job's group."""
+    out: set[tuple[int, int, int]] = set()
+    for op in program.graph.nodes:
+        if op.kind != "Reshard" or op.name not in program.comm_plans:
+            continue
+        if program.graph.producer(op.inputs[0]).kind == "parameter":
+            continue  # a parameter's Reshard runs in PRE (its gradient in POST) through execute, on the job's group
+        src, dst = set(program.annotations[op.inputs[0]].ranks), set(program.annotations[op.outputs[0]].ranks)
+        only = (src - dst, dst - src)
+        for direction, plan in ((0, program.comm_plans[op.name]), (1, program.backward_plans.get(op.name))):
+            senders, receivers = only if direction == 0 else only[::-1]
+            for o in plan.ops if plan is not None else ():
+                if isinstance(o, PointToPointOp):
+                    out.update((direction, min(m.src, m.dst), max(m.src, m.dst)) for m in o.messages
+                               if m.src in senders and m.dst in receivers)
+    return sorted(out)
+
+
+def pipeline_groups(program: Any, timeout_s: float = 120.0) -> dict[tuple[int, int, int], Any]:
+    """A process group per :func:`pipeline_pairs` entry, created in sorted order (call on every rank of the
+    job).  NCCL runs a pair's point-to-point operations in issue order on one stream, and a 1F1B stage issues
+    its sends of activations and receives of gradients in another order than its neighbour: on one group per
+    direction each stream sees the same order on both sides (micro-batch order)."""
+    from datetime import timedelta
+
+    return {key: dist.new_group(list(key[1:]), timeout=timedelta(seconds=timeout_s))
+            for key in pipeline_pairs(program)}
 
 
 def _next_receives(actions: Any) -> list[list[int]]:

@@ -226,12 +226,14 @@ def _train_one(state: Any, run: Mapping[str, Any], index: int, offset: int) -> d
     import torch.distributed as dist
 
     from .comm import comm_groups
-    from .executor import AdamConfig, StepExecutor, program_comm_plans
+    from .executor import AdamConfig, StepExecutor, pipeline_groups, program_comm_plans
 
     started = time.perf_counter()
     program = _program_of(run)
     state.program = program
     state.create_groups(comm_groups(program_comm_plans(program)))
+    # NCCL: stage-boundary messages on a group per rank pair and direction (see pipeline_groups); every rank
+    p2p = pipeline_groups(program, state.spec.timeout_s) if state.spec.backend == "nccl" else None
     rank = state.rank
     adam = AdamConfig(lr=run["adam"]["lr"], betas=tuple(run["adam"]["betas"]), eps=run["adam"]["eps"],
                       weight_decay=run["adam"]["weight_decay"])
@@ -242,7 +244,7 @@ def _train_one(state: Any, run: Mapping[str, Any], index: int, offset: int) -> d
         ex = StepExecutor(program, rank, state, seed=seed, global_batch=B, seq_len=S, adam=adam,
                           recompute=rank in run.get("recompute", ()), device=state.device,
                           emulate=state.emulate if state.slowdown != 1.0 else None, params=params,
-                          precision=run.get("precision", "fp32"))
+                          precision=run.get("precision", "fp32"), p2p_groups=p2p)
         state.params, state.optimizer = ex.params, ex.optimizer
     dataset = dataset_for(run["data"], program.model.vocab_size)
     capture = run.get("capture_dir")
