@@ -53,7 +53,7 @@ def main() -> None:
     editor = PlanEditor(cluster, model, strategy, global_batch=64, seq_len=4096)
     _ = editor.widget
     editor.wait()
-    print(f"editor + widgets built in {time.perf_counter() - t0:.2f} s (first FigureWidget imports plotly/anywidget)")
+    print(f"editor + widgets built in {time.perf_counter() - t0:.2f} s (the first widget imports anywidget)")
     rows: dict[str, list[tuple[float, float]]] = {}
     per_change: list[float] = []
     for k in range(REPEATS):  # a new boundary each time, so no cached resolution is reused

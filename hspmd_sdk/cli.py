@@ -9,6 +9,9 @@ Subcommands live in :data:`COMMANDS`; add one with the :func:`command` decorator
 
 A subcommand returns the exit status.  :class:`~hspmd_sdk.errors.HSPMDError` (e.g. a ``PlanValidationError``)
 raised by it is printed to stderr, one problem a line as ``path: reason``, with exit status 1 and no traceback.
+Any other exception is one ``error:`` line too (``hspmd --debug ...`` shows its traceback); Ctrl-C exits 130.
+Argument values are checked by their types (:mod:`hspmd_sdk.cli_inputs`: finite numbers, bounded integers)
+before anything runs.
 
 FILE arguments are a path, or the name of a packaged example (``hspmd show table9_32b_16h800_16h20``).
 """
@@ -21,9 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .cli_inputs import (EXAMPLES, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_TOKENS, add_fault_arguments, int_in,
+                         number_above, read_json, resolve_file)
 from .errors import HSPMDError, PlanValidationError
 
-EXAMPLES = Path(__file__).resolve().parent / "examples"
+__all__ = ["main", "build_parser", "command", "COMMANDS", "resolve_file", "read_json", "EXIT_INTERRUPTED"]
+
+#: Exit status after Ctrl-C (128 + SIGINT, what shells report).
+EXIT_INTERRUPTED = 130
 
 
 @dataclass(frozen=True)
@@ -48,28 +56,6 @@ def command(name: str, help: str, add_arguments: Callable[[argparse.ArgumentPars
 
 
 # ---- input helpers -------------------------------------------------------------------------------------------
-def resolve_file(name: str) -> Path:
-    """A path that exists, or a packaged example by file name (``.json`` optional)."""
-    path = Path(name)
-    if path.exists():
-        return path
-    for candidate in (EXAMPLES / name, EXAMPLES / f"{name}.json"):
-        if candidate.is_file() and candidate.parent == EXAMPLES:
-            return candidate
-    raise PlanValidationError([(name, "no such file (nor a packaged example; `hspmd examples` lists them)")],
-                              what="input")
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise PlanValidationError([(str(path), f"not valid JSON: line {e.lineno} column {e.colno}: {e.msg}")],
-                                  what="input") from None
-    except OSError as e:
-        raise PlanValidationError([(str(path), f"cannot read: {e.strerror or e}")], what="input") from None
-
-
 def detect_kind(data: Any, path: Path) -> str:
     """``strategy`` / ``plan`` / ``cluster`` from the top-level keys of a JSON document."""
     if isinstance(data, dict):
@@ -129,7 +115,9 @@ def _context_args(p: argparse.ArgumentParser, *, batch: bool) -> None:
                                                       "model-config JSON")
     p.add_argument("--cluster", metavar="FILE", help="cluster JSON to check ranks against")
     if batch:
-        p.add_argument("--global-batch", type=int, metavar="N", help="required samples per step")
+        p.add_argument("--global-batch", type=int_in(1, MAX_SAMPLES), metavar="N", help="required samples per step")
+        p.add_argument("--no-memory-check", action="store_true",
+                       help="do not check the memory estimate of each rank against its device's memory")
 
 
 def _load(args: argparse.Namespace) -> tuple[str, Any, Path]:
@@ -154,6 +142,8 @@ def _validate(args: argparse.Namespace) -> int:
     if kind == "strategy":
         model, cluster, batch = load_context(args, path)
         obj.check(model=model, cluster=cluster, global_batch=batch)
+        if model is not None and cluster is not None and not args.no_memory_check:
+            _check_memory(obj, model, cluster)
         against = [str(x) for x in (model and model.name, cluster, batch and f"global batch {batch}") if x]
         print(f"OK: strategy {obj.name or path.name!r}: {obj.dp_degree} pipeline(s), {obj.num_ranks} ranks"
               + (f"; fits {', '.join(against)}" if against else " (no model/cluster given: structure only)"))
@@ -165,6 +155,23 @@ def _validate(args: argparse.Namespace) -> int:
     else:
         print(f"OK: cluster {path.name}: {obj}")
     return 0
+
+
+def _check_memory(strategy: Any, model: Any, cluster: Any) -> None:
+    """Each stage's memory estimate (bf16 mixed precision) against its devices' memory: a problem per stage."""
+    mem = strategy.memory_estimate(model)
+    problems = []
+    for i, p in enumerate(strategy.pipelines):
+        for j, s in enumerate(p.stages):
+            worst = max(s.devices, key=lambda r: mem[r] / cluster.spec(r).memory_mb)
+            cap = cluster.spec(worst).memory_mb * 2**20
+            if mem[worst] > cap:
+                problems.append((f"pipelines[{i}].stages[{j}]", f"needs ~{mem[worst] / 1e9:.1f} GB/rank (estimate: "
+                                 f"bf16 parameters and gradients, fp32 Adam, activations at seq_len "
+                                 f"{model.max_seq_len}) but a {cluster.kind(worst)} device has {cap / 1e9:.1f} GB; "
+                                 "shard it over more ranks (TP, more stages, ZeRO-1), or pass --no-memory-check"))
+    if problems:
+        raise PlanValidationError(problems, what="strategy")
 
 
 @command("show", "print a readable summary of a strategy, annotation plan or cluster",
@@ -194,8 +201,8 @@ def _examples(args: argparse.Namespace) -> int:
 
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int_in(1, MAX_STEPS), default=20, help="training steps (default 20)")
+    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0)
 
 
 @command("demo", "the main job: train the heterogeneous tiny example on 4 local worker processes and compare "
@@ -218,15 +225,21 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _run_arguments(p: argparse.ArgumentParser) -> None:
+    from .core.cluster import MAX_RANKS
+
     p.add_argument("file", metavar="STRATEGY", help="strategy JSON (or packaged example name)")
-    p.add_argument("--local", type=int, required=True, metavar="N", help="number of local worker processes")
+    p.add_argument("--local", type=int_in(1, MAX_RANKS), required=True, metavar="N",
+                   help="number of local worker processes")
     p.add_argument("--model", default="tiny", help="model preset (default tiny)")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int_in(1, MAX_STEPS), default=10)
+    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0)
     p.add_argument("--data", choices=("stdlib", "synthetic"), default="stdlib")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the model's max_seq_len)")
+    p.add_argument("--lr", type=number_above(0), default=3e-3)
+    p.add_argument("--seq-len", type=int_in(1, MAX_TOKENS), default=None,
+                   help="sequence length (default: the model's max_seq_len)")
     p.add_argument("--no-reference", action="store_true", help="skip the single-device comparison")
+    p.add_argument("--log-dir", default=None, metavar="DIR", help="per-rank logs (default: a temporary folder)")
+    add_fault_arguments(p)
 
 
 @command("run", "train a strategy on N local worker processes and print its losses next to the single-device "
@@ -242,8 +255,18 @@ def _run(args: argparse.Namespace) -> int:
     model, cluster = load_model_spec(args.model), Cluster.local(args.local)
     strategy = Strategy.load(resolve_file(args.file), model=model, cluster=cluster)
     program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster)
-    result = launch_training(program, cluster, steps=args.steps, seed=args.seed, data=args.data, lr=args.lr,
-                             seq_len=args.seq_len, progress=True).wait()
+    if args.stall < 2 * args.heartbeat:
+        raise PlanValidationError([("--stall", f"{args.stall:g} s must be at least two heartbeats (--heartbeat "
+                                               f"{args.heartbeat:g})")], what="arguments")
+    job = launch_training(program, cluster, steps=args.steps, seed=args.seed, data=args.data, lr=args.lr,
+                          seq_len=args.seq_len, progress=True,
+                          timeout_s=args.timeout, stall_s=args.stall, heartbeat_s=args.heartbeat,
+                          log_dir=args.log_dir, resource_check=not args.no_resource_check)
+    try:
+        result = job.wait()
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: every worker was stopped; logs in {job.log_dir}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     ref = None if args.no_reference else reference_training(
         model, steps=args.steps, seed=args.seed, global_batch=program.bindings["B"], seq_len=args.seq_len,
         data=args.data, lr=args.lr)
@@ -259,7 +282,8 @@ def _run(args: argparse.Namespace) -> int:
 def _resolve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="source annotation in the compact notation, e.g. \"[0,1] P2\"")
     p.add_argument("dst", help="destination annotation, e.g. \"[0,1] S0x2\"")
-    p.add_argument("--shape", required=True, help="global tensor shape, comma separated (e.g. 64,64)")
+    p.add_argument("--shape", required=True, help="global tensor shape, comma separated (e.g. 64,64; each dim "
+                                                   f"1..{MAX_DIM}, at most {MAX_ELEMENTS:.0e} elements)")
     p.add_argument("--dtype", default="float32", help="element type (float32, bfloat16, ...; default float32)")
     p.add_argument("--cluster", help="cluster JSON (or packaged example) for link classes and time estimates")
 
@@ -272,15 +296,52 @@ def _resolve(args: argparse.Namespace) -> int:
 
     try:
         src, dst = Annotation(args.src), Annotation(args.dst)
-        shape = tuple(int(x) for x in args.shape.split(","))
     except (ValueError, TypeError) as e:
-        raise PlanValidationError([("annotation/shape", str(e).splitlines()[-1].strip())], what="input") from None
+        raise PlanValidationError([("annotation", str(e).splitlines()[-1].strip())], what="input") from None
+    shape = _shape(args.shape)
+    _check_dtype(args.dtype)
     cluster = Cluster.load(resolve_file(args.cluster)) if args.cluster else None
     plan = resolve(src, dst, shape, dtype=args.dtype, cluster=cluster)
     print(plan.render())
     if cluster is not None:
         print(f"  estimated time on {cluster}: {plan.estimated_time(cluster) * 1e3:.3f} ms")
     return 0
+
+
+#: Bounds of a ``--shape``: each dimension, and all elements together (2**48: 1 PiB of fp32 values).
+MAX_DIM = 1 << 40
+MAX_ELEMENTS = float(1 << 48)
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    parts = text.split(",")
+    if len(text) > 1000 or len(parts) > 16:
+        raise PlanValidationError([("--shape", "at most 16 dimensions")], what="arguments")
+    try:
+        shape = tuple(int(x) for x in parts)
+    except ValueError:
+        raise PlanValidationError([("--shape", f"{text[:60]!r}: write integers separated by commas, e.g. 64,32")],
+                                  what="arguments") from None
+    bad = [d for d in shape if not 1 <= d <= MAX_DIM]
+    if bad:
+        raise PlanValidationError([("--shape", f"dimension {bad[0]} is out of range (1..{MAX_DIM})")],
+                                  what="arguments")
+    total = 1
+    for d in shape:
+        total *= d
+    if total > MAX_ELEMENTS:
+        raise PlanValidationError([("--shape", f"{total:.3g} elements is more than {MAX_ELEMENTS:.0e}")],
+                                  what="arguments")
+    return shape
+
+
+def _check_dtype(dtype: str) -> None:
+    from .core.resolve import itemsize_of
+
+    try:
+        itemsize_of(dtype)
+    except (ValueError, TypeError, KeyError) as e:
+        raise PlanValidationError([("--dtype", str(e))], what="arguments") from None
 
 
 def _lazy(module: str, name: str) -> Callable[..., Any]:
@@ -308,6 +369,7 @@ COMMANDS["launch"] = Command("train a strategy (or run an entry) on remote hosts
 # ---- entry point ---------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hspmd", description="HSPMD: heterogeneous SPMD training plans and tools")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
@@ -317,7 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``hspmd``; returns the exit status (0 ok, 1 invalid input or error, 2 usage)."""
+    """Run ``hspmd``; returns the exit status (0 ok, 1 invalid input or error, 2 usage, 130 interrupted).
+
+    Usage errors exit through argparse (``SystemExit(2)``, with its ``error:`` line); every other error is printed
+    as ``error: ...`` on stderr, without a traceback unless ``--debug`` is given."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "_run", None) is None:
@@ -325,13 +390,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("\nerror: interrupted (Ctrl-C); nothing was left running", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except PlanValidationError as e:
+        if args.debug:
+            raise
         print(f"error: invalid {e.what}:", file=sys.stderr)
         for path, reason in e.problems:
             print(f"  {path}: {reason}", file=sys.stderr)
         return 1
     except HSPMDError as e:
+        if args.debug:
+            raise
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - a bug must still be one line, not a traceback
+        if args.debug:
+            raise
+        text = " ".join(str(e).split())[:500]
+        print(f"error: {type(e).__name__}: {text} (unexpected: rerun with --debug for the traceback and report "
+              "it)", file=sys.stderr)
         return 1
 
 

@@ -67,6 +67,12 @@ def leftovers(job, lab: LoopbackHosts) -> list[str]:
     return found
 
 
+def proc_ppid(line: str) -> int | None:
+    """The parent pid of a ``leftovers`` entry."""
+    entry = proc_table().get(int(line.split()[0]))
+    return entry[0] if entry else None
+
+
 def assert_nothing_left(job, lab: LoopbackHosts, within: float = 10.0) -> None:
     deadline = time.monotonic() + within
     while leftovers(job, lab) and time.monotonic() < deadline:
@@ -302,6 +308,21 @@ def test_an_agent_that_cannot_start_fails_the_launch_naming_the_host(lab: Loopba
     assert not any("hspmd_sdk.runtime.agent" in cmd for *_, cmd in proc_table().values())
 
 
+@pytest.mark.timeout(90)
+def test_cli_launch_counts_hosts_not_hostfile_lines(lab: LoopbackHosts, tmp_path: Path, capsys) -> None:
+    import json
+
+    from hspmd_sdk.cli import main
+
+    (tmp_path / "hosts.txt").write_text("127.0.0.2 slots=1\n127.0.0.2 slots=1\n")
+    (tmp_path / "ssh.json").write_text(json.dumps(lab.hosts))
+    code = main(["launch", "--hostfile", str(tmp_path / "hosts.txt"), "--ssh-hosts", str(tmp_path / "ssh.json"),
+                 "-i", str(lab.client_key), "--known-hosts", str(lab.known_hosts), "--entry",
+                 f"{SELFTEST}:allreduce_check", "--steps", "1", "--quiet", "--timeout", "60"])
+    out = capsys.readouterr().out
+    assert code == 0 and "2 ranks on 1 host;" in out, out
+
+
 def test_cli_check_passes_and_refuses_unverified_hosts(lab: LoopbackHosts, tmp_path: Path, capsys) -> None:
     import json
 
@@ -331,3 +352,209 @@ def test_hosts_in_separate_network_namespaces() -> None:
             assert result.results[r]["world_sum"] == 3.0 and result.results[r]["gathered"] == [0.0, 1.0]
             assert result.results[r]["ring_recv"] == 1 - r
         assert_nothing_left(job, lab)
+
+
+# ---- faults: heartbeats, lost agents and connections, partitions ----------------------------------------------
+FAST = {"heartbeat_s": 0.2, "stall_s": 2.0}
+
+
+@pytest.mark.timeout(90)
+def test_control_messages_are_relayed_by_the_agents(lab: LoopbackHosts) -> None:
+    job = launch_remote(one_rank_per_host(lab), hosts=lab.hosts, entry=f"{SELFTEST}:echo_control", steps=1,
+                        **FAST, **lab.ssh_options)
+    wait_for(lambda: all(job.metrics.rank(r) for r in range(2)))
+    job._send_control({"n": 1})
+    job._send_control({"n": 2}, ranks=[1])  # only the second host's rank
+    job._send_control({"stop": True})
+    result = job.wait(timeout=60)
+    assert result.results[0]["messages"] == [{"n": 1}, {"stop": True}]
+    assert result.results[1]["messages"] == [{"n": 1}, {"n": 2}, {"stop": True}]
+    assert_nothing_left(job, lab)
+
+
+@pytest.mark.timeout(90)
+def test_a_stopped_remote_worker_is_named_with_its_stack(lab: LoopbackHosts) -> None:
+    job = launch_remote(one_rank_per_host(lab), hosts=lab.hosts, entry=f"{SELFTEST}:hang_on_rank", steps=100_000,
+                        payload={"rank": -1}, **FAST, **lab.ssh_options)
+    wait_for(lambda: job.metrics.last_step() >= 5)
+    os.kill(job.pids()[1], signal.SIGSTOP)  # rank 1 on 127.0.0.3; its agent and the connection stay alive
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeFailure) as info:
+        job.wait(timeout=60)
+    assert time.monotonic() - t0 < 20
+    err = info.value
+    assert err.rank == 1 and "rank 1 on" in str(err) and "no heartbeat" in str(err), str(err)
+    assert "most recent call first" in err.traceback and "hang_on_rank" in err.traceback
+    assert_nothing_left(job, lab)
+
+
+@pytest.mark.timeout(90)
+def test_a_killed_agent_is_a_lost_connection_naming_its_ranks(lab: LoopbackHosts) -> None:
+    transport = SSHTransport(lab.hosts, kill_timeout_s=1.0, **lab.ssh_options)
+    job = launch_remote(lab.cluster, transport=transport, entry=f"{SELFTEST}:sleep_forever", steps=1, **FAST)
+    wait_for(lambda: all(job.metrics.rank(r) for r in range(4)))
+    agent = next(g for g in transport.groups if g.host == "127.0.0.3")
+    os.kill(agent.agent_pid, signal.SIGKILL)
+    with pytest.raises(RuntimeFailure) as info:
+        job.wait(timeout=60)
+    text = str(info.value)
+    assert "host 127.0.0.3: connection lost" in text and "ranks [2, 3]" in text, text
+    assert "status 255" not in text
+    first = job.first_failure()
+    assert first is not None and first.kind == "connection lost" and first.ranks == (2, 3)
+    assert_nothing_left(job, lab)
+
+
+@pytest.mark.timeout(90)
+def test_a_dropped_connection_is_reported_as_such(lab: LoopbackHosts) -> None:
+    transport = SSHTransport(lab.hosts, kill_timeout_s=1.0, **lab.ssh_options)
+    job = launch_remote(one_rank_per_host(lab), transport=transport, entry=f"{SELFTEST}:sleep_forever", steps=1,
+                        **FAST)
+    wait_for(lambda: all(job.metrics.rank(r) for r in range(2)))
+    b = lab.servers[1]
+    sessions = [pid for pid, (ppid, *_rest) in proc_table().items() if ppid == b.proc.pid]
+    assert sessions
+    for pid in sessions:  # the sshd processes serving 127.0.0.3's connection: the link dies, the host lives
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(RuntimeFailure) as info:
+        job.wait(timeout=60)
+    assert "host 127.0.0.3: connection lost" in str(info.value) and "ranks [1]" in str(info.value)
+    assert_nothing_left(job, lab, within=20)  # the cut-off agent stops its workers by itself
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not netns_available(), reason="needs root and network namespaces (ip netns)")
+def test_a_partition_stops_the_cut_off_workers_within_seconds() -> None:
+    """Host B's link goes down (a real partition between network namespaces): B's agent hears no ping and stops
+    its workers by itself; the launcher reports B as lost with its ranks, and stops A's."""
+    import subprocess
+
+    with NetnsHosts(2, ranks_per_host=1) as lab:
+        transport = SSHTransport(lab.hosts, kill_timeout_s=1.0, connect_timeout_s=2.0, connect_retries=1,
+                                 **lab.ssh_options)
+        job = launch_remote(lab.cluster, transport=transport, entry=f"{SELFTEST}:sleep_forever", steps=1,
+                            heartbeat_s=0.3, stall_s=3.0)
+        wait_for(lambda: all(job.metrics.rank(r) for r in range(2)))
+        cut_off = job.pids()[1]
+        subprocess.run(["ip", "link", "set", lab.ifaces[1][0], "down"], check=True, timeout=30)
+        t0 = time.monotonic()
+        while cut_off in alive() and time.monotonic() - t0 < 30:
+            time.sleep(0.1)
+        stopped_after = time.monotonic() - t0
+        assert cut_off not in alive(), "the cut-off worker kept running"
+        assert stopped_after < 15, f"the cut-off worker ran {stopped_after:.1f} s after the partition"
+        with pytest.raises(RuntimeFailure) as info:
+            job.wait(timeout=60)
+        assert f"host {lab.servers[1].address}: connection lost" in str(info.value)
+        assert "ranks [1]" in str(info.value)
+        assert time.monotonic() - t0 < 45
+        # every agent and worker is gone; the cut-off host's sshd still serves a session whose client it cannot
+        # know is gone (TCP is silent) -- sshd's own business, ended with the server
+        cut_listener = lab.servers[1].proc.pid
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and [p for p in leftovers(job, lab) if proc_ppid(p) != cut_listener]:
+            time.sleep(0.1)
+        assert [p for p in leftovers(job, lab) if proc_ppid(p) != cut_listener] == []
+
+
+@pytest.mark.timeout(60)
+def test_a_host_name_starting_with_a_dash_is_never_an_option(lab: LoopbackHosts, capfd) -> None:
+    a = lab.servers[0]
+    name = "-h"  # read as an option, the agent's help: it would exit 0 and start nothing
+    cluster = Cluster.load({"nodes": [{"host": name, "kind": "cpu", "ranks": [0]}]})
+    job = launch_remote(cluster, hosts={name: {**lab.hosts[a.address], "address": a.address}},
+                        entry=f"{SELFTEST}:allreduce_check", steps=1, **FAST, **lab.ssh_options)
+    result = job.wait(timeout=45)
+    assert result.results[0]["world_sum"] == 1.0
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "I/O operation on closed file" not in err
+
+
+def test_a_bad_known_hosts_or_key_file_is_named_as_such(lab: LoopbackHosts, tmp_path: Path) -> None:
+    cluster = one_rank_per_host(lab)
+    bad_kh = tmp_path / "known_hosts"
+    bad_kh.write_bytes(b"\x00\xff garbage that is no host key\n")
+    report = check_hosts(cluster, lab.hosts, known_hosts=bad_kh, client_keys=lab.ssh_options["client_keys"],
+                         connect_retries=1)
+    for h in report.hosts:
+        assert f"known_hosts file {bad_kh}" in h.error and "not a valid host name" not in h.error, h.error
+    bad_key = tmp_path / "id_bad"
+    bad_key.write_text("not a key\n")
+    report = check_hosts(cluster, lab.hosts, known_hosts=lab.known_hosts, client_keys=[bad_key], connect_retries=1)
+    for h in report.hosts:
+        assert f"client key {bad_key}" in h.error and "not a valid host name" not in h.error, h.error
+    report = check_hosts(cluster, lab.hosts, known_hosts=lab.known_hosts, client_keys=[tmp_path / "missing"],
+                         connect_retries=1)
+    assert all("client key" in h.error and "No such file" in h.error for h in report.hosts)
+
+
+@pytest.mark.timeout(180)
+def test_twenty_ssh_launches_leave_fds_and_threads_where_they_started(lab: LoopbackHosts) -> None:
+    cluster = Cluster.load({"nodes": [{"host": lab.servers[0].address, "kind": "cpu", "ranks": [0]}]})
+
+    def one(ok: bool = True) -> None:
+        """A job that succeeds, or one whose entry fails at once (the failure path releases everything too)."""
+        entry = f"{SELFTEST}:fail_alone" if ok else "no_such_module_hspmd:entry"
+        job = launch_remote(cluster, hosts=lab.hosts, entry=entry, steps=1,
+                            payload={"rank": -1, "steps_each": 1, "pause": 0.0}, **FAST, **lab.ssh_options)
+        if ok:
+            assert job.wait(timeout=90).results[0] == {"done": True}
+        else:
+            with pytest.raises(RuntimeFailure, match="cannot import module"):
+                job.wait(timeout=90)
+        jobs.append(job)
+
+    def hspmd_threads() -> list[str]:
+        return sorted(t.name for t in threading.enumerate() if t.name.startswith("hspmd"))
+
+    def settle() -> None:
+        deadline = time.monotonic() + 15
+        while hspmd_threads() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    jobs: list = []
+    one()  # warm-up: asyncssh's imports and caches
+    check_hosts(cluster, lab.hosts, **lab.ssh_options)
+    settle()
+    fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+    for _ in range(4):  # 20 launches, five at a time (one of each five succeeding), plus a preflight check
+        batch = [threading.Thread(target=one, args=(i == 0,)) for i in range(5)]
+        for t in batch:
+            t.start()
+        for t in batch:
+            t.join()
+        assert check_hosts(cluster, lab.hosts, **lab.ssh_options).ok
+    assert len(jobs) == 21
+    settle()
+    assert hspmd_threads() == [] and threading.active_count() == threads, [t.name for t in threading.enumerate()]
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+@pytest.mark.timeout(60)
+def test_more_ranks_than_a_host_can_run_are_refused_before_any_worker(lab: LoopbackHosts) -> None:
+    from hspmd_sdk.runtime.preflight import MAX_RANKS_PER_CORE, ResourceError
+
+    a = lab.servers[0]
+    cpus = os.cpu_count() or 1
+    n = MAX_RANKS_PER_CORE * cpus + 1
+    cluster = Cluster.load({"nodes": [{"host": a.address, "kind": "cpu", "ranks": list(range(n))}]})
+    with pytest.raises(ResourceError, match=f"runs {n} CPU ranks on {cpus} cores"):
+        launch_remote(cluster, hosts=lab.hosts, entry=f"{SELFTEST}:allreduce_check", steps=1, **lab.ssh_options)
+    assert lab_agents(lab) == []
+
+
+def lab_agents(lab: LoopbackHosts) -> list[int]:
+    """Agents started through this lab's sshd servers (not another test session's)."""
+    table = proc_table()
+    listeners = {s.proc.pid for s in lab.servers if s.proc is not None}
+
+    def under_lab(pid: int) -> bool:
+        for _ in range(20):
+            if pid in listeners:
+                return True
+            if pid not in table:
+                return False
+            pid = table[pid][0]
+        return False
+    return [pid for pid, (_, _, state, cmd) in table.items()
+            if state != "Z" and "hspmd_sdk.runtime.agent" in cmd and under_lab(pid)]

@@ -101,12 +101,21 @@ def test_bsr_arrows_one_per_message_coloured_by_link_class():
     assert "BSR" in plan.kinds or "SendRecv" in plan.kinds
     msgs = [m for op in plan.ops for m in getattr(op, "messages", ()) if m.src != m.dst]
     fig = comm_figure(plan, CL)
-    arrows = [a for a in fig.layout.annotations if a.showarrow]
-    assert len(arrows) == len(msgs) > 0
+    arrows = [sh for sh in fig.layout.shapes if sh.name == "message"]
+    heads = [sh for sh in fig.layout.shapes if sh.name == "head"]
+    assert len(arrows) == len(heads) == len(msgs) > 0
+    geom = geometry(CL)
     for a, m in zip(arrows, msgs):
         cls = "inter" if CL.link(m.src, m.dst).cls == "inter" else "intra"
-        assert a.arrowcolor == LINK_COLOURS[cls]
-    assert {a.arrowcolor for a in arrows} == set(LINK_COLOURS.values())  # both classes occur here
+        assert a.line.color == LINK_COLOURS[cls]
+        assert a.layer == "below"  # under the tiles: an arrow never covers a tile's label
+        for r in range(CL.num_ranks):  # and its ends lie outside every tile
+            t = geom.tiles[r]
+            for x, y in ((a.x0, a.y0), (a.x1, a.y1)):
+                assert not (t.x0 < x < t.x1 and t.y0 < y < t.y1), (r, x, y)
+    assert {a.line.color for a in arrows} == set(LINK_COLOURS.values())  # both classes occur here
+    hover = next(t for t in fig.data if t.name == "messages")
+    assert len(hover.hovertext) == len(msgs) and hover.marker.opacity == 0
 
 
 def test_collectives_drawn_as_rings_per_group():
@@ -130,7 +139,8 @@ def test_switch_heatmap_sums_message_bytes():
     fig = switch_heatmap(sw, CL)
     z = fig.data[0].z
     total = sum(v for row in z for v in row if v is not None)
-    assert total * 1e6 == pytest.approx(sum(m.nbytes for s in sw.steps for m in s.messages))
+    unit = {"GB": 1e9, "MB": 1e6, "kB": 1e3, "B": 1.0}[fig.data[0].colorbar.title.text]
+    assert total * unit == pytest.approx(sum(m.nbytes for s in sw.steps for m in s.messages))
     assert len([s for s in fig.layout.shapes]) == len(CL.nodes)
 
 

@@ -197,20 +197,26 @@ class DS(BaseModel):
         return hash((tuple(self.states.items()), tuple(self.order)))
 
 
+#: The largest rank number the notation accepts (the cluster bound: :data:`hspmd_sdk.core.cluster.MAX_RANKS`).
+MAX_RANK = (1 << 17) - 1
+
+
 def parse_ranks(text: str) -> list[int]:
-    """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]``."""
+    """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]`` (ranks 0..``MAX_RANK``)."""
     out: list[int] = []
     for part in text.replace(" ", "").split(","):
         if not part:
             continue
-        if "-" in part:
-            a, b = part.split("-", 1)
-            lo, hi = int(a), int(b)
-            if hi < lo:
-                raise ValueError(f"rank range {part!r} is empty")
-            out.extend(range(lo, hi + 1))
-        else:
-            out.append(int(part))
+        a, dash, b = part.partition("-")
+        if len(a) > 7 or len(b) > 7:
+            raise ValueError(f"rank {part[:40]!r} is out of range (0..{MAX_RANK})")
+        lo = int(a)
+        hi = int(b) if dash else lo
+        if hi < lo:
+            raise ValueError(f"rank range {part!r} is empty")
+        if lo < 0 or hi > MAX_RANK or len(out) + hi - lo >= MAX_RANK + 1:
+            raise ValueError(f"rank {part!r} is out of range (0..{MAX_RANK}, at most {MAX_RANK + 1} ranks)")
+        out.extend(range(lo, hi + 1))
     return out
 
 

@@ -16,6 +16,11 @@ from typing import Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import PlanValidationError
+from .annotation import MAX_RANK
+
+#: The most ranks a cluster may have (far above the largest training clusters; a typo such as 100000000 would
+#: otherwise build for minutes).
+MAX_RANKS = MAX_RANK + 1
 
 
 class DeviceSpec(BaseModel):
@@ -108,6 +113,8 @@ class Cluster(BaseModel):
             if spec.kind != kind:
                 raise ValueError(f"devices[{kind!r}].kind is {spec.kind!r}; it must equal its key")
         ranks = [r for n in self.nodes for r in n.ranks]
+        if len(ranks) > MAX_RANKS:
+            raise ValueError(f"nodes: {len(ranks)} ranks is more than the {MAX_RANKS} a cluster may have")
         if sorted(ranks) != list(range(len(ranks))):
             dup = sorted({r for r in ranks if ranks.count(r) > 1})
             missing = sorted(set(range(len(ranks))) - set(ranks))
@@ -136,6 +143,7 @@ class Cluster(BaseModel):
 
         ``Cluster.mixed({"H800": 16, "H20": 32})`` is the paper's cluster: ranks 0-15 H800, 16-47 H20.
         """
+        _check_counts({k: c for k, c in counts.items()}, per_node)
         nodes, rank = [], 0
         for kind, count in counts.items():
             left = count
@@ -149,31 +157,41 @@ class Cluster(BaseModel):
     @classmethod
     def local(cls, n: int, kind: str = "cpu") -> "Cluster":
         """``n`` worker processes on this machine (one node, ``localhost``)."""
+        _check_counts({kind: n}, 1)
         return cls.load({"nodes": [{"host": "localhost", "kind": kind, "ranks": list(range(n))}]})
 
     @classmethod
     def from_hostfile(cls, path: str | Path, *, default_kind: str = "cpu", **kw: Any) -> "Cluster":
         """Read a DeepSpeed-style hostfile: ``host slots=N [kind=H20]`` a line, ``#`` comments."""
         nodes, rank = [], 0
-        for lineno, raw in enumerate(Path(path).read_text().splitlines(), 1):
+        for lineno, raw in enumerate(_read_hostfile(path).splitlines(), 1):
             line = raw.split("#", 1)[0].strip()
             if not line:
                 continue
+            where = f"{path}:{lineno}"
             host, *opts = line.split()
-            fields = {}
+            fields: dict[str, str] = {}
             for opt in opts:
                 k, sep, v = opt.partition("=")
                 if not sep or k not in ("slots", "kind"):
-                    raise PlanValidationError([(f"{path}:{lineno}", f"cannot read {opt!r}; expected slots=N or "
-                                                                    "kind=NAME")], what="hostfile")
+                    raise PlanValidationError([(where, f"cannot read {opt[:60]!r}; expected slots=N or kind=NAME")],
+                                              what="hostfile")
+                if k in fields:
+                    raise PlanValidationError([(where, f"{k} is given twice ({k}={fields[k]} and {opt[:60]})")],
+                                              what="hostfile")
                 fields[k] = v
+            text = fields.get("slots", "1")
             try:
-                slots = int(fields.get("slots", "1"))
+                slots = int(text) if len(text) <= 20 else None
             except ValueError:
-                raise PlanValidationError([(f"{path}:{lineno}", f"slots={fields['slots']!r} is not an integer")],
-                                          what="hostfile") from None
+                slots = None
+            if slots is None:
+                raise PlanValidationError([(where, f"slots={text[:60]!r} is not an integer")], what="hostfile")
             if slots < 1:
-                raise PlanValidationError([(f"{path}:{lineno}", f"slots={slots} must be >= 1")], what="hostfile")
+                raise PlanValidationError([(where, f"slots={slots} must be >= 1")], what="hostfile")
+            if slots > MAX_RANKS - rank:
+                raise PlanValidationError([(where, f"slots={slots} is too many: a cluster has at most {MAX_RANKS} "
+                                                   "ranks")], what="hostfile")
             nodes.append({"host": host, "kind": fields.get("kind", default_kind),
                           "ranks": list(range(rank, rank + slots))})
             rank += slots
@@ -241,3 +259,27 @@ class Cluster(BaseModel):
     def __str__(self) -> str:
         kinds = ", ".join(f"{c} {k}" for k, c in self.kinds().items())
         return f"Cluster({self.num_ranks} ranks on {len(self.nodes)} nodes: {kinds})"
+
+
+def _check_counts(counts: Mapping[str, Any], per_node: Any) -> None:
+    """Device counts (and devices per node) of a constructor: integers, >= 1, at most :data:`MAX_RANKS` in all."""
+    problems = [(f"counts[{k!r}]", f"{c!r} is not a whole number >= 1") for k, c in counts.items()
+                if isinstance(c, bool) or not isinstance(c, int) or c < 1]
+    if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
+        problems.append(("per_node", f"{per_node!r} is not a whole number >= 1"))
+    if not problems and sum(counts.values()) > MAX_RANKS:
+        problems.append(("counts", f"{sum(counts.values())} ranks is more than the {MAX_RANKS} a cluster may have"))
+    if problems:
+        raise PlanValidationError(problems, what="cluster")
+
+
+def _read_hostfile(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise PlanValidationError([(str(path), f"not UTF-8 text (byte {e.start}): a binary file?")],
+                                  what="hostfile") from None
+    except (OSError, ValueError) as e:
+        why = getattr(e, "strerror", None) or e
+        reason = "no such file" if isinstance(e, FileNotFoundError) else f"cannot read: {why}"
+        raise PlanValidationError([(str(path), reason)], what="hostfile") from None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
 
 from ..errors import PlanValidationError
-from .annotation import format_ranks
+from .annotation import MAX_RANK, format_ranks
 from .loading import load_model
 
 if TYPE_CHECKING:
@@ -61,6 +61,8 @@ class Stage(BaseModel):
         for r in self.devices:
             if r < 0:
                 raise ValueError(f"devices: rank {r} is negative")
+            if r > MAX_RANK:
+                raise ValueError(f"devices: rank {r} is out of range (a cluster has at most {MAX_RANK + 1} ranks)")
             if r in seen:
                 raise ValueError(f"devices: rank {r} is listed twice")
             seen.add(r)

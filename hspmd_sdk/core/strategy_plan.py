@@ -166,6 +166,7 @@ def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Clust
         "num_micro_batches": [p.num_micro_batches for p in strategy.pipelines],
         "stages": [[list(s.devices) for s in p.stages] for p in strategy.pipelines],
         "recompute": sorted(r for p in strategy.pipelines for s in p.stages if s.recompute for r in s.devices),
+        "strategy": strategy.model_dump(mode="json"),
     }
     if replicated:
         meta["zero1_replicated"] = replicated

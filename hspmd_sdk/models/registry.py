@@ -44,7 +44,7 @@ def model_from_json(data: Any) -> Any:
     """A model config from its JSON form (a dict or text with a ``family`` tag; no tag: Llama, for configs
     written before there were families)."""
     if isinstance(data, str):
-        data = json.loads(data)
+        data = _parse(data, "model")
     if not isinstance(data, dict):
         raise PlanValidationError([("model", f"expected a JSON object, not {type(data).__name__}")],
                                   what="model config")
@@ -78,12 +78,18 @@ def load_model_spec(data: Any) -> Any:
     if isinstance(data, (str, Path)):
         from ..core.loading import read_json_text
 
-        text = read_json_text(data, what="model config")
-        try:
-            data = json.loads(text)
-        except ValueError as e:
-            raise PlanValidationError([(str(data)[:200], f"not valid JSON: {e}")], what="model config") from None
+        where = str(data)[:200]
+        data = _parse(read_json_text(data, what="model config"), where)
     return model_from_json(data)
+
+
+def _parse(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise PlanValidationError([(where, "JSON nested too deeply")], what="model config") from None
+    except ValueError as e:  # JSONDecodeError, or an integer of more than 4300 digits
+        raise PlanValidationError([(where, f"not valid JSON: {e}")], what="model config") from None
 
 
 def class_path(model: Any) -> str:

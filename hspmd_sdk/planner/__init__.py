@@ -24,6 +24,8 @@ _EXPORTS = {
     "plan_hetero": "hspmd_sdk.planner.hetero",
     "replan_elastic": "hspmd_sdk.planner.elastic",
     "survivor_cluster": "hspmd_sdk.planner.elastic",
+    "replan_straggler": "hspmd_sdk.planner.elastic",
+    "slowed_cluster": "hspmd_sdk.planner.elastic",
     "plan_mixed": "hspmd_sdk.planner.mixed",
     "dispatch": "hspmd_sdk.planner.mixed",
     "simulate_mixed": "hspmd_sdk.planner.mixed",

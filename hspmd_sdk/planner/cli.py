@@ -11,7 +11,6 @@ A cluster is a JSON file, a packaged example name (``paper_16h800_32h20``) or co
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -21,63 +20,118 @@ __all__ = ["add_plan_arguments", "run_plan", "add_simulate_arguments", "run_simu
 
 
 # ---- argument helpers -----------------------------------------------------------------------------------------
-def parse_ranks(text: str) -> list[int]:
-    """``"5,7,24-31"`` -> ``[5, 7, 24, ..., 31]`` (the core's rank notation; errors name ``--failed``)."""
+def parse_ranks(text: str, cluster: Any = None) -> list[int]:
+    """``"5,7,24-31"`` -> ``[5, 7, 24, ..., 31]`` (the core's rank notation; errors name ``--failed``); with a
+    ``cluster``, every rank must be one of its ranks."""
     from ..core.annotation import parse_ranks as parse
     from ..errors import PlanValidationError
 
     try:
-        return sorted(set(parse(text)))
-    except ValueError:
-        raise PlanValidationError([("--failed", f"cannot read {text!r}; write ranks as 31, 24-31 or 5,7")],
-                                  what="arguments") from None
+        ranks = sorted(set(parse(text))) if len(text) <= 10_000 else None
+    except (ValueError, OverflowError, MemoryError):
+        ranks = None
+    if ranks is None:
+        raise PlanValidationError([("--failed", f"cannot read {text[:60]!r}; write ranks as 31, 24-31 or 5,7")],
+                                  what="arguments")
+    if cluster is not None:
+        outside = [r for r in ranks if not 0 <= r < cluster.num_ranks]
+        if outside:
+            raise PlanValidationError([("--failed", f"rank {outside[0]} is not in the cluster ({cluster.num_ranks} "
+                                                    f"ranks: 0..{cluster.num_ranks - 1})")], what="arguments")
+        if len(ranks) == cluster.num_ranks:
+            raise PlanValidationError([("--failed", "every rank of the cluster failed: nothing to plan on")],
+                                      what="arguments")
+    return ranks
 
 
 def load_cluster(text: str) -> Any:
     """A cluster from a JSON path, a packaged example name, or ``KIND:COUNT,...``."""
-    from ..cli import resolve_file
-    from ..core.cluster import Cluster
+    from ..cli_inputs import resolve_file
+    from ..core.cluster import MAX_RANKS, Cluster
+    from ..errors import PlanValidationError
 
     if ":" in text and not Path(text).exists() and "{" not in text:
-        counts = {}
+        counts: dict[str, int] = {}
         for part in text.split(","):
             kind, _, n = part.partition(":")
-            counts[kind.strip()] = int(n)
+            kind, n = kind.strip(), n.strip()
+            if not kind or not (n.isdigit() and len(n) <= 7):
+                raise PlanValidationError([("--cluster", f"cannot read {part[:60]!r}: write KIND:COUNT, e.g. "
+                                                         f"H800:16,H20:32 (a count 1..{MAX_RANKS})")],
+                                          what="arguments")
+            if kind in counts:
+                raise PlanValidationError([("--cluster", f"{kind} is given twice")], what="arguments")
+            counts[kind] = int(n)
         return Cluster.mixed(counts)
     return Cluster.load(resolve_file(text))
 
 
 def read_lengths(path: str) -> list[int]:
-    """Sequence lengths: a JSON list, or one integer a line."""
-    from ..cli import resolve_file
+    """Sequence lengths: a JSON list, or one integer a line (each 1..2**24)."""
+    from ..cli_inputs import MAX_TOKENS, read_json, read_text, resolve_file
+    from ..errors import PlanValidationError
 
-    text = resolve_file(path).read_text()
-    if text.lstrip().startswith("["):
-        return [int(x) for x in json.loads(text)]
-    return [int(line.split()[0]) for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    file = resolve_file(path)
+    text = read_text(file)
+    try:
+        if text.lstrip().startswith("["):
+            raw = read_json(file)
+            if not isinstance(raw, list):
+                raise ValueError("not a list")
+            values = [int(x) if isinstance(x, int) and not isinstance(x, bool) else _no_int(x) for x in raw]
+        else:
+            values = [int(line.split()[0]) for line in text.splitlines() if line.strip() and not
+                      line.startswith("#")]
+    except (ValueError, TypeError) as e:
+        raise PlanValidationError([(str(file), f"expected sequence lengths (a JSON list of integers, or one "
+                                               f"integer a line): {str(e)[:80]}")], what="lengths") from None
+    bad = [v for v in values if not 1 <= v <= MAX_TOKENS]
+    if not values or bad:
+        raise PlanValidationError([(str(file), f"length {bad[0]} is out of range (1..{MAX_TOKENS})" if bad
+                                   else "no sequence lengths")], what="lengths")
+    return values
+
+
+def _no_int(x: Any) -> int:
+    raise ValueError(f"{str(x)[:40]!r} is not an integer")
 
 
 def _cost(path: str | None) -> Any:
+    from pydantic import ValidationError
+
+    from ..cli_inputs import read_text, resolve_file
+    from ..errors import PlanValidationError
     from .cost import CostModel
 
-    return CostModel.load(path) if path else None
+    if not path:
+        return None
+    file = resolve_file(path)
+    try:
+        return CostModel.model_validate_json(read_text(file, what="cost model"))
+    except ValidationError as e:
+        raise PlanValidationError.from_pydantic(e, what="cost model") from None
 
 
 # ---- plan ----------------------------------------------------------------------------------------------------
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``hspmd plan``."""
+    from ..cli_inputs import MAX_SAMPLES, MAX_TOKENS, int_in
+
     p.add_argument("--cluster", required=True, metavar="FILE|PRESET",
                    help="cluster JSON, packaged example name, or counts like H800:16,H20:32")
     p.add_argument("--model", required=True, metavar="PRESET", help="model preset or model-config JSON")
     p.add_argument("--scenario", choices=("hetero", "elastic", "mixed"), default="hetero")
-    p.add_argument("--global-batch", type=int, metavar="N",
+    p.add_argument("--global-batch", type=int_in(1, MAX_SAMPLES), metavar="N",
                    help="samples per step (hetero: default 64; elastic: default the running strategy's)")
-    p.add_argument("--seq-len", type=int, metavar="N", help="sequence length (default: the model's)")
+    p.add_argument("--seq-len", type=int_in(1, MAX_TOKENS), metavar="N", help="sequence length (default: the "
+                                                                              "model's)")
     p.add_argument("--strategy", metavar="FILE", help="elastic: the strategy running before the failure")
     p.add_argument("--failed", metavar="RANKS", help="elastic: failed ranks, e.g. 31 or 24-31")
     p.add_argument("--lengths", metavar="FILE", help="mixed: sequence lengths (JSON list or one a line)")
-    p.add_argument("--tokens-per-batch", type=int, default=200_000, metavar="N", help="mixed: tokens a batch")
-    p.add_argument("--context-len", type=int, metavar="N", help="mixed: context length (default: longest)")
+    p.add_argument("--tokens-per-batch", type=int_in(1, MAX_TOKENS * MAX_SAMPLES), default=200_000, metavar="N",
+                   help="mixed: tokens a batch")
+    p.add_argument("--context-len", type=int_in(1, MAX_TOKENS), metavar="N",
+                   help="mixed: context length (default: longest)")
     p.add_argument("--cost", metavar="FILE", help="cost model JSON (default: the analytic defaults)")
     p.add_argument("--no-zero1", action="store_true", help="hetero: disable ZeRO-1")
     p.add_argument("-o", "--output", metavar="FILE", help="write the strategy (mixed: the plan) as JSON")
@@ -85,9 +139,11 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_plan(args: argparse.Namespace) -> int:
     """Run ``hspmd plan``; prints the plan, its simulated step time and the planning time."""
-    from ..models.registry import load_model_spec
+    from ..cli_inputs import check_output, write_output
     from ..errors import PlanValidationError
+    from ..models.registry import load_model_spec
 
+    output = check_output(args.output) if args.output else None  # before minutes of planning, not after
     model = load_model_spec(args.model)
     cluster = load_cluster(args.cluster)
     seq = args.seq_len or model.max_seq_len
@@ -103,18 +159,18 @@ def run_plan(args: argparse.Namespace) -> int:
                           context_len=args.context_len, cost=cost)
         print(plan.summary())
         print(f"planned in {time.perf_counter() - t0:.2f} s")
-        if args.output:
-            Path(args.output).write_text(plan.to_json())
+        if output is not None:
+            write_output(output, plan.to_json())
             print(f"wrote {args.output}")
         return 0
     if args.scenario == "elastic":
         if not args.strategy or not args.failed:
             raise PlanValidationError([("--strategy/--failed", "the elastic scenario needs the running strategy "
                                                                "and the failed ranks")], what="arguments")
-        from ..cli import resolve_file
+        from ..cli_inputs import resolve_file
         from .elastic import replan_elastic
 
-        strategy = replan_elastic(model, cluster, resolve_file(args.strategy), parse_ranks(args.failed),
+        strategy = replan_elastic(model, cluster, resolve_file(args.strategy), parse_ranks(args.failed, cluster),
                                   seq_len=seq, global_batch=args.global_batch, cost=cost)
     else:
         from .hetero import plan_hetero
@@ -128,8 +184,8 @@ def run_plan(args: argparse.Namespace) -> int:
     print(strategy.summary(cluster=cluster))
     print(res.summary())
     print(f"planned in {elapsed:.2f} s")
-    if args.output:
-        Path(args.output).write_text(strategy.to_json())
+    if output is not None:
+        write_output(output, strategy.to_json())
         print(f"wrote {args.output}")
     return 0
 
@@ -137,18 +193,26 @@ def run_plan(args: argparse.Namespace) -> int:
 # ---- simulate ------------------------------------------------------------------------------------------------
 def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``hspmd simulate``."""
+    from ..cli_inputs import MAX_SAMPLES, MAX_TOKENS, int_in
+
     p.add_argument("strategy", metavar="STRATEGY", help="strategy JSON or packaged example name")
     p.add_argument("--model", metavar="PRESET", help="model preset (default: from the example index)")
     p.add_argument("--cluster", metavar="FILE|PRESET", help="cluster (default: from the example index)")
-    p.add_argument("--global-batch", type=int, metavar="N", help="check the strategy's global batch")
-    p.add_argument("--seq-len", type=int, metavar="N", help="sequence length (default: the model's)")
+    p.add_argument("--global-batch", type=int_in(1, MAX_SAMPLES), metavar="N", help="check the strategy's global "
+                                                                                   "batch")
+    p.add_argument("--seq-len", type=int_in(1, MAX_TOKENS), metavar="N", help="sequence length (default: the "
+                                                                              "model's)")
     p.add_argument("--cost", metavar="FILE", help="cost model JSON")
     p.add_argument("--timeline", action="store_true", help="print each device's busy time by kind")
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    """Run ``hspmd simulate``; prints the step time, bubble, memory and (``--timeline``) per-device busy time."""
-    from ..cli import example_context, resolve_file
+    """Run ``hspmd simulate``; prints the step time, bubble, memory and (``--timeline``) per-device busy time.
+    Exit status 1 (with an ``error:`` line) when a device runs out of memory."""
+    import sys
+
+    from ..cli import example_context
+    from ..cli_inputs import resolve_file
     from ..models.registry import load_model_spec
     from ..errors import PlanValidationError
     from .simulator import simulate
@@ -171,4 +235,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         print("  device " + " ".join(f"{k:>7}" for k in kinds))
         for d in res.timeline:
             print(f"  {d:>6} " + " ".join(f"{res.busy(d, (k,)):7.2f}" for k in kinds))
+    if res.oom:
+        print(f"error: the strategy does not fit: devices {res.oom} run out of memory (see the peak above)",
+              file=sys.stderr)
+        return 1
     return 0

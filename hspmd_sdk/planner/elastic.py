@@ -17,7 +17,7 @@ numbers in the original cluster (:func:`survivor_cluster` renumbers them when a 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from .cost import CostModel
 from .hetero import (Candidate, PipelinePlan, PlanContext, TPGroup, configure_pipelines, make_groups, pick,
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.model_spec import ModelSpec
     from ..core.strategy import Strategy
 
-__all__ = ["replan_elastic", "survivor_cluster", "renumber"]
+__all__ = ["replan_elastic", "replan_straggler", "slowed_cluster", "survivor_cluster", "renumber"]
 
 
 def _group(ctx: PlanContext, ranks: Sequence[int]) -> TPGroup:
@@ -185,3 +185,79 @@ def renumber(strategy: "Strategy", mapping: dict[int, int]) -> "Strategy":
         for s in p["stages"]:
             s["devices"] = [mapping[r] for r in s["devices"]]
     return Strategy.load(data)
+
+
+def slowed_cluster(cluster: "Cluster", speeds: dict[int, float], cost: CostModel | None = None
+                   ) -> tuple["Cluster", CostModel]:
+    """``cluster`` with each rank of ``speeds`` made ``factor`` times slower, for planning around stragglers: the
+    rank moves to a node of its own (same host) of a device kind ``"<kind>/<factor>"`` whose peak FLOPS (and, in
+    ``cost``, whose profiled compute times and Adam time) are scaled by the factor.  Ranks keep their numbers.
+    Its links to former node-mates are costed as inter-node (a conservative simplification)."""
+    from ..core.cluster import Cluster, DeviceSpec
+
+    cost = cost or CostModel()
+    data = cluster.model_dump()
+    devices = dict(data["devices"])
+    nodes = []
+    moved: list[dict] = []
+    updates: dict[str, dict] = {"profiles": dict(cost.profiles), "compute_fits": dict(cost.compute_fits),
+                                "mfu": dict(cost.mfu)}
+    for node in data["nodes"]:
+        keep = [r for r in node["ranks"] if r not in speeds]
+        if keep:
+            nodes.append({**node, "ranks": keep})
+        for r in node["ranks"]:
+            if r in speeds:
+                k = float(speeds[r])
+                base = cluster.devices[node["kind"]]
+                kind = f"{node['kind']}/{k:.3g}"
+                devices[kind] = DeviceSpec(kind=kind, memory_mb=base.memory_mb, bf16_tflops=base.bf16_tflops / k,
+                                           intra_bandwidth_gbs=base.intra_bandwidth_gbs).model_dump()
+                moved.append({"host": node["host"], "kind": kind, "ranks": [r]})
+                _scale_costs(updates, node["kind"], kind, k)
+    data["nodes"], data["devices"] = nodes + moved, devices
+    return Cluster.load(data), cost.model_copy(update=updates)
+
+
+def _scale_costs(updates: dict[str, dict], kind: str, new: str, k: float) -> None:
+    """Profiled costs of ``kind`` copied under ``new`` with every compute time ``k`` times longer."""
+    def scaled(fit: Any) -> Any:
+        return fit.model_copy(update={"a": fit.a * k, "b": fit.b * k})
+
+    prof = updates["profiles"].get(kind)
+    if prof is not None:
+        updates["profiles"][new] = prof.model_copy(update={
+            "layer_fwd": scaled(prof.layer_fwd), "layer_bwd": scaled(prof.layer_bwd),
+            "head_fwd": scaled(prof.head_fwd), "head_bwd": scaled(prof.head_bwd), "embed": scaled(prof.embed),
+            "optimizer_s_per_param": prof.optimizer_s_per_param * k})
+    fit = updates["compute_fits"].get(kind)
+    if fit is not None:
+        updates["compute_fits"][new] = scaled(fit)
+    if kind in updates["mfu"]:
+        updates["mfu"][new] = updates["mfu"][kind]
+
+
+def replan_straggler(model: "ModelSpec | str", cluster: "Cluster", strategy: "Strategy | str | dict",
+                     speeds: dict[int, float], *, seq_len: int, global_batch: int | None = None,
+                     cost: CostModel | None = None) -> "Strategy":
+    """A strategy for ``cluster`` when the ranks of ``speeds`` run ``factor`` times slower than their kind
+    (measured stragglers): the running strategy's pipelines with layers and micro-batches re-balanced for the
+    measured speeds (the templates kept, as :func:`replan_elastic` does; no rank is dropped), picked by the
+    simulator on the slowed cluster (:func:`slowed_cluster`).  Ranks keep their numbers."""
+    from ..core.strategy import Strategy
+    from ..models.registry import load_model_spec
+
+    model = load_model_spec(model)
+    strategy = Strategy.load(strategy, model=model, cluster=cluster)
+    slow, slow_cost = slowed_cluster(cluster, speeds, cost)
+    gb = global_batch or strategy.global_batch
+    ctx = PlanContext(model, slow, global_batch=gb, seq_len=seq_len, cost=slow_cost, schedule=strategy.schedule,
+                      zero1=strategy.zero1)
+    allowed = tp_degrees(model, max(len(n.ranks) for n in cluster.nodes))
+    sizes = sorted({1, strategy.pipelines[0].micro_batch_size} & {b for b in (1, 2, 4) if gb % b == 0})
+    cands = [c for b in sizes for c in [_keep_templates(ctx, strategy, set(), b, allowed)] if c is not None]
+    if not cands:
+        raise ValueError(f"no re-balanced strategy for the stragglers {speeds}")
+    cands.sort(key=lambda c: c.estimate)
+    name = f"replan_straggler: {model.name}, ranks " + ", ".join(f"{r} x{k:.2f}" for r, k in speeds.items())
+    return pick(ctx, cands, simulate_top=4, refine=True, name=name)

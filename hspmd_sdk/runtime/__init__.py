@@ -5,6 +5,11 @@
 metrics) or raises :class:`~hspmd_sdk.errors.RuntimeFailure` naming the first failing rank.  Transports start the
 workers (:class:`LocalTransport`: local processes).  :mod:`.data` is the deterministic byte-level dataset.
 
+Faults (:mod:`.faults`, :mod:`.liveness`): workers and agents beat, the job's watchdog names a rank that stops
+beating or hangs outside communication while its peers wait, and a lost host as ``connection lost``; each
+:class:`Failure` goes to the job's :class:`FailurePolicy` (default :class:`StopOnFailure`).  Resources are checked
+before any worker starts (:mod:`.preflight`, :class:`ResourceError`).
+
 Names are imported lazily so that ``import hspmd_sdk.runtime`` does not pull in torch.
 """
 from __future__ import annotations
@@ -31,6 +36,12 @@ _EXPORTS = {
     "JobResult": ".job",
     "JobStatus": ".job",
     "JobCancelled": ".job",
+    "Failure": ".faults",
+    "FailurePolicy": ".faults",
+    "Reaction": ".faults",
+    "StopOnFailure": ".faults",
+    "ResourceError": ".preflight",
+    "check_resources": ".preflight",
     "Transport": ".transport",
     "WorkerGroup": ".transport",
     "LocalTransport": ".transport",

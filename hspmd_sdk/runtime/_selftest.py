@@ -136,3 +136,50 @@ def leave_child(state: WorkerState, spec: LaunchSpec) -> dict[str, Any]:
     child = subprocess.Popen(["sleep", "1000"])
     state.report(0, loss=1.0)
     return {"child": child.pid}
+
+
+def echo_control(state: WorkerState, spec: LaunchSpec) -> dict[str, Any]:
+    """Report step 0, then log and collect every control message (``state.poll_control()``) until one says
+    ``{"stop": true}``; returns them all in arrival order."""
+    state.report(0, loss=0.0)
+    got: list[dict[str, Any]] = []
+    while not any(m.get("stop") for m in got):
+        for m in state.poll_control():
+            state.log(f"control: {json.dumps(m, sort_keys=True)}")
+            got.append(m)
+        time.sleep(0.02)
+    return {"messages": got}
+
+
+def hang_on_rank(state: WorkerState, spec: LaunchSpec) -> dict[str, Any]:
+    """All-reduce every step; from step ``payload["step"]`` on, rank ``payload["rank"]`` hangs out of
+    communication (``payload["how"]``: ``"sleep"``, a long sleep in Python; ``"spin"``, a busy loop) while its
+    peers wait for it in the next all-reduce.  ``payload["rank"] = -1``: nobody hangs (a collective loop)."""
+    import torch
+    import torch.distributed as dist
+
+    bad, at = int(spec.payload.get("rank", 0)), int(spec.payload.get("step", 0))
+    how = str(spec.payload.get("how", "sleep"))
+    for step in range(spec.steps):
+        if state.rank == bad and step == at:
+            state.log(f"rank {bad} hangs ({how}) at step {step}")
+            deadline = time.monotonic() + 1000
+            while time.monotonic() < deadline:
+                if how == "sleep":
+                    time.sleep(1000)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        state.report(step, loss=t.item())
+        time.sleep(float(spec.payload.get("pause", 0.02)))
+    return {"steps": spec.steps}
+
+
+def fail_alone(state: WorkerState, spec: LaunchSpec) -> dict[str, Any]:
+    """No communication at all: rank ``payload["rank"]`` exits with status 7 at once; the others report
+    ``payload["steps_each"]`` steps, ``payload["pause"]`` seconds apart, and return (for failure policies)."""
+    if state.rank == int(spec.payload.get("rank", 0)):
+        os._exit(7)
+    for step in range(int(spec.payload.get("steps_each", 3))):
+        time.sleep(float(spec.payload.get("pause", 0.1)))
+        state.report(step, loss=float(step))
+    return {"done": True}

@@ -1,18 +1,27 @@
-"""The per-host agent: ``python -m hspmd_sdk.runtime.agent --host NAME --job ID`` (started over SSH).
+"""The per-host agent: ``python -m hspmd_sdk.runtime.agent --host=NAME --job=ID`` (started over SSH).
 
 One agent runs on each host of a remote job, in a session of its own (the SSH transport starts it under
-``setsid``).  It reads control messages from stdin, one JSON object a line:
+``setsid``; the host name is passed as ``--host=NAME``, so no name can be read as an option).  It reads control
+messages from stdin, one JSON object a line:
 
 - ``{"t": "start", "ranks": [...], "spec": "<LaunchSpec JSON>"}`` (first line): start one worker per rank, each
   in its own process group, exactly as :class:`~hspmd_sdk.runtime.transport.LocalTransport` does locally (the
   spec goes to each worker's stdin; rank, world size and master address into its environment);
-- ``{"t": "kill", "grace": seconds}``: stop every worker (SIGTERM, SIGKILL after the grace period).
+- ``{"t": "kill", "grace": seconds, "ranks": [...] | null}``: stop those workers (default every one): SIGTERM,
+  SIGKILL after the grace period;
+- ``{"t": "control", "ranks": [...], "msg": {...}}``: relay a control message to those workers' stdin;
+- ``{"t": "dump", "rank": R}``: ask worker R for its stacks (SIGUSR1, and SIGCONT in case it is stopped);
+- ``{"t": "ping"}``: the launcher is alive.
 
 and writes messages to stdout, one ``@agent {JSON}`` line each, written whole under a lock so that lines of
 different workers never interleave: ``ready`` (agent pid and process group), ``started`` (a rank's pid = its
 process group), ``line`` (one line a worker wrote: ``s`` is ``out``/``err``, ``x`` the text), ``exit`` (a rank's
-return code and whether the agent's own kill caused it), ``bye``.  When stdin closes (the launcher went away or
-the connection dropped) the agent stops every worker and exits; it also exits once every worker has exited.
+return code and whether the agent's own kill caused it), ``beat`` (every ``spec.heartbeat_s`` seconds), ``bye``.
+
+The agent and the launcher watch each other: when stdin closes (the launcher went away, the connection dropped)
+or nothing at all has come from the launcher for ``spec.silent_s`` seconds (a partition, a frozen launcher), the
+agent stops every worker and exits; it also exits once every worker has exited.  Its workers, in turn, exit when
+the agent falls silent (they hear its pings).
 """
 from __future__ import annotations
 
@@ -22,8 +31,10 @@ import os
 import socket
 import sys
 import threading
+import time
 from typing import Any, Sequence
 
+from .protocol import LineReader
 from .spec import LaunchSpec
 from .transport import LocalTransport, WorkerGroup
 
@@ -54,25 +65,6 @@ class Emitter:
                 self.broken = True  # the launcher is gone; the stdin watcher stops the workers
 
 
-class LineReader:
-    """Reads lines from a file descriptor with ``os.read`` (no buffering surprises with threads)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self._buf = bytearray()
-
-    def readline(self) -> bytes:
-        while b"\n" not in self._buf:
-            chunk = os.read(self.fd, 1 << 20)
-            if not chunk:
-                rest, self._buf = bytes(self._buf), bytearray()
-                return rest
-            self._buf += chunk
-        line, _, rest = bytes(self._buf).partition(b"\n")
-        self._buf = bytearray(rest)
-        return line + b"\n"
-
-
 class Agent:
     """The agent's state: its workers, the ranks that exited, and the emitter."""
 
@@ -81,16 +73,19 @@ class Agent:
         self.emit = emit
         self.group: WorkerGroup | None = None
         self.ranks: list[int] = []
+        self.spec: LaunchSpec | None = None
+        self.last_heard = time.monotonic()
         self._exited: set[int] = set()
         self._lock = threading.Lock()
         self.all_exited = threading.Event()
 
     def start(self, msg: dict[str, Any]) -> None:
-        spec = LaunchSpec.from_line(msg["spec"])
+        self.spec = spec = LaunchSpec.from_line(msg["spec"])
         self.ranks = [int(r) for r in msg["ranks"]]
         self.group = LocalTransport().start(self.host, self.ranks, spec, self._on_line, self._on_exit)
         for rank, pid in self.group.pids().items():
             self.emit("started", rank=rank, pid=pid)
+        self.last_heard = time.monotonic()
 
     def _on_line(self, rank: int, stream: str, text: str) -> None:
         self.emit("line", rank=rank, s=stream, x=text)
@@ -104,22 +99,58 @@ class Agent:
             if self.ranks and self._exited >= set(self.ranks):
                 self.all_exited.set()
 
-    def kill(self, grace_s: float) -> None:
+    def kill(self, grace_s: float, ranks: Sequence[int] | None = None) -> None:
         if self.group is not None:
-            self.group.kill(grace_s=grace_s)
+            self.group.kill(grace_s=grace_s, ranks=ranks)
+
+    def handle(self, msg: dict[str, Any]) -> None:
+        """One control message from the launcher (after ``start``)."""
+        kind, group = msg.get("t"), self.group
+        if kind == "kill":
+            ranks = msg.get("ranks")
+            threading.Thread(target=self.kill, args=(float(msg.get("grace", 0.5)),
+                                                     None if ranks is None else [int(r) for r in ranks]),
+                             daemon=True).start()
+        elif kind == "control" and group is not None and isinstance(msg.get("msg"), dict):
+            group.send_control(msg["msg"], [int(r) for r in msg.get("ranks") or self.ranks])
+        elif kind == "dump" and group is not None:
+            group.dump_stack(int(msg["rank"]))
 
     def control(self, reader: LineReader) -> None:
-        """Serve ``kill`` messages until stdin closes; then stop everything."""
+        """Serve the launcher's messages until stdin closes; then stop everything."""
         while True:
             line = reader.readline()
             if not line:
                 break
+            self.last_heard = time.monotonic()
             try:
                 msg = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 continue
-            if msg.get("t") == "kill":
-                threading.Thread(target=self.kill, args=(float(msg.get("grace", 0.5)),), daemon=True).start()
+            if isinstance(msg, dict):
+                self.handle(msg)
+        self.shutdown("the launcher closed the connection")
+
+    def beat(self) -> None:
+        """A beat to the launcher every heartbeat period, until every worker exited."""
+        assert self.spec is not None
+        while not self.all_exited.wait(self.spec.heartbeat_s):
+            self.emit("beat")
+
+    def watch(self) -> None:
+        """Stop everything when the launcher has been silent for ``spec.silent_s`` (never writes to stdout, so a
+        full channel cannot block it)."""
+        assert self.spec is not None
+        while not self.all_exited.wait(min(0.5, self.spec.heartbeat_s)):
+            silent = time.monotonic() - self.last_heard
+            if silent > self.spec.silent_s:
+                self.shutdown(f"no word from the launcher for {silent:.1f} s (cut off?)")
+
+    def shutdown(self, why: str) -> None:
+        try:
+            os.write(2, f"hspmd agent on {self.host}: {why}; stopping its workers\n".encode())
+        except OSError:
+            pass
         self.kill(EOF_GRACE_S)
         self.all_exited.wait(10.0)
         os._exit(0)
@@ -149,7 +180,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         emit("fatal", message=f"{type(exc).__name__}: {exc}")
         agent.kill(0.0)
         os._exit(1)
-    threading.Thread(target=agent.control, args=(reader,), name="hspmd-agent-control", daemon=True).start()
+    for name, target in (("control", lambda: agent.control(reader)), ("beat", agent.beat),
+                         ("watch", agent.watch)):
+        threading.Thread(target=target, name=f"hspmd-agent-{name}", daemon=True).start()
     agent.all_exited.wait()
     emit("bye")
     os._exit(0)

@@ -94,30 +94,27 @@ class AdamConfig:
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        problems = self.problems()
+        problems = adam_problems(self.lr, self.betas, self.eps, self.weight_decay)
         if problems:
             from ..errors import PlanValidationError
 
             raise PlanValidationError(problems, what="optimizer options")
 
-    def problems(self) -> list[tuple[str, str]]:
-        out = []
-        values = {"lr": self.lr, "eps": self.eps, "weight_decay": self.weight_decay}
-        for name, v in values.items():
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-                out.append((name, f"must be a finite number, not {v!r}"))
-        if not out:
-            if self.lr <= 0:
-                out.append(("lr", f"must be > 0, not {self.lr}"))
-            if self.eps <= 0:
-                out.append(("eps", f"must be > 0, not {self.eps}"))
-            if self.weight_decay < 0:
-                out.append(("weight_decay", f"must be >= 0, not {self.weight_decay}"))
-        betas = tuple(self.betas) if isinstance(self.betas, (tuple, list)) else ()
-        if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool)
-                                      and math.isfinite(b) and 0 <= b < 1 for b in betas):
-            out.append(("betas", f"must be two numbers in [0, 1), not {self.betas!r}"))
-        return out
+
+def adam_problems(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> list[tuple[str, str]]:
+    """Adam's options as ``(field, reason)`` problems: finite, ``lr > 0``, ``0 <= beta < 1``, ``eps > 0``,
+    ``weight_decay >= 0`` (checked by the launcher before any worker starts, and by :class:`AdamConfig`)."""
+    def bad(value: Any) -> bool:
+        return isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+
+    out = []
+    for name, v, strict in (("lr", lr, True), ("eps", eps, True), ("weight_decay", weight_decay, False)):
+        if bad(v) or (v <= 0 if strict else v < 0):
+            out.append((name, f"must be a finite number {'>' if strict else '>='} 0, not {v!r}"))
+    betas = tuple(betas) if isinstance(betas, (tuple, list)) else (betas,)
+    if len(betas) != 2 or any(bad(b) or not 0.0 <= b < 1.0 for b in betas):
+        out.append(("betas", f"must be two finite numbers in [0, 1), not {betas!r}"))
+    return out
 
 
 def program_comm_plans(program: Any) -> list[Any]:
@@ -265,6 +262,9 @@ class StepExecutor:
         self.step_values: dict[str, torch.Tensor] = {}
         self.records: dict[int, _MicroBatch] = {}
         self.captured_grads: dict[str, torch.Tensor] | None = None
+        self._before_update: Callable[[float], Any] | None = None
+        self._step_loss = 0.0
+        self.compute_s = 0.0
 
     def _sync_items(self) -> list[SyncItem]:
         """One item per ``GradSync`` of this rank (Program order), its plan at the wire dtype; ``None`` where
@@ -337,17 +337,27 @@ class StepExecutor:
         """Whether this rank reads the batch (its executable graph has a placeholder: first or last stage)."""
         return any(self.graph.producer(n).kind == "placeholder" for n in self.eg.leaves)
 
-    def step(self, batch: Any, *, capture_grads: bool = False) -> float:
+    def step(self, batch: Any, *, capture_grads: bool = False,
+             before_update: Callable[[float], Any] | None = None) -> float:
         """Run one training step on the global batch — token sequences ``[B, S+1]`` that the model's ``feeds``
         turns into the graph's placeholders, or a mapping placeholder -> full tensor (every rank that
         :attr:`needs_data` passes the same; others may pass ``None``); returns this rank's summand of the global
         loss (see :meth:`loss_contributor`).
+
+        ``before_update(loss summand)`` runs after the gradient synchronisation and before Adam changes anything:
+        the commit point of the step (the training loop agrees there, with every rank, that the step is whole;
+        if it raises, no parameter or optimizer state has changed).
 
         Overlap (results unchanged): receives are posted ahead (gloo; see the module docstring), ZeRO-1 gathers
         are waited for where the forward first reads them, and gradient buckets start during the last backward
         (:mod:`.buckets`)."""
         self._feeds = self._local_feeds(self._full_feeds(batch))
         self.records.clear()
+        self._posted.clear()  # nothing of an interrupted step is left in flight for this one
+        self._pending.clear()
+        self._before_update = before_update
+        self._step_loss = 0.0
+        self.compute_s = 0.0  # this step's compute seconds (kernels, backward, Adam; never waiting for peers)
         actions = self.program.schedule(self.rank)
         last_b = max((i for i, a in enumerate(actions) if a.kind == "B"), default=-1)
         ahead = _next_receives(actions) if self.post_ahead else None
@@ -370,6 +380,7 @@ class StepExecutor:
                 self.recv_backward(mb)
             elif kind == "B":
                 loss += self.backward(mb, last=i == last_b)
+                self._step_loss = loss
             elif kind == "SEND_B":
                 self.send_backward(mb)
             elif kind == "POST":
@@ -533,12 +544,14 @@ class StepExecutor:
         self._run_forward(mb, vals, rec, tail)
 
     def _timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)``, reporting its seconds to ``emulate`` when speed emulation is on."""
-        if self.emulate is None:
-            return fn(*args, **kwargs)
+        """``fn(*args, **kwargs)``, its seconds added to :attr:`compute_s` (and reported to ``emulate`` when speed
+        emulation is on)."""
         t0 = time.perf_counter()
         out = fn(*args, **kwargs)
-        self.emulate(time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        if self.emulate is not None:
+            dt += self.emulate(dt) or 0.0
+        self.compute_s += dt
         return out
 
     def _compute(self, op: Any, vals: dict[str, torch.Tensor]) -> None:
@@ -616,11 +629,13 @@ class StepExecutor:
             master.grad = g if g is not None else torch.zeros_like(master)
         if capture_grads:
             self.captured_grads = {k: v.grad.detach().clone() for k, v in self.params.items()}
+        self._wait_sends()  # every message of the step is out before the step commits
+        if self._before_update is not None:
+            self._before_update(self._step_loss if self.loss_contributor() else 0.0)
         if any(o.kind == "OptimizerStep" for o in self.eg.post):
             self._timed(self.optimizer.step)
         self.optimizer.zero_grad(set_to_none=True)
         self.step_values = {}
-        self._wait_sends()
 
     # ---- stage-boundary transfers -------------------------------------------------------------------------------
     def _p2p_group(self, direction: int) -> Callable[[int, int], Any] | None:

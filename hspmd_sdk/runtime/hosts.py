@@ -80,9 +80,10 @@ def load_hosts(hosts: HostsArg, *, default: SSHHost | Mapping[str, Any] | None =
 def read_hosts_file(path: str | Path) -> dict[str, dict[str, Any]]:
     """Read a JSON file ``{"host": {"address": ..., "port": ..., "python": ..., "workdir": ...}, ...}``."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise PlanValidationError([(str(path), f"cannot read SSH hosts file: {e}")], what="SSH hosts") from None
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON, a 5000-digit number
+        why = "nested too deeply" if isinstance(e, RecursionError) else getattr(e, "strerror", None) or str(e)
+        raise PlanValidationError([(str(path), f"cannot read SSH hosts file: {why}")], what="SSH hosts") from None
     if not isinstance(data, dict):
         raise PlanValidationError([(str(path), "expected a JSON object host -> settings")], what="SSH hosts")
     return data

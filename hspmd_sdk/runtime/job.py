@@ -1,32 +1,49 @@
-"""A running job: its workers' streams, logs, metrics, failure handling and result.
+"""A running job: its workers' streams, logs, metrics, fault detection and result.
 
 Background threads (the transport's) deliver every worker line to :meth:`Job._on_line`; the job keeps per-rank
 logs (in memory and in ``log_dir/rank{R}.log``, plus ``log_dir/job.log`` with every line prefixed by its rank),
-metrics and results.  When a worker fails, the job stops every worker at once and :meth:`Job.wait` raises
-:class:`~hspmd_sdk.errors.RuntimeFailure` for the *first* failing rank: a genuine error wins over the connection
-errors its peers raise afterwards, then the earliest.
+metrics and results.  Writing the log files is a convenience: when the disk fails (full, read-only) the job warns
+once and keeps the logs in memory, and its outcome is the true one.
+
+A watchdog thread turns silence into failures (:mod:`.faults`): a rank not heard for ``spec.silent_s`` seconds
+(stopped, frozen), a rank that stayed out of communication for ``spec.stall_s`` seconds while peers waited in
+communication for it (both ``hung``, with the rank's stack from faulthandler), a host whose agent or connection
+went quiet (``connection lost``, with the ranks it carried).  Each failure goes to the job's policy; the default
+stops every worker at once and :meth:`Job.wait` raises :class:`~hspmd_sdk.errors.RuntimeFailure` for the *first*
+failing rank: a genuine error wins over the connection errors its peers raise afterwards, then the earliest.
+
+The launcher -> worker direction is a channel too: :meth:`Job._send_control` queues a JSON message for all or some
+ranks (``WorkerState.poll_control()`` on the worker side), relayed by the agent over SSH.
 """
 from __future__ import annotations
 
 import atexit
 import enum
-import signal
+import json
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Sequence
 
-from ..errors import RuntimeFailure
+from ..errors import HSPMDError, RuntimeFailure
+from .faults import Failure, FailurePolicy, Reaction, StopOnFailure, describe_returncode
 from .metrics import MetricsHistory, StepMetrics
 from .progress import Progress, make_progress
 from .protocol import decode
 from .spec import LaunchSpec
 from .transport import Transport, WorkerGroup
 
+__all__ = ["Job", "JobResult", "JobStatus", "JobCancelled", "Failure", "LogDirError"]
+
 #: How many stderr lines of a rank that died without a traceback are quoted in the error.
 TAIL_LINES = 30
+#: Seconds a rank may take to send its first line (Python start-up, imports on a loaded machine).
+START_GRACE_S = 60.0
+#: Seconds to wait for a hung rank's stack after asking for it.
+DUMP_WAIT_S = 3.0
 
 
 class JobStatus(str, enum.Enum):
@@ -41,18 +58,8 @@ class JobCancelled(RuntimeFailure):
     """The job was cancelled (``Job.cancel()`` or an interrupt) before it finished."""
 
 
-@dataclass
-class Failure:
-    """One rank's failure as the launcher saw it."""
-
-    rank: int
-    message: str
-    traceback: str
-    collateral: bool
-    time: float
-
-    def sort_key(self) -> tuple[bool, float, int]:
-        return (self.collateral, self.time, self.rank)
+class LogDirError(HSPMDError):
+    """The job's log folder cannot be created or written; nothing was started."""
 
 
 @dataclass
@@ -60,7 +67,9 @@ class JobResult:
     """What a finished job returns.
 
     ``losses``: per-step losses of the loss rank, ordered by step; ``results``: each rank's entry return value;
-    ``metrics``: every rank's step metrics; ``emulation``: ranks whose speed was emulated (rank -> factor).
+    ``metrics``: every rank's step metrics; ``emulation``: ranks whose speed was emulated (rank -> factor);
+    ``failures``: failures the job's policy let it survive (empty under the default policy); ``events``: every
+    reconfiguration (``Job.switch``, an elastic recovery, a straggler, a length switch; SPEC §6).
     """
 
     job_id: str
@@ -70,6 +79,8 @@ class JobResult:
     wall_time: float
     log_dir: Path
     emulation: dict[int, float] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+    events: list[Any] = field(default_factory=list)
 
     def step_times(self, rank: int) -> list[float]:
         return [m.step_time for m in self.metrics.get(rank, []) if m.step_time is not None]
@@ -77,44 +88,105 @@ class JobResult:
 
 @dataclass
 class _Rank:
-    log: IO[str]
     lines: list[str] = field(default_factory=list)
     stderr_tail: list[str] = field(default_factory=list)
     pid: int | None = None
     host: str | None = None
     result: dict[str, Any] | None = None
     returncode: int | None = None
+    # liveness, as the launcher saw it (monotonic receipt times: no clock of another host is trusted)
+    started: float = 0.0
+    heard: float | None = None
+    ready: bool = False
+    beat: dict[str, Any] = field(default_factory=dict)
+    beat_at: float = 0.0
+    progress_at: float = 0.0
+    suspect: bool = False
+    capture: list[str] | None = None
+
+
+class _Logs:
+    """The job's log files; a failed write (disk full, read-only) warns once and the logs stay in memory."""
+
+    def __init__(self, log_dir: Path, ranks: Sequence[int], job_id: str) -> None:
+        self.dir, self.job_id = log_dir, job_id
+        self.broken: str | None = None
+        self._files: dict[int | None, IO[str]] = {}
+        try:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            for r in ranks:
+                self._files[r] = open(log_dir / f"rank{r}.log", "w", buffering=1)
+            self._files[None] = open(log_dir / "job.log", "w", buffering=1)
+        except OSError as e:
+            self.close()
+            raise LogDirError(f"cannot write the job's logs in {log_dir}: {e.strerror or e}; pass log_dir= (CLI: "
+                              "--log-dir) a writable folder. Nothing was started.") from None
+
+    def write(self, rank: int | None, text: str) -> None:
+        """A line of ``rank``'s log (and the job's); ``rank=None``: the job's own line, in job.log only."""
+        if self.broken is not None or not self._files:
+            return
+        try:
+            if rank is None:
+                self._files[None].write(f"[job] {text}\n")
+                return
+            self._files[rank].write(text + "\n")
+            self._files[None].write(f"[rank {rank}] {text}\n")
+        except (OSError, ValueError) as e:  # ValueError: written after close
+            self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        self.broken = getattr(e, "strerror", None) or str(e)
+        warnings.warn(f"job {self.job_id}: cannot write its logs in {self.dir} ({self.broken}); from now on the "
+                      "logs are kept in memory only (job.logs(rank)); the job goes on", RuntimeWarning,
+                      stacklevel=2)
+        self.close()
+
+    def close(self) -> None:
+        files, self._files = list(self._files.values()), {}
+        for f in files:
+            try:
+                f.close()
+            except OSError:
+                pass  # the last buffered line could not be written: the disk is full; the job is not affected
 
 
 class Job:
     """Workers running one :class:`LaunchSpec`; create with :func:`hspmd_sdk.runtime.launch_spec`.
 
-    ``status``, ``logs(rank)``, ``metrics``, ``log_dir``, ``wait(timeout)``, ``cancel()``.  Usable as a context
-    manager: leaving the block cancels a job that is still running.
+    ``status``, ``logs(rank)``, ``metrics``, ``log_dir``, ``failures``, ``wait(timeout)``, ``cancel()``,
+    ``stop_ranks(ranks)``.  Usable as a context manager: leaving the block cancels a job that is still running.
+    ``policy``: what to do about a failure (:mod:`.faults`; default :class:`~.faults.StopOnFailure`).
     """
 
     def __init__(self, spec: LaunchSpec, hosts: dict[str, list[int]], transport: Transport, *,
                  log_dir: str | Path | None = None, progress: bool = False,
-                 echo: Callable[[str], None] | None = None) -> None:
+                 echo: Callable[[str], None] | None = None, policy: FailurePolicy | None = None) -> None:
         self.spec = spec
         self.transport = transport
+        self.policy: FailurePolicy = policy or StopOnFailure()
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix=f"hspmd-{spec.job_id}-"))
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._logs = _Logs(self.log_dir, spec.ranks, spec.job_id)
         self.metrics = MetricsHistory()
         self._hosts = hosts
         self._echo = echo
         self._lock = threading.RLock()
         self._done = threading.Event()
         self._status = JobStatus.STARTING
-        self._ranks = {r: _Rank(log=open(self.log_dir / f"rank{r}.log", "w", buffering=1)) for r in spec.ranks}
-        self._joblog = open(self.log_dir / "job.log", "w", buffering=1)
-        self._failures: list[Failure] = []
+        self._ranks = {r: _Rank() for r in spec.ranks}
+        self._failures: list[Failure] = []  # what fails the job: the failure that stopped it and what followed
+        self._absorbed: list[Failure] = []  # what the policy let the job survive
+        self._lost_hosts: set[str] = set()
         self._stopping = False
         self._cancelled = False
         self._groups: list[WorkerGroup] = []
         self._t0 = time.monotonic()
         self._t1: float | None = None
         self._progress: Progress | None = make_progress(spec.steps, f"job {spec.job_id}") if progress else None
+        self._observers: dict[str, list[Callable[[int, dict[str, Any]], None]]] = {}
+        self.notes: list[str] = []  #: the job's own messages (reconfigurations), also in job.log
+        self.controller: Any = None  #: the :class:`~.controller.TrainingController` of a training job
+        self._watch = threading.Thread(target=self._watchdog, name=f"hspmd-watch-{spec.job_id}", daemon=True)
         self._atexit = self._kill_at_exit
         atexit.register(self._atexit)
 
@@ -127,6 +199,12 @@ class Job:
     def job_id(self) -> str:
         return self.spec.job_id
 
+    @property
+    def failures(self) -> list[Failure]:
+        """Every failure detected so far (those the policy let the job survive, then those that failed it)."""
+        with self._lock:
+            return [*self._absorbed, *self._failures]
+
     def logs(self, rank: int) -> str:
         """Everything rank ``rank`` printed or logged so far, one line a line."""
         if rank not in self._ranks:
@@ -137,7 +215,7 @@ class Job:
     def pids(self) -> dict[int, int]:
         """Rank -> process id on its host (as the transport started it)."""
         out: dict[int, int] = {}
-        for g in self._groups:
+        for g in list(self._groups):
             out.update(g.pids())
         return out
 
@@ -167,6 +245,61 @@ class Job:
         self._stop_all()
         self._done.wait(10.0)
 
+    def stop_ranks(self, ranks: Sequence[int], grace_s: float = 0.5) -> None:
+        """Stop the workers of ``ranks`` only (for a policy that lets the others go on); their exits are not
+        failures."""
+        wanted = {int(r) for r in ranks}
+        for g in list(self._groups):
+            mine = [r for r in g.ranks if r in wanted]
+            if mine:
+                g.kill(grace_s, ranks=mine)
+
+    # ---- graph switching (a training job's controller) -----------------------------------------------------
+    def switch(self, program: Any) -> Any:
+        """Move the running job to ``program`` at the next step boundary (SPEC §6): every parameter and Adam
+        moment moves by one fused BSR, no process restarts, training goes on at the same step.  ``program`` trains
+        the same model on ranks the job runs (``job.cluster``).  Returns the :class:`~.controller.Event`; it is
+        ``done`` once every worker switched."""
+        if self.controller is None:
+            raise RuntimeFailure(f"job {self.job_id} runs an entry that cannot switch plans (only training jobs "
+                                 "launched with hspmd_sdk.launch can)")
+        if self._done.is_set():
+            raise RuntimeFailure(f"job {self.job_id} has finished ({self.status.value}); there is nothing to switch")
+        return self.controller.switch(program)
+
+    @property
+    def events(self) -> list[Any]:
+        """Every reconfiguration so far (:class:`~.controller.Event`; live)."""
+        return list(self.controller.events) if self.controller is not None else []
+
+    @property
+    def program(self) -> Any:
+        """The Program the job runs now (``None`` for a job that does not train one)."""
+        return self.controller.program if self.controller is not None else None
+
+    @property
+    def cluster(self) -> Any:
+        """The cluster the job runs on now (after an elastic recovery: the survivors, renumbered)."""
+        return self.controller.cluster if self.controller is not None else None
+
+    def on_message(self, kind: str, fn: Callable[[int, dict[str, Any]], None]) -> None:
+        """Call ``fn(rank, message)`` for every worker protocol message of ``kind`` (after the job's own handling;
+        on the reader thread: keep it short)."""
+        self._observers.setdefault(kind, []).append(fn)
+
+    def _note(self, text: str) -> None:
+        """A line of the job's own (a reconfiguration): job.log, ``job.notes`` and the echo."""
+        with self._lock:
+            self.notes.append(text)
+            self._logs.write(None, text)
+        if self._echo is not None:
+            self._echo(f"[job] {text}")
+        if self._progress is not None:
+            try:
+                self._progress.note(text)
+            except Exception:  # noqa: BLE001 - a broken terminal must not break the job
+                pass
+
     def __enter__(self) -> "Job":
         return self
 
@@ -177,11 +310,31 @@ class Job:
         return (f"Job({self.job_id}: {self.spec.world_size} ranks, {self.status.value}, "
                 f"step {self.metrics.last_step() + 1}/{self.spec.steps}, logs in {self.log_dir})")
 
+    # ---- the launcher -> worker channel --------------------------------------------------------------------
+    def _send_control(self, msg: dict[str, Any], ranks: Sequence[int] | None = None) -> None:
+        """Queue the JSON object ``msg`` for ``ranks`` (default: every rank); each worker receives it, in the
+        order sent, from ``state.poll_control()``.  Never blocks; ranks that exited are skipped."""
+        if not isinstance(msg, dict):
+            raise TypeError(f"a control message is a dict (a JSON object), not {type(msg).__name__}")
+        json.dumps(msg)  # not JSON-able: the caller hears it now, not a worker later
+        targets = set(self.spec.ranks) if ranks is None else {int(r) for r in ranks}
+        unknown = sorted(targets - set(self.spec.ranks))
+        if unknown:
+            raise KeyError(f"ranks {unknown} are not in job {self.job_id} (ranks 0..{self.spec.world_size - 1})")
+        for g in list(self._groups):
+            mine = [r for r in g.ranks if r in targets]
+            if mine:
+                g.send_control(msg, mine)
+
     # ---- start ---------------------------------------------------------------------------------------------
     def start(self) -> "Job":
         """Start the workers on every host (called by ``launch_spec``)."""
         try:
             for host, ranks in self._hosts.items():
+                now = time.monotonic()
+                with self._lock:
+                    for r in ranks:
+                        self._ranks[r].started = now
                 group = self.transport.start(host, ranks, self.spec, self._on_line, self._on_exit)
                 with self._lock:
                     self._groups.append(group)
@@ -200,27 +353,43 @@ class Job:
         with self._lock:
             if self._status is JobStatus.STARTING:
                 self._status = JobStatus.RUNNING
+        self._watch.start()
         return self
 
     # ---- stream handling (reader threads) ------------------------------------------------------------------
     def _on_line(self, rank: int, stream: str, line: str) -> None:
+        now = time.monotonic()
+        rec = self._ranks[rank]
+        rec.heard = now
         msg = decode(line) if stream == "out" else None
         if msg is None:
             self._append(rank, line, stderr=(stream == "err"))
             return
         kind = msg.get("t")
-        if kind == "log":
+        if kind == "beat":
+            with self._lock:
+                rec.beat, rec.beat_at = msg, now
+        elif kind == "log":
             self._append(rank, str(msg.get("text", "")), stderr=msg.get("stream") == "stderr")
         elif kind == "metric":
+            rec.progress_at = now
             self._on_metric(StepMetrics.from_message(msg | {"rank": rank}))
         elif kind == "hello":
             with self._lock:
-                self._ranks[rank].pid, self._ranks[rank].host = msg.get("pid"), msg.get("host")
+                rec.pid, rec.host = msg.get("pid"), msg.get("host")
+        elif kind == "ready":
+            with self._lock:
+                rec.ready, rec.progress_at = True, now
         elif kind == "result":
             with self._lock:
-                self._ranks[rank].result = dict(msg.get("value") or {})
+                rec.result = dict(msg.get("value") or {})
         elif kind == "error":
             self._on_error(rank, msg)
+        for fn in self._observers.get(str(kind), ()):
+            try:
+                fn(rank, msg)
+            except Exception as e:  # noqa: BLE001 - an observer's bug must not kill the reader thread
+                self._append(rank, f"(a message observer raised {type(e).__name__}: {e})", stderr=True)
 
     def _append(self, rank: int, text: str, *, stderr: bool = False) -> None:
         with self._lock:
@@ -228,8 +397,9 @@ class Job:
             rec.lines.append(text)
             if stderr:
                 rec.stderr_tail = (rec.stderr_tail + [text])[-TAIL_LINES:]
-            rec.log.write(text + "\n")
-            self._joblog.write(f"[rank {rank}] {text}\n")
+                if rec.capture is not None:
+                    rec.capture.append(text)
+            self._logs.write(rank, text)
         if self._echo is not None:
             self._echo(f"[rank {rank}] {text}")
 
@@ -242,42 +412,192 @@ class Job:
     def _progress_text(self, m: StepMetrics) -> str:
         text = m.describe().partition(": ")[2].split(" (emulated")[0]
         if self.spec.slowdown:
-            text += " | EMULATED slowdown " + ", ".join(f"rank {r}: {k:g}x" for r, k in self.spec.slowdown.items())
+            text += " | EMULATED slowdown " + ", ".join(
+                f"rank {r}: {k:g}x" if isinstance(k, (int, float)) else f"rank {r}: " + ", ".join(
+                    f"{f:g}x from step {s}" for s, f in k) for r, k in self.spec.slowdown.items())
         return text
 
     def _on_error(self, rank: int, msg: dict[str, Any]) -> None:
         tb = str(msg.get("traceback", ""))
         self._append(rank, tb.rstrip("\n") or str(msg.get("message")), stderr=True)
         self._fail(Failure(rank, str(msg.get("message", "error")), tb, bool(msg.get("collateral", False)),
-                           float(msg.get("time", time.time()))))
+                           float(msg.get("time", time.time())), host=self._ranks[rank].host))
 
     def _on_exit(self, rank: int, returncode: int) -> None:
+        if self._done.is_set():
+            return  # a late report (e.g. of a host whose start failed): the outcome is already decided
+        group = self._group_of(rank)
+        lost = group.lost(rank) if group is not None else None
         with self._lock:
             rec = self._ranks[rank]
             rec.returncode = returncode
-            reported = any(f.rank == rank for f in self._failures)
-            killed = any(g.stopped_by_kill(rank, returncode) for g in self._groups if rank in g.ranks)
-        self._append(rank, f"exited with status {_describe_rc(returncode)}" + (" (stopped by the launcher)"
-                                                                                 if killed else ""))
-        if not reported and not killed and (returncode != 0 or rec.result is None):
-            why = (f"exited with status {_describe_rc(returncode)}" if returncode != 0
-                   else "exited without reporting a result")
-            self._fail(Failure(rank, f"rank {rank} {why}", "\n".join(rec.stderr_tail), False, time.time()))
+            reported = rec.suspect or any(rank in f.ranks for f in self.failures)  # suspect: being reported
+            killed = group is not None and group.stopped_by_kill(rank, returncode)
+        if lost is not None:
+            self._append(rank, f"exit status unknown: {lost}")
+            if group is not None:
+                self._host_lost(group, lost)
+        else:
+            self._append(rank, f"exited with status {describe_returncode(returncode)}"
+                         + (" (stopped by the launcher)" if killed else ""))
+            if not reported and not killed and (returncode != 0 or rec.result is None):
+                why = (f"exited with status {describe_returncode(returncode)}" if returncode != 0
+                       else "exited without reporting a result")
+                self._fail(Failure(rank, f"rank {rank} {why}", "\n".join(rec.stderr_tail), False, time.time(),
+                                   kind="exited", host=rec.host, returncode=returncode))
         self._maybe_finish()
 
+    # ---- failures and the policy ---------------------------------------------------------------------------
     def _fail(self, failure: Failure) -> None:
         with self._lock:
-            if self._cancelled and not self._failures:
+            if self._done.is_set() or (self._cancelled and not self._failures):
                 return  # a consequence of cancel(): a peer saw a stopped rank's connection close
+            if self._stopping:  # already stopping: a consequence, recorded for the report
+                self._failures.append(failure)
+                return
+        try:
+            reaction = self.policy.on_failure(self, failure)
+        except Exception as e:  # noqa: BLE001 - a broken policy must not leave the job running unnoticed
+            failure.message += f" (and the failure policy raised {type(e).__name__}: {e})"
+            reaction = Reaction.STOP
+        with self._lock:
+            if reaction is Reaction.CONTINUE and not self._stopping:
+                self._absorbed.append(failure)
+                return
             self._failures.append(failure)
         threading.Thread(target=self._stop_all, name="hspmd-stop", daemon=True).start()
 
     def _stop_all(self) -> None:
         with self._lock:
             self._stopping = True
-        for g in list(self._groups):
-            g.kill()
+            groups = list(self._groups)
+        threads = [threading.Thread(target=g.kill, name=f"hspmd-kill-{g.host}", daemon=True) for g in groups]
+        for t in threads:  # in parallel: a host that does not answer must not delay stopping the others
+            t.start()
+        for t in threads:
+            t.join()
 
+    def _group_of(self, rank: int) -> WorkerGroup | None:
+        for g in list(self._groups):
+            if rank in g.ranks:
+                return g
+        return None
+
+    def _host_lost(self, group: WorkerGroup, why: str) -> None:
+        """One ``connection lost`` failure per host, naming the ranks it carried."""
+        with self._lock:
+            if group.host in self._lost_hosts:
+                return
+            self._lost_hosts.add(group.host)
+            ranks = [r for r in group.ranks if self._ranks[r].returncode is None or group.lost(r) is not None]
+        ranks = ranks or list(group.ranks)
+        self._fail(Failure(min(ranks), f"host {group.host}: connection lost: {why}; it carried ranks {ranks}",
+                           kind="connection lost", ranks=tuple(ranks), host=group.host))
+
+    # ---- the watchdog --------------------------------------------------------------------------------------
+    def _watchdog(self) -> None:
+        """Every tick: hosts gone quiet, ranks gone quiet, ranks that others wait for in communication."""
+        tick = min(0.25, self.spec.heartbeat_s / 2)
+        while not self._done.wait(tick):
+            if self._stopping:
+                continue
+            now = time.monotonic()
+            for g in list(self._groups):
+                if g.link_silence() > self.spec.silent_s and self._running(g.ranks):
+                    self._host_lost(g, f"no word from its agent for {g.link_silence():.1f} s (network "
+                                       "partition, host down, or agent frozen)")
+            for r in self._silent_ranks(now):
+                self._investigate([r], f"rank {r} hung: no heartbeat for {now - self._last_word(r):.1f} s (the "
+                                       "process is stopped, frozen or starved of CPU)")
+            if self.spec.stall_s is not None:
+                self._check_stall(now)
+
+    def _running(self, ranks: Sequence[int]) -> list[int]:
+        with self._lock:
+            return [r for r in ranks if self._ranks[r].returncode is None]
+
+    def _last_word(self, rank: int) -> float:
+        rec = self._ranks[rank]
+        return rec.heard if rec.heard is not None else rec.started
+
+    def _silent_ranks(self, now: float) -> list[int]:
+        out = []
+        quiet_links = {r for g in list(self._groups) if g.link_silence() > self.spec.heartbeat_s * 2
+                       for r in g.ranks}  # the host link is quiet: that is the host's failure, not the rank's
+        with self._lock:
+            for r, rec in self._ranks.items():
+                if rec.returncode is not None or rec.suspect or r in quiet_links or self._group_of(r) is None:
+                    continue
+                limit = self.spec.silent_s if rec.heard is not None else max(self.spec.silent_s, START_GRACE_S)
+                if now - self._last_word(r) > limit:
+                    out.append(r)
+        return out
+
+    def _check_stall(self, now: float) -> None:
+        """Ranks continuously out of communication for ``stall_s`` while peers waited in it as long, and no rank
+        reported a step meanwhile: the ones out of communication hang."""
+        stall = self.spec.stall_s
+        assert stall is not None
+        with self._lock:
+            live = {r: rec for r, rec in self._ranks.items() if rec.returncode is None}
+            if not live or not all(rec.ready and rec.beat for rec in live.values()):
+                return
+            if any(rec.suspect for rec in live.values()):
+                return
+            if now - max(rec.progress_at for rec in self._ranks.values()) < stall:
+                return
+
+            def held(rec: _Rank, key: str) -> float:
+                value = rec.beat.get(key)
+                return -1.0 if value is None else float(value) + (now - rec.beat_at)
+            waiting = {r: held(rec, "comm_s") for r, rec in live.items() if held(rec, "comm_s") >= 0}
+            busy = {r: held(rec, "busy_s") for r, rec in live.items() if held(rec, "busy_s") >= stall}
+        if busy and waiting and max(waiting.values()) >= stall:
+            for r in sorted(busy):
+                self._investigate([r], f"rank {r} hung: it has not entered communication for {busy[r]:.1f} s "
+                                       f"while ranks {sorted(waiting)} have waited in communication for "
+                                       f"{max(waiting.values()):.1f} s (stall_s={stall:g})")
+
+    def _investigate(self, ranks: list[int], why: str) -> None:
+        """Ask the hung ranks for their stacks, then report them (on a thread: the watchdog goes on)."""
+        with self._lock:
+            for r in ranks:
+                self._ranks[r].suspect = True
+                self._ranks[r].capture = []
+        threading.Thread(target=self._report_hung, args=(ranks, why), name="hspmd-hung", daemon=True).start()
+
+    def _report_hung(self, ranks: list[int], why: str) -> None:
+        for r in ranks:
+            g = self._group_of(r)
+            if g is not None:
+                try:
+                    g.dump_stack(r)
+                except Exception:  # noqa: BLE001 - no stack is no reason not to report the rank
+                    pass
+        stacks = {r: self._collect_stack(r) for r in ranks}
+        for r in ranks:
+            rec = self._ranks[r]
+            stack = stacks[r] or "(no stack arrived within {:g} s)".format(DUMP_WAIT_S)
+            self._append(r, why)
+            self._fail(Failure(r, why, stack, False, time.time(), kind="hung", host=rec.host))
+
+    def _collect_stack(self, rank: int) -> str:
+        """The stderr lines the rank wrote after the dump request: until 0.3 s pass without one."""
+        rec = self._ranks[rank]
+        deadline, last_len, last_change = time.monotonic() + DUMP_WAIT_S, 0, time.monotonic()
+        while time.monotonic() < deadline and not self._done.is_set():
+            time.sleep(0.05)
+            with self._lock:
+                n = len(rec.capture or [])
+            if n != last_len:
+                last_len, last_change = n, time.monotonic()
+            elif n and time.monotonic() - last_change > 0.3:
+                break
+        with self._lock:
+            lines, rec.capture = rec.capture or [], None
+        return "\n".join(lines)
+
+    # ---- the end -------------------------------------------------------------------------------------------
     def _maybe_finish(self) -> None:
         with self._lock:
             if self._done.is_set() or any(rec.returncode is None for rec in self._ranks.values()):
@@ -285,14 +605,17 @@ class Job:
             self._status = (JobStatus.FAILED if self._failures else JobStatus.CANCELLED if self._cancelled
                             else JobStatus.SUCCEEDED)
             self._t1 = time.monotonic()
-            for rec in self._ranks.values():
-                rec.log.close()
-            self._joblog.close()
+            self._logs.close()
         if self._progress is not None:
-            self._progress.close(self._status.value)
+            try:
+                self._progress.close(self._status.value)
+            except Exception:  # noqa: BLE001 - a broken terminal must not keep the job open
+                pass
         atexit.unregister(self._atexit)
-        self.transport.close()
-        self._done.set()
+        try:
+            self.transport.close()
+        finally:
+            self._done.set()
 
     # ---- outcome -------------------------------------------------------------------------------------------
     def _outcome(self) -> JobResult:
@@ -304,7 +627,9 @@ class Job:
                          losses=self.metrics.losses(self.spec.loss_rank),
                          metrics={r: self.metrics.rank(r) for r in self.spec.ranks},
                          wall_time=(self._t1 or time.monotonic()) - self._t0, log_dir=self.log_dir,
-                         emulation={int(r): float(k) for r, k in self.spec.slowdown.items()})
+                         emulation={int(r): (float(k) if isinstance(k, (int, float)) else max(f for _, f in k))
+                                    for r, k in self.spec.slowdown.items()},
+                         failures=list(self._absorbed), events=self.events)
 
     def first_failure(self) -> Failure | None:
         """The failure that caused the others: a genuine error before connection errors, then the earliest."""
@@ -314,24 +639,19 @@ class Job:
     def _failure_error(self) -> RuntimeFailure:
         f = self.first_failure()
         assert f is not None
-        others = sorted({g.rank for g in self._failures} - {f.rank})
-        host = self._ranks[f.rank].host
-        where = f"rank {f.rank}" + (f" on {host}" if host else "")
+        others = sorted({r for g in self._failures for r in g.ranks} - set(f.ranks))
+        host = f.host or self._ranks[f.rank].host
+        where = (f"rank {f.rank}" + (f" on {host}" if host else "")) if f.kind != "connection lost" \
+            else f"ranks {list(f.ranks)}"
+        logs = "" if self._logs.broken is None else f" (log files incomplete: {self._logs.broken})"
         text = (f"job {self.job_id} failed: {where}: {f.message}"
                 + (f"\n(ranks {others} failed afterwards, most likely as a consequence)" if others else "")
-                + f"\nAll workers were stopped. Full logs: {self.log_dir}/rank{f.rank}.log"
-                + (f"\n--- traceback of rank {f.rank} ---\n{f.traceback.rstrip()}" if f.traceback else ""))
+                + f"\nAll workers were stopped. Full logs: {self.log_dir}/rank{f.rank}.log{logs}"
+                + (f"\n--- {f.evidence_title()} of rank {f.rank} ---\n{f.traceback.rstrip()}" if f.traceback
+                   else ""))
         return RuntimeFailure(text, rank=f.rank, traceback=f.traceback)
 
     def _kill_at_exit(self) -> None:
         if not self._done.is_set():
             self._stop_all()
 
-
-def _describe_rc(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"{rc} (killed by {signal.Signals(-rc).name})"
-        except ValueError:
-            return f"{rc} (killed by signal {-rc})"
-    return str(rc)

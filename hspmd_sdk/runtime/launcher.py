@@ -10,7 +10,10 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..errors import HSPMDError
+from pydantic import ValidationError
+
+from ..errors import HSPMDError, PlanValidationError
+from .faults import FailurePolicy
 from .job import Job
 from .spec import Backend, LaunchSpec, backend_for
 from .transport import LocalTransport, Transport
@@ -42,12 +45,15 @@ def build_spec(cluster: Any, *, entry: str, steps: int = 1, seed: int = 0,
                payload: Mapping[str, Any] | None = None, timeout_s: float = 120.0,
                slowdown: Mapping[int, float] | None = None, loss_rank: int | None = None,
                backend: Backend | None = None, local: bool = True, master_port: int | None = None,
-               num_threads: int | None = None, job_id: str | None = None) -> LaunchSpec:
+               num_threads: int | None = None, job_id: str | None = None, heartbeat_s: float = 1.0,
+               stall_s: float | None = 30.0) -> LaunchSpec:
     """The spec of a job on ``cluster`` (a :class:`~hspmd_sdk.Cluster`).
 
     ``local``: every rank runs on this machine (hosts ``localhost``, master on loopback at a free port, CUDA device
     = rank), whatever hosts the cluster names; otherwise the master is rank 0's host.  ``backend`` defaults to
     gloo for CPU clusters and nccl for GPU clusters (pass ``"gloo"`` to emulate a GPU cluster on CPU processes).
+    ``heartbeat_s``/``stall_s``: fault detection (see :class:`LaunchSpec`).  A bad value raises
+    :class:`~hspmd_sdk.errors.PlanValidationError` naming the field.
     """
     n = cluster.num_ranks
     hosts = ["localhost"] * n if local else [cluster.node_of(r).host for r in range(n)]
@@ -57,22 +63,29 @@ def build_spec(cluster: Any, *, entry: str, steps: int = 1, seed: int = 0,
     else:
         master_addr, port = hosts[0], master_port or random.randint(20000, 40000)
     per_host = n if local else max(hosts.count(h) for h in set(hosts))
-    return LaunchSpec(
-        job_id=job_id or f"{time.strftime('%H%M%S')}-{secrets.token_hex(3)}", world_size=n, ranks=list(range(n)),
-        hosts=hosts, devices=kinds, master_addr=master_addr, master_port=port,
-        backend=backend or backend_for(kinds), timeout_s=timeout_s, seed=seed, steps=steps, entry=entry,
-        payload=dict(payload or {}), loss_rank=loss_rank, slowdown={int(r): float(k) for r, k in
-                                                                    (slowdown or {}).items()},
-        num_threads=num_threads or max(1, (os.cpu_count() or 1) // per_host))
+    try:
+        return LaunchSpec(
+            job_id=job_id or f"{time.strftime('%H%M%S')}-{secrets.token_hex(3)}", world_size=n,
+            ranks=list(range(n)), hosts=hosts, devices=kinds, master_addr=master_addr, master_port=port,
+            backend=backend or backend_for(kinds), timeout_s=timeout_s, seed=seed, steps=steps, entry=entry,
+            payload=dict(payload or {}), loss_rank=loss_rank,
+            slowdown={int(r): (float(k) if isinstance(k, (int, float)) else [(int(a), float(b)) for a, b in k])
+                      for r, k in (slowdown or {}).items()},
+            num_threads=num_threads or max(1, (os.cpu_count() or 1) // per_host), heartbeat_s=heartbeat_s,
+            stall_s=stall_s)
+    except ValidationError as e:
+        raise PlanValidationError.from_pydantic(e, what="launch") from None
 
 
 def launch_spec(spec: LaunchSpec, cluster: Any = None, transport: Transport | None = None, *,
-                log_dir: str | Path | None = None, progress: bool = False, echo: bool = False) -> Job:
+                log_dir: str | Path | None = None, progress: bool = False, echo: bool = False,
+                policy: FailurePolicy | None = None) -> Job:
     """Start the workers of ``spec`` and return the running :class:`Job`.
 
     ``transport``: how to start workers; default :class:`LocalTransport` when every host is this machine.
     ``progress``: show a progress bar (a widget in a notebook, a line on stderr in a terminal).
     ``echo``: also print every worker line, prefixed by its rank, as it arrives.
+    ``policy``: what the job does about a failure (:mod:`.faults`; default: stop everything, fail naming it).
     """
     if cluster is not None and cluster.num_ranks != spec.world_size:
         raise HSPMDError(f"the spec is for {spec.world_size} ranks but the cluster has {cluster.num_ranks}; "
@@ -87,14 +100,21 @@ def launch_spec(spec: LaunchSpec, cluster: Any = None, transport: Transport | No
     if isinstance(transport, LocalTransport):
         hosts = {"localhost": list(spec.ranks)}
     echo_fn = (lambda line: print(line, file=sys.stdout, flush=True)) if echo else None
-    return Job(spec, hosts, transport, log_dir=log_dir, progress=progress, echo=echo_fn).start()
+    try:
+        job = Job(spec, hosts, transport, log_dir=log_dir, progress=progress, echo=echo_fn, policy=policy)
+    except BaseException:
+        transport.close()
+        raise
+    return job.start()
 
 
 def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 0, entry: str | None = None,
            payload: Mapping[str, Any] | None = None, transport: Transport | None = None,
            slowdown: Mapping[int, float] | None = None, timeout_s: float = 120.0, loss_rank: int | None = None,
            backend: Backend | None = None, progress: bool = False, echo: bool = False,
-           log_dir: str | Path | None = None, **run_options: Any) -> Job:
+           log_dir: str | Path | None = None, heartbeat_s: float = 1.0, stall_s: float | None = 30.0,
+           policy: FailurePolicy | None = None, resource_check: bool = True,
+           memory_per_rank: Mapping[int, float] | None = None, **run_options: Any) -> Job:
     """The general launcher: run ``entry`` (``"module:function"``) on one worker process per rank of ``cluster``.
 
     Each worker calls ``function(state, spec) -> dict`` with its
@@ -108,6 +128,17 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
     with ``entry``).  ``slowdown={rank: k}`` emulates a ``k``-times slower device on that rank (CPU
     demos; labelled as emulation in metrics and progress).  ``transport``: local processes by default when every
     host of the cluster is this machine.
+
+    Faults: every worker beats every ``heartbeat_s`` seconds; a rank silent for 10 beats (stopped, frozen, its host
+    cut off), or out of communication for ``stall_s`` seconds while peers wait in communication for it, is named
+    as the culprit with its stack, long before the collective timeout ``timeout_s`` would end the job
+    (``stall_s=None``: only silence).  ``policy``: what the job does about a failure (:mod:`.faults`; default:
+    stop every worker and fail naming the culprit).
+
+    Resources (:mod:`.preflight`) are checked before any worker starts: ``memory_per_rank`` (bytes, rank -> estimate;
+    training computes it from the Program) against each GPU's memory or the host's available RAM, ranks against
+    GPUs and cores.  A job that does not fit raises :class:`~.preflight.ResourceError`; ``resource_check=False``
+    starts it anyway.
     """
     if cluster is None:
         raise HSPMDError("launch() needs a cluster (e.g. Cluster.local(4))")
@@ -118,7 +149,8 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
 
         return launch_training(program, cluster, steps=steps, seed=seed, transport=transport, slowdown=slowdown,
                                timeout_s=timeout_s, loss_rank=loss_rank, backend=backend, progress=progress,
-                               echo=echo, log_dir=log_dir, **run_options)
+                               echo=echo, log_dir=log_dir, heartbeat_s=heartbeat_s, stall_s=stall_s,
+                               policy=policy, resource_check=resource_check, **run_options)
     if run_options:
         raise HSPMDError(f"launch(): {sorted(run_options)} are training options; they need no entry= (train "
                          "a Program), the entry gets its settings from payload=")
@@ -129,12 +161,20 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
 
         return launch_remote(cluster, entry=entry, steps=steps, seed=seed, payload=payload, transport=transport,
                              slowdown=slowdown, timeout_s=timeout_s, loss_rank=loss_rank, backend=backend,
-                             progress=progress, echo=echo, log_dir=log_dir)
+                             progress=progress, echo=echo, log_dir=log_dir, heartbeat_s=heartbeat_s,
+                             stall_s=stall_s, policy=policy, resource_check=resource_check,
+                             memory_per_rank=memory_per_rank)
     local = (isinstance(transport, LocalTransport)
              or transport is None and all(is_local_host(n.host) for n in cluster.nodes))
     spec = build_spec(cluster, entry=entry, steps=steps, seed=seed, payload=payload, timeout_s=timeout_s,
-                      slowdown=slowdown, loss_rank=loss_rank, backend=backend, local=local)
-    return launch_spec(spec, cluster, transport, log_dir=log_dir, progress=progress, echo=echo)
+                      slowdown=slowdown, loss_rank=loss_rank, backend=backend, local=local,
+                      heartbeat_s=heartbeat_s, stall_s=stall_s)
+    if resource_check and local:
+        from .preflight import check_resources, local_facts
+
+        check_resources(cluster, {"localhost": local_facts(cuda=spec.backend == "nccl")}, memory_per_rank,
+                        hosts={"localhost": list(spec.ranks)}, gpu=spec.backend == "nccl")
+    return launch_spec(spec, cluster, transport, log_dir=log_dir, progress=progress, echo=echo, policy=policy)
 
 
 def _program_payload(program: Any) -> Any:

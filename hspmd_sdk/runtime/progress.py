@@ -10,6 +10,8 @@ from typing import IO, Protocol
 class Progress(Protocol):
     def update(self, done: int, text: str = "") -> None: ...
 
+    def note(self, text: str) -> None: ...
+
     def close(self, status: str = "done") -> None: ...
 
 
@@ -54,6 +56,14 @@ class LineProgress:
                 self._last = now
                 self._write(self.render(done, text))
 
+    def note(self, text: str) -> None:
+        """A line of its own above the bar (a reconfiguration, as it happens)."""
+        with self._lock:
+            self._write(text)
+            self.stream.write("\n")
+            self._len = 0
+            self._write(self.render(*self._state))
+
     def close(self, status: str = "done") -> None:
         with self._lock:
             done, text = self._state
@@ -77,8 +87,14 @@ class WidgetProgress:
 
         self.bar = w.IntProgress(value=0, min=0, max=max(total, 1), description=title[:20])
         self.label = w.Label(value=f"0/{total}")
+        self.notes = w.HTML(value="")
         self.total = total
-        display(w.HBox([self.bar, self.label]))
+        display(w.VBox([w.HBox([self.bar, self.label]), self.notes]))
+
+    def note(self, text: str) -> None:
+        import html
+
+        self.notes.value += f"<div>{html.escape(text)}</div>"
 
     def update(self, done: int, text: str = "") -> None:
         self.bar.value = min(done, self.bar.max)

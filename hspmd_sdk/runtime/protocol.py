@@ -1,8 +1,14 @@
-"""The worker -> launcher channel: one JSON message a line.
+"""The two channels between a worker and its launcher: one JSON message a line each way.
 
-A message line is ``@hspmd {"t": KIND, "rank": R, "time": T, ...}``.  Kinds:
+Worker -> launcher (the worker's stdout): a message line is ``@hspmd {"t": KIND, "rank": R, "time": T, ...}``.
+Kinds:
 
 - ``hello``: the worker started (``pid``, ``host``);
+- ``ready``: the worker joined the job's process group (its entry starts now);
+- ``beat``: a heartbeat, sent by a thread of its own every ``spec.heartbeat_s`` seconds, so a long kernel still
+  beats; ``comm_s``: how long the main thread has been waiting in communication (a ``torch.distributed`` call or a
+  ``wait()`` on its work), ``null`` when it is not -- the launcher tells a rank that hangs from the peers that wait
+  for it by this marker (see :mod:`.job`);
 - ``log``: one line of text the worker printed (``stream``: ``stdout``/``stderr``, ``text``);
 - ``metric``: one step's metrics (see :class:`~hspmd_sdk.runtime.metrics.StepMetrics`);
 - ``result``: the entry function's returned dict (``value``);
@@ -11,6 +17,14 @@ A message line is ``@hspmd {"t": KIND, "rank": R, "time": T, ...}``.  Kinds:
 
 Any other line the launcher receives (C-level output, a crash dump) is kept as a raw log line.  Each message is
 written with one ``os.write`` under a lock, so lines never interleave mid-line.
+
+Launcher -> worker (the worker's stdin): the first line is the :class:`~.spec.LaunchSpec`; every later line is a
+control message, plain JSON (:func:`control_line`):
+
+- ``{"t": "ping"}``: the launcher (or the host's agent) is alive; a worker that hears nothing at all for
+  ``spec.silent_s`` seconds exits (``EXIT_ORPHANED``), as it does when its stdin closes;
+- ``{"t": "control", "msg": {...}}``: a message for the entry, delivered by ``WorkerState.poll_control()``;
+- ``{"t": "dump"}``: write the stacks of every thread (faulthandler) to stderr.
 """
 from __future__ import annotations
 
@@ -25,7 +39,8 @@ PREFIX = "@hspmd "
 
 #: Exit status of a worker whose entry raised (it sent an ``error`` message first).
 EXIT_FAILED = 1
-#: Exit status of a worker whose stdin closed: the launcher stopped the job or went away.
+#: Exit status of a worker whose stdin closed or whose launcher fell silent: the job was stopped or its launcher
+#: went away.
 EXIT_ORPHANED = 3
 
 #: Substrings of errors that a surviving rank raises when a peer died (gloo, NCCL, TCPStore).
@@ -41,13 +56,18 @@ def encode(kind: str, rank: int, **fields: Any) -> str:
     return PREFIX + json.dumps(msg, default=_json_default, separators=(",", ":")) + "\n"
 
 
+def control_line(kind: str, **fields: Any) -> str:
+    """One launcher -> worker line (with the trailing newline)."""
+    return json.dumps({"t": kind, **fields}, separators=(",", ":")) + "\n"
+
+
 def decode(line: str) -> dict[str, Any] | None:
     """The message of a protocol line, or ``None`` for a raw text line."""
     if not line.startswith(PREFIX):
         return None
     try:
         msg = json.loads(line[len(PREFIX):])
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, a number too long, nested too deeply: a raw line
         return None
     return msg if isinstance(msg, dict) and "t" in msg else None
 
@@ -121,3 +141,27 @@ class LineWriter(io.TextIOBase):
 
     def isatty(self) -> bool:
         return False
+
+
+class LineReader:
+    """Reads lines from a file descriptor with ``os.read`` (no buffering surprises with threads); the bytes after
+    a line stay for the next call, so the spec and the control lines after it share one reader."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buf = bytearray()
+
+    def readline(self) -> bytes:
+        """The next line with its ``\\n``; at end of file what is left (``b""`` when nothing)."""
+        while b"\n" not in self._buf:
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                rest, self._buf = bytes(self._buf), bytearray()
+                return rest
+            self._buf += chunk
+        line, _, rest = bytes(self._buf).partition(b"\n")
+        self._buf = bytearray(rest)
+        return line + b"\n"

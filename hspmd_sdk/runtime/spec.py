@@ -6,11 +6,19 @@ remote host beforehand.  Every worker of a job receives the same spec; its own r
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Backend = Literal["gloo", "nccl"]
+
+#: A worker, an agent or a launcher that has not been heard for this many heartbeat periods is lost (stopped,
+#: frozen, cut off): ``LaunchSpec.silent_s``.
+SILENT_BEATS = 10
+
+#: What an entry looks like: ``package.module:function``.
+ENTRY_PATTERN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 #: Device kinds that run on the host CPU (gloo); every other kind is a CUDA device (nccl).
 CPU_KINDS = frozenset({"cpu"})
@@ -23,6 +31,12 @@ class LaunchSpec(BaseModel):
     is its :class:`~hspmd_sdk.runtime.worker.WorkerState`.  ``payload`` is free JSON for the entry (later the
     serialized Program / AnnotationPlan and model config).  ``slowdown`` maps a rank to a factor ``k >= 1``: that
     rank emulates a device ``k`` times slower (CPU demos only; always labelled as emulation in the metrics).
+
+    Fault detection: every worker (and every SSH agent) beats every ``heartbeat_s`` seconds and the launcher (or
+    the agent) pings back as often; a side not heard for :attr:`silent_s` (``SILENT_BEATS`` beats) is lost.  A
+    rank that has not entered communication while a peer has waited in communication for ``stall_s`` seconds is
+    hung (``None``: only silence is detected).  Both are far below ``timeout_s``, the collective timeout that
+    would otherwise end the job, and they name the culprit instead of a waiting peer.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -38,12 +52,21 @@ class LaunchSpec(BaseModel):
     timeout_s: float = Field(default=120.0, gt=0, description="collective and rendezvous timeout")
     seed: int = 0
     steps: int = Field(default=1, ge=0)
-    entry: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="'module:function'")
+    entry: str = Field(pattern=rf"^{ENTRY_PATTERN.pattern}$", description="'module:function'")
     payload: dict[str, Any] = Field(default_factory=dict)
     loss_rank: int | None = Field(default=None, description="rank whose reported losses are the job's losses; "
                                                              "None: the lowest rank that reports a loss")
-    slowdown: dict[int, float] = Field(default_factory=dict, description="rank -> emulated slowdown factor >= 1")
+    slowdown: dict[int, float | list[tuple[int, float]]] = Field(
+        default_factory=dict, description="rank -> emulated slowdown factor >= 1, or a schedule [(step, factor), ...]")
     num_threads: int = Field(default=1, ge=1, description="torch intra-op threads per worker (CPU)")
+    heartbeat_s: float = Field(default=1.0, gt=0, le=60, description="heartbeat and ping period")
+    stall_s: float | None = Field(default=30.0, gt=0, description="a rank not in communication while a peer "
+                                                                  "waited this long for it is hung")
+
+    @property
+    def silent_s(self) -> float:
+        """Seconds without a word after which a worker, an agent or the launcher counts as lost."""
+        return SILENT_BEATS * self.heartbeat_s
 
     @model_validator(mode="after")
     def _check(self) -> "LaunchSpec":
@@ -56,10 +79,15 @@ class LaunchSpec(BaseModel):
         for r, k in self.slowdown.items():
             if not 0 <= r < n:
                 raise ValueError(f"slowdown: rank {r} is not in the job (0..{n - 1})")
-            if k < 1:
-                raise ValueError(f"slowdown[{r}]: factor {k} must be >= 1 (1 = real speed)")
+            for step, factor in ([(0, k)] if isinstance(k, (int, float)) else k):
+                if factor < 1 or step < 0:
+                    raise ValueError(f"slowdown[{r}]: factor {factor} (from step {step}) must be >= 1 (1 = real "
+                                     "speed) from a step >= 0")
         if self.loss_rank is not None and not 0 <= self.loss_rank < n:
             raise ValueError(f"loss_rank: rank {self.loss_rank} is not in the job (0..{n - 1})")
+        if self.stall_s is not None and self.stall_s < 2 * self.heartbeat_s:
+            raise ValueError(f"stall_s: {self.stall_s:g} s must be at least two heartbeats "
+                             f"(heartbeat_s={self.heartbeat_s:g})")
         return self
 
     def to_line(self) -> str:

@@ -25,6 +25,7 @@ import queue
 import shlex
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Coroutine, Mapping, Sequence, TypeVar
@@ -32,7 +33,7 @@ from typing import Any, Coroutine, Mapping, Sequence, TypeVar
 from ..errors import HSPMDError
 from .agent import PREFIX as AGENT_PREFIX
 from .hosts import HostsArg, HostTable, SSHHost, load_hosts, remote_command
-from .protocol import EXIT_ORPHANED
+from .protocol import EXIT_ORPHANED, control_line
 from .spec import LaunchSpec
 from .transport import ExitSink, LineSink, Transport, WorkerGroup
 
@@ -85,6 +86,28 @@ class _LoopThread:
     def submit(self, coro: Coroutine[Any, Any, Any]) -> None:
         asyncio.run_coroutine_threadsafe(coro, self.loop)
 
+    def close(self) -> None:
+        """Cancel what still runs on the loop, shut its executor (name lookups), stop it, join the thread and
+        close the loop (its selector and self-pipe): nothing of the transport outlives it."""
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("SSHTransport.close() from its own event loop thread")
+
+        async def drain() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.loop.shutdown_asyncgens()
+            await self.loop.shutdown_default_executor()
+        try:
+            self.run(drain(), timeout=10)
+        except Exception:  # noqa: BLE001 - closing is best effort; the loop is stopped below anyway
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        if not self.thread.is_alive():
+            self.loop.close()
+
 
 # ---- preflight --------------------------------------------------------------------------------------------------
 _PROBE = r"""
@@ -108,6 +131,11 @@ try:
         out["device_names"] = [torch.cuda.get_device_name(i) for i in range(n)]
 except Exception as e:
     out["torch_error"] = "%s: %s" % (type(e).__name__, e)
+try:
+    with open("/proc/meminfo") as f:
+        out["mem_available"] = [int(l.split()[1]) * 1024 for l in f if l.startswith("MemAvailable:")][0]
+except Exception:
+    pass
 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 s.bind(("", 0))
 out["free_port"] = s.getsockname()[1]
@@ -244,30 +272,53 @@ class SSHTransport(Transport):
         s = self.settings(host)
         return f"{host} ({(s.user + '@') if s.user else ''}{s.address_of(host)}:{s.port})"
 
-    def _options(self, host: str) -> dict[str, Any]:
+    def _known_hosts_entries(self) -> Any:
+        """The known_hosts file, parsed; a file that cannot be read or parsed is an error naming it."""
         asyncssh = _asyncssh()
+        try:
+            text = self.known_hosts.read_text() if self.known_hosts.is_file() else ""
+            return asyncssh.import_known_hosts(text)
+        except (OSError, ValueError) as e:  # ValueError: not UTF-8, or an entry asyncssh cannot parse
+            raise SSHError(f"known_hosts file {self.known_hosts}: cannot read it ({e}); fix or remove the bad "
+                           "entries, or pass known_hosts= another file") from None
+
+    def _loaded_client_keys(self) -> Any:
+        """The client key files given, loaded; a missing or unreadable key is an error naming the file."""
+        asyncssh = _asyncssh()
+        assert self.client_keys is not None
+        keys = []
+        for path in self.client_keys:
+            try:
+                keys += asyncssh.load_keypairs([path])
+            except (OSError, ValueError) as e:  # KeyImportError is a ValueError
+                raise SSHError(f"client key {path}: cannot load it ({e}); pass client_keys= (CLI: -i) a private "
+                               "key file without passphrase, or load it into ssh-agent") from None
+        return keys
+
+    def _options(self, host: str) -> dict[str, Any]:
         s = self.settings(host)
-        text = self.known_hosts.read_text() if self.known_hosts.is_file() else ""
-        opts: dict[str, Any] = dict(port=s.port, known_hosts=asyncssh.import_known_hosts(text),
+        opts: dict[str, Any] = dict(port=s.port, known_hosts=self._known_hosts_entries(),
                                     preferred_auth="publickey", password=None, kbdint_auth=False,
                                     connect_timeout=self.connect_timeout_s, login_timeout=self.connect_timeout_s,
                                     keepalive_interval=self.keepalive_s, keepalive_count_max=3)
         if s.user:
             opts["username"] = s.user
         if self.client_keys is not None:
-            opts["client_keys"] = self.client_keys
+            opts["client_keys"] = self._loaded_client_keys()
         if self.agent_path is not None:
             opts["agent_path"] = self.agent_path
         return opts
 
-    async def _connect(self, host: str, *, accept_new: bool | None = None) -> Any:
+    async def _connect(self, host: str, *, accept_new: bool | None = None, retries: int | None = None) -> Any:
         asyncssh = _asyncssh()
         accept = self.accept_new_host_keys if accept_new is None else accept_new
         addr = self.settings(host).address_of(host)
+        options = self._options(host)
+        attempts = self.connect_retries if retries is None else retries
         last: BaseException | None = None
-        for attempt in range(self.connect_retries):
+        for attempt in range(attempts):
             try:
-                return await asyncssh.connect(addr, **self._options(host))
+                return await asyncssh.connect(addr, **options)
             except asyncssh.HostKeyNotVerifiable as e:
                 if accept and await self._accept_new_key(host):
                     return await self._connect(host, accept_new=False)  # verify the key now recorded
@@ -281,9 +332,9 @@ class SSHTransport(Transport):
                                f"address ({e})") from None
             except (OSError, asyncssh.Error, asyncio.TimeoutError) as e:
                 last = e
-                if attempt + 1 < self.connect_retries:
+                if attempt + 1 < attempts:
                     await asyncio.sleep(self.backoff_s * 2 ** attempt)
-        raise SSHError(f"{self.where(host)}: cannot connect after {self.connect_retries} attempts: "
+        raise SSHError(f"{self.where(host)}: cannot connect after {attempts} attempt{'s' if attempts > 1 else ''}: "
                        f"{type(last).__name__}: {last}") from None
 
     def _host_key_message(self, host: str, err: BaseException) -> str:
@@ -302,11 +353,9 @@ class SSHTransport(Transport):
                 "first time.")
 
     def _known_entries(self, host: str) -> list[Any]:
-        asyncssh = _asyncssh()
         s = self.settings(host)
-        text = self.known_hosts.read_text() if self.known_hosts.is_file() else ""
         addr = s.address_of(host)
-        keys, ca_keys, *_ = asyncssh.import_known_hosts(text).match(addr, addr, s.port)
+        keys, ca_keys, *_ = self._known_hosts_entries().match(addr, addr, s.port)
         return [*keys, *ca_keys]
 
     async def _accept_new_key(self, host: str) -> bool:
@@ -427,6 +476,14 @@ class SSHTransport(Transport):
                 raise SSHError(f"{self.where(host)}: {rep.error or '; '.join(rep.problems)}")
         return self._probes[host]
 
+    def host_facts(self, host: str) -> Any:
+        """Cores, available RAM and CUDA devices of ``host``, from its preflight probe (empty if not probed)."""
+        from .preflight import HostFacts
+
+        info = self._probes.get(host, {})
+        return HostFacts(cpus=info.get("cpus"), mem_available=info.get("mem_available"),
+                         gpus=info.get("cuda_devices"))
+
     def rendezvous(self, host: str) -> tuple[str, int]:
         """Address and a free port on ``host`` for the job's TCPStore (rank 0 runs there)."""
         return self.settings(host).address_of(host), int(self.probe(host)["free_port"])
@@ -435,9 +492,10 @@ class SSHTransport(Transport):
     def start(self, host: str, ranks: Sequence[int], spec: LaunchSpec, on_line: LineSink,
               on_exit: ExitSink) -> "RemoteWorkers":
         conn = self.connection(host)
-        cmd = remote_command(self.settings(host), ["-m", "hspmd_sdk.runtime.agent", "--host", host,
-                                                   "--job", spec.job_id], setsid=True)
-        group = RemoteWorkers(self, host, list(ranks), on_line, on_exit)
+        cmd = remote_command(self.settings(host), ["-m", "hspmd_sdk.runtime.agent", f"--host={host}",
+                                                   f"--job={spec.job_id}"], setsid=True)
+        group = RemoteWorkers(self, host, list(ranks), on_line, on_exit, heartbeat_s=spec.heartbeat_s,
+                              loop=self.loop)
         start_msg = json.dumps({"t": "start", "ranks": list(ranks), "spec": spec.to_line()}) + "\n"
         self.groups.append(group)
         try:
@@ -448,33 +506,39 @@ class SSHTransport(Transport):
             raise
         return group
 
-    def kill_process_groups(self, host: str, pgids: Sequence[int], timeout_s: float = 10.0) -> None:
-        """Fallback: SIGKILL process groups on ``host`` over a fresh connection."""
+    def kill_process_groups(self, host: str, pgids: Sequence[int], timeout_s: float = 10.0,
+                            retries: int | None = None) -> None:
+        """Fallback: SIGKILL process groups on ``host`` over a fresh connection (``retries`` attempts to connect,
+        default ``connect_retries``)."""
         if not pgids:
             return
         cmd = "kill -KILL -- " + " ".join(shlex.quote(f"-{int(p)}") for p in pgids) + " 2>/dev/null; true"
+        attempts = self.connect_retries if retries is None else max(1, retries)
 
         async def go() -> None:
-            conn = await self._connect(host)
+            conn = await self._connect(host, retries=attempts)
             try:
                 await asyncio.wait_for(conn.run(cmd, check=False), timeout_s)
             finally:
                 await _close_conn(conn)
-        self.loop.run(go(), timeout=timeout_s + self.connect_timeout_s * self.connect_retries + 10)
+        self.loop.run(go(), timeout=timeout_s + self.connect_timeout_s * attempts * 2 + 10)
 
     def close(self) -> None:
-        """Close every connection (agents still running see their stdin close and stop their workers)."""
+        """Close every connection (agents still running see their stdin close and stop their workers), then the
+        event loop and its thread.  Idempotent; the transport can be used again (it reconnects)."""
         with self._conn_lock:
             conns, self._conns = list(self._conns.values()), {}
-        if self._loop is None or not conns:
+            loop, self._loop = self._loop, None
+        if loop is None:
             return
 
         async def go() -> None:
             await asyncio.gather(*(_close_conn(c) for c in conns), return_exceptions=True)
         try:
-            self.loop.run(go(), timeout=10)
+            loop.run(go(), timeout=10)
         except Exception:  # noqa: BLE001 - closing is best effort
             pass
+        loop.close()
 
 
 async def _close_conn(conn: Any) -> None:
@@ -500,26 +564,33 @@ class RemoteWorkers(WorkerGroup):
     """The workers of one host, run by its agent over the host's SSH connection.
 
     Lines and exits arrive on the event loop and are handed to the job's callbacks by a dispatcher thread of
-    their own (in order; a slow callback never stalls the connection).
+    their own (in order; a slow callback never stalls the connection).  The group pings the agent every
+    ``heartbeat_s`` seconds and notes when it last heard anything from it (:meth:`link_silence`); ranks whose exit
+    the agent could not report (its connection ended, or it never answered a kill) are :meth:`lost`.
     """
 
     def __init__(self, transport: SSHTransport, host: str, ranks: list[int], on_line: LineSink,
-                 on_exit: ExitSink) -> None:
+                 on_exit: ExitSink, *, heartbeat_s: float = 1.0, loop: _LoopThread | None = None) -> None:
         self.transport = transport
+        self._loop = loop or transport.loop  # the loop its channel lives on (closed with the transport)
         self.host = host
         self.ranks = ranks
+        self.heartbeat_s = heartbeat_s
         self._on_line, self._on_exit = on_line, on_exit
         self._proc: Any = None
         self._lock = threading.Lock()
         self._pids: dict[int, int] = {}
         self._rc: dict[int, int] = {}
+        self._lost: dict[int, str] = {}
         self._killed_by_agent: set[int] = set()
         self._escalated: set[int] = set()
+        self._killing: set[int] = set()
         self._stopping = False
         self._started = threading.Event()
         self._all_exited = threading.Event()
         self._fatal: str | None = None
         self._fallback = False
+        self._last_heard: float | None = None
         self.agent_pid: int | None = None
         self.agent_pgid: int | None = None
         self.agent_stderr: list[str] = []
@@ -530,10 +601,22 @@ class RemoteWorkers(WorkerGroup):
     # ---- event loop side ---------------------------------------------------------------------------------------
     async def open(self, conn: Any, cmd: str, start_msg: str) -> None:
         self._proc = await conn.create_process(cmd, encoding="utf-8", errors="replace")
+        self._last_heard = time.monotonic()
         self._proc.stdin.write(start_msg)
         await self._proc.stdin.drain()
-        asyncio.get_running_loop().create_task(self._read_stdout())
-        asyncio.get_running_loop().create_task(self._read_stderr())
+        loop = asyncio.get_running_loop()
+        loop.create_task(self._read_stdout())
+        loop.create_task(self._read_stderr())
+        loop.create_task(self._ping())
+
+    async def _ping(self) -> None:
+        line = control_line("ping")
+        while not self._all_exited.is_set():
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                self._proc.stdin.write(line)  # buffered by asyncssh when the window is full: never blocks
+            except Exception:  # noqa: BLE001 - the channel is closed: the reader reports it
+                return
 
     async def _read_stdout(self) -> None:
         pending = ""  # readline returns part of a line longer than the channel's window: join the parts
@@ -542,6 +625,7 @@ class RemoteWorkers(WorkerGroup):
                 part = await self._proc.stdout.readline()
                 if not part:
                     break
+                self._last_heard = time.monotonic()
                 pending += part
                 if pending.endswith("\n"):
                     line, pending = pending, ""
@@ -550,7 +634,13 @@ class RemoteWorkers(WorkerGroup):
                 self._handle(pending.rstrip("\r\n"))
         except Exception as e:  # noqa: BLE001 - the connection dropped
             self.agent_stderr.append(f"connection error: {type(e).__name__}: {e}")
-        self._connection_ended()
+        status = None
+        try:
+            await asyncio.wait_for(self._proc.wait_closed(), 2)
+            status = self._proc.returncode
+        except Exception:  # noqa: BLE001 - no exit status: the connection itself is gone
+            pass
+        self._connection_ended(status)
 
     async def _read_stderr(self) -> None:
         try:
@@ -558,6 +648,7 @@ class RemoteWorkers(WorkerGroup):
                 line = await self._proc.stderr.readline()
                 if not line:
                     break
+                self._last_heard = time.monotonic()
                 self.agent_stderr = (self.agent_stderr + [line.rstrip("\r\n")])[-30:]
         except Exception:  # noqa: BLE001
             pass
@@ -568,7 +659,7 @@ class RemoteWorkers(WorkerGroup):
             return
         try:
             msg = json.loads(line[len(AGENT_PREFIX):])
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return
         kind = msg.get("t")
         if kind == "line":
@@ -590,11 +681,13 @@ class RemoteWorkers(WorkerGroup):
             self._fatal = str(msg.get("message"))
             self._started.set()
 
-    def _record_exit(self, rank: int, rc: int, note: str | None = None) -> None:
+    def _record_exit(self, rank: int, rc: int, note: str | None = None, lost: str | None = None) -> None:
         with self._lock:
             if rank in self._rc or rank not in self.ranks:
                 return
             self._rc[rank] = rc
+            if lost is not None:
+                self._lost[rank] = lost
             done = set(self._rc) >= set(self.ranks)
         if note:
             self._queue.put(("line", rank, "err", note))
@@ -603,22 +696,19 @@ class RemoteWorkers(WorkerGroup):
             self._all_exited.set()
             self._queue.put(None)
 
-    def _connection_ended(self) -> None:
+    def _connection_ended(self, status: int | None = None) -> None:
         """The agent's channel closed: every rank that did not report its exit is lost."""
         self._started.set()
         with self._lock:
             missing = [r for r in self.ranks if r not in self._rc]
-            stopping = self._stopping
             if not missing or self._fallback:
                 return  # kill() is killing the process groups itself and records their exits
         tail = "\n".join(self.agent_stderr[-10:])
-        note = (f"[launcher] the agent on {self.transport.where(self.host)} went away before rank reported its "
-                f"exit" + (f"; agent output:\n{tail}" if tail else ""))
+        why = (f"its agent exited with status {status} before its ranks reported their exits" if status is not None
+               else "its SSH connection closed before its ranks reported their exits")
+        note = f"[launcher] {self.transport.where(self.host)}: {why}" + (f"; agent output:\n{tail}" if tail else "")
         for r in missing:
-            if stopping:
-                with self._lock:
-                    self._escalated.add(r)
-            self._record_exit(r, EXIT_LOST, note)
+            self._record_exit(r, EXIT_LOST, note, lost=why)
 
     # ---- dispatcher thread -------------------------------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -658,47 +748,99 @@ class RemoteWorkers(WorkerGroup):
         with self._lock:
             return dict(self._pids)
 
+    def link_silence(self) -> float:
+        if self._last_heard is None or self._all_exited.is_set():
+            return 0.0
+        return time.monotonic() - self._last_heard
+
+    def lost(self, rank: int) -> str | None:
+        with self._lock:
+            return self._lost.get(rank)
+
     def stopped_by_kill(self, rank: int, returncode: int) -> bool:
         with self._lock:
-            return self._stopping and (returncode in (-signal.SIGTERM, EXIT_ORPHANED)
-                                       or rank in self._killed_by_agent or rank in self._escalated)
+            return rank in self._killing and (returncode in (-signal.SIGTERM, EXIT_ORPHANED)
+                                              or rank in self._killed_by_agent or rank in self._escalated)
 
-    def kill(self, grace_s: float = 0.5) -> None:
-        """Ask the agent to stop every worker; if it does not answer in time, SIGKILL the process groups."""
+    def _send(self, msg: dict[str, Any]) -> None:
+        """Queue one line to the agent (never blocks; a closed channel is the reader's to report)."""
+        proc = self._proc
+        if proc is None:
+            return
+        line = json.dumps(msg, separators=(",", ":")) + "\n"
+
+        def write() -> None:
+            try:
+                proc.stdin.write(line)
+            except Exception:  # noqa: BLE001
+                pass
+        try:
+            self._loop.loop.call_soon_threadsafe(write)
+        except RuntimeError:
+            pass  # the loop is closed: the job is over
+
+    def send_control(self, msg: dict[str, Any], ranks: Sequence[int]) -> None:
+        self._send({"t": "control", "ranks": list(ranks), "msg": msg})
+
+    def dump_stack(self, rank: int) -> None:
+        self._send({"t": "dump", "rank": int(rank)})
+
+    def kill(self, grace_s: float = 0.5, ranks: Sequence[int] | None = None) -> None:
+        """Ask the agent to stop the workers (``ranks``, default all); if it does not answer in time, SIGKILL their
+        process groups over a fresh connection; if the host cannot be reached at all, the ranks are lost."""
         with self._lock:
-            self._stopping = True
-            if set(self._rc) >= set(self.ranks):
+            targets = [r for r in self.ranks if (ranks is None or r in ranks) and r not in self._rc]
+            self._killing |= set(self.ranks if ranks is None else ranks)
+            self._stopping = self._stopping or ranks is None
+            if not targets:
                 return
         proc = self._proc
         if proc is not None:
-            msg = json.dumps({"t": "kill", "grace": grace_s}) + "\n"
+            msg = {"t": "kill", "grace": grace_s, "ranks": None if ranks is None else targets}
             try:
-                self.transport.loop.run(_write(proc, msg), timeout=5)
+                self._loop.run(_write(proc, json.dumps(msg) + "\n"), timeout=5)
             except Exception:  # noqa: BLE001 - the channel is gone: the fallback below does the job
                 pass
-        if proc is not None and self._all_exited.wait(grace_s + self.transport.kill_timeout_s):
+        if proc is not None and self._exited_within(targets, grace_s + self.transport.kill_timeout_s):
             return
         with self._lock:
-            self._fallback = True
-            pgids = [self._pids[r] for r in self.ranks if r in self._pids and r not in self._rc]
-        if self.agent_pgid is not None:
+            self._fallback = self._fallback or ranks is None
+            pgids = [self._pids[r] for r in targets if r in self._pids and r not in self._rc]
+        if self.agent_pgid is not None and ranks is None:
             pgids.append(self.agent_pgid)
+        unreachable = None
         try:
-            self.transport.kill_process_groups(self.host, pgids)
+            self.transport.kill_process_groups(self.host, pgids, timeout_s=self.transport.kill_timeout_s + 5,
+                                               retries=1)
         except Exception as e:  # noqa: BLE001
-            self.agent_stderr.append(f"fallback kill failed: {type(e).__name__}: {e}")
+            unreachable = f"{type(e).__name__}: {e}"
+            self.agent_stderr.append(f"fallback kill failed: {unreachable}")
         with self._lock:
-            missing = [r for r in self.ranks if r not in self._rc]
+            missing = [r for r in targets if r not in self._rc]
             self._escalated |= set(missing)
         for r in missing:
-            note = (f"[launcher] rank {r} killed over a fresh SSH connection (its agent on {self.host} did not "
-                    "answer)" if r in self._pids else f"[launcher] rank {r} never started on {self.host}")
-            self._record_exit(r, -signal.SIGKILL, note)
-        if proc is not None:
+            if unreachable is not None:
+                why = (f"its agent did not answer and the host could not be reached to kill rank {r} "
+                       f"({unreachable})")
+                self._record_exit(r, EXIT_LOST, f"[launcher] {self.host}: {why}", lost=why)
+            else:
+                note = (f"[launcher] rank {r} killed over a fresh SSH connection (its agent on {self.host} did "
+                        "not answer)" if r in self._pids else f"[launcher] rank {r} never started on {self.host}")
+                self._record_exit(r, -signal.SIGKILL, note)
+        if proc is not None and ranks is None:
             try:
-                self.transport.loop.run(_close_proc(proc), timeout=5)
+                self._loop.run(_close_proc(proc), timeout=5)
             except Exception:  # noqa: BLE001
                 pass
+
+    def _exited_within(self, ranks: Sequence[int], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if all(r in self._rc for r in ranks):
+                    return True
+            self._all_exited.wait(0.05)
+        return False
 
     def join(self, timeout: float | None = None) -> None:
         self._dispatcher.join(timeout)
@@ -736,12 +878,19 @@ def launch_remote(cluster: Any, *, entry: str, steps: int, hosts: HostsArg = Non
                   preflight: bool = True, timeout_s: float = 120.0, slowdown: Mapping[int, float] | None = None,
                   loss_rank: int | None = None, backend: Any = None, master_port: int | None = None,
                   progress: bool = False, echo: bool = False, log_dir: str | Path | None = None,
+                  heartbeat_s: float = 1.0, stall_s: float | None = 30.0, policy: Any = None,
+                  resource_check: bool = True, memory_per_rank: Mapping[int, float] | None = None,
                   **ssh_options: Any) -> Any:
     """Run ``entry`` on one worker per rank of ``cluster``, on its hosts over SSH; returns the running Job.
 
     Checks every host first (``preflight``) and refuses to start if any fails (:class:`PreflightError`, one line
     per host problem).  The rendezvous (TCPStore) is on rank 0's host, at its ``address`` and a port free there
-    (or ``master_port``).  Logs per rank go to ``log_dir`` (a temporary folder by default).
+    (or ``master_port``).  Logs per rank go to ``log_dir`` (a temporary folder by default).  ``heartbeat_s``,
+    ``stall_s``, ``policy``: fault detection and reaction, as for :func:`hspmd_sdk.runtime.launcher.launch`; the
+    launcher and every host's agent watch each other, so a host cut off from the launcher stops its workers
+    within ``10 * heartbeat_s`` seconds, and the launcher reports it as ``connection lost`` with its ranks.
+    ``resource_check``/``memory_per_rank``: the resource preflight against what each host's probe found (cores,
+    available RAM, CUDA devices), as for a local launch.
     """
     from .launcher import build_spec, launch_spec
 
@@ -754,12 +903,18 @@ def launch_remote(cluster: Any, *, entry: str, steps: int, hosts: HostsArg = Non
         threads = _threads_per_worker(transport, cluster)
         spec = build_spec(cluster, entry=entry, steps=steps, seed=seed, payload=payload, timeout_s=timeout_s,
                           slowdown=slowdown, loss_rank=loss_rank, backend=backend, local=False,
-                          master_port=master_port or port, num_threads=threads)
+                          master_port=master_port or port, num_threads=threads, heartbeat_s=heartbeat_s,
+                          stall_s=stall_s)
         spec = spec.model_copy(update={"master_addr": addr})
+        if resource_check:
+            from .preflight import check_resources
+
+            check_resources(cluster, {h: transport.host_facts(h) for h in {n.host for n in cluster.nodes}},
+                            memory_per_rank, gpu=spec.backend == "nccl")
     except BaseException:
         transport.close()
         raise
-    return launch_spec(spec, cluster, transport, log_dir=log_dir, progress=progress, echo=echo)
+    return launch_spec(spec, cluster, transport, log_dir=log_dir, progress=progress, echo=echo, policy=policy)
 
 
 def _threads_per_worker(transport: SSHTransport, cluster: Any) -> int:
@@ -784,5 +939,6 @@ def launch_training_remote(program: Any, cluster: Any = None, *, steps: int, see
 
     cluster = cluster if cluster is not None else program.cluster
     run = training_run(program, steps=steps, seed=seed, cluster=cluster, **dict(run_options or {}))
+    launch_kwargs.setdefault("memory_per_rank", {int(r): b for r, b in run["memory_estimate"].items()})
     return launch_remote(cluster, entry=ENTRY, steps=steps, seed=seed, hosts=hosts, payload={"runs": [run]},
                          **launch_kwargs)

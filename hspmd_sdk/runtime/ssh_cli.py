@@ -16,24 +16,26 @@ from typing import Any
 
 
 def add_launch_arguments(p: argparse.ArgumentParser) -> None:
+    from ..cli_inputs import MAX_SEED, MAX_STEPS, MAX_TOKENS, add_fault_arguments, int_in, number_above
+
     p.add_argument("file", metavar="FILE", nargs="?", help="strategy JSON to train (or a packaged example name)")
     p.add_argument("--hostfile", required=True, metavar="PATH", help="hosts: 'host slots=N [kind=KIND]' a line")
     p.add_argument("--entry", metavar="MODULE:FUNCTION", help="run this entry instead of training FILE")
-    p.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int_in(1, MAX_STEPS), default=10, help="training steps (default 10)")
+    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0)
     p.add_argument("--model", default="tiny", metavar="PRESET", help="model preset or config JSON (default tiny)")
     p.add_argument("--data", default="synthetic", choices=["synthetic", "stdlib"])
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seq-len", type=int, default=None, metavar="N")
+    p.add_argument("--lr", type=number_above(0), default=1e-3)
+    p.add_argument("--seq-len", type=int_in(1, MAX_TOKENS), default=None, metavar="N")
     p.add_argument("--backend", choices=["gloo", "nccl"], default=None,
                    help="default: gloo for CPU hosts, nccl for GPU hosts")
-    p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="collective/rendezvous timeout")
+    add_fault_arguments(p)
     g = p.add_argument_group("SSH")
     g.add_argument("--ssh-hosts", metavar="JSON", help="per-host settings {host: {address, port, user, python, "
                                                        "workdir, env}}")
     g.add_argument("--python", default=None, help="remote Python for every host (default python3)")
     g.add_argument("--workdir", default=None, help="remote working directory for every host")
-    g.add_argument("--ssh-port", type=int, default=None)
+    g.add_argument("--ssh-port", type=int_in(1, 65535), default=None)
     g.add_argument("--ssh-user", default=None)
     g.add_argument("--known-hosts", default=None, metavar="PATH", help="default ~/.ssh/known_hosts")
     g.add_argument("--accept-new-host-keys", action="store_true",
@@ -59,33 +61,50 @@ def _transport(args: argparse.Namespace) -> Any:
                         accept_new_host_keys=args.accept_new_host_keys, client_keys=args.identity)
 
 
+def _check_arguments(args: argparse.Namespace) -> None:
+    """What can be checked before any host is contacted."""
+    from ..errors import PlanValidationError
+    from .spec import ENTRY_PATTERN
+
+    problems = []
+    if args.entry is not None and not ENTRY_PATTERN.fullmatch(args.entry):
+        problems.append(("--entry", f"{args.entry[:80]!r} is not 'module:function' (dotted module, identifier)"))
+    if not args.entry and not args.file and not args.check:
+        problems.append(("FILE", "give a strategy to train, or --entry module:function"))
+    if args.stall < 2 * args.heartbeat:
+        problems.append(("--stall", f"{args.stall:g} s must be at least two heartbeats (--heartbeat "
+                                    f"{args.heartbeat:g})"))
+    if problems:
+        raise PlanValidationError(problems, what="arguments")
+
+
 def run_launch(args: argparse.Namespace) -> int:
     """Run ``hspmd launch``; :class:`~hspmd_sdk.errors.HSPMDError` propagates (the CLI prints it, status 1)."""
     from ..core.cluster import Cluster
-    from ..errors import PlanValidationError
     from .ssh import launch_remote
 
+    _check_arguments(args)
     cluster = Cluster.from_hostfile(args.hostfile)
     transport = _transport(args)
-    report = transport.check(cluster)
-    print(report)
-    if args.check or not report.ok:
+    try:  # closed on every path that starts no job; a started job closes it when it ends
+        report = transport.check(cluster)
+        print(report)
+        if args.check or not report.ok:
+            transport.close()
+            if not report.ok:
+                print("\npreflight failed, nothing was started:\n" + report.problems_text(), file=sys.stderr)
+            return 0 if report.ok else 1
+        common = dict(transport=transport, preflight=False, timeout_s=args.timeout, backend=args.backend,
+                      log_dir=args.log_dir, echo=not args.quiet, seed=args.seed, steps=args.steps,
+                      heartbeat_s=args.heartbeat, stall_s=args.stall, resource_check=not args.no_resource_check)
+        job = (launch_remote(cluster, entry=args.entry, **common) if args.entry
+               else _launch_training(args, cluster, common))
+    except BaseException:
         transport.close()
-        if not report.ok:
-            print("\npreflight failed, nothing was started:\n" + report.problems_text(), file=sys.stderr)
-        return 0 if report.ok else 1
-    common = dict(transport=transport, preflight=False, timeout_s=args.timeout, backend=args.backend,
-                  log_dir=args.log_dir, echo=not args.quiet, seed=args.seed, steps=args.steps)
-    if args.entry:
-        job = launch_remote(cluster, entry=args.entry, **common)
-    elif args.file:
-        job = _launch_training(args, cluster, common)
-    else:
-        transport.close()
-        raise PlanValidationError([("FILE", "give a strategy to train, or --entry module:function")],
-                                  what="arguments")
-    print(f"job {job.job_id}: {cluster.num_ranks} ranks on {len(cluster.nodes)} hosts; logs in {job.log_dir}",
-          flush=True)
+        raise
+    hosts = len({n.host for n in cluster.nodes})
+    print(f"job {job.job_id}: {cluster.num_ranks} ranks on {hosts} host{'s' if hosts != 1 else ''}; logs in "
+          f"{job.log_dir}", flush=True)
     try:
         result = job.wait()
     except KeyboardInterrupt:
@@ -98,7 +117,7 @@ def run_launch(args: argparse.Namespace) -> int:
 
 
 def _launch_training(args: argparse.Namespace, cluster: Any, common: dict[str, Any]) -> Any:
-    from ..cli import resolve_file
+    from ..cli_inputs import resolve_file
     from ..models.registry import load_model_spec
     from ..core.specialize import specialize
     from ..core.strategy import Strategy
@@ -112,20 +131,16 @@ def _launch_training(args: argparse.Namespace, cluster: Any, common: dict[str, A
                        seq_len=args.seq_len, cluster=cluster)
     from .ssh import launch_remote
 
-    return launch_remote(cluster, entry=ENTRY, payload={"runs": [run]}, **common)
+    memory = {int(r): b for r, b in run["memory_estimate"].items()}
+    return launch_remote(cluster, entry=ENTRY, payload={"runs": [run]}, memory_per_rank=memory, **common)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone use: ``python -m hspmd_sdk.runtime.ssh_cli FILE --hostfile hosts.txt``."""
-    from ..errors import HSPMDError
+    """Stand-alone use: ``python -m hspmd_sdk.runtime.ssh_cli FILE --hostfile hosts.txt`` (the same as
+    ``hspmd launch ...``, with the same error handling)."""
+    from ..cli import main as hspmd
 
-    p = argparse.ArgumentParser(prog="hspmd launch", description=__doc__.split("\n")[0])
-    add_launch_arguments(p)
-    try:
-        return run_launch(p.parse_args(argv))
-    except HSPMDError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    return hspmd(["launch", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

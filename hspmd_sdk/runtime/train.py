@@ -58,7 +58,6 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
     from ..core.model_spec import model_json
     from ..errors import PlanValidationError
     from ..models.registry import class_path
-    from .executor import AdamConfig
 
     config = program.model
     if config is None:
@@ -66,17 +65,12 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
                                                "specialized from a model config (specialize(LlamaConfig..., plan, "
                                                "cluster)) so that workers can rebuild the model")],
                                   what="training run")
-    AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)  # raises naming the bad option
     plan = program.plan
     cluster = cluster if cluster is not None else program.cluster
     if cluster is None:
         raise PlanValidationError([("cluster", "launch needs a cluster: pass cluster= or specialize with one")],
                                   what="training run")
     rc = sorted(program.recompute) if recompute is None else sorted(int(r) for r in recompute)
-    unknown = sorted(set(rc) - set(program.ranks))
-    if unknown:
-        raise PlanValidationError([("recompute", f"rank(s) {unknown} run no stage of this program (stage ranks "
-                                                 f"{program.ranks})")], what="training run")
     run = {
         "config": model_json(config),
         "model_class": class_path(config),
@@ -86,19 +80,25 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
         "steps": int(steps), "seed": int(seed), "data": data,
         "seq_len": int(config.max_seq_len if seq_len is None else seq_len),
         "global_batch": int(program.bindings["B"]),
-        "adam": {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay},
+        "adam": {"lr": lr, "betas": list(betas) if isinstance(betas, (list, tuple)) else betas, "eps": eps,
+                 "weight_decay": weight_decay},
         "recompute": rc,
         "capture_dir": str(capture_dir) if capture_dir is not None else None,
         "init": _init_source(init, config),
         "precision": precision,
     }
     _validate_run(run, program, cluster, config)
+    from .preflight import training_memory  # what each rank will need, for the launcher's resource preflight
+
+    run["memory_estimate"] = {str(r): b for r, b in training_memory(
+        program, global_batch=run["global_batch"], seq_len=run["seq_len"], recompute=run["recompute"]).items()}
     return run
 
 
 def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: Any) -> None:
     """Raise :class:`~hspmd_sdk.errors.PlanValidationError` for a run that would fail only in the workers."""
     from ..errors import HSPMDError, PlanValidationError
+    from .executor import adam_problems
 
     what = "training run"
     problems = []
@@ -106,6 +106,10 @@ def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: An
         problems.append(("steps", f"must be at least 1, not {run['steps']}"))
     if run["seq_len"] < 1:
         problems.append(("seq_len", f"must be at least 1, not {run['seq_len']}"))
+    problems += adam_problems(**run["adam"])
+    unknown = sorted(set(run["recompute"]) - set(program.ranks))
+    if unknown:
+        problems.append(("recompute", f"ranks {unknown} run no stage of the program (ranks {sorted(program.ranks)})"))
     if run["precision"] not in PRECISIONS:
         problems.append(("precision", f"must be one of {list(PRECISIONS)}, not {run['precision']!r}"))
     try:
@@ -147,6 +151,11 @@ def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs
         raise PlanValidationError(wrong, what="training job")
 
     total = sum(int(r["steps"]) for r in runs)
+    memory: dict[int, float] = {}  # the runs follow one another: a rank needs the most any run needs
+    for r in runs:
+        for rank, need in (r.get("memory_estimate") or {}).items():
+            memory[int(rank)] = max(memory.get(int(rank), 0.0), float(need))
+    launch_kwargs.setdefault("memory_per_rank", memory)
     return launch(None, cluster, steps=total, seed=int(runs[0]["seed"]) if runs else 0, entry=ENTRY,
                   payload={"runs": [dict(r) for r in runs]}, **launch_kwargs)
 
@@ -154,8 +163,9 @@ def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs
 def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int = 0, data: str = "synthetic",
                     lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
                     weight_decay: float = 0.0, seq_len: int | None = None, recompute: Sequence[int] | None = None,
-                    capture_dir: str | Path | None = None, init: Any = None, precision: str = "fp32",
-                    device: str | None = None, **launch_kwargs: Any) -> Any:
+                    capture_dir: str | Path | None = None, init: Any = None, elastic: bool = False,
+                    straggler: Any = None, cost: Any = None, precision: str = "fp32", device: str | None = None,
+                    **launch_kwargs: Any) -> Any:
     """Train ``program`` for ``steps`` steps on one worker process per rank of ``cluster``; returns the running
     :class:`~.job.Job` (``job.wait().losses``: the loss of each step's global batch).
 
@@ -166,9 +176,16 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
 
     The same ``seed`` gives the same data and the same initial parameters whatever the plan, so a 1-rank and an
     N-rank program of one model produce the same losses.  ``init``: a Hugging Face directory or a state dict to
-    start from (see :func:`training_run`).  ``launch_kwargs`` go to
-    :func:`hspmd_sdk.runtime.launcher.launch` (``progress``, ``echo``, ``slowdown``, ``timeout_s``, ``transport``,
-    ``log_dir``)."""
+    start from (see :func:`training_run`).
+
+    Graph switching (SPEC §6): ``job.switch(program)`` moves the running job to another plan.  ``elastic=True``:
+    a worker that dies does not end the job — the survivors replan, switch by fused BSR and redo the interrupted
+    step (:mod:`.controller`).  ``straggler=True`` (or a :class:`~.controller.StragglerWatch`): a rank that stays
+    slower than under its plan is replanned around; ``cost``: the :class:`~hspmd_sdk.planner.CostModel` those
+    replans use.  ``job.events`` lists every reconfiguration.  ``launch_kwargs`` go to
+    :func:`hspmd_sdk.runtime.launcher.launch` (``progress``, ``echo``, ``slowdown`` — a factor or a schedule
+    ``{rank: [(step, factor), ...]}`` —, ``timeout_s``, ``transport``, ``log_dir``, ...)."""
+    from .controller import StragglerWatch, TrainingController
     from .devices import backend_for_device
 
     cluster = cluster if cluster is not None else program.cluster
@@ -178,7 +195,16 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     if device is not None:
         launch_kwargs["backend"] = backend_for_device(device, cluster, launch_kwargs.get("backend"),
                                                       launch_kwargs.get("transport"))
-    return launch_runs([run], cluster, **launch_kwargs)
+    run["elastic"] = bool(elastic)
+    watch = StragglerWatch() if straggler is True else (straggler or None)
+    controller = TrainingController(program, cluster, global_batch=run["global_batch"], seq_len=run["seq_len"],
+                                    elastic=bool(elastic), straggler=watch, cost=cost)
+    if elastic and "policy" not in launch_kwargs:
+        launch_kwargs["policy"] = controller
+    job = launch_runs([run], cluster, **launch_kwargs)
+    job.controller = controller
+    controller.attach(job)
+    return job
 
 
 def recompute_ranks(strategy: Any) -> list[int]:
@@ -201,10 +227,13 @@ def dataset_for(data: str, vocab_size: int) -> Any:
 
 
 def train_entry(state: Any, spec: Any) -> dict[str, Any]:
-    """Worker entry: run every run of ``spec.payload["runs"]`` in order; returns ``{"runs": [...], "losses"}``."""
+    """Worker entry: run every run of ``spec.payload["runs"]`` in order (a :class:`~.session.TrainSession`
+    each); returns ``{"runs": [...], "losses"}``."""
+    from .session import TrainSession
+
     results, offset = [], 0
     for i, run in enumerate(spec.payload["runs"]):
-        results.append(_train_one(state, run, i, offset))
+        results.append(TrainSession(state, run, i, offset).train())
         offset += int(run["steps"])
     return {"runs": results, "losses": results[0]["losses"] if len(results) == 1 else None}
 
@@ -219,56 +248,6 @@ def _program_of(run: Mapping[str, Any]) -> Any:
     plan = AnnotationPlan.model_validate(run["plan"])
     cluster = Cluster.model_validate(run["cluster"])
     return specialize(config, plan, cluster, bindings=run.get("bindings"))
-
-
-def _train_one(state: Any, run: Mapping[str, Any], index: int, offset: int) -> dict[str, Any]:
-    import torch
-    import torch.distributed as dist
-
-    from .comm import comm_groups
-    from .executor import AdamConfig, StepExecutor, pipeline_groups, program_comm_plans
-
-    started = time.perf_counter()
-    program = _program_of(run)
-    state.program = program
-    state.create_groups(comm_groups(program_comm_plans(program)))
-    # NCCL: stage-boundary messages on a group per rank pair and direction (see pipeline_groups); every rank
-    p2p = pipeline_groups(program, state.spec.timeout_s) if state.spec.backend == "nccl" else None
-    rank = state.rank
-    adam = AdamConfig(lr=run["adam"]["lr"], betas=tuple(run["adam"]["betas"]), eps=run["adam"]["eps"],
-                      weight_decay=run["adam"]["weight_decay"])
-    B, S, seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
-    ex = None
-    if rank in program.ranks:
-        params = _initial_shards(program, rank, run.get("init"))
-        ex = StepExecutor(program, rank, state, seed=seed, global_batch=B, seq_len=S, adam=adam,
-                          recompute=rank in run.get("recompute", ()), device=state.device,
-                          emulate=state.emulate if state.slowdown != 1.0 else None, params=params,
-                          precision=run.get("precision", "fp32"), p2p_groups=p2p)
-        state.params, state.optimizer = ex.params, ex.optimizer
-    dataset = dataset_for(run["data"], program.model.vocab_size)
-    capture = run.get("capture_dir")
-    losses: list[float] = []
-    for step in range(int(run["steps"])):
-        state.begin_step()
-        local = 0.0
-        if ex is not None:
-            batch = dataset.global_batch(step, B, S, seed) if ex.needs_data else None
-            local = ex.step(batch, capture_grads=bool(capture) and step == 0)
-        mine = local if ex is not None and ex.loss_contributor() else 0.0
-        part = torch.tensor([mine], dtype=torch.float64, device=state.device)
-        dist.all_reduce(part)
-        losses.append(float(part.item()))
-        tokens = ex.micro_size * ex.num_micro * S if ex is not None and ex.stage == 0 else None
-        state.report(offset + step, loss=losses[-1], tokens=tokens, run=index)
-    out: dict[str, Any] = {"losses": losses, "rank": rank, "active": ex is not None,
-                           "seconds": round(time.perf_counter() - started, 3)}
-    if ex is not None:
-        out.update(_memory_summary(ex, program, rank))
-        if capture:
-            _save_capture(ex, program, rank, Path(capture) / f"run{index}_rank{rank}.pt")
-    dist.barrier()
-    return out
 
 
 def _init_source(init: Any, config: Any) -> dict[str, Any] | None:

@@ -9,11 +9,14 @@ multiplexes their lines, which already carry their rank) implements the same two
 Each local worker is the leader of its own session and process group (``start_new_session=True``), so killing the
 group also kills whatever the worker spawned, and a Ctrl-C in the notebook never reaches the workers directly: the
 job decides what happens.  Each worker reads the spec from stdin and keeps stdin open: when the launcher dies, the
-pipe closes and the worker exits.
+pipe closes and the worker exits.  After the spec, stdin carries control lines (:mod:`.protocol`): the group pings
+every worker each ``spec.heartbeat_s`` seconds and relays the job's control messages; one writer thread per worker
+writes them in order, so a caller never blocks on a full pipe.
 """
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -21,9 +24,9 @@ import threading
 import time
 import traceback
 from abc import ABC, abstractmethod
-from typing import IO, Callable, Sequence
+from typing import IO, Any, Callable, Sequence
 
-from .protocol import EXIT_ORPHANED
+from .protocol import EXIT_ORPHANED, control_line
 from .spec import LaunchSpec
 
 LineSink = Callable[[int, str, str], None]
@@ -47,8 +50,9 @@ class WorkerGroup(ABC):
         """Rank -> return code, ``None`` while running."""
 
     @abstractmethod
-    def kill(self, grace_s: float = 0.5) -> None:
-        """Stop every worker (and its children): SIGTERM, then SIGKILL after ``grace_s``.  Idempotent."""
+    def kill(self, grace_s: float = 0.5, ranks: Sequence[int] | None = None) -> None:
+        """Stop the workers of ``ranks`` (default: every one) and their children: SIGTERM, then SIGKILL after
+        ``grace_s``.  Idempotent."""
 
     @abstractmethod
     def pids(self) -> dict[int, int]:
@@ -63,6 +67,22 @@ class WorkerGroup(ABC):
         was not escalated is its own failure even when it happens while the job is stopping.
         """
 
+    @abstractmethod
+    def send_control(self, msg: dict[str, Any], ranks: Sequence[int]) -> None:
+        """Queue the control message ``msg`` for ``ranks`` (delivered in order; never blocks)."""
+
+    @abstractmethod
+    def dump_stack(self, rank: int) -> None:
+        """Ask ``rank`` to write every thread's stack to its stderr (SIGUSR1; SIGCONT wakes a stopped one)."""
+
+    def link_silence(self) -> float:
+        """Seconds since the link to this host last carried anything (0 for local processes)."""
+        return 0.0
+
+    def lost(self, rank: int) -> str | None:
+        """Why ``rank``'s exit status is not known (its host's connection was lost), or ``None``."""
+        return None
+
 
 class Transport(ABC):
     """Starts workers on hosts."""
@@ -73,7 +93,13 @@ class Transport(ABC):
         """Start one worker per rank on ``host``, each reading ``spec`` from its stdin."""
 
     def close(self) -> None:
-        """Release connections (nothing for local processes)."""
+        """Release connections, threads and files (nothing for local processes).  Idempotent."""
+
+    def __enter__(self) -> "Transport":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 class LocalTransport(Transport):
@@ -91,13 +117,14 @@ class LocalTransport(Transport):
 
     def start(self, host: str, ranks: Sequence[int], spec: LaunchSpec, on_line: LineSink,
               on_exit: ExitSink) -> WorkerGroup:
-        group = LocalWorkers(host, list(ranks))
+        group = LocalWorkers(host, list(ranks), heartbeat_s=spec.heartbeat_s)
         try:
             for r in ranks:
                 group.add(r, self._popen(r, spec), on_line, on_exit, spec.to_line())
         except BaseException:
             group.kill(grace_s=0)
             raise
+        group.start_pings()
         return group
 
     def _popen(self, rank: int, spec: LaunchSpec) -> subprocess.Popen[bytes]:
@@ -114,23 +141,28 @@ def worker_env(spec: LaunchSpec, rank: int) -> dict[str, str]:
 
 
 class LocalWorkers(WorkerGroup):
-    """Local worker processes, one process group each; reader threads feed the job."""
+    """Local worker processes, one process group each; reader threads feed the job, a writer thread per worker
+    feeds its stdin, and one thread pings them all every ``heartbeat_s`` seconds."""
 
-    def __init__(self, host: str, ranks: list[int]) -> None:
+    def __init__(self, host: str, ranks: list[int], *, heartbeat_s: float = 1.0) -> None:
         self.host = host
         self.ranks = ranks
+        self.heartbeat_s = heartbeat_s
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._stdin: dict[int, StdinWriter] = {}
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self._stopping = False
+        self._killing: set[int] = set()
         self._escalated: set[int] = set()
+        self._exited: set[int] = set()
+        self._quiet = threading.Event()  # every worker exited or the group was killed: no more pings
 
     def add(self, rank: int, proc: subprocess.Popen[bytes], on_line: LineSink, on_exit: ExitSink,
             spec_line: str) -> None:
         self._procs[rank] = proc
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        threading.Thread(target=_write_spec, args=(proc.stdin, spec_line), name=f"hspmd-rank{rank}-spec",
-                         daemon=True).start()  # a thread: a large payload must not block starting the next worker
+        # a thread: a large payload must not block starting the next worker
+        self._stdin[rank] = writer = StdinWriter(proc.stdin, spec_line, name=f"hspmd-rank{rank}-stdin")
         pumps = [threading.Thread(target=_pump, args=(stream, rank, name, on_line), name=f"hspmd-rank{rank}-{name}",
                                   daemon=True) for stream, name in ((proc.stdout, "out"), (proc.stderr, "err"))]
         for t in pumps:
@@ -138,20 +170,53 @@ class LocalWorkers(WorkerGroup):
         waiter = threading.Thread(target=self._await_exit, args=(rank, proc, pumps, on_exit),
                                   name=f"hspmd-rank{rank}-exit", daemon=True)
         waiter.start()
-        self._threads += [*pumps, waiter]
+        self._threads += [writer.thread, *pumps, waiter]
 
-    @staticmethod
-    def _await_exit(rank: int, proc: subprocess.Popen[bytes], pumps: list[threading.Thread],
+    def start_pings(self) -> None:
+        """Ping every worker every ``heartbeat_s`` seconds until all exited (their watchdog's sign of life)."""
+        t = threading.Thread(target=self._ping, name=f"hspmd-ping-{self.host}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _ping(self) -> None:
+        line = control_line("ping")
+        while not self._quiet.wait(self.heartbeat_s):
+            for w in list(self._stdin.values()):
+                w.put(line)
+
+    def _await_exit(self, rank: int, proc: subprocess.Popen[bytes], pumps: list[threading.Thread],
                     on_exit: ExitSink) -> None:
         """When the worker exits: deliver its last lines, stop what it left running, then report the exit."""
         rc = proc.wait()
+        self._stdin[rank].close()
         for t in pumps:
             t.join(DRAIN_S)
         if any(t.is_alive() for t in pumps):  # a child of the worker still holds its pipes: stop it
             _signal_group(proc.pid, signal.SIGKILL)
             for t in pumps:
                 t.join()
+        with self._lock:
+            self._exited.add(rank)
+            if self._exited >= set(self._procs):
+                self._quiet.set()
         on_exit(rank, rc)
+
+    def send_control(self, msg: dict[str, Any], ranks: Sequence[int]) -> None:
+        line = control_line("control", msg=msg)
+        for r in ranks:
+            w = self._stdin.get(r)
+            if w is not None:
+                w.put(line)
+
+    def dump_stack(self, rank: int) -> None:
+        proc = self._procs.get(rank)
+        if proc is None or proc.returncode is not None:
+            return
+        for sig in (signal.SIGUSR1, signal.SIGCONT):  # a stopped worker handles SIGUSR1 once continued
+            try:
+                os.kill(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                return
 
     def poll(self) -> dict[int, int | None]:
         return {r: p.poll() for r, p in self._procs.items()}
@@ -161,15 +226,20 @@ class LocalWorkers(WorkerGroup):
 
     def stopped_by_kill(self, rank: int, returncode: int) -> bool:
         with self._lock:
-            return self._stopping and (returncode in (-signal.SIGTERM, EXIT_ORPHANED) or rank in self._escalated)
+            return rank in self._killing and (returncode in (-signal.SIGTERM, EXIT_ORPHANED)
+                                              or rank in self._escalated)
 
-    def kill(self, grace_s: float = 0.5) -> None:
+    def kill(self, grace_s: float = 0.5, ranks: Sequence[int] | None = None) -> None:
+        """Stop the workers of ``ranks`` (default: all): close their stdin, SIGTERM, SIGKILL after ``grace_s``."""
         with self._lock:
-            self._stopping = True
-            procs = dict(self._procs)
-        for p in procs.values():
-            _close_quietly(p.stdin)
+            procs = {r: p for r, p in self._procs.items() if ranks is None or r in ranks}
+            self._killing |= set(procs)
+            if ranks is None:
+                self._quiet.set()
+        for r, p in procs.items():
+            self._stdin[r].close()
             _signal_group(p.pid, signal.SIGTERM)
+            _signal_group(p.pid, signal.SIGCONT)  # a stopped worker acts on SIGTERM only once continued
         deadline = time.monotonic() + grace_s
         for p in procs.values():
             try:
@@ -184,17 +254,49 @@ class LocalWorkers(WorkerGroup):
             p.wait()
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait for the reader and exit threads (all lines and exits delivered)."""
+        """Wait for the reader, writer and exit threads (all lines and exits delivered)."""
         for t in self._threads:
             t.join(timeout)
 
 
-def _write_spec(stdin: IO[bytes], spec_line: str) -> None:
-    try:
-        stdin.write(spec_line.encode())
-        stdin.flush()
-    except (OSError, ValueError):
-        pass  # the worker died at once (its exit status tells why) or the job was stopped meanwhile
+class StdinWriter:
+    """A worker's stdin: the spec first, then control lines, written in order by a thread of its own.
+
+    ``put`` never blocks (a stopped worker stops reading; its pipe may fill).  ``close`` ends the stream after
+    what is queued; only the writer thread touches the file, so a closed descriptor is never written again."""
+
+    def __init__(self, stream: IO[bytes], first: str, *, name: str) -> None:
+        self._stream = stream
+        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._closed = False
+        self._queue.put(first)
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def put(self, line: str) -> None:
+        if not self._closed:
+            self._queue.put(line)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+
+    def _run(self) -> None:
+        fd = self._stream.fileno()
+        try:
+            while True:
+                line = self._queue.get()
+                if line is None:
+                    break
+                view = memoryview(line.encode())
+                while view:
+                    view = view[os.write(fd, view):]
+        except OSError:
+            pass  # the worker died (its exit status tells why) or the job was stopped meanwhile
+        finally:
+            self._closed = True
+            _close_quietly(self._stream)
 
 
 def _pump(stream: IO[bytes], rank: int, name: str, on_line: LineSink) -> None:

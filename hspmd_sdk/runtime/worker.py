@@ -7,6 +7,12 @@ messages and C-level output goes to stderr, which the launcher keeps as raw log 
 sends its traceback and exits with status 1.  When its stdin closes (the launcher went away) it exits at once, so
 no worker outlives its launcher.
 
+After the spec, stdin carries the launcher's control lines (:mod:`.protocol`, :mod:`.liveness`): pings, messages
+for the entry (``state.poll_control()``) and stack-dump requests.  A heartbeat thread beats every
+``spec.heartbeat_s`` seconds, even during a long kernel; a worker that hears nothing from its launcher for
+``spec.silent_s`` seconds exits.  SIGUSR1 writes every thread's stack to stderr (faulthandler): the launcher asks
+for it when it names a hung rank.
+
 There is no module-level state: a worker is entirely its ``WorkerState``, so a later step can re-specialize in
 place (graph switching) by replacing ``state.program`` and the process groups it needs.
 
@@ -29,9 +35,9 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
+import signal
 import socket
 import sys
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -39,8 +45,9 @@ from datetime import timedelta
 from typing import Any, Iterable, NoReturn, Sequence
 
 from .devices import StepClock, worker_device
+from .liveness import ControlInbox, Heartbeat, Listener
 from .metrics import StepMetrics, memory_mb
-from .protocol import EXIT_FAILED, EXIT_ORPHANED, Channel, LineWriter, is_collateral, jsonable
+from .protocol import EXIT_FAILED, Channel, LineReader, LineWriter, is_collateral, jsonable
 from .spec import LaunchSpec, resolve_entry
 
 
@@ -62,19 +69,53 @@ class WorkerState:
     optimizer: Any = None
     program: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
+    inbox: ControlInbox = field(default_factory=ControlInbox)
+    launch_rank: int = -1   #: the rank the launcher started this process as; never changes (``rank`` may)
+    world: int | None = None  #: the world size after the survivors re-formed it (``None``: the spec's)
+    step: int = 0           #: the training step being run (emulated slowdowns can change with it)
     clock: Any = None  # a devices.StepClock: CUDA events on a GPU, the wall clock otherwise
     _step_start: float | None = None
     _emulated: float = 0.0
 
+    def __post_init__(self) -> None:
+        if self.launch_rank < 0:
+            self.launch_rank = self.rank
+
     # ---- identity ------------------------------------------------------------------------------------------
     @property
     def world_size(self) -> int:
-        return self.spec.world_size
+        return self.world if self.world is not None else self.spec.world_size
 
     @property
     def slowdown(self) -> float:
-        """The emulated slowdown factor of this rank (1.0: real speed)."""
-        return float(self.spec.slowdown.get(self.rank, 1.0))
+        """The emulated slowdown factor of this process at the current step (1.0: real speed)."""
+        return slowdown_at(self.spec.slowdown.get(self.launch_rank, 1.0), self.step)
+
+    # ---- re-forming the world (elastic training) ------------------------------------------------------------
+    def abandon_groups(self) -> None:
+        """Destroy every process group, the default one included (after a peer died: the peers still blocked
+        on this process get an error at once, so every survivor notices).  Never raises."""
+        import torch.distributed as dist
+
+        self.groups.clear()
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a broken world may refuse a clean teardown; it is gone either way
+            pass
+
+    def rejoin(self, master_addr: str, master_port: int, world_size: int, rank: int) -> None:
+        """Join a new world (the survivors, renumbered): rank ``rank`` of ``world_size``, rendezvous at
+        ``master_addr:master_port`` (hosted by the new rank 0)."""
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=self.spec.timeout_s)
+        store = dist.TCPStore(master_addr, int(master_port), int(world_size), is_master=(rank == 0),
+                              timeout=timeout)
+        dist.init_process_group(self.spec.backend, store=store, rank=int(rank), world_size=int(world_size),
+                                timeout=timeout)
+        self.rank, self.world = int(rank), int(world_size)
+        self.extras["store"] = store
 
     # ---- process groups ------------------------------------------------------------------------------------
     def create_groups(self, rank_sets: Iterable[Sequence[int]]) -> None:
@@ -158,6 +199,12 @@ class WorkerState:
         for line in str(text).split("\n"):
             self.channel.log(line, "log")
 
+    # ---- control messages from the launcher ----------------------------------------------------------------
+    def poll_control(self) -> list[dict[str, Any]]:
+        """The control messages the launcher sent since the last call (``Job._send_control``), oldest first;
+        never blocks (thread-safe: a reader thread fills the inbox).  Call it, e.g., at each step boundary."""
+        return self.inbox.take()
+
     # ---- lifetime ------------------------------------------------------------------------------------------
     def close(self) -> None:
         """Leave the process group."""
@@ -167,11 +214,23 @@ class WorkerState:
             dist.destroy_process_group()
 
 
+def slowdown_at(schedule: Any, step: int) -> float:
+    """The factor of an emulated slowdown at ``step``: a number, or a schedule ``[(from_step, factor), ...]``
+    (the last entry whose step is <= ``step``; 1.0 before the first)."""
+    if isinstance(schedule, (int, float)):
+        return float(schedule)
+    factor = 1.0
+    for start, k in sorted((int(a), float(b)) for a, b in schedule):
+        if start <= step:
+            factor = k
+    return factor
+
+
 def _group_key(ranks: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted({int(r) for r in ranks}))
 
 
-def connect(spec: LaunchSpec, rank: int, channel: Channel) -> WorkerState:
+def connect(spec: LaunchSpec, rank: int, channel: Channel, inbox: ControlInbox | None = None) -> WorkerState:
     """Join the job's process group and return the worker's state."""
     import torch
     import torch.distributed as dist
@@ -184,7 +243,8 @@ def connect(spec: LaunchSpec, rank: int, channel: Channel) -> WorkerState:
     store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=(rank == 0),
                           timeout=timeout)
     dist.init_process_group(spec.backend, store=store, rank=rank, world_size=spec.world_size, timeout=timeout)
-    state = WorkerState(spec=spec, rank=rank, channel=channel, device=device, clock=StepClock(device))
+    state = WorkerState(spec=spec, rank=rank, channel=channel, device=device, inbox=inbox or ControlInbox(),
+                        clock=StepClock(device))
     state.extras["store"] = store
     return state
 
@@ -200,33 +260,20 @@ def take_stdout(rank: int) -> Channel:
     return channel
 
 
-def read_line(fd: int) -> str:
-    """The first line of a file descriptor (the spec; the launcher writes nothing after it yet)."""
-    data = bytearray()
-    while b"\n" not in data:
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            break
-        data += chunk
-    if not data:
+def read_spec(reader: LineReader) -> str:
+    """The first line of stdin (the spec); the control lines after it stay in ``reader``."""
+    line = reader.readline()
+    if not line.strip():
         raise EOFError("no launch spec on stdin: the launcher writes it as the first line")
-    return data.split(b"\n", 1)[0].decode()
+    return line.decode()
 
 
-def watch_stdin(fd: int, channel: Channel) -> threading.Thread:
-    """Exit the process when the launcher closes our stdin (it went away or cancelled the job)."""
-    def run() -> None:
-        while os.read(fd, 4096):
-            pass
-        try:
-            channel.log(f"rank {channel.rank}: launcher closed the connection; exiting", "log")
-        except OSError:
-            pass  # the launcher is gone, and its end of our stdout with it
-        os._exit(EXIT_ORPHANED)
-
-    t = threading.Thread(target=run, name="hspmd-stdin-watch", daemon=True)
-    t.start()
-    return t
+def start_liveness(spec: LaunchSpec, channel: Channel, reader: LineReader | None,
+                   inbox: ControlInbox) -> Heartbeat:
+    """The control listener (when stdin is the launcher's) and the heartbeat thread."""
+    listener = Listener(reader, channel, inbox).start() if reader is not None else None
+    return Heartbeat(channel, spec.heartbeat_s, listener=listener,
+                     silent_s=spec.silent_s if listener is not None else None).start()
 
 
 def report_failure(channel: Channel, exc: BaseException) -> None:
@@ -237,11 +284,12 @@ def report_failure(channel: Channel, exc: BaseException) -> None:
                  collateral=is_collateral(message))
 
 
-def run_worker(spec: LaunchSpec, rank: int, channel: Channel) -> dict[str, Any]:
+def run_worker(spec: LaunchSpec, rank: int, channel: Channel, inbox: ControlInbox | None = None) -> dict[str, Any]:
     """Connect, call the entry, return its (JSON-able) result."""
     channel.send("hello", pid=os.getpid(), pgid=os.getpgid(0), host=socket.gethostname())
     fn = resolve_entry(spec.entry)
-    state = connect(spec, rank, channel)
+    state = connect(spec, rank, channel, inbox)
+    channel.send("ready")
     if state.slowdown != 1.0:
         state.log(f"EMULATION: rank {rank} emulates a device {state.slowdown:g}x slower "
                   f"(sleeps {state.slowdown - 1:g}x its measured compute time per step)")
@@ -263,17 +311,20 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "0"))
     channel = take_stdout(rank)
     faulthandler.enable(file=sys.__stderr__)  # a crash in C code still leaves a Python stack in the rank's log
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)  # the launcher's stack request
     try:
-        if args.spec == "-":
-            line = read_line(0)
-            watch_stdin(0, channel)
+        reader = LineReader(0) if args.spec == "-" else None
+        if reader is not None:
+            line = read_spec(reader)
         else:
             with open(args.spec) as f:
                 line = f.read()
         spec = LaunchSpec.from_line(line)
         if not 0 <= rank < spec.world_size:
             raise ValueError(f"--rank {rank} is not in the job (0..{spec.world_size - 1})")
-        result = run_worker(spec, rank, channel)
+        inbox = ControlInbox()
+        start_liveness(spec, channel, reader, inbox)
+        result = run_worker(spec, rank, channel, inbox)
         _flush_writers()
         channel.send("result", value=result)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the launcher

@@ -6,7 +6,9 @@ Names are imported lazily: ``import hspmd_sdk.viz`` is cheap; plotly and ipywidg
 * :func:`comm_figure`, :func:`volume_table_figure`, :func:`volume_table_html` -- a ``CommPlan``/``SwitchPlan``;
 * :func:`switch_heatmap` -- sender x receiver traffic of a graph switch (BSR);
 * :func:`gantt_figure` -- the pipeline timeline of a ``SimResult``;
-* :class:`PlanEditor` -- build and edit a strategy interactively, validated live by the core.
+* :class:`PlanEditor` -- build and edit a strategy on the cluster canvas (drag devices onto stages), validated
+  live by the core; attach a running job and switch it;
+* :class:`JobDashboard` -- a running job's step, loss curve, per-rank step times and events.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ _EXPORTS = {
     "gantt_figure": ".gantt",
     "PlanEditor": ".editor",
     "training_runtime": ".editor",
+    "JobDashboard": ".dashboard",
     "Draft": ".draft",
     "Problem": ".draft",
 }

@@ -15,6 +15,7 @@ from plotly.colors import qualitative
 from ..core.annotation import format_ranks
 from ._geometry import ClusterGeometry, geometry
 from ._style import LINK_COLOURS
+from ._units import fmt_bytes
 from .cluster_fig import LEGEND_PX, _apply_style, base_figure, tile_style
 
 if TYPE_CHECKING:
@@ -46,11 +47,12 @@ def _link_class(cluster: "Cluster", a: int, b: int) -> str:
     return "inter" if cluster.link(a, b).cls == "inter" else "intra"
 
 
-def _fmt(nbytes: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes:.0f} B"
+_fmt = fmt_bytes
+
+
+def _unit(peak: float) -> tuple[str, float]:
+    """The decimal unit the largest value reads best in."""
+    return next(((u, f) for u, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)) if peak >= f), ("B", 1.0))
 
 
 def _group_rings(plan: Any) -> list[tuple[str, list[tuple[int, ...]]]]:
@@ -80,12 +82,31 @@ def _ring_trace(geom: ClusterGeometry, name: str, groups: list[tuple[int, ...]],
                       marker=dict(size=7, color=colour), hoverinfo="name", legendgroup="collectives")
 
 
-def _arrow(geom: ClusterGeometry, src: int, dst: int, nbytes: int, biggest: int, cls: str) -> dict[str, Any]:
+def _exit(t: Any, x: float, y: float, margin: float) -> tuple[float, float]:
+    """Where the segment from tile ``t``'s centre towards ``(x, y)`` leaves the tile (plus ``margin``)."""
+    dx, dy = x - t.cx, y - t.cy
+    half = (t.x1 - t.x0) / 2 + margin
+    scale = half / max(abs(dx), abs(dy), 1e-9)
+    return t.cx + dx * min(scale, 1.0), t.cy + dy * min(scale, 1.0)
+
+
+def _arrow(geom: ClusterGeometry, src: int, dst: int, nbytes: int, biggest: int, cls: str) -> list[dict[str, Any]]:
+    """One message as shapes drawn *below* the tiles (so they never cover a tile's label): a line from the
+    sender's tile edge to the receiver's, and an arrowhead in the gap just outside the receiver's tile."""
     a, b = geom.tiles[src], geom.tiles[dst]
-    return dict(x=b.cx, y=b.cy + 0.1, ax=a.cx, ay=a.cy + 0.1, xref="x", yref="y", axref="x", ayref="y",
-                showarrow=True, arrowhead=2, arrowsize=1, standoff=8, startstandoff=8,
-                arrowwidth=1 + 5 * nbytes / max(biggest, 1), arrowcolor=LINK_COLOURS[cls], opacity=0.85,
-                text="", hovertext=f"{src} → {dst}: {_fmt(nbytes)} ({cls}-node)", name="message")
+    x0, y0 = _exit(a, b.cx, b.cy, 0.02)
+    x1, y1 = _exit(b, a.cx, a.cy, 0.02)
+    colour = LINK_COLOURS[cls]
+    width = 1.5 + 4.5 * nbytes / max(biggest, 1)
+    dx, dy = x1 - x0, y1 - y0
+    n = max((dx * dx + dy * dy) ** 0.5, 1e-9)
+    ux, uy = dx / n, dy / n
+    size = 0.06  # the head must fit in the gap between two tiles (GAP = 0.14)
+    bx, by = x1 - ux * size * 1.3, y1 - uy * size * 1.3
+    head = f"M{x1},{y1} L{bx - uy * size},{by + ux * size} L{bx + uy * size},{by - ux * size} Z"
+    return [dict(type="line", x0=x0, y0=y0, x1=bx, y1=by, layer="below", name="message",
+                 line=dict(color=colour, width=width)),
+            dict(type="path", path=head, layer="below", name="head", fillcolor=colour, line=dict(color=colour, width=1))]
 
 
 def comm_figure(plan: Any, cluster: "Cluster", *, strategy: "Strategy | None" = None, title: str = "") -> go.Figure:
@@ -93,7 +114,8 @@ def comm_figure(plan: Any, cluster: "Cluster", *, strategy: "Strategy | None" = 
 
     Collectives (bottom-tier groups; top-tier slice collectives by rank set) are rings in one colour per
     operator; each point-to-point message (``SendRecv``/``BSR``) is an arrow from sender to receiver whose
-    width grows with its bytes, teal inside a node and red across nodes.  Devices are tinted by ``strategy``
+    width grows with its bytes, teal inside a node and red across nodes, drawn below the tiles (shapes named
+    ``"message"`` and ``"head"``) so that no label is covered; hovering its middle gives its bytes.  Devices are tinted by ``strategy``
     if given.  The title lists the operators and the bytes sent inside and across nodes.
     """
     geom = geometry(cluster)
@@ -109,8 +131,14 @@ def comm_figure(plan: Any, cluster: "Cluster", *, strategy: "Strategy | None" = 
         fig.add_trace(_ring_trace(geom, name, groups, _OP_COLOURS[i % len(_OP_COLOURS)]))
     msgs = p2p_messages(plan)
     biggest = max((m[2] for m in msgs), default=1)
-    arrows = [_arrow(geom, s, d, n, biggest, _link_class(cluster, s, d)) for s, d, n in msgs]
-    fig.layout.annotations = tuple(fig.layout.annotations) + tuple(arrows)
+    arrows = [sh for s, d, n in msgs for sh in _arrow(geom, s, d, n, biggest, _link_class(cluster, s, d))]
+    fig.layout.shapes = tuple(fig.layout.shapes) + tuple(arrows)  # after the node boxes, still under the tiles
+    if msgs:  # hover for every message, at its middle (invisible markers: nothing covers the tiles)
+        mids = [((geom.tiles[s].cx + geom.tiles[d].cx) / 2, (geom.tiles[s].cy + geom.tiles[d].cy) / 2) for s, d, _ in msgs]
+        fig.add_trace(go.Scatter(x=[m[0] for m in mids], y=[m[1] for m in mids], mode="markers", name="messages",
+                                 marker=dict(size=14, opacity=0), showlegend=False, hoverinfo="text",
+                                 hovertext=[f"{s} → {d}: {_fmt(n)} ({_link_class(cluster, s, d)}-node)"
+                                            for s, d, n in msgs]))
     if msgs:
         for cls in ("intra", "inter"):
             n = sum(1 for s, d, _ in msgs if _link_class(cluster, s, d) == cls)
@@ -123,22 +151,24 @@ def comm_figure(plan: Any, cluster: "Cluster", *, strategy: "Strategy | None" = 
 
 # ---- tables ------------------------------------------------------------------------------------------------
 def _volume_rows(vol: Mapping[int, Mapping[str, int]], cluster: "Cluster | None", only_senders: bool
-                 ) -> list[tuple[int, str, float, float]]:
+                 ) -> tuple[str, list[tuple[int, str, float, float]]]:
+    """The unit (MB like the paper's Table 4 when it fits) and ``(rank, kind, intra, inter)`` rows in it."""
+    unit, scale = _unit(max((max(v["intra"], v["inter"]) for v in vol.values()), default=0))
     rows = []
     for r, v in sorted(vol.items()):
         if only_senders and not (v["intra"] or v["inter"]):
             continue
-        rows.append((r, cluster.kind(r) if cluster is not None else "", v["intra"] / 1e6, v["inter"] / 1e6))
-    return rows
+        rows.append((r, cluster.kind(r) if cluster is not None else "", v["intra"] / scale, v["inter"] / scale))
+    return unit, rows
 
 
 def volume_table_figure(plan: Any, cluster: "Cluster | None" = None, *, only_senders: bool = True) -> go.Figure:
-    """Bytes each rank sends, intra-node and inter-node, in MB (``plan.volume()``) as a ``go.Table``; the paper's
-    Table 4 layout (sender rank: NVLink | IB)."""
-    rows = _volume_rows(plan.volume(cluster), cluster, only_senders)
+    """Bytes each rank sends, intra-node and inter-node (``plan.volume()``), in the unit the largest reads best in
+    (MB for real models), as a ``go.Table``; the paper's Table 4 layout (sender rank: NVLink | IB)."""
+    unit, rows = _volume_rows(plan.volume(cluster), cluster, only_senders)
     cols = list(zip(*rows)) if rows else [[], [], [], []]
     fig = go.Figure(go.Table(
-        header=dict(values=["sender rank", "kind", "intra-node (NVLink) MB", "inter-node (IB) MB"],
+        header=dict(values=["sender rank", "kind", f"intra-node (NVLink) {unit}", f"inter-node (IB) {unit}"],
                     fill_color="#dde3ea", align="left"),
         cells=dict(values=[list(cols[0]), list(cols[1]), [f"{x:.1f}" for x in cols[2]],
                            [f"{x:.1f}" for x in cols[3]]], align="left")))
@@ -149,13 +179,13 @@ def volume_table_figure(plan: Any, cluster: "Cluster | None" = None, *, only_sen
 
 def volume_table_html(plan: Any, cluster: "Cluster | None" = None, *, only_senders: bool = True) -> str:
     """The same table as :func:`volume_table_figure`, as a small HTML table (no pandas)."""
-    rows = _volume_rows(plan.volume(cluster), cluster, only_senders)
+    unit, rows = _volume_rows(plan.volume(cluster), cluster, only_senders)
     body = "".join(f"<tr><td>R{r}</td><td>{html.escape(k)}</td><td style='text-align:right'>{a:.1f}</td>"
                    f"<td style='text-align:right'>{b:.1f}</td></tr>" for r, k, a, b in rows)
     if not rows:
         body = "<tr><td colspan=4><i>no rank sends anything</i></td></tr>"
     return ("<table class='hspmd-volume' style='border-collapse:collapse;font-size:12px'>"
-            "<tr><th>sender</th><th>kind</th><th>intra MB</th><th>inter MB</th></tr>" + body + "</table>")
+            f"<tr><th>sender</th><th>kind</th><th>intra {unit}</th><th>inter {unit}</th></tr>" + body + "</table>")
 
 
 # ---- switch heatmap ----------------------------------------------------------------------------------------
@@ -176,26 +206,28 @@ def traffic_matrix(plan: Any, ranks: Iterable[int] | None = None) -> tuple[list[
 
 
 def switch_heatmap(plan: Any, cluster: "Cluster | None" = None, *, title: str = "") -> go.Figure:
-    """The traffic of a switch (or any plan with ``transfers()``): sender x receiver MB.  Node blocks (intra-node
+    """The traffic of a switch (or any plan with ``transfers()``): sender x receiver bytes (in GB, MB, kB or B,
+    whichever fits the largest cell).  Node blocks (intra-node
     traffic, NVLink) are outlined; cells outside them are inter-node (IB)."""
     cluster = cluster or getattr(plan, "cluster", None)
     ranks = cluster.ranks if cluster is not None else None
     rs, z = traffic_matrix(plan, ranks)
-    mb = [[v / 1e6 for v in row] for row in z]
+    unit, scale = _unit(max((v for row in z for v in row), default=0.0))
+    mb = [[v / scale for v in row] for row in z]
     cls = [[(_link_class(cluster, s, d) if cluster is not None and s != d else "") for d in rs] for s in rs]
     fig = go.Figure(go.Heatmap(
         z=[[v if v > 0 else None for v in row] for row in mb], x=rs, y=rs, colorscale="Viridis",
-        customdata=cls, colorbar=dict(title="MB"), hoverongaps=False,
-        hovertemplate="sender %{y} → receiver %{x}: %{z:.1f} MB (%{customdata}-node)<extra></extra>"))
+        customdata=cls, colorbar=dict(title=unit), hoverongaps=False,
+        hovertemplate="sender %{y} → receiver %{x}: %{z:.1f} " + unit + " (%{customdata}-node)<extra></extra>"))
     shapes = []
     if cluster is not None:
         for node in cluster.nodes:
             lo, hi = min(node.ranks) - 0.5, max(node.ranks) + 0.5
             shapes.append(dict(type="rect", x0=lo, x1=hi, y0=lo, y1=hi, line=dict(color="#d1495b", width=1.5)))
-    sent = sum(map(sum, mb))
+    sent = _fmt(sum(map(sum, z)))
     name = title or (f"{'Fused' if getattr(plan, 'fused', True) else 'Unfused'} BSR traffic" if hasattr(plan, "steps")
                      else "traffic")
-    fig.update_layout(title=dict(text=f"{name}: {sent:.0f} MB sent<br><sup>node blocks outlined: intra-node "
+    fig.update_layout(title=dict(text=f"{name}: {sent} sent<br><sup>node blocks outlined: intra-node "
                                       "(NVLink); elsewhere inter-node (IB)</sup>", font=dict(size=14)),
                       xaxis=dict(title="receiver rank", constrain="domain"),
                       yaxis=dict(title="sender rank", autorange="reversed", scaleanchor="x"),

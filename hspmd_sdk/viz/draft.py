@@ -16,7 +16,6 @@ from ..errors import PlanValidationError
 
 if TYPE_CHECKING:
     from ..core.cluster import Cluster
-    from ..core.model_spec import ModelSpec
     from ..core.strategy import Strategy
 
 __all__ = ["StageDraft", "PipelineDraft", "Draft", "Problem", "check_draft", "locate"]
@@ -132,11 +131,11 @@ def _draft_problems(draft: Draft) -> list[Problem]:
         for j, s in enumerate(p.stages):
             if not s.devices:
                 out.append(Problem(f"pipelines[{i}].stages[{j}].devices",
-                                   "no devices yet: select this stage and click device tiles to add some", i, j))
+                                   "no devices yet: drag device tiles onto this stage (or select it and click tiles)", i, j))
     return out
 
 
-def check_draft(draft: Draft, model: "ModelSpec | None" = None, cluster: "Cluster | None" = None,
+def check_draft(draft: Draft, model: Any = None, cluster: "Cluster | None" = None,
                 global_batch: int | None = None) -> tuple["Strategy | None", list[Problem]]:
     """The :class:`Strategy` of ``draft`` and ``[]``, or ``None`` and every problem found (core checks)."""
     from ..core.strategy import Strategy

@@ -1,43 +1,49 @@
-"""``PlanEditor``: build and edit a strategy on the cluster diagram, validated live by the core.
+"""``PlanEditor``: build and edit a strategy on the cluster canvas, validated live by the core.
 
-Every edit -- from a widget or from Python (``select_stage``, ``click_device``, ``set_layers``, ...) -- goes
-through one method, is validated at once, and redraws:
+Every edit -- a drag on the canvas, a key, a button, or a call from Python (``move_devices``, ``click_device``,
+``set_layers``, ...) -- goes through one method, is validated at once and redraws:
 
 1. the draft becomes a :class:`~hspmd_sdk.core.strategy.Strategy` with the core's checks against the model, the
-   cluster and the global batch (:func:`.draft.check_draft`); problems are shown at the stage or pipeline they
-   concern, in plain words;
+   cluster and the pinned global batch (:func:`.draft.check_draft`); problems are shown at the stage or pipeline
+   they concern.  **Errors** (layers not covered, a rank in two stages, out of memory, ...) block Save, Launch and
+   Apply; **warnings** (a TP group across nodes, redundant boundary traffic) are named as such;
 2. a valid strategy is simulated (:func:`hspmd_sdk.planner.simulate`): step time, memory per rank vs capacity;
+   memory of an invalid draft is the core's estimate (:meth:`Strategy.memory_estimate`), marked as such;
 3. communication is resolved by the core -- ``AnnotationPlan.from_strategy`` then ``specialize`` -- on a
-   background thread (it is the slow part), and the operators each stage-boundary Reshard resolved to are
-   shown from the resulting ``Program``.  Results are cached per strategy, so undo is instant.
+   background thread; the canvas then draws every stage boundary as arrows with operators and bytes per step.
+   Results are cached per strategy, so undo and redo are instant.
 
 The last fully valid plan is kept (``editor.strategy``, ``editor.plan``, ``editor.program``) whatever the
-draft looks like.  Reading them waits for pending background work.
+draft looks like; Save, Launch and Apply act only on the draft shown, and only when it is valid.
+
+With ``job=`` (or :meth:`attach`) the editor shows a running job's progress; "Apply to running job" calls
+``job.switch(editor.program)`` when the job can switch, and a job that reconfigured itself (an event with a new
+strategy) updates the canvas.
 """
 from __future__ import annotations
 
+import difflib
+import re
 import threading
 import time
-from collections import Counter, OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..errors import HSPMDError
+from ._checks import comm_warnings, draft_memory, layout_warnings, memory_errors
+from ._model import default_seq_len, load_model, model_name, param_shapes
+from ._resolver import Resolved, Resolver
 from .draft import Draft, PipelineDraft, Problem, StageDraft, check_draft, locate
 
 if TYPE_CHECKING:
     from ..core.cluster import Cluster
-    from ..core.model_spec import ModelSpec
     from ..core.plan import AnnotationPlan
     from ..core.strategy import Strategy
     from ..planner.simulator import SimResult
 
 __all__ = ["PlanEditor", "training_runtime"]
 
-_HISTORY = 200
-_CACHE = 16
+_HISTORY = 500
 
 
 def training_runtime(cluster: "Cluster | None" = None) -> tuple[bool, str]:
@@ -55,69 +61,81 @@ def training_runtime(cluster: "Cluster | None" = None) -> tuple[bool, str]:
         remote = sorted({n.host for n in cluster.nodes if not launcher.is_local_host(n.host)})
         if remote:
             return False, (f"the cluster's hosts ({', '.join(remote[:4])}{' ...' if len(remote) > 4 else ''}) are "
-                           "not this machine: launch from a script with an SSH transport")
+                           "not this machine: launch from a script with an SSH transport, or edit a "
+                           "Cluster.local(n) plan to train here")
     return True, ""
 
 
-@dataclass(frozen=True)
-class _Resolved:
-    """The core's communication resolution of one strategy: its annotation plan and specialized program."""
-
-    plan: Any = None
-    program: Any = None
-    problem: Problem | None = None
-    seconds: float = 0.0
-
-
-@dataclass(frozen=True)
 class _Valid:
-    strategy: "Strategy"
-    sim: "SimResult"
-    plan: Any
-    program: Any
+    """The last fully valid plan: strategy, simulation and the core's resolution."""
+
+    __slots__ = ("strategy", "sim", "plan", "program", "comm")
+
+    def __init__(self, strategy: "Strategy", sim: "SimResult", res: Resolved) -> None:
+        self.strategy, self.sim = strategy, sim
+        self.plan, self.program, self.comm = res.plan, res.program, res.comm
 
 
 class PlanEditor:
-    """An interactive editor of a :class:`Strategy` on a cluster diagram (display it in a notebook).
+    """An interactive editor of a :class:`Strategy` on the cluster canvas (display it in a notebook).
 
-    ``model``: a model config (:class:`~hspmd_sdk.models.ModelSpec`: ``LlamaConfig``, ``GPTConfig``, ...) or preset name.  ``global_batch``: samples per step the strategy must add
-    up to (default: the initial strategy's).  ``seq_len``: for the simulator (default ``model.max_seq_len``).
-    ``background``: resolve communication on a background thread (``False``: inline, for scripts and tests).
+    ``model``: a model config (any model the SDK can plan) or a preset name.  ``global_batch``: samples per step
+    the strategy must add up to; it is pinned -- edits never change it, :meth:`set_global_batch` does (default:
+    the initial strategy's, else the first valid plan's).  ``seq_len``: for the simulator (default
+    ``model.max_seq_len``).  ``background``: resolve communication on a background thread (``False``: inline,
+    for scripts and tests).  ``job``: a running job to show and drive (see :meth:`attach`).
     """
 
-    def __init__(self, cluster: "Cluster", model: "ModelSpec | str", strategy: "Strategy | Any | None" = None,
+    def __init__(self, cluster: "Cluster", model: Any, strategy: "Strategy | Any | None" = None,
                  *, global_batch: int | None = None, seq_len: int | None = None, cost: Any = None,
-                 background: bool = True) -> None:
-        from ..models.registry import load_model_spec
+                 background: bool = True, job: Any = None) -> None:
         from ..core.strategy import Strategy
 
         self.cluster = cluster
-        self.model = load_model_spec(model)
+        self.model = load_model(model)
         start = Strategy.load(strategy) if strategy is not None else None
         self.global_batch = global_batch if global_batch is not None else (start.global_batch if start else None)
-        self.seq_len = seq_len or self.model.max_seq_len
+        self.batch_source = ("given" if global_batch is not None else "the initial strategy" if start else "")
+        self.seq_len = seq_len or default_seq_len(self.model)
         self.cost = cost
-        self.background = background
+        self.launch_steps = 10
+        self._resolver = Resolver(self.model, cluster, background)
         self._draft = Draft.from_strategy(start) if start else self._empty_draft()
         self._selected: tuple[int, int] | None = (0, 0)
-        self._history: list[tuple[Draft, tuple[int, int] | None]] = []
+        self._history: list[tuple[Draft, tuple[int, int] | None, int | None, str]] = []
+        self._future: list[tuple[Draft, tuple[int, int] | None, int | None, str]] = []
         self._problems: list[Problem] = []
+        self._draft_problems: list[Problem] = []  # the draft's own, before communication resolution adds its
         self._current: "Strategy | None" = None
         self._sim: "SimResult | None" = None
+        self._memory: dict[int, float] = {}
+        self._memory_kind = ""
         self._valid: _Valid | None = None
-        self._cache: OrderedDict[str, _Resolved] = OrderedDict()
+        self._previous_step: float | None = None
         self._lock = threading.RLock()
-        self._executor: ThreadPoolExecutor | None = None
-        self._pending: Future | None = None
-        self._wanted: str | None = None
-        self._resolving = False
         self._tensor: str | None = None
         self._message = ""
         self._ui: Any = None
+        self._job: Any = None
+        self._job_snapshot: Any = None
+        self._job_events = 0
+        self._failed: set[int] = set()
+        self._groups: tuple[Any, list[tuple[str, list[str]]]] = (None, [])
         self.last_change_seconds = 0.0
         self._revalidate()
+        if job is not None:
+            self.attach(job)
 
     # ---- public state ------------------------------------------------------------------------------------
+    @property
+    def background(self) -> bool:
+        """Whether communication is resolved on a background thread."""
+        return self._resolver.background
+
+    @background.setter
+    def background(self, on: bool) -> None:
+        self._resolver.background = bool(on)
+
     @property
     def strategy(self) -> "Strategy | None":
         """The last fully valid strategy (waits for pending communication resolution)."""
@@ -143,6 +161,13 @@ class PlanEditor:
         return self._valid.sim if self._valid else None
 
     @property
+    def comm(self) -> Any:
+        """What the canvas draws of :attr:`program`'s communication (:class:`._comm_view.CommView`: stage-boundary
+        arrows with bytes per step, the busiest link)."""
+        self.wait()
+        return self._valid.comm if self._valid else None
+
+    @property
     def draft(self) -> Draft:
         """A copy of the strategy being edited (possibly invalid)."""
         return self._draft.copy()
@@ -155,7 +180,13 @@ class PlanEditor:
 
     @property
     def errors(self) -> list[Problem]:
+        """The problems that block Save, Launch and Apply."""
         return [p for p in self.problems if p.level == "error"]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        """The problems that cost but do not block."""
+        return [p for p in self.problems if p.level == "warning"]
 
     @property
     def is_valid(self) -> bool:
@@ -170,6 +201,7 @@ class PlanEditor:
 
     @property
     def tensor(self) -> str | None:
+        """The tensor whose annotation the canvas shows."""
         return self._tensor
 
     @property
@@ -177,11 +209,24 @@ class PlanEditor:
         """The last message about an edit that could not be made (empty when the last edit worked)."""
         return self._message
 
+    @property
+    def job(self) -> Any:
+        """The attached job, if any."""
+        return self._job
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        """Ranks the attached job reported as failed."""
+        return sorted(self._failed)
+
+    @property
+    def resolving(self) -> bool:
+        """Whether the draft's communication is still being resolved on the background thread."""
+        return self._resolver.busy
+
     def wait(self, timeout: float | None = 60.0) -> None:
         """Block until background communication resolution (if any) has finished."""
-        fut = self._pending
-        if fut is not None:
-            fut.result(timeout=timeout)
+        self._resolver.wait(timeout)
 
     # ---- edits -------------------------------------------------------------------------------------------
     def select_stage(self, pipeline: int, stage: int) -> None:
@@ -196,31 +241,47 @@ class PlanEditor:
         self.cluster.check_rank(rank)
 
         def edit(d: Draft) -> None:
-            sel = self._need_selection()
-            stage = d.stage(*sel)
+            stage = d.stage(*self._need_selection())
             if rank in stage.devices:
                 stage.devices.remove(rank)
                 return
-            owner = d.owner(rank)
-            if owner is not None:
-                d.stage(*owner).devices.remove(rank)
-            stage.devices.append(rank)
+            _take(d, [rank], stage)
         self._edit(edit)
 
     def select_devices(self, ranks: Iterable[int]) -> None:
         """Box-select: move every device of ``ranks`` into the selected stage (in rank order)."""
-        ranks = [int(r) for r in ranks]
+        sel = self._need_selection_or_message()
+        if sel is not None:
+            self.move_devices(ranks, *sel)
+
+    def move_devices(self, ranks: Iterable[int], pipeline: int, stage: int) -> None:
+        """Drag-and-drop: move ``ranks`` into stage ``stage`` of pipeline ``pipeline`` (in rank order, after its
+        devices), taking them from any other stage; select that stage.  ``stage == len(stages)`` appends a new
+        stage (it takes the second half of the last stage's layers); ``pipeline == len(pipelines)`` appends a new
+        pipeline holding every layer."""
+        ranks = sorted({int(r) for r in ranks})
         for r in ranks:
             self.cluster.check_rank(r)
+        pipeline, stage = int(pipeline), int(stage)
 
         def edit(d: Draft) -> None:
-            stage = d.stage(*self._need_selection())
-            for r in sorted(ranks):
+            if pipeline == len(d.pipelines):
+                d.pipelines.append(PipelineDraft([StageDraft([], [0, self.model.num_layers - 1])], 1, 1))
+            p = d.pipelines[self._check_pipeline(pipeline, d)]
+            if stage == len(p.stages):
+                _split_last(p, self.model.num_layers)
+            _take(d, ranks, d.stage(pipeline, stage))
+        self._edit(edit, select=lambda d: (pipeline, stage))
+
+    def unassign_devices(self, ranks: Iterable[int]) -> None:
+        """Take ``ranks`` out of their stages (they become unused)."""
+        ranks = [int(r) for r in ranks]
+
+        def edit(d: Draft) -> None:
+            for r in ranks:
                 owner = d.owner(r)
-                if owner is not None and d.stage(*owner) is not stage:
+                if owner is not None:
                     d.stage(*owner).devices.remove(r)
-                if r not in stage.devices:
-                    stage.devices.append(r)
         self._edit(edit)
 
     def set_devices(self, pipeline: int, stage: int, ranks: Iterable[int]) -> None:
@@ -235,8 +296,7 @@ class PlanEditor:
                 if owner is not None and d.stage(*owner) is not target:
                     d.stage(*owner).devices.remove(r)
             target.devices[:] = ranks
-        self._edit(edit)
-        self._selected = (pipeline, stage)
+        self._edit(edit, select=lambda d: (pipeline, stage))
 
     def set_layers(self, pipeline: int, stage: int, first: int, last: int) -> None:
         """Set a stage's inclusive layer range ``[first, last]``."""
@@ -252,14 +312,24 @@ class PlanEditor:
 
     def set_micro_batches(self, pipeline: int, num_micro_batches: int | None = None,
                           micro_batch_size: int | None = None) -> None:
-        """Set a pipeline's number of micro-batches and/or micro-batch size."""
+        """Set a pipeline's number of micro-batches and/or micro-batch size (the global batch stays pinned: a
+        pipeline that now carries more samples is an error until another carries fewer)."""
         def edit(d: Draft) -> None:
-            p = d.pipelines[self._check_pipeline(pipeline)]
+            p = d.pipelines[self._check_pipeline(pipeline, d)]
             if num_micro_batches is not None:
                 p.num_micro_batches = int(num_micro_batches)
             if micro_batch_size is not None:
                 p.micro_batch_size = int(micro_batch_size)
         self._edit(edit)
+
+    def set_global_batch(self, samples: int) -> None:
+        """Change the pinned global batch (samples per step the pipelines must add up to)."""
+        samples = int(samples)
+        if samples < 1:
+            self._message = f"the global batch must be at least 1 sample, not {samples}"
+            self._redraw()
+            return
+        self._edit(lambda d: None, batch=(samples, "set by you"))
 
     def set_schedule(self, schedule: str) -> None:
         """``"1f1b"`` or ``"gpipe"`` for every pipeline."""
@@ -290,29 +360,19 @@ class PlanEditor:
     def remove_pipeline(self, pipeline: int | None = None) -> None:
         """Remove a pipeline (default: the selected one); its devices become unused."""
         def edit(d: Draft) -> None:
-            p = self._check_pipeline(self._selected[0] if pipeline is None and self._selected else pipeline)
+            p = self._check_pipeline(self._selected[0] if pipeline is None and self._selected else pipeline, d)
             del d.pipelines[p]
         self._edit(edit, select=lambda d: (0, 0) if d.pipelines and d.pipelines[0].stages else None)
 
     def add_stage(self, pipeline: int | None = None) -> int:
         """Append a stage to a pipeline (default: the selected one).  It takes the second half of the last
         stage's layers; it has no devices yet.  Selects it and returns its index."""
-        def edit(d: Draft) -> None:
-            p = d.pipelines[self._check_pipeline(self._selected[0] if pipeline is None and self._selected
-                                                 else pipeline)]
-            last = p.stages[-1] if p.stages else None
-            if last is None:
-                p.stages.append(StageDraft([], [0, self.model.num_layers - 1]))
-                return
-            a, b = last.layers
-            if b <= a:
-                raise ValueError(f"the last stage holds only layer {a}; give it more layers before adding a stage")
-            mid = (a + b + 1) // 2
-            last.layers = [a, mid - 1]
-            p.stages.append(StageDraft([], [mid, b]))
         target = pipeline if pipeline is not None else (self._selected[0] if self._selected else 0)
+
+        def edit(d: Draft) -> None:
+            _split_last(d.pipelines[self._check_pipeline(target, d)], self.model.num_layers)
         self._edit(edit, select=lambda d: (target, len(d.pipelines[target].stages) - 1))
-        return len(self._draft.pipelines[target].stages) - 1
+        return len(self._draft.pipelines[target].stages) - 1 if target < len(self._draft.pipelines) else -1
 
     def remove_stage(self, pipeline: int | None = None, stage: int | None = None) -> None:
         """Remove a stage (default: the selected one); its layers go to the previous stage (or the next one for
@@ -322,7 +382,7 @@ class PlanEditor:
         si = sel[1] if stage is None else stage
 
         def edit(d: Draft) -> None:
-            p = d.pipelines[self._check_pipeline(pi)]
+            p = d.pipelines[self._check_pipeline(pi, d)]
             s = d.stage(pi, si)
             if len(p.stages) > 1:
                 neighbour = p.stages[si - 1] if si > 0 else p.stages[1]
@@ -330,7 +390,7 @@ class PlanEditor:
             del p.stages[si]
         self._edit(edit, select=lambda d: (pi, max(0, si - 1)) if d.pipelines[pi].stages else None)
 
-    def load(self, source: "Strategy | str | Path | dict[str, Any]") -> None:
+    def load(self, source: "Strategy | str | Path | dict[str, Any]", *, note: str = "") -> None:
         """Replace the draft by a strategy (object, JSON text, path or dict); undoable."""
         from ..core.strategy import Strategy
 
@@ -340,59 +400,137 @@ class PlanEditor:
             new = Draft.from_strategy(strategy)
             d.pipelines, d.schedule, d.zero1, d.name = new.pipelines, new.schedule, new.zero1, new.name
         self._edit(edit, select=lambda d: (0, 0))
+        self._message = note
 
     def undo(self) -> bool:
         """Undo the last change; returns ``False`` when there is nothing to undo."""
-        if not self._history:
-            self._message = "nothing to undo"
-            self._redraw()
-            return False
-        self._draft, self._selected = self._history.pop()
-        self._message = ""
-        self._revalidate()
-        return True
+        return self._step(self._history, self._future, "undo")
+
+    def redo(self) -> bool:
+        """Redo the last undone change; returns ``False`` when there is nothing to redo."""
+        return self._step(self._future, self._history, "redo")
+
+    @property
+    def can_undo(self) -> bool:
+        return bool(self._history)
+
+    @property
+    def can_redo(self) -> bool:
+        return bool(self._future)
 
     def pick_tensor(self, name: str | None) -> None:
-        """Show ``name``'s annotation (from :attr:`plan`) on the diagram; ``None`` clears it."""
+        """Show ``name``'s annotation (from :attr:`plan`) on the canvas; ``None`` clears it.  An unknown name
+        leaves the picture as it is and says which names are close."""
+        name = (name or "").strip() or None
         if name:
             plan = self.plan
             if plan is not None and name not in plan.annotations:
-                self._message = f"tensor {name!r} is not in the annotation plan (e.g. layers.0.attn.wq)"
+                self._message = f"tensor {name!r} is not in the annotation plan; {_suggest(name, plan.annotations)}"
                 self._redraw()
                 return
-        self._tensor = name or None
+        self._tensor = name
         self._message = ""
         self._redraw()
 
-    # ---- files and launch --------------------------------------------------------------------------------
+    # ---- files, launch, jobs -----------------------------------------------------------------------------
+    def blocked(self, action: str = "save") -> str:
+        """Why ``action`` (``"save"``, ``"launch"``, ``"apply"``) cannot act on the draft shown, or ``""`` (after
+        pending communication resolution finished)."""
+        self.wait()
+        return self._blocked_now(action)
+
+    def _blocked_now(self, action: str) -> str:
+        errors = [p for p in self._problems if p.level == "error"]
+        if errors:
+            first = errors[0]
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            return f"the plan shown has {len(errors)} error(s): {first}{more}"
+        if self._current is None:
+            return "there is no plan yet"
+        if action in ("launch", "apply"):
+            if self._valid is None or self._valid.strategy != self._current or self._valid.program is None:
+                return ("its communication is being resolved" if self.resolving
+                        else "its communication is not resolved")
+            if action == "launch":
+                ok, why = training_runtime(self.cluster)
+                if not ok:
+                    return why
+            if action == "apply":
+                return self._apply_blocked()
+        return ""
+
     def to_json(self) -> str:
-        """The last valid strategy as JSON."""
-        s = self.strategy
-        if s is None:
-            raise HSPMDError("there is no valid strategy yet: fix the problems shown first")
-        return s.to_json()
+        """The draft shown as strategy JSON (it must be valid)."""
+        why = self.blocked("save")
+        if why:
+            raise HSPMDError(f"nothing to write: {why}; fix the problems shown first")
+        return self._current.to_json()
 
     def save(self, path: str | Path) -> Path:
-        """Write the last valid strategy to ``path`` (JSON) and return the path."""
+        """Write the draft shown to ``path`` (strategy JSON) and return the path; refused (``HSPMDError``,
+        nothing written) while the draft has errors."""
         path = Path(path)
-        path.write_text(self.to_json())
+        try:
+            text = self.to_json()
+        except HSPMDError as e:
+            self._message = f"not saved: {e}"
+            self._redraw()
+            raise
+        path.write_text(text)
         self._message = f"saved {path}"
         self._redraw()
         return path
 
-    def launch(self, *, steps: int = 10, **kw: Any) -> Any:
-        """``hspmd_sdk.runtime.launch(program, cluster, steps=..., entry=<training entry>)`` of the last valid
-        plan, if the training runtime is available and the cluster is this machine (see
-        :func:`training_runtime`)."""
-        ok, why = training_runtime(self.cluster)
-        if not ok:
+    def launch(self, *, steps: int | None = None, **kw: Any) -> Any:
+        """Train the draft shown with ``hspmd_sdk.runtime.launch(program, cluster, steps=...)`` (its ``seq_len``
+        is the editor's unless given) and attach the job; refused while the draft has errors, its communication
+        is unresolved, or the cluster is not this machine (:func:`training_runtime`)."""
+        why = self.blocked("launch")
+        if why:
             raise HSPMDError(f"cannot launch: {why}")
-        from ..runtime import launch, train
+        from ..runtime import launch
 
-        if self.program is None:
-            raise HSPMDError("there is no valid plan to launch yet")
-        kw.setdefault("entry", train.ENTRY)
-        return launch(self.program, self.cluster, steps=steps, **kw)
+        kw.setdefault("seq_len", self.seq_len)
+        job = launch(self.program, self.cluster, steps=steps or self.launch_steps, **kw)
+        self.attach(job)
+        self._message = f"launched job {getattr(job, 'job_id', '')}"
+        self._redraw()
+        return job
+
+    def attach(self, job: Any) -> None:
+        """Show ``job`` (a running :class:`~hspmd_sdk.runtime.Job`) with the plan: its step, loss curve,
+        per-rank step times and events; when it reconfigures itself (an event with a new strategy) the canvas
+        shows the new plan and its failed ranks.  :meth:`apply_to_job` switches it to the draft."""
+        self._job = job
+        self._job_events = 0
+        self._failed = set()
+        self.poll_job()
+        if self._ui is not None:
+            self._ui.watch_job()
+
+    def poll_job(self) -> Any:
+        """Read the attached job now (the canvas does this on a timer) and apply its new events; returns its
+        :class:`._job.JobSnapshot`."""
+        from ._job import snapshot
+
+        if self._job is None:
+            return None
+        snap = snapshot(self._job)
+        self._on_job(snap)
+        return snap
+
+    def apply_to_job(self) -> Any:
+        """``job.switch(editor.program)`` for the draft shown: refused while it has errors, its communication is
+        unresolved, no job is attached, the job has stopped or cannot switch (a job launched by an SDK version
+        without ``Job.switch``).  Returns what ``switch`` returns."""
+        why = self.blocked("apply")
+        if why:
+            raise HSPMDError(f"cannot apply to the running job: {why}")
+        result = self._job.switch(self.program)
+        self._message = (f"asked job {getattr(self._job, 'job_id', '')} to switch to this plan at its next step "
+                         "boundary")
+        self._redraw()
+        return result
 
     # ---- figures -------------------------------------------------------------------------------------------
     def figure(self, tensor: str | None = None) -> Any:
@@ -412,7 +550,8 @@ class PlanEditor:
         or a gradient synchronisation of :attr:`program`)."""
         from .comm_fig import comm_figure
 
-        return comm_figure(self.comm_plan(reshard), self.cluster, strategy=self.strategy)
+        return comm_figure(self.comm_plan(reshard), self.cluster, strategy=self.strategy,
+                           title=f"{reshard}: {' → '.join(self.comm_plan(reshard).kinds)}")
 
     def comm_plan(self, reshard: str) -> Any:
         """The ``CommPlan`` of a Reshard (or ``<param>.grad_sync``) in :attr:`program`."""
@@ -426,36 +565,57 @@ class PlanEditor:
                        f"{', '.join(n for n, _ in self.boundary_reshards()) or 'none'})")
 
     def tensor_shape(self, name: str) -> tuple[int, ...]:
-        """The global shape of a tensor of :attr:`plan` as the core planned it (a Reshard's CommPlan shape, else
-        the specialized graph's shape at the program's representative bindings, else the parameter shape)."""
-        from ._editor_ui import _tensor_shape
-
+        """The global shape of a tensor of :attr:`plan` as the core planned it: a Reshard's CommPlan shape, else
+        the specialized graph's shape at the program's representative bindings, else the parameter shape."""
         self.wait()
-        return _tensor_shape(self, name)
+        prog = self._valid.program if self._valid else None
+        if prog is not None:
+            for plans in (prog.comm_plans, prog.grad_sync_plans):
+                if name in plans:
+                    return tuple(plans[name].shape)
+            shapes = prog.graph.bind(prog.bindings)
+            base = name if name in shapes else name.rsplit(".", 1)[0]
+            if base in shapes:
+                return tuple(shapes[base])
+        return param_shapes(self.model)[name]
 
     def gantt(self, devices: Iterable[int] | None = None) -> Any:
-        """:func:`~hspmd_sdk.viz.gantt_figure` of :attr:`sim` (one row per device, or per ``devices``)."""
+        """:func:`~hspmd_sdk.viz.gantt_figure` of the draft shown (it must simulate), one row per device (or per
+        ``devices``)."""
         from .gantt import gantt_figure
 
-        sim = self.sim
+        sim = self._sim if self._sim is not None and self._current is not None else None
         if sim is None:
-            raise HSPMDError("there is no valid plan yet: fix the problems shown first")
+            raise HSPMDError(f"no timeline: {self.blocked('save') or 'the plan does not simulate'}")
         return gantt_figure(sim, devices=list(devices) if devices is not None else None, cluster=self.cluster)
 
     # ---- summary -------------------------------------------------------------------------------------------
     def boundary_reshards(self) -> list[tuple[str, list[str]]]:
-        """``(Reshard name, operator kinds)`` of every stage-boundary Reshard of :attr:`program`: the
-        ``layers.{i}.in`` Reshards where some pipeline changes stage, as the core resolved them."""
-        valid = self._valid
-        if valid is None or valid.program is None:
+        """``(Reshard name, operator kinds)`` of every stage-boundary Reshard of :attr:`program` (a Reshard whose
+        subgroups move to other devices), in order of first use."""
+        comm = self._valid.comm if self._valid else None
+        seen: dict[str, list[str]] = {}
+        for a in comm.arrows if comm is not None else ():
+            seen.setdefault(a.reshard, list(a.kinds))
+        return sorted(seen.items(), key=lambda kv: _natural(kv[0]))
+
+    def grad_sync_kinds(self) -> dict[str, int]:
+        """How the gradient synchronisation Reshards of :attr:`program` resolved: operator kinds -> count."""
+        comm = self._valid.comm if self._valid else None
+        return dict(comm.grad_sync) if comm is not None else {}
+
+    def tensor_groups(self) -> list[tuple[str, list[str]]]:
+        """The annotation plan's tensor names grouped for the picker: by the first numbered part of the name
+        (``layers.7``), then everything else."""
+        plan = self._valid.plan if self._valid else None
+        if plan is None:
             return []
-        firsts = sorted({s.layers[0] for p in valid.strategy.pipelines for s in p.stages[1:]})
-        plans = valid.program.comm_plans
-        return [(f"layers.{i}.in", list(plans[f"layers.{i}.in"].kinds)) for i in firsts
-                if f"layers.{i}.in" in plans]
+        if self._groups[0] is not plan:
+            self._groups = (plan, _group_names(plan.annotations))
+        return self._groups[1]
 
     def summary(self) -> str:
-        """The validation summary as plain text (what the summary panel shows)."""
+        """The validation summary as plain text (what the canvas's verdict and stage list say)."""
         from ._editor_view import summary_lines
 
         self.wait()
@@ -464,7 +624,7 @@ class PlanEditor:
     # ---- display -------------------------------------------------------------------------------------------
     @property
     def widget(self) -> Any:
-        """The ipywidgets container (built on first use)."""
+        """The widget (built on first use): the canvas, with the timeline, communication and job views."""
         if self._ui is None:
             from ._editor_ui import EditorUI
 
@@ -477,10 +637,10 @@ class PlanEditor:
         display(self.widget)
 
     def close(self) -> None:
-        """Stop the background worker."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        """Stop the background worker and the job watcher."""
+        self._resolver.close()
+        if self._ui is not None:
+            self._ui.close()
 
     # ---- internals -----------------------------------------------------------------------------------------
     def _empty_draft(self) -> Draft:
@@ -492,50 +652,91 @@ class PlanEditor:
             raise ValueError("no stage is selected: select a stage first")
         return self._selected
 
-    def _check_pipeline(self, p: int | None) -> int:
-        if p is None or not 0 <= p < len(self._draft.pipelines):
-            raise IndexError(f"there is no pipeline {p} (pipelines 0..{len(self._draft.pipelines) - 1})")
+    def _need_selection_or_message(self) -> tuple[int, int] | None:
+        if self._selected is None:
+            self._message = "no stage is selected: select a stage first"
+            self._redraw()
+        return self._selected
+
+    def _check_pipeline(self, p: int | None, d: Draft | None = None) -> int:
+        d = d or self._draft
+        if p is None or not 0 <= p < len(d.pipelines):
+            raise IndexError(f"there is no pipeline {p} (pipelines 0..{len(d.pipelines) - 1})")
         return p
 
-    def _edit(self, fn: Callable[[Draft], None],
-              select: Callable[[Draft], tuple[int, int] | None] | None = None) -> None:
+    def _snapshot(self) -> tuple[Draft, tuple[int, int] | None, int | None, str]:
+        return (self._draft, self._selected, self.global_batch, self.batch_source)
+
+    def _edit(self, fn: Callable[[Draft], None], select: Callable[[Draft], tuple[int, int] | None] | None = None,
+              batch: tuple[int, str] | None = None) -> None:
         """Apply one edit to a copy of the draft; on success keep it (undoable) and revalidate."""
-        new = self._draft.copy()
-        try:
-            fn(new)
-        except (ValueError, IndexError, KeyError) as e:
-            self._message = str(e).strip("'\"")
-            self._redraw()
-            return
-        self._history.append((self._draft, self._selected))
-        del self._history[:-_HISTORY]
-        self._draft = new
-        if select is not None:
-            self._selected = select(new)
+        with self._lock:
+            new = self._draft.copy()
+            try:
+                fn(new)
+            except (ValueError, IndexError, KeyError) as e:
+                self._message = str(e).strip("'\"")
+                self._redraw()
+                return
+            self._history.append(self._snapshot())
+            del self._history[:-_HISTORY]
+            self._future.clear()
+            self._draft = new
+            if batch is not None:
+                self.global_batch, self.batch_source = batch
+            if select is not None:
+                self._selected = select(new)
+            self._fix_selection()
+            self._message = ""
+            self._revalidate()
+
+    def _step(self, src: list, dst: list, what: str) -> bool:
+        with self._lock:
+            if not src:
+                self._message = f"nothing to {what}"
+                self._redraw()
+                return False
+            dst.append(self._snapshot())
+            self._draft, self._selected, self.global_batch, self.batch_source = src.pop()
+            self._fix_selection()
+            self._message = ""
+            self._revalidate()
+            return True
+
+    def _fix_selection(self) -> None:
         if self._selected is not None:
             try:
-                new.stage(*self._selected)
+                self._draft.stage(*self._selected)
             except IndexError:
-                self._selected = (0, 0) if new.pipelines and new.pipelines[0].stages else None
-        self._message = ""
-        self._revalidate()
+                d = self._draft
+                self._selected = (0, 0) if d.pipelines and d.pipelines[0].stages else None
 
     def _revalidate(self) -> None:
         """Validate the draft, simulate it, start (or reuse) communication resolution, redraw."""
         t0 = time.perf_counter()
         strategy, problems = check_draft(self._draft, self.model, self.cluster, self.global_batch)
+        problems += layout_warnings(self._draft, self.cluster)
         sim = None
         if strategy is not None:
             sim, sim_problems = self._simulate(strategy)
             problems += sim_problems
-            if sim is None:
+            if sim is None or any(p.level == "error" for p in sim_problems):
                 strategy = None
+        if strategy is not None and self.global_batch is None:
+            self.global_batch, self.batch_source = strategy.global_batch, "the first valid plan"
+        memory, kind = (dict(sim.peak_memory), "simulated") if sim is not None else (
+            draft_memory(self._draft, self.model, self.seq_len, self.cost), "estimated")
         with self._lock:
+            if self._current is not None and self._sim is not None:
+                self._previous_step = self._sim.step_time
             self._current, self._sim, self._problems = strategy, sim, problems
-            self._wanted = strategy.model_dump_json() if strategy is not None else None
-            self._resolving = False
-        if strategy is not None and sim is not None:
-            self._resolve(strategy, sim)
+            self._draft_problems = list(problems)
+            self._memory, self._memory_kind = memory, kind if memory else ""
+        if strategy is not None:
+            key = strategy.model_dump_json()
+            self._resolver.request(key, strategy, lambda res, s=strategy, m=sim, k=key: self._accept(k, s, m, res))
+        else:
+            self._resolver.cancel()
         self._redraw()
         self.last_change_seconds = time.perf_counter() - t0
 
@@ -550,91 +751,106 @@ class PlanEditor:
             if problems:
                 return None, [locate(p, r) for p, r in problems]
             return None, [Problem("simulation", str(e))]
-        out = []
-        for i, p in enumerate(strategy.pipelines):
-            for j, s in enumerate(p.stages):
-                over = [r for r in s.devices if r in sim.oom]
-                if over:
-                    r = max(over, key=lambda d: sim.peak_memory[d] / sim.capacity[d])
-                    out.append(Problem(f"pipelines[{i}].stages[{j}]",
-                                       f"out of memory: rank {r} needs ~{sim.peak_memory[r] / 2**30:.1f} GiB of "
-                                       f"{sim.capacity[r] / 2**30:.1f} GiB (more TP, fewer layers, smaller "
-                                       "micro-batches, recompute or ZeRO-1 would help)", i, j, level="warning"))
-        return sim, out
+        return sim, memory_errors(strategy, sim)
 
-    def _resolve(self, strategy: "Strategy", sim: "SimResult") -> None:
-        key = strategy.model_dump_json()
-        cached = self._cache.get(key)
-        if cached is not None:
-            self._accept(key, strategy, sim, cached)
-            return
-        if not self.background:
-            self._accept(key, strategy, sim, self._compute(key, strategy))
-            return
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hspmd-editor")
-
-        def job() -> None:
-            if self._wanted != key:  # a newer edit superseded this one before it started
-                return
-            try:
-                res = self._compute(key, strategy)
-                self._accept(key, strategy, sim, res)
-            finally:
-                if self._wanted == key:
-                    self._resolving = False
-            self._redraw(from_worker=True)
-        self._resolving = True
-        self._pending = self._executor.submit(job)
-
-    def _compute(self, key: str, strategy: "Strategy") -> _Resolved:
-        from ..core.plan import AnnotationPlan
-        from ..core.specialize import specialize
-
-        t0 = time.perf_counter()
-        try:
-            plan = AnnotationPlan.from_strategy(self.model, strategy, self.cluster)
-            program = specialize(self.model, plan, self.cluster)
-            res = _Resolved(plan, program, None, time.perf_counter() - t0)
-        except HSPMDError as e:
-            problems = getattr(e, "problems", None)
-            prob = locate(*problems[0]) if problems else locate("", str(e))
-            if prob.tensor is None and prob.pipeline is None:
-                prob = Problem(prob.path or "communication", f"communication resolution failed: {prob.message}")
-            res = _Resolved(None, None, prob, time.perf_counter() - t0)
-        except Exception as e:  # noqa: BLE001 - shown in plain words, never as a traceback
-            res = _Resolved(None, None, Problem("communication", f"communication resolution failed "
-                                                                 f"({type(e).__name__}): {e}"),
-                            time.perf_counter() - t0)
+    def _accept(self, key: str, strategy: "Strategy", sim: "SimResult", res: Resolved) -> None:
+        from_worker = threading.current_thread() is not threading.main_thread()
         with self._lock:
-            self._cache[key] = res
-            while len(self._cache) > _CACHE:
-                self._cache.popitem(last=False)
-        return res
-
-    def _accept(self, key: str, strategy: "Strategy", sim: "SimResult", res: _Resolved) -> None:
-        with self._lock:
-            if self._wanted != key:
+            if self._current is None or self._current.model_dump_json() != key:
                 return
             if res.problem is not None:
-                self._problems = self._problems + [res.problem]
+                self._problems = self._draft_problems + [res.problem]
             else:
-                self._valid = _Valid(strategy, sim, res.plan, res.program)
+                self._valid = _Valid(strategy, sim, res)
+                self._problems = self._draft_problems + comm_warnings(res.comm)
+        if from_worker:
+            self._redraw(from_worker=True)
+
+    def _apply_blocked(self) -> str:
+        from ._job import SWITCH_NEEDS, can_switch
+
+        if self._job is None:
+            return "no job is attached (PlanEditor(..., job=job) or editor.attach(job))"
+        if not can_switch(self._job):
+            return SWITCH_NEEDS
+        snap = self._job_snapshot
+        if snap is not None and not snap.running:
+            return f"job {snap.job_id} is {snap.status}"
+        return ""
+
+    def _on_job(self, snap: Any) -> None:
+        """A new job snapshot: remember it; a new event with a strategy becomes the draft (undoable)."""
+        self._job_snapshot = snap
+        fresh = snap.events[self._job_events:]
+        self._job_events = len(snap.events)
+        for ev in fresh:
+            self._failed.update(ev.failed_ranks)
+            if ev.strategy is not None:
+                from ..core.strategy import Strategy
+
+                new = Strategy.load(ev.strategy)
+                if Draft.from_strategy(new) != self._draft:
+                    self.load(new, note=f"the job reconfigured itself: {ev.describe()}; the canvas shows its plan")
+        self._redraw(from_worker=threading.current_thread() is not threading.main_thread())
 
     def _redraw(self, from_worker: bool = False) -> None:
         if self._ui is not None:
             self._ui.refresh(from_worker=from_worker)
 
-    def grad_sync_kinds(self) -> Counter:
-        """How the gradient synchronisation Reshards of :attr:`program` resolved: operator kinds -> count."""
-        valid = self._valid
-        if valid is None or valid.program is None:
-            return Counter()
-        return Counter(" + ".join(p.kinds) for p in valid.program.grad_sync_plans.values())
-
     def __repr__(self) -> str:
         d = self._draft
         state = "valid" if self._current is not None else f"{len(self._problems)} problem(s)"
-        return (f"PlanEditor({self.cluster}, {self.model.name}, {len(d.pipelines)} pipeline(s), {state}, "
+        return (f"PlanEditor({self.cluster}, {model_name(self.model)}, {len(d.pipelines)} pipeline(s), {state}, "
                 f"selected {self._selected})")
 
+
+# ---- helpers -----------------------------------------------------------------------------------------------
+def _take(d: Draft, ranks: Iterable[int], target: StageDraft) -> None:
+    """Move ``ranks`` into ``target`` (appended in the order given), out of any other stage."""
+    for r in ranks:
+        owner = d.owner(r)
+        if owner is not None and d.stage(*owner) is not target:
+            d.stage(*owner).devices.remove(r)
+        if r not in target.devices:
+            target.devices.append(r)
+
+
+def _split_last(p: PipelineDraft, num_layers: int) -> None:
+    """Append a stage taking the second half of the last stage's layers (every layer if there is none)."""
+    if not p.stages:
+        p.stages.append(StageDraft([], [0, num_layers - 1]))
+        return
+    last = p.stages[-1]
+    a, b = last.layers
+    if b <= a:
+        raise ValueError(f"the last stage holds only layer {a}; give it more layers before adding a stage")
+    mid = (a + b + 1) // 2
+    last.layers = [a, mid - 1]
+    p.stages.append(StageDraft([], [mid, b]))
+
+
+_NUMBERED = re.compile(r"^(.*?\.\d+)\.")
+
+
+def _natural(name: str) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _group_names(names: Iterable[str]) -> list[tuple[str, list[str]]]:
+    groups: dict[str, list[str]] = {}
+    other: list[str] = []
+    for n in names:
+        m = _NUMBERED.match(n)
+        (groups.setdefault(m[1], []) if m else other).append(n)
+    out = [(g, sorted(v, key=_natural)) for g, v in sorted(groups.items(), key=lambda kv: _natural(kv[0]))]
+    return out + ([("other", sorted(other, key=_natural))] if other else [])
+
+
+def _suggest(name: str, names: Iterable[str]) -> str:
+    names = list(names)
+    starts = [n for n in names if n.startswith(name)]
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.6)
+    picks = list(dict.fromkeys(starts[:5] + close))[:6]
+    if picks:
+        return "did you mean " + ", ".join(picks) + "?"
+    return f"it has {len(names)} tensors, e.g. {', '.join(sorted(names, key=_natural)[:3])}"

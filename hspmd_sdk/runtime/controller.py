@@ -1,0 +1,442 @@
+"""The launcher's side of graph switching (paper §7, §9 (b)): ``Job.switch``, elastic recovery, stragglers.
+
+A :class:`TrainingController` rides along every training job (``launch`` attaches one).  It knows the Program
+the workers run, its cluster and how its ranks map to the processes the launcher started (*launch ranks*, which
+never change; a Program's ranks are renumbered when the survivors of a failure form a smaller world).  Every plan
+change is computed here, once, and sent to the workers (:mod:`.session` executes it):
+
+* ``switch(program)`` (``Job.switch``): the fused BSR of every parameter and Adam moment from the running
+  Program to ``program`` (:func:`hspmd_sdk.core.reconfigure.plan_program_switch`), applied by all workers at the
+  same step boundary;
+* with ``elastic=True`` it is also the job's :class:`~.faults.FailurePolicy`: a worker that died (any signal, a
+  lost host, a hung rank it stops) does not end the job.  The survivors halt at their next communication, the
+  controller replans for them (:func:`hspmd_sdk.planner.replan_elastic`), specializes the new strategy on the
+  survivors renumbered ``0..n-1``, plans the fused BSR from the surviving replicas (``failed=``), and sends each
+  survivor its new rank, the rendezvous of the new world and the plan; they redo the interrupted step.  State
+  with no surviving copy fails the job naming the tensors and ranks.  A second failure while reconfiguring
+  replans from the state every survivor still holds;
+* with ``straggler=`` it watches each rank's compute seconds per step: a rank slower than it was under the plan by
+  the margin for several steps triggers a replan with its measured speed (:func:`hspmd_sdk.planner.elastic.
+  replan_straggler`) and a switch.
+
+Every reconfiguration is an :class:`Event` in ``Job.events`` (live) and ``JobResult.events``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
+
+from ..errors import HSPMDError
+from .faults import Failure, Reaction
+
+if TYPE_CHECKING:
+    from ..core.cluster import Cluster
+    from ..core.specialize import Program
+    from ..core.strategy import Strategy
+    from .job import Job
+
+__all__ = ["Event", "TrainingController", "SwitchError", "StragglerWatch"]
+
+Reason = Literal["user", "failure", "straggler", "length"]
+
+
+class SwitchError(HSPMDError):
+    """A switch cannot be done (another model, ranks that are not running, a reconfiguration under way)."""
+
+
+@dataclass
+class Event:
+    """One reconfiguration of a running job (SPEC §6).
+
+    ``step``: the first step run under the new ``strategy``; ``reason``: ``"user"``, ``"failure"``,
+    ``"straggler"`` or ``"length"``; ``failed_ranks``: launch ranks lost (for a failure); ``seconds``: ``detect``
+    (from the first evidence of the failure to the start of replanning), ``plan``, ``specialize``, ``switch`` (the
+    slowest worker's fused BSR, rejoining included) and ``total``; ``bytes``: moved by the switch, ``"intra"`` /
+    ``"inter"`` node (by the cluster's link classes).  ``done``: every worker reported the switch.
+    ``ranks``: launch rank -> rank in the new Program."""
+
+    step: int
+    reason: Reason
+    failed_ranks: list[int]
+    strategy: "Strategy | None"
+    seconds: dict[str, float]
+    bytes: dict[str, int]
+    ranks: dict[int, int] = field(default_factory=dict)
+    done: bool = False
+    program: Any = field(default=None, repr=False)
+
+    def __str__(self) -> str:
+        s = self.seconds
+        parts = ", ".join(f"{k} {s[k]:.3f} s" for k in ("detect", "plan", "specialize", "switch", "total") if k in s)
+        lost = f", lost ranks {self.failed_ranks}" if self.failed_ranks else ""
+        moved = f"{(self.bytes.get('intra', 0) + self.bytes.get('inter', 0)) / 1e6:.2f} MB moved"
+        return f"step {self.step}: {self.reason}{lost}; {parts}; {moved}"
+
+
+@dataclass
+class _Numbering:
+    """A Program and how its ranks map to launch ranks."""
+
+    program: Any
+    cluster: Any
+    to_launch: dict[int, int]  # program rank -> launch rank
+
+    @property
+    def of_launch(self) -> dict[int, int]:
+        return {l: r for r, l in self.to_launch.items()}
+
+
+class StragglerWatch:
+    """Per-rank compute seconds per step against the rank's own baseline under the running plan: a rank whose
+    last ``steps`` steps all took ``margin`` times its baseline is a straggler (its measured factor: the median
+    ratio).  The baseline is the median of the first ``warmup`` steps after each (re)configuration."""
+
+    def __init__(self, margin: float = 1.5, steps: int = 3, warmup: int = 2) -> None:
+        self.margin, self.steps, self.warmup = float(margin), int(steps), int(warmup)
+        self.reset()
+
+    def reset(self) -> None:
+        self._seen: dict[int, list[float]] = {}
+
+    def add(self, rank: int, compute_s: float) -> float | None:
+        """Record one step; returns the slowdown factor when ``rank`` has just become a straggler."""
+        xs = self._seen.setdefault(rank, [])
+        xs.append(float(compute_s))
+        if len(xs) < self.warmup + self.steps:
+            return None
+        base = sorted(xs[: self.warmup])[self.warmup // 2]
+        recent = xs[-self.steps:]
+        if base > 0 and all(x > self.margin * base for x in recent):
+            return sorted(x / base for x in recent)[self.steps // 2]
+        return None
+
+
+class TrainingController:
+    """See the module docstring.  Made by :func:`~hspmd_sdk.runtime.train.launch_training`."""
+
+    def __init__(self, program: "Program", cluster: "Cluster", *, global_batch: int, seq_len: int,
+                 elastic: bool = False, straggler: StragglerWatch | None = None, cost: Any = None,
+                 debounce_s: float = 0.3, halt_timeout_s: float = 60.0) -> None:
+        self.current = _Numbering(program, cluster, {r: r for r in cluster.ranks})
+        self.previous: _Numbering | None = None  # what workers still hold until a step commits after a switch
+        self.global_batch, self.seq_len = int(global_batch), int(seq_len)
+        self.elastic, self.straggler, self.cost = elastic, straggler, cost
+        self.debounce_s, self.halt_timeout_s = debounce_s, halt_timeout_s
+        self.events: list[Event] = []
+        self.job: "Job | None" = None
+        self._lock = threading.RLock()
+        self._switch_id = 0
+        self._reconf_id = 0
+        self._dead: set[int] = set()          # launch ranks lost so far
+        self._pending_dead: set[int] = set()  # lost, not yet planned around
+        self._evidence: float | None = None
+        self._halted: dict[int, dict[str, Any]] = {}
+        self._switched: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+        self._open: dict[tuple[str, int], Event] = {}
+        self._busy = False
+        self._thread: threading.Thread | None = None
+
+    # ---- wiring ---------------------------------------------------------------------------------------------
+    def attach(self, job: "Job") -> None:
+        self.job = job
+        job.on_message("halted", self._on_halted)
+        job.on_message("switched", self._on_switched)
+        job.on_message("metric", self._on_metric)
+
+    @property
+    def program(self) -> "Program":
+        """The Program the job runs now (ranks in the current world's numbering)."""
+        return self.current.program
+
+    @property
+    def cluster(self) -> "Cluster":
+        """The cluster the job runs on now (after failures: the survivors, renumbered)."""
+        return self.current.cluster
+
+    @property
+    def alive(self) -> list[int]:
+        return sorted(set(self.current.to_launch.values()) - self._dead)
+
+    # ---- Job.switch -----------------------------------------------------------------------------------------
+    def switch(self, program: "Program", *, reason: Reason = "user") -> Event:
+        """Move the running job to ``program`` at the next step boundary (``Job.switch``)."""
+        from ..core.reconfigure import plan_program_switch
+        from .session import pack_payload, shareable
+
+        with self._lock:
+            if self._busy:
+                raise SwitchError("the job is reconfiguring after a failure; switch again when it is done "
+                                  "(Job.events shows when)")
+            cur = self.current
+            self._check_switchable(program, cur)
+            t0 = time.perf_counter()
+            plan = plan_program_switch(cur.program, program, cur.cluster)
+            t_plan = time.perf_counter() - t0
+            self._switch_id += 1
+            ident = self._switch_id
+            event = Event(self._next_step(), reason, [], _strategy_of(program), {"detect": 0.0, "plan": t_plan,
+                          "specialize": 0.0}, _bytes(plan, cur.cluster), dict(cur.of_launch), program=program)
+            self._open[("switch", ident)] = event
+            self.events.append(event)
+            self.previous, self.current = cur, _Numbering(program, cur.cluster, dict(cur.to_launch))
+            if self.straggler is not None:
+                self.straggler.reset()
+        self._send({"type": "switch", "id": ident, "payload": pack_payload((shareable(program), plan))},
+                   self.alive)
+        return event
+
+    def _check_switchable(self, program: "Program", cur: _Numbering) -> None:
+        if program.model != cur.program.model:
+            raise SwitchError(f"the new program trains {program.model!r}, the job {cur.program.model!r}: a switch "
+                              "keeps the model")
+        outside = sorted(set(program.ranks) - set(cur.to_launch))
+        if outside:
+            raise SwitchError(f"the new program uses ranks {outside} that the job does not run (its ranks now: "
+                              f"{sorted(cur.to_launch)}); specialize it on job.cluster")
+        dead = sorted(r for r in program.ranks if cur.to_launch[r] in self._dead)
+        if dead:
+            raise SwitchError(f"the new program uses ranks {dead}, which failed")
+        if program.bindings.get("B") != cur.program.bindings.get("B"):
+            raise SwitchError(f"the new program's global batch is {program.bindings.get('B')}, the job's "
+                              f"{cur.program.bindings.get('B')}: a switch keeps the data of every step")
+
+    def _next_step(self) -> int:
+        job = self.job
+        return (job.metrics.last_step() + 1) if job is not None else 0
+
+    # ---- the failure policy ---------------------------------------------------------------------------------
+    def on_failure(self, job: "Job", failure: Failure) -> Reaction:
+        if not self.elastic or failure.kind == "error":
+            return Reaction.STOP  # a worker raised: a bug or a bad input, not a lost device
+        lost = {int(r) for r in failure.ranks}
+        if failure.kind == "hung":
+            job.stop_ranks(sorted(lost))  # a frozen worker is as good as dead: make it so, then go on without it
+        with self._lock:
+            fresh = lost - self._dead
+            if not fresh:
+                return Reaction.CONTINUE
+            self._dead |= fresh
+            self._pending_dead |= fresh
+            self._evidence = min(self._evidence or failure.time, failure.time)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._reconfigure_loop, name="hspmd-reconfigure",
+                                                daemon=True)
+                self._busy = True
+                self._thread.start()
+        return Reaction.CONTINUE
+
+    def _on_halted(self, rank: int, msg: dict[str, Any]) -> None:
+        with self._lock:
+            self._halted[rank] = {**msg, "at": time.time()}
+            if self._evidence is None:
+                self._evidence = time.time()
+
+    def _on_switched(self, rank: int, msg: dict[str, Any]) -> None:
+        key = (str(msg.get("what")), int(msg.get("id", 0)))
+        with self._lock:
+            got = self._switched.setdefault(key, {})
+            got[rank] = msg
+            event = self._open.get(key)
+            if event is None:
+                return
+            expected = set(event.ranks)
+            if expected <= set(got) or (self.alive and set(self.alive) <= set(got)):
+                self._finish(key, event, got)
+
+    def _finish(self, key: tuple[str, int], event: Event, got: dict[int, dict[str, Any]]) -> None:
+        event.seconds["switch"] = max(float(m.get("seconds", 0.0)) + float(m.get("rejoin_s", 0.0))
+                                      for m in got.values())
+        event.seconds["total"] = sum(event.seconds.get(k, 0.0) for k in ("detect", "plan", "specialize", "switch"))
+        event.step = min(int(m.get("step", event.step)) for m in got.values())
+        event.done = True
+        del self._open[key]
+        if self.job is not None:
+            self.job._note(f"reconfigured ({event.reason}): {event}")
+
+    def _on_metric(self, rank: int, msg: dict[str, Any]) -> None:
+        watch = self.straggler
+        extra = msg.get("extra") or {}
+        compute = extra.get("compute_s")
+        if watch is None or compute is None:
+            return
+        with self._lock:
+            if self._busy or self._open:
+                return
+            factor = watch.add(rank, float(compute))
+        if factor is not None:
+            threading.Thread(target=self._straggler, args=(rank, factor), name="hspmd-straggler",
+                             daemon=True).start()
+
+    # ---- reconfiguring after failures -----------------------------------------------------------------------
+    def _reconfigure_loop(self) -> None:
+        try:
+            while True:
+                time.sleep(self.debounce_s)  # a host's other ranks are reported within moments: plan once for all
+                with self._lock:
+                    if not self._pending_dead:
+                        self._busy = False
+                        return
+                    self._pending_dead.clear()
+                try:
+                    self._reconfigure()
+                except Exception as e:  # noqa: BLE001 - the job must end with the reason, not hang
+                    self._give_up(e)
+                    return
+        finally:
+            with self._lock:
+                if not self._pending_dead:
+                    self._busy = False
+
+    def _wait_halted(self, survivors: Sequence[int], since: float) -> dict[int, dict[str, Any]]:
+        """Every survivor's newest ``halted`` report sent after ``since`` (a survivor that never halts is hung:
+        it is stopped and counted as failed)."""
+        end = time.monotonic() + self.halt_timeout_s
+        while True:
+            with self._lock:
+                got = {r: m for r, m in self._halted.items() if r in survivors and m["at"] >= since}
+                if set(survivors) - self._dead <= set(got):
+                    return {r: got[r] for r in survivors if r not in self._dead}
+                if self._pending_dead:
+                    return {}
+            if time.monotonic() > end:
+                missing = sorted(set(survivors) - set(got) - self._dead)
+                raise HSPMDError(f"ranks {missing} did not halt within {self.halt_timeout_s:.0f} s after the failure "
+                                 f"of ranks {sorted(self._dead)}")
+            time.sleep(0.01)
+
+    def _reconfigure(self) -> None:
+        from ..core.reconfigure import plan_program_switch
+        from ..core.specialize import specialize
+        from ..core.strategy_plan import plan_from_strategy
+        from ..planner.elastic import renumber, replan_elastic, survivor_cluster
+        from .session import pack_payload, shareable
+
+        t_start = time.time()
+        with self._lock:
+            evidence = self._evidence or t_start
+            base = self.current
+            survivors = [l for l in base.to_launch.values() if l not in self._dead]
+        halted = self._wait_halted(survivors, evidence - 5.0)
+        if not halted:
+            return  # more ranks failed meanwhile: the loop plans again for all of them
+        sources = {m.get("source") for m in halted.values()}
+        steps = {int(m.get("step", -1)) for m in halted.values()}
+        if len(sources) != 1 or len(steps) != 1:
+            raise HSPMDError(f"the survivors disagree on their state after the failure (steps {sorted(steps)}, "
+                             f"sources {sorted(sources)}): a failure at the step's commit point; resume from a "
+                             "checkpoint")
+        src = self.previous if sources == {"previous"} else base
+        if src is None:
+            raise HSPMDError("the survivors report the state from before a switch that the launcher no longer has")
+        dead_src = sorted(r for r, l in src.to_launch.items() if l in self._dead)
+        model = src.program.model
+        strategy = _strategy_of(src.program)
+        t0 = time.perf_counter()
+        new_strategy = replan_elastic(model, src.cluster, strategy, dead_src, seq_len=self.seq_len,
+                                      global_batch=self.global_batch, cost=self.cost)
+        t1 = time.perf_counter()
+        cluster, mapping = survivor_cluster(src.cluster, dead_src)
+        program = specialize(model, plan_from_strategy(model, renumber(new_strategy, mapping), cluster), cluster,
+                             bindings=dict(src.program.bindings))
+        t2 = time.perf_counter()
+        inverse = {new: old for old, new in mapping.items()}
+        plan = plan_program_switch(src.program, program, src.cluster, dst_to_src=inverse, failed=dead_src)
+        t3 = time.perf_counter()
+        launch_of_new = {new: src.to_launch[old] for old, new in mapping.items()}
+        leader = launch_of_new[0]
+        addr, port = self._rendezvous(leader)
+        with self._lock:
+            self._reconf_id += 1
+            ident = self._reconf_id
+            ranks = {l: n for n, l in launch_of_new.items()}
+            resume = steps.pop() + 1
+            event = Event(resume, "failure", sorted(l for l in src.to_launch.values() if l in self._dead),
+                          _strategy_of(program), {"detect": max(0.0, t_start - evidence), "plan": t1 - t0,
+                                                 "specialize": t2 - t1 + (t3 - t2)}, _bytes(plan, src.cluster),
+                          ranks, program=program)
+            self._open[("reconfigure", ident)] = event
+            self.events.append(event)
+            self.previous, self.current = None, _Numbering(program, cluster, launch_of_new)
+            if self.straggler is not None:
+                self.straggler.reset()
+        msg = {"type": "reconfigure", "id": ident, "world": len(launch_of_new), "ranks": ranks,
+               "src_ranks": {l: r for r, l in src.to_launch.items() if l in ranks},
+               "master_addr": addr, "master_port": port, "resume_step": resume, "source": sources.pop(),
+               "payload": pack_payload((shareable(program), plan))}
+        self._send(msg, sorted(ranks))
+        if self.job is not None:
+            self.job._note(f"ranks {event.failed_ranks} lost at step {resume}: switching to "
+                           f"{new_strategy}")
+
+    def _rendezvous(self, launch_rank: int) -> tuple[str, int]:
+        """Where the new world meets: on the host of its new rank 0, at a port free there."""
+        from .launcher import free_port, is_local_host
+
+        job = self.job
+        host = job.spec.hosts[launch_rank] if job is not None else "localhost"
+        transport = getattr(job, "transport", None)
+        if transport is not None and hasattr(transport, "rendezvous") and not is_local_host(host):
+            return transport.rendezvous(host)
+        return "127.0.0.1", free_port()
+
+    def _give_up(self, error: BaseException) -> None:
+        """End the job with the reason the reconfiguration failed (lost state, no plan fits, ...)."""
+        job = self.job
+        if job is None:
+            return
+        lost = sorted(self._dead)
+        job._fail(Failure(lost[0] if lost else 0, f"elastic recovery after the failure of ranks {lost} failed: "
+                                                  f"{error}", kind="error"))
+
+    # ---- stragglers -----------------------------------------------------------------------------------------
+    def _straggler(self, launch_rank: int, factor: float) -> None:
+        from ..core.specialize import specialize
+        from ..core.strategy_plan import plan_from_strategy
+        from ..planner.elastic import replan_straggler
+
+        with self._lock:
+            if self._busy or self._open:
+                return
+            cur = self.current
+        rank = cur.of_launch.get(launch_rank)
+        if rank is None:
+            return
+        model = cur.program.model
+        t0 = time.perf_counter()
+        strategy = replan_straggler(model, cur.cluster, _strategy_of(cur.program), {rank: factor},
+                                    seq_len=self.seq_len, global_batch=self.global_batch, cost=self.cost)
+        t1 = time.perf_counter()
+        program = specialize(model, plan_from_strategy(model, strategy, cur.cluster), cur.cluster,
+                             bindings=dict(cur.program.bindings))
+        t2 = time.perf_counter()
+        try:
+            event = self.switch(program, reason="straggler")
+        except SwitchError:
+            return
+        event.seconds.update({"plan": t1 - t0 + event.seconds["plan"], "specialize": t2 - t1})
+        event.failed_ranks = []
+        if self.job is not None:
+            self.job._note(f"rank {launch_rank} is {factor:.2f}x slower than under its plan: switching to {strategy}")
+
+    # ---- sending --------------------------------------------------------------------------------------------
+    def _send(self, msg: dict[str, Any], ranks: Sequence[int]) -> None:
+        if self.job is not None:
+            self.job._send_control(msg, [r for r in ranks if r not in self._dead])
+
+
+def _strategy_of(program: "Program") -> "Strategy | None":
+    from ..core.strategy import Strategy
+
+    data = (program.plan.meta or {}).get("strategy")
+    return Strategy.load(data) if data else None
+
+
+def _bytes(plan: Any, cluster: Any) -> dict[str, int]:
+    vol = plan.volume()
+    return {"intra": int(sum(v.get("intra", 0) for v in vol.values())),
+            "inter": int(sum(v.get("inter", 0) for v in vol.values()))}
+
+
+Waiter = Callable[[], bool]

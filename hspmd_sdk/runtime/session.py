@@ -1,0 +1,369 @@
+"""A worker's training session: steps, their commit point, graph switching and recovery from failures (§7, §9 (b)).
+
+Each step runs the executor up to its gradient synchronisation, then **commits**: one tiny all-gather over the
+world carries every rank's loss summand and the newest switch it has heard of, and only then does Adam change
+parameters.  A step that fails before its commit has changed nothing on any rank, so it can be redone from its
+start on another plan: no gradient counted twice, none lost, and the data of step ``k`` is step ``k``'s.
+
+**Switching** (``Job.switch`` -> a ``switch`` control message): the commit tells every rank the newest switch any
+rank has heard of; at that step boundary all of them switch together (waiting for their copy of the message if
+it is still in flight): they create the process groups the new Program needs (only the new ones, in one order
+on every rank), move every parameter and Adam moment by the fused BSR the launcher planned once for all ranks
+(:func:`~hspmd_sdk.runtime.switch_exec.execute_switch`), build the new executor from the moved shards, drop the
+groups nobody uses any more and go on at the next step.
+
+**Recovery** (``elastic``): a communication error (a peer died: gloo reports it within milliseconds) makes the
+worker abandon every process group — so that peers blocked on it fail too and every survivor notices — and tell
+the launcher where it stands (``halted``: its last committed step).  The launcher's controller
+(:mod:`.controller`) replans for the survivors and answers with a ``reconfigure`` message: the new world (size,
+this process's new rank, the rendezvous), the new Program and the fused BSR from the surviving replicas.  The
+worker rejoins, switches, reports ``switched`` and redoes the interrupted step.  Until the first step after a
+switch commits, the previous state is kept: a second failure during the switch replans from it.
+
+Nothing here names a model; the session reads the Program.
+"""
+from __future__ import annotations
+
+import base64
+import pickle
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import HSPMDError
+
+__all__ = ["TrainSession", "pack_payload", "unpack_payload", "Reconfigure", "CommFailure"]
+
+#: Seconds a worker waits for the launcher's answer after it halted (then it fails: nobody is coordinating).
+RECONFIGURE_WAIT_S = 120.0
+
+
+class CommFailure(HSPMDError):
+    """Communication with a peer failed (it died, or abandoned its groups after a peer died)."""
+
+
+def pack_payload(obj: Any) -> str:
+    """A Python object (a Program, a SwitchPlan) as text for a JSON control message (pickle, base64)."""
+    return base64.b64encode(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
+
+
+def unpack_payload(text: str) -> Any:
+    return pickle.loads(base64.b64decode(text.encode("ascii")))
+
+
+def shareable(program: Any) -> Any:
+    """``program`` without its per-process caches (executable graphs, concrete plans): what is sent to workers."""
+    return replace(program, _cache={}, _concrete={}, _rank_tables={}, _micro={})
+
+
+@dataclass
+class Reconfigure:
+    """A ``reconfigure`` message, decoded: the new world and what to switch to."""
+
+    id: int
+    world: int
+    ranks: dict[int, int]          # launch rank -> new process rank (survivors only)
+    src_ranks: dict[int, int]      # launch rank -> its rank in the switch's source numbering
+    master_addr: str
+    master_port: int
+    resume_step: int
+    program: Any
+    plan: Any
+    source: str                    # "live": the running state; "previous": the state kept from before a switch
+
+    @classmethod
+    def decode(cls, msg: Mapping[str, Any]) -> "Reconfigure":
+        program, plan = unpack_payload(msg["payload"])
+        return cls(int(msg["id"]), int(msg["world"]), {int(k): int(v) for k, v in msg["ranks"].items()},
+                   {int(k): int(v) for k, v in msg["src_ranks"].items()}, str(msg["master_addr"]),
+                   int(msg["master_port"]), int(msg["resume_step"]), program, plan, str(msg["source"]))
+
+
+class TrainSession:
+    """One run of ``train_entry`` on one worker: see the module docstring."""
+
+    def __init__(self, state: Any, run: Mapping[str, Any], index: int, offset: int) -> None:
+        from .train import _initial_shards, _program_of, dataset_for
+
+        self.state, self.run, self.index, self.offset = state, run, index, offset
+        self.elastic = bool(run.get("elastic"))
+        self.B, self.S, self.seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
+        self.steps = int(run["steps"])
+        self.program = _program_of(run)
+        self.dataset = dataset_for(run["data"], self.program.model.vocab_size)
+        self.capture = run.get("capture_dir")
+        self.switch_heard = 0      # the newest switch id received
+        self.switch_done = 0       # the newest switch id applied
+        self.reconfigured = 0      # the newest reconfigure id applied
+        self.committed = -1        # the last step this rank committed
+        self.adam_steps = 0        # Adam updates so far (every rank counts them, holding state or not)
+        # (program, state by name, Adam step count) from before the last switch, kept until a step commits after it
+        self.previous: tuple[Any, dict[str, Any], float] | None = None
+        self._messages: list[dict[str, Any]] = []
+        self._switch_agreed = 0
+        self.ex = None
+        self.state.program = self.program
+        self._make_groups(self.program)
+        params = _initial_shards(self.program, state.rank, run.get("init")) if state.rank in self.program.ranks \
+            else None
+        self._make_executor(params, None)
+        if self.ex is None:  # a spare rank may get state in a switch: pay torch.optim's first-use import now
+            import torch
+
+            torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+
+    # ---- building -----------------------------------------------------------------------------------------
+    def _adam(self) -> Any:
+        from .executor import AdamConfig
+
+        a = self.run["adam"]
+        return AdamConfig(lr=a["lr"], betas=tuple(a["betas"]), eps=a["eps"], weight_decay=a["weight_decay"])
+
+    def _make_groups(self, program: Any) -> None:
+        from .comm import comm_groups
+        from .executor import pipeline_groups, program_comm_plans
+
+        self.state.create_groups(comm_groups(program_comm_plans(program)))
+        # NCCL: stage-boundary messages on a group per rank pair and direction (executor.pipeline_groups)
+        self.p2p = pipeline_groups(program, self.state.spec.timeout_s) if self.state.spec.backend == "nccl" else None
+
+    def _drop_unused_groups(self, program: Any) -> None:
+        """Destroy the process groups the running Program does not use (every rank does the same)."""
+        import torch.distributed as dist
+
+        from .comm import comm_groups
+        from .executor import program_comm_plans
+
+        keep = set(comm_groups(program_comm_plans(program)))
+        for key in sorted(set(self.state.groups) - keep):
+            g = self.state.groups.pop(key)
+            if g is not dist.group.WORLD and g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
+                dist.destroy_process_group(g)
+
+    def _make_executor(self, params: Any, optimizer_state: Any) -> None:
+        from .executor import StepExecutor
+
+        rank, program = self.state.rank, self.program
+        self.ex = None
+        if rank in program.ranks:
+            rc = self.run.get("recompute")
+            self.ex = StepExecutor(program, rank, self.state, seed=self.seed, global_batch=self.B, seq_len=self.S,
+                                   adam=self._adam(),
+                                   recompute=(rank in program.recompute) if rc is None else (rank in rc),
+                                   device=self.state.device, params=params, optimizer_state=optimizer_state,
+                                   emulate=self.state.emulate if self.state.launch_rank in self.state.spec.slowdown
+                                   else None, precision=self.run.get("precision", "fp32"), p2p_groups=self.p2p)
+            self.state.params, self.state.optimizer = self.ex.params, self.ex.optimizer
+        else:
+            self.state.params, self.state.optimizer = {}, None
+        self.state.program = program
+
+    # ---- the loop -----------------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        import torch.distributed as dist
+
+        started = time.perf_counter()
+        losses: dict[int, float] = {}
+        step = 0
+        while step < self.steps:
+            try:
+                self._maybe_switch(step)
+                losses[step] = self._step(step)
+                step += 1
+            except Exception as e:  # noqa: BLE001 - sorted below: a peer's failure, or a genuine error
+                if not (self.elastic and _is_comm_failure(e)):
+                    raise
+                step = self._recover(e)
+        out: dict[str, Any] = {"losses": [losses[s] for s in sorted(losses)], "rank": self.state.rank,
+                               "launch_rank": self.state.launch_rank, "active": self.ex is not None,
+                               "seconds": round(time.perf_counter() - started, 3),
+                               "switches": self.switch_done, "reconfigurations": self.reconfigured}
+        if self.ex is not None:
+            from .train import _memory_summary, _save_capture
+
+            out.update(_memory_summary(self.ex, self.program, self.state.rank))
+            if self.capture:
+                _save_capture(self.ex, self.program, self.state.rank,
+                              Path(self.capture) / f"run{self.index}_rank{self.state.launch_rank}.pt")
+        dist.barrier()
+        return out
+
+    def _step(self, step: int) -> float:
+        import torch
+        import torch.distributed as dist
+
+        state, ex = self.state, self.ex
+        state.step = self.offset + step
+        state.begin_step()
+        agreed: dict[str, float] = {}
+
+        def commit(mine: float) -> None:
+            self._collect()
+            mine_t = torch.tensor([mine, float(self.switch_heard)], dtype=torch.float64, device=state.device)
+            everyone = torch.empty(state.world_size * 2, dtype=torch.float64, device=state.device)
+            dist.all_gather_into_tensor(everyone, mine_t)
+            rows = everyone.view(-1, 2)
+            agreed["loss"], agreed["switch"] = float(rows[:, 0].sum()), float(rows[:, 1].max())
+
+        if ex is not None:
+            batch = self.dataset.global_batch(step, self.B, self.S, self.seed) if ex.needs_data else None
+            ex.step(batch, capture_grads=bool(self.capture) and step == 0, before_update=commit)
+        else:
+            commit(0.0)
+        self.committed = step
+        self.adam_steps += 1
+        if self.previous is not None:  # the first step after a switch committed everywhere: the old state can go
+            self.previous = None
+        self._switch_agreed = int(agreed["switch"])
+        tokens = ex.micro_size * ex.num_micro * self.S if ex is not None and ex.stage == 0 else None
+        state.report(self.offset + step, loss=agreed["loss"], tokens=tokens, run=self.index,
+                     compute_s=round(ex.compute_s, 6) if ex is not None else None)
+        return agreed["loss"]
+
+    # ---- control messages ---------------------------------------------------------------------------------
+    def _collect(self) -> None:
+        for msg in self.state.poll_control():
+            if msg.get("type") == "switch":
+                self.switch_heard = max(self.switch_heard, int(msg["id"]))
+            self._messages.append(msg)
+
+    def _take(self, kind: str, ident: int, timeout: float) -> dict[str, Any]:
+        """The control message of ``kind`` with ``id == ident`` (waiting for it up to ``timeout`` seconds)."""
+        end = time.monotonic() + timeout
+        while True:
+            self._collect()
+            for i, msg in enumerate(self._messages):
+                if msg.get("type") == kind and int(msg.get("id", -1)) == ident:
+                    return self._messages.pop(i)
+            if time.monotonic() > end:
+                raise HSPMDError(f"rank {self.state.launch_rank}: no {kind} message {ident} from the launcher within "
+                                 f"{timeout:.0f} s")
+            time.sleep(0.005)
+
+    def _newest(self, kind: str, after: int, timeout: float) -> dict[str, Any]:
+        """The newest control message of ``kind`` with an id above ``after`` (waiting up to ``timeout``); older
+        ones of that kind are dropped."""
+        end = time.monotonic() + timeout
+        while True:
+            self._collect()
+            found = [m for m in self._messages if m.get("type") == kind and int(m.get("id", -1)) > after]
+            if found:
+                msg = max(found, key=lambda m: int(m["id"]))
+                self._messages = [m for m in self._messages if m.get("type") != kind or int(m["id"]) > int(msg["id"])]
+                return msg
+            if time.monotonic() > end:
+                raise HSPMDError(f"rank {self.state.launch_rank}: the launcher sent no {kind} within {timeout:.0f} s "
+                                 "after this worker halted")
+            time.sleep(0.005)
+
+    # ---- switching ------------------------------------------------------------------------------------------
+    def _maybe_switch(self, step: int) -> None:
+        target = getattr(self, "_switch_agreed", 0)
+        if target <= self.switch_done:
+            return
+        msg = self._take("switch", target, self.state.spec.timeout_s)
+        for older in [m for m in self._messages if m.get("type") == "switch" and int(m["id"]) < target]:
+            self._messages.remove(older)  # superseded switches are never applied
+        program, plan = unpack_payload(msg["payload"])
+        t0 = time.perf_counter()
+        nbytes = self._switch_to(program, plan)
+        self.switch_done = target
+        self.state.channel.send("switched", id=target, what="switch", step=self.offset + step,
+                                seconds=round(time.perf_counter() - t0, 6), bytes=nbytes, **self.last_switch)
+
+    def _state_by_name(self) -> dict[str, Any]:
+        """This rank's training state by :meth:`Program.state_layouts` name (parameters and Adam moments)."""
+        import torch
+
+        out: dict[str, Any] = {}
+        if self.ex is None:
+            return out
+        opt = self.ex.optimizer_state()
+        for name, p in self.ex.params.items():
+            out[name] = p.detach()
+            st = opt.get(name) or {}
+            for k in ("exp_avg", "exp_avg_sq"):
+                out[f"{name}.{k}"] = st[k] if k in st else torch.zeros_like(p.detach())
+        return out
+
+    def _switch_to(self, program: Any, plan: Any, *, source: Mapping[str, Any] | None = None,
+                   src_rank: int | None = None, to_proc: Mapping[int, int] | None = None,
+                   step_count: float | None = None) -> int:
+        """Move the state to ``program`` by ``plan`` and build its executor; returns the bytes this rank sent."""
+        import torch.distributed as dist
+
+        from .switch_exec import execute_switch
+
+        t0 = time.perf_counter()
+        tensors = dict(source) if source is not None else self._state_by_name()
+        count = float(self.adam_steps) if step_count is None else step_count
+        self._make_groups(program)
+        t1 = time.perf_counter()
+        me = self.state.rank if src_rank is None else src_rank
+        out = execute_switch(plan, tensors, self.state, rank=me, ranks=to_proc, group=dist.group.WORLD)
+        t2 = time.perf_counter()
+        # every rank has its new state: drop what the old Program needed
+        self.previous = (self.program, tensors, count)
+        self.program = program
+        self._drop_unused_groups(program)
+        params = {n: out[n] for n in program.executable_graph(self.state.rank).parameters} \
+            if self.state.rank in program.ranks else None
+        opt = None
+        if params is not None:
+            opt = {n: ({"exp_avg": out[f"{n}.exp_avg"], "exp_avg_sq": out[f"{n}.exp_avg_sq"], "step": count}
+                       if count > 0 else {}) for n in params}
+        self._make_executor(params, opt)
+        self.last_switch = {"groups_s": round(t1 - t0, 6), "bsr_s": round(t2 - t1, 6),
+                            "build_s": round(time.perf_counter() - t2, 6)}
+        return int(sum(m.nbytes for s in plan.steps for m in s.messages if m.src == me))
+
+    # ---- recovery -------------------------------------------------------------------------------------------
+    def _recover(self, error: BaseException) -> int:
+        """After a peer's failure: abandon the world, report, wait for the launcher's plan, rejoin, switch;
+        returns the step to go on from."""
+        t0 = time.perf_counter()
+        self.state.abandon_groups()
+        if self.previous is not None:  # failed during or right after a switch: the state from before it is whole
+            program, tensors, count = self.previous
+            have = "previous"
+        else:
+            program, tensors, count = self.program, self._state_by_name(), float(self.adam_steps)
+            have = "live"
+        self.state.channel.send("halted", step=self.committed, source=have,
+                                error=f"{type(error).__name__}: {str(error)[:300]}")
+        msg = Reconfigure.decode(self._newest("reconfigure", self.reconfigured, RECONFIGURE_WAIT_S))
+        if msg.source != have and msg.source == "previous" and self.previous is None:
+            raise HSPMDError(f"rank {self.state.launch_rank}: the launcher asked for the state from before the "
+                             "switch, but this rank no longer holds it")
+        me = self.state.launch_rank
+        if me not in msg.ranks:
+            raise HSPMDError(f"rank {me}: left out of the re-formed world (treated as failed by the launcher)")
+        t1 = time.perf_counter()
+        self.state.rejoin(msg.master_addr, msg.master_port, msg.world, msg.ranks[me])
+        t2 = time.perf_counter()
+        to_proc = {msg.src_ranks[l]: msg.ranks[l] for l in msg.ranks}  # source-numbering rank -> new process rank
+        self.program = program
+        self.previous = None
+        nbytes = self._switch_to(msg.program, msg.plan, source=tensors,
+                                 src_rank=msg.src_ranks[me], to_proc=to_proc, step_count=count)
+        self.reconfigured = msg.id
+        self.switch_done = max(self.switch_done, self.switch_heard)  # switches heard before the failure are moot
+        self._switch_agreed = self.switch_done
+        self.state.channel.send("switched", id=msg.id, what="reconfigure", step=self.offset + msg.resume_step,
+                                seconds=round(time.perf_counter() - t2, 6), rejoin_s=round(t2 - t1, 6),
+                                wait_s=round(t1 - t0, 6), bytes=nbytes, **self.last_switch)
+        return msg.resume_step
+
+
+def _is_comm_failure(e: BaseException) -> bool:
+    """Whether ``e`` is what a peer's death looks like from here (gloo/NCCL errors, our wrappers of them)."""
+    from .comm import CommExecutionError
+
+    if isinstance(e, (CommExecutionError, CommFailure)):
+        return True
+    if isinstance(e, RuntimeError):
+        text = str(e)
+        return any(s in text for s in ("Connection closed", "Connection reset", "Broken pipe", "gloo", "NCCL",
+                                       "timed out", "Timed out", "connection", "ProcessGroup", "peer"))
+    return False

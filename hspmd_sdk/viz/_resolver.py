@@ -1,0 +1,133 @@
+"""Communication resolution for the editor: ``AnnotationPlan.from_strategy`` + ``specialize`` + what the canvas
+draws of it (:func:`._comm_view.comm_view`), inline or on one background thread (the newest request wins), with a
+small cache keyed by the strategy so that undo and redo are instant.
+
+On the background thread the result comes in two deliveries: first the program and its stage-boundary arrows, then
+(after summing every operator's transfers) the busiest link -- so the arrows are drawn without waiting for it."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import HSPMDError
+from .draft import Problem, locate
+
+__all__ = ["Resolved", "Resolver"]
+
+_CACHE = 16
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The core's resolution of one strategy: its annotation plan, specialized program and communication view
+    (or the problem that stopped it)."""
+
+    plan: Any = None
+    program: Any = None
+    comm: Any = None
+    problem: Problem | None = None
+    seconds: float = 0.0
+
+
+class Resolver:
+    def __init__(self, model: Any, cluster: Any, background: bool) -> None:
+        self.model, self.cluster, self.background = model, cluster, background
+        self._cache: OrderedDict[str, Resolved] = OrderedDict()
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
+        self._wanted: str | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether the newest request is still being resolved."""
+        fut = self._pending
+        return fut is not None and not fut.done()
+
+    def cached(self, key: str) -> Resolved | None:
+        with self._lock:
+            return self._cache.get(key)
+
+    def request(self, key: str, strategy: Any, done: Callable[[Resolved], None]) -> None:
+        """Resolve ``strategy`` (cached under ``key``) and call ``done`` with the result -- now when inline or
+        cached, else on the background thread unless a newer request superseded this one."""
+        self._wanted = key
+        got = self.cached(key)
+        if got is not None:
+            done(got)
+            return
+        if not self.background:
+            done(self._compute(key, strategy))
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hspmd-editor")
+
+        def job() -> None:
+            if self._wanted != key:  # superseded before it started
+                return
+            res = self._compute(key, strategy, busiest=False)
+            if self._wanted == key:
+                done(res)
+            if res.program is not None and self._wanted == key:
+                res = self._add_busiest(key, res)
+                if self._wanted == key:
+                    done(res)
+        self._pending = self._executor.submit(job)
+
+    def cancel(self) -> None:
+        """Forget the newest request (a newer draft has nothing to resolve)."""
+        self._wanted = None
+
+    def wait(self, timeout: float | None = 60.0) -> None:
+        fut = self._pending
+        if fut is not None:
+            fut.result(timeout=timeout)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def _add_busiest(self, key: str, res: Resolved) -> Resolved:
+        from dataclasses import replace
+
+        from ._comm_view import busiest_link
+
+        full = replace(res, comm=replace(res.comm, busiest=busiest_link(res.program, self.cluster)))
+        with self._lock:
+            self._cache[key] = full
+            while len(self._cache) > _CACHE:
+                self._cache.popitem(last=False)
+        return full
+
+    def _compute(self, key: str, strategy: Any, busiest: bool = True) -> Resolved:
+        from ..core.plan import AnnotationPlan
+        from ..core.specialize import specialize
+        from ._comm_view import comm_view
+
+        t0 = time.perf_counter()
+        try:
+            plan = AnnotationPlan.from_strategy(self.model, strategy, self.cluster)
+            program = specialize(self.model, plan, self.cluster)
+            res = Resolved(plan, program, comm_view(program, strategy, self.cluster, busiest=busiest), None,
+                           time.perf_counter() - t0)
+        except HSPMDError as e:
+            problems = getattr(e, "problems", None)
+            prob = locate(*problems[0]) if problems else locate("", str(e))
+            if prob.tensor is None and prob.pipeline is None:
+                prob = Problem(prob.path or "communication", f"communication resolution failed: {prob.message}")
+            res = Resolved(problem=prob, seconds=time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001 - shown in plain words, never as a traceback
+            res = Resolved(problem=Problem("communication", f"communication resolution failed "
+                                                            f"({type(e).__name__}): {e}"),
+                           seconds=time.perf_counter() - t0)
+        if busiest or res.program is None:  # a partial result is never cached
+            with self._lock:
+                self._cache[key] = res
+                while len(self._cache) > _CACHE:
+                    self._cache.popitem(last=False)
+        return res

@@ -1,0 +1,155 @@
+"""What the cluster canvas is told to draw, against hand counts: stage-boundary arrows with their operators and
+bytes per step, redundant traffic and the resolver's cheaper alternative, the busiest link, a tensor's DG Union and
+shards; and the widget's message routing (each message calls the editor method a script would)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("plotly")
+pytest.importorskip("ipywidgets")
+pytest.importorskip("anywidget")
+
+from hspmd_sdk import Cluster  # noqa: E402
+from hspmd_sdk.viz import PlanEditor  # noqa: E402
+from hspmd_sdk.viz._canvas_view import canvas_view, cluster_view  # noqa: E402
+from hspmd_sdk.viz._units import fmt_bytes  # noqa: E402
+
+CL = Cluster.mixed({"H800": 4, "H20": 4}, per_node=4)  # node0: ranks 0-3 (H800), node1: ranks 4-7 (H20)
+HIDDEN = 64  # the tiny model's hidden size
+CROSS = {"pipelines": [  # two pipelines, each a TP2 stage on node1 feeding a TP2 stage on node0
+    {"stages": [{"devices": [4, 5], "layers": [0, 1]}, {"devices": [0, 1], "layers": [2, 3]}],
+     "micro_batch_size": 1, "num_micro_batches": 4},
+    {"stages": [{"devices": [6, 7], "layers": [0, 1]}, {"devices": [2, 3], "layers": [2, 3]}],
+     "micro_batch_size": 1, "num_micro_batches": 4}]}
+ONE = {"pipelines": [{"stages": [{"devices": [4], "layers": [0, 1]}, {"devices": [0], "layers": [2, 3]}],
+                      "micro_batch_size": 1, "num_micro_batches": 8}]}
+
+
+def _editor(strategy, **kw) -> PlanEditor:
+    return PlanEditor(CL, "tiny", strategy, global_batch=8, seq_len=16, background=False, **kw)
+
+
+def _hidden_bytes(ed: PlanEditor, samples: int) -> int:
+    """One copy of a pipeline's hidden state at the program's bindings (fp32), by hand."""
+    return samples * ed.program.bindings["S"] * HIDDEN * 4
+
+
+def test_boundary_arrows_carry_the_operators_and_bytes_per_step_counted_by_hand():
+    ed = _editor(CROSS)
+    copy = _hidden_bytes(ed, 4)  # each pipeline carries 4 of the 8 samples
+    arrows = ed.comm.arrows
+    assert [(a.pipeline, a.src_stage, a.dst_stage, a.reshard) for a in arrows] == [
+        (0, 0, 1, "layers.2.in"), (1, 0, 1, "layers.2.in")]
+    for a in arrows:
+        # D2 -> D2 on other devices: SendRecv, each of the 2 TP ranks sends its full copy across the network
+        assert a.kinds == ("SendRecv",)
+        assert dict(a.forward) == {"intra": 0, "inter": 2 * copy}
+        assert dict(a.backward) == {"intra": 0, "inter": 2 * copy}
+        assert a.label() == f"SendRecv · {fmt_bytes(4 * copy)} inter per step"
+    view = canvas_view(ed)
+    assert [(x["p"], x["from"], x["to"], x["op"], x["cls"]) for x in view["comm"]["arrows"]] == [
+        (0, 0, 1, "SendRecv", "inter"), (1, 0, 1, "SendRecv", "inter")]
+    assert view["comm"]["state"] == "ready" and not view["comm"]["stale"]
+    json.dumps(view)  # what the widget syncs must be JSON
+
+
+def test_redundant_boundary_is_flagged_with_the_resolvers_cheaper_plan():
+    ed = _editor(CROSS)
+    copy = _hidden_bytes(ed, 4)
+    for a in ed.comm.arrows:
+        assert a.redundant and a.redundancy == pytest.approx(2.0)  # 2 copies where node0 needs one
+        fix = a.fix
+        assert fix is not None and fix.kinds == ("BSR", "AllGather")
+        assert fix.inter == 2 * copy and fix.current_inter == 4 * copy  # whole Reshard, forward: half the bytes
+        assert fix.intra > 0 and fix.seconds < fix.current_seconds
+    [warn] = [p for p in ed.warnings if "redundant boundary traffic" in p.message]
+    assert (warn.pipeline, warn.stage) == (0, 1) and "layers.2.in (pipeline 0, 1)" in warn.message
+    assert "2× the bytes needed" in warn.message and "BSR → AllGather" in warn.message
+    assert ed.is_valid  # a warning, not an error
+
+
+def test_an_intra_node_boundary_is_not_redundant():
+    ed = _editor({"pipelines": [{"stages": [{"devices": [0, 1], "layers": [0, 1]}, {"devices": [2, 3],
+                                                                                    "layers": [2, 3]}],
+                                 "micro_batch_size": 1, "num_micro_batches": 8}]})
+    [a] = ed.comm.arrows
+    assert dict(a.forward) == {"intra": 2 * _hidden_bytes(ed, 8), "inter": 0}
+    assert not a.redundant and a.fix is None
+    assert canvas_view(ed)["comm"]["arrows"][0]["cls"] == "intra"
+
+
+def test_the_busiest_link_of_a_two_stage_pipeline_is_its_boundary():
+    ed = _editor(ONE)
+    b = ed.comm.busiest
+    assert (b.src, b.dst) in {(4, 0), (0, 4)} and b.cls == "inter"
+    assert b.nbytes == _hidden_bytes(ed, 8)  # one direction: activations forward or gradients backward
+    link = CL.link(b.src, b.dst)
+    assert b.seconds == pytest.approx(b.nbytes / link.bandwidth + link.latency)  # one message: one latency
+    assert canvas_view(ed)["comm"]["busiest"]["src"] == b.src
+
+
+def test_a_picked_tensor_shows_its_dg_union_and_each_devices_shard():
+    ed = _editor(CROSS)
+    ed.pick_tensor("layers.0.attn.wq")  # Megatron: column split inside each TP2 stage, replicated across pipelines
+    t = canvas_view(ed)["tensor"]
+    assert (t["hsize"], t["hdim"]) == (2, -1)
+    assert [g["ranks"] for g in t["subgroups"]] == [[4, 5], [6, 7]]
+    assert len({g["colour"] for g in t["subgroups"]}) == 2
+    assert t["shards"]["4"]["box"] == [0.0, 1.0, 0.0, 0.5] and t["shards"]["5"]["box"] == [0.0, 1.0, 0.5, 1.0]
+    assert t["shards"]["6"]["box"] == [0.0, 1.0, 0.0, 0.5]
+    assert t["cuts_c"] == [0.0, 0.5, 1.0] and t["cuts_r"] == [0.0, 1.0]
+    assert "0" not in t["shards"]  # rank 0 holds layer 2-3's weights, not layer 0's
+    assert "each subgroup holds the whole tensor" in t["words"]
+    ed.pick_tensor("layers.2.in")  # a Reshard: its messages are drawn too
+    r = canvas_view(ed)["tensor"]["reshard"]
+    assert r["kinds"] == ["SendRecv"] and len(r["messages"]) == 4
+    assert {(s, d) for s, d, _, _ in r["messages"]} == {(4, 0), (5, 1), (6, 2), (7, 3)}
+
+
+def test_cluster_view_and_units():
+    ed = _editor(CROSS)
+    c = cluster_view(ed)
+    assert [n["ranks"] for n in c["nodes"]] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert c["nodes"][0]["mem_gib"] == 79.6 and c["nodes"][1]["nvlink_gbs"] == 900
+    view = canvas_view(ed)
+    text = json.dumps(view)
+    assert "e+" not in text.replace("\\u", "")  # no raw floats like 4e+09 in anything shown
+    tile = view["tiles"][0]
+    assert tile["mem_text"].endswith("/80 GiB")
+
+
+def test_widget_messages_call_the_editor(tmp_path):
+    ed = _editor(CROSS)
+    ed.widget  # builds the canvas
+    ui = ed._ui
+    v0 = ui.canvas.view["version"]
+    ui._on_msg(None, {"op": "move", "ranks": [2, 3], "p": 0, "s": 1}, None)  # drag onto pipeline 0 stage 1
+    assert ed.draft.pipelines[0].stages[1].devices == [0, 1, 2, 3]
+    assert ui.canvas.view["version"] > v0
+    assert ui.canvas.view["pipelines"][1]["stages"][1]["ranks"] == []
+    ui._on_msg(None, {"op": "undo"}, None)
+    assert ed.draft.pipelines[0].stages[1].devices == [0, 1]
+    ui._on_msg(None, {"op": "redo"}, None)
+    ui._on_msg(None, {"op": "save", "path": str(tmp_path / "x.json")}, None)  # invalid draft: refused
+    assert not (tmp_path / "x.json").exists() and "not saved" in ui.canvas.view["message"]
+    ui._on_msg(None, {"op": "undo"}, None)
+    ui._on_msg(None, {"op": "save", "path": str(tmp_path / "x.json")}, None)
+    assert (tmp_path / "x.json").exists()
+    ui._on_msg(None, {"op": "no-such-op"}, None)
+    assert "unknown action" in ed.message
+    ui._on_msg(None, {"op": "comm", "reshard": "layers.2.in"}, None)
+    assert len(ui.comm_out.outputs) == 2 and "application/vnd.plotly.v1+json" in ui.comm_out.outputs[0]["data"]
+    assert ui.comm_note.value == ""
+    ui._on_msg(None, {"op": "fix", "reshard": "layers.2.in"}, None)
+    assert len(ui.comm_out.outputs) == 3  # the fix in words, then its two Reshards drawn
+    ui._on_msg(None, {"op": "timeline"}, None)
+    assert len(ui.timeline.outputs) == 1 and ui.timeline_note.value == ""
+    ui._on_msg(None, {"op": "layers", "p": 0, "s": 0, "first": 0, "last": 0}, None)  # the Gantt is now stale
+    assert ui.canvas.view["timeline_stale"] and "stale" in ui.timeline_note.value
+    assert "stale" in ui.comm_note.value
+    ui._on_msg(None, {"op": "tensor", "name": "lm_head"}, None)
+    assert "did you mean" in ui.canvas.view["message"]
+    groups = dict(ui.canvas.tensors)
+    assert "layers.3.mlp.w2" in groups["layers.3"]

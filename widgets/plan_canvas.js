@@ -1,0 +1,880 @@
+// hspmd_sdk · the plan editor's cluster canvas (an anywidget ESM module; plain ES module, no build step).
+//
+// Python (hspmd_sdk/viz/_canvas.py) syncs two traits: `cluster` (nodes and devices, sent once) and `view`
+// (everything about the draft shown, after every change: see hspmd_sdk/viz/_canvas_view.py), plus `tensors`
+// (the tensor picker's groups).  Every user action is sent to Python as a message {op, ...} that calls the
+// same PlanEditor method a script would; nothing here decides anything about the plan.
+//
+// Direct manipulation: drag a device tile (or a box/lasso selection) onto a stage -- a tile of that stage, its
+// chip in the stage list, "+ stage" or "+ pipeline"; click a tile to toggle it in the selected stage; keyboard:
+// arrows move between tiles, Space selects, Enter moves the selection into the selected stage, Delete takes it
+// out, [ and ] change the selected stage, Ctrl+Z / Ctrl+Shift+Z (or Ctrl+Y) undo and redo.
+
+const SVG = "http://www.w3.org/2000/svg";
+const GAP = 16, PAD = 12, HEAD = 34, NODE_GAP = 36, HULL = 5, LANE = 26;
+const LINK = { intra: "#159a8c", inter: "#d1495b", mixed: "#7b4fb0" };
+
+function esc(s) {
+  return String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+}
+
+// ---- layout ------------------------------------------------------------------------------------------------
+// Node boxes in rows, each node's tiles in rows; the tile size follows the width (legible from 1024 px up).
+export function layout(cluster, width) {
+  const nodes = cluster.nodes;
+  const maxN = Math.max(...nodes.map((n) => n.ranks.length));
+  const perRow = [...new Set([maxN, Math.ceil(maxN / 2), Math.ceil(maxN / 4)])].filter((t) => t >= 1);
+  let best = null;
+  for (const t of perRow) {
+    for (let k = 1; k <= nodes.length; k++) {
+      const tile = Math.floor((width - (k - 1) * NODE_GAP - k * (2 * PAD + (t - 1) * GAP)) / (k * t));
+      if (tile < 58) continue;
+      const size = Math.min(tile, 92);
+      const rowsPerNode = Math.ceil(maxN / t);
+      const nodeH = HEAD + 2 * PAD + rowsPerNode * Math.round(size * 0.78) + (rowsPerNode - 1) * GAP;
+      const height = Math.ceil(nodes.length / k) * (nodeH + NODE_GAP);
+      const score = Math.min(size, 76) * 10000 - height;
+      if (!best || score > best.score) best = { t, k, size, score };
+    }
+  }
+  if (!best) best = { t: Math.min(maxN, 4), k: 1, size: 58 };
+  const { t, k, size } = best;
+  const th = Math.round(size * 0.78);
+  const tiles = new Array(cluster.num_ranks);
+  const boxes = [];
+  let y = 0;
+  for (let i = 0; i < nodes.length; i += k) {
+    const row = nodes.slice(i, i + k);
+    const rowH = Math.max(...row.map((n) => HEAD + 2 * PAD + Math.ceil(n.ranks.length / t) * (th + GAP) - GAP));
+    row.forEach((n, c) => {
+      const cols = Math.min(t, n.ranks.length);
+      const w = 2 * PAD + t * size + (t - 1) * GAP;
+      const x = c * (w + NODE_GAP);
+      boxes.push({ x, y, w, h: rowH, node: n });
+      n.ranks.forEach((r, j) => {
+        tiles[r] = { r, node: n.i, x: x + PAD + (j % t) * (size + GAP), y: y + HEAD + PAD + Math.floor(j / t) * (th + GAP),
+                     w: size, h: th, col: j % t, row: Math.floor(j / t), cols };
+      });
+    });
+    y += rowH + NODE_GAP;
+  }
+  const w = Math.max(...boxes.map((b) => b.x + b.w));
+  return { boxes, tiles, width: w, height: y - NODE_GAP, size };
+}
+
+// ---- orthogonal hulls ----------------------------------------------------------------------------------------
+// The outline of the union of a set of tiles of one node: tiles grown by HULL, bridged to their neighbours in the
+// node's grid.  Returns {rects, edges} in pixels (edges: boundary segments of the union).
+function hull(tiles) {
+  const rects = [];
+  const at = new Map(tiles.map((t) => [`${t.col},${t.row}`, t]));
+  for (const t of tiles) {
+    rects.push([t.x - HULL, t.y - HULL, t.x + t.w + HULL, t.y + t.h + HULL]);
+    const right = at.get(`${t.col + 1},${t.row}`), down = at.get(`${t.col},${t.row + 1}`);
+    if (right) rects.push([t.x + t.w, t.y - HULL, right.x, t.y + t.h + HULL]);
+    if (down) rects.push([t.x - HULL, t.y + t.h, t.x + t.w + HULL, down.y]);
+    if (right && down && at.get(`${t.col + 1},${t.row + 1}`)) rects.push([t.x + t.w, t.y + t.h, right.x, down.y]);
+  }
+  const xs = [...new Set(rects.flatMap((r) => [r[0], r[2]]))].sort((a, b) => a - b);
+  const ys = [...new Set(rects.flatMap((r) => [r[1], r[3]]))].sort((a, b) => a - b);
+  const cov = (i, j) => {
+    if (i < 0 || j < 0 || i >= xs.length - 1 || j >= ys.length - 1) return false;
+    const cx = (xs[i] + xs[i + 1]) / 2, cy = (ys[j] + ys[j + 1]) / 2;
+    return rects.some((r) => r[0] <= cx && cx <= r[2] && r[1] <= cy && cy <= r[3]);
+  };
+  const edges = [];
+  for (let i = 0; i < xs.length - 1; i++) {
+    for (let j = 0; j < ys.length - 1; j++) {
+      if (!cov(i, j)) continue;
+      if (!cov(i, j - 1)) edges.push([xs[i], ys[j], xs[i + 1], ys[j]]);
+      if (!cov(i, j + 1)) edges.push([xs[i], ys[j + 1], xs[i + 1], ys[j + 1]]);
+      if (!cov(i - 1, j)) edges.push([xs[i], ys[j], xs[i], ys[j + 1]]);
+      if (!cov(i + 1, j)) edges.push([xs[i + 1], ys[j], xs[i + 1], ys[j + 1]]);
+    }
+  }
+  return { rects, edges };
+}
+
+function bbox(tiles, grow = 0) {
+  const x0 = Math.min(...tiles.map((t) => t.x)) - grow, y0 = Math.min(...tiles.map((t) => t.y)) - grow;
+  const x1 = Math.max(...tiles.map((t) => t.x + t.w)) + grow, y1 = Math.max(...tiles.map((t) => t.y + t.h)) + grow;
+  return { x0, y0, x1, y1, cx: (x0 + x1) / 2, cy: (y0 + y1) / 2 };
+}
+
+function byNode(lay, ranks) {
+  const parts = new Map();
+  for (const r of ranks) {
+    const t = lay.tiles[r];
+    if (!t) continue;
+    if (!parts.has(t.node)) parts.set(t.node, []);
+    parts.get(t.node).push(t);
+  }
+  return [...parts.values()];
+}
+
+function hullSvg(parts, colour, fill, opacity, dashed, cls) {
+  let out = "";
+  for (const p of parts) {
+    const h = hull(p);
+    out += `<g class="${cls}"><g opacity="${opacity}">` + h.rects.map((r) => `<rect x="${r[0]}" y="${r[1]}" width="${r[2] - r[0]}" height="${r[3] - r[1]}" fill="${fill}" stroke="none"/>`).join("") + "</g>";
+    out += `<path d="${h.edges.map((e) => `M${e[0]},${e[1]}L${e[2]},${e[3]}`).join("")}" stroke="${colour}" stroke-width="${dashed ? 3 : 2.5}" fill="none" stroke-linecap="square"${dashed ? ' stroke-dasharray="7 4"' : ""}/></g>`;
+  }
+  return out;
+}
+
+// Where a line from the box centre towards (x, y) leaves the box.
+function edgePoint(b, x, y) {
+  const dx = x - b.cx, dy = y - b.cy;
+  if (!dx && !dy) return [b.cx, b.cy];
+  const sx = dx ? (b.x1 - b.cx) / Math.abs(dx) : Infinity, sy = dy ? (b.y1 - b.cy) / Math.abs(dy) : Infinity;
+  const s = Math.min(sx, sy);
+  return [b.cx + dx * s, b.cy + dy * s];
+}
+
+function overlap(a, b) {
+  const w = Math.min(a.x1, b.x1) - Math.max(a.x0, b.x0), h = Math.min(a.y1, b.y1) - Math.max(a.y0, b.y0);
+  return w > 0 && h > 0 ? w * h : 0;
+}
+
+function inPolygon(x, y, pts) {
+  let inside = false;
+  for (let i = 0, j = pts.length - 1; i < pts.length; j = i++) {
+    const [xi, yi] = pts[i], [xj, yj] = pts[j];
+    if ((yi > y) !== (yj > y) && x < ((xj - xi) * (y - yi)) / (yj - yi) + xi) inside = !inside;
+  }
+  return inside;
+}
+
+
+// ---- routing arrows through the gaps ---------------------------------------------------------------------------
+// Arrows run along channels: the gaps between tile rows and columns, the node margins and the gaps between
+// nodes, so that they never hide a tile.  Dijkstra over the channel crossings, with a penalty per turn.
+function channels(lay) {
+  const xs = new Set(), ys = new Set();
+  for (const b of lay.boxes) {
+    xs.add(b.x + PAD / 2); xs.add(b.x + b.w - PAD / 2);
+    ys.add(b.y + HEAD + PAD / 2 - 2); ys.add(b.y + b.h - PAD / 2);
+    xs.add(b.x - NODE_GAP / 2); xs.add(b.x + b.w + NODE_GAP / 2);
+    ys.add(b.y - NODE_GAP / 2); ys.add(b.y + b.h + NODE_GAP / 2);
+  }
+  for (const t of lay.tiles) {
+    if (!t) continue;
+    if (t.col > 0) xs.add(t.x - GAP / 2);
+    if (t.row > 0) ys.add(t.y - GAP / 2);
+  }
+  const X = [...xs].filter((x) => x > -NODE_GAP / 2 && x < lay.width + NODE_GAP / 2).sort((a, b) => a - b);
+  const Y = [...ys].filter((y) => y > -NODE_GAP / 2 && y < lay.height + NODE_GAP / 2).sort((a, b) => a - b);
+  const rects = lay.tiles.filter(Boolean).map((t) => [t.x - 1, t.y - 1, t.x + t.w + 1, t.y + t.h + 1]);
+  const free = (x0, y0, x1, y1) => !rects.some((r) => Math.max(x0, x1) > r[0] && Math.min(x0, x1) < r[2] && Math.max(y0, y1) > r[1] && Math.min(y0, y1) < r[3]);
+  const ok = X.map((x) => Y.map((y) => free(x, y, x, y)));
+  // which steps between neighbouring crossings stay in the gaps (computed once per layout, not per arrow)
+  const right = X.map((x, i) => Y.map((y) => i + 1 < X.length && free(x, y, X[i + 1], y)));
+  const down = X.map((x) => Y.map((y, j) => j + 1 < Y.length && free(x, y, x, Y[j + 1])));
+  return { X, Y, ok, free, right, down };
+}
+
+// A binary min-heap of [cost, ...] entries.
+class Heap {
+  constructor() { this.a = []; }
+  get size() { return this.a.length; }
+  push(e) {
+    const a = this.a;
+    a.push(e);
+    for (let i = a.length - 1; i > 0;) {
+      const p = (i - 1) >> 1;
+      if (a[p][0] <= a[i][0]) break;
+      [a[p], a[i]] = [a[i], a[p]];
+      i = p;
+    }
+  }
+  pop() {
+    const a = this.a, top = a[0], last = a.pop();
+    if (a.length) {
+      a[0] = last;
+      for (let i = 0; ;) {
+        const l = 2 * i + 1, r = l + 1;
+        let m = i;
+        if (l < a.length && a[l][0] < a[m][0]) m = l;
+        if (r < a.length && a[r][0] < a[m][0]) m = r;
+        if (m === i) break;
+        [a[m], a[i]] = [a[i], a[m]];
+        i = m;
+      }
+    }
+    return top;
+  }
+}
+
+function route(ch, src, dst) {
+  const { X, Y, ok, free, right, down } = ch;
+  const near = (b) => {
+    const out = [];
+    X.forEach((x, i) => Y.forEach((y, j) => {
+      if (!ok[i][j]) return;
+      const dx = x < b.x0 ? b.x0 - x : x > b.x1 ? x - b.x1 : 0, dy = y < b.y0 ? b.y0 - y : y > b.y1 ? y - b.y1 : 0;
+      if ((dx === 0 || dy === 0) && dx + dy <= GAP + HULL + 2) {
+        const p = [Math.min(Math.max(x, b.x0), b.x1), Math.min(Math.max(y, b.y0), b.y1)];
+        if (free(p[0], p[1], x, y) || dx + dy <= HULL + 2) out.push({ i, j, p, d: dx + dy });
+      }
+    }));
+    return out;
+  };
+  const starts = near(src), ends = near(dst);
+  if (!starts.length || !ends.length) return null;
+  const endAt = new Map(ends.map((e) => [`${e.i},${e.j}`, e]));
+  const key = (i, j, d) => `${i},${j},${d}`;
+  const dist = new Map(), prev = new Map(), heap = new Heap();
+  const push = (c, i, j, d, from) => {
+    const k = key(i, j, d);
+    if (dist.has(k) && dist.get(k) <= c) return;
+    dist.set(k, c); prev.set(k, from); heap.push([c, i, j, d]);
+  };
+  for (const s0 of starts) push(s0.d, s0.i, s0.j, -1, null);
+  const steps = [[1, 0], [-1, 0], [0, 1], [0, -1]];
+  let best = null;
+  while (heap.size) {
+    const [c, i, j, d] = heap.pop();
+    if (c > dist.get(key(i, j, d))) continue;
+    const e = endAt.get(`${i},${j}`);
+    if (e && (!best || c + e.d < best.c)) best = { c: c + e.d, k: key(i, j, d), e };
+    if (best && c > best.c) break;
+    steps.forEach(([di, dj], nd) => {
+      const ni = i + di, nj = j + dj;
+      if (ni < 0 || nj < 0 || ni >= X.length || nj >= Y.length || !ok[ni][nj]) return;
+      const open = di === 1 ? right[i][j] : di === -1 ? right[ni][j] : dj === 1 ? down[i][j] : down[i][nj];
+      if (!open) return;
+      const len = Math.abs(X[ni] - X[i]) + Math.abs(Y[nj] - Y[j]);
+      push(c + len + (d >= 0 && d !== nd ? 40 : 0), ni, nj, nd, key(i, j, d));
+    });
+  }
+  if (!best) return null;
+  const pts = [];
+  for (let k = best.k; k; k = prev.get(k)) {
+    const [i, j] = k.split(",").map(Number);
+    pts.push([X[i], Y[j]]);
+  }
+  pts.reverse();
+  const s0 = starts.find((s) => s.i === X.indexOf(pts[0][0]) && s.j === Y.indexOf(pts[0][1]));
+  if (s0) pts.unshift(s0.p);
+  pts.push(best.e.p);
+  // drop collinear points
+  const out = [pts[0]];
+  for (let k = 1; k < pts.length - 1; k++) {
+    const [a, b, c] = [out[out.length - 1], pts[k], pts[k + 1]];
+    if ((a[0] === b[0] && b[0] === c[0]) || (a[1] === b[1] && b[1] === c[1])) continue;
+    out.push(b);
+  }
+  out.push(pts[pts.length - 1]);
+  return out;
+}
+
+// The straight segments of a route, longest horizontal first (labels sit on them, inside a gap).
+function segments(pts) {
+  const segs = [];
+  for (let k = 0; k < pts.length - 1; k++) {
+    const [a, b] = [pts[k], pts[k + 1]];
+    segs.push({ a, b, len: Math.hypot(b[0] - a[0], b[1] - a[1]), horiz: a[1] === b[1] });
+  }
+  return segs.sort((p, q) => (q.horiz - p.horiz) * 1e6 + (q.len - p.len));
+}
+
+// ---- the widget --------------------------------------------------------------------------------------------
+class Canvas {
+  constructor(model, el) {
+    this.model = model;
+    this.el = el;
+    this.sel = new Set();
+    this.focus = null;
+    this.mode = "box";
+    this.width = 0;
+    this.root = document.createElement("div");
+    this.root.className = "hspmd-canvas";
+    this.root.setAttribute("data-lm-suppress-shortcuts", "true");
+    el.appendChild(this.root);
+    this.root.addEventListener("pointerdown", (e) => this.onPointerDown(e));
+    this.root.addEventListener("click", (e) => this.onClick(e));
+    this.root.addEventListener("change", (e) => this.onChange(e));
+    this.root.addEventListener("keydown", (e) => this.onKey(e));
+    this.gesture = false;
+    this.pending = false;
+    this.onView = () => (this.gesture ? (this.pending = true) : this.render());
+    // the tensor names for the picker's search box: one datalist beside the canvas, rebuilt only when they change
+    this.names = document.createElement("datalist");
+    this.names.id = `hc-tensors-${this.uid()}`;
+    el.appendChild(this.names);
+    this.onTensors = () => {
+      this.names.innerHTML = (model.get("tensors") || []).flatMap((g) => g[1]).map((n) => `<option value="${esc(n)}">`).join("");
+      this.onView();
+    };
+    model.on("change:view", this.onView);
+    model.on("change:tensors", this.onTensors);
+    this.ro = new ResizeObserver(() => {
+      const area = this.root.querySelector(".hc-area");
+      const w = area ? area.clientWidth : 0;
+      if (w && Math.abs(w - this.width) > 8) this.render();
+    });
+    this.ro.observe(this.root);
+    this.onTensors();
+  }
+
+  destroy() {
+    this.model.off("change:view", this.onView);
+    this.model.off("change:tensors", this.onTensors);
+    this.ro.disconnect();
+  }
+
+  send(msg) {
+    this.model.send(msg);
+  }
+
+  // ---- rendering -------------------------------------------------------------------------------------------
+  render() {
+    const view = this.model.get("view") || {};
+    const cluster = this.model.get("cluster") || { nodes: [], num_ranks: 0 };
+    if (!cluster.nodes.length) return;
+    const keep = this.captureFocus();
+    const area0 = this.root.querySelector(".hc-area");
+    const avail = area0 ? area0.clientWidth : this.root.clientWidth || 900;
+    this.root.innerHTML = this.toolbar(view) + this.verdict(view) +
+      `<div class="hc-body"><div class="hc-area"></div><div class="hc-side">${this.side(view)}</div></div>`;
+    const area = this.root.querySelector(".hc-area");
+    this.width = area.clientWidth || avail;
+    this.lay = layout(cluster, Math.max(this.width - 8, 300));  // room for the hulls around the outer tiles
+    area.innerHTML = this.stageArea(view, cluster);
+    this.root.dataset.version = String(view.version ?? "");
+    this.root.dataset.valid = String(view.verdict?.level !== "error");
+    this.root.dataset.comm = view.comm?.state || "";
+    this.restoreFocus(keep);
+  }
+
+  captureFocus() {
+    const a = document.activeElement;
+    if (!a || !this.root.contains(a) || !a.dataset.key) return null;
+    return { key: a.dataset.key, value: a.value, start: a.selectionStart, end: a.selectionEnd, typed: a.dataset.typed === "1" };
+  }
+
+  restoreFocus(k) {
+    if (!k) return;
+    const el = this.root.querySelector(`[data-key="${k.key}"]`);
+    if (!el) return;
+    if (k.typed && "value" in el) {
+      el.value = k.value;
+      el.dataset.typed = "1";
+    }
+    el.focus({ preventScroll: true });
+    try { if (k.start != null) el.setSelectionRange(k.start, k.end); } catch (_) { /* not a text input */ }
+  }
+
+  toolbar(v) {
+    const can = v.can || {};
+    const btn = (op, text, ok, tip, extra = "") =>
+      `<button class="hc-btn" data-op="${op}" data-key="btn-${op}" ${ok ? "" : "disabled"} title="${esc(tip)}" ${extra}>${text}</button>`;
+    const groups = this.model.get("tensors") || [];
+    const gsel = this.group || (v.tensor_name ? groupOf(groups, v.tensor_name) : "");
+    const names = (groups.find((g) => g[0] === gsel) || [null, []])[1];
+    return `<div class="hc-toolbar" role="toolbar" aria-label="plan editor">
+      <span class="hc-group">${btn("undo", "↶ Undo", can.undo, "undo the last change (Ctrl+Z)")}${btn("redo", "↷ Redo", can.redo, "redo (Ctrl+Shift+Z or Ctrl+Y)")}</span>
+      <span class="hc-group" title="dragging on the empty canvas selects devices">select
+        <button class="hc-btn hc-toggle ${this.mode === "box" ? "on" : ""}" data-op="mode" data-mode="box" data-key="mode-box" aria-pressed="${this.mode === "box"}">▭ box</button><button class="hc-btn hc-toggle ${this.mode === "lasso" ? "on" : ""}" data-op="mode" data-mode="lasso" data-key="mode-lasso" aria-pressed="${this.mode === "lasso"}">◯ lasso</button></span>
+      <span class="hc-group"><label>schedule <select data-op="schedule" data-key="schedule">${["1f1b", "gpipe"].map((s) => `<option ${s === v.schedule ? "selected" : ""}>${s}</option>`).join("")}</select></label>
+        <label title="shard fp32 master weights and Adam states over the pipelines"><input type="checkbox" data-op="zero1" data-key="zero1" ${v.zero1 ? "checked" : ""}> ZeRO-1</label>
+        <label title="samples per step; pinned: edits never change it (${esc(v.batch_source)})">global batch <input class="hc-num" type="number" min="1" data-op="batch" data-key="batch" value="${v.global_batch ?? ""}"></label></span>
+      <span class="hc-group hc-picker"><label>tensor <select data-op="tgroup" data-key="tgroup" aria-label="tensor group"><option value="">—</option>${groups.map((g) => `<option value="${esc(g[0])}" ${g[0] === gsel ? "selected" : ""}>${esc(g[0])} (${g[1].length})</option>`).join("")}</select></label><select data-op="tname" data-key="tname" aria-label="tensor">${names.length ? `<option value="">pick…</option>` : ""}${names.map((n) => `<option ${n === v.tensor_name ? "selected" : ""} value="${esc(n)}">${esc(gsel && n.startsWith(gsel + ".") ? n.slice(gsel.length + 1) : n)}</option>`).join("")}</select>
+        <input class="hc-text" list="hc-tensors-${this.uid()}" placeholder="or type a name" data-op="tensor" data-key="tensor" value="${esc(v.tensor_name)}" size="18">${v.tensor_name ? btn("untensor", "✕", true, "clear the tensor") : ""}</span>
+      <span class="hc-group"><input class="hc-text" data-key="path" data-role="path" value="${esc(this.path || "strategy.json")}" size="14" title="file for Save / Load">${btn("save", "Save", can.save, can.save ? "save the plan shown as strategy JSON" : "blocked: " + can.save_why)}${btn("load", "Load", true, "load a strategy JSON")}</span>
+      <span class="hc-group">${btn("timeline", "Timeline", can.timeline, can.timeline ? "draw the simulated timeline of the plan shown" : "the plan shown does not simulate")}${btn("launch", "▶ Launch locally", can.launch, can.launch ? "train the plan shown on this machine (hspmd_sdk.launch)" : "blocked: " + can.launch_why)}${can.job ? btn("apply", "⇄ Apply to running job", can.apply, can.apply ? "job.switch(editor.program) at the job's next step boundary" : "blocked: " + can.apply_why) : ""}</span>
+    </div>`;
+  }
+
+  uid() {
+    if (!this._uid) this._uid = Math.random().toString(36).slice(2, 8);
+    return this._uid;
+  }
+
+  verdict(v) {
+    const vd = v.verdict || { level: "error", text: "" };
+    const c = v.counts || {};
+    const msg = v.message ? `<div class="hc-message" role="status">${esc(v.message)}</div>` : "";
+    const stale = v.timeline_stale ? `<div class="hc-stale">⚠ the timeline below is of an earlier plan: press Timeline to redraw it</div>` : "";
+    return `<div class="hc-verdict hc-${vd.level}" role="status" aria-live="polite"><span class="hc-headline">${esc(vd.text)}</span>
+      <span class="hc-counts">${c.errors ? `<b class="hc-e">${c.errors} error(s)</b>` : ""} ${c.warnings ? `<b class="hc-w">${c.warnings} warning(s)</b>` : ""}</span></div>${msg}${stale}`;
+  }
+
+  side(v) {
+    let out = "";
+    if (v.tensor) out += this.tensorLegend(v.tensor);
+    else if (v.tensor_error) out += `<div class="hc-card hc-error">${esc(v.tensor_error)}</div>`;
+    const general = (v.problems || []).map((p) => `<li class="hc-${p.level}">${p.level === "error" ? "✗ error" : "⚠ warning"} · <b>${esc(p.where)}</b>: ${esc(p.text)}</li>`).join("");
+    if (general) out += `<div class="hc-card"><ul class="hc-problems">${general}</ul></div>`;
+    out += `<div class="hc-card hc-stages"><div class="hc-card-head">Stages <small>drag tiles onto a stage chip · click a chip to select it</small></div>`;
+    for (const p of v.pipelines || []) out += this.pipelineCard(p, v);
+    out += `<div class="hc-drop hc-newpipe" data-drop="${(v.pipelines || []).length},0" title="drop devices here: a new pipeline">+ pipeline</div></div>`;
+    out += this.commCard(v.comm || {});
+    return out;
+  }
+
+  pipelineCard(p, v) {
+    const rows = p.stages.map((s) => {
+      const probs = s.problems.map((x) => `<div class="hc-msg hc-${x.level}">${x.level === "error" ? "✗" : "⚠"} ${esc(x.text)}</div>`).join("");
+      const mem = s.mem != null ? `<span class="hc-mem" title="fullest device of the stage, ${esc(s.mem_kind)}"><span class="hc-bar"><span style="width:${Math.min(100, s.mem * 100).toFixed(0)}%;background:${s.mem > 1 ? "#d62728" : s.mem > 0.9 ? "#d4a72c" : "#2da44e"}"></span></span>${esc(s.mem_text)}${s.mem_kind === "estimate" ? " (estimate)" : ""}</span>` : `<span class="hc-mem hc-note">memory: not estimated</span>`;
+      const nl = this.model.get("cluster").num_layers || 1;
+      return `<div class="hc-stage ${s.selected ? "hc-selected" : ""} ${s.problems.some((x) => x.level === "error") ? "hc-has-error" : ""}" data-stage="${s.p},${s.s}">
+        <div class="hc-srow"><button class="hc-chip hc-drop" data-op="select" data-key="chip-${s.p}-${s.s}" data-p="${s.p}" data-s="${s.s}" data-drop="${s.p},${s.s}" style="background:${s.fill};border-color:${s.line};color:${s.ink || "#1b1f24"}" title="select pipeline ${s.p} stage ${s.s} (clicked devices join it); drop devices here" aria-pressed="${s.selected}">${s.selected ? "▶ " : ""}S${s.s}</button>
+        <span class="hc-ranks" title="TP group">${esc(s.ranks_text)} <small>TP${s.tp}${s.kinds ? " · " + esc(s.kinds) : ""}</small></span>
+        <button class="hc-x" data-op="remove_stage" data-p="${s.p}" data-s="${s.s}" title="remove this stage (its layers go to a neighbour)">✕</button></div>
+        <div class="hc-srow2"><span class="hc-layers">layers <input class="hc-num" type="number" min="0" max="${nl - 1}" data-op="layers" data-which="first" data-p="${s.p}" data-s="${s.s}" data-key="first-${s.p}-${s.s}" value="${s.layers[0]}" aria-label="first layer">–<input class="hc-num" type="number" min="0" max="${nl - 1}" data-op="layers" data-which="last" data-p="${s.p}" data-s="${s.s}" data-key="last-${s.p}-${s.s}" value="${s.layers[1]}" aria-label="last layer"></span>
+        <label class="hc-rc" title="recompute activations in backward"><input type="checkbox" data-op="recompute" data-p="${s.p}" data-s="${s.s}" ${s.recompute ? "checked" : ""}> recompute</label>${mem}</div>${probs}</div>`;
+    }).join("");
+    const pprobs = p.problems.map((x) => `<div class="hc-msg hc-${x.level}">${x.level === "error" ? "✗" : "⚠"} ${esc(x.text)}</div>`).join("");
+    return `<div class="hc-pipeline" style="border-color:${p.colour}">
+      <div class="hc-phead"><b style="color:${p.colour}">Pipeline ${p.p}</b>
+        <label><input class="hc-num" type="number" min="1" data-op="micro" data-which="nmb" data-p="${p.p}" data-key="nmb-${p.p}" value="${p.nmb}" aria-label="micro-batches"> micro-batches</label> ×
+        <label>bs <input class="hc-num" type="number" min="1" data-op="micro" data-which="mbs" data-p="${p.p}" data-key="mbs-${p.p}" value="${p.mbs}" aria-label="micro-batch size"></label>
+        = ${p.samples} <button class="hc-x" data-op="remove_pipeline" data-p="${p.p}" title="remove this pipeline">✕</button></div>
+      ${pprobs}${rows}<div class="hc-drop hc-newstage" data-drop="${p.p},${p.stages.length}" data-op="add_stage" data-p="${p.p}" title="click: add a stage; drop devices here: a new stage with them">+ stage</div></div>`;
+  }
+
+  commCard(c) {
+    let rows = "";
+    if (c.state === "resolving") rows = `<div class="hc-note">resolving communication (AnnotationPlan.from_strategy + specialize) …</div>`;
+    else if (c.state === "none") rows = `<div class="hc-note">communication: not resolved (the plan shown has errors)</div>`;
+    for (const a of c.stale ? [] : c.arrows || []) {
+      rows += `<div class="hc-commrow" data-op="comm" data-reshard="${esc(a.reshard)}" title="draw this Reshard (comm_figure)">
+        <span class="hc-dot" style="background:${LINK[a.cls]}"></span>P${a.p} S${a.from}→S${a.to} <code>${esc(a.reshard)}</code> ${esc(a.label)}
+        ${a.redundant ? `<b class="hc-w">×${Math.round(a.redundant)} redundant</b> <button class="hc-btn hc-small" data-op="fix" data-reshard="${esc(a.reshard)}" title="${esc(a.fix)}">show fix</button>` : ""}</div>`;
+    }
+    if (c.busiest && !c.stale) rows += `<div class="hc-note"><span class="hc-dot" style="background:#6a1b9a"></span>${esc(c.busiest.text)}</div>`;
+    if (c.sync && !c.stale) rows += `<div class="hc-note">gradient sync: ${esc(c.sync)}</div>`;
+    return `<div class="hc-card hc-comm"><div class="hc-card-head">Communication <small>bytes per step = forward + backward, at the program's shapes${c.bindings ? " (" + esc(c.bindings) + ")" : ""} · click a row for its figure</small></div>${rows}</div>`;
+  }
+
+  tensorLegend(t) {
+    const subs = t.subgroups.map((g) => `<div><span class="hc-swatch" style="border-color:${g.colour}"></span> <b>G${g.k}</b> [${esc(g.ranks_text)}] <code>${esc(g.ds)}</code></div>`).join("");
+    const rs = t.reshard ? `<div class="hc-note"><b>${esc(t.reshard.text)}</b>${t.reshard.more ? ` (${t.reshard.more} more messages not drawn)` : ""}</div>` : "";
+    return `<div class="hc-card hc-tensor"><div class="hc-card-head">${esc(t.name)} <small>${esc(JSON.stringify(t.shape))}</small></div>
+      <div><b>DG Union</b>: ${esc(t.words)}</div><div><code>${esc(t.annotation)}</code></div>${subs}
+      <div class="hc-note">${esc(t.grid)}; filled = the box a device holds · Σi/n = summand i of n · Dn = the same shard on n devices</div>${rs}</div>`;
+  }
+
+  stageArea(v, cluster) {
+    const lay = this.lay;
+    const tiles = v.tiles || [];
+    const tmode = !!v.tensor;
+    let under = "";
+    // nodes
+    for (const b of lay.boxes) {
+      const n = b.node;
+      under += `<rect class="hc-node" x="${b.x}" y="${b.y}" width="${b.w}" height="${b.h}" rx="6"/>
+        <text class="hc-node-head" x="${b.x + PAD}" y="${b.y + 14}"><tspan font-weight="600">${esc(n.host)}</tspan> · ${n.ranks.length}×${esc(n.kind)}</text>
+        <text class="hc-node-sub" x="${b.x + PAD}" y="${b.y + 27}">${n.mem_gib} GiB each · NVLink ${n.nvlink_gbs} GB/s</text>`;
+    }
+    for (const a of lay.boxes) for (const b of lay.boxes) {
+      if (a.y === b.y && b.x > a.x && b.x - (a.x + a.w) < NODE_GAP + 1) under += `<line class="hc-net" x1="${a.x + a.w}" y1="${a.y + a.h / 2}" x2="${b.x}" y2="${b.y + b.h / 2}"/>`;
+      if (a.x === b.x && b.y > a.y && b.y - (a.y + a.h) < NODE_GAP + 1) under += `<line class="hc-net" x1="${a.x + a.w / 2}" y1="${a.y + a.h}" x2="${b.x + b.w / 2}" y2="${b.y}"/>`;
+    }
+    // hulls
+    const labels = [];
+    const badges = [];
+    const stages = (v.pipelines || []).flatMap((p) => p.stages);
+    if (!tmode) {
+      for (const s of stages) {
+        if (!s.ranks.length) continue;
+        const parts = byNode(lay, s.ranks);
+        under += hullSvg(parts, s.line, s.fill, 0.35, false, "hc-hull");
+        if (parts.length > 1) {
+          const cs = parts.map((p) => bbox(p, HULL));
+          for (let i = 1; i < cs.length; i++) under += `<line class="hc-crossnode" x1="${cs[i - 1].cx}" y1="${cs[i - 1].cy}" x2="${cs[i].cx}" y2="${cs[i].cy}"/>`;
+          badges.push({ x: cs[0].x0, y: cs[0].y0 - 16, cls: "hc-badge hc-badge-red", text: `⚠ P${s.p} S${s.s}: TP across ${parts.length} nodes`, title: "its all-reduces cross the inter-node network" });
+        }
+      }
+    } else {
+      for (const g of v.tensor.subgroups) {
+        const parts = byNode(lay, g.ranks);
+        under += hullSvg(parts, g.colour, g.colour, 0.08, true, "hc-union");
+        const b = bbox(parts[0], HULL);
+        badges.push({ x: b.x0, y: b.y0 - 16, cls: "hc-badge hc-union-tag", text: `G${g.k} ${g.ds}`, colour: g.colour, title: `subgroup ${g.k} of the DG Union: [${g.ranks_text}] ${g.ds}` });
+      }
+    }
+    // stage-boundary arrows, routed through the gaps
+    const comm = v.comm || {};
+    const tileRects = lay.tiles.filter(Boolean).map((t) => ({ x0: t.x, y0: t.y, x1: t.x + t.w, y1: t.y + t.h }));
+    let over = "";
+    const arrows = tmode ? [] : comm.arrows || [];
+    const maxB = Math.max(1, ...arrows.map((a) => a.intra + a.inter));
+    const ch = arrows.length ? channels(lay) : null;
+    arrows.forEach((a, i) => {
+      const srcParts = byNode(lay, a.src), dstParts = byNode(lay, a.dst);
+      if (!srcParts.length || !dstParts.length) return;
+      const src = bbox(srcParts[0], HULL), dst = bbox(dstParts[dstParts.length - 1], HULL);
+      let pts = route(ch, src, dst);
+      if (!pts) {
+        const [x1, y1] = edgePoint(src, dst.cx, dst.cy), [x2, y2] = edgePoint(dst, src.cx, src.cy);
+        pts = [[x1, y1], [x2, y2]];
+      }
+      const off = ((i % 5) - 2) * 2.5;
+      const shifted = pts.map(([x, y], k) => (k === 0 || k === pts.length - 1 ? [x, y] : [x + off, y + off]));
+      const width = 2 + 3.5 * Math.sqrt((a.intra + a.inter) / maxB);
+      const colour = comm.stale ? "#9aa3ad" : LINK[a.cls];
+      over += `<polyline class="hc-arrow ${comm.stale ? "hc-stale-arrow" : ""}" data-reshard="${esc(a.reshard)}" data-p="${a.p}" points="${shifted.map((p) => p.join(",")).join(" ")}" stroke="${colour}" stroke-width="${width.toFixed(1)}" stroke-linejoin="round" marker-end="url(#hc-head-${a.cls}${comm.stale ? "-stale" : ""})"/>`;
+      if (!comm.stale) labels.push({ a, segs: segments(shifted) });
+    });
+    // a picked Reshard: its messages as arrows and its collectives as rings
+    if (tmode && v.tensor.reshard) {
+      let k = 0;
+      for (const g of v.tensor.reshard.groups) {
+        for (const ranks of g.ranks) {
+          const parts = byNode(lay, ranks);
+          if (!parts.length || k++ >= 24) continue;
+          const b = bbox(parts[0], HULL);
+          badges.push({ x: b.x0 + 2, y: b.y1 - 2, cls: "hc-badge hc-collective", text: `⟳ ${g.kind}`,
+                        title: `${g.kind} over ranks ${ranks.join(", ")}` });
+        }
+      }
+      for (const [s, d, n, cls] of v.tensor.reshard.messages) {
+        const a = lay.tiles[s], b = lay.tiles[d];
+        if (!a || !b) continue;
+        over += `<line class="hc-msgline" x1="${a.x + a.w / 2}" y1="${a.y + a.h / 2}" x2="${b.x + b.w / 2}" y2="${b.y + b.h / 2}" stroke="${LINK[cls]}" marker-end="url(#hc-head-${cls})"><title>${s} → ${d}: ${(n / 1e6).toFixed(1)} MB (${cls}-node)</title></line>`;
+      }
+    }
+    // busiest link, routed like the arrows
+    let busiest = null;
+    if (comm.busiest && !comm.stale && !tmode) {
+      const a = lay.tiles[comm.busiest.src], b = lay.tiles[comm.busiest.dst];
+      if (a && b) {
+        const pts = route(ch || channels(lay), bbox([a], 2), bbox([b], 2)) || [[a.x + a.w / 2, a.y + a.h / 2], [b.x + b.w / 2, b.y + b.h / 2]];
+        over += `<polyline class="hc-busiest" points="${pts.map((p) => p.join(",")).join(" ")}"><title>${esc(comm.busiest.text)}</title></polyline>`;
+        busiest = segments(pts);
+      }
+    }
+    // labels: on their route where it runs through a gap, else in free space near it (a lane is kept below the
+    // nodes) with a leader line; they avoid tiles, node headers and each other
+    const placed = [];
+    let labelHtml = "";
+    let leaders = "";
+    const heads = lay.boxes.map((b) => ({ x0: b.x, y0: b.y, x1: b.x + b.w, y1: b.y + HEAD - 4 }));
+    const H = lay.height + LANE;
+    const place = (segs, w, h) => {
+      let best = null;
+      const pts = [];
+      for (const sg of segs) for (const t of [0.5, 0.3, 0.7, 0.15, 0.85]) pts.push([sg.a[0] + (sg.b[0] - sg.a[0]) * t, sg.a[1] + (sg.b[1] - sg.a[1]) * t, 0]);
+      const base = pts.slice();
+      for (const [x, y] of base) for (const dx of [-1.5, -0.8, 0, 0.8, 1.5]) for (const dy of [-40, -22, 0, 22, 40]) pts.push([x + dx * w, y + dy, 1]);
+      for (const [x] of base) pts.push([x, lay.height + LANE / 2, 1]);
+      for (const [x, y, off] of pts) {
+        const r = { x0: x - w / 2, y0: y - h / 2, x1: x + w / 2, y1: y + h / 2 };
+        if (r.x0 < 0 || r.x1 > lay.width + 4 || r.y0 < -14 || r.y1 > H) continue;
+        let near = Infinity, anchor = base[0];
+        for (const p of base) {
+          const d = Math.hypot(p[0] - x, p[1] - y);
+          if (d < near) { near = d; anchor = p; }
+        }
+        const cost = 4 * tileRects.reduce((c, q) => c + overlap(r, q), 0) + heads.reduce((c, q) => c + overlap(r, q), 0) +
+          40 * placed.reduce((c, q) => c + overlap(r, q), 0) + 2 * near + (off ? 30 : 0);
+        if (!best || cost < best.cost) best = { r, cost, near, anchor };
+      }
+      if (best) placed.push(best.r);
+      return best;
+    };
+    for (const { a, segs } of labels) {
+      const text = `${a.op} · ${a.short}/step`;
+      const w = Math.round(12 + 5.6 * text.length + (a.redundant ? 22 : 0)), h = 15;
+      const best = place(segs, w, h);
+      if (!best) continue;
+      const { r } = best;
+      if (best.near > 10) {
+        const cx = Math.min(Math.max(best.anchor[0], r.x0), r.x1), cy = Math.min(Math.max(best.anchor[1], r.y0), r.y1);
+        leaders += `<line class="hc-leader" x1="${best.anchor[0]}" y1="${best.anchor[1]}" x2="${cx}" y2="${cy}" stroke="${LINK[a.cls]}"/>`;
+      }
+      labelHtml += `<div class="hc-arrow-label hc-${a.cls}" data-op="comm" data-reshard="${esc(a.reshard)}" data-p="${a.p}" style="left:${r.x0.toFixed(0)}px;top:${r.y0.toFixed(0)}px;width:${w}px" title="P${a.p} S${a.from} → S${a.to} ${esc(a.reshard)}: ${esc(a.label)}${a.fix ? "\nfix: " + esc(a.fix) : ""} — click for its comm_figure"><b>${esc(a.op)}</b> · ${esc(a.short)}/step${a.redundant ? ` <span class="hc-w">×${Math.round(a.redundant)}</span>` : ""}</div>`;
+    }
+    if (busiest) {
+      const best = place(busiest, 74, 15);
+      if (best) badges.push({ x: best.r.x0, y: best.r.y0, cls: "hc-badge hc-badge-purple", text: "busiest link", title: comm.busiest.text });
+    }
+    const badgeHtml = badges.map((b) => `<div class="${b.cls}" style="left:${b.x}px;top:${Math.max(0, b.y)}px;${b.colour ? `border-color:${b.colour};color:${b.colour}` : ""}" title="${esc(b.title)}">${esc(b.text)}</div>`).join("");
+    // tiles
+    const sel = v.selected ? `${v.selected[0]},${v.selected[1]}` : "";
+    const focus = this.focus ?? 0;
+    const tileHtml = tiles.map((t) => {
+      const L = lay.tiles[t.r];
+      if (!L) return "";
+      const inSel = `${t.p},${t.s}` === sel;
+      const shard = tmode ? v.tensor.shards[String(t.r)] : null;
+      const fill = tmode ? (shard ? "#ffffff" : "#f2f4f7") : t.fill || "#eceff3";
+      const cls = ["hc-tile", t.p >= 0 ? "hc-used" : "hc-unused", inSel ? "hc-insel" : "", this.sel.has(t.r) ? "hc-picked" : "",
+        t.flag ? `hc-flag-${t.flag}` : "", t.failed ? "hc-failed" : ""].join(" ");
+      const mem = t.mem != null && !tmode ? `<div class="hc-tbar" title="${esc(t.mem_text)}"><span style="width:${Math.min(100, t.mem * 100).toFixed(0)}%;background:${t.mem > 1 ? "#d62728" : t.mem > 0.9 ? "#d4a72c" : "#2da44e"}"></span></div><div class="hc-tmem">${esc(t.mem_text)}</div>` : "";
+      const body = tmode ? (shard ? this.shardGrid(shard, v.tensor, L) : `<div class="hc-tmem">holds nothing</div>`) :
+        `<div class="hc-tlayers">${esc(t.layers || "unused")}</div>${mem}`;
+      const title = t.title + (shard ? "\n" + shard.text : "");
+      const drop = t.p >= 0 ? `data-drop="${t.p},${t.s}"` : "";
+      return `<div class="${cls}" role="button" tabindex="${t.r === focus ? 0 : -1}" data-rank="${t.r}" data-key="tile-${t.r}" ${drop}
+        data-stage="${t.p >= 0 ? `${t.p},${t.s}` : ""}" aria-label="rank ${t.r}, ${esc(t.kind)}${t.p >= 0 ? `, pipeline ${t.p} stage ${t.s}` : ", unused"}" aria-pressed="${this.sel.has(t.r)}"
+        title="${esc(title)}" style="left:${L.x}px;top:${L.y}px;width:${L.w}px;height:${L.h}px;background:${fill};color:${tmode ? "#1b1f24" : t.ink || "#1b1f24"};border-color:${t.p >= 0 && !tmode ? t.line : "#9aa3ad"}">
+        <div class="hc-thead"><b>${t.r}</b> <span>${esc(t.kind)}</span>${t.failed ? ' <b class="hc-e">✕ failed</b>' : ""}</div>${body}</div>`;
+    }).join("");
+    const head = (id, colour) => `<marker id="${id}" viewBox="0 0 10 10" refX="9" refY="5" markerUnits="userSpaceOnUse" markerWidth="13" markerHeight="13" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="${colour}"/></marker>`;
+    const markers = ["intra", "inter", "mixed"].map((c) => head(`hc-head-${c}`, LINK[c]) + head(`hc-head-${c}-stale`, "#9aa3ad")).join("");
+    const note = comm.stale ? `<div class="hc-badge hc-resolving" style="right:4px;top:0">resolving communication …</div>` : "";
+    const hgt = lay.height + (arrows.length ? LANE : 6);
+    return `<div class="hc-stagearea" style="height:${hgt}px;width:${lay.width + 6}px">
+      <svg class="hc-under" width="${lay.width + 6}" height="${hgt}"><defs>${markers}</defs>${under}${over}${leaders}</svg>
+      <div class="hc-tiles">${tileHtml}</div>
+      <div class="hc-labels">${labelHtml}${badgeHtml}${note}</div>
+      <svg class="hc-over" width="${lay.width + 6}" height="${hgt}"></svg>
+      ${this.sel.size ? this.selectionBar(v) : ""}</div>`;
+  }
+
+  shardGrid(s, t, L) {
+    const gw = L.w - 10, gh = L.h - 26;
+    const col = t.subgroups[s.k].colour;
+    const [r0, r1, c0, c1] = s.box;
+    const lines = t.cuts_r.slice(1, -1).map((y) => `<line x1="0" x2="${gw}" y1="${(y * gh).toFixed(1)}" y2="${(y * gh).toFixed(1)}"/>`).join("") +
+      t.cuts_c.slice(1, -1).map((x) => `<line y1="0" y2="${gh}" x1="${(x * gw).toFixed(1)}" x2="${(x * gw).toFixed(1)}"/>`).join("");
+    const label = s.partial || (s.dup ? `D${s.dup}` : "");
+    return `<svg class="hc-grid" width="${gw}" height="${gh}"><rect x="0" y="0" width="${gw}" height="${gh}" fill="#fff" stroke="#6b7480"/>
+      <rect x="${(c0 * gw).toFixed(1)}" y="${(r0 * gh).toFixed(1)}" width="${((c1 - c0) * gw).toFixed(1)}" height="${((r1 - r0) * gh).toFixed(1)}" fill="${col}" fill-opacity="0.85" ${s.partial ? 'stroke="#1b1f24" stroke-dasharray="3 2"' : ""}/>
+      <g class="hc-cuts">${lines}</g>${label ? `<text x="${gw - 2}" y="${gh - 3}" text-anchor="end">${esc(label)}</text>` : ""}</svg>`;
+  }
+
+  selectionBar(v) {
+    const s = v.selected;
+    return `<div class="hc-selbar" role="group" aria-label="selected devices"><b>${this.sel.size} selected</b>
+      ${s ? `<button class="hc-btn" data-op="move_sel">→ P${s[0]} S${s[1]} (selected stage)</button>` : ""}
+      <button class="hc-btn" data-op="unassign_sel">take out of their stages</button><button class="hc-btn" data-op="clear_sel">clear</button>
+      <small>or drag them onto a stage</small></div>`;
+  }
+
+  // ---- events ----------------------------------------------------------------------------------------------
+  onClick(e) {
+    const el = e.target.closest("[data-op]");
+    if (!el || !this.root.contains(el) || el.tagName === "INPUT" || el.tagName === "SELECT") return;
+    if (el.disabled) return;
+    const op = el.dataset.op, p = +el.dataset.p, s = +el.dataset.s;
+    const path = () => (this.root.querySelector('[data-role="path"]') || {}).value || "strategy.json";
+    switch (op) {
+      case "mode": this.mode = el.dataset.mode; this.render(); return;
+      case "select": this.send({ op: "select", p, s }); return;
+      case "add_stage": this.send({ op: "add_stage", p }); return;
+      case "remove_stage": this.send({ op: "remove_stage", p, s }); return;
+      case "remove_pipeline": this.send({ op: "remove_pipeline", p }); return;
+      case "move_sel": this.moveSelection(); return;
+      case "unassign_sel": this.send({ op: "unassign", ranks: [...this.sel] }); this.sel.clear(); return;
+      case "clear_sel": this.sel.clear(); this.render(); return;
+      case "comm": this.send({ op: "comm", reshard: el.dataset.reshard }); return;
+      case "fix": e.stopPropagation(); this.send({ op: "fix", reshard: el.dataset.reshard }); return;
+      case "untensor": this.group = ""; this.send({ op: "tensor", name: "" }); return;
+      case "save": case "load": this.path = path(); this.send({ op, path: this.path }); return;
+      case "undo": case "redo": case "timeline": case "launch": case "apply": this.send({ op }); return;
+      default: return;
+    }
+  }
+
+  onChange(e) {
+    const el = e.target;
+    const op = el.dataset.op;
+    if (!op) return;
+    delete el.dataset.typed;
+    const p = +el.dataset.p, s = +el.dataset.s;
+    const num = () => parseInt(el.value, 10);
+    switch (op) {
+      case "schedule": this.send({ op, value: el.value }); return;
+      case "zero1": this.send({ op, on: el.checked }); return;
+      case "batch": if (num() >= 1) this.send({ op, value: num() }); return;
+      case "recompute": this.send({ op, p, s, on: el.checked }); return;
+      case "layers": {
+        const row = this.root.querySelector(`[data-stage="${p},${s}"]`);
+        const first = parseInt(row.querySelector('[data-which="first"]').value, 10);
+        const last = parseInt(row.querySelector('[data-which="last"]').value, 10);
+        if (Number.isFinite(first) && Number.isFinite(last)) this.send({ op, p, s, first, last });
+        return;
+      }
+      case "micro": if (num() >= 1) this.send({ op, p, [el.dataset.which]: num() }); return;
+      case "tgroup": this.group = el.value; this.render(); return;
+      case "tname": if (el.value) this.send({ op: "tensor", name: el.value }); return;
+      case "tensor": this.group = ""; this.send({ op: "tensor", name: el.value.trim() }); return;
+      default: return;
+    }
+  }
+
+  moveSelection() {
+    const v = this.model.get("view") || {};
+    if (!this.sel.size || !v.selected) return;
+    this.send({ op: "move", ranks: [...this.sel].sort((a, b) => a - b), p: v.selected[0], s: v.selected[1] });
+    this.sel.clear();
+  }
+
+  onKey(e) {
+    const t = e.target;
+    const typing = t.tagName === "INPUT" || t.tagName === "SELECT" || t.tagName === "TEXTAREA";
+    if (typing) {
+      if (t.tagName === "INPUT" && t.type !== "checkbox") t.dataset.typed = "1";
+      e.stopPropagation();
+      return;
+    }
+    const mod = e.ctrlKey || e.metaKey;
+    const done = () => { e.preventDefault(); e.stopPropagation(); };
+    if (mod && (e.key === "z" || e.key === "Z")) { done(); this.send({ op: e.shiftKey ? "redo" : "undo" }); return; }
+    if (mod && (e.key === "y" || e.key === "Y")) { done(); this.send({ op: "redo" }); return; }
+    const tile = t.closest && t.closest(".hc-tile");
+    if (e.key === "Escape") { done(); this.sel.clear(); this.render(); return; }
+    if (e.key === "[" || e.key === "]") { done(); this.stepStage(e.key === "]" ? 1 : -1); return; }
+    if (!tile) return;
+    const r = +tile.dataset.rank;
+    if (e.key.startsWith("Arrow")) { done(); this.moveFocus(r, e.key); return; }
+    if (e.key === " ") { done(); this.sel.has(r) ? this.sel.delete(r) : this.sel.add(r); this.focus = r; this.render(); return; }
+    if (e.key === "Enter") { done(); this.focus = r; if (this.sel.size) this.moveSelection(); else this.send({ op: "click", rank: r }); return; }
+    if (e.key === "Delete" || e.key === "Backspace") {
+      done();
+      this.send({ op: "unassign", ranks: this.sel.size ? [...this.sel] : [r] });
+      this.sel.clear();
+      return;
+    }
+    e.stopPropagation();
+  }
+
+  stepStage(d) {
+    const v = this.model.get("view") || {};
+    const all = (v.pipelines || []).flatMap((p) => p.stages.map((s) => [s.p, s.s]));
+    if (!all.length) return;
+    const i = v.selected ? all.findIndex((x) => x[0] === v.selected[0] && x[1] === v.selected[1]) : -1;
+    const [p, s] = all[(i + d + all.length) % all.length];
+    this.send({ op: "select", p, s });
+  }
+
+  moveFocus(r, key) {
+    const a = this.lay.tiles[r];
+    const dir = { ArrowLeft: [-1, 0], ArrowRight: [1, 0], ArrowUp: [0, -1], ArrowDown: [0, 1] }[key];
+    let best = null;
+    for (const b of this.lay.tiles) {
+      if (!b || b.r === r) continue;
+      const dx = b.x - a.x, dy = b.y - a.y;
+      const along = dx * dir[0] + dy * dir[1];
+      if (along <= 0) continue;
+      const across = Math.abs(dx * dir[1]) + Math.abs(dy * dir[0]);
+      const cost = along + 3 * across;
+      if (!best || cost < best.cost) best = { r: b.r, cost };
+    }
+    if (!best) return;
+    this.focus = best.r;
+    this.root.querySelectorAll(".hc-tile").forEach((el) => el.setAttribute("tabindex", +el.dataset.rank === best.r ? "0" : "-1"));
+    const el = this.root.querySelector(`.hc-tile[data-rank="${best.r}"]`);
+    if (el) el.focus();
+  }
+
+  onPointerDown(e) {
+    if (e.button !== 0) return;
+    const tile = e.target.closest(".hc-tile");
+    const area = e.target.closest(".hc-stagearea");
+    if (!area || e.target.closest(".hc-arrow-label, .hc-selbar, .hc-badge")) return;
+    const origin = area.getBoundingClientRect();
+    const start = { x: e.clientX, y: e.clientY };
+    const local = (ev) => [ev.clientX - origin.left, ev.clientY - origin.top];
+    let dragging = false, ghost = null, target = null;
+    const pts = [local(e)];
+    const overSvg = area.querySelector(".hc-over");
+    this.gesture = true;
+    const finish = () => {
+      this.gesture = false;
+      if (this.pending) { this.pending = false; this.render(); }
+    };
+    if (tile) {
+      const r = +tile.dataset.rank;
+      this.focus = r;
+      const ranks = this.sel.has(r) ? [...this.sel].sort((a, b) => a - b) : [r];
+      const move = (ev) => {
+        if (!dragging && Math.hypot(ev.clientX - start.x, ev.clientY - start.y) < 6) return;
+        if (!dragging) {
+          dragging = true;
+          ghost = document.createElement("div");
+          ghost.className = "hc-ghost";
+          ghost.textContent = ranks.length > 1 ? `${ranks.length} devices` : `rank ${r}`;
+          document.body.appendChild(ghost);
+          this.root.classList.add("hc-dragging");
+        }
+        ghost.style.left = `${ev.clientX + 12}px`;
+        ghost.style.top = `${ev.clientY + 8}px`;
+        const hit = document.elementFromPoint(ev.clientX, ev.clientY);
+        const drop = hit && hit.closest && hit.closest("[data-drop]");
+        if (target && target !== drop) target.classList.remove("hc-droptarget");
+        target = drop && this.root.contains(drop) ? drop : null;
+        if (target) target.classList.add("hc-droptarget");
+      };
+      const up = (ev) => {
+        document.removeEventListener("pointermove", move);
+        document.removeEventListener("pointerup", up);
+        if (ghost) ghost.remove();
+        this.root.classList.remove("hc-dragging");
+        if (target) target.classList.remove("hc-droptarget");
+        finish();
+        if (dragging) {
+          if (target) {
+            const [p, s] = target.dataset.drop.split(",").map(Number);
+            this.sel.clear();
+            this.send({ op: "move", ranks, p, s });
+          }
+          return;
+        }
+        if (ev.shiftKey || ev.ctrlKey || ev.metaKey) {
+          this.sel.has(r) ? this.sel.delete(r) : this.sel.add(r);
+          this.render();
+        } else {
+          this.sel.clear();
+          this.send({ op: "click", rank: r });
+        }
+      };
+      document.addEventListener("pointermove", move);
+      document.addEventListener("pointerup", up);
+      e.preventDefault();
+      tile.focus({ preventScroll: true });
+      return;
+    }
+    // box or lasso selection on the empty canvas
+    const lasso = this.mode === "lasso" || e.altKey;
+    const shape = document.createElementNS(SVG, lasso ? "polygon" : "rect");
+    shape.setAttribute("class", "hc-band");
+    overSvg.appendChild(shape);
+    const move = (ev) => {
+      const [x, y] = local(ev);
+      pts.push([x, y]);
+      if (lasso) shape.setAttribute("points", pts.map((p) => p.join(",")).join(" "));
+      else {
+        const [x0, y0] = pts[0];
+        shape.setAttribute("x", Math.min(x0, x)); shape.setAttribute("y", Math.min(y0, y));
+        shape.setAttribute("width", Math.abs(x - x0)); shape.setAttribute("height", Math.abs(y - y0));
+      }
+    };
+    const up = (ev) => {
+      document.removeEventListener("pointermove", move);
+      document.removeEventListener("pointerup", up);
+      shape.remove();
+      finish();
+      const [x, y] = local(ev);
+      const [x0, y0] = pts[0];
+      if (pts.every(([px, py]) => Math.hypot(px - x0, py - y0) < 6)) { if (this.sel.size) { this.sel.clear(); this.render(); } return; }
+      if (!ev.shiftKey) this.sel.clear();
+      for (const t of this.lay.tiles) {
+        if (!t) continue;
+        const cx = t.x + t.w / 2, cy = t.y + t.h / 2;
+        const inside = lasso ? inPolygon(cx, cy, pts) : cx >= Math.min(x0, x) && cx <= Math.max(x0, x) && cy >= Math.min(y0, y) && cy <= Math.max(y0, y);
+        if (inside) this.sel.add(t.r);
+      }
+      this.render();
+    };
+    document.addEventListener("pointermove", move);
+    document.addEventListener("pointerup", up);
+    e.preventDefault();
+  }
+}
+
+function groupOf(groups, name) {
+  for (const [g, names] of groups) if (names.includes(name)) return g;
+  return "";
+}
+
+export default {
+  render({ model, el }) {
+    const c = new Canvas(model, el);
+    return () => c.destroy();
+  },
+};
