@@ -239,6 +239,10 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                    help="sequence length (default: the model's max_seq_len)")
     p.add_argument("--no-reference", action="store_true", help="skip the single-device comparison")
     p.add_argument("--log-dir", default=None, metavar="DIR", help="per-rank logs (default: a temporary folder)")
+    p.add_argument("--elastic", action="store_true",
+                   help="survive workers that die: replan for the survivors and switch in memory (graph switching)")
+    p.add_argument("--straggler", action="store_true",
+                   help="replan around a rank that stays slower than under its plan")
     add_fault_arguments(p)
 
 
@@ -261,7 +265,8 @@ def _run(args: argparse.Namespace) -> int:
     job = launch_training(program, cluster, steps=args.steps, seed=args.seed, data=args.data, lr=args.lr,
                           seq_len=args.seq_len, progress=True,
                           timeout_s=args.timeout, stall_s=args.stall, heartbeat_s=args.heartbeat,
-                          log_dir=args.log_dir, resource_check=not args.no_resource_check)
+                          log_dir=args.log_dir, resource_check=not args.no_resource_check,
+                          elastic=args.elastic, straggler=args.straggler)
     try:
         result = job.wait()
     except KeyboardInterrupt:
@@ -276,6 +281,8 @@ def _run(args: argparse.Namespace) -> int:
         if ref is not None:
             line += f"  {ref.losses[i]:>14.6f}  {abs(loss - ref.losses[i]) / abs(ref.losses[i]):>9.1e}"
         print(line)
+    for event in result.events:
+        print(f"reconfigured at {event}\n  -> {event.strategy}")
     return 0
 
 

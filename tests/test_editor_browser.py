@@ -44,6 +44,19 @@ LOCAL = """local = PlanEditor(Cluster.local(2), "tiny", {"pipelines": [{"stages"
     "micro_batch_size": 1, "num_micro_batches": 2}]}, seq_len=16)
 local.launch_steps = 3
 local"""
+LIVE = """from hspmd_sdk import Strategy, specialize
+from hspmd_sdk.core.strategy_plan import plan_from_strategy
+from hspmd_sdk.models.registry import load_model_spec
+from hspmd_sdk.runtime.train import launch_training
+tiny, two = load_model_spec("tiny"), Cluster.local(2)
+dp2 = Strategy.load({"pipelines": [{"stages": [{"devices": [r], "layers": [0, 3]}], "micro_batch_size": 1,
+                                    "num_micro_batches": 2} for r in (0, 1)]})
+running = launch_training(specialize(tiny, plan_from_strategy(tiny, dp2, two), two), two, steps=80, seq_len=16)
+live = PlanEditor(two, tiny, {"pipelines": [{"stages": [{"devices": [1], "layers": [0, 1]},
+    {"devices": [0], "layers": [2, 3]}], "micro_batch_size": 1, "num_micro_batches": 4}]}, seq_len=16, job=running)
+live"""
+DASH = "running.dashboard()"
+CELLS = 5  # SETUP, ed, LOCAL, LIVE, DASH
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -53,7 +66,8 @@ pytestmark = pytest.mark.timeout(240)
 def lab(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab")
     with jupyter_lab(tmp) as server:
-        notebook([SETUP, "ed", LOCAL], server.root / "editor.ipynb")
+        notebook([SETUP, "ed", LOCAL, LIVE, DASH], server.root / "editor.ipynb")
+        assert CELLS == 5
         yield server
 
 
@@ -163,6 +177,28 @@ INITIAL = {0: "0,1", 1: "1,1", 2: "", 3: "", 4: "0,0", 5: "0,0", 6: "1,0", 7: "1
 
 
 # ---- tests ---------------------------------------------------------------------------------------------------
+def test_apply_to_running_job_switches_the_live_job(session):
+    """The third canvas follows a real local job (DP2); "Apply to running job" switches it to the PP2 plan shown:
+    the job's dashboard lists the switch with reason "user"."""
+    page, errors = session
+    start = len(errors)
+    canvas = page.locator(".hspmd-canvas").nth(2)
+    canvas.scroll_into_view_if_needed()
+    wait_comm_ready(canvas)
+    apply = canvas.locator("button[data-op='apply']")
+    apply.wait_for(timeout=60_000)
+    end = time.monotonic() + 90
+    while apply.is_disabled() and time.monotonic() < end:  # enabled once the job runs
+        time.sleep(0.2)
+    assert not apply.is_disabled(), apply.get_attribute("title")
+    apply.click()
+    dash = page.locator(".hspmd-dashboard").last
+    dash.locator("li.hd-ev[data-reason='user']").wait_for(timeout=90_000)
+    assert "user" in dash.locator(".hd-events").inner_text()
+    dash.screenshot(path=str(ARTIFACTS / "editor_apply_to_job.png"))
+    assert errors[start:] == []
+
+
 def test_drag_a_tile_into_another_stage(ui):
     page, canvas = ui
     assert stage_of(canvas, 2) == ""
@@ -208,7 +244,7 @@ def test_box_select_four_tiles_and_drag_them_onto_a_stage_then_undo_and_redo(ui)
     assert stage_of(canvas, 3) == "0,1"
     act(page, canvas, lambda: page.keyboard.press("Control+z"))
     assert {r: stage_of(canvas, r) for r in range(8)} == INITIAL
-    assert page.locator(".jp-Notebook .jp-Cell").count() == 3  # JupyterLab's own shortcuts did not fire
+    assert page.locator(".jp-Notebook .jp-Cell").count() == CELLS  # JupyterLab's own shortcuts did not fire
 
 
 def test_lasso_selection_and_keyboard_moves(ui):
@@ -371,7 +407,7 @@ def test_reopening_the_saved_notebook_shows_no_widget_error(session, lab, browse
     assert any(m.get("model_name") == "AnyModel" for m in state.values())  # the canvas is in the saved state
     shown = [o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"] for c in saved["cells"]
              for o in c.get("outputs", []) if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
-    assert len(shown) == 2 and all(m in state for m in shown)
+    assert len(shown) == 4 and all(m in state for m in shown)  # the three editors and the dashboard
     assert errors == []
     page.close()  # the user closes the notebook (and JupyterLab), then comes back to it later
     lab.shutdown_kernels()

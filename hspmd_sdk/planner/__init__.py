@@ -1,6 +1,7 @@
 """The planner (§8, Appendix A.1): the operator-centric cost model, the step simulator and the scenario planners
 (heterogeneous devices: :func:`plan_hetero`; unstable devices: :func:`replan_elastic`; mixed-length data:
-:func:`plan_mixed` and :func:`dispatch`).
+:func:`plan_mixed`, :meth:`MixedPlan.programs` and the per-step :func:`dispatch`, simulated by
+:func:`simulate_dispatch`, with the :func:`packed_baseline` and HotSPa (:func:`plan_hotspa`) baselines).
 
 Names are imported lazily, so ``import hspmd_sdk.planner`` is cheap; only the profilers (:func:`profile_device`,
 :func:`profile_model`, :func:`profile_link`) import torch.
@@ -28,12 +29,20 @@ _EXPORTS = {
     "slowed_cluster": "hspmd_sdk.planner.elastic",
     "plan_mixed": "hspmd_sdk.planner.mixed",
     "dispatch": "hspmd_sdk.planner.mixed",
-    "simulate_mixed": "hspmd_sdk.planner.mixed",
-    "packed_baseline": "hspmd_sdk.planner.mixed",
+    "Dispatcher": "hspmd_sdk.planner.mixed",
     "MixedPlan": "hspmd_sdk.planner.mixed",
     "MixedEntry": "hspmd_sdk.planner.mixed",
     "Dispatch": "hspmd_sdk.planner.mixed",
     "sample_lengths": "hspmd_sdk.planner.mixed",
+    "sample_batch": "hspmd_sdk.planner.mixed",
+    "simulate_mixed": "hspmd_sdk.planner.mixed_sim",
+    "simulate_dispatch": "hspmd_sdk.planner.mixed_sim",
+    "simulate_shapes": "hspmd_sdk.planner.mixed_sim",
+    "packed_baseline": "hspmd_sdk.planner.mixed_sim",
+    "plan_hotspa": "hspmd_sdk.planner.mixed_sim",
+    "simulate_hotspa": "hspmd_sdk.planner.mixed_sim",
+    "HotSPaPlan": "hspmd_sdk.planner.mixed_sim",
+    "switch_estimate": "hspmd_sdk.planner.mixed_cost",
 }
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

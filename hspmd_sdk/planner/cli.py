@@ -1,7 +1,7 @@
 """The planner's subcommands, for :mod:`hspmd_sdk.cli` to register::
 
     hspmd plan --cluster FILE|PRESET --model PRESET --scenario hetero|elastic|mixed
-               [--strategy FILE --failed RANKS] [--lengths FILE] -o strategy.json
+               [--strategy FILE --failed RANKS] [--lengths FILE [--programs DIR]] -o strategy.json
     hspmd simulate STRATEGY --model PRESET --cluster FILE --global-batch N --seq-len N
 
 A cluster is a JSON file, a packaged example name (``paper_16h800_32h20``) or counts of device kinds
@@ -132,6 +132,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    help="mixed: tokens a batch")
     p.add_argument("--context-len", type=int_in(1, MAX_TOKENS), metavar="N",
                    help="mixed: context length (default: longest)")
+    p.add_argument("--programs", metavar="DIR", help="mixed: specialize every candidate and write its annotation "
+                                                      "plan (meta: max_seq_len, windows) to DIR/candidate_<i>.json")
     p.add_argument("--cost", metavar="FILE", help="cost model JSON (default: the analytic defaults)")
     p.add_argument("--no-zero1", action="store_true", help="hetero: disable ZeRO-1")
     p.add_argument("-o", "--output", metavar="FILE", help="write the strategy (mixed: the plan) as JSON")
@@ -162,6 +164,12 @@ def run_plan(args: argparse.Namespace) -> int:
         if output is not None:
             write_output(output, plan.to_json())
             print(f"wrote {args.output}")
+        if args.programs:
+            out = Path(args.programs)
+            out.mkdir(parents=True, exist_ok=True)
+            for i, program in enumerate(plan.programs(model, cluster)):
+                (out / f"candidate_{i}.json").write_text(program.plan.to_json())
+            print(f"wrote {len(plan.entries)} specialized candidates to {out}")
         return 0
     if args.scenario == "elastic":
         if not args.strategy or not args.failed:

@@ -1,113 +1,65 @@
-"""Scenario (c), mixed-length data: length intervals, per-interval pipelines, per-batch dispatch
-(Appendix A.1 (c), Appendix C.4).
+"""Scenario (c), mixed-length data: length intervals, per-interval pipelines, per-step dispatch (Appendix A.1 (c),
+Appendix C.4).
 
-**Offline** (:func:`plan_mixed`), from a sample of the dataset's sequence lengths:
+**Offline** (:func:`plan_mixed`), from a sample of the dataset's sequence lengths, for a cluster of one or several
+device kinds:
 
-1. candidate interval boundaries (powers of two up to the context length, by default) cut lengths into base
-   intervals; a pipeline serving the interval ``(lo, hi]`` packs its sequences into *windows* of ``hi`` tokens
-   (best-fit decreasing, :func:`pack`), one window a micro-batch of size 1;
-2. a *parallel method* is a homogeneous pipeline: TP degree, number of stages (layers split evenly), activation
-   recomputation; it is feasible for a window when every stage fits in memory (cost model);
-3. a dynamic programme over (boundary, devices used) chooses which base intervals to merge, a method for each
-   merged interval and how many pipelines of it, minimising the slowest interval's estimated time for one batch
-   (windows per batch from the sample, scaled to ``tokens_per_batch``) with every device used at most once;
-4. the pipelines are combined into one heterogeneous :class:`Strategy` (ranks in order, larger TP groups first so
-   that TP groups stay inside nodes); this is repeated for each maximum sequence length (boundary), since a
-   batch whose longest sequence is short wants no long-window pipeline: a :class:`MixedPlan` of
-   :class:`MixedEntry` keyed by ``max_seq_len`` (the paper's Strategies A and B, Tables 15-16).
+1. interval boundaries (1K, 1.5K, 2K, 3K, 4K, ... up to the context, by default) cut lengths into base intervals; a
+   pipeline serving the merged interval ``(lo, hi]`` has the *window* ``hi``: its micro-batches hold at most ``hi``
+   tokens (``rows x padded length``), so one row of ``hi`` tokens is the most memory it ever needs;
+2. a *parallel method* is a pipeline homogeneous in device kind (a restriction of this planner, not of HSPMD):
+   kind, TP degree (a power of two dividing the kind's nodes, so TP groups stay inside nodes), number of stages
+   (layers split to balance the stage times), activation recomputation (only where the method does not fit
+   without); it is feasible for a window when every stage fits in memory at that window;
+3. for every merged interval and device kind, the methods are reduced to one Pareto front of (devices used,
+   estimated time of the interval's micro-batches in a step): a method is kept only where it is the fastest for
+   its device count and faster than every smaller count (dominated methods, counts, and recomputation where the
+   plain method fits, are pruned);
+4. a dynamic programme over (boundary, devices used of each kind) -- numpy arrays with one axis per kind --
+   chooses which base intervals to merge and one front point per merged interval, minimising the slowest
+   interval's estimated time, every device used at most once.  The gradient synchronisation and optimizer after
+   the pipelines are set by the method with the most parameters per device, so the DP runs once per level of that
+   overhead (on the methods within it) and the smallest ``makespan + overhead`` wins;
+5. the pipelines are placed on the cluster (per kind, larger TP groups first, into nodes: TP groups never cross a
+   node) and combined into one heterogeneous :class:`Strategy`.  This is repeated for each maximum sequence length
+   (by default the boundaries that a step's longest sequence reaches with probability >= 2% under the sample),
+   since a step whose longest sequence is short wants no long-window pipeline: a :class:`MixedPlan` of
+   :class:`MixedEntry` (the paper's Strategies A and B, Tables 15-16).
 
-**Online** (:func:`dispatch`), per batch: for every entry able to take the batch's longest sequence, sequences
-(longest first) go to the pipeline whose estimated finish time grows least (into an open window of it when one
-has room), and the entry with the smallest estimated step time is chosen.  :func:`simulate_mixed` runs the
-chosen strategy in the step simulator (each pipeline at its window length), and :func:`packed_baseline` is the
-standard SPMD answer: one homogeneous strategy over sequences packed into context-length windows.
+:meth:`MixedPlan.programs` specializes every entry (``plan.meta`` carries ``max_seq_len``, ``windows`` and the
+strategy, so a :class:`Program` alone is a dispatch candidate).
+
+**Online** (:func:`dispatch`, or a :class:`Dispatcher` built once and called per step): the step's sequences
+(fixed by the data) go, longest first, to where the estimated finish time grows least: over the pipelines whose
+window holds the sequence, into that pipeline's open micro-batch (padded to its longest, while ``rows x longest``
+stays within the window; sorted lengths keep padding small) or as a new micro-batch -- so padding is accepted only
+where the cost model says that batching pays; each candidate whose ``max_seq_len`` holds the step's longest
+sequence is costed this way (padded shapes, attention's quadratic term included, plus its ZeRO-1 gather, gradient
+synchronisation and optimizer) and the cheapest is chosen (counting the switch from the ``current`` one, if
+given).  :func:`~hspmd_sdk.planner.mixed_sim.simulate_dispatch` simulates the result.
 """
 from __future__ import annotations
 
-import bisect
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..core.strategy import Strategy
+from ..core.strategy import Pipeline, Strategy
+from ..errors import PlanValidationError
 from .cost import CostModel
-from .hetero import PipelinePlan, PlanContext, TPGroup, _stage_parts, _sync_estimate, tp_degrees
+from .mixed_cost import PipelineCost, split_layers, switch_estimate
+from .mixed_sim import packed_baseline, pack, simulate_dispatch, simulate_mixed, simulate_shapes
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
     from ..core.model_spec import ModelSpec
+    from ..core.specialize import Program
 
-__all__ = ["Method", "MixedEntry", "MixedPlan", "Dispatch", "plan_mixed", "dispatch", "simulate_mixed",
-           "packed_baseline", "pack", "sample_lengths", "sample_batch"]
-
-
-# ---- data ---------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Method:
-    """A homogeneous pipeline: ``tp`` devices a stage, ``pp`` stages, optional activation recomputation."""
-
-    tp: int
-    pp: int
-    recompute: bool = False
-
-    @property
-    def devices(self) -> int:
-        return self.tp * self.pp
-
-    def __str__(self) -> str:
-        return f"TP{self.tp}PP{self.pp}{'+AC' if self.recompute else ''}"
-
-
-class MixedEntry(BaseModel):
-    """One strategy of a :class:`MixedPlan`: for batches whose longest sequence is at most ``max_seq_len``.
-    ``windows[p]`` is the window (micro-batch length in tokens) of pipeline ``p``; the strategy's micro-batch
-    counts are placeholders that :func:`dispatch` fills per batch."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_seq_len: int = Field(gt=0)
-    windows: list[int]
-    methods: list[str] = Field(default_factory=list, description="parallel method of each pipeline")
-    strategy: Strategy
-    estimate: float = Field(default=0.0, description="estimated seconds for a typical batch")
-
-
-class MixedPlan(BaseModel):
-    """Strategies keyed by maximum sequence length, shortest first (JSON round-trips)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    context_len: int
-    tokens_per_batch: int
-    entries: list[MixedEntry] = Field(min_length=1)
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return self.model_dump_json(indent=indent)
-
-    def summary(self) -> str:
-        lines = [f"MixedPlan: context {self.context_len}, {self.tokens_per_batch} tokens a batch, "
-                 f"{len(self.entries)} strategies"]
-        for e in self.entries:
-            pipes = ", ".join(f"{m}@{w}" for m, w in zip(e.methods, e.windows))
-            lines.append(f"  max_seq_len <= {e.max_seq_len}: {len(e.windows)} pipelines [{pipes}] "
-                         f"(est {e.estimate:.2f} s)")
-        return "\n".join(lines)
-
-
-@dataclass
-class Dispatch:
-    """The per-batch decision: the entry used, its strategy with this batch's micro-batch counts, the windows
-    (lists of sequence lengths) of each pipeline, and the estimated step time (s)."""
-
-    entry: int
-    max_seq_len: int
-    strategy: Strategy
-    windows: list[int]
-    packed: list[list[list[int]]]
-    estimate: float
-    estimates: dict[int, float] = field(default_factory=dict)
+__all__ = ["Method", "MixedEntry", "MixedPlan", "Dispatch", "Dispatcher", "plan_mixed", "dispatch",
+           "simulate_mixed", "simulate_dispatch", "packed_baseline", "pack", "sample_lengths", "sample_batch",
+           "micro_batches"]
 
 
 # ---- lengths ------------------------------------------------------------------------------------------------
@@ -137,198 +89,477 @@ def sample_batch(lengths: Sequence[int], tokens: int, *, seed: int = 0) -> list[
     return out
 
 
-def pack(lengths: Iterable[int], window: int) -> list[list[int]]:
-    """Best-fit decreasing: sequences (each at most ``window``) into windows of ``window`` tokens."""
-    bins: list[list[int]] = []
-    room: list[tuple[int, int]] = []  # sorted (remaining, bin index)
-    for x in sorted(lengths, reverse=True):
-        if x > window:
-            raise ValueError(f"a sequence of {x} tokens does not fit a window of {window}")
-        i = bisect.bisect_left(room, (x, -1))
-        if i < len(room):
-            left, b = room.pop(i)
-            bins[b].append(x)
-            bisect.insort(room, (left - x, b))
+def micro_batches(lengths: Sequence[int], window: int) -> list[list[int]]:
+    """Sequences (as given, each at most ``window``) into padded micro-batches of at most ``window`` tokens:
+    longest first, each micro-batch as many consecutive sequences as ``rows x its longest <= window`` allows.
+    Returns lists of indices into ``lengths``."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    out: list[list[int]] = []
+    for i in order:
+        if lengths[i] > window:
+            raise ValueError(f"a sequence of {lengths[i]} tokens does not fit a window of {window}")
+        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= window:
+            out[-1].append(i)
         else:
-            bins.append([x])
-            bisect.insort(room, (window - x, len(bins) - 1))
-    return bins
+            out.append([i])
+    return out
 
 
-# ---- costs of a method ------------------------------------------------------------------------------------------
-class _Costs:
-    """Per (method, window): the :class:`PipelinePlan` of one pipeline (even layer split) or ``None`` when it
-    does not fit in memory; cached."""
+# ---- plans ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Method:
+    """A pipeline homogeneous in device ``kind``: ``tp`` devices a stage, ``pp`` stages, optional recomputation."""
 
-    def __init__(self, model: "ModelSpec", cluster: "Cluster", cost: CostModel, zero_shards: int,
-                 schedule: str) -> None:
-        self.model, self.cluster, self.cost, self.z, self.schedule = model, cluster, cost, zero_shards, schedule
-        self._ctx: dict[int, PlanContext] = {}
-        self._plans: dict[tuple[Method, int], PipelinePlan | None] = {}
-        self.kind = cluster.kind(0)
-        self.per_node = min(len(n.ranks) for n in cluster.nodes)
+    kind: str
+    tp: int
+    pp: int
+    recompute: bool = False
 
-    def ctx(self, window: int) -> PlanContext:
-        if window not in self._ctx:
-            self._ctx[window] = PlanContext(self.model, self.cluster, global_batch=1, seq_len=window,
-                                            cost=self.cost, schedule=self.schedule)
-        return self._ctx[window]
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp
 
-    def groups(self, method: Method, first_rank: int = 0) -> list[TPGroup]:
-        return [TPGroup(tuple(range(first_rank + s * method.tp, first_rank + (s + 1) * method.tp)), self.kind,
-                        self.cluster.node_index(first_rank + s * method.tp)) for s in range(method.pp)]
+    def __str__(self) -> str:
+        return f"{self.kind} TP{self.tp}PP{self.pp}{'+AC' if self.recompute else ''}"
 
-    def plan(self, method: Method, window: int) -> PipelinePlan | None:
-        key = (method, window)
+
+class MixedEntry(BaseModel):
+    """One candidate strategy of a :class:`MixedPlan`, for steps whose longest sequence is at most ``max_seq_len``.
+    ``windows[p]``: the token budget of a micro-batch of pipeline ``p`` (``rows x padded length``; also the longest
+    sequence it takes).  The strategy's micro-batch fields are placeholders: :func:`dispatch` decides per step."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_seq_len: int = Field(gt=0)
+    windows: list[int]
+    methods: list[str] = Field(default_factory=list, description="parallel method of each pipeline")
+    strategy: Strategy
+    estimate: float = Field(default=0.0, description="estimated seconds of a typical step (the DP's makespan plus "
+                                                     "ZeRO-1 gather, gradient sync and optimizer)")
+
+
+class MixedPlan(BaseModel):
+    """Candidate strategies keyed by maximum sequence length, shortest first (JSON round-trips)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    context_len: int
+    tokens_per_batch: int
+    entries: list[MixedEntry] = Field(min_length=1)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return self.model_dump_json(indent=indent)
+
+    def summary(self) -> str:
+        lines = [f"MixedPlan: context {self.context_len}, {self.tokens_per_batch} tokens a batch, "
+                 f"{len(self.entries)} strategies"]
+        for e in self.entries:
+            pipes = ", ".join(f"{m}@{w}" for m, w in zip(e.methods, e.windows))
+            lines.append(f"  max_seq_len <= {e.max_seq_len}: {len(e.windows)} pipelines [{pipes}] "
+                         f"(est {e.estimate:.2f} s)")
+        return "\n".join(lines)
+
+    def programs(self, model: "ModelSpec | str", cluster: "Cluster") -> list["Program"]:
+        """Every entry specialized (:func:`hspmd_sdk.specialize` of ``plan_from_strategy``), in entry order.
+
+        Each Program's ``plan.meta`` carries, besides what :func:`plan_from_strategy` records:
+        ``max_seq_len`` (int), ``windows`` (list, one token budget per pipeline, in the order of
+        ``program.pipelines``, which is the strategy's), ``context_len``, ``candidate`` (the entry index) and
+        ``mixed_strategy`` (the entry's strategy as JSON) -- what :func:`dispatch` reads from a Program alone.
+        """
+        from ..core.specialize import specialize
+        from ..core.strategy_plan import plan_from_strategy
+        from ..errors import SpecializationError
+        from ..models.registry import load_model_spec
+
+        model = load_model_spec(model)
+        out = []
+        for i, e in enumerate(self.entries):
+            plan = plan_from_strategy(model, e.strategy, cluster)
+            meta = {**plan.meta, "max_seq_len": e.max_seq_len, "windows": list(e.windows),
+                    "context_len": self.context_len, "candidate": i,
+                    "mixed_strategy": e.strategy.model_dump(mode="json")}
+            prog = specialize(model, plan.model_copy(update={"meta": meta}), cluster)
+            want = [[sorted(s.devices) for s in p.stages] for p in e.strategy.pipelines]
+            if [[sorted(s) for s in p] for p in prog.pipelines] != want:
+                raise SpecializationError(f"entry {i}: the specialized pipelines {prog.pipelines} are not the "
+                                          f"strategy's {want} in order; windows would be misread")
+            out.append(prog)
+        return out
+
+
+# ---- costs of methods ----------------------------------------------------------------------------------------------
+class _Methods:
+    """The pipeline of each (method, window) on the first devices of its kind -- layers split to balance the stage
+    times at the window, memory checked for one row of the window in every in-flight slot -- or ``None``."""
+
+    def __init__(self, model: "ModelSpec", cluster: "Cluster", cost: CostModel, *, schedule: str,
+                 zero1: bool) -> None:
+        self.model, self.cluster, self.cost, self.schedule, self.zero1 = model, cluster, cost, schedule, zero1
+        self.z = 2 if zero1 else 1  # ZeRO-1 over at least two replicas; the final strategies are simulated
+        self.kind_ranks: dict[str, list[int]] = {}
+        for n in cluster.nodes:
+            self.kind_ranks.setdefault(n.kind, []).extend(n.ranks)
+        self._stages: dict = {}
+        self._plans: dict[tuple[Method, int], tuple[PipelineCost, list[int]] | None] = {}
+
+    def pipeline(self, m: Method, layers: Sequence[int]) -> Pipeline:
+        ranks = self.kind_ranks[m.kind][:m.devices]
+        stages, first = [], 0
+        for s, n in enumerate(layers):
+            stages.append({"devices": ranks[s * m.tp:(s + 1) * m.tp], "layers": [first, first + n - 1],
+                           "recompute": m.recompute})
+            first += n
+        return Pipeline.model_validate({"stages": stages, "micro_batch_size": 1, "num_micro_batches": 1})
+
+    def overhead(self, m: Method) -> float:
+        """Estimated seconds a pipeline of ``m`` adds to a step outside its forward and backward work: ZeRO-1 gather
+        and gradient reduce-scatter (or all-reduce) of its heaviest device's parameters (even layer split) over as
+        many replicas as the cluster could hold, on the slowest link, then that device's optimizer step."""
+        from .cost import BF16
+
+        L, S, md = self.model.num_layers, m.pp, self.model
+        heaviest = max((L // S + (1 if s < L % S else 0)) * md.layer_param_count()
+                       + (md.embedding_param_count() if s == 0 else 0)
+                       + (md.head_param_count() if s == S - 1 else 0) for s in range(S)) / m.tp
+        n = max(2, self.cluster.num_ranks // m.devices)
+        link = self.cluster.link(0, self.cluster.num_ranks - 1)
+        ops = ("reduce_scatter", "all_gather") if self.zero1 else ("all_reduce",)
+        sync = sum(self.cost.collective_time(op, heaviest * BF16, n, link) for op in ops)
+        owned = heaviest / n if self.zero1 else heaviest
+        return sync + self.cost.optimizer_time(owned, self.cluster.devices[m.kind])
+
+    def plan(self, m: Method, window: int) -> tuple[PipelineCost, list[int]] | None:
+        key = (m, window)
         if key not in self._plans:
-            self._plans[key] = self._make(method, window)
+            self._plans[key] = self._make(m, window)
         return self._plans[key]
 
-    def _make(self, method: Method, window: int) -> PipelinePlan | None:
-        ctx, L, S = self.ctx(window), self.model.num_layers, method.pp
-        if S > L or method.devices > self.cluster.num_ranks:
+    def _make(self, m: Method, window: int) -> tuple[PipelineCost, list[int]] | None:
+        from ..core.schedule import in_flight
+
+        L, S = self.model.num_layers, m.pp
+        if S > L or m.devices > len(self.kind_ranks.get(m.kind, [])):
             return None
-        groups = self.groups(method)
-        layers = [L // S + (1 if s < L % S else 0) for s in range(S)]
-        times = []
-        for s, (g, n) in enumerate(zip(groups, layers)):
-            prof = ctx.profile(g, 1, self.z, method.recompute)
-            ft, fb, per, tr = _stage_parts(prof, s == 0, s == S - 1, ctx.in_flight(S, s, S))
-            if fb + tr + n * per > prof.capacity:
-                return None
-            times.append(ft + n * prof.layer_time)
-        p2p = 2 * sum(ctx.p2p_time(a, b, 1) for a, b in zip(groups, groups[1:]))
-        return PipelinePlan(tuple(groups), tuple(layers), tuple(times), p2p, method.recompute)
+        even = [L // S + (1 if s < L % S else 0) for s in range(S)]
+        splits = [even]
+        if S > 1 and L >= 2 * S:  # per-layer and fixed (embedding, head) time of each stage at one row of the window
+            one = PipelineCost.of(self.model, self.pipeline(m, [1] * S), self.cluster, self.cost, self._stages)
+            two = PipelineCost.of(self.model, self.pipeline(m, [2] * S), self.cluster, self.cost, self._stages)
+            t1 = [st.time(1, window) for st in one.stages]
+            t2 = [st.time(1, window) for st in two.stages]
+            per = [b - a for a, b in zip(t1, t2)]
+            splits.insert(0, split_layers(L, per, [a - p for a, p in zip(t1, per)]))
+        spec = self.cluster.devices[m.kind]
+        capacity = spec.memory_mb * 2.0**20 - self.cost.memory_reserve_mb * 2.0**20
+        for layers in splits:
+            pc = PipelineCost.of(self.model, self.pipeline(m, layers), self.cluster, self.cost, self._stages)
+            if all(st.fits(window, in_flight(self.schedule, S, s, S), self.z, capacity)
+                   for s, st in enumerate(pc.stages)):
+                return pc, list(layers)
+        return None
 
 
-def _methods(model: "ModelSpec", cluster: "Cluster", max_tp: int) -> list[Method]:
-    tps = tp_degrees(model, max_tp)
-    pps = [p for p in (1, 2, 4, 8) if p <= model.num_layers]
-    return [Method(t, p, rc) for t in tps for p in pps for rc in (False, True) if t * p <= cluster.num_ranks]
+def _default_methods(model: "ModelSpec", cluster: "Cluster", max_tp: int | None) -> list[Method]:
+    from .hetero import tp_degrees
+
+    out = []
+    for kind, count in cluster.kinds().items():
+        sizes = [len(n.ranks) for n in cluster.nodes if n.kind == kind]
+        tps = [t for t in tp_degrees(model, min(max_tp or min(sizes), min(sizes))) if all(s % t == 0 for s in sizes)]
+        out += [Method(kind, t, p, rc) for t in tps for p in (1, 2, 4, 8) for rc in (False, True)
+                if p <= model.num_layers and t * p <= count]
+    return out
 
 
 # ---- the dynamic programme -------------------------------------------------------------------------------------
-def _boundaries(context_len: int, lengths: Sequence[int]) -> list[int]:
+def _boundaries(context_len: int) -> list[int]:
+    """1K, 1.5K, 2K, 3K, 4K, 6K, ... below the context, and the context."""
     out, b = [], 1024
     while b < context_len:
-        out.append(b)
+        out += [x for x in (b, b * 3 // 2) if x < context_len]
         b *= 2
-    out.append(context_len)
-    lo = min(lengths)
-    return [x for x in out if x >= min(lo, out[-1])] or [context_len]
+    return out + [context_len]
 
 
-def _interval_plan(costs: _Costs, lengths: Sequence[int], bounds: Sequence[int], devices: int, scale: float,
-                   methods: Sequence[Method]) -> tuple[float, list[tuple[Method, int, int]]] | None:
-    """The DP: ``best[i][G]`` = smallest makespan covering base intervals ``< i`` with ``G`` devices.  Returns the
-    makespan and ``(method, count, window)`` per chosen interval, or ``None``."""
+@dataclass(frozen=True)
+class _Option:
+    """One point of a merged interval's Pareto front: ``count`` pipelines of ``method`` at ``window``."""
+
+    j: int
+    axis: int
+    units: int
+    time: float
+    method: Method | None
+    count: int
+    window: int
+
+
+class _Segments:
+    """The merged intervals ``(lo, hi]`` of one length sample: their sequences in two micro-batch forms -- one row a
+    sequence, and window-sized padded micro-batches (:func:`micro_batches`) -- and each method's costs of them
+    (cached, so that the DP can run again on fewer methods for free)."""
+
+    def __init__(self, lengths: Sequence[int]) -> None:
+        import numpy as np
+
+        self.lengths = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
+        self._forms: dict[tuple[int, int], list] = {}
+        self._totals: dict[tuple[Method, int, int], tuple[float, float, float, int] | None] = {}
+
+    def count(self, lo: int, hi: int) -> int:
+        x = self.lengths
+        return int(((x > lo) & (x <= hi)).sum())
+
+    def forms(self, lo: int, hi: int) -> list:
+        import numpy as np
+
+        if (lo, hi) not in self._forms:
+            seg = self.lengths[(self.lengths > lo) & (self.lengths <= hi)].tolist()  # longest first
+            mbs = micro_batches(seg, hi)
+            self._forms[(lo, hi)] = [(np.ones(len(seg)), np.asarray(seg, dtype=float)),
+                                     (np.asarray([len(mb) for mb in mbs], dtype=float),
+                                      np.asarray([seg[mb[0]] for mb in mbs], dtype=float))]
+        return self._forms[(lo, hi)]
+
+    def totals(self, methods: _Methods, m: Method, lo: int, hi: int) -> tuple[float, float, float, int] | None:
+        """(sum of bottleneck seconds, largest, fill, micro-batches) of the cheaper form on ``m`` at window ``hi``."""
+        key = (m, lo, hi)
+        if key not in self._totals:
+            found = methods.plan(m, hi)
+            self._totals[key] = None if found is None else \
+                min(found[0].totals(r, x) + (len(r),) for r, x in self.forms(lo, hi))
+        return self._totals[key]
+
+
+def _fronts(methods: _Methods, todo: Sequence[Method], segs: _Segments, lo: int, hi: int, scale: float,
+            unit: dict[str, int]) -> dict[str, list[tuple[int, float, Method, int]]]:
+    """Per kind, the Pareto front (units of devices, seconds, method, count) of serving the sequences in
+    ``(lo, hi]``: for each device count the fastest method and count, kept only if faster than every smaller count.
+    ``c`` pipelines share the step's micro-batches: ``max(sum / c, largest) + fill`` (the dispatcher pads only where
+    the cost model favours it, so each method is costed on the cheaper of the two forms)."""
+    fronts: dict[str, dict[int, tuple[float, Method, int]]] = {}
+    fits_plain: set[tuple[str, int, int]] = set()
+    for m in sorted(todo, key=lambda m: m.recompute):
+        if m.recompute and (m.kind, m.tp, m.pp) in fits_plain:
+            continue  # the same method without recomputation fits: it dominates
+        found = segs.totals(methods, m, lo, hi)
+        if found is None:
+            continue
+        if not m.recompute:
+            fits_plain.add((m.kind, m.tp, m.pp))
+        total, largest, fill, n_mbs = found
+        best = fronts.setdefault(m.kind, {})
+        for c in range(1, len(methods.kind_ranks[m.kind]) // m.devices + 1):
+            t = max(total * scale / c, largest) + fill
+            u = c * m.devices // unit[m.kind]
+            if u not in best or t < best[u][0]:
+                best[u] = (t, m, c)
+            if c >= n_mbs * scale:  # more pipelines than micro-batches in a step: no faster
+                break
+    out = {}
+    for kind, pts in fronts.items():
+        front, low = [], math.inf
+        for u in sorted(pts):
+            t, m, c = pts[u]
+            if t < low - 1e-12:
+                front.append((u, t, m, c))
+                low = t
+        out[kind] = front
+    return out
+
+
+def _interval_plan(methods: _Methods, todo: Sequence[Method], segs: "_Segments | Sequence[int]",
+                   bounds: Sequence[int], scale: float) -> tuple[float, list[tuple[Method, int, int]]] | None:
+    """The DP: ``best[i][u]`` = smallest makespan covering base intervals ``< i`` with ``u`` units of devices of
+    each kind (one array axis per kind).  ``segs``: the length sample (or its :class:`_Segments`).  Returns the
+    makespan and ``(method, count, window)`` per chosen merged interval, or ``None``."""
+    import numpy as np
+
+    segs = segs if isinstance(segs, _Segments) else _Segments(segs)
+    todo = [m for m in todo if methods.plan(m, bounds[0]) is not None]  # memory grows with the window
+    kinds = list(methods.kind_ranks)
+    unit = {k: math.gcd(*[m.devices for m in todo if m.kind == k] or [1]) for k in kinds}
+    dims = tuple(len(methods.kind_ranks[k]) // unit[k] + 1 for k in kinds)
     n = len(bounds)
     edges = [0] + list(bounds)
-    inside = [[x for x in lengths if edges[i] < x <= edges[i + 1]] for i in range(n)]
-    INF = math.inf
-    best = [[INF] * (devices + 1) for _ in range(n + 1)]
-    back: list[list[tuple | None]] = [[None] * (devices + 1) for _ in range(n + 1)]
-    best[0][0] = 0.0
+    best = [np.full(dims, np.inf) for _ in range(n + 1)]
+    choice = [np.full(dims, -1, dtype=np.int64) for _ in range(n + 1)]
+    best[0][(0,) * len(kinds)] = 0.0
+    options: list[_Option] = []
     for i in range(1, n + 1):
         window = bounds[i - 1]
         for j in range(i):
-            seqs = [x for k in range(j, i) for x in inside[k]]
-            if not seqs:
-                for G in range(devices + 1):
-                    if best[j][G] < best[i][G]:
-                        best[i][G], back[i][G] = best[j][G], (j, None, 0, window)
+            if not segs.count(edges[j], window):  # nothing to serve: the interval is covered for free
+                options.append(_Option(j, -1, 0, 0.0, None, 0, window))
+                better = best[j] < best[i]
+                best[i] = np.where(better, best[j], best[i])
+                choice[i] = np.where(better, len(options) - 1, choice[i])
                 continue
-            windows = len(pack(seqs, window)) * scale
-            for m in methods:
-                plan = costs.plan(m, window)
-                if plan is None:
-                    continue
-                for cnt in range(1, devices // m.devices + 1):
-                    t = plan.time(max(1, math.ceil(windows / cnt)))
-                    used = cnt * m.devices
-                    for G in range(used, devices + 1):
-                        v = max(best[j][G - used], t)
-                        if v < best[i][G]:
-                            best[i][G], back[i][G] = v, (j, m, cnt, window)
-    G = min(range(devices + 1), key=lambda g: (best[n][g], -g))
-    makespan = best[n][G]
-    if makespan == INF:
+            if not np.isfinite(best[j]).any():
+                continue
+            for kind, front in _fronts(methods, todo, segs, edges[j], window, scale, unit).items():
+                axis = kinds.index(kind)
+                for u, t, m, c in front:
+                    if u >= dims[axis]:
+                        continue
+                    src = [slice(None)] * len(kinds)
+                    dst = [slice(None)] * len(kinds)
+                    src[axis], dst[axis] = slice(0, dims[axis] - u), slice(u, None)
+                    cand = np.maximum(best[j][tuple(src)], t)
+                    here = best[i][tuple(dst)]
+                    better = cand < here
+                    if not better.any():
+                        continue
+                    options.append(_Option(j, axis, u, t, m, c, window))
+                    best[i][tuple(dst)] = np.where(better, cand, here)
+                    choice[i][tuple(dst)] = np.where(better, len(options) - 1, choice[i][tuple(dst)])
+    final = best[n]
+    if not np.isfinite(final).any():
         return None
-    out, i = [], n
+    low = float(final.min())
+    used = np.indices(dims).reshape(len(kinds), -1).T @ np.array([unit[k] for k in kinds])
+    flat = final.reshape(-1)
+    # within 2% of the best makespan, use the most devices (dispatch balances them), then the smaller makespan
+    ok = np.flatnonzero(flat <= low * 1.02 + 1e-12)
+    state = np.unravel_index(int(min(ok, key=lambda s: (-int(used[s]), float(flat[s]), int(s)))), dims)
+    makespan = float(final[state])
+    out, i, st = [], n, list(state)
     while i > 0:
-        j, m, cnt, window = back[i][G]  # type: ignore[misc]
-        if m is not None:
-            out.append((m, cnt, window))
-            G -= cnt * m.devices
-        i = j
+        opt = options[int(choice[i][tuple(st)])]
+        if opt.method is not None:
+            out.append((opt.method, opt.count, opt.window))
+            st[opt.axis] -= opt.units
+        i = opt.j
     return makespan, out[::-1]
 
 
-def _combine(costs: _Costs, chosen: Sequence[tuple[Method, int, int]], *, schedule: str,
-             zero1: bool) -> tuple[Strategy, list[int], list[str]]:
-    """Pipelines of the chosen intervals on consecutive ranks, larger TP first; placeholder micro-batch counts."""
+def _best_interval_plan(methods: _Methods, todo: Sequence[Method], lengths: Sequence[int], bounds: Sequence[int],
+                        scale: float) -> tuple[float, list[tuple[Method, int, int]]] | None:
+    """The DP once per overhead level ``sigma`` (:meth:`_Methods.overhead`: the gradient sync and optimizer a
+    method's pipeline adds to the step, which the slowest of them sets), on the methods within it, minimising
+    ``makespan + sigma``; levels within 25% of each other are tried as one, from the lowest, until ``sigma`` alone
+    exceeds the best total.  Returns the makespan (without ``sigma``) and the chosen pipelines, or ``None``."""
+    segs = _Segments(lengths)
+    level = {m: methods.overhead(m) for m in todo}
+    groups: list[list[float]] = []
+    for v in sorted(set(level.values())):  # levels within 25% of a group's lowest share its highest
+        if groups and v <= groups[-1][0] * 1.25:
+            groups[-1].append(v)
+        else:
+            groups.append([v])
+    best: tuple[float, float, list[tuple[Method, int, int]]] | None = None
+    seen: set[frozenset[Method]] = set()
+    for sigma in (g[-1] for g in groups):
+        if best is not None and sigma >= best[0]:
+            break
+        allowed = [m for m in todo if level[m] <= sigma]
+        if frozenset(allowed) in seen:
+            continue
+        seen.add(frozenset(allowed))
+        found = _interval_plan(methods, allowed, segs, bounds, scale)
+        if found is not None and (best is None or found[0] + sigma < best[0]):
+            best = (found[0] + sigma, found[0], found[1])
+    return None if best is None else (best[1], best[2])
+
+
+def _place(methods: _Methods, chosen: Sequence[tuple[Method, int, int]], *, schedule: str, zero1: bool,
+           name: str) -> tuple[Strategy, list[int], list[str]]:
+    """Pipelines on the cluster: per kind, larger TP groups first, each stage into the first node of its kind with
+    room (the node of the previous stage when it has room), so TP groups stay inside nodes; pipelines ordered by
+    window (longest first), then first rank."""
+    cl = methods.cluster
+    free = {i: list(n.ranks) for i, n in enumerate(cl.nodes)}
     order = sorted(((m, w) for m, cnt, w in chosen for _ in range(cnt)), key=lambda mw: (-mw[0].tp, -mw[1]))
-    L, rank, pipelines, windows, names = costs.model.num_layers, 0, [], [], []
+    placed = []
     for m, w in order:
-        plan = costs.plan(m, w)
-        assert plan is not None
-        stages, first = [], 0
-        for s, n in enumerate(plan.layers):
-            stages.append({"devices": list(range(rank + s * m.tp, rank + (s + 1) * m.tp)),
-                           "layers": [first, first + n - 1], "recompute": m.recompute})
-            first += n
-        rank += m.devices
-        pipelines.append({"stages": stages, "micro_batch_size": 1, "num_micro_batches": 1})
-        windows.append(w)
-        names.append(str(m))
-    return Strategy.load({"pipelines": pipelines, "schedule": schedule, "zero1": zero1}), windows, names
+        found = methods.plan(m, w)
+        assert found is not None
+        layers, stages, first, node = found[1], [], 0, None
+        for n_layers in layers:
+            nodes = [i for i, nd in enumerate(cl.nodes) if nd.kind == m.kind and len(free[i]) >= m.tp]
+            if not nodes:
+                raise PlanValidationError([("cluster", f"cannot place {m} in the nodes of kind {m.kind}")],
+                                          what="mixed plan")
+            node = node if node in nodes else nodes[0]
+            devs, free[node] = free[node][:m.tp], free[node][m.tp:]
+            stages.append({"devices": devs, "layers": [first, first + n_layers - 1], "recompute": m.recompute})
+            first += n_layers
+        placed.append((w, stages, str(m)))
+    placed.sort(key=lambda p: (-p[0], p[1][0]["devices"][0]))
+    pipelines = [{"stages": s, "micro_batch_size": 1, "num_micro_batches": 1} for _, s, _ in placed]
+    strategy = Strategy.load({"pipelines": pipelines, "schedule": schedule, "zero1": zero1, "name": name})
+    return strategy, [w for w, _, _ in placed], [m for _, _, m in placed]
+
+
+def _default_caps(lengths: Sequence[int], bounds: Sequence[int], tokens_per_batch: int,
+                  threshold: float = 0.02) -> list[int]:
+    """Boundaries ``b`` for which a step's longest sequence falls in ``(previous kept, b]`` with probability at
+    least ``threshold`` (``P(max <= b) = F(b) ** n``, ``n`` sequences a step, ``F`` the sample's distribution);
+    the context always."""
+    n = tokens_per_batch / (sum(lengths) / len(lengths))
+    keep, below = [], 0.0
+    for b in bounds:
+        p = (sum(x <= b for x in lengths) / len(lengths)) ** n
+        if p - below >= threshold or b == bounds[-1]:
+            keep.append(b)
+            below = p
+    return keep
 
 
 def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[int], *, tokens_per_batch: int,
                context_len: int | None = None, cost: CostModel | None = None, boundaries: Sequence[int] | None = None,
-               methods: Sequence[Method] | None = None, schedule: str = "1f1b", zero1: bool = True,
-               max_tp: int = 16, long_weights: Sequence[int] = (1, 2, 4)) -> MixedPlan:
-    """Plan a set of strategies for mixed-length data (the paper's scenario (c)) from a sample of ``lengths``.
+               max_seq_lens: Sequence[int] | None = None, methods: Sequence[Method] | None = None,
+               schedule: str = "1f1b", zero1: bool = True, max_tp: int | None = None) -> MixedPlan:
+    """Plan candidate strategies for mixed-length data (the paper's scenario (c)) from a sample of ``lengths``, on a
+    cluster of one or several device kinds.
 
-    ``cluster`` must be of one device kind.  ``context_len`` (default: the longest length) truncates longer
-    sequences.  ``boundaries`` are the candidate interval ends (default: 1K, 2K, 4K, ... up to the context);
-    ``methods`` the candidate parallel methods (default: TP 1..``max_tp`` x PP 1, 2, 4, 8, with and without
-    recomputation).  For each maximum length the DP runs on the sample as it is and with the sequences of the
-    top interval counted ``long_weights`` times (batches heavier in long sequences).  Memory is checked with ZeRO-1 over two replicas (the smallest useful plan); the
-    simulator checks the final strategies.
+    ``context_len`` (default: the longest length) caps the lengths.  ``boundaries``: candidate interval ends
+    (default 1K, 1.5K, 2K, 3K, ... up to the context); ``max_seq_lens``: the maximum lengths to prepare a strategy
+    for (default: the boundaries a step's longest sequence reaches with probability >= 2%, and the context);
+    ``methods``: the candidate :class:`Method` s (default: per kind, TP 1..node size dividing the nodes, PP 1, 2, 4,
+    8, with and without recomputation; ``max_tp`` caps TP).  Each strategy is planned on the sample restricted to
+    its maximum length, its longest interval counted at least once a step.  Memory is checked with ZeRO-1 over two
+    replicas; each strategy is then simulated at full windows and dropped if out of memory.
     """
     from ..models.registry import load_model_spec
-    from ..errors import PlanValidationError
 
     model = load_model_spec(model)
-    if len(cluster.kinds()) != 1:
-        raise PlanValidationError([("cluster", "plan_mixed plans homogeneous clusters (one device kind); got "
-                                               f"{cluster.kinds()}")], what="mixed plan")
-    context = context_len or max(lengths)
+    cost = cost or CostModel()
+    context = int(context_len or max(lengths))
     lengths = [min(int(x), context) for x in lengths if x > 0]
-    bounds = sorted(set(boundaries or _boundaries(context, lengths)) | {context})
-    bounds = [b for b in bounds if b <= context]
-    costs = _Costs(model, cluster, cost or CostModel(), 2 if zero1 else 1, schedule)
-    methods = list(methods or _methods(model, cluster, max_tp))
+    if not lengths:
+        raise PlanValidationError([("lengths", "no positive sequence length in the sample")], what="mixed plan")
+    bounds = sorted({b for b in (boundaries or _boundaries(context)) if 0 < b <= context} | {context})
+    caps = sorted({min(int(c), context) for c in max_seq_lens} | {context}) if max_seq_lens else \
+        _default_caps(lengths, bounds, tokens_per_batch)
+    bounds = sorted(set(bounds) | set(caps))
+    costs = _Methods(model, cluster, cost, schedule=schedule, zero1=zero1)
+    todo = list(methods or _default_methods(model, cluster, max_tp))
     entries: list[MixedEntry] = []
-    for k, cap in enumerate(bounds):
+    below = 0
+    for cap in caps:
         sub = [x for x in lengths if x <= cap]
-        if not sub or (entries and max(sub) <= entries[-1].max_seq_len):
+        top = [x for x in sub if x > below]
+        if not top:
             continue
-        below = bounds[k - 1] if k else 0
-        for weight in long_weights:  # batches heavier in long sequences than the sample
-            skewed = sub + [x for x in sub if x > below] * (int(weight) - 1)
-            found = _interval_plan(costs, skewed, [b for b in bounds if b <= cap], cluster.num_ranks,
-                                   tokens_per_batch / sum(skewed), methods)
-            if found is None:
-                continue
-            est, chosen = found
-            strategy, windows, names = _combine(costs, chosen, schedule=schedule, zero1=zero1)
-            if any(e.strategy.pipelines == strategy.pipelines and e.windows == windows for e in entries):
-                continue
-            strategy = strategy.model_copy(update={"name": f"mixed: max_seq_len <= {cap} (long x{weight:g})"})
-            entries.append(MixedEntry(max_seq_len=cap, windows=windows, methods=names, strategy=strategy,
-                                      estimate=est))
+        per_step = len(top) * tokens_per_batch / sum(sub)
+        weight = max(1, min(64, math.ceil(1.0 / per_step))) if per_step < 1 else 1
+        skewed = sub + top * (weight - 1)  # a step for this strategy holds at least one sequence above `below`
+        below = cap
+        found = _best_interval_plan(costs, todo, skewed, [b for b in bounds if b <= cap],
+                                    tokens_per_batch / sum(skewed))
+        if found is None:
+            continue
+        est, chosen = found
+        strategy, windows, names = _place(costs, chosen, schedule=schedule, zero1=zero1,
+                                          name=f"mixed: max_seq_len <= {cap}")
+        r = simulate_shapes(model, strategy, cluster, [[(1, w)] * p.num_stages for w, p in
+                                                       zip(windows, strategy.pipelines)], cost=cost)
+        if r.oom:
+            continue
+        entries.append(MixedEntry(max_seq_len=cap, windows=windows, methods=names, strategy=strategy,
+                                  estimate=est + _overhead(r)))
     if not entries or entries[-1].max_seq_len < context:
         raise PlanValidationError([("lengths", f"no strategy for {model.name} on {cluster.num_ranks} devices takes "
                                                f"sequences of {context} tokens")], what="mixed plan")
@@ -336,132 +567,222 @@ def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[i
 
 
 # ---- online: dispatch ---------------------------------------------------------------------------------------------
-def _pipeline_plans(costs: _Costs, entry: MixedEntry) -> list[PipelinePlan]:
-    out = []
-    for p, w in zip(entry.strategy.pipelines, entry.windows):
-        m = Method(p.stages[0].tp_degree, p.num_stages, p.stages[0].recompute)
-        plan = costs.plan(m, w)
-        if plan is None:  # a hand-edited entry: cost it as it is
-            raise ValueError(f"pipeline {m} at window {w} does not fit in memory")
-        out.append(plan)
-    return out
+@dataclass(frozen=True)
+class Dispatch:
+    """Where each sequence of one step goes (:func:`dispatch`).
+
+    * ``choice``: index of the chosen candidate (into the ``candidates`` given);
+    * ``estimates[i]``: estimated step seconds of candidate ``i`` by the cost model (pipelines at their padded
+      micro-batch shapes, then gradient synchronisation and optimizer); ``math.inf`` where the candidate's
+      ``max_seq_len`` is shorter than the step's longest sequence;
+    * ``switch[i]``: estimated seconds of switching from ``current`` to candidate ``i`` (all 0 without
+      ``current``); the choice minimises ``estimates[i] + switch[i]``;
+    * ``micro_batches[p]``: the chosen candidate's pipeline ``p`` (``program.pipelines[p]``, ``strategy.pipelines[p]``)
+      runs these micro-batches in this order, each a tuple of indices into ``lengths``; every index appears exactly
+      once over all pipelines; a pipeline may get none (it still takes part in the gradient synchronisation);
+    * ``lengths``: the step's sequence lengths, as given; ``strategy``, ``windows``, ``max_seq_len``: the chosen
+      candidate's (its strategy's micro-batch fields are placeholders); ``pipeline_estimates[p]``: estimated seconds
+      of pipeline ``p``'s forward and backward work.
+    """
+
+    choice: int
+    estimates: tuple[float, ...]
+    switch: tuple[float, ...]
+    micro_batches: tuple[tuple[tuple[int, ...], ...], ...]
+    lengths: tuple[int, ...]
+    strategy: Strategy
+    windows: tuple[int, ...]
+    max_seq_len: int
+    pipeline_estimates: tuple[float, ...]
+
+    @property
+    def estimate(self) -> float:
+        """The chosen candidate's estimated step seconds (without the switch)."""
+        return self.estimates[self.choice]
+
+    def shapes(self) -> list[list[tuple[int, int]]]:
+        """Per pipeline, per micro-batch: ``(rows, padded length)`` -- the tensor the runtime runs."""
+        return [[(len(mb), max(self.lengths[i] for i in mb)) for mb in pipe] for pipe in self.micro_batches]
+
+    def padding_fraction(self) -> float:
+        """Padding tokens over all tokens of the padded micro-batches."""
+        padded = sum(r * s for pipe in self.shapes() for r, s in pipe)
+        return 1.0 - sum(self.lengths) / padded if padded else 0.0
 
 
-def _assign(plans: Sequence[PipelinePlan], windows: Sequence[int], batch: Sequence[int]) -> tuple[
-        list[list[list[int]]], float]:
-    """Longest sequence first, to the eligible pipeline whose estimated time grows least."""
-    packed: list[list[list[int]]] = [[] for _ in plans]
-    room: list[list[int]] = [[] for _ in plans]
-    for x in sorted(batch, reverse=True):
-        best = None
-        for p, (plan, w) in enumerate(zip(plans, windows)):
+@dataclass
+class _Candidate:
+    strategy: Strategy
+    windows: list[int]
+    max_seq_len: int
+    pipes: list[PipelineCost]
+    tail: float
+
+
+def _overhead(r: Any) -> float:
+    """Seconds of a simulated step outside the pipelines' forward and backward work: the ZeRO-1 parameter gather
+    before the first forward, the gradient synchronisation and the optimizer after the last backward."""
+    starts = [e.start for evs in r.timeline.values() for e in evs if e.kind == "F"]
+    return (min(starts) if starts else 0.0) + r.sync_time
+
+
+def _candidate_parts(i: int, cand: Any) -> tuple[Strategy, list[int], int]:
+    if isinstance(cand, MixedEntry):
+        return cand.strategy, list(cand.windows), cand.max_seq_len
+    meta = getattr(getattr(cand, "plan", None), "meta", None)
+    if not isinstance(meta, dict) or not {"mixed_strategy", "windows", "max_seq_len"} <= set(meta):
+        raise PlanValidationError([(f"candidates[{i}]", "not a mixed-length candidate: a Program from "
+                                                        "MixedPlan.programs (plan.meta with max_seq_len, windows, "
+                                                        "mixed_strategy) or a MixedEntry")], what="dispatch")
+    return Strategy.load(meta["mixed_strategy"]), [int(w) for w in meta["windows"]], int(meta["max_seq_len"])
+
+
+class Dispatcher:
+    """:func:`dispatch` with the candidates' costs prepared once (stage cost lines, gradient-sync tails): build it
+    when the job starts and call it per step.  ``candidates``: a :class:`MixedPlan`, or a list of Programs from
+    :meth:`MixedPlan.programs` (or of :class:`MixedEntry`)."""
+
+    def __init__(self, candidates: "MixedPlan | Sequence[Any]", model: "ModelSpec | str", cluster: "Cluster", *,
+                 cost: CostModel | None = None) -> None:
+        from ..models.registry import load_model_spec
+
+        self.model, self.cluster, self.cost = load_model_spec(model), cluster, cost or CostModel()
+        items = list(candidates.entries) if isinstance(candidates, MixedPlan) else list(candidates)
+        if not items:
+            raise PlanValidationError([("candidates", "no candidate strategy")], what="dispatch")
+        cache: dict = {}
+        self.candidates: list[_Candidate] = []
+        for i, c in enumerate(items):
+            strategy, windows, cap = _candidate_parts(i, c)
+            if len(windows) != strategy.dp_degree or max(windows) < cap:
+                raise PlanValidationError([(f"candidates[{i}].windows", f"{windows} for {strategy.dp_degree} "
+                                            f"pipelines: one window a pipeline, the largest at least max_seq_len "
+                                            f"{cap}")], what="dispatch")
+            pipes = [PipelineCost.of(self.model, p, cluster, self.cost, cache) for p in strategy.pipelines]
+            tail = _overhead(simulate_shapes(self.model, strategy, cluster, [[(1, w)] for w in windows],
+                                             cost=self.cost))
+            self.candidates.append(_Candidate(strategy, windows, cap, pipes, tail))
+        self._switch: dict[tuple[int, int], float] = {}
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest sequence any candidate takes."""
+        return max(c.max_seq_len for c in self.candidates)
+
+    def switch_time(self, src: int, dst: int) -> float:
+        """Estimated seconds of switching candidate ``src`` -> ``dst`` (:func:`switch_estimate`; cached)."""
+        if (src, dst) not in self._switch:
+            self._switch[(src, dst)] = switch_estimate(self.model, self.cluster, self.candidates[src].strategy,
+                                                       self.candidates[dst].strategy, self.cost)
+        return self._switch[(src, dst)]
+
+    def __call__(self, lengths: Sequence[int], *, current: int | None = None) -> Dispatch:
+        """Dispatch one step's sequence ``lengths`` (see :func:`dispatch`)."""
+        lengths = tuple(int(x) for x in lengths)
+        self._check(lengths, current)
+        longest = max(lengths)
+        order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+        estimates, switch, assigned = [], [], {}
+        for i, c in enumerate(self.candidates):
+            switch.append(0.0 if current is None or current == i else self.switch_time(current, i))
+            if c.max_seq_len < longest:
+                estimates.append(math.inf)
+                continue
+            mbs, times = _assign(c.pipes, c.windows, order, lengths)
+            assigned[i] = (mbs, times)
+            estimates.append(max(times) + c.tail)
+        choice = min(assigned, key=lambda i: (estimates[i] + switch[i], i))
+        mbs, times = assigned[choice]
+        c = self.candidates[choice]
+        return Dispatch(choice, tuple(estimates), tuple(switch), tuple(tuple(tuple(mb) for mb in p) for p in mbs),
+                        lengths, c.strategy, tuple(c.windows), c.max_seq_len, tuple(times))
+
+    def _check(self, lengths: tuple[int, ...], current: int | None) -> None:
+        if not lengths:
+            raise PlanValidationError([("lengths", "a step needs at least one sequence")], what="dispatch")
+        cap = self.max_seq_len
+        for i, x in enumerate(lengths):
+            if x <= 0:
+                raise PlanValidationError([(f"lengths[{i}]", f"{x} tokens; a sequence has at least one")],
+                                          what="dispatch")
+            if x > cap:
+                raise PlanValidationError([(f"lengths[{i}]", f"{x} tokens is longer than the largest candidate's "
+                                                             f"context ({cap}); the data layer cuts such documents "
+                                                             "into chunks before dispatch")], what="dispatch")
+        if current is not None and not 0 <= current < len(self.candidates):
+            raise PlanValidationError([("current", f"{current} is not a candidate index "
+                                                   f"(0..{len(self.candidates) - 1})")], what="dispatch")
+
+
+def _assign(pipes: Sequence[PipelineCost], windows: Sequence[int], order: Sequence[int],
+            lengths: Sequence[int]) -> tuple[list[list[list[int]]], list[float]]:
+    """Sequences (``order``: longest first) one at a time to where the estimated finish time grows least: over the
+    pipelines whose window holds it, either into the pipeline's open micro-batch (while ``rows x longest <=
+    window``; padded to its longest) or as a new micro-batch.  Returns the micro-batches (indices) and
+    each pipeline's estimated seconds (:meth:`PipelineCost.time`)."""
+    P = len(pipes)
+    mbs: list[list[list[int]]] = [[] for _ in range(P)]
+    total, fill = [0.0] * P, [0.0] * P
+    opened: list[tuple[int, int, float, float] | None] = [None] * P  # rows, longest, its bottleneck, its fill
+    parts_cache: dict[tuple[int, int, int], tuple[float, float]] = {}
+
+    def parts(p: int, r: int, s: int) -> tuple[float, float]:
+        key = (id(pipes[p]), r, s)
+        hit = parts_cache.get(key)
+        if hit is None:
+            hit = parts_cache[key] = pipes[p].parts(r, s)
+        return hit
+
+    for idx in order:
+        x = lengths[idx]
+        best: tuple[tuple[float, int, int, int], int, bool, float, float] | None = None
+        for p in range(P):
+            w = windows[p]
             if x > w:
                 continue
-            fits = next((i for i, r in enumerate(room[p]) if r >= x), None)
-            t = plan.time(len(packed[p]) + (0 if fits is not None else 1))
-            key = (t, w, p)
+            op = opened[p]
+            if op is not None and (op[0] + 1) * op[1] <= w:  # join the open micro-batch (padded to its longest)
+                b, f = parts(p, op[0] + 1, op[1])
+                key = (total[p] - op[2] + b + max(fill[p], f), w, p, 0)
+                if best is None or key < best[0]:
+                    best = (key, p, True, b, f)
+            b, f = parts(p, 1, x)  # or open a new one
+            key = (total[p] + b + max(fill[p], f), w, p, 1)
             if best is None or key < best[0]:
-                best = (key, p, fits)
-        assert best is not None
-        _, p, fits = best
-        if fits is None:
-            packed[p].append([x])
-            room[p].append(windows[p] - x)
+                best = (key, p, False, b, f)
+        assert best is not None  # _check: every length fits the largest window of an eligible candidate
+        _, p, join, b, f = best
+        if join:
+            op = opened[p]
+            assert op is not None
+            total[p] += b - op[2]
+            mbs[p][-1].append(idx)
+            opened[p] = (op[0] + 1, op[1], b, f)
         else:
-            packed[p][fits].append(x)
-            room[p][fits] -= x
-    return packed, max(plan.time(len(w)) for plan, w in zip(plans, packed))
+            total[p] += b
+            mbs[p].append([idx])
+            opened[p] = (1, x, b, f)
+        fill[p] = max(fill[p], f)
+    return mbs, [t + f if t > 0 else 0.0 for t, f in zip(total, fill)]
 
 
-def dispatch(plan: MixedPlan, model: "ModelSpec | str", cluster: "Cluster", batch: Sequence[int], *,
-             cost: CostModel | None = None) -> Dispatch:
-    """Assign one batch's sequences to the pipelines of every entry that can take its longest sequence and pick
-    the entry with the smallest estimated step time.  Sequences longer than the context are truncated."""
-    from ..models.registry import load_model_spec
+def dispatch(candidates: "MixedPlan | Sequence[Any]", model: "ModelSpec | str", cluster: "Cluster",
+             lengths: Sequence[int], *, cost: CostModel | None = None, current: int | None = None) -> Dispatch:
+    """Assign one step's sequences to the pipelines of each candidate and choose the cheapest candidate.
 
-    model = load_model_spec(model)
-    batch = [min(int(x), plan.context_len) for x in batch if x > 0]
-    longest = max(batch)
-    zero1 = plan.entries[0].strategy.zero1
-    costs = _Costs(model, cluster, cost or CostModel(), 2 if zero1 else 1, plan.entries[0].strategy.schedule)
-    best: Dispatch | None = None
-    estimates: dict[int, float] = {}
-    for i, entry in enumerate(plan.entries):
-        if entry.max_seq_len < longest:
-            continue
-        plans = _pipeline_plans(costs, entry)
-        packed, t = _assign(plans, entry.windows, batch)
-        D = len(plans)
-        t += max(_sync_estimate(costs.ctx(entry.windows[0]), p, D) for p in plans)
-        estimates[i] = t
-        if best is None or t < best.estimate:
-            pipes = [p.model_copy(update={"num_micro_batches": max(1, len(w))})
-                     for p, w in zip(entry.strategy.pipelines, packed)]
-            best = Dispatch(i, entry.max_seq_len, entry.strategy.model_copy(update={"pipelines": pipes}),
-                            list(entry.windows), packed, t)
-    assert best is not None
-    best.estimates = estimates
-    return best
+    ``candidates``: a :class:`MixedPlan`, or a list of Programs from :meth:`MixedPlan.programs`; ``lengths``: the
+    sequence lengths of the step (fixed by the data: only where each goes is decided here); ``current``: the
+    candidate the job runs now, so that switching away costs :meth:`Dispatcher.switch_time`.  Each pipeline's
+    micro-batches are padded ``[rows, longest]`` tensors of at most its window in tokens, costed at that shape
+    (attention's quadratic term included).  Raises :class:`PlanValidationError` for an empty step, a non-positive
+    length, or a sequence longer than every candidate's ``max_seq_len`` (the data layer cuts those into chunks).
+    For many steps build a :class:`Dispatcher` once.
 
-
-# ---- evaluation ------------------------------------------------------------------------------------------------
-def simulate_mixed(model: "ModelSpec | str", cluster: "Cluster", chosen: Dispatch, *,
-                   cost: CostModel | None = None) -> tuple[float, list[int]]:
-    """Simulated step time (s) of a dispatched batch and the devices out of memory.
-
-    The simulator takes one sequence length per run, so the strategy is simulated once per distinct window
-    length; each pipeline's last backward is read from the run at its own window, the gradient synchronisation
-    and optimizer tail from the run of the slowest pipeline.  Pipelines given no sequence are ignored for time.
+    >>> from hspmd_sdk.core.cluster import Cluster
+    >>> cl = Cluster.homogeneous("H20", 8)
+    >>> plan = plan_mixed("llama-7b", cl, [512] * 90 + [4096] * 10, tokens_per_batch=16384, context_len=4096)
+    >>> d = dispatch(plan, "llama-7b", cl, [4096, 100, 2000, 512])
+    >>> sorted(i for pipe in d.micro_batches for mb in pipe for i in mb)
+    [0, 1, 2, 3]
     """
-    from .simulator import simulate
-
-    runs = {w: simulate(model, chosen.strategy, cluster, seq_len=w, cost=cost) for w in set(chosen.windows)}
-    ends, oom = [], []
-    for p, (w, packed) in enumerate(zip(chosen.windows, chosen.packed)):
-        r = runs[w]
-        devs = set(chosen.strategy.pipelines[p].ranks)
-        oom += [d for d in r.oom if d in devs]
-        if packed:
-            ends.append((r.pipeline_end[p], w))
-    end, w = max(ends)
-    return end + runs[w].sync_time, sorted(oom)
-
-
-def packed_baseline(model: "ModelSpec | str", cluster: "Cluster", batch: Sequence[int], *, context_len: int,
-                    cost: CostModel | None = None, schedule: str = "1f1b",
-                    zero1: bool = True) -> tuple[Strategy, float]:
-    """Standard SPMD: the batch packed into ``context_len`` windows, one homogeneous strategy (every DP x TP x PP
-    with even layers, with and without recomputation), the fastest in the simulator that fits in memory.
-    Returns the strategy and its simulated step time."""
-    from ..models.registry import load_model_spec
-    from .simulator import simulate
-
-    model = load_model_spec(model)
-    n = cluster.num_ranks
-    windows = len(pack([min(int(x), context_len) for x in batch], context_len))
-    best: tuple[Strategy, float] | None = None
-    for m in _methods(model, cluster, 16):
-        if n % m.devices:
-            continue
-        dp = n // m.devices
-        per = max(1, math.ceil(windows / dp))
-        costs = _Costs(model, cluster, cost or CostModel(), dp if zero1 else 1, schedule)
-        if costs.plan(m, context_len) is None:
-            continue
-        pipes = []
-        for d in range(dp):
-            base, first, stages = d * m.devices, 0, []
-            for s in range(m.pp):
-                cnt = model.num_layers // m.pp + (1 if s < model.num_layers % m.pp else 0)
-                stages.append({"devices": list(range(base + s * m.tp, base + (s + 1) * m.tp)),
-                               "layers": [first, first + cnt - 1], "recompute": m.recompute})
-                first += cnt
-            pipes.append({"stages": stages, "micro_batch_size": 1, "num_micro_batches": per})
-        s = Strategy.load({"pipelines": pipes, "schedule": schedule, "zero1": zero1,
-                           "name": f"packed baseline DP{dp}{m} at {context_len}"})
-        r = simulate(model, s, cluster, seq_len=context_len, cost=cost)
-        if not r.oom and (best is None or r.step_time < best[1]):
-            best = (s, r.step_time)
-    if best is None:
-        raise ValueError(f"no homogeneous strategy fits {context_len}-token windows")
-    return best
+    return Dispatcher(candidates, model, cluster, cost=cost)(lengths, current=current)

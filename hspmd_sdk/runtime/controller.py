@@ -65,6 +65,7 @@ class Event:
     bytes: dict[str, int]
     ranks: dict[int, int] = field(default_factory=dict)
     done: bool = False
+    superseded: bool = False  #: another failure came before every worker switched: the next event replaced it
     program: Any = field(default=None, repr=False)
 
     def __str__(self) -> str:
@@ -289,13 +290,14 @@ class TrainingController:
                 if not self._pending_dead:
                     self._busy = False
 
-    def _wait_halted(self, survivors: Sequence[int], since: float) -> dict[int, dict[str, Any]]:
-        """Every survivor's newest ``halted`` report sent after ``since`` (a survivor that never halts is hung:
-        it is stopped and counted as failed)."""
+    def _wait_halted(self, survivors: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """Every survivor's ``halted`` report sent since it applied the latest reconfiguration (a survivor that
+        does not halt within ``halt_timeout_s`` fails the recovery, naming it)."""
         end = time.monotonic() + self.halt_timeout_s
         while True:
             with self._lock:
-                got = {r: m for r, m in self._halted.items() if r in survivors and m["at"] >= since}
+                got = {r: m for r, m in self._halted.items()
+                       if r in survivors and int(m.get("after", -1)) == self._reconf_id}
                 if set(survivors) - self._dead <= set(got):
                     return {r: got[r] for r in survivors if r not in self._dead}
                 if self._pending_dead:
@@ -318,15 +320,21 @@ class TrainingController:
             evidence = self._evidence or t_start
             base = self.current
             survivors = [l for l in base.to_launch.values() if l not in self._dead]
-        halted = self._wait_halted(survivors, evidence - 5.0)
+        halted = self._wait_halted(survivors)
         if not halted:
             return  # more ranks failed meanwhile: the loop plans again for all of them
         sources = {m.get("source") for m in halted.values()}
         steps = {int(m.get("step", -1)) for m in halted.values()}
+        last = max(steps)
+        # the failure hit a step's commit: some ranks completed it, the others hold its synchronised gradients
+        finish = sorted(r for r, m in halted.items() if int(m.get("step", -1)) == last - 1
+                        and m.get("finish") is not None and int(m["finish"]) == last)
+        if len(steps) > 1 and {int(halted[r]["step"]) for r in set(halted) - set(finish)} == {last}:
+            steps, sources = {last}, {"live"}
         if len(sources) != 1 or len(steps) != 1:
             raise HSPMDError(f"the survivors disagree on their state after the failure (steps {sorted(steps)}, "
-                             f"sources {sorted(sources)}): a failure at the step's commit point; resume from a "
-                             "checkpoint")
+                             f"sources {sorted(sources)}); resume from a checkpoint")
+        finish = finish if last in steps and finish and any(int(m["step"]) == last for m in halted.values()) else []
         src = self.previous if sources == {"previous"} else base
         if src is None:
             raise HSPMDError("the survivors report the state from before a switch that the launcher no longer has")
@@ -348,6 +356,8 @@ class TrainingController:
         leader = launch_of_new[0]
         addr, port = self._rendezvous(leader)
         with self._lock:
+            for key in [k for k in self._open if k[0] == "reconfigure"]:  # a failure came mid-switch: replaced
+                self._open.pop(key).superseded = True
             self._reconf_id += 1
             ident = self._reconf_id
             ranks = {l: n for n, l in launch_of_new.items()}
@@ -358,13 +368,13 @@ class TrainingController:
                           ranks, program=program)
             self._open[("reconfigure", ident)] = event
             self.events.append(event)
-            self.previous, self.current = None, _Numbering(program, cluster, launch_of_new)
+            self.previous, self.current = src, _Numbering(program, cluster, launch_of_new)
             if self.straggler is not None:
                 self.straggler.reset()
         msg = {"type": "reconfigure", "id": ident, "world": len(launch_of_new), "ranks": ranks,
                "src_ranks": {l: r for r, l in src.to_launch.items() if l in ranks},
                "master_addr": addr, "master_port": port, "resume_step": resume, "source": sources.pop(),
-               "payload": pack_payload((shareable(program), plan))}
+               "finish": finish, "payload": pack_payload((shareable(program), plan))}
         self._send(msg, sorted(ranks))
         if self.job is not None:
             self.job._note(f"ranks {event.failed_ranks} lost at step {resume}: switching to "
@@ -378,7 +388,7 @@ class TrainingController:
         host = job.spec.hosts[launch_rank] if job is not None else "localhost"
         transport = getattr(job, "transport", None)
         if transport is not None and hasattr(transport, "rendezvous") and not is_local_host(host):
-            return transport.rendezvous(host)
+            return transport.rendezvous(host, fresh=True)
         return "127.0.0.1", free_port()
 
     def _give_up(self, error: BaseException) -> None:

@@ -201,8 +201,12 @@ class StepExecutor:
                  optimizer_state: Mapping[str, Mapping[str, Any]] | None = None, precision: str = "fp32",
                  bucket_bytes: int = BUCKET_BYTES, first_bucket_bytes: int | None = FIRST_BUCKET_BYTES,
                  trace: Callable[..., None] | None = None,
-                 p2p_groups: Mapping[tuple[int, int, int], Any] | None = None) -> None:
+                 p2p_groups: Mapping[tuple[int, int, int], Any] | None = None,
+                 probe: Callable[[str], Any] | None = None) -> None:
         self.program, self.rank, self.groups = program, rank, groups
+        # called with "forward", "backward", "grad_sync", "optimizer" as a step reaches them (fault-injection
+        # tests kill the process there)
+        self.probe = probe
         # speed emulation (CPU demos): called with the seconds of each compute piece -- a forward kernel, a
         # stage's autograd backward, the optimizer step -- never with time spent waiting for other ranks
         self.emulate = emulate
@@ -493,6 +497,8 @@ class StepExecutor:
 
     def forward(self, mb: int) -> None:
         """``F`` of micro-batch ``mb``."""
+        if self.probe is not None:
+            self.probe("forward")
         rec = self._record(mb)
         if self.recompute:  # the checkpointed body reads its inputs up front
             self._resolve_all()
@@ -592,6 +598,8 @@ class StepExecutor:
     def backward(self, mb: int, *, last: bool = False) -> float:
         """``B`` of micro-batch ``mb``; returns the micro-batch's loss summand (0 off the last stage).  ``last``:
         the step's last backward — the gradients it accumulates are final, their buckets start during it."""
+        if self.probe is not None:
+            self.probe("backward")
         rec = self.records[mb]
         roots: list[torch.Tensor] = []
         grads: list[torch.Tensor] = []
@@ -622,6 +630,8 @@ class StepExecutor:
     def post(self, *, capture_grads: bool = False) -> None:
         """``Post``: gradient synchronisation per the plan (each parameter's uses summed; buckets posted during
         the last backward are waited for here), then Adam on the fp32 master shards."""
+        if self.probe is not None:
+            self.probe("grad_sync")
         self._resolve_all()
         synced = self.grad_sync.finish()
         for p, master in self.params.items():  # the synced sum is the gradient (zeros if no use got one)
@@ -632,6 +642,8 @@ class StepExecutor:
         self._wait_sends()  # every message of the step is out before the step commits
         if self._before_update is not None:
             self._before_update(self._step_loss if self.loss_contributor() else 0.0)
+        if self.probe is not None:
+            self.probe("optimizer")
         if any(o.kind == "OptimizerStep" for o in self.eg.post):
             self._timed(self.optimizer.step)
         self.optimizer.zero_grad(set_to_none=True)

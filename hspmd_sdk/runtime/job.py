@@ -282,6 +282,13 @@ class Job:
         """The cluster the job runs on now (after an elastic recovery: the survivors, renumbered)."""
         return self.controller.cluster if self.controller is not None else None
 
+    def dashboard(self, **kwargs: Any) -> Any:
+        """A notebook widget following this job: step, loss curve, per-rank step times, reconfigurations
+        (:class:`hspmd_sdk.viz.JobDashboard`; needs the ``notebook`` extra)."""
+        from ..viz.dashboard import JobDashboard
+
+        return JobDashboard(self, **kwargs)
+
     def on_message(self, kind: str, fn: Callable[[int, dict[str, Any]], None]) -> None:
         """Call ``fn(rank, message)`` for every worker protocol message of ``kind`` (after the job's own handling;
         on the reader thread: keep it short)."""

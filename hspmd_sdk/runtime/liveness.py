@@ -156,17 +156,28 @@ def leave(channel: Channel, why: str, exit: Callable[[int], Any] = os._exit) -> 
     exit(EXIT_ORPHANED)
 
 
+#: Code objects of functions that wait for a message (``@waits``): time spent in them is waiting, not working.
+_WAITING_CODES: set[CodeType] = set()
+
+
+def waits(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``fn`` as waiting for communication (e.g. for the launcher's answer during a reconfiguration), so that
+    stall detection counts a worker inside it with the waiters, never as the culprit."""
+    _WAITING_CODES.add(fn.__code__)
+    return fn
+
+
 def in_communication(frame: FrameType | None) -> bool:
     """Whether the thread whose innermost frame is ``frame`` waits in communication: it calls ``.wait()``, or some
-    frame of its stack is ``torch.distributed`` code."""
+    frame of its stack is ``torch.distributed`` code or a function marked :func:`waits`."""
     if frame is None:
         return False
     if _called_name(frame.f_code, frame.f_lasti) in _WAIT_CALLS:
         return True
     root = _torch_distributed_dir()
     f: FrameType | None = frame
-    while root is not None and f is not None:
-        if f.f_code.co_filename.startswith(root):
+    while f is not None:
+        if f.f_code in _WAITING_CODES or (root is not None and f.f_code.co_filename.startswith(root)):
             return True
         f = f.f_back
     return False

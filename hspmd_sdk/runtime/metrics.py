@@ -98,11 +98,19 @@ class MetricsHistory:
                        default=None)
 
     def losses(self, preferred: int | None = None) -> list[float]:
-        """Per-step losses of the loss rank, ordered by step (a later report of a step replaces an earlier one)."""
+        """Per-step losses of the loss rank, ordered by step (a later report of a step replaces an earlier one).
+        A step the loss rank did not report (it failed, or left an elastic job) takes the lowest rank's report of
+        it: every rank of a training job reports the same global loss."""
         r = self.loss_rank(preferred)
         if r is None:
             return []
         by_step = {m.step: m.loss for m in self.rank(r) if m.loss is not None}
+        if preferred is None:
+            for other in sorted(self.ranks(), reverse=True):
+                if other != r:
+                    for m in self.rank(other):
+                        if m.loss is not None and m.step not in by_step:
+                            by_step.setdefault(m.step, m.loss)
         return [float(by_step[s]) for s in sorted(by_step)]
 
     def as_records(self) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import HSPMDError
+from .liveness import waits
 
 __all__ = ["TrainSession", "pack_payload", "unpack_payload", "Reconfigure", "CommFailure"]
 
@@ -71,13 +72,15 @@ class Reconfigure:
     program: Any
     plan: Any
     source: str                    # "live": the running state; "previous": the state kept from before a switch
+    finish: list[int]              # launch ranks that apply the step whose commit others completed
 
     @classmethod
     def decode(cls, msg: Mapping[str, Any]) -> "Reconfigure":
         program, plan = unpack_payload(msg["payload"])
         return cls(int(msg["id"]), int(msg["world"]), {int(k): int(v) for k, v in msg["ranks"].items()},
                    {int(k): int(v) for k, v in msg["src_ranks"].items()}, str(msg["master_addr"]),
-                   int(msg["master_port"]), int(msg["resume_step"]), program, plan, str(msg["source"]))
+                   int(msg["master_port"]), int(msg["resume_step"]), program, plan, str(msg["source"]),
+                   [int(r) for r in msg.get("finish", ())])
 
 
 class TrainSession:
@@ -88,6 +91,8 @@ class TrainSession:
 
         self.state, self.run, self.index, self.offset = state, run, index, offset
         self.elastic = bool(run.get("elastic"))
+        # fault injection (tests): [{"rank": launch rank, "step": s, "at": point}] -> a real SIGKILL there
+        self.faults = [f for f in run.get("faults") or () if int(f["rank"]) == state.launch_rank]
         self.B, self.S, self.seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
         self.steps = int(run["steps"])
         self.program = _program_of(run)
@@ -102,6 +107,7 @@ class TrainSession:
         self.previous: tuple[Any, dict[str, Any], float] | None = None
         self._messages: list[dict[str, Any]] = []
         self._switch_agreed = 0
+        self._in_commit: int | None = None  # the step whose commit this rank has entered (grads synchronised)
         self.ex = None
         self.state.program = self.program
         self._make_groups(self.program)
@@ -153,11 +159,21 @@ class TrainSession:
                                    recompute=(rank in program.recompute) if rc is None else (rank in rc),
                                    device=self.state.device, params=params, optimizer_state=optimizer_state,
                                    emulate=self.state.emulate if self.state.launch_rank in self.state.spec.slowdown
-                                   else None, precision=self.run.get("precision", "fp32"), p2p_groups=self.p2p)
+                                   else None, precision=self.run.get("precision", "fp32"), p2p_groups=self.p2p,
+                                   probe=self._probe if self.faults else None)
             self.state.params, self.state.optimizer = self.ex.params, self.ex.optimizer
         else:
             self.state.params, self.state.optimizer = {}, None
         self.state.program = program
+
+    def _probe(self, point: str) -> None:
+        """Kill this process (SIGKILL) if a fault is injected at ``point`` of the current step."""
+        import os
+        import signal
+
+        for f in self.faults:
+            if f["at"] == point and int(f.get("step", self.state.step)) == self.state.step:
+                os.kill(os.getpid(), signal.SIGKILL)
 
     # ---- the loop -----------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
@@ -167,6 +183,7 @@ class TrainSession:
         losses: dict[int, float] = {}
         step = 0
         while step < self.steps:
+            reason = None
             try:
                 self._maybe_switch(step)
                 losses[step] = self._step(step)
@@ -174,7 +191,9 @@ class TrainSession:
             except Exception as e:  # noqa: BLE001 - sorted below: a peer's failure, or a genuine error
                 if not (self.elastic and _is_comm_failure(e)):
                     raise
-                step = self._recover(e)
+                reason = f"{type(e).__name__}: {str(e)[:300]}"
+            if reason is not None:  # outside the handler: its traceback (whose frames hold the broken world's
+                step = self._recover(reason)  # process groups) is gone, so destroying the groups closes them
         out: dict[str, Any] = {"losses": [losses[s] for s in sorted(losses)], "rank": self.state.rank,
                                "launch_rank": self.state.launch_rank, "active": self.ex is not None,
                                "seconds": round(time.perf_counter() - started, 3),
@@ -199,6 +218,7 @@ class TrainSession:
         agreed: dict[str, float] = {}
 
         def commit(mine: float) -> None:
+            self._in_commit = step  # this rank's gradients of the step are synchronised: it could finish it
             self._collect()
             mine_t = torch.tensor([mine, float(self.switch_heard)], dtype=torch.float64, device=state.device)
             everyone = torch.empty(state.world_size * 2, dtype=torch.float64, device=state.device)
@@ -211,6 +231,7 @@ class TrainSession:
             ex.step(batch, capture_grads=bool(self.capture) and step == 0, before_update=commit)
         else:
             commit(0.0)
+        self._in_commit = None
         self.committed = step
         self.adam_steps += 1
         if self.previous is not None:  # the first step after a switch committed everywhere: the old state can go
@@ -228,6 +249,7 @@ class TrainSession:
                 self.switch_heard = max(self.switch_heard, int(msg["id"]))
             self._messages.append(msg)
 
+    @waits
     def _take(self, kind: str, ident: int, timeout: float) -> dict[str, Any]:
         """The control message of ``kind`` with ``id == ident`` (waiting for it up to ``timeout`` seconds)."""
         end = time.monotonic() + timeout
@@ -241,6 +263,7 @@ class TrainSession:
                                  f"{timeout:.0f} s")
             time.sleep(0.005)
 
+    @waits
     def _newest(self, kind: str, after: int, timeout: float) -> dict[str, Any]:
         """The newest control message of ``kind`` with an id above ``after`` (waiting up to ``timeout``); older
         ones of that kind are dropped."""
@@ -298,14 +321,16 @@ class TrainSession:
         t0 = time.perf_counter()
         tensors = dict(source) if source is not None else self._state_by_name()
         count = float(self.adam_steps) if step_count is None else step_count
+        # kept until a step commits under the new Program: a failure before that replans from it
+        self.previous = (self.program, tensors, count)
         self._make_groups(program)
         t1 = time.perf_counter()
+        if self.faults:
+            self._probe("switch")
         me = self.state.rank if src_rank is None else src_rank
         out = execute_switch(plan, tensors, self.state, rank=me, ranks=to_proc, group=dist.group.WORLD)
         t2 = time.perf_counter()
-        # every rank has its new state: drop what the old Program needed
-        self.previous = (self.program, tensors, count)
-        self.program = program
+        self.program = program  # every rank has its new state: drop what the old Program needed
         self._drop_unused_groups(program)
         params = {n: out[n] for n in program.executable_graph(self.state.rank).parameters} \
             if self.state.rank in program.ranks else None
@@ -319,20 +344,48 @@ class TrainSession:
         return int(sum(m.nbytes for s in plan.steps for m in s.messages if m.src == me))
 
     # ---- recovery -------------------------------------------------------------------------------------------
-    def _recover(self, error: BaseException) -> int:
+    def _recover(self, reason: str) -> int:
         """After a peer's failure: abandon the world, report, wait for the launcher's plan, rejoin, switch;
         returns the step to go on from."""
+        import gc
+
         t0 = time.perf_counter()
-        self.state.abandon_groups()
-        if self.previous is not None:  # failed during or right after a switch: the state from before it is whole
-            program, tensors, count = self.previous
+        finish = self._in_commit
+        finished = None
+        if finish is not None and self.ex is not None:
+            # the failure hit the step's commit: other ranks may have completed it.  Keep the step finished too
+            # (the gradients are synchronised: Adam on them is what they did) for the launcher to choose
+            live = {k: v.detach().clone() for k, v in self._state_by_name().items()}
+            self.ex.optimizer.step()
+            finished = (self.program, {k: v.detach().clone() for k, v in self._state_by_name().items()},
+                        float(self.adam_steps + 1))
+            self._in_commit = None
+        if self.previous is not None and finish is None:  # failed during or right after a switch: the state from
+            program, tensors, count = self.previous       # before it is whole
             have = "previous"
         else:
-            program, tensors, count = self.program, self._state_by_name(), float(self.adam_steps)
+            program, count = self.program, float(self.adam_steps)
+            tensors = live if finish is not None and self.ex is not None else self._state_by_name()
             have = "live"
-        self.state.channel.send("halted", step=self.committed, source=have,
-                                error=f"{type(error).__name__}: {str(error)[:300]}")
+        # drop everything that holds the broken world's process groups (the executor's pending sends, the failed
+        # step's autograd graph), so that destroying them really closes their connections: peers still blocked
+        # on this process get an error at once, and every survivor halts
+        self.ex = None
+        self.state.params, self.state.optimizer = {}, None
+        tensors = {k: v.detach().clone() for k, v in tensors.items()}
+        gc.collect()
+        self.state.abandon_groups()
+        gc.collect()
+        self.state.channel.send("halted", step=self.committed, source=have, after=self.reconfigured, error=reason,
+                                finish=finish if finished is not None else None)
         msg = Reconfigure.decode(self._newest("reconfigure", self.reconfigured, RECONFIGURE_WAIT_S))
+        if self.state.launch_rank in msg.finish:
+            if finished is None:
+                raise HSPMDError(f"rank {self.state.launch_rank}: told to finish step {self.committed + 1}, whose "
+                                 "gradients it does not hold")
+            program, tensors, count = finished
+            self.committed += 1
+            self.adam_steps += 1
         if msg.source != have and msg.source == "previous" and self.previous is None:
             raise HSPMDError(f"rank {self.state.launch_rank}: the launcher asked for the state from before the "
                              "switch, but this rank no longer holds it")
@@ -344,7 +397,6 @@ class TrainSession:
         t2 = time.perf_counter()
         to_proc = {msg.src_ranks[l]: msg.ranks[l] for l in msg.ranks}  # source-numbering rank -> new process rank
         self.program = program
-        self.previous = None
         nbytes = self._switch_to(msg.program, msg.plan, source=tensors,
                                  src_rank=msg.src_ranks[me], to_proc=to_proc, step_count=count)
         self.reconfigured = msg.id

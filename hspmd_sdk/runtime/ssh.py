@@ -484,8 +484,11 @@ class SSHTransport(Transport):
         return HostFacts(cpus=info.get("cpus"), mem_available=info.get("mem_available"),
                          gpus=info.get("cuda_devices"))
 
-    def rendezvous(self, host: str) -> tuple[str, int]:
-        """Address and a free port on ``host`` for the job's TCPStore (rank 0 runs there)."""
+    def rendezvous(self, host: str, *, fresh: bool = False) -> tuple[str, int]:
+        """Address and a free port on ``host`` for the job's TCPStore (rank 0 runs there).  ``fresh``: probe the
+        host again for a port free *now* (a re-formed world's rendezvous: the first store may still hold its port)."""
+        if fresh:
+            self._probes.pop(host, None)
         return self.settings(host).address_of(host), int(self.probe(host)["free_port"])
 
     # ---- workers -----------------------------------------------------------------------------------------------
@@ -929,16 +932,22 @@ def _threads_per_worker(transport: SSHTransport, cluster: Any) -> int:
 def launch_training_remote(program: Any, cluster: Any = None, *, steps: int, seed: int = 0,
                            hosts: HostsArg = None, run_options: Mapping[str, Any] | None = None,
                            **launch_kwargs: Any) -> Any:
-    """Train a specialized ``program`` on ``cluster``'s hosts over SSH (the remote twin of
-    :func:`hspmd_sdk.runtime.train.launch_training`); ``job.wait().losses`` are the per-step losses.
+    """Train a specialized ``program`` on ``cluster``'s hosts over SSH: :func:`hspmd_sdk.runtime.train.launch_training`
+    (the one training path: ``job.switch``, ``elastic=``, events) with an :class:`SSHTransport` to ``hosts``.
 
-    ``run_options``: :func:`~hspmd_sdk.runtime.train.training_run` options (``data``, ``lr``, ``seq_len``, ...);
-    ``launch_kwargs``: :func:`launch_remote` options (SSH settings, ``log_dir``, ``progress``, ``timeout_s``).
+    ``run_options``: training options (``data``, ``lr``, ``seq_len``, ``elastic``, ...); ``launch_kwargs``: the SSH
+    settings of :class:`SSHTransport` and the launch options (``log_dir``, ``progress``, ``timeout_s``, ...).
     """
-    from .train import ENTRY, training_run
+    import inspect
 
-    cluster = cluster if cluster is not None else program.cluster
-    run = training_run(program, steps=steps, seed=seed, cluster=cluster, **dict(run_options or {}))
-    launch_kwargs.setdefault("memory_per_rank", {int(r): b for r, b in run["memory_estimate"].items()})
-    return launch_remote(cluster, entry=ENTRY, steps=steps, seed=seed, hosts=hosts, payload={"runs": [run]},
-                         **launch_kwargs)
+    from .train import launch_training
+
+    ssh_names = set(inspect.signature(SSHTransport.__init__).parameters) - {"self", "hosts"}
+    ssh = {k: launch_kwargs.pop(k) for k in list(launch_kwargs) if k in ssh_names}
+    transport = launch_kwargs.pop("transport", None) or SSHTransport(hosts, **ssh)
+    try:
+        return launch_training(program, cluster, steps=steps, seed=seed, transport=transport,
+                               **dict(run_options or {}), **launch_kwargs)
+    except BaseException:
+        transport.close()
+        raise

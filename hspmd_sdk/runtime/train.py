@@ -18,7 +18,7 @@ sees the same samples.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -164,7 +164,8 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
                     lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
                     weight_decay: float = 0.0, seq_len: int | None = None, recompute: Sequence[int] | None = None,
                     capture_dir: str | Path | None = None, init: Any = None, elastic: bool = False,
-                    straggler: Any = None, cost: Any = None, precision: str = "fp32", device: str | None = None,
+                    straggler: Any = None, cost: Any = None, fault_injection: Sequence[Mapping[str, Any]] = (),
+                    precision: str = "fp32", device: str | None = None,
                     **launch_kwargs: Any) -> Any:
     """Train ``program`` for ``steps`` steps on one worker process per rank of ``cluster``; returns the running
     :class:`~.job.Job` (``job.wait().losses``: the loss of each step's global batch).
@@ -182,7 +183,10 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     a worker that dies does not end the job — the survivors replan, switch by fused BSR and redo the interrupted
     step (:mod:`.controller`).  ``straggler=True`` (or a :class:`~.controller.StragglerWatch`): a rank that stays
     slower than under its plan is replanned around; ``cost``: the :class:`~hspmd_sdk.planner.CostModel` those
-    replans use.  ``job.events`` lists every reconfiguration.  ``launch_kwargs`` go to
+    replans use.  ``job.events`` lists every reconfiguration.  ``fault_injection`` (for tests and demos of
+    failures): ``[{"rank": r, "step": s, "at": point}]`` makes rank ``r`` SIGKILL itself at ``point`` of step ``s``
+    (``"forward"``, ``"backward"``, ``"grad_sync"``, ``"optimizer"``, or ``"switch"`` during a switch).
+    ``launch_kwargs`` go to
     :func:`hspmd_sdk.runtime.launcher.launch` (``progress``, ``echo``, ``slowdown`` — a factor or a schedule
     ``{rank: [(step, factor), ...]}`` —, ``timeout_s``, ``transport``, ``log_dir``, ...)."""
     from .controller import StragglerWatch, TrainingController
@@ -196,10 +200,18 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
         launch_kwargs["backend"] = backend_for_device(device, cluster, launch_kwargs.get("backend"),
                                                       launch_kwargs.get("transport"))
     run["elastic"] = bool(elastic)
+    points = {"forward", "backward", "grad_sync", "optimizer", "switch"}
+    bad = [f for f in fault_injection if f.get("at") not in points or int(f.get("rank", -1)) not in program.ranks]
+    if bad:
+        from ..errors import PlanValidationError
+
+        raise PlanValidationError([("fault_injection", f"{bad[0]}: 'at' must be one of {sorted(points)} and 'rank' "
+                                                       "a rank of the program")], what="training run")
+    run["faults"] = [dict(f) for f in fault_injection]
     watch = StragglerWatch() if straggler is True else (straggler or None)
     controller = TrainingController(program, cluster, global_batch=run["global_batch"], seq_len=run["seq_len"],
                                     elastic=bool(elastic), straggler=watch, cost=cost)
-    if elastic and "policy" not in launch_kwargs:
+    if elastic and launch_kwargs.get("policy") is None:
         launch_kwargs["policy"] = controller
     job = launch_runs([run], cluster, **launch_kwargs)
     job.controller = controller
@@ -290,8 +302,12 @@ def _save_capture(ex: Any, program: Any, rank: int, path: Path) -> None:
     from .params import shard_box
 
     path.parent.mkdir(parents=True, exist_ok=True)
+    opt = ex.optimizer_state()
     torch.save({"grads": {k: v.cpu() for k, v in (ex.captured_grads or {}).items()},
                 "params": {k: v.detach().cpu().clone() for k, v in ex.params.items()},
+                "exp_avg": {k: st["exp_avg"].detach().cpu().clone() for k, st in opt.items() if "exp_avg" in st},
+                "exp_avg_sq": {k: st["exp_avg_sq"].detach().cpu().clone() for k, st in opt.items()
+                               if "exp_avg_sq" in st},
                 "boxes": {k: shard_box(program, k, rank) for k in ex.params}}, path)
 
 
@@ -327,11 +343,14 @@ def assemble(captured: Sequence[Mapping[str, Any]], which: str, shapes: Mapping[
 # ---- the single-device reference ----------------------------------------------------------------------------
 @dataclass
 class ReferenceResult:
-    """Losses per step, the gradients of step 0 and the parameters after the last step (full tensors)."""
+    """Losses per step, the gradients of step 0, the parameters and Adam moments after the last step (full
+    tensors)."""
 
     losses: list[float]
     grads: dict[str, Any]
     params: dict[str, Any]
+    exp_avg: dict[str, Any] = field(default_factory=dict)
+    exp_avg_sq: dict[str, Any] = field(default_factory=dict)
 
 
 def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: int, seq_len: int | None = None,
@@ -377,7 +396,11 @@ def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: 
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         opt.step()
         losses.append(float(loss.detach()))
-    return ReferenceResult(losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()})
+    named = dict(model.named_parameters())
+    state = {n: opt.state.get(p, {}) for n, p in named.items()}
+    return ReferenceResult(losses, grads, {n: p.detach().clone() for n, p in named.items()},
+                           {n: s["exp_avg"].clone() for n, s in state.items() if "exp_avg" in s},
+                           {n: s["exp_avg_sq"].clone() for n, s in state.items() if "exp_avg_sq" in s})
 
 
 #: The public ``hspmd_sdk.launch`` (SPEC §3): train a specialized Program.

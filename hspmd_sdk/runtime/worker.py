@@ -93,11 +93,16 @@ class WorkerState:
 
     # ---- re-forming the world (elastic training) ------------------------------------------------------------
     def abandon_groups(self) -> None:
-        """Destroy every process group, the default one included (after a peer died: the peers still blocked
-        on this process get an error at once, so every survivor notices).  Never raises."""
+        """Leave a broken world (a peer died): shut down the connections of every process group, then destroy
+        them.  Destroying alone does not close gloo's connections while an operation of this process is still
+        pending on them (an ``irecv`` from a live peer that will never send, say), and a peer blocked on this
+        process would wait for its collective timeout; shutting the sockets down makes every such peer fail at
+        once, so all survivors notice within milliseconds.  The rendezvous store's connection is kept (its
+        port is the spec's or the last rejoin's).  Never raises."""
         import torch.distributed as dist
 
         self.groups.clear()
+        _shutdown_sockets(keep_port=int(self.extras.get("store_port", self.spec.master_port)))
         try:
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -115,7 +120,7 @@ class WorkerState:
         dist.init_process_group(self.spec.backend, store=store, rank=int(rank), world_size=int(world_size),
                                 timeout=timeout)
         self.rank, self.world = int(rank), int(world_size)
-        self.extras["store"] = store
+        self.extras["store"], self.extras["store_port"] = store, int(master_port)
 
     # ---- process groups ------------------------------------------------------------------------------------
     def create_groups(self, rank_sets: Iterable[Sequence[int]]) -> None:
@@ -212,6 +217,34 @@ class WorkerState:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _shutdown_sockets(keep_port: int) -> None:
+    """``shutdown(SHUT_RDWR)`` every connected TCP socket of this process except those of ``keep_port`` (the peers
+    see the connection end at once); listening sockets and the descriptors stay as they are, for their owners."""
+    import socket
+
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+        fd = int(name)
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
+                continue
+            try:
+                ports = {s.getsockname()[1], s.getpeername()[1]}
+            except OSError:
+                continue  # a listening socket: its owner's accept loop must not see it fail
+            if keep_port not in ports:
+                s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            s.close()  # the duplicate only
 
 
 def slowdown_at(schedule: Any, step: int) -> float:

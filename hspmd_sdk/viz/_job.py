@@ -84,7 +84,7 @@ class JobSnapshot:
 
 
 def can_switch(job: Any) -> bool:
-    return callable(getattr(job, "switch", None))
+    return callable(getattr(job, "switch", None)) and getattr(job, "controller", True) is not None
 
 
 def snapshot(job: Any) -> JobSnapshot:

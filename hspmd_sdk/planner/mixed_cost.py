@@ -1,0 +1,257 @@
+"""Costs of padded micro-batches of any shape, for mixed-length planning and dispatch (scenario (c)).
+
+A micro-batch of ``rows`` sequences padded to ``length`` tokens costs, on one pipeline stage, what the step
+simulator's stage cost (:func:`hspmd_sdk.planner.simulator._stage_cost`, i.e. the cost model's
+:func:`~hspmd_sdk.planner.cost.layer_cost`, embedding and head) gives for micro-batch size ``rows`` at sequence length
+``length``.  That cost is affine in ``tokens = rows * length`` (matmuls, TP all-reduces, activations) and in
+``rows * length**2`` (attention scores), plus fixed latencies, so :class:`StageCost` samples it at three shapes,
+solves for the three coefficients of each quantity (forward and backward seconds, kept activation bytes, transient
+bytes) and checks the fit at two more shapes; when a cost model or model is not of that form the check fails and
+every shape is evaluated directly (cached).  Dispatching a step then costs a few multiplications per sequence.
+
+:class:`PipelineCost` estimates a pipeline's 1F1B time for a list of micro-batch shapes:
+``sum over micro-batches of the bottleneck stage time`` plus one fill and drain (every other stage once, and the
+point-to-point transfers) of the micro-batch for which that is largest -- for equal shapes exactly
+:meth:`~hspmd_sdk.planner.hetero.PipelinePlan.time`.  :func:`switch_estimate` prices a graph switch between two
+strategies by the BF16 parameter bytes each device lacks (the paper switches only BF16 parameters).
+"""
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING, Sequence
+
+from .cost import BF16, CostModel, static_memory
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.cluster import Cluster
+    from ..core.model_spec import ModelSpec
+    from ..core.strategy import Stage, Strategy
+
+__all__ = ["StageCost", "PipelineCost", "split_layers", "switch_estimate"]
+
+#: shapes ``(rows, length)`` the lines are fitted at, and checked at.
+_FIT = ((1, 512), (1, 2048), (4, 512))
+_CHECK = ((3, 1536), (2, 4096))
+
+
+def _features(rows: int, length: int) -> tuple[float, float, float]:
+    return 1.0, float(rows * length), float(rows) * length * length
+
+
+class StageCost:
+    """One pipeline stage's costs as functions of the micro-batch shape ``(rows, length)``.
+
+    :meth:`times` -> (forward s, backward s); :meth:`memory` -> (bytes kept per in-flight micro-batch, transient
+    bytes); ``params``: parameters held per device.  ``exact``: the affine fit reproduced the cost model at the
+    check shapes (relative 1e-6); otherwise each shape is evaluated by the cost model itself.
+    """
+
+    def __init__(self, model: "ModelSpec", stage: "Stage", first: bool, last: bool, cluster: "Cluster",
+                 cost: CostModel) -> None:
+        self._args = (model, stage, first, last, cluster)
+        self._cost = cost
+        self._cache: dict[tuple[int, int], tuple[float, float, float, float]] = {}
+        pts = [self._direct(r, s) for r, s in _FIT]
+        self.params = float(sum(p for _, p in self._eval(1, _FIT[0][1]).units))
+        self._coef = [_solve([_features(*x) for x in _FIT], [p[q] for p in pts]) for q in range(4)]
+        self.exact = all(_close(self._line(r, s), self._direct(r, s)) for r, s in _CHECK)
+
+    def _eval(self, rows: int, length: int):  # the simulator's stage cost: the one source of these figures
+        from .simulator import _stage_cost
+
+        model, stage, first, last, cluster = self._args
+        return _stage_cost(model, stage, first, last, cluster, rows, length, self._cost)
+
+    def _direct(self, rows: int, length: int) -> tuple[float, float, float, float]:
+        hit = self._cache.get((rows, length))
+        if hit is None:
+            sc = self._eval(rows, length)
+            hit = self._cache[(rows, length)] = (sc.fwd, sc.bwd, sc.act_per_mb, sc.transient)
+        return hit
+
+    def _line(self, rows: int, length: int) -> tuple[float, float, float, float]:
+        x1, x2 = float(rows * length), float(rows) * length * length
+        return tuple(c0 + c1 * x1 + c2 * x2 for c0, c1, c2 in self._coef)  # type: ignore[return-value]
+
+    def _all(self, rows: int, length: int) -> tuple[float, float, float, float]:
+        return self._line(rows, length) if self.exact else self._direct(rows, length)
+
+    def times(self, rows: int, length: int) -> tuple[float, float]:
+        """(forward, backward) seconds of one micro-batch of ``rows`` x ``length`` tokens."""
+        f, b, _, _ = self._all(rows, length)
+        return f, b
+
+    def time(self, rows: int, length: int) -> float:
+        """Forward + backward seconds of one micro-batch."""
+        f, b, _, _ = self._all(rows, length)
+        return f + b
+
+    def time_line(self) -> tuple[float, float, float] | None:
+        """Forward + backward seconds as ``c0 + c1 * tokens + c2 * rows * length**2``, or ``None`` (not exact)."""
+        if not self.exact:
+            return None
+        (f0, f1, f2), (b0, b1, b2) = self._coef[0], self._coef[1]
+        return f0 + b0, f1 + b1, f2 + b2
+
+    def memory(self, rows: int, length: int) -> tuple[float, float]:
+        """(activation bytes kept per in-flight micro-batch, transient bytes) of one micro-batch."""
+        _, _, a, t = self._all(rows, length)
+        return a, t
+
+    def fits(self, tokens: int, held: int, zero_shards: int, capacity: float) -> bool:
+        """Whether ``held`` in-flight micro-batches of at most ``tokens`` tokens (one row of ``tokens``: the most
+        activation and attention a token budget allows) fit in ``capacity`` bytes with the static state."""
+        act, transient = self.memory(1, tokens)
+        static = sum(static_memory(self.params, zero_shards).values())
+        return static + act * held + transient <= capacity
+
+
+def _solve(a: list[tuple[float, float, float]], y: list[float]) -> tuple[float, float, float]:
+    import numpy as np
+
+    return tuple(float(v) for v in np.linalg.solve(np.array(a), np.array(y)))  # type: ignore[return-value]
+
+
+def _close(a: Sequence[float], b: Sequence[float]) -> bool:
+    return all(abs(x - y) <= 1e-6 * max(abs(y), 1e-12) + 1e-15 for x, y in zip(a, b))
+
+
+class PipelineCost:
+    """Estimated time of one pipeline (its :class:`StageCost` per stage and its boundary links) for a list of
+    micro-batch shapes."""
+
+    def __init__(self, stages: Sequence[StageCost], boundaries: Sequence[object], hidden: int,
+                 cost: CostModel) -> None:
+        self.stages, self._links, self._hidden, self._cost = list(stages), list(boundaries), hidden, cost
+        self._lines: object = None  # the stages' time lines as one array, once
+
+    def parts(self, rows: int, length: int) -> tuple[float, float]:
+        """(bottleneck stage seconds, fill-and-drain seconds) of one micro-batch: the bottleneck repeats once per
+        micro-batch, the rest of the stages and the transfers (both directions) once per step."""
+        ts = [s.time(rows, length) for s in self.stages]
+        b = max(ts)
+        nbytes = rows * length * self._hidden * BF16
+        p2p = 2 * sum(self._cost.p2p_time(nbytes, link) for link in self._links)  # type: ignore[arg-type]
+        return b, sum(ts) - b + p2p
+
+    def time(self, shapes: Sequence[tuple[int, int]]) -> float:
+        """Estimated seconds of the pipeline's forward and backward work for micro-batches of ``shapes``."""
+        if not shapes:
+            return 0.0
+        total, fill = 0.0, 0.0
+        for r, s in shapes:
+            b, f = self.parts(r, s)
+            total += b
+            fill = max(fill, f)
+        return total + fill
+
+    def totals(self, rows: Sequence[int], lengths: Sequence[int]) -> tuple[float, float, float]:
+        """For micro-batches of ``rows[i]`` x ``lengths[i]`` (vectorised): (sum of bottleneck seconds, largest
+        bottleneck seconds, the fill and drain of :meth:`time`)."""
+        import numpy as np
+
+        r, s = np.asarray(rows, dtype=float), np.asarray(lengths, dtype=float)
+        if r.size == 0:
+            return 0.0, 0.0, 0.0
+        if self._lines is None:
+            lines = [st.time_line() for st in self.stages]
+            self._lines = np.array(lines) if all(line is not None for line in lines) else False
+        if self._lines is not False:
+            c = self._lines  # (stages, 3)
+            x1 = r * s
+            ts = c[:, :1] + c[:, 1:2] * x1 + c[:, 2:3] * (x1 * s)
+        else:
+            ts = np.array([[st.time(int(a), int(b)) for a, b in zip(rows, lengths)] for st in self.stages])
+        b = ts.max(axis=0)
+        k = int(np.argmax(r * s))
+        _, fill_k = self.parts(int(rows[k]), int(lengths[k]))
+        return float(b.sum()), float(b.max()), max(float((ts.sum(axis=0) - b).max()), fill_k)
+
+    @classmethod
+    def of(cls, model: "ModelSpec", pipeline: object, cluster: "Cluster", cost: CostModel,
+           cache: dict | None = None) -> "PipelineCost":
+        """The cost of a :class:`~hspmd_sdk.core.strategy.Pipeline` (stage costs shared through ``cache`` by
+        device kind, TP degree, TP link, layer count, first/last, recompute and node occupancy)."""
+        stages = pipeline.stages  # type: ignore[attr-defined]
+        out = []
+        for j, st in enumerate(stages):
+            key = _stage_key(st, j == 0, j == len(stages) - 1, cluster)
+            hit = cache.get(key) if cache is not None else None
+            if hit is None:
+                hit = StageCost(model, st, j == 0, j == len(stages) - 1, cluster, cost)
+                if cache is not None:
+                    cache[key] = hit
+            out.append(hit)
+        links = [min((cluster.link(a, b) for a, b in zip(x.devices, y.devices)), key=lambda l: l.bandwidth)
+                 for x, y in zip(stages, stages[1:])]
+        return cls(out, links, model.hidden_size, cost)
+
+
+def _stage_key(stage: "Stage", first: bool, last: bool, cluster: "Cluster") -> tuple:
+    from .simulator import _ring_link
+
+    kinds = tuple(sorted({cluster.kind(d) for d in stage.devices}))
+    link = _ring_link(cluster, list(stage.devices))
+    nodes = tuple(sorted({len(cluster.nodes[cluster.node_index(d)].ranks) for d in stage.devices}))
+    return kinds, stage.tp_degree, link.cls, link.bandwidth, stage.num_layers, first, last, stage.recompute, nodes
+
+
+def split_layers(num_layers: int, stage_time: Sequence[float], fixed: Sequence[float]) -> list[int]:
+    """Layers per stage (each at least one) minimising the slowest stage ``fixed[s] + n_s * stage_time[s]``:
+    one layer at a time to the stage whose time grows least (optimal for this separable objective)."""
+    S = len(stage_time)
+    counts = [1] * S
+    heap = [(fixed[s] + 2 * stage_time[s], s) for s in range(S)]
+    heapq.heapify(heap)
+    for _ in range(num_layers - S):
+        _, s = heapq.heappop(heap)
+        counts[s] += 1
+        heapq.heappush(heap, (fixed[s] + (counts[s] + 1) * stage_time[s], s))
+    return counts
+
+
+# ---- switching ---------------------------------------------------------------------------------------------------
+def _holdings(model: "ModelSpec", strategy: "Strategy") -> dict[int, dict[object, tuple[float, float, float]]]:
+    """Per device: model unit -> (parameters, shard start, shard end) as fractions of the unit's TP split."""
+    out: dict[int, dict[object, tuple[float, float, float]]] = {}
+    for p in strategy.pipelines:
+        for j, st in enumerate(p.stages):
+            units: list[tuple[object, float]] = [(("layer", i), model.layer_param_count())
+                                                 for i in range(st.layers[0], st.layers[1] + 1)]
+            if j == 0:
+                units.append((("embedding",), model.embedding_param_count()))
+            if j == p.num_stages - 1:
+                units.append((("head",), model.head_param_count()))
+            t = st.tp_degree
+            for k, d in enumerate(st.devices):
+                held = out.setdefault(d, {})
+                for u, n in units:
+                    held[u] = (float(n), k / t, (k + 1) / t)
+    return out
+
+
+def switch_estimate(model: "ModelSpec", cluster: "Cluster", src: "Strategy", dst: "Strategy",
+                    cost: CostModel | None = None) -> float:
+    """Estimated seconds of a graph switch from ``src`` to ``dst`` that moves only BF16 parameters (as the paper's
+    mixed-length switching, Table 5): each device receives the parameter bytes of ``dst`` it does not hold under
+    ``src`` (its TP shard of each unit minus the overlap with what it holds), over the inter-node network; the
+    switch lasts as long as the device that receives most.  An estimate for planning and for the baselines; the
+    runtime's fused BSR (:func:`hspmd_sdk.core.switch.plan_switch`) is what a job runs."""
+    if src == dst:
+        return 0.0
+    cost = cost or CostModel()
+    before, after = _holdings(model, src), _holdings(model, dst)
+    worst = 0.0
+    for d, units in after.items():
+        have = before.get(d, {})
+        need = 0.0
+        for u, (n, lo, hi) in units.items():
+            kept = 0.0
+            if u in have:
+                _, a, b = have[u]
+                kept = max(0.0, min(hi, b) - max(lo, a))
+            need += n * (hi - lo - kept)
+        worst = max(worst, need)
+    if worst <= 0 or cluster.num_ranks < 2:
+        return 0.0
+    return cost.p2p_time(worst * BF16, cluster.link(0, cluster.num_ranks - 1))  # inter-node, or NVLink on one node

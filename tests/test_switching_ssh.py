@@ -1,0 +1,95 @@
+"""Elastic training over the SSH transport (real sshd "hosts" on loopback addresses): a killed remote worker and
+a whole lost host (its agent and its workers) are survived; the losses equal the single-device reference; the
+survivors keep their processes; nothing is left behind."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hspmd_sdk import LlamaConfig, Strategy, specialize  # noqa: E402
+from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
+from hspmd_sdk.runtime.ssh import SSHTransport  # noqa: E402
+from hspmd_sdk.runtime.testing_sshd import LoopbackHosts, sshd_available  # noqa: E402
+from hspmd_sdk.runtime.train import launch_training, reference_training  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not sshd_available() and not os.environ.get("CI"),
+                                reason="needs /usr/sbin/sshd (apt-get install openssh-server); required in CI")
+
+SEQ, SEED, STEPS = 16, 5, 6
+#: one pipeline per host (host A: ranks 0, 1; host B: ranks 2, 3): either host is a replica of the other
+PER_HOST = {"pipelines": [{"stages": [{"devices": [0], "layers": [0, 1]}, {"devices": [1], "layers": [2, 3]}],
+                           "micro_batch_size": 2, "num_micro_batches": 2},
+                          {"stages": [{"devices": [2], "layers": [0, 1]}, {"devices": [3], "layers": [2, 3]}],
+                           "micro_batch_size": 2, "num_micro_batches": 2}]}
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with LoopbackHosts(2, ranks_per_host=2) as hosts:
+        yield hosts
+
+
+@pytest.fixture(scope="module")
+def reference() -> object:
+    return reference_training(LlamaConfig.preset("tiny"), steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ)
+
+
+def _launch(lab: LoopbackHosts, **kw):
+    model = LlamaConfig.preset("tiny")
+    program = specialize(model, plan_from_strategy(model, Strategy.load(PER_HOST), lab.cluster), lab.cluster,
+                         bindings={"B": 8, "S": SEQ})
+    transport = SSHTransport(lab.hosts, kill_timeout_s=2.0, **lab.ssh_options)
+    return launch_training(program, lab.cluster, steps=STEPS, seed=SEED, seq_len=SEQ, elastic=True,
+                           transport=transport, timeout_s=60, heartbeat_s=0.5, **kw)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return open(f"/proc/{pid}/stat").read().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _wait(cond, timeout: float = 90.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not met in time"
+        time.sleep(0.02)
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_remote_worker_is_survived(lab: LoopbackHosts, reference) -> None:
+    job = _launch(lab, fault_injection=[{"rank": 3, "step": 2, "at": "backward"}])
+    pids = job.pids()
+    result = job.wait(timeout=150)
+    assert result.losses == pytest.approx(reference.losses, rel=1e-5, abs=0)
+    (event,) = result.events
+    assert event.reason == "failure" and event.failed_ranks == [3] and event.done
+    assert {r: p for r, p in job.pids().items() if r != 3} == {r: p for r, p in pids.items() if r != 3}
+    _wait(lambda: not any(_alive(p) for p in pids.values()), 20)
+
+
+@pytest.mark.timeout(180)
+def test_a_lost_host_with_its_agent_and_workers_is_survived(lab: LoopbackHosts, reference) -> None:
+    job = _launch(lab)
+    pids = job.pids()
+    _wait(lambda: job.metrics.last_step() >= 1)
+    host_b = next(g for g in job.transport.groups if g.host == lab.servers[1].address)
+    for pgid in [host_b.agent_pgid] + [pids[r] for r in host_b.ranks]:  # the whole host goes down at once
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    result = job.wait(timeout=150)
+    assert result.losses == pytest.approx(reference.losses, rel=1e-5, abs=0)
+    failures = [e for e in result.events if e.reason == "failure"]
+    assert failures and set().union(*(set(e.failed_ranks) for e in failures)) == {2, 3} and failures[-1].done
+    assert any(f.kind == "connection lost" or f.rank in (2, 3) for f in result.failures)
+    assert {r: job.pids()[r] for r in (0, 1)} == {r: pids[r] for r in (0, 1)}
+    _wait(lambda: not any(_alive(p) for p in pids.values()), 20)
