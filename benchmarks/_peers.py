@@ -12,7 +12,8 @@ dropped.
 Peers (all torch-only, training the same parameters from :func:`hspmd_sdk.models.build_reference` with
 ``torch.optim.Adam`` on the same global batches):
 
-* ``ddp``: ``DistributedDataParallel`` on the reference module, each rank its ``B / world`` rows;
+* ``ddp``: ``DistributedDataParallel`` on the reference module, each rank its ``B / world`` rows (``autocast:
+  "bf16"``: its forward under ``torch.autocast`` bf16 — torch's own bf16 recipe, fp32 weights and all-reduce);
 * ``tp_ddp``: DTensor tensor parallelism (``parallelize_module`` with ``ColwiseParallel`` on ``wq/wk/wv/w1/w3`` and
   ``RowwiseParallel`` on ``wo/w2``) over the ``tp`` dimension of a ``(dp, tp)`` device mesh, then DDP over the
   ``dp`` dimension.  DTensor's styles need ``nn.Linear``, so the peer model is :class:`LinearLlama`: the
@@ -45,7 +46,7 @@ __all__ = ["bench_entry", "LinearLlama"]
 class _Ours:
     """HSPMD's executor on this rank (what :func:`hspmd_sdk.runtime.train._train_one` builds)."""
 
-    def __init__(self, state: Any, run: Mapping[str, Any]) -> None:
+    def __init__(self, state: Any, run: Mapping[str, Any], options: Mapping[str, Any] | None = None) -> None:
         from hspmd_sdk.runtime.comm import comm_groups
         from hspmd_sdk.runtime.executor import AdamConfig, StepExecutor, program_comm_plans
         from hspmd_sdk.runtime.train import _program_of
@@ -58,7 +59,8 @@ class _Ours:
             self.ex = StepExecutor(program, state.rank, state, seed=int(run["seed"]),
                                    global_batch=int(run["global_batch"]), seq_len=int(run["seq_len"]),
                                    adam=AdamConfig(lr=a["lr"], betas=tuple(a["betas"]), eps=a["eps"],
-                                                   weight_decay=a["weight_decay"]), device=state.device)
+                                                   weight_decay=a["weight_decay"]), device=state.device,
+                                   precision=run.get("precision", "fp32"), **dict(options or {}))
 
     def step(self, batch: torch.Tensor) -> float:
         if self.ex is None:
@@ -76,7 +78,8 @@ class _LossModule(nn.Module):
 
 
 class _PeerDDP:
-    """torch DDP on the reference module; rank ``r`` trains rows ``[r*B/W, (r+1)*B/W)``."""
+    """torch DDP on the reference module; rank ``r`` trains rows ``[r*B/W, (r+1)*B/W)``.  ``autocast: "bf16"``:
+    the forward under ``torch.autocast(dtype=torch.bfloat16)`` (fp32 parameters, gradients and all-reduce)."""
 
     def __init__(self, state: Any, run: Mapping[str, Any], conf: Mapping[str, Any]) -> None:
         from hspmd_sdk import LlamaConfig
@@ -88,11 +91,13 @@ class _PeerDDP:
         w, r = dist.get_world_size(), dist.get_rank()
         rows = int(run["global_batch"]) // w
         self.rows = slice(r * rows, (r + 1) * rows)
+        self.autocast = conf.get("autocast") == "bf16"
 
     def step(self, batch: torch.Tensor) -> float:
         b = batch[self.rows]
         self.opt.zero_grad(set_to_none=True)
-        loss = self.module(b[:, :-1], b[:, 1:])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+            loss = self.module(b[:, :-1], b[:, 1:])
         loss.backward()
         self.opt.step()
         return float(loss.detach())
@@ -266,11 +271,16 @@ PEERS: dict[str, Callable[..., Any]] = {"ddp": _PeerDDP, "tp_ddp": _PeerTPDDP, "
 
 
 # ---- the entry ------------------------------------------------------------------------------------------------
-def _timed(fn: Callable[[], float]) -> tuple[float, float]:
+def _timed(fn: Callable[[], float], cpu: list[float] | None = None) -> tuple[float, float]:
+    """Wall seconds of ``fn`` between two barriers (the slowest rank) and its loss; ``cpu`` gets this process's
+    CPU seconds in ``fn`` (every thread: the compute and gloo's)."""
     dist.barrier()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     loss = fn()
+    c1 = time.process_time()
     dist.barrier()
+    if cpu is not None:
+        cpu.append(c1 - c0)
     return time.perf_counter() - t0, loss
 
 
@@ -282,12 +292,13 @@ def bench_entry(state: Any, spec: Any) -> dict[str, Any]:
 
     p = spec.payload
     run, conf = p["run"], p["peer"]
-    ours = _Ours(state, run)
+    ours = _Ours(state, run, p.get("ours_options"))
     peer = PEERS[conf["kind"]](state, run, conf)
     dataset = dataset_for(run["data"], int(run["config"]["vocab_size"]))
     B, S, seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
     batches = [dataset.global_batch(s, B, S, seed) for s in range(8)]
     times: dict[str, list[float]] = {"ours": [], "peer": []}
+    cpu: dict[str, list[float]] = {"ours": [], "peer": []}
     losses: dict[str, list[float]] = {"ours": [], "peer": []}
     done = {"ours": 0, "peer": 0}
     contestants = {"ours": ours, "peer": peer}
@@ -296,12 +307,14 @@ def bench_entry(state: Any, spec: Any) -> dict[str, Any]:
         for name in order:
             for s in range(int(p["steps"])):
                 batch = batches[done[name] % len(batches)]
-                dt, loss = _timed(lambda: contestants[name].step(batch))
+                spent: list[float] = []
+                dt, loss = _timed(lambda: contestants[name].step(batch), spent)
                 if done[name] >= int(p["warmup"]):
                     times[name].append(dt)
+                    cpu[name].append(spent[0])
                 done[name] += 1
                 losses[name].append(loss)
-    return {"times": times, "losses": losses, "threads": torch.get_num_threads()}
+    return {"times": times, "cpu": cpu, "losses": losses, "threads": torch.get_num_threads()}
 
 
 # ---- compute-only slow-device emulation (part d) ----------------------------------------------------------------

@@ -15,7 +15,11 @@ is the median after warm-up, and the ratio is ours / peer (< 1: we are faster).
     the slow ranks are a second device kind ``cpu3x`` whose profiled line ``seconds = a * flops + b`` has ``a`` and
     ``b`` multiplied by 3.  Repeated on 2 ranks (rank 1 slow), where workers do not outnumber the 2 cores;
 (e) training quality: 300 steps on the standard-library bytes, homogeneous DP4 vs the heterogeneous
-    ``example_hetero_tiny`` plan on the tiny model; curves to ``benchmarks/results/quality.json``.
+    ``example_hetero_tiny`` plan on the tiny model; curves to ``benchmarks/results/quality.json``;
+(f) DP4 in bf16 (``precision="bf16"``: bf16 weights, activations, gradients and all-reduce, fp32 masters) vs DDP
+    with its forward under ``torch.autocast`` bf16 (fp32 weights, gradients and all-reduce) on the same model.
+
+``--bucket-mb`` / ``--first-bucket-mb`` set our gradient buckets' caps (default: the executor's, DDP's 25 / 1 MiB).
 
 Run: ``python benchmarks/bench_runtime.py`` (about 10 min on 2 cores); ``--quick`` for a smoke run (~2 min);
 ``--only a,c`` for some parts.  Figures: ``benchmarks/results/runtime.json``; the tables are in
@@ -93,17 +97,21 @@ def median(xs: list[float]) -> float:
 
 
 # ---- (a)-(c): ours vs a torch peer in one job ----------------------------------------------------------------
-def versus(name: str, strat: Strategy, peer: dict[str, Any], world: int, args: argparse.Namespace) -> dict:
+def versus(name: str, strat: Strategy, peer: dict[str, Any], world: int, args: argparse.Namespace,
+           precision: str = "fp32") -> dict:
     cluster = Cluster.local(world)
     run = training_run(program_of(BENCH_MODEL, strat, cluster), steps=1, seed=SEED, seq_len=SEQ, lr=LR,
-                       cluster=cluster)
-    payload = {"run": run, "peer": peer, "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup}
+                       cluster=cluster, precision=precision)
+    payload = {"run": run, "peer": peer, "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup,
+               "ours_options": ours_options(args)}
     before = load()
     t0 = time.perf_counter()
     res = launch(None, cluster, steps=1, entry=ENTRY, payload=payload, timeout_s=600,
                  transport=LocalTransport(cwd=str(REPO))).wait()
     wall = time.perf_counter() - t0
     times = res.results[0]["times"]
+    cpu = {k: median([median([r["cpu"][k][i] for r in res.results.values()]) for i in range(len(times[k]))])
+           for k in ("ours", "peer")}  # CPU seconds per step: median over steps of the ranks' median
     ours, theirs = median(times["ours"]), median(times["peer"])
     pairs = [a / b for a, b in zip(times["ours"], times["peer"])]
     out = {"name": name, "strategy": strat.name, "peer": peer["kind"], "ours_s": ours, "peer_s": theirs,
@@ -111,11 +119,24 @@ def versus(name: str, strat: Strategy, peer: dict[str, Any], world: int, args: a
            "peer_min_s": min(times["peer"]), "min_ratio": min(times["ours"]) / min(times["peer"]),
            "n": len(times["ours"]), "ours_all": times["ours"], "peer_all": times["peer"],
            "load_before": before, "load_after": load(), "wall_s": wall,
-           "ours_loss0": res.results[0]["losses"]["ours"][0], "threads": res.results[0]["threads"]}
+           "ours_loss0": res.results[0]["losses"]["ours"][0], "peer_loss0": res.results[0]["losses"]["peer"][0],
+           "threads": res.results[0]["threads"], "ours_cpu_s": cpu["ours"], "peer_cpu_s": cpu["peer"],
+           "cpu_ratio": cpu["ours"] / cpu["peer"]}
     print(f"  {name:<28} median ours {ours * 1e3:7.1f} ms  peer {theirs * 1e3:7.1f} ms  ratio {ours / theirs:5.2f}"
           f" | pairwise {out['pair_ratio']:5.2f} | min {out['ours_min_s'] * 1e3:6.1f} / {out['peer_min_s'] * 1e3:6.1f}"
-          f" = {out['min_ratio']:5.2f}  (n={out['n']}, load {before} -> {out['load_after']}, {wall:.0f} s)",
+          f" = {out['min_ratio']:5.2f} | cpu/step {cpu['ours'] * 1e3:6.1f} / {cpu['peer'] * 1e3:6.1f} ="
+          f" {out['cpu_ratio']:5.2f}  (n={out['n']}, load {before} -> {out['load_after']}, {wall:.0f} s)",
           flush=True)
+    return out
+
+
+def ours_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Executor options from the command line (bucket caps); empty: the executor's defaults."""
+    out: dict[str, Any] = {}
+    if args.bucket_mb is not None:
+        out["bucket_bytes"] = int(args.bucket_mb * 2**20)
+    if args.first_bucket_mb is not None:
+        out["first_bucket_bytes"] = int(args.first_bucket_mb * 2**20)
     return out
 
 
@@ -258,19 +279,21 @@ def quality(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="few steps (a smoke run, noisy figures)")
-    p.add_argument("--only", default="a,b,c,d,e", help="comma-separated parts (a-e)")
+    p.add_argument("--only", default="a,b,c,f,d,e", help="comma-separated parts (a-f)")
     p.add_argument("--rounds", type=int, default=20, help="rounds (each contestant runs --steps per round)")
     p.add_argument("--steps", type=int, default=1, help="steps per round and contestant (1: alternate per step)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--d-rounds", type=int, default=10, help="measured steps per plan in part (d)")
     p.add_argument("--quality-steps", type=int, default=300)
+    p.add_argument("--bucket-mb", type=float, default=None, help="our gradient bucket cap (default: the executor's)")
+    p.add_argument("--first-bucket-mb", type=float, default=None, help="our first bucket's cap")
     p.add_argument("--json", default=str(RESULTS / "runtime.json"),
                    help="where the figures go (quality.json beside it)")
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.steps, args.warmup, args.quality_steps = 5, 1, 1, 30
     parts = set(args.only.split(","))
-    print(f"bench_runtime: model {BENCH_MODEL}, seq {SEQ}, global batch {B}, fp32, gloo, {os.cpu_count()} cores, "
+    print(f"bench_runtime: model {BENCH_MODEL}, seq {SEQ}, global batch {B}, fp32 (f: bf16), gloo, {os.cpu_count()} cores, "
           f"load {load()}", flush=True)
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cores": os.cpu_count(),
                            "load_start": load(), "args": vars(args)}
@@ -284,6 +307,10 @@ def main(argv: list[str] | None = None) -> dict:
     if "c" in parts:
         print("(c) PP4 1F1B vs torch.distributed.pipelining Schedule1F1B")
         out["c"] = versus("pp4 1f1b vs Schedule1F1B", PP4, {"kind": "pp", "num_micro_batches": B}, 4, args)
+    if "f" in parts:
+        print("(f) DP4 bf16 (precision='bf16') vs torch DDP with autocast bf16")
+        out["f"] = versus("dp4 bf16 vs DDP+autocast", DP4, {"kind": "ddp", "autocast": "bf16"}, 4, args,
+                          precision="bf16")
     if "d" in parts:
         print("(d) heterogeneous vs best homogeneous, ranks 2 and 3 emulated 3x slower")
         out["d"] = hetero_part(args, 4)

@@ -294,19 +294,45 @@ def test_point_to_point_messages_carry_the_callers_tag_base(monkeypatch: pytest.
 
 def test_gradient_buckets_coalesce_slices_across_plans_and_respect_the_cap() -> None:
     """Bucketing (the grad-sync path): slices of many SplitAllReduce plans share one collective per rank set,
-    in first-slice order, and a bucket never grows past the cap (unless one slice alone is larger)."""
+    in first-slice order, and a bucket never grows past the cap (unless one slice alone is larger); the first
+    bucket of a rank set has its own, smaller cap (DDP's 1 MiB first bucket)."""
     from hspmd_sdk.core import Annotation, resolve
-    from hspmd_sdk.runtime.comm import _buckets
+    from hspmd_sdk.runtime.buckets import plan_buckets
 
     src = Annotation("[0,1] S0x2 | [2,3] S0x2 ; hdim=-2")  # gradients: a summand per pipeline (TP2 each)
     dst = Annotation("[0,1] S0x2 | [2,3] S0x2")
     plans = [resolve(src, dst, (4, 8)) for _ in range(5)]
     assert all(p.kinds == ["SplitAllReduce"] for p in plans)
-    items = [(p, None) for p in plans]
+    items = list(enumerate(plans))
     mine = [s for s in plans[0].ops[0].slices if 0 in s.ranks]
     per_plan = sum(4 * (b - a) * (d - c) for s in mine for (a, b), (c, d) in [s.box])
-    one = _buckets(items, range(5), cap=10**9, me=0)
-    assert len(one) == 1 and one[0][0] == (0, 2) and len(one[0][2]) == 5 * len(mine)
-    capped = _buckets(items, range(5), cap=2 * per_plan, me=0)
-    assert [len(m) for _, _, m in capped] == [2 * len(mine), 2 * len(mine), len(mine)]
-    assert [i for _, _, m in capped for i, _ in m] == [i for _, _, m in one for i, _ in m]
+    one = plan_buckets(items, 0, bucket_bytes=10**9, first_bucket_bytes=None)
+    assert len(one) == 1 and one[0].ranks == (0, 2) and len(one[0].members) == 5 * len(mine)
+    capped = plan_buckets(items, 0, bucket_bytes=2 * per_plan, first_bucket_bytes=None)
+    assert [len(b.members) for b in capped] == [2 * len(mine), 2 * len(mine), len(mine)]
+    assert all(b.nbytes <= 2 * per_plan for b in capped)
+    assert [i for b in capped for i, _ in b.members] == [i for b in one for i, _ in b.members]
+    first = plan_buckets(items, 0, bucket_bytes=10**9, first_bucket_bytes=per_plan)
+    assert [b.items for b in first] == [[0], [1, 2, 3, 4]]
+    assert plan_buckets(items, 1, bucket_bytes=10**9)[0].ranks == (1, 3)  # rank 1's slices go over {1, 3}
+
+
+def test_a_plan_for_bf16_tensors_keeps_its_operators_and_halves_its_bytes() -> None:
+    """``with_dtype``: a bf16 run sends the same messages and collectives as the fp32 plan, at 2 bytes an element,
+    and executes on bf16 tensors (the one-process reference ``simulate`` agrees)."""
+    from hspmd_sdk.runtime.comm import with_dtype
+
+    src, dst = Annotation([[0, 1]], [DS({0: 2})]), Annotation([[1, 0]], [DS({0: 2})])
+    for a, b in ((src, dst), (Annotation([[0, 1]], [DS({-1: 2})]), src)):
+        plan = resolve(a, b, (4, 6))
+        half = with_dtype(plan, torch.bfloat16)
+        assert half.dtype == "bfloat16" and half.itemsize == 2 and half.kinds == plan.kinds
+        assert {r: {k: 2 * v for k, v in d.items()} for r, d in half.volume().items()} == plan.volume()
+        assert with_dtype(half, "bfloat16") is half and with_dtype(plan, "float32") is plan
+    plan = with_dtype(resolve(Annotation([[0, 1]], [DS({-1: 2})]), src, (4, 6)), torch.bfloat16)  # LocalSplit
+    value = torch.arange(24.0).reshape(4, 6).to(torch.bfloat16)
+    for r in (0, 1):
+        got = execute(plan, value.clone(), {}, rank=r)
+        assert got.dtype == torch.bfloat16 and torch.equal(got, value[local_view(src, (4, 6), r).slices])
+    with pytest.raises(CommExecutionError, match="float32 but the plan was resolved for bfloat16"):
+        execute(plan, value.float(), {}, rank=0)

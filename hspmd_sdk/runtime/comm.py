@@ -34,9 +34,15 @@ front, on every rank, with :func:`comm_groups`::
 Autograd: :func:`reshard` runs a plan forward and another plan on the gradient backward; the gradient-layout
 convention is the core's (:mod:`hspmd_sdk.core.gradients`).  Graph switching:
 :func:`hspmd_sdk.runtime.switch_exec.execute_switch`.
+
+Overlap: :func:`execute_async` starts a top-tier plan and returns a :class:`Pending` (ZeRO-1's parameter gather
+runs while the first forward computes); :func:`post_sends` / :func:`post_receives` are the split-phase form of a
+point-to-point operator (pipeline stages post receives early).  Gradient buckets: :mod:`.buckets`.
+Precision: plans are resolved at the graph's dtype; :func:`with_dtype` gives the same plan for bf16 tensors.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import torch
@@ -50,8 +56,9 @@ from ..errors import HSPMDError
 if TYPE_CHECKING:
     from ..core.comm_plan import CommPlan
 
-__all__ = ["CommExecutionError", "comm_groups", "execute", "execute_bucketed", "execute_op", "post_sends", "receive",
-           "reshard", "backward_plan_for", "gradient_layout", "group_lookup", "torch_dtype", "default_device"]
+__all__ = ["CommExecutionError", "Pending", "comm_groups", "execute", "execute_async", "execute_op", "post_sends",
+           "post_receives", "receive", "reshard", "backward_plan_for", "gradient_layout", "group_lookup", "torch_dtype",
+           "with_dtype", "default_device"]
 
 GroupLookup = Callable[[Sequence[int]], Any]
 
@@ -113,6 +120,51 @@ def torch_dtype(name: Any) -> torch.dtype:
     if not isinstance(dt, torch.dtype):
         raise CommExecutionError(f"plan dtype {name!r} is not a torch dtype")
     return dt
+
+
+def with_dtype(plan: "CommPlan", dtype: Any) -> "CommPlan":
+    """``plan`` for tensors of ``dtype``: the same operators, groups, boxes and messages, byte counts at the new
+    item size.  The core resolves communication at the graph's dtype (fp32); a bf16 run sends bf16 (SPEC §8) with
+    the very same plans, so only the element type changes (``plan`` itself when it already has ``dtype``)."""
+    name = str(torch_dtype(dtype)).removeprefix("torch.")
+    if plan.dtype == name:
+        return plan
+    n = torch_dtype(name).itemsize
+    return replace(plan, dtype=name, itemsize=n, ops=tuple(_op_itemsize(op, n) for op in plan.ops))
+
+
+def _op_itemsize(op: Any, n: int) -> Any:
+    if isinstance(op, (CollectiveOp, SplitCollectiveOp)):
+        return replace(op, itemsize=n)
+    if isinstance(op, PointToPointOp):
+        return replace(op, messages=tuple(replace(m, nbytes=box_numel(m.box) * n) for m in op.messages))
+    return op
+
+
+class Pending:
+    """A communication in flight on this rank: :meth:`wait` waits for its collectives or messages and returns
+    this rank's result (a tensor or ``None``), computed once.  ``what`` names it in an error."""
+
+    def __init__(self, works: Sequence[Any], finish: Callable[[], Any], what: str = "", rank: int = -1) -> None:
+        self._works, self._finish, self.what, self.rank = list(works), finish, what, rank
+        self._done, self._value = False, None
+
+    @classmethod
+    def done(cls, value: Any) -> "Pending":
+        """An already completed communication whose result is ``value``."""
+        p = cls((), lambda: value)
+        p.wait()
+        return p
+
+    def wait(self) -> Any:
+        if not self._done:
+            try:
+                for w in self._works:
+                    w.wait()
+            except RuntimeError as e:  # a collective failed or timed out: say where
+                raise CommExecutionError(f"rank {self.rank}, {self.what}: {e}") from e
+            self._value, self._done, self._works = self._finish(), True, []
+        return self._value
 
 
 
@@ -186,92 +238,32 @@ def execute_op(plan: "CommPlan", index: int, local: torch.Tensor | None, groups:
     return out if out is not None else local
 
 
-#: Largest flat buffer of one bucketed collective (DDP's default bucket size).
-BUCKET_BYTES = 25 * 2**20
+def execute_async(plan: "CommPlan", local: torch.Tensor | None, groups: Any, *, rank: int,
+                  device: torch.device | str | None = None, tag_base: int = 0) -> Pending:
+    """Start ``plan`` on this rank and return at once; ``.wait()`` gives what :func:`execute` returns.
 
-
-def execute_bucketed(items: Sequence[tuple["CommPlan", torch.Tensor | None]], groups: Any, *,
-                     rank: int | None = None, device: torch.device | str | None = None,
-                     bucket_bytes: int = BUCKET_BYTES) -> list[torch.Tensor | None]:
-    """Run many plans, coalescing the slice collectives of top-tier plans into few large calls (bucketing).
-
-    Gradient synchronisation issues one plan per parameter (``SplitAllReduce`` / ``SplitReduceScatter``); run one
-    by one that is one small collective each.  Here every plan made of a single :class:`SplitCollectiveOp` has its
-    slices batched *across plans* by (rank set, broadcast root), as :func:`execute` batches them inside one plan,
-    into flat buffers of at most ``bucket_bytes``: one collective per bucket.  The other plans run first, one by
-    one, in the order given.  Every rank must pass its plans in one global order (e.g. parameter order); buckets
-    are issued in the order of their first slice, which then agrees on every rank of each group.
-    Returns the destination tensor of each item (``None`` where this rank holds nothing after).
-    """
-    me = dist.get_rank() if rank is None else int(rank)
-    out: list[torch.Tensor | None] = [None] * len(items)
-    bucketed: list[int] = []
-    for i, (plan, local) in enumerate(items):
-        if len(plan.ops) == 1 and isinstance(plan.ops[0], SplitCollectiveOp):
-            bucketed.append(i)
-        else:
-            out[i] = execute(plan, local, groups, rank=me, device=device)
-    if not bucketed:
-        return out
-    first_plan, first_local = items[bucketed[0]]
-    dtype = torch_dtype(first_plan.dtype)
-    dev = torch.device(device) if device is not None else (first_local.device if first_local is not None else
+    A plan of one top-tier operator (``SplitAllGather`` of ZeRO-1 parameters, ``SplitAllReduce``...) posts its
+    slice collectives asynchronously (``async_op=True``), so the caller computes while they travel; any other plan
+    runs synchronously here (its result is ready; ``tag_base`` as in :func:`execute`).  Collectives are issued now,
+    in plan order, so the global order of collectives per group is the order of the calls, as with :func:`execute`."""
+    if not (len(plan.ops) == 1 and isinstance(plan.ops[0], SplitCollectiveOp)):
+        return Pending.done(execute(plan, local, groups, rank=rank, device=device, tag_base=tag_base))
+    dtype = torch_dtype(plan.dtype)
+    dev = torch.device(device) if device is not None else (local.device if local is not None else
                                                              default_device(groups))
-    ctx = _Ctx(me, group_lookup(groups), dtype, dev)
-    xs: dict[int, torch.Tensor | None] = {}
-    for i in bucketed:
-        plan, local = items[i]
-        op = plan.ops[0]
-        inb, outb = dict(op.in_boxes), dict(op.out_boxes)
-        what = f"op 0 ({op.kind}) of {plan.src} -> {plan.dst}"
-        if torch_dtype(plan.dtype) != dtype:
-            raise CommExecutionError(f"rank {me}: bucketed plans must share a dtype ({plan.dtype} != "
-                                     f"{first_plan.dtype})")
-        xs[i] = ctx.check(local, inb[me], what) if me in inb else None
-        out[i] = ctx.zeros(outb[me]) if me in outb else local
-    for ranks, root, members in _buckets(items, bucketed, bucket_bytes, me):
-        parts = [_split_buffer([s], xs[i], dict(items[i][0].ops[0].in_boxes), ctx) for i, s in members]
-        buf = torch.cat(parts) if len(parts) > 1 else parts[0]
-        if len(ranks) > 1:
-            pg, _ = _group(ctx.lookup, ranks, me, f"a bucket of {len(members)} slices over {list(ranks)}")
-            try:
-                if root is not None:
-                    dist.broadcast(buf, src=root, group=pg)
-                else:
-                    dist.all_reduce(buf, group=pg)
-            except RuntimeError as e:
-                raise CommExecutionError(f"rank {me}, bucketed collective over {list(ranks)}: {e}") from e
-        at = 0
-        for i, s in members:
-            n = box_numel(s.box)
-            if me in s.receivers:
-                outb = dict(items[i][0].ops[0].out_boxes)
-                out[i][relative(s.box, outb[me])] = buf[at:at + n].reshape(box_shape(s.box))  # type: ignore[index]
-            at += n
-    return [o if me in items[i][0].dst.ranks else None for i, o in enumerate(out)]
+    ctx = _Ctx(int(rank), group_lookup(groups), dtype, dev)
+    what = f"op 0 ({plan.ops[0].kind}) of {plan.src} -> {plan.dst}"
+    try:
+        started = _start_split(plan.ops[0], local, ctx, what)
+    except RuntimeError as e:
+        raise CommExecutionError(f"rank {rank}, {what}: {e}") from e
+    inside = int(rank) in plan.dst.ranks
 
+    def finish() -> torch.Tensor | None:
+        got = started.wait()
+        return got if inside else None
 
-def _buckets(items: Sequence[tuple[Any, Any]], indices: Sequence[int], cap: int, me: int
-             ) -> list[tuple[tuple[int, ...], int | None, list[tuple[int, Any]]]]:
-    """This rank's buckets: slices of the plans ``indices`` grouped by (rank set, root), at most ``cap`` bytes
-    each, in the order of their first slice."""
-    open_: dict[tuple[tuple[int, ...], int | None], int] = {}
-    buckets: list[tuple[tuple[int, ...], int | None, list[tuple[int, Any]], list[int]]] = []
-    for i in indices:
-        op = items[i][0].ops[0]
-        for s in op.slices:
-            if me not in s.ranks:
-                continue
-            root = s.contributors[0] if len(s.contributors) == 1 else None
-            key = (tuple(s.ranks), root)
-            nbytes = box_numel(s.box) * op.itemsize
-            b = open_.get(key)
-            if b is None or buckets[b][3][0] + nbytes > cap and buckets[b][2]:
-                open_[key] = b = len(buckets)
-                buckets.append((key[0], root, [], [0]))
-            buckets[b][2].append((i, s))
-            buckets[b][3][0] += nbytes
-    return [(r, root, members) for r, root, members, _ in buckets]
+    return Pending((), finish, what, int(rank))
 
 
 def default_device(groups: Any = None) -> torch.device:
@@ -390,21 +382,38 @@ def _slice_batches(op: SplitCollectiveOp) -> list[tuple[tuple[int, ...], int | N
 
 
 def _run_split(op: SplitCollectiveOp, cur: torch.Tensor | None, ctx: _Ctx, what: str) -> torch.Tensor | None:
+    return _start_split(op, cur, ctx, what).wait()
+
+
+def _start_split(op: SplitCollectiveOp, cur: torch.Tensor | None, ctx: _Ctx, what: str) -> Pending:
+    """Post the slice collectives of ``op`` (asynchronously, batch by batch in :func:`_slice_batches` order);
+    waiting writes the received slices into this rank's output box."""
     inb, outb = dict(op.in_boxes), dict(op.out_boxes)
     x = ctx.check(cur, inb[ctx.rank], what) if ctx.rank in inb else None
     out = ctx.zeros(outb[ctx.rank]) if ctx.rank in outb else None
+    works, bufs = [], []
     for ranks, root, slices in _slice_batches(op):
         if ctx.rank not in ranks:
             continue
         buf = _split_buffer(slices, x, inb, ctx)
         if len(ranks) > 1:
-            pg, _ = _group(ctx.lookup, ranks, ctx.rank, what)
-            if root is not None:
-                dist.broadcast(buf, src=root, group=pg)
-            else:
-                dist.all_reduce(buf, group=pg)
-        _split_unpack(buf, slices, out, outb, ctx)
-    return out if out is not None else cur
+            works.append(_collective(buf, ranks, root, ctx, what))
+        bufs.append((buf, slices))
+
+    def finish() -> torch.Tensor | None:
+        for buf, slices in bufs:
+            _split_unpack(buf, slices, out, outb, ctx)
+        return out if out is not None else cur
+
+    return Pending(works, finish, what, ctx.rank)
+
+
+def _collective(buf: torch.Tensor, ranks: Sequence[int], root: int | None, ctx: _Ctx, what: str) -> Any:
+    """Post the slice batch collective on ``ranks``: a broadcast from ``root``, or a summing all-reduce."""
+    pg, _ = _group(ctx.lookup, ranks, ctx.rank, what)
+    if root is not None:
+        return dist.broadcast(buf, src=root, group=pg, async_op=True)
+    return dist.all_reduce(buf, group=pg, async_op=True)
 
 
 def _split_buffer(slices: list[Any], x: torch.Tensor | None, inb: dict[int, Box], ctx: _Ctx) -> torch.Tensor:
@@ -458,38 +467,64 @@ def _run_p2p(op: PointToPointOp, cur: torch.Tensor | None, ctx: _Ctx, what: str,
     return out if out is not None else cur
 
 
+P2PGroup = Callable[[int, int], Any]
+
+
 def post_sends(op: PointToPointOp, x: torch.Tensor | None, rank: int, in_box: Box | None,
-               tag_base: int = 0) -> list[tuple[Any, torch.Tensor]]:
+               tag_base: int = 0, group: P2PGroup | None = None) -> list[tuple[Any, torch.Tensor]]:
     """Post this rank's sends of ``op`` asynchronously (``isend``; message ``i`` tagged ``tag_base + i``) from its
     local tensor ``x`` holding ``in_box``; returns ``(work, buffer)`` pairs to wait on later.  With
     :func:`receive` this is the split-phase form of a point-to-point operator that pipeline stages use: the
-    sending stage goes on computing while its messages travel."""
+    sending stage goes on computing while its messages travel.  ``group(src, dst)``: the process group a message
+    travels on (default: the whole job's)."""
     pending = []
     for i, m in enumerate(op.messages):
         if m.src == rank and m.dst != rank:
             assert x is not None and in_box is not None
             buf = x[relative(m.box, in_box)].contiguous()
-            pending.append((dist.isend(buf, m.dst, tag=tag_base + i), buf))
+            pg = group(m.src, m.dst) if group is not None else None
+            pending.append((dist.isend(buf, m.dst, tag=tag_base + i, group=pg), buf))
     return pending
 
 
-def receive(op: PointToPointOp, rank: int, dtype: torch.dtype, device: torch.device,
-            tag_base: int = 0) -> torch.Tensor | None:
-    """Receive this rank's part of ``op`` (blocking) into a new tensor of its output box; ``None`` if it has none.
-    The peer posts the same messages with the same tags (:func:`post_sends` or :func:`execute`)."""
+def post_receives(op: PointToPointOp, rank: int, dtype: torch.dtype, device: torch.device,
+                  tag_base: int = 0, group: P2PGroup | None = None) -> Pending:
+    """Post this rank's receives of ``op`` (``irecv``; message ``i`` tagged ``tag_base + i``) and return at once;
+    ``.wait()`` assembles its output box (``None`` if it has none).  The peer posts the same messages with the
+    same tags (:func:`post_sends` or :func:`execute`).  Posting early changes no result: messages match by
+    (peer, tag) in posting order, and the caller waits where it would have received.  ``group``: as in
+    :func:`post_sends` (the sender's and the receiver's must agree)."""
     outb = dict(op.out_boxes)
     if rank not in outb:
-        return None
+        return Pending.done(None)
+    what = f"{op.kind} receive (tag {tag_base})"
+    mine = [(i, m) for i, m in enumerate(op.messages) if m.dst == rank and m.src != rank]
+    if len(mine) == 1 and mine[0][1].box == outb[rank]:  # one message is the whole output: receive in place
+        (i, m), = mine
+        whole = torch.empty(box_shape(outb[rank]), dtype=dtype, device=device)
+        pg = group(m.src, m.dst) if group is not None else None
+        return Pending([dist.irecv(whole.view(-1), m.src, tag=tag_base + i, group=pg)], lambda: whole, what, rank)
     out = torch.zeros(box_shape(outb[rank]), dtype=dtype, device=device)
     recvs = []
     for i, m in enumerate(op.messages):
         if m.dst == rank and m.src != rank:
             buf = torch.empty(box_numel(m.box), dtype=dtype, device=device)
-            recvs.append((dist.irecv(buf, m.src, tag=tag_base + i), buf, m.box))
-    for work, buf, box in recvs:
-        work.wait()
-        out[relative(box, outb[rank])] = buf.reshape(box_shape(box))
-    return out
+            pg = group(m.src, m.dst) if group is not None else None
+            recvs.append((dist.irecv(buf, m.src, tag=tag_base + i, group=pg), buf, m.box))
+
+    def finish() -> torch.Tensor:
+        for _, buf, box in recvs:
+            out[relative(box, outb[rank])] = buf.reshape(box_shape(box))
+        return out
+
+    return Pending([w for w, _, _ in recvs], finish, what, rank)
+
+
+def receive(op: PointToPointOp, rank: int, dtype: torch.dtype, device: torch.device,
+            tag_base: int = 0) -> torch.Tensor | None:
+    """Receive this rank's part of ``op`` (blocking) into a new tensor of its output box; ``None`` if it has none
+    (:func:`post_receives`, waited for)."""
+    return post_receives(op, rank, dtype, device, tag_base).wait()
 
 
 def _wait_all(ops: list[Any], rank: int, what: str) -> None:

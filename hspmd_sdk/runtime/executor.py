@@ -18,6 +18,18 @@ between stages of different TP degrees) is the schedule's transfer actions: the 
 receives the gradient in ``RECV_B``.  Receives block; sends do not (they are waited for at the end of the step) —
 the semantics under which :func:`hspmd_sdk.core.schedule.replay` proves the schedules deadlock-free.
 
+Overlap, none of which changes a result or that semantics: under gloo each receive is *posted* ahead, when the
+previous receive of its direction runs, and waited for at its own action (messages match by peer and tag, so
+posting early cannot match another message: ``PRE``/``POST`` messages have tags of their own); ZeRO-1's gathers
+are started in ``PRE`` and each gathered parameter is waited for where the forward first reads it; gradient
+buckets (:mod:`.buckets`) start their collectives from autograd hooks during the step's last ``B``, as soon as
+every use of their parameters has its final gradient.
+
+Precision (SPEC §8): ``precision="bf16"`` computes with bf16 working copies of the fp32 master parameters (made
+in ``PRE``), bf16 activations and gradients, every plan executed for bf16 (:func:`~.comm.with_dtype`); the loss
+is fp32; each use's gradient is summed over micro-batches in fp32, synchronised in bf16 and applied in fp32 to the
+masters, whose Adam state is fp32.
+
 Loss: the loss op runs with the step's *global* number of target tokens (the kernel registry's
 ``loss_normalizer``), so each micro-batch's loss is its summand of the global mean and the accumulated gradients
 (summed over micro-batches, then across pipelines by the gradient synchronisation) are exactly the single-device
@@ -39,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
+import torch.distributed as dist
 
 from ..core.annotation import local_view
 from ..core.comm_ops import CollectiveOp, IdentityOp, PointToPointOp, SplitCollectiveOp
@@ -46,11 +59,25 @@ from ..core.microbatch import batch_dim
 from ..core.slices import Box, box_shape
 from ..core.symbolic import evaluate_shape
 from ..errors import HSPMDError
-from .comm import execute, execute_bucketed, execute_op, post_sends, receive, reshard, torch_dtype
+from .buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, GradBuckets, SyncItem
+from .comm import Pending, execute, execute_async, execute_op, post_receives, post_sends, reshard, with_dtype
 from .kernels import kernel_for
 from .params import check_local_parameters, init_local_parameters
 
-__all__ = ["StepExecutor", "ExecutorError", "program_comm_plans", "AdamConfig"]
+__all__ = ["StepExecutor", "ExecutorError", "program_comm_plans", "AdamConfig", "PRECISIONS", "precision_dtype",
+           "pipeline_pairs", "pipeline_groups"]
+
+#: ``precision=`` -> the dtype of parameters' working copies, activations, gradients and messages (SPEC §8).  The
+#: master weights and Adam's state are fp32 either way.
+PRECISIONS: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def precision_dtype(precision: str) -> torch.dtype:
+    """The compute dtype of ``precision`` (``"fp32"`` or ``"bf16"``); the error names the choices."""
+    try:
+        return PRECISIONS[precision]
+    except (KeyError, TypeError):
+        raise ExecutorError(f"precision must be one of {sorted(PRECISIONS)}, not {precision!r}") from None
 
 
 class ExecutorError(HSPMDError):
@@ -155,13 +182,26 @@ class StepExecutor:
     Program lists the rank).  ``params``: this rank's parameter shards to start from (name -> tensor of its box),
     instead of the model's initialisation from ``seed``; ``optimizer_state``: Adam's state by parameter name
     (:meth:`optimizer_state`'s form).
+
+    ``precision``: ``"fp32"`` or ``"bf16"`` (SPEC §8).  In bf16 each step computes with bf16 copies of the fp32
+    master parameters (:attr:`params`): bf16 activations, gradients and messages; the loss in fp32; each use's
+    gradient summed over the micro-batches in fp32, synchronised in bf16, applied to the fp32 masters by Adam with
+    fp32 state.  ``bucket_bytes`` / ``first_bucket_bytes``: the gradient buckets' caps (:mod:`.buckets`).
+    ``trace``: a test hook, ``trace(event, **info)`` with ``event`` one of ``action`` (a schedule action starts),
+    ``recv_posted`` (a receive was posted ahead), ``param_ready`` (a gathered parameter was waited for),
+    ``grad_final`` and ``bucket_start`` (:class:`~.buckets.GradBuckets`), ``backward_end``.
+    ``p2p_groups``: :func:`pipeline_groups` — the stage-boundary messages travel on a group per rank pair and
+    direction (what NCCL needs; default: the job's group).
     """
 
     def __init__(self, program: Any, rank: int, groups: Any, *, seed: int = 0, global_batch: int, seq_len: int,
                  adam: AdamConfig = AdamConfig(), recompute: bool | None = None,
                  device: torch.device | None = None, emulate: Callable[[float], Any] | None = None,
                  params: Mapping[str, torch.Tensor] | None = None,
-                 optimizer_state: Mapping[str, Mapping[str, Any]] | None = None,
+                 optimizer_state: Mapping[str, Mapping[str, Any]] | None = None, precision: str = "fp32",
+                 bucket_bytes: int = BUCKET_BYTES, first_bucket_bytes: int | None = FIRST_BUCKET_BYTES,
+                 trace: Callable[..., None] | None = None,
+                 p2p_groups: Mapping[tuple[int, int, int], Any] | None = None,
                  probe: Callable[[str], Any] | None = None) -> None:
         self.program, self.rank, self.groups = program, rank, groups
         # called with "forward", "backward", "grad_sync", "optimizer" as a step reaches them (fault-injection
@@ -170,6 +210,9 @@ class StepExecutor:
         # speed emulation (CPU demos): called with the seconds of each compute piece -- a forward kernel, a
         # stage's autograd backward, the optimizer step -- never with time spent waiting for other ranks
         self.emulate = emulate
+        self.trace = trace
+        self.p2p_groups = p2p_groups
+        self.precision, self.dtype = precision, precision_dtype(precision)
         self.device = device or torch.device("cpu")
         self.graph = program.graph
         self.anns = program.annotations
@@ -190,10 +233,11 @@ class StepExecutor:
             local = init_local_parameters(program, rank, seed)
         else:
             local = check_local_parameters(program, rank, params)
-        self.params = {k: (v.to(self.device) if v.device != self.device else v).detach().requires_grad_(True)
+        # the fp32 master weights (what Adam updates, what checkpoints and switches move)
+        self.params = {k: v.detach().to(device=self.device, dtype=torch.float32).requires_grad_(True)
                        for k, v in local.items()}
         self.optimizer = torch.optim.Adam(list(self.params.values()), lr=adam.lr, betas=adam.betas, eps=adam.eps,
-                                          weight_decay=adam.weight_decay, foreach=False)
+                                          weight_decay=adam.weight_decay, foreach=self.device.type == "cuda")
         if optimizer_state is not None:
             self.load_optimizer_state(optimizer_state)
         self.num_micro = program.num_micro_batches(self.pipeline)
@@ -208,13 +252,35 @@ class StepExecutor:
         self.roles = {o.name: self._role(o) for o in self.eg.forward if o.kind == "Reshard"}
         self.context = _Local(self)
         self._attrs: dict[str, dict[str, Any]] = {}
+        self._plans: dict[str, Any] = {}
         self._pending: list[Any] = []
+        self._gathers: dict[str, Pending] = {}             # PRE outputs still in flight (ZeRO-1 gathers)
+        self._inflight: list[Pending] = []                  # PRE communication this rank only sends in
+        self._posted: dict[tuple[str, int, str], Pending] = {}   # receives posted ahead: (kind, mb, op)
+        # Receives are posted ahead only where messages match by (peer, tag) whatever the order of posting (gloo).
+        # NCCL serialises a pair's operations on one stream, where an early receive could hold back a send.
+        self.post_ahead = dist.is_initialized() and dist.get_backend() == "gloo"
+        self.grad_sync = GradBuckets(self._sync_items(), groups, rank=rank, device=self.device, dtype=self.dtype,
+                                     bucket_bytes=bucket_bytes, first_bucket_bytes=first_bucket_bytes, trace=trace,
+                                     tag_base=POST_TAG)
         self.step_values: dict[str, torch.Tensor] = {}
         self.records: dict[int, _MicroBatch] = {}
         self.captured_grads: dict[str, torch.Tensor] | None = None
         self._before_update: Callable[[float], Any] | None = None
         self._step_loss = 0.0
         self.compute_s = 0.0
+
+    def _sync_items(self) -> list[SyncItem]:
+        """One item per ``GradSync`` of this rank (Program order), its plan at the wire dtype; ``None`` where
+        the plan leaves the rank's sum of the uses' gradients as it is."""
+        items = []
+        for op in self.eg.post:
+            if op.kind != "GradSync":
+                continue
+            p = op.outputs[0]
+            keep = p in self.params and _identity_for(op.comm, self.rank)
+            items.append(SyncItem(p, None if keep else with_dtype(op.comm, self.dtype), tuple(op.inputs)))
+        return items
 
     # ---- set-up ---------------------------------------------------------------------------------------------
     def global_shape(self, tensor: str) -> tuple[int, ...]:
@@ -228,8 +294,12 @@ class StepExecutor:
         return "local" if has_src and has_dst else "send" if has_src else "recv"
 
     def _plan(self, name: str) -> Any:
-        """The plan of communication ``name`` at this pipeline's micro-batch shape."""
-        return self.program.micro_batch_plan(name, self.rank, self.bindings, self.micro_size)
+        """The plan of communication ``name`` at this pipeline's micro-batch shape, for the run's dtype."""
+        got = self._plans.get(name)
+        if got is None:
+            got = self._plans[name] = with_dtype(
+                self.program.micro_batch_plan(name, self.rank, self.bindings, self.micro_size), self.dtype)
+        return got
 
     def _node_attrs(self, node: Any) -> dict[str, Any]:
         got = self._attrs.get(node.name)
@@ -280,15 +350,28 @@ class StepExecutor:
 
         ``before_update(loss summand)`` runs after the gradient synchronisation and before Adam changes anything:
         the commit point of the step (the training loop agrees there, with every rank, that the step is whole;
-        if it raises, no parameter or optimizer state has changed)."""
+        if it raises, no parameter or optimizer state has changed).
+
+        Overlap (results unchanged): receives are posted ahead (gloo; see the module docstring), ZeRO-1 gathers
+        are waited for where the forward first reads them, and gradient buckets start during the last backward
+        (:mod:`.buckets`)."""
         self._feeds = self._local_feeds(self._full_feeds(batch))
         self.records.clear()
+        self._posted.clear()  # nothing of an interrupted step is left in flight for this one
+        self._pending.clear()
         self._before_update = before_update
         self._step_loss = 0.0
         self.compute_s = 0.0  # this step's compute seconds (kernels, backward, Adam; never waiting for peers)
+        actions = self.program.schedule(self.rank)
+        last_b = max((i for i, a in enumerate(actions) if a.kind == "B"), default=-1)
+        ahead = _next_receives(actions) if self.post_ahead else None
         loss = 0.0
-        for action in self.program.schedule(self.rank):
+        for i, action in enumerate(actions):
             kind, mb = action.kind, action.micro_batch
+            self._event("action", kind=kind, mb=mb)
+            if ahead is not None:
+                for j in ahead[i]:
+                    self._post_receives(actions[j].kind, actions[j].micro_batch)
             if kind == "PRE":
                 self.pre()
             elif kind == "RECV_F":
@@ -300,7 +383,7 @@ class StepExecutor:
             elif kind == "RECV_B":
                 self.recv_backward(mb)
             elif kind == "B":
-                loss += self.backward(mb)
+                loss += self.backward(mb, last=i == last_b)
                 self._step_loss = loss
             elif kind == "SEND_B":
                 self.send_backward(mb)
@@ -309,6 +392,10 @@ class StepExecutor:
             else:  # pragma: no cover - the schedule IR has exactly the kinds above
                 raise ExecutorError(f"rank {self.rank}: unknown schedule action {action}")
         return loss
+
+    def _event(self, event: str, **info: Any) -> None:
+        if self.trace is not None:
+            self.trace(event, **info)
 
     def _full_feeds(self, batch: Any) -> Mapping[str, torch.Tensor]:
         if batch is None:
@@ -322,7 +409,8 @@ class StepExecutor:
         return model.feeds(batch)
 
     def _local_feeds(self, full: Mapping[str, torch.Tensor]) -> dict[str, list[torch.Tensor]]:
-        """Each placeholder leaf of this rank, cut to its box and split into the pipeline's micro-batches."""
+        """Each placeholder leaf of this rank, cut to its box and split into the pipeline's micro-batches
+        (floating-point feeds in the run's dtype)."""
         out: dict[str, list[torch.Tensor]] = {}
         for name in self.eg.leaves:
             if self.graph.producer(name).kind != "placeholder":
@@ -332,27 +420,67 @@ class StepExecutor:
             t = full[name]
             view = local_view(self.anns[name], tuple(t.shape), self.rank)
             local = t[view.slices].to(self.device)
+            if local.is_floating_point():
+                local = local.to(self.dtype)
             d = batch_dim(self.graph.tensors[name].shape)
             out[name] = list(torch.split(local, self.micro_size, dim=d)) if d is not None else [local] * self.num_micro
         return out
 
     def pre(self) -> None:
-        """``Pre``: parameter leaves, and the Reshards of parameters (ZeRO-1 SplitAllGather, a tied weight's move
-        to its other stage).  Their outputs are fresh leaves whose gradients the gradient synchronisation reads."""
-        vals: dict[str, torch.Tensor] = dict(self.params)
+        """``Pre``: parameter leaves (working copies of the master weights in the run's dtype), and the Reshards of
+        parameters (ZeRO-1 SplitAllGather, a tied weight's move to its other stage).  Their outputs are fresh
+        leaves whose gradients the gradient synchronisation collects.  Top-tier gathers are only started here: the
+        forward waits for each where it first reads it."""
+        vals = self.step_values = {k: v.detach().to(self.dtype).requires_grad_(True) for k, v in self.params.items()}
+        self._gathers, self._inflight = {}, []
         for op in self.eg.pre:
             src, dst = op.inputs[0], op.outputs[0]
-            plan = self.program.comm_plans[op.name]
+            plan = self._pre_plan(op.name)
+            if src in self._gathers:
+                self._resolve(src)
             if _identity_for(plan, self.rank):
                 if src in vals:  # the same storage, but a leaf of its own: each use collects its own gradient
                     vals[dst] = vals[src].detach().requires_grad_(True)
                 continue
             with torch.no_grad():
-                out = execute(plan, vals[src].detach() if src in vals else None, self.groups, rank=self.rank,
-                              device=self.device)
-            if out is not None:
-                vals[dst] = out.requires_grad_(True)
-        self.step_values = vals
+                pending = execute_async(plan, vals[src].detach() if src in vals else None, self.groups,
+                                        rank=self.rank, device=self.device, tag_base=PRE_TAG)
+            if self.rank in plan.dst.ranks:
+                self._gathers[dst] = pending
+            else:
+                self._inflight.append(pending)
+        self.grad_sync.begin(set(vals) | set(self._gathers))
+        for name, t in vals.items():
+            self.grad_sync.watch(name, t)
+
+    def _pre_plan(self, name: str) -> Any:
+        key = f"pre:{name}"
+        got = self._plans.get(key)
+        if got is None:
+            got = self._plans[key] = with_dtype(self.program.comm_plans[name], self.dtype)
+        return got
+
+    def _resolve(self, name: str) -> torch.Tensor:
+        """Wait for the PRE output ``name`` (a gathered parameter) and make it a leaf of this step."""
+        t = self._gathers.pop(name).wait().requires_grad_(True)
+        self.step_values[name] = t
+        self.grad_sync.watch(name, t)
+        self._event("param_ready", name=name)
+        return t
+
+    def _resolve_all(self) -> None:
+        for name in list(self._gathers):
+            self._resolve(name)
+        for pending in self._inflight:
+            pending.wait()
+        self._inflight = []
+
+    def _get(self, vals: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+        """``vals[name]``, waiting for it first if it is a gather still in flight."""
+        got = vals.get(name)
+        if got is None and name in self._gathers:
+            got = vals[name] = self._resolve(name)
+        return vals[name] if got is None else got
 
     def _record(self, mb: int) -> _MicroBatch:
         rec = self.records.get(mb)
@@ -365,13 +493,15 @@ class StepExecutor:
         rec = self._record(mb)
         for op in self.eg.forward:
             if op.kind == "Reshard" and self.roles[op.name] == "recv":
-                rec.received[op.name] = self._receive(self._plan(op.name), _tag(mb, 0))
+                rec.received[op.name] = self._receive(self._plan(op.name), mb, 0, ("RECV_F", mb, op.name))
 
     def forward(self, mb: int) -> None:
         """``F`` of micro-batch ``mb``."""
         if self.probe is not None:
             self.probe("forward")
         rec = self._record(mb)
+        if self.recompute:  # the checkpointed body reads its inputs up front
+            self._resolve_all()
         vals = dict(self.step_values)
         for name, parts in self._feeds.items():
             vals[name] = parts[mb]
@@ -386,7 +516,7 @@ class StepExecutor:
     def send_forward(self, mb: int) -> None:
         """``SEND_F``: post this stage's outputs of micro-batch ``mb`` to the next stage (asynchronous)."""
         for name, t in self.records[mb].outputs:
-            self._send(self._plan(name), t, _tag(mb, 0))
+            self._send(self._plan(name), t, mb, 0)
 
     def _run_forward(self, mb: int, vals: dict[str, torch.Tensor], rec: _MicroBatch, ops: Any) -> None:
         for op in ops:
@@ -433,7 +563,7 @@ class StepExecutor:
     def _compute(self, op: Any, vals: dict[str, torch.Tensor]) -> None:
         node = self.nodes[op.name]
         kernel = kernel_for(node.kind, node.name)
-        out = self._timed(kernel.fn, *(vals[t] for t in node.inputs), **self._node_attrs(node))
+        out = self._timed(kernel.fn, *[self._get(vals, t) for t in node.inputs], **self._node_attrs(node))
         outs = out if isinstance(out, tuple) else (out,)
         for name, v in zip(node.outputs, outs):
             if name in self.grad_reduce:
@@ -445,14 +575,15 @@ class StepExecutor:
         role = self.roles[op.name]
         if role == "local":
             plan, back = self._plan(op.name), self._plan(f"{op.name}.bwd")
+            x = self._get(vals, src)
             if _identity_for(plan, self.rank) and _identity_for(back, self.rank):
-                vals[dst] = vals[src]
+                vals[dst] = x
             else:
                 # the same message tags as a peer's _send/_receive of this plan (it may be on another stage)
-                vals[dst] = reshard(vals[src], plan, back, self.groups, rank=self.rank, device=self.device,
+                vals[dst] = reshard(x, plan, back, self.groups, rank=self.rank, device=self.device,
                                     tag_base=_tag(mb, 0), backward_tag_base=_tag(mb, 1))
         elif role == "send":
-            rec.outputs.append((op.name, vals[src]))
+            rec.outputs.append((op.name, self._get(vals, src)))
         else:
             x = rec.received.pop(op.name).requires_grad_(True)
             vals[dst] = x
@@ -461,10 +592,12 @@ class StepExecutor:
     def recv_backward(self, mb: int) -> None:
         """``RECV_B``: the gradients of this stage's outputs of micro-batch ``mb`` from the next stage."""
         rec = self.records[mb]
-        rec.out_grads = [self._receive(self._plan(f"{name}.bwd"), _tag(mb, 1)) for name, _ in rec.outputs]
+        rec.out_grads = [self._receive(self._plan(f"{name}.bwd"), mb, 1, ("RECV_B", mb, name))
+                         for name, _ in rec.outputs]
 
-    def backward(self, mb: int) -> float:
-        """``B`` of micro-batch ``mb``; returns the micro-batch's loss summand (0 off the last stage)."""
+    def backward(self, mb: int, *, last: bool = False) -> float:
+        """``B`` of micro-batch ``mb``; returns the micro-batch's loss summand (0 off the last stage).  ``last``:
+        the step's last backward — the gradients it accumulates are final, their buckets start during it."""
         if self.probe is not None:
             self.probe("backward")
         rec = self.records[mb]
@@ -476,8 +609,13 @@ class StepExecutor:
         for (_, t), g in zip(rec.outputs, rec.out_grads):
             roots.append(t)
             grads.append(g)
+        self.grad_sync.last_backward(last)
         if roots:
             self._timed(torch.autograd.backward, roots, grads)
+        self._event("backward_end", mb=mb)
+        if last:
+            self._resolve_all()  # a gather that no operator read gets no gradient; finish it all the same
+            self.grad_sync.backward_done()
         # keep only what SEND_B needs: the activations and gradients of this micro-batch can go
         self.records[mb] = _MicroBatch(loss_value=rec.loss_value, inputs=rec.inputs)
         return rec.loss_value
@@ -487,36 +625,20 @@ class StepExecutor:
         rec = self.records.pop(mb)
         for name, t in rec.inputs:
             g = t.grad if t.grad is not None else torch.zeros_like(t)
-            self._send(self._plan(f"{name}.bwd"), g, _tag(mb, 1))
+            self._send(self._plan(f"{name}.bwd"), g, mb, 1)
 
     def post(self, *, capture_grads: bool = False) -> None:
-        """``Post``: gradient synchronisation per the plan (each parameter's uses summed), then Adam on the local
-        shards."""
+        """``Post``: gradient synchronisation per the plan (each parameter's uses summed; buckets posted during
+        the last backward are waited for here), then Adam on the fp32 master shards."""
         if self.probe is not None:
             self.probe("grad_sync")
-        syncs: list[tuple[str, Any, torch.Tensor | None]] = []
-        for op in self.eg.post:
-            if op.kind != "GradSync":
-                continue
-            p = op.outputs[0]
-            g = self._local_use_grad(op.inputs)
-            if p in self.params and _identity_for(op.comm, self.rank):
-                syncs.append((p, None, g if g is not None else torch.zeros_like(self.params[p])))
-            else:
-                syncs.append((p, op.comm, g))
-        # one collective per bucket of gradients, not one per parameter (like DDP's buckets)
-        moving = [(plan, g) for _, plan, g in syncs if plan is not None]
-        outs = iter(execute_bucketed(moving, self.groups, rank=self.rank, device=self.device))
-        synced: dict[str, torch.Tensor] = {}
-        for p, plan, g in syncs:
-            out = next(outs) if plan is not None else g
-            if p in self.params and out is not None:
-                synced[p] = out if p not in synced else synced[p] + out
-        for p, g in synced.items():  # replaces what autograd accumulated on the leaves: the synced sum is the grad
-            self.params[p].grad = g
+        self._resolve_all()
+        synced = self.grad_sync.finish()
+        for p, master in self.params.items():  # the synced sum is the gradient (zeros if no use got one)
+            g = synced.get(p)
+            master.grad = g if g is not None else torch.zeros_like(master)
         if capture_grads:
-            self.captured_grads = {k: v.grad.detach().clone() if v.grad is not None else torch.zeros_like(v)
-                                   for k, v in self.params.items()}
+            self.captured_grads = {k: v.grad.detach().clone() for k, v in self.params.items()}
         self._wait_sends()  # every message of the step is out before the step commits
         if self._before_update is not None:
             self._before_update(self._step_loss if self.loss_contributor() else 0.0)
@@ -526,37 +648,50 @@ class StepExecutor:
             self._timed(self.optimizer.step)
         self.optimizer.zero_grad(set_to_none=True)
         self.step_values = {}
-        self._wait_sends()
-
-    def _local_use_grad(self, uses: tuple[str, ...]) -> torch.Tensor | None:
-        """The sum of the gradients this rank holds for the uses of a parameter (zeros for a use it holds that got
-        no gradient; ``None`` if it holds none of them)."""
-        total, seen = None, set()
-        for u in uses:
-            t = self.step_values.get(u)
-            if t is None or id(t) in seen:  # one tensor read twice: autograd summed its uses already
-                continue
-            seen.add(id(t))
-            g = t.grad if t.grad is not None else torch.zeros_like(t)
-            total = g if total is None else total + g
-        return total
 
     # ---- stage-boundary transfers -------------------------------------------------------------------------------
-    def _send(self, plan: Any, local: torch.Tensor, tag: int) -> None:
+    def _p2p_group(self, direction: int) -> Callable[[int, int], Any] | None:
+        """Where a stage-boundary message of ``direction`` (0: activations, 1: gradients) travels: its pair's
+        group of that direction (NCCL), or the job's group (``None``)."""
+        if self.p2p_groups is None:
+            return None
+        groups = self.p2p_groups
+        return lambda src, dst: groups.get((direction, min(src, dst), max(src, dst)))
+
+    def _send(self, plan: Any, local: torch.Tensor, mb: int, direction: int) -> None:
         """Post this rank's messages of a stage-crossing plan asynchronously (other operators run in place)."""
         cur: torch.Tensor | None = local.detach()
+        tag, group = _tag(mb, direction), self._p2p_group(direction)
         for i, op in enumerate(plan.ops):
             if isinstance(op, PointToPointOp):
-                self._pending.extend(post_sends(op, cur, self.rank, dict(op.in_boxes).get(self.rank), tag))
+                self._pending.extend(post_sends(op, cur, self.rank, dict(op.in_boxes).get(self.rank), tag, group))
             else:
                 cur = execute_op(plan, i, cur, self.groups, rank=self.rank, device=self.device)
 
-    def _receive(self, plan: Any, tag: int) -> torch.Tensor:
-        """Receive this rank's part of a stage-crossing plan (blocking); returns its destination tensor."""
+    def _post_receives(self, kind: str, mb: int) -> None:
+        """Post the receives of action ``kind`` (``RECV_F`` / ``RECV_B``) of micro-batch ``mb`` ahead of it, for
+        each of its plans that starts with its point-to-point operator."""
+        names = [n for n, r in self.roles.items() if r == ("recv" if kind == "RECV_F" else "send")]
+        for name in names:
+            plan = self._plan(name if kind == "RECV_F" else f"{name}.bwd")
+            key = (kind, mb, name)
+            if key in self._posted or not plan.ops or not isinstance(plan.ops[0], PointToPointOp):
+                continue
+            d = 0 if kind == "RECV_F" else 1
+            self._posted[key] = post_receives(plan.ops[0], self.rank, self.dtype, self.device, _tag(mb, d),
+                                              self._p2p_group(d))
+            self._event("recv_posted", kind=kind, mb=mb, name=name)
+
+    def _receive(self, plan: Any, mb: int, direction: int, key: tuple[str, int, str] | None = None
+                 ) -> torch.Tensor:
+        """Receive this rank's part of a stage-crossing plan (blocking; its first operator's receives may have
+        been posted ahead under ``key``); returns its destination tensor."""
         cur: torch.Tensor | None = None
+        tag, group = _tag(mb, direction), self._p2p_group(direction)
         for i, op in enumerate(plan.ops):
             if isinstance(op, PointToPointOp):
-                got = receive(op, self.rank, torch_dtype(plan.dtype), self.device, tag)
+                ahead = self._posted.pop(key, None) if i == 0 and key is not None else None
+                got = (ahead or post_receives(op, self.rank, self.dtype, self.device, tag, group)).wait()
                 cur = got if got is not None else cur
             else:
                 cur = execute_op(plan, i, cur, self.groups, rank=self.rank, device=self.device)
@@ -581,9 +716,60 @@ class StepExecutor:
         return first == self.rank
 
 
+def pipeline_pairs(program: Any) -> list[tuple[int, int, int]]:
+    """``(direction, low rank, high rank)`` of every pair of ranks that exchanges stage-boundary messages — a
+    rank holding only the source of a Reshard with one holding only its destination (direction 0: activations,
+    the Reshard's plan; 1: gradients, its backward plan) — sorted, the same on every rank.  Messages of ranks that
+    hold both ends run inside :func:`~.comm.reshard` on the job's group."""
+    out: set[tuple[int, int, int]] = set()
+    for op in program.graph.nodes:
+        if op.kind != "Reshard" or op.name not in program.comm_plans:
+            continue
+        if program.graph.producer(op.inputs[0]).kind == "parameter":
+            continue  # a parameter's Reshard runs in PRE (its gradient in POST) through execute, on the job's group
+        src, dst = set(program.annotations[op.inputs[0]].ranks), set(program.annotations[op.outputs[0]].ranks)
+        only = (src - dst, dst - src)
+        for direction, plan in ((0, program.comm_plans[op.name]), (1, program.backward_plans.get(op.name))):
+            senders, receivers = only if direction == 0 else only[::-1]
+            for o in plan.ops if plan is not None else ():
+                if isinstance(o, PointToPointOp):
+                    out.update((direction, min(m.src, m.dst), max(m.src, m.dst)) for m in o.messages
+                               if m.src in senders and m.dst in receivers)
+    return sorted(out)
+
+
+def pipeline_groups(program: Any, timeout_s: float = 120.0) -> dict[tuple[int, int, int], Any]:
+    """A process group per :func:`pipeline_pairs` entry, created in sorted order (call on every rank of the
+    job).  NCCL runs a pair's point-to-point operations in issue order on one stream, and a 1F1B stage issues
+    its sends of activations and receives of gradients in another order than its neighbour: on one group per
+    direction each stream sees the same order on both sides (micro-batch order)."""
+    from datetime import timedelta
+
+    return {key: dist.new_group(list(key[1:]), timeout=timedelta(seconds=timeout_s))
+            for key in pipeline_pairs(program)}
+
+
+def _next_receives(actions: Any) -> list[list[int]]:
+    """For each action index, the receive actions to post before it runs: a ``RECV_F`` / ``RECV_B`` is posted
+    when the previous receive of its direction runs (the first ones before the first action), so each is posted
+    once, at most two per direction are outstanding, and each is posted before its own action."""
+    out: list[list[int]] = [[] for _ in actions]
+    last: dict[str, int] = {}
+    for j, a in enumerate(actions):
+        if a.kind in ("RECV_F", "RECV_B"):
+            out[last.get(a.kind, 0)].append(j)
+            last[a.kind] = j
+    return out
+
+
 def _tag(mb: int, direction: int) -> int:
     """Message tag base of micro-batch ``mb`` (``direction`` 0: activations, 1: gradients)."""
     return ((mb % 4096) * 2 + direction) * 1024
+
+
+#: Tag bases of the point-to-point messages of ``PRE`` (a tied weight's copy) and ``POST`` (its gradient back),
+#: past every micro-batch's: a receive posted ahead for micro-batch 0 never matches them.
+PRE_TAG, POST_TAG = _tag(4095, 1) + 1024, _tag(4095, 1) + 2048
 
 
 def _identity_for(plan: Any, rank: int) -> bool:

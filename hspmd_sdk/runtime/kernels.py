@@ -81,8 +81,10 @@ def dot(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-5) -> torch.Tensor:
-    var = x.pow(2).mean(dim=-1, keepdim=True)
-    return x * torch.rsqrt(var + eps) * weight
+    """RMSNorm, computed in fp32 (a bf16 input comes back bf16)."""
+    xf = x.float()
+    var = xf.pow(2).mean(dim=-1, keepdim=True)
+    return (xf * torch.rsqrt(var + eps) * weight.float()).to(x.dtype)
 
 
 def rope_cos_sin(seq: int, head_dim: int, theta: float, *, offset: int = 0, dtype: torch.dtype = torch.float32,
@@ -95,12 +97,14 @@ def rope_cos_sin(seq: int, head_dim: int, theta: float, *, offset: int = 0, dtyp
 
 
 def rope(x: torch.Tensor, *, theta: float = 10000.0, position_offset: int = 0) -> torch.Tensor:
-    """Half-split rotary embedding of ``x[B, S, heads, head_dim]``: pairs ``(i, i + head_dim/2)``."""
+    """Half-split rotary embedding of ``x[B, S, heads, head_dim]``: pairs ``(i, i + head_dim/2)``; computed in
+    fp32 (a bf16 input comes back bf16)."""
     _, s, _, hd = x.shape
-    cos, sin = rope_cos_sin(s, hd, theta, offset=position_offset, dtype=x.dtype, device=x.device)
+    cos, sin = rope_cos_sin(s, hd, theta, offset=position_offset, dtype=torch.float32, device=x.device)
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    xf = x.float()
+    x1, x2 = xf[..., : hd // 2], xf[..., hd // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True) -> torch.Tensor:
@@ -170,12 +174,13 @@ def concat(*xs: torch.Tensor, dim: int) -> torch.Tensor:
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, total_count: int | None = None) -> torch.Tensor:
     """``sum`` of the token losses over ``total_count`` (default: the local real targets); padding targets
-    (:data:`IGNORE_INDEX`) add nothing."""
-    flat = logits.reshape(-1, logits.shape[-1]).float()
+    (:data:`IGNORE_INDEX`) add nothing.  Computed and returned in at least fp32 (the loss of a bf16 run is fp32,
+    as in mixed-precision training; its gradient flows back to the logits in their dtype)."""
+    flat = logits.reshape(-1, logits.shape[-1]).to(torch.promote_types(logits.dtype, torch.float32))
     tg = targets.reshape(-1)
     losses = F.cross_entropy(flat, tg, reduction="sum", ignore_index=IGNORE_INDEX)
     count = int((tg != IGNORE_INDEX).sum()) if total_count is None else total_count
-    return (losses / max(count, 1)).to(logits.dtype)
+    return losses / max(count, 1)
 
 
 # ---- local attributes of the built-in ops -------------------------------------------------------------------

@@ -132,9 +132,11 @@ class TrainSession:
 
     def _make_groups(self, program: Any) -> None:
         from .comm import comm_groups
-        from .executor import program_comm_plans
+        from .executor import pipeline_groups, program_comm_plans
 
         self.state.create_groups(comm_groups(program_comm_plans(program)))
+        # NCCL: stage-boundary messages on a group per rank pair and direction (executor.pipeline_groups)
+        self.p2p = pipeline_groups(program, self.state.spec.timeout_s) if self.state.spec.backend == "nccl" else None
 
     def _drop_unused_groups(self, program: Any) -> None:
         """Destroy the process groups the running Program does not use (every rank does the same)."""
@@ -161,7 +163,8 @@ class TrainSession:
                                    recompute=(rank in program.recompute) if rc is None else (rank in rc),
                                    device=self.state.device, params=params, optimizer_state=optimizer_state,
                                    emulate=self.state.emulate if self.state.launch_rank in self.state.spec.slowdown
-                                   else None, probe=self._probe if self.faults else None)
+                                   else None, precision=self.run.get("precision", "fp32"), p2p_groups=self.p2p,
+                                   probe=self._probe if self.faults else None)
             self.state.params, self.state.optimizer = self.ex.params, self.ex.optimizer
         else:
             self.state.params, self.state.optimizer = {}, None

@@ -29,6 +29,9 @@ __all__ = ["launch", "launch_training", "launch_runs", "recompute_ranks", "train
 
 ENTRY = "hspmd_sdk.runtime.train:train_entry"
 
+#: ``precision=`` choices (SPEC §8); the executor's :data:`~.executor.PRECISIONS` maps them to dtypes.
+PRECISIONS = ("fp32", "bf16")
+
 
 # ---- the launcher side --------------------------------------------------------------------------------------
 def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthetic", lr: float = 1e-3,
@@ -36,7 +39,8 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
                  seq_len: int | None = None, recompute: Sequence[int] | None = None,
                  capture_dir: str | Path | None = None, cluster: Any = None, init: Any = None,
                  checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
-                 checkpoint_async: bool = True, resume_from: str | Path | None = None) -> dict[str, Any]:
+                 checkpoint_async: bool = True, resume_from: str | Path | None = None,
+                 precision: str = "fp32") -> dict[str, Any]:
     """The JSON description of one training run of ``program`` (what a worker needs to rebuild it).
 
     ``seq_len``: tokens per sample (default: the model's ``max_seq_len``); the global batch is the program's
@@ -45,7 +49,9 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
     synchronised gradients of step 0 and its final parameter shards there (``run<i>_rank<r>.pt``, for
     :func:`load_captured`).  ``init``: start from these weights instead of the seeded initialisation — a Hugging
     Face directory (``config.json`` + ``model.safetensors``) or a state dict (names = the model's); each rank
-    reads only its own slices (:mod:`hspmd_sdk.models.hf`).
+    reads only its own slices (:mod:`hspmd_sdk.models.hf`).  ``precision``: ``"fp32"`` (default) or ``"bf16"``
+    (SPEC §8: bf16 parameters, activations, gradients and messages; fp32 master weights and Adam state; see
+    :class:`~.executor.StepExecutor`).
 
     Checkpoints (:mod:`.checkpoint`): ``checkpoint_dir`` saves the sharded parameters, Adam state, data position
     and RNG after every ``checkpoint_every``-th step and after the last (only after the last by default), keeping
@@ -87,6 +93,7 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
         "recompute": rc,
         "capture_dir": str(capture_dir) if capture_dir is not None else None,
         "init": _init_source(init, config),
+        "precision": precision,
     }
     _validate_run(run, program, cluster, config)
     if resume_from is not None and init is not None:
@@ -118,6 +125,8 @@ def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: An
     unknown = sorted(set(run["recompute"]) - set(program.ranks))
     if unknown:
         problems.append(("recompute", f"ranks {unknown} run no stage of the program (ranks {sorted(program.ranks)})"))
+    if run["precision"] not in PRECISIONS:
+        problems.append(("precision", f"must be one of {list(PRECISIONS)}, not {run['precision']!r}"))
     try:
         dataset_for(run["data"], config.vocab_size)
     except ValueError as e:
@@ -173,9 +182,15 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
                     straggler: Any = None, cost: Any = None, fault_injection: Sequence[Mapping[str, Any]] = (),
                     checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
                     checkpoint_async: bool = True, resume_from: str | Path | None = None,
+                    precision: str = "fp32", device: str | None = None,
                     **launch_kwargs: Any) -> Any:
     """Train ``program`` for ``steps`` steps on one worker process per rank of ``cluster``; returns the running
     :class:`~.job.Job` (``job.wait().losses``: the loss of each step's global batch).
+
+    ``precision``: ``"fp32"`` or ``"bf16"`` (see :func:`training_run`).  ``device``: ``"cpu"`` (gloo) or
+    ``"cuda"`` (NCCL, one GPU per worker: ``torch.cuda.set_device`` to the worker's local rank on its host);
+    default: from the cluster's device kinds (``cpu`` kinds run on the CPU).  A local CUDA launch is checked
+    before any worker starts (enough GPUs on this machine).
 
     The same ``seed`` gives the same data and the same initial parameters whatever the plan, so a 1-rank and an
     N-rank program of one model produce the same losses.  ``init``: a Hugging Face directory or a state dict to
@@ -198,13 +213,17 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     :func:`hspmd_sdk.runtime.launcher.launch` (``progress``, ``echo``, ``slowdown`` — a factor or a schedule
     ``{rank: [(step, factor), ...]}`` —, ``timeout_s``, ``transport``, ``log_dir``, ...)."""
     from .controller import StragglerWatch, TrainingController
+    from .devices import backend_for_device
 
     cluster = cluster if cluster is not None else program.cluster
     run = training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
                        weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
                        cluster=cluster, init=init, checkpoint_dir=checkpoint_dir,
                        checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
-                       resume_from=resume_from)
+                       resume_from=resume_from, precision=precision)
+    if device is not None:
+        launch_kwargs["backend"] = backend_for_device(device, cluster, launch_kwargs.get("backend"),
+                                                      launch_kwargs.get("transport"))
     run["elastic"] = bool(elastic)
     from .checkpoint_io import WRITE_POINTS
 
@@ -396,25 +415,42 @@ class ReferenceResult:
 def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: int, seq_len: int | None = None,
                        data: str = "synthetic", lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
                        eps: float = 1e-8, weight_decay: float = 0.0,
-                       init: Mapping[str, Any] | None = None) -> ReferenceResult:
+                       init: Mapping[str, Any] | None = None, precision: str = "fp32") -> ReferenceResult:
     """Train the model's single-device reference (``config.build_reference``) on one device with
     ``torch.optim.Adam`` on the same data (``config`` is any :class:`~hspmd_sdk.models.ModelSpec`).
-    ``init``: a state dict to start from instead of the seeded initialisation."""
+    ``init``: a state dict to start from instead of the seeded initialisation.
+
+    ``precision="bf16"``: the distributed runtime's recipe on one device — a bf16 copy of the fp32 master module
+    computes the step (bf16 parameters, activations and gradients, the loss in fp32), its gradients become the
+    masters' (fp32) and Adam updates the masters with fp32 state.  ``grads`` and ``params`` are the masters'."""
+    import copy
+
     import torch
 
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, not {precision!r}")
     seq_len = int(seq_len or config.max_seq_len)
     model = config.build_reference(seed)
     if init is not None:
         model.load_state_dict({k: v.detach().clone() for k, v in init.items()})
-    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                           foreach=False)
+    work = model if precision == "fp32" else copy.deepcopy(model).to(torch.bfloat16)
+    masters, copies = list(model.parameters()), list(work.parameters())
+    opt = torch.optim.Adam(masters, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, foreach=False)
     dataset = dataset_for(data, config.vocab_size)
     losses, grads = [], {}
     for step in range(steps):
         feeds = config.feeds(dataset.global_batch(step, global_batch, seq_len, seed))
         opt.zero_grad(set_to_none=True)
-        loss = model.loss(feeds["tokens"], feeds["targets"])
+        if work is not model:
+            with torch.no_grad():
+                for c, m in zip(copies, masters):
+                    c.copy_(m)
+                    c.grad = None
+        loss = work.loss(feeds["tokens"], feeds["targets"])
         loss.backward()
+        if work is not model:
+            for c, m in zip(copies, masters):
+                m.grad = c.grad.float() if c.grad is not None else torch.zeros_like(m)
         if step == 0:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         opt.step()

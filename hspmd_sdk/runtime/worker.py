@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Iterable, NoReturn, Sequence
 
+from .devices import StepClock, worker_device
 from .liveness import ControlInbox, Heartbeat, Listener
 from .metrics import StepMetrics, memory_mb
 from .protocol import EXIT_FAILED, Channel, LineReader, LineWriter, is_collateral, jsonable
@@ -72,6 +73,7 @@ class WorkerState:
     launch_rank: int = -1   #: the rank the launcher started this process as; never changes (``rank`` may)
     world: int | None = None  #: the world size after the survivors re-formed it (``None``: the spec's)
     step: int = 0           #: the training step being run (emulated slowdowns can change with it)
+    clock: Any = None  # a devices.StepClock: CUDA events on a GPU, the wall clock otherwise
     _step_start: float | None = None
     _emulated: float = 0.0
 
@@ -159,6 +161,8 @@ class WorkerState:
         """Start the step clock (optional: after the first ``report`` the clock restarts by itself)."""
         self._step_start = time.perf_counter()
         self._emulated = 0.0
+        if self.clock is not None:
+            self.clock.start()
 
     def emulate(self, compute_seconds: float) -> float:
         """Emulate a slower device: sleep ``(k - 1) * compute_seconds`` when this rank has slowdown ``k``.
@@ -181,7 +185,7 @@ class WorkerState:
         """
         now = time.perf_counter()
         if step_time is None and self._step_start is not None:
-            step_time = now - self._step_start
+            step_time = self.clock.seconds() if self.clock is not None else now - self._step_start
         m = StepMetrics(rank=self.rank, step=int(step), step_time=step_time,
                         loss=None if loss is None else float(loss), tokens=tokens,
                         tokens_per_s=(tokens / step_time) if tokens and step_time else None,
@@ -191,6 +195,8 @@ class WorkerState:
                         extra=jsonable(extra))
         self.channel.send("metric", **m.to_message())
         self._step_start, self._emulated = now, 0.0
+        if self.clock is not None:
+            self.clock.start()
         return m
 
     def log(self, text: str) -> None:
@@ -264,16 +270,14 @@ def connect(spec: LaunchSpec, rank: int, channel: Channel, inbox: ControlInbox |
 
     torch.manual_seed(spec.seed)
     timeout = timedelta(seconds=spec.timeout_s)
-    if spec.backend == "nccl":
-        device = torch.device("cuda", spec.local_rank(rank))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+    device = worker_device(spec, rank)  # cuda:<local rank> under nccl (set_device), else the CPU
+    if device.type == "cpu":
         torch.set_num_threads(spec.num_threads)
     store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=(rank == 0),
                           timeout=timeout)
     dist.init_process_group(spec.backend, store=store, rank=rank, world_size=spec.world_size, timeout=timeout)
-    state = WorkerState(spec=spec, rank=rank, channel=channel, device=device, inbox=inbox or ControlInbox())
+    state = WorkerState(spec=spec, rank=rank, channel=channel, device=device, inbox=inbox or ControlInbox(),
+                        clock=StepClock(device))
     state.extras["store"] = store
     return state
 

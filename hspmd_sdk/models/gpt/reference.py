@@ -1,7 +1,8 @@
 """The plain single-device GPT-2 (fp32) that every distributed run must match, written with plain torch
 (``F.layer_norm``, ``scaled_dot_product_attention``, ``F.gelu(approximate="tanh")``) — not the SDK's kernels — and
 checked against Hugging Face's ``GPT2LMHeadModel`` in the tests.  ``state_dict()`` keys are
-:func:`.graph.param_shapes`; the LM head is the token embedding (tied)."""
+:func:`.graph.param_shapes`; the LM head is the token embedding (tied).  In bf16 the loss is computed in fp32
+(``F.layer_norm`` and ``F.gelu`` accumulate in fp32 by themselves), the SDK's mixed-precision recipe."""
 from __future__ import annotations
 
 import math
@@ -77,6 +78,7 @@ class GPTReference(nn.Module):
         return self.head(h)
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over all real target positions (targets ``-100`` are padding)."""
+        """Mean cross-entropy over all real target positions (targets ``-100`` are padding), in fp32 whatever the
+        module's dtype."""
         logits = self(tokens)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))

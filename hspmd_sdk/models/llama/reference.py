@@ -1,5 +1,8 @@
 """The plain single-device Llama (fp32) that every distributed run must match.
 
+In bf16 (``module.to(torch.bfloat16)``, what ``reference_training(..., precision="bf16")`` runs) it follows the
+SDK's mixed-precision recipe: RMSNorm, RoPE and the loss compute in fp32, everything else in bf16.
+
 Parameters have the names of :func:`hspmd_sdk.models.llama.param_shapes` (``embed.weight``,
 ``layers.{i}.attn.wq``, ..., ``final_norm.weight``, ``lm_head.weight``); linear weights are ``[in, out]``.
 
@@ -56,7 +59,9 @@ def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
 
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+    """RMSNorm in fp32 (bf16 in, bf16 out: the mixed-precision recipe)."""
+    xf = x.float()
+    return (xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
 
 
 class LlamaReference(nn.Module):
@@ -115,6 +120,7 @@ class LlamaReference(nn.Module):
         return self.head(h)
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over all real target positions (targets ``-100`` are padding)."""
+        """Mean cross-entropy over all real target positions (targets ``-100`` are padding), in fp32 whatever the
+        module's dtype."""
         logits = self(tokens)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))

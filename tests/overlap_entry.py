@@ -1,0 +1,48 @@
+"""Worker entry of ``test_overlap.py``: train runs with the executor's ``trace`` hook and report the events.
+
+Payload: ``runs`` (name -> :func:`~hspmd_sdk.runtime.train.training_run` dict), ``bucket_bytes`` and
+``first_bucket_bytes`` (the gradient buckets' caps), ``pair_groups`` (runs whose stage-boundary messages travel on
+:func:`~hspmd_sdk.runtime.executor.pipeline_groups`, the NCCL layout, here on gloo).  Returns, per run, the global losses of each step and the
+events this rank's executor reported during the last step, in order (``{"event", ...info}``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hspmd_sdk.runtime.comm import comm_groups
+from hspmd_sdk.runtime.executor import AdamConfig, StepExecutor, pipeline_groups, program_comm_plans
+from hspmd_sdk.runtime.train import _program_of, dataset_for
+
+
+def entry(state: Any, spec: Any) -> dict[str, Any]:
+    p = spec.payload
+    out: dict[str, Any] = {}
+    for name, run in p["runs"].items():
+        program = _program_of(run)
+        state.create_groups(comm_groups(program_comm_plans(program)))
+        pairs = pipeline_groups(program) if name in p.get("pair_groups", ()) else None  # every rank
+        events: list[dict[str, Any]] = []
+        ex = None
+        B, S, seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
+        if state.rank in program.ranks:
+            ex = StepExecutor(program, state.rank, state, seed=seed, global_batch=B, seq_len=S,
+                              adam=AdamConfig(lr=run["adam"]["lr"]), device=state.device,
+                              precision=run.get("precision", "fp32"), bucket_bytes=int(p["bucket_bytes"]),
+                              first_bucket_bytes=int(p["first_bucket_bytes"]),
+                              trace=lambda event, **info: events.append({"event": event, **info}),
+                              p2p_groups=pairs)
+        dataset = dataset_for(run["data"], program.model.vocab_size)
+        losses = []
+        for step in range(int(run["steps"])):
+            events.clear()
+            local = 0.0
+            if ex is not None:
+                local = ex.step(dataset.global_batch(step, B, S, seed) if ex.needs_data else None)
+            part = torch.tensor([local if ex is not None and ex.loss_contributor() else 0.0], dtype=torch.float64)
+            dist.all_reduce(part)
+            losses.append(float(part.item()))
+        out[name] = {"losses": losses, "events": list(events)}
+    return out
