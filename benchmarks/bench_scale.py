@@ -20,8 +20,10 @@ stage: a plan with many distinct annotations, not one layout repeated.  The seco
 (:func:`scale_strategy` with ``order="reversed"``) lays the same pipeline kinds out in the opposite order in each
 block, so every stage moves to other devices.
 
-Timing: CPU seconds (``time.process_time``: a loaded machine cannot inflate them) and wall seconds; peak memory
-from ``tracemalloc`` in a second run (it slows Python down ~2x, so the times come from a run without it).  Each
+Timing: CPU seconds (``time.process_time``: a loaded machine inflates them much less than wall seconds) and wall
+seconds; peak memory from ``tracemalloc`` in a second run (it slows Python down ~2x, so the times come from a run
+without it), with the memory the executable graphs of up to 1,024 ranks add, per rank (one process holding
+every rank's graph is not how a job runs: each worker instantiates its own).  Each
 case starts cold (``clear_caches``).  The load average is printed with the figures.
 
 Run: ``python benchmarks/bench_scale.py`` (about 3-5 min here); ``--quick`` stops the curve at 2,048 ranks.
@@ -110,7 +112,7 @@ def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
 
 
 def peak_mb(fn: Callable[[], Any]) -> float:
-    """tracemalloc peak (MB) of one call, from a cold start."""
+    """tracemalloc peak (MB) of one call, from a cold start (the result is dropped)."""
     cold()
     tracemalloc.start()
     try:
@@ -151,11 +153,23 @@ def specialize_case(ranks: int, graphs: str) -> dict[str, Any]:
     spec_calls = list(calls)
     sample = prog.ranks if graphs == "all" else prog.ranks[:64]
     gcpu, gwall, _ = timed(lambda: [prog.executable_graph(r) for r in sample])
-    peak = peak_mb(run)
+    del prog
+    cold()
+    tracemalloc.start()  # peak of specialize, then what the executable graphs of (up to) 1,024 ranks add
+    try:
+        prog = run()
+        peak, held = tracemalloc.get_traced_memory()[1] / 1e6, tracemalloc.get_traced_memory()[0] / 1e6
+        few = prog.ranks[:1024]
+        for r in few:
+            prog.executable_graph(r)
+        per_rank = (tracemalloc.get_traced_memory()[0] / 1e6 - held) / len(few)
+    finally:
+        tracemalloc.stop()
     worst = max(spec_calls)
     return {"ranks": ranks, "pipelines": len(strategy.pipelines), "specialize_cpu_s": cpu, "specialize_wall_s": wall,
-            "specialize_peak_mb": peak, "graphs_ranks": len(sample), "graphs_cpu_s": gcpu, "graphs_wall_s": gwall,
-            "graphs_ms_per_rank": gcpu / len(sample) * 1e3, "resolves": len(spec_calls),
+            "specialize_peak_mb": peak, "program_mb": held, "graphs_ranks": len(sample), "graphs_cpu_s": gcpu,
+            "graphs_wall_s": gwall, "graphs_ms_per_rank": gcpu / len(sample) * 1e3, "graph_mb_per_rank": per_rank,
+            "resolves": len(spec_calls),
             "resolve_cpu_s_total": sum(c[0] for c in spec_calls), "resolve_cpu_s_max": worst[0],
             "resolve_max_kinds": worst[1], "resolve_max_ranks": worst[2], "load": load()}
 
@@ -222,13 +236,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                            "specialize": [], "switch": [], "resolve": []}
     print(f"bench_scale: Llama-70B ({MODEL.num_layers} layers), load {load()}")
     print(f"{'ranks':>6} {'pipes':>5} {'specialize CPU s':>16} {'wall s':>7} {'peak MB':>8} "
-          f"{'graphs ms/rank':>14} {'resolves':>8} {'max resolve s':>13}  load")
+          f"{'graphs ms/rank':>14} {'graph MB/rank':>13} {'resolves':>8} {'max resolve s':>13}  load")
     for n in curve:
         r = specialize_case(n, "all" if n <= 2048 or not args.quick else "sample")
         out["specialize"].append(r)
         print(f"{n:>6} {r['pipelines']:>5} {r['specialize_cpu_s']:>16.2f} {r['specialize_wall_s']:>7.2f} "
-              f"{r['specialize_peak_mb']:>8.0f} {r['graphs_ms_per_rank']:>14.2f} {r['resolves']:>8} "
-              f"{r['resolve_cpu_s_max']:>13.3f}  {r['load']}", flush=True)
+              f"{r['specialize_peak_mb']:>8.0f} {r['graphs_ms_per_rank']:>14.2f} {r['graph_mb_per_rank']:>13.3f} "
+              f"{r['resolves']:>8} {r['resolve_cpu_s_max']:>13.3f}  {r['load']}", flush=True)
     xs = [r["ranks"] for r in out["specialize"]]
     out["specialize_exponent"] = fit_exponent(xs, [r["specialize_cpu_s"] for r in out["specialize"]])
     out["specialize_memory_exponent"] = fit_exponent(xs, [r["specialize_peak_mb"] for r in out["specialize"]])
