@@ -114,6 +114,14 @@ def job_models(compute: Any, parent: Any, link: dict, world: int) -> tuple[dict[
     return models, {"back_to_back": b2b.model_dump(), "as_run": run.model_dump(), "raw": raw}
 
 
+def wait_quiet(below: float, max_wait: float) -> float:
+    """Wait until the 1-minute load average is below ``below`` (at most ``max_wait`` s); returns seconds waited."""
+    t0 = time.time()
+    while os.getloadavg()[0] >= below and time.time() - t0 < max_wait:
+        time.sleep(10)
+    return time.time() - t0
+
+
 def main(argv: list[str] | None = None) -> dict:
     from hspmd_sdk.planner import simulate
     from hspmd_sdk.planner.cost import profile_link, profile_model
@@ -124,12 +132,18 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3, help="repetitions (profile + one job per world size each); "
                                                          "figures are medians over them")
+    p.add_argument("--quiet-below", type=float, default=None, metavar="LOAD",
+                   help="before each repetition, wait (up to --max-wait s) for the 1-minute load average to drop "
+                        "below LOAD: a shared machine is quiet only now and then")
+    p.add_argument("--max-wait", type=float, default=1800.0)
     p.add_argument("--json", default=str(RESULTS / "calibration.json"))
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.warmup, args.repeat = 3, 1, 1
     cores = os.cpu_count() or 1
     print(f"bench_calibration: {BENCH_MODEL}, seq {SEQ}, {cores} cores, load {load()}")
+    if args.quiet_below is not None:
+        wait_quiet(args.quiet_below, args.max_wait)
     parent = profile_link()
     print(f"profile_link() here: p2p {parent.latency * 1e6:.0f} us + {parent.bandwidth / 1e9:.2f} GB/s; all_reduce "
           f"{describe(parent)}")
@@ -138,6 +152,10 @@ def main(argv: list[str] | None = None) -> dict:
                            "repetitions": [], "rows": []}
     per: dict[str, list[dict]] = {name: [] for strats in STRATEGIES.values() for name in strats}
     for rep in range(args.repeat):  # a repetition: a fresh compute profile, then one job per world size
+        if args.quiet_below is not None:
+            waited = wait_quiet(args.quiet_below, args.max_wait)
+            print(f"repetition {rep + 1}: waited {waited:.0f} s for load < {args.quiet_below} (now {load()})",
+                  flush=True)
         compute = profile_model(BENCH_MODEL, "cpu", threads=1).model_copy(update={"cores": cores})
         prof = compute.profiles["cpu"]
         print(f"repetition {rep + 1}/{args.repeat}: layer fwd {1e-9 / prof.layer_fwd.a:.1f} GFLOP/s + "
@@ -155,8 +173,8 @@ def main(argv: list[str] | None = None) -> dict:
             models, links = job_models(compute, parent, link, world)
             rec["worlds"][world] = {"links": links, "load": f"{before} -> {load()}"}
             if links:
-                print(f"  in-job link, {world} ranks: back-to-back {describe(models['back_to_back'].link_overrides['intra'])}"
-                      f"; as run {describe(models['as_run'].link_overrides['intra'])}", flush=True)
+                b2b, run = (models[k].link_overrides["intra"] for k in ("back_to_back", "as_run"))
+                print(f"  in-job link, {world} ranks: back-to-back {describe(b2b)}; as run {describe(run)}", flush=True)
             cluster = Cluster.local(world)
             for name, strat in strats.items():
                 m = median(times[name])

@@ -219,7 +219,8 @@ def test_call_latency_and_tp_collectives_counted_by_hand() -> None:
                       call_latency=1e-3)
     line = ComputeFit(a=1e-9, b=0.0)
     prof = OperatorProfile(layer_fwd=line, layer_bwd=line, head_fwd=line, head_bwd=line,
-                           layer_replicated_fwd=ComputeFit(a=2e-9, b=0.0), layer_replicated_bwd=ComputeFit(a=3e-9, b=0.0))
+                           layer_replicated_fwd=ComputeFit(a=2e-9, b=0.0),
+                           layer_replicated_bwd=ComputeFit(a=3e-9, b=0.0))
     c = CostModel(profiles={"cpu": prof}, link_overrides={"intra": lk}, comm_bytes_factor=2.0)
     cl = Cluster.local(4)
     link, spec = cl.link(0, 1), cl.spec(0)

@@ -27,7 +27,8 @@ a step.  :func:`profile_model` times the real forward and backward of ONE decode
 the latency and bandwidth of a link class (``"intra"``, ``"inter"``) from :meth:`Cluster.link` -- the Cluster
 presets stay as they are.  The collective is profiled the way the executor runs it, blocking, between bursts of
 compute, so the link also carries the fixed cost every blocking call pays (``LinkOverride.call_latency``: waking
-up and being scheduled; what made TP2, with 19 small all-reduces a step, 1.3x slower than predicted).  Everything is JSON (:meth:`CostModel.save` / :meth:`CostModel.load`).
+up and being scheduled; what made TP2, with 19 small all-reduces a step, 1.3x slower than predicted).
+Everything is JSON (:meth:`CostModel.save` / :meth:`CostModel.load`).
 
 All figures are seconds and bytes.  The efficiencies are fields of :class:`CostModel`, documented there and
 overridable; nothing here is global.
