@@ -344,8 +344,9 @@ def _emulating_executor(base: Any, factor: float) -> Any:
 
 def emulated_entry(state: Any, spec: Any) -> dict[str, Any]:
     """Payload ``runs`` (training-run dicts), ``factors`` (rank -> slowdown), ``rounds``, ``warmup`` (and optional
-    ``threads``: torch threads per worker; ``link_probe``: ``{"sizes", "compute_s"}`` -- after every round, ranks
-    (0, 1), (2, 3), ... sweep :func:`hspmd_sdk.planner.cost.collective_sweep` back to back and in context;
+    ``threads``: torch threads per worker; ``link_probe``: ``{"sizes", "compute_s"}`` -- after every round, every
+    rank times :func:`compute_burst` at once, then ranks (0, 1), (2, 3), ... sweep
+    :func:`hspmd_sdk.planner.cost.collective_sweep` back to back and in context;
     ``time_comm``: also return each step's seconds and calls inside collectives): build every
     run's executor with compute-only emulation, then step the runs in turn (one step each per round, so load
     affects all alike); returns each run's per-step times (barrier to barrier) after warm-up."""
@@ -385,7 +386,7 @@ def emulated_entry(state: Any, spec: Any) -> dict[str, Any]:
     if probe and dist.get_world_size() >= 2:  # ranks (0, 1), (2, 3), ... measure their link between the rounds
         groups = [dist.new_group([r, r + 1]) for r in range(0, dist.get_world_size() - 1, 2)]
         pair = groups[state.rank // 2] if state.rank // 2 < len(groups) else None
-    link: dict[str, list[list[float]]] = {"isolated": [], "in_context": []}
+    link: dict[str, list] = {"isolated": [], "in_context": [], "burst_s": []}
     times: list[list[float]] = [[] for _ in contestants]
     comm: list[list[tuple[float, int]]] = [[] for _ in contestants]
     try:
@@ -402,6 +403,11 @@ def emulated_entry(state: Any, spec: Any) -> dict[str, Any]:
                     if clock is not None:
                         comm[i].append((clock.seconds, clock.calls))
             if probe:
+                dist.barrier()
+                burst = torch.tensor([compute_burst()], dtype=torch.float64)  # every rank at once
+                dist.all_reduce(burst)  # the mean over the ranks: the share of a core each rank gets in this job
+                if rnd >= int(p["warmup"]):
+                    link["burst_s"].append(float(burst) / dist.get_world_size())
                 dist.barrier()
                 if pair is not None:
                     _probe_link(pair, probe, link, keep=rnd >= int(p["warmup"]))
@@ -447,7 +453,19 @@ class _CommClock:
         return call
 
 
-def _probe_link(pair: Any, probe: Mapping[str, Any], link: dict[str, list[list[float]]], keep: bool) -> None:
+def compute_burst(n: int = 256, k: int = 150) -> float:
+    """Seconds of ``k`` fp32 ``n x n`` matmuls (after one warm-up; ~50 ms, many scheduler slices): timed alone in
+    the bench's process and by every rank at once inside a job, the ratio is the share of a core each rank gets
+    there (other ranks, background load)."""
+    a = torch.randn(n, n)
+    a @ a
+    t0 = time.perf_counter()
+    for _ in range(k):
+        a @ a
+    return time.perf_counter() - t0
+
+
+def _probe_link(pair: Any, probe: Mapping[str, Any], link: dict[str, list], keep: bool) -> None:
     """One sweep of the blocking all-reduce on this rank's pair, back to back and in context
     (:func:`hspmd_sdk.planner.cost.collective_sweep`), under the same load as the steps around it."""
     from hspmd_sdk.planner.cost import collective_sweep

@@ -24,13 +24,20 @@ count (compute shared when more ranks than cores).  Two models of the link, both
 
 Both are measured *inside each job*: after every round of steps, ranks (0, 1), (2, 3), ... sweep the link sizes
 back to back and in context, so the link is measured under the same load as the steps (the median over rounds is
-used).  The compute profile is taken afresh before each repetition; a repetition is (profile, one job per world
-size), and ``--repeat N`` (default 3) reports per strategy the median over the N repetitions of measured /
-simulated, each with its own profile and in-job link -- so a burst of background load in one repetition does not
-decide a figure.  ``profile_link()`` in this process (what a user of ``profile_model(link=True)`` gets, measured
-once at the start) is the third prediction.  The load average is recorded per job.
+used).  Every rank also times a burst of matmuls at the same moment as the others; against the same burst alone
+in this process it gives the share of a core a rank really gets in the job (other ranks *and* background load):
+the ``as run + share`` prediction scales the compute by it instead of by ``CostModel.cores`` -- the one
+robustness measure for a shared machine, where ``cores`` (which assumes the node is otherwise idle) is wrong.
+The compute profile is taken afresh before each repetition; a repetition is (profile, one job per world size), and
+``--repeat N`` (default 3) reports per strategy the median over the N repetitions of measured / simulated, each
+with its own profile and in-job link -- so a burst of background load in one repetition does not decide a figure.
+``profile_link()`` in this process (what a user of ``profile_model(link=True)`` gets, measured once at the start)
+is a further prediction.  The load average is recorded per job.  Rank 0's seconds inside collectives per step are
+printed beside the simulated communication.
 
-Run: ``python benchmarks/bench_calibration.py`` (about 3 min with ``--repeat 3``); ``--quick`` for a smoke run.
+Run: ``python benchmarks/bench_calibration.py`` (about 3 min with ``--repeat 3``); ``--quiet-below 1.0`` waits
+before each repetition for the 1-minute load average to drop below 1 (a shared machine); ``--quick`` for a smoke
+run.
 """
 from __future__ import annotations
 
@@ -74,7 +81,7 @@ def measure(world: int, strats: dict[str, Any], args: argparse.Namespace) -> tup
     runs = [training_run(program_of(BENCH_MODEL, s, cluster), steps=1, seed=SEED, seq_len=SEQ, lr=LR,
                          cluster=cluster) for s in strats.values()]
     payload = {"runs": runs, "factors": {}, "rounds": args.rounds, "warmup": args.warmup, "threads": 1,
-               "link_probe": {"sizes": list(LINK_SIZES), "compute_s": COMPUTE_S} if world >= 2 else None,
+               "link_probe": {"sizes": list(LINK_SIZES), "compute_s": COMPUTE_S},
                "time_comm": True}
     res = launch(None, cluster, steps=1, entry="benchmarks._peers:emulated_entry", payload=payload, timeout_s=900,
                  transport=LocalTransport(cwd=str(REPO))).wait()
@@ -100,18 +107,47 @@ def describe(lk: Any) -> str:
             f"{lk.call_latency * 1e6:.0f} us")
 
 
-def job_models(compute: Any, parent: Any, link: dict, world: int) -> tuple[dict[str, Any], dict]:
-    """The three cost models of one job: its own compute profile, and the link as profiled in this process
-    (``profile_link``) or in the job (``back_to_back``, ``as_run``)."""
+def with_share(cost: Any, share: float) -> Any:
+    """``cost`` with every profiled compute line and the Adam time scaled by ``share`` instead of ``cores``."""
+    prof = cost.profiles["cpu"]
+    lines = ("layer_fwd", "layer_bwd", "head_fwd", "head_bwd", "embed", "layer_replicated_fwd", "layer_replicated_bwd")
+    update: dict[str, Any] = {k: getattr(prof, k).model_copy(update={"a": getattr(prof, k).a * share,
+                                                                   "b": getattr(prof, k).b * share}) for k in lines}
+    update["optimizer_s_per_param"] = prof.optimizer_s_per_param * share
+    return cost.model_copy(update={"profiles": {"cpu": prof.model_copy(update=update)}, "cores": None})
+
+
+def job_models(compute: Any, parent: Any, link: dict, world: int, share: float) -> tuple[dict[str, Any], dict]:
+    """The cost models of one job: its own compute profile, and the link as profiled in this process
+    (``profile_link``) or in the job (``back_to_back``, ``as_run``); ``as_run_share``: ``as_run`` with compute
+    scaled by the core share measured in the job instead of ``CostModel.cores``."""
     models = {"profile_link": compute.model_copy(update={"link_overrides": {"intra": parent},
                                                          "sequence_parallel": False})}
+    links: dict[str, Any] = {}
     if world < 2:
         models["back_to_back"] = models["as_run"] = models["profile_link"]
-        return models, {}
-    b2b, run, raw = link_models(parent, link)
-    models["back_to_back"] = compute.model_copy(update={"link_overrides": {"intra": b2b}})
-    models["as_run"] = compute.model_copy(update={"link_overrides": {"intra": run}, "sequence_parallel": False})
-    return models, {"back_to_back": b2b.model_dump(), "as_run": run.model_dump(), "raw": raw}
+    else:
+        b2b, run, raw = link_models(parent, link)
+        models["back_to_back"] = compute.model_copy(update={"link_overrides": {"intra": b2b}})
+        models["as_run"] = compute.model_copy(update={"link_overrides": {"intra": run}, "sequence_parallel": False})
+        links = {"back_to_back": b2b.model_dump(), "as_run": run.model_dump(), "raw": raw}
+    models["as_run_share"] = with_share(models["as_run"], share)
+    return models, links
+
+
+def parent_burst() -> float:
+    """:func:`benchmarks._peers.compute_burst` in this process, with one torch thread like every worker (median
+    of 5)."""
+    import torch
+
+    from benchmarks._peers import compute_burst
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return median([compute_burst() for _ in range(5)])
+    finally:
+        torch.set_num_threads(old)
 
 
 def wait_quiet(below: float, max_wait: float) -> float:
@@ -156,7 +192,8 @@ def main(argv: list[str] | None = None) -> dict:
             waited = wait_quiet(args.quiet_below, args.max_wait)
             print(f"repetition {rep + 1}: waited {waited:.0f} s for load < {args.quiet_below} (now {load()})",
                   flush=True)
-        compute = profile_model(BENCH_MODEL, "cpu", threads=1).model_copy(update={"cores": cores})
+        compute = profile_model(BENCH_MODEL, "cpu", threads=1).model_copy(
+            update={"cores": cores, "comm_bytes_factor": 2.0})  # the runtime communicates fp32
         prof = compute.profiles["cpu"]
         print(f"repetition {rep + 1}/{args.repeat}: layer fwd {1e-9 / prof.layer_fwd.a:.1f} GFLOP/s + "
               f"{prof.layer_fwd.b * 1e6:.0f} us, bwd {1e-9 / max(prof.layer_bwd.a, 1e-30):.1f} GFLOP/s + "
@@ -168,10 +205,12 @@ def main(argv: list[str] | None = None) -> dict:
                 Path(args.json).parent / "cpu_profile.json")
         rec: dict[str, Any] = {"profile": json.loads(compute.model_dump_json()), "worlds": {}}
         for world, strats in STRATEGIES.items():
-            before = load()
+            before, alone = load(), parent_burst()
             times, link, comm = measure(world, strats, args)
-            models, links = job_models(compute, parent, link, world)
-            rec["worlds"][world] = {"links": links, "load": f"{before} -> {load()}"}
+            share = median(link["burst_s"]) / alone
+            models, links = job_models(compute, parent, link, world, share)
+            rec["worlds"][world] = {"links": links, "load": f"{before} -> {load()}", "core_share": share,
+                                    "burst_alone_s": alone, "burst_in_job_s": link["burst_s"]}
             if links:
                 b2b, run = (models[k].link_overrides["intra"] for k in ("back_to_back", "as_run"))
                 print(f"  in-job link, {world} ranks: back-to-back {describe(b2b)}; as run {describe(run)}", flush=True)
@@ -187,21 +226,23 @@ def main(argv: list[str] | None = None) -> dict:
                                   "measured_collectives_s": mc, "simulated_comm_s": sims["as_run"] - no_comm,
                                   "times": times[name], "load": rec["worlds"][world]["load"]})
                 print(f"  {strat.name:<27} measured {m * 1e3:7.1f} ms, as run {sims['as_run'] * 1e3:7.1f} ms "
-                      f"(x{m / sims['as_run']:.2f}), back-to-back x{m / sims['back_to_back']:.2f}; in collectives "
+                      f"(x{m / sims['as_run']:.2f}), back-to-back x{m / sims['back_to_back']:.2f}, as run with the "
+                      f"measured core share {share:.2f} x{m / sims['as_run_share']:.2f}; in collectives "
                       f"{mc * 1e3:.1f} ms (rank 0), simulated comm {(sims['as_run'] - no_comm) * 1e3:.1f} ms; "
                       f"load {rec['worlds'][world]['load']}", flush=True)
         out["repetitions"].append(rec)
     print(f"\n{'strategy':<27} {'ranks':>5} {'measured ms':>11} {'meas/back-to-back':>17} {'meas/as run':>11} "
-          f"{'meas/profile_link':>17}  per repetition meas/as run")
+          f"{'meas/as run+share':>17} {'meas/profile_link':>17}  per repetition meas/as run")
     for world, strats in STRATEGIES.items():
         for name, strat in strats.items():
             reps = per[name]
-            ratio = {k: median([r["ratio"][k] for r in reps]) for k in ("back_to_back", "as_run", "profile_link")}
+            ratio = {k: median([r["ratio"][k] for r in reps])
+                     for k in ("back_to_back", "as_run", "as_run_share", "profile_link")}
             row = {"strategy": name, "ranks": world, "measured_s": median([r["measured_s"] for r in reps]),
                    "ratio": ratio, "repetitions": reps}
             out["rows"].append(row)
             print(f"{strat.name:<27} {world:>5} {row['measured_s'] * 1e3:11.1f} {ratio['back_to_back']:17.2f} "
-                  f"{ratio['as_run']:11.2f} {ratio['profile_link']:17.2f}  "
+                  f"{ratio['as_run']:11.2f} {ratio['as_run_share']:17.2f} {ratio['profile_link']:17.2f}  "
                   + " ".join(f"{r['ratio']['as_run']:.2f}" for r in reps))
     out["load_end"] = load()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
