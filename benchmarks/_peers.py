@@ -358,7 +358,10 @@ def _emulating_executor(base: Any, factor: float) -> Any:
 
 def emulated_entry(state: Any, spec: Any) -> dict[str, Any]:
     """Payload ``runs`` (training-run dicts), ``factors`` (rank -> slowdown), ``rounds``, ``warmup`` (and optional
-    ``threads``: torch threads per worker): build every
+    ``threads``: torch threads per worker; ``link_probe``: ``{"sizes", "compute_s"}`` -- after every round, every
+    rank times :func:`compute_burst` at once, then ranks (0, 1), (2, 3), ... sweep
+    :func:`hspmd_sdk.planner.cost.collective_sweep` back to back and in context;
+    ``time_comm``: also return each step's seconds and calls inside collectives): build every
     run's executor with compute-only emulation, then step the runs in turn (one step each per round, so load
     affects all alike); returns each run's per-step times (barrier to barrier) after warm-up."""
     from hspmd_sdk.runtime.comm import comm_groups
@@ -391,14 +394,102 @@ def emulated_entry(state: Any, spec: Any) -> dict[str, Any]:
         dataset = dataset_for(run["data"], int(run["config"]["vocab_size"]))
         B, S, seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
         contestants.append((ex, [dataset.global_batch(s, B, S, seed) for s in range(4)]))
+    clock = _CommClock() if p.get("time_comm") else None
+    probe = p.get("link_probe")
+    pair = None
+    if probe and dist.get_world_size() >= 2:  # ranks (0, 1), (2, 3), ... measure their link between the rounds
+        groups = [dist.new_group([r, r + 1]) for r in range(0, dist.get_world_size() - 1, 2)]
+        pair = groups[state.rank // 2] if state.rank // 2 < len(groups) else None
+    link: dict[str, list] = {"isolated": [], "in_context": [], "burst_s": []}
     times: list[list[float]] = [[] for _ in contestants]
-    for rnd in range(int(p["warmup"]) + int(p["rounds"])):
-        for i, (ex, batches) in enumerate(contestants):
-            batch = batches[rnd % len(batches)]
-            dt, _ = _timed(lambda: ex.step(batch if ex.needs_data else None))
-            if rnd >= int(p["warmup"]):
-                times[i].append(dt)
-    return {"runs": [{"times": t, "emulated_s": ex.emulated_s} for t, (ex, _) in zip(times, contestants)]}
+    comm: list[list[tuple[float, int]]] = [[] for _ in contestants]
+    try:
+        if clock is not None:
+            clock.install()
+        for rnd in range(int(p["warmup"]) + int(p["rounds"])):
+            for i, (ex, batches) in enumerate(contestants):
+                batch = batches[rnd % len(batches)]
+                if clock is not None:
+                    clock.reset()
+                dt, _ = _timed(lambda: ex.step(batch if ex.needs_data else None))
+                if rnd >= int(p["warmup"]):
+                    times[i].append(dt)
+                    if clock is not None:
+                        comm[i].append((clock.seconds, clock.calls))
+            if probe:
+                dist.barrier()
+                burst = torch.tensor([compute_burst()], dtype=torch.float64)  # every rank at once
+                dist.all_reduce(burst)  # the mean over the ranks: the share of a core each rank gets in this job
+                if rnd >= int(p["warmup"]):
+                    link["burst_s"].append(float(burst) / dist.get_world_size())
+                dist.barrier()
+                if pair is not None:
+                    _probe_link(pair, probe, link, keep=rnd >= int(p["warmup"]))
+                dist.barrier()
+    finally:
+        if clock is not None:
+            clock.uninstall()
+    return {"runs": [{"times": t, "emulated_s": ex.emulated_s, "collectives": c}
+                     for t, c, (ex, _) in zip(times, comm, contestants)], "link": link}
+
+
+class _CommClock:
+    """Seconds and calls this rank spends inside torch.distributed's collectives (the executor's blocking
+    all-reduce / all-gather / reduce-scatter / all-to-all / broadcast; point-to-point and barriers not counted)
+    while installed: the measured side of the simulator's TP communication."""
+
+    NAMES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast")
+
+    def __init__(self) -> None:
+        self.seconds, self.calls = 0.0, 0
+        self._orig: dict[str, Any] = {}
+
+    def reset(self) -> None:
+        self.seconds, self.calls = 0.0, 0
+
+    def install(self) -> None:
+        for name in self.NAMES:
+            self._orig[name] = fn = getattr(dist, name)
+            setattr(dist, name, self._timed(fn))
+
+    def uninstall(self) -> None:
+        for name, fn in self._orig.items():
+            setattr(dist, name, fn)
+
+    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.seconds += time.perf_counter() - t0
+                self.calls += 1
+        return call
+
+
+def compute_burst(n: int = 256, k: int = 150) -> float:
+    """Seconds of ``k`` fp32 ``n x n`` matmuls (after one warm-up; ~50 ms, many scheduler slices): timed alone in
+    the bench's process and by every rank at once inside a job, the ratio is the share of a core each rank gets
+    there (other ranks, background load)."""
+    a = torch.randn(n, n)
+    a @ a
+    t0 = time.perf_counter()
+    for _ in range(k):
+        a @ a
+    return time.perf_counter() - t0
+
+
+def _probe_link(pair: Any, probe: Mapping[str, Any], link: dict[str, list], keep: bool) -> None:
+    """One sweep of the blocking all-reduce on this rank's pair, back to back and in context
+    (:func:`hspmd_sdk.planner.cost.collective_sweep`), under the same load as the steps around it."""
+    from hspmd_sdk.planner.cost import collective_sweep
+
+    sizes = [int(x) for x in probe["sizes"]]
+    iso = collective_sweep(sizes, pair, iters=int(probe.get("isolated_iters", 3)))
+    ctx = collective_sweep(sizes, pair, compute_s=float(probe["compute_s"]), iters=int(probe.get("iters", 8)))
+    if keep:
+        link["isolated"].append(iso)
+        link["in_context"].append(ctx)
 
 
 def breakdown_entry(state: Any, spec: Any) -> dict[str, Any]:

@@ -1,31 +1,43 @@
-"""Calibration of the simulator against the runtime on this machine (issue 6).
+"""Calibration of the simulator against the runtime on this machine (issues 6 and 17).
 
-The cost model is profiled on this CPU (:func:`hspmd_sdk.planner.profile_device`, fp32 matmuls, with the one
-torch thread each worker runs with), and :func:`hspmd_sdk.planner.simulate` predicts the step time of four
-strategies, which the runtime then trains on local worker processes (gloo), all strategies of one world size
-in one job, stepped in turn (one step each per round, so background load hits all alike); a step is timed
-between two ``dist.barrier()`` calls (the slowest rank).  Reported: measured / simulated per strategy (goal:
-within 20%, i.e. 0.8-1.2).
+The runtime trains five strategies on local worker processes (gloo, one torch thread each), all strategies of
+one world size in one job, stepped in turn (one step each per round, so background load hits all alike); a
+step is timed between two ``dist.barrier()`` calls (the slowest rank).  :func:`hspmd_sdk.planner.simulate`
+predicts each; reported: measured / simulated (goal: within 20%, i.e. 0.8-1.2, on a quiet machine).
 
-A 1-rank run (no communication, one thread like every worker) shows the compute model's own error.
+Strategies (the bench model: 4 layers, hidden 256, ffn 768, seq 128, global batch 8): one rank (no
+communication: the compute model's own error); DP2, PP2 1F1B (4 micro-batches), TP2 on 2 ranks; the
+``example_hetero_tiny`` layout (a TP2 -> TP1 pipeline with 3 micro-batches of 2 beside a 1-rank pipeline with 1)
+on 4 ranks.
 
-Strategies (the bench model: 4 layers, hidden 256, ffn 768, seq 128, global batch 8, so matmuls dominate):
-DP2, PP2 1F1B (4 micro-batches), TP2 on 2 ranks; the ``example_hetero_tiny`` layout (a TP2 -> TP1 pipeline with 3
-micro-batches of 2 beside a 1-rank pipeline with 1) on 4 ranks.
+The cost model: :func:`hspmd_sdk.planner.cost.profile_model` times one decoder layer of the reference Llama
+(forward and backward, and its norms + residuals alone), the embedding, the final norm + LM head + loss and the
+Adam step at the bench model's shapes (1 thread), in this process; ``CostModel.cores`` is this machine's core
+count (compute shared when more ranks than cores).  Two models of the link, both fp32 on the wire:
 
-Two predictions per strategy: ``sim`` (the profiled line as is) and ``sim/core-share`` (the line scaled by
-``ranks / cores`` when the job has more worker processes than the machine has cores: 4 ranks on 2 cores each
-get half a core, which the simulator does not know).  What the simulator does not model on a CPU is said in
-``benchmarks/RESULTS.md``.
+* ``back-to-back`` (the previous calibration, issue 6): the 2-rank all-reduce timed back to back after a barrier
+  -- the link's floor; the TP activations counted as if sequence parallel (``sequence_parallel=True``).
+* ``as run`` (issue 17): the blocking all-reduce timed the way the executor issues it, between bursts of compute,
+  copies in and out included (:func:`hspmd_sdk.planner.cost.collective_sweep`), which adds a per-call latency
+  (``LinkOverride.call_latency``: waking up, being scheduled, skew) and the in-context bandwidth; the norms and
+  residuals computed whole on every device of a TP group (``sequence_parallel=False``, as the runtime does).
 
-Representative profiling (``profiled`` columns): :func:`hspmd_sdk.planner.cost.profile_model` times one decoder
-layer of the reference Llama (forward and backward), the embedding, the final norm + LM head + loss and the Adam
-step at the bench model's shapes (1 thread), and the gloo link between two local processes
-(:func:`hspmd_sdk.planner.cost.profile_link`, stored as ``link_overrides["intra"]`` with fp32 wire bytes); the
-``profiled + cores`` column also sets ``CostModel.cores`` to this machine's core count.  The profile is saved as
-``results/cpu_profile.json``.
+Both are measured *inside each job*: after every round of steps, ranks (0, 1), (2, 3), ... sweep the link sizes
+back to back and in context, so the link is measured under the same load as the steps (the median over rounds is
+used).  Every rank also times a burst of matmuls at the same moment as the others; against the same burst alone
+in this process it gives the share of a core a rank really gets in the job (other ranks *and* background load):
+the ``as run + share`` prediction scales the compute by it instead of by ``CostModel.cores`` -- the one
+robustness measure for a shared machine, where ``cores`` (which assumes the node is otherwise idle) is wrong.
+The compute profile is taken afresh before each repetition; a repetition is (profile, one job per world size), and
+``--repeat N`` (default 3) reports per strategy the median over the N repetitions of measured / simulated, each
+with its own profile and in-job link -- so a burst of background load in one repetition does not decide a figure.
+``profile_link()`` in this process (what a user of ``profile_model(link=True)`` gets, measured once at the start)
+is a further prediction.  The load average is recorded per job.  Rank 0's seconds inside collectives per step are
+printed beside the simulated communication.
 
-Run: ``python benchmarks/bench_calibration.py`` (about 2 min); ``--quick`` for a smoke run.
+Run: ``python benchmarks/bench_calibration.py`` (about 3 min with ``--repeat 3``); ``--quiet-below 1.0`` waits
+before each repetition for the 1-minute load average to drop below 1 (a shared machine); ``--quick`` for a smoke
+run.
 """
 from __future__ import annotations
 
@@ -41,7 +53,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_runtime import (BENCH_MODEL, RESULTS, SEED, SEQ, LR, load, median, pipe,  # noqa: E402
-                                      profiled_cost, program_of, strategy)
+                                      program_of, strategy)
 from hspmd_sdk.core.cluster import Cluster  # noqa: E402
 from hspmd_sdk.runtime.launcher import launch  # noqa: E402
 from hspmd_sdk.runtime.train import training_run  # noqa: E402
@@ -56,78 +68,182 @@ STRATEGIES = {
     4: {"hetero_tiny_layout": strategy([pipe([([0, 1], [0, 1]), ([2], [2, L])], 2, 3), pipe([([3], [0, L])], 2, 1)],
                                        "example_hetero_tiny layout")},
 }
+COMPUTE_S = 2e-3  # compute before each in-context all-reduce: about a TP2 half-layer of the bench model
 
 
-def measure(world: int, strats: dict[str, Any], args: argparse.Namespace) -> dict[str, list[float]]:
+def measure(world: int, strats: dict[str, Any], args: argparse.Namespace) -> tuple[dict[str, list[float]], dict,
+                                                                                 dict[str, list[float]]]:
+    """One job: every strategy of ``world`` stepped in turn, the link probed after every round.  Returns step
+    times, the link sweeps and rank 0's seconds inside collectives per step."""
+    from hspmd_sdk.planner.cost import LINK_SIZES
+
     cluster = Cluster.local(world)
     runs = [training_run(program_of(BENCH_MODEL, s, cluster), steps=1, seed=SEED, seq_len=SEQ, lr=LR,
                          cluster=cluster) for s in strats.values()]
-    payload = {"runs": runs, "factors": {}, "rounds": args.rounds, "warmup": args.warmup, "threads": 1}
+    payload = {"runs": runs, "factors": {}, "rounds": args.rounds, "warmup": args.warmup, "threads": 1,
+               "link_probe": {"sizes": list(LINK_SIZES), "compute_s": COMPUTE_S},
+               "time_comm": True}
     res = launch(None, cluster, steps=1, entry="benchmarks._peers:emulated_entry", payload=payload, timeout_s=900,
                  transport=LocalTransport(cwd=str(REPO))).wait()
-    return {n: r["times"] for n, r in zip(strats, res.results[0]["runs"])}
+    out = res.results[0]
+    return ({n: r["times"] for n, r in zip(strats, out["runs"])}, out.get("link") or {},
+            {n: [c[0] for c in r["collectives"]] for n, r in zip(strats, out["runs"])})
+
+
+def link_models(parent: Any, samples: dict) -> tuple[Any, Any, dict]:
+    """The ``back-to-back`` and ``as run`` link overrides from one job's in-job sweeps (median per size over its
+    rounds); point-to-point figures from ``parent`` (this process's :func:`profile_link`)."""
+    from hspmd_sdk.planner.cost import LINK_SIZES, fit_link
+
+    iso = [median([r[i] for r in samples["isolated"]]) for i in range(len(LINK_SIZES))]
+    ctx = [median([r[i] for r in samples["in_context"]]) for i in range(len(LINK_SIZES))]
+    p2p = [parent.latency + n / parent.bandwidth for n in LINK_SIZES]  # the parent's p2p line
+    raw = {"sizes": list(LINK_SIZES), "isolated_s": iso, "in_context_s": ctx}
+    return fit_link(LINK_SIZES, p2p, iso, backend="gloo"), fit_link(LINK_SIZES, p2p, iso, ctx, backend="gloo"), raw
+
+
+def describe(lk: Any) -> str:
+    return (f"step {lk.collective_latency * 1e6:.0f} us + {lk.collective_bandwidth / 1e9:.2f} GB/s, per call "
+            f"{lk.call_latency * 1e6:.0f} us")
+
+
+def with_share(cost: Any, share: float) -> Any:
+    """``cost`` with every profiled compute line and the Adam time scaled by ``share`` instead of ``cores``."""
+    prof = cost.profiles["cpu"]
+    lines = ("layer_fwd", "layer_bwd", "head_fwd", "head_bwd", "embed", "layer_replicated_fwd", "layer_replicated_bwd")
+    update: dict[str, Any] = {k: getattr(prof, k).model_copy(update={"a": getattr(prof, k).a * share,
+                                                                   "b": getattr(prof, k).b * share}) for k in lines}
+    update["optimizer_s_per_param"] = prof.optimizer_s_per_param * share
+    return cost.model_copy(update={"profiles": {"cpu": prof.model_copy(update=update)}, "cores": None})
+
+
+def job_models(compute: Any, parent: Any, link: dict, world: int, share: float) -> tuple[dict[str, Any], dict]:
+    """The cost models of one job: its own compute profile, and the link as profiled in this process
+    (``profile_link``) or in the job (``back_to_back``, ``as_run``); ``as_run_share``: ``as_run`` with compute
+    scaled by the core share measured in the job instead of ``CostModel.cores``."""
+    models = {"profile_link": compute.model_copy(update={"link_overrides": {"intra": parent},
+                                                         "sequence_parallel": False})}
+    links: dict[str, Any] = {}
+    if world < 2:
+        models["back_to_back"] = models["as_run"] = models["profile_link"]
+    else:
+        b2b, run, raw = link_models(parent, link)
+        models["back_to_back"] = compute.model_copy(update={"link_overrides": {"intra": b2b}})
+        models["as_run"] = compute.model_copy(update={"link_overrides": {"intra": run}, "sequence_parallel": False})
+        links = {"back_to_back": b2b.model_dump(), "as_run": run.model_dump(), "raw": raw}
+    models["as_run_share"] = with_share(models["as_run"], share)
+    return models, links
+
+
+def parent_burst() -> float:
+    """:func:`benchmarks._peers.compute_burst` in this process, with one torch thread like every worker (median
+    of 5)."""
+    import torch
+
+    from benchmarks._peers import compute_burst
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return median([compute_burst() for _ in range(5)])
+    finally:
+        torch.set_num_threads(old)
+
+
+def wait_quiet(below: float, max_wait: float) -> float:
+    """Wait until the 1-minute load average is below ``below`` (at most ``max_wait`` s); returns seconds waited."""
+    t0 = time.time()
+    while os.getloadavg()[0] >= below and time.time() - t0 < max_wait:
+        time.sleep(10)
+    return time.time() - t0
 
 
 def main(argv: list[str] | None = None) -> dict:
     from hspmd_sdk.planner import simulate
+    from hspmd_sdk.planner.cost import profile_link, profile_model
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=3, help="repetitions (profile + one job per world size each); "
+                                                         "figures are medians over them")
+    p.add_argument("--quiet-below", type=float, default=None, metavar="LOAD",
+                   help="before each repetition, wait (up to --max-wait s) for the 1-minute load average to drop "
+                        "below LOAD: a shared machine is quiet only now and then")
+    p.add_argument("--max-wait", type=float, default=1800.0)
     p.add_argument("--json", default=str(RESULTS / "calibration.json"))
     args = p.parse_args(argv)
     if args.quick:
-        args.rounds, args.warmup = 3, 1
+        args.rounds, args.warmup, args.repeat = 3, 1, 1
     cores = os.cpu_count() or 1
-    cost = profiled_cost({})
-    fit = cost.compute_fits["cpu"]
-    from hspmd_sdk.planner.cost import profile_model
-
-    prof_cost = profile_model(BENCH_MODEL, "cpu", threads=1, link=True, base=cost)
-    prof_cost.save(Path(args.json).parent / "cpu_profile.json")
-    prof_cores = prof_cost.model_copy(update={"cores": cores})
-    prof, lk = prof_cost.profiles["cpu"], prof_cost.link_overrides["intra"]
     print(f"bench_calibration: {BENCH_MODEL}, seq {SEQ}, {cores} cores, load {load()}")
-    print(f"profiled cpu fit (1 thread): {fit.tflops * 1e3:.1f} GFLOP/s, b = {fit.b * 1e6:.1f} us, r2 = {fit.r2:.3f}")
-    print(f"profiled layer: fwd {1e-9 / prof.layer_fwd.a:.1f} GFLOP/s + {prof.layer_fwd.b * 1e6:.0f} us, bwd "
-          f"{1e-9 / max(prof.layer_bwd.a, 1e-30):.1f} GFLOP/s + {prof.layer_bwd.b * 1e6:.0f} us; Adam "
-          f"{prof.optimizer_s_per_param * 1e9:.2f} ns/param; gloo p2p {lk.latency * 1e6:.0f} us + "
-          f"{lk.bandwidth / 1e9:.2f} GB/s, all_reduce step {lk.collective_latency * 1e6:.0f} us + "
-          f"{lk.collective_bandwidth / 1e9:.2f} GB/s")
-    rows = []
+    if args.quiet_below is not None:
+        wait_quiet(args.quiet_below, args.max_wait)
+    parent = profile_link()
+    print(f"profile_link() here: p2p {parent.latency * 1e6:.0f} us + {parent.bandwidth / 1e9:.2f} GB/s; all_reduce "
+          f"{describe(parent)}")
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cores": cores, "load_start": load(),
-                           "fit": fit.model_dump(), "profile": json.loads(prof_cost.model_dump_json()),
-                           "rows": rows}
-    print(f"{'strategy':<22} {'ranks':>5} {'measured ms':>12} {'sim ms':>8} {'meas/sim':>9} "
-          f"{'sim/core-share ms':>18} {'meas/sim':>9} {'profiled ms':>12} {'meas/prof':>9} "
-          f"{'prof+cores ms':>14} {'meas/p+c':>9}  load")
+                           "repeat": args.repeat, "rounds": args.rounds, "profile_link": parent.model_dump(),
+                           "repetitions": [], "rows": []}
+    per: dict[str, list[dict]] = {name: [] for strats in STRATEGIES.values() for name in strats}
+    for rep in range(args.repeat):  # a repetition: a fresh compute profile, then one job per world size
+        if args.quiet_below is not None:
+            waited = wait_quiet(args.quiet_below, args.max_wait)
+            print(f"repetition {rep + 1}: waited {waited:.0f} s for load < {args.quiet_below} (now {load()})",
+                  flush=True)
+        compute = profile_model(BENCH_MODEL, "cpu", threads=1).model_copy(
+            update={"cores": cores, "comm_bytes_factor": 2.0})  # the runtime communicates fp32
+        prof = compute.profiles["cpu"]
+        print(f"repetition {rep + 1}/{args.repeat}: layer fwd {1e-9 / prof.layer_fwd.a:.1f} GFLOP/s + "
+              f"{prof.layer_fwd.b * 1e6:.0f} us, bwd {1e-9 / max(prof.layer_bwd.a, 1e-30):.1f} GFLOP/s + "
+              f"{prof.layer_bwd.b * 1e6:.0f} us; norms + residuals {prof.layer_replicated_fwd.a * 1e9:.2f} + "
+              f"{prof.layer_replicated_bwd.a * 1e9:.2f} ns/value; Adam {prof.optimizer_s_per_param * 1e9:.2f} "
+              f"ns/param; load {load()}", flush=True)
+        if rep == 0:
+            compute.model_copy(update={"link_overrides": {"intra": parent}}).save(
+                Path(args.json).parent / "cpu_profile.json")
+        rec: dict[str, Any] = {"profile": json.loads(compute.model_dump_json()), "worlds": {}}
+        for world, strats in STRATEGIES.items():
+            before, alone = load(), parent_burst()
+            times, link, comm = measure(world, strats, args)
+            share = median(link["burst_s"]) / alone
+            models, links = job_models(compute, parent, link, world, share)
+            rec["worlds"][world] = {"links": links, "load": f"{before} -> {load()}", "core_share": share,
+                                    "burst_alone_s": alone, "burst_in_job_s": link["burst_s"]}
+            if links:
+                b2b, run = (models[k].link_overrides["intra"] for k in ("back_to_back", "as_run"))
+                print(f"  in-job link, {world} ranks: back-to-back {describe(b2b)}; as run {describe(run)}", flush=True)
+            cluster = Cluster.local(world)
+            for name, strat in strats.items():
+                m = median(times[name])
+                sims = {k: simulate(BENCH_MODEL, strat, cluster, seq_len=SEQ, cost=c).step_time
+                        for k, c in models.items()}
+                no_comm = simulate(BENCH_MODEL, strat, cluster, seq_len=SEQ,
+                                   cost=models["as_run"].model_copy(update={"comm_scale": 0.0})).step_time
+                mc = median(comm[name])
+                per[name].append({"measured_s": m, "simulated_s": sims, "ratio": {k: m / v for k, v in sims.items()},
+                                  "measured_collectives_s": mc, "simulated_comm_s": sims["as_run"] - no_comm,
+                                  "times": times[name], "load": rec["worlds"][world]["load"]})
+                print(f"  {strat.name:<27} measured {m * 1e3:7.1f} ms, as run {sims['as_run'] * 1e3:7.1f} ms "
+                      f"(x{m / sims['as_run']:.2f}), back-to-back x{m / sims['back_to_back']:.2f}, as run with the "
+                      f"measured core share {share:.2f} x{m / sims['as_run_share']:.2f}; in collectives "
+                      f"{mc * 1e3:.1f} ms (rank 0), simulated comm {(sims['as_run'] - no_comm) * 1e3:.1f} ms; "
+                      f"load {rec['worlds'][world]['load']}", flush=True)
+        out["repetitions"].append(rec)
+    print(f"\n{'strategy':<27} {'ranks':>5} {'measured ms':>11} {'meas/back-to-back':>17} {'meas/as run':>11} "
+          f"{'meas/as run+share':>17} {'meas/profile_link':>17}  per repetition meas/as run")
     for world, strats in STRATEGIES.items():
-        before = load()
-        times = measure(world, strats, args)
-        share = max(1.0, world / cores)
-        shared = cost.model_copy(update={"compute_fits": {"cpu": fit.model_copy(update={"a": fit.a * share,
-                                                                                       "b": fit.b * share})}})
-        cluster = Cluster.local(world)
         for name, strat in strats.items():
-            m = median(times[name])
-            sim = simulate(BENCH_MODEL, strat, cluster, seq_len=SEQ, cost=cost)
-            sim2 = simulate(BENCH_MODEL, strat, cluster, seq_len=SEQ, cost=shared)
-            sim3 = simulate(BENCH_MODEL, strat, cluster, seq_len=SEQ, cost=prof_cost)
-            sim4 = simulate(BENCH_MODEL, strat, cluster, seq_len=SEQ, cost=prof_cores)
-            row = {"strategy": name, "ranks": world, "measured_s": m, "min_s": min(times[name]),
-                   "simulated_s": sim.step_time, "ratio": m / sim.step_time,
-                   "simulated_core_share_s": sim2.step_time, "ratio_core_share": m / sim2.step_time,
-                   "simulated_profiled_s": sim3.step_time, "ratio_profiled": m / sim3.step_time,
-                   "simulated_profiled_cores_s": sim4.step_time, "ratio_profiled_cores": m / sim4.step_time,
-                   "sim_profiled_sync_s": sim4.sync_time, "sim_profiled_bubble": sim4.bubble_fraction,
-                   "sim_sync_s": sim.sync_time, "sim_bubble": sim.bubble_fraction, "times": times[name],
-                   "load": f"{before} -> {load()}"}
-            rows.append(row)
-            print(f"{strat.name:<22} {world:>5} {m * 1e3:12.1f} {sim.step_time * 1e3:8.1f} {row['ratio']:9.2f} "
-                  f"{sim2.step_time * 1e3:18.1f} {row['ratio_core_share']:9.2f} {sim3.step_time * 1e3:12.1f} "
-                  f"{row['ratio_profiled']:9.2f} {sim4.step_time * 1e3:14.1f} {row['ratio_profiled_cores']:9.2f}  "
-                  f"{row['load']}", flush=True)
+            reps = per[name]
+            ratio = {k: median([r["ratio"][k] for r in reps])
+                     for k in ("back_to_back", "as_run", "as_run_share", "profile_link")}
+            row = {"strategy": name, "ranks": world, "measured_s": median([r["measured_s"] for r in reps]),
+                   "ratio": ratio, "repetitions": reps}
+            out["rows"].append(row)
+            print(f"{strat.name:<27} {world:>5} {row['measured_s'] * 1e3:11.1f} {ratio['back_to_back']:17.2f} "
+                  f"{ratio['as_run']:11.2f} {ratio['as_run_share']:17.2f} {ratio['profile_link']:17.2f}  "
+                  + " ".join(f"{r['ratio']['as_run']:.2f}" for r in reps))
     out["load_end"] = load()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1))

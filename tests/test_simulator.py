@@ -206,3 +206,63 @@ def test_table9_32b_beats_megatron_on_16_h800_16_h20() -> None:
     print(f"\nHSPMD {hspmd.step_time:.2f} s, Megatron {megatron.step_time:.2f} s, "
           f"speed-up {megatron.step_time / hspmd.step_time:.2f}x")
     assert hspmd.step_time < megatron.step_time
+
+
+def test_call_latency_and_tp_collectives_counted_by_hand() -> None:
+    """Issue 17: a blocking collective pays ``call_latency`` once on top of its ring steps; a TP layer without
+    sequence parallelism adds ``1 - 1/tp`` of its replicated norms/residuals; the embedding all-gathers its output
+    and the head all-gathers the logits (forward) and all-reduces its input gradient (backward)."""
+    from hspmd_sdk.planner.cost import (BF16, LinkOverride, OperatorProfile, embedding_cost, fit_link, head_cost,
+                                        layer_cost)
+
+    lk = LinkOverride(latency=1e-4, bandwidth=1e9, collective_latency=2e-4, collective_bandwidth=5e8,
+                      call_latency=1e-3)
+    line = ComputeFit(a=1e-9, b=0.0)
+    prof = OperatorProfile(layer_fwd=line, layer_bwd=line, head_fwd=line, head_bwd=line,
+                           layer_replicated_fwd=ComputeFit(a=2e-9, b=0.0),
+                           layer_replicated_bwd=ComputeFit(a=3e-9, b=0.0))
+    c = CostModel(profiles={"cpu": prof}, link_overrides={"intra": lk}, comm_bytes_factor=2.0)
+    cl = Cluster.local(4)
+    link, spec = cl.link(0, 1), cl.spec(0)
+    for n in (2, 4):
+        assert c.collective_time("all_reduce", 1e6, n, link) == pytest.approx(
+            1e-3 + 2 * (n - 1) * 2e-4 + 2 * (n - 1) / n * 2e6 / 5e8)
+        assert c.collective_time("all_gather", 1e6, n, link) == pytest.approx(
+            1e-3 + (n - 1) * 2e-4 + (n - 1) / n * 2e6 / 5e8)
+    assert c.collective_time("all_reduce", 1e6, 1, link) == 0.0  # no call, no latency
+    m = LlamaConfig.preset("tiny")
+    tokens, ar = 2 * 16, c.collective_time("all_reduce", 2 * 16 * m.hidden_size * BF16, 2, link)
+    sp = layer_cost(m, spec, 2, link, 2, 16, c)
+    full = layer_cost(m, spec, 2, link, 2, 16, c.model_copy(update={"sequence_parallel": False}))
+    assert sp.fwd_compute == pytest.approx(1e-9 * m.layer_flops(tokens, 16) / 2)
+    assert full.fwd_compute - sp.fwd_compute == pytest.approx(0.5 * 2e-9 * tokens * m.hidden_size)
+    assert full.bwd_compute - sp.bwd_compute == pytest.approx(0.5 * 3e-9 * tokens * m.hidden_size)
+    assert (full.fwd_comm, full.bwd_comm) == pytest.approx((2 * ar, 2 * ar))
+    emb = embedding_cost(m, spec, 2, link, 2, 16, c)
+    assert emb.fwd_comm == pytest.approx(c.collective_time("all_gather", tokens * m.hidden_size * BF16, 2, link))
+    head = head_cost(m, spec, 2, link, 2, 16, c)
+    assert head.fwd_comm == pytest.approx(c.collective_time("all_gather", tokens * m.vocab_size * BF16, 2, link))
+    assert head.bwd_comm == pytest.approx(ar)
+    assert head_cost(m, spec, 1, cl.link(0, 0), 2, 16, c).fwd_comm == 0.0
+    # fit_link: lines through hand-made points come back exactly
+    sizes = [1e4, 1e5, 1e6]
+    got = fit_link(sizes, [5e-5 + s / 2e9 for s in sizes], [4e-4 + s / 1e9 for s in sizes],
+                   [1.5e-3 + s / 4e8 for s in sizes])
+    assert (got.latency, got.bandwidth) == pytest.approx((5e-5, 2e9))
+    assert (got.collective_latency, got.call_latency, got.collective_bandwidth) == pytest.approx((2e-4, 1.1e-3, 4e8))
+    back = fit_link(sizes, [5e-5 + s / 2e9 for s in sizes], [4e-4 + s / 1e9 for s in sizes])
+    assert (back.call_latency, back.collective_bandwidth) == pytest.approx((0.0, 1e9))
+
+
+@pytest.mark.timeout(120)
+def test_profile_link_measures_gloo_between_two_processes() -> None:
+    """A real 2-process gloo run: positive latencies and bandwidths; in context a call costs at least what it costs
+    back to back (``call_latency >= 0``), and the profiled override is used by the cost model."""
+    from hspmd_sdk.planner.cost import profile_link
+
+    lk = profile_link(sizes=(4096, 262144), repeats=2, compute_s=5e-4)
+    assert lk.backend == "gloo" and lk.bandwidth > 0 and lk.collective_bandwidth > 0
+    assert lk.latency >= 0 and lk.collective_latency >= 0 and lk.call_latency >= 0
+    c = CostModel(link_overrides={"intra": lk})
+    link = Cluster.local(2).link(0, 1)
+    assert c.collective_time("all_reduce", 262144, 2, link) >= lk.call_latency + 2 * lk.collective_latency

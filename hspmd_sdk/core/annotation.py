@@ -309,20 +309,23 @@ class Annotation(BaseModel):
         if len(self.ds_union) != h:
             raise ValueError(f"dg_union has {h} groups but ds_union has {len(self.ds_union)} entries "
                              "(HSize must agree)")
-        seen: dict[int, int] = {}
         for k, (dg, ds) in enumerate(zip(self.dg_union, self.ds_union)):
             if not dg:
                 raise ValueError(f"dg_union[{k}] is empty")
             if len(dg) != ds.device_num:
                 raise ValueError(f"dg_union[{k}] has {len(dg)} devices but ds_union[{k}] = {ds} spans "
                                  f"{ds.device_num}")
-            for r in dg:
-                if r < 0:
-                    raise ValueError(f"dg_union[{k}] has negative rank {r}")
-                if r in seen:
-                    raise ValueError(f"rank {r} appears in dg_union[{seen[r]}] and dg_union[{k}]; "
-                                     "device groups must be disjoint")
-                seen[r] = k
+        flat = [r for dg in self.dg_union for r in dg]
+        if min(flat) < 0 or len(set(flat)) != len(flat):  # the common case costs one set; find the culprit
+            seen: dict[int, int] = {}
+            for k, dg in enumerate(self.dg_union):
+                for r in dg:
+                    if r < 0:
+                        raise ValueError(f"dg_union[{k}] has negative rank {r}")
+                    if r in seen:
+                        raise ValueError(f"rank {r} appears in dg_union[{seen[r]}] and dg_union[{k}]; "
+                                         "device groups must be disjoint")
+                    seen[r] = k
         if self.hdim < PARTIAL:
             raise ValueError(f"hdim {self.hdim} is invalid (-2 Partial, -1 Duplicate, d>=0 Split)")
         if h == 1:
@@ -345,6 +348,31 @@ class Annotation(BaseModel):
         """HSize: the number of sharding subgroups."""
         return len(self.dg_union)
 
+    # Derived data, computed once per (frozen) annotation and kept in the instance ``__dict__`` like any
+    # ``cached_property``; never pickled or copied (see ``__getstate__``, ``model_copy``).  They make
+    # :meth:`locate`, :meth:`subgroup_box` and hashing O(1), so that :func:`local_views` is linear in the ranks.
+    _DERIVED = ("partial_offsets", "_rank_index", "_ratio_offsets", "_hash")
+
+    @cached_property
+    def _rank_index(self) -> dict[int, int]:
+        """rank -> its subgroup, for every rank of the DG Union (positions are found inside the small
+        subgroup; an index of ``(subgroup, position)`` pairs would cost ~4x the memory at 10k ranks)."""
+        return {r: k for k, dg in enumerate(self.dg_union) for r in dg}
+
+    @cached_property
+    def _ratio_offsets(self) -> tuple[int, ...]:
+        """Prefix sums of the HDim ratios (all ones without ``hratios``): subgroup ``k`` starts at
+        ``offsets[k] / offsets[-1]`` of the HDim."""
+        out = [0]
+        for r in self.hratios or [1] * self.hsize:
+            out.append(out[-1] + r)
+        return tuple(out)
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash((tuple(map(tuple, self.dg_union)), tuple(self.ds_union), self.hdim,
+                     tuple(self.hratios or ())))
+
     @cached_property
     def partial_offsets(self) -> tuple[int, ...]:
         """For ``hdim == -2``: the number of summands held by subgroups before ``k`` (then the total)."""
@@ -360,10 +388,8 @@ class Annotation(BaseModel):
 
     def locate(self, rank: int) -> tuple[int, int] | None:
         """``(subgroup k, position in dg_union[k])`` of ``rank``, or ``None`` if it holds nothing."""
-        for k, dg in enumerate(self.dg_union):
-            if rank in dg:
-                return k, dg.index(rank)
-        return None
+        k = self._rank_index.get(rank)
+        return None if k is None else (k, self.dg_union[k].index(rank))
 
     @classmethod
     def spmd(cls, ranks: Sequence[int], ds: DS | str | dict[int, int] | None = None) -> "Annotation":
@@ -380,13 +406,13 @@ class Annotation(BaseModel):
             if d >= len(shape):
                 raise ShapeError(f"annotation {self} has hdim={d} but the tensor has {len(shape)} dims "
                                  f"{tuple(shape)}")
-            ratios = self.hratios or [1] * self.hsize
-            total = sum(ratios)
-            if (shape[d] * ratios[k]) % total:
+            offsets = self._ratio_offsets
+            total, ratio = offsets[-1], offsets[k + 1] - offsets[k]
+            if (shape[d] * ratio) % total:
                 raise ShapeError(f"annotation {self}: dim {d} of size {shape[d]} cannot be split in ratios "
-                                 f"{ratios} into integral chunks")
-            start = shape[d] * sum(ratios[:k]) // total
-            box[d] = (start, start + shape[d] * ratios[k] // total)
+                                 f"{self.hratios or [1] * self.hsize} into integral chunks")
+            start = shape[d] * offsets[k] // total
+            box[d] = (start, start + shape[d] * ratio // total)
         return tuple(box)
 
     def check_shape(self, shape: Sequence[int], name: str = "") -> None:
@@ -421,8 +447,26 @@ class Annotation(BaseModel):
         return f"Annotation({str(self)!r})"
 
     def __hash__(self) -> int:
-        return hash((tuple(map(tuple, self.dg_union)), tuple(self.ds_union), self.hdim,
-                     tuple(self.hratios or ())))
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Annotation):
+            return NotImplemented
+        return (self._hash == other._hash and self.hdim == other.hdim and self.hratios == other.hratios
+                and self.ds_union == other.ds_union and self.dg_union == other.dg_union)
+
+    def __getstate__(self) -> dict[Any, Any]:
+        state = super().__getstate__()
+        state["__dict__"] = {k: v for k, v in state["__dict__"].items() if k not in self._DERIVED}
+        return state
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "Annotation":
+        """A copy (validated again when ``update`` changes fields); derived caches are not carried over."""
+        data = {"dg_union": [list(g) for g in self.dg_union], "ds_union": list(self.ds_union), "hdim": self.hdim,
+                "hratios": list(self.hratios) if self.hratios is not None else None, **(update or {})}
+        return Annotation(**data)
 
 
 @dataclass(frozen=True)
@@ -465,26 +509,47 @@ def local_view(annotation: Annotation, shape: Sequence[int], rank: int) -> Local
     k, pos = loc
     ds = annotation.ds_union[k]
     sub = annotation.subgroup_box(shape, k)
-    sub_shape = [b - a for a, b in sub]
-    ds.check_shape(sub_shape, where=f"subgroup {k}: ")
+    ds.check_shape([b - a for a, b in sub], where=f"subgroup {k}: ")
+    box, p_index = _position_box(ds, sub, pos)
+    return _view(annotation, rank, k, pos, box, p_index)
+
+
+def _position_box(ds: DS, sub: tuple[tuple[int, int], ...], pos: int) -> tuple[tuple[tuple[int, int], ...], int]:
+    """The box and bottom-tier partial index of position ``pos`` of a subgroup laid out by ``ds`` over the
+    subgroup box ``sub`` (already checked to fit)."""
     coords = ds.coords(pos)
     box = list(sub)
     for d in ds.split_dims:
-        n = ds.states[d]
-        chunk = sub_shape[d] // n
+        chunk = (sub[d][1] - sub[d][0]) // ds.states[d]
         start = sub[d][0] + coords[d] * chunk
         box[d] = (start, start + chunk)
-    p_index, p_count = coords.get(PARTIAL, 0), ds.partial
+    return tuple(box), coords.get(PARTIAL, 0)
+
+
+def _view(annotation: Annotation, rank: int, k: int, pos: int, box: tuple[tuple[int, int], ...],
+          p_index: int) -> LocalView:
+    """A rank's view from its bottom-tier box and partial index (the top tier numbers the summands when HDim is
+    -2)."""
+    p_count = annotation.ds_union[k].partial
     if annotation.hdim == PARTIAL:
         offsets = annotation.partial_offsets
         p_index, p_count = offsets[k] + p_index, offsets[-1]
-    return LocalView(rank, k, pos, tuple(box), p_index, p_count)
+    return LocalView(rank, k, pos, box, p_index, p_count)
 
 
 def local_views(annotation: Annotation, shape: Sequence[int]) -> Iterator[LocalView]:
-    """``local_view`` of every rank of the DG Union, in DG Union order."""
+    """``local_view`` of every rank of the DG Union, in DG Union order.
+
+    Linear in the number of ranks: subgroups with the same DS and subgroup box (e.g. the replicas of a
+    parameter across pipelines) share the boxes of their positions, computed once."""
     annotation.check_shape(shape)
-    for r in annotation.ranks:
-        v = local_view(annotation, shape, r)
-        assert v is not None
-        yield v
+    shape = tuple(shape)
+    boxes: dict[tuple[DS, tuple[tuple[int, int], ...]], list[tuple[tuple[tuple[int, int], ...], int]]] = {}
+    for k, (dg, ds) in enumerate(zip(annotation.dg_union, annotation.ds_union)):
+        sub = annotation.subgroup_box(shape, k)
+        per_pos = boxes.get((ds, sub))
+        if per_pos is None:
+            per_pos = boxes[(ds, sub)] = [_position_box(ds, sub, pos) for pos in range(len(dg))]
+        for pos, r in enumerate(dg):
+            box, p_index = per_pos[pos]
+            yield _view(annotation, r, k, pos, box, p_index)

@@ -103,7 +103,14 @@ def _deduce_cached(kind: str, attrs: tuple[tuple[str, Any], ...], anns: tuple[An
     op = OPS[kind]
     ad = dict(attrs)
     first = anns[0]
-    per_sub = [deduce_ds(op, [a.ds_union[k] for a in anns], shapes, ad) for k in range(first.hsize)]
+    memo: dict[tuple[DS, ...], list[DS]] = {}  # the subgroups of a large plan repeat a few DS combinations
+    per_sub = []
+    for k in range(first.hsize):
+        ds_in = tuple(a.ds_union[k] for a in anns)
+        got = memo.get(ds_in)
+        if got is None:
+            got = memo[ds_in] = deduce_ds(op, ds_in, shapes, ad)
+        per_sub.append(got)
     top = deduce_ds(op, [_hdim_ds(a) for a in anns], shapes, ad)
     outs: list[Annotation] = []
     for i in range(len(per_sub[0])):
@@ -220,14 +227,23 @@ def local_shape(ann: Annotation, shape: Sequence[Dim], subgroup: int, tensor: st
 
 
 def local_constraints(ann: Annotation, shape: Sequence[Dim], tensor: str) -> list[Constraint]:
-    """Divisibility constraints the local shards of ``tensor`` put on the symbols (checked again at bind)."""
-    out: list[Constraint] = []
+    """Divisibility constraints the local shards of ``tensor`` put on the symbols (checked again at bind): one per
+    distinct expression, naming the first subgroup that needs it.
+
+    Linear in HSize: the local shape of subgroup ``k`` depends only on its HDim ratio and its DS, so subgroups
+    that share both (the many equal pipelines of a large plan) are derived once."""
+    out: dict[Sym, Constraint] = {}
+    seen: set[tuple[int, DS]] = set()
+    ratios = ann.hratios or [1] * ann.hsize
     for k in range(ann.hsize):
+        key = (ratios[k], ann.ds_union[k])
+        if key in seen:
+            continue
+        seen.add(key)
         for i, d in enumerate(local_shape(ann, shape, k, tensor)):
-            if isinstance(d, Sym) and not d.is_integral:
-                out.append(Constraint(tensor, i, d, f"local shard of subgroup {k} "
-                                                    f"({format_ranks(ann.dg_union[k])})"))
-    return out
+            if isinstance(d, Sym) and not d.is_integral and d not in out:
+                out[d] = Constraint(tensor, i, d, f"local shard of subgroup {k} ({format_ranks(ann.dg_union[k])})")
+    return list(out.values())
 
 
 def activation_grad_annotation(kind: str, anns: Sequence[Annotation], shapes: Sequence[tuple[Dim, ...]],

@@ -703,7 +703,7 @@ def _instantiate(prog: Program, rank: int) -> ExecutableGraph:
     for op in reversed(fwd):
         for t in op.outputs:
             rp = prog.grad_reduce_plans.get(t)
-            if rp is not None and rank in anns[t].ranks:
+            if rp is not None and anns[t].locate(rank) is not None:
                 bwd.append(_comm_op(prog, f"{t}.grad_reduce", "GradReduce", "B", rp, rank, (t,), (t,)))
         if op.kind == "Reshard":
             bwd.append(_comm_op(prog, f"{op.name}.bwd", "ReshardBwd", "B", prog.backward_plans[op.name], rank,

@@ -8,7 +8,8 @@ Every estimate is built from a few operators, each costed on one hardware resour
   :func:`profile_device`);
 * communication on a link class (``intra``: NVLink, ``inter``: the network) from :meth:`Cluster.link`:
   TP all-reduces inside a layer (Megatron: two in the forward, two in the backward, of
-  ``tokens x hidden x 2`` bytes, ring cost ``2(n-1)/n``), pipeline point-to-point of one activation or
+  ``tokens x hidden x 2`` bytes, ring cost ``2(n-1)/n``), the all-gathers of the embedding output and of the
+  logits and the all-reduce of the LM head's input gradient, pipeline point-to-point of one activation or
   gradient (``tokens x hidden x 2`` bytes), data-parallel gradient synchronisation (ring all-reduce, or
   reduce-scatter + all-gather under ZeRO-1) over the slowest link of the group;
 * memory: bf16 parameters and gradients, fp32 master weights and Adam ``m``/``v`` (ZeRO-1 divides these across
@@ -24,7 +25,10 @@ a step.  :func:`profile_model` times the real forward and backward of ONE decode
 ``compute_fits`` and the ``backward_factor`` for that kind.  It can also measure the local gloo link
 (:func:`profile_link`: a 2-process all_reduce / send-recv run) into ``CostModel.link_overrides``, which replaces
 the latency and bandwidth of a link class (``"intra"``, ``"inter"``) from :meth:`Cluster.link` -- the Cluster
-presets stay as they are.  Everything is JSON (:meth:`CostModel.save` / :meth:`CostModel.load`).
+presets stay as they are.  The collective is profiled the way the executor runs it, blocking, between bursts of
+compute, so the link also carries the fixed cost every blocking call pays (``LinkOverride.call_latency``: waking
+up and being scheduled; what made TP2, with 19 small all-reduces a step, 1.3x slower than predicted).
+Everything is JSON (:meth:`CostModel.save` / :meth:`CostModel.load`).
 
 All figures are seconds and bytes.  The efficiencies are fields of :class:`CostModel`, documented there and
 overridable; nothing here is global.
@@ -77,9 +81,12 @@ class OperatorProfile(BaseModel):
 
     Each line maps the operator's *forward* FLOPs (per device, i.e. already divided by the TP degree) to seconds:
     ``layer_fwd``/``layer_bwd`` for one decoder layer (x: :meth:`ModelSpec.layer_flops`), ``head_fwd``/``head_bwd``
-    for the final RMSNorm + LM head + cross-entropy (x: :meth:`ModelSpec.head_flops`), ``embed`` for the embedding
-    forward + backward (x: ``tokens * hidden``, a nominal count).  ``points``: the measured ``(x, seconds)`` per
-    line (``lf``, ``lb``, ``hf``, ``hb``, ``e``).  ``optimizer_s_per_param``: seconds of the
+    for the final norm + LM head + cross-entropy (x: :meth:`ModelSpec.head_flops`), ``embed`` for the embedding
+    forward + backward (x: ``tokens * hidden``, a nominal count).  ``layer_replicated_fwd``/``_bwd``: the part of
+    a decoder layer that tensor parallelism without sequence parallelism does not divide -- its two norms and
+    two residual adds on the full hidden state, which every device of a TP group computes (x: ``tokens *
+    hidden``).  ``points``: the measured ``(x, seconds)`` per line (``lf``, ``lb``, ``hf``, ``hb``, ``e``, ``rf``,
+    ``rb``).  ``optimizer_s_per_param``: seconds of the
     Adam step per parameter (fp32 ``torch.optim.Adam``).  ``shapes``: the ``(tokens, seq_len)`` shapes measured.
     """
 
@@ -90,6 +97,8 @@ class OperatorProfile(BaseModel):
     head_fwd: ComputeFit
     head_bwd: ComputeFit
     embed: ComputeFit = Field(default_factory=lambda: ComputeFit(a=0.0, b=0.0))
+    layer_replicated_fwd: ComputeFit = Field(default_factory=lambda: ComputeFit(a=0.0, b=0.0))
+    layer_replicated_bwd: ComputeFit = Field(default_factory=lambda: ComputeFit(a=0.0, b=0.0))
     optimizer_s_per_param: float = Field(default=0.0, ge=0)
     shapes: list[tuple[int, int]] = Field(default_factory=list)
     threads: int | None = None
@@ -101,8 +110,13 @@ class LinkOverride(BaseModel):
     """Measured costs of a link class, replacing :meth:`Cluster.link`'s latency and bandwidth (from
     :func:`profile_link`).  ``latency``/``bandwidth`` (s, bytes/s) cost point-to-point transfers;
     ``collective_latency``/``collective_bandwidth`` cost each step of a ring collective (default: the p2p
-    figures).  Measured figures already include the achieved efficiency, so ``p2p_efficiency`` and
-    ``collective_efficiency`` are not applied on an overridden link."""
+    figures).  ``call_latency``: what one *blocking* collective call costs beyond its ring steps when it is issued
+    the way the executor issues it, between bursts of compute: the processes were busy or asleep, have to be woken
+    and scheduled, and skew by the jitter of the compute before it; measured by :func:`profile_link` as the
+    difference between the in-context and the back-to-back all-reduce (0: not measured).  A collective costs
+    ``call_latency + steps * collective_latency + volume / collective_bandwidth``.  Measured figures already include
+    the achieved efficiency, so ``p2p_efficiency`` and ``collective_efficiency`` are not applied on an overridden
+    link."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -110,6 +124,8 @@ class LinkOverride(BaseModel):
     bandwidth: float = Field(gt=0)
     collective_latency: float | None = Field(default=None, ge=0)
     collective_bandwidth: float | None = Field(default=None, gt=0)
+    call_latency: float = Field(default=0.0, ge=0, description="seconds every blocking collective call pays once, "
+                                "on top of its ring steps (see profile_link)")
     backend: str = ""
 
 
@@ -205,7 +221,7 @@ class CostModel(BaseModel):
         if o is not None:
             lat = o.latency if o.collective_latency is None else o.collective_latency
             bw = o.bandwidth if o.collective_bandwidth is None else o.collective_bandwidth
-            return self.comm_scale * (steps * lat + volume / bw)
+            return self.comm_scale * (o.call_latency + steps * lat + volume / bw)
         return self.comm_scale * (steps * link.latency + volume / (link.bandwidth * self.collective_efficiency))
 
     def core_share(self, ranks_on_node: int) -> float:
@@ -262,8 +278,10 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
                seq_len: int, cost: CostModel, *, recompute: bool = False) -> LayerCost:
     """One decoder layer on one device of a TP group of ``tp`` devices whose slowest link is ``tp_link``.
 
-    Compute: ``layer_flops / tp``.  TP communication (Megatron): two all-reduces of ``tokens x hidden`` bf16
-    in the forward and two in the backward (two more when the backward recomputes the forward).  Activations:
+    Compute: ``layer_flops / tp``; with a profile and without ``cost.sequence_parallel``, plus ``1 - 1/tp`` of the
+    profiled replicated part (norms and residuals, which every device of the group computes whole).  TP
+    communication (Megatron): two all-reduces of ``tokens x hidden`` bf16 in the forward and two in the backward
+    (two more when the backward recomputes the forward).  Activations:
     :meth:`ModelSpec.layer_activation_bytes` divided by ``tp`` (with ``cost.sequence_parallel``; without it the
     RMSNorm inputs/outputs, ``4 * hidden`` per token, stay replicated); with ``recompute`` only the layer input
     is kept and one layer's full activations are transient.
@@ -273,6 +291,10 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
     prof = cost.profiles.get(spec.kind)
     if prof is not None:  # profiled whole-layer lines
         fwd, bwd = _line(prof.layer_fwd, flops), _line(prof.layer_bwd, flops)
+        if tp > 1 and not cost.sequence_parallel:  # norms and residuals stay whole on every device of the group
+            x, share = tokens * model.hidden_size, 1.0 - 1.0 / tp
+            fwd += share * _line(prof.layer_replicated_fwd, x)
+            bwd += share * _line(prof.layer_replicated_bwd, x)
     else:
         fwd = cost.compute_time(flops, spec)
         bwd = cost.backward_factor * fwd
@@ -301,11 +323,13 @@ def _layer_activation_bytes(model: "ModelSpec", tokens: int, tp: int, sequence_p
 
 def embedding_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
                    seq_len: int, cost: CostModel) -> LayerCost:
-    """The vocab-parallel token embedding: no FLOPs to speak of, one all-reduce of its output."""
+    """The token embedding, split along hidden in a TP group (as :func:`~hspmd_sdk.core.strategy_plan.
+    plan_from_strategy` lays it out): no FLOPs to speak of, one all-gather of its ``tokens x hidden`` output in the
+    forward (its backward is a local split)."""
     if not cost.include_embedding:
         return LayerCost()
     tokens = micro_batch * seq_len
-    ar = cost.collective_time("all_reduce", tokens * model.hidden_size * BF16, tp, tp_link)
+    ar = cost.collective_time("all_gather", tokens * model.hidden_size * BF16, tp, tp_link)
     prof = cost.profiles.get(spec.kind)
     # profiled: the embedding's forward + backward, put in the backward (the forward is a gather)
     bwd = _line(prof.embed, tokens * model.hidden_size / tp) if prof is not None else 0.0
@@ -317,7 +341,9 @@ def head_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", 
     """Final RMSNorm, the vocab-parallel LM head and the cross-entropy loss.
 
     The fp32 logits (``tokens x vocab / tp``) are transient: the loss and its gradient are computed right
-    after the forward of the last stage."""
+    after the forward of the last stage.  TP communication as :func:`~hspmd_sdk.core.strategy_plan.
+    plan_from_strategy` lays it out: the logits are all-gathered (``tokens x vocab``) in the forward, and the
+    gradient of the head's (Duplicate) input is all-reduced (``tokens x hidden``) in the backward."""
     if not cost.include_embedding:
         return LayerCost()
     tokens = micro_batch * seq_len
@@ -328,7 +354,9 @@ def head_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", 
     else:
         fwd = cost.compute_time(flops, spec)
         bwd = cost.backward_factor * fwd
-    return LayerCost(fwd_compute=fwd, bwd_compute=bwd,
+    fwd_comm = cost.collective_time("all_gather", tokens * model.vocab_size * BF16, tp, tp_link)
+    bwd_comm = cost.collective_time("all_reduce", tokens * model.hidden_size * BF16, tp, tp_link)
+    return LayerCost(fwd_compute=fwd, bwd_compute=bwd, fwd_comm=fwd_comm, bwd_comm=bwd_comm,
                      act_bytes=tokens * model.hidden_size * BF16,
                      transient_bytes=2 * tokens * model.vocab_size * FP32 / tp,
                      params=model.head_param_count() / tp)
@@ -426,6 +454,9 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
     fp32) is timed on the layer's parameters: seconds per parameter.  ``threads``: torch threads while profiling
     (each runtime worker runs with 1; ``None`` leaves the setting alone).
 
+    It also times the layer's two norms and residual adds alone (``layer_replicated_*``: what TP without
+    sequence parallelism computes whole on every device of the group).
+
     With ``link=True`` it also runs :func:`profile_link` (``backend``, 2 local processes) and stores the result in
     ``link_overrides[link_class]``, with ``comm_bytes_factor = 2`` (the runtime communicates fp32, the model
     counts bf16).  The run is fp32 (the reference model's dtype).  Takes a few seconds for a small model.
@@ -449,6 +480,9 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
         def layer_fwd(h: "torch.Tensor") -> "torch.Tensor":
             return ref.block(0, h)
 
+        def replicated_fwd(h: "torch.Tensor") -> "torch.Tensor":  # what TP does not divide (norms, residuals)
+            return ref.replicated(0, h)
+
         def head_fwd(h: "torch.Tensor", targets: "torch.Tensor") -> "torch.Tensor":
             logits = ref.head(h)
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
@@ -460,24 +494,27 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
                            torch.randint(0, c.vocab_size, (b, s), device=device)))
         # sweeps over all shapes, repeated (a warm-up sweep first), so that a change of background load hits every
         # shape alike instead of biasing the slope or the intercept; median per shape.
-        samples: list[list[list[float]]] = [[[] for _ in range(6)] for _ in inputs]
+        samples: list[list[list[float]]] = [[[] for _ in range(8)] for _ in inputs]
         for sweep in range(repeats + 1):
             for i, (b, s, h0, tg) in enumerate(inputs):
                 t = (_time_fwd_bwd(torch, device, lambda: layer_fwd(h0.clone().requires_grad_()))
                      + _time_fwd_bwd(torch, device, lambda: head_fwd(h0.clone().requires_grad_(), tg))
-                     + _time_fwd_bwd(torch, device, lambda: ref.embed_tokens(tg)))
+                     + _time_fwd_bwd(torch, device, lambda: ref.embed_tokens(tg))
+                     + _time_fwd_bwd(torch, device, lambda: replicated_fwd(h0.clone().requires_grad_())))
                 if sweep:
-                    for j in range(6):
+                    for j in range(8):
                         samples[i][j].append(t[j])
-        rows: dict[str, list[tuple[float, float]]] = {k: [] for k in ("lf", "lb", "hf", "hb", "e")}
+        rows: dict[str, list[tuple[float, float]]] = {k: [] for k in ("lf", "lb", "hf", "hb", "e", "rf", "rb")}
         for (b, s, _, _), smp in zip(inputs, samples):
-            lf, lb, hf, hb, ef, eb = (sorted(x)[len(x) // 2] for x in smp)
+            lf, lb, hf, hb, ef, eb, rf, rb = (sorted(x)[len(x) // 2] for x in smp)
             n = b * s
             rows["lf"].append((c.layer_flops(n, s), lf))
             rows["lb"].append((c.layer_flops(n, s), lb))
             rows["hf"].append((c.head_flops(n), hf))
             rows["hb"].append((c.head_flops(n), hb))
             rows["e"].append((n * c.hidden_size, ef + eb))
+            rows["rf"].append((n * c.hidden_size, rf))
+            rows["rb"].append((n * c.hidden_size, rb))
         ref.zero_grad(set_to_none=True)
         params = list(layer.parameters())
         for p in params:
@@ -501,7 +538,8 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
         return f.model_copy(update={"device": device, "dtype": "float32"})
 
     prof = OperatorProfile(layer_fwd=fit("lf"), layer_bwd=fit("lb"), head_fwd=fit("hf"), head_bwd=fit("hb"),
-                           embed=fit("e"), optimizer_s_per_param=adam, shapes=[(int(t), int(s)) for t, s in shapes],
+                           embed=fit("e"), layer_replicated_fwd=fit("rf"), layer_replicated_bwd=fit("rb"),
+                           optimizer_s_per_param=adam, shapes=[(int(t), int(s)) for t, s in shapes],
                            threads=threads, model=config.name or "",
                            points={k: [(float(x), float(y)) for x, y in v] for k, v in rows.items()})
     base = base or CostModel()
@@ -526,49 +564,113 @@ def _time_fwd_bwd(torch: object, device: str, fwd: "object") -> tuple[float, flo
 
 #: message sizes (bytes) of :func:`profile_link`.
 LINK_SIZES: tuple[int, ...] = (4 * 1024, 64 * 1024, 1024 * 1024, 4 * 1024 * 1024)
+#: in-context all-reduces per size in one sweep of :func:`collective_sweep`.
+CONTEXT_ITERS = 8
 
 
 def profile_link(backend: str = "gloo", sizes: Sequence[int] = LINK_SIZES, *, repeats: int = 10,
-                 timeout_s: float = 60.0) -> LinkOverride:
-    """Measure the link between two local processes with ``backend`` (default gloo over loopback).
+                 timeout_s: float = 60.0, compute_s: float = 2e-3, procs: int = 2) -> LinkOverride:
+    """Measure the link between local processes with ``backend`` (default gloo over loopback).
 
-    Spawns 2 processes (``torch.multiprocessing``, ``init_process_group(timeout=...)`` on a free local port), times
-    ``repeats`` ping-pongs (``send``/``recv``; one way = half the round trip) and 2-rank ``all_reduce``s of fp32
-    buffers of each of ``sizes`` bytes (median), and fits ``seconds = latency + bytes / bandwidth``.  For the
-    collective, a 2-rank ring all-reduce is 2 steps of half the buffer each, so its line ``c + bytes * d`` gives a
-    per-step latency ``c / 2`` and bandwidth ``1 / d``.  Takes a few seconds (process start-up, imports).
+    Spawns ``procs`` processes (``torch.multiprocessing``, ``init_process_group(timeout=...)`` on a free local
+    port) working in pairs ``(0, 1), (2, 3), ...`` at the same time (``procs > 2`` measures the link with that
+    many ranks sharing the node's cores).  For each of ``sizes`` (bytes of fp32 buffers) it times
+
+    * ``repeats`` ping-pongs (``send``/``recv``; one way = half the round trip) and back-to-back 2-rank
+      ``all_reduce``s, each after a barrier (median): the link's floor;
+    * in context (``compute_s > 0``): ``repeats`` sweeps of :func:`collective_sweep` -- the all-reduce the way the
+      executor issues a TP all-reduce, after about ``compute_s`` of compute, copy in and out included; the mean
+      of a sweep (what a step pays, tail included), median over sweeps.
+
+    and fits ``seconds = latency + bytes / bandwidth`` to each (:func:`fit_link`): p2p -> ``latency``,
+    ``bandwidth``; a 2-rank ring all-reduce is 2 steps of half the buffer each, so the back-to-back line ``c + bytes
+    * d`` gives the per-step ``collective_latency = c / 2``; the in-context line ``c' + bytes * d'`` gives
+    ``call_latency = c' - c`` and ``collective_bandwidth = 1 / d'``.  Takes a few seconds (process start-up,
+    imports).
     """
     import socket
 
     import torch.multiprocessing as mp
 
+    if procs < 2 or procs % 2:
+        raise ValueError(f"procs must be an even number >= 2, got {procs}")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_link_worker, args=(r, port, backend, list(sizes), repeats, timeout_s, q))
-             for r in range(2)]
-    for p in procs:
-        p.start()
+    args = (port, backend, list(sizes), repeats, timeout_s, compute_s, procs, q)
+    workers = [ctx.Process(target=_link_worker, args=(r, *args)) for r in range(procs)]
+    for w in workers:
+        w.start()
     try:
-        res = q.get(timeout=timeout_s * 2)
+        res = q.get(timeout=timeout_s * 4)
     finally:
-        for p in procs:
-            p.join(timeout=timeout_s)
-            if p.is_alive():
-                p.terminate()
+        for w in workers:
+            w.join(timeout=timeout_s)
+            if w.is_alive():
+                w.terminate()
     if isinstance(res, str):
         raise RuntimeError(f"profile_link failed: {res}")
-    p2p = _fit_line(sizes, res["p2p"])
-    ar = _fit_line(sizes, res["all_reduce"])
-    return LinkOverride(latency=p2p.b, bandwidth=1.0 / p2p.a if p2p.a > 0 else 1e12,
-                        collective_latency=ar.b / 2, collective_bandwidth=1.0 / ar.a if ar.a > 0 else 1e12,
-                        backend=backend)
+    return fit_link(sizes, res["p2p"], res["all_reduce"], res.get("in_context"), backend=backend)
+
+
+def fit_link(sizes: Sequence[int], p2p: Sequence[float], all_reduce: Sequence[float],
+             in_context: Sequence[float] | None = None, *, backend: str = "") -> LinkOverride:
+    """The :class:`LinkOverride` of measured seconds per size (bytes): one-way point-to-point, back-to-back 2-rank
+    all-reduce and (optional) in-context 2-rank all-reduce (see :func:`profile_link`)."""
+    p = _fit_line(sizes, p2p)
+    ar = _fit_line(sizes, all_reduce)
+    update: dict = {}
+    if in_context is not None:
+        ctx = _fit_line(sizes, in_context)
+        update = {"call_latency": max(0.0, ctx.b - ar.b), "collective_bandwidth": 1.0 / ctx.a if ctx.a > 0 else 1e12}
+    return LinkOverride(latency=p.b, bandwidth=1.0 / p.a if p.a > 0 else 1e12, collective_latency=ar.b / 2,
+                        collective_bandwidth=update.get("collective_bandwidth", 1.0 / ar.a if ar.a > 0 else 1e12),
+                        call_latency=update.get("call_latency", 0.0), backend=backend)
+
+
+def collective_sweep(sizes: Sequence[int], group: object = None, *, compute_s: float = 0.0,
+                     iters: int = CONTEXT_ITERS) -> list[float]:
+    """Seconds of a blocking ``all_reduce`` of an fp32 buffer of each of ``sizes`` bytes on ``group`` (a
+    torch.distributed group this process belongs to; ``None``: the world), called by every member.
+
+    ``compute_s > 0``: each call is issued the way the executor issues a TP all-reduce -- after about
+    ``compute_s`` of matmuls, copying the input into the buffer and the result out -- and the mean of ``iters``
+    calls is returned per size (the calls' tail is what a step pays).  ``compute_s == 0``: back to back, each call
+    after a barrier, median of ``iters``.  Used by :func:`profile_link` and, inside a running job, by
+    ``benchmarks/bench_calibration.py`` (so the link is measured under the same load as the steps)."""
+    import torch
+    import torch.distributed as dist
+
+    a = torch.randn(256, 256)
+    bursts = 0
+    if compute_s > 0:
+        t0 = time.perf_counter()
+        for _ in range(4):
+            a @ a
+        bursts = max(1, round(compute_s / ((time.perf_counter() - t0) / 4)))
+    out = []
+    for size in sizes:
+        x = torch.randn(max(1, size // 4))
+        runs = []
+        for _ in range(iters):
+            if bursts:
+                for _ in range(bursts):
+                    a @ a
+            else:
+                dist.barrier(group=group)
+            t0 = time.perf_counter()
+            y = x.contiguous().clone()
+            dist.all_reduce(y, group=group)
+            y = y[:].clone()
+            runs.append(time.perf_counter() - t0)
+        out.append(sum(runs) / len(runs) if bursts else sorted(runs)[len(runs) // 2])
+    return out
 
 
 def _link_worker(rank: int, port: int, backend: str, sizes: list[int], repeats: int, timeout_s: float,
-                 q: object) -> None:
+                 compute_s: float, procs: int, q: object) -> None:
     import datetime
 
     import torch
@@ -576,31 +678,33 @@ def _link_worker(rank: int, port: int, backend: str, sizes: list[int], repeats: 
 
     try:
         torch.set_num_threads(1)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=procs,
                                 timeout=datetime.timedelta(seconds=timeout_s))
+        pairs = [dist.new_group([i, i + 1]) for i in range(0, procs, 2)] if procs > 2 else [None]
+        pg = pairs[rank // 2]
+        peer = rank ^ 1
         out: dict[str, list[float]] = {"p2p": [], "all_reduce": []}
         for size in sizes:
             t = torch.zeros(max(1, size // 4), dtype=torch.float32)
-            pp, ar = [], []
+            pp = []
             for i in range(repeats + 1):
-                dist.barrier()
+                dist.barrier(group=pg)
                 t0 = time.perf_counter()
-                if rank == 0:
-                    dist.send(t, 1)
-                    dist.recv(t, 1)
+                if rank % 2 == 0:
+                    dist.send(t, peer)
+                    dist.recv(t, peer)
                 else:
-                    dist.recv(t, 0)
-                    dist.send(t, 0)
-                t1 = time.perf_counter()
-                dist.barrier()
-                t2 = time.perf_counter()
-                dist.all_reduce(t)
-                t3 = time.perf_counter()
+                    dist.recv(t, peer)
+                    dist.send(t, peer)
                 if i:
-                    pp.append((t1 - t0) / 2)
-                    ar.append(t3 - t2)
+                    pp.append((time.perf_counter() - t0) / 2)
             out["p2p"].append(sorted(pp)[len(pp) // 2])
-            out["all_reduce"].append(sorted(ar)[len(ar) // 2])
+        collective_sweep(sizes, pg, iters=2)  # warm-up
+        out["all_reduce"] = collective_sweep(sizes, pg, iters=repeats)
+        if compute_s > 0:
+            collective_sweep(sizes, pg, compute_s=compute_s, iters=2)  # warm-up
+            sweeps = [collective_sweep(sizes, pg, compute_s=compute_s) for _ in range(repeats)]
+            out["in_context"] = [sorted(col)[len(col) // 2] for col in zip(*sweeps)]
         if rank == 0:
             q.put(out)  # type: ignore[attr-defined]
         dist.destroy_process_group()

@@ -17,7 +17,8 @@ together by :func:`hspmd_sdk.core.schedule.replay` with a timing callback:
 Compute comes from the cost model: analytic, a matmul fit (``CostModel.compute_fits``) or whole profiled operators
 (``CostModel.profiles``, :func:`hspmd_sdk.planner.cost.profile_model`).  Link latency and bandwidth come from
 :meth:`Cluster.link`, unless ``CostModel.link_overrides`` holds measured figures for the link's class (e.g.
-``"intra"`` for local gloo ranks).  With ``CostModel.cores`` set, compute and optimizer time of a device are
+``"intra"`` for local gloo ranks; with :func:`~hspmd_sdk.planner.cost.profile_link` they include the fixed cost of
+every blocking collective call, ``LinkOverride.call_latency``, which TP's many small all-reduces pay in full).  With ``CostModel.cores`` set, compute and optimizer time of a device are
 scaled by ``max(1, ranks on its node / cores)`` (oversubscribed local CPU runs; an approximation).
 
 Memory per device: bf16 parameters and gradients, the fp32 optimizer part (divided by the number of replicas

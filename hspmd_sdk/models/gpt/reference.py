@@ -68,6 +68,13 @@ class GPTReference(nn.Module):
         u = F.gelu(self._ln(layer.ln_2, h) @ m.w_fc + m.b_fc, approximate="tanh")
         return h + (u @ m.w_proj + m.b_proj)
 
+    def replicated(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        """What TP (without sequence parallelism) leaves whole on every device of a group in block ``i``: its two
+        LayerNorms and two residual adds (timed by the cost model's profile)."""
+        layer = self.layers[i]
+        h = h + self._ln(layer.ln_1, h)
+        return h + self._ln(layer.ln_2, h)
+
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return self._ln(self.ln_f, h) @ self.wte.weight.t()
 

@@ -109,6 +109,13 @@ class LlamaReference(nn.Module):
         x = rmsnorm(h, layer.mlp_norm.weight, c.rms_eps)
         return h + (F.silu(x @ layer.mlp.w1) * (x @ layer.mlp.w3)) @ layer.mlp.w2
 
+    def replicated(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        """The part of layer ``i`` that tensor parallelism (without sequence parallelism) leaves whole on every
+        device of the group: its two RMSNorms and two residual adds (timed by the cost model's profile)."""
+        c, layer = self.config, self.layers[i]
+        h = h + rmsnorm(h, layer.attn_norm.weight, c.rms_eps)
+        return h + rmsnorm(h, layer.mlp_norm.weight, c.rms_eps)
+
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: logits."""
         return rmsnorm(h, self.final_norm.weight, self.config.rms_eps) @ self.lm_head.weight
