@@ -92,7 +92,8 @@ class _Numbering:
 class StragglerWatch:
     """Per-rank compute seconds per step against the rank's own baseline under the running plan: a rank whose
     last ``steps`` steps all took ``margin`` times its baseline is a straggler (its measured factor: the median
-    ratio).  The baseline is the median of the first ``warmup`` steps after each (re)configuration."""
+    ratio).  The baseline is the fastest of the first ``warmup`` steps after each (re)configuration (load on a
+    shared machine and a first step's set-up only ever add time)."""
 
     def __init__(self, margin: float = 1.5, steps: int = 3, warmup: int = 2) -> None:
         self.margin, self.steps, self.warmup = float(margin), int(steps), int(warmup)
@@ -107,7 +108,7 @@ class StragglerWatch:
         xs.append(float(compute_s))
         if len(xs) < self.warmup + self.steps:
             return None
-        base = sorted(xs[: self.warmup])[self.warmup // 2]
+        base = min(xs[: self.warmup])
         recent = xs[-self.steps:]
         if base > 0 and all(x > self.margin * base for x in recent):
             return sorted(x / base for x in recent)[self.steps // 2]
@@ -166,10 +167,20 @@ class TrainingController:
         from ..core.reconfigure import plan_program_switch
         from .session import pack_payload, shareable
 
-        with self._lock:
-            if self._busy:
-                raise SwitchError("the job is reconfiguring after a failure; switch again when it is done "
+        deadline = time.monotonic() + self.halt_timeout_s + 30.0
+        while True:  # a reconfiguration after a failure in progress: the switch follows it
+            self._lock.acquire()
+            if not self._busy and not any(k[0] == "reconfigure" for k in self._open):
+                break
+            self._lock.release()
+            if self.job is not None and self.job._done.is_set():
+                raise SwitchError(f"job {self.job.job_id} ended while reconfiguring after a failure; there is "
+                                  "nothing to switch")
+            if time.monotonic() > deadline:
+                raise SwitchError("the job is still reconfiguring after a failure; switch again when it is done "
                                   "(Job.events shows when)")
+            time.sleep(0.01)
+        try:
             cur = self.current
             self._check_switchable(program, cur)
             t0 = time.perf_counter()
@@ -184,6 +195,8 @@ class TrainingController:
             self.previous, self.current = cur, _Numbering(program, cur.cluster, dict(cur.to_launch))
             if self.straggler is not None:
                 self.straggler.reset()
+        finally:
+            self._lock.release()
         self._send({"type": "switch", "id": ident, "payload": pack_payload((shareable(program), plan))},
                    self.alive)
         return event
@@ -221,7 +234,7 @@ class TrainingController:
             self._dead |= fresh
             self._pending_dead |= fresh
             self._evidence = min(self._evidence or failure.time, failure.time)
-            if self._thread is None or not self._thread.is_alive():
+            if not self._busy:  # the loop clears it, under the lock, when it stops looking for failures
                 self._thread = threading.Thread(target=self._reconfigure_loop, name="hspmd-reconfigure",
                                                 daemon=True)
                 self._busy = True
