@@ -240,14 +240,24 @@ def test_state_with_no_surviving_copy_fails_naming_the_tensors(tmp_path: Path) -
 
 
 # ---- stragglers --------------------------------------------------------------------------------------------------
-def test_the_straggler_watch_baseline_ignores_a_slow_first_step() -> None:
+def test_the_straggler_watch_compares_each_rank_with_the_others_in_the_same_step() -> None:
     from hspmd_sdk.runtime.controller import StragglerWatch
 
     watch = StragglerWatch(margin=2.0, steps=3, warmup=2)
-    seen = [watch.add(1, x) for x in (0.30, 0.10, 0.41, 0.39, 0.40)]  # step 0 pays set-up; then 4x slower
-    assert seen[:4] == [None] * 4 and seen[4] == pytest.approx(4.0)
-    calm = StragglerWatch(margin=2.0, steps=3, warmup=2)
-    assert [calm.add(0, x) for x in (0.30, 0.10, 0.15, 0.30, 0.12)] == [None] * 5  # one slow step is no straggler
+    # (rank 0, rank 1, rank 2) compute seconds per step: step 0 pays set-up everywhere, the machine gets loaded
+    # (everyone 3x) from step 2, and rank 1 turns 4x slower than its plan from step 3 (stage shares 1 : 2 : 1)
+    steps = [(0.9, 1.8, 0.9), (0.1, 0.2, 0.1), (0.3, 0.6, 0.3), (0.3, 2.4, 0.3), (0.3, 2.4, 0.3), (0.3, 2.4, 0.3)]
+    seen = []
+    for s, row in enumerate(steps):
+        for r in (2, 0, 1):  # any arrival order
+            seen.append(watch.add(r, row[r], step=s, ranks=[0, 1, 2]))
+    assert seen[:-1] == [None] * (len(seen) - 1)
+    assert seen[-1][0] == 1 and seen[-1][1] == pytest.approx(4.0)
+    calm = StragglerWatch(margin=2.0, steps=3, warmup=2)  # load alone (every rank 3x, then 5x) is no straggler
+    assert all(calm.add(r, x, step=s, ranks=[0, 1]) is None
+               for s, row in enumerate([(0.1, 0.1), (0.1, 0.1), (0.3, 0.3), (0.5, 0.5), (0.5, 0.5), (0.3, 0.3)])
+               for r, x in enumerate(row))
+    assert StragglerWatch().add(0, 5.0, step=0, ranks=[0]) is None  # one rank: nothing to compare with
 
 
 @pytest.mark.timeout(180)

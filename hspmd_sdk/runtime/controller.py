@@ -90,29 +90,47 @@ class _Numbering:
 
 
 class StragglerWatch:
-    """Per-rank compute seconds per step against the rank's own baseline under the running plan: a rank whose
-    last ``steps`` steps all took ``margin`` times its baseline is a straggler (its measured factor: the median
-    ratio).  The baseline is the fastest of the first ``warmup`` steps after each (re)configuration (load on a
-    shared machine and a first step's set-up only ever add time)."""
+    """Per-rank compute seconds per step, as a share: a rank's compute over the median of the other ranks' in the
+    same step, against that rank's own share in the first ``warmup`` complete steps after each (re)configuration
+    (its baseline: what the running plan gives it).  A rank whose share stayed ``margin`` times its baseline for
+    the last ``steps`` steps is a straggler; its measured factor is the median ratio.  Shares cancel what slows
+    every rank alike (background load on a shared machine, a first step's set-up); a 1-rank job has none."""
 
     def __init__(self, margin: float = 1.5, steps: int = 3, warmup: int = 2) -> None:
         self.margin, self.steps, self.warmup = float(margin), int(steps), int(warmup)
         self.reset()
 
     def reset(self) -> None:
-        self._seen: dict[int, list[float]] = {}
+        self._steps: dict[int, dict[int, float]] = {}   # step -> rank -> compute seconds (incomplete steps)
+        self._shares: dict[int, list[float]] = {}       # rank -> its share in each complete step, in order
 
-    def add(self, rank: int, compute_s: float) -> float | None:
-        """Record one step; returns the slowdown factor when ``rank`` has just become a straggler."""
-        xs = self._seen.setdefault(rank, [])
-        xs.append(float(compute_s))
-        if len(xs) < self.warmup + self.steps:
+    def add(self, rank: int, compute_s: float, *, step: int, ranks: Sequence[int]) -> tuple[int, float] | None:
+        """Record ``rank``'s compute seconds of ``step`` (``ranks``: every rank the step waits for); returns
+        ``(rank, factor)`` when that step completes and shows a rank that has just become a straggler."""
+        got = self._steps.setdefault(int(step), {})
+        got[int(rank)] = float(compute_s)
+        if not set(ranks) <= set(got) or len(got) < 2:
             return None
-        base = min(xs[: self.warmup])
-        recent = xs[-self.steps:]
-        if base > 0 and all(x > self.margin * base for x in recent):
-            return sorted(x / base for x in recent)[self.steps // 2]
-        return None
+        del self._steps[int(step)]
+        for old in [s for s in self._steps if s < step]:  # steps that never completed (a rank was lost)
+            del self._steps[old]
+        found = None
+        for r, x in got.items():
+            others = sorted(v for q, v in got.items() if q != r)
+            ref = (others[(len(others) - 1) // 2] + others[len(others) // 2]) / 2
+            if ref <= 0:
+                continue
+            shares = self._shares.setdefault(r, [])
+            shares.append(x / ref)
+            if len(shares) < self.warmup + self.steps:
+                continue
+            base = sorted(shares[: self.warmup])[(self.warmup - 1) // 2]
+            recent = shares[-self.steps:]
+            if base > 0 and all(v > self.margin * base for v in recent):
+                factor = sorted(v / base for v in recent)[self.steps // 2]
+                if found is None or factor > found[1]:
+                    found = (r, factor)
+        return found
 
 
 class TrainingController:
@@ -278,10 +296,11 @@ class TrainingController:
         with self._lock:
             if self._busy or self._open:
                 return
-            factor = watch.add(rank, float(compute))
-        if factor is not None:
-            threading.Thread(target=self._straggler, args=(rank, factor), name="hspmd-straggler",
-                             daemon=True).start()
+            cur = self.current  # the ranks that compute in the running Program
+            working = [cur.to_launch[r] for r in cur.program.ranks if cur.to_launch[r] not in self._dead]
+            found = watch.add(rank, float(compute), step=int(msg.get("step", -1)), ranks=working)
+        if found is not None:
+            threading.Thread(target=self._straggler, args=found, name="hspmd-straggler", daemon=True).start()
 
     # ---- reconfiguring after failures -----------------------------------------------------------------------
     def _reconfigure_loop(self) -> None:
