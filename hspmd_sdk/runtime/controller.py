@@ -81,7 +81,8 @@ class Event:
 
     def __str__(self) -> str:
         s = self.seconds
-        parts = ", ".join(f"{k} {s[k]:.3f} s" for k in ("detect", "plan", "specialize", "switch", "total") if k in s)
+        keys = ("detect", "plan", "verify", "specialize", "switch", "load", "total")
+        parts = ", ".join(f"{k} {s[k]:.3f} s" for k in keys if k in s)
         lost = f", lost ranks {self.failed_ranks}" if self.failed_ranks else ""
         moved = f"{(self.bytes.get('intra', 0) + self.bytes.get('inter', 0)) / 1e6:.2f} MB moved"
         if self.source == "checkpoint":

@@ -433,7 +433,8 @@ class TrainSession:
     def _reload(self, msg: Reconfigure) -> dict[str, Any]:
         """Go back to the checkpoint ``msg`` names under ``msg.program``: its groups, this rank's shards read from
         the checkpoint (only the boxes it holds, by :func:`~.checkpoint_worker.load_resume`, as a resumed run),
-        Adam's step count and the committed step of the checkpoint; returns ``bytes_read`` and ``load_s``."""
+        Adam's step count and the committed step of the checkpoint; returns ``bytes_read`` and ``checkpoint_step``
+        for the ``switched`` report (``last_switch`` gets ``load_s``, the read alone)."""
         from .checkpoint_worker import load_resume
 
         t0 = time.perf_counter()
