@@ -113,3 +113,19 @@ def test_lost_state_before_the_first_checkpoint_fails_naming_the_tensors(tmp_pat
         job.wait(timeout=100)
     assert list_checkpoints(tmp_path / "ckpt") == []
     assert _gone(pids)
+
+
+def test_losses_take_each_steps_newest_attempt_whoever_reported_it() -> None:
+    """A reload redoes steps 2-3: rank 0 (the lowest, which reported them first) died; the survivors' recomputed
+    losses are the job's, not rank 0's stale ones.  Steps attempted once keep the lowest rank's report."""
+    from hspmd_sdk.runtime.metrics import MetricsHistory, StepMetrics
+
+    h = MetricsHistory()
+    for step, loss in enumerate([5.0, 4.0, 3.0, 2.0]):
+        for r in (0, 1, 2):
+            h.add(StepMetrics(rank=r, step=step, loss=loss + (0.25 if r == 0 and step >= 2 else 0.0)))
+    for step, loss in ((2, 3.0), (3, 2.0), (4, 1.0)):  # after the reload, without rank 0
+        for r in (2, 1):
+            h.add(StepMetrics(rank=r, step=step, loss=loss))
+    assert h.losses() == [5.0, 4.0, 3.0, 2.0, 1.0]
+    assert h.losses(preferred=0) == [5.0, 4.0, 3.25, 2.25]
