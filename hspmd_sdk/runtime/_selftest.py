@@ -175,8 +175,12 @@ def hang_on_rank(state: WorkerState, spec: LaunchSpec) -> dict[str, Any]:
 
 
 def fail_alone(state: WorkerState, spec: LaunchSpec) -> dict[str, Any]:
-    """No communication at all: rank ``payload["rank"]`` exits with status 7 at once; the others report
-    ``payload["steps_each"]`` steps, ``payload["pause"]`` seconds apart, and return (for failure policies)."""
+    """No communication after the start: once every rank has joined (one barrier, so that no peer is still
+    connecting to it), rank ``payload["rank"]`` exits with status 7; the others report ``payload["steps_each"]``
+    steps, ``payload["pause"]`` seconds apart, and return (for failure policies)."""
+    import torch.distributed as dist
+
+    dist.barrier()
     if state.rank == int(spec.payload.get("rank", 0)):
         os._exit(7)
     for step in range(int(spec.payload.get("steps_each", 3))):
