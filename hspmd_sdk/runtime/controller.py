@@ -138,6 +138,7 @@ class TrainingController:
         self._open: dict[tuple[str, int], Event] = {}
         self._busy = False
         self._thread: threading.Thread | None = None
+        self.mixed = False  # a mixed-length job (:mod:`.mixed`): its plan changes per step, by length
 
     # ---- wiring ---------------------------------------------------------------------------------------------
     def attach(self, job: "Job") -> None:
@@ -167,6 +168,9 @@ class TrainingController:
         from .session import pack_payload, shareable
 
         with self._lock:
+            if self.mixed:
+                raise SwitchError("this job trains on mixed-length data: it chooses its plan per step among its "
+                                  "candidate programs (Job.events shows the length switches)")
             if self._busy:
                 raise SwitchError("the job is reconfiguring after a failure; switch again when it is done "
                                   "(Job.events shows when)")
@@ -187,6 +191,17 @@ class TrainingController:
         self._send({"type": "switch", "id": ident, "payload": pack_payload((shareable(program), plan))},
                    self.alive)
         return event
+
+    def record_event(self, key: tuple[str, int], event: Event) -> None:
+        """Record a reconfiguration planned elsewhere (a length switch, :mod:`.mixed`): it is ``done`` once every
+        worker reported ``switched`` with ``what, id = key``."""
+        with self._lock:
+            self._open[key] = event
+            self.events.append(event)
+            got = self._switched.get(key)
+        if got:
+            for rank, msg in list(got.items()):
+                self._on_switched(rank, msg)
 
     def _check_switchable(self, program: "Program", cur: _Numbering) -> None:
         if program.model != cur.program.model:
