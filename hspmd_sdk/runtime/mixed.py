@@ -27,8 +27,8 @@ Padding rather than packing: the dispatcher's cost model and :class:`~hspmd_sdk.
 in padded ``rows x longest`` micro-batches, and padding needs no document mask in attention (a causal mask over
 right padding leaves real positions as they are), so every kernel and both model families run unchanged.
 
-:func:`reference_mixed` trains the single-device reference on the same sequences, one at a time (no padding),
-with the same normalisation: the independent reference.
+:func:`reference_mixed` trains the single-device reference on the same sequences, a step in one padded batch of
+its own (whatever the dispatch), with the same normalisation: the independent reference.
 """
 from __future__ import annotations
 
@@ -456,13 +456,14 @@ def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any =
                     context: int | None = None, seed: int = 0, lr: float = 1e-3,
                     betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0) -> Any:
     """The model's single-device reference (``model.build_reference(seed)``, ``torch.optim.Adam``) on the same
-    steps of mixed-length data: each sequence on its own (no padding), the step's loss the sum of its token
-    losses over the step's real target tokens.  Returns a :class:`~.train.ReferenceResult` (``grads`` of step 0,
-    final ``params`` and Adam moments)."""
+    steps of mixed-length data: all of a step's sequences in one batch, padded on the right with target ``-100``
+    (which the reference's ``loss`` ignores: the mean over the step's real target tokens; causal attention keeps
+    padding out of real positions) — independent of how the dispatcher cut the step into micro-batches.  Returns
+    a :class:`~.train.ReferenceResult` (``grads`` of step 0, final ``params`` and Adam moments)."""
     import torch
-    import torch.nn.functional as F
 
-    from .data import LengthBatches
+    from .data import LengthBatches, padded_rows
+    from .kernels import IGNORE_INDEX
     from .train import ReferenceResult
 
     context = int(model.max_seq_len if context is None else context)
@@ -473,21 +474,15 @@ def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any =
                            foreach=False)
     losses, grads = [], {}
     for step in range(steps):
-        seqs = batches.step_sequences(step)
-        total = sum(s.size - 1 for s in seqs)
+        rows = padded_rows(batches.step_sequences(step), IGNORE_INDEX)
+        tokens, targets = rows[:, :-1].clamp(min=0), rows[:, 1:]
         opt.zero_grad(set_to_none=True)
-        value = 0.0
-        for s in seqs:
-            t = torch.from_numpy(s.astype(np.int64))[None]
-            logits = ref(t[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), t[:, 1:].reshape(-1),
-                                   reduction="sum") / total
-            loss.backward()
-            value += float(loss.detach())
+        loss = ref.loss(tokens, targets)
+        loss.backward()
         if step == 0:
             grads = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
         opt.step()
-        losses.append(value)
+        losses.append(float(loss.detach()))
     named = dict(ref.named_parameters())
     st = {n: opt.state.get(p, {}) for n, p in named.items()}
     return ReferenceResult(losses, grads, {n: p.detach().clone() for n, p in named.items()},
