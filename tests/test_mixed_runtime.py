@@ -5,8 +5,11 @@ sequences to the pipelines of the cheapest candidate, switches between candidate
 The candidates (4 CPU ranks) are chosen so that the cost model switches several times on this data: ``tp2+pp2``
 takes steps whose longest sequence is at most 32 tokens, ``dp4`` (ZeRO-1) and ``tp2pp2`` (one pipeline, TP2 in
 each of its two stages) take up to 64; the tied GPT-2 embedding crosses stages in ``tp2+pp2`` and ``tp2pp2``.
-Tolerances: fp32 losses within 1e-5 (relative), parameters after 6 Adam steps within 5e-5 (as the switching
-tests: summation order differs across plans).
+Tolerances (fp32): losses within 1e-5 (relative); the synchronised gradients of step 0 within 1e-5 of the largest
+gradient; parameters after 6 Adam steps within 1e-4 (absolute).  The parameters' margin is wider because Adam
+normalises each element by its own gradient history: a gradient that is zero in exact arithmetic (GPT-2's key bias,
+which softmax ignores) is fp32 summation noise, of another sign under another summation order, and Adam turns it
+into an update of up to ``lr`` (1e-3) a step either way.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from hspmd_sdk.runtime.mixed import planning_summary, reference_mixed
 from hspmd_sdk.runtime.train import assemble, load_captured
 
 STEPS, SEED, CONTEXT, BUDGET = 6, 3, 64, 128
-TOL, STATE_TOL = 1e-5, 5e-5
+TOL, STATE_TOL = 1e-5, 1e-4
 
 
 def _strategy(pipes: list, name: str, zero1: bool = False) -> Strategy:
@@ -76,7 +79,12 @@ def _rel(a: list[float], b: list[float]) -> float:
 
 def _check(model: Any, job: Any, result: Any, tmp: Path, ref: Any) -> None:
     assert len(result.losses) == STEPS and _rel(result.losses, ref.losses) < TOL
-    full, worst = assemble(load_captured(tmp), "params", {k: tuple(v.shape) for k, v in ref.params.items()})
+    shapes = {k: tuple(v.shape) for k, v in ref.params.items()}
+    captured = load_captured(tmp)
+    grads, _ = assemble([{**c, "boxes": c["grad_boxes"]} for c in captured], "grads", shapes)  # step 0's plan
+    scale = max(float(g.abs().max()) for g in ref.grads.values())
+    assert max(float((grads[k] - ref.grads[k]).abs().max()) for k in shapes) < TOL * scale
+    full, worst = assemble(captured, "params", shapes)
     assert worst == 0.0  # replicas agree exactly
     err = max(float((full[k] - ref.params[k]).abs().max()) for k in ref.params)
     assert err < STATE_TOL, err

@@ -405,6 +405,11 @@ class MixedSession(TrainSession):
                     capture_grads=bool(self.capture) and step == 0)
             if ex.loss_contributor():
                 self.trained[step] = [indices[i] for mb in mbs for i in mb]
+            if self.capture and step == 0:  # the boxes of step 0's Program (the run may end under another)
+                from .params import shard_box
+
+                self._grad_boxes = {k: shard_box(self.program, k, state.rank) for k in ex.params}
+                self._grads0 = {k: v.detach().cpu().clone() for k, v in (ex.captured_grads or {}).items()}
             tokens = sum(lengths[i] for mb in mbs for i in mb) if ex.stage == 0 else None
         else:
             commit(0.0)
@@ -421,7 +426,16 @@ class MixedSession(TrainSession):
         return agreed["loss"]
 
     def train(self) -> dict[str, Any]:
+        self._grad_boxes: dict[str, Any] | None = None
+        self._grads0: dict[str, Any] = {}
         out = super().train()
+        path = Path(self.capture or ".") / f"run{self.index}_rank{self.state.launch_rank}.pt"
+        if self.capture and path.exists():  # step 0's gradients with step 0's boxes ("grad_boxes")
+            import torch
+
+            saved = torch.load(path, map_location="cpu")
+            saved["grads"], saved["grad_boxes"] = self._grads0, self._grad_boxes or {}
+            torch.save(saved, path)
         out.update({"trained": {str(k): v for k, v in self.trained.items()},
                     "dispatch_wait_s": [round(w, 6) for w in self.waits], "length_switches": self.length_switches})
         return out
