@@ -27,7 +27,7 @@ from hspmd_sdk.errors import PlanValidationError
 from hspmd_sdk.planner.mixed import MixedEntry, MixedPlan
 from hspmd_sdk.runtime.controller import SwitchError
 from hspmd_sdk.runtime.data import Documents, LengthBatches
-from hspmd_sdk.runtime.mixed import planning_summary, reference_mixed
+from hspmd_sdk.runtime.mixed import planning_summary, reference_mixed, same_layouts
 from hspmd_sdk.runtime.train import assemble, load_captured
 
 STEPS, SEED, CONTEXT, BUDGET = 6, 3, 64, 128
@@ -168,3 +168,10 @@ def test_bad_input_is_refused_before_any_worker_starts() -> None:
         launch(progs, Cluster.local(4), **{**kw, "steps": 0})
     assert math.isfinite(reference_mixed(llama, steps=1, seed=0, data=DOCS, tokens_per_step=BUDGET,
                                          context=CONTEXT).losses[0])
+
+
+def test_candidates_that_differ_only_in_windows_run_one_program() -> None:
+    model = LlamaConfig.preset("tiny")
+    wide = ENTRIES[1].model_copy(update={"max_seq_len": 48, "windows": [48] * 4})
+    progs = _programs(model, [wide, *ENTRIES])
+    assert same_layouts(progs) == [0, 1, 0, 2]  # dp4 at 48 and at 64: the same Program, nothing to switch

@@ -134,6 +134,22 @@ def micro_batch_feeds(model: Any, graph: Any, sequences: Sequence[np.ndarray]) -
 
 
 # ---- the launcher side ---------------------------------------------------------------------------------------
+def same_layouts(programs: Sequence[Any]) -> list[int]:
+    """For each candidate, the first candidate that runs the same Program (the same annotation plan, pipelines,
+    recomputation and bindings; only ``plan.meta`` — windows, maximum length — differs): moving between such
+    candidates changes only the dispatch, not the plan, so nothing is switched."""
+    keys: list[Any] = []
+    out = []
+    for p in programs:
+        data = p.plan.model_dump(mode="json")
+        data.pop("meta", None)
+        key = (repr(data), repr(p.pipelines), repr(sorted(p.recompute)), repr(sorted(p.bindings.items())))
+        out.append(keys.index(key) if key in keys else len(keys))
+        if key not in keys:
+            keys.append(key)
+    return out
+
+
 class LengthPlanner:
     """The launcher's dispatch thread: per step, :class:`~hspmd_sdk.planner.Dispatcher` on the step's lengths
     (``current``: the previous step's choice, so a switch must pay for itself), the chosen candidate and its
@@ -146,6 +162,7 @@ class LengthPlanner:
     def __init__(self, programs: Sequence[Any], cluster: Any, batches: Any, dispatcher: Any, *, steps: int,
                  lookahead: int = 2) -> None:
         self.programs, self.cluster, self.batches, self.dispatcher = list(programs), cluster, batches, dispatcher
+        self.layouts = same_layouts(self.programs)
         self.steps, self.lookahead = int(steps), max(0, int(lookahead))
         self.records: list[dict[str, Any]] = []
         self.job: Any = None
@@ -165,7 +182,9 @@ class LengthPlanner:
         rec = {"step": step, "choice": d.choice, "estimate": d.estimate, "plan_s": t1 - t0, "switch_plan_s": 0.0,
                "lengths": list(d.lengths), "shapes": d.shapes(), "micro_batches": [[list(mb) for mb in p]
                                                                                   for p in d.micro_batches],
-               "padding": d.padding_fraction(), "switch_from": self.current if self.current != d.choice else None}
+               "padding": d.padding_fraction(),
+               "switch_from": self.current if self.current is not None and
+               self.layouts[self.current] != self.layouts[d.choice] else None}
         self.current = d.choice
         self.records.append(rec)
         return rec
@@ -310,8 +329,9 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
 # ---- the worker side -----------------------------------------------------------------------------------------
 class MixedSession(TrainSession):
     """A worker's mixed-length run (see the module docstring): the step's candidate and micro-batches from the
-    launcher's ``dispatch`` message, a length switch where the candidate changes, the pipeline's micro-batches at
-    their own shapes."""
+    launcher's ``dispatch`` message, a length switch where the candidate's Program changes (a candidate that runs
+    the same Program with other windows keeps the running one: :func:`same_layouts`), the pipeline's micro-batches
+    at their own shapes."""
 
     def __init__(self, state: Any, run: Mapping[str, Any], index: int, offset: int) -> None:
         mixed = run["mixed"]
@@ -352,9 +372,10 @@ class MixedSession(TrainSession):
                              f"{msg['lengths'][:8]}..., this worker's data gives {lengths[:8]}...: the data differs")
         self.dispatch = msg
         choice = int(msg["choice"])
-        if choice == self.choice:
+        if "from" not in msg:  # the same Program (or another candidate with the same one): nothing moves
+            self.choice = choice
             return
-        key = (self.choice, choice)
+        key = (int(msg["from"]), choice)
         if "plan" in msg:
             self.switch_plans[key] = unpack_payload(msg["plan"])
         if key not in self.switch_plans:
