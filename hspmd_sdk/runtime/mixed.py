@@ -157,7 +157,9 @@ class LengthPlanner:
     workers' last finished step; a change of candidate also carries the fused BSR between the two Programs
     (planned once per pair) and opens an :class:`~.controller.Event` (``reason="length"``).
 
-    ``records``: per step ``{"step", "choice", "estimate", "plan_s", "switch_plan_s", "lengths", "shapes"}``."""
+    ``records``: per step ``{"step", "choice", "estimate", "plan_s", "switch_plan_s", "lengths", "shapes",
+    "micro_batches", "padding", "switch_from"}`` (``switch_from``: the candidate switched away from, ``None``
+    where the Program stays)."""
 
     def __init__(self, programs: Sequence[Any], cluster: Any, batches: Any, dispatcher: Any, *, steps: int,
                  lookahead: int = 2) -> None:

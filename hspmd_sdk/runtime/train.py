@@ -211,7 +211,11 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     point of the write of the checkpoint of step ``s`` (steps completed; :data:`~.checkpoint_io.WRITE_POINTS`).
     ``launch_kwargs`` go to
     :func:`hspmd_sdk.runtime.launcher.launch` (``progress``, ``echo``, ``slowdown`` — a factor or a schedule
-    ``{rank: [(step, factor), ...]}`` —, ``timeout_s``, ``transport``, ``log_dir``, ...)."""
+    ``{rank: [(step, factor), ...]}`` —, ``timeout_s``, ``transport``, ``log_dir``, ...).
+
+    Mixed-length data (SPEC §7): ``program`` may be a list of candidate Programs (``MixedPlan.programs``) with
+    ``tokens_per_step=`` (and ``data=`` documents of different lengths, ``context=``, ``lookahead=``): each step
+    runs under the cheapest candidate for its sequences, switching by length (:func:`~.mixed.launch_mixed`)."""
     from .controller import StragglerWatch, TrainingController
     from .devices import backend_for_device
 
