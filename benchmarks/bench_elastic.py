@@ -43,7 +43,7 @@ from hspmd_sdk.core.model_spec import model_json  # noqa: E402
 from hspmd_sdk.core.reconfigure import plan_program_switch  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.models.registry import class_path  # noqa: E402
-from hspmd_sdk.planner.elastic import replan_elastic, slowed_cluster, survivor_cluster  # noqa: E402
+from hspmd_sdk.planner.elastic import renumber, replan_elastic, slowed_cluster, survivor_cluster  # noqa: E402
 
 EXAMPLES = REPO / "hspmd_sdk" / "examples"
 RESULTS = REPO / "benchmarks" / "results" / "elastic.json"
@@ -223,7 +223,8 @@ def restart_peer(model: Any, data: dict, kill: int = 4) -> dict[str, float]:
     five, mapping = survivor_cluster(six, [kill])
     strategy = replan_elastic(model, six, Strategy.load(data, model=model, cluster=six), [kill], seq_len=SEQ)
     with tempfile.TemporaryDirectory() as d:
-        return restart(program_of(model, data, six), six, program_of(model, strategy, five), five, Path(d),
+        return restart(program_of(model, data, six), six, program_of(model, renumber(strategy, mapping), five), five,
+                       Path(d),
                        seq_len=SEQ)
 
 
@@ -285,18 +286,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="fewer repeats")
     ap.add_argument("--parts", default="1234", help="which parts to run (default 1234)")
     args = ap.parse_args(argv)
-    out: dict[str, Any] = {"load_before": load()}
-    if "1" in args.parts:
-        out["c1_c2_planned"] = paper_c1_c2()
-    if "2" in args.parts:
-        out["switch_methods"] = switch_methods(repeats=3 if args.quick else 7)
-    if "3" in args.parts:
-        out["recovery_vs_restart"] = recovery_vs_restart(rounds=1 if args.quick else 3)
-    if "4" in args.parts:
-        out["straggler"] = straggler()
-    out["load_after"] = load()
-    old = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    RESULTS.write_text(json.dumps({**old, **out}, indent=1, default=str))
+    out: dict[str, Any] = {}
+    parts = {"1": ("c1_c2_planned", paper_c1_c2),
+             "2": ("switch_methods", lambda: switch_methods(repeats=3 if args.quick else 7)),
+             "3": ("recovery_vs_restart", lambda: recovery_vs_restart(rounds=1 if args.quick else 3)),
+             "4": ("straggler", straggler)}
+    for part in sorted(set(args.parts)):
+        key, run = parts[part]
+        before = load()
+        out[key] = {**run(), "load_before": before, "load_after": load()}
+        old = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        RESULTS.write_text(json.dumps({**old, **out}, indent=1, default=str))  # each part as soon as it is done
     return out
 
 

@@ -244,6 +244,9 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--straggler", action="store_true",
                    help="replan around a rank that stays slower than under its plan")
     add_fault_arguments(p)
+    from .runtime.checkpoint_cli import add_training_checkpoint_arguments
+
+    add_training_checkpoint_arguments(p)
 
 
 @command("run", "train a strategy on N local worker processes and print its losses next to the single-device "
@@ -254,6 +257,7 @@ def _run(args: argparse.Namespace) -> int:
     from .core.specialize import specialize
     from .core.strategy import Strategy
     from .core.strategy_plan import plan_from_strategy
+    from .runtime.checkpoint_cli import training_checkpoint_options
     from .runtime.train import launch_training, reference_training
 
     model, cluster = load_model_spec(args.model), Cluster.local(args.local)
@@ -266,7 +270,7 @@ def _run(args: argparse.Namespace) -> int:
                           seq_len=args.seq_len, progress=True,
                           timeout_s=args.timeout, stall_s=args.stall, heartbeat_s=args.heartbeat,
                           log_dir=args.log_dir, resource_check=not args.no_resource_check,
-                          elastic=args.elastic, straggler=args.straggler)
+                          elastic=args.elastic, straggler=args.straggler, **training_checkpoint_options(args))
     try:
         result = job.wait()
     except KeyboardInterrupt:
@@ -276,7 +280,8 @@ def _run(args: argparse.Namespace) -> int:
         model, steps=args.steps, seed=args.seed, global_batch=program.bindings["B"], seq_len=args.seq_len,
         data=args.data, lr=args.lr)
     print(f"{'step':>4}  {'HSPMD':>12}" + ("" if ref is None else f"  {'single device':>14}  {'rel. diff':>9}"))
-    for i, loss in enumerate(result.losses):
+    first = args.steps - len(result.losses)  # a resumed run trains steps first .. steps-1
+    for i, loss in enumerate(result.losses, start=first):
         line = f"{i:>4}  {loss:>12.6f}"
         if ref is not None:
             line += f"  {ref.losses[i]:>14.6f}  {abs(loss - ref.losses[i]) / abs(ref.losses[i]):>9.1e}"

@@ -103,6 +103,23 @@ def test_run_trains_a_strategy_file(tmp_path, capsys: pytest.CaptureFixture[str]
     assert len(rows) == 2 and all(float(r[3]) < 1e-5 for r in rows)
 
 
+def test_run_saves_checkpoints_and_resumes_under_another_strategy(tmp_path, capsys) -> None:
+    pp2 = {"pipelines": [{"stages": [{"devices": [0], "layers": [0, 1]}, {"devices": [1], "layers": [2, 3]}],
+                          "micro_batch_size": 2, "num_micro_batches": 2}]}
+    dp2 = {"pipelines": [{"stages": [{"devices": [r], "layers": [0, 3]}], "micro_batch_size": 2,
+                          "num_micro_batches": 1} for r in (0, 1)]}
+    for name, data in (("pp2", pp2), ("dp2", dp2)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+    ck = tmp_path / "ck"
+    code, out, _ = run(capsys, "run", str(tmp_path / "pp2.json"), "--local", "2", "--steps", "2",
+                       "--checkpoint-dir", str(ck), "--checkpoint-every", "1")
+    assert code == 0 and sorted(p.name for p in ck.iterdir()) == ["step-00000001", "step-00000002"]
+    code, out, _ = run(capsys, "run", str(tmp_path / "dp2.json"), "--local", "2", "--steps", "4",
+                       "--resume-from", str(ck))
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert code == 0 and [r[0] for r in rows] == ["2", "3"] and all(float(r[3]) < 1e-5 for r in rows)
+
+
 @pytest.mark.parametrize("argv", [["--help"]] + [[name, "--help"] for name in COMMANDS])
 def test_help_everywhere(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     with pytest.raises(SystemExit) as info:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -398,19 +399,25 @@ def test_responsive_from_1024_px(session, width):
 
 def test_reopening_the_saved_notebook_shows_no_widget_error(session, lab, browser):
     page, errors = session
+    path = lab.root / "editor.ipynb"
+    before = path.stat().st_mtime_ns
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     saved = {}
     end = time.monotonic() + 30
-    while time.monotonic() < end:
-        saved = json.loads((lab.root / "editor.ipynb").read_text())
-        if saved.get("metadata", {}).get("widgets"):
-            break
+    while time.monotonic() < end:  # this save, not an earlier autosave
+        if path.stat().st_mtime_ns != before:
+            saved = json.loads(path.read_text())
+            if saved.get("metadata", {}).get("widgets"):
+                break
         time.sleep(0.3)
     state = saved["metadata"]["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     assert any(m.get("model_name") == "AnyModel" for m in state.values())  # the canvas is in the saved state
     shown = [o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"] for c in saved["cells"]
              for o in c.get("outputs", []) if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
     assert len(shown) == 4 and all(m in state for m in shown)  # the three editors and the dashboard
+    refs = {m: set(re.findall(r"IPY_MODEL_([0-9a-f]+)", json.dumps(v["state"]))) for m, v in state.items()}
+    dangling = {(m, state[m].get("model_name"), r) for m, rs in refs.items() for r in rs if r not in state}
+    assert not dangling, dangling  # every child a saved widget refers to is saved too
     assert errors == []
     page.close()  # the user closes the notebook (and JupyterLab), then comes back to it later
     lab.shutdown_kernels()

@@ -214,7 +214,9 @@ def test_random_kill_points_and_an_external_sigkill(tmp_path: Path, six_referenc
     point = rng.choice(["forward", "backward", "grad_sync", "optimizer"])
     job, pids = _elastic([{"rank": rank, "step": step, "at": point}], tmp_path)
     other = 4 if rank != 4 else 1
-    _wait(lambda: job.metrics.last_step() >= 3)
+    # the injected death first (killed earlier, the recovery may finish rank's step for it, without its probe)
+    _wait(lambda: any(e.reason == "failure" and e.done for e in job.events))
+    _wait(lambda: job.metrics.last_step() >= step + 1)
     os.kill(pids[other], signal.SIGKILL)  # and one more, from outside, a few steps later
     _check_survived(job, pids, {rank, other}, six_reference, tmp_path)
 
@@ -238,6 +240,26 @@ def test_state_with_no_surviving_copy_fails_naming_the_tensors(tmp_path: Path) -
 
 
 # ---- stragglers --------------------------------------------------------------------------------------------------
+def test_the_straggler_watch_compares_each_rank_with_the_others_in_the_same_step() -> None:
+    from hspmd_sdk.runtime.controller import StragglerWatch
+
+    watch = StragglerWatch(margin=2.0, steps=3, warmup=2)
+    # (rank 0, rank 1, rank 2) compute seconds per step: step 0 pays set-up everywhere, the machine gets loaded
+    # (everyone 3x) from step 2, and rank 1 turns 4x slower than its plan from step 3 (stage shares 1 : 2 : 1)
+    steps = [(0.9, 1.8, 0.9), (0.1, 0.2, 0.1), (0.3, 0.6, 0.3), (0.3, 2.4, 0.3), (0.3, 2.4, 0.3), (0.3, 2.4, 0.3)]
+    seen = []
+    for s, row in enumerate(steps):
+        for r in (2, 0, 1):  # any arrival order
+            seen.append(watch.add(r, row[r], step=s, ranks=[0, 1, 2]))
+    assert seen[:-1] == [None] * (len(seen) - 1)
+    assert seen[-1][0] == 1 and seen[-1][1] == pytest.approx(4.0)
+    calm = StragglerWatch(margin=2.0, steps=3, warmup=2)  # load alone (every rank 3x, then 5x) is no straggler
+    assert all(calm.add(r, x, step=s, ranks=[0, 1]) is None
+               for s, row in enumerate([(0.1, 0.1), (0.1, 0.1), (0.3, 0.3), (0.5, 0.5), (0.5, 0.5), (0.3, 0.3)])
+               for r, x in enumerate(row))
+    assert StragglerWatch().add(0, 5.0, step=0, ranks=[0]) is None  # one rank: nothing to compare with
+
+
 @pytest.mark.timeout(180)
 def test_a_straggler_appearing_mid_run_is_replanned_around() -> None:
     from hspmd_sdk.runtime.controller import StragglerWatch

@@ -28,14 +28,16 @@ __all__ = ["LostStateError", "remap_annotation", "state_table", "plan_program_sw
 
 
 class LostStateError(ResolutionError):
-    """Some training state has no surviving copy: ``tensors`` (state names) were held only by ``ranks``."""
+    """Some training state has no surviving copy: ``tensors`` (state names) were held only by ``ranks``
+    (``what``: that sentence, without the advice)."""
 
     def __init__(self, tensors: list[str], ranks: list[int]) -> None:
         self.tensors, self.ranks = tensors, ranks
         shown = ", ".join(tensors[:8]) + (f" ... ({len(tensors)} in all)" if len(tensors) > 8 else "")
-        super().__init__(f"no surviving copy of {shown}: held only by the failed rank(s) {ranks}. Without a "
-                         "checkpoint this state is lost (run with checkpoint_dir=..., or keep a data-parallel "
-                         "replica of every parameter: two pipelines and ZeRO-1 off, as the paper does)")
+        self.what = f"no surviving copy of {shown}: held only by the failed rank(s) {ranks}"
+        super().__init__(f"{self.what}. Without a checkpoint this state is lost (run with checkpoint_dir=..., or "
+                         "keep a data-parallel replica of every parameter: two pipelines and ZeRO-1 off, as the paper "
+                         "does)")
 
 
 def remap_annotation(ann: Annotation, mapping: Mapping[int, int]) -> Annotation:

@@ -25,6 +25,25 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
     export.add_argument("--hf", required=True, metavar="OUT", help="the Hugging Face directory to write")
 
 
+def add_training_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
+    """``--checkpoint-dir``, ``--checkpoint-every``, ``--resume-from`` for ``hspmd run`` and ``hspmd launch``."""
+    from ..cli_inputs import int_in
+
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="save sharded checkpoints here (after the last step, and every --checkpoint-every steps); "
+                        "with --elastic, state no survivor holds is reloaded from the newest one")
+    g.add_argument("--checkpoint-every", type=int_in(1, 10**9), default=None, metavar="K")
+    g.add_argument("--resume-from", default=None, metavar="DIR",
+                   help="continue from the newest complete checkpoint in DIR, under this strategy (any plan)")
+
+
+def training_checkpoint_options(args: argparse.Namespace) -> dict[str, object]:
+    """The ``launch_training`` keywords of :func:`add_training_checkpoint_arguments`."""
+    return {"checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
+            "resume_from": args.resume_from}
+
+
 def run_checkpoint(args: argparse.Namespace) -> int:
     from .checkpoint import load_checkpoint
 

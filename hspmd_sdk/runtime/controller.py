@@ -13,8 +13,11 @@ change is computed here, once, and sent to the workers (:mod:`.session` executes
   controller replans for them (:func:`hspmd_sdk.planner.replan_elastic`), specializes the new strategy on the
   survivors renumbered ``0..n-1``, plans the fused BSR from the surviving replicas (``failed=``), and sends each
   survivor its new rank, the rendezvous of the new world and the plan; they redo the interrupted step.  State
-  with no surviving copy fails the job naming the tensors and ranks.  A second failure while reconfiguring
-  replans from the state every survivor still holds;
+  with no surviving copy is reloaded from the job's newest complete checkpoint (``checkpoint_dir``): the same
+  survivors, the same new plan, but each reads its shards of it from the checkpoint instead of a BSR, and the run
+  goes on from the checkpoint's step (the steps after it are recomputed on the same data).  Without a checkpoint
+  (none given, or none complete yet) the job fails naming the lost tensors and ranks.  A second failure while
+  reconfiguring replans from the state every survivor still holds;
 * with ``straggler=`` it watches each rank's compute seconds per step: a rank slower than it was under the plan by
   the margin for several steps triggers a replan with its measured speed (:func:`hspmd_sdk.planner.elastic.
   replan_straggler`) and a switch.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 from ..errors import HSPMDError
@@ -55,7 +59,12 @@ class Event:
     (from the first evidence of the failure to the start of replanning), ``plan``, ``specialize``, ``switch`` (the
     slowest worker's fused BSR, rejoining included) and ``total``; ``bytes``: moved by the switch, ``"intra"`` /
     ``"inter"`` node (by the cluster's link classes).  ``done``: every worker reported the switch.
-    ``ranks``: launch rank -> rank in the new Program."""
+    ``ranks``: launch rank -> rank in the new Program.  ``source``: where the state came from — ``"memory"`` (the
+    surviving replicas, by fused BSR) or ``"checkpoint"`` (state with no surviving copy: every survivor reloaded
+    its shards of the new plan from the checkpoint of step ``checkpoint_step``; the run went back to that step,
+    ``seconds["switch"]`` is then the slowest worker's rejoin and read, ``seconds["load"]`` its read alone,
+    ``seconds["verify"]`` the launcher's check of the checkpoint, and ``bytes["read"]`` the bytes all survivors
+    read)."""
 
     step: int
     reason: Reason
@@ -67,12 +76,18 @@ class Event:
     done: bool = False
     superseded: bool = False  #: another failure came before every worker switched: the next event replaced it
     program: Any = field(default=None, repr=False)
+    source: Literal["memory", "checkpoint"] = "memory"
+    checkpoint_step: int | None = None
 
     def __str__(self) -> str:
         s = self.seconds
-        parts = ", ".join(f"{k} {s[k]:.3f} s" for k in ("detect", "plan", "specialize", "switch", "total") if k in s)
+        keys = ("detect", "plan", "verify", "specialize", "switch", "load", "total")
+        parts = ", ".join(f"{k} {s[k]:.3f} s" for k in keys if k in s)
         lost = f", lost ranks {self.failed_ranks}" if self.failed_ranks else ""
         moved = f"{(self.bytes.get('intra', 0) + self.bytes.get('inter', 0)) / 1e6:.2f} MB moved"
+        if self.source == "checkpoint":
+            moved = (f"reloaded from the checkpoint of step {self.checkpoint_step}, "
+                     f"{self.bytes.get('read', 0) / 1e6:.2f} MB read")
         return f"step {self.step}: {self.reason}{lost}; {parts}; {moved}"
 
 
@@ -90,28 +105,47 @@ class _Numbering:
 
 
 class StragglerWatch:
-    """Per-rank compute seconds per step against the rank's own baseline under the running plan: a rank whose
-    last ``steps`` steps all took ``margin`` times its baseline is a straggler (its measured factor: the median
-    ratio).  The baseline is the median of the first ``warmup`` steps after each (re)configuration."""
+    """Per-rank compute seconds per step, as a share: a rank's compute over the median of the other ranks' in the
+    same step, against that rank's own share in the first ``warmup`` complete steps after each (re)configuration
+    (its baseline: what the running plan gives it).  A rank whose share stayed ``margin`` times its baseline for
+    the last ``steps`` steps is a straggler; its measured factor is the median ratio.  Shares cancel what slows
+    every rank alike (background load on a shared machine, a first step's set-up); a 1-rank job has none."""
 
     def __init__(self, margin: float = 1.5, steps: int = 3, warmup: int = 2) -> None:
         self.margin, self.steps, self.warmup = float(margin), int(steps), int(warmup)
         self.reset()
 
     def reset(self) -> None:
-        self._seen: dict[int, list[float]] = {}
+        self._steps: dict[int, dict[int, float]] = {}   # step -> rank -> compute seconds (incomplete steps)
+        self._shares: dict[int, list[float]] = {}       # rank -> its share in each complete step, in order
 
-    def add(self, rank: int, compute_s: float) -> float | None:
-        """Record one step; returns the slowdown factor when ``rank`` has just become a straggler."""
-        xs = self._seen.setdefault(rank, [])
-        xs.append(float(compute_s))
-        if len(xs) < self.warmup + self.steps:
+    def add(self, rank: int, compute_s: float, *, step: int, ranks: Sequence[int]) -> tuple[int, float] | None:
+        """Record ``rank``'s compute seconds of ``step`` (``ranks``: every rank the step waits for); returns
+        ``(rank, factor)`` when that step completes and shows a rank that has just become a straggler."""
+        got = self._steps.setdefault(int(step), {})
+        got[int(rank)] = float(compute_s)
+        if not set(ranks) <= set(got) or len(got) < 2:
             return None
-        base = sorted(xs[: self.warmup])[self.warmup // 2]
-        recent = xs[-self.steps:]
-        if base > 0 and all(x > self.margin * base for x in recent):
-            return sorted(x / base for x in recent)[self.steps // 2]
-        return None
+        del self._steps[int(step)]
+        for old in [s for s in self._steps if s < step]:  # steps that never completed (a rank was lost)
+            del self._steps[old]
+        found = None
+        for r, x in got.items():
+            others = sorted(v for q, v in got.items() if q != r)
+            ref = (others[(len(others) - 1) // 2] + others[len(others) // 2]) / 2
+            if ref <= 0:
+                continue
+            shares = self._shares.setdefault(r, [])
+            shares.append(x / ref)
+            if len(shares) < self.warmup + self.steps:
+                continue
+            base = sorted(shares[: self.warmup])[(self.warmup - 1) // 2]
+            recent = shares[-self.steps:]
+            if base > 0 and all(v > self.margin * base for v in recent):
+                factor = sorted(v / base for v in recent)[self.steps // 2]
+                if found is None or factor > found[1]:
+                    found = (r, factor)
+        return found
 
 
 class TrainingController:
@@ -119,12 +153,15 @@ class TrainingController:
 
     def __init__(self, program: "Program", cluster: "Cluster", *, global_batch: int, seq_len: int,
                  elastic: bool = False, straggler: StragglerWatch | None = None, cost: Any = None,
+                 checkpoint_dir: str | None = None, resumed_from: str | None = None,
                  debounce_s: float = 0.3, halt_timeout_s: float = 60.0) -> None:
         self.current = _Numbering(program, cluster, {r: r for r in cluster.ranks})
         self.previous: _Numbering | None = None  # what workers still hold until a step commits after a switch
         self.global_batch, self.seq_len = int(global_batch), int(seq_len)
         self.elastic, self.straggler, self.cost = elastic, straggler, cost
         self.debounce_s, self.halt_timeout_s = debounce_s, halt_timeout_s
+        # where lost state is reloaded from: this job's checkpoints (and the one it resumed from)
+        self.checkpoint_dir, self.resumed_from = checkpoint_dir, resumed_from
         self.events: list[Event] = []
         self.job: "Job | None" = None
         self._lock = threading.RLock()
@@ -167,13 +204,23 @@ class TrainingController:
         from ..core.reconfigure import plan_program_switch
         from .session import pack_payload, shareable
 
-        with self._lock:
-            if self.mixed:
-                raise SwitchError("this job trains on mixed-length data: it chooses its plan per step among its "
-                                  "candidate programs (Job.events shows the length switches)")
-            if self._busy:
-                raise SwitchError("the job is reconfiguring after a failure; switch again when it is done "
+        if self.mixed:
+            raise SwitchError("this job trains on mixed-length data: it chooses its plan per step among its "
+                              "candidate programs (Job.events shows the length switches)")
+        deadline = time.monotonic() + self.halt_timeout_s + 30.0
+        while True:  # a reconfiguration after a failure in progress: the switch follows it
+            self._lock.acquire()
+            if not self._busy and not any(k[0] == "reconfigure" for k in self._open):
+                break
+            self._lock.release()
+            if self.job is not None and self.job._done.is_set():
+                raise SwitchError(f"job {self.job.job_id} ended while reconfiguring after a failure; there is "
+                                  "nothing to switch")
+            if time.monotonic() > deadline:
+                raise SwitchError("the job is still reconfiguring after a failure; switch again when it is done "
                                   "(Job.events shows when)")
+            time.sleep(0.01)
+        try:
             cur = self.current
             self._check_switchable(program, cur)
             t0 = time.perf_counter()
@@ -188,6 +235,8 @@ class TrainingController:
             self.previous, self.current = cur, _Numbering(program, cur.cluster, dict(cur.to_launch))
             if self.straggler is not None:
                 self.straggler.reset()
+        finally:
+            self._lock.release()
         self._send({"type": "switch", "id": ident, "payload": pack_payload((shareable(program), plan))},
                    self.alive)
         return event
@@ -236,7 +285,7 @@ class TrainingController:
             self._dead |= fresh
             self._pending_dead |= fresh
             self._evidence = min(self._evidence or failure.time, failure.time)
-            if self._thread is None or not self._thread.is_alive():
+            if not self._busy:  # the loop clears it, under the lock, when it stops looking for failures
                 self._thread = threading.Thread(target=self._reconfigure_loop, name="hspmd-reconfigure",
                                                 daemon=True)
                 self._busy = True
@@ -264,8 +313,12 @@ class TrainingController:
     def _finish(self, key: tuple[str, int], event: Event, got: dict[int, dict[str, Any]]) -> None:
         event.seconds["switch"] = max(float(m.get("seconds", 0.0)) + float(m.get("rejoin_s", 0.0))
                                       for m in got.values())
-        event.seconds["total"] = sum(event.seconds.get(k, 0.0) for k in ("detect", "plan", "specialize", "switch"))
+        event.seconds["total"] = sum(event.seconds.get(k, 0.0)
+                                     for k in ("detect", "plan", "verify", "specialize", "switch"))
         event.step = min(int(m.get("step", event.step)) for m in got.values())
+        if event.source == "checkpoint":
+            event.seconds["load"] = max(float(m.get("load_s", 0.0)) for m in got.values())
+            event.bytes["read"] = sum(int(m.get("bytes_read", 0)) for m in got.values())
         event.done = True
         del self._open[key]
         if self.job is not None:
@@ -280,10 +333,11 @@ class TrainingController:
         with self._lock:
             if self._busy or self._open:
                 return
-            factor = watch.add(rank, float(compute))
-        if factor is not None:
-            threading.Thread(target=self._straggler, args=(rank, factor), name="hspmd-straggler",
-                             daemon=True).start()
+            cur = self.current  # the ranks that compute in the running Program
+            working = [cur.to_launch[r] for r in cur.program.ranks if cur.to_launch[r] not in self._dead]
+            found = watch.add(rank, float(compute), step=int(msg.get("step", -1)), ranks=working)
+        if found is not None:
+            threading.Thread(target=self._straggler, args=found, name="hspmd-straggler", daemon=True).start()
 
     # ---- reconfiguring after failures -----------------------------------------------------------------------
     def _reconfigure_loop(self) -> None:
@@ -324,10 +378,11 @@ class TrainingController:
             time.sleep(0.01)
 
     def _reconfigure(self) -> None:
-        from ..core.reconfigure import plan_program_switch
+        from ..core.reconfigure import LostStateError, plan_program_switch
         from ..core.specialize import specialize
         from ..core.strategy_plan import plan_from_strategy
         from ..planner.elastic import renumber, replan_elastic, survivor_cluster
+        from .checkpoint import resume_payload
         from .session import pack_payload, shareable
 
         t_start = time.time()
@@ -365,8 +420,14 @@ class TrainingController:
                              bindings=dict(src.program.bindings))
         t2 = time.perf_counter()
         inverse = {new: old for old, new in mapping.items()}
-        plan = plan_program_switch(src.program, program, src.cluster, dst_to_src=inverse, failed=dead_src)
-        t3 = time.perf_counter()
+        checkpoint = None
+        try:
+            plan = plan_program_switch(src.program, program, src.cluster, dst_to_src=inverse, failed=dead_src)
+            t3 = t_verified = time.perf_counter()
+        except LostStateError as lost:  # no survivor holds it: the survivors read the new plan's shards instead
+            t3, plan = time.perf_counter(), None
+            checkpoint = self._checkpoint_for(lost, max(steps) + 1)
+            t_verified = time.perf_counter()
         launch_of_new = {new: src.to_launch[old] for old, new in mapping.items()}
         leader = launch_of_new[0]
         addr, port = self._rendezvous(leader)
@@ -376,24 +437,54 @@ class TrainingController:
             self._reconf_id += 1
             ident = self._reconf_id
             ranks = {l: n for n, l in launch_of_new.items()}
-            resume = steps.pop() + 1
+            resume = steps.pop() + 1 if checkpoint is None else checkpoint.step
+            src_ranks = {l: r for r, l in src.to_launch.items() if l in ranks}
             event = Event(resume, "failure", sorted(l for l in src.to_launch.values() if l in self._dead),
                           _strategy_of(program), {"detect": max(0.0, t_start - evidence), "plan": t1 - t0,
-                                                 "specialize": t2 - t1 + (t3 - t2)}, _bytes(plan, src.cluster),
-                          ranks, program=program)
+                                                 "specialize": t2 - t1 + (t3 - t2)},
+                          _bytes(plan, src.cluster) if plan is not None else {"intra": 0, "inter": 0},
+                          ranks, program=program, source="memory" if checkpoint is None else "checkpoint",
+                          checkpoint_step=None if checkpoint is None else checkpoint.step)
+            if checkpoint is not None:
+                event.seconds["verify"] = t_verified - t3
+                src, finish = None, []  # the running state is given up: nothing from before this can be replanned
             self._open[("reconfigure", ident)] = event
             self.events.append(event)
             self.previous, self.current = src, _Numbering(program, cluster, launch_of_new)
             if self.straggler is not None:
                 self.straggler.reset()
         msg = {"type": "reconfigure", "id": ident, "world": len(launch_of_new), "ranks": ranks,
-               "src_ranks": {l: r for r, l in src.to_launch.items() if l in ranks},
-               "master_addr": addr, "master_port": port, "resume_step": resume, "source": sources.pop(),
-               "finish": finish, "payload": pack_payload((shareable(program), plan))}
+               "src_ranks": src_ranks, "master_addr": addr, "master_port": port, "resume_step": resume,
+               "source": sources.pop() if checkpoint is None else "checkpoint", "finish": finish,
+               "checkpoint": None if checkpoint is None else resume_payload(checkpoint),
+               "payload": pack_payload((shareable(program), plan))}
         self._send(msg, sorted(ranks))
         if self.job is not None:
-            self.job._note(f"ranks {event.failed_ranks} lost at step {resume}: switching to "
-                           f"{new_strategy}")
+            how = "switching" if checkpoint is None else f"reloading the checkpoint of step {resume} under"
+            self.job._note(f"ranks {event.failed_ranks} lost: {how} {new_strategy}")
+
+    def _checkpoint_for(self, lost: Any, before: int) -> Any:
+        """The newest complete (verified) checkpoint of this job at a step up to ``before`` to reload the state
+        ``lost`` (a :class:`~hspmd_sdk.core.reconfigure.LostStateError`) from; without one, the error naming the
+        tensors and ranks."""
+        from .checkpoint import list_checkpoints, load_checkpoint
+        from .checkpoint_io import CheckpointError
+
+        if self.checkpoint_dir is None:
+            raise lost
+        job_id = self.job.spec.job_id if self.job is not None else None
+        mine = [(s, p) for s, p in list_checkpoints(self.checkpoint_dir) if s <= before]
+        for _, path in reversed(mine):
+            try:
+                ck = load_checkpoint(path)  # verified, checksums included: nothing is reloaded silently wrong
+            except CheckpointError:
+                continue  # damaged: an older one may do
+            if ck.manifest.job_id == job_id or (self.resumed_from is not None
+                                                and ck.path.resolve() == Path(self.resumed_from).resolve()):
+                return ck
+        raise HSPMDError(f"{lost.what}, and no checkpoint of this job in {self.checkpoint_dir} was complete yet (the "
+                         f"failure came at step {before}, before the first checkpoint was committed): nothing to "
+                         "reload it from")
 
     def _rendezvous(self, launch_rank: int) -> tuple[str, int]:
         """Where the new world meets: on the host of its new rank 0, at a port free there."""

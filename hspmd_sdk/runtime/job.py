@@ -258,8 +258,9 @@ class Job:
     def switch(self, program: Any) -> Any:
         """Move the running job to ``program`` at the next step boundary (SPEC §6): every parameter and Adam
         moment moves by one fused BSR, no process restarts, training goes on at the same step.  ``program`` trains
-        the same model on ranks the job runs (``job.cluster``).  Returns the :class:`~.controller.Event`; it is
-        ``done`` once every worker switched."""
+        the same model on ranks the job runs (``job.cluster``).  Called while the job reconfigures itself after
+        a failure, it waits for that to finish first.  Returns the :class:`~.controller.Event`; it is ``done``
+        once every worker switched."""
         if self.controller is None:
             raise RuntimeFailure(f"job {self.job_id} runs an entry that cannot switch plans (only training jobs "
                                  "launched with hspmd_sdk.launch can)")

@@ -123,9 +123,13 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
     ``job.wait()`` gives a result whose ``losses`` are the per-step losses the entry reported.
 
     ``program`` without ``entry``: train it (:func:`hspmd_sdk.runtime.train.launch_training`, the default
-    training entry); ``run_options`` (``seq_len``, ``lr``, ``betas``, ``eps``, ``weight_decay``, ``data``,
-    ``recompute``, ``capture_dir``) go to it and are checked there before any worker starts (they are an error
-    with ``entry``).  ``slowdown={rank: k}`` emulates a ``k``-times slower device on that rank (CPU
+    training entry); ``run_options`` go to it and are checked there before any worker starts (they are an error
+    with ``entry``): the run (``seq_len``, ``lr``, ``betas``, ``eps``, ``weight_decay``, ``data``, ``recompute``,
+    ``capture_dir``, ``init`` — Hugging Face weights or a state dict), precision and placement (``precision="bf16"``,
+    ``device="cuda"``), checkpoints (``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``checkpoint_async``,
+    ``resume_from``: :mod:`.checkpoint`) and reconfiguration (``elastic=True``: survive a dead worker by an
+    in-memory switch; ``straggler=True``: replan around a slow rank; then ``job.switch(program)`` and
+    ``job.events``: :mod:`.controller`).  ``slowdown={rank: k}`` emulates a ``k``-times slower device on that rank (CPU
     demos; labelled as emulation in metrics and progress).  ``transport``: local processes by default when every
     host of the cluster is this machine.
 

@@ -98,20 +98,23 @@ class MetricsHistory:
                        default=None)
 
     def losses(self, preferred: int | None = None) -> list[float]:
-        """Per-step losses of the loss rank, ordered by step (a later report of a step replaces an earlier one).
-        A step the loss rank did not report (it failed, or left an elastic job) takes the lowest rank's report of
-        it: every rank of a training job reports the same global loss."""
-        r = self.loss_rank(preferred)
-        if r is None:
-            return []
-        by_step = {m.step: m.loss for m in self.rank(r) if m.loss is not None}
-        if preferred is None:
-            for other in sorted(self.ranks(), reverse=True):
-                if other != r:
-                    for m in self.rank(other):
-                        if m.loss is not None and m.step not in by_step:
-                            by_step.setdefault(m.step, m.loss)
-        return [float(by_step[s]) for s in sorted(by_step)]
+        """Per-step losses, ordered by step.  With ``preferred``: that rank's reports (a later report of a step
+        replaces an earlier one).  Otherwise, for each step, the newest attempt of it — the most times any one
+        rank reported it: a step recomputed after a reconfiguration (a reload from a checkpoint redoes several)
+        counts, not what a rank that failed since reported — and among the ranks that reported that attempt,
+        the lowest one's (every rank of a training job reports the same global loss)."""
+        if preferred is not None:
+            return [float(v) for _, v in sorted({m.step: m.loss for m in self.rank(preferred)
+                                                 if m.loss is not None}.items())]
+        best: dict[int, tuple[int, int, float]] = {}  # step -> (attempt, -rank, loss): the largest wins
+        for r in self.ranks():
+            attempt: dict[int, int] = {}
+            for m in self.rank(r):
+                if m.loss is None:
+                    continue
+                k = attempt[m.step] = attempt.get(m.step, -1) + 1
+                best[m.step] = max(best.get(m.step, (k, -r, m.loss)), (k, -r, m.loss))
+        return [float(best[s][2]) for s in sorted(best)]
 
     def as_records(self) -> list[dict[str, Any]]:
         """Flat records (rank, step, ...), handy for a DataFrame."""

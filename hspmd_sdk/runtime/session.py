@@ -18,7 +18,10 @@ the launcher where it stands (``halted``: its last committed step).  The launche
 (:mod:`.controller`) replans for the survivors and answers with a ``reconfigure`` message: the new world (size,
 this process's new rank, the rendezvous), the new Program and the fused BSR from the surviving replicas.  The
 worker rejoins, switches, reports ``switched`` and redoes the interrupted step.  Until the first step after a
-switch commits, the previous state is kept: a second failure during the switch replans from it.
+switch commits, the previous state is kept: a second failure during the switch replans from it.  When some state
+has no surviving copy the message says ``source="checkpoint"``: the worker drops its state and reads its shards of
+the new Program from that checkpoint (the reader a resumed run uses), and the run goes on from the checkpoint's
+step.
 
 Nothing here names a model; the session reads the Program.
 """
@@ -71,8 +74,10 @@ class Reconfigure:
     resume_step: int
     program: Any
     plan: Any
-    source: str                    # "live": the running state; "previous": the state kept from before a switch
+    source: str                    # "live": the running state; "previous": the state kept from before a switch;
+                                   # "checkpoint": read the new Program's shards from ``checkpoint``
     finish: list[int]              # launch ranks that apply the step whose commit others completed
+    checkpoint: dict[str, Any] | None = None  # :func:`~.checkpoint.resume_payload` of the checkpoint to reload
 
     @classmethod
     def decode(cls, msg: Mapping[str, Any]) -> "Reconfigure":
@@ -80,7 +85,7 @@ class Reconfigure:
         return cls(int(msg["id"]), int(msg["world"]), {int(k): int(v) for k, v in msg["ranks"].items()},
                    {int(k): int(v) for k, v in msg["src_ranks"].items()}, str(msg["master_addr"]),
                    int(msg["master_port"]), int(msg["resume_step"]), program, plan, str(msg["source"]),
-                   [int(r) for r in msg.get("finish", ())])
+                   [int(r) for r in msg.get("finish", ())], msg.get("checkpoint"))
 
 
 class TrainSession:
@@ -408,17 +413,47 @@ class TrainSession:
         t1 = time.perf_counter()
         self.state.rejoin(msg.master_addr, msg.master_port, msg.world, msg.ranks[me])
         t2 = time.perf_counter()
-        to_proc = {msg.src_ranks[l]: msg.ranks[l] for l in msg.ranks}  # source-numbering rank -> new process rank
         self.program = program
-        nbytes = self._switch_to(msg.program, msg.plan, source=tensors,
-                                 src_rank=msg.src_ranks[me], to_proc=to_proc, step_count=count)
+        read: dict[str, Any] = {}
+        if msg.source == "checkpoint":
+            del tensors  # the state some of which has no surviving copy: the checkpoint replaces all of it
+            nbytes, read = 0, self._reload(msg)
+        else:
+            to_proc = {msg.src_ranks[l]: msg.ranks[l] for l in msg.ranks}  # source-numbering rank -> new rank
+            nbytes = self._switch_to(msg.program, msg.plan, source=tensors,
+                                     src_rank=msg.src_ranks[me], to_proc=to_proc, step_count=count)
         self.reconfigured = msg.id
         self.switch_done = max(self.switch_done, self.switch_heard)  # switches heard before the failure are moot
         self._switch_agreed = self.switch_done
         self.state.channel.send("switched", id=msg.id, what="reconfigure", step=self.offset + msg.resume_step,
                                 seconds=round(time.perf_counter() - t2, 6), rejoin_s=round(t2 - t1, 6),
-                                wait_s=round(t1 - t0, 6), bytes=nbytes, **self.last_switch)
+                                wait_s=round(t1 - t0, 6), bytes=nbytes, **read, **self.last_switch)
         return msg.resume_step
+
+    def _reload(self, msg: Reconfigure) -> dict[str, Any]:
+        """Go back to the checkpoint ``msg`` names under ``msg.program``: its groups, this rank's shards read from
+        the checkpoint (only the boxes it holds, by :func:`~.checkpoint_worker.load_resume`, as a resumed run),
+        Adam's step count and the committed step of the checkpoint; returns ``bytes_read`` and ``checkpoint_step``
+        for the ``switched`` report (``last_switch`` gets ``load_s``, the read alone)."""
+        from .checkpoint_worker import load_resume
+
+        t0 = time.perf_counter()
+        program, ck = msg.program, msg.checkpoint
+        self.previous = None  # nothing from before the failure can be replanned from any more
+        self._make_groups(program)
+        self.program = program
+        self._drop_unused_groups(program)
+        t1 = time.perf_counter()
+        params = opt = None
+        stats: dict[str, Any] = {"bytes_read": 0}
+        if self.state.rank in program.ranks:
+            params, opt, stats = load_resume(ck, program, self.state.rank)
+        t2 = time.perf_counter()
+        self.committed, self.adam_steps = msg.resume_step - 1, int(ck["optimizer_step"])
+        self._make_executor(params, opt)
+        self.last_switch = {"groups_s": round(t1 - t0, 6), "load_s": round(t2 - t1, 6),
+                            "build_s": round(time.perf_counter() - t2, 6)}
+        return {"bytes_read": int(stats["bytes_read"]), "checkpoint_step": int(ck["step"])}
 
 
 def _is_comm_failure(e: BaseException) -> bool:

@@ -49,6 +49,9 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--check", action="store_true", help="only check the hosts (exit 0 if all pass)")
     p.add_argument("--log-dir", default=None, metavar="DIR", help="per-rank logs (default: a temporary folder)")
     p.add_argument("--quiet", action="store_true", help="do not echo the workers' lines")
+    from .checkpoint_cli import add_training_checkpoint_arguments
+
+    add_training_checkpoint_arguments(p)
 
 
 def _transport(args: argparse.Namespace) -> Any:
@@ -77,6 +80,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         problems.append(("FILE", "give a strategy to train, or --entry module:function"))
     if args.entry is not None and (args.elastic or args.straggler):
         problems.append(("--elastic/--straggler", "apply to training a strategy, not to an --entry"))
+    if args.entry is not None and (args.checkpoint_dir or args.resume_from):
+        problems.append(("--checkpoint-dir/--resume-from", "apply to training a strategy, not to an --entry"))
     if args.stall < 2 * args.heartbeat:
         problems.append(("--stall", f"{args.stall:g} s must be at least two heartbeats (--heartbeat "
                                     f"{args.heartbeat:g})"))
@@ -130,6 +135,7 @@ def _launch_training(args: argparse.Namespace, cluster: Any, common: dict[str, A
     from ..core.specialize import specialize
     from ..core.strategy import Strategy
     from ..core.strategy_plan import plan_from_strategy
+    from .checkpoint_cli import training_checkpoint_options
     from .train import launch_training
 
     config = load_model_spec(args.model)
@@ -137,7 +143,8 @@ def _launch_training(args: argparse.Namespace, cluster: Any, common: dict[str, A
     program = specialize(config, plan_from_strategy(config, strategy, cluster), cluster)
     options = {k: v for k, v in common.items() if k != "preflight"}  # the one training path checks the hosts itself
     return launch_training(program, cluster, data=args.data, lr=args.lr, seq_len=args.seq_len,
-                           elastic=args.elastic, straggler=args.straggler, **options)
+                           elastic=args.elastic, straggler=args.straggler, **training_checkpoint_options(args),
+                           **options)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -203,7 +203,8 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
 
     Graph switching (SPEC §6): ``job.switch(program)`` moves the running job to another plan.  ``elastic=True``:
     a worker that dies does not end the job — the survivors replan, switch by fused BSR and redo the interrupted
-    step (:mod:`.controller`).  ``straggler=True`` (or a :class:`~.controller.StragglerWatch`): a rank that stays
+    step (:mod:`.controller`); state with no surviving copy is reloaded from the newest complete checkpoint under
+    ``checkpoint_dir`` in the same processes (the run goes back to its step), else the job fails naming it.  ``straggler=True`` (or a :class:`~.controller.StragglerWatch`): a rank that stays
     slower than under its plan is replanned around; ``cost``: the :class:`~hspmd_sdk.planner.CostModel` those
     replans use.  ``job.events`` lists every reconfiguration.  ``fault_injection`` (for tests and demos of
     failures): ``[{"rank": r, "step": s, "at": point}]`` makes rank ``r`` SIGKILL itself at ``point`` of step ``s``
@@ -261,7 +262,9 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     run["faults"] = [dict(f) for f in fault_injection]
     watch = StragglerWatch() if straggler is True else (straggler or None)
     controller = TrainingController(program, cluster, global_batch=run["global_batch"], seq_len=run["seq_len"],
-                                    elastic=bool(elastic), straggler=watch, cost=cost)
+                                    elastic=bool(elastic), straggler=watch, cost=cost,
+                                    checkpoint_dir=(run.get("checkpoint") or {}).get("dir"),
+                                    resumed_from=(run.get("resume") or {}).get("dir"))
     if elastic and launch_kwargs.get("policy") is None:
         launch_kwargs["policy"] = controller
     job = launch_runs([run], cluster, **launch_kwargs)
