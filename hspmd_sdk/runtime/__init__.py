@@ -4,7 +4,8 @@
 ``fn(state, spec) -> dict``; ``Job.wait()`` returns a :class:`JobResult` (per-step ``losses``, per-rank results,
 metrics) or raises :class:`~hspmd_sdk.errors.RuntimeFailure` naming the first failing rank.
 ``load_checkpoint(DIR)`` opens a sharded checkpoint (:mod:`.checkpoint`).  Transports start the
-workers (:class:`LocalTransport`: local processes).  :mod:`.data` is the deterministic byte-level dataset.
+workers (:class:`LocalTransport`: local processes).  :mod:`.data` is the deterministic byte-level dataset, and documents of different lengths in token-budget steps
+(:class:`Documents`, :class:`LengthBatches`; training on them: :mod:`.mixed`).
 
 Faults (:mod:`.faults`, :mod:`.liveness`): workers and agents beat, the job's watchdog names a rank that stops
 beating or hangs outside communication while its peers wait, and a lost host as ``connection lost``; each
@@ -51,6 +52,12 @@ _EXPORTS = {
     "load_checkpoint": ".checkpoint",
     "Checkpoint": ".checkpoint",
     "CheckpointError": ".checkpoint_io",
+    "Documents": ".data",
+    "LengthBatches": ".data",
+    "length_distribution": ".data",
+    "launch_mixed": ".mixed",
+    "reference_mixed": ".mixed",
+    "planning_summary": ".mixed",
 }
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

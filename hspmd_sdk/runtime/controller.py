@@ -175,6 +175,7 @@ class TrainingController:
         self._open: dict[tuple[str, int], Event] = {}
         self._busy = False
         self._thread: threading.Thread | None = None
+        self.mixed = False  # a mixed-length job (:mod:`.mixed`): its plan changes per step, by length
 
     # ---- wiring ---------------------------------------------------------------------------------------------
     def attach(self, job: "Job") -> None:
@@ -203,6 +204,9 @@ class TrainingController:
         from ..core.reconfigure import plan_program_switch
         from .session import pack_payload, shareable
 
+        if self.mixed:
+            raise SwitchError("this job trains on mixed-length data: it chooses its plan per step among its "
+                              "candidate programs (Job.events shows the length switches)")
         deadline = time.monotonic() + self.halt_timeout_s + 30.0
         while True:  # a reconfiguration after a failure in progress: the switch follows it
             self._lock.acquire()
@@ -236,6 +240,17 @@ class TrainingController:
         self._send({"type": "switch", "id": ident, "payload": pack_payload((shareable(program), plan))},
                    self.alive)
         return event
+
+    def record_event(self, key: tuple[str, int], event: Event) -> None:
+        """Record a reconfiguration planned elsewhere (a length switch, :mod:`.mixed`): it is ``done`` once every
+        worker reported ``switched`` with ``what, id = key``."""
+        with self._lock:
+            self._open[key] = event
+            self.events.append(event)
+            got = self._switched.get(key)
+        if got:
+            for rank, msg in list(got.items()):
+                self._on_switched(rank, msg)
 
     def _check_switchable(self, program: "Program", cur: _Numbering) -> None:
         if program.model != cur.program.model:

@@ -165,3 +165,163 @@ def pipeline_slices(sizes: Sequence[int], global_batch_size: int | None = None) 
 def split_batch(batch: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
     """Cut a global batch into per-pipeline slices of ``sizes`` rows (the top-tier split of the batch)."""
     return [batch[s] for s in pipeline_slices(sizes, batch.shape[0])]
+
+
+# ---- documents of different lengths (mixed-length data, SPEC §7) ---------------------------------------------
+#: ``data=`` name of the embedded variable-length source: the standard-library bytes, one document per file.
+STDLIB_DOCS = "stdlib-docs"
+
+
+class Documents:
+    """Token documents of different lengths (1-d integer arrays), in a fixed order.
+
+    Make one from any sequence of token arrays (``Documents(arrays)``), from the standard library's source files
+    one document per file (:meth:`stdlib`, byte tokens: the embedded default, long-tailed), or from a tokenized
+    text file (:meth:`from_file`: one document per line, token ids separated by whitespace).  ``vocab_size`` is at
+    least the largest token + 1."""
+
+    def __init__(self, docs: Sequence[Any], *, vocab_size: int | None = None, name: str = "documents") -> None:
+        arrays = []
+        for i, d in enumerate(docs):
+            a = np.asarray(d)
+            if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
+                raise ValueError(f"{name}[{i}]: a document is a 1-d array of integer tokens, not shape "
+                                 f"{a.shape} of {a.dtype}")
+            if a.size and int(a.min()) < 0:
+                raise ValueError(f"{name}[{i}]: token {int(a.min())} is negative")
+            arrays.append(a if a.size else a.astype(np.int64))  # kept in its dtype (stdlib: uint8 bytes)
+        self.docs: list[np.ndarray] = arrays
+        top = max((int(a.max()) for a in arrays if a.size), default=-1) + 1
+        if vocab_size is not None and top > vocab_size:
+            raise ValueError(f"{name}: token {top - 1} is outside the vocabulary of {vocab_size}")
+        self.vocab_size = int(vocab_size if vocab_size is not None else max(top, 1))
+        self.name = name
+        self.stdlib_files: int | None = None  #: set by :meth:`stdlib` (-1: every file): workers re-read it
+        self.stdlib_root: str | None = None
+
+    @classmethod
+    def stdlib(cls, root: Path | str | None = None, *, max_files: int | None = None) -> "Documents":
+        """The standard library's ``*.py`` files, one document each, in corpus order (byte tokens, vocabulary
+        256); ``max_files`` keeps the first files only (faster tests)."""
+        files = stdlib_files(Path(root) if root is not None else None)[:max_files]
+        out = cls([np.frombuffer(p.read_bytes(), dtype=np.uint8) for p in files], vocab_size=VOCAB_SIZE,
+                  name=STDLIB_DOCS)
+        out.stdlib_files = -1 if max_files is None else int(max_files)
+        out.stdlib_root = str(root) if root is not None else None
+        return out
+
+    @classmethod
+    def from_file(cls, path: str | Path, *, vocab_size: int | None = None) -> "Documents":
+        """A tokenized text file: one document per line, its token ids separated by whitespace."""
+        lines = Path(path).read_text().splitlines()
+        docs = []
+        for n, line in enumerate(lines, 1):
+            try:
+                docs.append(np.array([int(x) for x in line.split()], dtype=np.int64))
+            except ValueError:
+                raise ValueError(f"{path}:{n}: a line is token ids separated by whitespace") from None
+        return cls(docs, vocab_size=vocab_size, name=str(path))
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(a.size for a in self.docs))
+
+
+def chunk_documents(docs: Documents, context: int) -> list[np.ndarray]:
+    """Every document as sequences of at most ``context + 1`` tokens (``context`` input/target pairs): a document
+    longer than that is cut into consecutive chunks that overlap by one token, so each of its next-token pairs is
+    in exactly one chunk (none is dropped); a document of fewer than two tokens has no pair and gives none."""
+    if context < 1:
+        raise ValueError(f"context must be >= 1 token, not {context}")
+    out = []
+    for d in docs.docs:
+        for start in range(0, max(d.size - 1, 0), context):
+            out.append(d[start:start + context + 1])
+    return out
+
+
+class LengthBatches:
+    """Mixed-length global batches by token budget (SPEC §7): which sequences make up step ``k`` depends only on
+    the documents, ``context``, ``tokens_per_step`` and ``seed`` — never on a plan.
+
+    The documents are cut into sequences of at most ``context`` input tokens (:func:`chunk_documents`); each
+    epoch visits them in a permutation seeded by ``(seed, epoch)``; step ``k`` takes the next sequences of that
+    stream while their input tokens add up to at most ``tokens_per_step`` (at least one a step).  A sequence of
+    ``n + 1`` tokens has length ``n``: ``n`` inputs, ``n`` targets."""
+
+    def __init__(self, docs: Documents, *, context: int, tokens_per_step: int, seed: int = 0) -> None:
+        self.docs, self.context, self.seed = docs, int(context), int(seed)
+        self.tokens_per_step = int(tokens_per_step)
+        self.sequences = chunk_documents(docs, self.context)
+        if not self.sequences:
+            raise ValueError(f"{docs.name}: no document has two tokens or more: nothing to train on")
+        if self.tokens_per_step < self.context:
+            raise ValueError(f"tokens_per_step={self.tokens_per_step} is smaller than one chunk of the context "
+                             f"({self.context} tokens); a step must hold the longest sequence")
+        self.lengths = np.array([s.size - 1 for s in self.sequences], dtype=np.int64)
+        self._starts: list[int] = [0]  # stream position where step k starts
+        self._perms: dict[int, np.ndarray] = {}
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        got = self._perms.get(epoch)
+        if got is None:
+            got = self._perms[epoch] = np.random.default_rng([self.seed, epoch, 0x1E9]).permutation(
+                len(self.sequences))
+        return got
+
+    def _at(self, position: int) -> int:
+        """Index of the sequence at stream position ``position``."""
+        n = len(self.sequences)
+        return int(self._perm(position // n)[position % n])
+
+    def _span(self, step: int) -> tuple[int, int]:
+        if step < 0:
+            raise ValueError(f"step must be >= 0, not {step}")
+        while len(self._starts) <= step + 1:
+            pos, total = self._starts[-1], 0
+            while True:
+                x = int(self.lengths[self._at(pos)])
+                if total and total + x > self.tokens_per_step:
+                    break
+                total += x
+                pos += 1
+            self._starts.append(pos)
+        return self._starts[step], self._starts[step + 1]
+
+    def step_indices(self, step: int) -> list[int]:
+        """Indices (into :attr:`sequences`) of step ``step``'s sequences, in stream order."""
+        a, b = self._span(step)
+        return [self._at(p) for p in range(a, b)]
+
+    def step_lengths(self, step: int) -> list[int]:
+        """Input lengths of step ``step``'s sequences (what the dispatcher assigns)."""
+        return [int(self.lengths[i]) for i in self.step_indices(step)]
+
+    def step_sequences(self, step: int) -> list[np.ndarray]:
+        """Step ``step``'s sequences (``length + 1`` tokens each), in stream order."""
+        return [self.sequences[i] for i in self.step_indices(step)]
+
+    def step_targets(self, step: int) -> int:
+        """Real target tokens of step ``step`` (the loss's normaliser)."""
+        return int(sum(self.step_lengths(step)))
+
+
+def length_distribution(docs: Documents, context: int | None = None) -> np.ndarray:
+    """Lengths of the documents' sequences: input tokens of each document, or with ``context`` of each chunk
+    (:func:`chunk_documents`) — for a histogram of how long-tailed the data is."""
+    if context is None:
+        return np.array([max(d.size - 1, 0) for d in docs.docs if d.size > 1], dtype=np.int64)
+    return np.array([s.size - 1 for s in chunk_documents(docs, context)], dtype=np.int64)
+
+
+def padded_rows(sequences: Sequence[np.ndarray], pad: int = -100) -> torch.Tensor:
+    """Sequences (``n_i + 1`` tokens each) as one ``[rows, max n_i + 1]`` int64 tensor padded on the right with
+    ``pad`` (what :func:`micro_batch_feeds` turns into inputs and masked targets)."""
+    width = max(int(s.size) for s in sequences)
+    out = np.full((len(sequences), width), pad, dtype=np.int64)
+    for i, s in enumerate(sequences):
+        out[i, :s.size] = s
+    return torch.from_numpy(out)

@@ -155,7 +155,10 @@ class _Local:
 
     def __init__(self, ex: "StepExecutor") -> None:
         self.ex = ex
-        self.loss_normalizer: int | None = ex.loss_normalizer
+
+    @property
+    def loss_normalizer(self) -> int | None:
+        return self.ex.loss_normalizer
 
     def global_shape(self, tensor: str) -> tuple[int, ...]:
         return self.ex.global_shape(tensor)
@@ -167,7 +170,7 @@ class _Local:
             raise ExecutorError(f"rank {ex.rank} holds no shard of {tensor!r}")
         box = view.box
         d = batch_dim(ex.graph.tensors[tensor].shape)
-        return box if d is None else box[:d] + ((0, ex.micro_size),) + box[d + 1:]
+        return box if d is None else box[:d] + ((0, ex._cur[1]),) + box[d + 1:]
 
     def local_shape(self, tensor: str) -> tuple[int, ...]:
         return box_shape(self.box(tensor))
@@ -248,6 +251,12 @@ class StepExecutor:
         if self.micro_size * self.num_micro != rows:
             raise ExecutorError(f"rank {rank}: pipeline {self.pipeline} holds {rows} rows of the batch but runs "
                                 f"{self.num_micro} micro-batches of {self.micro_size}")
+        # every micro-batch's shape: (bindings, rows); the plan's by default, the dispatcher's per step
+        self._cur: tuple[dict[str, int], int] = (self.bindings, self.micro_size)
+        self._layout: list[tuple[dict[str, int], int]] = [self._cur] * self.num_micro
+        self._mb_bindings: dict[tuple[int, int], dict[str, int]] = {}
+        self._schedules: dict[int, list[Any]] = {}
+        self.trained_targets = 0  # real (non-padding) target tokens this rank's loss read in the last step
         self.grad_reduce = {o.inputs[0] for o in self.eg.backward if o.kind == "GradReduce"}
         self.roles = {o.name: self._role(o) for o in self.eg.forward if o.kind == "Reshard"}
         self.context = _Local(self)
@@ -284,7 +293,8 @@ class StepExecutor:
 
     # ---- set-up ---------------------------------------------------------------------------------------------
     def global_shape(self, tensor: str) -> tuple[int, ...]:
-        return tuple(int(d) for d in evaluate_shape(self.graph.tensors[tensor].shape, self.bindings, tensor=tensor))
+        """``tensor``'s global shape at the current micro-batch's bindings."""
+        return tuple(int(d) for d in evaluate_shape(self.graph.tensors[tensor].shape, self._cur[0], tensor=tensor))
 
     def _role(self, op: Any) -> str:
         """``local`` (holds source and destination), ``send`` (only the source) or ``recv`` (only the
@@ -293,18 +303,60 @@ class StepExecutor:
         has_src, has_dst = self.rank in src.ranks, self.rank in dst.ranks
         return "local" if has_src and has_dst else "send" if has_src else "recv"
 
-    def _plan(self, name: str) -> Any:
-        """The plan of communication ``name`` at this pipeline's micro-batch shape, for the run's dtype."""
-        got = self._plans.get(name)
+    def _plan(self, name: str, mb: int | None = None) -> Any:
+        """The plan of communication ``name`` at micro-batch ``mb``'s shape (default: the current one), for the
+        run's dtype (the symbolic plan resolved at the concrete shape once, cached)."""
+        bindings, rows = self._cur if mb is None else self._layout[mb]
+        key = (name, rows, bindings.get("S"), bindings.get("B"))
+        got = self._plans.get(key)
         if got is None:
-            got = self._plans[name] = with_dtype(
-                self.program.micro_batch_plan(name, self.rank, self.bindings, self.micro_size), self.dtype)
+            got = self._plans[key] = with_dtype(
+                self.program.micro_batch_plan(name, self.rank, bindings, rows), self.dtype)
         return got
 
     def _node_attrs(self, node: Any) -> dict[str, Any]:
-        got = self._attrs.get(node.name)
+        """A node's kernel attributes at the current micro-batch's shape (the loss operator's also at the step's
+        normaliser); cached."""
+        bindings, rows = self._cur
+        key = (node.name, rows, bindings.get("S"), bindings.get("B"),
+               self.loss_normalizer if self.loss_name in node.outputs else None)
+        got = self._attrs.get(key)
         if got is None:
-            got = self._attrs[node.name] = kernel_for(node.kind, node.name).attrs(node, self.context)
+            got = self._attrs[key] = kernel_for(node.kind, node.name).attrs(node, self.context)
+        return got
+
+    # ---- per-step micro-batch shapes (mixed-length data) ----------------------------------------------------
+    def micro_bindings(self, rows: int, seq_len: int) -> dict[str, int]:
+        """Symbol values under which this pipeline's batch chunk holds at least ``rows`` rows and the sequence is
+        ``seq_len`` long: ``B`` is the program's ``B`` scaled by a whole factor (the top tier splits the batch in
+        fixed proportions), ``S`` is ``seq_len``.  A micro-batch of ``rows x seq_len`` then runs the plans of
+        those bindings with the chunk rewritten to its rows (:meth:`Program.micro_batch_plan`)."""
+        key = (int(rows), int(seq_len))
+        got = self._mb_bindings.get(key)
+        if got is None:
+            if rows < 1 or seq_len < 1:
+                raise ExecutorError(f"rank {self.rank}: a micro-batch of {rows} rows x {seq_len} tokens")
+            base = int(self.program.bindings.get("B", self.bindings["B"]))
+            a, b = self.program.batch_rows(self.rank, {**self.bindings, "B": base, "S": int(seq_len)})
+            k = max(1, math.ceil(rows / max(b - a, 1)))
+            got = {**self.bindings, "B": base * k, "S": int(seq_len)}
+            a, b = self.program.batch_rows(self.rank, got)
+            if b - a < rows:
+                raise ExecutorError(f"rank {self.rank}: pipeline {self.pipeline}'s share of B={got['B']} is "
+                                    f"{b - a} rows, fewer than the micro-batch's {rows}")
+            self.program.bind(got)
+            self._mb_bindings[key] = got
+        return got
+
+    def _schedule_of(self, num_micro: int) -> list[Any]:
+        """This stage's actions for ``num_micro`` micro-batches (``Pre``, ``Post`` only for none)."""
+        got = self._schedules.get(num_micro)
+        if got is None:
+            from ..core.schedule import Action, build_schedule
+
+            stages = self.program.num_stages(self.pipeline)
+            got = self._schedules[num_micro] = [Action("PRE"), Action("POST")] if num_micro == 0 else \
+                build_schedule(self.program.schedule_kind, stages, self.stage, num_micro)
         return got
 
     # ---- training state by name ----------------------------------------------------------------------------
@@ -342,7 +394,8 @@ class StepExecutor:
         return any(self.graph.producer(n).kind == "placeholder" for n in self.eg.leaves)
 
     def step(self, batch: Any, *, capture_grads: bool = False,
-             before_update: Callable[[float], Any] | None = None) -> float:
+             before_update: Callable[[float], Any] | None = None,
+             micro_batches: Any = None, loss_normalizer: int | None = None) -> float:
         """Run one training step on the global batch — token sequences ``[B, S+1]`` that the model's ``feeds``
         turns into the graph's placeholders, or a mapping placeholder -> full tensor (every rank that
         :attr:`needs_data` passes the same; others may pass ``None``); returns this rank's summand of the global
@@ -354,15 +407,30 @@ class StepExecutor:
 
         Overlap (results unchanged): receives are posted ahead (gloo; see the module docstring), ZeRO-1 gathers
         are waited for where the forward first reads them, and gradient buckets start during the last backward
-        (:mod:`.buckets`)."""
-        self._feeds = self._local_feeds(self._full_feeds(batch))
+        (:mod:`.buckets`).
+
+        Mixed-length data (SPEC §7): ``micro_batches`` — this pipeline's micro-batches of the step, in order, each
+        ``(rows, seq_len, feeds)`` with ``feeds`` a mapping placeholder -> the micro-batch's full tensor (``None``
+        on ranks that do not :attr:`needs_data`) — replaces ``batch`` and the plan's micro-batching for this step:
+        each micro-batch runs at its own shape (the symbolic plans resolved there once, cached; nothing is
+        re-specialized), a stage may run none (``Pre`` and ``Post`` only).  ``loss_normalizer``: the step's real
+        target tokens over every pipeline (padding targets are ``-100``), so the summed loss is the mean over
+        the step's real targets."""
+        if micro_batches is not None:
+            self._layout = [(self.micro_bindings(int(r), int(s)), int(r)) for r, s, _ in micro_batches]
+            self.loss_normalizer = int(loss_normalizer) if loss_normalizer is not None else None
+            self._feeds = self._micro_feeds([f for _, _, f in micro_batches])
+            actions = self._schedule_of(len(self._layout))
+        else:
+            self._feeds = self._local_feeds(self._full_feeds(batch))
+            actions = self.program.schedule(self.rank)
+        self.trained_targets = 0
         self.records.clear()
         self._posted.clear()  # nothing of an interrupted step is left in flight for this one
         self._pending.clear()
         self._before_update = before_update
         self._step_loss = 0.0
         self.compute_s = 0.0  # this step's compute seconds (kernels, backward, Adam; never waiting for peers)
-        actions = self.program.schedule(self.rank)
         last_b = max((i for i, a in enumerate(actions) if a.kind == "B"), default=-1)
         ahead = _next_receives(actions) if self.post_ahead else None
         loss = 0.0
@@ -424,6 +492,38 @@ class StepExecutor:
                 local = local.to(self.dtype)
             d = batch_dim(self.graph.tensors[name].shape)
             out[name] = list(torch.split(local, self.micro_size, dim=d)) if d is not None else [local] * self.num_micro
+        return out
+
+    def _micro_feeds(self, feeds: Any) -> dict[str, list[torch.Tensor]]:
+        """Each placeholder leaf of this rank, per micro-batch: the micro-batch's full tensor cut to this rank's
+        box at that micro-batch's shape (its batch rows are the micro-batch's rows)."""
+        out: dict[str, list[torch.Tensor]] = {}
+        names = [n for n in self.eg.leaves if self.graph.producer(n).kind == "placeholder"]
+        if not names:
+            return out
+        for mb, full in enumerate(feeds):
+            bindings, rows = self._layout[mb]
+            for name in names:
+                if full is None or name not in full:
+                    raise ExecutorError(f"rank {self.rank}: micro-batch {mb} has no {name!r} but this rank's "
+                                        "graph reads it")
+                t = full[name]
+                shape = evaluate_shape(self.graph.tensors[name].shape, bindings, tensor=name)
+                d = batch_dim(self.graph.tensors[name].shape)
+                if d is not None:
+                    shape = shape[:d] + (rows,) + shape[d + 1:]
+                if tuple(t.shape) != tuple(int(x) for x in shape):
+                    raise ExecutorError(f"rank {self.rank}: micro-batch {mb}'s {name!r} has shape "
+                                        f"{tuple(t.shape)}, not {tuple(shape)}")
+                view = local_view(self.anns[name], tuple(int(x) for x in evaluate_shape(
+                    self.graph.tensors[name].shape, bindings, tensor=name)), self.rank)
+                slices = list(view.slices)
+                if d is not None:
+                    slices[d] = slice(0, rows)
+                local = t[tuple(slices)].to(self.device)
+                if local.is_floating_point():
+                    local = local.to(self.dtype)
+                out.setdefault(name, []).append(local)
         return out
 
     def pre(self) -> None:
@@ -493,12 +593,13 @@ class StepExecutor:
         rec = self._record(mb)
         for op in self.eg.forward:
             if op.kind == "Reshard" and self.roles[op.name] == "recv":
-                rec.received[op.name] = self._receive(self._plan(op.name), mb, 0, ("RECV_F", mb, op.name))
+                rec.received[op.name] = self._receive(self._plan(op.name, mb), mb, 0, ("RECV_F", mb, op.name))
 
     def forward(self, mb: int) -> None:
         """``F`` of micro-batch ``mb``."""
         if self.probe is not None:
             self.probe("forward")
+        self._cur = self._layout[mb]
         rec = self._record(mb)
         if self.recompute:  # the checkpointed body reads its inputs up front
             self._resolve_all()
@@ -512,11 +613,13 @@ class StepExecutor:
         if self.loss_name in vals and self.rank in self.anns[self.loss_name].ranks:
             rec.loss = vals[self.loss_name]
             rec.loss_value = float(rec.loss.detach())
+            if self.loss_contributor():
+                self.trained_targets += self._real_targets(mb)
 
     def send_forward(self, mb: int) -> None:
         """``SEND_F``: post this stage's outputs of micro-batch ``mb`` to the next stage (asynchronous)."""
         for name, t in self.records[mb].outputs:
-            self._send(self._plan(name), t, mb, 0)
+            self._send(self._plan(name, mb), t, mb, 0)
 
     def _run_forward(self, mb: int, vals: dict[str, torch.Tensor], rec: _MicroBatch, ops: Any) -> None:
         for op in ops:
@@ -574,7 +677,7 @@ class StepExecutor:
         src, dst = op.inputs[0], op.outputs[0]
         role = self.roles[op.name]
         if role == "local":
-            plan, back = self._plan(op.name), self._plan(f"{op.name}.bwd")
+            plan, back = self._plan(op.name, mb), self._plan(f"{op.name}.bwd", mb)
             x = self._get(vals, src)
             if _identity_for(plan, self.rank) and _identity_for(back, self.rank):
                 vals[dst] = x
@@ -592,7 +695,7 @@ class StepExecutor:
     def recv_backward(self, mb: int) -> None:
         """``RECV_B``: the gradients of this stage's outputs of micro-batch ``mb`` from the next stage."""
         rec = self.records[mb]
-        rec.out_grads = [self._receive(self._plan(f"{name}.bwd"), mb, 1, ("RECV_B", mb, name))
+        rec.out_grads = [self._receive(self._plan(f"{name}.bwd", mb), mb, 1, ("RECV_B", mb, name))
                          for name, _ in rec.outputs]
 
     def backward(self, mb: int, *, last: bool = False) -> float:
@@ -600,6 +703,7 @@ class StepExecutor:
         the step's last backward — the gradients it accumulates are final, their buckets start during it."""
         if self.probe is not None:
             self.probe("backward")
+        self._cur = self._layout[mb]  # a recomputed forward runs at the micro-batch's shape
         rec = self.records[mb]
         roots: list[torch.Tensor] = []
         grads: list[torch.Tensor] = []
@@ -625,7 +729,7 @@ class StepExecutor:
         rec = self.records.pop(mb)
         for name, t in rec.inputs:
             g = t.grad if t.grad is not None else torch.zeros_like(t)
-            self._send(self._plan(f"{name}.bwd"), g, mb, 1)
+            self._send(self._plan(f"{name}.bwd", mb), g, mb, 1)
 
     def post(self, *, capture_grads: bool = False) -> None:
         """``Post``: gradient synchronisation per the plan (each parameter's uses summed; buckets posted during
@@ -673,7 +777,7 @@ class StepExecutor:
         each of its plans that starts with its point-to-point operator."""
         names = [n for n, r in self.roles.items() if r == ("recv" if kind == "RECV_F" else "send")]
         for name in names:
-            plan = self._plan(name if kind == "RECV_F" else f"{name}.bwd")
+            plan = self._plan(name if kind == "RECV_F" else f"{name}.bwd", mb)
             key = (kind, mb, name)
             if key in self._posted or not plan.ops or not isinstance(plan.ops[0], PointToPointOp):
                 continue
@@ -705,6 +809,17 @@ class StepExecutor:
         self._pending.clear()
 
     # ---- reporting -----------------------------------------------------------------------------------------------
+    def _real_targets(self, mb: int) -> int:
+        """Real (non-padding) targets of micro-batch ``mb`` in the placeholders the loss operator reads."""
+        from .kernels import IGNORE_INDEX
+
+        node = self.graph.producer(self.loss_name)
+        n = 0
+        for t in node.inputs:
+            if t in self._feeds and self.graph.producer(t).kind == "placeholder":
+                n += int((self._feeds[t][mb] != IGNORE_INDEX).sum())
+        return n
+
     def loss_contributor(self) -> bool:
         """Whether this rank's loss summands count toward the global loss: one rank per Partial summand of the
         loss's annotation (TP replicas of a last stage hold equal copies)."""

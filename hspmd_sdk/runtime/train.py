@@ -212,10 +212,34 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     point of the write of the checkpoint of step ``s`` (steps completed; :data:`~.checkpoint_io.WRITE_POINTS`).
     ``launch_kwargs`` go to
     :func:`hspmd_sdk.runtime.launcher.launch` (``progress``, ``echo``, ``slowdown`` — a factor or a schedule
-    ``{rank: [(step, factor), ...]}`` —, ``timeout_s``, ``transport``, ``log_dir``, ...)."""
+    ``{rank: [(step, factor), ...]}`` —, ``timeout_s``, ``transport``, ``log_dir``, ...).
+
+    Mixed-length data (SPEC §7): ``program`` may be a list of candidate Programs (``MixedPlan.programs``) with
+    ``tokens_per_step=`` (and ``data=`` documents of different lengths, ``context=``, ``lookahead=``): each step
+    runs under the cheapest candidate for its sequences, switching by length (:func:`~.mixed.launch_mixed`)."""
     from .controller import StragglerWatch, TrainingController
     from .devices import backend_for_device
 
+    if isinstance(program, (list, tuple)):  # candidate Programs: mixed-length data (SPEC §7)
+        from .mixed import launch_mixed
+
+        given = {"data": data, "seq_len": seq_len, "recompute": recompute, "init": init, "elastic": elastic,
+                 "straggler": straggler, "checkpoint_dir": checkpoint_dir, "resume_from": resume_from,
+                 "fault_injection": fault_injection}
+        default = {"data": "synthetic", "fault_injection": ()}
+        bad = [k for k, v in given.items() if k not in ("data",) and v not in (None, False, default.get(k))]
+        if bad:
+            from ..errors import PlanValidationError
+
+            raise PlanValidationError([(bad[0], "is not supported with a list of candidate programs (mixed-length "
+                                                "training) yet")], what="mixed-length training run")
+        if device is not None:
+            launch_kwargs["backend"] = backend_for_device(device, cluster or program[0].cluster,
+                                                          launch_kwargs.get("backend"), launch_kwargs.get("transport"))
+        return launch_mixed(program, cluster, steps=steps, seed=seed,
+                            data="stdlib-docs" if data == "synthetic" else data, lr=lr, betas=betas, eps=eps,
+                            weight_decay=weight_decay, precision=precision, cost=cost, capture_dir=capture_dir,
+                            **launch_kwargs)
     cluster = cluster if cluster is not None else program.cluster
     run = training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
                        weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
@@ -255,10 +279,15 @@ def recompute_ranks(strategy: Any) -> list[int]:
 
 
 # ---- the worker side ----------------------------------------------------------------------------------------
-def dataset_for(data: str, vocab_size: int) -> Any:
-    """The token source of a run: ``"synthetic"`` or ``"stdlib"`` (needs a vocabulary of at least 256)."""
+def dataset_for(data: Any, vocab_size: int) -> Any:
+    """The token source of a run: ``"synthetic"`` or ``"stdlib"`` (needs a vocabulary of at least 256), or a
+    mixed-length source (:func:`~.mixed.data_spec`: :class:`~.data.LengthBatches`)."""
     from .data import VOCAB_SIZE, StdlibBytes, SyntheticTokens
 
+    if isinstance(data, Mapping) and data.get("kind") == "mixed":
+        from .mixed import batches_of
+
+        return batches_of(data)
     if data == "synthetic":
         return SyntheticTokens(vocab_size)
     if data == "stdlib":
@@ -275,7 +304,12 @@ def train_entry(state: Any, spec: Any) -> dict[str, Any]:
 
     results, offset = [], 0
     for i, run in enumerate(spec.payload["runs"]):
-        results.append(TrainSession(state, run, i, offset).train())
+        if run.get("mixed"):  # mixed-length data: per-step plans (SPEC §7)
+            from .mixed import MixedSession
+
+            results.append(MixedSession(state, run, i, offset).train())
+        else:
+            results.append(TrainSession(state, run, i, offset).train())
         offset += int(run["steps"])
     return {"runs": results, "losses": results[0]["losses"] if len(results) == 1 else None}
 

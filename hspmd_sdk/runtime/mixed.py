@@ -1,0 +1,527 @@
+"""Training on mixed-length data with per-step plans (SPEC §7; the paper's §9 (c), Appendix A.1 (c)).
+
+``launch(programs, cluster, steps=N, tokens_per_step=T, data="stdlib-docs")`` with a list of candidate Programs
+(:meth:`hspmd_sdk.planner.MixedPlan.programs`, one per maximum sequence length):
+
+* **data** (:class:`~.data.LengthBatches`): documents of different lengths are cut into sequences of at most
+  ``context`` tokens (longer documents into chunks, nothing dropped); step ``k`` takes the next sequences of a
+  seeded permutation until ``tokens_per_step`` — a function of the data, the seed, the budget and the context
+  only, never of the plans;
+* **dispatch, ahead of the workers** (:class:`LengthPlanner`, a thread of the launcher): for each step,
+  :class:`hspmd_sdk.planner.Dispatcher` assigns its sequences to the pipelines of every candidate, the cost model
+  picks the cheapest (counting the switch from the running one), and the choice with its micro-batches is sent to
+  every worker as a ``dispatch`` message, up to ``lookahead`` steps before they need it: every worker applies the
+  same assignment, and the planning runs while earlier steps train.  When the choice changes, the launcher plans
+  the fused BSR of parameters and Adam state between the two Programs once (cached per pair) and sends it along;
+* **the workers** (:class:`MixedSession`): at a step whose candidate differs from the running one they switch
+  (the graph-switching machinery of :class:`~.session.TrainSession`: new groups, fused BSR, new executor; groups of
+  earlier candidates are kept for switching back) and report it (``Job.events``: ``reason="length"``); then each
+  pipeline runs its own micro-batches at their own shapes (:meth:`~.executor.StepExecutor.step` with
+  ``micro_batches=``): a micro-batch is its sequences padded on the right to its longest, padding targets
+  ``-100`` (masked out of the loss), and the loss of the step is the mean over all its real target tokens
+  (``loss_normalizer``), so gradients equal the single-device model's on the same sequences.  The commit
+  all-gather also counts the real target tokens every loss rank trained; a step that did not train each of its
+  tokens exactly once fails.
+
+Padding rather than packing: the dispatcher's cost model and :class:`~hspmd_sdk.planner.Dispatch` already speak
+in padded ``rows x longest`` micro-batches, and padding needs no document mask in attention (a causal mask over
+right padding leaves real positions as they are), so every kernel and both model families run unchanged.
+
+:func:`reference_mixed` trains the single-device reference on the same sequences, a step in one padded batch of
+its own (whatever the dispatch), with the same normalisation: the independent reference.
+"""
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import HSPMDError, PlanValidationError
+from .session import TrainSession, pack_payload, unpack_payload
+
+__all__ = ["launch_mixed", "LengthPlanner", "MixedSession", "reference_mixed", "documents_for", "data_spec",
+           "micro_batch_feeds", "target_placeholders", "planning_summary"]
+
+#: Seconds a worker waits for the dispatch of a step before it fails (the launcher plans ahead; this is a hang).
+DISPATCH_WAIT_S = 120.0
+
+
+# ---- data sources --------------------------------------------------------------------------------------------
+def documents_for(data: Any, vocab_size: int | None = None) -> Any:
+    """The :class:`~.data.Documents` of ``data=``: ``"stdlib-docs"`` (the standard library, one document per
+    file), a :class:`~.data.Documents`, a list of token arrays, or the path of a tokenized text file (one
+    document per line)."""
+    from .data import STDLIB_DOCS, Documents
+
+    if isinstance(data, Documents):
+        docs = data
+    elif isinstance(data, str) and data == STDLIB_DOCS:
+        docs = Documents.stdlib()
+    elif isinstance(data, (str, Path)):
+        if not Path(data).is_file():
+            raise ValueError(f"data={str(data)!r}: not {STDLIB_DOCS!r} and no such file (a tokenized text file: "
+                             "one document per line, token ids separated by whitespace)")
+        docs = Documents.from_file(data)
+    elif isinstance(data, Sequence):
+        docs = Documents(data)
+    else:
+        raise ValueError(f"data must be {STDLIB_DOCS!r}, a list of token arrays, Documents or a tokenized text file, "
+                         f"not {type(data).__name__}")
+    if vocab_size is not None and docs.vocab_size > vocab_size:
+        raise ValueError(f"data {docs.name!r} has tokens up to {docs.vocab_size - 1} but the model's vocabulary "
+                         f"has {vocab_size}")
+    return docs
+
+
+def data_spec(docs: Any, *, context: int, tokens_per_step: int, seed: int) -> dict[str, Any]:
+    """The JSON form of a mixed-length source for the workers (documents other than the embedded default are
+    written once to a temporary ``.npz`` that each worker reads)."""
+    spec: dict[str, Any] = {"kind": "mixed", "context": int(context), "tokens_per_step": int(tokens_per_step),
+                            "seed": int(seed), "vocab_size": int(docs.vocab_size)}
+    if getattr(docs, "stdlib_files", None) is not None:
+        spec["source"] = {"stdlib": docs.stdlib_files, "root": docs.stdlib_root}
+    else:
+        path = Path(tempfile.mkdtemp(prefix="hspmd-docs-")) / "documents.npz"
+        lengths = np.array([d.size for d in docs.docs], dtype=np.int64)
+        np.savez(path, tokens=np.concatenate(docs.docs) if docs.docs else np.zeros(0, np.int64), lengths=lengths)
+        spec["source"] = {"npz": str(path)}
+    return spec
+
+
+def batches_of(spec: Mapping[str, Any]) -> Any:
+    """The :class:`~.data.LengthBatches` of a :func:`data_spec` (worker side)."""
+    from .data import Documents, LengthBatches
+
+    src = spec["source"]
+    if "stdlib" in src:
+        n = int(src["stdlib"])
+        docs = Documents.stdlib(src.get("root"), max_files=None if n < 0 else n)
+    else:
+        with np.load(src["npz"]) as z:
+            tokens, lengths = z["tokens"], z["lengths"]
+        bounds = np.concatenate([[0], np.cumsum(lengths)])
+        docs = Documents([tokens[a:b] for a, b in zip(bounds[:-1], bounds[1:])], vocab_size=int(spec["vocab_size"]))
+    return LengthBatches(docs, context=int(spec["context"]), tokens_per_step=int(spec["tokens_per_step"]),
+                         seed=int(spec["seed"]))
+
+
+# ---- micro-batches -------------------------------------------------------------------------------------------
+def target_placeholders(graph: Any) -> set[str]:
+    """Placeholders the loss operator reads directly (the targets: their ``-100`` entries are padding)."""
+    node = graph.producer(graph.loss)
+    return {t for t in node.inputs if graph.producer(t).kind == "placeholder"}
+
+
+def micro_batch_feeds(model: Any, graph: Any, sequences: Sequence[np.ndarray]) -> dict[str, Any]:
+    """The graph's placeholders for one padded micro-batch: ``model.feeds`` of the sequences padded on the right
+    (:func:`~.data.padded_rows`), padding ``-100`` in the targets (masked out of the loss) and ``0`` in every other
+    integer feed (a valid token; causal attention keeps padding out of the real positions)."""
+    import torch
+
+    from .data import padded_rows
+    from .kernels import IGNORE_INDEX
+
+    feeds = dict(model.feeds(padded_rows(sequences, IGNORE_INDEX)))
+    targets = target_placeholders(graph)
+    for k, v in feeds.items():
+        if k not in targets and isinstance(v, torch.Tensor) and not v.is_floating_point():
+            feeds[k] = v.masked_fill(v == IGNORE_INDEX, 0)
+    return feeds
+
+
+# ---- the launcher side ---------------------------------------------------------------------------------------
+def same_layouts(programs: Sequence[Any]) -> list[int]:
+    """For each candidate, the first candidate that runs the same Program (the same annotation plan, pipelines,
+    recomputation and bindings; only ``plan.meta`` — windows, maximum length — differs): moving between such
+    candidates changes only the dispatch, not the plan, so nothing is switched."""
+    keys: list[Any] = []
+    out = []
+    for p in programs:
+        data = p.plan.model_dump(mode="json")
+        data.pop("meta", None)
+        key = (repr(data), repr(p.pipelines), repr(sorted(p.recompute)), repr(sorted(p.bindings.items())))
+        out.append(keys.index(key) if key in keys else len(keys))
+        if key not in keys:
+            keys.append(key)
+    return out
+
+
+class LengthPlanner:
+    """The launcher's dispatch thread: per step, :class:`~hspmd_sdk.planner.Dispatcher` on the step's lengths
+    (``current``: the previous step's choice, so a switch must pay for itself), the chosen candidate and its
+    micro-batches sent to every worker as a ``dispatch`` message, at most ``lookahead`` steps ahead of the
+    workers' last finished step; a change of candidate also carries the fused BSR between the two Programs
+    (planned once per pair) and opens an :class:`~.controller.Event` (``reason="length"``).
+
+    ``records``: per step ``{"step", "choice", "estimate", "plan_s", "switch_plan_s", "lengths", "shapes",
+    "micro_batches", "padding", "switch_from"}`` (``switch_from``: the candidate switched away from, ``None``
+    where the Program stays)."""
+
+    def __init__(self, programs: Sequence[Any], cluster: Any, batches: Any, dispatcher: Any, *, steps: int,
+                 lookahead: int = 2) -> None:
+        self.programs, self.cluster, self.batches, self.dispatcher = list(programs), cluster, batches, dispatcher
+        self.layouts = same_layouts(self.programs)
+        self.steps, self.lookahead = int(steps), max(0, int(lookahead))
+        self.records: list[dict[str, Any]] = []
+        self.job: Any = None
+        self.controller: Any = None
+        self._plans: dict[tuple[int, int], Any] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.current: int | None = None
+        self.first = self._plan_step(0)  # before any worker starts: the Program step 0 runs under
+
+    def _plan_step(self, step: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        lengths = self.batches.step_lengths(step)
+        d = self.dispatcher(lengths, current=self.current)
+        t1 = time.perf_counter()
+        rec = {"step": step, "choice": d.choice, "estimate": d.estimate, "plan_s": t1 - t0, "switch_plan_s": 0.0,
+               "lengths": list(d.lengths), "shapes": d.shapes(), "micro_batches": [[list(mb) for mb in p]
+                                                                                  for p in d.micro_batches],
+               "padding": d.padding_fraction(),
+               "switch_from": self.current if self.current is not None and
+               self.layouts[self.current] != self.layouts[d.choice] else None}
+        self.current = d.choice
+        self.records.append(rec)
+        return rec
+
+    def start(self, job: Any, controller: Any) -> None:
+        self.job, self.controller = job, controller
+        self._send(self.first)
+        self._thread = threading.Thread(target=self._loop, name="hspmd-length-dispatch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        try:
+            for step in range(1, self.steps):
+                while not self._stop.is_set() and step > self.job.metrics.last_step() + 1 + self.lookahead:
+                    if self.job._done.is_set():
+                        return
+                    time.sleep(0.002)
+                if self._stop.is_set():
+                    return
+                self._send(self._plan_step(step))
+        except Exception as e:  # noqa: BLE001 - the job must end with the reason, not hang
+            self.error = e
+            from .faults import Failure
+
+            self.job._fail(Failure(0, f"length dispatch failed: {type(e).__name__}: {e}", kind="error"))
+
+    def _send(self, rec: dict[str, Any]) -> None:
+        from .controller import Event, _bytes, _strategy_of
+
+        msg: dict[str, Any] = {"type": "dispatch", "id": rec["step"], "choice": rec["choice"],
+                               "lengths": rec["lengths"], "micro_batches": rec["micro_batches"]}
+        src = rec["switch_from"]
+        if src is not None:
+            key = (src, rec["choice"])
+            first = key not in self._plans
+            if first:
+                from ..core.reconfigure import plan_program_switch
+
+                t0 = time.perf_counter()
+                self._plans[key] = plan_program_switch(self.programs[src], self.programs[rec["choice"]],
+                                                       self.cluster)
+                rec["switch_plan_s"] = time.perf_counter() - t0
+                msg["plan"] = pack_payload(self._plans[key])
+            msg["from"] = src
+            program = self.programs[rec["choice"]]
+            event = Event(rec["step"], "length", [], _strategy_of(program),
+                          {"detect": 0.0, "plan": rec["plan_s"], "specialize": rec["switch_plan_s"]},
+                          _bytes(self._plans[key], self.cluster),
+                          {r: r for r in range(self.cluster.num_ranks)}, program=program)
+            self.controller.record_event(("length", rec["step"]), event)
+        self.job._send_control(msg)
+
+
+def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, tokens_per_step: int,
+                 data: Any = "stdlib-docs", context: int | None = None, seed: int = 0, lr: float = 1e-3,
+                 betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                 precision: str = "fp32", lookahead: int = 2, cost: Any = None,
+                 capture_dir: str | Path | None = None, **launch_kwargs: Any) -> Any:
+    """Train on mixed-length data, choosing per step among candidate ``programs`` (``launch(programs, ...)``;
+    see the module docstring).  Returns the running :class:`~.job.Job`; ``job.wait().losses`` are the steps'
+    losses (mean over each step's real target tokens), ``job.events`` the length switches, and
+    ``job.length_planner.records`` what was dispatched per step.
+
+    ``programs``: candidates for one model (:meth:`hspmd_sdk.planner.MixedPlan.programs`: each Program's
+    ``plan.meta`` has its ``max_seq_len`` and pipeline windows); ``data``: ``"stdlib-docs"`` (default), a list of
+    token arrays, :class:`~.data.Documents` or a tokenized text file; ``tokens_per_step``: the global batch as a
+    token budget; ``context``: the longest sequence (default: the model's ``max_seq_len``; longer documents are cut
+    into chunks) — the largest candidate must take it; ``lookahead``: how many steps the launcher dispatches ahead
+    of the workers; ``cost``: the :class:`~hspmd_sdk.planner.CostModel` of the dispatcher.  Everything is checked
+    before any worker starts (a :class:`~hspmd_sdk.errors.PlanValidationError` names the field)."""
+    from ..planner.mixed import Dispatcher
+    from .controller import TrainingController
+    from .data import LengthBatches
+    from .train import _program_of, launch_runs, training_run
+
+    what = "mixed-length training run"
+    programs = list(programs)
+    for key in ("elastic", "straggler", "checkpoint_dir", "resume_from", "init", "fault_injection"):
+        if launch_kwargs.get(key):
+            raise PlanValidationError([(key, "is not supported with a list of candidate programs (mixed-length "
+                                             "training) yet")], what=what)
+        launch_kwargs.pop(key, None)
+    if not programs:
+        raise PlanValidationError([("programs", "no candidate program")], what=what)
+    model = getattr(programs[0], "model", None)
+    if model is None:
+        raise PlanValidationError([("programs[0]", "is not a Program specialized from a model config")], what=what)
+    other = [i for i, p in enumerate(programs) if getattr(p, "model", None) != model]
+    if other:
+        raise PlanValidationError([(f"programs[{other[0]}]", f"trains {getattr(programs[other[0]], 'model', None)!r}"
+                                                            f", programs[0] {model!r}: every candidate must train "
+                                                            "the same model")], what=what)
+    cluster = cluster if cluster is not None else programs[0].cluster
+    if cluster is None:
+        raise PlanValidationError([("cluster", "launch needs a cluster: pass cluster=")], what=what)
+    context = int(model.max_seq_len if context is None else context)
+    try:
+        docs = documents_for(data, model.vocab_size)
+        batches = LengthBatches(docs, context=context, tokens_per_step=tokens_per_step, seed=seed)
+    except ValueError as e:
+        raise PlanValidationError([("data", str(e))], what=what) from e
+    try:
+        dispatcher = Dispatcher(programs, model, cluster, cost=cost)
+    except PlanValidationError as e:
+        raise PlanValidationError([("programs", str(e))], what=what) from e
+    if dispatcher.max_seq_len < context:
+        raise PlanValidationError([("programs", f"the longest candidate takes sequences of {dispatcher.max_seq_len} "
+                                                f"tokens, the data's context is {context}: pass context="
+                                                f"{dispatcher.max_seq_len} or add a candidate for {context}")],
+                                  what=what)
+    if steps < 1:
+        raise PlanValidationError([("steps", f"must be >= 1, not {steps}")], what=what)
+    planner = LengthPlanner(programs, cluster, batches, dispatcher, steps=steps, lookahead=lookahead)
+    first = planner.first["choice"]
+    runs = []
+    for i, p in enumerate(programs):  # each candidate checked as the workers will rebuild it
+        run = training_run(p, steps=steps, seed=seed, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                           seq_len=context, cluster=cluster, capture_dir=capture_dir, precision=precision)
+        again = _program_of(run)
+        if again.pipelines != p.pipelines:
+            raise PlanValidationError([(f"programs[{i}]", "does not specialize to the same pipelines on the "
+                                                          "launch cluster")], what=what)
+        runs.append(run)
+    run = dict(runs[first])
+    run["data"] = data_spec(docs, context=context, tokens_per_step=tokens_per_step, seed=seed)
+    run["mixed"] = {"candidates": [{"plan": r["plan"], "bindings": r["bindings"], "recompute": r["recompute"]}
+                                   for r in runs], "first": first}
+    controller = TrainingController(programs[first], cluster, global_batch=run["global_batch"], seq_len=context,
+                                    cost=cost)
+    controller.mixed = True
+    job = launch_runs([run], cluster, **launch_kwargs)
+    job.controller = controller
+    controller.attach(job)
+    job.length_planner = planner
+    planner.start(job, controller)
+    return job
+
+
+# ---- the worker side -----------------------------------------------------------------------------------------
+class MixedSession(TrainSession):
+    """A worker's mixed-length run (see the module docstring): the step's candidate and micro-batches from the
+    launcher's ``dispatch`` message, a length switch where the candidate's Program changes (a candidate that runs
+    the same Program with other windows keeps the running one: :func:`same_layouts`), the pipeline's micro-batches
+    at their own shapes."""
+
+    def __init__(self, state: Any, run: Mapping[str, Any], index: int, offset: int) -> None:
+        mixed = run["mixed"]
+        self.choice = int(mixed["first"])
+        super().__init__(state, run, index, offset)
+        self.batches = self.dataset  # dataset_for(a mixed spec): LengthBatches
+        self.candidates: dict[int, Any] = {self.choice: self.program}
+        self.switch_plans: dict[tuple[int, int], Any] = {}
+        self.dispatch: dict[str, Any] = {}
+        self.waits: list[float] = []
+        self.trained: dict[int, list[int]] = {}
+        self.length_switches: list[dict[str, Any]] = []
+        self._targets = target_placeholders(self.program.graph)
+
+    def _candidate(self, i: int) -> Any:
+        from .train import _program_of
+
+        got = self.candidates.get(i)
+        if got is None:
+            c = self.run["mixed"]["candidates"][i]
+            got = self.candidates[i] = _program_of({**self.run, "plan": c["plan"], "bindings": c["bindings"]})
+        return got
+
+    def _make_executor(self, params: Any, optimizer_state: Any) -> None:
+        self.B = int(self.program.bindings["B"])  # each candidate's default batch (the dispatch overrides it)
+        super()._make_executor(params, optimizer_state)
+
+    def _drop_unused_groups(self, program: Any) -> None:
+        """Keep every candidate's groups: the job switches back and forth between a few Programs."""
+
+    def _maybe_switch(self, step: int) -> None:
+        t0 = time.perf_counter()
+        msg = self._take("dispatch", step, DISPATCH_WAIT_S)
+        self.waits.append(time.perf_counter() - t0)
+        lengths = self.batches.step_lengths(step)
+        if [int(x) for x in msg["lengths"]] != lengths:
+            raise HSPMDError(f"rank {self.state.launch_rank}: the launcher's dispatch of step {step} is for lengths "
+                             f"{msg['lengths'][:8]}..., this worker's data gives {lengths[:8]}...: the data differs")
+        self.dispatch = msg
+        choice = int(msg["choice"])
+        if "from" not in msg:  # the same Program (or another candidate with the same one): nothing moves
+            self.choice = choice
+            return
+        key = (int(msg["from"]), choice)
+        if "plan" in msg:
+            self.switch_plans[key] = unpack_payload(msg["plan"])
+        if key not in self.switch_plans:
+            raise HSPMDError(f"rank {self.state.launch_rank}: no switch plan {key} for step {step}")
+        program = self._candidate(choice)
+        rc = self.run["mixed"]["candidates"][choice]["recompute"]
+        self.run = {**self.run, "recompute": rc}
+        t1 = time.perf_counter()
+        nbytes = self._switch_to(program, self.switch_plans[key])
+        self.choice = choice
+        seconds = time.perf_counter() - t1
+        self.length_switches.append({"step": step, "from": key[0], "to": choice, "seconds": round(seconds, 6),
+                                     **self.last_switch})
+        self.state.channel.send("switched", id=step, what="length", step=self.offset + step,
+                                seconds=round(seconds, 6), bytes=nbytes, **self.last_switch)
+
+    def _step(self, step: int) -> float:
+        import torch
+        import torch.distributed as dist
+
+        state, ex = self.state, self.ex
+        state.step = self.offset + step
+        state.begin_step()
+        indices = self.batches.step_indices(step)
+        lengths = [int(self.batches.lengths[i]) for i in indices]
+        total = sum(lengths)
+        agreed: dict[str, float] = {}
+
+        def commit(mine: float) -> None:
+            self._in_commit = step
+            self._collect()
+            counted = float(ex.trained_targets) if ex is not None and ex.loss_contributor() else 0.0
+            mine_t = torch.tensor([mine, counted], dtype=torch.float64, device=state.device)
+            everyone = torch.empty(state.world_size * 2, dtype=torch.float64, device=state.device)
+            dist.all_gather_into_tensor(everyone, mine_t)
+            rows = everyone.view(-1, 2)
+            agreed["loss"], agreed["tokens"] = float(rows[:, 0].sum()), float(rows[:, 1].sum())
+
+        tokens = None
+        if ex is not None:
+            mbs = self.dispatch["micro_batches"][ex.pipeline]
+            micro = []
+            for mb in mbs:
+                seqs = [self.batches.sequences[indices[i]] for i in mb]
+                feeds = micro_batch_feeds(self.program.model, self.program.graph, seqs) if ex.needs_data else None
+                micro.append((len(mb), max(lengths[i] for i in mb), feeds))
+            ex.step(None, micro_batches=micro, loss_normalizer=total, before_update=commit,
+                    capture_grads=bool(self.capture) and step == 0)
+            if ex.loss_contributor():
+                self.trained[step] = [indices[i] for mb in mbs for i in mb]
+            if self.capture and step == 0:  # the boxes of step 0's Program (the run may end under another)
+                from .params import shard_box
+
+                self._grad_boxes = {k: shard_box(self.program, k, state.rank) for k in ex.params}
+                self._grads0 = {k: v.detach().cpu().clone() for k, v in (ex.captured_grads or {}).items()}
+            tokens = sum(lengths[i] for mb in mbs for i in mb) if ex.stage == 0 else None
+        else:
+            commit(0.0)
+        if int(agreed["tokens"]) != total:
+            raise HSPMDError(f"step {step}: the pipelines' losses read {int(agreed['tokens'])} real target tokens, "
+                             f"the step has {total}: a sequence was trained twice or not at all")
+        self._in_commit = None
+        self.committed = step
+        self.adam_steps += 1
+        self.previous = None
+        state.report(self.offset + step, loss=agreed["loss"], tokens=tokens, run=self.index,
+                     compute_s=round(ex.compute_s, 6) if ex is not None else None, choice=self.choice,
+                     dispatch_wait_s=round(self.waits[-1], 6) if self.waits else None)
+        return agreed["loss"]
+
+    def train(self) -> dict[str, Any]:
+        self._grad_boxes: dict[str, Any] | None = None
+        self._grads0: dict[str, Any] = {}
+        out = super().train()
+        path = Path(self.capture or ".") / f"run{self.index}_rank{self.state.launch_rank}.pt"
+        if self.capture and path.exists():  # step 0's gradients with step 0's boxes ("grad_boxes")
+            import torch
+
+            saved = torch.load(path, map_location="cpu")
+            saved["grads"], saved["grad_boxes"] = self._grads0, self._grad_boxes or {}
+            torch.save(saved, path)
+        out.update({"trained": {str(k): v for k, v in self.trained.items()},
+                    "dispatch_wait_s": [round(w, 6) for w in self.waits], "length_switches": self.length_switches})
+        return out
+
+
+def planning_summary(job: Any, result: Any) -> dict[str, Any]:
+    """How much of the per-step planning the workers waited for, from a finished mixed-length job.
+
+    ``plan_s[k]``: the launcher's seconds for step ``k`` (dispatch over every candidate, and the switch's BSR plan
+    when the choice changed); ``wait_s[k]``: the longest any worker waited for step ``k``'s dispatch message;
+    ``hidden``: ``1 - sum(min(wait, plan)) / sum(plan)`` over steps ``1..`` (step 0 is planned before the workers
+    start: ``first_s``); ``choices`` and ``step_s`` (the slowest rank's step time, switches included)."""
+    recs = job.length_planner.records
+    plan = [float(r["plan_s"]) + float(r["switch_plan_s"]) for r in recs]
+    runs = [r["runs"][0] for r in result.results.values() if r and r.get("runs")]
+    wait = [max(float(run["dispatch_wait_s"][k]) for run in runs) for k in range(len(recs))]
+    total = sum(plan[1:])
+    exposed = sum(min(w, p) for w, p in zip(wait[1:], plan[1:]))
+    steps: dict[int, float] = {}
+    for ms in result.metrics.values():
+        for m in ms:
+            if m.step_time is not None:
+                steps[m.step] = max(steps.get(m.step, 0.0), float(m.step_time))
+    return {"plan_s": plan, "wait_s": wait, "first_s": plan[0] if plan else 0.0,
+            "hidden": 1.0 - exposed / total if total > 0 else 1.0, "choices": [r["choice"] for r in recs],
+            "estimates": [float(r["estimate"]) for r in recs], "padding": [float(r["padding"]) for r in recs],
+            "step_s": [steps[k] for k in sorted(steps)]}
+
+
+# ---- the single-device reference ------------------------------------------------------------------------------
+def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any = "stdlib-docs",
+                    context: int | None = None, seed: int = 0, lr: float = 1e-3,
+                    betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0) -> Any:
+    """The model's single-device reference (``model.build_reference(seed)``, ``torch.optim.Adam``) on the same
+    steps of mixed-length data: all of a step's sequences in one batch, padded on the right with target ``-100``
+    (which the reference's ``loss`` ignores: the mean over the step's real target tokens; causal attention keeps
+    padding out of real positions) — independent of how the dispatcher cut the step into micro-batches.  Returns
+    a :class:`~.train.ReferenceResult` (``grads`` of step 0, final ``params`` and Adam moments)."""
+    import torch
+
+    from .data import LengthBatches, padded_rows
+    from .kernels import IGNORE_INDEX
+    from .train import ReferenceResult
+
+    context = int(model.max_seq_len if context is None else context)
+    batches = LengthBatches(documents_for(data, model.vocab_size), context=context, tokens_per_step=tokens_per_step,
+                            seed=seed)
+    ref = model.build_reference(seed)
+    opt = torch.optim.Adam(list(ref.parameters()), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                           foreach=False)
+    losses, grads = [], {}
+    for step in range(steps):
+        rows = padded_rows(batches.step_sequences(step), IGNORE_INDEX)
+        tokens, targets = rows[:, :-1].clamp(min=0), rows[:, 1:]
+        opt.zero_grad(set_to_none=True)
+        loss = ref.loss(tokens, targets)
+        loss.backward()
+        if step == 0:
+            grads = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
+        opt.step()
+        losses.append(float(loss.detach()))
+    named = dict(ref.named_parameters())
+    st = {n: opt.state.get(p, {}) for n, p in named.items()}
+    return ReferenceResult(losses, grads, {n: p.detach().clone() for n, p in named.items()},
+                           {n: s["exp_avg"].clone() for n, s in st.items() if "exp_avg" in s},
+                           {n: s["exp_avg_sq"].clone() for n, s in st.items() if "exp_avg_sq" in s})
