@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..reference_base import DecoderReference
 from .graph import layer_param_names, param_shapes
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ class _Params(nn.Module):
             self.register_parameter(k, nn.Parameter(v))
 
 
-class GPTReference(nn.Module):
+class GPTReference(DecoderReference):
     """Single-device GPT-2; ``forward(tokens) -> logits``, ``loss(tokens, targets)``."""
 
     def __init__(self, config: "GPTConfig", seed: int = 0) -> None:
@@ -77,15 +78,3 @@ class GPTReference(nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return self._ln(self.ln_f, h) @ self.wte.weight.t()
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.embed_tokens(tokens)
-        for i in range(len(self.layers)):
-            h = self.block(i, h)
-        return self.head(h)
-
-    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over all real target positions (targets ``-100`` are padding), in fp32 whatever the
-        module's dtype."""
-        logits = self(tokens)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common import next_token_split, parameter_seed
+from ..reference_base import DecoderReference
 from .config import init_parameter
 from .graph import layer_param_names, param_shapes
 
@@ -64,7 +65,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
 
 
-class LlamaReference(nn.Module):
+class LlamaReference(DecoderReference):
     """Single-device Llama; ``forward(tokens) -> logits``, ``loss(tokens, targets)``."""
 
     def __init__(self, config: "LlamaConfig", seed: int = 0) -> None:
@@ -119,15 +120,3 @@ class LlamaReference(nn.Module):
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: logits."""
         return rmsnorm(h, self.final_norm.weight, self.config.rms_eps) @ self.lm_head.weight
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.embed_tokens(tokens)
-        for i in range(len(self.layers)):
-            h = self.block(i, h)
-        return self.head(h)
-
-    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over all real target positions (targets ``-100`` are padding), in fp32 whatever the
-        module's dtype."""
-        logits = self(tokens)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
