@@ -201,8 +201,13 @@ class TrainSession:
                 if not (self.elastic and _is_comm_failure(e)):
                     raise
                 reason = f"{type(e).__name__}: {str(e)[:300]}"
-            if reason is not None:  # outside the handler: its traceback (whose frames hold the broken world's
-                step = self._recover(reason)  # process groups) is gone, so destroying the groups closes them
+            while reason is not None:  # outside the handler: its traceback (whose frames hold the broken
+                try:                     # world's process groups) is gone, so destroying the groups closes them
+                    step, reason = self._recover(reason), None
+                except Exception as e:  # noqa: BLE001 - another peer died while re-forming: recover again
+                    if not _is_comm_failure(e):
+                        raise
+                    reason = f"{type(e).__name__}: {str(e)[:300]}"
         out: dict[str, Any] = {"losses": [losses[s] for s in sorted(losses)], "rank": self.state.rank,
                                "launch_rank": self.state.launch_rank, "active": self.ex is not None,
                                "seconds": round(time.perf_counter() - started, 3),
@@ -410,6 +415,11 @@ class TrainSession:
         me = self.state.launch_rank
         if me not in msg.ranks:
             raise HSPMDError(f"rank {me}: left out of the re-formed world (treated as failed by the launcher)")
+        # from here on, a peer's death (while rejoining, creating groups, switching) is a failure *during*
+        # reconfiguration ``msg.id``: this rank then halts again reporting it, with the state it started from
+        self.reconfigured = msg.id
+        if msg.source != "checkpoint":
+            self.previous = (program, tensors, count)
         t1 = time.perf_counter()
         self.state.rejoin(msg.master_addr, msg.master_port, msg.world, msg.ranks[me])
         t2 = time.perf_counter()
