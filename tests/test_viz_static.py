@@ -1,5 +1,5 @@
-"""The front-end modules ship inside the package: byte-identical copies of the repository's ``widgets/`` sources,
-listed as package data, and plain ES modules that need no build step."""
+"""The front-end modules ship inside the package (``hspmd_sdk/viz/static/``, their one source), listed as package
+data, and are plain ES modules that need no build step."""
 from __future__ import annotations
 
 import re
@@ -8,20 +8,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = sorted((ROOT / "widgets").glob("*.js")) + sorted((ROOT / "widgets").glob("*.css"))
 STATIC = ROOT / "hspmd_sdk" / "viz" / "static"
+SOURCES = sorted(STATIC.glob("*.js")) + sorted(STATIC.glob("*.css"))
 
 
-@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.name)
-def test_the_shipped_copy_equals_the_source(src):
-    shipped = STATIC / src.name
-    assert shipped.exists(), f"{shipped} is missing: cp widgets/{src.name} hspmd_sdk/viz/static/"
-    assert shipped.read_bytes() == src.read_bytes(), (f"hspmd_sdk/viz/static/{src.name} differs from "
-                                                      f"widgets/{src.name}: cp widgets/{src.name} hspmd_sdk/viz/static/")
-
-
-def test_every_shipped_file_has_a_source_and_is_package_data():
-    assert {p.name for p in STATIC.iterdir()} == {p.name for p in SOURCES}
+def test_every_front_end_file_is_package_data():
+    assert {p.name for p in SOURCES} == {"plan_canvas.js", "plan_canvas.css", "job_dashboard.js",
+                                         "job_dashboard.css"}
     line = next(ln for ln in (ROOT / "pyproject.toml").read_text().splitlines() if ln.startswith("hspmd_sdk = ["))
     assert '"viz/static/*.js"' in line and '"viz/static/*.css"' in line
 

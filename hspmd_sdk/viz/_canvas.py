@@ -1,5 +1,6 @@
 """The plan editor's cluster canvas: an anywidget whose front end is ``static/plan_canvas.js`` (a plain ES module,
-shipped with the package; its source is the repository's ``widgets/`` folder).
+edited in place and shipped as package data: no npm, no bundler, no build step; ``static/job_dashboard.js`` is the
+dashboard's).
 
 Traits: ``cluster`` (nodes and devices, :func:`._canvas_view.cluster_view`, sent once), ``view`` (the draft shown,
 :func:`._canvas_view.canvas_view`, after every change) and ``tensors`` (the tensor picker's groups).  The front end
