@@ -27,8 +27,7 @@ from ..core.schedule import Action, build_schedule, replay
 from ..core.strategy import Strategy
 from .cost import BF16, CostModel
 from .mixed_cost import PipelineCost, switch_estimate
-from .simulator import (Event, SimResult, Transfer, _buckets, _core_share, _memory, _run_collectives,
-                        _slowest_spec, _stage_cost, _with_idle, simulate)
+from .simulator import Event, SimResult, Transfer, _simulate_step, _stage_cost, simulate
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
@@ -67,41 +66,11 @@ def simulate_shapes(model: "ModelSpec | str", strategy: "Strategy", cluster: "Cl
                                                 transient=max(t for _, t in mem))
             devices[(i, j)] = list(st.devices)
             lines[(i, j)] = pipes[i].stages[j]
-    buckets = _buckets(costs)
-    events: dict = {k: [] for k in costs}
-    start = {k: 0.0 for k in costs}
-    if strategy.zero1:
-        start = _run_collectives("all_gather", buckets, start, devices, cluster, cost, events, "comm")
-    clock, transfers = _replay(model, strategy, cluster, shapes, cost, lines, devices, start, events)
-    pipe_end = [max(clock[(i, j)] for j in range(p.num_stages)) for i, p in enumerate(strategy.pipelines)]
-    compute_end = dict(clock)
-    op = "reduce_scatter" if strategy.zero1 else "all_reduce"
-    clock = _run_collectives(op, buckets[::-1], clock, devices, cluster, cost, events, "sync")
     counted = strategy.model_copy(update={"pipelines": [
         p.model_copy(update={"num_micro_batches": max(1, len(mbs))}) for p, mbs in zip(strategy.pipelines, shapes)]})
-    memory = _memory(counted, cluster, costs, buckets, devices, cost)
-    for k in costs:
-        owned = sum(params / (len(h) if strategy.zero1 else 1) for h, ps in buckets for kk, params in ps.items()
-                    if kk == k)
-        spec = _slowest_spec(cluster, devices[k], lambda s: cost.optimizer_time(1.0, s))
-        dur = cost.optimizer_time(owned, spec) * _core_share(cluster, devices[k], cost)
-        events[k].append(Event(clock[k], clock[k] + dur, "optim"))
-        clock[k] += dur
-    step = max(clock.values())
-    timeline = {d: _with_idle(events[k], step) for k in costs for d in devices[k]}
-    computes = [e.start for evs in events.values() for e in evs if e.kind == "F"]
-    first_f = min(computes) if computes else 0.0
-    last_b = max(compute_end.values())
-    window = (last_b - first_f) * sum(len(v) for v in devices.values())
-    busy = sum(e.duration * len(devices[k]) for k, evs in events.items() for e in evs if e.kind in ("F", "B"))
-    peak = {d: sum(parts.values()) for d, parts in memory.items()}
-    capacity = {d: cluster.spec(d).memory_mb * 2.0**20 for d in peak}
-    return SimResult(step_time=step, timeline=dict(sorted(timeline.items())),
-                     bubble_fraction=1.0 - busy / window if window > 0 else 0.0,
-                     peak_memory=dict(sorted(peak.items())), memory=dict(sorted(memory.items())),
-                     capacity=dict(sorted(capacity.items())),
-                     oom=sorted(d for d in peak if peak[d] > capacity[d]), transfers=transfers,
-                     pipeline_end=pipe_end, sync_time=step - last_b, label=label or (strategy.name or ""))
+    return _simulate_step(strategy, cluster, cost, costs, devices, label=label, counted=counted,
+                          run=lambda start, events: _replay(model, strategy, cluster, shapes, cost, lines, devices,
+                                                            start, events))
 
 
 def _replay(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", shapes: Sequence[Sequence[Shape]],

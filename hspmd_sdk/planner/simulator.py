@@ -233,6 +233,16 @@ def simulate(model: "ModelSpec | str", strategy: "Strategy | str | dict", cluste
             costs[(i, j)] = _stage_cost(model, st, j == 0, j == p.num_stages - 1, cluster, p.micro_batch_size,
                                         seq_len, cost)
             devices[(i, j)] = list(st.devices)
+    return _simulate_step(strategy, cluster, cost, costs, devices, label=label, run=lambda start, events:
+                          _run_pipelines(model, strategy, cluster, seq_len, cost, costs, devices, start, events))
+
+
+def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, costs: dict[StageKey, _StageCost],
+                   devices: dict[StageKey, list[int]], *, run: Callable[..., tuple[dict, list[Transfer]]],
+                   label: str = "", counted: "Strategy | None" = None) -> SimResult:
+    """One step from the stages' costs: ZeRO-1's parameter all-gather, the pipelines (``run(start, events)``:
+    every stage's clock at its end and the transfers), the gradient synchronisation (last layers first), the
+    optimizer; memory of ``counted`` (default: ``strategy``)."""
     buckets = _buckets(costs)
     events: dict[StageKey, list[Event]] = {k: [] for k in costs}
 
@@ -242,14 +252,14 @@ def simulate(model: "ModelSpec | str", strategy: "Strategy | str | dict", cluste
         start = _run_collectives("all_gather", buckets, start, devices, cluster, cost, events, "comm")
 
     # 2. The pipelines, replayed with timing.
-    clock, transfers = _run_pipelines(model, strategy, cluster, seq_len, cost, costs, devices, start, events)
+    clock, transfers = run(start, events)
     pipe_end = [max(clock[(i, j)] for j in range(p.num_stages)) for i, p in enumerate(strategy.pipelines)]
     compute_end = dict(clock)
 
     # 3. POST: gradient synchronisation (last layers first), then the optimizer.
     op = "reduce_scatter" if strategy.zero1 else "all_reduce"
     clock = _run_collectives(op, buckets[::-1], clock, devices, cluster, cost, events, "sync")
-    memory = _memory(strategy, cluster, costs, buckets, devices, cost)
+    memory = _memory(counted or strategy, cluster, costs, buckets, devices, cost)
     for k in costs:
         owned = sum(params / (len(h) if strategy.zero1 else 1) for h, ps in buckets for kk, params in ps.items()
                     if kk == k)
@@ -259,7 +269,8 @@ def simulate(model: "ModelSpec | str", strategy: "Strategy | str | dict", cluste
         clock[k] += dur
     step = max(clock.values())
     timeline = {d: _with_idle(events[k], step) for k in costs for d in devices[k]}
-    first_f = min(e.start for evs in events.values() for e in evs if e.kind == "F")
+    computes = [e.start for evs in events.values() for e in evs if e.kind == "F"]
+    first_f = min(computes) if computes else 0.0
     last_b = max(compute_end.values())
     window = (last_b - first_f) * sum(len(v) for v in devices.values())
     busy = sum(e.duration * len(devices[k]) for k, evs in events.items() for e in evs if e.kind in ("F", "B"))
