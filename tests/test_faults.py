@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from _procs import assert_no_workers_left, group_members, wait_for
 
 from hspmd_sdk.core.cluster import Cluster
 from hspmd_sdk.errors import RuntimeFailure
@@ -26,35 +27,6 @@ from hspmd_sdk.runtime.protocol import Channel, decode
 
 SELFTEST = "hspmd_sdk.runtime._selftest"
 FAST = {"heartbeat_s": 0.2, "stall_s": 2.0, "timeout_s": 120}
-
-
-def group_members(pgids: list[int]) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) in pgids and fields[0] != "Z":
-            found.append(int(entry))
-    return found
-
-
-def assert_no_workers_left(pgids: list[int], within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while group_members(pgids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert group_members(pgids) == [], "worker processes were left behind"
-
-
-def wait_for(predicate, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
 
 
 def collective_loop(world: int = 2, **payload):

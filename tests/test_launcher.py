@@ -12,9 +12,13 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
+
+import _procs
+from _procs import group_members
 
 from hspmd_sdk.core.cluster import Cluster
 from hspmd_sdk.errors import HSPMDError, RuntimeFailure
@@ -24,37 +28,8 @@ from hspmd_sdk.runtime.progress import LineProgress
 from hspmd_sdk.runtime.protocol import Channel, LineWriter, decode, encode, is_collateral
 
 SELFTEST = "hspmd_sdk.runtime._selftest"
-
-
-def group_members(pgids: list[int]) -> list[int]:
-    """Pids of live (non-zombie) processes whose process group is one of ``pgids`` (read from /proc)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp in pgids and state != "Z":
-            found.append(int(entry))
-    return found
-
-
-def assert_no_workers_left(pgids: list[int], within: float = 3.0) -> None:
-    deadline = time.monotonic() + within
-    while group_members(pgids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert group_members(pgids) == [], "worker processes were left behind"
-
-
-def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
+assert_no_workers_left = partial(_procs.assert_no_workers_left, within=3.0)
+wait_for = partial(_procs.wait_for, timeout=30.0)
 
 
 # ---- real jobs ------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _procs import wait_for
 
 from hspmd_sdk.core.cluster import Cluster
 from hspmd_sdk.errors import RuntimeFailure
@@ -78,13 +79,6 @@ def assert_nothing_left(job, lab: LoopbackHosts, within: float = 10.0) -> None:
     while leftovers(job, lab) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert leftovers(job, lab) == [], "processes were left behind"
-
-
-def wait_for(predicate, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
 
 
 def one_rank_per_host(lab: LoopbackHosts) -> Cluster:
