@@ -16,15 +16,18 @@ per-step planning the workers waited for.
   step boundaries, so this is the step-granular variant; the simulator's intra-step HotSPa figure is printed
   beside it.
 
-Workload: a Llama of hidden 128 (4 layers, 4 heads, vocabulary 256), context 256, 2048 tokens a step, on 4 local
-CPU workers of one kind (the paper's scenario-(c) testbed is homogeneous too: 32 H20).  Data: the standard-library
-files, one document each, each cut to its first ``sqrt(bytes) / 2`` bytes (the files' long-tailed length
-distribution compressed so that a 256-token context sits where 32K sits for the paper: most sequences short, a
-thin tail cut into context-sized chunks).  Cost model: ``profile_model`` on this machine (``cores=2``: four workers
-share two cores), for the planners, the dispatcher and the predictions alike.
+Workloads (``--workload``, see ``WORKLOADS``): 4 local CPU workers of one kind (the paper's scenario-(c) testbed is
+homogeneous too: 32 H20), a 4-layer Llama; ``short``: hidden 128, context 256, 2,048 tokens a step, documents cut
+to ``sqrt(bytes) / 2`` bytes; ``long``: hidden 64, context 1,024, 4,096 tokens a step, documents cut to
+``sqrt(bytes)`` bytes (97% shorter than 310 tokens: the paper's 97% below a quarter of the context).  Data: the
+standard-library files, one document each (long-tailed).  Cost model: ``profile_model(link=True)`` on this machine
+(``cores=2``: four workers share two cores): the compute lines, the executor's fixed cost per micro-batch and
+gloo's link, for the planners, the dispatcher and the predictions alike.  ``--zero1`` runs ours with ZeRO-1 (the
+packed baselines never use it; without the flag both sides keep full optimizer state).
 
-Run: ``python benchmarks/bench_mixed_runtime.py [--steps N] [--json FILE]`` (several minutes on 2 cores); results in
-``benchmarks/results/mixed_runtime.json``.  Loads are recorded per configuration (the machine is shared).
+Run: ``python benchmarks/bench_mixed_runtime.py --workload long [--repeats 3] [--steps N] [--json FILE]`` (several
+minutes on 2 cores); results in ``benchmarks/results/mixed_runtime_<workload>.json``.  Loads are recorded per
+configuration (the machine is shared).
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import json
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +50,53 @@ from hspmd_sdk.planner.mixed import MixedEntry, MixedPlan
 from hspmd_sdk.runtime.data import Documents, LengthBatches, length_distribution
 from hspmd_sdk.runtime.mixed import planning_summary
 
-CONTEXT, TOKENS, WARMUP = 256, 2048, 2
-MODEL = LlamaConfig(name="bench-small", vocab_size=256, hidden_size=128, num_layers=4, num_heads=4,
-                    ffn_hidden_size=256, max_seq_len=CONTEXT)
+WARMUP = 2
 CLUSTER = Cluster.local(4)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model (Llama, 4 layers, vocabulary 256), its context, the tokens of a step, how the documents are cut
+    (``factor * sqrt(bytes)`` bytes), the length boundaries ``plan_mixed`` considers and HotSPa's buckets."""
+
+    name: str
+    hidden: int
+    heads: int
+    context: int
+    tokens: int
+    factor: float
+    boundaries: tuple[int, ...]
+    hotspa_buckets: tuple[int, ...]
+
+    @property
+    def model(self) -> LlamaConfig:
+        return LlamaConfig(name=f"bench-{self.name}", vocab_size=256, hidden_size=self.hidden, num_layers=4,
+                           num_heads=self.heads, ffn_hidden_size=2 * self.hidden, max_seq_len=self.context)
+
+
+#: ``short``: hidden 128, context 256 -- attention is a small part of a full row's time, per-token and per-
+#: micro-batch costs dominate (what a padded micro-batch wastes is not won back);
+#: ``long``: hidden 64, context 1,024 -- attention is ~55% of a full 1,024-token row's forward and backward time
+#: on this CPU (measured: 66 ms a row against 28 ms for the same tokens as 8 rows of 128), about its share of
+#: the FLOPs for Llama-7B at the paper's 32K context: the regime of scenario (c).
+WORKLOADS = {
+    "short": Workload("short", 128, 4, 256, 2048, 0.5, (32, 64, 96, 128, 192, 256), (64, 256)),
+    "long": Workload("long", 64, 2, 1024, 4096, 1.0, (128, 256, 384, 512, 768, 1024), (256, 1024)),
+}
 
 
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def documents() -> Documents:
-    """The standard library, one document per file, each cut to its first ``sqrt(bytes) / 2`` bytes."""
-    return Documents([d[: max(2, int(np.sqrt(d.size) / 2))] for d in Documents.stdlib().docs], vocab_size=256)
+def documents(w: Workload) -> Documents:
+    """The standard library, one document per file, each cut to its first ``w.factor * sqrt(bytes)`` bytes."""
+    return Documents([d[: max(2, int(w.factor * np.sqrt(d.size)))] for d in Documents.stdlib().docs],
+                     vocab_size=256)
 
 
-def _strategy(dp: int, tp: int, pp: int, per: int) -> Strategy:
-    ranks, layers = list(range(4)), MODEL.num_layers
+def _strategy(w: Workload, dp: int, tp: int, pp: int, per: int) -> Strategy:
+    ranks, layers = list(range(4)), w.model.num_layers
     pipes = []
     for p in range(dp):
         devs = ranks[p * tp * pp:(p + 1) * tp * pp]
@@ -81,12 +115,13 @@ def _step_times(result: Any) -> list[float]:
     return [steps[k] for k in sorted(steps)]
 
 
-def run_packed(steps: int, cost: Any) -> dict[str, Any]:
+def run_packed(w: Workload, steps: int, cost: Any) -> dict[str, Any]:
     """Every symmetric strategy on the packed rows, measured; the fastest is the baseline."""
-    rows = TOKENS // CONTEXT
+    MODEL, CONTEXT = w.model, w.context
+    rows = w.tokens // CONTEXT
     out = []
     for dp, tp, pp in ((4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 2, 2)):
-        s = _strategy(dp, tp, pp, rows // dp)
+        s = _strategy(w, dp, tp, pp, rows // dp)
         prog = specialize(MODEL, plan_from_strategy(MODEL, s, CLUSTER), CLUSTER, bindings={"B": rows, "S": CONTEXT})
         load = _load()
         t0 = time.perf_counter()
@@ -101,7 +136,9 @@ def run_packed(steps: int, cost: Any) -> dict[str, Any]:
     return {"all": out, "best": best}
 
 
-def run_candidates(name: str, programs: list[Any], docs: Documents, steps: int, cost: Any) -> dict[str, Any]:
+def run_candidates(w: Workload, name: str, programs: list[Any], docs: Documents, steps: int,
+                   cost: Any) -> dict[str, Any]:
+    TOKENS, CONTEXT = w.tokens, w.context
     load = _load()
     t0 = time.perf_counter()
     job = launch(programs, CLUSTER, steps=steps, data=docs, tokens_per_step=TOKENS, context=CONTEXT, cost=cost,
@@ -131,34 +168,41 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=2, help="interleaved rounds of every configuration")
-    ap.add_argument("--json", default=str(Path(__file__).parent / "results" / "mixed_runtime.json"))
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="short")
+    ap.add_argument("--zero1", action="store_true", help="ours with ZeRO-1 (the packed baselines run without)")
+    ap.add_argument("--json", default=None, help="default: results/mixed_runtime_<workload>.json")
     args = ap.parse_args()
-    docs = documents()
+    w = WORKLOADS[args.workload]
+    MODEL, CONTEXT, TOKENS = w.model, w.context, w.tokens
+    args.json = args.json or str(Path(__file__).parent / "results" / f"mixed_runtime_{w.name}.json")
+    docs = documents(w)
     lengths = length_distribution(docs, CONTEXT)
     batches = LengthBatches(docs, context=CONTEXT, tokens_per_step=TOKENS, seed=0)
     print(f"{len(lengths)} sequences; length percentiles 50/90/97/99: {np.percentile(lengths, [50, 90, 97, 99])}; "
           f"{(lengths == CONTEXT).mean():.1%} full-context chunks", flush=True)
     t0 = time.perf_counter()
-    cost = profile_model(MODEL, "cpu", threads=1, base=CostModel(cores=2))
+    # compute lines, the executor's fixed cost per micro-batch, and gloo's link (the TP and gradient collectives)
+    cost = profile_model(MODEL, "cpu", threads=1, base=CostModel(cores=2), link=True)
     profile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     plan = plan_mixed(MODEL, CLUSTER, lengths.tolist(), tokens_per_batch=TOKENS, context_len=CONTEXT,
-                      boundaries=[32, 64, 96, 128, 192, 256], cost=cost)
+                      boundaries=list(w.boundaries), cost=cost, zero1=args.zero1)
     plan_s = time.perf_counter() - t0
     print(plan.summary(), flush=True)
     t0 = time.perf_counter()
     ours = plan.programs(MODEL, CLUSTER)
     spec_s = time.perf_counter() - t0
     hot = plan_hotspa(MODEL, CLUSTER, lengths.tolist(), tokens_per_batch=TOKENS, context_len=CONTEXT,
-                      buckets=[64, CONTEXT], cost=cost)
+                      buckets=list(w.hotspa_buckets), cost=cost)
     print(hot.summary(), flush=True)
     entries = [MixedEntry(max_seq_len=b, windows=[b] * s.dp_degree, strategy=s, methods=[s.name] * s.dp_degree)
                for b, s in zip(hot.buckets, hot.strategies)]
     hot_programs = MixedPlan(context_len=CONTEXT, tokens_per_batch=TOKENS, entries=entries).programs(MODEL, CLUSTER)
     hot_sim = [simulate_hotspa(MODEL, CLUSTER, hot, batches.step_lengths(k), cost=cost).step_time
                for k in range(args.steps)]
-    rows = {"workload": {"model": MODEL.model_dump(mode="json"), "context": CONTEXT, "tokens_per_step": TOKENS,
-                         "compression": "sqrt(bytes) / 2", "sequences": int(len(lengths)),
+    rows = {"workload": {"name": w.name, "model": MODEL.model_dump(mode="json"), "context": CONTEXT,
+                         "tokens_per_step": TOKENS, "compression": f"{w.factor} * sqrt(bytes)", "zero1": args.zero1,
+                         "sequences": int(len(lengths)),
                          "percentiles_50_90_97_99": np.percentile(lengths, [50, 90, 97, 99]).tolist(),
                          "full_context_fraction": float((lengths == CONTEXT).mean()), "steps": args.steps,
                          "warmup": WARMUP},
@@ -168,10 +212,11 @@ def main() -> None:
     rounds = []
     for k in range(args.repeats):  # interleaved: every configuration once a round, under the same load
         print(f"--- round {k}", flush=True)
-        rounds.append({"ours": run_candidates("ours (HSPMD, per-step heterogeneous)", ours, docs, args.steps, cost),
-                       "hotspa": run_candidates("HotSPa (per-step homogeneous switching)", hot_programs, docs,
+        rounds.append({"ours": run_candidates(w, "ours (HSPMD, per-step heterogeneous)", ours, docs, args.steps,
+                                              cost),
+                       "hotspa": run_candidates(w, "HotSPa (per-step homogeneous switching)", hot_programs, docs,
                                                 args.steps, cost),
-                       "packed": run_packed(args.steps, cost)})
+                       "packed": run_packed(w, args.steps, cost)})
     rows["rounds"] = rounds
     med = {name: statistics.median(r[name]["step_s"] for r in rounds) for name in ("ours", "hotspa")}
     packed_names = [x["strategy"] for x in rounds[0]["packed"]["all"]]

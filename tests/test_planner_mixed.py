@@ -19,8 +19,8 @@ from hspmd_sdk.core.strategy_plan import plan_from_strategy
 from hspmd_sdk.errors import PlanValidationError
 from hspmd_sdk.planner import Dispatcher, dispatch, packed_baseline, plan_mixed, simulate_dispatch
 from hspmd_sdk.planner.cost import CostModel
-from hspmd_sdk.planner.mixed import (Method, MixedPlan, _interval_plan, _Methods, micro_batches, sample_batch,
-                                     sample_lengths)
+from hspmd_sdk.planner.mixed import (Method, MixedPlan, _boundaries, _default_methods, _interval_plan, _Methods,
+                                     micro_batches, sample_batch, sample_lengths)
 from hspmd_sdk.planner.mixed_sim import pack
 
 MODEL = LlamaConfig.preset("llama-32b")
@@ -83,11 +83,31 @@ def test_multi_kind_plan_uses_each_device_once_with_tp_groups_in_nodes(plan: Mix
             for st in p.stages:
                 assert len({PAPER.node_index(r) for r in st.devices}) == 1  # a TP group inside one node
             kinds_used |= {PAPER.kind(r) for r in p.ranks}
-        assert len(e.windows) == s.dp_degree and max(e.windows) == e.max_seq_len
-        assert all(w <= e.max_seq_len for w in e.windows) and len(e.methods) == len(e.windows)
+        assert len(e.windows) == s.dp_degree and e.max_seq_len <= max(e.windows) <= CONTEXT  # widened
+        assert len(e.methods) == len(e.windows)
         assert math.isfinite(e.estimate) and e.estimate > 0
     assert kinds_used == {"H800", "H20"}  # the plan uses both kinds
     assert MixedPlan.model_validate_json(plan.to_json()) == plan
+
+
+def test_windows_are_widened_to_what_memory_holds(plan: MixedPlan, lengths: list[int]) -> None:
+    """``widen=False`` keeps the DP's windows (the longest sequence each pipeline was planned for, the largest
+    being the entry's ``max_seq_len``); by default each is raised to the largest boundary its memory holds: at
+    least as large, within the memory check, and no larger boundary passes it."""
+    narrow = plan_mixed(MODEL, PAPER, list(lengths), tokens_per_batch=TOKENS, context_len=CONTEXT, widen=False)
+    assert [e.max_seq_len for e in narrow.entries] == [e.max_seq_len for e in plan.entries]
+    bounds = sorted(set(_boundaries(CONTEXT)))
+    costs = _Methods(MODEL, PAPER, CostModel(), schedule="1f1b", zero1=True)
+    widened = 0
+    for n, e in zip(narrow.entries, plan.entries):
+        assert max(n.windows) == n.max_seq_len and all(w <= n.max_seq_len for w in n.windows)
+        assert sorted(e.methods) == sorted(n.methods) and sum(e.windows) >= sum(n.windows)
+        for m, w in zip(e.methods, e.windows):
+            method = next(x for x in _default_methods(MODEL, PAPER, None) if str(x) == m)
+            assert costs.plan(method, w) is not None  # memory holds the widened window
+            assert all(costs.plan(method, b) is None for b in bounds if b > w)  # and no larger boundary
+        widened += sum(e.windows) > sum(n.windows)
+    assert widened  # on this cluster memory holds more than the planned lengths for some pipelines
 
 
 def test_planning_is_deterministic(plan: MixedPlan, lengths: list[int]) -> None:

@@ -181,22 +181,25 @@ def evaluate_dim(d: Dim, bindings: Mapping[str, int], *, tensor: str = "", dim: 
     unbound or the value is not integral."""
     if isinstance(d, int):
         return d
-    loc = f"tensor {tensor!r} dim {dim}" if tensor else f"dim {dim}" if dim is not None else "dim"
-    if where:
-        loc += f" ({where})"
-    value = d.coef
+    num, den = d.coef.numerator, d.coef.denominator  # integers: Fraction arithmetic is slow on this hot path
     for f in d.factors:
         if f not in bindings:
-            raise ShapeError(f"{loc} = {d}: symbol {f!r} is not bound; give bind({{{f!r}: ...}})")
+            raise ShapeError(f"{_loc(tensor, dim, where)} = {d}: symbol {f!r} is not bound; give "
+                             f"bind({{{f!r}: ...}})")
         v = bindings[f]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ShapeError(f"{loc}: symbol {f!r} must be bound to a positive int, got {v!r}")
-        value *= v
-    if value.denominator != 1:
+            raise ShapeError(f"{_loc(tensor, dim, where)}: symbol {f!r} must be bound to a positive int, got {v!r}")
+        num *= v
+    if num % den:
         vals = ", ".join(f"{f}={bindings[f]}" for f in dict.fromkeys(d.factors))
-        raise ShapeError(f"{loc} = {d} requires {d.constraint_text()}, but {vals} gives {value}; choose "
-                         f"values that satisfy the constraint")
-    return int(value)
+        raise ShapeError(f"{_loc(tensor, dim, where)} = {d} requires {d.constraint_text()}, but {vals} gives "
+                         f"{Fraction(num, den)}; choose values that satisfy the constraint")
+    return num // den
+
+
+def _loc(tensor: str, dim: int | None, where: str) -> str:
+    loc = f"tensor {tensor!r} dim {dim}" if tensor else f"dim {dim}" if dim is not None else "dim"
+    return f"{loc} ({where})" if where else loc
 
 
 def evaluate_shape(shape: Sequence[Dim], bindings: Mapping[str, int], *, tensor: str = "",

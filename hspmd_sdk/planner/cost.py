@@ -104,6 +104,9 @@ class OperatorProfile(BaseModel):
     threads: int | None = None
     model: str = ""
     points: dict[str, list[tuple[float, float]]] = Field(default_factory=dict)
+    executor_overhead: dict[str, float] | None = Field(
+        default=None, description="the executor's measured fixed seconds per micro-batch the intercepts were set "
+        "from (hspmd_sdk.runtime.overhead); None: intercepts fitted on the reference")
 
 
 class LinkOverride(BaseModel):
@@ -440,7 +443,7 @@ def _fit_line(xs: Iterable[float], ys: Iterable[float]) -> ComputeFit:
 def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int | None = 1, *,
                   shapes: Sequence[tuple[int, int]] | None = None, kind: str | None = None, repeats: int = 5,
                   link: bool = False, link_class: str = "intra", backend: str = "gloo",
-                  base: CostModel | None = None) -> CostModel:
+                  base: CostModel | None = None, executor: bool = True) -> CostModel:
     """Profile whole operators of ``config``'s reference Llama on ``device`` and return ``base`` with an
     :class:`OperatorProfile` under ``kind`` (default ``device``) in ``CostModel.profiles``.
 
@@ -456,6 +459,12 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
 
     It also times the layer's two norms and residual adds alone (``layer_replicated_*``: what TP without
     sequence parallelism computes whole on every device of the group).
+
+    ``executor=True`` (default) then sets the lines' intercepts to the fixed cost per micro-batch that the SDK's
+    executor itself pays (:func:`hspmd_sdk.runtime.overhead.with_executor_overhead`: a one-rank executor of the
+    model with one and two layers on tiny micro-batches): fitted on the reference at 128+ tokens the intercept is
+    an extrapolation, and on a CPU the executor's per-micro-batch cost is milliseconds, which a planner that
+    splits steps into micro-batches must see.  ``False`` keeps the reference's fitted intercepts.
 
     With ``link=True`` it also runs :func:`profile_link` (``backend``, 2 local processes) and stores the result in
     ``link_overrides[link_class]``, with ``comm_bytes_factor = 2`` (the runtime communicates fp32, the model
@@ -547,7 +556,12 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
     if link:
         update["link_overrides"] = {**base.link_overrides, link_class: profile_link(backend=backend)}
         update["comm_bytes_factor"] = 2.0
-    return base.model_copy(update=update)
+    out = base.model_copy(update=update)
+    if executor:
+        from ..runtime.overhead import with_executor_overhead  # the runtime measures its own fixed cost
+
+        out = with_executor_overhead(out, config, kind or device, device=device, threads=threads)
+    return out
 
 
 def _time_fwd_bwd(torch: object, device: str, fwd: "object") -> tuple[float, float]:

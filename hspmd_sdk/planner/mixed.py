@@ -126,7 +126,7 @@ class Method:
 class MixedEntry(BaseModel):
     """One candidate strategy of a :class:`MixedPlan`, for steps whose longest sequence is at most ``max_seq_len``.
     ``windows[p]``: the token budget of a micro-batch of pipeline ``p`` (``rows x padded length``; also the longest
-    sequence it takes).  The strategy's micro-batch fields are placeholders: :func:`dispatch` decides per step."""
+    sequence it takes; at least ``max_seq_len`` for the largest, more where ``plan_mixed`` widened it).  The strategy's micro-batch fields are placeholders: :func:`dispatch` decides per step."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -492,6 +492,16 @@ def _place(methods: _Methods, chosen: Sequence[tuple[Method, int, int]], *, sche
     return strategy, [w for w, _, _ in placed], [m for _, _, m in placed]
 
 
+def _widest(methods: _Methods, m: Method, window: int, bounds: Sequence[int]) -> int:
+    """The largest of ``bounds`` at least ``window`` whose micro-batches ``m``'s pipeline holds in memory (the
+    memory check of :meth:`_Methods.plan`: one row of the window in every in-flight slot), or ``window``."""
+    best = window
+    for b in sorted(bounds):
+        if b > window and methods.plan(m, b) is not None:
+            best = b
+    return best
+
+
 def _default_caps(lengths: Sequence[int], bounds: Sequence[int], tokens_per_batch: int,
                   threshold: float = 0.02) -> list[int]:
     """Boundaries ``b`` for which a step's longest sequence falls in ``(previous kept, b]`` with probability at
@@ -510,7 +520,7 @@ def _default_caps(lengths: Sequence[int], bounds: Sequence[int], tokens_per_batc
 def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[int], *, tokens_per_batch: int,
                context_len: int | None = None, cost: CostModel | None = None, boundaries: Sequence[int] | None = None,
                max_seq_lens: Sequence[int] | None = None, methods: Sequence[Method] | None = None,
-               schedule: str = "1f1b", zero1: bool = True, max_tp: int | None = None) -> MixedPlan:
+               schedule: str = "1f1b", zero1: bool = True, max_tp: int | None = None, widen: bool = True) -> MixedPlan:
     """Plan candidate strategies for mixed-length data (the paper's scenario (c)) from a sample of ``lengths``, on a
     cluster of one or several device kinds.
 
@@ -521,6 +531,13 @@ def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[i
     8, with and without recomputation; ``max_tp`` caps TP).  Each strategy is planned on the sample restricted to
     its maximum length, its longest interval counted at least once a step.  Memory is checked with ZeRO-1 over two
     replicas; each strategy is then simulated at full windows and dropped if out of memory.
+
+    ``widen`` (default): each pipeline's window -- the token budget of its micro-batches -- is then raised from the
+    longest sequence it was planned for to the largest boundary (up to the context) its memory holds, so that the
+    dispatcher may pack several short sequences into one larger micro-batch where that is cheaper (each
+    micro-batch pays the executor's fixed cost once, :mod:`hspmd_sdk.runtime.overhead`); the entry still serves
+    only steps whose longest sequence is at most its ``max_seq_len``.  Where memory binds (long contexts on
+    GPUs) the windows stay where the DP put them.
     """
     from ..models.registry import load_model_spec
 
@@ -552,14 +569,16 @@ def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[i
         if found is None:
             continue
         est, chosen = found
-        strategy, windows, names = _place(costs, chosen, schedule=schedule, zero1=zero1,
-                                          name=f"mixed: max_seq_len <= {cap}")
-        r = simulate_shapes(model, strategy, cluster, [[(1, w)] * p.num_stages for w, p in
-                                                       zip(windows, strategy.pipelines)], cost=cost)
-        if r.oom:
-            continue
-        entries.append(MixedEntry(max_seq_len=cap, windows=windows, methods=names, strategy=strategy,
-                                  estimate=est + _overhead(r)))
+        wide = [(m, cnt, _widest(costs, m, w, bounds)) for m, cnt, w in chosen] if widen else chosen
+        for pick in ([wide, chosen] if wide != chosen else [chosen]):  # the widened windows, else the DP's
+            strategy, windows, names = _place(costs, pick, schedule=schedule, zero1=zero1,
+                                              name=f"mixed: max_seq_len <= {cap}")
+            r = simulate_shapes(model, strategy, cluster, [[(1, w)] * p.num_stages for w, p in
+                                                           zip(windows, strategy.pipelines)], cost=cost)
+            if not r.oom:
+                entries.append(MixedEntry(max_seq_len=cap, windows=windows, methods=names, strategy=strategy,
+                                          estimate=est + _overhead(r)))
+                break
     if not entries or entries[-1].max_seq_len < context:
         raise PlanValidationError([("lengths", f"no strategy for {model.name} on {cluster.num_ranks} devices takes "
                                                f"sequences of {context} tokens")], what="mixed plan")

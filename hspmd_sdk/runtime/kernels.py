@@ -20,6 +20,7 @@ module are the same model.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol
@@ -96,12 +97,19 @@ def rope_cos_sin(seq: int, head_dim: int, theta: float, *, offset: int = 0, dtyp
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
+@functools.lru_cache(maxsize=512)
+def _rope_tables(seq: int, head_dim: int, theta: float, offset: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``cos``/``sin`` ``[1, seq, 1, head_dim/2]``, built once per shape (constants: a micro-batch of a length
+    seen before, every layer of it, reuses them)."""
+    cos, sin = rope_cos_sin(seq, head_dim, theta, offset=offset, dtype=torch.float32, device=device)
+    return cos[None, :, None, :], sin[None, :, None, :]
+
+
 def rope(x: torch.Tensor, *, theta: float = 10000.0, position_offset: int = 0) -> torch.Tensor:
     """Half-split rotary embedding of ``x[B, S, heads, head_dim]``: pairs ``(i, i + head_dim/2)``; computed in
     fp32 (a bf16 input comes back bf16)."""
     _, s, _, hd = x.shape
-    cos, sin = rope_cos_sin(s, hd, theta, offset=position_offset, dtype=torch.float32, device=x.device)
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    cos, sin = _rope_tables(int(s), int(hd), float(theta), int(position_offset), x.device)
     xf = x.float()
     x1, x2 = xf[..., : hd // 2], xf[..., hd // 2:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
