@@ -259,6 +259,9 @@ class StepExecutor:
         self.trained_targets = 0  # real (non-padding) target tokens this rank's loss read in the last step
         self.grad_reduce = {o.inputs[0] for o in self.eg.backward if o.kind == "GradReduce"}
         self.roles = {o.name: self._role(o) for o in self.eg.forward if o.kind == "Reshard"}
+        # Reshards between equal annotations move nothing at any shape: no plan to resolve per micro-batch shape
+        self.unchanged = {o.name for o in self.eg.forward
+                          if o.kind == "Reshard" and self.anns[o.inputs[0]] == self.anns[o.outputs[0]]}
         self.context = _Local(self)
         self._attrs: dict[str, dict[str, Any]] = {}
         self._plans: dict[str, Any] = {}
@@ -676,7 +679,9 @@ class StepExecutor:
     def _forward_reshard(self, op: Any, mb: int, vals: dict[str, torch.Tensor], rec: _MicroBatch) -> None:
         src, dst = op.inputs[0], op.outputs[0]
         role = self.roles[op.name]
-        if role == "local":
+        if role == "local" and op.name in self.unchanged:
+            vals[dst] = self._get(vals, src)
+        elif role == "local":
             plan, back = self._plan(op.name, mb), self._plan(f"{op.name}.bwd", mb)
             x = self._get(vals, src)
             if _identity_for(plan, self.rank) and _identity_for(back, self.rank):
