@@ -266,3 +266,30 @@ def test_profile_link_measures_gloo_between_two_processes() -> None:
     c = CostModel(link_overrides={"intra": lk})
     link = Cluster.local(2).link(0, 1)
     assert c.collective_time("all_reduce", 262144, 2, link) >= lk.call_latency + 2 * lk.collective_latency
+
+
+def test_attention_flops_get_their_own_rate_when_the_profile_spans_lengths() -> None:
+    """``_fit_plane`` recovers ``a * matmul + c * attention + b`` exactly; ``layer_cost`` prices the attention part
+    of ``layer_flops`` at ``c``; a profile at one sequence length keeps ``c = None`` (one rate)."""
+    from hspmd_sdk.planner.cost import OperatorProfile, _fit_plane, layer_cost, profile_model
+
+    model = LlamaConfig.preset("tiny")
+    shapes = [(16, 16), (64, 16), (64, 32), (64, 64), (128, 64)]
+    mm = [float(model.layer_flops(t, 0)) for t, _ in shapes]
+    att = [float(model.layer_flops(t, s) - model.layer_flops(t, 0)) for t, s in shapes]
+    fit = _fit_plane(mm, att, [2e-10 * m + 5e-11 * a + 1e-4 for m, a in zip(mm, att)])
+    assert (fit.a, fit.c, fit.b) == pytest.approx((2e-10, 5e-11, 1e-4), rel=1e-6)
+    line = ComputeFit(a=0.0, b=0.0)
+    c = CostModel(profiles={"cpu": OperatorProfile(layer_fwd=fit, layer_bwd=fit, head_fwd=line, head_bwd=line)},
+                  include_embedding=False)
+    cl = Cluster.local(1)
+    lc = layer_cost(model, cl.spec(0), 1, cl.link(0, 0), 2, 64, c)
+    tokens = 128
+    want = 2e-10 * model.layer_flops(tokens, 0) + 5e-11 * (model.layer_flops(tokens, 64)
+                                                          - model.layer_flops(tokens, 0)) + 1e-4
+    assert lc.fwd_compute == pytest.approx(want)
+    single = profile_model(model, "cpu", threads=1, shapes=[(16, 16), (64, 16)], repeats=1, executor=False)
+    assert single.profiles["cpu"].layer_fwd.c is None
+    spanning = profile_model(model, "cpu", threads=1, shapes=[(64, 16), (64, 32), (128, 64)], repeats=1,
+                             executor=False)
+    assert spanning.profiles["cpu"].layer_fwd.c is not None  # fitted (possibly 0 if attention costs nothing here)

@@ -66,6 +66,9 @@ class ComputeFit(BaseModel):
 
     a: float = Field(ge=0, description="seconds per FLOP")
     b: float = Field(ge=0, description="fixed seconds per operator (launch overhead)")
+    c: float | None = Field(default=None, ge=0, description="seconds per attention FLOP (the part of a layer's "
+                            "FLOPs that grows with the sequence length), fitted when the profile spans several "
+                            "sequence lengths; None: priced at a")
     device: str = ""
     dtype: str = ""
     r2: float | None = None
@@ -292,8 +295,9 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
     tokens = micro_batch * seq_len
     flops = model.layer_flops(tokens, seq_len) / tp
     prof = cost.profiles.get(spec.kind)
-    if prof is not None:  # profiled whole-layer lines
-        fwd, bwd = _line(prof.layer_fwd, flops), _line(prof.layer_bwd, flops)
+    if prof is not None:  # profiled whole-layer lines (attention's FLOPs at their own rate where fitted)
+        lin = model.layer_flops(tokens, 0) / tp
+        fwd, bwd = _layer_line(prof.layer_fwd, lin, flops - lin), _layer_line(prof.layer_bwd, lin, flops - lin)
         if tp > 1 and not cost.sequence_parallel:  # norms and residuals stay whole on every device of the group
             x, share = tokens * model.hidden_size, 1.0 - 1.0 / tp
             fwd += share * _line(prof.layer_replicated_fwd, x)
@@ -314,6 +318,13 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
 
 def _line(fit: ComputeFit, x: float) -> float:
     return fit.a * x + fit.b if x > 0 else 0.0
+
+
+def _layer_line(fit: ComputeFit, matmul: float, attention: float) -> float:
+    """A layer's profiled seconds: ``a * matmul FLOPs + c * attention FLOPs + b`` (``c`` = ``a`` when not fitted)."""
+    if matmul + attention <= 0:
+        return 0.0
+    return fit.a * matmul + (fit.a if fit.c is None else fit.c) * attention + fit.b
 
 
 def _layer_activation_bytes(model: "ModelSpec", tokens: int, tp: int, sequence_parallel: bool) -> float:
@@ -438,6 +449,30 @@ def _fit_line(xs: Iterable[float], ys: Iterable[float]) -> ComputeFit:
     return ComputeFit(a=a, b=b, r2=1 - ss_res / ss_tot if ss_tot > 0 else None)
 
 
+def _fit_plane(x1: Sequence[float], x2: Sequence[float], ys: Sequence[float]) -> ComputeFit:
+    """Least squares ``y = a x1 + c x2 + b`` with ``a, c, b >= 0`` (a coefficient that comes out negative is
+    dropped and the rest refit); ``c`` is ``None`` when ``x2`` does not vary independently of ``x1``."""
+    import numpy as np
+
+    X = np.column_stack([np.asarray(x1, float), np.asarray(x2, float), np.ones(len(ys))])
+    y = np.asarray(ys, float)
+    if np.linalg.matrix_rank(X) < 3:
+        f = _fit_line([a + b for a, b in zip(x1, x2)], ys)
+        return f
+    keep = [0, 1, 2]
+    while True:
+        coef = np.zeros(3)
+        coef[keep] = np.linalg.lstsq(X[:, keep], y, rcond=None)[0]
+        bad = [k for k in keep if coef[k] < 0]
+        if not bad:
+            break
+        keep.remove(min(bad, key=lambda k: coef[k]))
+        if not keep:
+            break
+    a, c, b = (float(max(v, 0.0)) for v in coef)
+    res, tot = float(((X @ np.array([a, c, b]) - y) ** 2).sum()), float(((y - y.mean()) ** 2).sum())
+    return ComputeFit(a=a, b=b, c=c, r2=1 - res / tot if tot > 0 else None)
+
 
 # ---- representative profiling -----------------------------------------------------------------------------------
 def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int | None = 1, *,
@@ -451,8 +486,12 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
     ONE decoder layer of the model's single-device reference (``block(0, h)``; for Llama: RMSNorm, RoPE, attention
     via ``scaled_dot_product_attention``, SwiGLU, residuals), its final norm + LM head + cross-entropy, and the
     embedding forward + backward, at each ``(tokens, seq_len)`` of ``shapes`` (default: 1, 2, 4 and 8 sequences of
-    ``min(max_seq_len, 128)`` tokens), and fits ``seconds = a * FLOPs + b`` per operator over the FLOPs the cost
-    model counts (:meth:`ModelSpec.layer_flops`, :meth:`ModelSpec.head_flops`).  Tensor parallelism is costed
+    ``s0 = min(max_seq_len, 128)`` tokens, and ``8 * s0`` tokens as sequences of ``2, 4, 8 x s0`` as far as
+    ``max_seq_len`` allows), and fits ``seconds = a * FLOPs + b`` per operator over the FLOPs the cost model counts
+    (:meth:`ModelSpec.layer_flops`, :meth:`ModelSpec.head_flops`); when the shapes span several sequence lengths
+    the layer lines are ``a * matmul FLOPs + c * attention FLOPs + b`` (attention's FLOPs, the part of
+    ``layer_flops`` that grows with the sequence, run at their own rate: a CPU's fused attention kernel is not a
+    matmul).  Tensor parallelism is costed
     by dividing the FLOPs by the TP degree and reading the same line.  The Adam step (``torch.optim.Adam``,
     fp32) is timed on the layer's parameters: seconds per parameter.  ``threads``: torch threads while profiling
     (each runtime worker runs with 1; ``None`` leaves the setting alone).
@@ -477,7 +516,8 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
 
     config = load_model_spec(config)
     seq = min(config.max_seq_len, 128)
-    shapes = [tuple(s) for s in (shapes or [(seq * k, seq) for k in (1, 2, 4, 8)])]
+    longer = [seq * 2 ** k for k in range(1, 4) if seq * 2 ** k <= config.max_seq_len]  # attention's own rate
+    shapes = [tuple(s) for s in (shapes or [(seq * k, seq) for k in (1, 2, 4, 8)] + [(seq * 8, x) for x in longer])]
     old = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -514,9 +554,11 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
                     for j in range(8):
                         samples[i][j].append(t[j])
         rows: dict[str, list[tuple[float, float]]] = {k: [] for k in ("lf", "lb", "hf", "hb", "e", "rf", "rb")}
+        split: list[tuple[float, float]] = []  # per shape: (matmul FLOPs, attention FLOPs) of the layer
         for (b, s, _, _), smp in zip(inputs, samples):
             lf, lb, hf, hb, ef, eb, rf, rb = (sorted(x)[len(x) // 2] for x in smp)
             n = b * s
+            split.append((float(c.layer_flops(n, 0)), float(c.layer_flops(n, s) - c.layer_flops(n, 0))))
             rows["lf"].append((c.layer_flops(n, s), lf))
             rows["lb"].append((c.layer_flops(n, s), lb))
             rows["hf"].append((c.head_flops(n), hf))
@@ -546,7 +588,13 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
         f = _fit_line([x for x, _ in rows[key]], [y for _, y in rows[key]])
         return f.model_copy(update={"device": device, "dtype": "float32"})
 
-    prof = OperatorProfile(layer_fwd=fit("lf"), layer_bwd=fit("lb"), head_fwd=fit("hf"), head_bwd=fit("hb"),
+    def fit_layer(key: str) -> ComputeFit:  # attention at its own rate when the shapes span sequence lengths
+        if len({s for _, s in shapes}) < 2:
+            return fit(key)
+        f = _fit_plane([m for m, _ in split], [a for _, a in split], [y for _, y in rows[key]])
+        return f.model_copy(update={"device": device, "dtype": "float32"})
+
+    prof = OperatorProfile(layer_fwd=fit_layer("lf"), layer_bwd=fit_layer("lb"), head_fwd=fit("hf"), head_bwd=fit("hb"),
                            embed=fit("e"), layer_replicated_fwd=fit("rf"), layer_replicated_bwd=fit("rb"),
                            optimizer_s_per_param=adam, shapes=[(int(t), int(s)) for t, s in shapes],
                            threads=threads, model=config.name or "",
