@@ -21,10 +21,11 @@ GPT = GPTConfig(name="tiny-gpt-overhead", vocab_size=64, hidden_size=32, num_lay
 
 @pytest.mark.parametrize("model", [LLAMA, GPT], ids=["llama", "gpt2"])
 def test_executor_overhead_is_measured_on_the_executor(model) -> None:
-    o = executor_overhead(model, repeats=3)
-    assert o.layer_fwd + o.layer_bwd > 0 and o.rest_fwd + o.rest_bwd > 0  # a micro-batch is never free
+    o = executor_overhead(model, repeats=5)
+    total = o.layer_fwd + o.layer_bwd + o.rest_fwd + o.rest_bwd  # a micro-batch's fixed cost, every part >= 0
+    assert min(o.layer_fwd, o.layer_bwd, o.rest_fwd, o.rest_bwd) >= 0
+    assert 0 < total < 0.5  # never free; seconds of a tiny micro-batch, not a whole step or a hang
     assert (o.rows, o.seq) == (1, 8)
-    assert o.layer_fwd + o.layer_bwd < 0.5  # seconds: a tiny micro-batch, not a whole step or a hang
 
 
 def _profile(b: float = 0.0) -> OperatorProfile:
