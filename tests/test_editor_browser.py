@@ -400,6 +400,14 @@ def test_responsive_from_1024_px(session, width):
 def test_reopening_the_saved_notebook_shows_no_widget_error(session, lab, browser):
     page, errors = session
     path = lab.root / "editor.ipynb"
+    end = time.monotonic() + 120  # every job on the page has ended: no widget changes during or after the save
+    while time.monotonic() < end:
+        status = page.locator(".hspmd-dashboard").evaluate_all("els => els.map(e => e.dataset.status)")
+        if status and all(s in ("succeeded", "failed", "cancelled") for s in status):
+            break
+        time.sleep(0.3)
+    assert status and all(s in ("succeeded", "failed", "cancelled") for s in status), status
+    page.wait_for_timeout(500)
     before = path.stat().st_mtime_ns
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     saved = {}
