@@ -227,16 +227,27 @@ def _demo(args: argparse.Namespace) -> int:
 def _run_arguments(p: argparse.ArgumentParser) -> None:
     from .core.cluster import MAX_RANKS
 
-    p.add_argument("file", metavar="STRATEGY", help="strategy JSON (or packaged example name)")
+    p.add_argument("file", metavar="STRATEGY", nargs="?", help="strategy JSON (or packaged example name); or "
+                                                               "--programs for mixed-length data")
     p.add_argument("--local", type=int_in(1, MAX_RANKS), required=True, metavar="N",
                    help="number of local worker processes")
     p.add_argument("--model", default="tiny", help="model preset (default tiny)")
     p.add_argument("--steps", type=int_in(1, MAX_STEPS), default=10)
     p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0)
-    p.add_argument("--data", choices=("stdlib", "synthetic"), default="stdlib")
+    p.add_argument("--data", default=None, help="a STRATEGY trains on stdlib (default) or synthetic; --programs "
+                                                "on stdlib-docs (default) or a tokenized text file (a document a line)")
     p.add_argument("--lr", type=number_above(0), default=3e-3)
     p.add_argument("--seq-len", type=int_in(1, MAX_TOKENS), default=None,
                    help="sequence length (default: the model's max_seq_len)")
+    p.add_argument("--programs", metavar="DIR", help="mixed-length data: the candidate plans that 'hspmd plan "
+                                                     "--scenario mixed --programs DIR' wrote; per step the "
+                                                     "cheapest candidate takes the step's sequences")
+    p.add_argument("--tokens-per-step", type=int_in(1, MAX_TOKENS * MAX_SAMPLES), metavar="N",
+                   help="--programs: the token budget of a step (required)")
+    p.add_argument("--context", type=int_in(1, MAX_TOKENS), metavar="N",
+                   help="--programs: the longest sequence; longer documents are cut (default: the model's)")
+    p.add_argument("--cost", metavar="FILE", help="--programs: the dispatcher's cost model JSON (default: "
+                                                  "analytic, with the node's cores)")
     p.add_argument("--no-reference", action="store_true", help="skip the single-device comparison")
     p.add_argument("--log-dir", default=None, metavar="DIR", help="per-rank logs (default: a temporary folder)")
     p.add_argument("--elastic", action="store_true",
@@ -261,11 +272,18 @@ def _run(args: argparse.Namespace) -> int:
     from .runtime.train import launch_training, reference_training
 
     model, cluster = load_model_spec(args.model), Cluster.local(args.local)
-    strategy = Strategy.load(resolve_file(args.file), model=model, cluster=cluster)
-    program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster)
     if args.stall < 2 * args.heartbeat:
         raise PlanValidationError([("--stall", f"{args.stall:g} s must be at least two heartbeats (--heartbeat "
                                                f"{args.heartbeat:g})")], what="arguments")
+    if args.programs or args.file is None:
+        return _run_mixed(args, model, cluster)
+    data = args.data or "stdlib"
+    if data not in ("stdlib", "synthetic"):
+        raise PlanValidationError([("--data", f"{data[:60]!r}: a STRATEGY trains on stdlib or synthetic "
+                                              "(documents of different lengths need --programs)")], what="arguments")
+    args.data = data
+    strategy = Strategy.load(resolve_file(args.file), model=model, cluster=cluster)
+    program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster)
     job = launch_training(program, cluster, steps=args.steps, seed=args.seed, data=args.data, lr=args.lr,
                           seq_len=args.seq_len, progress=True,
                           timeout_s=args.timeout, stall_s=args.stall, heartbeat_s=args.heartbeat,
@@ -288,6 +306,87 @@ def _run(args: argparse.Namespace) -> int:
         print(line)
     for event in result.events:
         print(f"reconfigured at {event}\n  -> {event.strategy}")
+    return 0
+
+
+def _candidate_programs(folder: str, model: Any, cluster: Any) -> list[Any]:
+    """The Programs of ``folder/candidate_<i>.json`` (what ``hspmd plan --scenario mixed --programs`` writes), in
+    index order, each specialized for ``model`` on ``cluster``."""
+    from .core.plan import AnnotationPlan
+    from .core.specialize import specialize
+
+    root = Path(folder)
+    if not root.is_dir():
+        raise PlanValidationError([("--programs", f"{folder[:200]}: not a folder")], what="arguments")
+    files = sorted(root.glob("candidate_*.json"), key=lambda f: (len(f.stem), f.stem))
+    if not files:
+        raise PlanValidationError([("--programs", f"{folder[:200]} has no candidate_<i>.json (write them with "
+                                                  "'hspmd plan --scenario mixed --programs DIR')")], what="arguments")
+    out = []
+    for f in files:
+        plan = AnnotationPlan.load(Path(f))
+        missing = {"max_seq_len", "windows", "mixed_strategy"} - set(plan.meta)
+        if missing:
+            raise PlanValidationError([(f"--programs {f.name}", f"not a mixed-length candidate: its meta lacks "
+                                                                f"{sorted(missing)}")], what="arguments")
+        problems = plan.problems(cluster)
+        if problems:
+            raise PlanValidationError([(f"--programs {f.name}: {path}", why) for path, why in problems],
+                                      what="arguments")
+        out.append(specialize(model, plan, cluster))
+    return out
+
+
+def _run_mixed(args: argparse.Namespace, model: Any, cluster: Any) -> int:
+    """``hspmd run --programs DIR``: mixed-length training with per-step candidates, losses beside the
+    single-device model's on the same sequences."""
+    from .planner.cli import _cost
+    from .planner.cost import CostModel
+    from .runtime.checkpoint_cli import training_checkpoint_options
+    from .runtime.mixed import launch_mixed, planning_summary, reference_mixed
+
+    if args.file is not None:
+        raise PlanValidationError([("STRATEGY", "give a STRATEGY or --programs, not both")], what="arguments")
+    if not args.programs:
+        raise PlanValidationError([("STRATEGY", "give a strategy file, or --programs DIR for mixed-length data")],
+                                  what="arguments")
+    if args.tokens_per_step is None:
+        raise PlanValidationError([("--tokens-per-step", "--programs needs the token budget of a step")],
+                                  what="arguments")
+    data = args.data or "stdlib-docs"
+    if data in ("stdlib", "synthetic"):
+        raise PlanValidationError([("--data", f"{data}: fixed-length data; --programs trains on stdlib-docs or a "
+                                              "tokenized text file")], what="arguments")
+    programs = _candidate_programs(args.programs, model, cluster)
+    import os
+
+    cost = _cost(args.cost) or CostModel(cores=os.cpu_count() or 1)
+    job = launch_mixed(programs, cluster, steps=args.steps, seed=args.seed, data=data, lr=args.lr,
+                       tokens_per_step=args.tokens_per_step, context=args.context, cost=cost, progress=True,
+                       timeout_s=args.timeout, stall_s=args.stall, heartbeat_s=args.heartbeat, log_dir=args.log_dir,
+                       resource_check=not args.no_resource_check, elastic=args.elastic, straggler=args.straggler,
+                       **{k: v for k, v in training_checkpoint_options(args).items()  # refused: named
+                          if k in ("checkpoint_dir", "resume_from") and v})
+    try:
+        result = job.wait()
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: every worker was stopped; logs in {job.log_dir}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    summary = planning_summary(job, result)
+    ref = None if args.no_reference else reference_mixed(
+        model, steps=args.steps, seed=args.seed, data=data, tokens_per_step=args.tokens_per_step,
+        context=args.context, lr=args.lr)
+    print(f"{'step':>4}  {'candidate':>9}  {'HSPMD':>12}" + ("" if ref is None else
+                                                          f"  {'single device':>14}  {'rel. diff':>9}"))
+    for i, loss in enumerate(result.losses):
+        line = f"{i:>4}  {summary['choices'][i]:>9}  {loss:>12.6f}"
+        if ref is not None:
+            line += f"  {ref.losses[i]:>14.6f}  {abs(loss - ref.losses[i]) / abs(ref.losses[i]):>9.1e}"
+        print(line)
+    for event in result.events:
+        print(f"switched at {event}")
+    print(f"planning {1e3 * sum(summary['plan_s']) / max(len(summary['plan_s']), 1):.2f} ms a step, "
+          f"{summary['hidden']:.0%} hidden behind training")
     return 0
 
 
