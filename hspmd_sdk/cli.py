@@ -365,8 +365,7 @@ def _run_mixed(args: argparse.Namespace, model: Any, cluster: Any) -> int:
                        tokens_per_step=args.tokens_per_step, context=args.context, cost=cost, progress=True,
                        timeout_s=args.timeout, stall_s=args.stall, heartbeat_s=args.heartbeat, log_dir=args.log_dir,
                        resource_check=not args.no_resource_check, elastic=args.elastic, straggler=args.straggler,
-                       **{k: v for k, v in training_checkpoint_options(args).items()  # refused: named
-                          if k in ("checkpoint_dir", "resume_from") and v})
+                       **training_checkpoint_options(args))
     try:
         result = job.wait()
     except KeyboardInterrupt:
@@ -378,8 +377,10 @@ def _run_mixed(args: argparse.Namespace, model: Any, cluster: Any) -> int:
         context=args.context, lr=args.lr)
     print(f"{'step':>4}  {'candidate':>9}  {'HSPMD':>12}" + ("" if ref is None else
                                                           f"  {'single device':>14}  {'rel. diff':>9}"))
-    for i, loss in enumerate(result.losses):
-        line = f"{i:>4}  {summary['choices'][i]:>9}  {loss:>12.6f}"
+    first = args.steps - len(result.losses)  # a resumed run trains steps first .. steps-1
+    for k, loss in enumerate(result.losses):
+        i = first + k
+        line = f"{i:>4}  {summary['choices'][k]:>9}  {loss:>12.6f}"
         if ref is not None:
             line += f"  {ref.losses[i]:>14.6f}  {abs(loss - ref.losses[i]) / abs(ref.losses[i]):>9.1e}"
         print(line)

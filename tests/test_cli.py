@@ -122,19 +122,26 @@ def test_run_saves_checkpoints_and_resumes_under_another_strategy(tmp_path, caps
 
 def test_run_mixed_length_data_from_the_planned_candidates(tmp_path, capsys) -> None:
     """``hspmd plan --scenario mixed --programs DIR`` then ``hspmd run --programs DIR``: per-step candidates on
-    the standard library's documents, the losses the single-device model's on the same sequences."""
+    the standard library's documents, the losses the single-device model's on the same sequences; with
+    checkpoints, and resumed from one."""
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("\n".join(str(4 + (i * 37) % 61) for i in range(300)))
     code, out, _ = run(capsys, "plan", "--cluster", "cpu:4", "--model", "tiny", "--scenario", "mixed", "--lengths",
                        str(lengths), "--context-len", "64", "--tokens-per-batch", "256", "--programs",
                        str(tmp_path / "cands"))
     assert code == 0 and (tmp_path / "cands" / "candidate_0.json").exists()
+    ck = tmp_path / "ck"
     code, out, err = run(capsys, "run", "--programs", str(tmp_path / "cands"), "--local", "4", "--steps", "3",
-                         "--tokens-per-step", "256", "--context", "64")
+                         "--tokens-per-step", "256", "--context", "64", "--checkpoint-dir", str(ck),
+                         "--checkpoint-every", "1")
     assert code == 0, err
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert [r[0] for r in rows] == ["0", "1", "2"] and all(float(r[4]) < 1e-5 for r in rows), out
-    assert "hidden behind training" in out
+    assert "hidden behind training" in out and (ck / "step-00000002").is_dir()
+    code, out, err = run(capsys, "run", "--programs", str(tmp_path / "cands"), "--local", "4", "--steps", "4",
+                         "--tokens-per-step", "256", "--context", "64", "--resume-from", str(ck / "step-00000002"))
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert code == 0 and [r[0] for r in rows] == ["2", "3"] and all(float(r[4]) < 1e-5 for r in rows), out
 
 
 @pytest.mark.parametrize("argv", [["--help"]] + [[name, "--help"] for name in COMMANDS])

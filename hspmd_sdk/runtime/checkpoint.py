@@ -384,6 +384,16 @@ def load_checkpoint(directory: str | Path, *, verify: bool = True) -> Checkpoint
 
 
 # ---- resuming a run ---------------------------------------------------------------------------------------
+def data_identity(run: Mapping[str, Any]) -> tuple[str, int, int]:
+    """``(source, global batch, sequence length)`` of a run's data stream as a checkpoint records it: for
+    mixed-length data (:func:`~.mixed.data_spec`) ``mixed:<documents digest>``, the token budget and the context
+    (a step's sequences are a function of these and the seed alone, whatever the candidates)."""
+    d = run["data"]
+    if isinstance(d, Mapping) and d.get("kind") == "mixed":
+        return f"mixed:{d['digest']}", int(d["tokens_per_step"]), int(d["context"])
+    return str(d), int(run["global_batch"]), int(run["seq_len"])
+
+
 def resume_problems(ck: Checkpoint, program: Any, run: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Why ``run`` (a :func:`~.train.training_run` of ``program``) cannot continue from ``ck``: ``(field,
     reason)`` pairs naming the tensor or setting (empty: it can).  The model (its config, the name aside, and
@@ -405,8 +415,8 @@ def resume_problems(ck: Checkpoint, program: Any, run: Mapping[str, Any]) -> lis
         out.append(("resume_from", f"{where}: the checkpoint's model is not the program's ({'; '.join(diff[:4])})"))
         return out
     d = m.data
-    for field, mine in (("data", run["data"]), ("seed", run["seed"]), ("global_batch", run["global_batch"]),
-                        ("seq_len", run["seq_len"])):
+    source, batch, seq = data_identity(run)
+    for field, mine in (("data", source), ("seed", run["seed"]), ("global_batch", batch), ("seq_len", seq)):
         saved = d.source if field == "data" else getattr(d, field)
         if saved != mine:
             out.append((field, f"is {mine!r} but the checkpoint {ck.path} was trained with {saved!r}; the data "

@@ -31,8 +31,8 @@ from typing import Any, Mapping
 
 from ..core.annotation import local_view
 from ..core.slices import relative
-from .checkpoint import (MANIFEST, DataPosition, FileEntry, Manifest, Piece, TensorEntry, list_checkpoints,
-                         shard_file_name, step_dir_name, stored_pieces)
+from .checkpoint import (MANIFEST, DataPosition, FileEntry, Manifest, Piece, TensorEntry, data_identity,
+                         list_checkpoints, shard_file_name, step_dir_name, stored_pieces)
 from .checkpoint_io import (WRITE_POINTS, CheckpointError, PieceReader, StoredPiece, atomic_write_bytes,
                             fsync_dir, write_shard)
 from .checkpoint_plan import layouts_of, read_plan, write_plan
@@ -339,10 +339,14 @@ class CheckpointSaver:
             cluster=program.cluster.model_dump(mode="json") if program.cluster is not None else run["cluster"],
             bindings={k: int(v) for k, v in run.get("bindings", {}).items()}, pipelines=program.pipelines,
             adam=dict(run["adam"]), optimizer_step=steps.pop(),
-            data=DataPosition(source=run["data"], seed=int(run["seed"]), global_batch=int(run["global_batch"]),
-                              seq_len=int(run["seq_len"]), next_step=completed),
+            data=_position(run, completed),
             tensors=tensors, files={rec["file"]: FileEntry(rank=r, bytes=rec["bytes"]) for r, rec in records.items()},
             rng=rng)
+
+
+def _position(run: Mapping[str, Any], completed: int) -> DataPosition:
+    source, batch, seq = data_identity(run)
+    return DataPosition(source=source, seed=int(run["seed"]), global_batch=batch, seq_len=seq, next_step=completed)
 
 
 def _local(ex: Any, rank: int, layout: Any, opt: Mapping[str, Any]) -> Any:

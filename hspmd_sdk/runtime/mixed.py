@@ -23,6 +23,11 @@
   all-gather also counts the real target tokens every loss rank trained; a step that did not train each of its
   tokens exactly once fails.
 
+Checkpoints (``checkpoint_dir=``, ``resume_from=``; :mod:`.checkpoint`): each is written under the candidate that
+ran its last step; the data position is the documents' digest, the token budget, the context and the seed (a
+step's sequences depend on nothing else), so a resumed run continues at the checkpoint's step under whichever
+candidate that step's dispatch picks -- or under another list of candidates -- reading only its boxes.
+
 Padding rather than packing: the dispatcher's cost model and :class:`~hspmd_sdk.planner.Dispatch` already speak
 in padded ``rows x longest`` micro-batches, and padding needs no document mask in attention (a causal mask over
 right padding leaves real positions as they are), so every kernel and both model families run unchanged.
@@ -80,8 +85,15 @@ def documents_for(data: Any, vocab_size: int | None = None) -> Any:
 def data_spec(docs: Any, *, context: int, tokens_per_step: int, seed: int) -> dict[str, Any]:
     """The JSON form of a mixed-length source for the workers (documents other than the embedded default are
     written once to a temporary ``.npz`` that each worker reads)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for d in docs.docs:  # the documents' identity, whatever file they were read from (checkpoints compare it)
+        digest.update(np.int64(d.size).tobytes())
+        digest.update(np.ascontiguousarray(d, dtype=np.int64).tobytes())
     spec: dict[str, Any] = {"kind": "mixed", "context": int(context), "tokens_per_step": int(tokens_per_step),
-                            "seed": int(seed), "vocab_size": int(docs.vocab_size)}
+                            "seed": int(seed), "vocab_size": int(docs.vocab_size),
+                            "digest": digest.hexdigest()[:32]}
     if getattr(docs, "stdlib_files", None) is not None:
         spec["source"] = {"stdlib": docs.stdlib_files, "root": docs.stdlib_root}
     else:
@@ -162,7 +174,7 @@ class LengthPlanner:
     where the Program stays)."""
 
     def __init__(self, programs: Sequence[Any], cluster: Any, batches: Any, dispatcher: Any, *, steps: int,
-                 lookahead: int = 2) -> None:
+                 lookahead: int = 2, start: int = 0) -> None:
         self.programs, self.cluster, self.batches, self.dispatcher = list(programs), cluster, batches, dispatcher
         self.layouts = same_layouts(self.programs)
         self.steps, self.lookahead = int(steps), max(0, int(lookahead))
@@ -174,7 +186,8 @@ class LengthPlanner:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.current: int | None = None
-        self.first = self._plan_step(0)  # before any worker starts: the Program step 0 runs under
+        self.start_step = int(start)  # a resumed run's first step (its checkpoint's)
+        self.first = self._plan_step(self.start_step)  # before any worker starts: the Program it runs under
 
     def _plan_step(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -202,7 +215,7 @@ class LengthPlanner:
 
     def _loop(self) -> None:
         try:
-            for step in range(1, self.steps):
+            for step in range(self.start_step + 1, self.steps):
                 while not self._stop.is_set() and step > self.job.metrics.last_step() + 1 + self.lookahead:
                     if self.job._done.is_set():
                         return
@@ -247,7 +260,9 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                  data: Any = "stdlib-docs", context: int | None = None, seed: int = 0, lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  precision: str = "fp32", lookahead: int = 2, cost: Any = None,
-                 capture_dir: str | Path | None = None, **launch_kwargs: Any) -> Any:
+                 capture_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None,
+                 checkpoint_every: int | None = None, keep: int = 3, checkpoint_async: bool = True,
+                 resume_from: str | Path | None = None, **launch_kwargs: Any) -> Any:
     """Train on mixed-length data, choosing per step among candidate ``programs`` (``launch(programs, ...)``;
     see the module docstring).  Returns the running :class:`~.job.Job`; ``job.wait().losses`` are the steps'
     losses (mean over each step's real target tokens), ``job.events`` the length switches, and
@@ -258,7 +273,10 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     token arrays, :class:`~.data.Documents` or a tokenized text file; ``tokens_per_step``: the global batch as a
     token budget; ``context``: the longest sequence (default: the model's ``max_seq_len``; longer documents are cut
     into chunks) — the largest candidate must take it; ``lookahead``: how many steps the launcher dispatches ahead
-    of the workers; ``cost``: the :class:`~hspmd_sdk.planner.CostModel` of the dispatcher.  Everything is checked
+    of the workers; ``cost``: the :class:`~hspmd_sdk.planner.CostModel` of the dispatcher.  Checkpoints as for one
+    Program (``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``checkpoint_async``; each saved under the
+    candidate running at that step), and ``resume_from`` continues at the checkpoint's step with the same data,
+    seed, budget and context, under whichever candidate that step's dispatch picks.  Everything is checked
     before any worker starts (a :class:`~hspmd_sdk.errors.PlanValidationError` names the field)."""
     from ..planner.mixed import Dispatcher
     from .controller import TrainingController
@@ -267,7 +285,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
 
     what = "mixed-length training run"
     programs = list(programs)
-    for key in ("elastic", "straggler", "checkpoint_dir", "resume_from", "init", "fault_injection"):
+    for key in ("elastic", "straggler", "init", "fault_injection"):
         if launch_kwargs.get(key):
             raise PlanValidationError([(key, "is not supported with a list of candidate programs (mixed-length "
                                              "training) yet")], what=what)
@@ -302,7 +320,9 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                                   what=what)
     if steps < 1:
         raise PlanValidationError([("steps", f"must be >= 1, not {steps}")], what=what)
-    planner = LengthPlanner(programs, cluster, batches, dispatcher, steps=steps, lookahead=lookahead)
+    data = data_spec(docs, context=context, tokens_per_step=tokens_per_step, seed=seed)
+    start = _resume_step(resume_from, steps, what)
+    planner = LengthPlanner(programs, cluster, batches, dispatcher, steps=steps, lookahead=lookahead, start=start)
     first = planner.first["choice"]
     runs = []
     for i, p in enumerate(programs):  # each candidate checked as the workers will rebuild it
@@ -314,9 +334,13 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                                                           "launch cluster")], what=what)
         runs.append(run)
     run = dict(runs[first])
-    run["data"] = data_spec(docs, context=context, tokens_per_step=tokens_per_step, seed=seed)
+    run["data"] = data
     run["mixed"] = {"candidates": [{"plan": r["plan"], "bindings": r["bindings"], "recompute": r["recompute"]}
                                    for r in runs], "first": first}
+    from .checkpoint import run_fields
+
+    run.update(run_fields(run, programs[first], checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                          keep=keep, checkpoint_async=checkpoint_async, resume_from=resume_from))
     controller = TrainingController(programs[first], cluster, global_batch=run["global_batch"], seq_len=context,
                                     cost=cost)
     controller.mixed = True
@@ -326,6 +350,20 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     job.length_planner = planner
     planner.start(job, controller)
     return job
+
+
+def _resume_step(resume_from: Any, steps: int, what: str) -> int:
+    """The step a resumed mixed-length run starts at (its checkpoint's), checked against ``steps``; 0 without one
+    (the checkpoint itself is checked against the run by :func:`~.checkpoint.run_fields`)."""
+    if resume_from is None:
+        return 0
+    from .checkpoint import load_checkpoint
+
+    step = int(load_checkpoint(resume_from).step)
+    if step >= steps:
+        raise PlanValidationError([("steps", f"is the total step count ({steps}) but the checkpoint has already "
+                                             f"completed {step}; pass steps > {step}")], what=what)
+    return step
 
 
 # ---- the worker side -----------------------------------------------------------------------------------------
@@ -443,6 +481,9 @@ class MixedSession(TrainSession):
         self.committed = step
         self.adam_steps += 1
         self.previous = None
+        if self.saver is not None:  # under the candidate running now (a checkpoint loads under any of them)
+            self.saver.after_step(step + 1, last=step + 1 == self.steps, program=self.program, ex=ex,
+                                  generation=self.reconfigured)
         state.report(self.offset + step, loss=agreed["loss"], tokens=tokens, run=self.index,
                      compute_s=round(ex.compute_s, 6) if ex is not None else None, choice=self.choice,
                      dispatch_wait_s=round(self.waits[-1], 6) if self.waits else None)

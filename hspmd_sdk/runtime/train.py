@@ -224,8 +224,7 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
         from .mixed import launch_mixed
 
         given = {"data": data, "seq_len": seq_len, "recompute": recompute, "init": init, "elastic": elastic,
-                 "straggler": straggler, "checkpoint_dir": checkpoint_dir, "resume_from": resume_from,
-                 "fault_injection": fault_injection}
+                 "straggler": straggler, "fault_injection": fault_injection}
         default = {"data": "synthetic", "fault_injection": ()}
         bad = [k for k, v in given.items() if k not in ("data",) and v not in (None, False, default.get(k))]
         if bad:
@@ -239,7 +238,8 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
         return launch_mixed(program, cluster, steps=steps, seed=seed,
                             data="stdlib-docs" if data == "synthetic" else data, lr=lr, betas=betas, eps=eps,
                             weight_decay=weight_decay, precision=precision, cost=cost, capture_dir=capture_dir,
-                            **launch_kwargs)
+                            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
+                            checkpoint_async=checkpoint_async, resume_from=resume_from, **launch_kwargs)
     cluster = cluster if cluster is not None else program.cluster
     run = training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
                        weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
