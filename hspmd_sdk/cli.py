@@ -297,16 +297,26 @@ def _run(args: argparse.Namespace) -> int:
     ref = None if args.no_reference else reference_training(
         model, steps=args.steps, seed=args.seed, global_batch=program.bindings["B"], seq_len=args.seq_len,
         data=args.data, lr=args.lr)
-    print(f"{'step':>4}  {'HSPMD':>12}" + ("" if ref is None else f"  {'single device':>14}  {'rel. diff':>9}"))
-    first = args.steps - len(result.losses)  # a resumed run trains steps first .. steps-1
-    for i, loss in enumerate(result.losses, start=first):
-        line = f"{i:>4}  {loss:>12.6f}"
-        if ref is not None:
-            line += f"  {ref.losses[i]:>14.6f}  {abs(loss - ref.losses[i]) / abs(ref.losses[i]):>9.1e}"
-        print(line)
+    _print_losses(result.losses, args.steps, ref)
     for event in result.events:
         print(f"reconfigured at {event}\n  -> {event.strategy}")
     return 0
+
+
+def _print_losses(losses: Sequence[float], steps: int, ref: Any, columns: dict[str, Sequence[Any]] | None = None
+                  ) -> None:
+    """``hspmd run``'s loss table: the step (a resumed run's first is its checkpoint's), ``columns`` (name -> a
+    value per trained step), the loss, and the single-device model's beside it with the relative difference."""
+    extra = columns or {}
+    print(f"{'step':>4}  " + "".join(f"{name:>9}  " for name in extra) + f"{'HSPMD':>12}"
+          + ("" if ref is None else f"  {'single device':>14}  {'rel. diff':>9}"))
+    first = steps - len(losses)  # a resumed run trains steps first .. steps-1
+    for k, loss in enumerate(losses):
+        i = first + k
+        line = f"{i:>4}  " + "".join(f"{values[k]:>9}  " for values in extra.values()) + f"{loss:>12.6f}"
+        if ref is not None:
+            line += f"  {ref.losses[i]:>14.6f}  {abs(loss - ref.losses[i]) / abs(ref.losses[i]):>9.1e}"
+        print(line)
 
 
 def _candidate_programs(folder: str, model: Any, cluster: Any) -> list[Any]:
@@ -375,15 +385,7 @@ def _run_mixed(args: argparse.Namespace, model: Any, cluster: Any) -> int:
     ref = None if args.no_reference else reference_mixed(
         model, steps=args.steps, seed=args.seed, data=data, tokens_per_step=args.tokens_per_step,
         context=args.context, lr=args.lr)
-    print(f"{'step':>4}  {'candidate':>9}  {'HSPMD':>12}" + ("" if ref is None else
-                                                          f"  {'single device':>14}  {'rel. diff':>9}"))
-    first = args.steps - len(result.losses)  # a resumed run trains steps first .. steps-1
-    for k, loss in enumerate(result.losses):
-        i = first + k
-        line = f"{i:>4}  {summary['choices'][k]:>9}  {loss:>12.6f}"
-        if ref is not None:
-            line += f"  {ref.losses[i]:>14.6f}  {abs(loss - ref.losses[i]) / abs(ref.losses[i]):>9.1e}"
-        print(line)
+    _print_losses(result.losses, args.steps, ref, {"candidate": summary["choices"]})
     for event in result.events:
         print(f"switched at {event}")
     print(f"planning {1e3 * sum(summary['plan_s']) / max(len(summary['plan_s']), 1):.2f} ms a step, "

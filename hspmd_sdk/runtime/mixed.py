@@ -542,7 +542,7 @@ def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any =
 
     from .data import LengthBatches, padded_rows
     from .kernels import IGNORE_INDEX
-    from .train import ReferenceResult
+    from .train import reference_result
 
     context = int(model.max_seq_len if context is None else context)
     batches = LengthBatches(documents_for(data, model.vocab_size), context=context, tokens_per_step=tokens_per_step,
@@ -561,8 +561,4 @@ def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any =
             grads = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
         opt.step()
         losses.append(float(loss.detach()))
-    named = dict(ref.named_parameters())
-    st = {n: opt.state.get(p, {}) for n, p in named.items()}
-    return ReferenceResult(losses, grads, {n: p.detach().clone() for n, p in named.items()},
-                           {n: s["exp_avg"].clone() for n, s in st.items() if "exp_avg" in s},
-                           {n: s["exp_avg_sq"].clone() for n, s in st.items() if "exp_avg_sq" in s})
+    return reference_result(ref, opt, losses, grads)

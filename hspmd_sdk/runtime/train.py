@@ -492,6 +492,12 @@ def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: 
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         opt.step()
         losses.append(float(loss.detach()))
+    return reference_result(model, opt, losses, grads)
+
+
+def reference_result(model: Any, opt: Any, losses: list[float], grads: dict[str, Any]) -> "ReferenceResult":
+    """A finished single-device run as a :class:`ReferenceResult`: its losses, step-0 gradients, and the final
+    parameters and Adam moments of ``model`` under ``opt`` (copies)."""
     named = dict(model.named_parameters())
     state = {n: opt.state.get(p, {}) for n, p in named.items()}
     return ReferenceResult(losses, grads, {n: p.detach().clone() for n, p in named.items()},
