@@ -350,6 +350,8 @@ def _candidate_programs(folder: str, model: Any, cluster: Any) -> list[Any]:
 def _run_mixed(args: argparse.Namespace, model: Any, cluster: Any) -> int:
     """``hspmd run --programs DIR``: mixed-length training with per-step candidates, losses beside the
     single-device model's on the same sequences."""
+    import os
+
     from .planner.cli import _cost
     from .planner.cost import CostModel
     from .runtime.checkpoint_cli import training_checkpoint_options
@@ -368,8 +370,6 @@ def _run_mixed(args: argparse.Namespace, model: Any, cluster: Any) -> int:
         raise PlanValidationError([("--data", f"{data}: fixed-length data; --programs trains on stdlib-docs or a "
                                               "tokenized text file")], what="arguments")
     programs = _candidate_programs(args.programs, model, cluster)
-    import os
-
     cost = _cost(args.cost) or CostModel(cores=os.cpu_count() or 1)
     job = launch_mixed(programs, cluster, steps=args.steps, seed=args.seed, data=data, lr=args.lr,
                        tokens_per_step=args.tokens_per_step, context=args.context, cost=cost, progress=True,
