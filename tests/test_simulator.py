@@ -172,6 +172,27 @@ def test_profile_model_round_trip_and_use(tmp_path: Path) -> None:
     shared = simulate(model, strat, Cluster.local(2), seq_len=16,
                       cost=c.model_copy(update={"comm_scale": 0.0, "cores": 1}))
     assert shared.step_time == pytest.approx(2 * base.step_time)
+    # processor sharing: ranks slow each other only while both compute (a pipeline's stages with one micro-batch
+    # never do: the forward and backward of rank 0 bracket rank 1's); the optimizer left out (it would overlap)
+    quiet = c.model_copy(update={"comm_scale": 0.0, "optimizer_bytes_per_param": 0.0})
+    pp = {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 1, "stages": [
+        {"devices": [0], "layers": [0, 0]}, {"devices": [1], "layers": [1, model.num_layers - 1]}]}]}
+    alone = simulate(model, pp, Cluster.local(2), seq_len=16, cost=quiet)
+    one_core = simulate(model, pp, Cluster.local(2), seq_len=16, cost=quiet.model_copy(update={"cores": 1}))
+    spans = lambda r: [(e.kind, pytest.approx(e.duration)) for d in (0, 1) for e in r.timeline[d]
+                       if e.kind in ("F", "B")]  # noqa: E731
+    assert spans(one_core) == spans(alone)
+    # DP2 with one pipeline of twice the work on 1 core: the short one computes beside the long one all its time
+    # (slowed 2x); the long one's first part is shared, the rest alone: with x its own compute time, the short
+    # one ends at 2 * x / 2 = x, by when the long one has done x / 2; the other 3x / 4... so 1.5x in all
+    uneven = {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 1, "stages": [
+        {"devices": [0], "layers": [0, model.num_layers - 1]}]}, {"micro_batch_size": 1, "num_micro_batches": 2,
+        "stages": [{"devices": [1], "layers": [0, model.num_layers - 1]}]}]}
+    free = simulate(model, uneven, Cluster.local(2), seq_len=16, cost=quiet)
+    sharing = simulate(model, uneven, Cluster.local(2), seq_len=16, cost=quiet.model_copy(update={"cores": 1}))
+    work = lambda r, d: sum(e.duration for e in r.timeline[d] if e.kind in ("F", "B"))  # noqa: E731
+    assert work(sharing, 0) == pytest.approx(2 * work(free, 0), rel=1e-2)
+    assert work(sharing, 1) == pytest.approx(1.5 * work(free, 1), rel=1e-2)
     # link overrides replace the cluster's figures for that link class
     slow = c.model_copy(update={"link_overrides": {"intra": LinkOverride(latency=1e-3, bandwidth=1e9)}})
     link = cl.link(0, 1)

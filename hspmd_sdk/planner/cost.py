@@ -160,9 +160,10 @@ class CostModel(BaseModel):
     * ``comm_bytes_factor``: bytes on the wire per byte the model counts (the model counts bf16; ``2.0`` for a
       run that communicates fp32).
     * ``cores``: CPU cores per node, for local simulations with more ranks on a node than cores.  When set, the
-      compute and optimizer time of a device is multiplied by ``max(1, ranks_on_its_node / cores)``.  An
-      approximation: it assumes the OS shares the cores evenly and that every rank computes all the time
-      (ranks waiting in a pipeline bubble or a collective free their core, which it ignores).
+      compute and optimizer time of a device is slowed by the ranks of its node computing at the same time
+      (:func:`hspmd_sdk.planner.simulate`: processor sharing over the simulated timeline, so ranks waiting in a
+      pipeline bubble or a collective free their core; the mixed-length simulation and the planners use the
+      bound ``max(1, ranks_on_its_node / cores)``).  It assumes the OS shares the cores evenly.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

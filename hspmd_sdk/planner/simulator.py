@@ -18,8 +18,10 @@ Compute comes from the cost model: analytic, a matmul fit (``CostModel.compute_f
 (``CostModel.profiles``, :func:`hspmd_sdk.planner.cost.profile_model`).  Link latency and bandwidth come from
 :meth:`Cluster.link`, unless ``CostModel.link_overrides`` holds measured figures for the link's class (e.g.
 ``"intra"`` for local gloo ranks; with :func:`~hspmd_sdk.planner.cost.profile_link` they include the fixed cost of
-every blocking collective call, ``LinkOverride.call_latency``, which TP's many small all-reduces pay in full).  With ``CostModel.cores`` set, compute and optimizer time of a device are
-scaled by ``max(1, ranks on its node / cores)`` (oversubscribed local CPU runs; an approximation).
+every blocking collective call, ``LinkOverride.call_latency``, which TP's many small all-reduces pay in full).  With ``CostModel.cores`` set and a node holding more ranks than cores
+(local CPU runs), compute and optimizer time of a device are scaled by processor sharing: the time-weighted mean of
+``max(1, ranks of its node computing at that moment / cores)`` over its own compute, found as a fixed point of
+the simulated timeline (a rank waiting in a bubble or a collective frees its core).
 
 Memory per device: bf16 parameters and gradients, the fp32 optimizer part (divided by the number of replicas
 holding each layer under ZeRO-1), activations of the micro-batches in flight (:func:`in_flight`), the largest
@@ -27,6 +29,9 @@ transient buffer, and ``CostModel.memory_reserve_mb``.
 """
 from __future__ import annotations
 
+import bisect
+import functools
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Hashable
 
@@ -129,7 +134,10 @@ def _ring_link(cluster: "Cluster", devices: list[int]) -> "Link":
 
 
 def _stage_cost(model: "ModelSpec", stage: "Stage", first: bool, last: bool, cluster: "Cluster",
-                micro_batch: int, seq_len: int, cost: CostModel) -> _StageCost:
+                micro_batch: int, seq_len: int, cost: CostModel, share: float | None = None) -> _StageCost:
+    """The stage's forward/backward seconds of one micro-batch, activation and transient bytes, parameters per
+    unit.  ``share``: the compute slowdown of its devices (default :func:`_core_share`, every rank of the node
+    computing at once)."""
     tp, link = stage.tp_degree, _ring_link(cluster, stage.devices)
     specs = {cluster.spec(d).kind: cluster.spec(d) for d in stage.devices}
     best: _StageCost | None = None
@@ -141,7 +149,7 @@ def _stage_cost(model: "ModelSpec", stage: "Stage", first: bool, last: bool, clu
             parts.insert(0, (("embedding",), embedding_cost(model, spec, tp, link, micro_batch, seq_len, cost)))
         if last:
             parts.append((("head",), head_cost(model, spec, tp, link, micro_batch, seq_len, cost)))
-        f = _core_share(cluster, stage.devices, cost)  # oversubscribed local CPUs (CostModel.cores)
+        f = _core_share(cluster, stage.devices, cost) if share is None else share  # oversubscribed local CPUs
         sc = _StageCost(fwd=sum(c.fwd_compute * f + c.fwd_comm for _, c in parts),
                         bwd=sum(c.bwd_compute * f + c.bwd_comm for _, c in parts),
                         act_per_mb=sum(c.act_bytes for _, c in parts),
@@ -226,20 +234,27 @@ def simulate(model: "ModelSpec | str", strategy: "Strategy | str | dict", cluste
     model = load_model_spec(model)
     strategy = Strategy.load(strategy, model=model, cluster=cluster, global_batch=global_batch)
     cost = cost or CostModel()
-    costs: dict[StageKey, _StageCost] = {}
-    devices: dict[StageKey, list[int]] = {}
-    for i, p in enumerate(strategy.pipelines):
-        for j, st in enumerate(p.stages):
-            costs[(i, j)] = _stage_cost(model, st, j == 0, j == p.num_stages - 1, cluster, p.micro_batch_size,
-                                        seq_len, cost)
-            devices[(i, j)] = list(st.devices)
-    return _simulate_step(strategy, cluster, cost, costs, devices, label=label, run=lambda start, events:
-                          _run_pipelines(model, strategy, cluster, seq_len, cost, costs, devices, start, events))
+    devices = {(i, j): list(st.devices) for i, p in enumerate(strategy.pipelines) for j, st in enumerate(p.stages)}
+    stretch: Stretch | None = None  # first the bound (every rank computing at once), then processor sharing
+    last, shared = 0.0, _oversubscribed(cluster, [d for ds in devices.values() for d in ds], cost)
+    for _ in range(_SHARING_ROUNDS):
+        costs = {(i, j): _stage_cost(model, st, j == 0, j == p.num_stages - 1, cluster, p.micro_batch_size, seq_len,
+                                     cost, None if stretch is None else 1.0)
+                 for i, p in enumerate(strategy.pipelines) for j, st in enumerate(p.stages)}
+        run = functools.partial(_run_pipelines, model, strategy, cluster, seq_len, cost, costs, devices,
+                                stretch=stretch)
+        result = _simulate_step(strategy, cluster, cost, costs, devices, label=label, run=run, stretch=stretch)
+        if not shared or (stretch is not None and abs(result.step_time - last) <= 1e-6 * last):
+            break
+        last = result.step_time
+        stretch = _processor_sharing(result, devices, cluster, cost)
+    return result
 
 
 def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, costs: dict[StageKey, _StageCost],
                    devices: dict[StageKey, list[int]], *, run: Callable[..., tuple[dict, list[Transfer]]],
-                   label: str = "", counted: "Strategy | None" = None) -> SimResult:
+                   label: str = "", counted: "Strategy | None" = None,
+                   stretch: "Stretch | None" = None) -> SimResult:
     """One step from the stages' costs: ZeRO-1's parameter all-gather, the pipelines (``run(start, events)``:
     every stage's clock at its end and the transfers), the gradient synchronisation (last layers first), the
     optimizer; memory of ``counted`` (default: ``strategy``)."""
@@ -264,7 +279,8 @@ def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, co
         owned = sum(params / (len(h) if strategy.zero1 else 1) for h, ps in buckets for kk, params in ps.items()
                     if kk == k)
         spec = _slowest_spec(cluster, devices[k], lambda s: cost.optimizer_time(1.0, s))
-        dur = cost.optimizer_time(owned, spec) * _core_share(cluster, devices[k], cost)
+        dur = cost.optimizer_time(owned, spec)
+        dur = dur * _core_share(cluster, devices[k], cost) if stretch is None else stretch(k, clock[k], dur)
         events[k].append(Event(clock[k], clock[k] + dur, "optim"))
         clock[k] += dur
     step = max(clock.values())
@@ -286,8 +302,8 @@ def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, co
 
 def _run_pipelines(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", seq_len: int, cost: CostModel,
                    costs: dict[StageKey, _StageCost], devices: dict[StageKey, list[int]],
-                   start: dict[StageKey, float], events: dict[StageKey, list[Event]],
-                   ) -> tuple[dict[StageKey, float], list[Transfer]]:
+                   start: dict[StageKey, float], events: dict[StageKey, list[Event]], *,
+                   stretch: "Stretch | None" = None) -> tuple[dict[StageKey, float], list[Transfer]]:
     """Replay every stage's schedule with timing: compute advances the stage's clock, a send occupies its
     (sender, receiver) channel for the transfer time without blocking the sender, a receive waits for the data.
     Returns each stage's clock after its last action and the transfers."""
@@ -300,6 +316,7 @@ def _run_pipelines(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster",
         sc, p = costs[k], strategy.pipelines[k[0]]
         if a.kind in ("F", "B"):
             dur = sc.fwd if a.kind == "F" else sc.bwd
+            dur = dur if stretch is None else stretch(k, clock[k], dur)
             events[k].append(Event(clock[k], clock[k] + dur, a.kind, a.micro_batch))
             clock[k] += dur
         elif a.kind in ("SEND_F", "SEND_B"):
@@ -326,6 +343,59 @@ def _core_share(cluster: "Cluster", devices: list[int], cost: CostModel) -> floa
     if not cost.cores:
         return 1.0
     return max(cost.core_share(len(cluster.nodes[cluster.node_index(d)].ranks)) for d in devices)
+
+
+_SHARING_ROUNDS = 30
+_COMPUTING = ("F", "B", "optim")
+Stretch = Callable[[StageKey, float, float], float]  # (stage, start, seconds of work alone) -> seconds it takes
+
+
+def _oversubscribed(cluster: "Cluster", devices: list[int], cost: CostModel) -> bool:
+    """Whether ``CostModel.cores`` is set and some node of ``devices`` has more ranks than cores."""
+    return bool(cost.cores) and any(cost.core_share(len(cluster.nodes[cluster.node_index(d)].ranks)) > 1
+                                    for d in devices)
+
+
+def _processor_sharing(result: SimResult, devices: dict[StageKey, list[int]], cluster: "Cluster",
+                       cost: CostModel) -> Stretch:
+    """Processor sharing against ``result``'s timeline: a stage's work starting at ``t`` progresses at
+    ``min(1, cores / n)`` where ``n`` is the number of ranks of its node computing then (itself and the others'
+    forward, backward and optimizer intervals on ``result``); a TP group takes its slowest device.  Replaying the
+    step with it until the step time stops changing is the fixed point (ranks in a bubble or a collective free
+    their core)."""
+    assert cost.cores
+    cores = cost.cores
+    busy = {d: [(e.start, e.end) for e in evs if e.kind in _COMPUTING and e.end > e.start]
+            for d, evs in result.timeline.items()}
+    node_of = {d: cluster.node_index(d) for d in busy}
+    others: dict[int, tuple[list[float], list[int]]] = {}  # device -> (cut points, others computing from each)
+    for d in busy:
+        edges = sorted((t, delta) for o in busy if o != d and node_of[o] == node_of[d]
+                       for s, e in busy[o] for t, delta in ((s, 1), (e, -1)))
+        cuts, counts, n = [], [], 0
+        for t, delta in edges:
+            n += delta
+            if cuts and cuts[-1] == t:
+                counts[-1] = n
+            else:
+                cuts.append(t)
+                counts.append(n)
+        others[d] = (cuts, counts)
+
+    def one(d: int, t: float, work: float) -> float:
+        cuts, counts = others[d]
+        i = bisect.bisect_right(cuts, t) - 1
+        clock, left = t, work
+        while True:
+            n = 1 + (counts[i] if i >= 0 else 0)
+            rate = min(1.0, cores / n)
+            nxt = cuts[i + 1] if i + 1 < len(cuts) else math.inf
+            if left <= rate * (nxt - clock):
+                return clock + left / rate - t
+            left -= rate * (nxt - clock)
+            clock, i = nxt, i + 1
+
+    return lambda k, t, work: max(one(d, t, work) for d in devices[k]) if work > 0 else 0.0
 
 
 def _slowest_spec(cluster: "Cluster", devices: list[int], time_of: Callable[["DeviceSpec"], float]) -> "DeviceSpec":
