@@ -4,14 +4,16 @@ per-step planning the workers waited for.
 
 * **ours** (HSPMD): ``plan_mixed`` candidates, one per maximum length (``max_seq_lens``), ``launch(programs, ...)``:
   per step the launcher's dispatcher (ahead, in a thread) assigns the step's sequences to the cheapest candidate's
-  pipelines as padded micro-batches, the job switches by fused BSR when the choice changes; measured step times
-  include the switches;
+  pipelines as packed micro-batches (one row of whole sequences, attention within each), the job switches by fused
+  BSR when the choice changes; measured step times include the switches; **ours, padded**: the same with
+  ``packing=False`` (``rows x longest`` micro-batches, padding masked out of the loss);
 * **packed (Megatron/DeepSpeed)**: the same tokens a step packed into ``CONTEXT``-token rows (the fixed-length
   path: ``launch(program, data="stdlib", seq_len=CONTEXT)``, packed standard-library bytes: the token count, not
   the content, sets the time), every symmetric strategy on the 4 ranks (DP4, DP2 x TP2, DP2 x PP2, TP2 x PP2)
   measured and the fastest kept;
 * **HotSPa (per-step)**: ``plan_hotspa``'s homogeneous strategy per length bucket, run as candidates of the same
-  runtime (each step under the bucket of its longest sequence, switching between buckets' strategies).  HotSPa
+  runtime (each step under the bucket of its longest sequence, switching between buckets' strategies; packed
+  micro-batches like ours).  HotSPa
   proper runs every bucket of a step in turn inside the step (switching within it); the runtime switches only at
   step boundaries, so this is the step-granular variant; the simulator's intra-step HotSPa figure is printed
   beside it.
@@ -137,12 +139,12 @@ def run_packed(w: Workload, steps: int, cost: Any) -> dict[str, Any]:
 
 
 def run_candidates(w: Workload, name: str, programs: list[Any], docs: Documents, steps: int,
-                   cost: Any) -> dict[str, Any]:
+                   cost: Any, packing: bool = True) -> dict[str, Any]:
     TOKENS, CONTEXT = w.tokens, w.context
     load = _load()
     t0 = time.perf_counter()
     job = launch(programs, CLUSTER, steps=steps, data=docs, tokens_per_step=TOKENS, context=CONTEXT, cost=cost,
-                 timeout_s=300)
+                 timeout_s=300, packing=packing)
     r = job.wait()
     wall = time.perf_counter() - t0
     summary = planning_summary(job, r)
@@ -157,7 +159,9 @@ def run_candidates(w: Workload, name: str, programs: list[Any], docs: Documents,
            "switch_s": [round(e.seconds.get("switch", 0.0), 4) for e in switches],
            "switch_plan_s": [round(e.seconds.get("specialize", 0.0), 4) for e in switches],
            "tokens": [sum(rec["lengths"]) for rec in job.length_planner.records],
-           "shapes_step0": job.length_planner.records[0]["shapes"],
+           "shapes_step0": job.length_planner.records[0]["shapes"], "packing": packing,
+           "micro_batches_per_pipeline": statistics.mean(len(p) for rec in job.length_planner.records
+                                                         for p in rec["micro_batches"]),
            "load": load, "load_end": _load()}
     print(f"{name}: {row['step_s']:.3f} s/step (pred {row['prediction_mean_s']:.4f}), {row['switches']} switches, "
           f"planning {row['plan_ms_mean']:.2f} ms/step, {row['hidden']:.1%} hidden, load {load}", flush=True)
@@ -214,11 +218,13 @@ def main() -> None:
         print(f"--- round {k}", flush=True)
         rounds.append({"ours": run_candidates(w, "ours (HSPMD, per-step heterogeneous)", ours, docs, args.steps,
                                               cost),
+                       "ours_padded": run_candidates(w, "ours, padded micro-batches", ours, docs, args.steps, cost,
+                                                     packing=False),
                        "hotspa": run_candidates(w, "HotSPa (per-step homogeneous switching)", hot_programs, docs,
                                                 args.steps, cost),
                        "packed": run_packed(w, args.steps, cost)})
     rows["rounds"] = rounds
-    med = {name: statistics.median(r[name]["step_s"] for r in rounds) for name in ("ours", "hotspa")}
+    med = {name: statistics.median(r[name]["step_s"] for r in rounds) for name in ("ours", "ours_padded", "hotspa")}
     packed_names = [x["strategy"] for x in rounds[0]["packed"]["all"]]
     per_packed = {n: statistics.median(next(x["step_s"] for x in r["packed"]["all"] if x["strategy"] == n)
                                        for r in rounds) for n in packed_names}
@@ -233,7 +239,8 @@ def main() -> None:
                          for r in rounds]
     rows["tokens_per_s"] = {"ours": tokens / med["ours"], "hotspa": tokens / med["hotspa"],
                             "packed": TOKENS / med["packed"]}
-    print(f"\nmedian over {args.repeats} rounds: ours {med['ours']:.3f} s/step | packed best ({best}) "
+    print(f"\nmedian over {args.repeats} rounds: ours {med['ours']:.3f} s/step (padded {med['ours_padded']:.3f}) | "
+          f"packed best ({best}) "
           f"{med['packed']:.3f} | HotSPa per-step {med['hotspa']:.3f} | x packed {rows['speedup_vs_packed']:.2f} | "
           f"x HotSPa {rows['speedup_vs_hotspa']:.2f} | per round {rows['per_round']}")
     print("paper: Hydraulis 1.32-2.66x over packed SPMD; HSPMD's Figure 17 as a plot only")

@@ -1,6 +1,7 @@
 """Mixed-length training on real worker processes (SPEC §7): ``launch(programs, ...)`` dispatches each step's
 sequences to the pipelines of the cheapest candidate, switches between candidates by fused BSR (``reason=
-"length"``) and trains exactly the single-device reference on the same sequences with the same normalisation.
+"length"``) and trains exactly the single-device reference on the same sequences with the same normalisation --
+with packed micro-batches (the default: several sequences in one row, kept apart by the kernels) and padded ones.
 
 The candidates (4 CPU ranks) are chosen so that the cost model switches several times on this data: ``tp2+pp2``
 takes steps whose longest sequence is at most 32 tokens, ``dp4`` (ZeRO-1) and ``tp2pp2`` (one pipeline, TP2 in
@@ -14,6 +15,7 @@ into an update of up to ``lr`` (1e-3) a step either way.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,9 @@ from hspmd_sdk.runtime.controller import SwitchError
 from hspmd_sdk.runtime.data import Documents, LengthBatches
 from hspmd_sdk.runtime.mixed import planning_summary, reference_mixed, same_layouts
 from hspmd_sdk.runtime.train import assemble, load_captured
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from user_model import MLPLM  # noqa: E402
 
 STEPS, SEED, CONTEXT, BUDGET = 6, 3, 64, 128
 TOL, STATE_TOL = 1e-5, 1e-4
@@ -65,9 +70,9 @@ def _documents(seed: int = 0) -> list[np.ndarray]:
 DOCS = _documents()
 
 
-def _run(model: Any, programs: list[Any], tmp: Path) -> tuple[Any, Any]:
+def _run(model: Any, programs: list[Any], tmp: Path, **kw: Any) -> tuple[Any, Any]:
     job = launch(programs, Cluster.local(4), steps=STEPS, seed=SEED, data=DOCS, tokens_per_step=BUDGET,
-                 context=CONTEXT, capture_dir=tmp, timeout_s=120)
+                 context=CONTEXT, capture_dir=tmp, timeout_s=120, **kw)
     with pytest.raises(SwitchError, match="mixed-length"):
         job.switch(programs[0])  # the job chooses its plan per step itself
     return job, job.wait()
@@ -77,8 +82,16 @@ def _rel(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
 
 
-def _check(model: Any, job: Any, result: Any, tmp: Path, ref: Any) -> None:
+def _check(model: Any, job: Any, result: Any, tmp: Path, ref: Any, packed: bool = True) -> None:
     assert len(result.losses) == STEPS and _rel(result.losses, ref.losses) < TOL
+    # packed: every micro-batch one row, and rows do hold several sequences (kept apart by the kernels)
+    records = job.length_planner.records
+    assert all(rec["packed"] == packed for rec in records)
+    if packed:
+        assert all(rows == 1 for rec in records for pipe in rec["shapes"] for rows, _ in pipe)
+        assert max(len(mb) for rec in records for pipe in rec["micro_batches"] for mb in pipe) > 1
+    else:
+        assert any(rec["padding"] > 0 for rec in records)
     shapes = {k: tuple(v.shape) for k, v in ref.params.items()}
     captured = load_captured(tmp)
     grads, _ = assemble([{**c, "boxes": c["grad_boxes"]} for c in captured], "grads", shapes)  # step 0's plan
@@ -130,6 +143,13 @@ def test_gpt2_switching_by_length_equals_the_single_device_reference(tmp_path: P
 
 
 @pytest.mark.timeout(240)
+def test_padded_micro_batches_train_the_same(llama_run: tuple, tmp_path: Path) -> None:
+    model = LlamaConfig.preset("tiny")
+    job, result = _run(model, _programs(model), tmp_path, packing=False)
+    _check(model, job, result, tmp_path, llama_run[3], packed=False)
+
+
+@pytest.mark.timeout(240)
 def test_the_same_seed_gives_the_same_sequences_and_losses_whatever_the_candidates(llama_run: tuple,
                                                                                    tmp_path: Path) -> None:
     _, first, _, ref = llama_run
@@ -166,6 +186,9 @@ def test_bad_input_is_refused_before_any_worker_starts() -> None:
         launch([], Cluster.local(4), **kw)
     with pytest.raises(PlanValidationError, match="steps"):
         launch(progs, Cluster.local(4), **{**kw, "steps": 0})
+    user = MLPLM(max_seq_len=CONTEXT)  # its square_relu kernel declares no packing rule
+    with pytest.raises(PlanValidationError, match=r"packing.*'square_relu'.*packing=False"):
+        launch(_programs(user), Cluster.local(4), packing=True, **kw)
     assert math.isfinite(reference_mixed(llama, steps=1, seed=0, data=DOCS, tokens_per_step=BUDGET,
                                          context=CONTEXT).losses[0])
 

@@ -613,6 +613,7 @@ class Dispatch:
     windows: tuple[int, ...]
     max_seq_len: int
     pipeline_estimates: tuple[float, ...]
+    packed: bool = False
 
     @property
     def estimate(self) -> float:
@@ -620,11 +621,22 @@ class Dispatch:
         return self.estimates[self.choice]
 
     def shapes(self) -> list[list[tuple[int, int]]]:
-        """Per pipeline, per micro-batch: ``(rows, padded length)`` -- the tensor the runtime runs."""
+        """Per pipeline, per micro-batch: ``(rows, padded length)`` -- the tensor the runtime runs (packed: ``(1,
+        its tokens)``)."""
+        if self.packed:
+            return [[(1, sum(self.lengths[i] for i in mb)) for mb in pipe] for pipe in self.micro_batches]
         return [[(len(mb), max(self.lengths[i] for i in mb)) for mb in pipe] for pipe in self.micro_batches]
 
+    def cost_shapes(self) -> list[list[tuple[int, ...]]]:
+        """:meth:`shapes` as the cost model prices them: packed rows as ``(1, tokens, sum of squared lengths)``
+        (attention runs per document)."""
+        if not self.packed:
+            return self.shapes()  # type: ignore[return-value]
+        return [[(1, sum(self.lengths[i] for i in mb), sum(self.lengths[i] ** 2 for i in mb)) for mb in pipe]
+                for pipe in self.micro_batches]
+
     def padding_fraction(self) -> float:
-        """Padding tokens over all tokens of the padded micro-batches."""
+        """Padding tokens over all tokens of the micro-batches (0 when packed)."""
         padded = sum(r * s for pipe in self.shapes() for r, s in pipe)
         return 1.0 - sum(self.lengths) / padded if padded else 0.0
 
@@ -659,13 +671,16 @@ def _candidate_parts(i: int, cand: Any) -> tuple[Strategy, list[int], int]:
 class Dispatcher:
     """:func:`dispatch` with the candidates' costs prepared once (stage cost lines, gradient-sync tails): build it
     when the job starts and call it per step.  ``candidates``: a :class:`MixedPlan`, or a list of Programs from
-    :meth:`MixedPlan.programs` (or of :class:`MixedEntry`)."""
+    :meth:`MixedPlan.programs` (or of :class:`MixedEntry`).  ``packing``: micro-batches are single rows packing
+    whole sequences back to back (at most the window in tokens, no padding; attention per sequence) instead of
+    padded ``rows x longest`` tensors."""
 
     def __init__(self, candidates: "MixedPlan | Sequence[Any]", model: "ModelSpec | str", cluster: "Cluster", *,
-                 cost: CostModel | None = None) -> None:
+                 cost: CostModel | None = None, packing: bool = False) -> None:
         from ..models.registry import load_model_spec
 
         self.model, self.cluster, self.cost = load_model_spec(model), cluster, cost or CostModel()
+        self.packing = bool(packing)
         items = list(candidates.entries) if isinstance(candidates, MixedPlan) else list(candidates)
         if not items:
             raise PlanValidationError([("candidates", "no candidate strategy")], what="dispatch")
@@ -707,14 +722,14 @@ class Dispatcher:
             if c.max_seq_len < longest:
                 estimates.append(math.inf)
                 continue
-            mbs, times = _assign(c.pipes, c.windows, order, lengths)
+            mbs, times = _assign(c.pipes, c.windows, order, lengths, packed=self.packing)
             assigned[i] = (mbs, times)
             estimates.append(max(times) + c.tail)
         choice = min(assigned, key=lambda i: (estimates[i] + switch[i], i))
         mbs, times = assigned[choice]
         c = self.candidates[choice]
         return Dispatch(choice, tuple(estimates), tuple(switch), tuple(tuple(tuple(mb) for mb in p) for p in mbs),
-                        lengths, c.strategy, tuple(c.windows), c.max_seq_len, tuple(times))
+                        lengths, c.strategy, tuple(c.windows), c.max_seq_len, tuple(times), self.packing)
 
     def _check(self, lengths: tuple[int, ...], current: int | None) -> None:
         if not lengths:
@@ -734,23 +749,30 @@ class Dispatcher:
 
 
 def _assign(pipes: Sequence[PipelineCost], windows: Sequence[int], order: Sequence[int],
-            lengths: Sequence[int]) -> tuple[list[list[list[int]]], list[float]]:
+            lengths: Sequence[int], *, packed: bool = False) -> tuple[list[list[list[int]]], list[float]]:
     """Sequences (``order``: longest first) one at a time to where the estimated finish time grows least: over the
     pipelines whose window holds it, either into the pipeline's open micro-batch (while ``rows x longest <=
-    window``; padded to its longest) or as a new micro-batch.  Returns the micro-batches (indices) and
-    each pipeline's estimated seconds (:meth:`PipelineCost.time`)."""
+    window``, padded to its longest; ``packed``: while its tokens stay within the window, appended to its row)
+    or as a new micro-batch.  Returns the micro-batches (indices) and each pipeline's estimated seconds
+    (:meth:`PipelineCost.time`)."""
     P = len(pipes)
     mbs: list[list[list[int]]] = [[] for _ in range(P)]
     total, fill = [0.0] * P, [0.0] * P
-    opened: list[tuple[int, int, float, float] | None] = [None] * P  # rows, longest, its bottleneck, its fill
+    # the open micro-batch: padded (rows, longest) or packed (tokens, sum of squares); its bottleneck, its fill
+    opened: list[tuple[int, int, float, float] | None] = [None] * P
     parts_cache: dict[tuple[int, int, int], tuple[float, float]] = {}
 
     def parts(p: int, r: int, s: int) -> tuple[float, float]:
         key = (id(pipes[p]), r, s)
         hit = parts_cache.get(key)
         if hit is None:
-            hit = parts_cache[key] = pipes[p].parts(r, s)
+            hit = parts_cache[key] = pipes[p].parts(1, r, s) if packed else pipes[p].parts(r, s)
         return hit
+
+    def grown(op: tuple[int, int, float, float], x: int, w: int) -> tuple[int, int] | None:
+        if packed:
+            return (op[0] + x, op[1] + x * x) if op[0] + x <= w else None
+        return (op[0] + 1, op[1]) if (op[0] + 1) * op[1] <= w else None
 
     for idx in order:
         x = lengths[idx]
@@ -760,12 +782,14 @@ def _assign(pipes: Sequence[PipelineCost], windows: Sequence[int], order: Sequen
             if x > w:
                 continue
             op = opened[p]
-            if op is not None and (op[0] + 1) * op[1] <= w:  # join the open micro-batch (padded to its longest)
-                b, f = parts(p, op[0] + 1, op[1])
+            g = grown(op, x, w) if op is not None else None
+            if op is not None and g is not None:  # join the open micro-batch
+                b, f = parts(p, *g)
                 key = (total[p] - op[2] + b + max(fill[p], f), w, p, 0)
                 if best is None or key < best[0]:
                     best = (key, p, True, b, f)
-            b, f = parts(p, 1, x)  # or open a new one
+            new = (x, x * x) if packed else (1, x)
+            b, f = parts(p, *new)  # or open a new one
             key = (total[p] + b + max(fill[p], f), w, p, 1)
             if best is None or key < best[0]:
                 best = (key, p, False, b, f)
@@ -774,26 +798,30 @@ def _assign(pipes: Sequence[PipelineCost], windows: Sequence[int], order: Sequen
         if join:
             op = opened[p]
             assert op is not None
+            g = grown(op, x, windows[p])
+            assert g is not None
             total[p] += b - op[2]
             mbs[p][-1].append(idx)
-            opened[p] = (op[0] + 1, op[1], b, f)
+            opened[p] = (g[0], g[1], b, f)
         else:
             total[p] += b
             mbs[p].append([idx])
-            opened[p] = (1, x, b, f)
+            opened[p] = ((x, x * x) if packed else (1, x)) + (b, f)
         fill[p] = max(fill[p], f)
     return mbs, [t + f if t > 0 else 0.0 for t, f in zip(total, fill)]
 
 
 def dispatch(candidates: "MixedPlan | Sequence[Any]", model: "ModelSpec | str", cluster: "Cluster",
-             lengths: Sequence[int], *, cost: CostModel | None = None, current: int | None = None) -> Dispatch:
+             lengths: Sequence[int], *, cost: CostModel | None = None, current: int | None = None,
+             packing: bool = False) -> Dispatch:
     """Assign one step's sequences to the pipelines of each candidate and choose the cheapest candidate.
 
     ``candidates``: a :class:`MixedPlan`, or a list of Programs from :meth:`MixedPlan.programs`; ``lengths``: the
     sequence lengths of the step (fixed by the data: only where each goes is decided here); ``current``: the
     candidate the job runs now, so that switching away costs :meth:`Dispatcher.switch_time`.  Each pipeline's
     micro-batches are padded ``[rows, longest]`` tensors of at most its window in tokens, costed at that shape
-    (attention's quadratic term included).  Raises :class:`PlanValidationError` for an empty step, a non-positive
+    (attention's quadratic term included); ``packing``: single rows of whole sequences back to back, at most the
+    window in tokens, attention priced per sequence.  Raises :class:`PlanValidationError` for an empty step, a non-positive
     length, or a sequence longer than every candidate's ``max_seq_len`` (the data layer cuts those into chunks).
     For many steps build a :class:`Dispatcher` once.
 
@@ -804,4 +832,4 @@ def dispatch(candidates: "MixedPlan | Sequence[Any]", model: "ModelSpec | str", 
     >>> sorted(i for pipe in d.micro_batches for mb in pipe for i in mb)
     [0, 1, 2, 3]
     """
-    return Dispatcher(candidates, model, cluster, cost=cost)(lengths, current=current)
+    return Dispatcher(candidates, model, cluster, cost=cost, packing=packing)(lengths, current=current)

@@ -1,4 +1,4 @@
-"""Costs of padded micro-batches of any shape, for mixed-length planning and dispatch (scenario (c)).
+"""Costs of padded (or packed) micro-batches of any shape, for mixed-length planning and dispatch (scenario (c)).
 
 A micro-batch of ``rows`` sequences padded to ``length`` tokens costs, on one pipeline stage, what the step
 simulator's stage cost (:func:`hspmd_sdk.planner.simulator._stage_cost`, i.e. the cost model's
@@ -6,7 +6,8 @@ simulator's stage cost (:func:`hspmd_sdk.planner.simulator._stage_cost`, i.e. th
 ``length``.  That cost is affine in ``tokens = rows * length`` (matmuls, TP all-reduces, activations) and in
 ``rows * length**2`` (attention scores), plus fixed latencies, so :class:`StageCost` samples it at three shapes,
 solves for the three coefficients of each quantity (forward and backward seconds, kept activation bytes, transient
-bytes) and checks the fit at two more shapes; when a cost model or model is not of that form the check fails and
+bytes) and checks the fit at two more shapes (a row packing documents is the same line with the sum of their
+squared lengths as the attention term: attention runs per document); when a cost model or model is not of that form the check fails and
 every shape is evaluated directly (cached).  Dispatching a step then costs a few multiplications per sequence.
 
 :class:`PipelineCost` estimates a pipeline's 1F1B time for a list of micro-batch shapes:
@@ -69,21 +70,24 @@ class StageCost:
             hit = self._cache[(rows, length)] = (sc.fwd, sc.bwd, sc.act_per_mb, sc.transient)
         return hit
 
-    def _line(self, rows: int, length: int) -> tuple[float, float, float, float]:
-        x1, x2 = float(rows * length), float(rows) * length * length
+    def _line(self, rows: int, length: int, sq: float | None = None) -> tuple[float, float, float, float]:
+        x1 = float(rows * length)
+        x2 = float(rows) * length * length if sq is None else float(sq)
         return tuple(c0 + c1 * x1 + c2 * x2 for c0, c1, c2 in self._coef)  # type: ignore[return-value]
 
-    def _all(self, rows: int, length: int) -> tuple[float, float, float, float]:
-        return self._line(rows, length) if self.exact else self._direct(rows, length)
+    def _all(self, rows: int, length: int, sq: float | None = None) -> tuple[float, float, float, float]:
+        # not exact: the padded shape's own cost (an upper bound for a packed row: attention over the whole row)
+        return self._line(rows, length, sq) if self.exact else self._direct(rows, length)
 
-    def times(self, rows: int, length: int) -> tuple[float, float]:
-        """(forward, backward) seconds of one micro-batch of ``rows`` x ``length`` tokens."""
-        f, b, _, _ = self._all(rows, length)
+    def times(self, rows: int, length: int, sq: float | None = None) -> tuple[float, float]:
+        """(forward, backward) seconds of one micro-batch of ``rows`` x ``length`` tokens; ``sq``: its attention
+        term when not ``rows * length**2`` (a row packing documents: the sum of their squared lengths)."""
+        f, b, _, _ = self._all(rows, length, sq)
         return f, b
 
-    def time(self, rows: int, length: int) -> float:
-        """Forward + backward seconds of one micro-batch."""
-        f, b, _, _ = self._all(rows, length)
+    def time(self, rows: int, length: int, sq: float | None = None) -> float:
+        """Forward + backward seconds of one micro-batch (``sq`` as in :meth:`times`)."""
+        f, b, _, _ = self._all(rows, length, sq)
         return f + b
 
     def time_line(self) -> tuple[float, float, float] | None:
@@ -93,9 +97,9 @@ class StageCost:
         (f0, f1, f2), (b0, b1, b2) = self._coef[0], self._coef[1]
         return f0 + b0, f1 + b1, f2 + b2
 
-    def memory(self, rows: int, length: int) -> tuple[float, float]:
+    def memory(self, rows: int, length: int, sq: float | None = None) -> tuple[float, float]:
         """(activation bytes kept per in-flight micro-batch, transient bytes) of one micro-batch."""
-        _, _, a, t = self._all(rows, length)
+        _, _, a, t = self._all(rows, length, sq)
         return a, t
 
     def fits(self, tokens: int, held: int, zero_shards: int, capacity: float) -> bool:
@@ -125,22 +129,24 @@ class PipelineCost:
         self.stages, self._links, self._hidden, self._cost = list(stages), list(boundaries), hidden, cost
         self._lines: object = None  # the stages' time lines as one array, once
 
-    def parts(self, rows: int, length: int) -> tuple[float, float]:
+    def parts(self, rows: int, length: int, sq: float | None = None) -> tuple[float, float]:
         """(bottleneck stage seconds, fill-and-drain seconds) of one micro-batch: the bottleneck repeats once per
-        micro-batch, the rest of the stages and the transfers (both directions) once per step."""
-        ts = [s.time(rows, length) for s in self.stages]
+        micro-batch, the rest of the stages and the transfers (both directions) once per step.  ``sq``: the
+        attention term of a packed row (:meth:`StageCost.times`)."""
+        ts = [s.time(rows, length, sq) for s in self.stages]
         b = max(ts)
         nbytes = rows * length * self._hidden * BF16
         p2p = 2 * sum(self._cost.p2p_time(nbytes, link) for link in self._links)  # type: ignore[arg-type]
         return b, sum(ts) - b + p2p
 
-    def time(self, shapes: Sequence[tuple[int, int]]) -> float:
-        """Estimated seconds of the pipeline's forward and backward work for micro-batches of ``shapes``."""
+    def time(self, shapes: Sequence[tuple[int, ...]]) -> float:
+        """Estimated seconds of the pipeline's forward and backward work for micro-batches of ``shapes``
+        (``(rows, length)``, or ``(1, tokens, sq)`` for a packed row)."""
         if not shapes:
             return 0.0
         total, fill = 0.0, 0.0
-        for r, s in shapes:
-            b, f = self.parts(r, s)
+        for shape in shapes:
+            b, f = self.parts(*shape)
             total += b
             fill = max(fill, f)
         return total + fill

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["simulate_shapes", "simulate_dispatch", "simulate_mixed", "pack", "packed_baseline", "HotSPaPlan",
            "plan_hotspa", "simulate_hotspa", "HotSPaStep"]
 
-Shape = tuple[int, int]
+Shape = tuple[int, ...]  # (rows, padded length) or (1, tokens, sum of squared lengths): a packed row
 
 
 # ---- the simulation of one dispatched step ------------------------------------------------------------------------
@@ -45,8 +45,8 @@ def simulate_shapes(model: "ModelSpec | str", strategy: "Strategy", cluster: "Cl
                     shapes: Sequence[Sequence[Shape]], *, cost: CostModel | None = None,
                     label: str = "") -> SimResult:
     """Simulate one step of ``strategy`` in which pipeline ``p`` runs micro-batches of ``shapes[p]`` (each
-    ``(rows, padded length)``, in that order; an empty list: the pipeline computes nothing but takes part in the
-    gradient synchronisation).  The strategy's own micro-batch fields are ignored.  Memory: the in-flight
+    ``(rows, padded length)``, or ``(1, tokens, sum of squared lengths)`` for a row packing sequences, in that
+    order; an empty list: the pipeline computes nothing but takes part in the gradient synchronisation).  The strategy's own micro-batch fields are ignored.  Memory: the in-flight
     micro-batches are counted at the largest activation among the pipeline's micro-batches (an upper bound)."""
     from ..models.registry import load_model_spec
 
@@ -54,14 +54,14 @@ def simulate_shapes(model: "ModelSpec | str", strategy: "Strategy", cluster: "Cl
     cost = cost or CostModel()
     if len(shapes) != strategy.dp_degree:
         raise ValueError(f"shapes has {len(shapes)} pipelines; the strategy has {strategy.dp_degree}")
-    ref = max((s for mbs in shapes for _, s in mbs), default=1)
+    ref = max((shape[1] for mbs in shapes for shape in mbs), default=1)
     cache: dict = {}
     pipes = [PipelineCost.of(model, p, cluster, cost, cache) for p in strategy.pipelines]
     costs, devices, lines = {}, {}, {}
     for i, p in enumerate(strategy.pipelines):
         for j, st in enumerate(p.stages):
             sc = _stage_cost(model, st, j == 0, j == p.num_stages - 1, cluster, 1, ref, cost)
-            mem = [pipes[i].stages[j].memory(r, s) for r, s in shapes[i]] or [(0.0, 0.0)]
+            mem = [pipes[i].stages[j].memory(*shape) for shape in shapes[i]] or [(0.0, 0.0)]
             costs[(i, j)] = dataclasses.replace(sc, act_per_mb=max(a for a, _ in mem),
                                                 transient=max(t for _, t in mem))
             devices[(i, j)] = list(st.devices)
@@ -83,9 +83,10 @@ def _replay(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", shapes
 
     def execute(key: object, a: Action, payload: object) -> object:
         k = key  # (pipeline, stage)
-        rows, length = shapes[k[0]][a.micro_batch] if a.micro_batch is not None else (0, 0)  # type: ignore[index]
+        shape = shapes[k[0]][a.micro_batch] if a.micro_batch is not None else (0, 0)  # type: ignore[index]
+        rows, length = shape[0], shape[1]
         if a.kind in ("F", "B"):
-            f, b = lines[k].times(rows, length)
+            f, b = lines[k].times(*shape)
             dur = f if a.kind == "F" else b
             events[k].append(Event(clock[k], clock[k] + dur, a.kind, a.micro_batch))
             clock[k] += dur
@@ -111,8 +112,8 @@ def _replay(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", shapes
 def simulate_dispatch(model: "ModelSpec | str", cluster: "Cluster", d: "Dispatch", *,
                       cost: CostModel | None = None) -> SimResult:
     """:func:`simulate_shapes` of a :class:`~hspmd_sdk.planner.mixed.Dispatch`: the chosen candidate's strategy
-    with each pipeline's micro-batches at their padded shapes (``d.shapes()``)."""
-    return simulate_shapes(model, d.strategy, cluster, d.shapes(), cost=cost,
+    with each pipeline's micro-batches at their shapes (``d.cost_shapes()``: padded, or packed rows)."""
+    return simulate_shapes(model, d.strategy, cluster, d.cost_shapes(), cost=cost,
                            label=f"dispatched step on candidate {d.choice} (max_seq_len {d.max_seq_len})")
 
 

@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -160,6 +160,10 @@ class _Local:
     def loss_normalizer(self) -> int | None:
         return self.ex.loss_normalizer
 
+    @property
+    def documents(self) -> tuple[int, ...] | None:
+        return self.ex._cur_documents
+
     def global_shape(self, tensor: str) -> tuple[int, ...]:
         return self.ex.global_shape(tensor)
 
@@ -254,6 +258,10 @@ class StepExecutor:
         # every micro-batch's shape: (bindings, rows); the plan's by default, the dispatcher's per step
         self._cur: tuple[dict[str, int], int] = (self.bindings, self.micro_size)
         self._layout: list[tuple[dict[str, int], int]] = [self._cur] * self.num_micro
+        # a packed micro-batch (one row, several documents): their lengths; None: every row one sequence
+        self._cur_documents: tuple[int, ...] | None = None
+        self._documents: list[tuple[int, ...] | None] = [None] * self.num_micro
+        self._packing_problems: list[str] | None = None  # why this graph cannot run packed rows (once)
         self._mb_bindings: dict[tuple[int, int], dict[str, int]] = {}
         self._schedules: dict[int, list[Any]] = {}
         self.trained_targets = 0  # real (non-padding) target tokens this rank's loss read in the last step
@@ -413,18 +421,22 @@ class StepExecutor:
         (:mod:`.buckets`).
 
         Mixed-length data (SPEC §7): ``micro_batches`` — this pipeline's micro-batches of the step, in order, each
-        ``(rows, seq_len, feeds)`` with ``feeds`` a mapping placeholder -> the micro-batch's full tensor (``None``
-        on ranks that do not :attr:`needs_data`) — replaces ``batch`` and the plan's micro-batching for this step:
-        each micro-batch runs at its own shape (the symbolic plans resolved there once, cached; nothing is
-        re-specialized), a stage may run none (``Pre`` and ``Post`` only).  ``loss_normalizer``: the step's real
-        target tokens over every pipeline (padding targets are ``-100``), so the summed loss is the mean over
-        the step's real targets."""
+        ``(rows, seq_len, feeds)`` or ``(1, seq_len, feeds, documents)`` with ``feeds`` a mapping placeholder ->
+        the micro-batch's full tensor (``None`` on ranks that do not :attr:`needs_data`) — replaces ``batch`` and
+        the plan's micro-batching for this step: each micro-batch runs at its own shape (the symbolic plans
+        resolved there once, cached; nothing is re-specialized), a stage may run none (``Pre`` and ``Post``
+        only).  ``documents``: the micro-batch is one row packing documents of these lengths (summing to
+        ``seq_len``); the kernels keep them apart (:mod:`.kernels`, packing).  ``loss_normalizer``: the step's
+        real target tokens over every pipeline (padding targets are ``-100``), so the summed loss is the mean
+        over the step's real targets."""
         if micro_batches is not None:
-            self._layout = [(self.micro_bindings(int(r), int(s)), int(r)) for r, s, _ in micro_batches]
+            self._layout = [(self.micro_bindings(int(m[0]), int(m[1])), int(m[0])) for m in micro_batches]
+            self._documents = [self._packed(i, m) for i, m in enumerate(micro_batches)]
             self.loss_normalizer = int(loss_normalizer) if loss_normalizer is not None else None
-            self._feeds = self._micro_feeds([f for _, _, f in micro_batches])
+            self._feeds = self._micro_feeds([m[2] for m in micro_batches])
             actions = self._schedule_of(len(self._layout))
         else:
+            self._documents = [None] * self.num_micro
             self._feeds = self._local_feeds(self._full_feeds(batch))
             actions = self.program.schedule(self.rank)
         self.trained_targets = 0
@@ -463,6 +475,25 @@ class StepExecutor:
             else:  # pragma: no cover - the schedule IR has exactly the kinds above
                 raise ExecutorError(f"rank {self.rank}: unknown schedule action {action}")
         return loss
+
+    def _packed(self, mb: int, micro: Sequence[Any]) -> tuple[int, ...] | None:
+        """The document lengths of micro-batch ``mb`` if it is a packed row (checked), else ``None``."""
+        if len(micro) < 4 or micro[3] is None:
+            return None
+        docs = tuple(int(d) for d in micro[3])
+        if self._packing_problems is None:
+            from .kernels import packing_problems
+
+            self._packing_problems = packing_problems(self.graph)
+        problems = self._packing_problems
+        if problems:
+            raise ExecutorError(f"rank {self.rank}: micro-batch {mb} packs documents but the model's graph cannot "
+                                f"keep them apart: {'; '.join(problems)}")
+        if int(micro[0]) != 1 or sum(docs) != int(micro[1]) or min(docs, default=0) <= 0:
+            raise ExecutorError(f"rank {self.rank}: packed micro-batch {mb} has {micro[0]} rows of {micro[1]} "
+                                f"tokens but documents {list(docs)}: one row, the documents' lengths summing "
+                                "to its length")
+        return docs
 
     def _event(self, event: str, **info: Any) -> None:
         if self.trace is not None:
@@ -602,7 +633,7 @@ class StepExecutor:
         """``F`` of micro-batch ``mb``."""
         if self.probe is not None:
             self.probe("forward")
-        self._cur = self._layout[mb]
+        self._cur, self._cur_documents = self._layout[mb], self._documents[mb]
         rec = self._record(mb)
         if self.recompute:  # the checkpointed body reads its inputs up front
             self._resolve_all()
@@ -669,7 +700,8 @@ class StepExecutor:
     def _compute(self, op: Any, vals: dict[str, torch.Tensor]) -> None:
         node = self.nodes[op.name]
         kernel = kernel_for(node.kind, node.name)
-        out = self._timed(kernel.fn, *[self._get(vals, t) for t in node.inputs], **self._node_attrs(node))
+        out = self._timed(kernel.fn, *[self._get(vals, t) for t in node.inputs], **self._node_attrs(node),
+                          **kernel.packed_attrs(self.context))
         outs = out if isinstance(out, tuple) else (out,)
         for name, v in zip(node.outputs, outs):
             if name in self.grad_reduce:
@@ -708,7 +740,7 @@ class StepExecutor:
         the step's last backward — the gradients it accumulates are final, their buckets start during it."""
         if self.probe is not None:
             self.probe("backward")
-        self._cur = self._layout[mb]  # a recomputed forward runs at the micro-batch's shape
+        self._cur, self._cur_documents = self._layout[mb], self._documents[mb]  # a recomputed forward: its shape
         rec = self.records[mb]
         roots: list[torch.Tensor] = []
         grads: list[torch.Tensor] = []

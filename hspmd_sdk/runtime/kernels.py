@@ -13,6 +13,13 @@ in the runtime knows an op kind.  The built-in local attributes:
 * ``cross_entropy(..., total_count=...)``: the step's number of real target tokens; the result is then
   ``sum(local losses) / total_count``, a Partial summand of the global mean (targets ``-100`` are padding).
 
+Packing (mixed-length data, SPEC §7): a micro-batch may be *one row holding several documents* back to back
+(:attr:`KernelContext.documents`: their lengths).  A kernel says how it takes that (:attr:`Kernel.packing`):
+``"tokenwise"`` (it never mixes positions: a packed row is just more tokens), or ``"documents"`` (it mixes or
+numbers positions and is called with ``documents=`` the lengths: ``attention`` attends within each document,
+``rope`` and ``positions`` restart at 0 at every document).  :func:`packing_problems` lists a graph's op kinds
+with neither, for which a packed row would silently let documents see each other: packing is refused then.
+
 A user adds an op with :func:`hspmd_sdk.core.ops.register_op` (shape and deduction rules) and
 :func:`register_kernel` (its torch kernel).  :func:`run_graph` executes a whole defined graph op by op on one
 device (every Reshard is the identity there); the tests use it to prove that a model's graph and its reference
@@ -23,12 +30,13 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["KERNELS", "Kernel", "KernelContext", "register_kernel", "run_graph", "rope_cos_sin", "IGNORE_INDEX"]
+__all__ = ["KERNELS", "Kernel", "KernelContext", "register_kernel", "run_graph", "rope_cos_sin", "IGNORE_INDEX",
+           "packing_problems", "document_positions"]
 
 #: A target of this value is padding: it adds nothing to the loss and is not counted.
 IGNORE_INDEX = -100
@@ -38,6 +46,8 @@ class KernelContext(Protocol):
     """Where a device's shards sit, for :attr:`Kernel.local_attrs` (the executor provides one per micro-batch)."""
 
     loss_normalizer: int | None  #: real target tokens of the whole step (``None``: the local count)
+    #: lengths of the documents packed back to back in the micro-batch's one row (``None``: a row is a sequence)
+    documents: tuple[int, ...] | None
 
     def box(self, tensor: str) -> tuple[tuple[int, int], ...]:
         """This device's box of ``tensor`` in global coordinates (the batch dim in micro-batch rows)."""
@@ -54,16 +64,25 @@ class Kernel:
 
     fn: Callable[..., Any]
     local_attrs: Callable[[Any, KernelContext], dict[str, Any]] | None = None
+    #: ``"tokenwise"``, ``"documents"`` (takes ``documents=`` in a packed row) or ``None`` (unknown: no packing)
+    packing: str | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
     def attrs(self, node: Any, ctx: KernelContext) -> dict[str, Any]:
-        """The node's attrs plus the local ones (the local ones win)."""
+        """The node's attrs plus the local ones (the local ones win).  Not the documents of a packed row: see
+        :meth:`packed_attrs`."""
         out = dict(node.attr)
         if self.local_attrs is not None:
             out.update(self.local_attrs(node, ctx))
         return out
+
+    def packed_attrs(self, ctx: KernelContext) -> dict[str, Any]:
+        """``{"documents": ...}`` for a ``"documents"`` kernel in a packed micro-batch, else ``{}`` (changes with
+        every micro-batch: not cached with :meth:`attrs`)."""
+        docs = ctx.documents
+        return {"documents": docs} if docs is not None and self.packing == "documents" else {}
 
 
 def embedding(tokens: torch.Tensor, weight: torch.Tensor, *, vocab_start: int | None = None) -> torch.Tensor:
@@ -105,26 +124,64 @@ def _rope_tables(seq: int, head_dim: int, theta: float, offset: int, device: Any
     return cos[None, :, None, :], sin[None, :, None, :]
 
 
-def rope(x: torch.Tensor, *, theta: float = 10000.0, position_offset: int = 0) -> torch.Tensor:
+@functools.lru_cache(maxsize=64)
+def document_positions(documents: tuple[int, ...], offset: int, seq: int) -> torch.Tensor:
+    """Positions ``[seq]`` (int64) of tokens ``offset .. offset+seq-1`` of a row packing ``documents`` (their
+    lengths, in order): each document counts from 0."""
+    if offset < 0 or offset + seq > sum(documents):
+        raise ValueError(f"tokens {offset}..{offset + seq} of a packed row of {sum(documents)} tokens "
+                         f"(documents {list(documents)})")
+    pos = torch.cat([torch.arange(int(d), dtype=torch.int64) for d in documents])
+    return pos[offset:offset + seq]
+
+
+@functools.lru_cache(maxsize=16)
+def _packed_rope_tables(documents: tuple[int, ...], offset: int, seq: int, head_dim: int, theta: float,
+                        device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_rope_tables` at the positions of a packed row (once per micro-batch: its layers reuse them)."""
+    pos = document_positions(documents, offset, seq).to(device)
+    cos, sin = _rope_tables(max(documents), head_dim, theta, 0, device)
+    return cos[:, pos], sin[:, pos]
+
+
+def rope(x: torch.Tensor, *, theta: float = 10000.0, position_offset: int = 0,
+         documents: tuple[int, ...] | None = None) -> torch.Tensor:
     """Half-split rotary embedding of ``x[B, S, heads, head_dim]``: pairs ``(i, i + head_dim/2)``; computed in
-    fp32 (a bf16 input comes back bf16)."""
+    fp32 (a bf16 input comes back bf16).  ``documents``: one packed row; positions restart at each document."""
     _, s, _, hd = x.shape
-    cos, sin = _rope_tables(int(s), int(hd), float(theta), int(position_offset), x.device)
+    if documents is None:
+        cos, sin = _rope_tables(int(s), int(hd), float(theta), int(position_offset), x.device)
+    else:
+        cos, sin = _packed_rope_tables(tuple(documents), int(position_offset), int(s), int(hd), float(theta),
+                                       x.device)
     xf = x.float()
     x1, x2 = xf[..., : hd // 2], xf[..., hd // 2:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+              documents: tuple[int, ...] | None = None) -> torch.Tensor:
     """Causal softmax attention on ``[B, S, heads, head_dim]``; kv heads are repeated for GQA.  Runs
-    ``scaled_dot_product_attention`` (flash / memory-efficient kernels where the device has them)."""
+    ``scaled_dot_product_attention`` (flash / memory-efficient kernels where the device has them).
+
+    ``documents``: ``q`` is one row packing documents of these lengths back to back; each attends only within
+    itself (variable-length attention: one call per document on views of the row, so the work is
+    ``sum(length**2)``, not ``S**2``)."""
     rep = q.shape[2] // k.shape[2]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=2)
         v = v.repeat_interleave(rep, dim=2)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         is_causal=causal, scale=1.0 / math.sqrt(q.shape[-1]))
-    return out.transpose(1, 2)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if documents is None:
+        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale).transpose(1, 2)
+    if q.shape[0] != 1 or sum(documents) != q.shape[1]:
+        raise ValueError(f"a packed row of documents {list(documents)} ({sum(documents)} tokens) needs q of one "
+                         f"row and as many positions, got {tuple(q.shape)} (is the sequence split across devices?)")
+    sizes = [int(d) for d in documents]
+    outs = [F.scaled_dot_product_attention(a, b, c, is_causal=causal, scale=scale)
+            for a, b, c in zip(qt.split(sizes, 2), kt.split(sizes, 2), vt.split(sizes, 2))]
+    return (torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]).transpose(1, 2)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -135,10 +192,14 @@ def gelu(x: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
     return F.gelu(x, approximate=approximate)
 
 
-def positions(x: torch.Tensor, *, position_offset: int = 0) -> torch.Tensor:
-    """``[B, S]`` int64 positions ``offset .. offset+S-1`` of every row."""
+def positions(x: torch.Tensor, *, position_offset: int = 0, documents: tuple[int, ...] | None = None) -> torch.Tensor:
+    """``[B, S]`` int64 positions ``offset .. offset+S-1`` of every row (``documents``: of one packed row,
+    restarting at 0 at each document)."""
     b, s = x.shape[0], x.shape[1]
-    pos = torch.arange(position_offset, position_offset + s, dtype=torch.int64, device=x.device)
+    if documents is not None:
+        pos = document_positions(tuple(documents), int(position_offset), int(s)).to(x.device)
+    else:
+        pos = torch.arange(position_offset, position_offset + s, dtype=torch.int64, device=x.device)
     return pos.unsqueeze(0).expand(b, s)
 
 
@@ -211,28 +272,48 @@ def _loss_normalizer(node: Any, ctx: KernelContext) -> dict[str, Any]:
     return {} if ctx.loss_normalizer is None else {"total_count": int(ctx.loss_normalizer)}
 
 
+_T, _D = "tokenwise", "documents"
 KERNELS: dict[str, Kernel] = {
-    "embedding": Kernel(embedding, _vocab_start), "positions": Kernel(positions, _position_offset),
-    "dot": Kernel(dot), "linear": Kernel(linear), "bias_add": Kernel(bias_add), "rmsnorm": Kernel(rmsnorm),
-    "layernorm": Kernel(layernorm), "rope": Kernel(rope, _position_offset), "attention": Kernel(attention),
-    "swiglu": Kernel(swiglu), "gelu": Kernel(gelu), "add": Kernel(add), "mul": Kernel(mul),
-    "reshape": Kernel(reshape, _reshape_attrs), "sum": Kernel(sum_), "split": Kernel(split),
-    "concat": Kernel(concat), "cross_entropy": Kernel(cross_entropy, _loss_normalizer),
+    "embedding": Kernel(embedding, _vocab_start, _T), "positions": Kernel(positions, _position_offset, _D),
+    "dot": Kernel(dot, None, _T), "linear": Kernel(linear, None, _T), "bias_add": Kernel(bias_add, None, _T),
+    "rmsnorm": Kernel(rmsnorm, None, _T), "layernorm": Kernel(layernorm, None, _T),
+    "rope": Kernel(rope, _position_offset, _D), "attention": Kernel(attention, None, _D),
+    "swiglu": Kernel(swiglu, None, _T), "gelu": Kernel(gelu, None, _T), "add": Kernel(add, None, _T),
+    "mul": Kernel(mul, None, _T), "reshape": Kernel(reshape, _reshape_attrs, _T), "sum": Kernel(sum_, None, _T),
+    "split": Kernel(split, None, _T), "concat": Kernel(concat, None, _T),
+    "cross_entropy": Kernel(cross_entropy, _loss_normalizer, _T),
 }
+PACKING_KINDS = (_T, _D)
 
 
 def register_kernel(kind: str, fn: Callable[..., Any], *,
                     local_attrs: Callable[[Any, KernelContext], dict[str, Any]] | None = None,
-                    replace: bool = False) -> Kernel:
+                    packing: str | None = None, replace: bool = False) -> Kernel:
     """Register the torch kernel of op ``kind`` (whose rules :func:`hspmd_sdk.core.ops.register_op` added).
 
     ``local_attrs(node, ctx)`` returns the keyword arguments that depend on where this device's shards sit (see
-    :class:`KernelContext`).  The worker processes must register it too: do it at import time of a module the
-    workers import (e.g. the module that defines the model config)."""
+    :class:`KernelContext`).  ``packing``: ``"tokenwise"`` if the op never mixes positions, ``"documents"`` if
+    ``fn`` takes ``documents=`` (the lengths of the documents packed in one row) and keeps them apart; ``None``
+    (default) keeps models using the op off packed micro-batches.  The worker processes must register it too: do
+    it at import time of a module the workers import (e.g. the module that defines the model config)."""
     if kind in KERNELS and not replace:
         raise ValueError(f"a kernel for op kind {kind!r} is already registered; pass replace=True to replace it")
-    KERNELS[kind] = Kernel(fn, local_attrs)
+    if packing is not None and packing not in PACKING_KINDS:
+        raise ValueError(f"packing={packing!r} for op kind {kind!r}: one of {PACKING_KINDS} or None")
+    KERNELS[kind] = Kernel(fn, local_attrs, packing)
     return KERNELS[kind]
+
+
+def packing_problems(graph: Any) -> list[str]:
+    """Why micro-batches packing several documents in a row cannot run ``graph`` (empty: they can): every op kind
+    whose kernel does not say how it takes them (:attr:`Kernel.packing`)."""
+    out = []
+    for kind in sorted({n.kind for n in graph.nodes if n.kind not in ("placeholder", "parameter", "Reshard")}):
+        k = KERNELS.get(kind)
+        if k is None or k.packing is None:
+            out.append(f"op kind {kind!r} has no packing rule (register_kernel(..., packing='tokenwise' or "
+                       "'documents'))")
+    return out
 
 
 def kernel_for(kind: str, node: str = "") -> Kernel:
@@ -251,6 +332,7 @@ class _WholeContext:
 
     shapes: Mapping[str, tuple[int, ...]]
     loss_normalizer: int | None = None
+    documents: tuple[int, ...] | None = None
 
     def box(self, tensor: str) -> tuple[tuple[int, int], ...]:
         return tuple((0, int(d)) for d in self.shapes[tensor])
@@ -262,14 +344,17 @@ class _WholeContext:
         return self.global_shape(tensor)
 
 
-def run_graph(graph: Any, feeds: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor]
-              ) -> dict[str, torch.Tensor]:
+def run_graph(graph: Any, feeds: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor], *,
+              documents: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
     """Execute ``graph`` (a :class:`hspmd_sdk.core.graph.Graph`) on one device; returns every tensor by name.
 
     ``feeds`` gives the placeholders, ``params`` the parameters (full tensors); Reshards are identities.
+    ``documents``: the feeds are one row packing documents of these lengths (see the module docstring).
     """
     bindings = graph.infer_bindings({k: tuple(v.shape) for k, v in feeds.items()})
-    ctx = _WholeContext(graph.bind(bindings))
+    if documents is not None and packing_problems(graph):
+        raise ValueError(f"graph {graph.name!r} cannot run packed rows: {'; '.join(packing_problems(graph))}")
+    ctx = _WholeContext(graph.bind(bindings), documents=None if documents is None else tuple(int(d) for d in documents))
     values: dict[str, torch.Tensor] = {}
     for node in graph.nodes:
         if node.kind == "placeholder":
@@ -280,7 +365,7 @@ def run_graph(graph: Any, feeds: Mapping[str, torch.Tensor], params: Mapping[str
             values[node.outputs[0]] = values[node.inputs[0]]
         else:
             kernel = kernel_for(node.kind, node.name)
-            out = kernel(*(values[t] for t in node.inputs), **kernel.attrs(node, ctx))
+            out = kernel(*(values[t] for t in node.inputs), **kernel.attrs(node, ctx), **kernel.packed_attrs(ctx))
             outs = out if isinstance(out, tuple) else (out,)
             for name, v in zip(node.outputs, outs):
                 values[name] = v

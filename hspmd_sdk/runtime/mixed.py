@@ -28,9 +28,13 @@ ran its last step; the data position is the documents' digest, the token budget,
 step's sequences depend on nothing else), so a resumed run continues at the checkpoint's step under whichever
 candidate that step's dispatch picks -- or under another list of candidates -- reading only its boxes.
 
-Padding rather than packing: the dispatcher's cost model and :class:`~hspmd_sdk.planner.Dispatch` already speak
-in padded ``rows x longest`` micro-batches, and padding needs no document mask in attention (a causal mask over
-right padding leaves real positions as they are), so every kernel and both model families run unchanged.
+Packing (default where the model allows it, ``packing=False`` pads): a micro-batch is one row holding its
+sequences back to back, at most the pipeline's window in tokens, with no padding; the executor gives the kernels
+the sequences' lengths (:attr:`~.kernels.KernelContext.documents`), attention runs within each sequence (one
+``scaled_dot_product_attention`` per run of equal lengths: work ``sum(length**2)``, not ``row**2``) and RoPE /
+learned positions restart at 0 at each, so each sequence is computed exactly as on its own.  A model with an op
+whose kernel declares no packing rule (:func:`~.kernels.packing_problems`) gets padded micro-batches: ``rows x
+longest``, padding targets ``-100``, and a causal mask over right padding leaves real positions as they are.
 
 :func:`reference_mixed` trains the single-device reference on the same sequences, a step in one padded batch of
 its own (whatever the dispatch), with the same normalisation: the independent reference.
@@ -128,14 +132,20 @@ def target_placeholders(graph: Any) -> set[str]:
     return {t for t in node.inputs if graph.producer(t).kind == "placeholder"}
 
 
-def micro_batch_feeds(model: Any, graph: Any, sequences: Sequence[np.ndarray]) -> dict[str, Any]:
+def micro_batch_feeds(model: Any, graph: Any, sequences: Sequence[np.ndarray], *,
+                      packed: bool = False) -> dict[str, Any]:
     """The graph's placeholders for one padded micro-batch: ``model.feeds`` of the sequences padded on the right
     (:func:`~.data.padded_rows`), padding ``-100`` in the targets (masked out of the loss) and ``0`` in every other
-    integer feed (a valid token; causal attention keeps padding out of the real positions)."""
+    integer feed (a valid token; causal attention keeps padding out of the real positions).  ``packed``: one row,
+    each sequence's feeds back to back (``[1, sum of lengths]``; the kernels keep the sequences apart)."""
     import torch
 
     from .data import padded_rows
     from .kernels import IGNORE_INDEX
+
+    if packed:
+        parts = [model.feeds(torch.as_tensor(np.asarray(q), dtype=torch.int64)[None]) for q in sequences]
+        return {k: torch.cat([p[k] for p in parts], dim=1) for k in parts[0]}
 
     feeds = dict(model.feeds(padded_rows(sequences, IGNORE_INDEX)))
     targets = target_placeholders(graph)
@@ -197,7 +207,7 @@ class LengthPlanner:
         rec = {"step": step, "choice": d.choice, "estimate": d.estimate, "plan_s": t1 - t0, "switch_plan_s": 0.0,
                "lengths": list(d.lengths), "shapes": d.shapes(), "micro_batches": [[list(mb) for mb in p]
                                                                                   for p in d.micro_batches],
-               "padding": d.padding_fraction(),
+               "padding": d.padding_fraction(), "packed": d.packed, "cost_shapes": d.cost_shapes(),
                "switch_from": self.current if self.current is not None and
                self.layouts[self.current] != self.layouts[d.choice] else None}
         self.current = d.choice
@@ -233,7 +243,8 @@ class LengthPlanner:
         from .controller import Event, _bytes, _strategy_of
 
         msg: dict[str, Any] = {"type": "dispatch", "id": rec["step"], "choice": rec["choice"],
-                               "lengths": rec["lengths"], "micro_batches": rec["micro_batches"]}
+                               "lengths": rec["lengths"], "micro_batches": rec["micro_batches"],
+                               "packed": rec["packed"]}
         src = rec["switch_from"]
         if src is not None:
             key = (src, rec["choice"])
@@ -262,7 +273,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                  precision: str = "fp32", lookahead: int = 2, cost: Any = None,
                  capture_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None,
                  checkpoint_every: int | None = None, keep: int = 3, checkpoint_async: bool = True,
-                 resume_from: str | Path | None = None, **launch_kwargs: Any) -> Any:
+                 resume_from: str | Path | None = None, packing: bool | None = None, **launch_kwargs: Any) -> Any:
     """Train on mixed-length data, choosing per step among candidate ``programs`` (``launch(programs, ...)``;
     see the module docstring).  Returns the running :class:`~.job.Job`; ``job.wait().losses`` are the steps'
     losses (mean over each step's real target tokens), ``job.events`` the length switches, and
@@ -276,8 +287,11 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     of the workers; ``cost``: the :class:`~hspmd_sdk.planner.CostModel` of the dispatcher.  Checkpoints as for one
     Program (``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``checkpoint_async``; each saved under the
     candidate running at that step), and ``resume_from`` continues at the checkpoint's step with the same data,
-    seed, budget and context, under whichever candidate that step's dispatch picks.  Everything is checked
-    before any worker starts (a :class:`~hspmd_sdk.errors.PlanValidationError` names the field)."""
+    seed, budget and context, under whichever candidate that step's dispatch picks.  ``packing``: micro-batches
+    are single rows packing whole sequences (no padding; attention within each sequence, positions restarting):
+    default when every op of the model's graph has a packing rule (:func:`~.kernels.packing_problems`; both
+    built-in families do), ``False`` pads them instead.  Everything is checked before any worker starts (a
+    :class:`~hspmd_sdk.errors.PlanValidationError` names the field)."""
     from ..planner.mixed import Dispatcher
     from .controller import TrainingController
     from .data import LengthBatches
@@ -309,8 +323,16 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
         batches = LengthBatches(docs, context=context, tokens_per_step=tokens_per_step, seed=seed)
     except ValueError as e:
         raise PlanValidationError([("data", str(e))], what=what) from e
+    from .kernels import packing_problems
+
+    problems = packing_problems(programs[0].graph)
+    if packing and problems:
+        raise PlanValidationError([("packing", f"the model's graph cannot keep packed sequences apart: "
+                                               f"{'; '.join(problems)}; pass packing=False (padded micro-batches)")],
+                                  what=what)
+    packing = not problems if packing is None else bool(packing)
     try:
-        dispatcher = Dispatcher(programs, model, cluster, cost=cost)
+        dispatcher = Dispatcher(programs, model, cluster, cost=cost, packing=packing)
     except PlanValidationError as e:
         raise PlanValidationError([("programs", str(e))], what=what) from e
     if dispatcher.max_seq_len < context:
@@ -457,11 +479,17 @@ class MixedSession(TrainSession):
         tokens = None
         if ex is not None:
             mbs = self.dispatch["micro_batches"][ex.pipeline]
-            micro = []
+            packed = bool(self.dispatch.get("packed"))
+            micro: list[tuple[Any, ...]] = []
             for mb in mbs:
                 seqs = [self.batches.sequences[indices[i]] for i in mb]
-                feeds = micro_batch_feeds(self.program.model, self.program.graph, seqs) if ex.needs_data else None
-                micro.append((len(mb), max(lengths[i] for i in mb), feeds))
+                feeds = (micro_batch_feeds(self.program.model, self.program.graph, seqs, packed=packed)
+                         if ex.needs_data else None)
+                if packed:  # one row of the sequences back to back
+                    docs = tuple(lengths[i] for i in mb)
+                    micro.append((1, sum(docs), feeds, docs))
+                else:
+                    micro.append((len(mb), max(lengths[i] for i in mb), feeds))
             ex.step(None, micro_batches=micro, loss_normalizer=total, before_update=commit,
                     capture_grads=bool(self.capture) and step == 0)
             if ex.loss_contributor():
