@@ -248,6 +248,8 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                    help="--programs: the longest sequence; longer documents are cut (default: the model's)")
     p.add_argument("--cost", metavar="FILE", help="--programs: the dispatcher's cost model JSON (default: "
                                                   "analytic, with the node's cores)")
+    p.add_argument("--padding", action="store_true", help="--programs: pad micro-batches (rows x longest) instead "
+                                                          "of packing whole sequences into one row each")
     p.add_argument("--no-reference", action="store_true", help="skip the single-device comparison")
     p.add_argument("--log-dir", default=None, metavar="DIR", help="per-rank logs (default: a temporary folder)")
     p.add_argument("--elastic", action="store_true",
@@ -282,6 +284,9 @@ def _run(args: argparse.Namespace) -> int:
         raise PlanValidationError([("--data", f"{data[:60]!r}: a STRATEGY trains on stdlib or synthetic "
                                               "(documents of different lengths need --programs)")], what="arguments")
     args.data = data
+    if args.padding:
+        raise PlanValidationError([("--padding", "pads the micro-batches of --programs (mixed-length data); a "
+                                                 "STRATEGY trains fixed-length rows")], what="arguments")
     strategy = Strategy.load(resolve_file(args.file), model=model, cluster=cluster)
     program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster)
     job = launch_training(program, cluster, steps=args.steps, seed=args.seed, data=args.data, lr=args.lr,
@@ -375,7 +380,7 @@ def _run_mixed(args: argparse.Namespace, model: Any, cluster: Any) -> int:
                        tokens_per_step=args.tokens_per_step, context=args.context, cost=cost, progress=True,
                        timeout_s=args.timeout, stall_s=args.stall, heartbeat_s=args.heartbeat, log_dir=args.log_dir,
                        resource_check=not args.no_resource_check, elastic=args.elastic, straggler=args.straggler,
-                       **training_checkpoint_options(args))
+                       packing=False if args.padding else None, **training_checkpoint_options(args))
     try:
         result = job.wait()
     except KeyboardInterrupt:

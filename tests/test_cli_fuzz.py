@@ -212,6 +212,7 @@ CASES: list[tuple[list[str], str]] = [
     (["run", "{%s}" % T, "--local", "2", "--model", "bogus"], "bogus"),
     (["run", "{%s}" % T, "--local", "2", "--data", "bogus"], "stdlib or synthetic"),
     (["run", "--local", "2"], "--programs DIR"),
+    (["run", "{%s}" % T, "--local", "2", "--padding"], "--padding: pads the micro-batches of --programs"),
     (["run", "{%s}" % T, "--local", "2", "--programs", "{MISSING}"], "not both"),
     (["run", "--local", "2", "--programs", "{MISSING}", "--tokens-per-step", "64"], "not a folder"),
     (["run", "--local", "2", "--programs", "{DIR}", "--tokens-per-step", "64"], "no candidate_"),

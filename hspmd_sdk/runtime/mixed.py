@@ -17,9 +17,10 @@
   (the graph-switching machinery of :class:`~.session.TrainSession`: new groups, fused BSR, new executor; groups of
   earlier candidates are kept for switching back) and report it (``Job.events``: ``reason="length"``); then each
   pipeline runs its own micro-batches at their own shapes (:meth:`~.executor.StepExecutor.step` with
-  ``micro_batches=``): a micro-batch is its sequences padded on the right to its longest, padding targets
-  ``-100`` (masked out of the loss), and the loss of the step is the mean over all its real target tokens
-  (``loss_normalizer``), so gradients equal the single-device model's on the same sequences.  The commit
+  ``micro_batches=``): a micro-batch is one row packing its sequences (below), or its sequences padded on the
+  right to its longest with padding targets ``-100`` (masked out of the loss), and the loss of the step is the
+  mean over all its real target tokens (``loss_normalizer``), so gradients equal the single-device model's on the
+  same sequences.  The commit
   all-gather also counts the real target tokens every loss rank trained; a step that did not train each of its
   tokens exactly once fails.
 
