@@ -190,7 +190,7 @@ def main() -> None:
     profile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     plan = plan_mixed(MODEL, CLUSTER, lengths.tolist(), tokens_per_batch=TOKENS, context_len=CONTEXT,
-                      boundaries=list(w.boundaries), cost=cost, zero1=args.zero1)
+                      boundaries=list(w.boundaries), cost=cost, zero1=args.zero1, packing=True)
     plan_s = time.perf_counter() - t0
     print(plan.summary(), flush=True)
     t0 = time.perf_counter()

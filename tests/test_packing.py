@@ -111,3 +111,23 @@ def test_packed_dispatch_trains_every_sequence_once_within_the_window_without_pa
     assert max(len(mb) for pipe in packed.micro_batches for mb in pipe) > 1  # sequences do share rows
     # fewer, fuller micro-batches and per-sequence attention: the estimate is below the padded one
     assert packed.estimate < padded.estimate
+
+
+def test_packed_rows_and_a_plan_priced_for_packing() -> None:
+    from hspmd_sdk.planner import plan_mixed
+    from hspmd_sdk.planner.mixed import packed_rows
+
+    lengths = [5, 60, 3, 33, 31, 64, 2, 2]
+    rows = packed_rows(lengths, 64)
+    assert sorted(i for r in rows for i in r) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in r) <= 64 for r in rows) and len(rows) < len(lengths)
+    with pytest.raises(ValueError, match="does not fit"):
+        packed_rows([65], 64)
+    model = LlamaConfig.preset("llama-7b")
+    cluster = Cluster.mixed({"H800": 8, "H20": 8})
+    sample = [int(x) for x in np.clip(np.exp(np.random.default_rng(0).normal(np.log(600), 1.1, 800)), 16, 8192)]
+    padded = plan_mixed(model, cluster, sample, tokens_per_batch=65536, context_len=8192)
+    packed = plan_mixed(model, cluster, sample, tokens_per_batch=65536, context_len=8192, packing=True)
+    assert packed.entries[-1].max_seq_len == 8192 and len(packed.entries) == len(padded.entries)
+    # the same DP over a superset of micro-batch forms: never a worse estimate for the longest candidate
+    assert packed.entries[-1].estimate <= padded.entries[-1].estimate * 1.02

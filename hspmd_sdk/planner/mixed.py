@@ -59,7 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Method", "MixedEntry", "MixedPlan", "Dispatch", "Dispatcher", "plan_mixed", "dispatch",
            "simulate_mixed", "simulate_dispatch", "packed_baseline", "pack", "sample_lengths", "sample_batch",
-           "micro_batches"]
+           "micro_batches", "packed_rows"]
 
 
 # ---- lengths ------------------------------------------------------------------------------------------------
@@ -102,6 +102,25 @@ def micro_batches(lengths: Sequence[int], window: int) -> list[list[int]]:
             out[-1].append(i)
         else:
             out.append([i])
+    return out
+
+
+def packed_rows(lengths: Sequence[int], window: int) -> list[list[int]]:
+    """Sequences (each at most ``window``) into rows of at most ``window`` tokens, whole sequences back to back:
+    longest first, each into the open row while it fits, else a new row.  Returns lists of indices into
+    ``lengths``."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    out: list[list[int]] = []
+    used = 0
+    for i in order:
+        if lengths[i] > window:
+            raise ValueError(f"a sequence of {lengths[i]} tokens does not fit a window of {window}")
+        if out and used + lengths[i] <= window:
+            out[-1].append(i)
+            used += lengths[i]
+        else:
+            out.append([i])
+            used = lengths[i]
     return out
 
 
@@ -297,12 +316,14 @@ class _Option:
 
 class _Segments:
     """The merged intervals ``(lo, hi]`` of one length sample: their sequences in two micro-batch forms -- one row a
-    sequence, and window-sized padded micro-batches (:func:`micro_batches`) -- and each method's costs of them
-    (cached, so that the DP can run again on fewer methods for free)."""
+    sequence, and window-sized padded micro-batches (:func:`micro_batches`) -- or, with ``packing``, a third:
+    window-sized packed rows (:func:`packed_rows`) -- and each method's costs of them (cached, so that the DP can
+    run again on fewer methods for free)."""
 
-    def __init__(self, lengths: Sequence[int]) -> None:
+    def __init__(self, lengths: Sequence[int], packing: bool = False) -> None:
         import numpy as np
 
+        self.packing = packing
         self.lengths = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
         self._forms: dict[tuple[int, int], list] = {}
         self._totals: dict[tuple[Method, int, int], tuple[float, float, float, int] | None] = {}
@@ -317,9 +338,15 @@ class _Segments:
         if (lo, hi) not in self._forms:
             seg = self.lengths[(self.lengths > lo) & (self.lengths <= hi)].tolist()  # longest first
             mbs = micro_batches(seg, hi)
-            self._forms[(lo, hi)] = [(np.ones(len(seg)), np.asarray(seg, dtype=float)),
-                                     (np.asarray([len(mb) for mb in mbs], dtype=float),
-                                      np.asarray([seg[mb[0]] for mb in mbs], dtype=float))]
+            forms = [(np.ones(len(seg)), np.asarray(seg, dtype=float)),
+                     (np.asarray([len(mb) for mb in mbs], dtype=float),
+                      np.asarray([seg[mb[0]] for mb in mbs], dtype=float))]
+            if self.packing and seg:  # a row of T tokens, sum of squares Q: the (rows, length) = (T^2/Q, Q/T)
+                rows = packed_rows(seg, hi)  # with the same tokens and attention terms on the cost lines
+                t = np.asarray([sum(seg[i] for i in r) for r in rows], dtype=float)
+                q = np.asarray([sum(seg[i] ** 2 for i in r) for r in rows], dtype=float)
+                forms.append((t * t / q, q / t))
+            self._forms[(lo, hi)] = forms
         return self._forms[(lo, hi)]
 
     def totals(self, methods: _Methods, m: Method, lo: int, hi: int) -> tuple[float, float, float, int] | None:
@@ -435,12 +462,12 @@ def _interval_plan(methods: _Methods, todo: Sequence[Method], segs: "_Segments |
 
 
 def _best_interval_plan(methods: _Methods, todo: Sequence[Method], lengths: Sequence[int], bounds: Sequence[int],
-                        scale: float) -> tuple[float, list[tuple[Method, int, int]]] | None:
+                        scale: float, packing: bool = False) -> tuple[float, list[tuple[Method, int, int]]] | None:
     """The DP once per overhead level ``sigma`` (:meth:`_Methods.overhead`: the gradient sync and optimizer a
     method's pipeline adds to the step, which the slowest of them sets), on the methods within it, minimising
     ``makespan + sigma``; levels within 25% of each other are tried as one, from the lowest, until ``sigma`` alone
     exceeds the best total.  Returns the makespan (without ``sigma``) and the chosen pipelines, or ``None``."""
-    segs = _Segments(lengths)
+    segs = _Segments(lengths, packing)
     level = {m: methods.overhead(m) for m in todo}
     groups: list[list[float]] = []
     for v in sorted(set(level.values())):  # levels within 25% of a group's lowest share its highest
@@ -520,7 +547,8 @@ def _default_caps(lengths: Sequence[int], bounds: Sequence[int], tokens_per_batc
 def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[int], *, tokens_per_batch: int,
                context_len: int | None = None, cost: CostModel | None = None, boundaries: Sequence[int] | None = None,
                max_seq_lens: Sequence[int] | None = None, methods: Sequence[Method] | None = None,
-               schedule: str = "1f1b", zero1: bool = True, max_tp: int | None = None, widen: bool = True) -> MixedPlan:
+               schedule: str = "1f1b", zero1: bool = True, max_tp: int | None = None, widen: bool = True,
+               packing: bool = False) -> MixedPlan:
     """Plan candidate strategies for mixed-length data (the paper's scenario (c)) from a sample of ``lengths``, on a
     cluster of one or several device kinds.
 
@@ -538,6 +566,11 @@ def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[i
     micro-batch pays the executor's fixed cost once, :mod:`hspmd_sdk.runtime.overhead`); the entry still serves
     only steps whose longest sequence is at most its ``max_seq_len``.  Where memory binds (long contexts on
     GPUs) the windows stay where the DP put them.
+
+    ``packing``: the runtime will pack micro-batches (``launch(programs)``'s default for models whose kernels keep
+    packed sequences apart): intervals are also priced as window-sized packed rows (no padding, attention per
+    sequence), which favours fewer, fuller micro-batches and so pipelines.  Default ``False``: priced as padded
+    micro-batches (an upper bound on what packing costs).
     """
     from ..models.registry import load_model_spec
 
@@ -565,7 +598,7 @@ def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[i
         skewed = sub + top * (weight - 1)  # a step for this strategy holds at least one sequence above `below`
         below = cap
         found = _best_interval_plan(costs, todo, skewed, [b for b in bounds if b <= cap],
-                                    tokens_per_batch / sum(skewed))
+                                    tokens_per_batch / sum(skewed), packing)
         if found is None:
             continue
         est, chosen = found
