@@ -569,7 +569,8 @@ def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[i
 
     ``packing``: the runtime will pack micro-batches (``launch(programs)``'s default for models whose kernels keep
     packed sequences apart): intervals are also priced as window-sized packed rows (no padding, attention per
-    sequence), which favours fewer, fuller micro-batches and so pipelines.  Default ``False``: priced as padded
+    sequence), which favours fewer, fuller micro-batches and so pipelines, and ``widen`` may raise windows past
+    the context (2, 4, 8 times it, up to ``tokens_per_batch``): a packed row's attention stays per sequence.  Default ``False``: priced as padded
     micro-batches (an upper bound on what packing costs).
     """
     from ..models.registry import load_model_spec
@@ -602,7 +603,9 @@ def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[i
         if found is None:
             continue
         est, chosen = found
-        wide = [(m, cnt, _widest(costs, m, w, bounds)) for m, cnt, w in chosen] if widen else chosen
+        # packed rows may outgrow the context (attention stays per sequence): up to the tokens of a step
+        reach = bounds + [context * k for k in (2, 4, 8) if packing and context * k <= tokens_per_batch]
+        wide = [(m, cnt, _widest(costs, m, w, reach)) for m, cnt, w in chosen] if widen else chosen
         for pick in ([wide, chosen] if wide != chosen else [chosen]):  # the widened windows, else the DP's
             strategy, windows, names = _place(costs, pick, schedule=schedule, zero1=zero1,
                                               name=f"mixed: max_seq_len <= {cap}")
