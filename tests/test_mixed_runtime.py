@@ -150,6 +150,23 @@ def test_padded_micro_batches_train_the_same(llama_run: tuple, tmp_path: Path) -
 
 
 @pytest.mark.timeout(240)
+def test_packed_rows_with_recomputation_train_the_same(llama_run: tuple) -> None:
+    """Activation recomputation re-runs a packed micro-batch's forward inside its backward, after other
+    micro-batches ran: it must see that micro-batch's sequences again (the 1F1B pipeline holds several)."""
+    model = LlamaConfig.preset("tiny")
+    pp = Strategy.load({"pipelines": [{"stages": [{"devices": [0], "layers": [0, 1], "recompute": True},
+                                                  {"devices": [1], "layers": [2, 3], "recompute": True}],
+                                       "micro_batch_size": 1, "num_micro_batches": 1}], "name": "pp2+AC"})
+    programs = MixedPlan(context_len=CONTEXT, tokens_per_batch=BUDGET, entries=[
+        MixedEntry(max_seq_len=64, windows=[64], strategy=pp)]).programs(model, Cluster.local(2))
+    job = launch(programs, Cluster.local(2), steps=STEPS, seed=SEED, data=DOCS, tokens_per_step=BUDGET,
+                 context=CONTEXT, timeout_s=120)
+    result = job.wait()
+    assert max(len(p) for rec in job.length_planner.records for p in rec["micro_batches"]) > 1
+    assert _rel(result.losses, llama_run[3].losses) < TOL
+
+
+@pytest.mark.timeout(240)
 def test_the_same_seed_gives_the_same_sequences_and_losses_whatever_the_candidates(llama_run: tuple,
                                                                                    tmp_path: Path) -> None:
     _, first, _, ref = llama_run
