@@ -128,7 +128,7 @@ def test_run_mixed_length_data_from_the_planned_candidates(tmp_path, capsys) -> 
     lengths.write_text("\n".join(str(4 + (i * 37) % 61) for i in range(300)))
     code, out, _ = run(capsys, "plan", "--cluster", "cpu:4", "--model", "tiny", "--scenario", "mixed", "--lengths",
                        str(lengths), "--context-len", "64", "--tokens-per-batch", "256", "--programs",
-                       str(tmp_path / "cands"))
+                       str(tmp_path / "cands"), "--packing")  # priced as the packed rows the run trains
     assert code == 0 and (tmp_path / "cands" / "candidate_0.json").exists()
     ck = tmp_path / "ck"
     code, out, err = run(capsys, "run", "--programs", str(tmp_path / "cands"), "--local", "4", "--steps", "3",

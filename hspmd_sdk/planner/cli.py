@@ -134,6 +134,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    help="mixed: context length (default: longest)")
     p.add_argument("--programs", metavar="DIR", help="mixed: specialize every candidate and write its annotation "
                                                       "plan (meta: max_seq_len, windows) to DIR/candidate_<i>.json")
+    p.add_argument("--packing", action="store_true", help="mixed: price micro-batches as packed rows of whole "
+                                                          "sequences (what 'hspmd run --programs' runs unless "
+                                                          "--padding); windows may then exceed the context")
     p.add_argument("--cost", metavar="FILE", help="cost model JSON (default: the analytic defaults)")
     p.add_argument("--no-zero1", action="store_true", help="hetero: disable ZeRO-1")
     p.add_argument("-o", "--output", metavar="FILE", help="write the strategy (mixed: the plan) as JSON")
@@ -158,7 +161,7 @@ def run_plan(args: argparse.Namespace) -> int:
         from .mixed import plan_mixed
 
         plan = plan_mixed(model, cluster, read_lengths(args.lengths), tokens_per_batch=args.tokens_per_batch,
-                          context_len=args.context_len, cost=cost)
+                          context_len=args.context_len, cost=cost, packing=args.packing)
         print(plan.summary())
         print(f"planned in {time.perf_counter() - t0:.2f} s")
         if output is not None:
