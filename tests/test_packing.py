@@ -83,6 +83,16 @@ def test_a_graph_with_an_op_without_a_packing_rule_is_refused_packing() -> None:
     params = {n: user.init_parameter(n, s, 0) for n, s in user.param_shapes().items()}
     with pytest.raises(ValueError, match="square_relu"):
         run_graph(g, feeds, params, documents=(3, 5))
+    # tokenwise kinds that work along the sequence dim would mix a row's documents: named, per node
+    from types import SimpleNamespace as NS
+
+    from hspmd_sdk.core.symbolic import sym
+
+    x = NS(shape=(sym("B"), sym("S"), 8))
+    graph = NS(nodes=[NS(kind="split", name="halves", inputs=["x"], attr={"dim": 1, "parts": 2}),
+                      NS(kind="sum", name="pool", inputs=["x"], attr={"dims": (2,)})], tensors={"x": x})
+    problems = packing_problems(graph)
+    assert len(problems) == 1 and "'halves'" in problems[0] and "sequence dim" in problems[0]
 
 
 def _entry(windows: list[int], cap: int) -> MixedEntry:

@@ -131,8 +131,10 @@ def test_uneven_pipelines_run_their_own_micro_batches() -> None:
 
 
 def test_cost_model_profile_and_round_trip(tmp_path: Path) -> None:
-    # a wide FLOP range (0.5 to 268 MFLOP) so that the slope stays positive even on a loaded machine
-    cost = profile_device("cpu", shapes=[(64, 64, 64), (256, 256, 256), (512, 512, 512)], repeats=3)
+    # a wide FLOP range (0.5 MFLOP to 2.1 GFLOP) so that the slope stays positive even on a loaded machine (with
+    # 268 MFLOP at the top, a millisecond of thread wake-up on every call once flattened the fit to a = 0)
+    cost = profile_device("cpu", shapes=[(64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024)],
+                          repeats=3)
     fit = cost.compute_fits["cpu"]
     assert fit.a > 0 and math.isfinite(fit.tflops)
     cost.save(tmp_path / "cost.json")

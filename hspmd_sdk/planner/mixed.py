@@ -338,14 +338,14 @@ class _Segments:
         if (lo, hi) not in self._forms:
             seg = self.lengths[(self.lengths > lo) & (self.lengths <= hi)].tolist()  # longest first
             mbs = micro_batches(seg, hi)
-            forms = [(np.ones(len(seg)), np.asarray(seg, dtype=float)),
+            forms = [(np.ones(len(seg)), np.asarray(seg, dtype=float), None),
                      (np.asarray([len(mb) for mb in mbs], dtype=float),
-                      np.asarray([seg[mb[0]] for mb in mbs], dtype=float))]
-            if self.packing and seg:  # a row of T tokens, sum of squares Q: the (rows, length) = (T^2/Q, Q/T)
-                rows = packed_rows(seg, hi)  # with the same tokens and attention terms on the cost lines
+                      np.asarray([seg[mb[0]] for mb in mbs], dtype=float), None)]
+            if self.packing and seg:  # one row of T tokens each, attention term Q (the sum of squared lengths)
+                rows = packed_rows(seg, hi)
                 t = np.asarray([sum(seg[i] for i in r) for r in rows], dtype=float)
                 q = np.asarray([sum(seg[i] ** 2 for i in r) for r in rows], dtype=float)
-                forms.append((t * t / q, q / t))
+                forms.append((np.ones(len(rows)), t, q))
             self._forms[(lo, hi)] = forms
         return self._forms[(lo, hi)]
 
@@ -355,7 +355,7 @@ class _Segments:
         if key not in self._totals:
             found = methods.plan(m, hi)
             self._totals[key] = None if found is None else \
-                min(found[0].totals(r, x) + (len(r),) for r, x in self.forms(lo, hi))
+                min(found[0].totals(r, x, q) + (len(r),) for r, x, q in self.forms(lo, hi))
         return self._totals[key]
 
 

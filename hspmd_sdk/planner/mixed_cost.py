@@ -151,26 +151,29 @@ class PipelineCost:
             fill = max(fill, f)
         return total + fill
 
-    def totals(self, rows: Sequence[int], lengths: Sequence[int]) -> tuple[float, float, float]:
-        """For micro-batches of ``rows[i]`` x ``lengths[i]`` (vectorised): (sum of bottleneck seconds, largest
-        bottleneck seconds, the fill and drain of :meth:`time`)."""
+    def totals(self, rows: Sequence[int], lengths: Sequence[int],
+               sq: Sequence[float] | None = None) -> tuple[float, float, float]:
+        """For micro-batches of ``rows[i]`` x ``lengths[i]`` (vectorised; ``sq[i]``: the attention term of a packed
+        row, ``rows[i] = 1``): (sum of bottleneck seconds, largest bottleneck seconds, the fill and drain of
+        :meth:`time`)."""
         import numpy as np
 
         r, s = np.asarray(rows, dtype=float), np.asarray(lengths, dtype=float)
         if r.size == 0:
             return 0.0, 0.0, 0.0
+        q = r * s * s if sq is None else np.asarray(sq, dtype=float)
         if self._lines is None:
             lines = [st.time_line() for st in self.stages]
             self._lines = np.array(lines) if all(line is not None for line in lines) else False
         if self._lines is not False:
             c = self._lines  # (stages, 3)
-            x1 = r * s
-            ts = c[:, :1] + c[:, 1:2] * x1 + c[:, 2:3] * (x1 * s)
+            ts = c[:, :1] + c[:, 1:2] * (r * s) + c[:, 2:3] * q
         else:
-            ts = np.array([[st.time(int(a), int(b)) for a, b in zip(rows, lengths)] for st in self.stages])
+            ts = np.array([[st.time(int(a), int(b), None if sq is None else float(x))
+                            for a, b, x in zip(rows, lengths, q)] for st in self.stages])
         b = ts.max(axis=0)
         k = int(np.argmax(r * s))
-        _, fill_k = self.parts(int(rows[k]), int(lengths[k]))
+        _, fill_k = self.parts(int(rows[k]), int(lengths[k]), None if sq is None else float(q[k]))
         return float(b.sum()), float(b.max()), max(float((ts.sum(axis=0) - b).max()), fill_k)
 
     @classmethod

@@ -123,6 +123,8 @@ class _StageCost:
     act_per_mb: float
     transient: float
     units: tuple[tuple[Hashable, float], ...]  # (model unit, params per device)
+    fwd_comm: float = 0.0  # the in-stage (TP) collectives' part of fwd / bwd
+    bwd_comm: float = 0.0
 
 
 def _ring_link(cluster: "Cluster", devices: list[int]) -> "Link":
@@ -154,7 +156,8 @@ def _stage_cost(model: "ModelSpec", stage: "Stage", first: bool, last: bool, clu
                         bwd=sum(c.bwd_compute * f + c.bwd_comm for _, c in parts),
                         act_per_mb=sum(c.act_bytes for _, c in parts),
                         transient=max(c.transient_bytes for _, c in parts),
-                        units=tuple((u, c.params) for u, c in parts if c.params > 0))
+                        units=tuple((u, c.params) for u, c in parts if c.params > 0),
+                        fwd_comm=sum(c.fwd_comm for _, c in parts), bwd_comm=sum(c.bwd_comm for _, c in parts))
         if best is None or sc.fwd + sc.bwd > best.fwd + best.bwd:
             best = sc
     assert best is not None
@@ -236,7 +239,8 @@ def simulate(model: "ModelSpec | str", strategy: "Strategy | str | dict", cluste
     cost = cost or CostModel()
     devices = {(i, j): list(st.devices) for i, p in enumerate(strategy.pipelines) for j, st in enumerate(p.stages)}
     stretch: Stretch | None = None  # first the bound (every rank computing at once), then processor sharing
-    last, shared = 0.0, _oversubscribed(cluster, [d for ds in devices.values() for d in ds], cost)
+    shared = _oversubscribed(cluster, [d for ds in devices.values() for d in ds], cost)
+    rounds: list[SimResult] = []
     for _ in range(_SHARING_ROUNDS):
         costs = {(i, j): _stage_cost(model, st, j == 0, j == p.num_stages - 1, cluster, p.micro_batch_size, seq_len,
                                      cost, None if stretch is None else 1.0)
@@ -244,11 +248,13 @@ def simulate(model: "ModelSpec | str", strategy: "Strategy | str | dict", cluste
         run = functools.partial(_run_pipelines, model, strategy, cluster, seq_len, cost, costs, devices,
                                 stretch=stretch)
         result = _simulate_step(strategy, cluster, cost, costs, devices, label=label, run=run, stretch=stretch)
-        if not shared or (stretch is not None and abs(result.step_time - last) <= 1e-6 * last):
-            break
-        last = result.step_time
+        if not shared or (stretch is not None and abs(result.step_time - rounds[-1].step_time)
+                          <= 1e-6 * rounds[-1].step_time):
+            return result
+        rounds.append(result)
         stretch = _processor_sharing(result, devices, cluster, cost)
-    return result
+    # not converged (the replay can alternate between two timelines): the slower of the last two
+    return max(rounds[-2:], key=lambda r: r.step_time)
 
 
 def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, costs: dict[StageKey, _StageCost],
@@ -316,7 +322,9 @@ def _run_pipelines(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster",
         sc, p = costs[k], strategy.pipelines[k[0]]
         if a.kind in ("F", "B"):
             dur = sc.fwd if a.kind == "F" else sc.bwd
-            dur = dur if stretch is None else stretch(k, clock[k], dur)
+            if stretch is not None:  # processor sharing slows the compute, not the TP collectives' wait
+                comm = sc.fwd_comm if a.kind == "F" else sc.bwd_comm
+                dur = stretch(k, clock[k], dur - comm) + comm
             events[k].append(Event(clock[k], clock[k] + dur, a.kind, a.micro_batch))
             clock[k] += dur
         elif a.kind in ("SEND_F", "SEND_B"):
@@ -345,7 +353,7 @@ def _core_share(cluster: "Cluster", devices: list[int], cost: CostModel) -> floa
     return max(cost.core_share(len(cluster.nodes[cluster.node_index(d)].ranks)) for d in devices)
 
 
-_SHARING_ROUNDS = 30
+_SHARING_ROUNDS = 20
 _COMPUTING = ("F", "B", "optim")
 Stretch = Callable[[StageKey, float, float], float]  # (stage, start, seconds of work alone) -> seconds it takes
 

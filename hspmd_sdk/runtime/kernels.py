@@ -196,8 +196,8 @@ def positions(x: torch.Tensor, *, position_offset: int = 0, documents: tuple[int
     """``[B, S]`` int64 positions ``offset .. offset+S-1`` of every row (``documents``: of one packed row,
     restarting at 0 at each document)."""
     b, s = x.shape[0], x.shape[1]
-    if documents is not None:
-        pos = document_positions(tuple(documents), int(position_offset), int(s)).to(x.device)
+    if documents is not None:  # a copy: the cached positions are shared by every layer and micro-batch
+        pos = document_positions(tuple(documents), int(position_offset), int(s)).to(x.device, copy=True)
     else:
         pos = torch.arange(position_offset, position_offset + s, dtype=torch.int64, device=x.device)
     return pos.unsqueeze(0).expand(b, s)
@@ -304,15 +304,29 @@ def register_kernel(kind: str, fn: Callable[..., Any], *,
     return KERNELS[kind]
 
 
+#: tokenwise ops that still mix positions when they work along the sequence dim: their attribute naming the dim(s)
+_ALONG = {"split": "dim", "concat": "dim", "sum": "dims"}
+
+
 def packing_problems(graph: Any) -> list[str]:
     """Why micro-batches packing several documents in a row cannot run ``graph`` (empty: they can): every op kind
-    whose kernel does not say how it takes them (:attr:`Kernel.packing`)."""
+    whose kernel does not say how it takes them (:attr:`Kernel.packing`), and every ``split`` / ``concat`` /
+    ``sum`` along the sequence dim ``S`` (those would mix the documents of a row)."""
+    from ..core.symbolic import symbols_of
+
     out = []
     for kind in sorted({n.kind for n in graph.nodes if n.kind not in ("placeholder", "parameter", "Reshard")}):
         k = KERNELS.get(kind)
         if k is None or k.packing is None:
             out.append(f"op kind {kind!r} has no packing rule (register_kernel(..., packing='tokenwise' or "
                        "'documents'))")
+    for n in graph.nodes:
+        if n.kind in _ALONG and n.inputs:
+            dims = n.attr.get(_ALONG[n.kind])
+            dims = [] if dims is None else [dims] if isinstance(dims, int) else list(dims)
+            shape = graph.tensors[n.inputs[0]].shape
+            if any("S" in symbols_of(shape[d]) for d in dims if -len(shape) <= d < len(shape)):
+                out.append(f"node {n.name!r} ({n.kind}) works along the sequence dim of {n.inputs[0]!r}")
     return out
 
 

@@ -32,7 +32,7 @@ candidate that step's dispatch picks -- or under another list of candidates -- r
 Packing (default where the model allows it, ``packing=False`` pads): a micro-batch is one row holding its
 sequences back to back, at most the pipeline's window in tokens, with no padding; the executor gives the kernels
 the sequences' lengths (:attr:`~.kernels.KernelContext.documents`), attention runs within each sequence (one
-``scaled_dot_product_attention`` per run of equal lengths: work ``sum(length**2)``, not ``row**2``) and RoPE /
+``scaled_dot_product_attention`` per sequence: work ``sum(length**2)``, not ``row**2``) and RoPE /
 learned positions restart at 0 at each, so each sequence is computed exactly as on its own.  A model with an op
 whose kernel declares no packing rule (:func:`~.kernels.packing_problems`) gets padded micro-batches: ``rows x
 longest``, padding targets ``-100``, and a causal mask over right padding leaves real positions as they are.
@@ -146,6 +146,10 @@ def micro_batch_feeds(model: Any, graph: Any, sequences: Sequence[np.ndarray], *
 
     if packed:
         parts = [model.feeds(torch.as_tensor(np.asarray(q), dtype=torch.int64)[None]) for q in sequences]
+        for k, v in parts[0].items():
+            if not isinstance(v, torch.Tensor) or v.dim() < 2 or v.shape[0] != 1:
+                raise HSPMDError(f"packing needs every feed of model.feeds as [1, S, ...] for one sequence; feed "
+                                 f"{k!r} is {tuple(getattr(v, 'shape', ()))}: pass packing=False")
         return {k: torch.cat([p[k] for p in parts], dim=1) for k in parts[0]}
 
     feeds = dict(model.feeds(padded_rows(sequences, IGNORE_INDEX)))
