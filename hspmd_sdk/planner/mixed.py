@@ -569,9 +569,9 @@ def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[i
 
     ``packing``: the runtime will pack micro-batches (``launch(programs)``'s default for models whose kernels keep
     packed sequences apart): intervals are also priced as window-sized packed rows (no padding, attention per
-    sequence), which favours fewer, fuller micro-batches and so pipelines, and ``widen`` may raise windows past
-    the context (2, 4, 8 times it, up to ``tokens_per_batch``): a packed row's attention stays per sequence.  Default ``False``: priced as padded
-    micro-batches (an upper bound on what packing costs).
+    sequence), which favours fewer, fuller micro-batches, and ``widen`` may raise windows past the context (2, 4,
+    8 times it, up to ``tokens_per_batch``): a packed row's attention stays per sequence.  Default ``False``:
+    priced as padded micro-batches (an upper bound on what packing costs).
     """
     from ..models.registry import load_model_spec
 

@@ -7,8 +7,9 @@ simulator's stage cost (:func:`hspmd_sdk.planner.simulator._stage_cost`, i.e. th
 ``rows * length**2`` (attention scores), plus fixed latencies, so :class:`StageCost` samples it at three shapes,
 solves for the three coefficients of each quantity (forward and backward seconds, kept activation bytes, transient
 bytes) and checks the fit at two more shapes (a row packing documents is the same line with the sum of their
-squared lengths as the attention term: attention runs per document); when a cost model or model is not of that form the check fails and
-every shape is evaluated directly (cached).  Dispatching a step then costs a few multiplications per sequence.
+squared lengths as the attention term: attention runs per document); when a cost model or model is not of that
+form the check fails and every shape is evaluated directly (cached).  Dispatching a step then costs a few
+multiplications per sequence.
 
 :class:`PipelineCost` estimates a pipeline's 1F1B time for a list of micro-batch shapes:
 ``sum over micro-batches of the bottleneck stage time`` plus one fill and drain (every other stage once, and the
