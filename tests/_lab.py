@@ -43,17 +43,19 @@ def notebook(cells: list[str], path: Path) -> Path:
 class Lab:
     """A running JupyterLab: ``url(name)`` opens a notebook of its root."""
 
-    def __init__(self, root: Path, port: int, token: str, proc: subprocess.Popen) -> None:
-        self.root, self.port, self.token, self.proc = root, port, token, proc
+    def __init__(self, root: Path, port: int, token: str, proc: subprocess.Popen, runtime: Path) -> None:
+        self.root, self.port, self.token, self.proc, self.runtime = root, port, token, proc, runtime
 
     def url(self, name: str, workspace: str | None = None) -> str:
         """The notebook ``name`` in JupyterLab (in a fresh ``workspace`` of its own, if named)."""
         where = f"workspaces/{workspace}/tree" if workspace else "tree"
         return f"http://127.0.0.1:{self.port}/lab/{where}/{name}?token={self.token}" + ("&reset" if workspace else "")
 
-    def api(self, path: str, method: str = "GET") -> Any:
+    def api(self, path: str, method: str = "GET", body: Any = None) -> Any:
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
-                                     headers={"Authorization": f"token {self.token}"})
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"token {self.token}",
+                                              "Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=10) as r:
             body = r.read()
         return json.loads(body) if body else None
@@ -61,6 +63,26 @@ class Lab:
     def shutdown_kernels(self) -> None:
         for s in self.api("/api/sessions"):
             self.api(f"/api/sessions/{s['id']}", "DELETE")
+
+    def start_kernel(self, name: str, timeout_s: float = 60) -> None:
+        """Start the notebook ``name``'s session (a fresh python3 kernel) and wait until the kernel is idle, as
+        JupyterLab's own "open" would start it; the notebook opened next attaches to it."""
+        s = self.api("/api/sessions", "POST", {"path": name, "name": name, "type": "notebook",
+                                                "kernel": {"name": "python3"}})
+        end = time.monotonic() + timeout_s
+        conn = self.runtime / f"kernel-{s['kernel']['id']}.json"
+        while not conn.exists():
+            if time.monotonic() > end:
+                raise TimeoutError(f"no connection file {conn} for the kernel of {name} after {timeout_s:.0f} s")
+            time.sleep(0.2)
+        from jupyter_client import BlockingKernelClient
+        client = BlockingKernelClient(connection_file=str(conn))
+        client.load_connection_file()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=max(1.0, end - time.monotonic()))  # kernel_info answered
+        finally:
+            client.stop_channels()
 
 
 @contextmanager
@@ -88,7 +110,7 @@ def jupyter_lab(tmp: Path, *, save_widget_state: bool = True) -> Iterator[Lab]:
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_ready(f"http://127.0.0.1:{port}/api/status?token={token}", proc, 90)
-        yield Lab(root, port, token, proc)
+        yield Lab(root, port, token, proc, tmp / "rt")
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -428,17 +428,36 @@ def test_reopening_the_saved_notebook_shows_no_widget_error(session, lab, browse
     assert not dangling, dangling  # every child a saved widget refers to is saved too
     assert errors == []
     page.close()  # the user closes the notebook (and JupyterLab), then comes back to it later
-    lab.shutdown_kernels()
-    fresh = browser.new_page(viewport={"width": 1400, "height": 1000})
-    errs: list[str] = []
-    watch_console(fresh, errs)
-    try:
-        open_notebook(fresh, lab.url("editor.ipynb"))
-        fresh.locator(".hspmd-canvas .hc-tile").nth(7).wait_for(timeout=60_000)  # drawn from the saved state
-        fresh.wait_for_timeout(1500)
-        assert "Error displaying widget" not in fresh.locator(".jp-Notebook").inner_text()
-        assert page_problems(fresh) == []
-        fresh.screenshot(path=str(ARTIFACTS / "editor_reopened.png"))
-        assert errs == [], errs
-    finally:
-        fresh.close()
+    # jupyterlab-manager 5 has a race of its own: a restore from the freshly started kernel alone can mark the
+    # manager "restored" before the notebook's saved state is loaded, and a view that waited 2 s for its model then
+    # shows "model not found" for good (seen here when the new kernel starts slowly on a loaded machine; reopening
+    # is tracked upstream in jupyterlab/jupyterlab#15361).  The fresh kernel is therefore started (and idle) before
+    # the notebook opens, and an attempt that still fails with exactly that race's signature and nothing else is
+    # retried.  Our part -- a complete saved state that renders without errors -- fails every attempt if broken.
+    race = "Error displaying widget: model not found"
+    for attempt in range(3):
+        lab.shutdown_kernels()
+        lab.start_kernel("editor.ipynb")
+        fresh = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errs: list[str] = []
+        watch_console(fresh, errs)
+        try:
+            open_notebook(fresh, lab.url("editor.ipynb"))
+            fresh.wait_for_function(  # the first editor drawn from the saved state, or the race seen
+                "r => document.querySelectorAll('.hspmd-canvas .hc-tile').length >= 8"
+                " || document.querySelector('.jp-Notebook').innerText.includes(r)", arg=race, timeout=60_000)
+            fresh.wait_for_timeout(1500)
+            text = fresh.locator(".jp-Notebook").inner_text()
+            raced = (race in text and errs and all(e.startswith("console: Error: widget model not found") for e in errs)
+                     and page_problems(fresh) == ["Error displaying widget"])
+            if raced and attempt < 2:
+                print(f"reopen attempt {attempt + 1}: jupyterlab-manager's restore race; retrying")
+                continue
+            assert "Error displaying widget" not in text, (errs, page_problems(fresh))
+            assert fresh.locator(".hspmd-canvas .hc-tile").count() >= 8
+            assert page_problems(fresh) == []
+            fresh.screenshot(path=str(ARTIFACTS / "editor_reopened.png"))
+            assert errs == [], errs
+            break
+        finally:
+            fresh.close()
