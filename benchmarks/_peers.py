@@ -402,7 +402,7 @@ def emulated_entry(state: Any, spec: Any) -> dict[str, Any]:
         pair = groups[state.rank // 2] if state.rank // 2 < len(groups) else None
     link: dict[str, list] = {"isolated": [], "in_context": [], "burst_s": []}
     times: list[list[float]] = [[] for _ in contestants]
-    comm: list[list[tuple[float, int]]] = [[] for _ in contestants]
+    comm: list[list[tuple[float, int, dict]]] = [[] for _ in contestants]
     try:
         if clock is not None:
             clock.install()
@@ -415,7 +415,7 @@ def emulated_entry(state: Any, spec: Any) -> dict[str, Any]:
                 if rnd >= int(p["warmup"]):
                     times[i].append(dt)
                     if clock is not None:
-                        comm[i].append((clock.seconds, clock.calls))
+                        comm[i].append((clock.seconds, clock.calls, clock.ops))
             if probe:
                 dist.barrier()
                 burst = torch.tensor([compute_burst()], dtype=torch.float64)  # every rank at once
@@ -442,10 +442,11 @@ class _CommClock:
 
     def __init__(self) -> None:
         self.seconds, self.calls = 0.0, 0
+        self.ops: dict[str, list[float]] = {}  # op name -> [calls, bytes of the first tensor, seconds]
         self._orig: dict[str, Any] = {}
 
     def reset(self) -> None:
-        self.seconds, self.calls = 0.0, 0
+        self.seconds, self.calls, self.ops = 0.0, 0, {}
 
     def install(self) -> None:
         for name in self.NAMES:
@@ -462,8 +463,14 @@ class _CommClock:
             try:
                 return fn(*a, **k)
             finally:
-                self.seconds += time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                self.seconds += dt
                 self.calls += 1
+                t = next((x for x in a if isinstance(x, torch.Tensor)), None)
+                tally = self.ops.setdefault(fn.__name__, [0, 0, 0.0])
+                tally[0] += 1
+                tally[1] += 0 if t is None else t.numel() * t.element_size()
+                tally[2] += dt
         return call
 
 
@@ -480,16 +487,21 @@ def compute_burst(n: int = 256, k: int = 150) -> float:
 
 
 def _probe_link(pair: Any, probe: Mapping[str, Any], link: dict[str, list], keep: bool) -> None:
-    """One sweep of the blocking all-reduce on this rank's pair, back to back and in context
-    (:func:`hspmd_sdk.planner.cost.collective_sweep`), under the same load as the steps around it."""
+    """One sweep of the blocking all-reduce on this rank's pair, back to back and in context (after
+    ``probe["compute_s"]`` of compute, and after ``probe["skew_compute_s"]`` when given;
+    :func:`hspmd_sdk.planner.cost.collective_sweep`), under the same load as the steps around it."""
     from hspmd_sdk.planner.cost import collective_sweep
 
     sizes = [int(x) for x in probe["sizes"]]
     iso = collective_sweep(sizes, pair, iters=int(probe.get("isolated_iters", 3)))
     ctx = collective_sweep(sizes, pair, compute_s=float(probe["compute_s"]), iters=int(probe.get("iters", 8)))
+    long = (collective_sweep(sizes, pair, compute_s=float(probe["skew_compute_s"]), iters=int(probe.get("iters", 8)))
+            if probe.get("skew_compute_s") else None)
     if keep:
         link["isolated"].append(iso)
         link["in_context"].append(ctx)
+        if long is not None:
+            link.setdefault("in_context_long", []).append(long)
 
 
 def breakdown_entry(state: Any, spec: Any) -> dict[str, Any]:

@@ -19,7 +19,9 @@ count (compute shared when more ranks than cores).  Two models of the link, both
   -- the link's floor; the TP activations counted as if sequence parallel (``sequence_parallel=True``).
 * ``as run`` (issue 17): the blocking all-reduce timed the way the executor issues it, between bursts of compute,
   copies in and out included (:func:`hspmd_sdk.planner.cost.collective_sweep`), which adds a per-call latency
-  (``LinkOverride.call_latency``: waking up, being scheduled, skew) and the in-context bandwidth; the norms and
+  (``LinkOverride.call_latency``: waking up, being scheduled) and the in-context bandwidth; timed again after a
+  longer burst (8 ms instead of 2 ms), the growth of the wait with the compute before a call is the skew
+  (``LinkOverride.skew``: the slowest member arrives later the longer they all computed); the norms and
   residuals computed whole on every device of a TP group (``sequence_parallel=False``, as the runtime does).
 
 Both are measured *inside each job*: after every round of steps, ranks (0, 1), (2, 3), ... sweep the link sizes
@@ -68,7 +70,8 @@ STRATEGIES = {
     4: {"hetero_tiny_layout": strategy([pipe([([0, 1], [0, 1]), ([2], [2, L])], 2, 3), pipe([([3], [0, L])], 2, 1)],
                                        "example_hetero_tiny layout")},
 }
-COMPUTE_S = 2e-3  # compute before each in-context all-reduce: about a TP2 half-layer of the bench model
+COMPUTE_S = 2e-3  # compute before each in-context all-reduce (short), and the longer one that measures the skew
+SKEW_COMPUTE_S = 8e-3
 
 
 def measure(world: int, strats: dict[str, Any], args: argparse.Namespace) -> tuple[dict[str, list[float]], dict,
@@ -81,7 +84,7 @@ def measure(world: int, strats: dict[str, Any], args: argparse.Namespace) -> tup
     runs = [training_run(program_of(BENCH_MODEL, s, cluster), steps=1, seed=SEED, seq_len=SEQ, lr=LR,
                          cluster=cluster) for s in strats.values()]
     payload = {"runs": runs, "factors": {}, "rounds": args.rounds, "warmup": args.warmup, "threads": 1,
-               "link_probe": {"sizes": list(LINK_SIZES), "compute_s": COMPUTE_S},
+               "link_probe": {"sizes": list(LINK_SIZES), "compute_s": COMPUTE_S, "skew_compute_s": SKEW_COMPUTE_S},
                "time_comm": True}
     res = launch(None, cluster, steps=1, entry="benchmarks._peers:emulated_entry", payload=payload, timeout_s=900,
                  transport=LocalTransport(cwd=str(REPO))).wait()
@@ -95,16 +98,20 @@ def link_models(parent: Any, samples: dict) -> tuple[Any, Any, dict]:
     rounds); point-to-point figures from ``parent`` (this process's :func:`profile_link`)."""
     from hspmd_sdk.planner.cost import LINK_SIZES, fit_link
 
-    iso = [median([r[i] for r in samples["isolated"]]) for i in range(len(LINK_SIZES))]
-    ctx = [median([r[i] for r in samples["in_context"]]) for i in range(len(LINK_SIZES))]
+    def med(key: str) -> list[float]:
+        return [median([r[i] for r in samples[key]]) for i in range(len(LINK_SIZES))]
+
+    iso, ctx, long = med("isolated"), med("in_context"), med("in_context_long")
     p2p = [parent.latency + n / parent.bandwidth for n in LINK_SIZES]  # the parent's p2p line
-    raw = {"sizes": list(LINK_SIZES), "isolated_s": iso, "in_context_s": ctx}
-    return fit_link(LINK_SIZES, p2p, iso, backend="gloo"), fit_link(LINK_SIZES, p2p, iso, ctx, backend="gloo"), raw
+    raw = {"sizes": list(LINK_SIZES), "isolated_s": iso, "in_context_s": ctx, "in_context_long_s": long}
+    return (fit_link(LINK_SIZES, p2p, iso, backend="gloo"),
+            fit_link(LINK_SIZES, p2p, iso, ctx, backend="gloo", in_context_long=long,
+                     compute_s=(COMPUTE_S, SKEW_COMPUTE_S)), raw)
 
 
 def describe(lk: Any) -> str:
     return (f"step {lk.collective_latency * 1e6:.0f} us + {lk.collective_bandwidth / 1e9:.2f} GB/s, per call "
-            f"{lk.call_latency * 1e6:.0f} us")
+            f"{lk.call_latency * 1e6:.0f} us, skew {lk.skew:.3f} s/s of compute")
 
 
 def with_share(cost: Any, share: float) -> Any:

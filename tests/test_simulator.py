@@ -275,6 +275,46 @@ def test_call_latency_and_tp_collectives_counted_by_hand() -> None:
     assert (got.collective_latency, got.call_latency, got.collective_bandwidth) == pytest.approx((2e-4, 1.1e-3, 4e8))
     back = fit_link(sizes, [5e-5 + s / 2e9 for s in sizes], [4e-4 + s / 1e9 for s in sizes])
     assert (back.call_latency, back.collective_bandwidth) == pytest.approx((0.0, 1e9))
+    # the skew: after 2 ms of compute a call waits 0.2 ms more than its floor + call latency, after 8 ms 0.8 ms
+    skewed = fit_link(sizes, [5e-5 + s / 2e9 for s in sizes], [4e-4 + s / 1e9 for s in sizes],
+                      [4e-4 + 7e-4 + 0.1 * 2e-3 + s / 4e8 for s in sizes], compute_s=(2e-3, 8e-3),
+                      in_context_long=[4e-4 + 7e-4 + 0.1 * 8e-3 + s / 4e8 for s in sizes])
+    assert (skewed.skew, skewed.call_latency, skewed.collective_bandwidth) == pytest.approx((0.1, 7e-4, 4e8))
+    with pytest.raises(ValueError, match="compute_s"):
+        fit_link(sizes, [1e-4] * 3, [1e-4] * 3, [1e-4] * 3, in_context_long=[1e-4] * 3)
+
+
+def test_skew_is_paid_after_the_compute_before_each_blocking_tp_collective() -> None:
+    """``LinkOverride.skew``: a TP group's blocking collectives wait ``skew`` seconds per second of compute before
+    them (the layer's forward before its two forward all-reduces, its backward before the backward ones, the head
+    before the logits' gather and its input-gradient all-reduce); nothing without TP or with ``skew`` 0."""
+    from hspmd_sdk.planner.cost import LinkOverride, OperatorProfile, head_cost, layer_cost
+
+    line = ComputeFit(a=1e-9, b=1e-5)
+    prof = OperatorProfile(layer_fwd=line, layer_bwd=line, head_fwd=line, head_bwd=line)
+    base = LinkOverride(latency=1e-4, bandwidth=1e9, collective_latency=2e-4, collective_bandwidth=5e8,
+                        call_latency=1e-3)
+    plain = CostModel(profiles={"cpu": prof}, link_overrides={"intra": base})
+    skewed = plain.model_copy(update={"link_overrides": {"intra": base.model_copy(update={"skew": 0.25})}})
+    cl, m = Cluster.local(2), LlamaConfig.preset("tiny")
+    link, spec = cl.link(0, 1), cl.spec(0)
+    assert skewed.collective_skew(2, link) == 0.25 and skewed.collective_skew(1, link) == 0.0
+    assert skewed.collective_skew(2, cl.link(0, 0)) == 0.0 and plain.collective_skew(2, link) == 0.0
+    for recompute in (False, True):
+        a = layer_cost(m, spec, 2, link, 2, 16, plain, recompute=recompute)
+        b = layer_cost(m, spec, 2, link, 2, 16, skewed, recompute=recompute)
+        assert (b.fwd_compute, b.bwd_compute) == (a.fwd_compute, a.bwd_compute)
+        assert b.fwd_comm - a.fwd_comm == pytest.approx(0.25 * a.fwd_compute)
+        assert b.bwd_comm - a.bwd_comm == pytest.approx(0.25 * a.bwd_compute)  # the recomputed forward included
+    ha, hb = head_cost(m, spec, 2, link, 2, 16, plain), head_cost(m, spec, 2, link, 2, 16, skewed)
+    assert (hb.fwd_comm - ha.fwd_comm, hb.bwd_comm - ha.bwd_comm) == pytest.approx(
+        (0.25 * ha.fwd_compute, 0.25 * ha.bwd_compute))
+    one = layer_cost(m, spec, 1, cl.link(0, 0), 2, 16, skewed)
+    assert one.fwd_comm == one.bwd_comm == 0.0
+    strat = Strategy.load({"pipelines": [{"stages": [{"devices": [0, 1], "layers": [0, m.num_layers - 1]}],
+                                          "micro_batch_size": 2, "num_micro_batches": 2}]})
+    assert simulate(m, strat, cl, seq_len=16, cost=skewed).step_time > simulate(m, strat, cl, seq_len=16,
+                                                                                cost=plain).step_time
 
 
 @pytest.mark.timeout(120)
@@ -285,7 +325,9 @@ def test_profile_link_measures_gloo_between_two_processes() -> None:
 
     lk = profile_link(sizes=(4096, 262144), repeats=2, compute_s=5e-4)
     assert lk.backend == "gloo" and lk.bandwidth > 0 and lk.collective_bandwidth > 0
-    assert lk.latency >= 0 and lk.collective_latency >= 0 and lk.call_latency >= 0
+    assert lk.latency >= 0 and lk.collective_latency >= 0 and lk.call_latency >= 0 and lk.skew >= 0
+    with pytest.raises(ValueError, match="skew_compute_s"):
+        profile_link(compute_s=1e-2, skew_compute_s=5e-3)  # refused before any process starts
     c = CostModel(link_overrides={"intra": lk})
     link = Cluster.local(2).link(0, 1)
     assert c.collective_time("all_reduce", 262144, 2, link) >= lk.call_latency + 2 * lk.collective_latency

@@ -117,11 +117,16 @@ class LinkOverride(BaseModel):
     :func:`profile_link`).  ``latency``/``bandwidth`` (s, bytes/s) cost point-to-point transfers;
     ``collective_latency``/``collective_bandwidth`` cost each step of a ring collective (default: the p2p
     figures).  ``call_latency``: what one *blocking* collective call costs beyond its ring steps when it is issued
-    the way the executor issues it, between bursts of compute: the processes were busy or asleep, have to be woken
-    and scheduled, and skew by the jitter of the compute before it; measured by :func:`profile_link` as the
-    difference between the in-context and the back-to-back all-reduce (0: not measured).  A collective costs
-    ``call_latency + steps * collective_latency + volume / collective_bandwidth``.  Measured figures already include
-    the achieved efficiency, so ``p2p_efficiency`` and ``collective_efficiency`` are not applied on an overridden
+    the way the executor issues it, between bursts of compute: the processes were busy or asleep and have to be
+    woken and scheduled; measured by :func:`profile_link` as the difference between the in-context and the
+    back-to-back all-reduce (0: not measured).  ``skew``: the wait for the group's slowest member, in seconds per
+    second of compute each member did since its previous blocking collective -- on a shared machine the same work
+    takes a different time on each member (preemption, cache and frequency jitter), and the collective starts when
+    the last one arrives; measured by :func:`profile_link` from the in-context all-reduce after two lengths of
+    compute (0: not measured; dedicated accelerators run the same kernels in the same time and show ~0).  A
+    collective costs ``call_latency + steps * collective_latency + volume / collective_bandwidth``, plus ``skew``
+    times the compute before it (:func:`layer_cost`, :func:`head_cost`).  Measured figures already include the
+    achieved efficiency, so ``p2p_efficiency`` and ``collective_efficiency`` are not applied on an overridden
     link."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -132,6 +137,8 @@ class LinkOverride(BaseModel):
     collective_bandwidth: float | None = Field(default=None, gt=0)
     call_latency: float = Field(default=0.0, ge=0, description="seconds every blocking collective call pays once, "
                                 "on top of its ring steps (see profile_link)")
+    skew: float = Field(default=0.0, ge=0, description="seconds a blocking collective waits for its slowest member "
+                        "per second of compute before it (see profile_link)")
     backend: str = ""
 
 
@@ -231,6 +238,14 @@ class CostModel(BaseModel):
             return self.comm_scale * (o.call_latency + steps * lat + volume / bw)
         return self.comm_scale * (steps * link.latency + volume / (link.bandwidth * self.collective_efficiency))
 
+    def collective_skew(self, n: int, link: "Link") -> float:
+        """Seconds a blocking collective over ``n`` devices whose slowest link is ``link`` waits for its slowest
+        member per second of compute each did before it (:attr:`LinkOverride.skew`; 0 without a measured link)."""
+        o = self.link_overrides.get(link.cls)
+        if n <= 1 or o is None or link.cls == "self":
+            return 0.0
+        return self.comm_scale * o.skew
+
     def core_share(self, ranks_on_node: int) -> float:
         """The slowdown of compute when ``ranks_on_node`` ranks share ``cores`` cores: ``max(1, ranks / cores)``
         (1 when ``cores`` is unset).  An approximation, see the class docstring."""
@@ -288,7 +303,8 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
     Compute: ``layer_flops / tp``; with a profile and without ``cost.sequence_parallel``, plus ``1 - 1/tp`` of the
     profiled replicated part (norms and residuals, which every device of the group computes whole).  TP
     communication (Megatron): two all-reduces of ``tokens x hidden`` bf16 in the forward and two in the backward
-    (two more when the backward recomputes the forward).  Activations:
+    (two more when the backward recomputes the forward), plus the link's ``skew`` times the compute before them
+    (:meth:`CostModel.collective_skew`).  Activations:
     :meth:`ModelSpec.layer_activation_bytes` divided by ``tp`` (with ``cost.sequence_parallel``; without it the
     RMSNorm inputs/outputs, ``4 * hidden`` per token, stay replicated); with ``recompute`` only the layer input
     is kept and one layer's full activations are transient.
@@ -309,8 +325,10 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
     ar = cost.collective_time("all_reduce", tokens * model.hidden_size * BF16, tp, tp_link)
     full_act = _layer_activation_bytes(model, tokens, tp, cost.sequence_parallel)
     bwd += fwd if recompute else 0.0
+    skew = cost.collective_skew(tp, tp_link)  # every stretch of compute ends at one of the blocking all-reduces
     return LayerCost(
-        fwd_compute=fwd, bwd_compute=bwd, fwd_comm=2 * ar, bwd_comm=(4 if recompute else 2) * ar,
+        fwd_compute=fwd, bwd_compute=bwd, fwd_comm=2 * ar + skew * fwd,
+        bwd_comm=(4 if recompute else 2) * ar + skew * bwd,
         act_bytes=tokens * model.hidden_size * BF16 / (tp if cost.sequence_parallel else 1) if recompute
         else full_act,
         transient_bytes=full_act if recompute else 0.0,
@@ -369,8 +387,9 @@ def head_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", 
     else:
         fwd = cost.compute_time(flops, spec)
         bwd = cost.backward_factor * fwd
-    fwd_comm = cost.collective_time("all_gather", tokens * model.vocab_size * BF16, tp, tp_link)
-    bwd_comm = cost.collective_time("all_reduce", tokens * model.hidden_size * BF16, tp, tp_link)
+    skew = cost.collective_skew(tp, tp_link)  # the logits' gather waits for the head, the input's all-reduce too
+    fwd_comm = cost.collective_time("all_gather", tokens * model.vocab_size * BF16, tp, tp_link) + skew * fwd
+    bwd_comm = cost.collective_time("all_reduce", tokens * model.hidden_size * BF16, tp, tp_link) + skew * bwd
     return LayerCost(fwd_compute=fwd, bwd_compute=bwd, fwd_comm=fwd_comm, bwd_comm=bwd_comm,
                      act_bytes=tokens * model.hidden_size * BF16,
                      transient_bytes=2 * tokens * model.vocab_size * FP32 / tp,
@@ -639,7 +658,8 @@ CONTEXT_ITERS = 8
 
 
 def profile_link(backend: str = "gloo", sizes: Sequence[int] = LINK_SIZES, *, repeats: int = 10,
-                 timeout_s: float = 60.0, compute_s: float = 2e-3, procs: int = 2) -> LinkOverride:
+                 timeout_s: float = 60.0, compute_s: float = 2e-3, skew_compute_s: float | None = 8e-3,
+                 procs: int = 2) -> LinkOverride:
     """Measure the link between local processes with ``backend`` (default gloo over loopback).
 
     Spawns ``procs`` processes (``torch.multiprocessing``, ``init_process_group(timeout=...)`` on a free local
@@ -650,13 +670,15 @@ def profile_link(backend: str = "gloo", sizes: Sequence[int] = LINK_SIZES, *, re
       ``all_reduce``s, each after a barrier (median): the link's floor;
     * in context (``compute_s > 0``): ``repeats`` sweeps of :func:`collective_sweep` -- the all-reduce the way the
       executor issues a TP all-reduce, after about ``compute_s`` of compute, copy in and out included; the mean
-      of a sweep (what a step pays, tail included), median over sweeps.
+      of a sweep (what a step pays, tail included), median over sweeps;
+    * the same after ``skew_compute_s`` of compute (``None``: not measured, ``skew`` 0).
 
     and fits ``seconds = latency + bytes / bandwidth`` to each (:func:`fit_link`): p2p -> ``latency``,
     ``bandwidth``; a 2-rank ring all-reduce is 2 steps of half the buffer each, so the back-to-back line ``c + bytes
     * d`` gives the per-step ``collective_latency = c / 2``; the in-context line ``c' + bytes * d'`` gives
-    ``call_latency = c' - c`` and ``collective_bandwidth = 1 / d'``.  Takes a few seconds (process start-up,
-    imports).
+    ``call_latency = c' - c`` and ``collective_bandwidth = 1 / d'``; the longer compute's line ``c''`` gives
+    ``skew = (c'' - c') / (skew_compute_s - compute_s)`` (the wait that grows with the compute before a call), and
+    ``call_latency`` is then ``c' - c - skew * compute_s``.  Takes a few seconds (process start-up, imports).
     """
     import socket
 
@@ -669,7 +691,10 @@ def profile_link(backend: str = "gloo", sizes: Sequence[int] = LINK_SIZES, *, re
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    args = (port, backend, list(sizes), repeats, timeout_s, compute_s, procs, q)
+    if skew_compute_s is not None and not skew_compute_s > compute_s > 0:
+        raise ValueError(f"skew_compute_s must exceed compute_s > 0 (got {skew_compute_s} and {compute_s})")
+    lengths = [compute_s] + ([skew_compute_s] if skew_compute_s is not None else []) if compute_s > 0 else []
+    args = (port, backend, list(sizes), repeats, timeout_s, lengths, procs, q)
     workers = [ctx.Process(target=_link_worker, args=(r, *args)) for r in range(procs)]
     for w in workers:
         w.start()
@@ -682,22 +707,35 @@ def profile_link(backend: str = "gloo", sizes: Sequence[int] = LINK_SIZES, *, re
                 w.terminate()
     if isinstance(res, str):
         raise RuntimeError(f"profile_link failed: {res}")
-    return fit_link(sizes, res["p2p"], res["all_reduce"], res.get("in_context"), backend=backend)
+    ctx = res.get("in_context") or []
+    return fit_link(sizes, res["p2p"], res["all_reduce"], ctx[0] if ctx else None, backend=backend,
+                    in_context_long=ctx[1] if len(ctx) > 1 else None,
+                    compute_s=(compute_s, skew_compute_s) if len(ctx) > 1 else None)
 
 
 def fit_link(sizes: Sequence[int], p2p: Sequence[float], all_reduce: Sequence[float],
-             in_context: Sequence[float] | None = None, *, backend: str = "") -> LinkOverride:
+             in_context: Sequence[float] | None = None, *, backend: str = "",
+             in_context_long: Sequence[float] | None = None,
+             compute_s: tuple[float, float] | None = None) -> LinkOverride:
     """The :class:`LinkOverride` of measured seconds per size (bytes): one-way point-to-point, back-to-back 2-rank
-    all-reduce and (optional) in-context 2-rank all-reduce (see :func:`profile_link`)."""
+    all-reduce and (optional) in-context 2-rank all-reduce after ``compute_s[0]`` seconds of compute, and after
+    ``compute_s[1]`` (``in_context_long``: gives ``skew``; see :func:`profile_link`)."""
     p = _fit_line(sizes, p2p)
     ar = _fit_line(sizes, all_reduce)
     update: dict = {}
     if in_context is not None:
         ctx = _fit_line(sizes, in_context)
         update = {"call_latency": max(0.0, ctx.b - ar.b), "collective_bandwidth": 1.0 / ctx.a if ctx.a > 0 else 1e12}
+        if in_context_long is not None:
+            if compute_s is None or not compute_s[1] > compute_s[0]:
+                raise ValueError(f"fit_link: in_context_long needs compute_s=(short, long) with long > short, got "
+                                 f"{compute_s}")
+            skew = max(0.0, (_fit_line(sizes, in_context_long).b - ctx.b) / (compute_s[1] - compute_s[0]))
+            update.update(skew=skew, call_latency=max(0.0, ctx.b - ar.b - skew * compute_s[0]))
     return LinkOverride(latency=p.b, bandwidth=1.0 / p.a if p.a > 0 else 1e12, collective_latency=ar.b / 2,
                         collective_bandwidth=update.get("collective_bandwidth", 1.0 / ar.a if ar.a > 0 else 1e12),
-                        call_latency=update.get("call_latency", 0.0), backend=backend)
+                        call_latency=update.get("call_latency", 0.0), skew=update.get("skew", 0.0),
+                        backend=backend)
 
 
 def collective_sweep(sizes: Sequence[int], group: object = None, *, compute_s: float = 0.0,
@@ -740,7 +778,7 @@ def collective_sweep(sizes: Sequence[int], group: object = None, *, compute_s: f
 
 
 def _link_worker(rank: int, port: int, backend: str, sizes: list[int], repeats: int, timeout_s: float,
-                 compute_s: float, procs: int, q: object) -> None:
+                 lengths: list[float], procs: int, q: object) -> None:
     import datetime
 
     import torch
@@ -753,7 +791,7 @@ def _link_worker(rank: int, port: int, backend: str, sizes: list[int], repeats: 
         pairs = [dist.new_group([i, i + 1]) for i in range(0, procs, 2)] if procs > 2 else [None]
         pg = pairs[rank // 2]
         peer = rank ^ 1
-        out: dict[str, list[float]] = {"p2p": [], "all_reduce": []}
+        out: dict[str, list] = {"p2p": [], "all_reduce": []}
         for size in sizes:
             t = torch.zeros(max(1, size // 4), dtype=torch.float32)
             pp = []
@@ -771,10 +809,11 @@ def _link_worker(rank: int, port: int, backend: str, sizes: list[int], repeats: 
             out["p2p"].append(sorted(pp)[len(pp) // 2])
         collective_sweep(sizes, pg, iters=2)  # warm-up
         out["all_reduce"] = collective_sweep(sizes, pg, iters=repeats)
-        if compute_s > 0:
+        out["in_context"] = []
+        for compute_s in lengths:  # in context, after each length of compute
             collective_sweep(sizes, pg, compute_s=compute_s, iters=2)  # warm-up
             sweeps = [collective_sweep(sizes, pg, compute_s=compute_s) for _ in range(repeats)]
-            out["in_context"] = [sorted(col)[len(col) // 2] for col in zip(*sweeps)]
+            out["in_context"].append([sorted(col)[len(col) // 2] for col in zip(*sweeps)])
         if rank == 0:
             q.put(out)  # type: ignore[attr-defined]
         dist.destroy_process_group()
