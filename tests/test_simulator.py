@@ -328,6 +328,8 @@ def test_profile_link_measures_gloo_between_two_processes() -> None:
     assert lk.latency >= 0 and lk.collective_latency >= 0 and lk.call_latency >= 0 and lk.skew >= 0
     with pytest.raises(ValueError, match="skew_compute_s"):
         profile_link(compute_s=1e-2, skew_compute_s=5e-3)  # refused before any process starts
+    floor = profile_link(sizes=(4096, 262144), repeats=2, compute_s=0.0)  # back to back only
+    assert floor.call_latency == 0.0 and floor.skew == 0.0
     c = CostModel(link_overrides={"intra": lk})
     link = Cluster.local(2).link(0, 1)
     assert c.collective_time("all_reduce", 262144, 2, link) >= lk.call_latency + 2 * lk.collective_latency

@@ -691,8 +691,8 @@ def profile_link(backend: str = "gloo", sizes: Sequence[int] = LINK_SIZES, *, re
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    if skew_compute_s is not None and not skew_compute_s > compute_s > 0:
-        raise ValueError(f"skew_compute_s must exceed compute_s > 0 (got {skew_compute_s} and {compute_s})")
+    if compute_s > 0 and skew_compute_s is not None and not skew_compute_s > compute_s:
+        raise ValueError(f"profile_link: skew_compute_s must exceed compute_s (got {skew_compute_s} and {compute_s})")
     lengths = [compute_s] + ([skew_compute_s] if skew_compute_s is not None else []) if compute_s > 0 else []
     args = (port, backend, list(sizes), repeats, timeout_s, lengths, procs, q)
     workers = [ctx.Process(target=_link_worker, args=(r, *args)) for r in range(procs)]
@@ -707,10 +707,10 @@ def profile_link(backend: str = "gloo", sizes: Sequence[int] = LINK_SIZES, *, re
                 w.terminate()
     if isinstance(res, str):
         raise RuntimeError(f"profile_link failed: {res}")
-    ctx = res.get("in_context") or []
-    return fit_link(sizes, res["p2p"], res["all_reduce"], ctx[0] if ctx else None, backend=backend,
-                    in_context_long=ctx[1] if len(ctx) > 1 else None,
-                    compute_s=(compute_s, skew_compute_s) if len(ctx) > 1 else None)
+    in_context = res.get("in_context") or []
+    return fit_link(sizes, res["p2p"], res["all_reduce"], in_context[0] if in_context else None, backend=backend,
+                    in_context_long=in_context[1] if len(in_context) > 1 else None,
+                    compute_s=(compute_s, skew_compute_s) if len(in_context) > 1 else None)
 
 
 def fit_link(sizes: Sequence[int], p2p: Sequence[float], all_reduce: Sequence[float],

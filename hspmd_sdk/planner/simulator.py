@@ -18,7 +18,9 @@ Compute comes from the cost model: analytic, a matmul fit (``CostModel.compute_f
 (``CostModel.profiles``, :func:`hspmd_sdk.planner.cost.profile_model`).  Link latency and bandwidth come from
 :meth:`Cluster.link`, unless ``CostModel.link_overrides`` holds measured figures for the link's class (e.g.
 ``"intra"`` for local gloo ranks; with :func:`~hspmd_sdk.planner.cost.profile_link` they include the fixed cost of
-every blocking collective call, ``LinkOverride.call_latency``, which TP's many small all-reduces pay in full).  With ``CostModel.cores`` set and a node holding more ranks than cores
+every blocking collective call, ``LinkOverride.call_latency``, which TP's many small all-reduces pay in full, and
+the wait for the group's slowest member, ``LinkOverride.skew`` times the compute before each call, priced from
+the unshared compute).  With ``CostModel.cores`` set and a node holding more ranks than cores
 (local CPU runs), compute and optimizer time of a device are scaled by processor sharing: the time-weighted mean of
 ``max(1, ranks of its node computing at that moment / cores)`` over its own compute, found as a fixed point of
 the simulated timeline (a rank waiting in a bubble or a collective frees its core).
