@@ -75,9 +75,10 @@ SKEW_COMPUTE_S = 8e-3
 
 
 def measure(world: int, strats: dict[str, Any], args: argparse.Namespace) -> tuple[dict[str, list[float]], dict,
-                                                                                 dict[str, list[float]]]:
+                                                                                 dict[str, list[float]], dict]:
     """One job: every strategy of ``world`` stepped in turn, the link probed after every round.  Returns step
-    times, the link sweeps and rank 0's seconds inside collectives per step."""
+    times, the link sweeps, rank 0's seconds inside collectives per step and its last step's collectives per op
+    (calls, bytes, seconds)."""
     from hspmd_sdk.planner.cost import LINK_SIZES
 
     cluster = Cluster.local(world)
@@ -90,7 +91,8 @@ def measure(world: int, strats: dict[str, Any], args: argparse.Namespace) -> tup
                  transport=LocalTransport(cwd=str(REPO))).wait()
     out = res.results[0]
     return ({n: r["times"] for n, r in zip(strats, out["runs"])}, out.get("link") or {},
-            {n: [c[0] for c in r["collectives"]] for n, r in zip(strats, out["runs"])})
+            {n: [c[0] for c in r["collectives"]] for n, r in zip(strats, out["runs"])},
+            {n: r["collectives"][-1][2] if r["collectives"] else {} for n, r in zip(strats, out["runs"])})
 
 
 def link_models(parent: Any, samples: dict) -> tuple[Any, Any, dict]:
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
         rec: dict[str, Any] = {"profile": json.loads(compute.model_dump_json()), "worlds": {}}
         for world, strats in STRATEGIES.items():
             before, alone = load(), parent_burst()
-            times, link, comm = measure(world, strats, args)
+            times, link, comm, ops = measure(world, strats, args)
             share = median(link["burst_s"]) / alone
             models, links = job_models(compute, parent, link, world, share)
             rec["worlds"][world] = {"links": links, "load": f"{before} -> {load()}", "core_share": share,
@@ -231,6 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
                 mc = median(comm[name])
                 per[name].append({"measured_s": m, "simulated_s": sims, "ratio": {k: m / v for k, v in sims.items()},
                                   "measured_collectives_s": mc, "simulated_comm_s": sims["as_run"] - no_comm,
+                                  "collective_ops_last_step": ops[name],
                                   "times": times[name], "load": rec["worlds"][world]["load"]})
                 print(f"  {strat.name:<27} measured {m * 1e3:7.1f} ms, as run {sims['as_run'] * 1e3:7.1f} ms "
                       f"(x{m / sims['as_run']:.2f}), back-to-back x{m / sims['back_to_back']:.2f}, as run with the "

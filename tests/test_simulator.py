@@ -282,6 +282,8 @@ def test_call_latency_and_tp_collectives_counted_by_hand() -> None:
     assert (skewed.skew, skewed.call_latency, skewed.collective_bandwidth) == pytest.approx((0.1, 7e-4, 4e8))
     with pytest.raises(ValueError, match="compute_s"):
         fit_link(sizes, [1e-4] * 3, [1e-4] * 3, [1e-4] * 3, in_context_long=[1e-4] * 3)
+    with pytest.raises(ValueError, match="in_context"):
+        fit_link(sizes, [1e-4] * 3, [1e-4] * 3, in_context_long=[1e-4] * 3, compute_s=(1e-3, 4e-3))
 
 
 def test_skew_is_paid_after_the_compute_before_each_blocking_tp_collective() -> None:
@@ -328,6 +330,8 @@ def test_profile_link_measures_gloo_between_two_processes() -> None:
     assert lk.latency >= 0 and lk.collective_latency >= 0 and lk.call_latency >= 0 and lk.skew >= 0
     with pytest.raises(ValueError, match="skew_compute_s"):
         profile_link(compute_s=1e-2, skew_compute_s=5e-3)  # refused before any process starts
+    no_skew = profile_link(sizes=(4096, 262144), repeats=2, compute_s=5e-4, skew_compute_s=0)
+    assert no_skew.skew == 0.0 and no_skew.call_latency >= 0
     floor = profile_link(sizes=(4096, 262144), repeats=2, compute_s=0.0)  # back to back only
     assert floor.call_latency == 0.0 and floor.skew == 0.0
     c = CostModel(link_overrides={"intra": lk})

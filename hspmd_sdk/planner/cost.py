@@ -658,7 +658,7 @@ CONTEXT_ITERS = 8
 
 
 def profile_link(backend: str = "gloo", sizes: Sequence[int] = LINK_SIZES, *, repeats: int = 10,
-                 timeout_s: float = 60.0, compute_s: float = 2e-3, skew_compute_s: float | None = 8e-3,
+                 timeout_s: float = 60.0, compute_s: float = 2e-3, skew_compute_s: float | None = None,
                  procs: int = 2) -> LinkOverride:
     """Measure the link between local processes with ``backend`` (default gloo over loopback).
 
@@ -671,14 +671,16 @@ def profile_link(backend: str = "gloo", sizes: Sequence[int] = LINK_SIZES, *, re
     * in context (``compute_s > 0``): ``repeats`` sweeps of :func:`collective_sweep` -- the all-reduce the way the
       executor issues a TP all-reduce, after about ``compute_s`` of compute, copy in and out included; the mean
       of a sweep (what a step pays, tail included), median over sweeps;
-    * the same after ``skew_compute_s`` of compute (``None``: not measured, ``skew`` 0).
+    * the same after ``skew_compute_s`` of compute (default ``4 * compute_s``; ``0``: not measured, ``skew`` 0).
 
     and fits ``seconds = latency + bytes / bandwidth`` to each (:func:`fit_link`): p2p -> ``latency``,
     ``bandwidth``; a 2-rank ring all-reduce is 2 steps of half the buffer each, so the back-to-back line ``c + bytes
     * d`` gives the per-step ``collective_latency = c / 2``; the in-context line ``c' + bytes * d'`` gives
     ``call_latency = c' - c`` and ``collective_bandwidth = 1 / d'``; the longer compute's line ``c''`` gives
     ``skew = (c'' - c') / (skew_compute_s - compute_s)`` (the wait that grows with the compute before a call), and
-    ``call_latency`` is then ``c' - c - skew * compute_s``.  Takes a few seconds (process start-up, imports).
+    ``call_latency`` is then ``c' - c - skew * compute_s``.  The members agree on the number of matmuls of each
+    burst (the largest), so they do the same work.  Takes a few seconds (process start-up, imports; the skew's
+    sweeps add ``repeats * len(sizes) * 8`` calls after ``skew_compute_s`` each, ~2.6 s by default).
     """
     import socket
 
@@ -691,9 +693,12 @@ def profile_link(backend: str = "gloo", sizes: Sequence[int] = LINK_SIZES, *, re
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    if compute_s > 0 and skew_compute_s is not None and not skew_compute_s > compute_s:
-        raise ValueError(f"profile_link: skew_compute_s must exceed compute_s (got {skew_compute_s} and {compute_s})")
-    lengths = [compute_s] + ([skew_compute_s] if skew_compute_s is not None else []) if compute_s > 0 else []
+    if skew_compute_s is None:
+        skew_compute_s = 4 * compute_s
+    if compute_s > 0 and skew_compute_s and not skew_compute_s > compute_s:
+        raise ValueError(f"profile_link: skew_compute_s must exceed compute_s (got {skew_compute_s} and {compute_s}; "
+                         f"0 measures no skew)")
+    lengths = [compute_s] + ([skew_compute_s] if skew_compute_s else []) if compute_s > 0 else []
     args = (port, backend, list(sizes), repeats, timeout_s, lengths, procs, q)
     workers = [ctx.Process(target=_link_worker, args=(r, *args)) for r in range(procs)]
     for w in workers:
@@ -720,6 +725,8 @@ def fit_link(sizes: Sequence[int], p2p: Sequence[float], all_reduce: Sequence[fl
     """The :class:`LinkOverride` of measured seconds per size (bytes): one-way point-to-point, back-to-back 2-rank
     all-reduce and (optional) in-context 2-rank all-reduce after ``compute_s[0]`` seconds of compute, and after
     ``compute_s[1]`` (``in_context_long``: gives ``skew``; see :func:`profile_link`)."""
+    if in_context_long is not None and in_context is None:
+        raise ValueError("fit_link: in_context_long needs in_context (the shorter compute's sweep) too")
     p = _fit_line(sizes, p2p)
     ar = _fit_line(sizes, all_reduce)
     update: dict = {}
@@ -758,6 +765,9 @@ def collective_sweep(sizes: Sequence[int], group: object = None, *, compute_s: f
         for _ in range(4):
             a @ a
         bursts = max(1, round(compute_s / ((time.perf_counter() - t0) / 4)))
+        agreed = torch.tensor([bursts])  # every member does the same work, as TP ranks do
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+        bursts = int(agreed)
     out = []
     for size in sizes:
         x = torch.randn(max(1, size // 4))
