@@ -415,7 +415,7 @@ def emulated_entry(state: Any, spec: Any) -> dict[str, Any]:
                 if rnd >= int(p["warmup"]):
                     times[i].append(dt)
                     if clock is not None:
-                        comm[i].append((clock.seconds, clock.calls, clock.ops))
+                        comm[i].append((clock.seconds, clock.calls, {k: list(v) for k, v in clock.ops.items()}))
             if probe:
                 dist.barrier()
                 burst = torch.tensor([compute_burst()], dtype=torch.float64)  # every rank at once
