@@ -10,7 +10,8 @@ sides, so a step's time is the wall time of the slowest rank.  The first ``warmu
 dropped.
 
 Peers (all torch-only, training the same parameters from :func:`hspmd_sdk.models.build_reference` with
-``torch.optim.Adam`` on the same global batches):
+``torch.optim.Adam`` on the same global batches; ``adam: "fused"`` in a peer's options gives it torch's fused
+Adam kernel, the one our ranks run, instead of torch's default, :func:`peer_adam`):
 
 * ``ddp``: ``DistributedDataParallel`` on the reference module, each rank its ``B / world`` rows (``autocast:
   "bf16"``: its forward under ``torch.autocast`` bf16 — torch's own bf16 recipe, fp32 weights and all-reduce);
@@ -43,6 +44,16 @@ __all__ = ["bench_entry", "LinearLlama"]
 
 
 # ---- contestants ----------------------------------------------------------------------------------------------
+def peer_adam(params: Any, run: Mapping[str, Any], conf: Mapping[str, Any]) -> torch.optim.Adam:
+    """The peer's ``torch.optim.Adam``: ``conf["adam"] == "fused"`` torch's fused kernel (the one our ranks run,
+    :meth:`hspmd_sdk.runtime.executor.AdamConfig.build`), else torch's default for these tensors (on CPU the
+    for-loop implementation: what a user of ``torch.optim.Adam(params, lr)`` gets)."""
+    params = list(params)
+    if conf.get("adam", "default") == "fused":
+        return torch.optim.Adam(params, lr=run["adam"]["lr"], fused=True)
+    return torch.optim.Adam(params, lr=run["adam"]["lr"])
+
+
 class _Ours:
     """HSPMD's executor on this rank (what :func:`hspmd_sdk.runtime.train._train_one` builds)."""
 
@@ -87,7 +98,7 @@ class _PeerDDP:
 
         config = LlamaConfig.model_validate(run["config"])
         self.module = DDP(_LossModule(build_reference(config, int(run["seed"]))))
-        self.opt = torch.optim.Adam(self.module.parameters(), lr=run["adam"]["lr"])
+        self.opt = peer_adam(self.module.parameters(), run, conf)
         w, r = dist.get_world_size(), dist.get_rank()
         rows = int(run["global_batch"]) // w
         self.rows = slice(r * rows, (r + 1) * rows)
@@ -186,7 +197,7 @@ class _PeerTPDDP:
         else:
             self.module = model
         self.model = model
-        self.opt = torch.optim.Adam(model.parameters(), lr=run["adam"]["lr"])
+        self.opt = peer_adam(model.parameters(), run, conf)
         rows = int(run["global_batch"]) // dp
         i = mesh["dp"].get_local_rank()
         self.rows = slice(i * rows, (i + 1) * rows)
@@ -252,7 +263,7 @@ class _PeerPipeline:
 
         cls = ScheduleGPipe if conf.get("schedule") == "gpipe" else Schedule1F1B
         self.sched = cls(stage, n_microbatches=int(conf["num_micro_batches"]), loss_fn=loss_fn)
-        self.opt = torch.optim.Adam(self.stage_mod.parameters(), lr=run["adam"]["lr"])
+        self.opt = peer_adam(self.stage_mod.parameters(), run, conf)
 
     def step(self, batch: torch.Tensor) -> float:
         self.opt.zero_grad(set_to_none=True)

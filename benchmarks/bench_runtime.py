@@ -20,6 +20,8 @@ is the median after warm-up, and the ratio is ours / peer (< 1: we are faster).
     with its forward under ``torch.autocast`` bf16 (fp32 weights, gradients and all-reduce) on the same model.
 
 ``--bucket-mb`` / ``--first-bucket-mb`` set our gradient buckets' caps (default: the executor's, DDP's 25 / 1 MiB).
+``--peer-adam``: the peers' Adam, ``fused`` (default: torch's fused kernel, the one our ranks run, so the ratio
+compares the distributed runtimes) or ``default`` (``torch.optim.Adam``'s default on CPU, the for-loop one).
 
 Run: ``python benchmarks/bench_runtime.py`` (about 10 min on 2 cores); ``--quick`` for a smoke run (~2 min);
 ``--only a,c`` for some parts.  Figures: ``benchmarks/results/runtime.json``; the tables are in
@@ -102,6 +104,7 @@ def versus(name: str, strat: Strategy, peer: dict[str, Any], world: int, args: a
     cluster = Cluster.local(world)
     run = training_run(program_of(BENCH_MODEL, strat, cluster), steps=1, seed=SEED, seq_len=SEQ, lr=LR,
                        cluster=cluster, precision=precision)
+    peer = {**peer, "adam": args.peer_adam}
     payload = {"run": run, "peer": peer, "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup,
                "ours_options": ours_options(args)}
     before = load()
@@ -287,6 +290,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--quality-steps", type=int, default=300)
     p.add_argument("--bucket-mb", type=float, default=None, help="our gradient bucket cap (default: the executor's)")
     p.add_argument("--first-bucket-mb", type=float, default=None, help="our first bucket's cap")
+    p.add_argument("--peer-adam", choices=("fused", "default"), default="fused",
+                   help="the peers' Adam: torch's fused kernel, as our ranks run it (default), or torch.optim.Adam's "
+                        "default for CPU tensors (the for-loop implementation)")
     p.add_argument("--json", default=str(RESULTS / "runtime.json"),
                    help="where the figures go (quality.json beside it)")
     args = p.parse_args(argv)

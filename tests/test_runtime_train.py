@@ -131,6 +131,10 @@ def _max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
+def _rms(t: torch.Tensor) -> float:
+    return float(t.double().pow(2).mean().sqrt())
+
+
 def _norm_rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
@@ -150,6 +154,8 @@ def test_training_equals_the_single_device_reference(name: str, trained: dict, r
         assert not torch.isnan(run["grads"][pname]).any(), f"{pname}: some element held by no rank"
         err = float((run["grads"][pname] - full).abs().max()) / max(float(full.abs().max()), floor)
         assert err <= TOL, (pname, err)
+    typical = sorted(_rms(t) for t in reference.initial.values() if t.dim() == 2)[
+        sum(t.dim() == 2 for t in reference.initial.values()) // 2]  # the median initial RMS of the matrices
     for pname, full in reference.params.items():
         if float(reference.grads[pname].abs().max()) < floor * 1e-3:
             # no gradient in exact arithmetic: Adam turns the rounding noise (|g| ~ 1e-11 << eps) into moves of
@@ -163,9 +169,12 @@ def test_training_equals_the_single_device_reference(name: str, trained: dict, r
             assert float((run["params"][pname] - full).abs().max()) <= 1e-2 * LR, pname
             continue
         # GPT-2's residual projections start at 0.02 / sqrt(2 * layers) (2.8x below the other weights here): the
-        # same rounding of the updates is 2.8x larger against their norm (TP2 all-reduce order: 1.3e-5)
-        assert _norm_rel(run["params"][pname], full) <= PARAM_TOL, (pname, _norm_rel(run["params"][pname], full))
-        assert _max_rel(run["params"][pname], full) <= 3e-4, (pname, _max_rel(run["params"][pname], full))
+        # same rounding of the updates is 2.8x larger against their norm (1.3e-5 with TP2's all-reduce order,
+        # 2.03e-5 with the hetero layout on an AVX-512 EPYC), so every weight is measured against at least the
+        # scale it would have at the model's typical initial RMS (like the gradients' floor above)
+        scale = max(1.0, typical / _rms(reference.initial[pname]))
+        err = _norm_rel(run["params"][pname], full) / scale, _max_rel(run["params"][pname], full) / scale
+        assert err[0] <= PARAM_TOL and err[1] <= 3e-4, (pname, err)
 
 
 #: Megatron TP split dim of each parameter (None: whole on every TP rank), per family: Llama's wq/wk/wv/w1/w3

@@ -511,10 +511,10 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
     (:meth:`ModelSpec.layer_flops`, :meth:`ModelSpec.head_flops`); when the shapes span several sequence lengths
     the layer lines are ``a * matmul FLOPs + c * attention FLOPs + b`` (attention's FLOPs, the part of
     ``layer_flops`` that grows with the sequence, run at their own rate: a CPU's fused attention kernel is not a
-    matmul).  Tensor parallelism is costed
-    by dividing the FLOPs by the TP degree and reading the same line.  The Adam step (``torch.optim.Adam``,
-    fp32) is timed on the layer's parameters: seconds per parameter.  ``threads``: torch threads while profiling
-    (each runtime worker runs with 1; ``None`` leaves the setting alone).
+    matmul).  Tensor parallelism is costed by dividing the FLOPs by the TP degree and reading the same line.
+    The Adam step (fp32, the ranks' kernel: :meth:`~hspmd_sdk.runtime.executor.AdamConfig.build`) is timed on
+    the layer's parameters: seconds per parameter.  ``threads``: torch threads while profiling (each runtime
+    worker runs with 1; ``None`` leaves the setting alone).
 
     It also times the layer's two norms and residual adds alone (``layer_replicated_*``: what TP without
     sequence parallelism computes whole on every device of the group).
@@ -590,7 +590,9 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
         params = list(layer.parameters())
         for p in params:
             p.grad = torch.randn_like(p)
-        opt = torch.optim.Adam(params, lr=1e-3)
+        from ..runtime.executor import AdamConfig  # the kernel the ranks run
+
+        opt = AdamConfig().build(params)
         opt.step()  # warm-up (allocates the state)
         runs = []
         for _ in range(repeats):

@@ -120,6 +120,9 @@ class GradBuckets:
         self.bucketed = {i for i, _ in order}
         self.buckets = plan_buckets(order, self.rank, bucket_bytes=bucket_bytes,
                                     first_bucket_bytes=first_bucket_bytes)
+        # one flat buffer per bucket, kept across steps (DDP keeps its buckets too): a fresh multi-MB tensor a
+        # step is fresh pages from the OS to fault in, every step
+        self._buffers: dict[int, torch.Tensor] = {}
         self._reset()
 
     # ---- per step ---------------------------------------------------------------------------------------------
@@ -220,7 +223,11 @@ class GradBuckets:
                 parts.append(_piece(x, s.box, inb[self.rank]))
             else:
                 parts.append(torch.zeros(box_numel(s.box), dtype=ctx.dtype, device=ctx.device))
-        buf = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        k, n = len(self._posted), sum(int(x.numel()) for x in parts)
+        buf = self._buffers.get(k)
+        if buf is None or buf.numel() != n or buf.dtype != ctx.dtype:
+            buf = self._buffers[k] = torch.empty(n, dtype=ctx.dtype, device=ctx.device)
+        torch.cat([x.reshape(-1) for x in parts], out=buf)
         what = f"a gradient bucket of {len(b.members)} slices over {list(b.ranks)}"
         work = _collective(buf, b.ranks, b.root, ctx, what) if len(b.ranks) > 1 else None
         if self.trace is not None:

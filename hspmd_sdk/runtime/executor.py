@@ -100,6 +100,28 @@ class AdamConfig:
 
             raise PlanValidationError(problems, what="optimizer options")
 
+    def build(self, params: Sequence[torch.Tensor]) -> torch.optim.Adam:
+        """``torch.optim.Adam`` over ``params`` (fp32, one device) with these options, as every rank and the
+        single-device reference run it: torch's fused kernel where this torch has one for the device (CPU since
+        torch 2.4, CUDA), else the for-loop implementation.  One kernel for all: the update is elementwise, so a
+        shard's update is the full tensor's on those elements (the fused kernel's vector tail may round one
+        element of an odd-sized shard differently by an ulp; measured 5x faster on this CPU than the loop for
+        the bench model's 38 tensors, 1.8 vs 9.3 ms)."""
+        params = list(params)
+        kw = dict(lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
+        if params:
+            try:
+                return torch.optim.Adam(params, fused=True, **kw)
+            except (RuntimeError, TypeError, ValueError):  # an older torch or a device without the kernel
+                pass
+        return torch.optim.Adam(params, foreach=False, **kw)
+
+
+def adam_step_state(step: float, param: torch.Tensor, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """Adam's ``step`` entry for ``param`` as ``optimizer`` keeps it (fused: fp32 on the parameter's device)."""
+    fused = bool(optimizer.defaults.get("fused"))
+    return torch.tensor(float(step), dtype=torch.float32, device=param.device if fused else "cpu")
+
 
 def adam_problems(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> list[tuple[str, str]]:
     """Adam's options as ``(field, reason)`` problems: finite, ``lr > 0``, ``0 <= beta < 1``, ``eps > 0``,
@@ -243,8 +265,7 @@ class StepExecutor:
         # the fp32 master weights (what Adam updates, what checkpoints and switches move)
         self.params = {k: v.detach().to(device=self.device, dtype=torch.float32).requires_grad_(True)
                        for k, v in local.items()}
-        self.optimizer = torch.optim.Adam(list(self.params.values()), lr=adam.lr, betas=adam.betas, eps=adam.eps,
-                                          weight_decay=adam.weight_decay, foreach=self.device.type == "cuda")
+        self.optimizer = adam.build(list(self.params.values()))
         if optimizer_state is not None:
             self.load_optimizer_state(optimizer_state)
         self.num_micro = program.num_micro_batches(self.pipeline)
@@ -389,7 +410,7 @@ class StepExecutor:
             st = state[name]
             if not st:
                 continue
-            new: dict[str, Any] = {"step": torch.tensor(float(st["step"]))}
+            new: dict[str, Any] = {"step": adam_step_state(st["step"], p, self.optimizer)}
             for k in ("exp_avg", "exp_avg_sq"):
                 t = st[k]
                 if tuple(t.shape) != tuple(p.shape):

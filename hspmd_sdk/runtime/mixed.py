@@ -574,6 +574,7 @@ def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any =
     import torch
 
     from .data import LengthBatches, padded_rows
+    from .executor import AdamConfig
     from .kernels import IGNORE_INDEX
     from .train import reference_result
 
@@ -581,8 +582,7 @@ def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any =
     batches = LengthBatches(documents_for(data, model.vocab_size), context=context, tokens_per_step=tokens_per_step,
                             seed=seed)
     ref = model.build_reference(seed)
-    opt = torch.optim.Adam(list(ref.parameters()), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                           foreach=False)
+    opt = AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay).build(list(ref.parameters()))
     losses, grads = [], {}
     for step in range(steps):
         rows = padded_rows(batches.step_sequences(step), IGNORE_INDEX)

@@ -454,7 +454,8 @@ def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: 
                        eps: float = 1e-8, weight_decay: float = 0.0,
                        init: Mapping[str, Any] | None = None, precision: str = "fp32") -> ReferenceResult:
     """Train the model's single-device reference (``config.build_reference``) on one device with
-    ``torch.optim.Adam`` on the same data (``config`` is any :class:`~hspmd_sdk.models.ModelSpec`).
+    ``torch.optim.Adam`` (:meth:`~.executor.AdamConfig.build`: the ranks' kernel) on the same data (``config``
+    is any :class:`~hspmd_sdk.models.ModelSpec`).
     ``init``: a state dict to start from instead of the seeded initialisation.
 
     ``precision="bf16"``: the distributed runtime's recipe on one device — a bf16 copy of the fp32 master module
@@ -464,6 +465,8 @@ def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: 
 
     import torch
 
+    from .executor import AdamConfig
+
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, not {precision!r}")
     seq_len = int(seq_len or config.max_seq_len)
@@ -472,7 +475,7 @@ def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: 
         model.load_state_dict({k: v.detach().clone() for k, v in init.items()})
     work = model if precision == "fp32" else copy.deepcopy(model).to(torch.bfloat16)
     masters, copies = list(model.parameters()), list(work.parameters())
-    opt = torch.optim.Adam(masters, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, foreach=False)
+    opt = AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay).build(masters)
     dataset = dataset_for(data, config.vocab_size)
     losses, grads = [], {}
     for step in range(steps):
