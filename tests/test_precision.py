@@ -177,3 +177,34 @@ def test_a_bad_precision_starts_no_worker(monkeypatch: pytest.MonkeyPatch) -> No
         launch(program, cluster, steps=1, precision="fp16")
     with pytest.raises(ValueError, match="precision"):
         reference_training(config, steps=1, global_batch=8, precision="half")
+
+
+def test_adam_is_torchs_fused_kernel_and_shard_wise_it_is_the_full_tensors_adam() -> None:
+    """Every rank and the references build Adam with :meth:`AdamConfig.build`: torch's fused kernel on this CPU;
+    its update on the shards of a tensor equals the update of the whole tensor (elementwise; an odd-sized shard's
+    vector tail may round by an ulp), and agrees with torch's for-loop Adam to rounding; a state handed in (a
+    switch, a checkpoint) gets its step count where the fused kernel reads it."""
+    from hspmd_sdk.runtime.executor import AdamConfig, adam_step_state
+
+    cfg = AdamConfig(lr=1e-2, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(0)
+    full0 = torch.randn(64, 96, generator=gen)
+    grads = [torch.randn(64, 96, generator=gen) for _ in range(5)]
+
+    def train(split: int | None, **kw: object) -> torch.Tensor:
+        parts = [full0.clone()] if split is None else [c.contiguous() for c in full0.split(split, dim=1)]
+        params = [p.requires_grad_() for p in parts]
+        opt = cfg.build(params) if not kw else torch.optim.Adam(params, lr=cfg.lr, weight_decay=0.01, **kw)
+        for g in grads:
+            for p, gp in zip(params, [g] if split is None else g.split(split, dim=1)):
+                p.grad = gp.contiguous()
+            opt.step()
+        return torch.cat([p.detach() for p in params], dim=1)
+
+    opt = cfg.build([torch.zeros(3, requires_grad=True)])
+    assert opt.defaults.get("fused") is True  # torch 2.4+ has the CPU kernel
+    whole = train(None)
+    assert torch.equal(train(32), whole)  # shards of 32 columns: bit for bit
+    assert float((train(None, foreach=False) - whole).abs().max()) <= 1e-6  # the loop: same math, rounding
+    step = adam_step_state(3, full0, opt)
+    assert step.dtype == torch.float32 and step.device == full0.device and float(step) == 3.0
