@@ -101,20 +101,29 @@ class AdamConfig:
             raise PlanValidationError(problems, what="optimizer options")
 
     def build(self, params: Sequence[torch.Tensor]) -> torch.optim.Adam:
-        """``torch.optim.Adam`` over ``params`` (fp32, one device) with these options, as every rank and the
-        single-device reference run it: torch's fused kernel where this torch has one for the device (CPU since
-        torch 2.4, CUDA), else the for-loop implementation.  One kernel for all: the update is elementwise, so a
-        shard's update is the full tensor's on those elements (the fused kernel's vector tail may round one
-        element of an odd-sized shard differently by an ulp; measured 5x faster on this CPU than the loop for
-        the bench model's 38 tensors, 1.8 vs 9.3 ms)."""
+        """``torch.optim.Adam`` over ``params`` (fp32, one device, contiguous) with these options, as every rank
+        and the single-device reference run it: torch's fused kernel where this torch has one for the device
+        (:func:`fused_adam_available`: CPU since torch 2.4, CUDA), else the for-loop implementation.  One kernel
+        for all: the update is elementwise, so a shard's update is the full tensor's on those elements (the fused
+        kernel's vector tail may round one element of an odd-sized shard differently by an ulp; measured 5x
+        faster on this CPU than the loop for the bench model's 38 tensors, 1.8 vs 9.3 ms).  The fused kernel
+        ignores strides: parameters, gradients and state must be contiguous (the executor makes them so)."""
         params = list(params)
         kw = dict(lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
-        if params:
-            try:
-                return torch.optim.Adam(params, fused=True, **kw)
-            except (RuntimeError, TypeError, ValueError):  # an older torch or a device without the kernel
-                pass
+        if params and all(fused_adam_available(p) for p in params):
+            return torch.optim.Adam(params, fused=True, **kw)
         return torch.optim.Adam(params, foreach=False, **kw)
+
+
+def fused_adam_available(t: torch.Tensor) -> bool:
+    """Whether this torch has a fused Adam kernel for ``t``'s device and dtype (checked here: torch itself only
+    checks at the first ``step()``)."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+        devices = _get_fused_kernels_supported_devices()
+    except ImportError:  # a torch without the helper has no CPU kernel; CUDA's is older than the helper
+        devices = ["cuda"]
+    return t.device.type in devices and t.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def adam_step_state(step: float, param: torch.Tensor, optimizer: torch.optim.Optimizer) -> torch.Tensor:
@@ -263,7 +272,7 @@ class StepExecutor:
         else:
             local = check_local_parameters(program, rank, params)
         # the fp32 master weights (what Adam updates, what checkpoints and switches move)
-        self.params = {k: v.detach().to(device=self.device, dtype=torch.float32).requires_grad_(True)
+        self.params = {k: v.detach().to(device=self.device, dtype=torch.float32).contiguous().requires_grad_(True)
                        for k, v in local.items()}
         self.optimizer = adam.build(list(self.params.values()))
         if optimizer_state is not None:
@@ -416,7 +425,8 @@ class StepExecutor:
                 if tuple(t.shape) != tuple(p.shape):
                     raise ExecutorError(f"rank {self.rank}: optimizer state {name}.{k} has shape {tuple(t.shape)}, "
                                         f"the parameter's shard {tuple(p.shape)}")
-                new[k] = t.detach().to(device=p.device, dtype=torch.float32).clone()
+                new[k] = t.detach().to(device=p.device, dtype=torch.float32).clone(
+                    memory_format=torch.contiguous_format)  # the fused kernel ignores strides
             self.optimizer.state[p] = new
 
     # ---- one step ---------------------------------------------------------------------------------------------
@@ -798,7 +808,7 @@ class StepExecutor:
         synced = self.grad_sync.finish()
         for p, master in self.params.items():  # the synced sum is the gradient (zeros if no use got one)
             g = synced.get(p)
-            master.grad = g if g is not None else torch.zeros_like(master)
+            master.grad = g.contiguous() if g is not None else torch.zeros_like(master)  # fused Adam: dense
         if capture_grads:
             self.captured_grads = {k: v.grad.detach().clone() for k, v in self.params.items()}
         self._wait_sends()  # every message of the step is out before the step commits
