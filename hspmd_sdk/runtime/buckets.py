@@ -227,7 +227,7 @@ class GradBuckets:
         buf = self._buffers.get(k)
         if buf is None or buf.numel() != n or buf.dtype != ctx.dtype:
             buf = self._buffers[k] = torch.empty(n, dtype=ctx.dtype, device=ctx.device)
-        torch.cat([x.reshape(-1) for x in parts], out=buf)
+        torch.cat(parts, out=buf)  # the parts are flat
         what = f"a gradient bucket of {len(b.members)} slices over {list(b.ranks)}"
         work = _collective(buf, b.ranks, b.root, ctx, what) if len(b.ranks) > 1 else None
         if self.trace is not None:
