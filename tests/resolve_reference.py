@@ -1,7 +1,10 @@
 """The independent reference for resolution tests: per-rank inputs and expected outputs from a global tensor,
 and the random annotation-pair generators both resolution test files draw from.
 
-The reference is built from ``local_view`` and numpy alone -- never from a plan.
+The reference is the layout oracle (``layout_oracle``: the paper's §4 written again in numpy, importing nothing
+from ``hspmd_sdk``) -- never the SDK's own ``local_view`` and never a plan.  :func:`plain` is the one adapter: it
+reads the public fields of an ``Annotation`` (DG Union, each DS's ``states`` and ``order``, ``hdim``,
+``hratios``) into the oracle's plain values and calls no SDK layout function.
 
 The generators take ``rng``: anything with ``choice(seq)``, ``randint(a, b)`` (inclusive) and ``sample(seq, k)``
 -- a seeded ``random.Random`` (``test_runtime_comm``) or an adapter over hypothesis' ``draw``
@@ -14,8 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hspmd_sdk.core.annotation import DS, Annotation, local_views
-from hspmd_sdk.runtime._comm_selftest import decompose
+import layout_oracle as oracle
+from hspmd_sdk.core.annotation import DS, Annotation
 
 #: Subgroup sizes drawn for a DG Union (6 and 8 give DS with three keys, e.g. 2 x 2 x 2).
 SUBGROUP_SIZES = [1, 2, 2, 3, 4, 4, 6, 8]
@@ -119,44 +122,28 @@ def random_pair(rng: Any, relation: str, ranks: Sequence[int],
 
 
 # ---- the reference -------------------------------------------------------------------------------------------
+def plain(ann: Annotation) -> dict[str, Any]:
+    """The oracle's plain annotation, read from ``ann``'s public fields only."""
+    return oracle.annotation([list(map(int, g)) for g in ann.dg_union],
+                             [({int(k): int(n) for k, n in ds.states.items()}, [int(k) for k in ds.order])
+                              for ds in ann.ds_union],
+                             int(ann.hdim), None if ann.hratios is None else list(ann.hratios))
 
 
-def _family(ann: Annotation, subgroup: int) -> int:
-    """Views whose summands add up together: every rank when HDim is -2, else one subgroup."""
-    return -1 if ann.hdim == -2 else subgroup
+def boxes(ann: Annotation, shape: Sequence[int]) -> dict[int, tuple[tuple[int, int], ...]]:
+    """rank -> the box the oracle says it holds."""
+    return {r: h.box for r, h in oracle.layout(plain(ann), shape).items()}
 
 
-# inputs: every source rank's box of a random summand decomposition of the global value (shared with the
-# runtime's self-test); the expected destinations below are computed from the value alone
-source_inputs = decompose
+def source_inputs(src: Annotation, shape: tuple[int, ...], value: np.ndarray,
+                  rng: np.random.Generator) -> dict[int, np.ndarray]:
+    """Every source rank's local tensor, by the oracle: its box of ``value`` or, for Partial, of a random summand
+    (copies of one summand identical, each family adding up to ``value``)."""
+    return oracle.materialize(plain(src), shape, value, rng=rng)
 
 
 def check_destination(dst: Annotation, shape: tuple[int, ...], value: np.ndarray,
-                      out: dict[int, np.ndarray]) -> None:
-    """Every destination rank holds its box of ``value`` or, for Partial, summands that add up to it."""
-    assert set(out) == set(dst.ranks)
-    families: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
-    regions: dict[int, tuple[slice, ...]] = {}
-    for v in local_views(dst, shape):
-        got = np.asarray(out[v.rank])
-        assert got.shape == v.shape, (v.rank, got.shape, v.shape)
-        if v.partial_count == 1:
-            np.testing.assert_allclose(got, value[v.slices], rtol=1e-9, atol=1e-9, err_msg=f"rank {v.rank}")
-            continue
-        fam = _family(dst, v.subgroup)
-        regions[fam] = tuple(slice(a, b) for a, b in dst.subgroup_box(shape, v.subgroup)) if fam >= 0 else \
-            tuple(slice(0, n) for n in shape)
-        acc, seen = families.setdefault(fam, {}).setdefault(
-            v.partial_index, (np.zeros(shape), np.zeros(shape, dtype=bool)))
-        overlap = seen[v.slices]
-        np.testing.assert_allclose(got[overlap], acc[v.slices][overlap], rtol=1e-9, atol=1e-9,
-                                   err_msg=f"copies of summand {v.partial_index} disagree (rank {v.rank})")
-        acc[v.slices] = got
-        seen[v.slices] = True
-    for fam, parts in families.items():
-        region = regions[fam]
-        total = np.zeros(shape)
-        for acc, seen in parts.values():
-            assert seen[region].all(), f"summand not covering its region in family {fam}"
-            total += acc
-        np.testing.assert_allclose(total[region], value[region], rtol=1e-9, atol=1e-9)
+                      out: dict[int, np.ndarray], exact: bool = False) -> None:
+    """Every destination rank holds, by the oracle, its box of ``value`` or, for Partial, summands that add up to
+    it (any decomposition)."""
+    oracle.check_local_arrays(plain(dst), shape, value, {r: np.asarray(x) for r, x in out.items()}, exact=exact)

@@ -3,6 +3,10 @@
 * the write plan (a BSR to storage) tiles every tensor of random strategies exactly once, each piece written by a
   rank that holds it, and balances the bytes among replicas;
 * read plans between random pairs of strategies read exactly each rank's boxes, from pieces that hold them;
+* a checkpoint saved and read back through the two plans, on random annotations (DS of up to three keys in random
+  order, HDim and ratios): each rank ends up with exactly its shards;
+  every expected box and shard here comes from the independent layout oracle (``layout_oracle``), never from the
+  SDK's ``local_view``;
 * :func:`~hspmd_sdk.runtime.checkpoint_io.byte_runs` against numpy's flat indices of a sub-box;
 * a shard file is a safetensors file (read back by the ``safetensors`` library), with the CRC-32 of every piece;
 * :class:`~hspmd_sdk.runtime.checkpoint_io.PieceReader` returns any sub-box of a piece reading exactly its bytes
@@ -23,13 +27,19 @@ torch = pytest.importorskip("torch")
 
 from checkpoint_strategies import random_strategy  # noqa: E402
 from hspmd_sdk import GPTConfig, LlamaConfig  # noqa: E402
-from hspmd_sdk.core.annotation import local_view  # noqa: E402
+import layout_oracle as oracle  # noqa: E402
 from hspmd_sdk.core.slices import box_contains, box_numel  # noqa: E402
 from hspmd_sdk.runtime.checkpoint_io import (PieceReader, StoredPiece, ThreadReadCounter, byte_runs,  # noqa: E402
                                              read_header, write_shard)
-from hspmd_sdk.runtime.checkpoint_plan import layouts_of, read_plan, tiling_problems, write_plan  # noqa: E402
+from hspmd_sdk.runtime.checkpoint_plan import Layout, layouts_of, read_plan, tiling_problems, write_plan  # noqa: E402
+from resolve_reference import annotation_of, fitting_shape, plain  # noqa: E402
 
 MODELS = (LlamaConfig.preset("tiny"), GPTConfig.preset("tiny"))
+
+
+def _held(lay: Layout) -> dict:
+    """rank -> the box the oracle says it holds of ``lay``'s tensor."""
+    return {r: h.box for r, h in oracle.layout(plain(lay.annotation), lay.shape).items()}
 
 
 def _programs(seed: int, n: int, world: int) -> list:
@@ -47,9 +57,10 @@ def test_the_write_plan_writes_every_element_once_by_a_rank_holding_it(seed: int
         for name, pieces in plan.items():
             lay = layouts[name]
             assert tiling_problems(name, lay.shape, [b for _, b in pieces]) == []   # each element exactly once
+            held_by = _held(lay)
             for rank, box in pieces:
-                held = local_view(lay.annotation, lay.shape, rank)
-                assert held is not None and box_contains(held.box, box), (name, rank, box)
+                held = held_by.get(rank)
+                assert held is not None and box_contains(held, box), (name, rank, box)
                 written[rank] = written.get(rank, 0) + 4 * box_numel(box)
         assert set(written) <= set(program.ranks)
         assert write_plan(layouts) == plan  # a pure function: every rank computes the same
@@ -80,16 +91,77 @@ def test_read_plans_read_exactly_each_ranks_boxes(seed: int) -> None:
         assert a.model == b.model
         stored = {n: [box for _, box in ps] for n, ps in write_plan(layouts_of(a)).items()}
         layouts = layouts_of(b)
+        held_by = {n: _held(lay) for n, lay in layouts.items()}
         for rank in b.ranks:
             plan = read_plan(layouts, stored, rank)
             for name, (box, items) in plan.items():
-                view = local_view(layouts[name].annotation, layouts[name].shape, rank)
-                assert box == view.box
+                assert box == held_by[name][rank]
                 assert sum(it.nbytes for it in items) == 4 * box_numel(box)
                 for it in items:
                     assert box_contains(box, it.box) and box_contains(stored[name][it.piece], it.box)
-            held = {n for n, l in layouts.items() if local_view(l.annotation, l.shape, rank) is not None}
+            held = {n for n in layouts if rank in held_by[n]}
             assert set(plan) == held
+
+
+def random_layouts(rng: random.Random, world: int = 8) -> tuple[dict[str, Layout], dict[str, Layout]]:
+    """Two random layouts (saved, loaded) of 1-3 tensors: annotations from the resolution generators without
+    Partial (training state is never Partial), each tensor's shape fitting both.  Valid by construction."""
+    def whole(ranks: range):  # -> Annotation
+        while True:
+            a = annotation_of(rng, ranks, ndim)
+            if a.hdim != -2 and all(ds.partial == 1 for ds in a.ds_union):
+                return a
+
+    saved, loaded = {}, {}
+    for i in range(rng.randint(1, 3)):
+        ndim = rng.randint(1, 3)
+        a, b = whole(range(rng.randint(1, world))), whole(range(rng.randint(1, world)))
+        shape = fitting_shape([a, b], ndim, [rng.choice([1, 2]) for _ in range(ndim)])
+        saved[f"t{i}"], loaded[f"t{i}"] = Layout(f"t{i}", a, shape, "float64"), Layout(f"t{i}", b, shape, "float64")
+    return saved, loaded
+
+
+def check_save_and_load(saved: dict[str, Layout], loaded: dict[str, Layout], seed: int) -> None:
+    """Save by the write plan from the oracle's shards (a writer copies its piece out of its own local array), read
+    back by every rank's read plan, and compare with the oracle's shards of the new layout, exactly."""
+    rng = np.random.default_rng(seed)
+    values = {n: rng.standard_normal(lay.shape) for n, lay in saved.items()}
+    pieces = write_plan(saved)
+    stored: dict[str, list[tuple[tuple[int, int], ...]]] = {}
+    data: dict[str, list[np.ndarray]] = {}
+    for name, lay in saved.items():
+        held = oracle.layout(plain(lay.annotation), lay.shape)
+        local = oracle.materialize(plain(lay.annotation), lay.shape, values[name])
+        stored[name], data[name] = [], []
+        for rank, box in pieces[name]:
+            h = held.get(rank)
+            assert h is not None and box_contains(h.box, box), (name, rank, box, h)
+            stored[name].append(box)
+            data[name].append(local[rank][tuple(slice(a - lo, b - lo) for (a, b), (lo, _) in zip(box, h.box))])
+        assert tiling_problems(name, lay.shape, stored[name]) == []
+    for name, lay in loaded.items():
+        want = oracle.materialize(plain(lay.annotation), lay.shape, values[name])
+        got: dict[int, np.ndarray] = {}
+        for rank in want:
+            box, items = read_plan({name: lay}, stored, rank)[name]
+            out = np.full(tuple(b - a for a, b in box), np.nan)
+            for it in items:
+                piece_box = stored[name][it.piece]
+                src = data[name][it.piece][tuple(slice(a - p0, b - p0) for (a, b), (p0, _) in zip(it.box, piece_box))]
+                out[tuple(slice(a - b0, b - b0) for (a, b), (b0, _) in zip(it.box, box))] = src
+            got[rank] = out
+        oracle.check_local_arrays(plain(lay.annotation), lay.shape, values[name], got, exact=True)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_checkpoint_reads_back_the_oracles_shards_under_random_layouts(seed: int) -> None:
+    rng = random.Random(seed)
+    for i in range(25):
+        saved, loaded = random_layouts(rng)
+        try:
+            check_save_and_load(saved, loaded, seed=i)
+        except AssertionError as e:  # pragma: no cover - the message names the case
+            raise AssertionError(f"draw {i}: {saved} -> {loaded}: {e}") from None
 
 
 def test_a_read_plan_names_a_tensor_the_pieces_do_not_cover() -> None:

@@ -2,8 +2,9 @@
 
 Pairs of random annotations (up to 16 ranks on a random node layout, HSize 1-4, DS with Partial / Duplicate /
 Split on up to 3 dims, random HDim and hratios; the generators of ``resolve_reference``) on random shapes built
-to fit both.  The expected destination tensors are computed here from the global tensor and ``local_view`` alone,
-never from the plan.  Also checked: the tier (a bottom-tier pair uses no top-tier operator; a top-tier pair with
+to fit both.  The source shards and the expected destination tensors come from the independent layout oracle
+(``layout_oracle``, via ``resolve_reference``) and the global tensor alone: never from the plan, never from the
+SDK's own ``local_view``.  Also checked: the tier (a bottom-tier pair uses no top-tier operator; a top-tier pair with
 equal DS Unions is the one top-tier collective of its HDim change, §5.2(I)) and that no rank receives more bytes in
 a point-to-point operator than the box it holds after it.
 """
@@ -16,12 +17,12 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from hspmd_sdk.core.annotation import Annotation, local_views
+from hspmd_sdk.core.annotation import Annotation
 from hspmd_sdk.core.cluster import Cluster
 from hspmd_sdk.core.comm_ops import PointToPointOp
 from hspmd_sdk.core.resolve import resolve, split_kind
 
-from resolve_reference import check_destination, random_pair, source_inputs
+from resolve_reference import boxes, check_destination, random_pair, source_inputs
 
 MAX_RANKS = 16
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -74,7 +75,7 @@ def check_pair(src: Annotation, dst: Annotation, shape: tuple[int, ...], cluster
     plan.estimated_time(cluster)  # must not raise
     if plan.kinds == ["Identity"]:
         assert not any(v["intra"] or v["inter"] for v in vol.values())
-    dst_boxes = {v.rank: v.box for v in local_views(dst, shape)}
+    dst_boxes = boxes(dst, shape)  # the oracle's
     for i, op in enumerate(plan.ops):
         if not isinstance(op, PointToPointOp):
             continue

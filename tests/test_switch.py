@@ -4,16 +4,25 @@ The per-parameter annotations are built here from Table 11: each of the 60 layer
 (column-parallel q/k/v/gate/up split on the output dim 0, row-parallel o/down split on the input dim 1, norms
 duplicated) over the TP group of the stage holding the layer, HSize 2 (one subgroup per pipeline), HDim -1
 (replicated across pipelines); the embedding on the first stage and the final norm and LM head on the last.
+
+The source shards and the expected destination shards come from the independent layout oracle (``layout_oracle``,
+via ``resolve_reference.plain``), never from the SDK's ``local_view``; ``plan_switch``'s own ``simulate`` executes
+the plan.  Besides Table 11, random switches (several tensors, DS of up to three keys in random order, HDim and
+ratios, failed ranks) are checked the same way.
 """
 from __future__ import annotations
+
+import random
 
 import numpy as np
 import pytest
 
-from hspmd_sdk.core.annotation import DS, Annotation, local_views
+import layout_oracle as oracle
+from hspmd_sdk.core.annotation import DS, Annotation
 from hspmd_sdk.core.cluster import Cluster
 from hspmd_sdk.core.switch import plan_switch, switch_table
 from hspmd_sdk.errors import ResolutionError
+from resolve_reference import annotation_of, check_destination, fitting_shape, plain
 
 # (ranks, first layer, last layer) per stage, per pipeline -- Table 11
 C1 = [[(range(0, 4), 0, 14), (range(4, 8), 15, 29), (range(8, 12), 30, 44), (range(12, 16), 45, 59)],
@@ -58,7 +67,7 @@ def _inputs(plan: dict[str, tuple[Annotation, tuple[int, ...]]], rng: np.random.
     values, inputs = {}, {}
     for name, (ann, shape) in plan.items():
         values[name] = rng.standard_normal(shape).astype(np.float32)
-        inputs[name] = {v.rank: values[name][v.slices].copy() for v in local_views(ann, shape)}
+        inputs[name] = oracle.materialize(plain(ann), shape, values[name])  # the oracle's shards
     return values, inputs
 
 
@@ -72,13 +81,73 @@ def test_switch_reproduces_every_destination_layout(fused: bool, heuristics: boo
             inputs[name][31] = np.full_like(inputs[name][31], np.nan)
     out = sw.simulate(inputs)
     assert set(out) == set(dst)
-    for name, (ann, shape) in dst.items():
-        for v in local_views(ann, shape):
-            np.testing.assert_array_equal(out[name][v.rank], values[name][v.slices], err_msg=f"{name} rank {v.rank}")
+    for name, (ann, shape) in dst.items():  # exactly the oracle's destination shards
+        check_destination(ann, shape, values[name], out[name], exact=True)
     if fused:
         pairs = [(m.src, m.dst) for m in sw.steps[0].messages]
         assert len(pairs) == len(set(pairs)), "fused BSR sends one packed message per (sender, receiver)"
     assert all(m.src != 31 for s in sw.steps for m in s.messages)
+
+
+def random_switch(rng: random.Random, world: int = 8) -> tuple[dict, dict, tuple[int, ...]]:
+    """Random ``(src_plan, dst_plan, failed)`` of 1-3 tensors on ``world`` ranks: annotations from the resolution
+    generators without Partial (switching moves parameters), the destination on the survivors; a tensor whose
+    every copy of some slice is lost is redrawn without failures.  A draw is valid by construction."""
+    ndim = rng.randint(1, 3)
+
+    def ann(ranks: range | list[int]) -> Annotation:
+        while True:
+            a = annotation_of(rng, ranks, ndim)
+            if a.hdim != -2 and all(ds.partial == 1 for ds in a.ds_union):
+                return a
+
+    failed = tuple(rng.sample(range(world), rng.randint(0, 1)))
+    alive = [r for r in range(world) if r not in failed]
+    src, dst = {}, {}
+    for i in range(rng.randint(1, 3)):
+        a, b = ann(range(world)), ann(alive)
+        shape = fitting_shape([a, b], ndim, [rng.choice([1, 2]) for _ in range(ndim)])
+        src[f"t{i}"], dst[f"t{i}"] = (a, shape), (b, shape)
+    lost = {n for n, (a, shape) in src.items()  # a slice held only by failed ranks: no surviving copy
+            if _uncovered(a, shape, failed)}
+    return src, dst, () if lost else failed
+
+
+def _uncovered(ann: Annotation, shape: tuple[int, ...], failed: tuple[int, ...]) -> bool:
+    """Whether the survivors' oracle boxes miss some element of the tensor."""
+    seen = np.zeros(shape, dtype=bool)
+    for r, h in oracle.layout(plain(ann), shape).items():
+        if r not in failed:
+            seen[h.slices] = True
+    return not seen.all()
+
+
+def check_switch(src: dict, dst: dict, failed: tuple[int, ...], *, fused: bool, heuristics: bool, seed: int) -> None:
+    """Plan the switch, execute it with ``simulate`` on the oracle's source shards (a failed rank's are NaN) and
+    compare with the oracle's destination shards, exactly."""
+    sw = plan_switch(src, dst, Cluster.local(8), dtype="float64", fused=fused, heuristics=heuristics, failed=failed)
+    rng = np.random.default_rng(seed)
+    values = {n: rng.standard_normal(shape) for n, (_, shape) in src.items()}
+    inputs = {n: oracle.materialize(plain(a), shape, values[n]) for n, (a, shape) in src.items()}
+    for n in inputs:
+        for r in failed:
+            if r in inputs[n]:
+                inputs[n][r] = np.full_like(inputs[n][r], np.nan)
+    out = sw.simulate(inputs)
+    assert set(out) == set(dst)
+    for n, (a, shape) in dst.items():
+        check_destination(a, shape, values[n], out[n], exact=True)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_switches_reproduce_the_oracles_destination_layout(seed: int) -> None:
+    rng = random.Random(seed)
+    for i in range(15):
+        src, dst, failed = random_switch(rng)
+        try:
+            check_switch(src, dst, failed, fused=bool(i % 2), heuristics=i % 3 != 0, seed=i)
+        except AssertionError as e:  # pragma: no cover - the message names the case
+            raise AssertionError(f"draw {i}: {src} -> {dst}, failed {failed}: {e}") from None
 
 
 def _max_send_time(sw) -> float:
