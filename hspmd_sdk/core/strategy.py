@@ -153,7 +153,8 @@ class Strategy(BaseModel):
     pipelines: list[Pipeline] = Field(min_length=1)
     schedule: Literal["gpipe", "1f1b"] = "1f1b"
     zero1: StrictBool = Field(default=False, description="ZeRO-1: shard fp32 master weights and Adam states over DP")
-    name: str | None = None
+    name: str | None = Field(default=None, description="free text; Strategy.load gives a strategy without one the "
+                                                     "name of its shape (shape_name)")
 
     @model_validator(mode="after")
     def _check(self) -> "Strategy":
@@ -174,11 +175,41 @@ class Strategy(BaseModel):
              global_batch: int | None = None) -> "Strategy":
         """Validate a dict, JSON text, ``Path``/path string or ``Strategy``; then :meth:`check` the context given.
 
+        A strategy without a ``name`` gets the name of its shape (:meth:`named`), so that every strategy the SDK
+        reports (``plan.meta``, ``Job.events``) says what it is.
+
         Raises :class:`PlanValidationError` with every problem found as ``(field path, reason)``.
         """
-        strategy = load_model(cls, data, what="strategy")
+        strategy = load_model(cls, data, what="strategy").named()
         strategy.check(model=model, cluster=cluster, global_batch=global_batch)
         return strategy
+
+    def named(self) -> "Strategy":
+        """This strategy if it has a ``name``, else a copy named by :meth:`shape_name`."""
+        return self if self.name is not None else self.model_copy(update={"name": self.shape_name()})
+
+    def shape_name(self) -> str:
+        """A short name of the strategy's shape: ``dp2``, ``tp2``, ``pp2-gpipe``, ``dp2-tp2-pp2-zero1``,
+        ``tp2/1-pp2`` (stages of different TP degrees); pipelines of different shapes:
+        ``hetero(tp2+tp1 | tp1)`` (each pipeline's stages by TP degree).  ``single-device`` for one rank."""
+        forms = [tuple(s.tp_degree for s in p.stages) for p in self.pipelines]
+        if len(set(forms)) == 1:
+            tps = forms[0]
+            parts = [f"dp{len(forms)}"] if len(forms) > 1 else []
+            if len(set(tps)) > 1:
+                parts.append("tp" + "/".join(map(str, tps)))
+            elif tps[0] > 1:
+                parts.append(f"tp{tps[0]}")
+            if len(tps) > 1:
+                parts.append(f"pp{len(tps)}")
+            head = "-".join(parts) or "single-device"
+        else:
+            head = "hetero(" + " | ".join("+".join(f"tp{t}" for t in f) for f in forms) + ")"
+        if self.schedule == "gpipe" and any(len(f) > 1 for f in forms):
+            head += "-gpipe"
+        if self.zero1 and len(forms) > 1:
+            head += "-zero1"
+        return head
 
     def to_json(self, indent: int | None = 2) -> str:
         return self.model_dump_json(indent=indent)

@@ -126,6 +126,7 @@ def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Clust
                                              f"LlamaConfig or GPTConfig), not {type(model).__name__}")],
                                   what="strategy")
     strategy.check(model=model, cluster=cluster)
+    strategy = strategy.named()  # the plan's meta (and so Job.events) names the strategy it was made from
     graph = graph_of(model)
     table = placements_by_tensor(model)
     missing = [n.outputs[0] for n in graph.leaves if n.outputs[0] not in table]

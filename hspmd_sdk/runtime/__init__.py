@@ -10,7 +10,8 @@ workers (:class:`LocalTransport`: local processes).  :mod:`.data` is the determi
 Faults (:mod:`.faults`, :mod:`.liveness`): workers and agents beat, the job's watchdog names a rank that stops
 beating or hangs outside communication while its peers wait, and a lost host as ``connection lost``; each
 :class:`Failure` goes to the job's :class:`FailurePolicy` (default :class:`StopOnFailure`).  Resources are checked
-before any worker starts (:mod:`.preflight`, :class:`ResourceError`).
+before any worker starts (:mod:`.preflight`, :class:`ResourceError`), and so is every training option, by type and
+range (:class:`RunConfig`, :func:`check_run_options`: a bad one is a ``PlanValidationError`` naming it).
 
 Names are imported lazily so that ``import hspmd_sdk.runtime`` does not pull in torch.
 """
@@ -21,6 +22,8 @@ from .._lazy import lazy_exports
 _EXPORTS = {
     "launch": ".launcher",
     "launch_training": ".train",
+    "RunConfig": ".run_config",
+    "check_run_options": ".run_config",
     "SSHTransport": ".ssh",
     "SSHHost": ".hosts",
     "check_hosts": ".ssh",

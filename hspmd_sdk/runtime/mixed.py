@@ -309,6 +309,14 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
             raise PlanValidationError([(key, "is not supported with a list of candidate programs (mixed-length "
                                              "training) yet")], what=what)
         launch_kwargs.pop(key, None)
+    from .run_config import check_run_options  # the same typed options as one Program's (SPEC §9)
+
+    check_run_options(getattr(programs[0], "model", None) if programs else None, mixed=True, what=what,
+                      steps=steps, seed=seed, tokens_per_step=tokens_per_step, data=data, context=context, lr=lr,
+                      betas=betas, eps=eps, weight_decay=weight_decay, precision=precision, lookahead=lookahead,
+                      cost=cost, capture_dir=capture_dir, checkpoint_dir=checkpoint_dir,
+                      checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
+                      resume_from=resume_from, packing=packing, **launch_kwargs)
     if not programs:
         raise PlanValidationError([("programs", "no candidate program")], what=what)
     model = getattr(programs[0], "model", None)
