@@ -56,7 +56,7 @@ def alive() -> set[int]:
 def leftovers(job, lab: LoopbackHosts) -> list[str]:
     """Processes of this job still alive: workers' and agents' process groups, anything naming the job id,
     and sshd connection processes (children of the test's sshd listeners)."""
-    pgids = set(job.pids().values()) | {g.agent_pgid for g in job.transport.groups if g.agent_pgid}
+    pgids = set(job.pids(include_lost=True).values()) | {g.agent_pgid for g in job.transport.groups if g.agent_pgid}
     listeners = {s.proc.pid for s in lab.servers if s.proc is not None}
     table = proc_table()
     found = []

@@ -16,8 +16,19 @@ position (source, seed, global batch, sequence length, next step) and, per tenso
 ``ROOT`` must be a directory every rank can write (on several hosts: one shared filesystem, as for DCP's file
 system writer).  Complete or absent: the ranks write into ``ROOT/.tmp-step-00000004-<job>/`` (each file under a temporary name,
 fsync-ed, renamed); rank 0 waits until every rank has announced its file, writes the manifest the same way and
-renames the directory to ``step-00000004`` (atomic), then prunes all but the newest ``keep``.  A crash at any point
-leaves the previous checkpoint the latest complete one.
+renames the directory to ``step-00000004`` (atomic), then prunes all but the newest ``keep`` of its training's own
+checkpoints (the manifest's ``job_id``: this job's and those of the job it resumed from; never another job's).  A
+crash at any point leaves the previous checkpoint the latest complete one.  ``ROOT`` belongs to one job at a time:
+the launcher holds ``ROOT/checkpoint.lock`` while the job runs (:mod:`.checkpoint_lock`; a second job is refused
+before any worker starts, a dead job's lock is taken over with :func:`break_checkpoint_lock`).
+
+The manifest is sealed: its ``sha256`` entry holds, for every other field, the SHA-256 of the field's canonical
+JSON (sorted keys, no spaces; :func:`manifest_digests`), and a manifest also agrees with itself — its directory's
+name with ``step``, the data position's ``next_step`` and Adam's ``optimizer_step`` with ``step`` (each saved step is
+one Adam update: a resume or a reload restores both together), each shard file's name with its rank, inside the
+world.  Opening a checkpoint refuses any disagreement naming the file and the field
+(:meth:`Checkpoint.check_manifest`), so an edited ``step`` or ``optimizer_step`` never resumes silently wrong.
+Manifests of format version 1 (written before the seal) open with the cross-checks only, and say so.
 
 Resuming (``launch(..., resume_from=ROOT or a step directory)``) checks the checkpoint in the launcher before any
 worker starts — every file present with its recorded size, its safetensors header agreeing with the manifest,
@@ -36,6 +47,7 @@ runs, and a Hugging Face tool opens each file as it is.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -47,21 +59,26 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..core.slices import Box, box_shape, format_box
 from .checkpoint_io import CheckpointError, StoredPiece, piece_crc, read_header, SAFETENSORS_DTYPE
+from .checkpoint_lock import CheckpointLocked, break_checkpoint_lock
 from .checkpoint_plan import DTYPE_BYTES, tiling_problems
 
 __all__ = ["load_checkpoint", "Checkpoint", "CheckpointError", "Manifest", "list_checkpoints", "resolve_checkpoint",
-           "MANIFEST", "step_dir_name", "shard_file_name"]
+           "MANIFEST", "step_dir_name", "shard_file_name", "manifest_digests", "seal_manifest",
+           "break_checkpoint_lock", "CheckpointLocked"]
 
 MANIFEST = "manifest.json"
 FORMAT = "hspmd-checkpoint"
+VERSION = 2  #: 2: sealed (``sha256``); 1: written before the seal
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 
 
 def step_dir_name(step: int) -> str:
+    """The directory name of the checkpoint of ``step`` (steps completed): ``step-00000004``."""
     return f"step-{step:08d}"
 
 
 def shard_file_name(rank: int) -> str:
+    """The name of rank ``rank``'s shard file: ``rank00001.safetensors``."""
     return f"rank{rank:05d}.safetensors"
 
 
@@ -111,10 +128,11 @@ class DataPosition(_Frozen):
 
 
 class Manifest(_Frozen):
-    """What a checkpoint holds and where (``manifest.json``)."""
+    """What a checkpoint holds and where (``manifest.json``); ``sha256``: the seal (:func:`manifest_digests` of the
+    other fields; ``None`` in a format version 1 manifest)."""
 
     format: Literal["hspmd-checkpoint"] = FORMAT
-    version: Literal[1] = 1
+    version: Literal[1, 2] = VERSION
     step: int
     job_id: str
     world_size: int
@@ -130,6 +148,21 @@ class Manifest(_Frozen):
     tensors: dict[str, TensorEntry]
     files: dict[str, FileEntry]
     rng: dict[str, Piece]
+    sha256: dict[str, str] | None = None
+
+
+def manifest_digests(manifest: Manifest) -> dict[str, str]:
+    """Field name -> SHA-256 (hex) of the field's canonical JSON (``json.dumps`` with sorted keys and no spaces, of
+    the manifest's JSON form), for every field but ``sha256``: what the seal records and what opening checks."""
+    data = json.loads(manifest.model_dump_json(exclude={"sha256"}))
+    return {k: hashlib.sha256(json.dumps(v, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+            for k, v in data.items()}
+
+
+def seal_manifest(manifest: Manifest) -> Manifest:
+    """``manifest`` (format version 2) with its seal: ``sha256`` = :func:`manifest_digests`."""
+    m = manifest.model_copy(update={"version": VERSION, "sha256": None})
+    return m.model_copy(update={"sha256": manifest_digests(m)})
 
 
 # ---- finding checkpoints ------------------------------------------------------------------------------------
@@ -216,10 +249,12 @@ class Checkpoint:
 
     @property
     def data(self) -> DataPosition:
+        """Where the data stream stands (:class:`DataPosition`)."""
         return self.manifest.data
 
     @property
     def tensors(self) -> Mapping[str, TensorEntry]:
+        """Tensor name -> its entry (:class:`TensorEntry`: shape, dtype, pieces)."""
         return self.manifest.tensors
 
     def pieces(self, name: str) -> list[StoredPiece]:
@@ -241,11 +276,55 @@ class Checkpoint:
         return dict(sorted(out.items()))
 
     # ---- integrity ----------------------------------------------------------------------------------------
+    @property
+    def sealed(self) -> bool:
+        """Whether the manifest carries its seal (format version 2); a version 1 manifest is cross-checked only."""
+        return self.manifest.sha256 is not None
+
+    def check_manifest(self) -> "Checkpoint":
+        """Check the manifest against itself (cheap: no shard is read): its directory's name (``step-NNNNNNNN``,
+        when it has that form) and the data position's ``next_step`` agree with ``step``, Adam's
+        ``optimizer_step`` equals ``step`` (one Adam update a step; a resume and a reload restore both), every
+        shard file is named after its rank, a rank of the world; then its seal: each field's SHA-256 equals the
+        one recorded when it was written (:func:`manifest_digests`).  Raises :class:`CheckpointError` naming the
+        file and the field; returns ``self``."""
+        m, where = self.manifest, self.path / MANIFEST
+        edited = "the manifest was edited or damaged after the checkpoint was written; resume from another checkpoint"
+        named = _STEP_DIR.match(self.path.name)
+        if named and int(named.group(1)) != m.step:
+            raise CheckpointError(f"{where}: field 'step' is {m.step} but the checkpoint's directory is "
+                                  f"{self.path.name} (a resume would start at step {m.step} with the state of step "
+                                  f"{int(named.group(1))}); {edited}")
+        if m.data.next_step != m.step:
+            raise CheckpointError(f"{where}: field 'data.next_step' is {m.data.next_step} but 'step' is {m.step} "
+                                  f"(the data stream stands where the training does); {edited}")
+        if m.optimizer_step != m.step:
+            raise CheckpointError(f"{where}: field 'optimizer_step' is {m.optimizer_step} but 'step' is {m.step} "
+                                  f"(Adam updates once a step: another count changes its bias correction); {edited}")
+        for fname, f in m.files.items():
+            if fname != shard_file_name(f.rank) or not 0 <= f.rank < m.world_size:
+                raise CheckpointError(f"{where}: field 'files.{fname}.rank' is {f.rank}, which does not write "
+                                      f"{fname} in a world of {m.world_size} ('world_size'); {edited}")
+        if m.sha256 is None:
+            if m.version >= 2:
+                raise CheckpointError(f"{where}: field 'sha256' (the manifest's seal) is missing from a format "
+                                      f"version {m.version} manifest; {edited}")
+            return self
+        want = manifest_digests(m)
+        changed = [k for k in want if m.sha256.get(k) != want[k]]
+        if changed:
+            raise CheckpointError(f"{where}: field{'s' if len(changed) > 1 else ''} "
+                                  f"{', '.join(repr(k) for k in changed)} differ{'' if len(changed) > 1 else 's'} "
+                                  f"from what was written (SHA-256 of the content != the manifest's 'sha256' entry); "
+                                  f"{edited}")
+        return self
+
     def verify(self, *, checksums: bool = True) -> "Checkpoint":
-        """Check that the files hold what the manifest says: every file present with its recorded size, its
-        safetensors header listing every piece at its offset with its dtype and shape, the pieces tiling each
-        tensor exactly once and (``checksums``) every piece's CRC-32.  Raises :class:`CheckpointError` naming the
-        file and the tensor; returns ``self``."""
+        """Check that the files hold what the manifest says: the pieces tiling each tensor exactly once, the
+        manifest itself (:meth:`check_manifest`: its seal, its step against its directory, data position and Adam
+        step count), every file present with its recorded size, its safetensors header listing every piece at its
+        offset with its dtype and shape and (``checksums``) every piece's CRC-32.  Raises :class:`CheckpointError`
+        naming the file and the tensor or field; returns ``self``."""
         m = self.manifest
         by_file: dict[str, list[tuple[str, Piece, str]]] = {}
         for name, e in m.tensors.items():
@@ -254,6 +333,7 @@ class Checkpoint:
                 raise CheckpointError(f"{self.path / MANIFEST}: {problems[0]}")
             for p in e.pieces:
                 by_file.setdefault(p.file, []).append((name, p, e.dtype))
+        self.check_manifest()
         for rank, p in m.rng.items():
             by_file.setdefault(p.file, []).append((f"RNG state of rank {rank}", p, "uint8"))
         for fname, items in by_file.items():
@@ -365,6 +445,9 @@ class Checkpoint:
             lines.append(f"    rank {rank}: {b:,} bytes, {n} pieces")
         if verified is not None:
             lines.append(f"  integrity: {'ok: every file present, sizes, headers and checksums match' if verified else 'not checked'}")
+        if not self.sealed:
+            lines.append(f"  manifest: format version {m.version}, written before manifest checksums: its fields are "
+                         "cross-checked (step, data position, Adam step, files), not sealed")
         older = [s for s, p in list_checkpoints(self.path.parent) if p != self.path]
         if older:
             lines.append(f"  other checkpoints in {self.path.parent}: steps {older}")
@@ -376,11 +459,13 @@ class Checkpoint:
 
 def load_checkpoint(directory: str | Path, *, verify: bool = True) -> Checkpoint:
     """Open the checkpoint ``directory`` names: a checkpoint root (``checkpoint_dir=`` of a run: its latest
-    complete checkpoint) or one step directory.  ``verify``: check every file against the manifest, checksums
-    included (:meth:`Checkpoint.verify`), so that nothing is ever loaded silently wrong."""
+    complete checkpoint) or one step directory.  The manifest is always checked against its seal and itself
+    (:meth:`Checkpoint.check_manifest`); ``verify``: also every file against the manifest, checksums included
+    (:meth:`Checkpoint.verify`), so that nothing is ever loaded silently wrong.  :class:`CheckpointError` names the
+    file and the field or tensor."""
     path = resolve_checkpoint(directory)
     ck = Checkpoint(path, _read_manifest(path))
-    return ck.verify() if verify else ck
+    return ck.verify() if verify else ck.check_manifest()
 
 
 # ---- resuming a run ---------------------------------------------------------------------------------------
@@ -438,10 +523,11 @@ def resume_problems(ck: Checkpoint, program: Any, run: Mapping[str, Any]) -> lis
 
 
 def resume_payload(ck: Checkpoint) -> dict[str, Any]:
-    """What every worker needs to resume (JSON): the directory, the step, Adam's step count, the stored pieces of
-    every tensor and the RNG states by rank."""
+    """What every worker needs to resume (JSON): the directory, the job that wrote it (its checkpoints are the
+    resumed training's own, for pruning), the step, Adam's step count, the stored pieces of every tensor and the
+    RNG states by rank."""
     m = ck.manifest
-    return {"dir": str(ck.path.resolve()), "step": m.step, "optimizer_step": m.optimizer_step,
+    return {"dir": str(ck.path.resolve()), "job_id": m.job_id, "step": m.step, "optimizer_step": m.optimizer_step,
             "tensors": {n: {"dtype": e.dtype, "pieces": [[list(map(list, p.box)), p.file, p.offset, p.nbytes]
                                                         for p in e.pieces]} for n, e in m.tensors.items()},
             "rng": {r: [p.file, p.offset, p.nbytes] for r, p in m.rng.items()}}
@@ -457,6 +543,7 @@ def stored_pieces(payload: Mapping[str, Any]) -> dict[str, list[StoredPiece]]:
 
 
 def _check_writable(root: Path) -> None:
+    """Raise :class:`CheckpointError` unless ``root`` can be created and written."""
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / ".write-probe"

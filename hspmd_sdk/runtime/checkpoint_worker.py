@@ -32,10 +32,12 @@ from typing import Any, Mapping
 from ..core.annotation import local_view
 from ..core.slices import relative
 from .checkpoint import (MANIFEST, DataPosition, FileEntry, Manifest, Piece, TensorEntry, data_identity,
-                         list_checkpoints, shard_file_name, step_dir_name, stored_pieces)
+                         list_checkpoints, seal_manifest, shard_file_name, step_dir_name, stored_pieces)
 from .checkpoint_io import (WRITE_POINTS, CheckpointError, PieceReader, StoredPiece, atomic_write_bytes,
                             fsync_dir, write_shard)
 from .checkpoint_plan import layouts_of, read_plan, write_plan
+from .liveness import waits
+from .session import CommFailure
 
 __all__ = ["CheckpointSaver", "load_resume", "restore_rng"]
 
@@ -92,6 +94,8 @@ class CheckpointSaver:
         self.every, self.keep, self.async_ = int(opts["every"]), int(opts["keep"]), bool(opts["async"])
         self.state, self.run, self.index = state, run, index
         self.job_id = state.spec.job_id
+        resumed = (run.get("resume") or {}).get("job_id")  # the training this run continues: its checkpoints too
+        self.lineage = {self.job_id, *([resumed] if resumed else [])}  # are ours to prune; never another job's
         launch_rank = getattr(state, "launch_rank", state.rank)
         self.faults = [f for f in run.get("faults") or () if f.get("at") in WRITE_POINTS
                        and int(f["rank"]) == launch_rank]
@@ -135,9 +139,10 @@ class CheckpointSaver:
         self._thread, self._pruner, self._error = None, None, None
         self._store, self._store_at = None, None  # the world is re-formed: a new rendezvous
 
+    @waits
     def wait(self) -> None:
         """Wait for the checkpoint in flight (and the pruning after it); re-raise its error here (the training
-        loop's thread)."""
+        loop's thread).  A wait for peers (their records), as :meth:`_collect`: never the culprit of a stall."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -252,15 +257,22 @@ class CheckpointSaver:
             self._store_at = at
         return self._store
 
+    @waits
     def _collect(self, target: _Target, completed: int, mine: Mapping[str, Any] | None
                  ) -> dict[int, Mapping[str, Any]]:
-        """Every writer's record: rank 0's own, the others' from the store as they arrive."""
+        """Every writer's record: rank 0's own, the others' from the store as they arrive.  A wait for peers:
+        fault detection counts rank 0 here among the waiters (``@waits``), and when the launcher says a peer of
+        this world died (``WorkerState.peer_failed``) the wait ends with :class:`~.session.CommFailure` (a
+        synchronous checkpoint: the training thread then halts like its peers)."""
         out: dict[int, Mapping[str, Any]] = {0: mine} if mine is not None else {}
         waiting = [r for r in target.writers if r not in out]
         deadline = time.monotonic() + float(self.state.spec.timeout_s)
         while waiting:
             if target.abandoned.is_set():
                 raise _Abandoned
+            if self.state.peer_failed():
+                raise CommFailure(f"checkpoint of step {completed}: a peer of this world died while rank 0 waited "
+                                  f"for the shards of rank(s) {waiting}")
             store = self._client()
             for r in waiting:
                 key = f"hspmd-ckpt/{target.token}/{completed}/{r}"
@@ -299,14 +311,18 @@ class CheckpointSaver:
         self._pruner.start()
 
     def _prune(self, committed: int, timing: dict[str, Any]) -> None:
-        """Keep the newest ``keep`` checkpoints; remove what interrupted writes left: other jobs' temporary
-        directories, and this job's of steps up to the one just committed (given up in a failure)."""
+        """Keep the newest ``keep`` checkpoints of this training (written by this job or by the job it resumed
+        from: the manifest's ``job_id``; another job's are never touched); remove what interrupted writes of this
+        training left: the resumed job's temporary directories, and this job's of steps up to the one just
+        committed (given up in a failure)."""
         t0 = time.perf_counter()
-        for _, path in list_checkpoints(self.root)[:-self.keep]:
+        ours = [path for _, path in list_checkpoints(self.root) if _written_by(path) in self.lineage]
+        for path in ours[:-self.keep]:
             shutil.rmtree(path, ignore_errors=True)
         for p in self.root.iterdir():
             m = _LEFTOVER.match(p.name)
-            if m and (not m.group(2).startswith(f"{self.job_id}.") or int(m.group(1)) <= committed):
+            owner = next((j for j in self.lineage if m.group(2).startswith(f"{j}.")), None) if m else None
+            if owner is not None and (owner != self.job_id or int(m.group(1)) <= committed):
                 shutil.rmtree(p, ignore_errors=True)
         timing["prune_s"] = round(time.perf_counter() - t0, 6)
 
@@ -333,7 +349,7 @@ class CheckpointSaver:
                 if key.startswith("__rng__/"):
                     rng[key.removeprefix("__rng__/")] = Piece(box=((0, n),), file=rec["file"], key=key, offset=off,
                                                               nbytes=n, crc32=crc)
-        return Manifest(
+        return seal_manifest(Manifest(
             step=completed, job_id=self.job_id, world_size=target.world, model=model_json(program.model),
             model_class=run.get("model_class"), plan=program.plan.model_dump(mode="json"),
             cluster=program.cluster.model_dump(mode="json") if program.cluster is not None else run["cluster"],
@@ -341,7 +357,15 @@ class CheckpointSaver:
             adam=dict(run["adam"]), optimizer_step=steps.pop(),
             data=_position(run, completed),
             tensors=tensors, files={rec["file"]: FileEntry(rank=r, bytes=rec["bytes"]) for r, rec in records.items()},
-            rng=rng)
+            rng=rng))
+
+
+def _written_by(path: Path) -> str | None:
+    """The ``job_id`` of the checkpoint ``path`` (``None`` if its manifest cannot be read: not ours to remove)."""
+    try:
+        return str(json.loads((path / MANIFEST).read_text()).get("job_id"))
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _position(run: Mapping[str, Any], completed: int) -> DataPosition:

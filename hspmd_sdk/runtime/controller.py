@@ -23,6 +23,17 @@ change is computed here, once, and sent to the workers (:mod:`.session` executes
   replan_straggler`) and a switch.
 
 Every reconfiguration is an :class:`Event` in ``Job.events`` (live) and ``JobResult.events``.
+
+**What the workers hold.**  Every plan starts from a layout the workers will really hold, never from one merely
+requested.  Each state is a *version* ``(reconfiguration, switch)``: a user switch is planned from the newest
+version requested (what the switch before it will leave; the workers apply every switch in order, none is
+skipped), a recovery from the version the survivors report in their ``halted`` messages (what they hold: the
+running state, or the state from before the switches of the last step boundary when one of those was cut).  A
+recovery cancels the switches requested before it (their events are ``superseded``; the workers skip them).  When
+the launcher learns of a dead worker it tells every survivor (``halt``), so that a survivor waiting for the dead
+one outside a collective (rank 0 collecting a synchronous checkpoint's records) halts too instead of being taken
+for a hung rank.  A worker that halts when no worker died (a genuine error mistaken for a peer's) gets a clear end
+of the job, never silence.
 """
 from __future__ import annotations
 
@@ -78,6 +89,7 @@ class Event:
     program: Any = field(default=None, repr=False)
     source: Literal["memory", "checkpoint"] = "memory"
     checkpoint_step: int | None = None
+    version: tuple[int, int] | None = field(default=None, repr=False)  #: the workers' state after it (controller)
 
     def __str__(self) -> str:
         s = self.seconds
@@ -155,8 +167,11 @@ class TrainingController:
                  elastic: bool = False, straggler: StragglerWatch | None = None, cost: Any = None,
                  checkpoint_dir: str | None = None, resumed_from: str | None = None,
                  debounce_s: float = 0.3, halt_timeout_s: float = 60.0) -> None:
-        self.current = _Numbering(program, cluster, {r: r for r in cluster.ranks})
-        self.previous: _Numbering | None = None  # what workers still hold until a step commits after a switch
+        self.current = _Numbering(program, cluster, {r: r for r in cluster.ranks})  # the newest version requested
+        # every version workers may still hold, by (reconfiguration, switch) id: lexicographic order is the order
+        # they were made in; the ones no worker can offer any more are dropped (:meth:`_prune_versions`)
+        self._versions: dict[tuple[int, int], _Numbering] = {(0, 0): self.current}
+        self._acked: tuple[tuple[int, int], int] | None = None  # (the newest version all applied, its first step)
         self.global_batch, self.seq_len = int(global_batch), int(seq_len)
         self.elastic, self.straggler, self.cost = elastic, straggler, cost
         self.debounce_s, self.halt_timeout_s = debounce_s, halt_timeout_s
@@ -232,7 +247,10 @@ class TrainingController:
                           "specialize": 0.0}, _bytes(plan, cur.cluster), dict(cur.of_launch), program=program)
             self._open[("switch", ident)] = event
             self.events.append(event)
-            self.previous, self.current = cur, _Numbering(program, cur.cluster, dict(cur.to_launch))
+            # planned from the newest version requested: the workers apply the switches in order
+            self.current = _Numbering(program, cur.cluster, dict(cur.to_launch))
+            event.version = (self._reconf_id, ident)
+            self._versions[event.version] = self.current
             if self.straggler is not None:
                 self.straggler.reset()
         finally:
@@ -285,6 +303,10 @@ class TrainingController:
             self._dead |= fresh
             self._pending_dead |= fresh
             self._evidence = min(self._evidence or failure.time, failure.time)
+            world = self._reconf_id
+        # every survivor learns it now: one waiting for the dead rank outside a collective stops waiting and halts
+        self._send({"type": "halt", "after": world, "ranks": sorted(fresh)}, self.alive)
+        with self._lock:
             if not self._busy:  # the loop clears it, under the lock, when it stops looking for failures
                 self._thread = threading.Thread(target=self._reconfigure_loop, name="hspmd-reconfigure",
                                                 daemon=True)
@@ -295,8 +317,30 @@ class TrainingController:
     def _on_halted(self, rank: int, msg: dict[str, Any]) -> None:
         with self._lock:
             self._halted[rank] = {**msg, "at": time.time()}
+            if int(msg.get("after", -1)) != self._reconf_id:
+                return  # about a world already replaced
             if self._evidence is None:
                 self._evidence = time.time()
+            unexplained = self.elastic and not self._busy and not self._pending_dead
+        if unexplained:
+            threading.Thread(target=self._answer_halt, args=(rank, msg, self._reconf_id), name="hspmd-halt",
+                             daemon=True).start()
+
+    def _answer_halt(self, rank: int, msg: dict[str, Any], reconf_id: int) -> None:
+        """A worker halted and no worker is known dead: wait as long as the launcher needs to notice a silent
+        one (its heartbeats), then end the job with the worker's own reason rather than leave it waiting."""
+        job = self.job
+        grace = (job.spec.silent_s if job is not None else 10.0) + 1.0
+        end = time.monotonic() + grace
+        while time.monotonic() < end:
+            with self._lock:
+                if self._busy or self._pending_dead or self._reconf_id != reconf_id:
+                    return  # a failure explains it: the recovery answers
+            if job is not None and job._done.is_set():
+                return
+            time.sleep(0.05)
+        self._give_up(HSPMDError(f"rank {rank} stopped on an error it took for a peer's failure, but no worker died "
+                                 f"within {grace:.0f} s: {msg.get('error')}"), rank=rank)
 
     def _on_switched(self, rank: int, msg: dict[str, Any]) -> None:
         key = (str(msg.get("what")), int(msg.get("id", 0)))
@@ -321,10 +365,23 @@ class TrainingController:
             event.bytes["read"] = sum(int(m.get("bytes_read", 0)) for m in got.values())
         event.done = True
         del self._open[key]
+        if event.version is not None and (self._acked is None or event.version > self._acked[0]):
+            self._acked = (event.version, event.step)
         if self.job is not None:
             self.job._note(f"reconfigured ({event.reason}): {event}")
 
+    def _prune_versions(self, step: int) -> None:
+        """Drop the versions no worker can offer any more: once a step run under a version every worker applied
+        has committed, nobody holds (or keeps as ``previous``) anything older."""
+        if self._acked is None or step < self._acked[1]:
+            return
+        newest = self._acked[0]
+        for key in [k for k in self._versions if k < newest]:
+            del self._versions[key]
+
     def _on_metric(self, rank: int, msg: dict[str, Any]) -> None:
+        with self._lock:
+            self._prune_versions(int(msg.get("step", -1)))
         watch = self.straggler
         extra = msg.get("extra") or {}
         compute = extra.get("compute_s")
@@ -393,21 +450,27 @@ class TrainingController:
         halted = self._wait_halted(survivors)
         if not halted:
             return  # more ranks failed meanwhile: the loop plans again for all of them
+        with self._lock:
+            self._evidence = None  # this failure's evidence is used up: the next failure's detection starts anew
         sources = {m.get("source") for m in halted.values()}
         steps = {int(m.get("step", -1)) for m in halted.values()}
+        held = {tuple(int(x) for x in m.get("held", (0, 0))) for m in halted.values()}
         last = max(steps)
         # the failure hit a step's commit: some ranks completed it, the others hold its synchronised gradients
         finish = sorted(r for r, m in halted.items() if int(m.get("step", -1)) == last - 1
                         and m.get("finish") is not None and int(m["finish"]) == last)
         if len(steps) > 1 and {int(halted[r]["step"]) for r in set(halted) - set(finish)} == {last}:
             steps, sources = {last}, {"live"}
-        if len(sources) != 1 or len(steps) != 1:
+        if len(sources) != 1 or len(steps) != 1 or len(held) != 1:
             raise HSPMDError(f"the survivors disagree on their state after the failure (steps {sorted(steps)}, "
-                             f"sources {sorted(sources)}); resume from a checkpoint")
+                             f"sources {sorted(sources)}, plan versions {sorted(held)}); resume from a checkpoint")
         finish = finish if last in steps and finish and any(int(m["step"]) == last for m in halted.values()) else []
-        src = self.previous if sources == {"previous"} else base
+        version = held.pop()
+        with self._lock:
+            src = self._versions.get(version)
         if src is None:
-            raise HSPMDError("the survivors report the state from before a switch that the launcher no longer has")
+            raise HSPMDError(f"the survivors hold the state of plan version {version}, which the launcher no longer "
+                             "has")
         dead_src = sorted(r for r, l in src.to_launch.items() if l in self._dead)
         model = src.program.model
         strategy = _strategy_of(src.program)
@@ -432,10 +495,14 @@ class TrainingController:
         leader = launch_of_new[0]
         addr, port = self._rendezvous(leader)
         with self._lock:
-            for key in [k for k in self._open if k[0] == "reconfigure"]:  # a failure came mid-switch: replaced
-                self._open.pop(key).superseded = True
+            # a failure came mid-reconfiguration, or before switches the user requested were applied: the new plan
+            # replaces them (the workers skip the switches up to ``switch_floor``)
+            for key in list(self._open):
+                if key[0] in ("reconfigure", "switch"):
+                    self._open.pop(key).superseded = True
             self._reconf_id += 1
             ident = self._reconf_id
+            floor = self._switch_id
             ranks = {l: n for n, l in launch_of_new.items()}
             resume = steps.pop() + 1 if checkpoint is None else checkpoint.step
             src_ranks = {l: r for r, l in src.to_launch.items() if l in ranks}
@@ -447,17 +514,19 @@ class TrainingController:
                           checkpoint_step=None if checkpoint is None else checkpoint.step)
             if checkpoint is not None:
                 event.seconds["verify"] = t_verified - t3
-                src, finish = None, []  # the running state is given up: nothing from before this can be replanned
+                finish = []  # the running state is given up: nothing from before this can be replanned
             self._open[("reconfigure", ident)] = event
             self.events.append(event)
-            self.previous, self.current = src, _Numbering(program, cluster, launch_of_new)
+            self.current = _Numbering(program, cluster, launch_of_new)
+            event.version = (ident, floor)
+            self._versions[event.version] = self.current
             if self.straggler is not None:
                 self.straggler.reset()
         msg = {"type": "reconfigure", "id": ident, "world": len(launch_of_new), "ranks": ranks,
                "src_ranks": src_ranks, "master_addr": addr, "master_port": port, "resume_step": resume,
                "source": sources.pop() if checkpoint is None else "checkpoint", "finish": finish,
                "checkpoint": None if checkpoint is None else resume_payload(checkpoint),
-               "payload": pack_payload((shareable(program), plan))}
+               "switch_floor": floor, "payload": pack_payload((shareable(program), plan))}
         self._send(msg, sorted(ranks))
         if self.job is not None:
             how = "switching" if checkpoint is None else f"reloading the checkpoint of step {resume} under"
@@ -497,12 +566,16 @@ class TrainingController:
             return transport.rendezvous(host, fresh=True)
         return "127.0.0.1", free_port()
 
-    def _give_up(self, error: BaseException) -> None:
-        """End the job with the reason the reconfiguration failed (lost state, no plan fits, ...)."""
+    def _give_up(self, error: BaseException, rank: int | None = None) -> None:
+        """End the job with the reason the reconfiguration failed (lost state, no plan fits, ...); ``rank``: the
+        worker whose halt could not be answered (no worker died)."""
         job = self.job
         if job is None:
             return
         lost = sorted(self._dead)
+        if rank is not None:
+            job._fail(Failure(rank, str(error), kind="error"))
+            return
         job._fail(Failure(lost[0] if lost else 0, f"elastic recovery after the failure of ranks {lost} failed: "
                                                   f"{error}", kind="error"))
 

@@ -184,6 +184,7 @@ class Job:
         self._t1: float | None = None
         self._progress: Progress | None = make_progress(spec.steps, f"job {spec.job_id}") if progress else None
         self._observers: dict[str, list[Callable[[int, dict[str, Any]], None]]] = {}
+        self._finish_hooks: list[Callable[["Job"], None]] | None = []  # None once they ran (on_finish)
         self.notes: list[str] = []  #: the job's own messages (reconfigurations), also in job.log
         self.controller: Any = None  #: the :class:`~.controller.TrainingController` of a training job
         self._watch = threading.Thread(target=self._watchdog, name=f"hspmd-watch-{spec.job_id}", daemon=True)
@@ -212,12 +213,17 @@ class Job:
         with self._lock:
             return "\n".join(self._ranks[rank].lines)
 
-    def pids(self) -> dict[int, int]:
-        """Rank -> process id on its host (as the transport started it)."""
+    def pids(self, *, include_lost: bool = False) -> dict[int, int]:
+        """Rank -> process id on its host (as the transport started it), for the ranks whose process runs or ran to
+        its end: a rank lost on the way (killed, crashed, stopped as hung) is not listed unless ``include_lost``."""
         out: dict[int, int] = {}
         for g in list(self._groups):
             out.update(g.pids())
-        return out
+        if include_lost:
+            return out
+        with self._lock:
+            lost = {r for r, rec in self._ranks.items() if rec.returncode not in (None, 0)}
+        return {r: p for r, p in out.items() if r not in lost}
 
     def wait(self, timeout: float | None = None) -> JobResult:
         """Block until every worker exited; the result, or ``RuntimeFailure`` for the first failing rank.
@@ -255,18 +261,38 @@ class Job:
                 g.kill(grace_s, ranks=mine)
 
     # ---- graph switching (a training job's controller) -----------------------------------------------------
-    def switch(self, program: Any) -> Any:
-        """Move the running job to ``program`` at the next step boundary (SPEC §6): every parameter and Adam
-        moment moves by one fused BSR, no process restarts, training goes on at the same step.  ``program`` trains
-        the same model on ranks the job runs (``job.cluster``).  Called while the job reconfigures itself after
-        a failure, it waits for that to finish first.  Returns the :class:`~.controller.Event`; it is ``done``
-        once every worker switched."""
+    def switch(self, program_or_strategy: Any) -> Any:
+        """Move the running job to a Program or a Strategy at the next step boundary (SPEC §6, §9): every
+        parameter and Adam moment moves by one fused BSR, no process restarts, training goes on at the same step.
+
+        A :class:`~hspmd_sdk.core.specialize.Program` trains the same model on ranks the job runs
+        (``job.cluster``).  A :class:`~hspmd_sdk.core.strategy.Strategy` is specialized here for the job's model
+        on its current cluster (``job.cluster``: after an elastic recovery, the survivors' numbering) with the
+        running Program's bindings (the global batch stays).  Anything else raises
+        :class:`~.controller.SwitchError` naming its type.  Called while the job reconfigures itself after a
+        failure, it waits for that to finish first.  Returns the :class:`~.controller.Event`; it is ``done`` once
+        every worker switched."""
+        from ..core.specialize import Program, specialize
+        from ..core.strategy import Strategy
+        from ..core.strategy_plan import plan_from_strategy
+        from .controller import SwitchError
+
         if self.controller is None:
             raise RuntimeFailure(f"job {self.job_id} runs an entry that cannot switch plans (only training jobs "
                                  "launched with hspmd_sdk.launch can)")
         if self._done.is_set():
             raise RuntimeFailure(f"job {self.job_id} has finished ({self.status.value}); there is nothing to switch")
-        return self.controller.switch(program)
+        target = program_or_strategy
+        if not isinstance(target, (Program, Strategy)):
+            raise SwitchError(f"job.switch takes a Program or a Strategy, not {type(target).__name__} "
+                              f"({target!r:.80}); specialize(model, plan, cluster) gives a Program, "
+                              "Strategy.load(...) a Strategy")
+        if isinstance(target, Strategy) and not getattr(self.controller, "mixed", False):
+            running, cluster = self.controller.program, self.controller.cluster
+            model = running.model
+            target = specialize(model, plan_from_strategy(model, target, cluster), cluster,
+                                bindings=dict(running.bindings))
+        return self.controller.switch(target)
 
     @property
     def events(self) -> list[Any]:
@@ -294,6 +320,15 @@ class Job:
         """Call ``fn(rank, message)`` for every worker protocol message of ``kind`` (after the job's own handling;
         on the reader thread: keep it short)."""
         self._observers.setdefault(kind, []).append(fn)
+
+    def on_finish(self, fn: Callable[["Job"], None]) -> None:
+        """Call ``fn(job)`` once when the job ends — succeeded, failed or cancelled — before ``wait()`` returns
+        (at once if it has ended already); e.g. to release what the launcher holds for it (checkpoint locks)."""
+        with self._lock:
+            if self._finish_hooks is not None:
+                self._finish_hooks.append(fn)
+                return
+        fn(self)
 
     def _note(self, text: str) -> None:
         """A line of the job's own (a reconfiguration): job.log, ``job.notes`` and the echo."""
@@ -623,6 +658,13 @@ class Job:
         try:
             self.transport.close()
         finally:
+            with self._lock:
+                hooks, self._finish_hooks = self._finish_hooks or [], None
+            for fn in hooks:
+                try:
+                    fn(self)
+                except Exception as e:  # noqa: BLE001 - a broken hook must not keep the job open
+                    warnings.warn(f"job {self.job_id}: a finish hook raised {type(e).__name__}: {e}", stacklevel=1)
             self._done.set()
 
     # ---- outcome -------------------------------------------------------------------------------------------

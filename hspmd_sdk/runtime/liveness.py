@@ -34,15 +34,28 @@ _WAIT_CALLS = frozenset({"wait"})
 
 
 class ControlInbox:
-    """Control messages from the launcher, in arrival order; thread-safe."""
+    """Control messages from the launcher, in arrival order; thread-safe.
+
+    A ``halt`` message (the launcher learnt that a peer of the world ``after`` died) is not queued: it is noted at
+    once, so that a worker waiting for that peer outside a collective (a store poll, say) can stop waiting
+    (:meth:`halted`) even while its training thread is blocked."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._items: deque[dict[str, Any]] = deque()
+        self._halts: set[int] = set()
 
     def put(self, msg: dict[str, Any]) -> None:
         with self._lock:
+            if msg.get("type") == "halt":
+                self._halts.add(int(msg.get("after", -1)))
+                return
             self._items.append(msg)
+
+    def halted(self, generation: int) -> bool:
+        """Whether the launcher said that a peer of the world of reconfiguration ``generation`` died."""
+        with self._lock:
+            return int(generation) in self._halts
 
     def take(self) -> list[dict[str, Any]]:
         """Every pending message (oldest first); the inbox is empty afterwards."""

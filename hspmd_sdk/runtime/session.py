@@ -78,6 +78,7 @@ class Reconfigure:
                                    # "checkpoint": read the new Program's shards from ``checkpoint``
     finish: list[int]              # launch ranks that apply the step whose commit others completed
     checkpoint: dict[str, Any] | None = None  # :func:`~.checkpoint.resume_payload` of the checkpoint to reload
+    switch_floor: int = 0          # switches up to this id are cancelled (requested before the failure)
 
     @classmethod
     def decode(cls, msg: Mapping[str, Any]) -> "Reconfigure":
@@ -85,7 +86,7 @@ class Reconfigure:
         return cls(int(msg["id"]), int(msg["world"]), {int(k): int(v) for k, v in msg["ranks"].items()},
                    {int(k): int(v) for k, v in msg["src_ranks"].items()}, str(msg["master_addr"]),
                    int(msg["master_port"]), int(msg["resume_step"]), program, plan, str(msg["source"]),
-                   [int(r) for r in msg.get("finish", ())], msg.get("checkpoint"))
+                   [int(r) for r in msg.get("finish", ())], msg.get("checkpoint"), int(msg.get("switch_floor", 0)))
 
 
 class TrainSession:
@@ -106,10 +107,13 @@ class TrainSession:
         self.switch_heard = 0      # the newest switch id received
         self.switch_done = 0       # the newest switch id applied
         self.reconfigured = 0      # the newest reconfigure id applied
+        # the version of the state this rank holds: (reconfiguration, switch) applied, as the launcher numbers them
+        self.version: tuple[int, int] = (0, 0)
         self.committed = -1        # the last step this rank committed
         self.adam_steps = 0        # Adam updates so far (every rank counts them, holding state or not)
-        # (program, state by name, Adam step count) from before the last switch, kept until a step commits after it
-        self.previous: tuple[Any, dict[str, Any], float] | None = None
+        # (program, state by name, Adam step count, version) from before the switches of the last step boundary (or
+        # the last reconfiguration), kept until a step commits after them
+        self.previous: tuple[Any, dict[str, Any], float, tuple[int, int]] | None = None
         self._messages: list[dict[str, Any]] = []
         self._switch_agreed = 0
         self._in_commit: int | None = None  # the step whose commit this rank has entered (grads synchronised)
@@ -201,6 +205,10 @@ class TrainSession:
                 if not (self.elastic and _is_comm_failure(e)):
                     raise
                 reason = f"{type(e).__name__}: {str(e)[:300]}"
+                done = getattr(e, "completed", None)
+                if done is not None:  # the step committed; its synchronous checkpoint could not complete
+                    losses[done[0]] = done[1]
+                    step = done[0] + 1
             while reason is not None:  # outside the handler: its traceback (whose frames hold the broken
                 try:                     # world's process groups) is gone, so destroying the groups closes them
                     step, reason = self._recover(reason), None
@@ -255,18 +263,27 @@ class TrainSession:
         if self.previous is not None:  # the first step after a switch committed everywhere: the old state can go
             self.previous = None
         self._switch_agreed = int(agreed["switch"])
+        cut: CommFailure | None = None
         if self.saver is not None:  # before the report: the step's time includes what saving blocked
-            self.saver.after_step(step + 1, last=step + 1 == self.steps, program=self.program, ex=ex,
-                                  generation=self.reconfigured)
+            try:
+                self.saver.after_step(step + 1, last=step + 1 == self.steps, program=self.program, ex=ex,
+                                      generation=self.reconfigured)
+            except CommFailure as e:  # a peer died while a synchronous checkpoint waited for it
+                cut = e
         tokens = ex.micro_size * ex.num_micro * self.S if ex is not None and ex.stage == 0 else None
         state.report(self.offset + step, loss=agreed["loss"], tokens=tokens, run=self.index,
                      compute_s=round(ex.compute_s, 6) if ex is not None else None)
+        if cut is not None:
+            cut.completed = (step, agreed["loss"])  # the step itself is done: the train loop keeps its loss
+            raise cut
         return agreed["loss"]
 
     # ---- control messages ---------------------------------------------------------------------------------
     def _collect(self) -> None:
         for msg in self.state.poll_control():
             if msg.get("type") == "switch":
+                if int(msg["id"]) <= self.switch_done:
+                    continue  # cancelled by a reconfiguration that came first
                 self.switch_heard = max(self.switch_heard, int(msg["id"]))
             self._messages.append(msg)
 
@@ -303,18 +320,28 @@ class TrainSession:
 
     # ---- switching ------------------------------------------------------------------------------------------
     def _maybe_switch(self, step: int) -> None:
+        """Apply every switch up to the newest any rank has heard of, in the order they were requested: each was
+        planned from the layout the one before it leaves (the launcher's :meth:`~.controller.TrainingController.
+        switch` composes them), so none is skipped.  The state from before the first is kept until a step commits:
+        a failure during any of them replans from it."""
         target = getattr(self, "_switch_agreed", 0)
         if target <= self.switch_done:
             return
-        msg = self._take("switch", target, self.state.spec.timeout_s)
-        for older in [m for m in self._messages if m.get("type") == "switch" and int(m["id"]) < target]:
-            self._messages.remove(older)  # superseded switches are never applied
-        program, plan = unpack_payload(msg["payload"])
-        t0 = time.perf_counter()
-        nbytes = self._switch_to(program, plan)
-        self.switch_done = target
-        self.state.channel.send("switched", id=target, what="switch", step=self.offset + step,
-                                seconds=round(time.perf_counter() - t0, 6), bytes=nbytes, **self.last_switch)
+        self._keep_previous()
+        for ident in range(self.switch_done + 1, target + 1):
+            msg = self._take("switch", ident, self.state.spec.timeout_s)
+            program, plan = unpack_payload(msg["payload"])
+            t0 = time.perf_counter()
+            nbytes = self._switch_to(program, plan)
+            self.switch_done = ident
+            self.version = (self.reconfigured, ident)
+            self.state.channel.send("switched", id=ident, what="switch", step=self.offset + step,
+                                    seconds=round(time.perf_counter() - t0, 6), bytes=nbytes, **self.last_switch)
+
+    def _keep_previous(self) -> None:
+        """Keep the state held now (until a step commits): what a failure in the switches that follow recovers
+        from."""
+        self.previous = (self.program, self._state_by_name(), float(self.adam_steps), self.version)
 
     def _state_by_name(self) -> dict[str, Any]:
         """This rank's training state by :meth:`Program.state_layouts` name (parameters and Adam moments)."""
@@ -342,8 +369,6 @@ class TrainSession:
         t0 = time.perf_counter()
         tensors = dict(source) if source is not None else self._state_by_name()
         count = float(self.adam_steps) if step_count is None else step_count
-        # kept until a step commits under the new Program: a failure before that replans from it
-        self.previous = (self.program, tensors, count)
         self._make_groups(program)
         t1 = time.perf_counter()
         if self.faults:
@@ -384,10 +409,10 @@ class TrainSession:
                         float(self.adam_steps + 1))
             self._in_commit = None
         if self.previous is not None and finish is None:  # failed during or right after a switch: the state from
-            program, tensors, count = self.previous       # before it is whole
+            program, tensors, count, held = self.previous  # before it is whole
             have = "previous"
         else:
-            program, count = self.program, float(self.adam_steps)
+            program, count, held = self.program, float(self.adam_steps), self.version
             tensors = live if finish is not None and self.ex is not None else self._state_by_name()
             have = "live"
         # drop everything that holds the broken world's process groups (the executor's pending sends, the failed
@@ -400,13 +425,14 @@ class TrainSession:
         self.state.abandon_groups()
         gc.collect()
         self.state.channel.send("halted", step=self.committed, source=have, after=self.reconfigured, error=reason,
-                                finish=finish if finished is not None else None)
+                                finish=finish if finished is not None else None, held=list(held))
         msg = Reconfigure.decode(self._newest("reconfigure", self.reconfigured, RECONFIGURE_WAIT_S))
         if self.state.launch_rank in msg.finish:
             if finished is None:
                 raise HSPMDError(f"rank {self.state.launch_rank}: told to finish step {self.committed + 1}, whose "
                                  "gradients it does not hold")
             program, tensors, count = finished
+            held = self.version
             self.committed += 1
             self.adam_steps += 1
         if msg.source != have and msg.source == "previous" and self.previous is None:
@@ -417,9 +443,9 @@ class TrainSession:
             raise HSPMDError(f"rank {me}: left out of the re-formed world (treated as failed by the launcher)")
         # from here on, a peer's death (while rejoining, creating groups, switching) is a failure *during*
         # reconfiguration ``msg.id``: this rank then halts again reporting it, with the state it started from
-        self.reconfigured = msg.id
+        self.reconfigured = self.state.generation = msg.id
         if msg.source != "checkpoint":
-            self.previous = (program, tensors, count)
+            self.previous = (program, tensors, count, held)
         t1 = time.perf_counter()
         self.state.rejoin(msg.master_addr, msg.master_port, msg.world, msg.ranks[me])
         t2 = time.perf_counter()
@@ -433,8 +459,11 @@ class TrainSession:
             nbytes = self._switch_to(msg.program, msg.plan, source=tensors,
                                      src_rank=msg.src_ranks[me], to_proc=to_proc, step_count=count)
         self.reconfigured = msg.id
-        self.switch_done = max(self.switch_done, self.switch_heard)  # switches heard before the failure are moot
+        # switches requested before the failure are cancelled (the launcher planned them for a world that is gone)
+        self.switch_done = self.switch_heard = max(self.switch_done, self.switch_heard, msg.switch_floor)
         self._switch_agreed = self.switch_done
+        self.version = (msg.id, msg.switch_floor)
+        self._messages = [m for m in self._messages if m.get("type") != "switch" or int(m["id"]) > self.switch_done]
         self.state.channel.send("switched", id=msg.id, what="reconfigure", step=self.offset + msg.resume_step,
                                 seconds=round(time.perf_counter() - t2, 6), rejoin_s=round(t2 - t1, 6),
                                 wait_s=round(t1 - t0, 6), bytes=nbytes, **read, **self.last_switch)
@@ -470,8 +499,10 @@ def _is_comm_failure(e: BaseException) -> bool:
     """Whether ``e`` is what a peer's death looks like from here (gloo/NCCL errors, our wrappers of them)."""
     from .comm import CommExecutionError
 
-    if isinstance(e, (CommExecutionError, CommFailure)):
+    if isinstance(e, CommFailure):
         return True
+    if isinstance(e, CommExecutionError):  # a wrapped torch error is a peer's failure; a plan that does not fit the
+        return e.__cause__ is not None and _is_comm_failure(e.__cause__)  # tensors here is a bug: said as such
     if isinstance(e, RuntimeError):
         text = str(e)
         return any(s in text for s in ("Connection closed", "Connection reset", "Broken pipe", "gloo", "NCCL",

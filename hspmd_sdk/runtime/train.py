@@ -59,9 +59,11 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
     shards).  ``resume_from``: a checkpoint root (its latest complete checkpoint) or one step directory to continue
     from, under this program whatever plan and world size saved it: the run executes steps ``s .. steps-1``.
 
-    The run is checked here, before any worker starts (:func:`_validate_run`): ``steps >= 1``, ``seq_len >= 1``
-    when given, the optimizer options, a known ``data`` source for the model's vocabulary, every rank of the
-    program in ``cluster``, the init weights against the model, and the plan specialized once, as each worker
+    The run is checked here, before any worker starts: every option by type and range first
+    (:class:`~.run_config.RunConfig`: ``steps`` a whole number >= 1, ``seed`` in ``[0, 2**32)``, ``seq_len`` at
+    most what a learned position table embeds, the optimizer options, a known ``data`` source for the model's
+    vocabulary, ...), then (:func:`_validate_run`) the ranks of ``recompute``, every rank of the program in
+    ``cluster``, the init weights against the model, and the plan specialized once, as each worker
     will, against ``cluster``.  A bad run raises :class:`~hspmd_sdk.errors.PlanValidationError` naming the field."""
     from ..core.model_spec import model_json
     from ..errors import PlanValidationError
@@ -73,6 +75,12 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
                                                "specialized from a model config (specialize(LlamaConfig..., plan, "
                                                "cluster)) so that workers can rebuild the model")],
                                   what="training run")
+    from .run_config import check_run_options  # types and ranges first: nothing below rounds or parses a value
+
+    check_run_options(config, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
+                      weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
+                      init=init, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
+                      checkpoint_async=checkpoint_async, resume_from=resume_from, precision=precision)
     plan = program.plan
     cluster = cluster if cluster is not None else program.cluster
     if cluster is None:
@@ -111,26 +119,16 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
 
 
 def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: Any) -> None:
-    """Raise :class:`~hspmd_sdk.errors.PlanValidationError` for a run that would fail only in the workers."""
+    """Raise :class:`~hspmd_sdk.errors.PlanValidationError` for a run that would fail only in the workers: what
+    needs the program and the cluster (each option's type and range, the data source and the model's position
+    limit were checked first, by :func:`~.run_config.check_run_options`)."""
     from ..errors import HSPMDError, PlanValidationError
-    from .executor import adam_problems
 
     what = "training run"
     problems = []
-    if run["steps"] < 1:
-        problems.append(("steps", f"must be at least 1, not {run['steps']}"))
-    if run["seq_len"] < 1:
-        problems.append(("seq_len", f"must be at least 1, not {run['seq_len']}"))
-    problems += adam_problems(**run["adam"])
     unknown = sorted(set(run["recompute"]) - set(program.ranks))
     if unknown:
         problems.append(("recompute", f"ranks {unknown} run no stage of the program (ranks {sorted(program.ranks)})"))
-    if run["precision"] not in PRECISIONS:
-        problems.append(("precision", f"must be one of {list(PRECISIONS)}, not {run['precision']!r}"))
-    try:
-        dataset_for(run["data"], config.vocab_size)
-    except ValueError as e:
-        problems.append(("data", str(e)))
     outside = sorted(r for r in program.ranks if not 0 <= r < cluster.num_ranks)
     if outside:
         problems.append(("cluster", f"the program uses ranks {outside} but the cluster has only "
@@ -171,8 +169,11 @@ def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs
         for rank, need in (r.get("memory_estimate") or {}).items():
             memory[int(rank)] = max(memory.get(int(rank), 0.0), float(need))
     launch_kwargs.setdefault("memory_per_rank", memory)
-    return launch(None, cluster, steps=total, seed=int(runs[0]["seed"]) if runs else 0, entry=ENTRY,
-                  payload={"runs": [dict(r) for r in runs]}, **launch_kwargs)
+    from .checkpoint_lock import launch_holding_locks  # a checkpoint_dir is one job's at a time
+
+    return launch_holding_locks(runs, lambda: launch(None, cluster, steps=total, seed=int(runs[0]["seed"]) if runs
+                                                     else 0, entry=ENTRY, payload={"runs": [dict(r) for r in runs]},
+                                                     **launch_kwargs))
 
 
 def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int = 0, data: str = "synthetic",
@@ -219,8 +220,18 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     runs under the cheapest candidate for its sequences, switching by length (:func:`~.mixed.launch_mixed`)."""
     from .controller import StragglerWatch, TrainingController
     from .devices import backend_for_device
+    from .run_config import check_run_options
 
-    if isinstance(program, (list, tuple)):  # candidate Programs: mixed-length data (SPEC §7)
+    # every option, by type and range, before anything else (SPEC §9): one RunConfig for both forms
+    mixed = isinstance(program, (list, tuple))
+    check_run_options(getattr(program[0] if mixed and program else program, "model", None), mixed=mixed,
+                      what="mixed-length training run" if mixed else "training run", steps=steps, seed=seed,
+                      data=data, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, seq_len=seq_len,
+                      recompute=recompute, capture_dir=capture_dir, init=init, elastic=elastic, straggler=straggler,
+                      cost=cost, fault_injection=fault_injection, checkpoint_dir=checkpoint_dir,
+                      checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
+                      resume_from=resume_from, precision=precision, device=device, **launch_kwargs)
+    if mixed:  # candidate Programs: mixed-length data (SPEC §7)
         from .mixed import launch_mixed
 
         given = {"data": data, "seq_len": seq_len, "recompute": recompute, "init": init, "elastic": elastic,

@@ -73,6 +73,7 @@ class WorkerState:
     launch_rank: int = -1   #: the rank the launcher started this process as; never changes (``rank`` may)
     world: int | None = None  #: the world size after the survivors re-formed it (``None``: the spec's)
     step: int = 0           #: the training step being run (emulated slowdowns can change with it)
+    generation: int = 0     #: the reconfigurations applied (the world this process is in; elastic training)
     clock: Any = None  # a devices.StepClock: CUDA events on a GPU, the wall clock otherwise
     _step_start: float | None = None
     _emulated: float = 0.0
@@ -108,6 +109,11 @@ class WorkerState:
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - a broken world may refuse a clean teardown; it is gone either way
             pass
+
+    def peer_failed(self) -> bool:
+        """Whether the launcher said that a peer of this process's current world died (a ``halt`` message): a
+        wait for a peer outside a collective (a store poll) stops then instead of waiting for a dead process."""
+        return self.inbox.halted(self.generation)
 
     def rejoin(self, master_addr: str, master_port: int, world_size: int, rank: int) -> None:
         """Join a new world (the survivors, renumbered): rank ``rank`` of ``world_size``, rendezvous at
