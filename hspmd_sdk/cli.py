@@ -103,10 +103,18 @@ def cluster_summary(cluster: Any) -> str:
     for node in cluster.nodes:
         lines.append(f"  {node.host:<12} {node.kind:<6} ranks {format_ranks(node.ranks)}")
     for kind, spec in cluster.devices.items():
-        lines.append(f"  {kind}: {spec.memory_mb} MB, {spec.bf16_tflops:g} TFLOPS bf16, "
-                     f"{spec.intra_bandwidth_gbs:g} GB/s intra-node")
+        lines.append(f"  {kind}: {spec.describe()}")
     lines.append(f"  inter-node: {cluster.inter_bandwidth_gbs:g} GB/s, {cluster.inter_latency_us:g} us")
     return "\n".join(lines)
+
+
+def describe_model(model: Any) -> str:
+    """``tiny: 4 layers, hidden 64, 197K parameters`` (parameter counts in K/M/B, as every display writes them)."""
+    from .core.cluster import format_count
+
+    hidden = getattr(model, "hidden_size", None)
+    return (f"{getattr(model, 'name', type(model).__name__)}: {model.num_layers} layers"
+            + (f", hidden {hidden}" if hidden else "") + f", {format_count(model.param_count())} parameters")
 
 
 def _context_args(p: argparse.ArgumentParser, *, batch: bool) -> None:
@@ -133,45 +141,79 @@ def _load(args: argparse.Namespace) -> tuple[str, Any, Path]:
 
 
 # ---- subcommands ---------------------------------------------------------------------------------------------
-@command("validate", "check a strategy, annotation plan or cluster JSON (exit 0 if valid, 1 with the problems)",
-         lambda p: _context_args(p, batch=True))
+@command("validate", "check a strategy, annotation plan or cluster JSON: exit 1 with every problem found, else 0 "
+                     "with what was checked and what could not be (a strategy's placement, TP and memory need "
+                     "--model and --cluster)", lambda p: _context_args(p, batch=True))
 def _validate(args: argparse.Namespace) -> int:
     from .core.cluster import Cluster
 
     kind, obj, path = _load(args)
     if kind == "strategy":
-        model, cluster, batch = load_context(args, path)
-        obj.check(model=model, cluster=cluster, global_batch=batch)
-        if model is not None and cluster is not None and not args.no_memory_check:
-            _check_memory(obj, model, cluster)
-        against = [str(x) for x in (model and model.name, cluster, batch and f"global batch {batch}") if x]
-        print(f"OK: strategy {obj.name or path.name!r}: {obj.dp_degree} pipeline(s), {obj.num_ranks} ranks"
-              + (f"; fits {', '.join(against)}" if against else " (no model/cluster given: structure only)"))
+        _validate_strategy(args, obj, path)
     elif kind == "plan":
         cluster = Cluster.load(resolve_file(args.cluster)) if args.cluster else None
         obj.check(cluster=cluster)
-        print(f"OK: annotation plan {path.name}: {len(obj.annotations)} tensors on {len(obj.ranks)} ranks"
-              + (f"; fits {cluster}" if cluster else ""))
+        what = f"annotation plan {path.name}: {len(obj.annotations)} tensors on {len(obj.ranks)} ranks"
+        if cluster is not None:
+            print(f"OK: {what}; fits {cluster}")
+        else:
+            print(f"schema OK: {what}\nnot checked: ranks against a cluster (pass --cluster)")
     else:
         print(f"OK: cluster {path.name}: {obj}")
     return 0
 
 
-def _check_memory(strategy: Any, model: Any, cluster: Any) -> None:
-    """Each stage's memory estimate (bf16 mixed precision) against its devices' memory: a problem per stage."""
+def _validate_strategy(args: argparse.Namespace, strategy: Any, path: Path) -> None:
+    """``hspmd validate`` of a strategy: every problem against the context given (structure, layers and TP,
+    placement, global batch, memory) raised together; else "OK" only when nothing was left unchecked, and
+    "schema OK" with a ``not checked:`` line naming what needs --model / --cluster."""
+    from .core.cluster import format_memory
+
+    model, cluster, batch = load_context(args, path)
+    problems = strategy.problems(model, cluster, batch)
+    memory = model is not None and cluster is not None and not args.no_memory_check
+    if memory:
+        problems += _memory_problems(strategy, model, cluster)
+    if problems:
+        raise PlanValidationError(problems, what="strategy")
+    against = [str(x) for x in (model and model.name, cluster, batch and f"global batch {batch}") if x]
+    what = (f"strategy {strategy.name or path.name!r}: {strategy.dp_degree} pipeline(s), {strategy.num_ranks} ranks"
+            + (f"; fits {', '.join(against)}" if against else ""))
+    missing = []
+    if model is None:
+        missing.append("layer coverage and TP degrees against a model (pass --model)")
+    if cluster is None:
+        missing.append("placement of the ranks on a cluster (pass --cluster)")
+    if not memory:
+        missing.append("memory per rank (--no-memory-check given)" if model is not None and cluster is not None
+                       else "memory per rank (needs --model and --cluster)")
+    if missing:
+        print(f"schema OK: {what}\nnot checked: " + "; ".join(missing))
+    else:
+        peak = max(strategy.memory_estimate(model).values())
+        print(f"OK: {what}; memory estimate at most {format_memory(peak)}/rank, within each rank's device")
+
+
+def _memory_problems(strategy: Any, model: Any, cluster: Any) -> list[tuple[str, str]]:
+    """Each stage whose memory estimate (bf16 mixed precision) exceeds its devices' memory, as ``(field path,
+    reason)``; ranks outside the cluster are skipped (placement reports them)."""
+    from .core.cluster import format_memory
+
     mem = strategy.memory_estimate(model)
     problems = []
     for i, p in enumerate(strategy.pipelines):
         for j, s in enumerate(p.stages):
-            worst = max(s.devices, key=lambda r: mem[r] / cluster.spec(r).memory_mb)
-            cap = cluster.spec(worst).memory_mb * 2**20
+            inside = [r for r in s.devices if 0 <= r < cluster.num_ranks]
+            if not inside:
+                continue
+            worst = max(inside, key=lambda r: mem[r] / cluster.spec(r).memory_bytes)
+            cap = cluster.spec(worst).memory_bytes
             if mem[worst] > cap:
-                problems.append((f"pipelines[{i}].stages[{j}]", f"needs ~{mem[worst] / 1e9:.1f} GB/rank (estimate: "
+                problems.append((f"pipelines[{i}].stages[{j}]", f"needs ~{format_memory(mem[worst])}/rank (estimate: "
                                  f"bf16 parameters and gradients, fp32 Adam, activations at seq_len "
-                                 f"{model.max_seq_len}) but a {cluster.kind(worst)} device has {cap / 1e9:.1f} GB; "
+                                 f"{model.max_seq_len}) but {cluster.kind(worst)} devices have {format_memory(cap)}; "
                                  "shard it over more ranks (TP, more stages, ZeRO-1), or pass --no-memory-check"))
-    if problems:
-        raise PlanValidationError(problems, what="strategy")
+    return problems
 
 
 @command("show", "print a readable summary of a strategy, annotation plan or cluster",
@@ -215,7 +257,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     model, cluster = load_model_spec("llama:tiny"), Cluster.local(4)
     strategy = Strategy.load(EXAMPLES / "example_hetero_tiny.json", model=model, cluster=cluster)
-    print(f"model:   {model}")
+    print(f"model:   {describe_model(model)}")
     print(f"cluster: {cluster}")
     print(strategy.summary(model=model, cluster=cluster))
     losses = run_demo(steps=args.steps, seed=args.seed)
@@ -287,13 +329,16 @@ def _run(args: argparse.Namespace) -> int:
     if args.padding:
         raise PlanValidationError([("--padding", "pads the micro-batches of --programs (mixed-length data); a "
                                                  "STRATEGY trains fixed-length rows")], what="arguments")
-    strategy = Strategy.load(resolve_file(args.file), model=model, cluster=cluster)
+    path = resolve_file(args.file)
+    strategy = Strategy.load(path)
+    _check_run_context(strategy, model, cluster, args, path)
     program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster)
     job = launch_training(program, cluster, steps=args.steps, seed=args.seed, data=args.data, lr=args.lr,
-                          seq_len=args.seq_len, progress=True,
+                          seq_len=args.seq_len, progress=_live_progress(),
                           timeout_s=args.timeout, stall_s=args.stall, heartbeat_s=args.heartbeat,
                           log_dir=args.log_dir, resource_check=not args.no_resource_check,
                           elastic=args.elastic, straggler=args.straggler, **training_checkpoint_options(args))
+    _announce(job, args)
     try:
         result = job.wait()
     except KeyboardInterrupt:
@@ -306,6 +351,60 @@ def _run(args: argparse.Namespace) -> int:
     for event in result.events:
         print(f"reconfigured at {event}\n  -> {event.strategy}")
     return 0
+
+
+class CauseFirstError(PlanValidationError):
+    """A :class:`PlanValidationError` whose one-line ``cause`` (plain words: what does not match and what to do)
+    the CLI prints first, before the per-field details."""
+
+    def __init__(self, cause: str, problems: Sequence[tuple[str, str]], *, what: str = "input") -> None:
+        super().__init__(problems, what=what)
+        self.cause = cause
+
+
+def _check_run_context(strategy: Any, model: Any, cluster: Any, args: argparse.Namespace, path: Path) -> None:
+    """``hspmd run``: the strategy against ``--local N`` and ``--model``; a mismatch of ranks or layers is named
+    in one plain first line (needs, gives, what to do), the field problems follow."""
+    problems = strategy.problems(model, cluster)
+    if not problems:
+        return
+    causes = []
+    need = max(strategy.ranks) + 1
+    if need > cluster.num_ranks:
+        causes.append(f"the strategy uses ranks 0..{need - 1} ({need} worker processes) but --local {args.local} "
+                      f"gives {cluster.num_ranks}")
+    covers = {p.num_layers for p in strategy.pipelines}
+    layers = "/".join(map(str, sorted(covers)))
+    if covers != {model.num_layers}:
+        causes.append(f"{'it' if causes else 'the strategy'} splits {layers} layers but --model {args.model} has "
+                      f"{model.num_layers}")
+    if not causes:
+        raise PlanValidationError(problems, what="strategy")
+    ctx = example_context(path)
+    made_for = (f" (it was written for {ctx['model']} on {ctx['cluster']})" if "model" in ctx and "cluster" in ctx
+                else "")
+    other_model = "" if covers == {model.num_layers} else (
+        f" --model {ctx['model']}" if "model" in ctx else f" and a --model of {layers} layers")
+    todo = (f"run it with --local {need}{other_model}"
+            + f", or train a strategy written for {cluster.num_ranks} ranks and {model.num_layers} layers"
+            + (" (e.g. 'hspmd run example_hetero_tiny --local 4')" if cluster.num_ranks == 4 and model.num_layers == 4
+               else f" ('hspmd plan --cluster cpu:{cluster.num_ranks} --model {args.model} -o FILE' writes one)"))
+    raise CauseFirstError("cannot run this strategy here: " + "; ".join(causes) + made_for + f". To fix: {todo}.",
+                          problems, what="strategy")
+
+
+def _live_progress() -> bool:
+    """Whether ``hspmd run`` shows the live progress bar: only when stderr (where it redraws one line with carriage
+    returns) is a terminal; piped or redirected, those updates would pile up on one line."""
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+
+def _announce(job: Any, args: argparse.Namespace) -> None:
+    """Without the live bar (stderr is not a terminal), one plain line on stderr saying what runs and where its
+    logs are; the losses follow on stdout when the job ends."""
+    if not _live_progress():
+        print(f"training {args.steps} steps on {args.local} local worker processes (no live progress: stderr is not "
+              f"a terminal); logs in {job.log_dir}", file=sys.stderr, flush=True)
 
 
 def _print_losses(losses: Sequence[float], steps: int, ref: Any, columns: dict[str, Sequence[Any]] | None = None
@@ -377,10 +476,12 @@ def _run_mixed(args: argparse.Namespace, model: Any, cluster: Any) -> int:
     programs = _candidate_programs(args.programs, model, cluster)
     cost = _cost(args.cost) or CostModel(cores=os.cpu_count() or 1)
     job = launch_mixed(programs, cluster, steps=args.steps, seed=args.seed, data=data, lr=args.lr,
-                       tokens_per_step=args.tokens_per_step, context=args.context, cost=cost, progress=True,
+                       tokens_per_step=args.tokens_per_step, context=args.context, cost=cost,
+                       progress=_live_progress(),
                        timeout_s=args.timeout, stall_s=args.stall, heartbeat_s=args.heartbeat, log_dir=args.log_dir,
                        resource_check=not args.no_resource_check, elastic=args.elastic, straggler=args.straggler,
                        packing=False if args.padding else None, **training_checkpoint_options(args))
+    _announce(job, args)
     try:
         result = job.wait()
     except KeyboardInterrupt:
@@ -521,7 +622,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PlanValidationError as e:
         if args.debug:
             raise
-        print(f"error: invalid {e.what}:", file=sys.stderr)
+        cause = getattr(e, "cause", None)
+        if cause:
+            print(f"error: {cause}\ndetails (invalid {e.what}):", file=sys.stderr)
+        else:
+            print(f"error: invalid {e.what}:", file=sys.stderr)
         for path, reason in e.problems:
             print(f"  {path}: {reason}", file=sys.stderr)
         return 1

@@ -105,7 +105,7 @@ CASES: list[tuple[list[str], str]] = [
     (["validate", "{%s}" % T, "--global-batch", "-3"], "out of range"),
     (["validate", "{%s}" % T, "--global-batch", "abc"], "not an integer"),
     (["validate", "{%s}" % T, "--global-batch", "9" * 4400], "not an integer"),
-    (["validate", "{BIG_PP2_JSON}", "--model", "llama-70b", "--cluster", "{LOCAL2_JSON}"], "GB/rank"),
+    (["validate", "{BIG_PP2_JSON}", "--model", "llama-70b", "--cluster", "{LOCAL2_JSON}"], "GiB/rank"),
     (["validate", "{%s}" % T, "--model", "tiny", "--cluster", "{LOCAL2_JSON}", "--global-batch", "5"],
      "global batch is 5"),
     (["show", "{DEEP_JSON}"], "nested too deeply"),

@@ -117,7 +117,9 @@ def test_cluster_view_and_units():
     text = json.dumps(view)
     assert "e+" not in text.replace("\\u", "")  # no raw floats like 4e+09 in anything shown
     tile = view["tiles"][0]
-    assert tile["mem_text"].endswith("/80 GiB")
+    # the capacity as everywhere else: 81559 MiB is 79.6 GiB (not rounded to "80 GiB")
+    assert tile["mem_text"].endswith(f"/{81559 / 1024:.1f} GiB")
+    assert c["nodes"][0]["sub"] == f"{81559 / 1024:.1f} GiB each · NVLink 400 GB/s"
 
 
 def test_widget_messages_call_the_editor(tmp_path):

@@ -29,9 +29,45 @@ class DeviceSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: str = Field(min_length=1)
-    memory_mb: int = Field(gt=0, description="device memory in MB (as nvidia-smi reports it)")
+    memory_mb: int = Field(gt=0, description="device memory in MiB, as nvidia-smi reports it (81559 MiB = 79.6 GiB)")
     bf16_tflops: float = Field(gt=0, description="peak dense bf16 TFLOPS")
     intra_bandwidth_gbs: float = Field(gt=0, description="intra-node bandwidth per device, GB/s")
+
+    @property
+    def memory_bytes(self) -> int:
+        """Device memory in bytes (``memory_mb`` MiB)."""
+        return self.memory_mb * 2**20
+
+    def describe(self) -> str:
+        """``79.6 GiB, 990 TFLOPS bf16, NVLink 400 GB/s``; a ``cpu`` device (a local worker process) is described
+        by what it is, with its nominal figures, and not as having NVLink."""
+        if self.kind == LOCAL_KIND:
+            return (f"local worker process, nominal {format_memory(self.memory_bytes)}, "
+                    f"{self.bf16_tflops:g} TFLOPS bf16, {self.intra_bandwidth_gbs:g} GB/s between processes")
+        return (f"{format_memory(self.memory_bytes)}, {self.bf16_tflops:g} TFLOPS bf16, "
+                f"NVLink {self.intra_bandwidth_gbs:g} GB/s")
+
+
+#: The device kind of a local worker process (tests, demos, ``hspmd run --local``).
+LOCAL_KIND = "cpu"
+
+
+def format_memory(nbytes: float) -> str:
+    """Memory, the one convention of every display (CLI, ``Strategy.summary``, the editor): binary units,
+    ``79.6 GiB``; below a tenth of a GiB ``12.3 MiB``.  Bandwidths and traffic stay decimal (GB/s, as vendors
+    quote them)."""
+    if nbytes >= 0.1 * 2**30:
+        return f"{nbytes / 2**30:.1f} GiB"
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+def format_count(n: float) -> str:
+    """A count such as a number of parameters: ``197.2K``, ``6.74B``, ``1.2M``, ``512``."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            v = n / scale
+            return f"{v:.2f}{unit}" if v < 10 else f"{v:.1f}{unit}" if v < 100 else f"{v:.0f}{unit}"
+    return f"{n:.0f}"
 
 
 #: Device presets.  H800 and H20 are the paper's Table 7; the others are vendor figures (SXM parts).

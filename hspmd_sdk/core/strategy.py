@@ -229,10 +229,7 @@ class Strategy(BaseModel):
         if cluster is not None:
             out += _cluster_problems(self, cluster)
         if global_batch is not None and self.global_batch != global_batch:
-            parts = ", ".join(f"pipeline {i}: {p.num_micro_batches} x bs{p.micro_batch_size}"
-                              for i, p in enumerate(self.pipelines))
-            out.append(("pipelines", f"micro-batches sum to {self.global_batch} samples ({parts}) but the global "
-                                     f"batch is {global_batch}; change num_micro_batches or micro_batch_size"))
+            out.append(("pipelines", _batch_problem(self, global_batch)))
         return out
 
     def check(self, model: "ModelSpec | None" = None, cluster: "Cluster | None" = None,
@@ -307,13 +304,13 @@ class Strategy(BaseModel):
                 if s.recompute:
                     line += "  recompute"
                 if mem:
-                    line += f"  ~{_gb(max(mem[r] for r in s.devices))}/rank"
+                    line += f"  ~{_gb(max(mem[r] for r in s.devices))}/rank{_over_memory(s.devices, mem, cluster)}"
                 lines.append(line)
         if mem:
             seq = model.max_seq_len if model is not None else 0
             lines.append(f"  memory: estimate of bf16 params+grads, fp32 Adam states"
                          f"{' (ZeRO-1 over DP)' if self.zero1 else ''} and in-flight activations at "
-                         f"seq_len {seq}; peak {_gb(max(mem.values()))}")
+                         f"seq_len {seq}; peak {_gb(max(mem.values()))}" + _over_footer(self, mem, cluster))
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -326,7 +323,51 @@ def _n(count: int, one: str, many: str | None = None) -> str:
 
 
 def _gb(nbytes: float) -> str:
-    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.2f} MB"
+    from .cluster import format_memory
+
+    return format_memory(nbytes)
+
+
+def _over_footer(strategy: Strategy, mem: dict[int, float], cluster: "Cluster | None") -> str:
+    """``; 2 stages exceed their devices' memory (marked)`` when some do."""
+    over = sum(1 for p in strategy.pipelines for s in p.stages if _over_memory(s.devices, mem, cluster))
+    if not over:
+        return ""
+    verb = "exceeds its" if over == 1 else "exceed their"
+    return f"; {_n(over, 'stage')} {verb} devices' memory (marked)"
+
+
+def _over_memory(ranks: list[int], mem: dict[int, float], cluster: "Cluster | None") -> str:
+    """`` — exceeds H800's 79.6 GiB`` when the estimate of a rank of the stage is above its device's memory."""
+    if cluster is None:
+        return ""
+    for r in ranks:
+        if 0 <= r < cluster.num_ranks and mem[r] > cluster.spec(r).memory_bytes:
+            return f" — exceeds {cluster.kind(r)}'s {_gb(cluster.spec(r).memory_bytes)}"
+    return ""
+
+
+#: Where a required global batch is set, named by every message about it.
+_WHERE_BATCH = ("the editor's global batch box (PlanEditor.set_global_batch), global_batch= of Strategy.load/check, "
+                "--global-batch of hspmd validate/plan/simulate")
+
+
+def _batch_problem(strategy: Strategy, global_batch: int) -> str:
+    """Why the pipelines' samples do not make ``global_batch``, and what can change: the micro-batches when they
+    can add up to it, else (fewer samples than pipelines, each of which takes at least one) the global batch."""
+    dp = strategy.dp_degree
+    parts = ", ".join(f"pipeline {i}: {p.num_micro_batches} x bs{p.micro_batch_size}"
+                      for i, p in enumerate(strategy.pipelines))
+    head = f"micro-batches sum to {strategy.global_batch} samples ({parts}) but the global batch is {global_batch}"
+    if global_batch < dp:
+        return (f"{head}; every pipeline takes at least one sample, so {_n(dp, 'pipeline')} cannot share "
+                f"{_n(global_batch, 'sample')} whatever their micro-batches: raise the global batch to at least {dp} "
+                f"in {_WHERE_BATCH}, or remove pipelines")
+    even = (f"e.g. {global_batch // dp} x bs1 in each pipeline" if global_batch % dp == 0
+            else f"e.g. {global_batch // dp + 1} x bs1 in {global_batch % dp} pipeline(s) and "
+                 f"{global_batch // dp} x bs1 in the others")
+    return (f"{head}; change num_micro_batches or micro_batch_size so the pipelines add up to {global_batch} "
+            f"({even}), or change the global batch in {_WHERE_BATCH}")
 
 
 def _kinds(ranks: list[int], cluster: "Cluster | None") -> str:
@@ -358,10 +399,12 @@ def _cluster_problems(strategy: Strategy, cluster: "Cluster") -> list[tuple[str,
     n = cluster.num_ranks
     for i, p in enumerate(strategy.pipelines):
         for j, s in enumerate(p.stages):
-            for r in s.devices:
-                if not 0 <= r < n:
-                    out.append((f"pipelines[{i}].stages[{j}].devices",
-                                f"rank {r} is not in the cluster ({n} ranks: 0..{n - 1})"))
+            outside = [r for r in s.devices if not 0 <= r < n]
+            if outside:
+                what = (f"rank {outside[0]} is" if len(outside) == 1 else
+                        f"ranks {format_ranks(outside)} are")
+                out.append((f"pipelines[{i}].stages[{j}].devices",
+                            f"{what} not in the cluster ({n} ranks: 0..{n - 1})"))
     return out
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..core.annotation import format_ranks, local_view
-from ._units import fmt_bytes, fmt_memory
+from ._units import fmt_bytes, fmt_memory, fmt_node_devices
 from ._editor_view import comm_state, general_problems, kinds_text, stage_memory, stage_messages, verdict
 from ._style import UNION_COLOURS, ink, pipeline_colour, stage_colour
 from .cluster_fig import grid_dims, hdim_words
@@ -32,7 +32,8 @@ def cluster_view(ed: "PlanEditor") -> dict[str, Any]:
     for i, n in enumerate(c.nodes):
         spec = c.devices[n.kind]
         nodes.append({"i": i, "host": n.host, "kind": n.kind, "ranks": list(n.ranks),
-                      "mem_gib": round(spec.memory_mb / 1024, 1), "nvlink_gbs": spec.intra_bandwidth_gbs})
+                      "mem_gib": round(spec.memory_mb / 1024, 1), "nvlink_gbs": spec.intra_bandwidth_gbs,
+                      "sub": fmt_node_devices(spec)})
     from ._model import model_name
 
     return {"nodes": nodes, "num_ranks": c.num_ranks, "inter_gbs": c.inter_bandwidth_gbs,
@@ -41,9 +42,9 @@ def cluster_view(ed: "PlanEditor") -> dict[str, Any]:
 
 
 def _short_memory(need: float, cap: float) -> str:
-    """``43.9/80 GiB`` (or ``12 MiB/8 GiB`` for small needs): fits a tile."""
-    head = f"{need / 2**30:.1f}" if need >= 0.1 * 2**30 else f"{need / 2**20:.1f} MiB"
-    return f"{head}/{cap / 2**30:.0f} GiB"
+    """``43.9/79.6 GiB`` (or ``12.0 MiB/8.0 GiB`` for small needs): fits a tile; the capacity as everywhere else."""
+    head = f"{need / 2**30:.1f}" if min(need, cap) >= 0.1 * 2**30 else fmt_memory(need)
+    return f"{head}/{fmt_memory(cap)}"
 
 
 def _problem(p: Any) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 times in s/ms/µs."""
 from __future__ import annotations
 
-__all__ = ["fmt_bytes", "fmt_seconds", "fmt_memory", "fmt_bandwidth"]
+from typing import Any
+
+__all__ = ["fmt_bytes", "fmt_seconds", "fmt_memory", "fmt_bandwidth", "fmt_node_devices"]
 
 
 def fmt_bytes(n: float) -> str:
@@ -24,12 +26,23 @@ def fmt_seconds(s: float) -> str:
 
 
 def fmt_memory(n: float) -> str:
-    """Device memory: ``43.9 GiB``, below a tenth of a GiB ``12.3 MiB``."""
-    if n >= 0.1 * 2**30:
-        return f"{n / 2**30:.1f} GiB"
-    return f"{n / 2**20:.1f} MiB"
+    """Device memory: ``43.9 GiB``, below a tenth of a GiB ``12.3 MiB`` (the CLI's and ``Strategy.summary``'s
+    convention: :func:`hspmd_sdk.core.cluster.format_memory`)."""
+    from ..core.cluster import format_memory
+
+    return format_memory(n)
 
 
 def fmt_bandwidth(bytes_per_s: float) -> str:
     """``400 GB/s``, ``25 GB/s``, ``5 MB/s``."""
     return f"{bytes_per_s / 1e9:g} GB/s" if bytes_per_s >= 1e9 else f"{bytes_per_s / 1e6:g} MB/s"
+
+
+def fmt_node_devices(spec: Any) -> str:
+    """A node's devices in a line: ``79.6 GiB each · NVLink 400 GB/s``; local worker processes (kind ``cpu``)
+    are not described as NVLinked: ``local processes · nominal 8.0 GiB each``."""
+    from ..core.cluster import LOCAL_KIND
+
+    if spec.kind == LOCAL_KIND:
+        return f"local processes · nominal {fmt_memory(spec.memory_bytes)} each"
+    return f"{fmt_memory(spec.memory_bytes)} each · NVLink {spec.intra_bandwidth_gbs:g} GB/s"

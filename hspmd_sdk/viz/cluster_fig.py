@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 from ..core.annotation import DUPLICATE, PARTIAL, Annotation, format_ranks, local_view
 from ._geometry import HEADER, MARGIN, PAD, ClusterGeometry, geometry
 from ._style import ERROR, SELECTED, UNUSED, pipeline_colour, stage_colour, subgroup_colour
+from ._units import fmt_memory, fmt_node_devices
 
 if TYPE_CHECKING:
     from ..core.cluster import Cluster
@@ -40,7 +41,7 @@ class TileStyle:
 
 
 def _gb(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.1f} GiB"
+    return fmt_memory(nbytes)
 
 
 def tile_style(cluster: "Cluster", strategy: "Strategy | Any | None" = None, *,
@@ -110,7 +111,7 @@ def _node_shapes(cluster: "Cluster", geom: ClusterGeometry) -> tuple[list[dict[s
         notes.append(dict(x=box.x0 + PAD, y=box.y0 + HEADER / 2 + 0.04, xanchor="left", yanchor="middle",
                           showarrow=False, font=dict(size=10, color="#2d333a"),
                           text=f"<b>{node.host}</b> · {len(node.ranks)}×{node.kind} · "
-                               f"{spec.memory_mb / 1024:.0f} GiB · NVLink {spec.intra_bandwidth_gbs:.0f} GB/s"))
+                               f"{fmt_node_devices(spec)}"))
     # inter-node links (one class: the network): dashed lines across the gaps between neighbouring node boxes
     for a in geom.nodes:
         for b in geom.nodes:

@@ -81,9 +81,10 @@ class PlanEditor:
 
     ``model``: a model config (any model the SDK can plan) or a preset name.  ``global_batch``: samples per step
     the strategy must add up to; it is pinned -- edits never change it, :meth:`set_global_batch` does (default:
-    the initial strategy's, else the first valid plan's).  ``seq_len``: for the simulator (default
-    ``model.max_seq_len``).  ``background``: resolve communication on a background thread (``False``: inline,
-    for scripts and tests).  ``job``: a running job to show and drive (see :meth:`attach`).
+    the initial strategy's, else the first valid plan's; an editor started without a strategy drafts one sample
+    per device of the cluster, which any number of equal pipelines filling the cluster can share).  ``seq_len``:
+    for the simulator (default ``model.max_seq_len``).  ``background``: resolve communication on a background
+    thread (``False``: inline, for scripts and tests).  ``job``: a running job to show and drive (see :meth:`attach`).
     """
 
     def __init__(self, cluster: "Cluster", model: Any, strategy: "Strategy | Any | None" = None,
@@ -644,8 +645,11 @@ class PlanEditor:
 
     # ---- internals -----------------------------------------------------------------------------------------
     def _empty_draft(self) -> Draft:
+        """One pipeline, one stage with every layer and no devices, carrying the global batch: the one given, else
+        one sample per device of the cluster, so that pipelines added later can share it (the first valid plan
+        pins it; a batch of 1 could never be split)."""
         return Draft([PipelineDraft([StageDraft([], [0, self.model.num_layers - 1])], 1,
-                                    self.global_batch or 1)])
+                                    self.global_batch or self.cluster.num_ranks)])
 
     def _need_selection(self) -> tuple[int, int]:
         if self._selected is None:

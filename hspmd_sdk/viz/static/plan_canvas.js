@@ -466,7 +466,7 @@ class Canvas {
       const n = b.node;
       under += `<rect class="hc-node" x="${b.x}" y="${b.y}" width="${b.w}" height="${b.h}" rx="6"/>
         <text class="hc-node-head" x="${b.x + PAD}" y="${b.y + 14}"><tspan font-weight="600">${esc(n.host)}</tspan> · ${n.ranks.length}×${esc(n.kind)}</text>
-        <text class="hc-node-sub" x="${b.x + PAD}" y="${b.y + 27}">${n.mem_gib} GiB each · NVLink ${n.nvlink_gbs} GB/s</text>`;
+        <text class="hc-node-sub" x="${b.x + PAD}" y="${b.y + 27}">${esc(n.sub)}</text>`;
     }
     for (const a of lay.boxes) for (const b of lay.boxes) {
       if (a.y === b.y && b.x > a.x && b.x - (a.x + a.w) < NODE_GAP + 1) under += `<line class="hc-net" x1="${a.x + a.w}" y1="${a.y + a.h / 2}" x2="${b.x}" y2="${b.y + b.h / 2}"/>`;
