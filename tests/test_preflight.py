@@ -109,7 +109,7 @@ def test_resource_problems_name_each_host_and_rank() -> None:
     ("betas", (1.5, 0.999), "betas: must be two finite numbers in [0, 1)"),
     ("betas", (0.9,), "betas: must be two"),
     ("recompute", [7], "recompute: ranks [7] run no stage"),
-    ("seq_len", 0, "seq_len: must be at least 1"),
+    ("seq_len", 0, "seq_len: must be a whole number of tokens >= 1"),
 ])
 def test_training_options_are_checked_before_launch(option: str, value, fragment: str) -> None:
     model = LlamaConfig.preset("tiny")
