@@ -113,11 +113,13 @@ def test_a_worker_killed_while_a_user_switch_is_pending(tmp_path: Path, referenc
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("elastic", [False, True])
 def test_switches_requested_back_to_back_are_applied_in_order(elastic: bool, reference) -> None:
-    """DP2 -> TP2 -> PP2 -> DP4 requested within one step: each was planned from the one before it; the workers
-    apply all three at the next boundary, in order (none is dropped, none planned from a layout nobody holds)."""
+    """DP2 -> TP2 -> PP2 -> DP4 requested within one step (step 1, stretched 300x by sleeping): each was planned
+    from the one before it; the workers apply all three at the next boundary, in order (none is dropped, none
+    planned from a layout nobody holds)."""
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(4)
     job = launch_training(_program(model, DP2, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
-                          elastic=elastic, timeout_s=60, heartbeat_s=0.5, slowdown={r: 4.0 for r in cluster.ranks})
+                          elastic=elastic, timeout_s=60, heartbeat_s=0.5,
+                          slowdown={r: [(0, 1.0), (1, 300.0), (2, 1.0)] for r in cluster.ranks})
     pids = job.pids()
     _wait(lambda: job.metrics.last_step() >= 0)
     events = [job.switch(_program(model, d, cluster)) for d in (TP2, PP2, DP4)]

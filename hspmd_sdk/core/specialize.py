@@ -321,6 +321,26 @@ class Program:
             c.check(bindings)
         return shapes
 
+    # ---- travelling (SPEC §9) -----------------------------------------------------------------------------
+    def to_json(self) -> str:
+        """This Program as JSON text: per-rank executable graphs' inputs, pipelines, schedules, communication
+        plans, annotations, bindings and the model config — everything but per-process caches.  The one form in
+        which a Program reaches another process; :meth:`from_json` reads it back equal (``==``)."""
+        from .program_json import program_to_json
+
+        return program_to_json(self)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Program":
+        """The Program written by :meth:`to_json` (no re-specialization: the plans are read, not resolved
+        again).  Constructs only hspmd_sdk.core value types and the model config's class."""
+        from .program_json import ProgramJSONError, program_from_json
+
+        out = program_from_json(text)
+        if not isinstance(out, cls):
+            raise ProgramJSONError(f"the JSON holds a {type(out).__name__}, not a Program")
+        return out
+
     # ---- printing ------------------------------------------------------------------------------------------
     def describe(self, rank: int | None = None) -> str:
         """A readable account of the whole program (``rank=None``) or of one rank's executable graph."""

@@ -217,7 +217,7 @@ class TrainingController:
     def switch(self, program: "Program", *, reason: Reason = "user") -> Event:
         """Move the running job to ``program`` at the next step boundary (``Job.switch``)."""
         from ..core.reconfigure import plan_program_switch
-        from .session import pack_payload, shareable
+        from .session import pack_payload
 
         if self.mixed:
             raise SwitchError("this job trains on mixed-length data: it chooses its plan per step among its "
@@ -255,7 +255,7 @@ class TrainingController:
                 self.straggler.reset()
         finally:
             self._lock.release()
-        self._send({"type": "switch", "id": ident, "payload": pack_payload((shareable(program), plan))},
+        self._send({"type": "switch", "id": ident, "payload": pack_payload((program, plan))},
                    self.alive)
         return event
 
@@ -440,7 +440,7 @@ class TrainingController:
         from ..core.strategy_plan import plan_from_strategy
         from ..planner.elastic import renumber, replan_elastic, survivor_cluster
         from .checkpoint import resume_payload
-        from .session import pack_payload, shareable
+        from .session import pack_payload
 
         t_start = time.time()
         with self._lock:
@@ -526,7 +526,7 @@ class TrainingController:
                "src_ranks": src_ranks, "master_addr": addr, "master_port": port, "resume_step": resume,
                "source": sources.pop() if checkpoint is None else "checkpoint", "finish": finish,
                "checkpoint": None if checkpoint is None else resume_payload(checkpoint),
-               "switch_floor": floor, "payload": pack_payload((shareable(program), plan))}
+               "switch_floor": floor, "payload": pack_payload((program, plan))}
         self._send(msg, sorted(ranks))
         if self.job is not None:
             how = "switching" if checkpoint is None else f"reloading the checkpoint of step {resume} under"

@@ -370,8 +370,8 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
         runs.append(run)
     run = dict(runs[first])
     run["data"] = data
-    run["mixed"] = {"candidates": [{"plan": r["plan"], "bindings": r["bindings"], "recompute": r["recompute"]}
-                                   for r in runs], "first": first}
+    run["mixed"] = {"candidates": [{"plan": r["plan"], "bindings": r["bindings"], "recompute": r["recompute"],
+                                    "program": r["program"]} for r in runs], "first": first}
     from .checkpoint import run_fields
 
     run.update(run_fields(run, programs[first], checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
@@ -427,7 +427,8 @@ class MixedSession(TrainSession):
         got = self.candidates.get(i)
         if got is None:
             c = self.run["mixed"]["candidates"][i]
-            got = self.candidates[i] = _program_of({**self.run, "plan": c["plan"], "bindings": c["bindings"]})
+            got = self.candidates[i] = _program_of({**self.run, "plan": c["plan"], "bindings": c["bindings"],
+                                                     "program": c.get("program")})
         return got
 
     def _make_executor(self, params: Any, optimizer_state: Any) -> None:

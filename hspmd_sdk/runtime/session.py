@@ -27,10 +27,8 @@ Nothing here names a model; the session reads the Program.
 """
 from __future__ import annotations
 
-import base64
-import pickle
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -48,17 +46,26 @@ class CommFailure(HSPMDError):
 
 
 def pack_payload(obj: Any) -> str:
-    """A Python object (a Program, a SwitchPlan) as text for a JSON control message (pickle, base64)."""
-    return base64.b64encode(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
+    """Core values (a Program, a SwitchPlan, a tuple of them) as JSON text for a control message: the Program's
+    own JSON form (:mod:`hspmd_sdk.core.program_json`; no pickle: reading it constructs only core value types),
+    per-process caches left out.  Text, so that the message around it is encoded in one pass."""
+    import json
+
+    from ..core.program_json import FORMAT, to_json_value
+
+    return json.dumps({"format": FORMAT, **to_json_value(obj)}, separators=(",", ":"))
 
 
 def unpack_payload(text: str) -> Any:
-    return pickle.loads(base64.b64decode(text.encode("ascii")))
+    """The values :func:`pack_payload` wrote."""
+    import json
 
+    from ..core.program_json import FORMAT, ProgramJSONError, from_json_value
 
-def shareable(program: Any) -> Any:
-    """``program`` without its per-process caches (executable graphs, concrete plans): what is sent to workers."""
-    return replace(program, _cache={}, _concrete={}, _rank_tables={}, _micro={})
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ProgramJSONError(f"a control message's payload is not of format {FORMAT!r}")
+    return from_json_value(data)
 
 
 @dataclass

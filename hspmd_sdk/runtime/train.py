@@ -103,7 +103,8 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
         "init": _init_source(init, config),
         "precision": precision,
     }
-    _validate_run(run, program, cluster, config)
+    # the Program as the workers get it: its JSON (SPEC §9), specialized on the launch cluster
+    run["program"] = _validate_run(run, program, cluster, config).to_json()
     if resume_from is not None and init is not None:
         raise PlanValidationError([("init", "resume_from= already gives the weights (and the optimizer state); "
                                             "pass one of init= and resume_from=")], what="training run")
@@ -118,10 +119,11 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
     return run
 
 
-def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: Any) -> None:
+def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: Any) -> Any:
     """Raise :class:`~hspmd_sdk.errors.PlanValidationError` for a run that would fail only in the workers: what
     needs the program and the cluster (each option's type and range, the data source and the model's position
-    limit were checked first, by :func:`~.run_config.check_run_options`)."""
+    limit were checked first, by :func:`~.run_config.check_run_options`).  Returns the Program the workers run:
+    ``program`` itself when it was specialized for ``cluster``, else its plan specialized on ``cluster``."""
     from ..errors import HSPMDError, PlanValidationError
 
     what = "training run"
@@ -136,14 +138,17 @@ def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: An
                                     "was specialized for"))
     if problems:
         raise PlanValidationError(problems, what=what)
-    try:  # what every worker does first (train_entry -> _program_of), once here
-        again = _program_of(run)
+    if program.cluster is not None and program.cluster == cluster and program._resolver is None:
+        return program
+    try:  # specialized for another cluster: the plan on the launch cluster, once, here
+        again = _program_of({k: v for k, v in run.items() if k != "program"})
     except (HSPMDError, ValueError) as e:
         raise PlanValidationError([("plan", f"does not specialize on the launch cluster: {e}")], what=what) from e
     if sorted(again.ranks) != sorted(program.ranks):
         raise PlanValidationError([("cluster", f"the plan specialized on the launch cluster uses ranks "
                                                f"{sorted(again.ranks)}, not the program's {sorted(program.ranks)}")],
                                   what=what)
+    return again
 
 
 def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs: Any) -> Any:
@@ -326,10 +331,15 @@ def train_entry(state: Any, spec: Any) -> dict[str, Any]:
 
 
 def _program_of(run: Mapping[str, Any]) -> Any:
+    """The run's Program: read from its JSON (``run["program"]``, how a launcher sends it), or specialized from
+    the run's model, plan and cluster (a run built without one)."""
     from ..core.cluster import Cluster
     from ..core.plan import AnnotationPlan
-    from ..core.specialize import specialize
+    from ..core.specialize import Program, specialize
     from ..models.registry import model_from_class
+
+    if run.get("program") is not None:
+        return Program.from_json(run["program"])
 
     config = model_from_class(run.get("model_class"), run["config"])
     plan = AnnotationPlan.model_validate(run["plan"])
