@@ -371,7 +371,7 @@ def emulated_entry(state: Any, spec: Any) -> dict[str, Any]:
     """Payload ``runs`` (training-run dicts), ``factors`` (rank -> slowdown), ``rounds``, ``warmup`` (and optional
     ``threads``: torch threads per worker; ``link_probe``: ``{"sizes", "compute_s"}`` -- after every round, every
     rank times :func:`compute_burst` at once, then ranks (0, 1), (2, 3), ... sweep
-    :func:`hspmd_sdk.planner.cost.collective_sweep` back to back and in context;
+    :func:`hspmd_sdk.runtime.profile.collective_sweep` back to back and in context;
     ``time_comm``: also return each step's seconds and calls inside collectives): build every
     run's executor with compute-only emulation, then step the runs in turn (one step each per round, so load
     affects all alike); returns each run's per-step times (barrier to barrier) after warm-up."""
@@ -500,8 +500,8 @@ def compute_burst(n: int = 256, k: int = 150) -> float:
 def _probe_link(pair: Any, probe: Mapping[str, Any], link: dict[str, list], keep: bool) -> None:
     """One sweep of the blocking all-reduce on this rank's pair, back to back and in context (after
     ``probe["compute_s"]`` of compute, and after ``probe["skew_compute_s"]`` when given;
-    :func:`hspmd_sdk.planner.cost.collective_sweep`), under the same load as the steps around it."""
-    from hspmd_sdk.planner.cost import collective_sweep
+    :func:`hspmd_sdk.runtime.profile.collective_sweep`), under the same load as the steps around it."""
+    from hspmd_sdk.runtime.profile import collective_sweep
 
     sizes = [int(x) for x in probe["sizes"]]
     iso = collective_sweep(sizes, pair, iters=int(probe.get("isolated_iters", 3)))

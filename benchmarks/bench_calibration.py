@@ -10,7 +10,7 @@ communication: the compute model's own error); DP2, PP2 1F1B (4 micro-batches), 
 ``example_hetero_tiny`` layout (a TP2 -> TP1 pipeline with 3 micro-batches of 2 beside a 1-rank pipeline with 1)
 on 4 ranks.
 
-The cost model: :func:`hspmd_sdk.planner.cost.profile_model` times one decoder layer of the reference Llama
+The cost model: :func:`hspmd_sdk.runtime.profile_model` times one decoder layer of the reference Llama
 (forward and backward, and its norms + residuals alone), the embedding, the final norm + LM head + loss and the
 Adam step at the bench model's shapes (1 thread), in this process; ``CostModel.cores`` is this machine's core
 count (compute shared when more ranks than cores).  Two models of the link, both fp32 on the wire:
@@ -18,7 +18,7 @@ count (compute shared when more ranks than cores).  Two models of the link, both
 * ``back-to-back`` (the previous calibration, issue 6): the 2-rank all-reduce timed back to back after a barrier
   -- the link's floor; the TP activations counted as if sequence parallel (``sequence_parallel=True``).
 * ``as run`` (issue 17): the blocking all-reduce timed the way the executor issues it, between bursts of compute,
-  copies in and out included (:func:`hspmd_sdk.planner.cost.collective_sweep`), which adds a per-call latency
+  copies in and out included (:func:`hspmd_sdk.runtime.profile.collective_sweep`), which adds a per-call latency
   (``LinkOverride.call_latency``: waking up, being scheduled) and the in-context bandwidth; timed again after a
   longer burst (8 ms instead of 2 ms), the growth of the wait with the compute before a call is the skew
   (``LinkOverride.skew``: the slowest member arrives later the longer they all computed); the norms and
@@ -79,7 +79,7 @@ def measure(world: int, strats: dict[str, Any], args: argparse.Namespace) -> tup
     """One job: every strategy of ``world`` stepped in turn, the link probed after every round.  Returns step
     times, the link sweeps, rank 0's seconds inside collectives per step and its last step's collectives per op
     (calls, bytes, seconds)."""
-    from hspmd_sdk.planner.cost import LINK_SIZES
+    from hspmd_sdk.runtime.profile import LINK_SIZES
 
     cluster = Cluster.local(world)
     runs = [training_run(program_of(BENCH_MODEL, s, cluster), steps=1, seed=SEED, seq_len=SEQ, lr=LR,
@@ -98,7 +98,8 @@ def measure(world: int, strats: dict[str, Any], args: argparse.Namespace) -> tup
 def link_models(parent: Any, samples: dict) -> tuple[Any, Any, dict]:
     """The ``back-to-back`` and ``as run`` link overrides from one job's in-job sweeps (median per size over its
     rounds); point-to-point figures from ``parent`` (this process's :func:`profile_link`)."""
-    from hspmd_sdk.planner.cost import LINK_SIZES, fit_link
+    from hspmd_sdk.planner.cost import fit_link
+    from hspmd_sdk.runtime.profile import LINK_SIZES
 
     def med(key: str) -> list[float]:
         return [median([r[i] for r in samples[key]]) for i in range(len(LINK_SIZES))]
@@ -169,7 +170,7 @@ def wait_quiet(below: float, max_wait: float) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     from hspmd_sdk.planner import simulate
-    from hspmd_sdk.planner.cost import profile_link, profile_model
+    from hspmd_sdk.runtime.profile import profile_link, profile_model
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true")

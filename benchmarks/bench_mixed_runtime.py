@@ -47,7 +47,8 @@ import numpy as np
 from hspmd_sdk import Cluster, LlamaConfig, launch, specialize
 from hspmd_sdk.core.strategy import Strategy
 from hspmd_sdk.core.strategy_plan import plan_from_strategy
-from hspmd_sdk.planner import CostModel, plan_hotspa, plan_mixed, profile_model, simulate, simulate_hotspa
+from hspmd_sdk.planner import CostModel, plan_hotspa, plan_mixed, simulate, simulate_hotspa
+from hspmd_sdk.runtime import profile_model
 from hspmd_sdk.planner.mixed import MixedEntry, MixedPlan
 from hspmd_sdk.runtime.data import Documents, LengthBatches, length_distribution
 from hspmd_sdk.runtime.mixed import planning_summary

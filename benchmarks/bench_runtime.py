@@ -181,7 +181,7 @@ def profiled_cost(factor_kinds: dict[str, float], threads: int = 1) -> Any:
     """``profile_device("cpu")`` with ``threads`` torch threads (as each worker has), plus scaled copies."""
     import torch
 
-    from hspmd_sdk.planner import profile_device
+    from hspmd_sdk.runtime import profile_device
 
     old = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -211,8 +211,23 @@ def test_remote_hosts_need_a_transport() -> None:
 
 def test_line_progress_renders_in_place() -> None:
     buf = io.StringIO()
-    bar = LineProgress(4, "job", stream=buf, width=8)
+    bar = LineProgress(4, "job", stream=buf, width=8, tty=True)
     bar.update(2, "loss 1.0")
     bar.close("succeeded")
     out = buf.getvalue()
     assert "\rjob [####....] 2/4 loss 1.0" in out and out.endswith("[succeeded]\n")
+
+
+def test_line_progress_writes_plain_lines_to_a_pipe() -> None:
+    """Piped or logged (not a terminal: a StringIO says so), every update is a line of its own: no carriage return
+    piles the updates onto one line."""
+    buf = io.StringIO()
+    bar = LineProgress(4, "job", stream=buf, width=8)
+    bar.update(1, "loss 2.0")
+    bar.note("reconfigured (user): step 2")
+    bar.update(4, "loss 1.0")
+    bar.close("succeeded")
+    out = buf.getvalue()
+    assert "\r" not in out
+    assert out.splitlines() == ["job [##......] 1/4 loss 2.0", "reconfigured (user): step 2",
+                                "job [########] 4/4 loss 1.0", "job [########] 4/4 loss 1.0 [succeeded]"]

@@ -3,8 +3,9 @@
 :func:`plan_mixed`, :meth:`MixedPlan.programs` and the per-step :func:`dispatch`, simulated by
 :func:`simulate_dispatch`, with the :func:`packed_baseline` and HotSPa (:func:`plan_hotspa`) baselines).
 
-Names are imported lazily, so ``import hspmd_sdk.planner`` is cheap; only the profilers (:func:`profile_device`,
-:func:`profile_model`, :func:`profile_link`) import torch.
+Names are imported lazily, so ``import hspmd_sdk.planner`` is cheap.  The planner measures nothing: the profilers
+that give it a :class:`CostModel` (:func:`hspmd_sdk.runtime.profile_device`, :func:`~hspmd_sdk.runtime.profile_model`,
+:func:`~hspmd_sdk.runtime.profile_link`) are the runtime's, and the planner imports nothing of the runtime.
 """
 from __future__ import annotations
 
@@ -13,9 +14,7 @@ from .._lazy import lazy_exports
 _EXPORTS = {
     "CostModel": "hspmd_sdk.planner.cost",
     "ComputeFit": "hspmd_sdk.planner.cost",
-    "profile_device": "hspmd_sdk.planner.cost",
-    "profile_model": "hspmd_sdk.planner.cost",
-    "profile_link": "hspmd_sdk.planner.cost",
+    "fit_link": "hspmd_sdk.planner.cost",
     "OperatorProfile": "hspmd_sdk.planner.cost",
     "LinkOverride": "hspmd_sdk.planner.cost",
     "simulate": "hspmd_sdk.planner.simulator",

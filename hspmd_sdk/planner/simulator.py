@@ -15,9 +15,9 @@ together by :func:`hspmd_sdk.core.schedule.replay` with a timing callback:
    device owns.
 
 Compute comes from the cost model: analytic, a matmul fit (``CostModel.compute_fits``) or whole profiled operators
-(``CostModel.profiles``, :func:`hspmd_sdk.planner.cost.profile_model`).  Link latency and bandwidth come from
+(``CostModel.profiles``, :func:`hspmd_sdk.runtime.profile_model`).  Link latency and bandwidth come from
 :meth:`Cluster.link`, unless ``CostModel.link_overrides`` holds measured figures for the link's class (e.g.
-``"intra"`` for local gloo ranks; with :func:`~hspmd_sdk.planner.cost.profile_link` they include the fixed cost of
+``"intra"`` for local gloo ranks; with :func:`~hspmd_sdk.runtime.profile_link` they include the fixed cost of
 every blocking collective call, ``LinkOverride.call_latency``, which TP's many small all-reduces pay in full, and
 the wait for the group's slowest member, ``LinkOverride.skew`` times the compute before each call, priced from
 the unshared compute).  With ``CostModel.cores`` set and a node holding more ranks than cores

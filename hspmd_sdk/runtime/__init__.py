@@ -59,6 +59,10 @@ _EXPORTS = {
     "LengthBatches": ".data",
     "length_distribution": ".data",
     "launch_mixed": ".mixed",
+    "profile_device": ".profile",
+    "profile_model": ".profile",
+    "profile_link": ".profile",
+    "collective_sweep": ".profile",
     "reference_mixed": ".mixed",
     "planning_summary": ".mixed",
 }

@@ -1,6 +1,6 @@
 """The executor's fixed cost per micro-batch, measured, and folded into a profiled cost model.
 
-:func:`hspmd_sdk.planner.profile_model` times the model's single-device reference (a plain ``nn.Module``) at shapes
+:func:`hspmd_sdk.runtime.profile_model` times the model's single-device reference (a plain ``nn.Module``) at shapes
 of 128 to 1,024 tokens and fits ``seconds = a * FLOPs + b`` per operator.  The slope is right; the intercept is an
 extrapolation, and it is not what the runtime pays: the executor replays the specialized graph operator by
 operator (kernel attributes, Reshards, the autograd graph of each micro-batch, gradient hooks), and on a CPU that
@@ -131,7 +131,7 @@ def executor_overhead(model: Any, *, device: str = "cpu", threads: int | None = 
 def with_executor_overhead(cost: Any, model: Any, kind: str = "cpu", overhead: ExecutorOverhead | None = None,
                            **kw: Any) -> Any:
     """``cost`` (a :class:`~hspmd_sdk.planner.CostModel` with a profile of ``kind`` from
-    :func:`~hspmd_sdk.planner.profile_model`) with the profile's intercepts set to the executor's measured fixed
+    :func:`~hspmd_sdk.runtime.profile_model`) with the profile's intercepts set to the executor's measured fixed
     cost per micro-batch (:func:`executor_overhead`; ``kw`` goes to it): ``layer_fwd.b``/``layer_bwd.b`` per
     decoder layer, and the head's ``b`` for the rest of the model (less the embedding line's own intercept).  Each
     intercept is the measured seconds less the line's FLOP term at the probe's tiny shape (never below zero)."""

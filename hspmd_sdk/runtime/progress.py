@@ -1,4 +1,5 @@
-"""A small progress display for jobs: an ipywidgets bar in a notebook, one updating stderr line in a terminal."""
+"""A small progress display for jobs: an ipywidgets bar in a notebook, one updating stderr line in a terminal, and
+plain lines (no carriage returns) when stderr is a pipe or a file."""
 from __future__ import annotations
 
 import sys
@@ -34,11 +35,19 @@ def make_progress(total: int, title: str = "") -> Progress:
 
 
 class LineProgress:
-    """``title [#####.....] 5/10 text`` rewritten in place on ``stream`` (at most 10 times a second)."""
+    """``title [#####.....] 5/10 text`` rewritten in place on ``stream`` (at most 10 times a second) when it is a
+    terminal; otherwise (a pipe, a log file) one plain line per update, at most one a second, so that a log reads
+    line by line instead of piling every update onto one.  ``tty``: force either behaviour."""
 
-    def __init__(self, total: int, title: str = "", stream: IO[str] | None = None, width: int = 24) -> None:
+    def __init__(self, total: int, title: str = "", stream: IO[str] | None = None, width: int = 24,
+                 tty: bool | None = None) -> None:
         self.total, self.title, self.width = max(total, 1), title, width
         self.stream = stream if stream is not None else sys.stderr
+        if tty is None:
+            isatty = getattr(self.stream, "isatty", None)
+            tty = bool(isatty()) if callable(isatty) else False
+        self.tty = tty
+        self._every = 0.1 if tty else 1.0
         self._last = 0.0
         self._len = 0
         self._lock = threading.Lock()
@@ -52,7 +61,7 @@ class LineProgress:
         with self._lock:
             self._state = (done, text)
             now = time.monotonic()
-            if now - self._last >= 0.1 or done >= self.total:
+            if now - self._last >= self._every or done >= self.total:
                 self._last = now
                 self._write(self.render(done, text))
 
@@ -60,18 +69,24 @@ class LineProgress:
         """A line of its own above the bar (a reconfiguration, as it happens)."""
         with self._lock:
             self._write(text)
-            self.stream.write("\n")
-            self._len = 0
-            self._write(self.render(*self._state))
+            if self.tty:
+                self.stream.write("\n")
+                self._len = 0
+                self._write(self.render(*self._state))
 
     def close(self, status: str = "done") -> None:
         with self._lock:
             done, text = self._state
             self._write(self.render(done, f"{text} [{status}]".strip()))
-            self.stream.write("\n")
+            if self.tty:
+                self.stream.write("\n")
             self.stream.flush()
 
     def _write(self, line: str) -> None:
+        if not self.tty:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+            return
         pad = " " * max(0, self._len - len(line))
         self.stream.write("\r" + line + pad)
         self.stream.flush()

@@ -12,7 +12,7 @@ shape)``, so the distributed runtime builds exactly the same full value on any r
 CPU in float32 by a ``torch.Generator`` seeded with the first 8 bytes (little endian, top bit cleared) of
 ``sha256(f"{seed}:{name}")``.
 
-The module is layered for the profiler (:func:`hspmd_sdk.planner.cost.profile_model`): ``embed_tokens``,
+The module is layered for the profiler (:func:`hspmd_sdk.runtime.profile_model`): ``embed_tokens``,
 ``block(i, h)`` and ``head(h)`` compose ``forward``.
 
 Data convention: a training sample is a token sequence ``seq[B, S+1]``; the model reads ``tokens = seq[:, :-1]``
