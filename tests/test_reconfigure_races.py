@@ -195,3 +195,29 @@ def test_a_halt_no_failure_explains_ends_the_job_with_its_reason() -> None:
     controller._on_halted(1, {"after": 0, "step": 1, "source": "live", "held": [0, 0], "error": "peer died"})
     time.sleep(0.8)
     assert failed == []
+
+
+#: the 6 ranks as a 2-stage pipeline on ranks 5, 4 beside a TP2 pipeline on 0, 2: ranks 1 and 3 hold nothing
+SPARE = {"pipelines": [_pipe([([5], [0, 1]), ([4], [2, 3])], 2, 2), _pipe([([0, 2], [0, 3])], 4, 1)],
+         "schedule": "gpipe"}
+
+
+@pytest.mark.timeout(60)
+def test_a_failure_in_the_first_step_after_a_switch_that_leaves_ranks_without_state(reference) -> None:
+    """A switch to a plan where ranks 1 and 3 hold nothing is applied at step 2's boundary (step 1 is stretched
+    300x while it is requested); rank 4 dies in step 2's forward.  Ranks 1 and 3, with no work, are already
+    inside step 2's commit when the others halt: they hold the new (empty) state and the one from before the
+    switch, the others only the latter.  Nobody completed the commit, so everyone recovers from the state from
+    before the switch (a recovery that once failed with "the survivors disagree on their state")."""
+    model, cluster = LlamaConfig.preset("tiny"), Cluster.local(6)
+    job = launch_training(_program(model, SIX, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
+                          elastic=True, timeout_s=60, heartbeat_s=0.5,
+                          slowdown={r: [(0, 1.0), (1, 300.0), (2, 1.0)] for r in cluster.ranks},
+                          fault_injection=[{"rank": 4, "step": 2, "at": "forward"}])
+    pids = job.pids()
+    _wait(lambda: job.metrics.last_step() >= 0)
+    switch = job.switch(_program(model, SPARE, cluster))
+    result = job.wait(timeout=50)
+    failure = [e for e in result.events if e.reason == "failure"]
+    assert switch.step == 2 and len(failure) == 1 and failure[0].done, [str(e) for e in result.events]
+    _check(job, result, reference, pids, {4})

@@ -455,6 +455,11 @@ class TrainingController:
         sources = {m.get("source") for m in halted.values()}
         steps = {int(m.get("step", -1)) for m in halted.values()}
         held = {tuple(int(x) for x in m.get("held", (0, 0))) for m in halted.values()}
+        before = _common_previous(halted)
+        if sources == {"live", "previous"} and before is not None:
+            # some ranks were inside the first commit after a switch (a rank with no state there gets there at
+            # once), none completed it: everyone still holds the state from before the switch; recover from it
+            sources, held = {"previous"}, {before}  # (their steps agree: nobody is told to finish one)
         last = max(steps)
         # the failure hit a step's commit: some ranks completed it, the others hold its synchronised gradients
         finish = sorted(r for r, m in halted.items() if int(m.get("step", -1)) == last - 1
@@ -613,6 +618,21 @@ class TrainingController:
     def _send(self, msg: dict[str, Any], ranks: Sequence[int]) -> None:
         if self.job is not None:
             self.job._send_control(msg, [r for r in ranks if r not in self._dead])
+
+
+def _common_previous(halted: dict[int, dict[str, Any]]) -> tuple[int, int] | None:
+    """The version every survivor can still offer from before the last switch, when the survivors report the
+    running state (``live``, from inside the first commit after the switch, with ``previous_held``) and the state
+    from before it (``previous``) at one step; ``None`` when some survivor has only its running state (it completed
+    that commit: the others must finish it)."""
+    versions: set[tuple[int, int]] = set()
+    for m in halted.values():
+        kept = m.get("held") if m.get("source") == "previous" else m.get("previous_held")
+        if kept is None:
+            return None
+        versions.add(tuple(int(x) for x in kept))
+    steps = {int(m.get("step", -1)) for m in halted.values()}
+    return versions.pop() if len(versions) == 1 and len(steps) == 1 else None
 
 
 def _strategy_of(program: "Program") -> "Strategy | None":

@@ -405,7 +405,7 @@ class TrainSession:
         t0 = time.perf_counter()
         if self.saver is not None:  # a checkpoint in flight cannot complete in the broken world
             self.saver.abandon()
-        finish = self._in_commit
+        finish, self._in_commit = self._in_commit, None
         finished = None
         if finish is not None and self.ex is not None:
             # the failure hit the step's commit: other ranks may have completed it.  Keep the step finished too
@@ -414,9 +414,11 @@ class TrainSession:
             self.ex.optimizer.step()
             finished = (self.program, {k: v.detach().clone() for k, v in self._state_by_name().items()},
                         float(self.adam_steps + 1))
-            self._in_commit = None
-        if self.previous is not None and finish is None:  # failed during or right after a switch: the state from
-            program, tensors, count, held = self.previous  # before it is whole
+        elif finish is not None:  # a rank without state in the running Program: finishing the step is counting it
+            finished = (self.program, {}, float(self.adam_steps + 1))
+        kept = self.previous  # the state from before the last switches, until a step commits after them
+        if kept is not None and finish is None:  # failed during or right after a switch: the state from
+            program, tensors, count, held = kept   # before it is whole
             have = "previous"
         else:
             program, count, held = self.program, float(self.adam_steps), self.version
@@ -431,10 +433,17 @@ class TrainSession:
         gc.collect()
         self.state.abandon_groups()
         gc.collect()
+        # a rank inside the first commit after a switch also still holds the state from before it: when no rank
+        # completed that commit, the launcher may choose that one for everyone (``previous_held``)
         self.state.channel.send("halted", step=self.committed, source=have, after=self.reconfigured, error=reason,
-                                finish=finish if finished is not None else None, held=list(held))
+                                finish=finish if finished is not None else None, held=list(held),
+                                previous_held=list(kept[3]) if kept is not None and have == "live" else None)
         msg = Reconfigure.decode(self._newest("reconfigure", self.reconfigured, RECONFIGURE_WAIT_S))
-        if self.state.launch_rank in msg.finish:
+        if msg.source == "previous" and have == "live" and kept is not None:
+            program, tensors, count, held = kept  # the launcher chose the state from before the switches
+            tensors = {k: v.detach().clone() for k, v in tensors.items()}
+            have = "previous"
+        elif self.state.launch_rank in msg.finish:
             if finished is None:
                 raise HSPMDError(f"rank {self.state.launch_rank}: told to finish step {self.committed + 1}, whose "
                                  "gradients it does not hold")
