@@ -286,8 +286,18 @@ def test_cli_shows_and_exports_a_checkpoint(jobs: dict, tmp_path: Path, capsys: 
     ck = load_checkpoint(root)
     assert f"step: {STEPS}" in text and "integrity: ok" in text and f"steps [{K}]" in text
     assert "pipeline 0: TP" in text
-    for rank, nbytes in ck.size_per_rank().items():
-        assert f"rank {rank}: {nbytes:,} bytes" in text
+    # each rank's size as the file system has it (not the manifest's record), for exactly plan A's ranks (all hold
+    # state); the files' data (past each one's 8-byte length and JSON header, read here) are the model's fp32
+    # parameters and both Adam moments (3 x 4 bytes an element of the parameter shapes) and each rank's torch RNG state
+    files = sorted(ck.path.glob("rank*.safetensors"))
+    assert {int(f.stem[4:]) for f in files} == set(jobs["pairs"][0]["pa"].ranks)
+    data = 0
+    for f in files:
+        assert f"rank {int(f.stem[4:])}: {f.stat().st_size:,} bytes" in text, f.name
+        with f.open("rb") as fh:
+            data += f.stat().st_size - 8 - int.from_bytes(fh.read(8), "little")
+    assert data == (3 * 4 * sum(box_numel(tuple((0, d) for d in s)) for s in param_shapes(ck.model).values())
+                    + len(files) * torch.get_rng_state().numel())
     assert main(["checkpoint", "export", str(root), "--hf", str(tmp_path / "out")]) == 0
     model, state = from_hf(tmp_path / "out")
     assert model.model_dump(exclude={"name"}) == ck.model.model_dump(exclude={"name"})

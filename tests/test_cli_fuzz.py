@@ -244,6 +244,12 @@ CASES: list[tuple[list[str], str]] = [
     (["launch", "--hostfile", "{HF_OK_TXT}", "--entry", "m:f", "--lr", "nan"], "finite number"),
     (["launch", "--hostfile", "{HF_OK_TXT}", "--entry", "m:f", "--timeout", "-1"], "finite number"),
     (["launch", "--hostfile", "{HF_OK_TXT}", "--entry", "m:f", "--stall", "0.5"], "at least two heartbeats"),
+    # ---- demo, checkpoint
+    (["demo", "--steps", "0"], "out of range"),
+    (["demo", "--seed", "x"], "not an integer"),
+    (["checkpoint"], "required"),
+    (["checkpoint", "show", "{MISSING}"], "no such checkpoint directory"),
+    (["checkpoint", "export", "{MISSING}", "--hf", "{NODIR}"], "no such checkpoint directory"),
     # ---- the top level
     (["bogus"], "invalid choice"),
     (["validate"], "required"),
@@ -263,8 +269,18 @@ def fill(argv: list[str], files: dict[str, str]) -> list[str]:
     return [a.format(**files) if "{" in a else a for a in argv]
 
 
-def test_the_table_is_big_enough() -> None:
-    assert len(CASES) >= 100
+def test_the_table_feeds_bad_input_to_every_command_that_takes_any() -> None:
+    """Against the CLI's own parser, not this table's size: a command added without bad-input cases fails here."""
+    import argparse
+
+    from hspmd_sdk.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    takes_input = {name for name, p in sub.choices.items()
+                   if any(not isinstance(a, argparse._HelpAction) for a in p._actions)}
+    assert "run" in takes_input and "examples" not in takes_input  # the parser is read as meant
+    missing = takes_input - {argv[0] for argv, _ in CASES}
+    assert not missing, f"no bad-input case for: {sorted(missing)}"
 
 
 @pytest.mark.timeout(240)

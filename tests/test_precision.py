@@ -19,9 +19,10 @@ after 3 Adam steps 0.75e-2..1.9e-2 norm-wise).  Measured distances of the distri
 out), gradients ``20 u`` = 7.8e-2 element-wise against the tensor's largest element and ``10 u`` = 3.9e-2
 norm-wise, parameters ``10 u`` norm-wise.  A real error — a gradient missing a micro-batch, a pipeline, a use of a
 tied weight or a shard — is off by tens of percent, far outside.  As in fp32, a gradient that is zero in exact
-arithmetic (GPT-2's key bias) is rounding noise, bounded absolutely; a parameter it updates, and one that starts
-at zero, is nothing but Adam's ``lr``-sized steps on such noise: for those only Adam's own bound is checked (no
-step moves an element by more than ~1.004 ``lr`` with these betas).  Element-wise parameter errors are not
+arithmetic (GPT-2's key bias) is rounding noise, bounded absolutely; a parameter it updates is nothing but Adam's
+``lr``-sized steps on such noise: for it only the recipe's bound (lr and step count) is checked (no step moves an
+element by more than ~1.004 ``lr`` with these betas).  A parameter that starts at zero is nothing but Adam's
+updates: the sign of each element's update must be the reference's (for at least 90% of the elements).  Element-wise parameter errors are not
 bounded otherwise: where a
 gradient element is within rounding of zero, its sign — and so Adam's ``lr``-sized step — may differ (measured up
 to 4.4 ``lr`` after 3 steps), as between any two bf16 runs.
@@ -127,10 +128,20 @@ def test_bf16_training_equals_the_bf16_reference(name: str, trained: dict, refer
         got = run["params"][pname]
         assert torch.isfinite(got).all(), pname
         no_grad = float(exact.grads[pname].abs().max()) < 1e-7 * top
-        if no_grad or not bool(references["initial"][pname].any()):
-            # rounding noise (no gradient) or nothing but Adam's updates (zero init): each of the 3 steps moves an
-            # element by at most ~lr (1.1 lr from Adam's bias corrections with these betas), in both runs
-            assert float((got - full).abs().max()) <= 2 * STEPS * 1.1 * LR, pname
+        initial = references["initial"][pname]
+        if no_grad:
+            # Adam on rounding noise: nothing to compare with the reference (whose noise differs); the recipe's own
+            # bound, from the configured lr and step count: each step moves an element by at most ~lr (1.1 lr from
+            # Adam's bias corrections with these betas) -- a wrong lr or an extra update exceeds it
+            assert float((got - initial).abs().max()) <= STEPS * 1.1 * LR, pname
+            continue
+        if not bool(initial.any()):
+            # nothing but Adam's lr-sized updates (zero init), whose sizes Adam normalises (their gradients are
+            # checked above): the direction of each element's update is the reference's (measured >= 96.9% of
+            # the elements on every strategy; a near-zero gradient element may flip), and each element moved
+            # by at most the recipe's bound.  A missing, misplaced or negated update fails here.
+            agree = float((torch.sign(got) == torch.sign(full)).float().mean())
+            assert agree >= 0.9 and float(got.abs().max()) <= STEPS * 1.1 * LR, (pname, agree)
             continue
         assert _norm_rel(got, full) <= PARAM_NORM_TOL, (pname, _norm_rel(got, full))
 

@@ -5,6 +5,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hspmd_sdk.core.cluster import Cluster
@@ -137,7 +138,17 @@ def test_cost_model_profile_and_round_trip(tmp_path: Path) -> None:
     cost = profile_device("cpu", shapes=[(64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024)],
                           repeats=3)
     fit = cost.compute_fits["cpu"]
-    assert fit.a > 0 and math.isfinite(fit.tflops)
+    # A live fit's slope is this machine's timing: under load it can come out flat (clamped to 0), so only its form
+    # is checked on the live profile; the fitting itself is checked on known points, against numpy's least squares.
+    assert fit.a >= 0 and fit.b >= 0 and fit.device == "cpu" and fit.tflops > 0
+    from hspmd_sdk.planner.cost import _fit_line
+
+    xs = [2.0 * m ** 3 for m in (64, 256, 512, 1024)]
+    ys = [3e-11 * x + 2e-4 + e for x, e in zip(xs, (1e-6, -2e-6, 1.5e-6, -0.5e-6))]
+    slope, intercept = np.polyfit(xs, ys, 1)
+    known = _fit_line(xs, ys)
+    assert known.a == pytest.approx(slope, rel=1e-9) and known.b == pytest.approx(intercept, rel=1e-6)
+    assert math.isfinite(known.tflops) and known.tflops == pytest.approx(1e-12 / 3e-11, rel=1e-3)
     cost.save(tmp_path / "cost.json")
     assert CostModel.load(tmp_path / "cost.json") == cost
     spec = Cluster.local(1).spec(0)

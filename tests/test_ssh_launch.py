@@ -520,8 +520,11 @@ def test_twenty_ssh_launches_leave_fds_and_threads_where_they_started(lab: Loopb
         assert check_hosts(cluster, lab.hosts, **lab.ssh_options).ok
     assert len(jobs) == 21
     settle()
-    assert hspmd_threads() == [] and threading.active_count() == threads, [t.name for t in threading.enumerate()]
-    assert len(os.listdir("/proc/self/fd")) == fds
+    # The SDK's own threads (named hspmd-*) must all be gone.  Other counts are bounded, not exact: unrelated
+    # threads (asyncio's default executor, pytest-timeout) and fds (a transport the garbage collector has not yet
+    # closed, a log file) come and go by a few, while a leak in the launch path leaks at least one per launch (21).
+    assert hspmd_threads() == [] and threading.active_count() <= threads + 2, [t.name for t in threading.enumerate()]
+    assert len(os.listdir("/proc/self/fd")) <= fds + 4
 
 
 @pytest.mark.timeout(60)
