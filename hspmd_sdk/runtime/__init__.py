@@ -53,6 +53,7 @@ _EXPORTS = {
     "WorkerState": ".worker",
     "StepMetrics": ".metrics",
     "load_checkpoint": ".checkpoint",
+    "break_checkpoint_lock": ".checkpoint",
     "Checkpoint": ".checkpoint",
     "CheckpointError": ".checkpoint_io",
     "Documents": ".data",
