@@ -25,7 +25,7 @@ from hspmd_sdk.runtime.job import LogDirError
 from hspmd_sdk.runtime.liveness import Heartbeat, in_communication
 from hspmd_sdk.runtime.protocol import Channel, decode
 
-SELFTEST = "hspmd_sdk.runtime._selftest"
+SELFTEST = "hspmd_sdk.testing.entries"
 FAST = {"heartbeat_s": 0.2, "stall_s": 2.0, "timeout_s": 120}
 
 

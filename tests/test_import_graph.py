@@ -132,3 +132,9 @@ def test_no_new_import_cycle() -> None:
     found = cycles(import_graph())
     assert found - KNOWN_CYCLES == set(), "new import cycle(s)"
     assert KNOWN_CYCLES - found == set(), "these cycles are gone: take them off KNOWN_CYCLES"
+
+
+def test_nothing_of_the_product_imports_the_test_helpers() -> None:
+    bad = sorted((m, t) for m, ts in import_graph().items() if _top(m) != "testing"
+                 for t in ts if _top(t) == "testing")
+    assert bad == []

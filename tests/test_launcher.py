@@ -1,7 +1,7 @@
 """The launcher: real worker processes on gloo, streamed metrics and logs, failures, cancel, interrupts.
 
 Worlds are 2-4 processes (the test machine may have 2 cores); the entries are the diagnostic ones in
-``hspmd_sdk.runtime._selftest``.  Expected values are computed here, independently of the workers.
+``hspmd_sdk.testing.entries``.  Expected values are computed here, independently of the workers.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from hspmd_sdk.runtime.job import Failure
 from hspmd_sdk.runtime.progress import LineProgress
 from hspmd_sdk.runtime.protocol import Channel, LineWriter, decode, encode, is_collateral
 
-SELFTEST = "hspmd_sdk.runtime._selftest"
+SELFTEST = "hspmd_sdk.testing.entries"
 assert_no_workers_left = partial(_procs.assert_no_workers_left, within=3.0)
 wait_for = partial(_procs.wait_for, timeout=30.0)
 
@@ -129,7 +129,7 @@ def test_keyboard_interrupt_in_wait_cancels_the_job() -> None:
 
 
 def test_bad_entry_is_reported_with_its_rank() -> None:
-    job = launch(cluster=Cluster.local(2), entry="hspmd_sdk.runtime._selftest:no_such_entry", steps=1)
+    job = launch(cluster=Cluster.local(2), entry="hspmd_sdk.testing.entries:no_such_entry", steps=1)
     with pytest.raises(RuntimeFailure, match="has no function 'no_such_entry'") as info:
         job.wait(timeout=30)
     assert info.value.rank in (0, 1)

@@ -19,7 +19,7 @@ from hspmd_sdk.runtime import preflight
 from hspmd_sdk.runtime.preflight import HostFacts, ResourceError, resource_problems, training_memory
 from hspmd_sdk.runtime.train import launch_training
 
-SELFTEST = "hspmd_sdk.runtime._selftest"
+SELFTEST = "hspmd_sdk.testing.entries"
 PP2 = {"pipelines": [{"stages": [{"devices": [0], "layers": [0, 1]}, {"devices": [1], "layers": [2, 3]}],
                       "micro_batch_size": 2, "num_micro_batches": 2}]}
 BIG = {"pipelines": [{"stages": [{"devices": [0], "layers": [0, 39]}, {"devices": [1], "layers": [40, 79]}],

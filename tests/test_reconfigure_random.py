@@ -27,6 +27,7 @@ torch = pytest.importorskip("torch")
 
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
+from hspmd_sdk.runtime.checkpoint import list_checkpoints  # noqa: E402
 from hspmd_sdk.runtime.train import launch_training, reference_training  # noqa: E402
 
 SEQ, SEED, LR, STEPS = 16, 3, 1e-3, 6
@@ -89,14 +90,16 @@ def draw(seed: int) -> dict:
         if switches[i] == switches[i - 1]:
             switches[i] = base
     switch_after = rng.randint(0, 1)
-    rank = rng.randrange(6)
+    if zero1:  # a kill in a switch then comes after a committed checkpoint: state with no surviving copy reloads
+        switch_after = 1
     points = [p for p in POINTS if (p != "switch" or switches) and (checkpoint or "-" not in p)]
-    if switches and rng.random() < 0.3:
-        kill = {"how": "external", "rank": rank}  # right after the switch request: the switch is pending
-    else:
+    if switches and rng.random() < 0.3:  # any rank, right after the switch request: the switch is pending
+        kill = {"how": "external", "rank": rng.randrange(6)}
+    else:  # a rank of the base plan (a fault is injected into a rank that runs a stage)
+        ranks = sorted({r for p in PLANS[base]["pipelines"] for s in p["stages"] for r in s["devices"]})
         at = rng.choice(points)
         step = switch_after + 1 if at == "switch" else rng.randint(2, 4)
-        kill = {"how": "injected", "rank": rank, "step": step, "at": at}
+        kill = {"how": "injected", "rank": rng.choice(ranks), "step": step, "at": at}
     return {"seed": seed, "zero1": zero1, "checkpoint": checkpoint, "base": base, "switches": switches,
             "switch_after": switch_after, "kill": kill}
 
@@ -122,6 +125,8 @@ def run_sequence(case: dict, ref, tmp_path: Path) -> None:
     try:
         if case["switches"]:
             _wait(lambda: job.metrics.last_step() >= case["switch_after"] or job.status.value != "running")
+            if zero1 and kill["how"] == "external":  # state with no surviving copy needs a committed checkpoint
+                _wait(lambda: list_checkpoints(tmp_path / "ckpt") or job.status.value != "running")
             if job.status.value == "running" and not job.events:
                 for i in case["switches"]:
                     job.switch(_program(model, PLANS[i], cluster, zero1))

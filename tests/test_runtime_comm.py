@@ -1,6 +1,6 @@
 """The communication executors on real processes (gloo): CommPlans, autograd reshards, graph switching.
 
-One 8-rank job runs every case (entry ``hspmd_sdk.runtime._comm_selftest:run_all``) so process start-up is paid
+One 8-rank job runs every case (entry ``hspmd_sdk.testing.comm_cases:run_all``) so process start-up is paid
 once.  The cases are seeded random annotation pairs (``resolve_reference.random_pair``, the generators of
 ``test_resolve_property``, at most 8 ranks) plus a few named ones so that every operator kind appears.  The workers
 build their source tensors from a seeded global tensor and write what they end up with to files; the expectations are computed here from
@@ -132,7 +132,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                    "dst": {n: [_json(a), list(s)] for n, (a, s) in sw_dst.items()}, "failed": failed, "seed": 100},
     }
     t0 = time.perf_counter()
-    job = launch(cluster=Cluster.local(WORLD), entry="hspmd_sdk.runtime._comm_selftest:run_all", steps=1,
+    job = launch(cluster=Cluster.local(WORLD), entry="hspmd_sdk.testing.comm_cases:run_all", steps=1,
                  payload=payload, timeout_s=120)
     result = job.wait(timeout=240)
     wall = time.perf_counter() - t0

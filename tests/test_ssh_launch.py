@@ -1,6 +1,6 @@
 """Remote launch over SSH against real sshd processes on loopback addresses (127.0.0.2, 127.0.0.3, ...).
 
-Each "host" is an OpenSSH server started by the test (:mod:`hspmd_sdk.runtime.testing_sshd`) with its own host
+Each "host" is an OpenSSH server started by the test (:mod:`hspmd_sdk.testing.sshd`) with its own host
 key, key-only login and a known_hosts file made for it.  Every process the hosts run is on this machine, so the
 tests check what is left behind by listing processes (/proc).  Expected collective values are computed here, and
 the remote job is compared with the same job run by local processes.
@@ -23,12 +23,12 @@ from hspmd_sdk.errors import RuntimeFailure
 from hspmd_sdk.runtime import JobCancelled, JobStatus
 from hspmd_sdk.runtime.hosts import SSHHost, remote_command
 from hspmd_sdk.runtime.ssh import PreflightError, SSHError, SSHTransport, check_hosts, launch_remote
-from hspmd_sdk.runtime.testing_sshd import LoopbackHosts, NetnsHosts, netns_available, sshd_available
+from hspmd_sdk.testing.sshd import LoopbackHosts, NetnsHosts, netns_available, sshd_available
 
 pytestmark = pytest.mark.skipif(not sshd_available() and not os.environ.get("CI"),
                                 reason="needs /usr/sbin/sshd (apt-get install openssh-server); required in CI")
 
-SELFTEST = "hspmd_sdk.runtime._selftest"
+SELFTEST = "hspmd_sdk.testing.entries"
 EXAMPLES = Path(__file__).resolve().parent.parent / "hspmd_sdk" / "examples"
 
 
@@ -249,7 +249,7 @@ def test_unknown_or_changed_host_keys_are_refused(lab: LoopbackHosts, tmp_path: 
 
 def test_a_key_the_host_does_not_accept_is_refused_without_trying_passwords(lab: LoopbackHosts,
                                                                             tmp_path: Path) -> None:
-    from hspmd_sdk.runtime.testing_sshd import make_key
+    from hspmd_sdk.testing.sshd import make_key
 
     stranger = make_key(tmp_path / "id_stranger")
     report = check_hosts(one_rank_per_host(lab), lab.hosts, known_hosts=lab.known_hosts, client_keys=[stranger],

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from hspmd_sdk import LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.runtime.ssh import SSHTransport  # noqa: E402
-from hspmd_sdk.runtime.testing_sshd import LoopbackHosts, sshd_available  # noqa: E402
+from hspmd_sdk.testing.sshd import LoopbackHosts, sshd_available  # noqa: E402
 from hspmd_sdk.runtime.train import launch_training, reference_training  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not sshd_available() and not os.environ.get("CI"),

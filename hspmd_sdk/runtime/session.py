@@ -519,6 +519,8 @@ def _is_comm_failure(e: BaseException) -> bool:
         return True
     if isinstance(e, CommExecutionError):  # a wrapped torch error is a peer's failure; a plan that does not fit the
         return e.__cause__ is not None and _is_comm_failure(e.__cause__)  # tensors here is a bug: said as such
+    if any(c.__name__ in ("DistNetworkError", "DistStoreError", "DistBackendError") for c in type(e).__mro__):
+        return True  # torch.distributed's own: a peer (or the rendezvous store's host) is gone
     if isinstance(e, RuntimeError):
         text = str(e)
         return any(s in text for s in ("Connection closed", "Connection reset", "Broken pipe", "gloo", "NCCL",

@@ -1,6 +1,6 @@
 """Diagnostic entries for checking a runtime installation (and the launcher's tests).
 
-Launch one with ``launch(cluster=Cluster.local(4), entry="hspmd_sdk.runtime._selftest:allreduce_check",
+Launch one with ``launch(cluster=Cluster.local(4), entry="hspmd_sdk.testing.entries:allreduce_check",
 steps=2)``.  Each is an ordinary entry ``fn(state, spec) -> dict``.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ import sys
 import time
 from typing import Any
 
-from .spec import LaunchSpec
-from .worker import WorkerState
+from ..runtime.spec import LaunchSpec
+from ..runtime.worker import WorkerState
 
 
 def default_groups(world: int) -> list[list[int]]:
