@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Sequence
 
 from pydantic import Field, model_validator
 
+from ...core.cluster import format_count
 from ..base import ModelBase
 from ..common import preset_of, seeded_normal, tp_divisibility
 
@@ -170,4 +171,4 @@ class GPTConfig(ModelBase):
 
     def __str__(self) -> str:
         return (f"GPTConfig({self.name}: {self.num_layers} layers, hidden {self.hidden_size}, {self.num_heads} "
-                f"heads, ffn {self.ffn_hidden_size}, vocab {self.vocab_size}, {self.param_count() / 1e6:.1f}M params)")
+                f"heads, ffn {self.ffn_hidden_size}, vocab {self.vocab_size}, {format_count(self.param_count())} params)")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Sequence
 
 from pydantic import Field, model_validator
 
+from ...core.cluster import format_count
 from ..base import ModelBase
 from ..common import preset_of, seeded_normal, tp_divisibility
 
@@ -201,4 +202,4 @@ class LlamaConfig(ModelBase):
     def __str__(self) -> str:
         return (f"LlamaConfig({self.name}: {self.num_layers} layers, hidden {self.hidden_size}, "
                 f"{self.num_heads} heads / {self.kv_heads} kv, ffn {self.ffn_hidden_size}, "
-                f"vocab {self.vocab_size}, {self.param_count() / 1e9:.2f}B params)")
+                f"vocab {self.vocab_size}, {format_count(self.param_count())} params)")
