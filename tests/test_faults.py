@@ -178,8 +178,10 @@ class DropHung(Recorder):
 @pytest.mark.timeout(60)
 def test_a_policy_can_stop_a_hung_rank_and_let_the_others_finish() -> None:
     policy = DropHung()
+    # 4 s of work per rank: rank 1 is stopped long before it could finish, also when the test runs late (it once
+    # finished its 1 s of work before the SIGSTOP arrived on a loaded machine)
     job = launch(cluster=Cluster.local(3), entry=f"{SELFTEST}:fail_alone", steps=3, policy=policy,
-                 payload={"rank": -1, "steps_each": 10, "pause": 0.1}, **FAST)
+                 payload={"rank": -1, "steps_each": 40, "pause": 0.1}, **FAST)
     wait_for(lambda: all(job.metrics.rank(r) for r in range(3)))
     os.kill(job.pids()[1], signal.SIGSTOP)
     result = job.wait(timeout=45)
