@@ -22,6 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _procs import assert_no_workers_left, wait_for  # noqa: E402
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.runtime.train import launch_training, reference_training  # noqa: E402
@@ -53,25 +54,6 @@ def _program(model, data: dict, cluster: Cluster):
                       bindings={"B": 8, "S": SEQ})
 
 
-def _wait(cond, timeout: float = 40.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.005)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
-
-
 def _close(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
@@ -88,7 +70,7 @@ def _check(job, result, ref, pids: dict[int, int], dead: set[int]) -> None:
     survivors = {r: p for r, p in pids.items() if r not in dead}
     assert job.pids() == survivors  # the same processes, and only the survivors
     assert {r for r, res in result.results.items() if res} == set(survivors)
-    _wait(lambda: not any(_alive(p) for p in pids.values()), 10)  # nothing left behind
+    assert_no_workers_left(list(pids.values()), within=10)  # nothing left behind
 
 
 @pytest.mark.timeout(60)
@@ -100,7 +82,7 @@ def test_a_worker_killed_while_a_user_switch_is_pending(tmp_path: Path, referenc
     job = launch_training(_program(model, SIX, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
                           elastic=True, timeout_s=60, heartbeat_s=0.5, slowdown={r: 8.0 for r in cluster.ranks})
     pids = job.pids()
-    _wait(lambda: job.metrics.last_step() >= 1)
+    wait_for(lambda: job.metrics.last_step() >= 1)
     switch = job.switch(_program(model, SIX_B, cluster))
     os.kill(pids[4], signal.SIGKILL)
     result = job.wait(timeout=50)
@@ -121,9 +103,9 @@ def test_switches_requested_back_to_back_are_applied_in_order(elastic: bool, ref
                           elastic=elastic, timeout_s=60, heartbeat_s=0.5,
                           slowdown={r: [(0, 1.0), (1, 300.0), (2, 1.0)] for r in cluster.ranks})
     pids = job.pids()
-    _wait(lambda: job.metrics.last_step() >= 0)
+    wait_for(lambda: job.metrics.last_step() >= 0)
     events = [job.switch(_program(model, d, cluster)) for d in (TP2, PP2, DP4)]
-    _wait(lambda: all(e.done for e in events) or job.status.value != "running")
+    wait_for(lambda: all(e.done for e in events) or job.status.value != "running")
     result = job.wait(timeout=50)
     assert all(e.done and not e.superseded for e in events), events
     assert len({e.step for e in events}) == 1  # one step boundary
@@ -186,7 +168,7 @@ def test_a_halt_no_failure_explains_ends_the_job_with_its_reason() -> None:
     controller.attach(job)
     controller._on_halted(2, {"after": 0, "step": 1, "source": "live", "held": [0, 0],
                               "error": "CommExecutionError: a broken plan"})
-    _wait(lambda: failed, 5)
+    wait_for(lambda: failed, 5)
     assert failed[0].rank == 2 and failed[0].kind == "error"
     assert "no worker died" in failed[0].message and "a broken plan" in failed[0].message
     # a halt that a failure explains is answered by the recovery, not by this
@@ -215,7 +197,7 @@ def test_a_failure_in_the_first_step_after_a_switch_that_leaves_ranks_without_st
                           slowdown={r: [(0, 1.0), (1, 300.0), (2, 1.0)] for r in cluster.ranks},
                           fault_injection=[{"rank": 4, "step": 2, "at": "forward"}])
     pids = job.pids()
-    _wait(lambda: job.metrics.last_step() >= 0)
+    wait_for(lambda: job.metrics.last_step() >= 0)
     switch = job.switch(_program(model, SPARE, cluster))
     result = job.wait(timeout=50)
     failure = [e for e in result.events if e.reason == "failure"]

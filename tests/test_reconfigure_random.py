@@ -18,13 +18,13 @@ from __future__ import annotations
 import os
 import random
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from _procs import assert_no_workers_left, wait_for  # noqa: E402
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.runtime.checkpoint import list_checkpoints  # noqa: E402
@@ -58,25 +58,6 @@ def _program(model, data: dict, cluster: Cluster, zero1: bool):
     data = {**data, "zero1": zero1}
     return specialize(model, plan_from_strategy(model, Strategy.load(data), cluster), cluster,
                       bindings={"B": 8, "S": SEQ})
-
-
-def _wait(cond, timeout: float = 40.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.005)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def draw(seed: int) -> dict:
@@ -124,9 +105,9 @@ def run_sequence(case: dict, ref, tmp_path: Path) -> None:
     external = False
     try:
         if case["switches"]:
-            _wait(lambda: job.metrics.last_step() >= case["switch_after"] or job.status.value != "running")
+            wait_for(lambda: job.metrics.last_step() >= case["switch_after"] or job.status.value != "running")
             if zero1 and kill["how"] == "external":  # state with no surviving copy needs a committed checkpoint
-                _wait(lambda: list_checkpoints(tmp_path / "ckpt") or job.status.value != "running")
+                wait_for(lambda: list_checkpoints(tmp_path / "ckpt") or job.status.value != "running")
             if job.status.value == "running" and not job.events:
                 for i in case["switches"]:
                     job.switch(_program(model, PLANS[i], cluster, zero1))
@@ -147,7 +128,7 @@ def run_sequence(case: dict, ref, tmp_path: Path) -> None:
     survivors = {r: p for r, p in pids.items() if r not in killed}
     assert job.pids() == survivors, where
     assert {r for r, res in result.results.items() if res} == set(survivors), where
-    _wait(lambda: not any(_alive(p) for p in pids.values()), 10)
+    assert_no_workers_left(list(pids.values()), within=10)
 
 
 @pytest.mark.timeout(300)
