@@ -260,7 +260,7 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"model:   {describe_model(model)}")
     print(f"cluster: {cluster}")
     print(strategy.summary(model=model, cluster=cluster))
-    losses = run_demo(steps=args.steps, seed=args.seed)
+    losses = run_demo(steps=args.steps, seed=args.seed, progress=True)
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses["hspmd"], losses["reference"]))
     print(f"\nlargest relative loss difference from the single-device model: {worst:.1e}")
     return 0
@@ -299,7 +299,7 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--straggler", action="store_true",
                    help="replan around a rank that stays slower than under its plan")
     add_fault_arguments(p)
-    from .runtime.checkpoint_cli import add_training_checkpoint_arguments
+    from .cli_checkpoint import add_training_checkpoint_arguments
 
     add_training_checkpoint_arguments(p)
 
@@ -312,7 +312,7 @@ def _run(args: argparse.Namespace) -> int:
     from .core.specialize import specialize
     from .core.strategy import Strategy
     from .core.strategy_plan import plan_from_strategy
-    from .runtime.checkpoint_cli import training_checkpoint_options
+    from .cli_checkpoint import training_checkpoint_options
     from .runtime.train import launch_training, reference_training
 
     model, cluster = load_model_spec(args.model), Cluster.local(args.local)
@@ -334,7 +334,7 @@ def _run(args: argparse.Namespace) -> int:
     _check_run_context(strategy, model, cluster, args, path)
     program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster)
     job = launch_training(program, cluster, steps=args.steps, seed=args.seed, data=args.data, lr=args.lr,
-                          seq_len=args.seq_len, progress=_live_progress(),
+                          seq_len=args.seq_len, progress=True,
                           timeout_s=args.timeout, stall_s=args.stall, heartbeat_s=args.heartbeat,
                           log_dir=args.log_dir, resource_check=not args.no_resource_check,
                           elastic=args.elastic, straggler=args.straggler, **training_checkpoint_options(args))
@@ -394,8 +394,8 @@ def _check_run_context(strategy: Any, model: Any, cluster: Any, args: argparse.N
 
 
 def _live_progress() -> bool:
-    """Whether ``hspmd run`` shows the live progress bar: only when stderr (where it redraws one line with carriage
-    returns) is a terminal; piped or redirected, those updates would pile up on one line."""
+    """Whether ``hspmd run``'s progress redraws one line in place (stderr is a terminal); piped or redirected it
+    prints plain lines instead (the workers' start-up phases, then at most a line a second)."""
     return bool(getattr(sys.stderr, "isatty", lambda: False)())
 
 
@@ -403,8 +403,8 @@ def _announce(job: Any, args: argparse.Namespace) -> None:
     """Without the live bar (stderr is not a terminal), one plain line on stderr saying what runs and where its
     logs are; the losses follow on stdout when the job ends."""
     if not _live_progress():
-        print(f"training {args.steps} steps on {args.local} local worker processes (no live progress: stderr is not "
-              f"a terminal); logs in {job.log_dir}", file=sys.stderr, flush=True)
+        print(f"training {args.steps} steps on {args.local} local worker processes (progress as plain lines: stderr "
+              f"is not a terminal); logs in {job.log_dir}", file=sys.stderr, flush=True)
 
 
 def _print_losses(losses: Sequence[float], steps: int, ref: Any, columns: dict[str, Sequence[Any]] | None = None
@@ -458,7 +458,7 @@ def _run_mixed(args: argparse.Namespace, model: Any, cluster: Any) -> int:
 
     from .planner.cli import _cost
     from .planner.cost import CostModel
-    from .runtime.checkpoint_cli import training_checkpoint_options
+    from .cli_checkpoint import training_checkpoint_options
     from .runtime.mixed import launch_mixed, planning_summary, reference_mixed
 
     if args.file is not None:
@@ -477,7 +477,7 @@ def _run_mixed(args: argparse.Namespace, model: Any, cluster: Any) -> int:
     cost = _cost(args.cost) or CostModel(cores=os.cpu_count() or 1)
     job = launch_mixed(programs, cluster, steps=args.steps, seed=args.seed, data=data, lr=args.lr,
                        tokens_per_step=args.tokens_per_step, context=args.context, cost=cost,
-                       progress=_live_progress(),
+                       progress=True,
                        timeout_s=args.timeout, stall_s=args.stall, heartbeat_s=args.heartbeat, log_dir=args.log_dir,
                        resource_check=not args.no_resource_check, elastic=args.elastic, straggler=args.straggler,
                        packing=False if args.padding else None, **training_checkpoint_options(args))
@@ -582,12 +582,12 @@ COMMANDS["simulate"] = Command("estimate one training step of a strategy (step t
 
 
 COMMANDS["launch"] = Command("train a strategy (or run an entry) on remote hosts over SSH",
-                             _lazy("hspmd_sdk.runtime.ssh_cli", "add_launch_arguments"),
-                             _lazy("hspmd_sdk.runtime.ssh_cli", "run_launch"))
+                             _lazy("hspmd_sdk.cli_ssh", "add_launch_arguments"),
+                             _lazy("hspmd_sdk.cli_ssh", "run_launch"))
 COMMANDS["checkpoint"] = Command("show a sharded checkpoint (step, model, strategy, sizes, integrity) or export "
-                                 "it to Hugging Face", _lazy("hspmd_sdk.runtime.checkpoint_cli",
+                                 "it to Hugging Face", _lazy("hspmd_sdk.cli_checkpoint",
                                                              "add_checkpoint_arguments"),
-                                 _lazy("hspmd_sdk.runtime.checkpoint_cli", "run_checkpoint"))
+                                 _lazy("hspmd_sdk.cli_checkpoint", "run_checkpoint"))
 
 
 # ---- entry point ---------------------------------------------------------------------------------------------

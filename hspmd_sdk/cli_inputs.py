@@ -3,7 +3,7 @@
 Every reader turns bad input into :class:`~hspmd_sdk.errors.PlanValidationError` (files) or
 ``argparse.ArgumentTypeError`` (argument values), naming what and where, so that the CLI prints one ``error:``
 line and never a traceback.  Shared by :mod:`hspmd_sdk.cli`, :mod:`hspmd_sdk.planner.cli` and
-:mod:`hspmd_sdk.runtime.ssh_cli`.
+:mod:`hspmd_sdk.cli_ssh`.
 """
 from __future__ import annotations
 

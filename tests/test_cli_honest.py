@@ -242,7 +242,9 @@ def test_run_piped_prints_no_carriage_return_progress(tmp_path: Path) -> None:
                            "--data", "synthetic", "--no-reference"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "\r" not in proc.stderr + proc.stdout
-    assert "no live progress: stderr is not a terminal" in proc.stderr
+    assert "progress as plain lines: stderr is not a terminal" in proc.stderr
+    # the workers' start-up is shown as it happens (phases, then steps), each update a line of its own
+    assert "starting 2 workers: processes 0/2" in proc.stderr and "2/2" in proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines() if line.strip()[:1].isdigit()]
     assert [r[0] for r in rows] == ["0", "1"]
 

@@ -27,7 +27,7 @@ KNOWN_CYCLES = {
     # the runtime's launcher and worker sides, not split yet
     ("hspmd_sdk.runtime.checkpoint_worker", "hspmd_sdk.runtime.controller", "hspmd_sdk.runtime.faults",
      "hspmd_sdk.runtime.job", "hspmd_sdk.runtime.launcher", "hspmd_sdk.runtime.mixed", "hspmd_sdk.runtime.run_config",
-     "hspmd_sdk.runtime.session", "hspmd_sdk.runtime.ssh", "hspmd_sdk.runtime.train"),
+     "hspmd_sdk.runtime.session", "hspmd_sdk.runtime.train"),
 }
 
 

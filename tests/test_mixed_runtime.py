@@ -194,11 +194,12 @@ def test_bad_input_is_refused_before_any_worker_starts() -> None:
         launch(progs, Cluster.local(4), **{**kw, "tokens_per_step": CONTEXT - 1})
     with pytest.raises(PlanValidationError, match="longest candidate takes sequences of 32"):
         launch(progs[:1], Cluster.local(4), **kw)
-    plain = specialize(llama, plan_from_strategy(llama, ENTRIES[1].strategy, Cluster.local(4)), Cluster.local(4))
-    with pytest.raises(PlanValidationError, match="not a mixed-length candidate"):
+    plain = specialize(llama, plan_from_strategy(llama, ENTRIES[1].strategy, Cluster.local(4)).model_copy(
+        update={"meta": {}}), Cluster.local(4))  # a hand-written plan: no strategy to dispatch to
+    with pytest.raises(PlanValidationError, match="neither a Strategy nor a Program made from one"):
         launch([plain], Cluster.local(4), **kw)
-    with pytest.raises(PlanValidationError, match="elastic"):
-        launch(progs, Cluster.local(4), elastic=True, **kw)
+    with pytest.raises(PlanValidationError, match="straggler"):
+        launch(progs, Cluster.local(4), straggler=True, **kw)
     with pytest.raises(PlanValidationError, match="no candidate"):
         launch([], Cluster.local(4), **kw)
     with pytest.raises(PlanValidationError, match="steps"):

@@ -19,8 +19,8 @@ from hspmd_sdk.core.strategy_plan import plan_from_strategy
 from hspmd_sdk.errors import PlanValidationError
 from hspmd_sdk.planner import Dispatcher, dispatch, packed_baseline, plan_mixed, simulate_dispatch
 from hspmd_sdk.planner.cost import CostModel
-from hspmd_sdk.planner.mixed import (Method, MixedPlan, _boundaries, _default_methods, _interval_plan, _Methods,
-                                     micro_batches, sample_batch, sample_lengths)
+from hspmd_sdk.planner.mixed import (Method, MixedPlan, _boundaries, _default_methods, _interval_plan,
+                                     _Methods, memory_windows, micro_batches, sample_batch, sample_lengths)
 from hspmd_sdk.planner.mixed_sim import pack
 
 MODEL = LlamaConfig.preset("llama-32b")
@@ -126,9 +126,14 @@ def test_programs_carry_windows_and_dispatch_reads_them(plan: MixedPlan, lengths
         assert sorted(prog.ranks) == sorted(_ranks_of(e.strategy))
     batch = sample_batch(lengths, TOKENS, seed=5)
     assert dispatch(programs, MODEL, PAPER, batch) == dispatch(plan, MODEL, PAPER, batch)
-    plain = specialize(MODEL, plan_from_strategy(MODEL, plan.entries[0].strategy, PAPER), PAPER)  # no windows
-    with pytest.raises(PlanValidationError, match=r"candidates\[1\]: not a mixed-length candidate"):
-        dispatch([programs[0], plain], MODEL, PAPER, batch)
+    # a Program made from a strategy without windows: they are what its memory holds (memory_windows)
+    plain = specialize(MODEL, plan_from_strategy(MODEL, plan.entries[0].strategy, PAPER), PAPER)
+    got = Dispatcher([programs[0], plain], MODEL, PAPER).candidates[1]
+    assert got.windows == memory_windows(MODEL, plan.entries[0].strategy, PAPER) and got.max_seq_len == max(got.windows)
+    bare = specialize(MODEL, plan_from_strategy(MODEL, plan.entries[0].strategy, PAPER).model_copy(
+        update={"meta": {}}), PAPER)  # a hand-written plan: no strategy to dispatch to
+    with pytest.raises(PlanValidationError, match=r"candidates\[1\]: is neither a Strategy nor a Program"):
+        dispatch([programs[0], bare], MODEL, PAPER, batch)
 
 
 def test_plan_for_given_max_lengths_and_one_kind() -> None:
@@ -175,7 +180,7 @@ def test_interval_dp_matches_exhaustive_search() -> None:
     assert used["H800"] <= 4 and used["H20"] <= 4
 
     edges = [0] + bounds
-    best = math.inf
+    plans = []  # (makespan, devices used) of every feasible plan
     for cuts in itertools.product([False, True], repeat=len(bounds) - 1):  # every merge of base intervals
         segs, lo = [], 0
         for i, cut in enumerate(list(cuts) + [True]):
@@ -198,9 +203,14 @@ def test_interval_dp_matches_exhaustive_search() -> None:
                 if m is not None:
                     need[m.kind] += m.devices * c
             if need["H800"] <= 4 and need["H20"] <= 4:
-                best = min(best, max(t for t, _, _ in combo))
-    assert best < math.inf
-    assert best - 1e-9 <= makespan <= best * 1.02 + 1e-9  # the DP may trade up to 2% for using more devices
+                plans.append((max(t for t, _, _ in combo), need["H800"] + need["H20"]))
+    best = min(t for t, _ in plans)
+    assert best < math.inf and best - 1e-9 <= makespan
+    # The DP's documented tie rule, replayed exactly: among plans within 2% of the best makespan it takes the one
+    # using the most devices (dispatch balances them), then the smaller makespan.
+    most = max(u for t, u in plans if t <= best * 1.02 + 1e-12)
+    assert makespan == pytest.approx(min(t for t, u in plans if u == most), rel=1e-9)
+    assert sum(m.devices * c for m, c, _ in chosen) == most
 
 
 # ---- the CLI ----------------------------------------------------------------------------------------------------
@@ -238,7 +248,12 @@ def test_mixed_beats_packed_homogeneous(plan: MixedPlan, lengths: list[int]) -> 
         d = d_of(batch)
         r = simulate_dispatch(MODEL, PAPER, d)
         assert not r.oom
-        assert r.step_time == pytest.approx(d.estimate, rel=0.1)  # the dispatcher's cost agrees with the simulator
+        # The dispatcher's cost agrees with the simulator.  Its pipeline estimate (sum of the bottleneck stage per
+        # micro-batch plus one fill and drain) leaves out the stalls of the 1F1B replay where successive
+        # micro-batches differ in shape, so it may be low, never high, on these long-tailed steps: measured
+        # simulated / estimated 1.000, 1.041, 1.047 (deterministic).  Upper bound 1.1: the stalls stay under 10%.
+        # (A pipeline cost 8% too high gives 0.93-0.97 and fails the lower bound.)
+        assert 1.0 - 1e-9 <= r.step_time / d.estimate <= 1.1
         ours.append(r.step_time)
         base.append(packed_baseline(MODEL, PAPER, batch, context_len=CONTEXT)[1])
     assert sum(base) / sum(ours) > 1.3

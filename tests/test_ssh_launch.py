@@ -320,7 +320,7 @@ def test_cli_launch_counts_hosts_not_hostfile_lines(lab: LoopbackHosts, tmp_path
 def test_cli_check_passes_and_refuses_unverified_hosts(lab: LoopbackHosts, tmp_path: Path, capsys) -> None:
     import json
 
-    from hspmd_sdk.runtime.ssh_cli import main
+    from hspmd_sdk.cli_ssh import main
 
     (tmp_path / "hosts.txt").write_text("127.0.0.2 slots=2\n127.0.0.3 slots=2\n")
     (tmp_path / "ssh.json").write_text(json.dumps(lab.hosts))

@@ -59,7 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Method", "MixedEntry", "MixedPlan", "Dispatch", "Dispatcher", "plan_mixed", "dispatch",
            "simulate_mixed", "simulate_dispatch", "packed_baseline", "pack", "sample_lengths", "sample_batch",
-           "micro_batches", "packed_rows"]
+           "micro_batches", "packed_rows", "memory_windows"]
 
 
 # ---- lengths ------------------------------------------------------------------------------------------------
@@ -693,21 +693,72 @@ def _overhead(r: Any) -> float:
     return (min(starts) if starts else 0.0) + r.sync_time
 
 
-def _candidate_parts(i: int, cand: Any) -> tuple[Strategy, list[int], int]:
+def memory_windows(model: "ModelSpec", strategy: Strategy, cluster: "Cluster",
+                   cost: CostModel | None = None) -> list[int]:
+    """Per pipeline of ``strategy``, the longest micro-batch (one row of tokens) every stage of it holds in memory
+    with the schedule's in-flight micro-batches (the memory check :func:`plan_mixed` uses), at most the model's
+    ``max_seq_len``: the windows of a candidate that says nothing of its own.  A pipeline that cannot hold one
+    token is refused, naming it."""
+    from ..core.schedule import in_flight
+
+    cost = cost or CostModel()
+    shards = len(strategy.pipelines) if strategy.zero1 and len(strategy.pipelines) > 1 else 1
+    cache: dict = {}
+    out = []
+    for k, p in enumerate(strategy.pipelines):
+        pc = PipelineCost.of(model, p, cluster, cost, cache)
+        S = len(p.stages)
+        capacity = [(min(cluster.spec(d).memory_mb for d in st.devices) - cost.memory_reserve_mb) * 2.0**20
+                    for st in p.stages]
+
+        def fits(w: int) -> bool:
+            return all(sc.fits(w, in_flight(strategy.schedule, S, s, S), shards, capacity[s])
+                       for s, sc in enumerate(pc.stages))
+
+        lo, hi = 0, int(model.max_seq_len)  # fits(lo) holds (or lo = 0); the answer is in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo < 1:
+            raise PlanValidationError([(f"pipelines[{k}]", f"holds no micro-batch of even one token in memory "
+                                                           f"(stages on ranks {[list(s.devices) for s in p.stages]})")],
+                                      what=f"strategy {strategy.name or ''}".strip())
+        out.append(lo)
+    return out
+
+
+def _candidate_parts(i: int, cand: Any, model: "ModelSpec", cluster: "Cluster",
+                     cost: CostModel) -> tuple[Strategy, list[int], int]:
+    """A candidate's strategy, windows and longest sequence: a :class:`MixedEntry`'s own, a Program's from
+    :meth:`MixedPlan.programs` (``plan.meta``); any other Program made from a strategy (``plan_from_strategy``)
+    or a :class:`~hspmd_sdk.core.strategy.Strategy` takes what its memory holds (:func:`memory_windows`)."""
     if isinstance(cand, MixedEntry):
         return cand.strategy, list(cand.windows), cand.max_seq_len
-    meta = getattr(getattr(cand, "plan", None), "meta", None)
-    if not isinstance(meta, dict) or not {"mixed_strategy", "windows", "max_seq_len"} <= set(meta):
-        raise PlanValidationError([(f"candidates[{i}]", "not a mixed-length candidate: a Program from "
-                                                        "MixedPlan.programs (plan.meta with max_seq_len, windows, "
-                                                        "mixed_strategy) or a MixedEntry")], what="dispatch")
-    return Strategy.load(meta["mixed_strategy"]), [int(w) for w in meta["windows"]], int(meta["max_seq_len"])
+    if isinstance(cand, Strategy):
+        strategy = cand
+    else:
+        meta = getattr(getattr(cand, "plan", None), "meta", None)
+        if isinstance(meta, dict) and {"mixed_strategy", "windows", "max_seq_len"} <= set(meta):
+            return (Strategy.load(meta["mixed_strategy"]), [int(w) for w in meta["windows"]],
+                    int(meta["max_seq_len"]))
+        if not isinstance(meta, dict) or not meta.get("strategy"):
+            raise PlanValidationError([(f"candidates[{i}]", "is neither a Strategy nor a Program made from one "
+                                                            "(plan_from_strategy, MixedPlan.programs) nor a "
+                                                            "MixedEntry: the dispatcher needs its pipelines")],
+                                      what="dispatch")
+        strategy = Strategy.load(meta["strategy"])
+    windows = memory_windows(model, strategy, cluster, cost)
+    return strategy, windows, max(windows)
 
 
 class Dispatcher:
     """:func:`dispatch` with the candidates' costs prepared once (stage cost lines, gradient-sync tails): build it
-    when the job starts and call it per step.  ``candidates``: a :class:`MixedPlan`, or a list of Programs from
-    :meth:`MixedPlan.programs` (or of :class:`MixedEntry`).  ``packing``: micro-batches are single rows packing
+    when the job starts and call it per step.  ``candidates``: a :class:`MixedPlan`, or a list of Programs (from
+    :meth:`MixedPlan.programs`, or any made from a strategy: their windows are what their memory holds,
+    :func:`memory_windows`), of :class:`~hspmd_sdk.core.strategy.Strategy` or of :class:`MixedEntry`.  ``packing``: micro-batches are single rows packing
     whole sequences back to back (at most the window in tokens, no padding; attention per sequence) instead of
     padded ``rows x longest`` tensors."""
 
@@ -723,7 +774,7 @@ class Dispatcher:
         cache: dict = {}
         self.candidates: list[_Candidate] = []
         for i, c in enumerate(items):
-            strategy, windows, cap = _candidate_parts(i, c)
+            strategy, windows, cap = _candidate_parts(i, c, self.model, cluster, self.cost)
             if len(windows) != strategy.dp_degree or max(windows) < cap:
                 raise PlanValidationError([(f"candidates[{i}].windows", f"{windows} for {strategy.dp_degree} "
                                             f"pipelines: one window a pipeline, the largest at least max_seq_len "

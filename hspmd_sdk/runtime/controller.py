@@ -41,7 +41,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from ..errors import HSPMDError
 from .faults import Failure, Reaction
@@ -191,6 +191,19 @@ class TrainingController:
         self._busy = False
         self._thread: threading.Thread | None = None
         self.mixed = False  # a mixed-length job (:mod:`.mixed`): its plan changes per step, by length
+        self.length_planner: Any = None  # its dispatch (:class:`~.mixed.LengthPlanner`)
+        self._candidates: dict[int, int] = {}  # mixed: reconfiguration id -> how many candidates it has
+
+    def use_candidates(self, programs: Sequence["Program"], first: int, planner: Any) -> None:
+        """Make this the controller of a mixed-length job choosing per step among ``programs`` (``first`` runs
+        first), dispatched by ``planner``.  Its versions are ``(reconfiguration id, candidate)``: a worker holds
+        the state of the candidate it last switched to, and an elastic recovery replans every candidate on the
+        survivors (:meth:`_replan_candidates`)."""
+        ident = {r: r for r in self.current.to_launch}
+        self.mixed, self.length_planner = True, planner
+        self._versions = {(0, i): _Numbering(p, self.current.cluster, dict(ident)) for i, p in enumerate(programs)}
+        self._candidates = {0: len(programs)}
+        self.current = self._versions[(0, first)]
 
     # ---- wiring ---------------------------------------------------------------------------------------------
     def attach(self, job: "Job") -> None:
@@ -481,11 +494,11 @@ class TrainingController:
         strategy = _strategy_of(src.program)
         t0 = time.perf_counter()
         new_strategy = replan_elastic(model, src.cluster, strategy, dead_src, seq_len=self.seq_len,
-                                      global_batch=self.global_batch, cost=self.cost)
+                                      global_batch=self._replan_batch(src.cluster, dead_src), cost=self.cost)
         t1 = time.perf_counter()
         cluster, mapping = survivor_cluster(src.cluster, dead_src)
         program = specialize(model, plan_from_strategy(model, renumber(new_strategy, mapping), cluster), cluster,
-                             bindings=dict(src.program.bindings))
+                             bindings=None if self.mixed else dict(src.program.bindings))  # mixed: B per step
         t2 = time.perf_counter()
         inverse = {new: old for old, new in mapping.items()}
         checkpoint = None
@@ -497,6 +510,8 @@ class TrainingController:
             checkpoint = self._checkpoint_for(lost, max(steps) + 1)
             t_verified = time.perf_counter()
         launch_of_new = {new: src.to_launch[old] for old, new in mapping.items()}
+        candidates, choice = ([program], 0) if not self.mixed else \
+            self._replan_candidates(version, program, dead_src, mapping, cluster)
         leader = launch_of_new[0]
         addr, port = self._rendezvous(leader)
         with self._lock:
@@ -523,8 +538,14 @@ class TrainingController:
             self._open[("reconfigure", ident)] = event
             self.events.append(event)
             self.current = _Numbering(program, cluster, launch_of_new)
-            event.version = (ident, floor)
-            self._versions[event.version] = self.current
+            if self.mixed:  # the versions of the new world: each candidate replanned on the survivors
+                for j, p in enumerate(candidates):
+                    self._versions[(ident, j)] = _Numbering(p, cluster, dict(launch_of_new))
+                self._candidates[ident] = len(candidates)
+                self._switched = {k: v for k, v in self._switched.items() if k[0] != "length"}
+            else:
+                event.version = (ident, floor)
+                self._versions[event.version] = self.current
             if self.straggler is not None:
                 self.straggler.reset()
         msg = {"type": "reconfigure", "id": ident, "world": len(launch_of_new), "ranks": ranks,
@@ -532,10 +553,49 @@ class TrainingController:
                "source": sources.pop() if checkpoint is None else "checkpoint", "finish": finish,
                "checkpoint": None if checkpoint is None else resume_payload(checkpoint),
                "switch_floor": floor, "payload": pack_payload((program, plan))}
+        if self.mixed:
+            msg.update({"candidates": pack_payload(candidates), "choice": choice})
         self._send(msg, sorted(ranks))
+        if self.mixed:  # dispatch again from the step the survivors go on from, among the new candidates
+            self.length_planner.restart(candidates, cluster, start=resume, current=choice, generation=ident)
         if self.job is not None:
             how = "switching" if checkpoint is None else f"reloading the checkpoint of step {resume} under"
             self.job._note(f"ranks {event.failed_ranks} lost: {how} {new_strategy}")
+
+    def _replan_batch(self, cluster: "Cluster", dead: Sequence[int]) -> int:
+        """The global batch a replan after a failure keeps: the job's; for mixed-length data, whose steps the
+        dispatch cuts into micro-batches itself, at least one sample per survivor (any data-parallel degree)."""
+        return max(self.global_batch, cluster.num_ranks - len(dead)) if self.mixed else self.global_batch
+
+    def _replan_candidates(self, version: tuple[int, int], held: "Program", dead: Sequence[int],
+                           mapping: Mapping[int, int], cluster: "Cluster") -> tuple[list["Program"], int]:
+        """Every candidate of a mixed-length job's world ``version[0]`` replanned on the survivors (``held``: the
+        one the survivors hold, already replanned) the way :func:`~hspmd_sdk.planner.elastic.replan_elastic`
+        replans one; a candidate with no plan on the survivors is dropped.  Returns the candidates and the index
+        of ``held`` among them."""
+        from ..core.specialize import specialize
+        from ..core.strategy_plan import plan_from_strategy
+        from ..planner.elastic import renumber, replan_elastic
+
+        out: list["Program"] = []
+        choice = 0
+        for j in range(self._candidates.get(version[0], 0)):
+            if j == version[1]:
+                choice = len(out)
+                out.append(held)
+                continue
+            src = self._versions.get((version[0], j))
+            if src is None:
+                continue
+            model = src.program.model
+            try:
+                strategy = replan_elastic(model, src.cluster, _strategy_of(src.program), list(dead),
+                                          seq_len=self.seq_len, global_batch=self._replan_batch(src.cluster, dead), cost=self.cost)
+                out.append(specialize(model, plan_from_strategy(model, renumber(strategy, dict(mapping)), cluster),
+                                      cluster))  # the dispatch gives each step's micro-batches
+            except HSPMDError:
+                continue  # no plan of this candidate fits the survivors: the others do its steps
+        return out, choice
 
     def _checkpoint_for(self, lost: Any, before: int) -> Any:
         """The newest complete (verified) checkpoint of this job at a step up to ``before`` to reload the state
@@ -562,14 +622,15 @@ class TrainingController:
 
     def _rendezvous(self, launch_rank: int) -> tuple[str, int]:
         """Where the new world meets: on the host of its new rank 0, at a port free there."""
-        from .launcher import free_port, is_local_host
+        from .launcher import is_local_host
+        from .transport import LocalTransport
 
         job = self.job
         host = job.spec.hosts[launch_rank] if job is not None else "localhost"
         transport = getattr(job, "transport", None)
-        if transport is not None and hasattr(transport, "rendezvous") and not is_local_host(host):
-            return transport.rendezvous(host, fresh=True)
-        return "127.0.0.1", free_port()
+        if transport is None or is_local_host(host):
+            return LocalTransport().rendezvous(host)
+        return transport.rendezvous(host, fresh=True)
 
     def _give_up(self, error: BaseException, rank: int | None = None) -> None:
         """End the job with the reason the reconfiguration failed (lost state, no plan fits, ...); ``rank``: the

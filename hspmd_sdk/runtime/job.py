@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import enum
 import json
+import sys
 import tempfile
 import threading
 import time
@@ -31,7 +32,7 @@ from typing import IO, Any, Callable, Sequence
 from ..errors import HSPMDError, RuntimeFailure
 from .faults import Failure, FailurePolicy, Reaction, StopOnFailure, describe_returncode
 from .metrics import MetricsHistory, StepMetrics
-from .progress import Progress, make_progress
+from .progress import Progress, in_notebook, make_progress
 from .protocol import decode
 from .spec import LaunchSpec
 from .transport import Transport, WorkerGroup
@@ -86,6 +87,39 @@ class JobResult:
         return [m.step_time for m in self.metrics.get(rank, []) if m.step_time is not None]
 
 
+#: The start-up of a worker, in order: (phase, the milestone that ends it).  ``spawned``: the launcher started the
+#: process; ``hello``: its first line (Python and the worker module loaded); ``imported``: torch and the entry's
+#: modules imported; ``ready``: the process group formed (rendezvous); ``built``: a training run's Program,
+#: executor and state built; ``first_step``: its first step's metrics arrived.
+STARTUP_PHASES = (("processes", "hello"), ("imports", "imported"), ("rendezvous", "ready"),
+                  ("build", "built"), ("first step", "first_step"))
+
+
+@dataclass
+class StartupTimes:
+    """Where the time from ``launch()`` to the first step went (:meth:`Job.startup`), as the launcher saw it
+    (receipt times of the workers' messages: no other host's clock is trusted).
+
+    ``prepare_s``: the launcher's own work before any process started (option checks, specialization, resource
+    preflight; ``None`` when the job was started without it); ``phases``: seconds of each phase of
+    :data:`STARTUP_PHASES` on the job's critical path (until the last rank reached the milestone ending it;
+    ``None`` for a milestone no rank reported yet); ``per_rank``: each rank's seconds from its spawn to each
+    milestone it reached; ``total_s``: ``prepare_s`` plus every phase measured."""
+
+    prepare_s: float | None
+    phases: dict[str, float | None]
+    per_rank: dict[int, dict[str, float]]
+
+    @property
+    def total_s(self) -> float:
+        return (self.prepare_s or 0.0) + sum(v for v in self.phases.values() if v is not None)
+
+    def __str__(self) -> str:
+        parts = ([f"prepare {self.prepare_s:.2f} s"] if self.prepare_s is not None else []) + [
+            f"{name} {sec:.2f} s" for name, sec in self.phases.items() if sec is not None]
+        return f"launch to first step {self.total_s:.2f} s: " + ", ".join(parts)
+
+
 @dataclass
 class _Rank:
     lines: list[str] = field(default_factory=list)
@@ -103,6 +137,7 @@ class _Rank:
     progress_at: float = 0.0
     suspect: bool = False
     capture: list[str] | None = None
+    phases: dict[str, float] = field(default_factory=dict)  # start-up milestone -> monotonic receipt time
 
 
 class _Logs:
@@ -160,7 +195,7 @@ class Job:
     """
 
     def __init__(self, spec: LaunchSpec, hosts: dict[str, list[int]], transport: Transport, *,
-                 log_dir: str | Path | None = None, progress: bool = False,
+                 log_dir: str | Path | None = None, progress: bool | None = None,
                  echo: Callable[[str], None] | None = None, policy: FailurePolicy | None = None) -> None:
         self.spec = spec
         self.transport = transport
@@ -182,7 +217,10 @@ class Job:
         self._groups: list[WorkerGroup] = []
         self._t0 = time.monotonic()
         self._t1: float | None = None
+        if progress is None:  # by default where someone watches: a notebook, or a terminal
+            progress = in_notebook() or bool(getattr(sys.stderr, "isatty", lambda: False)())
         self._progress: Progress | None = make_progress(spec.steps, f"job {spec.job_id}") if progress else None
+        self.prepared_s: float | None = None  #: the launcher's seconds before the workers started (:meth:`startup`)
         self._observers: dict[str, list[Callable[[int, dict[str, Any]], None]]] = {}
         self._finish_hooks: list[Callable[["Job"], None]] | None = []  # None once they ran (on_finish)
         self.notes: list[str] = []  #: the job's own messages (reconfigurations), also in job.log
@@ -199,6 +237,11 @@ class Job:
     @property
     def job_id(self) -> str:
         return self.spec.job_id
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the job started, up to its end once it ended (read-only; for displays)."""
+        return (self._t1 if self._t1 is not None else time.monotonic()) - self._t0
 
     @property
     def failures(self) -> list[Failure]:
@@ -378,6 +421,8 @@ class Job:
                 with self._lock:
                     for r in ranks:
                         self._ranks[r].started = now
+                        self._ranks[r].phases["spawned"] = now
+                self._show_startup()
                 group = self.transport.start(host, ranks, self.spec, self._on_line, self._on_exit)
                 with self._lock:
                     self._groups.append(group)
@@ -416,13 +461,22 @@ class Job:
             self._append(rank, str(msg.get("text", "")), stderr=msg.get("stream") == "stderr")
         elif kind == "metric":
             rec.progress_at = now
+            rec.phases.setdefault("first_step", now)
             self._on_metric(StepMetrics.from_message(msg | {"rank": rank}))
         elif kind == "hello":
             with self._lock:
                 rec.pid, rec.host = msg.get("pid"), msg.get("host")
+                rec.phases.setdefault("hello", now)
+            self._show_startup()
+        elif kind == "phase":
+            with self._lock:
+                rec.phases.setdefault(str(msg.get("name")), now)
+            self._show_startup()
         elif kind == "ready":
             with self._lock:
                 rec.ready, rec.progress_at = True, now
+                rec.phases.setdefault("ready", now)
+            self._show_startup()
         elif kind == "result":
             with self._lock:
                 rec.result = dict(msg.get("value") or {})
@@ -451,6 +505,47 @@ class Job:
         self._append(m.rank, "metric: " + m.describe())
         if self._progress is not None and m.rank == self.metrics.loss_rank(self.spec.loss_rank):
             self._progress.update(m.step + 1, self._progress_text(m))
+
+    def startup(self) -> StartupTimes:
+        """Where the time from ``launch()`` to the first step went: :class:`StartupTimes` (the launcher's
+        preparation, then processes, imports, rendezvous, build and the first step, on the critical path and per
+        rank).  Phases not reached yet are ``None``."""
+        with self._lock:
+            per = {r: dict(rec.phases) for r, rec in self._ranks.items()}
+        spawned = [p["spawned"] for p in per.values() if "spawned" in p]
+        phases: dict[str, float | None] = {}
+        before = min(spawned) if spawned else None
+        for name, milestone in STARTUP_PHASES:
+            got = [p[milestone] for p in per.values() if milestone in p]
+            if before is None or len(got) < len(per):
+                phases[name] = None
+                continue
+            phases[name] = max(0.0, max(got) - before)
+            before = max(got)
+        per_rank = {r: {m: round(t - p["spawned"], 6) for m, t in p.items() if m != "spawned"}
+                    for r, p in per.items() if "spawned" in p}
+        return StartupTimes(self.prepared_s, phases, per_rank)
+
+    def startup_text(self) -> str | None:
+        """``"starting 4 workers: rendezvous 2/4"`` while the workers start (the phase the slowest rank is in and
+        how many ranks finished it), ``None`` once every rank reported a step (or for an empty job)."""
+        with self._lock:
+            per = [dict(rec.phases) for rec in self._ranks.values()]
+        n = len(per)
+        if not n or all("first_step" in p for p in per):
+            return None
+        for name, milestone in STARTUP_PHASES:
+            done = sum(milestone in p for p in per)
+            if done < n:
+                return f"starting {n} workers: {name} {done}/{n}"
+        return None
+
+    def _show_startup(self) -> None:
+        if self._progress is None or self.metrics.last_step() >= 0:
+            return
+        text = self.startup_text()
+        if text is not None:
+            self._progress.update(0, text)
 
     def _progress_text(self, m: StepMetrics) -> str:
         text = m.describe().partition(": ")[2].split(" (emulated")[0]

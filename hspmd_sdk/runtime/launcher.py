@@ -16,17 +16,10 @@ from ..errors import HSPMDError, PlanValidationError
 from .faults import FailurePolicy
 from .job import Job
 from .spec import Backend, LaunchSpec, backend_for
-from .transport import LocalTransport, Transport
+from .transport import LocalTransport, Transport, free_port
 
 #: Host names that mean "this machine".
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def is_local_host(host: str) -> bool:
@@ -78,12 +71,15 @@ def build_spec(cluster: Any, *, entry: str, steps: int = 1, seed: int = 0,
 
 
 def launch_spec(spec: LaunchSpec, cluster: Any = None, transport: Transport | None = None, *,
-                log_dir: str | Path | None = None, progress: bool = False, echo: bool = False,
+                log_dir: str | Path | None = None, progress: bool | None = None, echo: bool = False,
                 policy: FailurePolicy | None = None) -> Job:
     """Start the workers of ``spec`` and return the running :class:`Job`.
 
     ``transport``: how to start workers; default :class:`LocalTransport` when every host is this machine.
-    ``progress``: show a progress bar (a widget in a notebook, a line on stderr in a terminal).
+    ``progress``: show a progress bar (a widget in a notebook, a line on stderr in a terminal, plain lines when
+    stderr is a file or a pipe): the workers' start-up phases (processes, imports, rendezvous, build), then the
+    steps; by default (``None``) in a notebook or a terminal.  ``job.startup()`` says where the start-up's time
+    went.
     ``echo``: also print every worker line, prefixed by its rank, as it arrives.
     ``policy``: what the job does about a failure (:mod:`.faults`; default: stop everything, fail naming it).
     """
@@ -111,10 +107,10 @@ def launch_spec(spec: LaunchSpec, cluster: Any = None, transport: Transport | No
 def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 0, entry: str | None = None,
            payload: Mapping[str, Any] | None = None, transport: Transport | None = None,
            slowdown: Mapping[int, float] | None = None, timeout_s: float = 120.0, loss_rank: int | None = None,
-           backend: Backend | None = None, progress: bool = False, echo: bool = False,
+           backend: Backend | None = None, progress: bool | None = None, echo: bool = False,
            log_dir: str | Path | None = None, heartbeat_s: float = 1.0, stall_s: float | None = 30.0,
            policy: FailurePolicy | None = None, resource_check: bool = True,
-           memory_per_rank: Mapping[int, float] | None = None, **run_options: Any) -> Job:
+           memory_per_rank: Mapping[int, float] | None = None, preflight: bool = True, **run_options: Any) -> Job:
     """The general launcher: run ``entry`` (``"module:function"``) on one worker process per rank of ``cluster``.
 
     Each worker calls ``function(state, spec) -> dict`` with its
@@ -142,7 +138,9 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
     Resources (:mod:`.preflight`) are checked before any worker starts: ``memory_per_rank`` (bytes, rank -> estimate;
     training computes it from the Program) against each GPU's memory or the host's available RAM, ranks against
     GPUs and cores.  A job that does not fit raises :class:`~.preflight.ResourceError`; ``resource_check=False``
-    starts it anyway.
+    starts it anyway.  Every transport goes the same way (:class:`~.transport.Transport`): its hosts checked
+    (``preflight``: over SSH, reachable and the same versions; nothing for local processes), the rendezvous where
+    rank 0 runs, the resources each host reports, then the workers.
     """
     if cluster is None:
         raise HSPMDError("launch() needs a cluster (e.g. Cluster.local(4))")
@@ -160,24 +158,30 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
                          "a Program), the entry gets its settings from payload=")
     if program is not None:
         payload = {"program": _program_payload(program), **(payload or {})}
-    if transport is not None and hasattr(transport, "rendezvous"):  # SSHTransport: preflight, remote rendezvous
-        from .ssh import launch_remote
+    if transport is None:
+        remote = [n.host for n in cluster.nodes if not is_local_host(n.host)]
+        if remote:
+            raise HSPMDError(f"hosts {remote} are not this machine: pass transport= (e.g. an SSH transport), or "
+                             "transport=LocalTransport() to run every rank on this machine")
+        transport = LocalTransport()
+    try:
+        if preflight:
+            transport.preflight(cluster)
+        addr, port = transport.rendezvous("localhost" if transport.local else cluster.node_of(0).host)
+        spec = build_spec(cluster, entry=entry, steps=steps, seed=seed, payload=payload, timeout_s=timeout_s,
+                          slowdown=slowdown, loss_rank=loss_rank, backend=backend, local=transport.local,
+                          master_port=port, num_threads=transport.threads_per_worker(cluster),
+                          heartbeat_s=heartbeat_s, stall_s=stall_s).model_copy(update={"master_addr": addr})
+        if resource_check:
+            from .preflight import check_resources
 
-        return launch_remote(cluster, entry=entry, steps=steps, seed=seed, payload=payload, transport=transport,
-                             slowdown=slowdown, timeout_s=timeout_s, loss_rank=loss_rank, backend=backend,
-                             progress=progress, echo=echo, log_dir=log_dir, heartbeat_s=heartbeat_s,
-                             stall_s=stall_s, policy=policy, resource_check=resource_check,
-                             memory_per_rank=memory_per_rank)
-    local = (isinstance(transport, LocalTransport)
-             or transport is None and all(is_local_host(n.host) for n in cluster.nodes))
-    spec = build_spec(cluster, entry=entry, steps=steps, seed=seed, payload=payload, timeout_s=timeout_s,
-                      slowdown=slowdown, loss_rank=loss_rank, backend=backend, local=local,
-                      heartbeat_s=heartbeat_s, stall_s=stall_s)
-    if resource_check and local:
-        from .preflight import check_resources, local_facts
-
-        check_resources(cluster, {"localhost": local_facts(cuda=spec.backend == "nccl")}, memory_per_rank,
-                        hosts={"localhost": list(spec.ranks)}, gpu=spec.backend == "nccl")
+            gpu = spec.backend == "nccl"
+            hosts = hosts_of(spec)
+            check_resources(cluster, {h: transport.host_facts(h, cuda=gpu) for h in hosts}, memory_per_rank,
+                            hosts=hosts, gpu=gpu)
+    except BaseException:
+        transport.close()  # nothing was started: release its connections
+        raise
     return launch_spec(spec, cluster, transport, log_dir=log_dir, progress=progress, echo=echo, policy=policy)
 
 

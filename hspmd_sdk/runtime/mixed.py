@@ -29,6 +29,17 @@ ran its last step; the data position is the documents' digest, the token budget,
 step's sequences depend on nothing else), so a resumed run continues at the checkpoint's step under whichever
 candidate that step's dispatch picks -- or under another list of candidates -- reading only its boxes.
 
+Any candidates (SPEC §9): a hand-made list of Programs made from strategies, or Strategies (specialized for the
+Programs' model), is a candidate set; one that says nothing of its longest sequence takes what its memory holds
+(:func:`~hspmd_sdk.planner.mixed.memory_windows`).  ``init=`` starts from Hugging Face weights, as for one Program.
+
+Elastic (``elastic=True``): a worker that dies does not end the job.  The controller replans every candidate on the
+survivors (:func:`~hspmd_sdk.planner.elastic.replan_elastic`, each from its own strategy; one with no plan there
+is dropped), the survivors switch the state they hold by fused BSR to the replanned candidate they ran (or reload
+a checkpoint, as for one Program), and the dispatch starts again at the interrupted step among the new candidates
+(:meth:`LengthPlanner.restart`): every step still trains its sequences once, so the losses stay the
+single-device reference's.  ``straggler=`` is not supported with candidates yet.
+
 Packing (default where the model allows it, ``packing=False`` pads): a micro-batch is one row holding its
 sequences back to back, at most the pipeline's window in tokens, with no padding; the executor gives the kernels
 the sequences' lengths (:attr:`~.kernels.KernelContext.documents`), attention runs within each sequence (one
@@ -186,7 +197,9 @@ class LengthPlanner:
 
     ``records``: per step ``{"step", "choice", "estimate", "plan_s", "switch_plan_s", "lengths", "shapes",
     "micro_batches", "padding", "switch_from"}`` (``switch_from``: the candidate switched away from, ``None``
-    where the Program stays)."""
+    where the Program stays).  After an elastic recovery (:meth:`restart`) the dispatch goes on among the
+    candidates replanned on the survivors, from the step they resume at; its messages carry the recovery's id
+    (``generation``), so a worker never applies a dispatch made for a world that is gone."""
 
     def __init__(self, programs: Sequence[Any], cluster: Any, batches: Any, dispatcher: Any, *, steps: int,
                  lookahead: int = 2, start: int = 0) -> None:
@@ -202,7 +215,28 @@ class LengthPlanner:
         self.error: BaseException | None = None
         self.current: int | None = None
         self.start_step = int(start)  # a resumed run's first step (its checkpoint's)
+        self.generation = 0  # the controller's reconfiguration id the candidates belong to
         self.first = self._plan_step(self.start_step)  # before any worker starts: the Program it runs under
+
+    def restart(self, programs: Sequence[Any], cluster: Any, *, start: int, current: int, generation: int) -> None:
+        """Dispatch again, from step ``start``, among ``programs`` on ``cluster`` (an elastic recovery's
+        candidates, numbered on the survivors; ``current``: the one they hold)."""
+        from ..planner.mixed import Dispatcher
+
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10.0)
+        old = self.dispatcher
+        self.programs, self.cluster = list(programs), cluster
+        self.dispatcher = Dispatcher(self.programs, old.model, cluster, cost=old.cost, packing=old.packing)
+        self.layouts = same_layouts(self.programs)
+        self._plans = {}
+        self.current, self.generation, self.start_step = int(current), int(generation), int(start)
+        self.records = [r for r in self.records if r["step"] < start]
+        self._stop = threading.Event()
+        self._send(self._plan_step(start))
+        self._thread = threading.Thread(target=self._loop, name="hspmd-length-dispatch", daemon=True)
+        self._thread.start()
 
     def _plan_step(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -247,7 +281,7 @@ class LengthPlanner:
     def _send(self, rec: dict[str, Any]) -> None:
         from .controller import Event, _bytes, _strategy_of
 
-        msg: dict[str, Any] = {"type": "dispatch", "id": rec["step"], "choice": rec["choice"],
+        msg: dict[str, Any] = {"type": "dispatch", "id": rec["step"], "gen": self.generation, "choice": rec["choice"],
                                "lengths": rec["lengths"], "micro_batches": rec["micro_batches"],
                                "packed": rec["packed"]}
         src = rec["switch_from"]
@@ -267,7 +301,7 @@ class LengthPlanner:
             event = Event(rec["step"], "length", [], _strategy_of(program),
                           {"detect": 0.0, "plan": rec["plan_s"], "specialize": rec["switch_plan_s"]},
                           _bytes(self._plans[key], self.cluster),
-                          {r: r for r in range(self.cluster.num_ranks)}, program=program)
+                          {l: r for r, l in self.controller.current.to_launch.items()}, program=program)
             self.controller.record_event(("length", rec["step"]), event)
         self.job._send_control(msg)
 
@@ -278,14 +312,19 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                  precision: str = "fp32", lookahead: int = 2, cost: Any = None,
                  capture_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None,
                  checkpoint_every: int | None = None, keep: int = 3, checkpoint_async: bool = True,
-                 resume_from: str | Path | None = None, packing: bool | None = None, **launch_kwargs: Any) -> Any:
+                 resume_from: str | Path | None = None, packing: bool | None = None, init: Any = None,
+                 **launch_kwargs: Any) -> Any:
     """Train on mixed-length data, choosing per step among candidate ``programs`` (``launch(programs, ...)``;
     see the module docstring).  Returns the running :class:`~.job.Job`; ``job.wait().losses`` are the steps'
     losses (mean over each step's real target tokens), ``job.events`` the length switches, and
     ``job.length_planner.records`` what was dispatched per step.
 
-    ``programs``: candidates for one model (:meth:`hspmd_sdk.planner.MixedPlan.programs`: each Program's
-    ``plan.meta`` has its ``max_seq_len`` and pipeline windows); ``data``: ``"stdlib-docs"`` (default), a list of
+    ``programs``: candidates for one model: :meth:`hspmd_sdk.planner.MixedPlan.programs` (each Program's
+    ``plan.meta`` has its ``max_seq_len`` and pipeline windows), or any Programs made from strategies and
+    :class:`~hspmd_sdk.core.strategy.Strategy` values (specialized here for the Programs' model): such a candidate
+    takes the longest micro-batch its memory holds (:func:`~hspmd_sdk.planner.mixed.memory_windows`, at most the
+    model's ``max_seq_len``); ``init``: start from these weights (a Hugging Face directory or a state dict, as for
+    one Program); ``data``: ``"stdlib-docs"`` (default), a list of
     token arrays, :class:`~.data.Documents` or a tokenized text file; ``tokens_per_step``: the global batch as a
     token budget; ``context``: the longest sequence (default: the model's ``max_seq_len``; longer documents are cut
     into chunks) — the largest candidate must take it; ``lookahead``: how many steps the launcher dispatches ahead
@@ -304,11 +343,12 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
 
     what = "mixed-length training run"
     programs = list(programs)
-    for key in ("elastic", "straggler", "init", "fault_injection"):
-        if launch_kwargs.get(key):
-            raise PlanValidationError([(key, "is not supported with a list of candidate programs (mixed-length "
-                                             "training) yet")], what=what)
-        launch_kwargs.pop(key, None)
+    if launch_kwargs.get("straggler"):
+        raise PlanValidationError([("straggler", "is not supported with a list of candidate programs (mixed-length "
+                                                 "training) yet")], what=what)
+    launch_kwargs.pop("straggler", None)
+    elastic = bool(launch_kwargs.pop("elastic", False))
+    faults = [dict(f) for f in launch_kwargs.pop("fault_injection", None) or ()]
     from .run_config import check_run_options  # the same typed options as one Program's (SPEC §9)
 
     check_run_options(getattr(programs[0], "model", None) if programs else None, mixed=True, what=what,
@@ -316,20 +356,13 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                       betas=betas, eps=eps, weight_decay=weight_decay, precision=precision, lookahead=lookahead,
                       cost=cost, capture_dir=capture_dir, checkpoint_dir=checkpoint_dir,
                       checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
-                      resume_from=resume_from, packing=packing, **launch_kwargs)
+                      resume_from=resume_from, packing=packing, init=init, **launch_kwargs)
     if not programs:
         raise PlanValidationError([("programs", "no candidate program")], what=what)
-    model = getattr(programs[0], "model", None)
-    if model is None:
-        raise PlanValidationError([("programs[0]", "is not a Program specialized from a model config")], what=what)
-    other = [i for i, p in enumerate(programs) if getattr(p, "model", None) != model]
-    if other:
-        raise PlanValidationError([(f"programs[{other[0]}]", f"trains {getattr(programs[other[0]], 'model', None)!r}"
-                                                            f", programs[0] {model!r}: every candidate must train "
-                                                            "the same model")], what=what)
-    cluster = cluster if cluster is not None else programs[0].cluster
+    cluster = cluster if cluster is not None else next((p.cluster for p in programs if hasattr(p, "cluster")), None)
     if cluster is None:
         raise PlanValidationError([("cluster", "launch needs a cluster: pass cluster=")], what=what)
+    model, programs = _candidate_programs(programs, cluster, what)
     context = int(model.max_seq_len if context is None else context)
     try:
         docs = documents_for(data, model.vocab_size)
@@ -362,13 +395,14 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     runs = []
     for i, p in enumerate(programs):  # each candidate checked as the workers will rebuild it
         run = training_run(p, steps=steps, seed=seed, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                           seq_len=context, cluster=cluster, capture_dir=capture_dir, precision=precision)
+                           seq_len=context, cluster=cluster, capture_dir=capture_dir, precision=precision,
+                           init=init if i == first else None)
         again = _program_of(run)
         if again.pipelines != p.pipelines:
             raise PlanValidationError([(f"programs[{i}]", "does not specialize to the same pipelines on the "
                                                           "launch cluster")], what=what)
         runs.append(run)
-    run = dict(runs[first])
+    run = dict(runs[first])  # init= (a Hugging Face directory) read once, by the first candidate's run
     run["data"] = data
     run["mixed"] = {"candidates": [{"plan": r["plan"], "bindings": r["bindings"], "recompute": r["recompute"],
                                     "program": r["program"]} for r in runs], "first": first}
@@ -376,15 +410,67 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
 
     run.update(run_fields(run, programs[first], checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                           keep=keep, checkpoint_async=checkpoint_async, resume_from=resume_from))
+    run["elastic"] = elastic
+    run["faults"] = _checked_faults(faults, cluster, what)
     controller = TrainingController(programs[first], cluster, global_batch=run["global_batch"], seq_len=context,
-                                    cost=cost)
-    controller.mixed = True
+                                    elastic=elastic, cost=cost, checkpoint_dir=(run.get("checkpoint") or {}).get("dir"),
+                                    resumed_from=(run.get("resume") or {}).get("dir"))
+    controller.use_candidates(programs, first, planner)
+    if elastic and launch_kwargs.get("policy") is None:
+        launch_kwargs["policy"] = controller
     job = launch_runs([run], cluster, **launch_kwargs)
     job.controller = controller
     controller.attach(job)
     job.length_planner = planner
     planner.start(job, controller)
     return job
+
+
+def _checked_faults(faults: Sequence[Mapping[str, Any]], cluster: Any, what: str) -> list[dict[str, Any]]:
+    """``fault_injection`` (tests and demos of failures, as for one Program): each at a known point of a step
+    on a rank of the cluster."""
+    from .checkpoint_io import WRITE_POINTS
+
+    points = {"forward", "backward", "grad_sync", "optimizer", "switch", *WRITE_POINTS}
+    bad = [f for f in faults if f.get("at") not in points or not 0 <= int(f.get("rank", -1)) < cluster.num_ranks]
+    if bad:
+        raise PlanValidationError([("fault_injection", f"{bad[0]}: 'at' must be one of {sorted(points)} and 'rank' "
+                                                       "a rank of the cluster")], what=what)
+    return [dict(f) for f in faults]
+
+
+def _candidate_programs(candidates: Sequence[Any], cluster: Any, what: str) -> tuple[Any, list[Any]]:
+    """``(model, Programs)`` of a list of candidates: Programs of one model (from :meth:`MixedPlan.programs` or
+    any other), and Strategies, specialized here on ``cluster`` for the model of the Programs."""
+    from ..core.specialize import specialize
+    from ..core.strategy import Strategy
+    from ..core.strategy_plan import plan_from_strategy
+
+    models = [(i, getattr(c, "model", None)) for i, c in enumerate(candidates) if not isinstance(c, Strategy)]
+    bare = [i for i, m in models if m is None]
+    if bare:
+        raise PlanValidationError([(f"programs[{bare[0]}]", f"is a {type(candidates[bare[0]]).__name__}, not a "
+                                                            "Program specialized from a model config or a "
+                                                            "Strategy")], what=what)
+    if not models:
+        raise PlanValidationError([("programs", "are all Strategies: give at least one Program (specialize(model, "
+                                                "...)) so that the model is known")], what=what)
+    first, model = models[0]
+    other = [i for i, m in models if m != model]
+    if other:
+        raise PlanValidationError([(f"programs[{other[0]}]", f"trains {candidates[other[0]].model!r}, "
+                                                            f"programs[{first}] {model!r}: every candidate must "
+                                                            "train the same model")], what=what)
+    out = []
+    for i, c in enumerate(candidates):
+        if isinstance(c, Strategy):
+            try:
+                c = specialize(model, plan_from_strategy(model, c, cluster), cluster)
+            except HSPMDError as e:
+                raise PlanValidationError([(f"programs[{i}]", f"the strategy does not specialize on the launch "
+                                                              f"cluster: {e}")], what=what) from e
+        out.append(c)
+    return model, out
 
 
 def _resume_step(resume_from: Any, steps: int, what: str) -> int:
@@ -406,12 +492,20 @@ class MixedSession(TrainSession):
     """A worker's mixed-length run (see the module docstring): the step's candidate and micro-batches from the
     launcher's ``dispatch`` message, a length switch where the candidate's Program changes (a candidate that runs
     the same Program with other windows keeps the running one: :func:`same_layouts`), the pipeline's micro-batches
-    at their own shapes."""
+    at their own shapes.
+
+    Elastic (``elastic=True``): the version a worker holds is ``(reconfiguration id, candidate)``; the state from
+    before a length switch is kept until the next commit, as for a user's switch, and a recovery brings the
+    candidates replanned on the survivors (:meth:`~.controller.TrainingController._replan_candidates`), among
+    which the dispatch goes on."""
 
     def __init__(self, state: Any, run: Mapping[str, Any], index: int, offset: int) -> None:
         mixed = run["mixed"]
         self.choice = int(mixed["first"])
+        run = {**run, "recompute": None}  # every candidate's own (Program.recompute), whichever runs
         super().__init__(state, run, index, offset)
+        self.version = (0, self.choice)
+        self.pool: list[Any] | None = None  # after a recovery: the candidates replanned on the survivors
         self.batches = self.dataset  # dataset_for(a mixed spec): LengthBatches
         self.candidates: dict[int, Any] = {self.choice: self.program}
         self.switch_plans: dict[tuple[int, int], Any] = {}
@@ -425,6 +519,8 @@ class MixedSession(TrainSession):
         from .train import _program_of
 
         got = self.candidates.get(i)
+        if got is None and self.pool is not None:
+            got = self.candidates[i] = self.pool[i]
         if got is None:
             c = self.run["mixed"]["candidates"][i]
             got = self.candidates[i] = _program_of({**self.run, "plan": c["plan"], "bindings": c["bindings"],
@@ -438,9 +534,37 @@ class MixedSession(TrainSession):
     def _drop_unused_groups(self, program: Any) -> None:
         """Keep every candidate's groups: the job switches back and forth between a few Programs."""
 
+    def _take_dispatch(self, step: int) -> dict[str, Any]:
+        """The launcher's dispatch of ``step`` for the world this worker is in (``gen``: the reconfiguration id);
+        dispatches for a world replaced since are dropped."""
+        end = time.monotonic() + DISPATCH_WAIT_S
+        while True:
+            self._collect()
+            for i, m in enumerate(self._messages):
+                if m.get("type") == "dispatch" and int(m.get("id", -1)) == step \
+                        and int(m.get("gen", 0)) == self.reconfigured:
+                    return self._messages.pop(i)
+            if time.monotonic() > end:
+                raise HSPMDError(f"rank {self.state.launch_rank}: no dispatch of step {step} from the launcher "
+                                 f"within {DISPATCH_WAIT_S:.0f} s")
+            time.sleep(0.002)
+
+    def _recover(self, reason: str) -> int:
+        step = super()._recover(reason)
+        raw = self.last_reconfigure
+        if "candidates" in raw:
+            self.pool = list(unpack_payload(raw["candidates"]))
+            self.choice = int(raw["choice"])
+            self.candidates = {self.choice: self.program}
+            self.switch_plans.clear()
+        self.version = (self.reconfigured, self.choice)
+        self._messages = [m for m in self._messages
+                          if m.get("type") != "dispatch" or int(m.get("gen", 0)) == self.reconfigured]
+        return step
+
     def _maybe_switch(self, step: int) -> None:
         t0 = time.perf_counter()
-        msg = self._take("dispatch", step, DISPATCH_WAIT_S)
+        msg = self._take_dispatch(step)
         self.waits.append(time.perf_counter() - t0)
         lengths = self.batches.step_lengths(step)
         if [int(x) for x in msg["lengths"]] != lengths:
@@ -450,6 +574,7 @@ class MixedSession(TrainSession):
         choice = int(msg["choice"])
         if "from" not in msg:  # the same Program (or another candidate with the same one): nothing moves
             self.choice = choice
+            self.version = (self.reconfigured, choice)
             return
         key = (int(msg["from"]), choice)
         if "plan" in msg:
@@ -457,11 +582,13 @@ class MixedSession(TrainSession):
         if key not in self.switch_plans:
             raise HSPMDError(f"rank {self.state.launch_rank}: no switch plan {key} for step {step}")
         program = self._candidate(choice)
-        rc = self.run["mixed"]["candidates"][choice]["recompute"]
-        self.run = {**self.run, "recompute": rc}
+        self.state.step = self.offset + step  # the switch belongs to the step it precedes (fault injection)
+        if self.elastic:  # a failure during the switch recovers from the state before it
+            self._keep_previous()
         t1 = time.perf_counter()
         nbytes = self._switch_to(program, self.switch_plans[key])
         self.choice = choice
+        self.version = (self.reconfigured, choice)
         seconds = time.perf_counter() - t1
         self.length_switches.append({"step": step, "from": key[0], "to": choice, "seconds": round(seconds, 6),
                                      **self.last_switch})
@@ -574,11 +701,13 @@ def planning_summary(job: Any, result: Any) -> dict[str, Any]:
 # ---- the single-device reference ------------------------------------------------------------------------------
 def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any = "stdlib-docs",
                     context: int | None = None, seed: int = 0, lr: float = 1e-3,
-                    betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0) -> Any:
+                    betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                    init: Mapping[str, Any] | None = None) -> Any:
     """The model's single-device reference (``model.build_reference(seed)``, ``torch.optim.Adam``) on the same
     steps of mixed-length data: all of a step's sequences in one batch, padded on the right with target ``-100``
     (which the reference's ``loss`` ignores: the mean over the step's real target tokens; causal attention keeps
-    padding out of real positions) — independent of how the dispatcher cut the step into micro-batches.  Returns
+    padding out of real positions) — independent of how the dispatcher cut the step into micro-batches; ``init``: a
+    state dict to start from instead of the seeded initialisation.  Returns
     a :class:`~.train.ReferenceResult` (``grads`` of step 0, final ``params`` and Adam moments)."""
     import torch
 
@@ -591,6 +720,8 @@ def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any =
     batches = LengthBatches(documents_for(data, model.vocab_size), context=context, tokens_per_step=tokens_per_step,
                             seed=seed)
     ref = model.build_reference(seed)
+    if init is not None:
+        ref.load_state_dict({k: v.detach().clone() for k, v in init.items()})
     opt = AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay).build(list(ref.parameters()))
     losses, grads = [], {}
     for step in range(steps):

@@ -112,7 +112,7 @@ class RunConfig(BaseModel):
     heartbeat_s: Number = Field(default=1.0, gt=0, le=60, description="a finite number of seconds in (0, 60]")
     stall_s: Number | None = Field(default=30.0, gt=0, description="a finite number of seconds > 0, or None")
     loss_rank: Int | None = Field(default=None, ge=0, description="a rank (whole number >= 0), or None")
-    progress: Bool = Field(default=False, description="True or False")
+    progress: Bool | None = Field(default=None, description="True, False or None (a notebook or a terminal)")
     echo: Bool = Field(default=False, description="True or False")
     resource_check: Bool = Field(default=True, description="True or False")
     log_dir: PathLike | None = Field(default=None, description="a directory (str or Path), or None")

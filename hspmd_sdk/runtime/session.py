@@ -200,6 +200,7 @@ class TrainSession:
         import torch.distributed as dist
 
         started = time.perf_counter()
+        self.state.channel.send("phase", name="built")  # the run's Program, executor and state are ready
         losses: dict[int, float] = {}
         step = self.start
         while step < self.steps:
@@ -438,7 +439,9 @@ class TrainSession:
         self.state.channel.send("halted", step=self.committed, source=have, after=self.reconfigured, error=reason,
                                 finish=finish if finished is not None else None, held=list(held),
                                 previous_held=list(kept[3]) if kept is not None and have == "live" else None)
-        msg = Reconfigure.decode(self._newest("reconfigure", self.reconfigured, RECONFIGURE_WAIT_S))
+        raw = self._newest("reconfigure", self.reconfigured, RECONFIGURE_WAIT_S)
+        self.last_reconfigure = raw  # what a subclass reads more of (a mixed-length job's new candidates)
+        msg = Reconfigure.decode(raw)
         if msg.source == "previous" and have == "live" and kept is not None:
             program, tensors, count, held = kept  # the launcher chose the state from before the switches
             tensors = {k: v.detach().clone() for k, v in tensors.items()}

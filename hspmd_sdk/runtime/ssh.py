@@ -226,6 +226,10 @@ class PreflightReport:
 class SSHTransport(Transport):
     """Starts each host's workers through one SSH connection and a per-host agent.
 
+    For :func:`~.launcher.launch` (:class:`~.transport.Transport`): ``preflight`` probes every host
+    (:meth:`check`), the rendezvous is on rank 0's host at a port free there, resources and threads come from the
+    probes.
+
     ``hosts``: host name -> :class:`~hspmd_sdk.runtime.hosts.SSHHost` (or its dict form); ``default``: settings
     of hosts not named.  ``known_hosts``: the file host keys are checked against (default
     ``~/.ssh/known_hosts``); ``accept_new_host_keys``: add the key of a host not in that file (a changed key is
@@ -476,7 +480,16 @@ class SSHTransport(Transport):
                 raise SSHError(f"{self.where(host)}: {rep.error or '; '.join(rep.problems)}")
         return self._probes[host]
 
-    def host_facts(self, host: str) -> Any:
+    local = False
+
+    def preflight(self, cluster: Any) -> None:
+        """Every host reachable, with the launcher's Python, torch and hspmd_sdk (:meth:`check`), or raise."""
+        self.check(cluster).raise_if_failed()
+
+    def threads_per_worker(self, cluster: Any) -> int | None:
+        return _threads_per_worker(self, cluster)
+
+    def host_facts(self, host: str, *, cuda: bool = False) -> Any:
         """Cores, available RAM and CUDA devices of ``host``, from its preflight probe (empty if not probed)."""
         from .preflight import HostFacts
 
@@ -879,8 +892,8 @@ def check_hosts(cluster: Any, hosts: HostsArg = None, *, transport: SSHTransport
 def launch_remote(cluster: Any, *, entry: str, steps: int, hosts: HostsArg = None, seed: int = 0,
                   payload: Mapping[str, Any] | None = None, transport: SSHTransport | None = None,
                   preflight: bool = True, timeout_s: float = 120.0, slowdown: Mapping[int, float] | None = None,
-                  loss_rank: int | None = None, backend: Any = None, master_port: int | None = None,
-                  progress: bool = False, echo: bool = False, log_dir: str | Path | None = None,
+                  loss_rank: int | None = None, backend: Any = None,
+                  progress: bool | None = None, echo: bool = False, log_dir: str | Path | None = None,
                   heartbeat_s: float = 1.0, stall_s: float | None = 30.0, policy: Any = None,
                   resource_check: bool = True, memory_per_rank: Mapping[int, float] | None = None,
                   **ssh_options: Any) -> Any:
@@ -895,29 +908,13 @@ def launch_remote(cluster: Any, *, entry: str, steps: int, hosts: HostsArg = Non
     ``resource_check``/``memory_per_rank``: the resource preflight against what each host's probe found (cores,
     available RAM, CUDA devices), as for a local launch.
     """
-    from .launcher import build_spec, launch_spec
+    from .launcher import launch
 
-    transport = transport or SSHTransport(hosts, **ssh_options)
-    try:
-        if preflight:
-            transport.check(cluster).raise_if_failed()
-        first = cluster.node_of(0).host
-        addr, port = transport.rendezvous(first)
-        threads = _threads_per_worker(transport, cluster)
-        spec = build_spec(cluster, entry=entry, steps=steps, seed=seed, payload=payload, timeout_s=timeout_s,
-                          slowdown=slowdown, loss_rank=loss_rank, backend=backend, local=False,
-                          master_port=master_port or port, num_threads=threads, heartbeat_s=heartbeat_s,
-                          stall_s=stall_s)
-        spec = spec.model_copy(update={"master_addr": addr})
-        if resource_check:
-            from .preflight import check_resources
-
-            check_resources(cluster, {h: transport.host_facts(h) for h in {n.host for n in cluster.nodes}},
-                            memory_per_rank, gpu=spec.backend == "nccl")
-    except BaseException:
-        transport.close()
-        raise
-    return launch_spec(spec, cluster, transport, log_dir=log_dir, progress=progress, echo=echo, policy=policy)
+    return launch(None, cluster, entry=entry, steps=steps, seed=seed, payload=payload,
+                  transport=transport or SSHTransport(hosts, **ssh_options), preflight=preflight, timeout_s=timeout_s,
+                  slowdown=slowdown, loss_rank=loss_rank, backend=backend, progress=progress, echo=echo,
+                  log_dir=log_dir, heartbeat_s=heartbeat_s, stall_s=stall_s, policy=policy,
+                  resource_check=resource_check, memory_per_rank=memory_per_rank)
 
 
 def _threads_per_worker(transport: SSHTransport, cluster: Any) -> int:

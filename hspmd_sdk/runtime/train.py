@@ -223,9 +223,13 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     Mixed-length data (SPEC §7): ``program`` may be a list of candidate Programs (``MixedPlan.programs``) with
     ``tokens_per_step=`` (and ``data=`` documents of different lengths, ``context=``, ``lookahead=``): each step
     runs under the cheapest candidate for its sequences, switching by length (:func:`~.mixed.launch_mixed`)."""
+    import time
+
     from .controller import StragglerWatch, TrainingController
     from .devices import backend_for_device
     from .run_config import check_run_options
+
+    begun = time.monotonic()
 
     # every option, by type and range, before anything else (SPEC §9): one RunConfig for both forms
     mixed = isinstance(program, (list, tuple))
@@ -239,9 +243,8 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     if mixed:  # candidate Programs: mixed-length data (SPEC §7)
         from .mixed import launch_mixed
 
-        given = {"data": data, "seq_len": seq_len, "recompute": recompute, "init": init, "elastic": elastic,
-                 "straggler": straggler, "fault_injection": fault_injection}
-        default = {"data": "synthetic", "fault_injection": ()}
+        given = {"data": data, "seq_len": seq_len, "recompute": recompute, "straggler": straggler}
+        default = {"data": "synthetic"}
         bad = [k for k, v in given.items() if k not in ("data",) and v not in (None, False, default.get(k))]
         if bad:
             from ..errors import PlanValidationError
@@ -251,11 +254,14 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
         if device is not None:
             launch_kwargs["backend"] = backend_for_device(device, cluster or program[0].cluster,
                                                           launch_kwargs.get("backend"), launch_kwargs.get("transport"))
-        return launch_mixed(program, cluster, steps=steps, seed=seed,
-                            data="stdlib-docs" if data == "synthetic" else data, lr=lr, betas=betas, eps=eps,
-                            weight_decay=weight_decay, precision=precision, cost=cost, capture_dir=capture_dir,
-                            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
-                            checkpoint_async=checkpoint_async, resume_from=resume_from, **launch_kwargs)
+        job = launch_mixed(program, cluster, steps=steps, seed=seed,
+                           data="stdlib-docs" if data == "synthetic" else data, lr=lr, betas=betas, eps=eps,
+                           weight_decay=weight_decay, precision=precision, cost=cost, capture_dir=capture_dir,
+                           checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
+                           checkpoint_async=checkpoint_async, resume_from=resume_from, init=init,
+                           elastic=elastic, fault_injection=fault_injection, **launch_kwargs)
+        job.prepared_s = job._t0 - begun  # checks, dispatch of the first step, specialization, preflight
+        return job
     cluster = cluster if cluster is not None else program.cluster
     run = training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
                        weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
@@ -284,6 +290,7 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     if elastic and launch_kwargs.get("policy") is None:
         launch_kwargs["policy"] = controller
     job = launch_runs([run], cluster, **launch_kwargs)
+    job.prepared_s = job._t0 - begun  # option checks, specialization on the launch cluster, preflight
     job.controller = controller
     controller.attach(job)
     return job

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -84,8 +85,39 @@ class WorkerGroup(ABC):
         return None
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 class Transport(ABC):
-    """Starts workers on hosts."""
+    """Starts workers on hosts, and says what :func:`~.launcher.launch` needs before it does: the hosts checked,
+    where a world meets (rendezvous), each host's resources and threads.  The defaults are this machine's
+    (:class:`LocalTransport`); :class:`~.ssh.SSHTransport` asks the hosts over SSH."""
+
+    #: Every worker runs on this machine (hosts ``localhost``, rendezvous on loopback).
+    local: bool = True
+
+    def preflight(self, cluster: Any) -> None:
+        """Check every host of ``cluster`` before anything starts; raise naming what is wrong (this machine:
+        nothing to check)."""
+
+    def rendezvous(self, host: str, *, fresh: bool = False) -> tuple[str, int]:
+        """Address and a port free now on ``host`` for a world's TCPStore (its rank 0 runs there); ``fresh``: for
+        a re-formed world, whose first store may still hold its port."""
+        return "127.0.0.1", free_port()
+
+    def host_facts(self, host: str, *, cuda: bool = False) -> Any:
+        """Cores, available RAM and (``cuda``) CUDA devices of ``host``, for the resource preflight."""
+        from .preflight import local_facts
+
+        return local_facts(cuda=cuda)
+
+    def threads_per_worker(self, cluster: Any) -> int | None:
+        """torch threads each worker of ``cluster`` may use (``None``: the cores here over the ranks)."""
+        return None
 
     @abstractmethod
     def start(self, host: str, ranks: Sequence[int], spec: LaunchSpec, on_line: LineSink,

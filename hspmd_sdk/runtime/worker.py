@@ -327,6 +327,9 @@ def run_worker(spec: LaunchSpec, rank: int, channel: Channel, inbox: ControlInbo
     """Connect, call the entry, return its (JSON-able) result."""
     channel.send("hello", pid=os.getpid(), pgid=os.getpgid(0), host=socket.gethostname())
     fn = resolve_entry(spec.entry)
+    import torch.distributed  # noqa: F401 - the start-up's import phase: torch with the entry's own modules
+
+    channel.send("phase", name="imported")
     state = connect(spec, rank, channel, inbox)
     channel.send("ready")
     if state.slowdown != 1.0:

@@ -16,7 +16,7 @@ from typing import Any
 
 
 def add_launch_arguments(p: argparse.ArgumentParser) -> None:
-    from ..cli_inputs import MAX_SEED, MAX_STEPS, MAX_TOKENS, add_fault_arguments, int_in, number_above
+    from .cli_inputs import MAX_SEED, MAX_STEPS, MAX_TOKENS, add_fault_arguments, int_in, number_above
 
     p.add_argument("file", metavar="FILE", nargs="?", help="strategy JSON to train (or a packaged example name)")
     p.add_argument("--hostfile", required=True, metavar="PATH", help="hosts: 'host slots=N [kind=KIND]' a line")
@@ -49,14 +49,14 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--check", action="store_true", help="only check the hosts (exit 0 if all pass)")
     p.add_argument("--log-dir", default=None, metavar="DIR", help="per-rank logs (default: a temporary folder)")
     p.add_argument("--quiet", action="store_true", help="do not echo the workers' lines")
-    from .checkpoint_cli import add_training_checkpoint_arguments
+    from .cli_checkpoint import add_training_checkpoint_arguments
 
     add_training_checkpoint_arguments(p)
 
 
 def _transport(args: argparse.Namespace) -> Any:
-    from .hosts import read_hosts_file
-    from .ssh import SSHTransport
+    from .runtime.hosts import read_hosts_file
+    from .runtime.ssh import SSHTransport
 
     default: dict[str, Any] = {}
     for key, value in (("python", args.python), ("workdir", args.workdir), ("port", args.ssh_port),
@@ -70,8 +70,8 @@ def _transport(args: argparse.Namespace) -> Any:
 
 def _check_arguments(args: argparse.Namespace) -> None:
     """What can be checked before any host is contacted."""
-    from ..errors import PlanValidationError
-    from .spec import ENTRY_PATTERN
+    from .errors import PlanValidationError
+    from .runtime.spec import ENTRY_PATTERN
 
     problems = []
     if args.entry is not None and not ENTRY_PATTERN.fullmatch(args.entry):
@@ -91,8 +91,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 def run_launch(args: argparse.Namespace) -> int:
     """Run ``hspmd launch``; :class:`~hspmd_sdk.errors.HSPMDError` propagates (the CLI prints it, status 1)."""
-    from ..core.cluster import Cluster
-    from .ssh import launch_remote
+    from .core.cluster import Cluster
+    from .runtime.ssh import launch_remote
 
     _check_arguments(args)
     cluster = Cluster.from_hostfile(args.hostfile)
@@ -130,13 +130,13 @@ def run_launch(args: argparse.Namespace) -> int:
 
 
 def _launch_training(args: argparse.Namespace, cluster: Any, common: dict[str, Any]) -> Any:
-    from ..cli_inputs import resolve_file
-    from ..models.registry import load_model_spec
-    from ..core.specialize import specialize
-    from ..core.strategy import Strategy
-    from ..core.strategy_plan import plan_from_strategy
-    from .checkpoint_cli import training_checkpoint_options
-    from .train import launch_training
+    from .cli_inputs import resolve_file
+    from .models.registry import load_model_spec
+    from .core.specialize import specialize
+    from .core.strategy import Strategy
+    from .core.strategy_plan import plan_from_strategy
+    from .cli_checkpoint import training_checkpoint_options
+    from .runtime.train import launch_training
 
     config = load_model_spec(args.model)
     strategy = Strategy.load(resolve_file(args.file))
@@ -148,9 +148,9 @@ def _launch_training(args: argparse.Namespace, cluster: Any, common: dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone use: ``python -m hspmd_sdk.runtime.ssh_cli FILE --hostfile hosts.txt`` (the same as
+    """Stand-alone use: ``python -m hspmd_sdk.cli_ssh FILE --hostfile hosts.txt`` (the same as
     ``hspmd launch ...``, with the same error handling)."""
-    from ..cli import main as hspmd
+    from .cli import main as hspmd
 
     return hspmd(["launch", *(sys.argv[1:] if argv is None else argv)])
 

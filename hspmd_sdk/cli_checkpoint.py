@@ -3,7 +3,7 @@
 ``DIR`` is a checkpoint root (its latest complete checkpoint) or one ``step-NNNNNNNN`` directory.  ``show`` prints
 the step, the model, the strategy it was saved under, the data position, the bytes each rank wrote and the
 integrity check (every file, header and checksum; ``--no-verify`` skips it); ``export`` writes the parameters as a
-Hugging Face model directory.  Errors (:class:`~.checkpoint_io.CheckpointError`: a missing, truncated or corrupted
+Hugging Face model directory.  Errors (:class:`~.runtime.checkpoint_io.CheckpointError`: a missing, truncated or corrupted
 shard, naming the file and the tensor) go through the CLI's one ``error:`` line, exit status 1.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_training_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
     """``--checkpoint-dir``, ``--checkpoint-every``, ``--resume-from`` for ``hspmd run`` and ``hspmd launch``."""
-    from ..cli_inputs import int_in
+    from .cli_inputs import int_in
 
     g = p.add_argument_group("checkpoints")
     g.add_argument("--checkpoint-dir", default=None, metavar="DIR",
@@ -45,7 +45,7 @@ def training_checkpoint_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def run_checkpoint(args: argparse.Namespace) -> int:
-    from .checkpoint import load_checkpoint
+    from .runtime.checkpoint import load_checkpoint
 
     if args.checkpoint_command == "show":
         verify = not args.no_verify

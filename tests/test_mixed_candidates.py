@@ -1,0 +1,187 @@
+"""Mixed-length training from any candidates (SPEC §9): a hand-made list of Programs and Strategies of one model --
+not :meth:`MixedPlan.programs` -- is a valid candidate set; a candidate that says nothing of its longest sequence
+takes what its memory holds (:func:`~hspmd_sdk.planner.mixed.memory_windows`).  The runs train exactly the
+single-device reference on the same sequences (:func:`reference_mixed`), also from ``init=`` weights.
+
+Tolerances as in ``test_mixed_runtime.py`` (fp32): losses within 1e-5 (relative), parameters after the run within
+1e-4 (absolute; Adam turns fp32 summation noise of a zero gradient into an update of up to ``lr``).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hspmd_sdk import Cluster, GPTConfig, LlamaConfig, launch, specialize
+from hspmd_sdk.core.cluster import DeviceSpec
+from hspmd_sdk.core.strategy import Strategy
+from hspmd_sdk.core.strategy_plan import plan_from_strategy
+from hspmd_sdk.errors import PlanValidationError
+from hspmd_sdk.models.hf import to_hf
+from hspmd_sdk.planner import CostModel
+from hspmd_sdk.planner.mixed import Dispatcher, memory_windows
+from hspmd_sdk.planner.mixed_cost import PipelineCost
+from hspmd_sdk.runtime.mixed import reference_mixed
+from hspmd_sdk.runtime.train import assemble, load_captured
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_mixed_runtime import BUDGET, CONTEXT, DOCS, SEED, STATE_TOL, TOL, _rel, _strategy  # noqa: E402
+
+STEPS = 4
+CLUSTER = Cluster.local(4)
+DP4 = _strategy([[([r], [0, 3])] for r in range(4)], "dp4", zero1=True)
+TP2PP2 = _strategy([[([0, 1], [0, 1]), ([2, 3], [2, 3])]], "tp2pp2")
+TP2_PP2 = _strategy([[([0, 1], [0, 3])], [([2], [0, 1]), ([3], [2, 3])]], "tp2+pp2")
+
+
+def _program(model: Any, strategy: Strategy) -> Any:
+    return specialize(model, plan_from_strategy(model, strategy, CLUSTER), CLUSTER)
+
+
+def _cluster_of(memory_mb: int) -> Cluster:
+    """4 ranks on one node of devices with ``memory_mb`` MiB each."""
+    return Cluster.load({"devices": {"cpu": DeviceSpec(kind="cpu", memory_mb=memory_mb, bf16_tflops=1.0,
+                                                       intra_bandwidth_gbs=5.0)},
+                         "nodes": [{"kind": "cpu", "ranks": [0, 1, 2, 3], "host": "localhost"}]})
+
+
+def _check_state(tmp: Path, ref: Any) -> None:
+    shapes = {k: tuple(v.shape) for k, v in ref.params.items()}
+    full, worst = assemble(load_captured(tmp), "params", shapes)
+    assert worst == 0.0  # replicas agree exactly
+    err = max(float((full[k] - ref.params[k]).abs().max()) for k in ref.params)
+    assert err < STATE_TOL, err
+
+
+def test_memory_windows_are_the_longest_micro_batch_every_stage_holds() -> None:
+    """Against the stage memory model directly: the window fits, one token more does not (a device small enough
+    that the window lies below the model's max_seq_len), and the window never exceeds max_seq_len."""
+    model = LlamaConfig.preset("tiny").model_copy(update={"max_seq_len": 4096})
+    cost = CostModel(memory_reserve_mb=0.0)
+    big = Cluster.local(4)
+    assert memory_windows(model, TP2_PP2, big, cost) == [4096, 4096]
+    small = _cluster_of(4)
+    windows = memory_windows(model, TP2_PP2, small, cost)
+    for k, (w, pipe) in enumerate(zip(windows, TP2_PP2.pipelines)):
+        pc = PipelineCost.of(model, pipe, small, cost)
+        S = len(pipe.stages)
+        from hspmd_sdk.core.schedule import in_flight
+
+        def fits(t: int) -> bool:
+            return all(sc.fits(t, in_flight(TP2_PP2.schedule, S, s, S), 1, 4 * 2.0**20)
+                       for s, sc in enumerate(pc.stages))
+        assert 1 <= w < 4096, (k, w)
+        assert fits(w) and not fits(w + 1), (k, w)
+    # TP2 halves the activations of a stage: the TP pipeline holds longer micro-batches than PP on single ranks
+    assert windows[0] > windows[1]
+    with pytest.raises(PlanValidationError, match=r"pipelines\[0\].*one token"):
+        memory_windows(model, TP2_PP2, _cluster_of(1), cost)
+
+
+def test_the_dispatcher_takes_strategies_and_plain_programs() -> None:
+    model = LlamaConfig.preset("tiny")
+    d = Dispatcher([DP4, _program(model, TP2PP2)], model, CLUSTER)
+    assert d.max_seq_len == model.max_seq_len
+    assert [c.windows for c in d.candidates] == [[model.max_seq_len] * 4, [model.max_seq_len]]
+    got = d([40, 7, 5, 3, 9, 12])
+    assert sorted(i for p in got.micro_batches for mb in p for i in mb) == list(range(6))
+
+
+@pytest.mark.timeout(240)
+def test_a_hand_made_list_of_programs_and_strategies_trains_like_the_reference(tmp_path: Path) -> None:
+    model = GPTConfig.preset("tiny")
+    candidates = [_program(model, DP4), TP2PP2, _program(model, TP2_PP2)]
+    job = launch(candidates, CLUSTER, steps=STEPS, seed=SEED, data=DOCS, tokens_per_step=BUDGET, context=CONTEXT,
+                 capture_dir=tmp_path, timeout_s=120)
+    result = job.wait()
+    ref = reference_mixed(model, steps=STEPS, seed=SEED, data=DOCS, tokens_per_step=BUDGET, context=CONTEXT)
+    assert len(result.losses) == STEPS and _rel(result.losses, ref.losses) < TOL
+    _check_state(tmp_path, ref)
+    choices = [rec["choice"] for rec in job.length_planner.records]
+    assert all(0 <= c < 3 for c in choices) and len(choices) == STEPS
+    switched = [k for k in range(1, STEPS) if choices[k] != choices[k - 1]]
+    assert switched and len(set(choices)) >= 2, choices  # a length switch between hand-made candidates
+    assert [e.step for e in result.events] == switched and all(e.reason == "length" for e in result.events)
+
+
+@pytest.mark.timeout(240)
+def test_mixed_length_training_starts_from_init_weights(tmp_path: Path) -> None:
+    model = LlamaConfig.preset("tiny")
+    start = model.build_reference(11)
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in start.parameters():  # every parameter off its seeded init, so each one matters
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    state = {k: v.detach().clone() for k, v in start.state_dict().items()}
+    hf = tmp_path / "hf"
+    to_hf(model, state, hf)
+    cap = tmp_path / "cap"
+    job = launch([DP4, _program(model, TP2_PP2)], CLUSTER, steps=STEPS, seed=SEED, data=DOCS,
+                 tokens_per_step=BUDGET, context=CONTEXT, capture_dir=cap, init=hf, timeout_s=120)
+    result = job.wait()
+    ref = reference_mixed(model, steps=STEPS, seed=SEED, data=DOCS, tokens_per_step=BUDGET, context=CONTEXT,
+                          init=state)
+    plain = reference_mixed(model, steps=STEPS, seed=SEED, data=DOCS, tokens_per_step=BUDGET, context=CONTEXT)
+    assert _rel(result.losses, ref.losses) < TOL
+    assert _rel(result.losses, plain.losses) > 1e-3  # the weights were used: not the seeded start
+    _check_state(cap, ref)
+
+
+def test_candidates_without_a_model_or_a_strategy_are_refused_before_any_worker_starts() -> None:
+    model = LlamaConfig.preset("tiny")
+    kw = dict(steps=2, data=DOCS, tokens_per_step=BUDGET, context=CONTEXT)
+    with pytest.raises(PlanValidationError, match="all Strategies"):
+        launch([DP4, TP2PP2], CLUSTER, **kw)
+    bare = specialize(model, plan_from_strategy(model, DP4, CLUSTER).model_copy(update={"meta": {}}), CLUSTER)
+    with pytest.raises(PlanValidationError, match=r"candidates\[1\].*neither a Strategy nor a Program"):
+        launch([_program(model, DP4), bare], CLUSTER, **kw)
+    with pytest.raises(PlanValidationError, match=r"programs\[1\].*str"):
+        launch([_program(model, DP4), "dp4"], CLUSTER, **kw)
+    five = _strategy([[([r], [0, 3])] for r in range(5)], "dp5")
+    with pytest.raises(PlanValidationError, match=r"programs\[1\].*does not specialize"):
+        launch([_program(model, DP4), five], CLUSTER, **kw)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("at", ["forward", "switch"])
+def test_a_killed_worker_in_a_mixed_length_run_is_survived_and_the_losses_stay_the_references(
+        tmp_path: Path, at: str) -> None:
+    """``elastic=True`` with candidates: rank 3 is SIGKILLed (in a step's forward, or inside a length switch's
+    BSR); every candidate is replanned on the 3 survivors and the dispatch goes on among them from the interrupted
+    step.  Every step's loss and the final parameters equal the single-device reference on the same sequences."""
+    from test_mixed_runtime import ENTRIES, _programs
+
+    model = LlamaConfig.preset("tiny")
+    steps = 5
+    # candidates whose every tensor has a replica on another rank (ZeRO-1 off), so the state survives in memory;
+    # the dispatch switches between them at steps 1 and 4 on this data
+    dp4 = ENTRIES[1].model_copy(update={"strategy": ENTRIES[1].strategy.model_copy(update={"zero1": False})})
+    programs = _programs(model, [ENTRIES[0], dp4])
+    if at == "switch":  # the first length switch (from the dispatch the launcher will make)
+        d = Dispatcher(programs, model, CLUSTER, packing=True)
+        from hspmd_sdk.runtime.data import Documents, LengthBatches
+
+        b = LengthBatches(Documents(DOCS), context=CONTEXT, tokens_per_step=BUDGET, seed=SEED)
+        choices, cur = [], None
+        for s in range(steps):
+            cur = d(b.step_lengths(s), current=cur).choice
+            choices.append(cur)
+        kill_step = next(s for s in range(1, steps) if choices[s] != choices[s - 1])
+    else:
+        kill_step = 2
+    job = launch(programs, CLUSTER, steps=steps, seed=SEED, data=DOCS, tokens_per_step=BUDGET, context=CONTEXT,
+                 capture_dir=tmp_path, timeout_s=60, elastic=True,
+                 fault_injection=[{"rank": 3, "step": kill_step, "at": at}])
+    result = job.wait()
+    ref = reference_mixed(model, steps=steps, seed=SEED, data=DOCS, tokens_per_step=BUDGET, context=CONTEXT)
+    assert len(result.losses) == steps and _rel(result.losses, ref.losses) < TOL, (result.losses, ref.losses)
+    failures = [e for e in result.events if e.reason == "failure"]
+    assert len(failures) == 1 and failures[0].failed_ranks == [3] and failures[0].done, result.events
+    assert failures[0].step == kill_step and failures[0].source == "memory"
+    assert 3 not in job.controller.current.to_launch.values()
+    # the dispatch went on among candidates of the survivors: every step after the failure dispatched once
+    assert [r["step"] for r in job.length_planner.records] == list(range(steps))
+    _check_state(tmp_path, ref)
