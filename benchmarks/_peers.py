@@ -350,7 +350,7 @@ def _emulating_executor(base: Any, factor: float) -> Any:
             super()._compute(op, vals)
             self._stretch(time.perf_counter() - t0)
 
-        def backward(self, mb: int) -> float:
+        def backward(self, mb: int, **kw: Any) -> float:
             orig = torch.autograd.backward
 
             def timed(*a: Any, **k: Any) -> None:
@@ -360,7 +360,7 @@ def _emulating_executor(base: Any, factor: float) -> Any:
 
             torch.autograd.backward = timed
             try:
-                return super().backward(mb)
+                return super().backward(mb, **kw)
             finally:
                 torch.autograd.backward = orig
 

@@ -123,7 +123,13 @@ def test_any_model_family_plans_and_dispatches() -> None:
     d = dispatch(programs, gpt, CLUSTER, [1024, 100, 500, 1000])
     assert sorted(i for pipe in d.micro_batches for mb in pipe for i in mb) == [0, 1, 2, 3]
     r = simulate_dispatch(gpt, CLUSTER, d)
-    assert not r.oom and r.step_time == pytest.approx(d.estimate, rel=0.1)
+    # A 4-sequence step on one 4-stage pipeline: here the estimate is high, not low (simulated / estimated 0.912,
+    # deterministic; the tail -- ZeRO-1 gather, sync, optimizer -- agrees exactly, the pipeline part is 11% high):
+    # the estimate prices the fill and the drain both at the largest micro-batch, while the replay drains the last
+    # one, the shortest (100 tokens; micro-batches run longest first), and with 4 micro-batches on 4 stages the
+    # fill and drain are most of the step.  The bounds keep ~3% either side of the figure, so a change of the
+    # pipeline or tail cost by 5% or more fails.
+    assert not r.oom and 0.88 <= r.step_time / d.estimate <= 0.95
 
 
 def test_dispatch_balances_identical_pipelines_within_the_lpt_bound() -> None:
@@ -204,7 +210,11 @@ def test_the_dispatcher_estimate_predicts_the_simulated_step(dispatcher: Dispatc
         d = dispatcher(sample_batch(lengths, TOKENS, seed=20 + seed))
         r = simulate_dispatch(MODEL, CLUSTER, d)
         assert not r.oom
-        assert r.step_time == pytest.approx(d.estimate, rel=0.1)
+        # The estimate (sum of the bottleneck stage per micro-batch plus one fill and drain) leaves out the 1F1B
+        # replay's stalls where successive micro-batches differ in shape: it is low, never high, on these
+        # long-tailed steps (measured simulated / estimated 1.041, 1.036, 1.071; deterministic).  Upper bound 1.1:
+        # the stalls stay under 10%.  A pipeline cost 8% too high gives 0.96-0.99 and fails the lower bound.
+        assert 1.0 - 1e-9 <= r.step_time / d.estimate <= 1.1
 
 
 def test_an_idle_pipeline_still_synchronises() -> None:
