@@ -137,3 +137,92 @@ def test_many_pairs_slow(pytestconfig: pytest.Config) -> None:
         check_pair(*case)
 
     run()
+
+
+# ---- uneven TP stages (HAP ratios, SPEC §12): the layouts plan_from_strategy gives them ------------------------
+@st.composite
+def _uneven_layout(draw: st.DrawFn, pipes: list[list[int]], ratios: list[int], ndim: int) -> Annotation:
+    """One layout of a tensor on ``pipes`` (each pipeline's TP ranks of one stage): the uneven form (subgroup k =
+    the k-th TP rank of every pipeline, HDim split in ``ratios`` / Duplicate / Partial, the pipelines in the DS:
+    a batch split, duplicates, summands or a ZeRO-1 split) or the even form (a subgroup per pipeline, TP in the DS,
+    the batch split across pipelines in random ratios)."""
+    from hspmd_sdk.core.annotation import DS
+
+    npipe, tp = len(pipes), len(pipes[0])
+    dims = list(range(ndim))
+    if draw(st.booleans()):
+        groups = [[p[k] for p in pipes] for k in range(tp)]
+        key = draw(st.sampled_from([-2, -1] + dims))
+        hdim = draw(st.sampled_from([-2, -1] + dims))
+        if hdim >= 0 and key == hdim and draw(st.booleans()):
+            key = -1
+        return Annotation(groups, [DS({key: npipe})] * tp, hdim, ratios if hdim >= 0 else None)
+    key = draw(st.sampled_from([-2, -1] + dims))
+    hdim = draw(st.sampled_from([-1, 0] if npipe > 1 else [-1]))
+    batch = [draw(st.integers(1, 3)) for _ in pipes] if hdim == 0 else None
+    if hdim == 0 and key == 0:
+        key = -1
+    return Annotation([list(p) for p in pipes], [DS({key: tp})] * npipe, hdim, batch)
+
+
+def _needs(ann: Annotation, d: int) -> int:
+    """A divisor dim ``d`` of a tensor must have for ``ann`` to fit (HDim chunks, then the DS split inside)."""
+    n = 1
+    if ann.hdim == d:
+        n = sum(ann.hratios) if ann.hratios else ann.hsize
+    deg = max(ds.states.get(d, 1) for ds in ann.ds_union)
+    return n * deg
+
+
+@st.composite
+def uneven_pair(draw: st.DrawFn) -> tuple[Annotation, Annotation, tuple[int, ...], Cluster]:
+    import math
+
+    tp, npipe = draw(st.integers(2, 3)), draw(st.integers(1, 2))
+    n = draw(st.integers(tp * npipe, min(MAX_RANKS, 2 * tp * npipe)))
+    perm = draw(st.permutations(list(range(n))))
+    ratios = [draw(st.integers(1, 3)) for _ in range(tp)]
+    assume(len(set(ratios)) > 1)
+    ndim = draw(st.integers(1, 2))
+    src_pipes = [list(perm[i * tp:(i + 1) * tp]) for i in range(npipe)]
+    if draw(st.booleans()):  # the same ranks (a switch on place, a Reshard inside a stage) or others
+        dst_pipes = src_pipes
+    else:
+        other = draw(st.permutations(list(range(n))))
+        dst_pipes = [list(other[i * tp:(i + 1) * tp]) for i in range(npipe)]
+    dst_ratios = ratios if draw(st.booleans()) else [draw(st.integers(1, 3)) for _ in range(tp)]
+    src = draw(_uneven_layout(src_pipes, ratios, ndim))
+    dst = draw(_uneven_layout(dst_pipes, dst_ratios, ndim))
+    shape = tuple(math.lcm(_needs(src, d), _needs(dst, d)) * draw(st.integers(1, 2)) for d in range(ndim))
+    assume(math.prod(shape) <= 20000)
+    return src, dst, shape, draw(cluster_of(n))
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(uneven_pair())
+def test_uneven_tp_layouts(case) -> None:
+    """Between the layouts of uneven TP stages (and even ones): BSR or the tier's collectives reproduce the
+    destination; an HDim change on the same DG and DS Unions is the one top-tier collective, uneven or not."""
+    src, dst, shape, cluster = case
+    kinds = check_pair(*case)
+    kind = split_kind(src.hdim, dst.hdim)
+    if kind is not None and src.dg_union == dst.dg_union and src.ds_union == dst.ds_union:
+        assert kinds == [kind], (src, dst, shape, kinds)
+
+
+def test_uneven_tp_layouts_named_cases() -> None:
+    """The Reshards of an uneven TP2 3:1 stage (single pipeline and two pipelines with ZeRO-1)."""
+    cluster = Cluster.local(4)
+    shape = (8, 16)
+    cases = [  # (src, dst, kinds)
+        ("[0] R | [1] R ; hdim=-2", "[0] R | [1] R", ["SplitAllReduce"]),                 # row-parallel output
+        ("[0] R | [1] R ; hdim=1 ratios=3:1", "[0] R | [1] R", ["SplitAllGather"]),       # uneven gather
+        ("[0] R | [1] R ; hdim=-2", "[0] R | [1] R ; hdim=1 ratios=3:1", ["SplitReduceScatter"]),
+        ("[0,1] S1x2", "[0] R | [1] R ; hdim=1 ratios=3:1", ["BSR"]),                     # even -> uneven
+        ("[0,3] S0x2 | [1,2] S0x2 ; hdim=1 ratios=3:1", "[0,3] D2 | [1,2] D2 ; hdim=1 ratios=3:1",
+         ["AllGather"]),                                                                     # ZeRO-1 gather
+        ("[0,3] P2 | [1,2] P2 ; hdim=1 ratios=3:1", "[0,3] S0x2 | [1,2] S0x2 ; hdim=1 ratios=3:1",
+         ["ReduceScatter"]),                                                                 # ZeRO-1 grad sync
+    ]
+    for src, dst, want in cases:
+        assert check_pair(Annotation(src), Annotation(dst), shape, cluster) == want, (src, dst)

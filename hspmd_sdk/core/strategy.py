@@ -17,6 +17,7 @@ Two kinds of checks:
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
@@ -47,13 +48,21 @@ FP32_OPTIMIZER_BYTES = 12
 
 
 class Stage(BaseModel):
-    """A pipeline stage: a TP group of ranks (``devices``) holding layers ``first..last`` (inclusive)."""
+    """A pipeline stage: a TP group of ranks (``devices``) holding layers ``first..last`` (inclusive).
+
+    ``ratios`` (SPEC §12, HAP): one positive integer per TP rank, in ``devices`` order; every TP-split tensor of
+    the stage is split in those proportions (the annotations' HDim ratios).  ``None`` or all equal: the even
+    split.  ``Stage(devices=[0, 1], layers=[0, 3], ratios=[3, 1])`` gives rank 0 three quarters of every
+    TP-split tensor (3 of 4 heads) and rank 1 one quarter."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     devices: list[StrictInt] = Field(min_length=1, description="ranks of the stage's tensor-parallel group")
     layers: list[StrictInt] = Field(min_length=2, max_length=2, description="[first, last] layer, inclusive")
     recompute: StrictBool = Field(default=False, description="activation recomputation (checkpointing)")
+    ratios: list[StrictInt] | None = Field(default=None, exclude_if=lambda v: v is None,  # even: JSON unchanged
+                                           description="uneven TP sharding (HAP): one positive integer per rank "
+                                                       "of devices; None or all equal = even")
 
     @model_validator(mode="after")
     def _check(self) -> "Stage":
@@ -66,6 +75,14 @@ class Stage(BaseModel):
             if r in seen:
                 raise ValueError(f"devices: rank {r} is listed twice")
             seen.add(r)
+        if self.ratios is not None:
+            if len(self.ratios) != len(self.devices):
+                raise ValueError(f"ratios: {len(self.ratios)} ratio(s) {self.ratios} for {len(self.devices)} "
+                                 f"device(s) {self.devices}; give one positive integer per TP rank, or none")
+            bad = [r for r in self.ratios if r < 1]
+            if bad:
+                raise ValueError(f"ratios: {bad[0]} in {self.ratios} is not a positive integer; every TP rank "
+                                 "holds a share of at least 1")
         first, last = self.layers
         if first < 0:
             raise ValueError(f"layers: first layer {first} is negative")
@@ -77,6 +94,25 @@ class Stage(BaseModel):
     def tp_degree(self) -> int:
         """Tensor-parallel degree: the number of ranks."""
         return len(self.devices)
+
+    @property
+    def tp_ratios(self) -> tuple[int, ...] | None:
+        """The TP split ratios in lowest terms (``[6, 2]`` -> ``(3, 1)``); ``None`` for an even split."""
+        if self.ratios is None or len(set(self.ratios)) <= 1:
+            return None
+        g = math.gcd(*self.ratios)
+        return tuple(r // g for r in self.ratios)
+
+    @property
+    def is_uneven(self) -> bool:
+        """Whether the stage splits its TP-split tensors unevenly (``ratios`` not all equal)."""
+        return self.tp_ratios is not None
+
+    def share(self, rank: int) -> float:
+        """The fraction of every TP-split tensor of the stage that ``rank`` holds (``1 / tp_degree`` if even)."""
+        i = self.devices.index(rank)
+        ratios = self.tp_ratios
+        return 1 / self.tp_degree if ratios is None else ratios[i] / sum(ratios)
 
     @property
     def first_layer(self) -> int:
@@ -92,7 +128,9 @@ class Stage(BaseModel):
 
     def __str__(self) -> str:
         rc = " +recompute" if self.recompute else ""
-        return f"R{format_ranks(self.devices)} L{self.layers[0]}-{self.layers[1]}{rc}"
+        ratios = self.tp_ratios
+        rt = f" ratios={':'.join(map(str, ratios))}" if ratios else ""
+        return f"R{format_ranks(self.devices)} L{self.layers[0]}-{self.layers[1]}{rt}{rc}"
 
 
 class Pipeline(BaseModel):
@@ -167,6 +205,9 @@ class Strategy(BaseModel):
                         raise ValueError(f"pipelines[{i}].stages[{j}].devices: rank {r} is already in "
                                          f"pipelines[{a}].stages[{b}]")
                     owner[r] = (i, j)
+        problem = _uneven_pipelines_problem(self)
+        if problem:
+            raise ValueError(problem)
         return self
 
     # ---- loading -------------------------------------------------------------------------------------------
@@ -205,6 +246,9 @@ class Strategy(BaseModel):
             head = "-".join(parts) or "single-device"
         else:
             head = "hetero(" + " | ".join("+".join(f"tp{t}" for t in f) for f in forms) + ")"
+        uneven = list(dict.fromkeys(s.tp_ratios for p in self.pipelines for s in p.stages if s.tp_ratios))
+        if uneven:
+            head += "-ratios" + ",".join(":".join(map(str, r)) for r in uneven)
         if self.schedule == "gpipe" and any(len(f) > 1 for f in forms):
             head += "-gpipe"
         if self.zero1 and len(forms) > 1:
@@ -301,6 +345,8 @@ class Strategy(BaseModel):
                         f"layers {s.layers[0]}-{s.layers[1]} ({s.num_layers})")
                 if kinds:
                     line += f"  [{kinds}]"
+                if s.tp_ratios:
+                    line += f"  ratios {':'.join(map(str, s.tp_ratios))}"
                 if s.recompute:
                     line += "  recompute"
                 if mem:
@@ -380,6 +426,54 @@ def _kinds(ranks: list[int], cluster: "Cluster | None") -> str:
     return ", ".join(f"{n}x{k}" for k, n in counts.items())
 
 
+def _stages_at(p: Pipeline, where: int | str) -> tuple[int, Stage]:
+    """``(index, stage)`` of pipeline ``p`` holding layer ``where`` (``"first"``/``"last"``: the end stages)."""
+    if where == "first":
+        return 0, p.stages[0]
+    if where == "last":
+        return len(p.stages) - 1, p.stages[-1]
+    return next((j, s) for j, s in enumerate(p.stages) if s.layers[0] <= where <= s.layers[1])
+
+
+def _uneven_pipelines_problem(strategy: Strategy) -> str | None:
+    """What the two-tier annotation cannot express about uneven stages beside other pipelines, or ``None``.
+
+    An uneven stage puts its TP ranks in the top tier (one subgroup per TP rank, HDim = the TP split dim, HDim
+    ratios = the stage's ratios).  With several pipelines, subgroup ``k`` is then the ``k``-th TP rank of every
+    pipeline and the pipelines sit in the bottom tier, where a DS splits the batch evenly and cannot hold a
+    second, different TP split.  So every pipeline's stage holding the same layer must have the same TP degree
+    and ratios (all uneven alike, or all even), and the pipelines the same micro-batching."""
+    if len(strategy.pipelines) < 2 or not any(s.is_uneven for p in strategy.pipelines for s in p.stages):
+        return None
+    p0 = strategy.pipelines[0]
+    for i, p in enumerate(strategy.pipelines[1:], start=1):
+        if (p.micro_batch_size, p.num_micro_batches) != (p0.micro_batch_size, p0.num_micro_batches):
+            return (f"pipelines[{i}]: {p.num_micro_batches} x bs{p.micro_batch_size} beside pipelines[0]'s "
+                    f"{p0.num_micro_batches} x bs{p0.micro_batch_size}: with a stage of uneven ratios, every "
+                    "pipeline takes an equal batch share in the same micro-batches (the HSPMD annotation splits "
+                    "the batch evenly inside an uneven TP subgroup); give the pipelines the same micro-batching")
+    layers = min(p.num_layers for p in strategy.pipelines)
+    for layer in range(layers):
+        at = [_stages_at(p, layer) for p in strategy.pipelines]
+        j0, s0 = at[0]
+        for i, (j, s) in enumerate(at[1:], start=1):
+            if (s.tp_degree, s.tp_ratios) == (s0.tp_degree, s0.tp_ratios) or not (s.is_uneven or s0.is_uneven):
+                continue
+            where = f"pipelines[{i}].stages[{j}]" if s.is_uneven else f"pipelines[0].stages[{j0}]"
+            return (f"{where}.ratios: layer {layer} is {_tp_form(s0)} in pipelines[0].stages[{j0}] but "
+                    f"{_tp_form(s)} in pipelines[{i}].stages[{j}]; an uneven TP stage beside a pipeline that splits "
+                    "the same layer differently cannot be expressed by one two-tier annotation (the top tier holds "
+                    "the uneven TP split, the bottom tier the pipelines); give every pipeline the same TP degree "
+                    "and ratios on that layer, or train the pipelines separately")
+    return None
+
+
+def _tp_form(stage: Stage) -> str:
+    """``TP2 ratios 3:1`` or ``TP2 even``."""
+    ratios = stage.tp_ratios
+    return f"TP{stage.tp_degree} " + (f"ratios {':'.join(map(str, ratios))}" if ratios else "even")
+
+
 def _model_problems(strategy: Strategy, model: "ModelSpec") -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     n = model.num_layers
@@ -388,6 +482,13 @@ def _model_problems(strategy: Strategy, model: "ModelSpec") -> list[tuple[str, s
             out.append((f"pipelines[{i}]", f"layers cover 0..{p.num_layers - 1} but the model has {n} layers "
                                             f"(0..{n - 1})"))
         for j, s in enumerate(p.stages):
+            if s.is_uneven:
+                from .tp_ratios import ratio_problem
+
+                reason = ratio_problem(model, s, first=j == 0, last=j == len(p.stages) - 1)
+                if reason:
+                    out.append((f"pipelines[{i}].stages[{j}].ratios", reason))
+                continue
             reasons = model.tp_problems(s.tp_degree) if s.tp_degree > 1 else []
             if reasons:
                 out.append((f"pipelines[{i}].stages[{j}].devices", reasons[0]))
@@ -424,6 +525,7 @@ def memory_estimate(strategy: Strategy, model: "ModelSpec", *, seq_len: int | No
       the first stage and the final norm and LM head on the last) are divided by its TP degree.  With ZeRO-1
       the 12 bytes are divided by the DP degree (the number of pipelines); for heterogeneous pipelines, whose
       stages hold different layer ranges, the real shards are uneven and this is only approximate.
+      A stage with ``ratios`` gives each rank its share (:meth:`Stage.share`) instead of ``1 / TP degree``.
     * Activations: the model's ``layer_activation_bytes`` (bf16) for ``micro_batch_size * seq_len`` tokens
       per layer divided by the TP degree (sequence parallel), times the micro-batches in flight
       (:func:`_in_flight`).  With ``recompute`` a layer keeps only its input (``hidden`` values a token) and one
@@ -441,14 +543,16 @@ def memory_estimate(strategy: Strategy, model: "ModelSpec", *, seq_len: int | No
                 params += model.embedding_param_count()
             if j == p.num_stages - 1:
                 params += model.head_param_count()
-            states = params / t * (BF16_PARAM_GRAD_BYTES + opt_bytes)
             tokens = p.micro_batch_size * seq
-            full_layer = model.layer_activation_bytes(tokens, 2) / t
-            if s.recompute:
-                per_mb = s.num_layers * tokens * model.hidden_size * 2 / t
-                acts = per_mb * _in_flight(strategy, p, j) + full_layer
-            else:
-                acts = s.num_layers * full_layer * _in_flight(strategy, p, j)
             for r in s.devices:
+                # an uneven stage (ratios) gives each rank its share instead of 1 / TP degree
+                t = s.tp_degree if not s.is_uneven else 1 / s.share(r)
+                states = params / t * (BF16_PARAM_GRAD_BYTES + opt_bytes)
+                full_layer = model.layer_activation_bytes(tokens, 2) / t
+                if s.recompute:
+                    per_mb = s.num_layers * tokens * model.hidden_size * 2 / t
+                    acts = per_mb * _in_flight(strategy, p, j) + full_layer
+                else:
+                    acts = s.num_layers * full_layer * _in_flight(strategy, p, j)
                 out[r] = states + acts
     return out

@@ -19,6 +19,18 @@ parameter:
   or BSR (different TP degree) where a pipeline changes stage there, elsewhere to Identity.
 * **Gradient synchronisation**: ``<param>.grad_sync`` is the annotation gradients must reach after the backward
   pass (the parameter's own layout, sharded under ZeRO-1).
+* **Uneven TP stages** (a stage with ``ratios``, SPEC §12, HAP): a DS splits only evenly, so the uneven TP split
+  takes the *top* tier: HSize = the TP degree, subgroup ``k`` = the ``k``-th TP rank of the stage in every
+  pipeline, HDim = the tensor's TP split dim with ``hratios`` = the stage's ratios (HDim -1 for a tensor the stage
+  duplicates).  The pipelines move to the bottom tier: inside subgroup ``k``, data and activations split the
+  batch evenly over the pipelines (``DS S0xP``), parameters are duplicated (``DxP``) or, with ZeRO-1, split
+  evenly over the pipelines along a dim that divides (``DS S<d>xP``, gathered by an AllGather).  This needs every
+  pipeline to split that layer alike and to take equal batch shares in the same micro-batches; the strategy
+  refuses other uneven combinations (:func:`~hspmd_sdk.core.strategy._uneven_pipelines_problem`).  Ratios are
+  proportions (the annotation's chunk sizes are ``size * r_k / sum(r)``), so one ratio list serves a weight's
+  ``nh * hd`` columns and the ``nh`` heads they reshape to; :func:`~hspmd_sdk.core.tp_ratios.ratio_problem` refuses ratios
+  that would cut a head (or any other tensor the split reaches) and names the nearest feasible ones.  Tensors of even stages keep
+  exactly the even plan.
 
 ``plan.meta`` records the schedule, each pipeline's micro-batching and the ranks that recompute activations,
 for :func:`~hspmd_sdk.core.specialize.specialize`.
@@ -38,7 +50,7 @@ if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph import Graph
     from .model_spec import ModelSpec
-    from .strategy import Strategy
+    from .strategy import Stage, Strategy
 
 __all__ = ["plan_from_strategy", "zero_shard", "graph_of"]
 
@@ -49,16 +61,16 @@ def graph_of(model: "ModelSpec") -> "Graph":
     return model.build_graph()
 
 
-def _groups(strategy: "Strategy", layer: int | str) -> list[list[int]]:
-    """Per pipeline, the ranks of the stage holding ``layer`` (``"first"``/``"last"`` for embedding / head)."""
+def _stages(strategy: "Strategy", layer: int | str) -> list["Stage"]:
+    """Per pipeline, the stage holding ``layer`` (``"first"``/``"last"`` for embedding / head)."""
     out = []
     for p in strategy.pipelines:
         if layer == "first":
-            out.append(list(p.stages[0].devices))
+            out.append(p.stages[0])
         elif layer == "last":
-            out.append(list(p.stages[-1].devices))
+            out.append(p.stages[-1])
         else:
-            out.append(next(list(s.devices) for s in p.stages if s.layers[0] <= layer <= s.layers[1]))
+            out.append(next(s for s in p.stages if s.layers[0] <= layer <= s.layers[1]))
     return out
 
 
@@ -114,6 +126,46 @@ def zero_shard(shape: Sequence[int], split: int | None, groups: Sequence[Sequenc
     return None
 
 
+# ---- uneven TP stages (HAP ratios) ----------------------------------------------------------------------------
+@lru_cache(maxsize=4096)
+def _uneven_ann(groups: tuple[tuple[int, ...], ...], ds_key: int, hdim: int, hratios: tuple[int, ...]
+                ) -> Annotation:
+    """Subgroup ``k`` = ``groups[k]`` (the ``k``-th TP rank of every pipeline), each laid out by ``DS {ds_key: P}``
+    over its ``P`` pipelines; top tier ``hdim`` in ``hratios``."""
+    ds = _ds(ds_key, len(groups[0]))
+    ratios = list(hratios) if hdim >= 0 and hratios else None
+    return Annotation([list(g) for g in groups], [ds] * len(groups), hdim, ratios)
+
+
+def _zero_dim_uneven(shape: Sequence[int], split: int | None, ratios: Sequence[int], pipelines: int) -> int | None:
+    """ZeRO-1 inside an uneven TP subgroup: a dim whose every subgroup chunk the pipelines divide evenly (a dim
+    TP does not split first), else ``None`` (the parameter stays replicated)."""
+    total = sum(ratios)
+    options = []
+    for d, size in enumerate(shape):
+        chunks = [size * r // total for r in ratios] if d == split else [size]
+        if all(c >= pipelines and c % pipelines == 0 for c in chunks):
+            options.append((d == split, d))
+    return min(options)[1] if options else None
+
+
+def _uneven_annotation(place: Any, stages: Sequence["Stage"], shape: Sequence[int], zero1: bool
+                       ) -> tuple[Annotation, Annotation | None]:
+    """The annotation of a tensor placed on uneven stages (see the module docstring) and, for a parameter under
+    ZeRO-1 over several pipelines, its sharded layout (``None`` when no dim divides)."""
+    ratios = stages[0].tp_ratios
+    assert ratios is not None
+    groups = tuple(tuple(st.devices[k] for st in stages) for k in range(len(ratios)))
+    hdim = DUPLICATE if place.tp_split is None else place.tp_split
+    if place.kind != "parameter":
+        return _uneven_ann(groups, 0, hdim, ratios), None
+    full = _uneven_ann(groups, DUPLICATE, hdim, ratios)
+    if not zero1 or len(stages) < 2:
+        return full, None
+    d = _zero_dim_uneven(shape, place.tp_split, ratios, len(stages))
+    return full, (None if d is None else _uneven_ann(groups, d, hdim, ratios))
+
+
 def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster") -> AnnotationPlan:
     """The annotation plan of ``model``'s defined graph under ``strategy`` on ``cluster``, built from the model's
     :meth:`~hspmd_sdk.core.model_spec.ModelSpec.placements` (see the module docstring).
@@ -142,7 +194,22 @@ def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Clust
         place = table.get(name) if (node.is_leaf or node.is_reshard) else None
         if place is None:
             continue
-        groups = _groups(strategy, place.where)
+        stages = _stages(strategy, place.where)
+        if any(st.is_uneven for st in stages):
+            full, shard = _uneven_annotation(place, stages, graph.tensors[name].shape, strategy.zero1)
+            if node.is_reshard:
+                if place.kind != "parameter" or full != anns.get(node.inputs[0]):
+                    anns[name] = full
+                continue
+            if place.kind == "parameter":
+                if strategy.zero1 and hsize > 1 and shard is None:
+                    replicated.append(name)
+                anns[name] = shard or full
+                anns[f"{name}.grad_sync"] = anns[name]
+            else:
+                anns[name] = full
+            continue
+        groups = [list(st.devices) for st in stages]
         if place.kind != "parameter":
             anns[name] = _ann(groups, place.tp_split, 0, ratios)
             continue
