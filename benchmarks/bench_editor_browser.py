@@ -11,7 +11,8 @@ Peer, in the same run and the same JupyterLab: the previous editor (plotly ``Fig
 panel; the SDK at commit ``bfc15e5``, extracted with ``git archive``), whose redraw is its summary's text and
 whose communication was text only ("stage boundary ...") -- the ~290 ms / ~520 ms of issue 16.
 
-Each repeat selects pipeline 0's stage 1 (ranks 20-23, TP4) and clicks ranks out of it and back: removing one
+Each repeat selects pipeline 0's stage 1 (ranks 20-23, TP4) and clicks ranks out of it and back (on the canvas
+Alt+click, the gesture that moves a device; a plain click only inspects it): removing one
 gives TP3 (invalid: 64 heads), a second TP2 (valid, a plan not seen before: its communication is resolved anew),
 putting them back TP3 then TP4 (valid, cached).  Run: ``python benchmarks/bench_editor_browser.py [repeats]``;
 it prints a table and writes ``benchmarks/results/editor_browser.json`` with the load average.
@@ -89,12 +90,18 @@ def _tile_old(page, rank: int):
     return page.locator(".hspmd-plan-editor .js-plotly-plot .scatterlayer .trace").first.locator("path.point").nth(rank)
 
 
-def _click(page, loc) -> None:
+def _click(page, loc, alt: bool = False) -> None:
+    """Click the centre of ``loc`` (``alt``: Alt+click, the canvas's gesture that moves a device in or out of the
+    selected stage; a plain click only inspects it)."""
     box = loc.bounding_box()
     x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
     page.mouse.move(x, y)
     page.wait_for_timeout(120)
+    if alt:
+        page.keyboard.down("Alt")
     page.mouse.click(x, y)
+    if alt:
+        page.keyboard.up("Alt")
 
 
 def _measure(page, kind: str, repeats: int) -> dict[str, list[float]]:
@@ -107,7 +114,7 @@ def _measure(page, kind: str, repeats: int) -> dict[str, list[float]]:
     for k in range(repeats):
         for rank, new_plan in SEQUENCES[k % len(SEQUENCES)]:
             page.evaluate(PROBE, [kind, new_plan])  # arms the observer; the promise waits in window.__probe
-            _click(page, (_tile_new if kind == "new" else _tile_old)(page, rank))
+            _click(page, (_tile_new if kind == "new" else _tile_old)(page, rank), alt=kind == "new")
             b = page.evaluate("() => window.__probe")
             if b["redraw"] is None:
                 raise RuntimeError(f"{kind}: no redraw after clicking rank {rank}")

@@ -4,7 +4,9 @@ One JupyterLab server and one Chromium serve the whole module.  A notebook build
 of 4) for the tiny model with a two-pipeline plan and displays it; the tests then act as a user would -- drag a
 tile into another stage, box- and lasso-select tiles and drag them onto a stage, undo and redo with the buttons and
 the keyboard, make an invalid edit and find Save blocked with the reason at the stage, read the communication
-arrows and compare them with the Program's boundary Reshards computed in this process, launch the plan locally
+arrows and compare them with the Program's boundary Reshards computed in this process (and check that no routed
+line crosses a tile it does not connect), click a tile to inspect it (nothing moves) and Alt+click it to move it,
+click "+ pipeline" and "+ stage", narrow the window to 550 px (the toolbar wraps), launch the plan locally
 and watch the job dashboard, resize the window, save the notebook with its widget state and reopen it.  Every
 test asserts that the page logged no console error.  Screenshots go to ``artifacts/``.
 
@@ -176,6 +178,35 @@ def undo_to(page, canvas, wanted: dict[int, str]) -> None:
 
 INITIAL = {0: "0,1", 1: "1,1", 2: "", 3: "", 4: "0,0", 5: "0,0", 6: "1,0", 7: "1,0"}
 
+#: Every segment of every routed line on the canvas (stage-boundary arrows, a picked Reshard's messages) against every
+#: tile it does not connect (Liang-Barsky clipping against the tile shrunk by 1 px): ``{lines, bad}``.
+CROSSING = """c => {
+  const tiles = [...c.querySelectorAll('.hc-tile')].map(e => ({r: +e.dataset.rank, x0: parseFloat(e.style.left) + 1,
+    y0: parseFloat(e.style.top) + 1, x1: parseFloat(e.style.left) + parseFloat(e.style.width) - 1,
+    y1: parseFloat(e.style.top) + parseFloat(e.style.height) - 1}));
+  const hits = (ax, ay, bx, by, t) => {
+    let u0 = 0, u1 = 1; const dx = bx - ax, dy = by - ay;
+    for (const [p, q] of [[-dx, ax - t.x0], [dx, t.x1 - ax], [-dy, ay - t.y0], [dy, t.y1 - ay]]) {
+      if (p === 0) { if (q < 0) return false; continue; }
+      const u = q / p;
+      if (p < 0) { if (u > u1) return false; if (u > u0) u0 = u; } else { if (u < u0) return false; if (u < u1) u1 = u; }
+    }
+    return u1 - u0 > 1e-6;
+  };
+  const bad = [];
+  let lines = 0;
+  for (const el of c.querySelectorAll('polyline.hc-msgline, line.hc-msgline, polyline.hc-arrow')) {
+    lines++;
+    const ends = new Set([...(el.dataset.src || '').split(','), ...(el.dataset.dst || '').split(',')]
+      .filter(Boolean).map(Number));
+    const pts = el.tagName === 'line' ? [['x1', 'y1'], ['x2', 'y2']].map(k => k.map(a => +el.getAttribute(a)))
+      : el.getAttribute('points').trim().split(/\\s+/).map(p => p.split(',').map(Number));
+    for (let k = 0; k + 1 < pts.length; k++)
+      for (const t of tiles) if (!ends.has(t.r) && hits(...pts[k], ...pts[k + 1], t)) bad.push([el.tagName, t.r]);
+  }
+  return {lines, bad};
+}"""
+
 
 # ---- tests ---------------------------------------------------------------------------------------------------
 def test_apply_to_running_job_switches_the_live_job(session):
@@ -281,7 +312,7 @@ def test_lasso_selection_and_keyboard_moves(ui):
 def test_an_invalid_edit_blocks_save_with_the_message_at_the_stage(ui, lab):
     page, canvas = ui
     act(page, canvas, lambda: canvas.locator(".hc-chip[data-drop='0,0']").click())
-    act(page, canvas, lambda: tile(canvas, 2).click())  # rank 2 joins P0 S0: TP3 does not divide 4 heads
+    act(page, canvas, lambda: tile(canvas, 2).click(modifiers=["Alt"]))  # rank 2 joins P0 S0: TP3 does not divide 4 heads
     assert stage_of(canvas, 2) == "0,0"
     verdict = canvas.locator(".hc-verdict")
     assert "error" in verdict.inner_text() and "Save, Launch and Apply are blocked" in verdict.inner_text()
@@ -300,6 +331,76 @@ def test_an_invalid_edit_blocks_save_with_the_message_at_the_stage(ui, lab):
     assert not save.is_disabled()
     act(page, canvas, lambda: save.click())
     assert json.loads((lab.root / "strategy.json").read_text())["pipelines"][0]["stages"][0]["devices"] == [4, 5]
+
+
+def test_a_plain_click_inspects_and_only_an_explicit_gesture_moves(ui):
+    """Exploring a finished plan by clicking changes nothing; Alt+click, the inspect card's button and dragging
+    move (the help line says so)."""
+    page, canvas = ui
+    act(page, canvas, lambda: canvas.locator(".hc-chip[data-drop='0,1']").click())  # select P0 S1 (rank 0)
+    assert "Alt+click" in canvas.locator("[data-role='help']").inner_text()
+    v0 = version(canvas)
+    for r in (2, 4, 0):  # an unused device, one of another stage, the selected stage's own
+        tile(canvas, r).click()
+        assert canvas.locator(".hc-inspect").get_attribute("data-rank") == str(r)
+        assert "hc-inspected" in tile(canvas, r).get_attribute("class")
+    assert "pipeline 0, stage 1" in canvas.locator(".hc-inspect").inner_text()
+    page.wait_for_timeout(600)
+    assert version(canvas) == v0  # nothing reached the kernel: the plan is as it was
+    assert {r: stage_of(canvas, r) for r in range(8)} == INITIAL and canvas.get_attribute("data-valid") == "true"
+    act(page, canvas, lambda: tile(canvas, 2).click(modifiers=["Alt"]))  # Alt+click: joins the selected stage
+    assert stage_of(canvas, 2) == "0,1" and canvas.get_attribute("data-valid") == "true"
+    act(page, canvas, lambda: tile(canvas, 2).click(modifiers=["Alt"]))  # and leaves it
+    assert stage_of(canvas, 2) == ""
+    tile(canvas, 3).click()  # inspect, then the card's explicit move
+    act(page, canvas, lambda: canvas.locator(".hc-inspect button[data-op='inspect_move']").click())
+    assert stage_of(canvas, 3) == "0,1"
+    tile(canvas, 5).focus()
+    page.keyboard.press("Escape")  # the card and the pick go
+    assert canvas.locator(".hc-inspect").count() == 0 and canvas.locator(".hc-tile.hc-picked").count() == 0
+    undo_to(page, canvas, INITIAL)
+
+
+def test_plus_pipeline_and_plus_stage_respond_to_a_click(ui):
+    page, canvas = ui
+    n = canvas.locator(".hc-pipeline").count()
+    act(page, canvas, lambda: canvas.locator(".hc-newpipe").click())
+    assert canvas.locator(".hc-pipeline").count() == n + 1
+    assert canvas.locator(f".hc-chip[data-drop='{n},0']").get_attribute("aria-pressed") == "true"  # selected
+    first = canvas.locator(".hc-pipeline").first
+    stages = first.locator(".hc-stage").count()
+    act(page, canvas, lambda: first.locator(".hc-newstage").click())
+    assert canvas.locator(".hc-pipeline").first.locator(".hc-stage").count() == stages + 1
+    act(page, canvas, lambda: canvas.locator("button[data-op='undo']").click())
+    act(page, canvas, lambda: canvas.locator("button[data-op='undo']").click())
+    assert canvas.locator(".hc-pipeline").count() == n
+    assert {r: stage_of(canvas, r) for r in range(8)} == INITIAL
+    act(page, canvas, lambda: canvas.locator(".hc-chip[data-drop='0,0']").click())
+
+
+def test_the_toolbar_wraps_at_550_px(session):
+    page, errors = session
+    start = len(errors)
+    page.set_viewport_size({"width": 550, "height": 1000})
+    try:
+        canvas = page.locator(".hspmd-canvas").first
+        canvas.scroll_into_view_if_needed()
+        page.wait_for_timeout(600)  # the ResizeObserver re-lays the canvas out
+        fit = canvas.evaluate("""c => { const t = c.querySelector('.hc-toolbar'), b = t.getBoundingClientRect();
+            const out = [...t.querySelectorAll('button, select, input, label')].map(e => e.getBoundingClientRect())
+              .filter(r => r.width && (r.right > b.right + 1 || r.left < b.left - 1)).length;
+            const area = c.closest('.jp-OutputArea-output') || c.parentElement;
+            return {out, scroll: t.scrollWidth - t.clientWidth, right: b.right, root: c.getBoundingClientRect().right,
+                    spill: c.scrollWidth - c.clientWidth,
+                    area: area.getBoundingClientRect().right, rows: new Set([...t.children].map(e => Math.round(e.getBoundingClientRect().top))).size}; }""")
+        assert fit["out"] == 0 and fit["scroll"] <= 0, fit  # every control inside the toolbar: it wraps
+        assert fit["root"] <= fit["area"] + 1 and fit["spill"] <= 1, fit  # the canvas inside its output, nothing
+        # sticking out of it (the stage area scrolls inside itself)
+        assert fit["rows"] >= 2, fit
+        canvas.locator(".hc-toolbar").screenshot(path=str(ARTIFACTS / "editor_toolbar_550px.png"))
+    finally:
+        page.set_viewport_size({"width": 1600, "height": 1100})
+    assert errors[start:] == []
 
 
 def test_communication_arrows_match_the_programs_boundary_reshards(ui):
@@ -328,6 +429,8 @@ def test_communication_arrows_match_the_programs_boundary_reshards(ui):
     got = [(r, t, c.removeprefix("hc-")) for r, t, c in got]
     assert canvas.locator("polyline.hc-arrow").count() == len(want) == 2
     assert sorted(got) == sorted(want)
+    routed = canvas.evaluate(CROSSING)  # the arrows run through the gaps: across no tile they do not connect
+    assert routed["lines"] == 2 and routed["bad"] == [], routed
     n = len(page.locator(".jp-OutputArea-output .js-plotly-plot").all())
     labels.first.click()  # click-through to comm_figure below the canvas
     page.locator(".js-plotly-plot").nth(n).wait_for()
@@ -342,12 +445,20 @@ def test_pick_a_tensor_to_see_its_dg_union_and_shards(ui):
     assert canvas.locator(".hc-tile .hc-grid").count() == 4  # a shard grid on each device that holds it
     legend = canvas.locator(".hc-tensor").inner_text()
     assert "HSize 2" in legend and "G0 [4,5]" in legend and "G1 [6,7]" in legend
+    terms = canvas.locator(".hc-tensor .hc-terms").inner_text()  # HSize and HDim explained, in the paper's terms
+    assert "Heterogeneous Size" in terms and "Heterogeneous Dimension" in terms and "DG Union" in terms
     canvas.screenshot(path=str(ARTIFACTS / "editor_tensor.png"))
     box = canvas.locator("input[data-op='tensor']")
     box.fill("lm_head")
     act(page, canvas, lambda: box.press("Enter"))
     assert "did you mean lm_head.weight" in canvas.locator(".hc-message").inner_text()
     assert canvas.locator("g.hc-union").count() == 2  # an unknown name changes nothing
+    box.fill("layers.2.in")  # an activation (batch, seq, hidden) and its Reshard's messages
+    act(page, canvas, lambda: box.press("Enter"))
+    assert "dims 1, 2 held whole" in canvas.locator(".hc-tensor").inner_text()  # no dim silently left out
+    routed = canvas.evaluate(CROSSING)
+    assert routed["lines"] >= 1 and routed["bad"] == [], routed  # its lines cross no unrelated tile
+    canvas.screenshot(path=str(ARTIFACTS / "editor_activation.png"))
     act(page, canvas, lambda: canvas.locator("button[data-op='untensor']").click())
     assert canvas.locator("g.hc-union").count() == 0 and canvas.locator("g.hc-hull").count() > 0
 
@@ -422,7 +533,8 @@ def test_reopening_the_saved_notebook_shows_no_widget_error(session, lab, browse
     assert any(m.get("model_name") == "AnyModel" for m in state.values())  # the canvas is in the saved state
     shown = [o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"] for c in saved["cells"]
              for o in c.get("outputs", []) if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
-    assert len(shown) == 4 and all(m in state for m in shown)  # the three editors and the dashboard
+    # the three editors and the dashboard (and a job's progress bar, where the runtime shows one)
+    assert len(shown) >= 4 and all(m in state for m in shown)
     refs = {m: set(re.findall(r"IPY_MODEL_([0-9a-f]+)", json.dumps(v["state"]))) for m, v in state.items()}
     dangling = {(m, state[m].get("model_name"), r) for m, rs in refs.items() for r in rs if r not in state}
     assert not dangling, dangling  # every child a saved widget refers to is saved too

@@ -102,8 +102,16 @@ def test_a_picked_tensor_shows_its_dg_union_and_each_devices_shard():
     assert t["cuts_c"] == [0.0, 0.5, 1.0] and t["cuts_r"] == [0.0, 1.0]
     assert "0" not in t["shards"]  # rank 0 holds layer 2-3's weights, not layer 0's
     assert "each subgroup holds the whole tensor" in t["words"]
+    assert set(t["terms"]) == {"HSize", "HDim", "DG Union", "DS"}  # the paper's terms, explained beside it
+    assert "Heterogeneous Size" in t["terms"]["HSize"] and "Heterogeneous Dimension" in t["terms"]["HDim"]
     ed.pick_tensor("layers.2.in")  # a Reshard: its messages are drawn too
-    r = canvas_view(ed)["tensor"]["reshard"]
+    act = canvas_view(ed)["tensor"]
+    # a 3-D activation (batch, seq, hidden) split only along the batch between the pipelines: the grid draws dim 0
+    # and says dims 1 and 2 are held whole (not "rows = dim 0, columns = dim 1" as if dim 2 did not exist)
+    assert act["shape"] == [8, ed.program.bindings["S"], HIDDEN]
+    assert (act["rows"], act["cols"]) == ([0], []) and "dims 1, 2 held whole" in act["grid"]
+    assert act["shards"]["0"]["rects"] == [[0.0, 0.5, 0.0, 1.0]] and act["shards"]["2"]["rects"] == [[0.5, 1.0, 0.0, 1.0]]
+    r = act["reshard"]
     assert r["kinds"] == ["SendRecv"] and len(r["messages"]) == 4
     assert {(s, d) for s, d, _, _ in r["messages"]} == {(4, 0), (5, 1), (6, 2), (7, 3)}
 
@@ -127,6 +135,14 @@ def test_widget_messages_call_the_editor(tmp_path):
     ed.widget  # builds the canvas
     ui = ed._ui
     v0 = ui.canvas.view["version"]
+    ui._on_msg(None, {"op": "select", "p": 0, "s": 1}, None)
+    ui._on_msg(None, {"op": "toggle", "rank": 2}, None)  # Alt+click: rank 2 joins the selected stage, and leaves
+    assert ed.draft.pipelines[0].stages[1].devices == [0, 1, 2]
+    ui._on_msg(None, {"op": "toggle", "rank": 2}, None)
+    assert ed.draft.pipelines[0].stages[1].devices == [0, 1]
+    ui._on_msg(None, {"op": "add_pipeline"}, None)  # a click on "+ pipeline"
+    assert len(ed.draft.pipelines) == 3 and ed.selected == (2, 0)
+    ui._on_msg(None, {"op": "undo"}, None)
     ui._on_msg(None, {"op": "move", "ranks": [2, 3], "p": 0, "s": 1}, None)  # drag onto pipeline 0 stage 1
     assert ed.draft.pipelines[0].stages[1].devices == [0, 1, 2, 3]
     assert ui.canvas.view["version"] > v0
@@ -155,3 +171,26 @@ def test_widget_messages_call_the_editor(tmp_path):
     assert "did you mean" in ui.canvas.view["message"]
     groups = dict(ui.canvas.tensors)
     assert "layers.3.mlp.w2" in groups["layers.3"]
+
+
+def test_the_shard_grid_draws_every_split_dim_of_a_3d_tensor():
+    from hspmd_sdk.core.annotation import DS, Annotation
+    from hspmd_sdk.viz._canvas_view import shard_grid
+
+    # split along dim 2 inside subgroup 0, along dim 1 inside subgroup 1, and along dim 0 between them (HDim 0):
+    # rows = dim 0; columns = the blocks of dims 1 x 2 in row-major order: (0,0) (0,1) (1,0) (1,1), a quarter each
+    g = shard_grid(Annotation([[0, 1], [2, 3]], [DS("S2x2"), DS("S1x2")], hdim=0), (4, 6, 8))
+    assert (g["rows"], g["cols"]) == ([0], [1, 2]) and "dims 1×2 (flattened)" in g["grid"]
+    assert g["cuts_r"] == [0.0, 0.5, 1.0] and g["cuts_c"] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    # by hand: rank 0 holds dim0 0:2, dim1 0:6, dim2 0:4 -> blocks (0,0) and (1,0): two separate column ranges
+    assert g["shards"]["0"]["rects"] == [[0.0, 0.5, 0.0, 0.25], [0.0, 0.5, 0.5, 0.75]]
+    assert g["shards"]["1"]["rects"] == [[0.0, 0.5, 0.25, 0.5], [0.0, 0.5, 0.75, 1.0]]
+    # rank 2 holds dim0 2:4, dim1 0:3, dim2 0:8 -> blocks (0,0) and (0,1): one range
+    assert g["shards"]["2"]["rects"] == [[0.5, 1.0, 0.0, 0.5]] and g["shards"]["3"]["rects"] == [[0.5, 1.0, 0.5, 1.0]]
+    # only dim 2 split (HSize 1): drawn across, dims 0 and 1 named as whole
+    g = shard_grid(Annotation([[0, 1]], [DS("S2x2")]), (4, 6, 8))
+    assert (g["rows"], g["cols"]) == ([], [2]) and "dims 0, 1 held whole" in g["grid"]
+    assert g["shards"]["1"]["rects"] == [[0.0, 1.0, 0.5, 1.0]]
+    # a matrix stays a matrix: dim 0 down, dim 1 across
+    g = shard_grid(Annotation([[0, 1]], [DS("S1x2")]), (4, 6))
+    assert (g["rows"], g["cols"]) == ([0], [1]) and g["shards"]["0"]["rects"] == [[0.0, 1.0, 0.0, 0.5]]

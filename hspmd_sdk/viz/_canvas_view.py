@@ -13,13 +13,13 @@ from ..core.annotation import format_ranks, local_view
 from ._units import fmt_bytes, fmt_memory, fmt_node_devices
 from ._editor_view import comm_state, general_problems, kinds_text, stage_memory, stage_messages, verdict
 from ._style import UNION_COLOURS, ink, pipeline_colour, stage_colour
-from .cluster_fig import grid_dims, hdim_words
+from .cluster_fig import grid_axes, grid_axis, grid_words, hdim_words
 from .comm_fig import _group_rings, p2p_messages
 
 if TYPE_CHECKING:
     from .editor import PlanEditor
 
-__all__ = ["cluster_view", "canvas_view", "tensor_view", "MAX_MESSAGES"]
+__all__ = ["cluster_view", "canvas_view", "tensor_view", "shard_grid", "MAX_MESSAGES", "TERMS"]
 
 #: A picked Reshard draws at most this many point-to-point arrows (the rest are counted in the legend).
 MAX_MESSAGES = 96
@@ -148,9 +148,15 @@ def _comm(ed: "PlanEditor") -> dict[str, Any]:
     return out
 
 
-def _cuts(boxes: list[tuple[int, int]], n: int) -> list[float]:
-    edges = sorted({e for b in boxes for e in b} | {0, n})
-    return [round(e / n, 5) for e in edges]
+#: The paper's terms, as the canvas explains them next to a picked tensor (Hetu v2, §4: the two-tier annotation).
+TERMS = {
+    "DG Union": "the device groups that hold the tensor, one per sharding subgroup",
+    "HSize": "Heterogeneous Size: how many sharding subgroups the DG Union has (HSize 1 is plain SPMD)",
+    "HDim": "Heterogeneous Dimension: how the subgroups share the tensor -- d >= 0: subgroup k holds the k-th "
+            "chunk along dim d; -1: each holds all of it (duplicate); -2: each holds a summand (partial)",
+    "DS": "inside a subgroup, how its part is laid over its devices: S d×n splits dim d in n, D n duplicates "
+          "on n devices, P n holds n partial sums, R replicates",
+}
 
 
 def _reshard_part(ed: "PlanEditor", name: str) -> dict[str, Any] | None:
@@ -171,35 +177,42 @@ def _reshard_part(ed: "PlanEditor", name: str) -> dict[str, Any] | None:
 
 
 def tensor_view(ed: "PlanEditor", name: str) -> dict[str, Any]:
-    """The picked tensor: its DG Union subgroups (own palette), HSize/HDim, and every device's shard box."""
+    """The picked tensor: its DG Union subgroups (own palette), HSize/HDim (with the paper's terms explained), and
+    every device's shard as rectangles on a grid of the dims that are split (:func:`grid_axes`)."""
     ann = ed._valid.plan.annotations[name]
     shape = tuple(ed.tensor_shape(name))
-    ann.check_shape(shape, name)
-    rd, cd = grid_dims(ann, len(shape))
-    nrows = shape[rd] if rd >= 0 else 1
-    ncols = shape[cd]
-    subgroups, shards = [], {}
-    rows, cols = [], []
+    return {"name": name, **shard_grid(ann, shape), "reshard": _reshard_part(ed, name)}
+
+
+def shard_grid(ann: Any, shape: tuple[int, ...]) -> dict[str, Any]:
+    """What the canvas draws of an annotation on a tensor of ``shape``: subgroups, HSize/HDim and the paper's terms,
+    and each device's shard as rectangles (fractions ``[row0, row1, col0, col1]``) on the grid of
+    :func:`grid_axes`, from :func:`~hspmd_sdk.core.annotation.local_view`."""
+    shape = tuple(shape)
+    ann.check_shape(shape, "")
+    views = []
+    subgroups = []
     for k, (dg, ds) in enumerate(zip(ann.dg_union, ann.ds_union)):
         subgroups.append({"k": k, "ranks": list(dg), "ranks_text": format_ranks(dg), "ds": str(ds),
                           "colour": UNION_COLOURS[k % len(UNION_COLOURS)]})
-        for r in dg:
-            v = local_view(ann, shape, r)
-            rb = v.box[rd] if rd >= 0 else (0, 1)
-            cb = v.box[cd]
-            rows.append(rb)
-            cols.append(cb)
-            text = ", ".join(f"dim {i} {a}:{b}" for i, (a, b) in enumerate(v.box))
-            shards[str(r)] = {"k": k, "box": [rb[0] / nrows, rb[1] / nrows, cb[0] / ncols, cb[1] / ncols],
-                              "partial": f"Σ{v.partial_index}/{v.partial_count}" if v.partial_count > 1 else "",
-                              "dup": ds.duplicate if ds.duplicate > 1 else 0,
-                              "text": f"holds {text} (local shape {v.shape})"
-                                      + (f", summand {v.partial_index} of {v.partial_count}"
-                                         if v.partial_count > 1 else "")}
-    grid = f"grid: rows = dim {rd}, columns = dim {cd}" if rd >= 0 else f"grid: dim {cd}"
-    return {"name": name, "shape": list(shape), "hsize": ann.hsize, "hdim": ann.hdim, "words": hdim_words(ann),
-            "grid": grid, "annotation": str(ann), "subgroups": subgroups, "shards": shards,
-            "cuts_r": _cuts(rows, nrows), "cuts_c": _cuts(cols, ncols), "reshard": _reshard_part(ed, name)}
+        views += [(k, ds, r, local_view(ann, shape, r)) for r in dg]
+    boxes = [tuple(tuple(x) for x in v.box) for _, _, _, v in views]
+    rows, cols = grid_axes(shape, boxes)
+    cuts_r, rows_of = grid_axis(rows, shape, boxes)
+    cuts_c, cols_of = grid_axis(cols, shape, boxes)
+    shards = {}
+    for (k, ds, r, v), box in zip(views, boxes):
+        rects = [[round(x, 5) for x in (r0, r1, c0, c1)] for r0, r1 in rows_of(box) for c0, c1 in cols_of(box)]
+        text = ", ".join(f"dim {i} {a}:{b}" for i, (a, b) in enumerate(v.box))
+        shards[str(r)] = {"k": k, "box": rects[0], "rects": rects,
+                          "partial": f"Σ{v.partial_index}/{v.partial_count}" if v.partial_count > 1 else "",
+                          "dup": ds.duplicate if ds.duplicate > 1 else 0,
+                          "text": f"holds {text} (local shape {v.shape})"
+                                  + (f", summand {v.partial_index} of {v.partial_count}"
+                                     if v.partial_count > 1 else "")}
+    return {"shape": list(shape), "hsize": ann.hsize, "hdim": ann.hdim, "words": hdim_words(ann),
+            "grid": grid_words(shape, rows, cols), "rows": rows, "cols": cols, "terms": TERMS,
+            "annotation": str(ann), "subgroups": subgroups, "shards": shards, "cuts_r": cuts_r, "cuts_c": cuts_c}
 
 
 def _can(ed: "PlanEditor") -> dict[str, Any]:

@@ -52,7 +52,7 @@ class BoundaryFix:
         return (f"send it split: {' → '.join(self.kinds)} via {self.via} moves {fmt_bytes(self.inter)} "
                 f"inter-node instead of {fmt_bytes(self.current_inter)} (whole Reshard, forward), "
                 f"~{fmt_seconds(self.seconds)} instead of ~{fmt_seconds(self.current_seconds)}; the resolver's "
-                "plan, not yet applied by the strategy-to-plan rule")
+                "plan, which the SDK cannot train yet (it sends a stage boundary as whole copies)")
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,8 @@ class EditorUI:
                            layout=W.Layout(width="100%"))
         self.root.add_class("hspmd-plan-editor")
         self._ops: dict[str, Callable[[dict[str, Any]], Any]] = {
-            "click": lambda m: editor.click_device(int(m["rank"])),
+            "toggle": lambda m: editor.click_device(int(m["rank"])),  # Alt+click, or Enter on a tile
+            "click": lambda m: editor.click_device(int(m["rank"])),  # the same (older front ends)
             "move": lambda m: editor.move_devices(m["ranks"], int(m["p"]), int(m["s"])),
             "unassign": lambda m: editor.unassign_devices(m["ranks"]),
             "select": lambda m: editor.select_stage(int(m["p"]), int(m["s"])),

@@ -1,26 +1,42 @@
 """Reading a running job for the screen: a snapshot of its public state, and a thread that polls it.
 
-Only the job's public API is read: ``status``, ``job_id``, ``spec.steps``, ``metrics`` (``last_step()``,
-``losses()``, ``ranks()``, ``rank(r)``), ``pids()`` and, when the job has them, ``events`` (reconfigurations:
-``step``, ``reason``, ``failed_ranks``, ``strategy``, ``seconds``, ``bytes``) and ``switch``.
+Only the job's public API is read, and only what it has: ``status``, ``job_id``, ``spec`` (``steps``,
+``ranks``), ``metrics`` (``last_step()``, ``losses()``, ``ranks()``, ``rank(r)``: step time, tokens, memory),
+``pids()``, ``failures`` (every failure, absorbed by an elastic job or not), ``first_failure()``, ``events``
+(reconfigurations: ``step``, ``reason``, ``failed_ranks``, ``strategy``, ``seconds``, ``bytes``, ``ranks``: launch
+rank -> rank in the new world, ``done``), ``program`` (the plan it runs now), ``controller`` (global batch and
+sequence length: the tokens of a step), ``elapsed_s``, ``log_dir`` and ``switch``.
+
+What the dashboard draws is :meth:`JobSnapshot.to_view`: each rank of the job's *current world* with its state
+(running, done, dead with the reason and the step it died in, stopped), the ranks an elastic job removed when it
+shrank, every failure and reconfiguration in the order they happened, elapsed time, ETA and tokens/s, and the plan
+the job runs now (in launch ranks).
 """
 from __future__ import annotations
 
+import statistics
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["JobSnapshot", "JobEvent", "snapshot", "JobWatcher", "can_switch", "SWITCH_NEEDS"]
+__all__ = ["JobSnapshot", "JobEvent", "JobFailure", "RankView", "snapshot", "JobWatcher", "can_switch",
+           "SWITCH_NEEDS"]
 
 #: Why "Apply to running job" is disabled for a job without ``switch``.
 SWITCH_NEEDS = ("switching needs a job launched from an SDK version with Job.switch (graph switching in a running "
                 "job); this job has no switch()")
 _RUNNING = {"starting", "running"}
+#: Steps the rates (tokens/s, ETA) are measured over: the newest ones.
+RATE_STEPS = 5
+
+
+def _get(obj: Any) -> Callable[..., Any]:
+    return (lambda k, d=None: obj.get(k, d)) if isinstance(obj, dict) else (lambda k, d=None: getattr(obj, k, d))
 
 
 @dataclass(frozen=True)
 class JobEvent:
-    """One reconfiguration of a job, as the screen shows it."""
+    """One reconfiguration of a job, as the screen shows it (``ranks``: launch rank -> rank in the new world)."""
 
     step: int | None
     reason: str
@@ -28,6 +44,8 @@ class JobEvent:
     strategy: Any
     seconds: dict[str, float]
     bytes: dict[str, int]
+    ranks: dict[int, int] = field(default_factory=dict)
+    done: bool = True
 
     def describe(self) -> str:
         parts = [f"step {self.step}" if self.step is not None else "", self.reason]
@@ -40,21 +58,55 @@ class JobEvent:
             from ._units import fmt_bytes
 
             parts.append(f"moved {fmt_bytes(moved)}")
+        if self.ranks and self.reason == "failure":
+            parts.append(f"world now {len(self.ranks)} ranks")
+        if not self.done:
+            parts.append("in progress")
         return " · ".join(p for p in parts if p)
 
 
-def _event(e: Any) -> JobEvent:
-    get = (lambda k, d=None: e.get(k, d)) if isinstance(e, dict) else (lambda k, d=None: getattr(e, k, d))
-    step = get("step")
-    return JobEvent(int(step) if step is not None else None, str(get("reason", "") or ""),
-                    tuple(int(r) for r in (get("failed_ranks") or ())), get("strategy"),
-                    {str(k): float(v) for k, v in dict(get("seconds") or {}).items()},
-                    {str(k): int(v) for k, v in dict(get("bytes") or {}).items()})
+@dataclass(frozen=True)
+class JobFailure:
+    """One failure the job detected: ``rank`` (``ranks``: every rank concerned), ``kind`` (``exited``, ``hung``,
+    ``connection lost``, ``error``), the message, ``step`` (the step its rank was in: the one after its last
+    report) and ``consequence`` (it followed the failure that stopped the job)."""
+
+    rank: int
+    ranks: tuple[int, ...]
+    kind: str
+    message: str
+    step: int | None
+    consequence: bool = False
+    time: float = field(default=0.0, compare=False)
+
+    def describe(self) -> str:
+        head = f"step {self.step}" if self.step is not None else ""
+        tail = " (after the first failure: most likely a consequence)" if self.consequence else ""
+        return " · ".join(p for p in (head, self.message.splitlines()[0] if self.message else self.kind) if p) + tail
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One launch rank as the dashboard draws it.
+
+    ``state``: ``starting``, ``running``, ``done``, ``dead`` (it failed: killed, exited, hung, lost, raised),
+    ``stopped`` (the job ended without it finishing: stopped after another rank's failure or cancelled) or
+    ``removed`` (an elastic job left it out of its current world).  ``why``: for a dead or removed rank, what
+    happened; ``died_step``: the step it was in."""
+
+    rank: int
+    state: str
+    step_time: float | None = None
+    last_step: int = -1
+    memory_mb: float | None = None
+    why: str = ""
+    died_step: int | None = None
 
 
 @dataclass(frozen=True)
 class JobSnapshot:
-    """What a job shows now: status, progress, losses, each rank's last step time, events."""
+    """What a job shows now: status, progress, losses, each rank's last step time, events; each rank's state,
+    failures, the current world, rates and the plan it runs (see the module docstring)."""
 
     job_id: str
     status: str
@@ -66,39 +118,207 @@ class JobSnapshot:
     can_switch: bool = False
     error: str = ""
     pids: dict[int, int] = field(default_factory=dict)
+    ranks: tuple[RankView, ...] = ()
+    failures: tuple[JobFailure, ...] = ()
+    world: tuple[int, ...] = ()
+    tokens_per_s: float | None = None
+    step_s: float | None = None
+    plan: dict[str, Any] | None = None
+    log_dir: str = ""
+    can_stop: bool = False
+    stopped_by_user: bool = False
+    starting: str = ""  #: while no step is done: what the workers are at (``Job.startup_text()``, when it has one)
+    # the clock moves on its own: not a reason to redraw (the front end ticks it between snapshots)
+    elapsed_s: float | None = field(default=None, compare=False)
+    eta_s: float | None = field(default=None, compare=False)
 
     @property
     def running(self) -> bool:
         return self.status in _RUNNING
 
+    @property
+    def dead(self) -> list[int]:
+        """Launch ranks that failed (killed, exited, hung, lost, raised), removed from the world or not."""
+        return [r.rank for r in self.ranks if r.state == "dead" or (r.state == "removed" and r.died_step is not None)]
+
+    @property
+    def removed(self) -> list[int]:
+        """Launch ranks an elastic job left out of its current world."""
+        return [r.rank for r in self.ranks if r.state == "removed"]
+
+    def timeline(self) -> list[dict[str, Any]]:
+        """Failures and reconfigurations in the order they happened: each failure before the reconfiguration it
+        caused; failures nothing reconfigured after (a job that stopped, a recovery under way) last."""
+        out: list[dict[str, Any]] = []
+        left = list(self.failures)
+        for e in self.events:
+            caused = [f for f in left if set(f.ranks) & set(e.failed_ranks)] if e.reason == "failure" else []
+            for f in caused:
+                out.append(_failure_item(f))
+                left.remove(f)
+            out.append({"text": e.describe(), "reason": e.reason, "step": e.step, "failed": list(e.failed_ranks)})
+        out.extend(_failure_item(f) for f in left)
+        if self.stopped_by_user:
+            out.append({"text": f"step {self.step} · stopped from the dashboard", "reason": "stopped",
+                        "step": self.step, "failed": []})
+        return out
+
     def to_view(self) -> dict[str, Any]:
         """The JSON the dashboard draws."""
         times = self.step_times
-        slow = max(times, key=times.get) if times else None
+        live = {r.rank for r in self.ranks if r.state not in ("dead", "removed")} if self.ranks else set(times)
+        shown = {r: t for r, t in times.items() if r in live}
+        slow = max(shown, key=shown.get) if len(shown) > 1 else None
         return {"job_id": self.job_id, "status": self.status, "step": self.step, "steps": self.steps,
                 "losses": [round(x, 6) for x in self.losses],
                 "step_times": [[r, round(t, 4)] for r, t in sorted(times.items())], "slowest": slow,
-                "events": [{"text": e.describe(), "reason": e.reason, "step": e.step,
-                            "failed": list(e.failed_ranks)} for e in self.events],
-                "can_switch": self.can_switch, "error": self.error, "running": self.running}
+                "ranks": [{"rank": r.rank, "state": r.state, "time": None if r.step_time is None
+                           else round(r.step_time, 4), "step": r.last_step, "memory_mb": r.memory_mb,
+                           "why": r.why, "died_step": r.died_step} for r in self.ranks],
+                "world": list(self.world), "removed": self.removed,
+                "events": self.timeline(),
+                "can_switch": self.can_switch, "error": self.error, "running": self.running,
+                "elapsed_s": None if self.elapsed_s is None else round(self.elapsed_s, 2),
+                "eta_s": None if self.eta_s is None else round(self.eta_s, 1),
+                "tokens_per_s": None if self.tokens_per_s is None else round(self.tokens_per_s, 1),
+                "step_s": None if self.step_s is None else round(self.step_s, 4),
+                "plan": self.plan, "log_dir": self.log_dir, "can_stop": self.can_stop and self.running,
+                "stopped_by_user": self.stopped_by_user, "starting": self.starting}
+
+
+def _failure_item(f: JobFailure) -> dict[str, Any]:
+    return {"text": f.describe(), "reason": "consequence" if f.consequence else "failure", "step": f.step,
+            "failed": list(f.ranks), "kind": f.kind, "detail": f.message[:2000]}
 
 
 def can_switch(job: Any) -> bool:
     return callable(getattr(job, "switch", None)) and getattr(job, "controller", True) is not None
 
 
-def snapshot(job: Any) -> JobSnapshot:
+def _event(e: Any) -> JobEvent:
+    get = _get(e)
+    step = get("step")
+    return JobEvent(int(step) if step is not None else None, str(get("reason", "") or ""),
+                    tuple(int(r) for r in (get("failed_ranks") or ())), get("strategy"),
+                    {str(k): float(v) for k, v in dict(get("seconds") or {}).items()},
+                    {str(k): int(v) for k, v in dict(get("bytes") or {}).items()},
+                    {int(k): int(v) for k, v in dict(get("ranks") or {}).items()},
+                    bool(get("done", True)) or bool(get("superseded", False)))
+
+
+def _failures(job: Any, status: str, last: dict[int, int]) -> tuple[JobFailure, ...]:
+    try:
+        found = list(getattr(job, "failures", None) or ())
+    except Exception:  # noqa: BLE001 - a job being torn down
+        found = []
+    first = getattr(job, "first_failure", None)
+    cause = first() if callable(first) and status == "failed" else None
+    out = []
+    for f in found:
+        get = _get(f)
+        rank = int(get("rank", 0))
+        ranks = tuple(int(r) for r in (get("ranks") or (rank,)))
+        # in a failed job: what came with or after the failure that stopped it (not what an elastic job survived
+        # before it)
+        consequence = cause is not None and f is not cause and (float(get("time", 0.0) or 0.0)
+                                                                    >= float(getattr(cause, "time", 0.0) or 0.0))
+        out.append(JobFailure(rank, ranks, str(get("kind", "error")), str(get("message", "")),
+                              last.get(rank, -1) + 1, consequence, float(get("time", 0.0) or 0.0)))
+    return tuple(out)
+
+
+def _world(job: Any, events: tuple[JobEvent, ...], launch: list[int]) -> tuple[tuple[int, ...], dict[int, int]]:
+    """The launch ranks of the job's current world, and its ranks' numbering (its rank -> launch rank)."""
+    for e in reversed(events):
+        if e.ranks:
+            return tuple(sorted(e.ranks)), {n: l for l, n in e.ranks.items()}
+    return tuple(launch), {r: r for r in launch}
+
+
+def _plan(job: Any, events: tuple[JobEvent, ...], to_launch: dict[int, int]) -> dict[str, Any] | None:
+    """The plan the job runs now, in launch ranks: pipelines of stages (ranks, layers), micro-batching."""
+    try:
+        program = getattr(job, "program", None)
+    except Exception:  # noqa: BLE001
+        program = None
+    pipelines = getattr(program, "pipelines", None)
+    if not pipelines:
+        return None
+    layers: list[list[str]] = []
+    strategy = None
+    meta = getattr(getattr(program, "plan", None), "meta", None) or {}
+    if meta.get("strategy"):
+        try:
+            from ..core.strategy import Strategy
+
+            strategy = Strategy.load(meta["strategy"])
+            layers = [[f"{s.layers[0]}-{s.layers[1]}" for s in p.stages] for p in strategy.pipelines]
+        except Exception:  # noqa: BLE001 - drawn without layers
+            strategy = None
+    micro = list(getattr(program, "micro_batches", ()) or ())
+    sizes = list(getattr(program, "micro_batch_sizes", ()) or ())
+    out = []
+    for i, stages in enumerate(pipelines):
+        row = {"stages": [{"ranks": [to_launch.get(r, r) for r in ranks],
+                           "layers": layers[i][j] if i < len(layers) and j < len(layers[i]) else ""}
+                          for j, ranks in enumerate(stages)]}
+        if i < len(micro) and i < len(sizes):
+            row["micro"] = f"{micro[i]} × bs{sizes[i]}"
+        out.append(row)
+    since = next((e for e in reversed(events) if e.ranks or e.strategy is not None), None)
+    return {"pipelines": out, "since": ("the start" if since is None else f"step {since.step} ({since.reason})"),
+            "text": str(strategy) if strategy is not None else ""}
+
+
+def _rates(job: Any, metrics: Any, ranks: list[int], step: int, steps: int | None) -> tuple[float | None, ...]:
+    """(seconds a step takes, tokens/s, ETA): the median over the newest complete steps of each step's slowest
+    rank; tokens per step from the training run (global batch × sequence length), else what the loss rank
+    reports (what the CLI's bar shows)."""
+    per_step: dict[int, float] = {}
+    tokens_loss: list[float] = []
+    loss_rank = min((r for r in ranks if any(m.loss is not None for m in metrics.rank(r)[-3 * RATE_STEPS:])),
+                    default=None)
+    for r in ranks:
+        for m in metrics.rank(r)[-3 * RATE_STEPS:]:  # the newest reports suffice (a long job has many)
+            if m.step_time is not None:
+                per_step[m.step] = max(per_step.get(m.step, 0.0), float(m.step_time))
+            if r == loss_rank and m.tokens_per_s:
+                tokens_loss.append(float(m.tokens_per_s))
+    newest = [per_step[s] for s in sorted(per_step)[-RATE_STEPS:]]
+    if not newest:
+        return None, None, None
+    step_s = statistics.median(newest)
+    controller = getattr(job, "controller", None)
+    batch, seq = getattr(controller, "global_batch", None), getattr(controller, "seq_len", None)
+    if batch and seq and not getattr(controller, "mixed", False) and step_s > 0:
+        tps = float(batch) * float(seq) / step_s
+    else:
+        tps = statistics.median(tokens_loss[-RATE_STEPS:]) if tokens_loss else None
+    eta = max(0, steps - step) * step_s if steps is not None else None
+    return step_s, tps, eta
+
+
+def snapshot(job: Any, *, stopped_by_user: bool = False) -> JobSnapshot:
     """Read ``job``'s public state now."""
     status = getattr(job, "status", "unknown")
     status = str(getattr(status, "value", status))
     metrics = job.metrics
-    times: dict[int, float] = {}
-    for r in metrics.ranks():
-        done = [m for m in metrics.rank(r) if m.step_time is not None]
-        if done:
-            times[r] = float(done[-1].step_time)
     spec = getattr(job, "spec", None)
     steps = getattr(spec, "steps", None)
+    steps = int(steps) if steps is not None else None
+    times: dict[int, float] = {}
+    last: dict[int, int] = {}
+    memory: dict[int, float] = {}
+    for r in metrics.ranks():
+        reports = metrics.rank(r)
+        done = [m for m in reports if m.step_time is not None]
+        if done:
+            times[r] = float(done[-1].step_time)
+        if reports:
+            last[r] = max(m.step for m in reports)
+        mem = [m.memory_mb for m in reports if getattr(m, "memory_mb", None) is not None]
+        if mem:
+            memory[r] = float(mem[-1])
     error = ""
     if status == "failed":
         first = getattr(job, "first_failure", None)
@@ -108,10 +328,66 @@ def snapshot(job: Any) -> JobSnapshot:
         pids = dict(job.pids())
     except Exception:  # noqa: BLE001 - a finished job may have no process table left
         pids = {}
-    return JobSnapshot(str(getattr(job, "job_id", "")), status, metrics.last_step() + 1,
-                       int(steps) if steps is not None else None, tuple(metrics.losses()), times,
-                       tuple(_event(e) for e in list(getattr(job, "events", None) or ())), can_switch(job), error,
-                       pids)
+    try:
+        raw_events = list(getattr(job, "events", None) or ())
+    except Exception:  # noqa: BLE001
+        raw_events = []
+    events = tuple(_event(e) for e in raw_events)
+    launch = [int(r) for r in (getattr(spec, "ranks", None) or ())] or sorted(set(metrics.ranks()) | set(pids))
+    failures = _failures(job, status, last)
+    world, to_launch = _world(job, events, launch)
+    dead: dict[int, JobFailure] = {}
+    for f in failures:
+        if not f.consequence:
+            for r in f.ranks:
+                dead.setdefault(r, f)
+    ranks = []
+    for r in launch:
+        f = dead.get(r)
+        if r not in world:
+            state, why = "removed", (f"{_kind(f)} at step {f.step}; the job went on without it" if f is not None
+                                     else "left out of the job's world")
+        elif f is not None:
+            state, why = "dead", _kind(f)
+        elif status in _RUNNING:
+            state, why = ("running" if r in last else "starting"), ""
+        elif status == "succeeded":
+            state, why = "done", ""
+        else:
+            consequence = next((g for g in failures if r in g.ranks), None)
+            state = "stopped"
+            why = ("stopped from the dashboard" if stopped_by_user and status == "cancelled" else
+                   "cancelled" if status == "cancelled" else
+                   "failed after the first failure" if consequence is not None else "stopped by the launcher")
+        ranks.append(RankView(r, state, times.get(r), last.get(r, -1), memory.get(r), why,
+                              f.step if f is not None else None))
+    step = metrics.last_step() + 1
+    step_s, tps, eta = _rates(job, metrics, [r for r in world if r not in dead], step, steps)
+    elapsed = getattr(job, "elapsed_s", None)
+    starting = ""
+    phase = getattr(job, "startup_text", None)
+    if status in _RUNNING and step == 0 and callable(phase):
+        try:
+            starting = str(phase() or "")
+        except Exception:  # noqa: BLE001 - a display must not fail on it
+            starting = ""
+    log_dir = getattr(job, "log_dir", None)
+    return JobSnapshot(str(getattr(job, "job_id", "")), status, step, steps, tuple(metrics.losses()), times,
+                       events, can_switch(job), error, pids, tuple(ranks), failures, world, tps, step_s,
+                       _plan(job, events, to_launch), str(log_dir) if log_dir else "",
+                       callable(getattr(job, "cancel", None)), stopped_by_user, starting,
+                       float(elapsed) if isinstance(elapsed, (int, float)) else None,
+                       eta if status in _RUNNING else None)
+
+
+def _kind(f: JobFailure) -> str:
+    """``killed (SIGKILL)``, ``exited with status 7``, ``hung``, ``connection lost``, ``raised an error``."""
+    msg = f.message
+    if f.kind == "exited":
+        if "killed by " in msg:
+            return "killed (" + msg.split("killed by ", 1)[1].split(")", 1)[0] + ")"
+        return "exited" + (" with status " + msg.split("status ", 1)[1].split()[0] if "status " in msg else "")
+    return {"hung": "hung", "connection lost": "connection lost", "error": "raised an error"}.get(f.kind, f.kind)
 
 
 class JobWatcher:
@@ -123,15 +399,18 @@ class JobWatcher:
         self.on_change = on_change
         self.interval = interval
         self.last: JobSnapshot | None = None
+        self.stopped_by_user = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
 
     def poll(self) -> JobSnapshot:
         """Read the job now; call ``on_change`` if the snapshot differs from the last one."""
-        snap = snapshot(self.job)
-        if snap != self.last:
-            self.last = snap
-            self.on_change(snap)
+        with self._lock:
+            snap = snapshot(self.job, stopped_by_user=self.stopped_by_user)
+            if snap != self.last:
+                self.last = snap
+                self.on_change(snap)
         return snap
 
     def start(self) -> "JobWatcher":

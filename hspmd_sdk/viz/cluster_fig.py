@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..core.strategy import Strategy
 
 __all__ = ["cluster_figure", "TileStyle", "tile_style", "AnnotationOverlay", "annotation_overlay", "grid_dims",
-           "base_figure", "hdim_words"]
+           "base_figure", "hdim_words", "grid_axes", "grid_axis", "grid_words"]
 
 LEGEND_PX = 290
 TILES, LABELS = 0, 1  # trace indices of the device tiles and their labels in every cluster-diagram figure
@@ -164,7 +164,8 @@ def hdim_words(ann: Annotation) -> str:
 
 
 def grid_dims(ann: Annotation, ndim: int) -> tuple[int, int]:
-    """The two tensor dims the shard grid shows as (rows, columns): split dims first (HDim, then DS splits)."""
+    """Two tensor dims to show as (rows, columns): split dims first (HDim, then DS splits).  The figures and the
+    canvas draw every split dim instead (:func:`grid_axes`)."""
     split = ([ann.hdim] if ann.hdim >= 0 and ann.hsize > 1 else []) + sorted(
         {d for ds in ann.ds_union for d in ds.split_dims})
     dims = list(dict.fromkeys(d for d in split if d < ndim))
@@ -173,6 +174,68 @@ def grid_dims(ann: Annotation, ndim: int) -> tuple[int, int]:
         return (-1, 0)
     rows, cols = sorted(dims[:2])
     return rows, cols
+
+
+def grid_axis(dims: list[int], shape: tuple[int, ...], boxes: list[tuple[tuple[int, int], ...]]
+              ) -> tuple[list[float], Any]:
+    """One axis of the shard grid: ``dims`` flattened in row-major order, each cut at every shard edge.  Returns
+    the cell edges (fractions of the axis) and a function from a box to its segments on the axis."""
+    cuts = {d: sorted({e for b in boxes for e in b[d]} | {0, shape[d]}) for d in dims}
+    cells = [1.0]  # fraction of the axis per cell, row-major over the dims' chunks
+    for d in dims:
+        sizes = [(b - a) / shape[d] for a, b in zip(cuts[d], cuts[d][1:])]
+        cells = [c * f for c in cells for f in sizes]
+    edges = [0.0]
+    for c in cells:
+        edges.append(edges[-1] + c)
+
+    def segments(box: tuple[tuple[int, int], ...]) -> list[tuple[float, float]]:
+        if not dims:
+            return [(0.0, 1.0)]
+        spans = [(cuts[d].index(box[d][0]), cuts[d].index(box[d][1])) for d in dims]
+        counts = [len(cuts[d]) - 1 for d in dims]
+        out: list[tuple[float, float]] = []
+
+        def walk(level: int, index: int) -> None:
+            lo, hi = spans[level]
+            if level == len(dims) - 1:
+                a, b = edges[index * counts[level] + lo], edges[index * counts[level] + hi]
+                if out and abs(out[-1][1] - a) < 1e-12:
+                    out[-1] = (out[-1][0], b)
+                else:
+                    out.append((a, b))
+                return
+            for i in range(lo, hi):
+                walk(level + 1, index * counts[level] + i)
+        walk(0, 0)
+        return out
+    return [round(e, 5) for e in edges], segments
+
+
+def grid_axes(shape: tuple[int, ...], boxes: list[tuple[tuple[int, int], ...]]) -> tuple[list[int], list[int]]:
+    """The tensor dims the shard grid draws as rows and as columns: a matrix as it is (dim 0 down, dim 1 across),
+    a vector across; a tensor of 3 or more dims by the dims some shard does not hold whole, whatever they are:
+    the first down, the others across (flattened); a dim every shard holds whole is not drawn."""
+    n = len(shape)
+    if n == 1:
+        return [], [0]
+    if n == 2:
+        return [0], [1]
+    split = [d for d in range(n) if any(tuple(b[d]) != (0, shape[d]) for b in boxes)]
+    if len(split) == 1 and split[0] != 0:
+        return [], split
+    return split[:1], split[1:]
+
+
+def grid_words(shape: tuple[int, ...], rows: list[int], cols: list[int]) -> str:
+    def axis(dims: list[int]) -> str:
+        return f"dim {dims[0]}" if len(dims) == 1 else "dims " + "×".join(map(str, dims)) + " (flattened)"
+    parts = ([f"rows = {axis(rows)}"] if rows else []) + ([f"columns = {axis(cols)}"] if cols else [])
+    whole = [d for d in range(len(shape)) if d not in rows and d not in cols]
+    if not parts:
+        return f"grid: no dim is split (dims {', '.join(map(str, whole))} held whole)"
+    tail = (f"; dim{'s' if len(whole) > 1 else ''} {', '.join(map(str, whole))} held whole" if whole else "")
+    return "grid: " + ", ".join(parts) + tail
 
 
 @dataclass
@@ -191,43 +254,43 @@ def annotation_overlay(geom: ClusterGeometry, ann: Annotation, shape: Sequence[i
     summand is drawn dashed and labelled ``Σi/n``; a grid labelled ``Dn`` is replicated on ``n`` devices of its
     subgroup (Duplicate)."""
     ann.check_shape(shape, tensor)
-    ndim = len(shape)
-    rd, cd = grid_dims(ann, ndim)
-    nrows = shape[rd] if rd >= 0 else 1
-    ncols = shape[cd]
+    shape = tuple(shape)
+    views = [(k, ds, r, local_view(ann, shape, r)) for k, (dg, ds) in enumerate(zip(ann.dg_union, ann.ds_union))
+             for r in dg]
+    boxes = [tuple(tuple(x) for x in v.box) for _, _, _, v in views]
+    rows, cols = grid_axes(shape, boxes)
+    _, rows_of = grid_axis(rows, shape, boxes)
+    _, cols_of = grid_axis(cols, shape, boxes)
     out = AnnotationOverlay()
     for k, (dg, ds) in enumerate(zip(ann.dg_union, ann.ds_union)):
+        out.legend.append((f"subgroup {k}: [{format_ranks(dg)}] {ds}", subgroup_colour(k)))
+    for (k, ds, r, v), box in zip(views, boxes):
         colour = subgroup_colour(k)
-        out.legend.append((f"subgroup {k}: [{format_ranks(dg)}] {ds}", colour))
-        for r in dg:
-            if r >= len(geom.tiles):
-                continue
-            v = local_view(ann, shape, r)
-            assert v is not None
-            t = geom.tiles[r]
-            out.shapes.append(dict(type="rect", x0=t.x0 - 0.03, y0=t.y0 - 0.03, x1=t.x1 + 0.03, y1=t.y1 + 0.03,
-                                   line=dict(color=colour, width=3), layer="above", name=f"subgroup{k}"))
-            gx0, gx1, gy0, gy1 = t.x0 + 0.12, t.x1 - 0.12, t.y0 + 0.5, t.y1 - 0.08
-            grid: dict[str, Any] = dict(type="rect", x0=gx0, y0=gy0, x1=gx1, y1=gy1, layer="above",
-                                        line=dict(color="#6b7480", width=1), fillcolor="white", name="tensor")
-            if ds.duplicate > 1:  # this shard is replicated on ds.duplicate devices of the subgroup
-                grid["label"] = dict(text=f"D{ds.duplicate}", font=dict(size=7, color="#454d57"),
-                                     textposition="bottom right")
-            out.shapes.append(grid)
-            (r0, r1) = v.box[rd] if rd >= 0 else (0, 1)
-            (c0, c1) = v.box[cd]
-            bx0, bx1 = gx0 + (gx1 - gx0) * c0 / ncols, gx0 + (gx1 - gx0) * c1 / ncols
-            by0, by1 = gy0 + (gy1 - gy0) * r0 / nrows, gy0 + (gy1 - gy0) * r1 / nrows
-            shard: dict[str, Any] = dict(type="rect", x0=bx0, y0=by0, x1=bx1, y1=by1, layer="above",
-                                         fillcolor=colour, opacity=0.9, name=f"shard{k}",
-                                         line=dict(color="#1b1f24", width=1))
-            if v.partial_count > 1:
-                shard["line"] = dict(color="#1b1f24", width=1.5, dash="dot")
-                shard["label"] = dict(text=f"Σ{v.partial_index}/{v.partial_count}", font=dict(size=8))
-            out.shapes.append(shard)
+        if r >= len(geom.tiles):
+            continue
+        t = geom.tiles[r]
+        out.shapes.append(dict(type="rect", x0=t.x0 - 0.03, y0=t.y0 - 0.03, x1=t.x1 + 0.03, y1=t.y1 + 0.03,
+                               line=dict(color=colour, width=3), layer="above", name=f"subgroup{k}"))
+        gx0, gx1, gy0, gy1 = t.x0 + 0.12, t.x1 - 0.12, t.y0 + 0.5, t.y1 - 0.08
+        grid: dict[str, Any] = dict(type="rect", x0=gx0, y0=gy0, x1=gx1, y1=gy1, layer="above",
+                                    line=dict(color="#6b7480", width=1), fillcolor="white", name="tensor")
+        if ds.duplicate > 1:  # this shard is replicated on ds.duplicate devices of the subgroup
+            grid["label"] = dict(text=f"D{ds.duplicate}", font=dict(size=7, color="#454d57"),
+                                 textposition="bottom right")
+        out.shapes.append(grid)
+        for (r0, r1) in rows_of(box):
+            for (c0, c1) in cols_of(box):
+                shard: dict[str, Any] = dict(type="rect", x0=gx0 + (gx1 - gx0) * c0, y0=gy0 + (gy1 - gy0) * r0,
+                                             x1=gx0 + (gx1 - gx0) * c1, y1=gy0 + (gy1 - gy0) * r1, layer="above",
+                                             fillcolor=colour, opacity=0.9, name=f"shard{k}",
+                                             line=dict(color="#1b1f24", width=1))
+                if v.partial_count > 1:
+                    shard["line"] = dict(color="#1b1f24", width=1.5, dash="dot")
+                    shard["label"] = dict(text=f"Σ{v.partial_index}/{v.partial_count}", font=dict(size=8))
+                out.shapes.append(shard)
     dup = " · D = duplicate, S = split, P = partial (Σ i/n: summand i of n)"
-    grid = f"grid rows = dim {rd}, cols = dim {cd}" if rd >= 0 else f"grid = dim {cd}"
-    out.header = f"{tensor + ' ' if tensor else ''}{tuple(shape)}: {hdim_words(ann)}; {grid}{dup}"
+    grid_text = grid_words(shape, rows, cols)
+    out.header = f"{tensor + ' ' if tensor else ''}{tuple(shape)}: {hdim_words(ann)}; {grid_text}{dup}"
     return out
 
 
@@ -271,4 +334,24 @@ def cluster_figure(cluster: "Cluster", strategy: "Strategy | None" = None, *, an
     if len(fig.data) > 2:  # room for the legend on the right
         fig.update_layout(width=fig.layout.width + LEGEND_PX, margin_r=LEGEND_PX)
         fig.update_layout(legend=dict(x=1.0, xanchor="left"))
+        _fit_legend(fig)
     return fig
+
+
+#: Pixels a legend entry (or a group's title) takes, and the gap between groups (plotly's defaults at size 10).
+LEGEND_ROW_PX, LEGEND_GAP_PX = 21, 10
+
+
+def _fit_legend(fig: go.Figure) -> None:
+    """A figure as tall as its legend: a short cluster with many stages (one row of 4 devices, 4 pipelines) had
+    its legend clipped to a scroll box.  The tiles keep their size; the figure grows below them."""
+    groups = {t.legendgroup for t in fig.data[2:] if t.legendgroup}
+    margin = fig.layout.margin
+    need = int((len(fig.data) - 2 + len(groups)) * LEGEND_ROW_PX + len(groups) * LEGEND_GAP_PX
+               + (margin.t or 0) + (margin.b or 0))
+    height = fig.layout.height or 0
+    if need > height:
+        bottom, top = fig.layout.yaxis.range  # reversed: the top of the drawing is ``top``
+        inner = height - (margin.t or 0) - (margin.b or 0)
+        per_unit = inner / (bottom - top)  # pixels per unit now: kept
+        fig.update_layout(height=need, yaxis_range=[top + (inner + need - height) / per_unit, top])

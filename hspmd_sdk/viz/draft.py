@@ -131,7 +131,8 @@ def _draft_problems(draft: Draft) -> list[Problem]:
         for j, s in enumerate(p.stages):
             if not s.devices:
                 out.append(Problem(f"pipelines[{i}].stages[{j}].devices",
-                                   "no devices yet: drag device tiles onto this stage (or select it and click tiles)", i, j))
+                                   "no devices yet: drag device tiles onto this stage (or select it, then "
+                                   "Alt+click tiles)", i, j))
     return out
 
 

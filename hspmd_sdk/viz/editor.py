@@ -14,7 +14,18 @@ Every edit -- a drag on the canvas, a key, a button, or a call from Python (``mo
    Results are cached per strategy, so undo and redo are instant.
 
 The last fully valid plan is kept (``editor.strategy``, ``editor.plan``, ``editor.program``) whatever the
-draft looks like; Save, Launch and Apply act only on the draft shown, and only when it is valid.
+draft looks like; Save, Launch and Apply act only on the draft shown, and only when it is valid.  Before the first
+valid plan ``editor.strategy`` is a falsy :class:`NoPlan` that says "no plan yet" and why.
+
+On the canvas, exploring never changes the plan and moving a device takes an explicit gesture:
+
+* **click** a device tile: pick it and inspect it (its stage, layers, memory, problems) -- nothing moves;
+  Shift/Ctrl+click picks more; a drag on the empty canvas picks a box (or a lasso);
+* **move**: drag a tile (or the picked tiles) onto a stage (one of its tiles, its chip, "+ stage", "+ pipeline");
+  **Alt+click** a tile: it joins the selected stage, or leaves it if it is in it (:meth:`click_device`); Enter
+  moves the picked tiles into the selected stage, Delete takes them out; the inspect card has the same buttons;
+* **"+ stage"** / **"+ pipeline"**: a click adds an empty one, a drop adds one with the devices dropped;
+* Ctrl+Z / Ctrl+Shift+Z undo and redo; [ and ] select the previous / next stage.
 
 With ``job=`` (or :meth:`attach`) the editor shows a running job's progress; "Apply to running job" calls
 ``job.switch(editor.program)`` when the job can switch, and a job that reconfigured itself (an event with a new
@@ -30,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..errors import HSPMDError
-from ._checks import comm_warnings, draft_memory, layout_warnings, memory_errors
+from ._checks import comm_warnings, draft_memory, estimated_memory_errors, layout_warnings, memory_errors
 from ._model import default_seq_len, load_model, model_name, param_shapes
 from ._resolver import Resolved, Resolver
 from .draft import Draft, PipelineDraft, Problem, StageDraft, check_draft, locate
@@ -41,7 +52,7 @@ if TYPE_CHECKING:
     from ..core.strategy import Strategy
     from ..planner.simulator import SimResult
 
-__all__ = ["PlanEditor", "training_runtime"]
+__all__ = ["PlanEditor", "NoPlan", "training_runtime"]
 
 _HISTORY = 500
 
@@ -66,6 +77,38 @@ def training_runtime(cluster: "Cluster | None" = None) -> tuple[bool, str]:
     return True, ""
 
 
+class NoPlan:
+    """What :attr:`PlanEditor.strategy` is before the editor has seen a valid plan: falsy, and it says so (and
+    why) when displayed, where ``None`` would show nothing."""
+
+    __slots__ = ("reasons",)
+
+    def __init__(self, reasons: Iterable[str] = ()) -> None:
+        self.reasons = tuple(reasons)
+
+    def __bool__(self) -> bool:
+        return False
+
+    def _text(self) -> list[str]:
+        head = "no plan yet: the editor has not seen a valid plan"
+        if not self.reasons:
+            return [head]
+        more = len(self.reasons) - 3
+        return [f"{head}; fix {'this' if len(self.reasons) == 1 else 'these'} first (editor.problems):",
+                *(f"  ✗ {r}" for r in self.reasons[:3]), *([f"  … and {more} more"] if more > 0 else [])]
+
+    def __repr__(self) -> str:
+        return "\n".join(self._text())
+
+    def _repr_html_(self) -> str:
+        import html
+
+        head, *rest = self._text()
+        items = "".join(f"<li>{html.escape(r.strip())}</li>" for r in rest)
+        return (f"<div style='color:#a40e26'><b>{html.escape(head)}</b>"
+                + (f"<ul style='margin:2px 0'>{items}</ul>" if items else "") + "</div>")
+
+
 class _Valid:
     """The last fully valid plan: strategy, simulation and the core's resolution."""
 
@@ -85,6 +128,9 @@ class PlanEditor:
     per device of the cluster, which any number of equal pipelines filling the cluster can share).  ``seq_len``:
     for the simulator (default ``model.max_seq_len``).  ``background``: resolve communication on a background
     thread (``False``: inline, for scripts and tests).  ``job``: a running job to show and drive (see :meth:`attach`).
+
+    On the canvas a plain click on a device inspects it; dragging it onto a stage, or Alt+click (into the selected
+    stage), moves it (see the module's docstring).
     """
 
     def __init__(self, cluster: "Cluster", model: Any, strategy: "Strategy | Any | None" = None,
@@ -138,10 +184,13 @@ class PlanEditor:
         self._resolver.background = bool(on)
 
     @property
-    def strategy(self) -> "Strategy | None":
-        """The last fully valid strategy (waits for pending communication resolution)."""
+    def strategy(self) -> "Strategy | NoPlan":
+        """The last fully valid strategy (waits for pending communication resolution); before the first valid
+        plan a falsy :class:`NoPlan` that says so, and why, when displayed."""
         self.wait()
-        return self._valid.strategy if self._valid else None
+        if self._valid:
+            return self._valid.strategy
+        return NoPlan(str(p) for p in self._problems if p.level == "error")
 
     @property
     def plan(self) -> "AnnotationPlan | None":
@@ -197,7 +246,7 @@ class PlanEditor:
 
     @property
     def selected(self) -> tuple[int, int] | None:
-        """The selected ``(pipeline, stage)`` that clicked devices join."""
+        """The selected ``(pipeline, stage)`` that :meth:`click_device` (Alt+click) and Enter move devices into."""
         return self._selected
 
     @property
@@ -231,14 +280,16 @@ class PlanEditor:
 
     # ---- edits -------------------------------------------------------------------------------------------
     def select_stage(self, pipeline: int, stage: int) -> None:
-        """Select the stage that clicked devices join (no change to the strategy)."""
+        """Select the stage that :meth:`click_device` moves devices into (no change to the strategy)."""
         self._draft.stage(pipeline, stage)
         self._selected = (pipeline, stage)
         self._message = ""
         self._redraw()
 
     def click_device(self, rank: int) -> None:
-        """A click on a device tile: a device of the selected stage leaves it; any other device moves into it."""
+        """Toggle a device in the selected stage: a device of the selected stage leaves it; any other device moves
+        into it (from any stage).  On the canvas this is Alt+click (or Enter on a focused tile); a plain click only
+        inspects."""
         self.cluster.check_rank(rank)
 
         def edit(d: Draft) -> None:
@@ -540,7 +591,7 @@ class PlanEditor:
         from .cluster_fig import cluster_figure
 
         name = tensor or self._tensor
-        strategy, plan, sim = self.strategy, self.plan, self.sim
+        strategy, plan, sim = self.strategy or None, self.plan, self.sim
         if name and plan is not None:
             return cluster_figure(self.cluster, strategy, annotation=plan[name], shape=self.tensor_shape(name),
                                   tensor=name, memory=sim.peak_memory if sim else None)
@@ -551,7 +602,7 @@ class PlanEditor:
         or a gradient synchronisation of :attr:`program`)."""
         from .comm_fig import comm_figure
 
-        return comm_figure(self.comm_plan(reshard), self.cluster, strategy=self.strategy,
+        return comm_figure(self.comm_plan(reshard), self.cluster, strategy=self.strategy or None,
                            title=f"{reshard}: {' → '.join(self.comm_plan(reshard).kinds)}")
 
     def comm_plan(self, reshard: str) -> Any:
@@ -730,6 +781,8 @@ class PlanEditor:
             self.global_batch, self.batch_source = strategy.global_batch, "the first valid plan"
         memory, kind = (dict(sim.peak_memory), "simulated") if sim is not None else (
             draft_memory(self._draft, self.model, self.seq_len, self.cost), "estimated")
+        if sim is None:  # out of memory is an error beside the others, not hidden behind them
+            problems += estimated_memory_errors(self._draft, memory, self.model, self.seq_len, self.cluster)
         with self._lock:
             if self._current is not None and self._sim is not None:
                 self._previous_step = self._sim.step_time
@@ -755,7 +808,7 @@ class PlanEditor:
             if problems:
                 return None, [locate(p, r) for p, r in problems]
             return None, [Problem("simulation", str(e))]
-        return sim, memory_errors(strategy, sim)
+        return sim, memory_errors(strategy, sim, self.model, self.seq_len, self.cluster)
 
     def _accept(self, key: str, strategy: "Strategy", sim: "SimResult", res: Resolved) -> None:
         from_worker = threading.current_thread() is not threading.main_thread()

@@ -1,49 +1,159 @@
 // hspmd_sdk · a running job's dashboard (an anywidget ESM module; plain ES module, no build step).
-// Python (hspmd_sdk/viz/dashboard.py) syncs `state`: status, step/steps, losses, each rank's last step time and
-// the job's events (switches, failures) as they happen.
+// Python (hspmd_sdk/viz/dashboard.py, the state model in _job.py) syncs `state`: status, step/steps, elapsed,
+// ETA, tokens/s, losses, each rank of the job's current world (state: running, done, dead, stopped; last step
+// time, memory), the ranks an elastic job removed, every failure and reconfiguration, the plan the job runs now;
+// and `log`: the rank log shown.  It sends {type: "stop"} (the stop button, after a confirming second click) and
+// {type: "logs", rank} (a click on a rank; rank null hides the log).
 
 function esc(s) {
   return String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+}
+
+export function clock(s) {
+  if (s == null || !isFinite(s)) return "–";
+  s = Math.max(0, Math.round(s));
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
+  return (h ? `${h}:${String(m).padStart(2, "0")}` : `${m}`) + `:${String(sec).padStart(2, "0")}`;
+}
+
+function rate(t) {
+  if (t == null) return "";
+  return t >= 1e6 ? `${(t / 1e6).toFixed(2)}M tok/s` : t >= 1e3 ? `${(t / 1e3).toFixed(1)}k tok/s` : `${t.toFixed(0)} tok/s`;
+}
+
+function secs(t) {
+  return t >= 1 ? t.toFixed(2) + " s" : (t * 1e3).toFixed(0) + " ms";
+}
+
+function mem(mb) {
+  if (mb == null) return "";
+  return mb >= 102.4 ? `${(mb / 1024).toFixed(mb >= 10240 ? 0 : 1)} GiB` : `${mb.toFixed(1)} MiB`;
 }
 
 function lossCurve(losses, w, h) {
   if (!losses.length) return `<div class="hd-empty">no loss reported yet</div>`;
   const lo = Math.min(...losses), hi = Math.max(...losses);
   const span = hi - lo || 1;
-  const x = (i) => 36 + (losses.length === 1 ? 0 : (i / (losses.length - 1)) * (w - 44));
+  const x = (i) => 46 + (losses.length === 1 ? 0 : (i / (losses.length - 1)) * (w - 54));
   const y = (v) => 6 + (1 - (v - lo) / span) * (h - 22);
   const pts = losses.map((v, i) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
   return `<svg class="hd-loss" width="${w}" height="${h}" role="img" aria-label="loss curve">
-    <line x1="36" y1="${h - 16}" x2="${w - 4}" y2="${h - 16}" class="hd-axis"/><line x1="36" y1="4" x2="36" y2="${h - 16}" class="hd-axis"/>
-    <text x="32" y="${y(hi) + 4}" text-anchor="end">${hi.toFixed(3)}</text><text x="32" y="${y(lo) + 4}" text-anchor="end">${lo.toFixed(3)}</text>
-    <text x="36" y="${h - 3}">step 0</text><text x="${w - 4}" y="${h - 3}" text-anchor="end">step ${losses.length - 1}</text>
+    <line x1="46" y1="${h - 16}" x2="${w - 4}" y2="${h - 16}" class="hd-axis"/><line x1="46" y1="4" x2="46" y2="${h - 16}" class="hd-axis"/>
+    <text x="42" y="${y(hi) + 4}" text-anchor="end">${hi.toFixed(3)}</text><text x="42" y="${y(lo) + 4}" text-anchor="end">${lo.toFixed(3)}</text>
+    <text x="46" y="${h - 3}">step 0</text><text x="${w - 4}" y="${h - 3}" text-anchor="end">step ${losses.length - 1}</text>
     <polyline points="${pts}" class="hd-line"/>${losses.length < 60 ? losses.map((v, i) => `<circle cx="${x(i).toFixed(1)}" cy="${y(v).toFixed(1)}" r="2.2"><title>step ${i}: ${v.toFixed(4)}</title></circle>`).join("") : ""}</svg>`;
 }
 
-function stepTimes(times, slowest) {
-  if (!times.length) return `<div class="hd-empty">no step finished yet</div>`;
-  const hi = Math.max(...times.map((t) => t[1])) || 1;
-  return times.map(([r, t]) => `<div class="hd-rank ${r === slowest ? "hd-slow" : ""}"><span class="hd-rl">R${r}</span><span class="hd-bar"><span style="width:${((t / hi) * 100).toFixed(0)}%"></span></span><span>${t >= 1 ? t.toFixed(2) + " s" : (t * 1e3).toFixed(0) + " ms"}</span></div>`).join("");
+// The ranks of the current world: a bar of the last step time each (a dead rank: a struck grey bar, a ✕ and what
+// happened instead of a time); the ranks an elastic job removed, apart.
+function rankRows(s) {
+  const ranks = (s.ranks && s.ranks.length) ? s.ranks
+    : (s.step_times || []).map(([r, t]) => ({ rank: r, state: s.running ? "running" : "done", time: t }));
+  const shown = ranks.filter((r) => r.state !== "removed");
+  const removed = ranks.filter((r) => r.state === "removed");
+  if (!shown.length && !removed.length) return `<div class="hd-empty">no rank reported yet</div>`;
+  const live = shown.filter((r) => r.time != null && r.state !== "dead");
+  const hi = Math.max(0, ...live.map((r) => r.time)) || 1;
+  const rows = shown.map((r) => {
+    const dead = r.state === "dead";
+    const width = r.time != null ? (dead ? 100 : (r.time / hi) * 100) : 0;
+    const what = dead ? `<span class="hd-mark" title="${esc(r.why)}">✕ ${esc(r.why)}${r.died_step != null ? ` · step ${r.died_step}` : ""}</span>`
+      : r.time != null ? `<span class="hd-time">${secs(r.time)}</span>`
+      : `<span class="hd-time hd-empty">${r.state === "starting" ? "starting…" : esc(r.why || r.state)}</span>`;
+    const extra = !dead && r.state === "stopped" ? ` <small class="hd-empty">${esc(r.why)}</small>` : "";
+    return `<div class="hd-rank hd-${esc(r.state)} ${r.rank === s.slowest ? "hd-slow" : ""}" data-rank="${r.rank}" data-state="${esc(r.state)}">
+      <button class="hd-rl" data-rank="${r.rank}" title="show rank ${r.rank}'s log">R${r.rank}</button>
+      <span class="hd-bar"><span style="width:${width.toFixed(0)}%"></span></span>${what}${extra}
+      ${r.memory_mb != null ? `<span class="hd-mem" title="peak memory of this rank's process">${mem(r.memory_mb)}</span>` : ""}</div>`;
+  }).join("");
+  const gone = removed.length ? `<div class="hd-removed">removed from the job (${s.world.length} ranks now): ${removed.map((r) =>
+    `<button class="hd-rl hd-gone" data-rank="${r.rank}" title="${esc(r.why)} · show its log">R${r.rank}</button> <small>${esc(r.why)}</small>`).join(" ")}</div>` : "";
+  return rows + gone;
 }
 
-function render(el, s) {
+function planView(p) {
+  if (!p || !p.pipelines || !p.pipelines.length) return "";
+  const rows = p.pipelines.map((pl, i) => `<div class="hd-pipe"><small>pipeline ${i}${pl.micro ? ` · ${esc(pl.micro)}` : ""}</small>
+    ${pl.stages.map((st) => `<span class="hd-stage" title="ranks ${st.ranks.join(", ")}${st.layers ? ` · layers ${esc(st.layers)}` : ""}">R${st.ranks.join(",")}${st.layers ? ` <small>L${esc(st.layers)}</small>` : ""}</span>`).join("<span class=\"hd-arrow\">→</span>")}</div>`).join("");
+  return `<div class="hd-panel hd-plan"><div class="hd-title">plan now <small>(since ${esc(p.since)}; launch ranks)</small></div>${rows}</div>`;
+}
+
+function logView(log) {
+  if (!log || log.rank == null) return "";
+  return `<div class="hd-log" data-rank="${log.rank}"><div class="hd-title">log of rank ${log.rank}
+    <small>(last ${Math.min(log.lines, 200)} of ${log.lines} lines${log.path ? ` · whole log: ${esc(log.path)}` : ""})</small>
+    <button class="hd-close" title="hide the log">×</button></div><pre>${esc(log.text)}</pre></div>`;
+}
+
+function render(el, s, log, ui) {
   if (!s || !s.job_id) { el.innerHTML = `<div class="hspmd-dashboard"><i>no job</i></div>`; return; }
   const frac = s.steps ? Math.min(1, s.step / s.steps) : 0;
-  const events = (s.events || []).map((e) => `<li class="hd-ev hd-${esc(e.reason)}" data-reason="${esc(e.reason)}">${esc(e.text)}</li>`).join("");
+  const events = (s.events || []).map((e) => `<li class="hd-ev hd-${esc(e.reason)}" data-reason="${esc(e.reason)}"${e.detail ? ` title="${esc(e.detail)}"` : ""}>${esc(e.text)}</li>`).join("");
+  const none = s.running ? "none yet" : "none";
+  const stop = ui.stopping && s.running ? `<button class="hd-stop" disabled>stopping…</button>`
+    : s.can_stop ? `<button class="hd-stop${ui.armed ? " hd-armed" : ""}" title="stop every worker of this job now (job.cancel())">${ui.armed ? "click again to stop" : "■ stop"}</button>` : "";
   el.innerHTML = `<div class="hspmd-dashboard" data-status="${esc(s.status)}" data-step="${s.step}">
     <div class="hd-head"><b>job ${esc(s.job_id)}</b> <span class="hd-status hd-${esc(s.status)}">${esc(s.status)}</span>
       <span class="hd-progress" title="steps done"><span style="width:${(frac * 100).toFixed(0)}%"></span></span> step ${s.step}${s.steps ? " / " + s.steps : ""}
-      ${s.error ? `<span class="hd-error">${esc(s.error)}</span>` : ""}</div>
+      ${s.starting ? `<span class="hd-phase">${esc(s.starting)}</span>` : ""}
+      <span class="hd-clock">elapsed <b class="hd-elapsed">${clock(s.elapsed_s)}</b>${s.running && s.eta_s != null ? ` · ETA <b class="hd-eta">${clock(s.eta_s)}</b>` : ""}</span>
+      ${s.tokens_per_s != null ? `<span class="hd-tps" title="tokens of a step over the median time of the newest steps">${rate(s.tokens_per_s)}</span>` : ""}
+      ${s.step_s != null ? `<span class="hd-steps" title="median time of the newest steps (their slowest rank)">${secs(s.step_s)}/step</span>` : ""}
+      ${stop}
+      ${s.error ? `<span class="hd-error">${esc(s.error.split("\n")[0])}</span>` : ""}</div>
     <div class="hd-body"><div class="hd-panel"><div class="hd-title">loss</div>${lossCurve(s.losses || [], 300, 120)}</div>
-      <div class="hd-panel"><div class="hd-title">last step time per rank${s.slowest != null ? ` <small>(slowest R${s.slowest})</small>` : ""}</div>${stepTimes(s.step_times || [], s.slowest)}</div>
-      <div class="hd-panel"><div class="hd-title">events <small>(switches and failures)</small></div>${events ? `<ul class="hd-events">${events}</ul>` : `<div class="hd-empty">none${s.can_switch ? "" : " — this job cannot switch plans"}</div>`}</div></div></div>`;
+      <div class="hd-panel hd-ranks"><div class="hd-title">last step time per rank${s.slowest != null ? ` <small>(slowest R${s.slowest})</small>` : ""} <small>· click a rank for its log</small></div>${rankRows(s)}</div>
+      <div class="hd-panel"><div class="hd-title">events <small>(failures and reconfigurations)</small></div>${events ? `<ul class="hd-events">${events}</ul>` : `<div class="hd-empty hd-noevents">${none}${s.can_switch ? "" : " — this job cannot switch plans"}</div>`}</div>
+      ${planView(s.plan)}</div>${logView(log)}</div>`;
 }
 
 export default {
   render({ model, el }) {
-    const draw = () => render(el, model.get("state"));
-    model.on("change:state", draw);
+    const ui = { armed: false, stopping: false, at: performance.now(), timer: null };
+    const draw = () => {
+      const s = model.get("state");
+      if (s && !s.running) { ui.armed = false; ui.stopping = false; }
+      render(el, s, model.get("log"), ui);
+    };
+    const fresh = () => { ui.at = performance.now(); draw(); };
+    const tick = () => {  // the clock moves between snapshots (the kernel sends one when something else changed)
+      const s = model.get("state");
+      if (!s || !s.running) return;
+      const dt = (performance.now() - ui.at) / 1000;
+      const e = el.querySelector(".hd-elapsed"), eta = el.querySelector(".hd-eta");
+      if (e && s.elapsed_s != null) e.textContent = clock(s.elapsed_s + dt);
+      if (eta && s.eta_s != null) eta.textContent = clock(Math.max(0, s.eta_s - dt));
+    };
+    const click = (ev) => {
+      const t = ev.target.closest("button");
+      if (!t || !el.contains(t)) return;
+      if (t.classList.contains("hd-stop")) {
+        if (!ui.armed) {
+          ui.armed = true;
+          draw();
+          setTimeout(() => { if (ui.armed) { ui.armed = false; draw(); } }, 4000);
+        } else {
+          ui.armed = false;
+          ui.stopping = true;
+          model.send({ type: "stop" });
+          draw();
+        }
+      } else if (t.classList.contains("hd-close")) {
+        model.send({ type: "logs", rank: null });
+      } else if (t.dataset.rank != null) {
+        model.send({ type: "logs", rank: Number(t.dataset.rank) });
+      }
+    };
+    el.addEventListener("click", click);
+    model.on("change:state", fresh);
+    model.on("change:log", draw);
+    ui.timer = setInterval(tick, 1000);
     draw();
-    return () => model.off("change:state", draw);
+    return () => {
+      clearInterval(ui.timer);
+      el.removeEventListener("click", click);
+      model.off("change:state", fresh);
+      model.off("change:log", draw);
+    };
   },
 };

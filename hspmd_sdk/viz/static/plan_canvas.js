@@ -5,10 +5,15 @@
 // (the tensor picker's groups).  Every user action is sent to Python as a message {op, ...} that calls the
 // same PlanEditor method a script would; nothing here decides anything about the plan.
 //
-// Direct manipulation: drag a device tile (or a box/lasso selection) onto a stage -- a tile of that stage, its
-// chip in the stage list, "+ stage" or "+ pipeline"; click a tile to toggle it in the selected stage; keyboard:
-// arrows move between tiles, Space selects, Enter moves the selection into the selected stage, Delete takes it
-// out, [ and ] change the selected stage, Ctrl+Z / Ctrl+Shift+Z (or Ctrl+Y) undo and redo.
+// Direct manipulation (exploring never changes the plan; moving a device takes an explicit gesture):
+// * click a tile: pick it and inspect it (its stage, layers, memory, problems) -- nothing moves;
+//   Shift/Ctrl+click adds or removes it from the picked tiles; drag on the empty canvas: box (or lasso) pick;
+// * move: drag a tile (or the picked tiles) onto a stage -- a tile of that stage, its chip in the stage list,
+//   "+ stage" or "+ pipeline"; or Alt+click a tile: it joins (or leaves) the selected stage; or the picked
+//   tiles' bar / the inspect card's buttons; keyboard: arrows move between tiles, Space picks, Enter moves the
+//   picked tiles (or the focused one) into the selected stage, Delete takes them out, [ and ] change the
+//   selected stage, Ctrl+Z / Ctrl+Shift+Z (or Ctrl+Y) undo and redo;
+// * "+ stage" and "+ pipeline": click to add an empty one, or drop devices on them.
 
 const SVG = "http://www.w3.org/2000/svg";
 const GAP = 16, PAD = 12, HEAD = 34, NODE_GAP = 36, HULL = 5, LANE = 26;
@@ -148,7 +153,8 @@ function inPolygon(x, y, pts) {
 
 // ---- routing arrows through the gaps ---------------------------------------------------------------------------
 // Arrows run along channels: the gaps between tile rows and columns, the node margins and the gaps between
-// nodes, so that they never hide a tile.  Dijkstra over the channel crossings, with a penalty per turn.
+// nodes, so that they never hide a tile (nor cross one they do not connect).  Dijkstra over the channel
+// crossings, with a penalty per turn.
 function channels(lay) {
   const xs = new Set(), ys = new Set();
   for (const b of lay.boxes) {
@@ -161,6 +167,10 @@ function channels(lay) {
     if (!t) continue;
     if (t.col > 0) xs.add(t.x - GAP / 2);
     if (t.row > 0) ys.add(t.y - GAP / 2);
+    // lines through each tile's centre: a route starts and ends straight above, below or beside a tile (it never
+    // runs along them across a tile: only the free steps between crossings are taken)
+    xs.add(t.x + t.w / 2);
+    ys.add(t.y + t.h / 2);
   }
   const X = [...xs].filter((x) => x > -NODE_GAP / 2 && x < lay.width + NODE_GAP / 2).sort((a, b) => a - b);
   const Y = [...ys].filter((y) => y > -NODE_GAP / 2 && y < lay.height + NODE_GAP / 2).sort((a, b) => a - b);
@@ -286,6 +296,8 @@ class Canvas {
     this.sel = new Set();
     this.focus = null;
     this.mode = "box";
+    this.inspect = null;  // the rank whose card the side panel shows (a plain click)
+    this.routes = new Map();  // routes through the gaps, per layout (arrows and a Reshard's messages)
     this.width = 0;
     this.root = document.createElement("div");
     this.root.className = "hspmd-canvas";
@@ -339,7 +351,12 @@ class Canvas {
       `<div class="hc-body"><div class="hc-area"></div><div class="hc-side">${this.side(view)}</div></div>`;
     const area = this.root.querySelector(".hc-area");
     this.width = area.clientWidth || avail;
-    this.lay = layout(cluster, Math.max(this.width - 8, 300));  // room for the hulls around the outer tiles
+    const lw = Math.max(this.width - 8, 300);  // room for the hulls around the outer tiles
+    if (!this.lay || this.layCluster !== cluster || this.layWidth !== lw) {  // a new layout only when it changes
+      this.lay = layout(cluster, lw);
+      this.layCluster = cluster;
+      this.layWidth = lw;
+    }
     area.innerHTML = this.stageArea(view, cluster);
     this.root.dataset.version = String(view.version ?? "");
     this.root.dataset.valid = String(view.verdict?.level !== "error");
@@ -401,16 +418,34 @@ class Canvas {
   }
 
   side(v) {
-    let out = "";
+    let out = this.inspectCard(v);
     if (v.tensor) out += this.tensorLegend(v.tensor);
     else if (v.tensor_error) out += `<div class="hc-card hc-error">${esc(v.tensor_error)}</div>`;
     const general = (v.problems || []).map((p) => `<li class="hc-${p.level}">${p.level === "error" ? "✗ error" : "⚠ warning"} · <b>${esc(p.where)}</b>: ${esc(p.text)}</li>`).join("");
     if (general) out += `<div class="hc-card"><ul class="hc-problems">${general}</ul></div>`;
-    out += `<div class="hc-card hc-stages"><div class="hc-card-head">Stages <small>drag tiles onto a stage chip · click a chip to select it</small></div>`;
+    out += `<div class="hc-card hc-stages"><div class="hc-card-head">Stages <small>click a chip to select its stage</small></div>
+      <div class="hc-help hc-note" data-role="help">click a tile: inspect it (nothing moves) · Shift/Ctrl+click: pick more · <b>move</b>: drag tiles onto a stage chip, "+ stage" or "+ pipeline", or <b>Alt+click</b> a tile (it joins or leaves the selected stage), or Enter (the picked tiles join it)</div>`;
     for (const p of v.pipelines || []) out += this.pipelineCard(p, v);
-    out += `<div class="hc-drop hc-newpipe" data-drop="${(v.pipelines || []).length},0" title="drop devices here: a new pipeline">+ pipeline</div></div>`;
+    out += `<div class="hc-drop hc-newpipe" role="button" tabindex="0" data-op="add_pipeline" data-key="add-pipeline" data-drop="${(v.pipelines || []).length},0" title="click: add a pipeline (one stage with every layer, no devices yet); drop devices here: a new pipeline with them">+ pipeline</div></div>`;
     out += this.commCard(v.comm || {});
     return out;
+  }
+
+  // The card of the inspected device: what its tile's tooltip says, its stage's problems, and the explicit moves.
+  inspectCard(v) {
+    const r = this.inspect;
+    const t = r == null ? null : (v.tiles || []).find((x) => x.r === r);
+    if (!t) return "";
+    const st = t.p >= 0 ? (v.pipelines[t.p] || { stages: [] }).stages[t.s] : null;
+    const probs = st ? st.problems.map((x) => `<div class="hc-msg hc-${x.level}">${x.level === "error" ? "✗" : "⚠"} ${esc(x.text)}</div>`).join("") : "";
+    const sel = v.selected;
+    const here = sel && t.p === sel[0] && t.s === sel[1];
+    const lines = String(t.title || "").split("\n").map((l) => `<div>${esc(l)}</div>`).join("");
+    return `<div class="hc-card hc-inspect" data-rank="${r}"><div class="hc-card-head">Device ${r} <small>inspecting: nothing moved</small>
+      <button class="hc-x" data-op="inspect_close" title="close (Esc)">✕</button></div>${lines}${probs}
+      <div class="hc-actions">${t.p >= 0 ? `<button class="hc-btn hc-small" data-op="select" data-p="${t.p}" data-s="${t.s}" title="select its stage (clicked chips and Enter act on the selected stage)">select P${t.p} S${t.s}</button>` : ""}
+      ${sel && !here ? `<button class="hc-btn hc-small" data-op="inspect_move" data-rank="${r}" title="move this device into the selected stage (undo: Ctrl+Z)">→ move into P${sel[0]} S${sel[1]}</button>` : ""}
+      ${t.p >= 0 ? `<button class="hc-btn hc-small" data-op="inspect_unassign" data-rank="${r}" title="take it out of its stage (undo: Ctrl+Z)">take out of its stage</button>` : ""}</div></div>`;
   }
 
   pipelineCard(p, v) {
@@ -431,7 +466,7 @@ class Canvas {
         <label><input class="hc-num" type="number" min="1" data-op="micro" data-which="nmb" data-p="${p.p}" data-key="nmb-${p.p}" value="${p.nmb}" aria-label="micro-batches"> micro-batches</label> ×
         <label>bs <input class="hc-num" type="number" min="1" data-op="micro" data-which="mbs" data-p="${p.p}" data-key="mbs-${p.p}" value="${p.mbs}" aria-label="micro-batch size"></label>
         = ${p.samples} <button class="hc-x" data-op="remove_pipeline" data-p="${p.p}" title="remove this pipeline">✕</button></div>
-      ${pprobs}${rows}<div class="hc-drop hc-newstage" data-drop="${p.p},${p.stages.length}" data-op="add_stage" data-p="${p.p}" title="click: add a stage; drop devices here: a new stage with them">+ stage</div></div>`;
+      ${pprobs}${rows}<div class="hc-drop hc-newstage" role="button" tabindex="0" data-drop="${p.p},${p.stages.length}" data-op="add_stage" data-key="add-stage-${p.p}" data-p="${p.p}" title="click: add a stage; drop devices here: a new stage with them">+ stage</div></div>`;
   }
 
   commCard(c) {
@@ -451,9 +486,12 @@ class Canvas {
   tensorLegend(t) {
     const subs = t.subgroups.map((g) => `<div><span class="hc-swatch" style="border-color:${g.colour}"></span> <b>G${g.k}</b> [${esc(g.ranks_text)}] <code>${esc(g.ds)}</code></div>`).join("");
     const rs = t.reshard ? `<div class="hc-note"><b>${esc(t.reshard.text)}</b>${t.reshard.more ? ` (${t.reshard.more} more messages not drawn)` : ""}</div>` : "";
+    const terms = t.terms || {};
+    const term = (k) => `<dt title="${esc(terms[k])}">${esc(k)}</dt><dd>${esc(terms[k])}</dd>`;
     return `<div class="hc-card hc-tensor"><div class="hc-card-head">${esc(t.name)} <small>${esc(JSON.stringify(t.shape))}</small></div>
-      <div><b>DG Union</b>: ${esc(t.words)}</div><div><code>${esc(t.annotation)}</code></div>${subs}
-      <div class="hc-note">${esc(t.grid)}; filled = the box a device holds · Σi/n = summand i of n · Dn = the same shard on n devices</div>${rs}</div>`;
+      <div title="${esc(terms.HSize)}\n${esc(terms.HDim)}"><b>DG Union</b>: ${esc(t.words)}</div><div><code>${esc(t.annotation)}</code></div>${subs}
+      <div class="hc-note">${esc(t.grid)}; filled = the box a device holds · Σi/n = summand i of n · Dn = the same shard on n devices</div>
+      <dl class="hc-terms" aria-label="the paper's terms">${["HSize", "HDim", "DG Union", "DS"].filter((k) => terms[k]).map(term).join("")}</dl>${rs}</div>`;
   }
 
   stageArea(v, cluster) {
@@ -501,21 +539,26 @@ class Canvas {
     let over = "";
     const arrows = tmode ? [] : comm.arrows || [];
     const maxB = Math.max(1, ...arrows.map((a) => a.intra + a.inter));
-    const ch = arrows.length ? channels(lay) : null;
+    const ch = arrows.length ? this.channelsOf(lay) : null;
     arrows.forEach((a, i) => {
       const srcParts = byNode(lay, a.src), dstParts = byNode(lay, a.dst);
       if (!srcParts.length || !dstParts.length) return;
       const src = bbox(srcParts[0], HULL), dst = bbox(dstParts[dstParts.length - 1], HULL);
-      let pts = route(ch, src, dst);
-      if (!pts) {
-        const [x1, y1] = edgePoint(src, dst.cx, dst.cy), [x2, y2] = edgePoint(dst, src.cx, src.cy);
-        pts = [[x1, y1], [x2, y2]];
+      const key = `a:${srcParts[0].map((t) => t.r).join(",")}>${dstParts[dstParts.length - 1].map((t) => t.r).join(",")}`;
+      if (!this.routes.has(key)) {
+        let pts = route(ch, src, dst);
+        if (!pts) {
+          const [x1, y1] = edgePoint(src, dst.cx, dst.cy), [x2, y2] = edgePoint(dst, src.cx, src.cy);
+          pts = [[x1, y1], [x2, y2]];
+        }
+        this.routes.set(key, pts);
       }
+      const pts = this.routes.get(key);
       const off = ((i % 5) - 2) * 2.5;
       const shifted = pts.map(([x, y], k) => (k === 0 || k === pts.length - 1 ? [x, y] : [x + off, y + off]));
       const width = 2 + 3.5 * Math.sqrt((a.intra + a.inter) / maxB);
       const colour = comm.stale ? "#9aa3ad" : LINK[a.cls];
-      over += `<polyline class="hc-arrow ${comm.stale ? "hc-stale-arrow" : ""}" data-reshard="${esc(a.reshard)}" data-p="${a.p}" points="${shifted.map((p) => p.join(",")).join(" ")}" stroke="${colour}" stroke-width="${width.toFixed(1)}" stroke-linejoin="round" marker-end="url(#hc-head-${a.cls}${comm.stale ? "-stale" : ""})"/>`;
+      over += `<polyline class="hc-arrow ${comm.stale ? "hc-stale-arrow" : ""}" data-reshard="${esc(a.reshard)}" data-p="${a.p}" data-src="${a.src.join(",")}" data-dst="${a.dst.join(",")}" points="${shifted.map((p) => p.join(",")).join(" ")}" stroke="${colour}" stroke-width="${width.toFixed(1)}" stroke-linejoin="round" marker-end="url(#hc-head-${a.cls}${comm.stale ? "-stale" : ""})"/>`;
       if (!comm.stale) labels.push({ a, segs: segments(shifted) });
     });
     // a picked Reshard: its messages as arrows and its collectives as rings
@@ -530,18 +573,23 @@ class Canvas {
                         title: `${g.kind} over ranks ${ranks.join(", ")}` });
         }
       }
-      for (const [s, d, n, cls] of v.tensor.reshard.messages) {
+      // each message routed through the gaps (never across an unrelated tile), its lanes a little apart
+      const mch = this.channelsOf(lay);
+      v.tensor.reshard.messages.forEach(([s, d, n, cls], i) => {
         const a = lay.tiles[s], b = lay.tiles[d];
-        if (!a || !b) continue;
-        over += `<line class="hc-msgline" x1="${a.x + a.w / 2}" y1="${a.y + a.h / 2}" x2="${b.x + b.w / 2}" y2="${b.y + b.h / 2}" stroke="${LINK[cls]}" marker-end="url(#hc-head-${cls})"><title>${s} → ${d}: ${(n / 1e6).toFixed(1)} MB (${cls}-node)</title></line>`;
-      }
+        if (!a || !b || s === d) return;
+        const pts = this.routeOf(mch, s, d, bbox([a], 2), bbox([b], 2));
+        const off = ((i % 5) - 2) * 2;
+        const shifted = pts.map(([x, y], k) => (k === 0 || k === pts.length - 1 ? [x, y] : [x + off, y + off]));
+        over += `<polyline class="hc-msgline" data-src="${s}" data-dst="${d}" points="${shifted.map((q) => q.join(",")).join(" ")}" fill="none" stroke="${LINK[cls]}" stroke-linejoin="round" marker-end="url(#hc-head-${cls})"><title>${s} → ${d}: ${(n / 1e6).toFixed(1)} MB (${cls}-node)</title></polyline>`;
+      });
     }
     // busiest link, routed like the arrows
     let busiest = null;
     if (comm.busiest && !comm.stale && !tmode) {
       const a = lay.tiles[comm.busiest.src], b = lay.tiles[comm.busiest.dst];
       if (a && b) {
-        const pts = route(ch || channels(lay), bbox([a], 2), bbox([b], 2)) || [[a.x + a.w / 2, a.y + a.h / 2], [b.x + b.w / 2, b.y + b.h / 2]];
+        const pts = this.routeOf(ch || this.channelsOf(lay), a.r, b.r, bbox([a], 2), bbox([b], 2));
         over += `<polyline class="hc-busiest" points="${pts.map((p) => p.join(",")).join(" ")}"><title>${esc(comm.busiest.text)}</title></polyline>`;
         busiest = segments(pts);
       }
@@ -601,7 +649,7 @@ class Canvas {
       const inSel = `${t.p},${t.s}` === sel;
       const shard = tmode ? v.tensor.shards[String(t.r)] : null;
       const fill = tmode ? (shard ? "#ffffff" : "#f2f4f7") : t.fill || "#eceff3";
-      const cls = ["hc-tile", t.p >= 0 ? "hc-used" : "hc-unused", inSel ? "hc-insel" : "", this.sel.has(t.r) ? "hc-picked" : "",
+      const cls = ["hc-tile", t.p >= 0 ? "hc-used" : "hc-unused", inSel ? "hc-insel" : "", this.sel.has(t.r) ? "hc-picked" : "", this.inspect === t.r ? "hc-inspected" : "",
         t.flag ? `hc-flag-${t.flag}` : "", t.failed ? "hc-failed" : ""].join(" ");
       const mem = t.mem != null && !tmode ? `<div class="hc-tbar" title="${esc(t.mem_text)}"><span style="width:${Math.min(100, t.mem * 100).toFixed(0)}%;background:${t.mem > 1 ? "#d62728" : t.mem > 0.9 ? "#d4a72c" : "#2da44e"}"></span></div><div class="hc-tmem">${esc(t.mem_text)}</div>` : "";
       const body = tmode ? (shard ? this.shardGrid(shard, v.tensor, L) : `<div class="hc-tmem">holds nothing</div>`) :
@@ -625,15 +673,29 @@ class Canvas {
       ${this.sel.size ? this.selectionBar(v) : ""}</div>`;
   }
 
+  // The channels of a layout and the routes through them, kept while the layout stays (a redraw that only
+  // changes the plan reuses them).
+  channelsOf(lay) {
+    if (this.routesFor !== lay) { this.routesFor = lay; this.routes = new Map(); this.ch = channels(lay); }
+    return this.ch;
+  }
+
+  routeOf(ch, s, d, a, b) {
+    const key = `${s}>${d}`;
+    if (!this.routes.has(key)) {
+      this.routes.set(key, route(ch, a, b) || [[a.cx, a.cy], [b.cx, b.cy]]);
+    }
+    return this.routes.get(key);
+  }
+
   shardGrid(s, t, L) {
     const gw = L.w - 10, gh = L.h - 26;
     const col = t.subgroups[s.k].colour;
-    const [r0, r1, c0, c1] = s.box;
     const lines = t.cuts_r.slice(1, -1).map((y) => `<line x1="0" x2="${gw}" y1="${(y * gh).toFixed(1)}" y2="${(y * gh).toFixed(1)}"/>`).join("") +
       t.cuts_c.slice(1, -1).map((x) => `<line y1="0" y2="${gh}" x1="${(x * gw).toFixed(1)}" x2="${(x * gw).toFixed(1)}"/>`).join("");
     const label = s.partial || (s.dup ? `D${s.dup}` : "");
     return `<svg class="hc-grid" width="${gw}" height="${gh}"><rect x="0" y="0" width="${gw}" height="${gh}" fill="#fff" stroke="#6b7480"/>
-      <rect x="${(c0 * gw).toFixed(1)}" y="${(r0 * gh).toFixed(1)}" width="${((c1 - c0) * gw).toFixed(1)}" height="${((r1 - r0) * gh).toFixed(1)}" fill="${col}" fill-opacity="0.85" ${s.partial ? 'stroke="#1b1f24" stroke-dasharray="3 2"' : ""}/>
+      ${(s.rects || [s.box]).map(([r0, r1, c0, c1]) => `<rect class="hc-shard" x="${(c0 * gw).toFixed(1)}" y="${(r0 * gh).toFixed(1)}" width="${((c1 - c0) * gw).toFixed(1)}" height="${((r1 - r0) * gh).toFixed(1)}" fill="${col}" fill-opacity="0.85" ${s.partial ? 'stroke="#1b1f24" stroke-dasharray="3 2"' : ""}/>`).join("")}
       <g class="hc-cuts">${lines}</g>${label ? `<text x="${gw - 2}" y="${gh - 3}" text-anchor="end">${esc(label)}</text>` : ""}</svg>`;
   }
 
@@ -656,6 +718,14 @@ class Canvas {
       case "mode": this.mode = el.dataset.mode; this.render(); return;
       case "select": this.send({ op: "select", p, s }); return;
       case "add_stage": this.send({ op: "add_stage", p }); return;
+      case "add_pipeline": this.send({ op: "add_pipeline" }); return;
+      case "inspect_close": this.inspect = null; this.sel.clear(); this.render(); return;
+      case "inspect_move": {
+        const v = this.model.get("view") || {};
+        if (v.selected) { this.sel.clear(); this.send({ op: "move", ranks: [+el.dataset.rank], p: v.selected[0], s: v.selected[1] }); }
+        return;
+      }
+      case "inspect_unassign": this.sel.clear(); this.send({ op: "unassign", ranks: [+el.dataset.rank] }); return;
       case "remove_stage": this.send({ op: "remove_stage", p, s }); return;
       case "remove_pipeline": this.send({ op: "remove_pipeline", p }); return;
       case "move_sel": this.moveSelection(); return;
@@ -717,13 +787,14 @@ class Canvas {
     if (mod && (e.key === "z" || e.key === "Z")) { done(); this.send({ op: e.shiftKey ? "redo" : "undo" }); return; }
     if (mod && (e.key === "y" || e.key === "Y")) { done(); this.send({ op: "redo" }); return; }
     const tile = t.closest && t.closest(".hc-tile");
-    if (e.key === "Escape") { done(); this.sel.clear(); this.render(); return; }
+    if (e.key === "Escape") { done(); this.sel.clear(); this.inspect = null; this.render(); return; }
+    if ((e.key === "Enter" || e.key === " ") && t.getAttribute && t.getAttribute("role") === "button" && t.dataset.op) { done(); t.click(); return; }
     if (e.key === "[" || e.key === "]") { done(); this.stepStage(e.key === "]" ? 1 : -1); return; }
     if (!tile) return;
     const r = +tile.dataset.rank;
     if (e.key.startsWith("Arrow")) { done(); this.moveFocus(r, e.key); return; }
     if (e.key === " ") { done(); this.sel.has(r) ? this.sel.delete(r) : this.sel.add(r); this.focus = r; this.render(); return; }
-    if (e.key === "Enter") { done(); this.focus = r; if (this.sel.size) this.moveSelection(); else this.send({ op: "click", rank: r }); return; }
+    if (e.key === "Enter") { done(); this.focus = r; if (this.sel.size) this.moveSelection(); else this.send({ op: "toggle", rank: r }); return; }
     if (e.key === "Delete" || e.key === "Backspace") {
       done();
       this.send({ op: "unassign", ranks: this.sel.size ? [...this.sel] : [r] });
@@ -815,12 +886,17 @@ class Canvas {
           }
           return;
         }
-        if (ev.shiftKey || ev.ctrlKey || ev.metaKey) {
-          this.sel.has(r) ? this.sel.delete(r) : this.sel.add(r);
-          this.render();
-        } else {
+        if (ev.altKey) {  // the explicit gesture: into (or out of) the selected stage
           this.sel.clear();
-          this.send({ op: "click", rank: r });
+          this.send({ op: "toggle", rank: r });
+        } else if (ev.shiftKey || ev.ctrlKey || ev.metaKey) {
+          this.sel.has(r) ? this.sel.delete(r) : this.sel.add(r);
+          this.inspect = r;
+          this.render();
+        } else {  // a plain click explores: pick this tile and show its card; the plan does not change
+          this.sel = new Set([r]);
+          this.inspect = r;
+          this.render();
         }
       };
       document.addEventListener("pointermove", move);
@@ -851,7 +927,7 @@ class Canvas {
       finish();
       const [x, y] = local(ev);
       const [x0, y0] = pts[0];
-      if (pts.every(([px, py]) => Math.hypot(px - x0, py - y0) < 6)) { if (this.sel.size) { this.sel.clear(); this.render(); } return; }
+      if (pts.every(([px, py]) => Math.hypot(px - x0, py - y0) < 6)) { if (this.sel.size || this.inspect != null) { this.sel.clear(); this.inspect = null; this.render(); } return; }
       if (!ev.shiftKey) this.sel.clear();
       for (const t of this.lay.tiles) {
         if (!t) continue;
