@@ -146,7 +146,7 @@ class _Logs:
     def __init__(self, log_dir: Path, ranks: Sequence[int], job_id: str) -> None:
         self.dir, self.job_id = log_dir, job_id
         self.broken: str | None = None
-        self._files: dict[int | None, IO[str]] = {}
+        self._files: dict[int | str | None, IO[str]] = {}
         try:
             log_dir.mkdir(parents=True, exist_ok=True)
             for r in ranks:
@@ -168,6 +168,17 @@ class _Logs:
             self._files[rank].write(text + "\n")
             self._files[None].write(f"[rank {rank}] {text}\n")
         except (OSError, ValueError) as e:  # ValueError: written after close
+            self._fail(e)
+
+    def metric(self, record: dict[str, Any]) -> None:
+        """One step's metrics of one rank as a line of ``metrics.jsonl`` (every job keeps one)."""
+        if self.broken is not None or not self._files:
+            return
+        try:
+            if "metrics" not in self._files:
+                self._files["metrics"] = open(self.dir / "metrics.jsonl", "w", buffering=1)
+            self._files["metrics"].write(json.dumps(record) + "\n")
+        except (OSError, ValueError) as e:
             self._fail(e)
 
     def _fail(self, e: BaseException) -> None:
@@ -502,6 +513,7 @@ class Job:
 
     def _on_metric(self, m: StepMetrics) -> None:
         self.metrics.add(m)
+        self._logs.metric(m.to_message() | {"rank": m.rank})
         self._append(m.rank, "metric: " + m.describe())
         if self._progress is not None and m.rank == self.metrics.loss_rank(self.spec.loss_rank):
             self._progress.update(m.step + 1, self._progress_text(m))

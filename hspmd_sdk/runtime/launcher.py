@@ -110,7 +110,8 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
            backend: Backend | None = None, progress: bool | None = None, echo: bool = False,
            log_dir: str | Path | None = None, heartbeat_s: float = 1.0, stall_s: float | None = 30.0,
            policy: FailurePolicy | None = None, resource_check: bool = True,
-           memory_per_rank: Mapping[int, float] | None = None, preflight: bool = True, **run_options: Any) -> Job:
+           memory_per_rank: Mapping[int, float] | None = None, preflight: bool = True,
+           tensorboard: str | Path | None = None, **run_options: Any) -> Job:
     """The general launcher: run ``entry`` (``"module:function"``) on one worker process per rank of ``cluster``.
 
     Each worker calls ``function(state, spec) -> dict`` with its
@@ -138,7 +139,9 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
     Resources (:mod:`.preflight`) are checked before any worker starts: ``memory_per_rank`` (bytes, rank -> estimate;
     training computes it from the Program) against each GPU's memory or the host's available RAM, ranks against
     GPUs and cores.  A job that does not fit raises :class:`~.preflight.ResourceError`; ``resource_check=False``
-    starts it anyway.  Every transport goes the same way (:class:`~.transport.Transport`): its hosts checked
+    starts it anyway.  ``tensorboard``: a directory where the launcher writes the loss, tokens/s, each rank's step
+    time and memory, and the events, for TensorBoard (:mod:`.tensorboard`); every job also writes its metrics as
+    ``metrics.jsonl`` in its log folder.  Every transport goes the same way (:class:`~.transport.Transport`): its hosts checked
     (``preflight``: over SSH, reachable and the same versions; nothing for local processes), the rendezvous where
     rank 0 runs, the resources each host reports, then the workers.
     """
@@ -152,12 +155,17 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
         return launch_training(program, cluster, steps=steps, seed=seed, transport=transport, slowdown=slowdown,
                                timeout_s=timeout_s, loss_rank=loss_rank, backend=backend, progress=progress,
                                echo=echo, log_dir=log_dir, heartbeat_s=heartbeat_s, stall_s=stall_s,
-                               policy=policy, resource_check=resource_check, **run_options)
+                               policy=policy, resource_check=resource_check, tensorboard=tensorboard,
+                               **run_options)
     if run_options:
         raise HSPMDError(f"launch(): {sorted(run_options)} are training options; they need no entry= (train "
                          "a Program), the entry gets its settings from payload=")
     if program is not None:
         payload = {"program": _program_payload(program), **(payload or {})}
+    if tensorboard is not None:
+        from .tensorboard import check_tensorboard
+
+        check_tensorboard()
     if transport is None:
         remote = [n.host for n in cluster.nodes if not is_local_host(n.host)]
         if remote:
@@ -182,7 +190,12 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
     except BaseException:
         transport.close()  # nothing was started: release its connections
         raise
-    return launch_spec(spec, cluster, transport, log_dir=log_dir, progress=progress, echo=echo, policy=policy)
+    job = launch_spec(spec, cluster, transport, log_dir=log_dir, progress=progress, echo=echo, policy=policy)
+    if tensorboard is not None:
+        from .tensorboard import TensorBoardLogger
+
+        TensorBoardLogger(job, tensorboard)
+    return job
 
 
 def _program_payload(program: Any) -> Any:

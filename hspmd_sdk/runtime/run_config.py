@@ -116,6 +116,7 @@ class RunConfig(BaseModel):
     echo: Bool = Field(default=False, description="True or False")
     resource_check: Bool = Field(default=True, description="True or False")
     log_dir: PathLike | None = Field(default=None, description="a directory (str or Path), or None")
+    tensorboard: PathLike | None = Field(default=None, description="a directory (str or Path), or None")
     transport: Any = Field(default=None, description="a Transport, or None")
     slowdown: Any = Field(default=None, description="{rank: factor >= 1 or [(step, factor), ...]}, or None")
     backend: Literal["gloo", "nccl"] | None = Field(default=None, description="'gloo' or 'nccl', or None")

@@ -1,0 +1,80 @@
+"""``launch(..., tensorboard=DIR)``: the launcher writes each step's loss, tokens/s, every rank's step time and memory,
+and the events, read back here with TensorBoard's own event reader and compared with what the job returned; every
+job also keeps ``metrics.jsonl`` in its log folder."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hspmd_sdk import Cluster, LlamaConfig, specialize
+from hspmd_sdk.core.strategy import Strategy
+from hspmd_sdk.core.strategy_plan import plan_from_strategy
+from hspmd_sdk.errors import HSPMDError
+from hspmd_sdk.runtime import launch
+
+pytest.importorskip("tensorboard")
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+STEPS, SEQ = 3, 16
+
+
+def _program(pipes):
+    model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
+    strategy = Strategy.load({"pipelines": [{"stages": [{"devices": d, "layers": l} for d, l in p],
+                                             "micro_batch_size": 2, "num_micro_batches": 4 // (2 * len(pipes))}
+                                            for p in pipes]})
+    return specialize(model, plan_from_strategy(model, strategy, cluster), cluster), cluster
+
+
+@pytest.mark.timeout(120)
+def test_tensorboard_has_the_jobs_losses_step_times_memory_throughput_and_events(tmp_path: Path) -> None:
+    pp2, cluster = _program([[([0], [0, 1]), ([1], [2, 3])]])
+    dp2, _ = _program([[([0], [0, 3])], [([1], [0, 3])]])
+    job = launch(pp2, cluster, steps=STEPS, seq_len=SEQ, tensorboard=tmp_path / "tb", log_dir=tmp_path / "logs")
+    job.switch(dp2)  # a reconfiguration for the events
+    result = job.wait()
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    loss = acc.Scalars("loss")
+    assert [e.step for e in loss] == list(range(STEPS))
+    assert all(e.value == pytest.approx(x, rel=1e-6) for e, x in zip(loss, result.losses))  # float32 in the file
+    slowest = {}
+    for rank in (0, 1):
+        times = {e.step: e.value for e in acc.Scalars(f"step_time/rank{rank}")}
+        want = {m.step: m.step_time for m in result.metrics[rank]}
+        assert times.keys() == want.keys() and all(times[k] == pytest.approx(want[k], rel=1e-6) for k in want)
+        for k, v in want.items():
+            slowest[k] = max(slowest.get(k, 0.0), v)
+        assert [e.step for e in acc.Scalars(f"memory_mb/rank{rank}")] == list(range(STEPS))
+    rate = {e.step: e.value for e in acc.Scalars("tokens_per_s")}
+    assert rate.keys() == set(range(STEPS))
+    for k, v in rate.items():  # the global batch's tokens over the step's slowest rank
+        assert v == pytest.approx(4 * SEQ / slowest[k], rel=1e-5)
+    texts = [e.tensor_proto.string_val[0].decode() for e in acc.Tensors("events/text_summary")] \
+        if "events/text_summary" in tags["tensors"] else []
+    assert any(t.startswith("reconfiguration: step") and "user" in t for t in texts), texts
+    # metrics.jsonl: one line per rank and step, the same figures
+    lines = [json.loads(x) for x in (job.log_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sorted((d["rank"], d["step"]) for d in lines) == [(r, s) for r in (0, 1) for s in range(STEPS)]
+    by = {(d["rank"], d["step"]): d for d in lines}
+    assert all(by[(r, m.step)]["step_time"] == m.step_time for r in (0, 1) for m in result.metrics[r])
+
+
+def test_a_missing_tensorboard_is_refused_before_any_worker_starts(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    import builtins
+
+    real = builtins.__import__
+
+    def no_tensorboard(name, *a, **k):
+        if name.startswith("torch.utils.tensorboard"):
+            raise ImportError("No module named 'tensorboard'")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    program, cluster = _program([[([0], [0, 1]), ([1], [2, 3])]])
+    with pytest.raises(HSPMDError, match="pip install tensorboard"):
+        launch(program, cluster, steps=1, seq_len=SEQ, tensorboard=tmp_path / "tb")
