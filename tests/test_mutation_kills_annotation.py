@@ -1,0 +1,171 @@
+"""Tests written to kill the surviving mutants of mutation testing (scripts/mutation.sh) of core/annotation.py.
+
+The reference is the independent layout oracle (``layout_oracle``, the paper's §4 in numpy, reading only the
+public fields of an annotation): seeded random annotations (the generators of ``resolve_reference``) must give, for
+every rank, the oracle's box, subgroup, position and partial summand; DS coordinates must be the odometer of
+``itertools.product``; the notation and the rank lists are checked on strings written by hand.
+"""
+from __future__ import annotations
+
+import itertools
+import pickle
+import random
+
+import pytest
+
+import layout_oracle as oracle
+from hspmd_sdk.core.annotation import DS, Annotation, format_ranks, local_view, local_views, parse_ranks
+from hspmd_sdk.errors import ShapeError
+
+from resolve_reference import annotation_of, fitting_shape, plain
+
+
+def test_local_views_are_the_oracles_layout() -> None:
+    rng = random.Random("kill-annotation")
+    for trial in range(150):
+        n = rng.randint(1, 16)
+        ndim = rng.randint(1, 3)
+        ann = annotation_of(rng, range(n), ndim)
+        shape = fitting_shape([ann], ndim, [rng.choice([1, 2, 3]) for _ in range(ndim)])
+        want = oracle.layout(plain(ann), shape)
+        views = list(local_views(ann, shape))
+        assert [v.rank for v in views] == list(want), trial  # DG Union order
+        for v in views:
+            h = want[v.rank]
+            assert (v.subgroup, v.position, v.box) == (h.subgroup, h.position, h.box), (trial, ann, shape, v)
+            assert (v.partial_index, v.partial_count) == (h.index, h.count), (trial, ann, v)
+            assert v.shape == h.shape and v.slices == h.slices
+            one = 1
+            for a, b in h.box:
+                one *= b - a
+            assert v.numel == one
+            assert local_view(ann, shape, v.rank) == v
+            assert ann.locate(v.rank) == (h.subgroup, h.position)
+        outside = max(want) + 1
+        assert local_view(ann, shape, outside) is None and ann.locate(outside) is None
+        assert ann.ranks == list(want)
+
+
+def test_coords_and_position_are_the_odometer() -> None:
+    for states, order in [({-2: 2, -1: 3, 0: 2}, [0, -2, -1]), ({1: 4, 0: 2}, None), ({-1: 2, 0: 2}, [-1, 0]),
+                          ({0: 3, 1: 1, 2: 2}, [2, 0])]:
+        ds = DS(states, order)
+        want = oracle.coordinates(states, order)
+        assert ds.device_num == len(want)
+        for pos, c in enumerate(want):
+            assert ds.coords(pos) == c and list(ds.coords(pos)) == [k for k, _ in oracle.axes(states, order)]
+            assert ds.position(c) == pos
+        with pytest.raises(IndexError):
+            ds.coords(len(want))
+        with pytest.raises(IndexError):
+            ds.coords(-1)
+    assert DS({-1: 2, 0: 2}).coords(1) == {-1: 0, 0: 1}
+    assert DS({0: 2, 1: 3}, [1, 0]).position({1: 2}) == 4  # missing keys count as 0
+
+
+def test_ds_notation_and_queries() -> None:
+    ds = DS.parse("P2 D3 S1x4")
+    assert ds.states == {-2: 2, -1: 3, 1: 4} and ds.order == [-2, -1, 1]
+    assert (ds.partial, ds.duplicate, ds.degree(1), ds.degree(0), ds.split_dims) == (2, 3, 4, 1, [1])
+    assert str(ds) == "P2 D3 S1x4" and repr(ds) == "DS('P2 D3 S1x4')"
+    assert str(DS("S0x2 D2")) == "S0x2 D2" and DS("S0x2 D2").order == [0, -1]
+    assert str(DS({})) == "R" and DS("R") == DS({}) and DS("").states == {}
+    assert DS({0: 1, -1: 2}).states == {-1: 2}  # degree-1 keys dropped
+    assert hash(DS("D2 S0x2")) == hash(DS({-1: 2, 0: 2})) and hash(DS("D2 S0x2")) != hash(DS("S0x2 D2"))
+    for bad in ["Q2", "S0x", "P2 P2", "S0x2 S0x3", "Dx2"]:
+        with pytest.raises(ValueError):
+            DS(bad)
+    DS({0: 4}).check_shape([8, 3])
+    with pytest.raises(ShapeError):
+        DS({0: 4}).check_shape([6, 3])
+    with pytest.raises(ShapeError):
+        DS({2: 2}).check_shape([4, 4])
+
+
+def test_rank_lists() -> None:
+    assert parse_ranks("0-3,8") == [0, 1, 2, 3, 8]
+    assert parse_ranks(" 5 , 7-9,, 2") == [5, 7, 8, 9, 2]
+    assert parse_ranks("4-4") == [4]
+    for bad in ["3-1", "-1", "99999999", "0-131072"]:
+        with pytest.raises(ValueError):
+            parse_ranks(bad)
+    assert parse_ranks("131071") == [131071]
+    assert format_ranks([0, 1, 2, 3, 8]) == "0-3,8"
+    assert format_ranks([0, 1, 3, 4]) == "0,1,3,4"
+    assert format_ranks([5, 6, 7, 1, 2, 3]) == "5-7,1-3"
+    assert format_ranks([2]) == "2" and format_ranks([]) == ""
+    assert format_ranks([3, 2, 1]) == "3,2,1"
+
+
+def test_annotation_notation_boxes_and_equality() -> None:
+    a = Annotation.parse("[0,3] S1x2 | [5-7] D3 ; hdim=0 ratios=1:2")
+    assert a.dg_union == [[0, 3], [5, 6, 7]] and a.hdim == 0 and a.hratios == [1, 2] and a.hsize == 2
+    assert str(a) == "[0,3] S1x2 | [5-7] D3 ; hdim=0 ratios=1:2"
+    assert repr(a) == f"Annotation({str(a)!r})"
+    assert a.subgroup_box((12, 4), 0) == ((0, 4), (0, 4)) and a.subgroup_box((12, 4), 1) == ((4, 12), (0, 4))
+    with pytest.raises(ShapeError):
+        a.subgroup_box((10, 4), 0)  # 10 does not split 1:2
+    with pytest.raises(ShapeError):
+        Annotation.parse("[0] R | [1] R ; hdim=2").subgroup_box((4, 4), 0)
+    with pytest.raises(ShapeError, match="tensor 'w'"):
+        a.check_shape((12, 3), "w")  # S1x2 of 3
+    a.check_shape((12, 4), "w")
+    b = Annotation([[0, 3], [5, 6, 7]], [DS({1: 2}), DS({-1: 3})], 0, [1, 2])
+    assert a == b and hash(a) == hash(b) and a != Annotation.parse("[0,3] S1x2 | [5-7] D3 ; hdim=0")
+    assert a != Annotation.parse("[0,3] S1x2 | [5-7] D3 ; hdim=1 ratios=1:2")
+    assert a != Annotation.parse("[0,3] S1x2 | [5-7] D3 ; hdim=0 ratios=2:1")
+    assert a != Annotation.parse("[3,0] S1x2 | [5-7] D3 ; hdim=0 ratios=1:2")
+    assert a != Annotation.parse("[0,3] S0x2 | [5-7] D3 ; hdim=0 ratios=1:2")
+    assert (a == 5) is False and a.__eq__(5) is NotImplemented
+    eq = Annotation.parse("[0,1] D2 | [2,3] D2 ; hdim=0 ratios=3:3")
+    assert eq.hratios is None and str(eq) == "[0,1] D2 | [2,3] D2 ; hdim=0"
+    assert str(Annotation.parse("[0,1] P2 | [2,3] P2 ; hdim=-2")) == "[0,1] P2 | [2,3] P2 ; hdim=-2"
+    assert str(Annotation.parse("[0,1] D2 | [2,3] D2")) == "[0,1] D2 | [2,3] D2"
+    single = Annotation.parse("[0-3] S0x4 ; hdim=0 ratios=1")
+    assert single.hdim == -1 and single.hratios is None and str(single) == "[0-3] S0x4"
+    for bad in ["[0,1] D2 ; bogus=1", "0,1 D2", "[0,1] D3"]:
+        with pytest.raises(ValueError):
+            Annotation.parse(bad)
+    spmd = Annotation.spmd([4, 5])
+    assert spmd.dg_union == [[4, 5]] and spmd.ds_union == [DS({-1: 2})]
+    assert Annotation.spmd([0, 1], "S0x2").ds_union == [DS({0: 2})]
+    assert Annotation.spmd([0, 1], DS({-2: 2})).ds_union == [DS({-2: 2})]
+
+
+def test_copies_pickles_and_partial_offsets() -> None:
+    a = Annotation.parse("[0,1] P2 | [2,3,4] P3 ; hdim=-2")
+    assert a.partial_offsets == (0, 2, 5)
+    views = {v.rank: (v.partial_index, v.partial_count) for v in local_views(a, (4,))}
+    assert views == {0: (0, 5), 1: (1, 5), 2: (2, 5), 3: (3, 5), 4: (4, 5)}
+    list(local_views(a, (4,)))
+    c = pickle.loads(pickle.dumps(a))
+    assert c == a and hash(c) == hash(a) and list(local_views(c, (4,))) == list(local_views(a, (4,)))
+    state = a.__getstate__()
+    assert not set(state["__dict__"]) & {"partial_offsets", "_rank_index", "_ratio_offsets", "_hash"}
+    m = a.model_copy(update={"hdim": -1})
+    assert m.hdim == -1 and m.dg_union == a.dg_union and m != a  # (hash(-1) == hash(-2) in CPython)
+    assert a.model_copy() == a and a.model_copy().hratios is None
+    r = Annotation.parse("[0] R | [1] R ; hdim=0 ratios=1:3").model_copy()
+    assert r.hratios == [1, 3]
+    with pytest.raises(ValueError):
+        a.model_copy(update={"hratios": [1, 2]})
+
+
+def test_local_view_checks_the_shape() -> None:
+    a = Annotation.parse("[0,1] S0x2 | [2,3] S0x2 ; hdim=0")
+    assert local_view(a, (8,), 3).box == ((6, 8),)
+    with pytest.raises(ShapeError):
+        local_view(a, (6,), 3)  # 3 rows per subgroup, split in 2
+    with pytest.raises(ShapeError):
+        list(local_views(a, (6,)))
+    views = list(local_views(Annotation.parse("[0,1] S0x2 | [2,3] S0x2"), (4,)))  # replicas share boxes
+    assert [v.box for v in views] == [((0, 2),), ((2, 4),), ((0, 2),), ((2, 4),)]
+    assert [(v.subgroup, v.position) for v in views] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_subgroup_sizes_not_offsets_are_checked() -> None:
+    """Subgroup 1 holds rows 4..10 of 10 (ratios 2:3): 6 rows split in 3 fits, whatever the offset."""
+    a = Annotation.parse("[0,1] S0x2 | [2,3,4] S0x3 ; hdim=0 ratios=2:3")
+    a.check_shape((10,))
+    assert [local_view(a, (10,), r).box for r in (0, 1, 2, 3, 4)] == [((0, 2),), ((2, 4),), ((4, 6),), ((6, 8),),
+                                                                   ((8, 10),)]

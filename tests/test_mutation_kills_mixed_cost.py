@@ -1,0 +1,172 @@
+"""Tests written to kill the surviving mutants of mutation testing (scripts/mutation.sh) of planner/mixed_cost.py.
+
+References: a brute-force search over every split of the layers (``split_layers``), the 1F1B formula of the
+module docstring worked out by hand over stand-in stages with known time lines (``PipelineCost``), the analytic
+FLOP count of a Llama layer (``StageCost``, as in test_planner_mixed_dispatch but with memory and the affine
+coefficients themselves), and the BF16 bytes each device lacks counted by hand (``switch_estimate``).
+"""
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from hspmd_sdk import LlamaConfig, Strategy
+from hspmd_sdk.core.cluster import Cluster, Link
+from hspmd_sdk.planner.cost import CostModel, static_memory
+from hspmd_sdk.planner.mixed_cost import PipelineCost, StageCost, split_layers, switch_estimate
+
+close = pytest.approx
+
+
+def _brute(num_layers: int, t, f) -> float:
+    best = float("inf")
+    S = len(t)
+    for cut in itertools.combinations(range(1, num_layers), S - 1):
+        counts = [b - a for a, b in zip((0,) + cut, cut + (num_layers,))]
+        best = min(best, max(f[s] + counts[s] * t[s] for s in range(S)))
+    return best
+
+
+def test_split_layers_is_optimal_by_brute_force() -> None:
+    rng = random.Random(7)
+    for _ in range(80):
+        S = rng.randint(1, 4)
+        L = rng.randint(S, 9)
+        t = [rng.choice([0.5, 1.0, 1.5, 2.0, 3.0]) for _ in range(S)]
+        f = [rng.choice([0.0, 0.5, 1.0, 4.0]) for _ in range(S)]
+        counts = split_layers(L, t, f)
+        assert len(counts) == S and sum(counts) == L and min(counts) >= 1
+        assert max(f[s] + counts[s] * t[s] for s in range(S)) == close(_brute(L, t, f)), (L, t, f, counts)
+    assert split_layers(4, [1.0, 1.0], [0.0, 0.0]) == [2, 2]
+    assert split_layers(6, [1.0, 2.0], [0.0, 0.0]) == [4, 2]
+    assert split_layers(3, [1.0, 1.0, 1.0], [9.0, 0.0, 0.0]) == [1, 1, 1]
+
+
+class _Stage:
+    """A stage whose forward + backward time is ``c0 + c1 * rows * length + c2 * attention``."""
+
+    def __init__(self, c0: float, c1: float, c2: float, exact: bool = True) -> None:
+        self.c, self.exact = (c0, c1, c2), exact
+
+    def time(self, rows: int, length: int, sq: float | None = None) -> float:
+        q = rows * length * length if sq is None else sq
+        return self.c[0] + self.c[1] * rows * length + self.c[2] * q
+
+    def time_line(self):
+        return self.c if self.exact else None
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_pipeline_cost_is_the_bottleneck_per_micro_batch_plus_one_fill(exact: bool) -> None:
+    stages = [_Stage(1.0, 0.01, 0.0, exact), _Stage(0.5, 0.02, 1e-5, exact), _Stage(2.0, 0.0, 0.0, exact)]
+    link = Link("inter", 1000.0, 0.25)
+    cost = CostModel(p2p_efficiency=0.5)
+    pc = PipelineCost(stages, [link, link], 4, cost)
+    shapes = [(1, 100), (2, 50), (1, 400)]
+
+    def parts(r, s, sq=None):
+        ts = [st.time(r, s, sq) for st in stages]
+        p2p = 2 * 2 * (0.25 + r * s * 4 * 2 / 500.0)  # both directions over 2 boundaries, bf16 activations
+        return max(ts), sum(ts) - max(ts) + p2p
+
+    for r, s in shapes:
+        assert pc.parts(r, s) == (close(parts(r, s)[0]), close(parts(r, s)[1]))
+    assert pc.parts(1, 100, 5000.0) == (close(parts(1, 100, 5000.0)[0]), close(parts(1, 100, 5000.0)[1]))
+    want = sum(parts(r, s)[0] for r, s in shapes) + max(parts(r, s)[1] for r, s in shapes)
+    assert pc.time(shapes) == close(want)
+    assert pc.time([]) == 0.0
+    rows, lengths = [r for r, _ in shapes], [s for _, s in shapes]
+    total, top, fill = pc.totals(rows, lengths)
+    b = [parts(r, s)[0] for r, s in shapes]
+    k = int(np.argmax([r * s for r, s in shapes]))  # the largest micro-batch's fill, and every other stage
+    rest = max(sum(st.time(r, s) for st in stages) - parts(r, s)[0] for r, s in shapes)
+    assert (total, top, fill) == (close(sum(b)), close(max(b)), close(max(rest, parts(*shapes[k])[1])))
+    sq = [1e4, 2e4, 3e4]
+    total, top, fill = pc.totals([1, 1, 1], [100, 100, 400], sq)
+    b = [parts(1, s, q)[0] for s, q in zip([100, 100, 400], sq)]
+    assert (total, top) == (close(sum(b)), close(max(b)))
+    assert fill == close(parts(1, 400, 3e4)[1])
+    assert pc.totals([], []) == (0.0, 0.0, 0.0)
+
+
+MODEL = LlamaConfig.preset("llama-7b")
+CLUSTER = Cluster.mixed({"H800": 8, "H20": 8})
+
+
+def _strategy(devices, layers, stages_per=None) -> Strategy:
+    return Strategy.load({"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 1, "stages": [
+        {"devices": d, "layers": list(l)} for d, l in zip(devices, layers)]}]})
+
+
+def test_stage_cost_lines_are_the_analytic_flops() -> None:
+    cost = CostModel(comm_scale=0.0, include_embedding=False)
+    st = _strategy([[8, 9]], [(0, 3)]).pipelines[0].stages[0]  # 4 layers, TP2 on H20
+    sc = StageCost(MODEL, st, False, False, CLUSTER, cost)
+    assert sc.exact
+    h, kv, f = MODEL.hidden_size, MODEL.kv_dim, MODEL.ffn_hidden_size
+    rate = CLUSTER.devices["H20"].bf16_tflops * 1e12 * cost.default_mfu
+    per_token = 2 * (2 * h * h + 2 * h * kv + 3 * h * f) * 4 / 2 / rate  # forward seconds per token
+    per_sq = 4 * h * 4 / 2 / rate  # forward seconds per rows * length^2
+    c0, c1, c2 = sc.time_line()
+    assert c0 == close(0.0, abs=1e-12) and c1 == close(3 * per_token, rel=1e-6) and c2 == close(3 * per_sq, rel=1e-6)
+    f1, b1 = sc.times(2, 300)
+    assert f1 == close(per_token * 600 + per_sq * 2 * 300 * 300, rel=1e-9) and b1 == close(2 * f1, rel=1e-9)
+    assert sc.time(2, 300) == close(3 * f1, rel=1e-9)
+    packed = sc.times(1, 600, 300 * 300 * 2)  # two 300-token documents in one row: attention per document
+    assert packed[0] == close(f1, rel=1e-9)
+    act, transient = sc.memory(2, 300)
+    assert act == close(4 * MODEL.layer_activation_bytes(600) / 2, rel=1e-6) and transient == close(0.0, abs=1e-3)
+    assert sc.params == close(4 * MODEL.layer_param_count() / 2)
+    static = sum(static_memory(sc.params, 1).values())
+    held = 3
+    need = static + held * sc.memory(1, 4096)[0] + sc.memory(1, 4096)[1]
+    assert sc.fits(4096, held, 1, need * 1.0001) and not sc.fits(4096, held, 1, need * 0.9999)
+    assert sc.fits(4096, held, 2, need * 0.9999)  # ZeRO-1 over 2 halves the optimizer state
+
+
+def test_pipeline_cost_of_a_strategy_and_its_shared_stage_cache() -> None:
+    cost = CostModel()
+    s = _strategy([[0, 1], [2, 3], [8, 9]], [(0, 9), (10, 19), (20, 31)])
+    cache: dict = {}
+    pc = PipelineCost.of(MODEL, s.pipelines[0], CLUSTER, cost, cache)
+    assert len(pc.stages) == 3 and len(cache) == 3
+    assert [cl.cls for cl in pc._links] == ["intra", "inter"]
+    # boundary links: the slowest link between the stages' devices
+    assert pc._links[1].bandwidth == min(CLUSTER.link(a, b).bandwidth for a, b in zip([2, 3], [8, 9]))
+    again = PipelineCost.of(MODEL, s.pipelines[0], CLUSTER, cost, cache)
+    assert [a is b for a, b in zip(again.stages, pc.stages)] == [True, True, True]
+    first = pc.stages[0]
+    assert first.params > pc.stages[1].params  # the embedding is held by the first stage
+    assert pc.stages[2].params == close(12 * MODEL.layer_param_count() / 2 + MODEL.head_param_count() / 2)
+    alone = PipelineCost.of(MODEL, s.pipelines[0], CLUSTER, cost)
+    assert pc.time([(1, 512)]) == close(alone.time([(1, 512)]))
+
+
+def test_switch_estimate_by_hand() -> None:
+    cl = Cluster.local(4, kind="H800")
+    L = MODEL.num_layers
+    lp, ep, hp = MODEL.layer_param_count(), MODEL.embedding_param_count(), MODEL.head_param_count()
+    whole = L * lp + ep + hp
+    tp2 = _strategy([[0, 1]], [(0, L - 1)])
+    tp1 = _strategy([[0]], [(0, L - 1)])
+    pp = _strategy([[0], [1]], [(0, L // 2 - 1), (L // 2, L - 1)])
+    link = cl.link(0, 3)
+    cost = CostModel()
+    assert switch_estimate(MODEL, cl, tp2, tp2) == 0.0
+    # TP2 -> TP1: device 0 holds half of everything and needs the other half
+    assert switch_estimate(MODEL, cl, tp2, tp1, cost) == close(cost.p2p_time(whole / 2 * 2, link))
+    # TP1 -> TP2: device 1 lacks its whole half; device 0 already has its half
+    assert switch_estimate(MODEL, cl, tp1, tp2, cost) == close(cost.p2p_time(whole / 2 * 2, link))
+    # TP1 -> PP2: device 1 lacks the second half of the layers and the head
+    assert switch_estimate(MODEL, cl, tp1, pp, cost) == close(cost.p2p_time((L // 2 * lp + hp) * 2, link))
+    # PP2 -> TP2: device 0 has layers 0..L/2-1 and the embedding whole; it needs half of every unit
+    need0 = (L - L // 2) * lp / 2 + hp / 2
+    need1 = (L // 2) * lp / 2 + ep / 2
+    assert switch_estimate(MODEL, cl, pp, tp2, cost) == close(cost.p2p_time(max(need0, need1) * 2, link))
+    assert switch_estimate(MODEL, Cluster.local(1, kind="H800"), _strategy([[0]], [(0, L - 1)]),
+                           _strategy([[0]], [(0, L - 2)])) == 0.0
+    moved = _strategy([[2, 3]], [(0, L - 1)])
+    assert switch_estimate(MODEL, cl, tp2, moved) == close(CostModel().p2p_time(whole / 2 * 2, link))
