@@ -480,3 +480,16 @@ def test_uneven_stages_beside_even_ones_in_pipelines_and_data_parallel(family: s
         run = {"losses": result.results[0]["runs"][i]["losses"], "grads": grads, "params": params,
                "spread": max(grad_spread, param_spread)}
         _close_to_reference(run, references[family])
+
+
+def test_the_editor_keeps_a_stages_ratios() -> None:
+    """A strategy with an uneven stage goes through the editor's draft and back unchanged (and an even one gets no
+    ratios field)."""
+    from hspmd_sdk.viz.draft import Draft
+
+    uneven = Strategy.load({"pipelines": [{"stages": [{"devices": [0, 1], "layers": [0, 1], "ratios": [3, 1]},
+                                                      {"devices": [2], "layers": [2, 3]}],
+                                           "micro_batch_size": 1, "num_micro_batches": 2}]})
+    back = Strategy.load(Draft.from_strategy(uneven).to_dict())
+    assert back.pipelines[0].stages[0].ratios == [3, 1] and back == uneven
+    assert "ratios" not in Draft.from_strategy(uneven).to_dict()["pipelines"][0]["stages"][1]

@@ -23,11 +23,13 @@ __all__ = ["StageDraft", "PipelineDraft", "Draft", "Problem", "check_draft", "lo
 
 @dataclass
 class StageDraft:
-    """A stage being edited: its ranks (TP group) and inclusive layer range."""
+    """A stage being edited: its ranks (TP group), inclusive layer range, and its uneven TP ratios if any (one per
+    rank; a stage whose devices change keeps them, and the check names a count that no longer matches)."""
 
     devices: list[int]
     layers: list[int]
     recompute: bool = False
+    ratios: list[int] | None = None
 
 
 @dataclass
@@ -50,13 +52,19 @@ class Draft:
 
     @classmethod
     def from_strategy(cls, strategy: "Strategy") -> "Draft":
-        return cls([PipelineDraft([StageDraft(list(s.devices), list(s.layers), s.recompute) for s in p.stages],
+        return cls([PipelineDraft([StageDraft(list(s.devices), list(s.layers), s.recompute,
+                                              list(s.ratios) if s.ratios is not None else None) for s in p.stages],
                                   p.micro_batch_size, p.num_micro_batches) for p in strategy.pipelines],
                    strategy.schedule, strategy.zero1, strategy.name)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form :meth:`Strategy.load` reads."""
-        return asdict(self)
+        """The JSON form :meth:`Strategy.load` reads (``ratios`` only where a stage has them)."""
+        out = asdict(self)
+        for p in out["pipelines"]:
+            for st in p["stages"]:
+                if st["ratios"] is None:
+                    del st["ratios"]
+        return out
 
     def copy(self) -> "Draft":
         return copy.deepcopy(self)
