@@ -387,6 +387,7 @@ def _switch_tour(family: str, tour: list[dict], tmp_path: Path) -> None:
     assert max(err.values()) <= STATE_TOL, err
 
 
+@pytest.mark.slow  # ~25-60 s: the suite's 30-minute budget; run with -m slow
 @pytest.mark.timeout(240)
 def test_a_running_job_switches_from_even_to_uneven_and_back(tmp_path: Path) -> None:
     _switch_tour("llama", [EVEN_TP2, RUNS["tp2_3to1"], EVEN_TP2], tmp_path)
