@@ -339,7 +339,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     from ..planner.mixed import Dispatcher
     from .controller import TrainingController
     from .data import LengthBatches
-    from .train import _program_of, launch_runs, training_run
+    from .train import _program_of, checked_faults, launch_runs, training_run
 
     what = "mixed-length training run"
     programs = list(programs)
@@ -411,7 +411,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     run.update(run_fields(run, programs[first], checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                           keep=keep, checkpoint_async=checkpoint_async, resume_from=resume_from))
     run["elastic"] = elastic
-    run["faults"] = _checked_faults(faults, cluster, what)
+    run["faults"] = checked_faults(faults, range(cluster.num_ranks), "the cluster", what)
     controller = TrainingController(programs[first], cluster, global_batch=run["global_batch"], seq_len=context,
                                     elastic=elastic, cost=cost, checkpoint_dir=(run.get("checkpoint") or {}).get("dir"),
                                     resumed_from=(run.get("resume") or {}).get("dir"))
@@ -424,19 +424,6 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     job.length_planner = planner
     planner.start(job, controller)
     return job
-
-
-def _checked_faults(faults: Sequence[Mapping[str, Any]], cluster: Any, what: str) -> list[dict[str, Any]]:
-    """``fault_injection`` (tests and demos of failures, as for one Program): each at a known point of a step
-    on a rank of the cluster."""
-    from .checkpoint_io import WRITE_POINTS
-
-    points = {"forward", "backward", "grad_sync", "optimizer", "switch", *WRITE_POINTS}
-    bad = [f for f in faults if f.get("at") not in points or not 0 <= int(f.get("rank", -1)) < cluster.num_ranks]
-    if bad:
-        raise PlanValidationError([("fault_injection", f"{bad[0]}: 'at' must be one of {sorted(points)} and 'rank' "
-                                                       "a rank of the cluster")], what=what)
-    return [dict(f) for f in faults]
 
 
 def _candidate_programs(candidates: Sequence[Any], cluster: Any, what: str) -> tuple[Any, list[Any]]:

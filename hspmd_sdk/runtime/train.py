@@ -272,16 +272,7 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
         launch_kwargs["backend"] = backend_for_device(device, cluster, launch_kwargs.get("backend"),
                                                       launch_kwargs.get("transport"))
     run["elastic"] = bool(elastic)
-    from .checkpoint_io import WRITE_POINTS
-
-    points = {"forward", "backward", "grad_sync", "optimizer", "switch", *WRITE_POINTS}
-    bad = [f for f in fault_injection if f.get("at") not in points or int(f.get("rank", -1)) not in program.ranks]
-    if bad:
-        from ..errors import PlanValidationError
-
-        raise PlanValidationError([("fault_injection", f"{bad[0]}: 'at' must be one of {sorted(points)} and 'rank' "
-                                                       "a rank of the program")], what="training run")
-    run["faults"] = [dict(f) for f in fault_injection]
+    run["faults"] = checked_faults(fault_injection, program.ranks, "the program", "training run")
     watch = StragglerWatch() if straggler is True else (straggler or None)
     controller = TrainingController(program, cluster, global_batch=run["global_batch"], seq_len=run["seq_len"],
                                     elastic=bool(elastic), straggler=watch, cost=cost,
@@ -294,6 +285,22 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     job.controller = controller
     controller.attach(job)
     return job
+
+
+def checked_faults(faults: Sequence[Mapping[str, Any]], ranks: Sequence[int], whose: str,
+                   what: str) -> list[dict[str, Any]]:
+    """``fault_injection`` (tests and demos of failures), each at a known point of a step on one of ``ranks``
+    (``whose`` ranks, for the message), as the workers take it; else a
+    :class:`~hspmd_sdk.errors.PlanValidationError` naming the first bad one."""
+    from ..errors import PlanValidationError
+    from .checkpoint_io import WRITE_POINTS
+
+    points = {"forward", "backward", "grad_sync", "optimizer", "switch", *WRITE_POINTS}
+    bad = [f for f in faults if f.get("at") not in points or int(f.get("rank", -1)) not in set(ranks)]
+    if bad:
+        raise PlanValidationError([("fault_injection", f"{bad[0]}: 'at' must be one of {sorted(points)} and 'rank' "
+                                                       f"a rank of {whose}")], what=what)
+    return [dict(f) for f in faults]
 
 
 def recompute_ranks(strategy: Any) -> list[int]:
