@@ -236,6 +236,18 @@ class Cluster(BaseModel):
         return cls.load({"nodes": nodes, **kw})
 
     @classmethod
+    def from_slurm(cls, partition: str | None = None, nodes: str | list[str] | None = None,
+                   **kw: Any) -> "Cluster":
+        """Read the cluster from the Slurm scheduler: one node per usable Slurm node of ``partition`` (or those
+        named in ``nodes``, e.g. ``"gpu[01-04]"``), its kind from its GPU GRES type (else a feature naming a
+        device kind, else ``cpu``), one rank per GPU (one for a node without GPU GRES).  ``kw``: further fields
+        (``devices`` for kinds that are no preset).  Rules: :mod:`hspmd_sdk.core.slurm_nodes`."""
+        from .slurm_nodes import slurm_cluster_nodes
+
+        known = [*DEVICE_PRESETS, *(kw.get("devices") or {})]
+        return cls.load({"nodes": slurm_cluster_nodes(partition, nodes, known=known), **kw})
+
+    @classmethod
     def load(cls, data: Any) -> "Cluster":
         """Validate a dict, a JSON string or a path; raises ``PlanValidationError`` with field paths."""
         from .loading import load_model

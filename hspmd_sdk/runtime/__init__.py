@@ -31,6 +31,7 @@ _EXPORTS = {
     "launch_training_remote": ".ssh",
     "PreflightError": ".ssh",
     "SSHError": ".ssh",
+    "SlurmTransport": ".slurm",
     "StepExecutor": ".executor",
     "launch_spec": ".launcher",
     "build_spec": ".launcher",
