@@ -133,19 +133,19 @@ def _rmsnorm_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any
 
 def _rope_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
     (k,) = keys
-    if k in (1, 3):
-        raise RuleError(f"RoPE needs whole {'sequences' if k == 1 else 'head dims'} on a device; "
-                        "split the batch or the heads instead")
-    return (k,)
+    if k == 3:
+        raise RuleError("RoPE needs whole head dims on a device; split the batch, the sequence or the heads "
+                        "instead")
+    return (k,)  # a split sequence (context parallelism): each device rotates its tokens by their global positions
 
 
 def _attention_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
     k = keys[0]
     if any(x != k for x in keys):
         raise RuleError(f"q, k, v are sharded differently ({_keys(keys)})")
-    if k not in (DUPLICATE, 0, 2):
-        raise RuleError(f"causal attention supports splitting the batch (0) or the heads (2), not {_key(k)}; "
-                        "sequence (context) parallel attention is not implemented")
+    if k not in (DUPLICATE, 0, 1, 2):
+        raise RuleError(f"causal attention supports splitting the batch (0), the sequence (1: context "
+                        f"parallelism, keys and values travel between the devices) or the heads (2), not {_key(k)}")
     return (k,)
 
 

@@ -63,6 +63,9 @@ class Stage(BaseModel):
     ratios: list[StrictInt] | None = Field(default=None, exclude_if=lambda v: v is None,  # even: JSON unchanged
                                            description="uneven TP sharding (HAP): one positive integer per rank "
                                                        "of devices; None or all equal = even")
+    cp: StrictInt = Field(default=1, ge=1, exclude_if=lambda v: v == 1,  # no CP: JSON unchanged
+                          description="context parallelism (SPEC §11): devices form cp groups of "
+                                      "len(devices) // cp TP ranks each (a cp x tp grid, TP fastest)")
 
     @model_validator(mode="after")
     def _check(self) -> "Stage":
@@ -75,6 +78,12 @@ class Stage(BaseModel):
             if r in seen:
                 raise ValueError(f"devices: rank {r} is listed twice")
             seen.add(r)
+        if len(self.devices) % self.cp:
+            raise ValueError(f"cp: {self.cp} context-parallel groups cannot share {len(self.devices)} device(s) "
+                             f"{self.devices} evenly; give a cp that divides the number of devices")
+        if self.cp > 1 and self.ratios is not None and len(set(self.ratios)) > 1:
+            raise ValueError(f"ratios: uneven TP ratios {self.ratios} with cp={self.cp} are not supported yet; "
+                             "use cp=1 or even ratios")
         if self.ratios is not None:
             if len(self.ratios) != len(self.devices):
                 raise ValueError(f"ratios: {len(self.ratios)} ratio(s) {self.ratios} for {len(self.devices)} "
@@ -92,8 +101,15 @@ class Stage(BaseModel):
 
     @property
     def tp_degree(self) -> int:
-        """Tensor-parallel degree: the number of ranks."""
-        return len(self.devices)
+        """Tensor-parallel degree: the number of ranks in one context-parallel group (all of them without CP)."""
+        return len(self.devices) // self.cp
+
+    @property
+    def tp_groups(self) -> list[list[int]]:
+        """The stage's TP groups, one per context-parallel coordinate in CP order: ``devices`` cut into ``cp``
+        consecutive runs of ``tp_degree`` ranks (rank ``t`` of each run forms CP group ``t``)."""
+        t = self.tp_degree
+        return [list(self.devices[c * t:(c + 1) * t]) for c in range(self.cp)]
 
     @property
     def tp_ratios(self) -> tuple[int, ...] | None:
@@ -130,7 +146,8 @@ class Stage(BaseModel):
         rc = " +recompute" if self.recompute else ""
         ratios = self.tp_ratios
         rt = f" ratios={':'.join(map(str, ratios))}" if ratios else ""
-        return f"R{format_ranks(self.devices)} L{self.layers[0]}-{self.layers[1]}{rt}{rc}"
+        cp = f" cp={self.cp}" if self.cp > 1 else ""
+        return f"R{format_ranks(self.devices)} L{self.layers[0]}-{self.layers[1]}{cp}{rt}{rc}"
 
 
 class Pipeline(BaseModel):
@@ -249,6 +266,10 @@ class Strategy(BaseModel):
         uneven = list(dict.fromkeys(s.tp_ratios for p in self.pipelines for s in p.stages if s.tp_ratios))
         if uneven:
             head += "-ratios" + ",".join(":".join(map(str, r)) for r in uneven)
+        cps = list(dict.fromkeys(s.cp for p in self.pipelines for s in p.stages if s.cp > 1))
+        if cps:
+            cp = "cp" + "/".join(map(str, cps))
+            head = cp if head == "single-device" else f"{head}-{cp}"
         if self.schedule == "gpipe" and any(len(f) > 1 for f in forms):
             head += "-gpipe"
         if self.zero1 and len(forms) > 1:

@@ -166,6 +166,57 @@ def _uneven_annotation(place: Any, stages: Sequence["Stage"], shape: Sequence[in
     return full, (None if d is None else _uneven_ann(groups, d, hdim, ratios))
 
 
+# ---- context-parallel stages (SPEC §11) -----------------------------------------------------------------------
+#: the sequence dim of data and activations ``[B, S, ...]``, which context parallelism splits
+SEQ_DIM = 1
+
+
+def _stage_ds(stage: "Stage", split: int | None, kind: str, name: str) -> DS:
+    """A tensor's DS on one stage: ``cp`` (slowest digit) x ``tp`` (fastest).  Data and activations split the
+    sequence over the CP coordinate, parameters are duplicated over it; the TP coordinate splits ``split`` (or
+    duplicates)."""
+    tp, cp = stage.tp_degree, stage.cp
+    key = DUPLICATE if split is None else split
+    if cp == 1:
+        return _ds(key, tp)
+    cp_key = DUPLICATE if kind == "parameter" else SEQ_DIM
+    if key == SEQ_DIM and kind != "parameter":
+        raise PlanValidationError([(f"stage {stage}", f"tensor {name!r}: tensor parallelism splits its sequence "
+                                                      f"dim {SEQ_DIM}, which context parallelism (cp={cp}) splits "
+                                                      "too; use cp=1 on this stage")], what="strategy")
+    if tp == 1:
+        return _ds(cp_key, cp)
+    if key == cp_key:
+        return _ds(key, cp * tp)
+    return DS({cp_key: cp, key: tp}, [cp_key, key])
+
+
+def _cp_annotation(anns: dict[str, Annotation], replicated: list[str], node: Any, place: Any,
+                   stages: Sequence["Stage"], shape: Sequence[Any], strategy: "Strategy",
+                   ratios: Sequence[int]) -> bool:
+    """Annotate a tensor placed on stages of which one at least has ``cp > 1`` (the even plan otherwise, with
+    each stage's DS from :func:`_stage_ds`); ``True`` when done."""
+    name = node.outputs[0]
+    groups = [list(st.devices) for st in stages]
+    ds = [_stage_ds(st, place.tp_split, place.kind, name) for st in stages]
+    if place.kind != "parameter":
+        anns[name] = Annotation(groups, ds, 0, list(ratios))
+        return True
+    full = Annotation(groups, ds, DUPLICATE)
+    if node.is_reshard:
+        if full != anns.get(node.inputs[0]):
+            anns[name] = full
+        return True
+    hsize = len(stages)
+    tp_only = [list(range(st.tp_degree)) for st in stages]  # zero_shard counts TP ranks only
+    shard = zero_shard(shape, place.tp_split, tp_only) if strategy.zero1 and hsize > 1 else None
+    if strategy.zero1 and hsize > 1 and shard is None:
+        replicated.append(name)
+    anns[name] = full if shard is None else Annotation(groups, ds, shard[0], shard[1])
+    anns[f"{name}.grad_sync"] = anns[name]
+    return True
+
+
 def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster") -> AnnotationPlan:
     """The annotation plan of ``model``'s defined graph under ``strategy`` on ``cluster``, built from the model's
     :meth:`~hspmd_sdk.core.model_spec.ModelSpec.placements` (see the module docstring).
@@ -210,6 +261,9 @@ def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Clust
                 anns[name] = full
             continue
         groups = [list(st.devices) for st in stages]
+        if any(st.cp > 1 for st in stages):
+            if _cp_annotation(anns, replicated, node, place, stages, graph.tensors[name].shape, strategy, ratios):
+                continue
         if place.kind != "parameter":
             anns[name] = _ann(groups, place.tp_split, 0, ratios)
             continue

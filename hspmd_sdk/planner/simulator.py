@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Hashable
 
 from ..core.schedule import Action, build_schedule, in_flight, replay
+from ..errors import PlanValidationError
 from .cost import BF16, CostModel, LayerCost, embedding_cost, head_cost, layer_cost, static_memory
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -238,6 +239,11 @@ def simulate(model: "ModelSpec | str", strategy: "Strategy | str | dict", cluste
 
     model = load_model_spec(model)
     strategy = Strategy.load(strategy, model=model, cluster=cluster, global_batch=global_batch)
+    cp = [f"pipelines[{i}].stages[{j}]" for i, p in enumerate(strategy.pipelines) for j, st in enumerate(p.stages)
+          if st.cp > 1]
+    if cp:
+        raise PlanValidationError([(where, "context parallelism (cp > 1) is not priced by the simulator yet")
+                                   for where in cp], what="strategy")
     cost = cost or CostModel()
     devices = {(i, j): list(st.devices) for i, p in enumerate(strategy.pipelines) for j, st in enumerate(p.stages)}
     stretch: Stretch | None = None  # first the bound (every rank computing at once), then processor sharing

@@ -210,6 +210,29 @@ class _Local:
     def local_shape(self, tensor: str) -> tuple[int, ...]:
         return box_shape(self.box(tensor))
 
+    def sequence_peers(self, tensor: str, dim: int) -> tuple[int, ...]:
+        """The ranks holding the same part of ``tensor`` as this one except along ``dim`` (its context-parallel
+        group), in the order of their chunks of ``dim``."""
+        ex = self.ex
+        key = (tensor, dim, self.global_shape(tensor))
+        got = ex._peers.get(key)
+        if got is None:
+            ann, shape = ex.anns[tensor], key[2]
+            mine = local_view(ann, shape, ex.rank)
+            if mine is None:
+                raise ExecutorError(f"rank {ex.rank} holds no shard of {tensor!r}")
+            same = []
+            for r in ann.ranks:
+                view = local_view(ann, shape, r)
+                if view is not None and all(a == b for d, (a, b) in enumerate(zip(view.box, mine.box)) if d != dim):
+                    same.append((view.box[dim], r))
+            starts = [b for b, _ in same]
+            if len(set(starts)) != len(starts):
+                raise ExecutorError(f"rank {ex.rank}: {tensor!r} is split along dim {dim} but several ranks hold "
+                                    f"the same chunk ({sorted(same)}); cannot tell its context-parallel group")
+            got = ex._peers[key] = tuple(r for _, r in sorted(same))
+        return got
+
 
 class StepExecutor:
     """Runs training steps of ``program`` on rank ``rank``.
@@ -301,6 +324,7 @@ class StepExecutor:
         self.unchanged = {o.name for o in self.eg.forward
                           if o.kind == "Reshard" and self.anns[o.inputs[0]] == self.anns[o.outputs[0]]}
         self.context = _Local(self)
+        self._peers: dict[Any, tuple[int, ...]] = {}  # context-parallel groups by (tensor, dim, shape)
         self._attrs: dict[str, dict[str, Any]] = {}
         self._plans: dict[str, Any] = {}
         self._pending: list[Any] = []

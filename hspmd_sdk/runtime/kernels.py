@@ -160,13 +160,23 @@ def rope(x: torch.Tensor, *, theta: float = 10000.0, position_offset: int = 0,
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
-              documents: tuple[int, ...] | None = None) -> torch.Tensor:
+              documents: tuple[int, ...] | None = None, cp_ranks: tuple[int, ...] | None = None,
+              cp_seq: int | None = None) -> torch.Tensor:
     """Causal softmax attention on ``[B, S, heads, head_dim]``; kv heads are repeated for GQA.  Runs
     ``scaled_dot_product_attention`` (flash / memory-efficient kernels where the device has them).
 
     ``documents``: ``q`` is one row packing documents of these lengths back to back; each attends only within
     itself (variable-length attention: one call per document on views of the row, so the work is
-    ``sum(length**2)``, not ``S**2``)."""
+    ``sum(length**2)``, not ``S**2``).
+
+    ``cp_ranks``: the sequence (``cp_seq`` tokens) is split in equal contiguous chunks over these ranks (context
+    parallelism, a DS split of dim 1), this rank holding its own; keys and values ring between them
+    (:func:`hspmd_sdk.runtime.cp_attention.cp_attention`), the result equal to whole-sequence attention."""
+    if cp_ranks is not None and len(cp_ranks) > 1:
+        from .cp_attention import CPLayout, cp_attention
+
+        layout = CPLayout(int(cp_seq), len(cp_ranks), balanced=False)  # type: ignore[arg-type]
+        return cp_attention(q, k, v, layout, ranks=cp_ranks, causal=causal, documents=documents, tag=CP_TAG)
     rep = q.shape[2] // k.shape[2]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=2)
@@ -268,6 +278,25 @@ def _position_offset(node: Any, ctx: KernelContext) -> dict[str, Any]:
     return {"position_offset": start} if start else {}
 
 
+#: the message tags of context-parallel attention's ring (on the default group): past the executor's pipeline,
+#: ``PRE`` and ``POST`` tags, so a receive posted ahead never matches one of its messages
+CP_TAG = 3 << 23
+
+
+def _sequence_group(node: Any, ctx: KernelContext) -> dict[str, Any]:
+    """Context parallelism: where ``q``'s sequence dim is split across devices, the ranks holding the other
+    chunks (in sequence order) and the whole length."""
+    q = node.inputs[0]
+    seq = ctx.global_shape(q)[1]
+    if ctx.box(q)[1] == (0, seq):
+        return {}
+    peers = getattr(ctx, "sequence_peers", None)
+    if peers is None:
+        raise ValueError(f"attention {node.name!r}: the sequence of {q!r} is split across devices but the kernel "
+                         "context names no peers (sequence_peers)")
+    return {"cp_ranks": tuple(peers(q, 1)), "cp_seq": int(seq)}
+
+
 def _loss_normalizer(node: Any, ctx: KernelContext) -> dict[str, Any]:
     return {} if ctx.loss_normalizer is None else {"total_count": int(ctx.loss_normalizer)}
 
@@ -277,7 +306,7 @@ KERNELS: dict[str, Kernel] = {
     "embedding": Kernel(embedding, _vocab_start, _T), "positions": Kernel(positions, _position_offset, _D),
     "dot": Kernel(dot, None, _T), "linear": Kernel(linear, None, _T), "bias_add": Kernel(bias_add, None, _T),
     "rmsnorm": Kernel(rmsnorm, None, _T), "layernorm": Kernel(layernorm, None, _T),
-    "rope": Kernel(rope, _position_offset, _D), "attention": Kernel(attention, None, _D),
+    "rope": Kernel(rope, _position_offset, _D), "attention": Kernel(attention, _sequence_group, _D),
     "swiglu": Kernel(swiglu, None, _T), "gelu": Kernel(gelu, None, _T), "add": Kernel(add, None, _T),
     "mul": Kernel(mul, None, _T), "reshape": Kernel(reshape, _reshape_attrs, _T), "sum": Kernel(sum_, None, _T),
     "split": Kernel(split, None, _T), "concat": Kernel(concat, None, _T),

@@ -1,0 +1,173 @@
+"""Context parallelism in plans (SPEC §11) trained on worker processes against the single-device reference.
+
+A stage with ``cp > 1`` splits the sequence dim of data and activations over its CP coordinate (a DS split of
+dim 1, the slowest digit; TP the fastest), duplicates the parameters over it (their gradients are Partial there
+and the gradient synchronisation sums them), and its attention runs context-parallel
+(:mod:`hspmd_sdk.runtime.cp_attention`: keys and values ring between the CP ranks); RoPE and learned positions
+take each rank's global offset.  Checked here: the plan's annotations, and training (gloo, fp32, 2 steps) equal
+to the single-device model — losses, every gradient of step 0, every parameter after the last step — with the
+criteria of ``tests/test_hap_ratios.py``, for CP2, CP2 x TP2, and a CP2 pipeline (whose last stage has no CP)
+beside a CP1 pipeline, for Llama and GPT-2 (ZeRO-1 too, under ``slow``).
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hspmd_sdk import Cluster, GPTConfig, LlamaConfig, Strategy, specialize  # noqa: E402
+from hspmd_sdk.core.annotation import Annotation, DS  # noqa: E402
+from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
+from hspmd_sdk.errors import PlanValidationError  # noqa: E402
+from hspmd_sdk.models import param_shapes  # noqa: E402
+from hspmd_sdk.runtime.train import assemble, launch_runs, load_captured, reference_training, training_run  # noqa: E402
+
+STEPS, SEED, SEQ, LR, BATCH = 2, 1, 16, 1e-3, 8
+TOL, PARAM_TOL = 1e-5, 2e-5
+FAMILIES = {"llama": LlamaConfig, "gpt": GPTConfig}
+
+
+def _pipe(stages: list[tuple], mbs: int, n: int) -> dict:
+    """``stages``: ``(devices, layers[, cp])`` each."""
+    return {"stages": [{"devices": s[0], "layers": s[1], **({"cp": s[2]} if len(s) > 2 else {})} for s in stages],
+            "micro_batch_size": mbs, "num_micro_batches": n}
+
+
+#: name -> strategy (tiny presets: 4 layers); global batch 8 on 4 local ranks
+RUNS = {
+    "cp2": {"pipelines": [_pipe([([0, 1], [0, 3], 2)], 4, 2)]},
+    "cp2xtp2": {"pipelines": [_pipe([([0, 1, 2, 3], [0, 3], 2)], 4, 2)]},
+    # a CP2 first stage -> a CP1 last stage (BSR gathers the sequence), beside a one-rank CP1 pipeline
+    "cp2_pipeline_beside_cp1": {"pipelines": [_pipe([([0, 1], [0, 1], 2), ([2], [2, 3])], 2, 2),
+                                              _pipe([([3], [0, 3])], 2, 2)]},
+    "cp2_dp2_zero1": {"pipelines": [_pipe([([0, 1], [0, 3], 2)], 2, 2), _pipe([([2, 3], [0, 3], 2)], 2, 2)],
+                      "zero1": True},
+}
+#: the runs of the default suite (one job); the others run with -m slow
+DEFAULT = [("llama", "cp2_pipeline_beside_cp1")]
+SLOW = [(f, n) for f in FAMILIES for n in RUNS if (f, n) not in DEFAULT]
+
+
+# ---- the strategy and the plan ----------------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_stage_cp_is_validated_and_named() -> None:
+    s = Strategy.load(RUNS["cp2xtp2"])
+    stage = s.pipelines[0].stages[0]
+    assert (stage.cp, stage.tp_degree, stage.tp_groups) == (2, 2, [[0, 1], [2, 3]])
+    assert s.name == "tp2-cp2" and "cp=2" in str(s)
+    assert Strategy.load(s.to_json()) == s
+    assert "cp" not in Strategy.load({"pipelines": [_pipe([([0, 1], [0, 3])], 4, 2)]}).to_json()  # JSON unchanged
+    with pytest.raises(PlanValidationError, match=r"stages\[0\]\.cp: 2 context-parallel groups cannot share 3"):
+        Strategy.load({"pipelines": [_pipe([([0, 1, 2], [0, 3], 2)], 4, 2)]})
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_cp_annotations_split_the_sequence_and_duplicate_parameters(family: str) -> None:
+    model, cluster = FAMILIES[family].preset("tiny"), Cluster.local(4)
+    plan = plan_from_strategy(model, Strategy.load(RUNS["cp2xtp2"]), cluster)
+    a = plan.annotations
+    assert a["tokens"] == Annotation([[0, 1, 2, 3]], [DS({1: 2, -1: 2}, [1, -1])], 0, [8])
+    assert a["layers.0.in"] == a["tokens"]
+    assert a["layers.0.attn.wq"] == Annotation([[0, 1, 2, 3]], [DS({-1: 2, 1: 2}, [-1, 1])])    # TP columns
+    prog = specialize(model, plan, cluster, bindings={"B": 8, "S": SEQ})
+    # rank 2 = CP coordinate 1, TP coordinate 0: the second half of the sequence, the first half of the heads
+    assert prog.local_shape("layers.0.attn.q_heads", 2, {"B": 8, "S": SEQ}) == (8, SEQ // 2, 2, 16)
+
+
+# ---- training ----------------------------------------------------------------------------------------------------
+def _train(tmp: "pytest.TempPathFactory", keys: list[tuple[str, str]]) -> dict:
+    out = tmp.mktemp("cp")
+    cluster = Cluster.local(4)
+    common = {"steps": STEPS, "seed": SEED, "seq_len": SEQ, "lr": LR, "capture_dir": out, "cluster": cluster}
+    runs = []
+    for family, name in keys:
+        config = FAMILIES[family].preset("tiny")
+        program = specialize(config, plan_from_strategy(config, Strategy.load(RUNS[name]), cluster), cluster)
+        runs.append(training_run(program, **common))
+    result = launch_runs(runs, cluster, timeout_s=300).wait()
+    got = {}
+    for i, (family, name) in enumerate(keys):
+        shapes = param_shapes(FAMILIES[family].preset("tiny"))
+        captured = load_captured(out, i)
+        grads, grad_spread = assemble(captured, "grads", shapes)
+        params, param_spread = assemble(captured, "params", shapes)
+        got[family, name] = {"losses": result.results[0]["runs"][i]["losses"], "grads": grads, "params": params,
+                             "spread": max(grad_spread, param_spread)}
+    return got
+
+
+@pytest.fixture(scope="module")
+def references() -> dict:
+    out = {}
+    for family, cls in FAMILIES.items():
+        config = cls.preset("tiny")
+        ref = reference_training(config, steps=STEPS, seed=SEED, global_batch=BATCH, seq_len=SEQ, lr=LR)
+        ref.initial = dict(config.build_reference(SEED).state_dict())
+        out[family] = ref
+    return out
+
+
+def _rms(t) -> float:
+    return float(t.double().pow(2).mean().sqrt())
+
+
+def _close_to_reference(run: dict, reference) -> None:
+    """tests/test_hap_ratios.py's comparison (gradients relative to a floor of 1e-4 of the largest; parameters
+    norm-relative, those with no gradient to within 1e-2 lr)."""
+    loss_err = max(abs(a - b) / abs(b) for a, b in zip(run["losses"], reference.losses))
+    assert len(run["losses"]) == STEPS and loss_err <= TOL, (run["losses"], reference.losses)
+    assert run["spread"] == 0.0
+    floor = 1e-4 * max(float(g.abs().max()) for g in reference.grads.values())
+    for pname, full in reference.grads.items():
+        assert not torch.isnan(run["grads"][pname]).any(), f"{pname}: some element held by no rank"
+        err = float((run["grads"][pname] - full).abs().max()) / max(float(full.abs().max()), floor)
+        assert err <= TOL, (pname, err)
+    mats = sorted(_rms(t) for t in reference.initial.values() if t.dim() == 2)
+    typical = mats[len(mats) // 2]
+    for pname, full in reference.params.items():
+        got = run["params"][pname]
+        if float(reference.grads[pname].abs().max()) < floor * 1e-3 or not bool(reference.initial[pname].any()):
+            assert float((got - full).abs().max()) <= 1e-2 * LR, pname
+            continue
+        scale = max(1.0, typical / _rms(reference.initial[pname]))
+        norm = float((got - full).norm() / full.norm()) / scale
+        elem = float((got - full).abs().max() / full.abs().max()) / scale
+        assert norm <= PARAM_TOL and elem <= 3e-4, (pname, norm, elem)
+
+
+@pytest.fixture(scope="module")
+def trained_default(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return _train(tmp_path_factory, DEFAULT)
+
+
+@pytest.fixture(scope="module")
+def trained_slow(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return _train(tmp_path_factory, SLOW)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("family,name", DEFAULT)
+def test_cp_training_equals_the_single_device_reference(family: str, name: str, trained_default: dict,
+                                                        references: dict) -> None:
+    _close_to_reference(trained_default[family, name], references[family])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("family,name", SLOW)
+def test_cp_training_equals_the_single_device_reference_slow(family: str, name: str, trained_slow: dict,
+                                                             references: dict) -> None:
+    _close_to_reference(trained_slow[family, name], references[family])
+
+
+def test_the_simulator_refuses_a_cp_stage_naming_it() -> None:
+    """The simulator does not price context parallelism yet: it says so, naming the stage, instead of pricing a
+    CP stage as tensor parallelism."""
+    from hspmd_sdk.errors import PlanValidationError
+    from hspmd_sdk.planner import simulate
+
+    strategy = {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 2,
+                               "stages": [{"devices": [0, 1], "layers": [0, 3], "cp": 2}]}]}
+    with pytest.raises(PlanValidationError, match=r"pipelines\[0\]\.stages\[0\]: context parallelism"):
+        simulate("tiny", strategy, Cluster.local(2), seq_len=16)
