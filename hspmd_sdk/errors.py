@@ -64,6 +64,11 @@ class ShapeError(HSPMDError, ValueError):
     """A tensor shape does not fit an annotation (e.g. a split that does not divide a dimension)."""
 
 
+class SwitchError(HSPMDError):
+    """A switch (or a grow) of a running job cannot be done: another model, ranks that are not running, a
+    reconfiguration under way, a cluster that is not the running one plus new ranks."""
+
+
 class RuntimeFailure(HSPMDError, RuntimeError):
     """A worker failed; ``rank`` and ``traceback`` tell which and why."""
 

@@ -18,6 +18,8 @@ change is computed here, once, and sent to the workers (:mod:`.session` executes
   goes on from the checkpoint's step (the steps after it are recomputed on the same data).  Without a checkpoint
   (none given, or none complete yet) the job fails naming the lost tensors and ranks.  A second failure while
   reconfiguring replans from the state every survivor still holds;
+* ``grow(program, cluster, joiners)`` (``Job.grow``, :mod:`.grow`): the same switch onto a larger world, the
+  running workers keeping their ranks and new workers joining at the step boundary;
 * with ``straggler=`` it watches each rank's compute seconds per step: a rank slower than it was under the plan by
   the margin for several steps triggers a replan with its measured speed (:func:`hspmd_sdk.planner.elastic.
   replan_straggler`) and a switch.
@@ -43,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
-from ..errors import HSPMDError
+from ..errors import HSPMDError, SwitchError
 from .faults import Failure, Reaction
 
 if TYPE_CHECKING:
@@ -54,11 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Event", "TrainingController", "SwitchError", "StragglerWatch"]
 
-Reason = Literal["user", "failure", "straggler", "length"]
-
-
-class SwitchError(HSPMDError):
-    """A switch cannot be done (another model, ranks that are not running, a reconfiguration under way)."""
+Reason = Literal["user", "failure", "straggler", "length", "grow"]
 
 
 @dataclass
@@ -66,7 +64,7 @@ class Event:
     """One reconfiguration of a running job (SPEC §6).
 
     ``step``: the first step run under the new ``strategy``; ``reason``: ``"user"``, ``"failure"``,
-    ``"straggler"`` or ``"length"``; ``failed_ranks``: launch ranks lost (for a failure); ``seconds``: ``detect``
+    ``"straggler"``, ``"length"`` or ``"grow"`` (new workers joined: :mod:`.grow`); ``failed_ranks``: launch ranks lost (for a failure); ``seconds``: ``detect``
     (from the first evidence of the failure to the start of replanning), ``plan``, ``specialize``, ``switch`` (the
     slowest worker's fused BSR, rejoining included) and ``total``; ``bytes``: moved by the switch, ``"intra"`` /
     ``"inter"`` node (by the cluster's link classes).  ``done``: every worker reported the switch.
@@ -235,19 +233,7 @@ class TrainingController:
         if self.mixed:
             raise SwitchError("this job trains on mixed-length data: it chooses its plan per step among its "
                               "candidate programs (Job.events shows the length switches)")
-        deadline = time.monotonic() + self.halt_timeout_s + 30.0
-        while True:  # a reconfiguration after a failure in progress: the switch follows it
-            self._lock.acquire()
-            if not self._busy and not any(k[0] == "reconfigure" for k in self._open):
-                break
-            self._lock.release()
-            if self.job is not None and self.job._done.is_set():
-                raise SwitchError(f"job {self.job.job_id} ended while reconfiguring after a failure; there is "
-                                  "nothing to switch")
-            if time.monotonic() > deadline:
-                raise SwitchError("the job is still reconfiguring after a failure; switch again when it is done "
-                                  "(Job.events shows when)")
-            time.sleep(0.01)
+        self._acquire_quiet("switch")
         try:
             cur = self.current
             self._check_switchable(program, cur)
@@ -269,6 +255,80 @@ class TrainingController:
         finally:
             self._lock.release()
         self._send({"type": "switch", "id": ident, "payload": pack_payload((program, plan))},
+                   self.alive)
+        return event
+
+    def _acquire_quiet(self, what: str) -> None:
+        """Take the lock once no reconfiguration after a failure is under way (a switch or a grow follows it)."""
+        deadline = time.monotonic() + self.halt_timeout_s + 30.0
+        while True:
+            self._lock.acquire()
+            if not self._busy and not any(k[0] == "reconfigure" for k in self._open):
+                return
+            self._lock.release()
+            if self.job is not None and self.job._done.is_set():
+                raise SwitchError(f"job {self.job.job_id} ended while reconfiguring after a failure; there is "
+                                  f"nothing to {what}")
+            if time.monotonic() > deadline:
+                raise SwitchError(f"the job is still reconfiguring after a failure; {what} again when it is done "
+                                  "(Job.events shows when)")
+            time.sleep(0.01)
+
+    # ---- Job.grow -------------------------------------------------------------------------------------------
+    def grow(self, program: "Program", cluster: "Cluster", joiners: Mapping[int, int]) -> Event:
+        """Move the running job onto ``cluster`` (the one it runs on now, ranks ``0..n-1`` in the same order, plus
+        new ranks) and ``program`` at the next step boundary (``Job.grow``).  ``joiners``: rank of ``cluster`` ->
+        launch rank, for the workers just started for the new ranks (they hold nothing yet).  The running workers
+        leave their world at the boundary, every worker joins the larger one (rendezvous on the host of the new
+        rank 0), and one fused BSR moves every parameter and Adam moment to ``program``'s layout: the newcomers
+        get their shards from the running ranks, whose numbering stays the same."""
+        from ..core.reconfigure import plan_program_switch
+        from .session import pack_payload
+
+        if self.mixed:
+            raise SwitchError("growing a mixed-length job (per-step candidates) is not supported yet; grow a job "
+                              "that trains one Program")
+        self._acquire_quiet("grow")
+        try:
+            cur = self.current
+            n = cur.cluster.num_ranks
+            to_launch = {**{r: cur.to_launch[r] for r in range(n)}, **{int(r): int(l) for r, l in joiners.items()}}
+            if sorted(to_launch) != list(range(cluster.num_ranks)):
+                raise SwitchError(f"the grown cluster has ranks 0..{cluster.num_ranks - 1}; the job runs "
+                                  f"0..{n - 1} and new workers were started for {sorted(joiners)}")
+            dead = sorted(r for r in range(n) if cur.to_launch[r] in self._dead)
+            if dead:
+                raise SwitchError(f"ranks {dead} of the job failed and are not replanned yet; grow once the job "
+                                  "recovered (Job.events shows when)")
+            if program.model != cur.program.model:
+                raise SwitchError(f"the new program trains {program.model!r}, the job {cur.program.model!r}: "
+                                  "growing keeps the model")
+            if program.bindings.get("B") != cur.program.bindings.get("B"):
+                raise SwitchError(f"the new program's global batch is {program.bindings.get('B')}, the job's "
+                                  f"{cur.program.bindings.get('B')}: growing keeps the data of every step")
+            t0 = time.perf_counter()
+            plan = plan_program_switch(cur.program, program, cluster)  # cur's ranks keep their numbers
+            t_plan = time.perf_counter() - t0
+            self._switch_id += 1
+            ident = self._switch_id
+            launch_of = {l: r for r, l in to_launch.items()}
+            event = Event(self._next_step(), "grow", [], _strategy_of(program),
+                          {"detect": 0.0, "plan": t_plan, "specialize": 0.0}, _bytes(plan, cluster),
+                          launch_of, program=program)
+            self._open[("switch", ident)] = event
+            self.events.append(event)
+            self.current = _Numbering(program, cluster, to_launch)
+            event.version = (self._reconf_id, ident)
+            self._versions[event.version] = self.current
+            if self.straggler is not None:
+                self.straggler.reset()
+            reconf = self._reconf_id
+        finally:
+            self._lock.release()
+        addr, port = self._rendezvous(to_launch[0])
+        self._send({"type": "switch", "id": ident, "payload": pack_payload((program, plan)),
+                    "grow": {"master_addr": addr, "master_port": port, "world": cluster.num_ranks,
+                             "ranks": {str(l): r for l, r in launch_of.items()}, "reconfigured": reconf}},
                    self.alive)
         return event
 

@@ -157,6 +157,16 @@ class _Logs:
             raise LogDirError(f"cannot write the job's logs in {log_dir}: {e.strerror or e}; pass log_dir= (CLI: "
                               "--log-dir) a writable folder. Nothing was started.") from None
 
+    def add(self, ranks: Sequence[int]) -> None:
+        """Log files for ranks that joined the job (``Job.grow``)."""
+        if self.broken is not None or not self._files:
+            return
+        try:
+            for r in ranks:
+                self._files[r] = open(self.dir / f"rank{r}.log", "w", buffering=1)
+        except OSError as e:
+            self._fail(e)
+
     def write(self, rank: int | None, text: str) -> None:
         """A line of ``rank``'s log (and the job's); ``rank=None``: the job's own line, in job.log only."""
         if self.broken is not None or not self._files:
@@ -347,6 +357,38 @@ class Job:
             target = specialize(model, plan_from_strategy(model, target, cluster), cluster,
                                 bindings=dict(running.bindings))
         return self.controller.switch(target)
+
+    def grow(self, cluster: Any, program: Any = None) -> Any:
+        """Grow the running job onto ``cluster`` in memory (SPEC §10): ``cluster`` is ``job.cluster`` (the ranks
+        it runs on now, in the same order) plus new ranks; one worker is started per new rank, and at the next
+        step boundary every worker meets in the larger world and the job switches to ``program`` (a Program on
+        ``cluster`` or a Strategy; default: the planner's plan for ``cluster``) by one fused BSR that gives the
+        new workers their parameters and Adam moments.  Training goes on at the same step with the same losses.
+        Returns the :class:`~.controller.Event` (``reason="grow"``); it is ``done`` once every worker switched.
+        Not for mixed-length jobs yet (:mod:`.grow`)."""
+        from .grow import grow_job
+
+        return grow_job(self, cluster, program)
+
+    def _add_workers(self, spec: LaunchSpec, joiners: dict[int, int]) -> None:
+        """Start a newcomer per launch rank in ``joiners.values()`` (``spec``: the grown job's spec)."""
+        new = sorted(joiners.values())
+        hosts: dict[str, list[int]] = {}
+        for r in new:
+            hosts.setdefault(spec.hosts[r], []).append(r)
+        with self._lock:
+            self.spec = spec
+            now = time.monotonic()
+            for r in new:
+                self._ranks[r] = _Rank(started=now)
+                self._ranks[r].phases["spawned"] = now
+                self._hosts.setdefault(spec.hosts[r], []).append(r)
+            self._logs.add(new)
+        joining = spec.model_copy(update={"joining": True})
+        for host, ranks in hosts.items():
+            group = self.transport.start(host, ranks, joining, self._on_line, self._on_exit)
+            with self._lock:
+                self._groups.append(group)
 
     @property
     def events(self) -> list[Any]:

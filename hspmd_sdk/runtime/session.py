@@ -126,10 +126,12 @@ class TrainSession:
         self._in_commit: int | None = None  # the step whose commit this rank has entered (grads synchronised)
         self.ex = None
         self.state.program = self.program
-        self._make_groups(self.program)
+        self.joining = bool(state.spec.joining)  # started to grow the running job: no world, no state yet
+        if not self.joining:
+            self._make_groups(self.program)
         # a resumed run (resume_from=) starts from its checkpoint's shards, at its step (:mod:`.checkpoint`)
         params, opt_state, self.resumed = _initial_state(self.program, state.rank, run) \
-            if state.rank in self.program.ranks else (None, None, None)
+            if state.rank in self.program.ranks and not self.joining else (None, None, None)
         self.start, self.adam_steps = _resume_point(run)
         self.committed = self.start - 1
         self.saver = _checkpoint_saver(state, run, index)
@@ -202,7 +204,7 @@ class TrainSession:
         started = time.perf_counter()
         self.state.channel.send("phase", name="built")  # the run's Program, executor and state are ready
         losses: dict[int, float] = {}
-        step = self.start
+        step = self._join() if self.joining else self.start
         while step < self.steps:
             reason = None
             try:
@@ -340,11 +342,76 @@ class TrainSession:
             msg = self._take("switch", ident, self.state.spec.timeout_s)
             program, plan = unpack_payload(msg["payload"])
             t0 = time.perf_counter()
-            nbytes = self._switch_to(program, plan)
+            if msg.get("grow") is not None:  # the job grows: new workers join the world, then the same BSR
+                tensors = self._state_by_name()
+                self._enter_grown_world(msg["grow"], step)
+                nbytes = self._switch_to(program, plan, source=tensors)
+            else:
+                nbytes = self._switch_to(program, plan)
             self.switch_done = ident
             self.version = (self.reconfigured, ident)
             self.state.channel.send("switched", id=ident, what="switch", step=self.offset + step,
                                     seconds=round(time.perf_counter() - t0, 6), bytes=nbytes, **self.last_switch)
+
+    # ---- growing (Job.grow) ---------------------------------------------------------------------------------
+    def _enter_grown_world(self, grow: Mapping[str, Any], step: int | None) -> tuple[int, float, int]:
+        """Leave the running world (a running worker, at the step boundary ``step``) and join the grown one at
+        its rank there; rank 0 (a running worker) tells the newcomers (``step=None``) the step the job goes on
+        from, Adam's step count and the newest switch every running worker agreed to apply at this boundary.
+        Returns those three."""
+        import torch
+        import torch.distributed as dist
+
+        self.ex = None  # the running world's executor and groups go: nothing may use them any more
+        self.state.params, self.state.optimizer = {}, None
+        self.state.leave_world()
+        me = str(self.state.launch_rank)
+        if me not in grow["ranks"]:
+            raise HSPMDError(f"rank {me}: not in the grown world of ranks {sorted(grow['ranks'], key=int)}")
+        t0 = time.perf_counter()
+        self.state.rejoin(str(grow["master_addr"]), int(grow["master_port"]), int(grow["world"]),
+                          int(grow["ranks"][me]))
+        self.rejoin_s = time.perf_counter() - t0
+        where = torch.tensor([-1 if step is None else step, self.adam_steps, self._switch_agreed],
+                             dtype=torch.float64, device=self.state.device)
+        dist.broadcast(where, src=0)
+        return int(where[0]), float(where[1]), int(where[2])
+
+    @waits
+    def _grow_message(self, timeout: float) -> dict[str, Any]:
+        """A newcomer's first control message: the switch that grows the job onto it (waiting up to
+        ``timeout``)."""
+        end = time.monotonic() + timeout
+        while True:
+            self._collect()
+            for i, msg in enumerate(self._messages):
+                if msg.get("type") == "switch" and str(self.state.launch_rank) in (msg.get("grow") or {}).get(
+                        "ranks", {}):
+                    return self._messages.pop(i)
+            if time.monotonic() > end:
+                raise HSPMDError(f"rank {self.state.launch_rank}: started to grow the job, but the launcher sent "
+                                 f"no grow switch within {timeout:.0f} s")
+            time.sleep(0.005)
+
+    def _join(self) -> int:
+        """A newcomer joins the running job (``Job.grow``): the grown world, its shards of the new Program by the
+        grow's fused BSR (it sends nothing: it holds nothing), Adam's step count; returns the step to go on
+        from."""
+        msg = self._grow_message(self.state.spec.timeout_s)
+        program, plan = unpack_payload(msg["payload"])
+        grow, ident = msg["grow"], int(msg["id"])
+        t0 = time.perf_counter()
+        step, count, agreed = self._enter_grown_world(grow, None)
+        self.reconfigured = self.state.generation = int(grow["reconfigured"])
+        self.committed, self.adam_steps = step - 1, int(count)
+        nbytes = self._switch_to(program, plan, source={}, step_count=count)
+        self.switch_done = self.switch_heard = ident
+        self._switch_agreed = max(ident, agreed)  # switches requested after the grow, due at the same boundary
+        self._messages = [m for m in self._messages if m.get("type") != "switch" or int(m["id"]) > ident]
+        self.version = (self.reconfigured, ident)
+        self.state.channel.send("switched", id=ident, what="switch", step=self.offset + step,
+                                seconds=round(time.perf_counter() - t0, 6), bytes=nbytes, **self.last_switch)
+        return step
 
     def _keep_previous(self) -> None:
         """Keep the state held now (until a step commits): what a failure in the switches that follow recovers

@@ -62,6 +62,9 @@ class LaunchSpec(BaseModel):
     heartbeat_s: float = Field(default=1.0, gt=0, le=60, description="heartbeat and ping period")
     stall_s: float | None = Field(default=30.0, gt=0, description="a rank not in communication while a peer "
                                                                   "waited this long for it is hung")
+    joining: bool = Field(default=False, description="a worker started to grow a running job (Job.grow): it "
+                                                     "joins the job's world where the launcher tells it, at a "
+                                                     "step boundary, instead of forming the world of this spec")
 
     @property
     def silent_s(self) -> float:

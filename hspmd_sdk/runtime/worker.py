@@ -110,6 +110,14 @@ class WorkerState:
         except Exception:  # noqa: BLE001 - a broken world may refuse a clean teardown; it is gone either way
             pass
 
+    def leave_world(self) -> None:
+        """Leave a healthy world at a step boundary, every rank at once (the job grows): its groups destroyed."""
+        import torch.distributed as dist
+
+        self.groups.clear()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
     def peer_failed(self) -> bool:
         """Whether the launcher said that a peer of this process's current world died (a ``halt`` message): a
         wait for a peer outside a collective (a store poll) stops then instead of waiting for a dead process."""
@@ -279,11 +287,13 @@ def connect(spec: LaunchSpec, rank: int, channel: Channel, inbox: ControlInbox |
     device = worker_device(spec, rank)  # cuda:<local rank> under nccl (set_device), else the CPU
     if device.type == "cpu":
         torch.set_num_threads(spec.num_threads)
+    state = WorkerState(spec=spec, rank=rank, channel=channel, device=device, inbox=inbox or ControlInbox(),
+                        clock=StepClock(device))
+    if spec.joining:  # started to grow a running job: it joins the job's world when told where (session.py)
+        return state
     store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=(rank == 0),
                           timeout=timeout)
     dist.init_process_group(spec.backend, store=store, rank=rank, world_size=spec.world_size, timeout=timeout)
-    state = WorkerState(spec=spec, rank=rank, channel=channel, device=device, inbox=inbox or ControlInbox(),
-                        clock=StepClock(device))
     state.extras["store"] = store
     return state
 

@@ -1,0 +1,123 @@
+"""Growing a running job in memory (issue 25 item 4, SPEC §10 ``job.grow``), against the single-device reference.
+
+A job trains on 2 local ranks; after step 1, ``job.grow(Cluster.local(4), ...)`` starts two new workers; at the
+next step boundary all four meet in a larger world and one fused BSR gives the newcomers their parameters and Adam
+moments.  The losses of every step (before, at and after the grow) equal the single-device run's; the running
+workers are the same processes; nothing is left behind.  With ZeRO-1 on and off, to the planner's own plan, and a
+grown job that then loses a worker (``elastic=True``) and recovers.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from _procs import assert_no_workers_left, wait_for  # noqa: E402
+from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
+from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
+from hspmd_sdk.runtime.controller import SwitchError  # noqa: E402
+from hspmd_sdk.runtime.train import launch_training, reference_training  # noqa: E402
+
+SEQ, SEED, LR, STEPS = 16, 5, 1e-3, 6
+TOL = 1e-5
+#: every step of the running ranks emulated 4x slower, step 2 200x (a few seconds): the grow, requested after
+#: step 1, is planned (the planner's own plan takes ~2 s on a loaded machine) while the job still runs
+STRETCH = [(0, 4.0), (2, 200.0), (3, 4.0)]
+
+
+def _pipe(stages, mbs: int, n: int) -> dict:
+    return {"stages": [{"devices": d, "layers": l} for d, l in stages], "micro_batch_size": mbs,
+            "num_micro_batches": n}
+
+
+DP2 = {"pipelines": [_pipe([([0], [0, 3])], 4, 1), _pipe([([1], [0, 3])], 4, 1)]}
+DP4 = {"pipelines": [_pipe([([r], [0, 3])], 2, 1) for r in range(4)]}
+#: two pipelines of TP2 over the four ranks: the newcomers hold halves of every matrix
+TP2_DP2 = {"pipelines": [_pipe([([0, 2], [0, 3])], 4, 1), _pipe([([1, 3], [0, 3])], 4, 1)]}
+
+
+def _program(model, data: dict, cluster: Cluster, zero1: bool = False):
+    strategy = Strategy.load({**data, "zero1": zero1})
+    return specialize(model, plan_from_strategy(model, strategy, cluster), cluster, bindings={"B": 8, "S": SEQ})
+
+
+def _close(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def reference() -> object:
+    return reference_training(LlamaConfig.preset("tiny"), steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
+
+
+def _grow_run(reference, grown: dict | None, *, zero1: bool = False, elastic: bool = False, kill_after: bool = False,
+              **options):
+    model, small, big = LlamaConfig.preset("tiny"), Cluster.local(2), Cluster.local(4)
+    job = launch_training(_program(model, DP2, small, zero1), small, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
+                          timeout_s=60, heartbeat_s=0.5, elastic=elastic, **options,
+                          slowdown={r: STRETCH for r in small.ranks})
+    old = job.pids()
+    wait_for(lambda: job.metrics.last_step() >= 1)
+    event = job.grow(big, None if grown is None else _program(model, grown, big, zero1))
+    wait_for(lambda: event.done or job.status.value != "running")
+    assert event.done and event.reason == "grow", event
+    assert event.ranks == {0: 0, 1: 1, 2: 2, 3: 3} and event.step >= 2
+    pids = job.pids()
+    assert {r: pids[r] for r in old} == old and set(pids) == {0, 1, 2, 3}  # the running workers stay
+    if kill_after:
+        wait_for(lambda: job.metrics.last_step() >= event.step)
+        os.kill(pids[3], signal.SIGKILL)
+    result = job.wait(timeout=150)
+    assert len(result.losses) == STEPS and _close(result.losses, reference.losses) <= TOL, \
+        (result.losses, reference.losses)
+    assert job.cluster.num_ranks == (3 if kill_after else 4)
+    # the newcomers trained the steps from the grow on (every rank reports every step's global loss; a reload
+    # from a checkpoint redoes some)
+    for r in (2, 3) if not kill_after else (2,):
+        steps = [m.step for m in job.metrics.rank(r) if m.loss is not None]
+        assert sorted(set(steps)) == list(range(event.step, STEPS)), (r, steps)
+    assert_no_workers_left(list(pids.values()), within=10)
+    return job, result, event
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("zero1", [False, True])
+def test_a_job_grows_from_two_to_four_ranks_in_memory(reference, zero1: bool) -> None:
+    """DP2 -> TP2 x DP2 onto two new workers (ZeRO-1 off and on): equal losses, the same two processes go on."""
+    _, result, event = _grow_run(reference, TP2_DP2, zero1=zero1)
+    assert event.bytes["intra"] > 0  # the newcomers' shards moved by the BSR (not recomputed, not reloaded)
+    assert [e.reason for e in result.events] == ["grow"]
+
+
+@pytest.mark.timeout(180)
+def test_a_grown_job_to_the_planners_plan_then_loses_a_newcomer(reference, tmp_path) -> None:
+    """``job.grow(cluster)`` without a program takes the planner's plan for the four ranks (on this cluster a
+    pipeline with no data-parallel replica); then a newcomer is SIGKILLed (``elastic=True``): its layers have no
+    surviving copy, so the three survivors reload them from the newest checkpoint, written under the grown plan.
+    Losses equal throughout."""
+    _, result, _ = _grow_run(reference, None, elastic=True, kill_after=True, checkpoint_dir=tmp_path / "ck",
+                             checkpoint_every=1, keep=STEPS)
+    assert [e.reason for e in result.events] == ["grow", "failure"]
+    assert all(e.done for e in result.events)
+    assert result.events[1].source == "checkpoint" and result.events[1].checkpoint_step >= result.events[0].step
+
+
+def test_grow_refuses_a_cluster_that_is_not_the_running_one_plus_new_ranks() -> None:
+    """Bad input is refused before any worker starts: a smaller cluster, a cluster whose first ranks are other
+    devices, something that is not a Cluster."""
+    model, small = LlamaConfig.preset("tiny"), Cluster.local(2)
+    job = launch_training(_program(model, DP2, small), small, steps=2, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
+                          slowdown={0: [(0, 1.0), (1, 200.0)], 1: [(0, 1.0), (1, 200.0)]})
+    try:
+        with pytest.raises(SwitchError, match="larger cluster"):
+            job.grow(Cluster.local(2))
+        with pytest.raises(SwitchError, match="rank 0 of the grown cluster is a H800"):
+            job.grow(Cluster.mixed({"H800": 1, "cpu": 3}, per_node=4))
+        with pytest.raises(SwitchError, match="takes the larger Cluster"):
+            job.grow("4 ranks")
+        assert sorted(job.pids()) == [0, 1]
+    finally:
+        job.cancel()
