@@ -161,13 +161,16 @@ def test_cp_training_equals_the_single_device_reference_slow(family: str, name: 
     _close_to_reference(trained_slow[family, name], references[family])
 
 
-def test_the_simulator_refuses_a_cp_stage_naming_it() -> None:
-    """The simulator does not price context parallelism yet: it says so, naming the stage, instead of pricing a
-    CP stage as tensor parallelism."""
-    from hspmd_sdk.errors import PlanValidationError
+@pytest.mark.timeout(60)
+def test_the_simulator_prices_a_cp_stage() -> None:
+    """The simulator prices context parallelism (it refused CP stages before): per rank, a CP2 stage keeps the
+    activations of half the tokens of a one-rank stage (hand figures in tests/test_simulator.py)."""
     from hspmd_sdk.planner import simulate
 
-    strategy = {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 2,
-                               "stages": [{"devices": [0, 1], "layers": [0, 3], "cp": 2}]}]}
-    with pytest.raises(PlanValidationError, match=r"pipelines\[0\]\.stages\[0\]: context parallelism"):
-        simulate("tiny", strategy, Cluster.local(2), seq_len=16)
+    def strategy(devices: list[int], cp: int) -> dict:
+        return {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 2,
+                               "stages": [{"devices": devices, "layers": [0, 3], "cp": cp}]}]}
+
+    cp2 = simulate("tiny", strategy([0, 1], 2), Cluster.local(2), seq_len=1024)
+    one = simulate("tiny", strategy([0], 1), Cluster.local(1), seq_len=1024)
+    assert cp2.step_time > 0 and cp2.memory[0]["activations"] == pytest.approx(one.memory[0]["activations"] / 2)

@@ -378,3 +378,105 @@ def test_attention_flops_get_their_own_rate_when_the_profile_spans_lengths() -> 
     spanning = profile_model(model, "cpu", threads=1, shapes=[(64, 16), (64, 32), (128, 64)], repeats=1,
                              executor=False)
     assert spanning.profiles["cpu"].layer_fwd.c is not None  # fitted (possibly 0 if attention costs nothing here)
+
+
+# ---- context parallelism (SPEC §11) priced: compute, ring volume, activation memory, by hand ------------------------
+def _visible_blocks_share(seq: int, cp: int, balanced: bool) -> float:
+    """The busiest rank's share of the full ``S x S`` score count, counted token pair by token pair over the key
+    chunks a causal mask does not hide wholly (numpy chunks, independent of the runtime's layout)."""
+    n = 2 * cp if balanced else cp
+    chunks = np.array_split(np.arange(seq), n)
+    mine = [[r, n - 1 - r] if balanced else [r] for r in range(cp)]
+    worst = 0
+    for own in mine:
+        pairs = sum(len(chunks[q]) * len(chunks[k]) for q in own for k in range(n)
+                    if chunks[k][0] <= chunks[q][-1])
+        worst = max(worst, pairs)
+    return worst / seq**2
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("cp", [1, 2, 3, 4])
+@pytest.mark.parametrize("balanced", [False, True])
+def test_cp_attention_share_counts_the_visible_blocks(cp: int, balanced: bool) -> None:
+    from hspmd_sdk.planner.cost import cp_attention_share
+
+    want = 1.0 if cp == 1 else _visible_blocks_share(240, cp, balanced)
+    assert cp_attention_share(cp, balanced) == pytest.approx(want)
+
+
+@pytest.mark.timeout(30)
+def test_cp_ring_volume_compute_and_activations_by_hand() -> None:
+    """A CP2 (and CP2 x TP2) decoder layer of the tiny Llama, analytic cost model, by hand: keys and values of
+    ``B x S/cp`` tokens (``2 x kv_dim`` bf16 each, ``/ tp``) go ``cp - 1`` hops forward and ``2cp - 1`` backward
+    (blocks again, then the gradient accumulators home); compute is the linear FLOPs of ``S/cp`` tokens plus half
+    the full attention count (the last rank's share); activations those of ``B x S/cp`` tokens; the ring is paid
+    only where it outlasts the attention compute (a slow link: all but that)."""
+    from hspmd_sdk.planner.cost import BF16, LinkOverride, cp_ring_bytes, layer_cost, embedding_cost, head_cost
+
+    m = LlamaConfig.preset("tiny")
+    h, kv, f = m.hidden_size, m.kv_dim, m.ffn_hidden_size
+    B, S = 2, 1024
+    for tp in (1, 2):
+        block = 2 * B * (S / 2) * kv / tp * 2  # k and v of one rank's chunk, bf16
+        assert cp_ring_bytes(m, B, S, tp, 2) == pytest.approx((block, 3 * block))
+    assert cp_ring_bytes(m, B, S, 1, 3) == pytest.approx((2 * (2 * B * S / 3 * kv * 2), 5 * (2 * B * S / 3 * kv * 2)))
+    assert cp_ring_bytes(m, B, S, 1, 1) == (0.0, 0.0)
+
+    cl = Cluster.local(2)
+    link, spec = cl.link(0, 1), cl.spec(0)
+    peak = spec.bf16_tflops * 1e12 * 0.45
+    cost = CostModel()
+    got = layer_cost(m, spec, 1, cl.link(0, 0), B, S, cost, cp=2, cp_link=link)
+    T = B * S / 2
+    matmul = 2 * T * (2 * h * h + 2 * h * kv + 3 * h * f)
+    attention = 4 * (B * S) * S * h / 2
+    assert got.fwd_compute == pytest.approx((matmul + attention) / peak)
+    assert got.bwd_compute == pytest.approx(2 * (matmul + attention) / peak)
+    assert got.act_bytes == pytest.approx(T * (6 * h + 2 * kv + 3 * f) * 2)
+    assert got.params == m.layer_param_count()  # duplicated over the CP group
+    # a slow link: the ring's exposed seconds are the transfers less the attention compute they overlap
+    slow = CostModel(link_overrides={"intra": LinkOverride(latency=1e-3, bandwidth=1e6)})
+    s = layer_cost(m, spec, 1, cl.link(0, 0), B, S, slow, cp=2, cp_link=link)
+    share = attention / (matmul + attention)
+    assert s.fwd_comm == pytest.approx(1e-3 + block_bytes(m, B, S) / 1e6 - share * s.fwd_compute)
+    assert s.bwd_comm == pytest.approx(3 * (1e-3 + block_bytes(m, B, S) / 1e6) - share * s.bwd_compute)
+    # a fast one: hidden behind the attention
+    assert got.fwd_comm == 0.0 and got.bwd_comm == 0.0
+    # the embedding and the head on S/cp tokens
+    assert head_cost(m, spec, 1, cl.link(0, 0), B, S, cost, cp=2).act_bytes == pytest.approx(T * h * BF16)
+    assert head_cost(m, spec, 1, cl.link(0, 0), B, S, cost, cp=2).fwd_compute == pytest.approx(
+        2 * T * h * m.vocab_size / peak)
+    assert embedding_cost(m, spec, 1, cl.link(0, 0), B, S, cost, cp=2).params == m.embedding_param_count()
+
+
+def block_bytes(m: LlamaConfig, B: int, S: int) -> float:
+    return 2 * B * (S / 2) * m.kv_dim * 2
+
+
+@pytest.mark.timeout(30)
+def test_simulate_prices_a_cp_stage_memory_and_gradient_sync_by_hand() -> None:
+    """``simulate`` takes a CP stage (it refused them before): per rank, activations of ``S/cp`` tokens of each
+    in-flight micro-batch plus the transient logits, the whole parameters (duplicated), and a gradient all-reduce
+    over the CP group even with one pipeline."""
+    from hspmd_sdk.planner.cost import BF16, FP32
+
+    m = LlamaConfig.preset("tiny")
+    h, kv, f, V = m.hidden_size, m.kv_dim, m.ffn_hidden_size, m.vocab_size
+    S, cl = 2048, Cluster.local(2)
+    st = {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 2,
+                         "stages": [{"devices": [0, 1], "layers": [0, 3], "cp": 2}]}]}
+    r = simulate(m, st, cl, seq_len=S)
+    T = S / 2
+    layers = m.num_layers * T * (6 * h + 2 * kv + 3 * f) * BF16
+    head = T * h * BF16
+    transient = 2 * T * V * FP32
+    for d in (0, 1):
+        assert r.memory[d]["activations"] == pytest.approx(layers + head + transient)  # 1F1B, one stage: 1 in flight
+        assert r.memory[d]["params"] == pytest.approx(m.param_count() * BF16)
+    sync = [e for e in r.timeline[0] if e.kind == "sync"]
+    assert sync and sum(e.duration for e in sync) == pytest.approx(
+        CostModel().collective_time("all_reduce", m.param_count() * BF16, 2, cl.link(0, 1)), rel=1e-6)
+    one = simulate(m, {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 2,
+                                      "stages": [{"devices": [0], "layers": [0, 3]}]}]}, Cluster.local(1), seq_len=S)
+    assert one.memory[0]["activations"] == pytest.approx(2 * (layers + head) + 2 * transient)

@@ -13,7 +13,13 @@ Every estimate is built from a few operators, each costed on one hardware resour
   gradient (``tokens x hidden x 2`` bytes), data-parallel gradient synchronisation (ring all-reduce, or
   reduce-scatter + all-gather under ZeRO-1) over the slowest link of the group;
 * memory: bf16 parameters and gradients, fp32 master weights and Adam ``m``/``v`` (ZeRO-1 divides these across
-  the replicas holding the same layer), activations of the micro-batches in flight.
+  the replicas holding the same layer), activations of the micro-batches in flight;
+* context parallelism (a stage's ``cp``, SPEC §11): every rank of a CP group holds ``S / cp`` tokens of each
+  sequence, so its linear layers, norms, embedding and LM head work on those tokens and keep their activations;
+  its attention computes its query chunk against every key block its mask does not hide wholly (the busiest rank
+  sets the pace: the last chunk's rank with the contiguous layout, every rank alike with the balanced one:
+  :func:`cp_attention_share`); keys and values ring around the group (:func:`cp_ring_bytes`), overlapped with
+  the attention compute, only the part of the transfers the compute does not cover is paid.
 
 Backward costs ``backward_factor`` (2) forwards; activation recompute adds one more forward to the backward.
 **Representative profiling** (the runtime's :func:`hspmd_sdk.runtime.profile_model`): on a CPU, bare matmuls are
@@ -46,7 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["CostModel", "ComputeFit", "OperatorProfile", "LinkOverride", "fit_link", "ring_factor", "LayerCost",
            "layer_cost",
-           "head_cost", "embedding_cost", "static_memory", "activation_memory"]
+           "head_cost", "embedding_cost", "static_memory", "activation_memory", "cp_attention_share", "cp_ring_bytes"]
 
 BF16 = 2
 FP32 = 4
@@ -296,8 +302,34 @@ class LayerCost(BaseModel):
         return self.bwd_compute + self.bwd_comm
 
 
+def cp_attention_share(cp: int, balanced: bool = False) -> float:
+    """The busiest CP rank's share of a layer's attention FLOPs (counted in full, as :meth:`ModelSpec.layer_flops`
+    counts them, and as the CP kernel computes each visible block: whole, masked).  The sequence is cut into
+    ``cp`` chunks (``2 cp`` balanced) and a rank computes its query chunks against every key chunk not after them:
+    contiguous, the last rank sees all ``cp`` chunks of ``cp * cp`` blocks, ``1 / cp``; balanced (chunks ``i`` and
+    ``2cp - 1 - i``), every rank ``(i + 1) + (2cp - i) = 2cp + 1`` of ``(2cp)**2`` blocks."""
+    if cp < 1:
+        raise ValueError(f"cp must be >= 1, not {cp}")
+    if cp == 1:
+        return 1.0
+    return (2 * cp + 1) / (4 * cp * cp) if balanced else 1.0 / cp
+
+
+def cp_ring_bytes(model: "ModelSpec", micro_batch: int, seq_len: int, tp: int, cp: int) -> tuple[float, float]:
+    """Bytes one rank of a CP group sends around the ring per decoder layer and micro-batch, ``(forward,
+    backward)``: its keys and values (``2 x tokens / cp x kv_dim / tp``, bf16 as the model counts) travel ``cp - 1``
+    hops in the forward; the backward rings them again (``cp - 1`` hops) and sends the key/value gradient
+    accumulators ``cp`` hops (home to their owner), about twice the forward."""
+    if cp <= 1:
+        return 0.0, 0.0
+    kv_dim = getattr(model, "kv_dim", model.hidden_size)
+    block = 2 * micro_batch * (seq_len / cp) * kv_dim / tp * BF16
+    return (cp - 1) * block, (2 * cp - 1) * block
+
+
 def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
-               seq_len: int, cost: CostModel, *, recompute: bool = False) -> LayerCost:
+               seq_len: int, cost: CostModel, *, recompute: bool = False, cp: int = 1,
+               cp_link: "Link | None" = None, balanced: bool = False) -> LayerCost:
     """One decoder layer on one device of a TP group of ``tp`` devices whose slowest link is ``tp_link``.
 
     Compute: ``layer_flops / tp``; with a profile and without ``cost.sequence_parallel``, plus ``1 - 1/tp`` of the
@@ -308,13 +340,20 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
     :meth:`ModelSpec.layer_activation_bytes` divided by ``tp`` (with ``cost.sequence_parallel``; without it the
     RMSNorm inputs/outputs, ``4 * hidden`` per token, stay replicated); with ``recompute`` only the layer input
     is kept and one layer's full activations are transient.
+
+    Context parallelism (``cp > 1``, the group's slowest ring link ``cp_link``): the linear part, the
+    activations and the TP collectives are those of ``tokens / cp`` tokens; the attention FLOPs are the busiest
+    rank's :func:`cp_attention_share` of the whole sequence's; the ring's transfers (:func:`cp_ring_bytes`, one
+    batched send/receive a hop) are paid where they outlast the attention compute they overlap.
     """
-    tokens = micro_batch * seq_len
-    flops = model.layer_flops(tokens, seq_len) / tp
+    whole = micro_batch * seq_len
+    tokens = whole / cp
+    lin = model.layer_flops(whole, 0) / cp / tp
+    att = (model.layer_flops(whole, seq_len) - model.layer_flops(whole, 0)) * cp_attention_share(cp, balanced) / tp
+    flops = lin + att
     prof = cost.profiles.get(spec.kind)
     if prof is not None:  # profiled whole-layer lines (attention's FLOPs at their own rate where fitted)
-        lin = model.layer_flops(tokens, 0) / tp
-        fwd, bwd = _layer_line(prof.layer_fwd, lin, flops - lin), _layer_line(prof.layer_bwd, lin, flops - lin)
+        fwd, bwd = _layer_line(prof.layer_fwd, lin, att), _layer_line(prof.layer_bwd, lin, att)
         if tp > 1 and not cost.sequence_parallel:  # norms and residuals stay whole on every device of the group
             x, share = tokens * model.hidden_size, 1.0 - 1.0 / tp
             fwd += share * _line(prof.layer_replicated_fwd, x)
@@ -324,15 +363,32 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
         bwd = cost.backward_factor * fwd
     ar = cost.collective_time("all_reduce", tokens * model.hidden_size * BF16, tp, tp_link)
     full_act = _layer_activation_bytes(model, tokens, tp, cost.sequence_parallel)
+    ring_f, ring_b = _cp_ring_exposed(model, micro_batch, seq_len, tp, cp, cp_link, cost, fwd, bwd, flops, att)
     bwd += fwd if recompute else 0.0
+    ring_b += ring_f if recompute else 0.0
     skew = cost.collective_skew(tp, tp_link)  # every stretch of compute ends at one of the blocking all-reduces
     return LayerCost(
-        fwd_compute=fwd, bwd_compute=bwd, fwd_comm=2 * ar + skew * fwd,
-        bwd_comm=(4 if recompute else 2) * ar + skew * bwd,
+        fwd_compute=fwd, bwd_compute=bwd, fwd_comm=2 * ar + skew * fwd + ring_f,
+        bwd_comm=(4 if recompute else 2) * ar + skew * bwd + ring_b,
         act_bytes=tokens * model.hidden_size * BF16 / (tp if cost.sequence_parallel else 1) if recompute
         else full_act,
         transient_bytes=full_act if recompute else 0.0,
         params=model.layer_param_count() / tp)
+
+
+def _cp_ring_exposed(model: "ModelSpec", micro_batch: int, seq_len: int, tp: int, cp: int, link: "Link | None",
+                     cost: CostModel, fwd: float, bwd: float, flops: float, att: float) -> tuple[float, float]:
+    """Seconds of the CP ring a layer's forward and backward pay: each hop's transfer (one batched send/receive,
+    priced point-to-point) overlaps the attention compute of a block, so only ``max(0, transfers - attention
+    compute)`` is exposed (the attention compute taken as its FLOP share of the layer's seconds)."""
+    if cp <= 1 or link is None:
+        return 0.0, 0.0
+    fb, bb = cp_ring_bytes(model, micro_batch, seq_len, tp, cp)
+    share = att / flops if flops > 0 else 0.0
+    hop_f, hop_b = fb / (cp - 1), bb / (2 * cp - 1)
+    ring_f = (cp - 1) * cost.p2p_time(hop_f, link)
+    ring_b = (2 * cp - 1) * cost.p2p_time(hop_b, link)
+    return max(0.0, ring_f - share * fwd), max(0.0, ring_b - share * bwd)
 
 
 def _line(fit: ComputeFit, x: float) -> float:
@@ -355,13 +411,13 @@ def _layer_activation_bytes(model: "ModelSpec", tokens: int, tp: int, sequence_p
 
 
 def embedding_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
-                   seq_len: int, cost: CostModel) -> LayerCost:
+                   seq_len: int, cost: CostModel, *, cp: int = 1) -> LayerCost:
     """The token embedding, split along hidden in a TP group (as :func:`~hspmd_sdk.core.strategy_plan.
     plan_from_strategy` lays it out): no FLOPs to speak of, one all-gather of its ``tokens x hidden`` output in the
-    forward (its backward is a local split)."""
+    forward (its backward is a local split).  ``cp``: each rank embeds its ``tokens / cp``."""
     if not cost.include_embedding:
         return LayerCost()
-    tokens = micro_batch * seq_len
+    tokens = micro_batch * seq_len / cp
     ar = cost.collective_time("all_gather", tokens * model.hidden_size * BF16, tp, tp_link)
     prof = cost.profiles.get(spec.kind)
     # profiled: the embedding's forward + backward, put in the backward (the forward is a gather)
@@ -370,16 +426,17 @@ def embedding_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Li
 
 
 def head_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
-              seq_len: int, cost: CostModel) -> LayerCost:
+              seq_len: int, cost: CostModel, *, cp: int = 1) -> LayerCost:
     """Final RMSNorm, the vocab-parallel LM head and the cross-entropy loss.
 
     The fp32 logits (``tokens x vocab / tp``) are transient: the loss and its gradient are computed right
     after the forward of the last stage.  TP communication as :func:`~hspmd_sdk.core.strategy_plan.
     plan_from_strategy` lays it out: the logits are all-gathered (``tokens x vocab``) in the forward, and the
-    gradient of the head's (Duplicate) input is all-reduced (``tokens x hidden``) in the backward."""
+    gradient of the head's (Duplicate) input is all-reduced (``tokens x hidden``) in the backward.  ``cp``: each
+    rank's ``tokens / cp``."""
     if not cost.include_embedding:
         return LayerCost()
-    tokens = micro_batch * seq_len
+    tokens = micro_batch * seq_len / cp
     flops = model.head_flops(tokens) / tp
     prof = cost.profiles.get(spec.kind)
     if prof is not None:

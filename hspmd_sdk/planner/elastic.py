@@ -69,7 +69,7 @@ def _keep_templates(ctx: PlanContext, strategy: "Strategy", failed: set[int], b:
         for s in p.stages:
             alive = [r for r in s.devices if r not in failed]
             if alive:
-                groups += [_group(ctx, g) for g in split_node(alive, len(s.devices), allowed)]
+                groups += [_group(ctx, g) for g in split_node(alive, s.tp_degree, allowed)]
         plan = solve_layers(ctx, groups, b, max(1, M // D), z) or \
             solve_layers(ctx, groups, b, max(1, M // D), z, recompute=True)
         if plan is None:
@@ -78,7 +78,7 @@ def _keep_templates(ctx: PlanContext, strategy: "Strategy", failed: set[int], b:
     sol = solve_micro_batches(pipes, M, extra=[_sync_estimate(ctx, p, D) for p in pipes])
     if sol is None:
         return None
-    degree = {ctx.cluster.kind(s.devices[0]): len(s.devices) for p in kept for s in p.stages}
+    degree = {ctx.cluster.kind(s.devices[0]): s.tp_degree for p in kept for s in p.stages}
     return Candidate(degree, D, b, sol[1], [list(p.groups) for p in pipes], "kept", pipes, sol[0], sol[1])
 
 
@@ -91,7 +91,7 @@ def _regroup(ctx: PlanContext, strategy: "Strategy", survivors: Sequence[int], D
     for p in strategy.pipelines:
         for s in p.stages:
             k = ctx.cluster.kind(s.devices[0])
-            degree[k] = max(degree.get(k, 1), len(s.devices))
+            degree[k] = max(degree.get(k, 1), s.tp_degree)
     for k in {ctx.cluster.kind(r) for r in survivors}:
         degree.setdefault(k, max(allowed))
     groups = make_groups(ctx.cluster, survivors, degree, allowed)

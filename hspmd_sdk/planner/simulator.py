@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Hashable
 
 from ..core.schedule import Action, build_schedule, in_flight, replay
-from ..errors import PlanValidationError
 from .cost import BF16, CostModel, LayerCost, embedding_cost, head_cost, layer_cost, static_memory
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -139,21 +138,29 @@ def _ring_link(cluster: "Cluster", devices: list[int]) -> "Link":
 
 
 def _stage_cost(model: "ModelSpec", stage: "Stage", first: bool, last: bool, cluster: "Cluster",
-                micro_batch: int, seq_len: int, cost: CostModel, share: float | None = None) -> _StageCost:
+                micro_batch: int, seq_len: int, cost: CostModel, share: float | None = None, *,
+                balanced: bool = False) -> _StageCost:
     """The stage's forward/backward seconds of one micro-batch, activation and transient bytes, parameters per
     unit.  ``share``: the compute slowdown of its devices (default :func:`_core_share`, every rank of the node
-    computing at once)."""
-    tp, link = stage.tp_degree, _ring_link(cluster, stage.devices)
+    computing at once).  A CP stage (``stage.cp > 1``) is priced per rank of its ``cp x tp`` grid
+    (:func:`~.cost.layer_cost`'s ``cp``; ``balanced``: the load-balanced chunk layout)."""
+    tp, cp = stage.tp_degree, stage.cp
+    groups = stage.tp_groups  # one TP group per CP coordinate; CP group t: rank t of each
+    link = min((_ring_link(cluster, g) for g in groups), key=lambda l: l.bandwidth)
+    cp_link = min((_ring_link(cluster, [g[t] for g in groups]) for t in range(tp)), key=lambda l: l.bandwidth) \
+        if cp > 1 else None
     specs = {cluster.spec(d).kind: cluster.spec(d) for d in stage.devices}
     best: _StageCost | None = None
-    for spec in specs.values():  # lockstep TP group: the slowest kind sets the pace
-        layer = layer_cost(model, spec, tp, link, micro_batch, seq_len, cost, recompute=stage.recompute)
+    for spec in specs.values():  # lockstep TP and CP groups: the slowest kind sets the pace
+        layer = layer_cost(model, spec, tp, link, micro_batch, seq_len, cost, recompute=stage.recompute, cp=cp,
+                           cp_link=cp_link, balanced=balanced)
         parts: list[tuple[Hashable, LayerCost]] = [(("layer", i), layer) for i in range(stage.layers[0],
                                                                                           stage.layers[1] + 1)]
         if first:
-            parts.insert(0, (("embedding",), embedding_cost(model, spec, tp, link, micro_batch, seq_len, cost)))
+            parts.insert(0, (("embedding",), embedding_cost(model, spec, tp, link, micro_batch, seq_len, cost,
+                                                            cp=cp)))
         if last:
-            parts.append((("head",), head_cost(model, spec, tp, link, micro_batch, seq_len, cost)))
+            parts.append((("head",), head_cost(model, spec, tp, link, micro_batch, seq_len, cost, cp=cp)))
         f = _core_share(cluster, stage.devices, cost) if share is None else share  # oversubscribed local CPUs
         sc = _StageCost(fwd=sum(c.fwd_compute * f + c.fwd_comm for _, c in parts),
                         bwd=sum(c.bwd_compute * f + c.bwd_comm for _, c in parts),
@@ -201,15 +208,23 @@ def _group_link(cluster: "Cluster", stages: list[list[int]]) -> "Link":
 
 def _run_collectives(op: str, buckets: list[tuple[tuple[StageKey, ...], dict[StageKey, float]]],
                      ready: dict[StageKey, float], devices: dict[StageKey, list[int]], cluster: "Cluster",
-                     cost: CostModel, events: dict[StageKey, list[Event]], kind: str) -> dict[StageKey, float]:
+                     cost: CostModel, events: dict[StageKey, list[Event]], kind: str,
+                     cps: dict[StageKey, int] | None = None) -> dict[StageKey, float]:
     """List-schedule one collective per bucket (in the order given): it starts when all holders are free and
-    lasts as long as its slowest holder needs.  Returns each stage's time when its last collective ends."""
+    lasts as long as its slowest holder needs; its ring spans every replica, ``cps[h]`` of them on a CP stage ``h``
+    (whose CP ranks hold duplicates), so a lone CP stage synchronises too.  Returns each stage's time when its last
+    collective ends."""
+    cps = cps or {}
     clock = dict(ready)
     for holders, params in buckets:
-        if len(holders) < 2:
+        n = sum(cps.get(h, 1) for h in holders)  # a CP stage holds cp replicas of each of its parameters
+        if n < 2:
             continue
-        link = _group_link(cluster, [devices[h] for h in holders])
-        dur = max(cost.collective_time(op, params[h] * BF16, len(holders), link) for h in holders)
+        links = [_ring_link(cluster, devices[h]) for h in holders if cps.get(h, 1) > 1]
+        if len(holders) > 1:
+            links.append(_group_link(cluster, [devices[h] for h in holders]))
+        link = min(links, key=lambda l: l.bandwidth)
+        dur = max(cost.collective_time(op, params[h] * BF16, n, link) for h in holders)
         start = max(clock[h] for h in holders)
         for h in holders:
             events[h].append(Event(start, start + dur, kind))
@@ -239,11 +254,6 @@ def simulate(model: "ModelSpec | str", strategy: "Strategy | str | dict", cluste
 
     model = load_model_spec(model)
     strategy = Strategy.load(strategy, model=model, cluster=cluster, global_batch=global_batch)
-    cp = [f"pipelines[{i}].stages[{j}]" for i, p in enumerate(strategy.pipelines) for j, st in enumerate(p.stages)
-          if st.cp > 1]
-    if cp:
-        raise PlanValidationError([(where, "context parallelism (cp > 1) is not priced by the simulator yet")
-                                   for where in cp], what="strategy")
     cost = cost or CostModel()
     devices = {(i, j): list(st.devices) for i, p in enumerate(strategy.pipelines) for j, st in enumerate(p.stages)}
     stretch: Stretch | None = None  # first the bound (every rank computing at once), then processor sharing
@@ -287,7 +297,8 @@ def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, co
 
     # 3. POST: gradient synchronisation (last layers first), then the optimizer.
     op = "reduce_scatter" if strategy.zero1 else "all_reduce"
-    clock = _run_collectives(op, buckets[::-1], clock, devices, cluster, cost, events, "sync")
+    cps = {(i, j): st.cp for i, p in enumerate(strategy.pipelines) for j, st in enumerate(p.stages)}
+    clock = _run_collectives(op, buckets[::-1], clock, devices, cluster, cost, events, "sync", cps)
     memory = _memory(counted or strategy, cluster, costs, buckets, devices, cost)
     for k in costs:
         owned = sum(params / (len(h) if strategy.zero1 else 1) for h, ps in buckets for kk, params in ps.items()

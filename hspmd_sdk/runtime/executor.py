@@ -57,7 +57,7 @@ from ..core.annotation import local_view
 from ..core.comm_ops import CollectiveOp, IdentityOp, PointToPointOp, SplitCollectiveOp
 from ..core.microbatch import batch_dim
 from ..core.slices import Box, box_shape
-from ..core.symbolic import evaluate_shape
+from ..core.symbolic import Sym, evaluate_shape
 from ..errors import HSPMDError
 from .buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, GradBuckets, SyncItem
 from .comm import Pending, execute, execute_async, execute_op, post_receives, post_sends, reshard, with_dtype
@@ -485,6 +485,7 @@ class StepExecutor:
         real target tokens over every pipeline (padding targets are ``-100``), so the summed loss is the mean
         over the step's real targets."""
         if micro_batches is not None:
+            micro_batches = [self._sequence_padded(m) for m in micro_batches]
             self._layout = [(self.micro_bindings(int(m[0]), int(m[1])), int(m[0])) for m in micro_batches]
             self._documents = [self._packed(i, m) for i, m in enumerate(micro_batches)]
             self.loss_normalizer = int(loss_normalizer) if loss_normalizer is not None else None
@@ -530,6 +531,49 @@ class StepExecutor:
             else:  # pragma: no cover - the schedule IR has exactly the kinds above
                 raise ExecutorError(f"rank {self.rank}: unknown schedule action {action}")
         return loss
+
+    @property
+    def sequence_multiple(self) -> int:
+        """What every micro-batch's sequence length must be a multiple of: the least common multiple of the
+        degrees by which the program splits a sequence dim (``S``) of any tensor (context parallelism), else 1."""
+        got = getattr(self, "_seq_multiple", None)
+        if got is None:
+            got = 1
+            for name, ann in self.anns.items():
+                shape = self.graph.tensors[name].shape if name in self.graph.tensors else ()
+                dims = [d for d, x in enumerate(shape) if isinstance(x, Sym) and x.factors == ("S",) and x.coef == 1]
+                for ds in ann.ds_union:
+                    for d in dims:
+                        got = math.lcm(got, int(ds.states.get(d, 1)))
+            self._seq_multiple = got
+        return got
+
+    def _sequence_padded(self, micro: Sequence[Any]) -> Sequence[Any]:
+        """A dispatcher's micro-batch ``(rows, seq_len, feeds[, documents])`` padded on the right to a multiple of
+        :attr:`sequence_multiple` (a context-parallel split never pads inside the plan: the annotations need whole
+        chunks): targets ``-100`` (out of the loss and of ``trained_targets``), other feeds 0; a packed row gets
+        the padding as one more document (attending only within itself), a padded row more right padding (causal
+        attention keeps it out of the real positions).  Unchanged when the length is already a multiple."""
+        q, seq = self.sequence_multiple, int(micro[1])
+        pad = -seq % q
+        if pad == 0:
+            return micro
+        feeds = micro[2]
+        if feeds is not None:
+            from .kernels import IGNORE_INDEX
+
+            loss = self.graph.producer(self.loss_name)
+            targets = {t for t in loss.inputs if self.graph.producer(t).kind == "placeholder"}
+            out = {}
+            for k, t in feeds.items():
+                if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[1] == seq:
+                    fill = IGNORE_INDEX if k in targets else 0
+                    t = torch.cat([t, t.new_full((t.shape[0], pad) + tuple(t.shape[2:]), fill)], dim=1)
+                out[k] = t
+            feeds = out
+        docs = micro[3] if len(micro) > 3 else None
+        head = (micro[0], seq + pad, feeds)
+        return head + ((tuple(docs) + (pad,),) if docs is not None else ((None,) if len(micro) > 3 else ()))
 
     def _packed(self, mb: int, micro: Sequence[Any]) -> tuple[int, ...] | None:
         """The document lengths of micro-batch ``mb`` if it is a packed row (checked), else ``None``."""
