@@ -581,7 +581,7 @@ COMMANDS["simulate"] = Command("estimate one training step of a strategy (step t
                                _lazy("hspmd_sdk.planner.cli", "run_simulate"))
 
 
-COMMANDS["launch"] = Command("train a strategy (or run an entry) on remote hosts over SSH",
+COMMANDS["launch"] = Command("train a strategy (or run an entry) on remote hosts over SSH or on a Slurm cluster",
                              _lazy("hspmd_sdk.cli_ssh", "add_launch_arguments"),
                              _lazy("hspmd_sdk.cli_ssh", "run_launch"))
 COMMANDS["checkpoint"] = Command("show a sharded checkpoint (step, model, strategy, sizes, integrity) or export "

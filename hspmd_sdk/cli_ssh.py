@@ -1,10 +1,16 @@
-"""``hspmd launch FILE --hostfile hosts.txt``: train a strategy (or run an entry) on remote hosts over SSH.
+"""``hspmd launch FILE --hostfile hosts.txt`` (over SSH) or ``hspmd launch FILE --slurm [--partition P]`` (as
+Slurm job steps): train a strategy (or run an entry) on other machines.
 
-``FILE`` is a strategy JSON (or a packaged example name); the cluster comes from a DeepSpeed-style hostfile
-(``host slots=N [kind=H20]``).  Per-host SSH settings (address, port, user, python, workdir, env) come from
-``--ssh-hosts hosts.json`` (``{"host": {...}}``); ``--python``, ``--workdir``, ``--ssh-port`` and ``--ssh-user``
-set the defaults for every host.  ``--check`` only runs the preflight.  ``--entry module:function`` runs that
-entry instead of training (FILE is then not needed).
+``FILE`` is a strategy JSON (or a packaged example name).  Over SSH the cluster comes from a DeepSpeed-style
+hostfile (``host slots=N [kind=H20]``); per-host SSH settings (address, port, user, python, workdir, env) come
+from ``--ssh-hosts hosts.json`` (``{"host": {...}}``); ``--python``, ``--workdir``, ``--ssh-port`` and
+``--ssh-user`` set the defaults for every host.  With ``--slurm`` the cluster is read from the scheduler
+(:meth:`~hspmd_sdk.Cluster.from_slurm`: every usable node of ``--partition``, or the ``--nodes`` named; their
+kinds from the GPU GRES types) and every rank runs as a job step of an allocation on its node
+(:class:`~hspmd_sdk.runtime.SlurmTransport`; ``--time``, ``--account``, ``--qos``, ``--constraint`` go to the
+allocations; ``--python``: the workers' interpreter).  ``--check`` only runs the preflight (over Slurm: the
+allocations are granted, then cancelled).  ``--entry module:function`` runs that entry instead of training (FILE
+is then not needed).
 
 Exit status: 0 success, 1 failure (preflight, a worker, a connection), 130 interrupted (every worker stopped).
 """
@@ -19,7 +25,7 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     from .cli_inputs import MAX_SEED, MAX_STEPS, MAX_TOKENS, add_fault_arguments, int_in, number_above
 
     p.add_argument("file", metavar="FILE", nargs="?", help="strategy JSON to train (or a packaged example name)")
-    p.add_argument("--hostfile", required=True, metavar="PATH", help="hosts: 'host slots=N [kind=KIND]' a line")
+    p.add_argument("--hostfile", metavar="PATH", help="SSH hosts: 'host slots=N [kind=KIND]' a line (or --slurm)")
     p.add_argument("--entry", metavar="MODULE:FUNCTION", help="run this entry instead of training FILE")
     p.add_argument("--steps", type=int_in(1, MAX_STEPS), default=10, help="training steps (default 10)")
     p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0)
@@ -47,6 +53,15 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("-i", "--identity", action="append", default=None, metavar="KEY",
                    help="private key file (repeatable; default: ssh-agent and ~/.ssh/id_*)")
     g.add_argument("--check", action="store_true", help="only check the hosts (exit 0 if all pass)")
+    g = p.add_argument_group("Slurm")
+    g.add_argument("--slurm", action="store_true",
+                   help="run on the Slurm cluster's nodes (read from the scheduler), each rank a job step")
+    g.add_argument("--partition", metavar="P", help="Slurm partition (default: the cluster's default)")
+    g.add_argument("--nodes", metavar="LIST", help="only these Slurm nodes (e.g. 'gpu[01-04]')")
+    g.add_argument("--time", metavar="LIMIT", help="the allocations' time limit (e.g. 2:00:00)")
+    g.add_argument("--account", metavar="A", help="Slurm account to charge")
+    g.add_argument("--qos", metavar="Q", help="Slurm quality of service")
+    g.add_argument("--constraint", metavar="C", help="Slurm node features required (e.g. h800)")
     p.add_argument("--log-dir", default=None, metavar="DIR", help="per-rank logs (default: a temporary folder)")
     p.add_argument("--quiet", action="store_true", help="do not echo the workers' lines")
     from .cli_checkpoint import add_training_checkpoint_arguments
@@ -82,6 +97,23 @@ def _check_arguments(args: argparse.Namespace) -> None:
         problems.append(("--elastic/--straggler", "apply to training a strategy, not to an --entry"))
     if args.entry is not None and (args.checkpoint_dir or args.resume_from):
         problems.append(("--checkpoint-dir/--resume-from", "apply to training a strategy, not to an --entry"))
+    if not args.slurm and not args.hostfile:
+        problems.append(("--hostfile/--slurm", "say where to run: --hostfile hosts.txt (SSH hosts) or --slurm (the "
+                                               "Slurm cluster's nodes)"))
+    if args.slurm and args.hostfile:
+        problems.append(("--hostfile/--slurm", "give one of them: the hosts come from the hostfile or from Slurm"))
+    ssh_only = [flag for flag, value in (("--ssh-hosts", args.ssh_hosts), ("--workdir", args.workdir),
+                                         ("--ssh-port", args.ssh_port), ("--ssh-user", args.ssh_user),
+                                         ("--known-hosts", args.known_hosts),
+                                         ("--accept-new-host-keys", args.accept_new_host_keys),
+                                         ("--identity", args.identity)) if value]
+    if args.slurm and ssh_only:
+        problems.append((ssh_only[0], "applies to SSH hosts, not to --slurm"))
+    slurm_only = [flag for flag, value in (("--partition", args.partition), ("--nodes", args.nodes),
+                                           ("--time", args.time), ("--account", args.account), ("--qos", args.qos),
+                                           ("--constraint", args.constraint)) if value]
+    if slurm_only and not args.slurm:
+        problems.append((slurm_only[0], "applies to --slurm"))
     if args.stall < 2 * args.heartbeat:
         problems.append(("--stall", f"{args.stall:g} s must be at least two heartbeats (--heartbeat "
                                     f"{args.heartbeat:g})"))
@@ -95,6 +127,8 @@ def run_launch(args: argparse.Namespace) -> int:
     from .runtime.ssh import launch_remote
 
     _check_arguments(args)
+    if args.slurm:
+        return _run_slurm(args)
     cluster = Cluster.from_hostfile(args.hostfile)
     transport = _transport(args)
     try:  # closed on every path that starts no job; a started job closes it when it ends
@@ -105,14 +139,49 @@ def run_launch(args: argparse.Namespace) -> int:
             if not report.ok:
                 print("\npreflight failed, nothing was started:\n" + report.problems_text(), file=sys.stderr)
             return 0 if report.ok else 1
-        common = dict(transport=transport, preflight=False, timeout_s=args.timeout, backend=args.backend,
-                      log_dir=args.log_dir, echo=not args.quiet, seed=args.seed, steps=args.steps,
-                      heartbeat_s=args.heartbeat, stall_s=args.stall, resource_check=not args.no_resource_check)
+        common = _common(args, transport, preflight=False)
         job = (launch_remote(cluster, entry=args.entry, **common) if args.entry
                else _launch_training(args, cluster, common))
     except BaseException:
         transport.close()
         raise
+    return _follow(job, cluster)
+
+
+def _common(args: argparse.Namespace, transport: Any, *, preflight: bool) -> dict[str, Any]:
+    return dict(transport=transport, preflight=preflight, timeout_s=args.timeout, backend=args.backend,
+                log_dir=args.log_dir, echo=not args.quiet, seed=args.seed, steps=args.steps,
+                heartbeat_s=args.heartbeat, stall_s=args.stall, resource_check=not args.no_resource_check)
+
+
+def _run_slurm(args: argparse.Namespace) -> int:
+    """``hspmd launch ... --slurm``: the cluster read from Slurm, every rank a job step on its node."""
+    from .core.cluster import Cluster
+    from .runtime.launcher import launch
+    from .runtime.slurm import SlurmTransport
+
+    cluster = Cluster.from_slurm(args.partition, args.nodes)
+    print(f"Slurm: {cluster}: " + ", ".join(f"{n.host} ({len(n.ranks)} {n.kind})" for n in cluster.nodes))
+    transport = SlurmTransport(partition=args.partition, time=args.time, account=args.account, qos=args.qos,
+                               constraint=args.constraint, python=args.python)
+    try:  # closed on every path that starts no job; a started job closes it when it ends
+        if args.check:
+            transport.preflight(cluster)
+            print("preflight OK: " + ", ".join(f"{h}: allocation {j}" for h, j in sorted(
+                transport.allocations.items())) + " (cancelled again)")
+            transport.close()
+            return 0
+        common = _common(args, transport, preflight=True)
+        job = (launch(None, cluster, entry=args.entry, **common) if args.entry
+               else _launch_training(args, cluster, common))
+    except BaseException:
+        transport.close()
+        raise
+    return _follow(job, cluster)
+
+
+def _follow(job: Any, cluster: Any) -> int:
+    """Wait for ``job``, printing where it runs, its losses, reconfigurations and logs."""
     hosts = len({n.host for n in cluster.nodes})
     print(f"job {job.job_id}: {cluster.num_ranks} ranks on {hosts} host{'s' if hosts != 1 else ''}; logs in "
           f"{job.log_dir}", flush=True)

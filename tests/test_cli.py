@@ -198,3 +198,64 @@ def test_resolve_bad_annotation_is_a_clean_error(capsys):
     assert main(["resolve", "[0,1] X", "[0] R", "--shape", "8"]) == 1
     err = capsys.readouterr().err
     assert "cannot read DS token 'X'" in err and "Traceback" not in err
+
+
+# ---- hspmd launch --slurm --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, where, why", [
+    (["--slurm", "--hostfile", "h.txt"], "--hostfile/--slurm", "give one of them"),
+    ([], "--hostfile/--slurm", "--hostfile hosts.txt (SSH hosts) or --slurm"),
+    (["--slurm", "-i", "key"], "--identity", "applies to SSH hosts, not to --slurm"),
+    (["--hostfile", "h.txt", "--partition", "gpu"], "--partition", "applies to --slurm"),
+])
+def test_launch_says_where_to_run_before_anything_starts(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                         where: str, why: str) -> None:
+    """``--slurm`` and ``--hostfile`` are the two ways to say where: exactly one, each with its own options; the
+    mistake is refused (exit 1, the flag named) before a file is read or a scheduler asked."""
+    code, out, err = run(capsys, "launch", "example_hetero_tiny", *argv)
+    assert code == 1 and out == "" and f"  {where}: " in err and why in err and "Traceback" not in err, err
+
+
+#: one data-parallel replica per Slurm node (an H800 node and an H20 node, one GPU each)
+SLURM_DP2 = {"pipelines": [{"stages": [{"devices": [r], "layers": [0, 3]}], "micro_batch_size": 4,
+                            "num_micro_batches": 1} for r in (0, 1)]}
+
+
+@pytest.fixture(scope="module")
+def slurm_lab():  # type: ignore[no-untyped-def]
+    from hspmd_sdk.testing.slurm import LocalSlurm, SlurmNode, slurm_unavailable
+
+    why = slurm_unavailable()
+    if why:
+        pytest.skip(why)
+    with LocalSlurm([SlurmNode("n1", "H800", gpus=1, cpus=2, memory_mb=4000),
+                     SlurmNode("n2", "H20", gpus=1, cpus=2, memory_mb=4000)], partition="lab") as lab:
+        yield lab
+
+
+@pytest.mark.timeout(150)
+def test_launch_slurm_trains_on_the_nodes_slurm_has(slurm_lab, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``hspmd launch STRATEGY --slurm --partition P`` over a real Slurm (LocalSlurm): the cluster is read from the
+    scheduler, each rank runs as a job step on its node, the printed losses are the single-device model's; ``--check``
+    gets the allocations and gives them back; an unknown partition is a one-line error.  Nothing is left in Slurm."""
+    pytest.importorskip("torch")
+    from hspmd_sdk import LlamaConfig
+    from hspmd_sdk.runtime.train import reference_training
+
+    for k, v in slurm_lab.env.items():
+        monkeypatch.setenv(k, v)
+    (tmp_path / "s.json").write_text(json.dumps(SLURM_DP2))
+    code, out, err = run(capsys, "launch", str(tmp_path / "s.json"), "--slurm", "--partition", "lab", "--check")
+    assert code == 0 and "n1 (1 H800), n2 (1 H20)" in out and "preflight OK: n1: allocation" in out, err
+    code, out, err = run(capsys, "launch", str(tmp_path / "s.json"), "--slurm", "--partition", "lab", "--backend",
+                         "gloo", "--steps", "3", "--seed", "5", "--seq-len", "16", "--quiet", "--heartbeat", "0.5",
+                         "--timeout", "90")
+    assert code == 0, err
+    losses = [float(x) for x in out.split("losses: ")[1].split("\n")[0].split()]
+    reference = reference_training(LlamaConfig.preset("tiny"), steps=3, seed=5, global_batch=8, seq_len=16)
+    assert losses == pytest.approx(reference.losses, rel=1e-5, abs=0)
+    assert "2 ranks on 2 hosts" in out
+    code, out, err = run(capsys, "launch", str(tmp_path / "s.json"), "--slurm", "--partition", "nosuch")
+    assert code == 1 and "error:" in err and "nosuch" in err and "Traceback" not in err, err
+    squeue = subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=30)
+    assert squeue.returncode == 0 and squeue.stdout == ""

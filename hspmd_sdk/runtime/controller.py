@@ -405,12 +405,20 @@ class TrainingController:
         job = self.job
         grace = (job.spec.silent_s if job is not None else 10.0) + 1.0
         end = time.monotonic() + grace
-        while time.monotonic() < end:
+        # a silent rank under investigation (its stack asked for, then stopped) is a failure about to be reported:
+        # its peers' connections to it may have failed first (its host died while the transport's link to it, a
+        # Slurm step's srun, still stands)
+        cap = end + self.halt_timeout_s
+        while True:
             with self._lock:
                 if self._busy or self._pending_dead or self._reconf_id != reconf_id:
                     return  # a failure explains it: the recovery answers
+                now = time.monotonic()
+                waiting = now < end or (now < cap and job is not None and _investigating(job, self._dead))
             if job is not None and job._done.is_set():
                 return
+            if not waiting:
+                break
             time.sleep(0.05)
         self._give_up(HSPMDError(f"rank {rank} stopped on an error it took for a peer's failure, but no worker died "
                                  f"within {grace:.0f} s: {msg.get('error')}"), rank=rank)
@@ -754,6 +762,13 @@ def _common_previous(halted: dict[int, dict[str, Any]]) -> tuple[int, int] | Non
         versions.add(tuple(int(x) for x in kept))
     steps = {int(m.get("step", -1)) for m in halted.values()}
     return versions.pop() if len(versions) == 1 and len(steps) == 1 else None
+
+
+def _investigating(job: "Job", dead: set[int]) -> bool:
+    """Whether the job's watchdog is reporting a silent rank: ``suspect``, and not yet among the ``dead`` (its
+    failure is still on its way: its stack asked for, then the rank stopped, then the policy told)."""
+    with job._lock:
+        return any(rec.suspect and r not in dead for r, rec in job._ranks.items())
 
 
 def _strategy_of(program: "Program") -> "Strategy | None":

@@ -29,6 +29,20 @@ if TYPE_CHECKING:
 Job = Event = Any
 
 
+def extend_cluster(cluster: "Cluster", more: "Cluster") -> "Cluster":
+    """The cluster :meth:`Job.grow` takes: ``cluster`` (``job.cluster``: its nodes and ranks as they are) followed by
+    the nodes of ``more`` (e.g. ``Cluster.from_slurm(nodes="n3")``, a node back from a failure), whose ranks are
+    numbered after ``cluster``'s in their order.  Device specs of both are kept (``cluster``'s win)."""
+    from ..core.cluster import Cluster
+
+    if not isinstance(cluster, Cluster) or not isinstance(more, Cluster):
+        raise SwitchError(f"extend_cluster takes two Clusters, not {type(cluster).__name__} and "
+                          f"{type(more).__name__}")
+    base, extra, n = cluster.model_dump(), more.model_dump(), cluster.num_ranks
+    nodes = base["nodes"] + [{**node, "ranks": [n + int(r) for r in node["ranks"]]} for node in extra["nodes"]]
+    return Cluster.load({**base, "nodes": nodes, "devices": {**extra.get("devices", {}), **base.get("devices", {})}})
+
+
 def grow_job(job: Job, cluster: "Cluster", program: Any = None) -> Event:
     """See :meth:`Job.grow`."""
     from ..core.cluster import Cluster
@@ -63,7 +77,14 @@ def grow_job(job: Job, cluster: "Cluster", program: Any = None) -> Event:
     spec = _grown_spec(job, cluster, joiners)
     running = [l for l in ctl.current.to_launch.values()]
     job._add_workers(spec, joiners)
-    event = ctl.grow(program, cluster, joiners)
+    try:
+        event = ctl.grow(program, cluster, joiners)
+    except BaseException as e:
+        job.stop_ranks(sorted(joiners.values()))  # nothing will ask them to join: the job must not wait for them
+        if job._done.is_set() or all(job._ranks[r].returncode is not None for r in running):
+            raise RuntimeFailure(f"job {job.job_id} ended while it was asked to grow (its last steps ran "
+                                 f"meanwhile); nothing was grown") from e
+        raise
     threading.Thread(target=_stranded, args=(job, event, running, sorted(joiners.values())),
                      name=f"hspmd-grow-{job.job_id}", daemon=True).start()
     return event

@@ -20,10 +20,20 @@ How a job runs on Slurm:
 - **Rendezvous**: rank 0's node, at its ``NodeAddr`` and a port free there, asked by a short ``--overlap`` step
   in the node's allocation (a random port from 20000-40000 if the launch skipped ``preflight``).
 - **Stopping**: a worker's stdin is closed (it exits at once, as local workers do), its step gets SIGCONT and
-  SIGTERM (``scancel --signal``), and after the grace period ``scancel --signal=KILL``; :meth:`close` (the
-  job's end, a cancel or a failure) cancels every allocation and waits until Slurm has ended them, so nothing
-  the job started is left on any node.  A launcher killed outright leaves its allocations to their ``time``
-  limit (its workers exit when their stdin closes): give ``time=`` on shared clusters.
+  SIGTERM (``scancel --signal``, sent from a thread: Slurm forwards a signal to the node and waits for it, which
+  on a node that died takes ``MessageTimeout``), and after the grace period its step is cancelled (``scancel
+  JOB.STEP``: recorded by slurmctld at once, which kills the tasks on a live node); the ``srun`` client is
+  SIGKILLed here if it has not ended :data:`STEP_EXIT_S` later (it waits for a dead node until Slurm marks it
+  DOWN).  :meth:`close` (the job's end, a cancel or a failure) cancels every allocation and waits until Slurm
+  has ended them, so nothing the job started is left on any node.  A launcher killed outright leaves its
+  allocations to their ``time`` limit (its workers exit when their stdin closes): give ``time=`` on shared
+  clusters.
+- **Lost nodes** (``elastic=True``): a node that dies or is cut off stops relaying its workers' lines; the job's
+  watchdog takes them for hung after ``silent_s`` (their heartbeats, not Slurm's ``DOWN``, which comes after
+  ``SlurmdTimeout``), stops them as above and the survivors replan.  Once none of a node's workers runs, its
+  allocation is released (cancelled, not waited for: on a dead node Slurm completes it when the node returns or is
+  marked ``DOWN``), so that workers started there later (``job.grow`` onto the node once it is back) get a fresh
+  allocation.  The new world meets on a surviving node (``rendezvous(..., fresh=True)`` probes a port there).
 
 Slurm commands directly, not submitit: submitit runs a pickled Python callable (cloudpickle, written to a shared
 folder) as a batch job and reads its result back from files; it has no way to start long-lived per-rank
@@ -67,6 +77,9 @@ __all__ = ["SlurmTransport", "SlurmWorkers", "SlurmError", "srun_status"]
 _PROBE = ("import socket; s = socket.socket(socket.AF_INET, socket.SOCK_STREAM); s.bind(('', 0)); "
           "print('@port', s.getsockname()[1]); s.close()")
 _ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "RESIZING", "SIGNALING")
+#: Seconds a stopped worker's ``srun`` may take to end after its step was cancelled before it is SIGKILLed here
+#: (on a live node it ends within a second; for a node that died or was cut off it waits for Slurm's ``DOWN``).
+STEP_EXIT_S = 3.0
 
 
 def srun_status(rc: int) -> int:
@@ -136,7 +149,8 @@ class SlurmTransport(Transport):
         self.name = f"hspmd-{secrets.token_hex(4)}"
         self._nodes: dict[str, SlurmNodeInfo] = {}
         self._allocs: dict[str, Allocation] = {}
-        self._lock = threading.Lock()
+        self._released: list[str] = []  # allocations cancelled while the job ran (their node's workers ended)
+        self._lock = threading.RLock()
         self.groups: list[SlurmWorkers] = []
 
     # ---- the scheduler's view ---------------------------------------------------------------------------------
@@ -268,10 +282,13 @@ class SlurmTransport(Transport):
         alloc = self._allocs[host]
         group = SlurmWorkers(host, list(ranks), alloc.job_id, heartbeat_s=spec.heartbeat_s,
                              kill_timeout_s=self.kill_timeout_s)
-        self.groups.append(group)
+        with self._lock:
+            self.groups.append(group)
 
         def exited(rank: int, rc: int) -> None:
             on_exit(rank, srun_status(rc))
+            if all(v is not None for v in group.poll().values()):
+                self._release(group)
         try:
             for r in ranks:
                 group.add(r, self._srun(alloc, r, spec), on_line, exited, spec.to_line())
@@ -289,17 +306,36 @@ class SlurmTransport(Transport):
         return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=_slurm_env(worker_env(spec, rank)), start_new_session=True)
 
+    def _release(self, group: "SlurmWorkers") -> None:
+        """``group``'s workers all ended: cancel its host's allocation unless other workers of the job run there
+        (not waited for here; :meth:`close` waits).  Workers started on the host later get a fresh allocation."""
+        with self._lock:
+            alloc = self._allocs.get(group.host)
+            if alloc is None or alloc.job_id != group.job_id:
+                return
+            if any(g.host == group.host and any(rc is None for rc in g.poll().values()) for g in self.groups):
+                return
+            del self._allocs[group.host]
+            if not group.unconfirmed:  # else its node did not answer: Slurm completes it once the node is back
+                self._released.append(alloc.job_id)
+        try:
+            _run([_exe("scancel"), alloc.job_id])
+        except SlurmError:
+            pass  # close() cancels it again
+
     # ---- the end ---------------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop any worker still running, cancel every allocation and wait until Slurm ended them.  Idempotent;
-        the transport can be used again (it allocates anew)."""
+        """Stop any worker still running, cancel every allocation and wait until Slurm ended them (an allocation
+        on a node that stopped answering counts as ended: nothing of the job can run there).  Idempotent; the
+        transport can be used again (it allocates anew)."""
         for g in list(self.groups):
             if any(rc is None for rc in g.poll().values()):
                 g.kill(grace_s=0.5)
-        self.groups = []
         with self._lock:
-            ids = [a.job_id for a in self._allocs.values()]
+            self.groups = []
+            ids = [a.job_id for a in self._allocs.values()] + self._released
             self._allocs.clear()
+            self._released = []
             hooked, self._hooked = self._hooked, False
         if hooked:
             atexit.unregister(self.close)
@@ -314,9 +350,12 @@ class SlurmTransport(Transport):
         deadline = time.monotonic() + self.kill_timeout_s
         active: list[str] = list(job_ids)
         while time.monotonic() < deadline:
-            r = _run([_exe("squeue"), "-h", "-j", ",".join(job_ids), "-o", "%i %T"])
-            active = [line.split()[0] for line in r.stdout.splitlines() if line.split()[1:2]
-                      and line.split()[1] in _ACTIVE]
+            r = _run([_exe("squeue"), "-h", "-j", ",".join(job_ids), "-o", "%i %T %N"])
+            rows = [line.split() for line in r.stdout.splitlines()]
+            active = [row[0] for row in rows if row[1:2] and row[1] in _ACTIVE]
+            completing = {row[0]: row[2] for row in rows if row[1:2] == ["COMPLETING"] and row[2:3]}
+            if completing and set(active) == set(completing) and _unreachable(completing.values()):
+                return  # cancelled on nodes that died or were cut off: Slurm completes them when they return
             if r.returncode == 0 and not active:
                 return
             if r.returncode != 0 and "Invalid job id" in r.stderr:
@@ -329,6 +368,15 @@ class SlurmTransport(Transport):
         opts = {k: v for k, v in (("partition", self.partition), ("time", self.time), ("account", self.account),
                                   ("qos", self.qos), ("constraint", self.constraint)) if v}
         return f"SlurmTransport({', '.join(f'{k}={v!r}' for k, v in opts.items())})"
+
+
+def _unreachable(nodes: Any) -> bool:
+    """Whether every node in ``nodes`` (names; one allocation's node each) has stopped answering slurmctld."""
+    try:
+        infos = read_slurm_nodes(nodes=sorted(set(nodes)))
+    except Exception:  # noqa: BLE001 - cannot tell: wait as for any other job
+        return False
+    return bool(infos) and all("NOT_RESPONDING" in i.state.upper() or "DOWN" in i.state.upper() for i in infos)
 
 
 def step_name(rank: int) -> str:
@@ -346,6 +394,8 @@ class SlurmWorkers(LocalWorkers):
         self.job_id = job_id
         self.kill_timeout_s = kill_timeout_s
         self._steps: dict[int, str] = {}
+        #: ranks whose ``srun`` had to be SIGKILLed here: their node never confirmed the end of their step
+        self.unconfirmed: set[int] = set()
 
     def poll(self) -> dict[int, int | None]:
         return {r: None if rc is None else srun_status(rc) for r, rc in super().poll().items()}
@@ -365,10 +415,26 @@ class SlurmWorkers(LocalWorkers):
         return {k: v for k, v in self._steps.items() if k in ranks}
 
     def _signal(self, ranks: Sequence[int], *sigs: str) -> None:
+        """Send ``sigs`` in order to the steps of ``ranks``, from a thread (``scancel --signal`` waits until the
+        node answers: ``MessageTimeout`` for a node that died)."""
         ids = list(self.steps(ranks).values())
-        for sig in sigs if ids else ():
+        if not ids:
+            return
+
+        def send() -> None:
+            for sig in sigs:
+                try:
+                    _run([_exe("scancel"), f"--signal={sig}", *ids], timeout_s=30.0)
+                except SlurmError:
+                    pass
+        threading.Thread(target=send, name=f"hspmd-scancel-{self.job_id}", daemon=True).start()
+
+    def _cancel_steps(self, ranks: Sequence[int]) -> None:
+        """Cancel the steps of ``ranks`` (slurmctld records it at once and kills their tasks on a live node)."""
+        ids = list(self.steps(ranks).values())
+        if ids:
             try:
-                _run([_exe("scancel"), f"--signal={sig}", *ids], timeout_s=15.0)
+                _run([_exe("scancel"), *ids], timeout_s=15.0)
             except SlurmError:
                 pass
 
@@ -377,8 +443,9 @@ class SlurmWorkers(LocalWorkers):
             self._signal([rank], "USR1", "CONT")
 
     def kill(self, grace_s: float = 0.5, ranks: Sequence[int] | None = None) -> None:
-        """Close the workers' stdin, SIGCONT + SIGTERM their steps, SIGKILL after ``grace_s``; then wait for
-        their ``srun`` to end (SIGKILL to it after ``kill_timeout_s``).  Idempotent."""
+        """Close the workers' stdin, SIGCONT + SIGTERM their steps, cancel the steps after ``grace_s``; then wait
+        for their ``srun`` to end (SIGKILL to it after :data:`STEP_EXIT_S`: on a node that died or was cut off
+        it would wait for Slurm's ``DOWN``).  Idempotent."""
         with self._lock:
             procs = {r: p for r, p in self._procs.items() if ranks is None or r in ranks}
             self._killing |= set(procs)
@@ -399,12 +466,13 @@ class SlurmWorkers(LocalWorkers):
         with self._lock:
             self._escalated |= set(late)
         if late:
-            self._signal(late, "KILL")
-        deadline = time.monotonic() + self.kill_timeout_s
+            self._cancel_steps(late)
+        deadline = time.monotonic() + min(self.kill_timeout_s, STEP_EXIT_S)
         for r in late:
             try:
                 procs[r].wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                self.unconfirmed.add(r)
                 try:
                     os.killpg(procs[r].pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
