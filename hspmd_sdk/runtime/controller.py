@@ -767,8 +767,11 @@ def _common_previous(halted: dict[int, dict[str, Any]]) -> tuple[int, int] | Non
 def _investigating(job: "Job", dead: set[int]) -> bool:
     """Whether the job's watchdog is reporting a silent rank: ``suspect``, and not yet among the ``dead`` (its
     failure is still on its way: its stack asked for, then the rank stopped, then the policy told)."""
-    with job._lock:
-        return any(rec.suspect and r not in dead for r, rec in job._ranks.items())
+    ranks, lock = getattr(job, "_ranks", None), getattr(job, "_lock", None)
+    if ranks is None or lock is None:  # a job without a watchdog (a stand-in): nobody is being reported
+        return False
+    with lock:
+        return any(rec.suspect and r not in dead for r, rec in ranks.items())
 
 
 def _strategy_of(program: "Program") -> "Strategy | None":
