@@ -307,6 +307,7 @@ def _measure(pool: Pool, seq: int) -> None:
           + f"; one process, whole-sequence SDPA with a mask: {sorted(runs)[1]:.3f}")
 
 
+@pytest.mark.slow  # a measurement, printed: benchmarks' business, not the default suite's
 @pytest.mark.timeout(120)
 def test_measure_ring_against_allgather(pool: Pool) -> None:
     _measure(pool, 1024)

@@ -51,7 +51,14 @@ def _same(a: Program, b: Program) -> None:
         assert b.schedule(r) == a.schedule(r), r
 
 
-@pytest.mark.parametrize("name", sorted(INDEX))
+#: the default run round-trips one example of each kind (the tiny one, a table 11 plan, a table 9 plan, a Megatron
+#: baseline); the other twelve, ~10 s each on 2 cores, run with -m slow
+QUICK_EXAMPLES = {"example_hetero_tiny.json", "table11_c1.json", "table9_32b_16h800_16h20.json",
+                  "megatron_32b_16h800_16h20.json"}
+
+
+@pytest.mark.parametrize("name", [n if n in QUICK_EXAMPLES else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(INDEX)])
 def test_every_packaged_example_round_trips(name: str) -> None:
     info = INDEX[name]
     model = LlamaConfig.preset(info["model"])
