@@ -482,6 +482,7 @@ def test_a_bad_known_hosts_or_key_file_is_named_as_such(lab: LoopbackHosts, tmp_
     assert all("client key" in h.error and "No such file" in h.error for h in report.hosts)
 
 
+@pytest.mark.slow  # default-suite budget: twenty launches for a leak check
 @pytest.mark.timeout(180)
 def test_twenty_ssh_launches_leave_fds_and_threads_where_they_started(lab: LoopbackHosts) -> None:
     cluster = Cluster.load({"nodes": [{"host": lab.servers[0].address, "kind": "cpu", "ranks": [0]}]})

@@ -110,7 +110,7 @@ TOUR = [
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("family", ["llama", "gpt"])
+@pytest.mark.parametrize("family", ["llama", pytest.param("gpt", marks=pytest.mark.slow)])
 def test_switching_through_many_plans_equals_the_run_that_never_switched(family: str, tmp_path: Path) -> None:
     model = (LlamaConfig if family == "llama" else GPTConfig).preset("tiny")
     cluster = Cluster.local(4)
@@ -191,7 +191,8 @@ def _check_survived(job, pids: dict, dead: set[int], ref, tmp_path: Path, model=
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("first, second", [(("forward", 4), ("grad_sync", 1)), (("backward", 2), ("optimizer", 3))])
+@pytest.mark.parametrize("first, second", [(("forward", 4), ("grad_sync", 1)),
+                                           pytest.param(("backward", 2), ("optimizer", 3), marks=pytest.mark.slow)])
 def test_workers_killed_in_every_phase_of_a_step_are_survived(first: tuple, second: tuple, tmp_path: Path,
                                                               six_reference) -> None:
     """Two failures in one job (one in each pipeline, steps 1 and 3), together every phase of a step."""
@@ -209,6 +210,7 @@ def test_a_second_failure_during_the_reconfiguration_is_survived(tmp_path: Path,
     _check_survived(job, pids, {1, 5}, six_reference, tmp_path)
 
 
+@pytest.mark.slow  # default-suite budget: random kill points
 @pytest.mark.timeout(150)
 def test_random_kill_points_and_an_external_sigkill(tmp_path: Path, six_reference) -> None:
     rng = random.Random(11)
@@ -223,6 +225,7 @@ def test_random_kill_points_and_an_external_sigkill(tmp_path: Path, six_referenc
     _check_survived(job, pids, {rank, other}, six_reference, tmp_path)
 
 
+@pytest.mark.slow  # default-suite budget: GPT-2 elastic; Llama keeps the default tests
 @pytest.mark.timeout(150)
 def test_gpt2_with_its_tied_embedding_survives_a_lost_first_stage(tmp_path: Path) -> None:
     gpt = GPTConfig.preset("tiny")

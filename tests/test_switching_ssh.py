@@ -95,6 +95,7 @@ def test_a_lost_host_with_its_agent_and_workers_is_survived(lab: LoopbackHosts, 
     _wait(lambda: not any(_alive(p) for p in pids.values()), 20)
 
 
+@pytest.mark.slow  # default-suite budget: the API over SSH keeps test_a_killed_remote_worker_is_survived
 @pytest.mark.timeout(180)
 def test_hspmd_launch_elastic_survives_a_killed_remote_worker(lab: LoopbackHosts, reference, tmp_path,
                                                              monkeypatch, capsys) -> None:
