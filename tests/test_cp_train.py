@@ -15,6 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _equivalence import close_to_reference  # noqa: E402
+
 from hspmd_sdk import Cluster, GPTConfig, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.annotation import Annotation, DS  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
@@ -108,32 +110,8 @@ def references() -> dict:
     return out
 
 
-def _rms(t) -> float:
-    return float(t.double().pow(2).mean().sqrt())
-
-
-def _close_to_reference(run: dict, reference) -> None:
-    """tests/test_hap_ratios.py's comparison (gradients relative to a floor of 1e-4 of the largest; parameters
-    norm-relative, those with no gradient to within 1e-2 lr)."""
-    loss_err = max(abs(a - b) / abs(b) for a, b in zip(run["losses"], reference.losses))
-    assert len(run["losses"]) == STEPS and loss_err <= TOL, (run["losses"], reference.losses)
-    assert run["spread"] == 0.0
-    floor = 1e-4 * max(float(g.abs().max()) for g in reference.grads.values())
-    for pname, full in reference.grads.items():
-        assert not torch.isnan(run["grads"][pname]).any(), f"{pname}: some element held by no rank"
-        err = float((run["grads"][pname] - full).abs().max()) / max(float(full.abs().max()), floor)
-        assert err <= TOL, (pname, err)
-    mats = sorted(_rms(t) for t in reference.initial.values() if t.dim() == 2)
-    typical = mats[len(mats) // 2]
-    for pname, full in reference.params.items():
-        got = run["params"][pname]
-        if float(reference.grads[pname].abs().max()) < floor * 1e-3 or not bool(reference.initial[pname].any()):
-            assert float((got - full).abs().max()) <= 1e-2 * LR, pname
-            continue
-        scale = max(1.0, typical / _rms(reference.initial[pname]))
-        norm = float((got - full).norm() / full.norm()) / scale
-        elem = float((got - full).abs().max() / full.abs().max()) / scale
-        assert norm <= PARAM_TOL and elem <= 3e-4, (pname, norm, elem)
+def _close_to_reference(run: dict, reference, *, grads: bool = True) -> None:
+    close_to_reference(run, reference, steps=STEPS, lr=LR, tol=TOL, param_tol=PARAM_TOL, grads=grads)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,38 @@
+"""The comparison of a distributed training run with the single-device reference, shared by the equality tests of
+uneven TP ratios (test_hap_ratios.py) and context parallelism (test_cp_train.py), as tests/test_runtime_train.py
+does it: losses relative; gradients relative to a floor of 1e-4 of the largest; parameters norm-relative, scaled
+for tensors much smaller than a typical matrix, and those with (almost) no gradient to within 1e-2 lr."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def rms(t: Any) -> float:
+    return float(t.double().pow(2).mean().sqrt())
+
+
+def close_to_reference(run: dict, reference: Any, *, steps: int, lr: float, tol: float = 1e-5,
+                       param_tol: float = 2e-5, grads: bool = True) -> None:
+    """``run``: ``losses``, ``spread`` (disagreement between copies), assembled ``grads`` and ``params``;
+    ``reference``: a ``reference_training`` result with ``initial`` (the starting state dict) set."""
+    import torch
+
+    loss_err = max(abs(a - b) / abs(b) for a, b in zip(run["losses"], reference.losses))
+    assert len(run["losses"]) == steps and loss_err <= tol, (run["losses"], reference.losses)
+    assert run["spread"] == 0.0
+    floor = 1e-4 * max(float(g.abs().max()) for g in reference.grads.values())
+    for pname, full in reference.grads.items() if grads else ():
+        assert not torch.isnan(run["grads"][pname]).any(), f"{pname}: some element held by no rank"
+        err = float((run["grads"][pname] - full).abs().max()) / max(float(full.abs().max()), floor)
+        assert err <= tol, (pname, err)
+    mats = sorted(rms(t) for t in reference.initial.values() if t.dim() == 2)
+    typical = mats[len(mats) // 2]
+    for pname, full in reference.params.items():
+        got = run["params"][pname]
+        if float(reference.grads[pname].abs().max()) < floor * 1e-3 or not bool(reference.initial[pname].any()):
+            assert float((got - full).abs().max()) <= 1e-2 * lr, pname
+            continue
+        scale = max(1.0, typical / rms(reference.initial[pname]))
+        norm = float((got - full).norm() / full.norm()) / scale
+        elem = float((got - full).abs().max() / full.abs().max()) / scale
+        assert norm <= param_tol and elem <= 3e-4, (pname, norm, elem)
