@@ -141,12 +141,16 @@ class _Rank:
 
 
 class _Logs:
-    """The job's log files; a failed write (disk full, read-only) warns once and the logs stay in memory."""
+    """The job's log files; a failed write (disk full, read-only) warns once and the logs stay in memory.
+
+    Reader threads of every rank write here at once: one lock, so a failure closing the files never meets a
+    write in progress (and warns once)."""
 
     def __init__(self, log_dir: Path, ranks: Sequence[int], job_id: str) -> None:
         self.dir, self.job_id = log_dir, job_id
         self.broken: str | None = None
         self._files: dict[int | str | None, IO[str]] = {}
+        self._lock = threading.RLock()
         try:
             log_dir.mkdir(parents=True, exist_ok=True)
             for r in ranks:
@@ -159,37 +163,40 @@ class _Logs:
 
     def add(self, ranks: Sequence[int]) -> None:
         """Log files for ranks that joined the job (``Job.grow``)."""
-        if self.broken is not None or not self._files:
-            return
-        try:
-            for r in ranks:
-                self._files[r] = open(self.dir / f"rank{r}.log", "w", buffering=1)
-        except OSError as e:
-            self._fail(e)
+        with self._lock:
+            if self.broken is not None or not self._files:
+                return
+            try:
+                for r in ranks:
+                    self._files[r] = open(self.dir / f"rank{r}.log", "w", buffering=1)
+            except OSError as e:
+                self._fail(e)
 
     def write(self, rank: int | None, text: str) -> None:
         """A line of ``rank``'s log (and the job's); ``rank=None``: the job's own line, in job.log only."""
-        if self.broken is not None or not self._files:
-            return
-        try:
-            if rank is None:
-                self._files[None].write(f"[job] {text}\n")
+        with self._lock:
+            if self.broken is not None or not self._files:
                 return
-            self._files[rank].write(text + "\n")
-            self._files[None].write(f"[rank {rank}] {text}\n")
-        except (OSError, ValueError) as e:  # ValueError: written after close
-            self._fail(e)
+            try:
+                if rank is None:
+                    self._files[None].write(f"[job] {text}\n")
+                    return
+                self._files[rank].write(text + "\n")
+                self._files[None].write(f"[rank {rank}] {text}\n")
+            except (OSError, ValueError) as e:  # ValueError: written after close
+                self._fail(e)
 
     def metric(self, record: dict[str, Any]) -> None:
         """One step's metrics of one rank as a line of ``metrics.jsonl`` (every job keeps one)."""
-        if self.broken is not None or not self._files:
-            return
-        try:
-            if "metrics" not in self._files:
-                self._files["metrics"] = open(self.dir / "metrics.jsonl", "w", buffering=1)
-            self._files["metrics"].write(json.dumps(record) + "\n")
-        except (OSError, ValueError) as e:
-            self._fail(e)
+        with self._lock:
+            if self.broken is not None or not self._files:
+                return
+            try:
+                if "metrics" not in self._files:
+                    self._files["metrics"] = open(self.dir / "metrics.jsonl", "w", buffering=1)
+                self._files["metrics"].write(json.dumps(record) + "\n")
+            except (OSError, ValueError) as e:
+                self._fail(e)
 
     def _fail(self, e: BaseException) -> None:
         self.broken = getattr(e, "strerror", None) or str(e)
@@ -199,7 +206,8 @@ class _Logs:
         self.close()
 
     def close(self) -> None:
-        files, self._files = list(self._files.values()), {}
+        with self._lock:
+            files, self._files = list(self._files.values()), {}
         for f in files:
             try:
                 f.close()
