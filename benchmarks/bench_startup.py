@@ -10,6 +10,11 @@ specialization on the launch cluster, preflight), ``processes`` (spawn to the wo
 worker module), ``imports`` (torch and the entry's modules), ``rendezvous`` (TCPStore + ``init_process_group``),
 ``build`` (Program from JSON, executor, parameters), ``first step``.  The peer's: spawn to its first step's end.
 
+Three ways ours starts (``hspmd_sdk.runtime.forkserver``): ``warm`` -- the kernel launched before, its fork server
+is up, each worker is a fork of a process that imported torch once; ``first`` -- the kernel's first launch, the
+server starts (imports once) then forks; ``fresh`` -- ``LocalTransport(fork=False)``, four processes importing
+torch each (what every launch cost before the fork server, and what a GPU launch still does).
+
 Run: ``python benchmarks/bench_startup.py`` (about 1 min on 2 cores; ``--rounds N``).  Figures:
 ``benchmarks/results/startup.json``; the table is in ``benchmarks/RESULTS.md``.
 """
@@ -29,16 +34,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hspmd_sdk import Cluster, LlamaConfig, specialize  # noqa: E402
 from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
-from hspmd_sdk.runtime import launch  # noqa: E402
+from hspmd_sdk.runtime import forkserver, launch  # noqa: E402
 from hspmd_sdk.runtime.launcher import free_port  # noqa: E402
+from hspmd_sdk.runtime.transport import LocalTransport  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORLD, BATCH, SEQ = 4, 4, 32
+MODES = ("warm", "first", "fresh")
 
 
-def ours_once(program: Any, cluster: Any) -> dict[str, float]:
+def ours_once(program: Any, cluster: Any, mode: str = "warm") -> dict[str, float]:
+    """One launch to its first step; ``mode``: ``warm`` (fork server up), ``first`` (server started by this
+    launch), ``fresh`` (no fork server)."""
+    if mode == "first":
+        forkserver.shutdown()
+    transport = LocalTransport(fork=mode != "fresh")
     t0 = time.monotonic()
-    job = launch(program, cluster, steps=1, seq_len=SEQ, progress=False)
+    job = launch(program, cluster, steps=1, seq_len=SEQ, progress=False, transport=transport)
     job.wait()
     s = job.startup()
     parts = {"prepare": float(s.prepare_s or 0.0), **{k: float(v or 0.0) for k, v in s.phases.items()}}
@@ -98,23 +110,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                              "micro_batch_size": BATCH // WORLD, "num_micro_batches": 1}
                                             for r in range(WORLD)]})
     program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster)
-    ours, peer = [], []
-    for _ in range(args.rounds):  # alternate: the same background load for both
-        ours.append(ours_once(program, cluster))
+    ours: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+    peer = []
+    ours_once(program, cluster, "first")  # not counted: the first launch of this process pays its lazy imports
+    for _ in range(args.rounds):  # alternate: the same background load for every side
+        for m in MODES:
+            ours[m].append(ours_once(program, cluster, m))
         peer.append(peer_once())
-    med = {k: statistics.median(r[k] for r in ours) for k in ours[0]}
+    med = {m: {k: statistics.median(r[k] for r in ours[m]) for k in ours[m][0]} for m in MODES}
     peer_med = statistics.median(peer)
     out = {"world": WORLD, "rounds": args.rounds, "cores": os.cpu_count(), "ours": med, "ours_rounds": ours,
            "peer": {"name": "torch.multiprocessing spawn + init_process_group(gloo) + DDP first step",
-                    "total": peer_med, "rounds": peer}, "ratio": med["total"] / peer_med}
+                    "total": peer_med, "rounds": peer},
+           "ratio": {m: med[m]["total"] / peer_med for m in MODES}}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2))
-    print(f"launch() to the first step, {WORLD} local ranks, median of {args.rounds}:")
+    print(f"launch() to the first step, {WORLD} local ranks, median of {args.rounds} (seconds):")
+    print(f"  {'part':<11} " + " ".join(f"{m:>7}" for m in MODES))
     for k in ("prepare", "processes", "imports", "rendezvous", "build", "first step", "total"):
-        print(f"  {k:<11} {med[k]:6.2f} s")
-    print(f"  peer (spawn + gloo + DDP, first step): {peer_med:.2f} s; ratio ours / peer = {out['ratio']:.2f}")
+        print(f"  {k:<11} " + " ".join(f"{med[m][k]:7.2f}" for m in MODES))
+    print(f"  peer (spawn + gloo + DDP, first step): {peer_med:.2f} s; ratio ours / peer: "
+          + ", ".join(f"{m} {out['ratio'][m]:.3f}" for m in MODES))
     return out
-
 
 if __name__ == "__main__":
     main()

@@ -324,3 +324,14 @@ def server_for(python: str, env: dict[str, str]) -> ForkServer | None:
             server = None
         _servers[key] = server
         return server
+
+
+def shutdown() -> None:
+    """Close this process's servers (running workers go on); the next launch starts a fresh one, which imports
+    the SDK's code anew (after editing it in a running kernel)."""
+    with _servers_lock:
+        servers = list(_servers.values())
+        _servers.clear()
+    for server in servers:
+        if server is not None:
+            server.close()
