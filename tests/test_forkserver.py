@@ -152,3 +152,14 @@ def test_a_server_that_died_is_replaced_and_the_job_still_runs(tmp_path: Path) -
     fresh = forkserver.server_for(sys.executable, dict(os.environ))
     assert fresh is not None and fresh is not server and fresh.alive
     assert all(r["ppid"] == fresh.proc.pid for r in results.values())
+
+
+@pytest.mark.timeout(120)
+def test_shutdown_ends_the_server_and_the_next_launch_starts_a_fresh_one(tmp_path: Path) -> None:
+    old = forkserver.server_for(sys.executable, dict(os.environ))
+    assert old is not None
+    forkserver.shutdown()
+    assert old.proc.poll() is not None  # the server process has exited
+    results = _run(tmp_path, "probe_fresh", LocalTransport(cwd=str(_probe_module(tmp_path, "probe_fresh"))))
+    new = forkserver.server_for(sys.executable, dict(os.environ))
+    assert new is not None and new is not old and all(r["ppid"] == new.proc.pid for r in results.values())
