@@ -280,7 +280,8 @@ def open_fds() -> int:
 
 
 def hspmd_threads() -> list[str]:
-    return sorted(t.name for t in threading.enumerate() if t.name.startswith("hspmd"))
+    """The SDK's threads of jobs (the fork server's reader lives as long as the launching process, like the server)."""
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("hspmd") and t.name != "hspmd-forkserver")
 
 
 def settle(timeout: float = 10.0) -> None:

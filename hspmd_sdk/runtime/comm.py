@@ -52,6 +52,7 @@ from ..core.gradients import backward_plan_for, gradient_layout
 from ..core.comm_ops import CollectiveOp, IdentityOp, PointToPointOp, SplitCollectiveOp
 from ..core.slices import Box, box_intersect, box_numel, box_shape, format_box, relative
 from ..errors import HSPMDError
+from .trace import span
 
 if TYPE_CHECKING:
     from ..core.comm_plan import CommPlan
@@ -275,6 +276,11 @@ def default_device(groups: Any = None) -> torch.device:
 def _run_op(op: Any, cur: torch.Tensor | None, ctx: _Ctx, what: str, tag_base: int = 0) -> torch.Tensor | None:
     if isinstance(op, IdentityOp):
         return cur
+    with span(f"comm {op.kind}"):  # the operator's SPEC name in a profiled step (:mod:`.trace`)
+        return _run_op_now(op, cur, ctx, what, tag_base)
+
+
+def _run_op_now(op: Any, cur: torch.Tensor | None, ctx: _Ctx, what: str, tag_base: int) -> torch.Tensor | None:
     if isinstance(op, CollectiveOp):
         return _run_collective(op, cur, ctx, what)
     if isinstance(op, SplitCollectiveOp):

@@ -561,8 +561,12 @@ class TrainingController:
         model = src.program.model
         strategy = _strategy_of(src.program)
         t0 = time.perf_counter()
+        # a single survivor runs a single pipeline (the planner's default keeps two replicas when the running
+        # strategy had them, which one device cannot hold)
+        alone = 1 if src.cluster.num_ranks - len(dead_src) == 1 else None
         new_strategy = replan_elastic(model, src.cluster, strategy, dead_src, seq_len=self.seq_len,
-                                      global_batch=self._replan_batch(src.cluster, dead_src), cost=self.cost)
+                                      global_batch=self._replan_batch(src.cluster, dead_src), cost=self.cost,
+                                      min_pipelines=alone)
         t1 = time.perf_counter()
         cluster, mapping = survivor_cluster(src.cluster, dead_src)
         program = specialize(model, plan_from_strategy(model, renumber(new_strategy, mapping), cluster), cluster,

@@ -63,6 +63,7 @@ from .buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, GradBuckets, SyncItem
 from .comm import Pending, execute, execute_async, execute_op, post_receives, post_sends, reshard, with_dtype
 from .kernels import kernel_for
 from .params import check_local_parameters, init_local_parameters
+from .trace import span
 
 __all__ = ["StepExecutor", "ExecutorError", "program_comm_plans", "AdamConfig", "PRECISIONS", "precision_dtype",
            "pipeline_pairs", "pipeline_groups"]
@@ -511,25 +512,26 @@ class StepExecutor:
             if ahead is not None:
                 for j in ahead[i]:
                     self._post_receives(actions[j].kind, actions[j].micro_batch)
-            if kind == "PRE":
-                self.pre()
-            elif kind == "RECV_F":
-                self.recv_forward(mb)
-            elif kind == "F":
-                self.forward(mb)
-            elif kind == "SEND_F":
-                self.send_forward(mb)
-            elif kind == "RECV_B":
-                self.recv_backward(mb)
-            elif kind == "B":
-                loss += self.backward(mb, last=i == last_b)
-                self._step_loss = loss
-            elif kind == "SEND_B":
-                self.send_backward(mb)
-            elif kind == "POST":
-                self.post(capture_grads=capture_grads)
-            else:  # pragma: no cover - the schedule IR has exactly the kinds above
-                raise ExecutorError(f"rank {self.rank}: unknown schedule action {action}")
+            with span(kind if mb is None else f"{kind} mb{mb}"):  # the profiler's name for it (:mod:`.trace`)
+                if kind == "PRE":
+                    self.pre()
+                elif kind == "RECV_F":
+                    self.recv_forward(mb)
+                elif kind == "F":
+                    self.forward(mb)
+                elif kind == "SEND_F":
+                    self.send_forward(mb)
+                elif kind == "RECV_B":
+                    self.recv_backward(mb)
+                elif kind == "B":
+                    loss += self.backward(mb, last=i == last_b)
+                    self._step_loss = loss
+                elif kind == "SEND_B":
+                    self.send_backward(mb)
+                elif kind == "POST":
+                    self.post(capture_grads=capture_grads)
+                else:  # pragma: no cover - the schedule IR has exactly the kinds above
+                    raise ExecutorError(f"rank {self.rank}: unknown schedule action {action}")
         return loss
 
     @property
@@ -872,8 +874,9 @@ class StepExecutor:
         the last backward are waited for here), then Adam on the fp32 master shards."""
         if self.probe is not None:
             self.probe("grad_sync")
-        self._resolve_all()
-        synced = self.grad_sync.finish()
+        with span("sync"):
+            self._resolve_all()
+            synced = self.grad_sync.finish()
         for p, master in self.params.items():  # the synced sum is the gradient (zeros if no use got one)
             g = synced.get(p)
             master.grad = g.contiguous() if g is not None else torch.zeros_like(master)  # fused Adam: dense
@@ -884,9 +887,10 @@ class StepExecutor:
             self._before_update(self._step_loss if self.loss_contributor() else 0.0)
         if self.probe is not None:
             self.probe("optimizer")
-        if any(o.kind == "OptimizerStep" for o in self.eg.post):
-            self._timed(self.optimizer.step)
-        self.optimizer.zero_grad(set_to_none=True)
+        with span("optim"):
+            if any(o.kind == "OptimizerStep" for o in self.eg.post):
+                self._timed(self.optimizer.step)
+            self.optimizer.zero_grad(set_to_none=True)
         self.step_values = {}
 
     # ---- stage-boundary transfers -------------------------------------------------------------------------------

@@ -251,6 +251,7 @@ class Job:
         self._progress: Progress | None = make_progress(spec.steps, f"job {spec.job_id}") if progress else None
         self.prepared_s: float | None = None  #: the launcher's seconds before the workers started (:meth:`startup`)
         self._observers: dict[str, list[Callable[[int, dict[str, Any]], None]]] = {}
+        self._recorded: dict[int, dict[int, dict[str, Any]]] = {}  # launch rank -> step -> profiled spans (.trace)
         self._finish_hooks: list[Callable[["Job"], None]] | None = []  # None once they ran (on_finish)
         self.notes: list[str] = []  #: the job's own messages (reconfigurations), also in job.log
         self.controller: Any = None  #: the :class:`~.controller.TrainingController` of a training job
@@ -413,6 +414,36 @@ class Job:
         """The cluster the job runs on now (after an elastic recovery: the survivors, renumbered)."""
         return self.controller.cluster if self.controller is not None else None
 
+    # ---- measured timelines (launch(..., profile=[steps])) ---------------------------------------------------
+    def trace(self, path: str | Path | None = None) -> Path:
+        """Write the profiled steps of every rank as one Chrome/Perfetto trace (a track per rank; the plan's
+        actions, its communication operators by their SPEC names and the process group's collectives; see
+        :mod:`.trace`) to ``path`` (default ``<log_dir>/trace.json``) and return the path: open it in
+        https://ui.perfetto.dev or ``chrome://tracing``.  Raises ``ValueError`` when no step was recorded."""
+        from .trace import merge
+
+        with self._lock:
+            recorded = {r: {s: list(v["spans"]) for s, v in per.items()} for r, per in self._recorded.items()}
+        if not recorded:
+            raise ValueError("no step was recorded: launch with profile=[step, ...] (steps to record)")
+        out = Path(path) if path is not None else self.log_dir / "trace.json"
+        out.write_text(json.dumps(merge(recorded, self._rank_labels())))
+        return out
+
+    def timeline(self, step: int | None = None) -> Any:
+        """Each rank's measured phases of a profiled ``step`` (default: the last recorded) beside the simulator's
+        prediction for the Program that ran it: a :class:`~.timeline.Timeline` (``figure()``, ``gaps``,
+        ``table()``; a notebook shows both)."""
+        from .timeline import build_timeline
+
+        with self._lock:
+            recorded = {r: dict(per) for r, per in self._recorded.items()}
+        return build_timeline(recorded, self.controller, step, self._rank_labels())
+
+    def _rank_labels(self) -> dict[int, str]:
+        with self._lock:
+            return {r: f"rank {r}" + (f" ({rec.host})" if rec.host else "") for r, rec in self._ranks.items()}
+
     def dashboard(self, **kwargs: Any) -> Any:
         """A notebook widget following this job: step, loss curve, per-rank step times, reconfigurations
         (:class:`hspmd_sdk.viz.JobDashboard`; needs the ``notebook`` extra)."""
@@ -543,6 +574,11 @@ class Job:
                 rec.result = dict(msg.get("value") or {})
         elif kind == "error":
             self._on_error(rank, msg)
+        elif kind == "trace":
+            with self._lock:
+                self._recorded.setdefault(rank, {})[int(msg.get("step", -1))] = {
+                    "rank": msg.get("program_rank", rank), "version": msg.get("version"),
+                    "spans": msg.get("spans") or []}
         for fn in self._observers.get(str(kind), ()):
             try:
                 fn(rank, msg)

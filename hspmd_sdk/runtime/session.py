@@ -100,6 +100,7 @@ class TrainSession:
     """One run of ``train_entry`` on one worker: see the module docstring."""
 
     def __init__(self, state: Any, run: Mapping[str, Any], index: int, offset: int) -> None:
+        from .trace import StepRecorder
         from .train import _checkpoint_saver, _initial_state, _program_of, _resume_point, dataset_for
 
         self.state, self.run, self.index, self.offset = state, run, index, offset
@@ -135,6 +136,7 @@ class TrainSession:
         self.start, self.adam_steps = _resume_point(run)
         self.committed = self.start - 1
         self.saver = _checkpoint_saver(state, run, index)
+        self.recorder = StepRecorder(run.get("profile") or ())
         self._make_executor(params, opt_state)
         if self.ex is None:  # a spare rank may get state in a switch: pay torch.optim's first-use import now
             import torch
@@ -209,7 +211,11 @@ class TrainSession:
             reason = None
             try:
                 self._maybe_switch(step)
-                losses[step] = self._step(step)
+                with self.recorder.step(step) as spans:  # the torch profiler on a chosen step (:mod:`.trace`)
+                    losses[step] = self._step(step)
+                if spans:
+                    self.state.channel.send("trace", step=step, program_rank=self.state.rank,
+                                            version=list(self.version), spans=spans)
                 step += 1
             except Exception as e:  # noqa: BLE001 - sorted below: a peer's failure, or a genuine error
                 if not (self.elastic and _is_comm_failure(e)):

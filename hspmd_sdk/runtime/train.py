@@ -189,7 +189,7 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
                     checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
                     checkpoint_async: bool = True, resume_from: str | Path | None = None,
                     precision: str = "fp32", device: str | None = None,
-                    **launch_kwargs: Any) -> Any:
+                    profile: int | Sequence[int] | None = None, **launch_kwargs: Any) -> Any:
     """Train ``program`` for ``steps`` steps on one worker process per rank of ``cluster``; returns the running
     :class:`~.job.Job` (``job.wait().losses``: the loss of each step's global batch).
 
@@ -216,7 +216,9 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     failures): ``[{"rank": r, "step": s, "at": point}]`` makes rank ``r`` SIGKILL itself at ``point`` of step ``s``
     (``"forward"``, ``"backward"``, ``"grad_sync"``, ``"optimizer"``, or ``"switch"`` during a switch), or at a
     point of the write of the checkpoint of step ``s`` (steps completed; :data:`~.checkpoint_io.WRITE_POINTS`).
-    ``launch_kwargs`` go to
+    ``profile``: steps (an index or a list) every rank records with the torch profiler; ``job.trace()`` merges
+    them into one Chrome/Perfetto trace and ``job.timeline()`` draws each rank's measured phases beside the
+    simulator's prediction (:mod:`.trace`, :mod:`.timeline`).  ``launch_kwargs`` go to
     :func:`hspmd_sdk.runtime.launcher.launch` (``progress``, ``echo``, ``slowdown`` — a factor or a schedule
     ``{rank: [(step, factor), ...]}`` —, ``timeout_s``, ``transport``, ``log_dir``, ...).
 
@@ -243,7 +245,8 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     if mixed:  # candidate Programs: mixed-length data (SPEC §7)
         from .mixed import launch_mixed
 
-        given = {"data": data, "seq_len": seq_len, "recompute": recompute, "straggler": straggler}
+        given = {"data": data, "seq_len": seq_len, "recompute": recompute, "straggler": straggler,
+                 "profile": profile}
         default = {"data": "synthetic"}
         bad = [k for k, v in given.items() if k not in ("data",) and v not in (None, False, default.get(k))]
         if bad:
@@ -273,6 +276,7 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
                                                       launch_kwargs.get("transport"))
     run["elastic"] = bool(elastic)
     run["faults"] = checked_faults(fault_injection, program.ranks, "the program", "training run")
+    run["profile"] = checked_profile(profile, steps)
     watch = StragglerWatch() if straggler is True else (straggler or None)
     controller = TrainingController(program, cluster, global_batch=run["global_batch"], seq_len=run["seq_len"],
                                     elastic=bool(elastic), straggler=watch, cost=cost,
@@ -301,6 +305,25 @@ def checked_faults(faults: Sequence[Mapping[str, Any]], ranks: Sequence[int], wh
         raise PlanValidationError([("fault_injection", f"{bad[0]}: 'at' must be one of {sorted(points)} and 'rank' "
                                                        f"a rank of {whose}")], what=what)
     return [dict(f) for f in faults]
+
+
+def checked_profile(profile: int | Sequence[int] | None, steps: int) -> list[int]:
+    """``profile=`` as the workers take it: the sorted steps to record, each in ``[0, steps)``; else a
+    :class:`~hspmd_sdk.errors.PlanValidationError` naming the bad one."""
+    from ..errors import PlanValidationError
+
+    if profile is None:
+        return []
+    given = [profile] if isinstance(profile, int) and not isinstance(profile, bool) else profile
+    try:
+        chosen = list(given)  # type: ignore[arg-type]
+    except TypeError:
+        chosen = [profile]
+    bad = [s for s in chosen if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < steps]
+    if bad:
+        raise PlanValidationError([("profile", f"{bad[0]!r} is not a step of this run: pass step indices in "
+                                               f"0..{steps - 1} (an int or a list)")], what="training run")
+    return sorted(set(chosen))
 
 
 def recompute_ranks(strategy: Any) -> list[int]:

@@ -1,0 +1,343 @@
+"""A chaos soak on a real Slurm cluster (issue 25 item 5): one elastic job keeps losing a random worker and keeps
+getting its capacity back, with checkpoints being written all along.
+
+Three nodes (:class:`hspmd_sdk.testing.slurm.LocalSlurm`: one H800, two H20, one fake GPU each, the workers compute
+on the CPU with gloo) train one job.  A seeded RNG (the seed is printed) picks, fault after fault, one of
+
+* ``kill``: SIGKILL of the worker process of a random live rank (found in its node's namespace: the task that
+  ``slurmstepd`` runs, not the ``srun`` client here);
+* ``stop``: SIGSTOP of that process (it stays alive, frozen: the job's heartbeats name it hung and stop it);
+* ``cut``: the node's link taken down (:meth:`LocalSlurm.cut_node`); once the job has given the rank up the link
+  comes back and the node is restarted (the worker left on it ends; its peers' connections to it fail at once),
+
+waits until the job recovered (the failure's event is ``done``), and then, at random or when a single rank is
+left, grows the job back onto every node it lost (``job.grow(extend_cluster(job.cluster,
+Cluster.from_slurm(nodes=...)))``: the planner's plan for the grown cluster).  Every step of every rank is
+emulated slower by the same factor (newcomers too: :func:`_pace_newcomers`), so that faults land mid-run.
+
+What is checked, against references independent of the job: every loss any rank reported equals the
+single-device model's loss of that step (fp32, relative 1e-5); the job ends ``succeeded`` within its time;
+``job.events`` is exactly one ``failure`` event per fault (naming the lost launch rank) and one ``grow`` event per
+grow, in order, all ``done``; nothing is left on any node (``ip netns pids``), no ``srun`` here, no Slurm job
+(``squeue``); the launcher's open file descriptors and SDK threads are back where they were before the job.
+
+:func:`soak` is the driver; ``benchmarks/bench_soak.py`` runs it with 100 faults and reports recovery times and
+throughput against a failure-free run.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
+from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
+from hspmd_sdk.testing.slurm import LocalSlurm, SlurmNode, slurm_unavailable  # noqa: E402
+from test_slurm import assert_nothing_left  # noqa: E402
+
+NODES = [SlurmNode("n1", "H800", gpus=1, cpus=2, memory_mb=4000),
+         SlurmNode("n2", "H20", gpus=1, cpus=2, memory_mb=4000),
+         SlurmNode("n3", "H20", gpus=1, cpus=2, memory_mb=4000)]
+HOSTS = [n.name for n in NODES]
+SEQ, SEED, LR = 16, 5, 1e-3
+TOL = 1e-5
+KINDS = ("kill", "stop", "cut")
+#: the plan the job starts with: the H800 trains 6 of the 8 samples alone, the two H20s a 2-stage pipeline
+HETERO = {"pipelines": [{"stages": [{"devices": [0], "layers": [0, 3]}], "micro_batch_size": 2,
+                         "num_micro_batches": 3},
+                        {"stages": [{"devices": [1], "layers": [0, 1]}, {"devices": [2], "layers": [2, 3]}],
+                         "micro_batch_size": 2, "num_micro_batches": 1}]}
+#: every worker emulates a device this many times slower (a step takes a few tenths of a second)
+PACE = 6.0
+
+
+# ---- the driver ---------------------------------------------------------------------------------------------------
+@dataclass
+class Fault:
+    """One injected fault: what, on which node and launch rank, when (wall clock and the job's last step), and its
+    recovery (the ``failure`` event; ``recovered_s``: from the injection until that event was seen ``done``)."""
+
+    kind: str
+    host: str
+    rank: int
+    t: float
+    step: int
+    event: Any = None
+    recovered_s: float | None = None
+
+
+@dataclass
+class Grow:
+    hosts: list[str]
+    t: float
+    event: Any = None
+    grown_s: float | None = None
+
+
+@dataclass
+class SoakRun:
+    seed: int
+    steps: int
+    faults: list[Fault] = field(default_factory=list)
+    grows: list[Grow] = field(default_factory=list)
+    job: Any = None
+    result: Any = None
+    seconds: float = 0.0
+    fault_seconds: float = 0.0  #: from the launch to the last fault's recovery
+
+    def counts(self) -> dict[str, int]:
+        return {k: sum(f.kind == k for f in self.faults) for k in KINDS}
+
+
+def _program(cluster: Cluster, data: dict):
+    model = LlamaConfig.preset("tiny")
+    return specialize(model, plan_from_strategy(model, Strategy.load(data), cluster), cluster,
+                      bindings={"B": 8, "S": SEQ})
+
+
+def launch_job(steps: int, *, checkpoint_dir: Path | None = None, checkpoint_every: int = 4,
+               heartbeat_s: float = 0.3, pace: float = PACE):
+    """The job on n1-n3 (HETERO, elastic, every rank ``pace`` times slower); returns it and its transport."""
+    from hspmd_sdk.runtime import SlurmTransport
+    from hspmd_sdk.runtime.train import launch_training
+
+    cluster = Cluster.from_slurm(nodes=HOSTS)
+    transport = SlurmTransport()
+    options: dict[str, Any] = {}
+    if checkpoint_dir is not None:
+        options.update(checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=3)
+    job = launch_training(_program(cluster, HETERO), cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
+                          transport=transport, device="cpu", timeout_s=60, heartbeat_s=heartbeat_s, elastic=True,
+                          progress=False, slowdown={r: pace for r in cluster.ranks}, **options)
+    return job, transport
+
+
+def _pace_newcomers(job: Any, count: int, pace: float) -> None:
+    """The emulation covers the workers a grow starts too: their launch ranks (the next ``count``) get the same
+    slowdown in the spec the grow copies (test emulation: the real devices would all be equally fast)."""
+    with job._lock:
+        n = job.spec.world_size
+        job.spec = job.spec.model_copy(update={"slowdown": {**job.spec.slowdown,
+                                                            **{n + i: pace for i in range(count)}}})
+
+
+def _wait(cond: Callable[[], bool], timeout: float, what: str, job: Any = None) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if job is not None and job.status.value != "running":
+            try:
+                why = repr(job.wait(timeout=5))
+            except BaseException as e:  # noqa: BLE001 - the job's own reason, quoted
+                why = f"{type(e).__name__}: {e}"
+            raise AssertionError(f"the job ended ({job.status.value}) while waiting for {what}: {why[-3000:]}")
+        assert time.monotonic() < end, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(0.02)
+
+
+def worker_pid(lab: LocalSlurm, host: str, rank: int) -> int:
+    """The worker process of launch rank ``rank`` on ``host`` (the task in the node's namespace)."""
+    want = ["-m", "hspmd_sdk.runtime.worker", "--rank", str(rank)]
+    for pid in lab.node_pids(host):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(args[i:i + 4] == want for i in range(len(args))):
+            return pid
+    raise AssertionError(f"no worker of rank {rank} on {host} (processes there: {lab.node_pids(host)})")
+
+
+def _live(job: Any) -> dict[str, int]:
+    """Host -> the launch rank running there now (the current plan's ranks)."""
+    ctl = job.controller
+    with ctl._lock:
+        cur = ctl.current
+        return {cur.cluster.node_of(r).host: l for r, l in cur.to_launch.items()}
+
+
+def soak(lab: LocalSlurm, *, faults: int, seed: int, steps: int, checkpoint_dir: Path,
+         p_grow: float = 0.5, gap: int = 1, deadline_s: float = 600.0,
+         log: Callable[[str], None] = print) -> SoakRun:
+    """Run one job of ``steps`` steps and inject ``faults`` faults (module docstring); returns the record with
+    the job's result.  Faults stop early (and the record has fewer) when fewer than ``4`` steps remain."""
+    from hspmd_sdk.runtime.grow import extend_cluster
+
+    rng = random.Random(seed)
+    run = SoakRun(seed=seed, steps=steps)
+    t0 = time.monotonic()
+    job, _ = launch_job(steps, checkpoint_dir=checkpoint_dir)
+    run.job = job
+    kinds: list[str] = []
+    try:
+        _wait(lambda: job.metrics.last_step() >= 1, 120, "step 1", job)
+        done_step = job.metrics.last_step()
+        while len(run.faults) < faults:
+            _wait(lambda: job.metrics.last_step() >= done_step + gap, 120, "the next step", job)
+            if job.metrics.last_step() + 6 >= steps:
+                log(f"soak: only {steps - job.metrics.last_step() - 1} steps left, stopping the faults")
+                break
+            live = _live(job)
+            if not kinds:
+                kinds = rng.sample(KINDS, len(KINDS))
+            kind = kinds.pop()
+            host = rng.choice(sorted(live))
+            rank = live[host]
+            pid = worker_pid(lab, host, rank)
+            fault = Fault(kind, host, rank, time.time(), job.metrics.last_step())
+            t_inject = time.monotonic()
+            if kind == "kill":
+                os.kill(pid, signal.SIGKILL)
+            elif kind == "stop":
+                os.kill(pid, signal.SIGSTOP)
+            else:
+                lab.cut_node(host)
+            run.faults.append(fault)
+            if kind == "cut":  # once the job gave the rank up, the link comes back and the node restarts
+                _wait(lambda: rank not in job.pids(), 60, f"rank {rank} given up after the cut of {host}", job)
+                lab.restore_node(host)
+                lab.restart_node(host)
+
+            def recovered() -> Any:
+                return next((e for e in job.events if e.reason == "failure" and rank in e.failed_ranks
+                             and e.done), None)
+            _wait(lambda: recovered() is not None, 120, f"the recovery from the {kind} of rank {rank} on {host}",
+                  job)
+            fault.recovered_s = time.monotonic() - t_inject
+            fault.event = recovered()
+            done_step = job.metrics.last_step()
+            log(f"soak: {time.monotonic() - t0:.1f} s: fault {len(run.faults)}: {kind} rank {rank} on {host} at step {fault.step}: recovered in "
+                f"{fault.recovered_s:.2f} s ({fault.event})")
+            lost = [h for h in HOSTS if h not in _live(job)]
+            grow = len(lost) == len(HOSTS) - 1 or rng.random() < p_grow  # a single rank left: always
+            if grow and len(run.faults) < faults and job.metrics.last_step() + 6 < steps:
+                for h in lost:  # a node whose slurmd died with the cut was restarted above
+                    lab.wait_idle([h], timeout_s=60)
+                grown = extend_cluster(job.cluster, Cluster.from_slurm(nodes=lost))
+                _pace_newcomers(job, len(lost), PACE)
+                g = Grow(list(lost), time.time())
+                t_grow = time.monotonic()
+                g.event = job.grow(grown)
+                log(f"soak: {time.monotonic() - t0:.1f} s: grow onto {lost} requested in "
+                    f"{time.monotonic() - t_grow:.2f} s, for step {g.event.step}")
+                run.grows.append(g)
+                _wait(lambda: g.event.done, 120, f"the grow onto {lost}", job)
+                g.grown_s = time.monotonic() - t_grow
+                done_step = job.metrics.last_step()
+                log(f"soak: {time.monotonic() - t0:.1f} s: grew onto {lost} in {g.grown_s:.2f} s ({g.event})")
+            if time.monotonic() - t0 > deadline_s:
+                log("soak: out of time, stopping the faults")
+                break
+        run.fault_seconds = time.monotonic() - t0
+        run.result = job.wait(timeout=max(60.0, steps * 2.0))
+    except BaseException:
+        job.cancel()
+        raise
+    run.seconds = time.monotonic() - t0
+    return run
+
+
+# ---- the test -----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def slurm():  # type: ignore[no-untyped-def]
+    why = slurm_unavailable()
+    if why:
+        pytest.skip(why)
+    with LocalSlurm(NODES, slurmd_timeout_s=120) as lab:
+        yield lab
+
+
+@pytest.fixture
+def on_slurm(slurm: LocalSlurm, monkeypatch: pytest.MonkeyPatch) -> LocalSlurm:
+    for k, v in slurm.env.items():
+        monkeypatch.setenv(k, v)
+    yield slurm
+    for n in slurm.nodes:  # a run that failed half-way leaves no node dead or cut behind
+        slurm.restore_node(n.name)
+        if not any("slurmd" in _comm(p) for p in slurm.node_pids(n.name)):
+            slurm.restart_node(n.name)
+    assert_nothing_left(slurm, within=30.0)
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def hspmd_threads() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("hspmd"))
+
+
+def settle(timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while hspmd_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def check_soak(run: SoakRun, reference: Any) -> None:
+    """The soak's proofs on the job (losses, events, outcome); the caller checks what is left."""
+    job, result = run.job, run.result
+    assert job.status.value == "succeeded", job.status
+    ref = reference.losses
+    assert len(result.losses) == run.steps
+    bad = [(r, m.step, m.loss, ref[m.step]) for r in job.metrics.ranks() for m in job.metrics.rank(r)
+           if m.loss is not None and abs(m.loss - ref[m.step]) > TOL * abs(ref[m.step])]
+    assert bad == [], f"seed {run.seed}: losses that differ from the single-device model's (rank, step, got, ref)"
+    # every fault and every grow is exactly one event, in the order they happened, all done
+    expected = sorted([(f.t, "failure", [f.rank]) for f in run.faults] + [(g.t, "grow", []) for g in run.grows])
+    got = [(e.reason, e.failed_ranks) for e in result.events]
+    assert got == [(r, ranks) for _, r, ranks in expected], f"seed {run.seed}: events {got}"
+    assert all(e.done and not e.superseded for e in result.events), [str(e) for e in result.events]
+    for f in run.faults:
+        assert f.event is not None and f.event.step >= f.step, (f, str(f.event))
+    kinds = {f.rank: f.kind for f in run.faults}
+    for failure in result.failures if hasattr(result, "failures") else job.failures:
+        assert set(failure.ranks) <= set(kinds), failure
+
+
+@pytest.fixture(scope="module")
+def reference() -> Any:
+    from hspmd_sdk.runtime.train import reference_training
+
+    return reference_training(LlamaConfig.preset("tiny"), steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
+
+
+STEPS = 80
+FAULTS = 10
+
+
+@pytest.mark.timeout(300)
+def test_a_job_survives_ten_random_faults_with_equal_losses_and_nothing_left(on_slurm: LocalSlurm, reference,
+                                                                             tmp_path: Path) -> None:
+    seed = int(os.environ.get("HSPMD_SOAK_SEED", random.randrange(2**31)))
+    print(f"chaos soak seed {seed} (HSPMD_SOAK_SEED={seed} repeats it)")
+    settle()
+    fds, threads = open_fds(), hspmd_threads()
+    run = soak(on_slurm, faults=FAULTS, seed=seed, steps=STEPS, checkpoint_dir=tmp_path / "ck")
+    print(f"seed {seed}: {len(run.faults)} faults {run.counts()}, {len(run.grows)} grows, faults over "
+          f"{run.fault_seconds:.1f} s, job {run.seconds:.1f} s; recovery median "
+          f"{statistics.median(f.recovered_s for f in run.faults):.2f} s, worst "
+          f"{max(f.recovered_s for f in run.faults):.2f} s")
+    assert len(run.faults) >= FAULTS, f"seed {seed}: only {len(run.faults)} faults before the job's last steps"
+    assert run.fault_seconds <= 180, f"seed {seed}: {FAULTS} faults took {run.fault_seconds:.0f} s"
+    check_soak(run, reference)
+    assert_nothing_left(on_slurm, within=30.0)
+    settle()
+    assert hspmd_threads() == threads, hspmd_threads()
+    assert open_fds() == fds, sorted(os.listdir("/proc/self/fd"))
