@@ -578,7 +578,7 @@ class Job:
             with self._lock:
                 self._recorded.setdefault(rank, {})[int(msg.get("step", -1))] = {
                     "rank": msg.get("program_rank", rank), "version": msg.get("version"),
-                    "spans": msg.get("spans") or []}
+                    "spans": msg.get("spans") or [], "collect_s": msg.get("collect_s")}
         for fn in self._observers.get(str(kind), ()):
             try:
                 fn(rank, msg)

@@ -215,7 +215,8 @@ class TrainSession:
                     losses[step] = self._step(step)
                 if spans:
                     self.state.channel.send("trace", step=step, program_rank=self.state.rank,
-                                            version=list(self.version), spans=spans)
+                                            version=list(self.version), spans=spans,
+                                            collect_s=self.recorder.collect_s)
                 step += 1
             except Exception as e:  # noqa: BLE001 - sorted below: a peer's failure, or a genuine error
                 if not (self.elastic and _is_comm_failure(e)):
