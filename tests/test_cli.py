@@ -135,7 +135,6 @@ def test_run_saves_checkpoints_and_resumes_under_another_strategy(tmp_path, caps
     assert code == 0 and [r[0] for r in rows] == ["2", "3"] and _same_losses(rows, 1, _tiny_reference(4, "stdlib")), out
 
 
-@pytest.mark.slow  # ~50 s: mixed-length training itself is in the default suite (test_mixed_*, tutorial 09)
 def test_run_mixed_length_data_from_the_planned_candidates(tmp_path, capsys) -> None:
     """``hspmd plan --scenario mixed --programs DIR`` then ``hspmd run --programs DIR``: per-step candidates on
     the standard library's documents, the losses the single-device model's on the same sequences; with

@@ -93,7 +93,6 @@ def test_switching_into_and_out_of_cp_plans(reference: Any) -> None:
 
 
 # ---- elastic recovery of a CP plan --------------------------------------------------------------------------------
-@pytest.mark.slow  # CP x failure; the default suite keeps CP x switch and CP x packed rows
 @pytest.mark.timeout(120)
 def test_a_sigkilled_cp_rank_is_recovered_elastically(reference: Any) -> None:
     """Rank 1 (the second rank of the CP2 group) is SIGKILLed during step 2 (stretched 4x so that the kill lands
@@ -185,7 +184,6 @@ def test_packed_rows_through_a_cp_stage_equal_the_reference(tmp_path: Path) -> N
     _packed_cp_run("llama", tmp_path)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_packed_rows_through_a_cp_stage_equal_the_reference_gpt2(tmp_path: Path) -> None:
     _packed_cp_run("gpt", tmp_path)

@@ -144,7 +144,6 @@ def _pipe(devices: list[int], mbs: int, n: int) -> dict:
     return {"stages": [{"devices": devices, "layers": [0, 3]}], "micro_batch_size": mbs, "num_micro_batches": n}
 
 
-@pytest.mark.slow  # ~60 s; tutorial 08's "Watching a job" asserts the same on every run of the suite
 @pytest.mark.timeout(150)
 def test_an_elastic_job_that_shrank_shows_its_current_world_and_plan() -> None:
     """Three data-parallel ranks (batches 2, 2, 4: global batch 8), rank 2 killed in step 1's forward.  The job

@@ -104,7 +104,6 @@ def test_lost_state_is_reloaded_from_the_checkpoint_in_the_running_survivors(tmp
     assert _gone(pids)
 
 
-@pytest.mark.slow  # default-suite budget: the same error without a checkpoint is test_switching's
 @pytest.mark.timeout(120)
 def test_lost_state_before_the_first_checkpoint_fails_naming_the_tensors(tmp_path: Path) -> None:
     """The first checkpoint comes after step 4; rank 2 dies in step 1: nothing to reload from."""

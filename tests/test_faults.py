@@ -291,7 +291,6 @@ def settle(timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.slow  # default-suite budget: twenty launches for a leak check
 @pytest.mark.timeout(120)
 def test_twenty_local_launches_leave_fds_and_threads_where_they_started() -> None:
     def one(ok: bool = True) -> None:

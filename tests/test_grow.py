@@ -84,7 +84,7 @@ def _grow_run(reference, grown: dict | None, *, zero1: bool = False, elastic: bo
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("zero1", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("zero1", [False, True])
 def test_a_job_grows_from_two_to_four_ranks_in_memory(reference, zero1: bool) -> None:
     """DP2 -> TP2 x DP2 onto two new workers (ZeRO-1 off and on): equal losses, the same two processes go on."""
     _, result, event = _grow_run(reference, TP2_DP2, zero1=zero1)
@@ -92,7 +92,6 @@ def test_a_job_grows_from_two_to_four_ranks_in_memory(reference, zero1: bool) ->
     assert [e.reason for e in result.events] == ["grow"]
 
 
-@pytest.mark.slow  # grow x failure x checkpoint; tutorial 08 grows to the planner's plan in the default suite
 @pytest.mark.timeout(180)
 def test_a_grown_job_to_the_planners_plan_then_loses_a_newcomer(reference, tmp_path) -> None:
     """``job.grow(cluster)`` without a program takes the planner's plan for the four ranks (on this cluster a

@@ -146,7 +146,7 @@ def test_candidates_without_a_model_or_a_strategy_are_refused_before_any_worker_
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("at", ["forward", pytest.param("switch", marks=pytest.mark.slow)])  # switch: -m slow
+@pytest.mark.parametrize("at", ["forward", "switch"])
 def test_a_killed_worker_in_a_mixed_length_run_is_survived_and_the_losses_stay_the_references(
         tmp_path: Path, at: str) -> None:
     """``elastic=True`` with candidates: rank 3 is SIGKILLed (in a step's forward, or inside a length switch's

@@ -40,7 +40,7 @@ def test_a_switching_run_saves_under_the_running_candidate(saved) -> None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("step,entries", [(2, None), pytest.param(4, [ENTRIES[2]], marks=pytest.mark.slow)], ids=["same-candidates", "other-candidate"])
+@pytest.mark.parametrize("step,entries", [(2, None), (4, [ENTRIES[2]])], ids=["same-candidates", "other-candidate"])
 def test_resuming_gives_the_uninterrupted_losses(saved, step: int, entries) -> None:
     root, _, uninterrupted = saved
     programs = _programs(MODEL) if entries is None else _programs(MODEL, entries)

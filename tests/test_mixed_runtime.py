@@ -134,7 +134,6 @@ def test_llama_switching_by_length_equals_the_single_device_reference(llama_run:
     _check(LlamaConfig.preset("tiny"), job, result, tmp, ref)
 
 
-@pytest.mark.slow  # default-suite budget: GPT-2 by length; Llama keeps the default test
 @pytest.mark.timeout(240)
 def test_gpt2_switching_by_length_equals_the_single_device_reference(tmp_path: Path) -> None:
     model = GPTConfig.preset("tiny")

@@ -93,7 +93,7 @@ def test_a_worker_killed_while_a_user_switch_is_pending(tmp_path: Path, referenc
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("elastic", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("elastic", [False, True])
 def test_switches_requested_back_to_back_are_applied_in_order(elastic: bool, reference) -> None:
     """DP2 -> TP2 -> PP2 -> DP4 requested within one step (step 1, stretched 300x by sleeping): each was planned
     from the one before it; the workers apply all three at the next boundary, in order (none is dropped, none
@@ -131,7 +131,6 @@ def test_a_worker_killed_during_a_synchronous_checkpoint(tmp_path: Path, referen
     _check(job, result, reference, pids, {4})
 
 
-@pytest.mark.slow  # default-suite budget: a repeated-failure timing check
 @pytest.mark.timeout(60)
 def test_the_nth_failure_is_detected_as_fast_as_the_first(tmp_path: Path, reference) -> None:
     """Three ranks killed one after another (steps 1, 2, 3): each failure's ``detect`` (its first evidence to the
@@ -185,7 +184,6 @@ SPARE = {"pipelines": [_pipe([([5], [0, 1]), ([4], [2, 3])], 2, 2), _pipe([([0, 
          "schedule": "gpipe"}
 
 
-@pytest.mark.slow  # default-suite budget: the switch x failure race keeps test_a_worker_killed_while_a_user_switch_is_pending
 @pytest.mark.timeout(60)
 def test_a_failure_in_the_first_step_after_a_switch_that_leaves_ranks_without_state(reference) -> None:
     """A switch to a plan where ranks 1 and 3 hold nothing is applied at step 2's boundary (step 1 is stretched

@@ -138,7 +138,6 @@ def run_sequence(case: dict, ref, tmp_path: Path) -> None:
     assert_no_workers_left(list(pids.values()), within=10)
 
 
-@pytest.mark.slow  # default-suite budget: a random sweep
 @pytest.mark.timeout(300)
 def test_short_random_sweep(tmp_path: Path, reference) -> None:
     for seed in range(SHORT):
