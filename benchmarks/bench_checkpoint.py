@@ -340,17 +340,20 @@ def stall_part(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
 
 # ---- (c) checkpoint and restart --------------------------------------------------------------------------------
 def restart(program_a: Any, cluster_a: Any, program_b: Any, cluster_b: Any, root: Path, *, save_at: int = 2,
-            seed: int = SEED, seq_len: int = SEQ, timeout_s: float = 300.0) -> dict[str, float]:
+            seed: int = SEED, seq_len: int = SEQ, timeout_s: float = 300.0,
+            transport: Any = None) -> dict[str, float]:
     """The checkpoint-and-restart path, timed: train ``program_a`` until the checkpoint of step ``save_at`` is
     committed in ``root``, kill every worker, relaunch ``program_b`` on ``cluster_b`` resuming from it, until its
     first step is done.  Seconds: ``kill`` (cancel until every worker is gone), ``check`` (the launcher opens and
     verifies the checkpoint and builds the run), ``start`` (process start, rendezvous, specialization: the rest
     until the first step began), ``load`` (the slowest rank reading its shards), ``first_step`` (its step time),
-    ``total`` (relaunch to first step done; ``kill`` not included)."""
+    ``total`` (relaunch to first step done; ``kill`` not included).  ``transport``: a factory of the transport
+    of both launches (default: local processes, forked from the fork server)."""
     from hspmd_sdk.runtime.train import launch_training
 
+    extra = {} if transport is None else {"transport": transport()}
     job = launch_training(program_a, cluster_a, steps=save_at + 1000, seed=seed, seq_len=seq_len,
-                          checkpoint_dir=root, checkpoint_every=save_at, timeout_s=timeout_s)
+                          checkpoint_dir=root, checkpoint_every=save_at, timeout_s=timeout_s, **extra)
     deadline = time.monotonic() + timeout_s
     while not any(s >= save_at for s, _ in list_checkpoints(root)):
         if time.monotonic() > deadline:
@@ -364,7 +367,8 @@ def restart(program_a: Any, cluster_a: Any, program_b: Any, cluster_b: Any, root
     run = training_run(program_b, steps=save_at + 1, seed=seed, seq_len=seq_len, cluster=cluster_b,
                        resume_from=root)
     check = time.perf_counter() - t0
-    job = launch_runs([run], cluster_b, timeout_s=timeout_s)
+    job = launch_runs([run], cluster_b, timeout_s=timeout_s,
+                      **({} if transport is None else {"transport": transport()}))
     while job.metrics.last_step() < 0:
         time.sleep(0.002)
     total = time.perf_counter() - t0

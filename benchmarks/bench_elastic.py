@@ -18,6 +18,10 @@ Four parts, each against a named peer or the paper's figures:
    step since that checkpoint.
 4. **A straggler**: a 2-rank data-parallel job whose rank 1 turns 4x slower: median step time before, while
    slowed under the old plan, and after the replan, against the simulator's predicted gain on the slowed cluster.
+5. **Growing back vs checkpoint-and-restart** (issue 25): the 6-rank job of part 3 loses a rank, shrinks in
+   memory, then grows back onto a new worker (``job.grow``): the time until every worker switched and until the
+   first grown step is done, against checkpointing the 5-rank plan and relaunching the 6-rank plan from it, with
+   workers forked from the fork server and with fresh processes (``LocalTransport(fork=False)``).
 
 Figures are written to ``benchmarks/results/elastic.json``.  ``--quick`` runs fewer repeats.
 
@@ -250,6 +254,85 @@ def recovery_vs_restart(rounds: int) -> dict[str, Any]:
     return out
 
 
+# ---- 5. growing back vs checkpoint-and-restart --------------------------------------------------------------------
+def _transport(fork: bool) -> Any:
+    from hspmd_sdk.runtime.transport import LocalTransport
+
+    return lambda: LocalTransport(fork=fork)
+
+
+def grow_back(model: Any, data: dict, fork: bool, kill: int = 4) -> dict[str, Any]:
+    """A 6-rank elastic job loses rank ``kill`` in step 2 (it shrinks to 5 in memory), then grows back to 6 ranks
+    (a new local worker, the original 6-rank plan): the grow event's parts, and the wall time from ``job.grow`` until
+    every worker switched (the newcomer started, joined the larger world and received its state)."""
+    from hspmd_sdk.runtime.train import launch_training
+
+    six = Cluster.local(6)
+    job = launch_training(program_of(model, data, six), six, steps=60, seed=SEED, seq_len=SEQ, lr=LR, elastic=True,
+                          fault_injection=[{"rank": kill, "step": 2, "at": "backward"}], heartbeat_s=0.5,
+                          timeout_s=300, transport=_transport(fork)())
+    try:
+        deadline = time.monotonic() + 300
+        while not any(e.reason == "failure" and e.done for e in job.events):
+            if time.monotonic() > deadline or job.status.value != "running":
+                raise RuntimeError(f"no recovery: {job.status}, {[str(e) for e in job.events]}")
+            time.sleep(0.01)
+        shrink = next(e for e in job.events if e.reason == "failure")
+        t0 = time.perf_counter()
+        event = job.grow(six, program_of(model, data, six))  # the original plan (planning it is timed apart)
+        requested = time.perf_counter() - t0
+        while not event.done:
+            if time.monotonic() > deadline or job.status.value != "running":
+                raise RuntimeError(f"no grow: {job.status}, {[str(e) for e in job.events]}")
+            time.sleep(0.005)
+        wall = time.perf_counter() - t0
+        step = event.step
+        while job.metrics.last_step() < step and job.status.value == "running":
+            time.sleep(0.005)
+        first = time.perf_counter() - t0
+    finally:
+        job.cancel()
+    return {"shrink_seconds": dict(shrink.seconds), "grow_seconds": dict(event.seconds), "bytes": dict(event.bytes),
+            "request_s": requested, "grow_done_s": wall, "first_grown_step_done_s": first,
+            "strategy": event.strategy.name if event.strategy is not None else None}
+
+
+def restart_grow_peer(model: Any, data: dict, fork: bool, kill: int = 4) -> dict[str, float]:
+    """Checkpoint-and-restart onto the same ranks: the survivors' plan on 5 ranks checkpoints, every worker is
+    stopped, the 6-rank plan is relaunched from the checkpoint until its first step is done."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_checkpoint import restart
+
+    six = Cluster.local(6)
+    five, mapping = survivor_cluster(six, [kill])
+    strategy = replan_elastic(model, six, Strategy.load(data, model=model, cluster=six), [kill], seq_len=SEQ)
+    with tempfile.TemporaryDirectory() as d:
+        return restart(program_of(model, renumber(strategy, mapping), five), five, program_of(model, data, six), six,
+                       Path(d), seq_len=SEQ, transport=_transport(fork))
+
+
+def grow_vs_restart(rounds: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for fork in (True, False):
+        how = "forked workers" if fork else "fresh processes"
+        gr = [grow_back(LlamaConfig.preset("tiny"), SIX, fork) for _ in range(rounds)]
+        rs = [restart_grow_peer(LlamaConfig.preset("tiny"), SIX, fork) for _ in range(rounds)]
+        grow_s = med([g["first_grown_step_done_s"] for g in gr])
+        shrink_s = med([g["shrink_seconds"]["total"] for g in gr])
+        rst = med([r["total"] for r in rs])
+        row = {"grow": {"median_done_s": med([g["grow_done_s"] for g in gr]), "median_first_step_s": grow_s,
+                        "median_seconds": {k: med([g["grow_seconds"][k] for g in gr]) for k in gr[0]["grow_seconds"]},
+                        "rounds": gr},
+               "shrink_median_total_s": shrink_s,
+               "restart": {"median_seconds": {k: med([r[k] for r in rs]) for k in rs[0]}, "rounds": rs},
+               "restart_over_grow": rst / grow_s, "restart_over_shrink": rst / shrink_s}
+        out[how] = row
+        print(f"grow back 5 -> 6 ranks, tiny Llama, {how}: done {row['grow']['median_done_s']:.2f} s, first grown "
+              f"step done {grow_s:.2f} s; shrink {shrink_s:.2f} s | checkpoint-and-restart 5 -> 6 to the first step: "
+              f"{rst:.2f} s (restart / grow x{rst / grow_s:.1f}, restart / shrink x{rst / shrink_s:.1f})")
+    return out
+
+
 # ---- 4. a straggler ---------------------------------------------------------------------------------------------
 def straggler(steps: int = 24, at: int = 6, factor: float = 4.0) -> dict[str, Any]:
     from hspmd_sdk.planner import simulate
@@ -284,13 +367,14 @@ def straggler(steps: int = 24, at: int = 6, factor: float = 4.0) -> dict[str, An
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats")
-    ap.add_argument("--parts", default="1234", help="which parts to run (default 1234)")
+    ap.add_argument("--parts", default="12345", help="which parts to run (default 12345)")
     args = ap.parse_args(argv)
     out: dict[str, Any] = {}
     parts = {"1": ("c1_c2_planned", paper_c1_c2),
              "2": ("switch_methods", lambda: switch_methods(repeats=3 if args.quick else 7)),
              "3": ("recovery_vs_restart", lambda: recovery_vs_restart(rounds=1 if args.quick else 3)),
-             "4": ("straggler", straggler)}
+             "4": ("straggler", straggler),
+             "5": ("grow_vs_restart", lambda: grow_vs_restart(rounds=1 if args.quick else 3))}
     for part in sorted(set(args.parts)):
         key, run = parts[part]
         before = load()

@@ -94,6 +94,7 @@ class SoakRun:
     result: Any = None
     seconds: float = 0.0
     fault_seconds: float = 0.0  #: from the launch to the last fault's recovery
+    first_step_s: float = 0.0  #: from the launch to the first step reported (workers' start-up)
 
     def counts(self) -> dict[str, int]:
         return {k: sum(f.kind == k for f in self.faults) for k in KINDS}
@@ -187,6 +188,8 @@ def soak(lab: LocalSlurm, *, faults: int, seed: int, steps: int, checkpoint_dir:
     run.job = job
     kinds: list[str] = []
     try:
+        _wait(lambda: job.metrics.last_step() >= 0, 120, "step 0", job)
+        run.first_step_s = time.monotonic() - t0
         _wait(lambda: job.metrics.last_step() >= 1, 120, "step 1", job)
         done_step = job.metrics.last_step()
         while len(run.faults) < faults:
@@ -330,7 +333,7 @@ def reference() -> Any:
     return reference_training(LlamaConfig.preset("tiny"), steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
 
 
-STEPS = 100
+STEPS = 60
 FAULTS = 10
 
 
