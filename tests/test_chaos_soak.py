@@ -52,6 +52,7 @@ HOSTS = [n.name for n in NODES]
 SEQ, SEED, LR = 16, 5, 1e-3
 TOL = 1e-5
 KINDS = ("kill", "stop", "cut")
+SUITE_SEED = 20261202
 #: the plan the job starts with: the H800 trains 6 of the 8 samples alone, the two H20s a 2-stage pipeline
 HETERO = {"pipelines": [{"stages": [{"devices": [0], "layers": [0, 3]}], "micro_batch_size": 2,
                          "num_micro_batches": 3},
@@ -226,8 +227,8 @@ def soak(lab: LocalSlurm, *, faults: int, seed: int, steps: int, checkpoint_dir:
             fault.recovered_s = time.monotonic() - t_inject
             fault.event = recovered()
             done_step = job.metrics.last_step()
-            log(f"soak: {time.monotonic() - t0:.1f} s: fault {len(run.faults)}: {kind} rank {rank} on {host} at step {fault.step}: recovered in "
-                f"{fault.recovered_s:.2f} s ({fault.event})")
+            log(f"soak: {time.monotonic() - t0:.1f} s: fault {len(run.faults)}: {kind} rank {rank} on {host} at "
+                f"step {fault.step}: recovered in {fault.recovered_s:.2f} s ({fault.event})")
             # grow back onto the lost nodes Slurm has freed (a cut node's old allocation ends only some seconds
             # after its restart): at random, or when a single rank is left (then waiting for a node to be free)
             lost = [h for h in HOSTS if h not in _live(job)]
@@ -340,7 +341,9 @@ FAULTS = 10
 @pytest.mark.timeout(300)
 def test_a_job_survives_ten_random_faults_with_equal_losses_and_nothing_left(on_slurm: LocalSlurm, reference,
                                                                              tmp_path: Path) -> None:
-    seed = int(os.environ.get("HSPMD_SOAK_SEED", random.randrange(2**31)))
+    # a fixed sequence in the suite (a red run can be replayed); HSPMD_SOAK_SEED=random draws a new one
+    given = os.environ.get("HSPMD_SOAK_SEED", str(SUITE_SEED))
+    seed = random.randrange(2**31) if given == "random" else int(given)
     print(f"chaos soak seed {seed} (HSPMD_SOAK_SEED={seed} repeats it)")
     settle()
     fds, threads = open_fds(), hspmd_threads()
