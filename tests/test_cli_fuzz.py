@@ -411,7 +411,7 @@ def _alive(pid: int) -> bool:
 
 
 def _worker_pids(parent: int) -> list[int]:
-    """Worker processes of the ``hspmd run`` child: its children, or its fork server's (not the server itself)."""
+    """Worker processes of the ``hspmd run`` child: its children, or its fork server's children."""
     procs: dict[int, tuple[int, bytes]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -420,7 +420,8 @@ def _worker_pids(parent: int) -> list[int]:
                 ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
-            if b"hspmd_sdk.runtime.worker" in cmd:
-                procs[int(entry)] = (ppid, cmd)
-    servers = {p for p, (ppid, cmd) in procs.items() if ppid == parent and b"--fork-server" in cmd}
-    return [p for p, (ppid, cmd) in procs.items() if p not in servers and (ppid == parent or ppid in servers)]
+            procs[int(entry)] = (ppid, cmd)
+    servers = {p for p, (ppid, cmd) in procs.items()
+               if ppid == parent and b"hspmd_sdk.runtime.forkserver_process" in cmd}
+    return [p for p, (ppid, cmd) in procs.items()
+            if b"hspmd_sdk.runtime.worker" in cmd and (ppid == parent or ppid in servers)]

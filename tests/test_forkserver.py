@@ -29,7 +29,7 @@ def probe(state, spec):
     dist.barrier()
     return {"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
             "cwd": os.getcwd(), "env": os.environ.get("PROBE_VALUE"), "rank_env": os.environ.get("RANK"),
-            "cmdline": open("/proc/self/cmdline", "rb").read().decode().split("\\0"),
+            "cmdline": open("/proc/self/cmdline", "rb").read().decode().rstrip("\\0").split("\\0"),
             "comm": open("/proc/self/comm").read().strip(), "threads": len(os.listdir("/proc/self/task"))}
 '''
 
@@ -56,7 +56,8 @@ def test_forked_workers_are_workers_of_their_own_with_the_launch_environment(tmp
         assert r["ppid"] == server.proc.pid  # forked by the server ...
         assert r["pid"] == r["pgid"] == r["sid"]  # ... yet the leader of its own session and process group
         assert r["cwd"] == str(cwd) and r["env"] == "forked" and r["rank_env"] == str(rank)
-        assert "hspmd_sdk.runtime.worker" in r["cmdline"]  # ps (and a search for leftover workers) names it
+        # ps (and a search for worker processes) sees a fresh worker's command line, not the server's
+        assert r["cmdline"] == [sys.executable, "-m", "hspmd_sdk.runtime.worker", "--rank", str(rank)], r["cmdline"]
         assert r["comm"] == f"hspmd-rank{rank}"
     assert len({r["pid"] for r in results.values()}) == 2
 
@@ -129,7 +130,7 @@ def test_a_killed_launcher_leaves_neither_server_nor_workers(tmp_path: Path) -> 
         workers = [int(p) for p in proc.stdout.readline().split()]
         assert len(workers) == 2 and all(_alive(p) for p in workers)
         servers = [p for p in _children(proc.pid)
-                   if b"--fork-server" in Path(f"/proc/{p}/cmdline").read_bytes()]
+                   if b"hspmd_sdk.runtime.forkserver_process" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(servers) == 1 and all(p in _children(servers[0]) for p in workers)  # forked by the server
         proc.kill()
         proc.wait()

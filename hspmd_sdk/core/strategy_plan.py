@@ -293,3 +293,12 @@ def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Clust
     if replicated:
         meta["zero1_replicated"] = replicated
     return AnnotationPlan(annotations=anns, meta=meta)
+
+
+def strategy_of(program: Any) -> "Strategy | None":
+    """The :class:`~.strategy.Strategy` a Program was specialized from (``plan.meta["strategy"]``), or ``None`` for
+    a plan written by hand."""
+    from .strategy import Strategy
+
+    data = (program.plan.meta or {}).get("strategy")
+    return Strategy.load(data) if data else None

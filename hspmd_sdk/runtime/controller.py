@@ -779,10 +779,9 @@ def _investigating(job: "Job", dead: set[int]) -> bool:
 
 
 def _strategy_of(program: "Program") -> "Strategy | None":
-    from ..core.strategy import Strategy
+    from ..core.strategy_plan import strategy_of
 
-    data = (program.plan.meta or {}).get("strategy")
-    return Strategy.load(data) if data else None
+    return strategy_of(program)
 
 
 def _bytes(plan: Any, cluster: Any) -> dict[str, int]:

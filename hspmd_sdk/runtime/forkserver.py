@@ -18,8 +18,9 @@ interpreter, the same ``PYTHONPATH``; ``HSPMD_FORK_SERVER=0`` turns it off.  The
 launching process, in the launcher's process group (it ignores SIGINT: Ctrl-C is the launcher's to handle), and
 exits when the launcher's end of its socket closes; it reaps its children and reports their exit status.
 
-The server runs as ``python -m hspmd_sdk.runtime.worker --fork-server FD`` so that every worker process, forked or
-not, names the worker module on its command line (``ps``, and the tests that look for leftover workers).
+The server runs as ``python -m hspmd_sdk.runtime.forkserver_process FD PAD``; each child rewrites its command line
+(the argument area ``/proc/self/stat`` locates) to a fresh worker's, ``python -m hspmd_sdk.runtime.worker --rank
+R``, so ``ps`` and a search for worker processes see forked and fresh workers alike, and never the server.
 """
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ PRELOAD = ("torch", "torch.distributed", "torch.optim", "torch._dynamo", "hspmd_
 #: Exit status reported when the server went away before the worker's exit could be read.
 EXIT_UNKNOWN = 255
 _MSG_MAX = 1 << 20
+SERVER_MODULE = "hspmd_sdk.runtime.forkserver_process"
+WORKER_MODULE = "hspmd_sdk.runtime.worker"
+_PAD = 48  # command-line room for a worker's arguments
 START_TIMEOUT_S = 120.0
 
 
@@ -109,6 +113,7 @@ def _child(req: dict[str, Any], fds: list[int], run: Callable[[list[str]], Any])
 
         importlib.invalidate_caches()  # files written since the server started (an entry module) are found
         _set_name(req.get("name", "hspmd-worker"))
+        _set_cmdline([sys.executable, "-m", WORKER_MODULE, *req["argv"]])
         run(req["argv"])  # the worker's main exits the process itself
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
@@ -128,6 +133,23 @@ def _set_name(name: str) -> None:
         ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
     except Exception:  # noqa: BLE001 - a name is a convenience
         pass
+
+
+def _set_cmdline(args: list[str]) -> None:
+    """Rewrite this process's command line (``/proc/self/cmdline``, ``ps``) in the argument area the kernel reports
+    (``/proc/self/stat`` fields 48-49); the server's ``PAD`` argument leaves the room.  Nothing is written when it
+    does not fit."""
+    try:
+        import ctypes
+
+        stat = open("/proc/self/stat").read()
+        fields = stat[stat.rindex(")") + 2:].split()  # from field 3 on
+        start, end = int(fields[45]), int(fields[46])
+    except (OSError, ValueError, IndexError):
+        return
+    data = b"\0".join(a.encode() for a in args) + b"\0"
+    if 0 < len(data) <= end - start:
+        ctypes.memmove(start, data + b"\0" * (end - start - len(data)), end - start)
 
 
 def _send(sock: socket.socket, msg: dict[str, Any], fds: Sequence[int] = ()) -> None:
@@ -182,9 +204,9 @@ class ForkServer:
     def __init__(self, python: str, env: dict[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.proc = subprocess.Popen([python, "-m", "hspmd_sdk.runtime.worker", "--fork-server",
-                                          str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env,
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            self.proc = subprocess.Popen([python, "-m", SERVER_MODULE, str(theirs.fileno()), "-" * _PAD],
+                                         pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL)
         finally:
             theirs.close()
         self.sock = ours
@@ -224,7 +246,7 @@ class ForkServer:
                     if not self._reply:
                         raise OSError("the fork server exited before it forked the worker")
                     pid = int(self._reply.pop(0)["pid"])
-                    proc = ForkedProcess(pid, ["python", "-m", "hspmd_sdk.runtime.worker", *argv],
+                    proc = ForkedProcess(pid, ["python", "-m", WORKER_MODULE, *argv],
                                          os.fdopen(mine[0], "wb"), os.fdopen(mine[1], "rb"), os.fdopen(mine[2], "rb"))
                     self._procs[pid] = proc
         except BaseException:

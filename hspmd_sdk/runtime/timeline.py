@@ -142,13 +142,13 @@ def build_timeline(recorded: dict[int, dict[int, dict[str, Any]]], controller: A
 
 
 def _simulate(controller: Any, version: tuple[int, int]) -> "tuple[SimResult | None, str]":
+    from ..core.strategy_plan import strategy_of
     from ..planner.simulator import simulate
-    from .controller import _strategy_of
 
     numbering = controller._versions.get(version)
     if numbering is None:
         return None, f"the Program of version {version} is not known to the launcher"
-    strategy = _strategy_of(numbering.program)
+    strategy = strategy_of(numbering.program)
     if strategy is None:
         return None, "the Program was not specialized from a Strategy: the simulator has nothing to run"
     result = simulate(numbering.program.model, strategy, numbering.cluster, global_batch=controller.global_batch,

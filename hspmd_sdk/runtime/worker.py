@@ -354,18 +354,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hspmd_sdk.runtime.worker", description=__doc__.split("\n")[0])
     p.add_argument("--rank", type=int, default=None, help="this worker's rank (default: $RANK)")
     p.add_argument("--spec", default="-", help="spec JSON file, '-' for the first line of stdin (default)")
-    p.add_argument("--fork-server", type=int, default=None, metavar="FD",
-                   help="serve forked workers on this Unix socket (the launcher starts it: see .forkserver)")
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Run one worker; the process exits with 0 (success), 1 (the entry failed) or 3 (the launcher went away)."""
     args = _parse(argv)
-    if args.fork_server is not None:
-        from .forkserver import serve
-
-        serve(args.fork_server, main)
     rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "0"))
     channel = take_stdout(rank)
     faulthandler.enable(file=sys.__stderr__)  # a crash in C code still leaves a Python stack in the rank's log
