@@ -316,7 +316,10 @@ def check_soak(run: SoakRun, reference: Any) -> None:
     assert len(result.losses) == run.steps
     bad = [(r, m.step, m.loss, ref[m.step]) for r in job.metrics.ranks() for m in job.metrics.rank(r)
            if m.loss is not None and abs(m.loss - ref[m.step]) > TOL * abs(ref[m.step])]
-    assert bad == [], f"seed {run.seed}: losses that differ from the single-device model's (rank, step, got, ref)"
+    final = [(s, got, ref[s]) for s, got in enumerate(result.losses) if abs(got - ref[s]) > TOL * abs(ref[s])]
+    assert bad == [], (f"seed {run.seed}: losses that differ from the single-device model's (rank, step, got, ref): "
+                       f"{bad[:12]} ({len(bad)} in all); of the job's final losses {final[:12]}; events around "
+                       f"them: {[str(e) for e in result.events if bad and abs(e.step - bad[0][1]) <= 3]}")
     # every fault and every grow is exactly one event, in the order they happened, all done
     expected = sorted([(f.t, "failure", [f.rank]) for f in run.faults] + [(g.t, "grow", []) for g in run.grows])
     got = [(e.reason, e.failed_ranks) for e in result.events]
