@@ -598,7 +598,10 @@ class TrainingController:
             ranks = {l: n for n, l in launch_of_new.items()}
             resume = steps.pop() + 1 if checkpoint is None else checkpoint.step
             src_ranks = {l: r for r, l in src.to_launch.items() if l in ranks}
-            event = Event(resume, "failure", sorted(l for l in src.to_launch.values() if l in self._dead),
+            # the lost ranks of the state the survivors hold and of the newest plan (a newcomer that died in the first
+            # step after a grow is only in the latter: the survivors went back to the state from before it)
+            lost = sorted(l for l in set(src.to_launch.values()) | set(base.to_launch.values()) if l in self._dead)
+            event = Event(resume, "failure", lost,
                           _strategy_of(program), {"detect": max(0.0, t_start - evidence), "plan": t1 - t0,
                                                  "specialize": t2 - t1 + (t3 - t2)},
                           _bytes(plan, src.cluster) if plan is not None else {"intra": 0, "inter": 0},
