@@ -42,22 +42,16 @@ torch = pytest.importorskip("torch")
 
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
-from hspmd_sdk.testing.slurm import LocalSlurm, SlurmNode, slurm_unavailable  # noqa: E402
+from hspmd_sdk.testing.slurm import LocalSlurm  # noqa: E402
 from test_slurm import assert_nothing_left  # noqa: E402
+# the same three-node cluster, its fixtures (slurm, on_slurm) and the heterogeneous plan as the elastic Slurm tests
+from test_slurm_elastic import HETERO, NODES, on_slurm, slurm  # noqa: E402, F401
 
-NODES = [SlurmNode("n1", "H800", gpus=1, cpus=2, memory_mb=4000),
-         SlurmNode("n2", "H20", gpus=1, cpus=2, memory_mb=4000),
-         SlurmNode("n3", "H20", gpus=1, cpus=2, memory_mb=4000)]
 HOSTS = [n.name for n in NODES]
 SEQ, SEED, LR = 16, 5, 1e-3
 TOL = 1e-5
 KINDS = ("kill", "stop", "cut")
 SUITE_SEED = 20261202
-#: the plan the job starts with: the H800 trains 6 of the 8 samples alone, the two H20s a 2-stage pipeline
-HETERO = {"pipelines": [{"stages": [{"devices": [0], "layers": [0, 3]}], "micro_batch_size": 2,
-                         "num_micro_batches": 3},
-                        {"stages": [{"devices": [1], "layers": [0, 1]}, {"devices": [2], "layers": [2, 3]}],
-                         "micro_batch_size": 2, "num_micro_batches": 1}]}
 #: every worker emulates a device this many times slower (a step takes a few tenths of a second)
 PACE = 6.0
 
@@ -265,35 +259,6 @@ def soak(lab: LocalSlurm, *, faults: int, seed: int, steps: int, checkpoint_dir:
 
 
 # ---- the test -----------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def slurm():  # type: ignore[no-untyped-def]
-    why = slurm_unavailable()
-    if why:
-        pytest.skip(why)
-    with LocalSlurm(NODES, slurmd_timeout_s=120) as lab:
-        yield lab
-
-
-@pytest.fixture
-def on_slurm(slurm: LocalSlurm, monkeypatch: pytest.MonkeyPatch) -> LocalSlurm:
-    for k, v in slurm.env.items():
-        monkeypatch.setenv(k, v)
-    yield slurm
-    for n in slurm.nodes:  # a run that failed half-way leaves no node dead or cut behind
-        slurm.restore_node(n.name)
-        if not any("slurmd" in _comm(p) for p in slurm.node_pids(n.name)):
-            slurm.restart_node(n.name)
-    assert_nothing_left(slurm, within=30.0)
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
