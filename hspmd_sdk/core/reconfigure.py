@@ -65,10 +65,11 @@ def state_table(program: "Program", mapping: Mapping[int, int] | None = None
 
 def plan_program_switch(src: "Program", dst: "Program", cluster: "Cluster | None" = None, *,
                         dst_to_src: Mapping[int, int] | None = None, failed: Iterable[int] = (),
-                        fused: bool = True, heuristics: bool = True) -> "SwitchPlan":
+                        empty: Iterable[int] = (), fused: bool = True, heuristics: bool = True) -> "SwitchPlan":
     """The fused BSR moving every parameter and Adam moment from ``src``'s layouts to ``dst``'s, in ``src``'s
     rank numbering (``dst_to_src`` maps ``dst``'s ranks into it; default: the same numbering).  ``failed``: ranks
-    of ``src`` whose state is lost; they never send.  Raises :class:`LostStateError` when some state is held only
+    of ``src`` whose state is lost; they never send.  ``empty``: ranks that take part holding nothing of ``src``'s state
+(a newcomer whose grow did not complete): they only receive.  Raises :class:`LostStateError` when some state is held only
     by failed ranks, and :class:`ResolutionError` when the two Programs do not train the same model."""
     from .switch import plan_switch
 
@@ -80,11 +81,11 @@ def plan_program_switch(src: "Program", dst: "Program", cluster: "Cluster | None
                               "the same model")
     dtypes = {n: lay.dtype for n, lay in src.state_layouts().items()}
     dead = sorted(set(failed))
-    lost = _lost(a, dead)
+    lost = _lost(a, sorted({*dead, *empty}))
     if lost:
         raise LostStateError(lost, dead)
     return plan_switch(a, b, cluster if cluster is not None else src.cluster, dtype=dtypes, fused=fused,
-                       heuristics=heuristics, failed=dead)
+                       heuristics=heuristics, failed=dead, empty=empty)
 
 
 def _lost(table: Mapping[str, tuple[Annotation, tuple[int, ...]]], dead: list[int]) -> list[str]:

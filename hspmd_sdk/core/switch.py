@@ -84,6 +84,7 @@ class SwitchPlan:
     heuristics: bool
     failed: tuple[int, ...]
     cluster: "Cluster | None"
+    empty: tuple[int, ...] = ()  # ranks that hold nothing of the source (whatever it places there): receivers only
 
     @property
     def kinds(self) -> list[str]:
@@ -186,14 +187,16 @@ def _layouts(plan: Any, shapes: Mapping[str, Sequence[int]] | None, what: str) -
 
 def plan_switch(src_plan: Any, dst_plan: Any, cluster: "Cluster | None" = None, *,
                 shapes: Mapping[str, Sequence[int]] | None = None, dtype: Any = "float32", fused: bool = True,
-                heuristics: bool = True, failed: Iterable[int] = ()) -> SwitchPlan:
+                heuristics: bool = True, failed: Iterable[int] = (), empty: Iterable[int] = ()) -> SwitchPlan:
     """Plan the (fused) BSR that moves every tensor of ``dst_plan`` from its layout in ``src_plan`` (§7).
 
     ``dtype``: one dtype, or a mapping name -> dtype.  ``failed``: ranks whose state is lost; they never send,
-    and a slice only they held raises :class:`ResolutionError` naming the tensor and the slice.
+    and a slice only they held raises :class:`ResolutionError` naming the tensor and the slice.  ``empty``: ranks that
+    hold nothing of ``src_plan``'s tensors (whatever it places on them) and take part as receivers only.
     """
     src, dst = _layouts(src_plan, shapes, "src_plan"), _layouts(dst_plan, shapes, "dst_plan")
     dead = tuple(sorted(set(failed)))
+    silent = tuple(sorted({*dead, *empty}))  # ranks that never send
     moves, tables, zeros = [], [], []
     for name, (dann, shape) in dst.items():
         if name not in src:
@@ -222,12 +225,12 @@ def plan_switch(src_plan: Any, dst_plan: Any, cluster: "Cluster | None" = None, 
     links = LinkModel(cluster)
     if fused:
         load: dict[int, int] = {}
-        assigns = bsr_scheme([e for t in tables for e in t], links, load, heuristics=heuristics, failed=dead)
+        assigns = bsr_scheme([e for t in tables for e in t], links, load, heuristics=heuristics, failed=silent)
         steps = [_step(assigns, zeros)]
     else:
-        steps = [_step(bsr_scheme(t, links, {}, heuristics=heuristics, failed=dead),
+        steps = [_step(bsr_scheme(t, links, {}, heuristics=heuristics, failed=silent),
                        [z for z in zeros if z[0] == m.name]) for t, m in zip(tables, moves)]
-    return SwitchPlan(tuple(moves), tuple(steps), fused, heuristics, dead, cluster)
+    return SwitchPlan(tuple(moves), tuple(steps), fused, heuristics, dead, cluster, tuple(sorted(set(empty))))
 
 
 def _step(assigns: list[Assignment], zeros: list[tuple[str, int]]) -> SwitchStep:

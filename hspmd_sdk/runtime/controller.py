@@ -533,6 +533,12 @@ class TrainingController:
             return  # more ranks failed meanwhile: the loop plans again for all of them
         with self._lock:
             self._evidence = None  # this failure's evidence is used up: the next failure's detection starts anew
+        # newcomers whose grow did not complete hold nothing: the others' state decides, and they get their shards
+        joining = {r for r, m in halted.items() if m.get("empty")}
+        halted = {r: m for r, m in halted.items() if r not in joining}
+        if not halted:
+            raise HSPMDError(f"only newcomers that had not joined yet survived (launch ranks {sorted(joining)}): "
+                             "they hold no state; resume from a checkpoint")
         sources = {m.get("source") for m in halted.values()}
         steps = {int(m.get("step", -1)) for m in halted.values()}
         held = {tuple(int(x) for x in m.get("held", (0, 0))) for m in halted.values()}
@@ -547,19 +553,33 @@ class TrainingController:
                         and m.get("finish") is not None and int(m["finish"]) == last)
         if len(steps) > 1 and {int(halted[r]["step"]) for r in set(halted) - set(finish)} == {last}:
             steps, sources = {last}, {"live"}
-        if len(sources) != 1 or len(steps) != 1 or len(held) != 1:
+        offer: dict[int, str] = {}
+        if (len(sources) != 1 or len(held) != 1) and len(steps) == 1:
+            # around a grow, the running ranks and the newcomers offer different versions: one that every running
+            # rank offers, whose ranks the others are not among (they take part holding nothing)
+            with self._lock:
+                found = _version_for_all(halted, self._versions)
+            if found is not None:
+                version, offer = found
+                sources, held = set(offer.values()) - {"nothing"}, {version}
+        if len(sources) != 1 and not offer or len(steps) != 1 or len(held) != 1:
             raise HSPMDError(f"the survivors disagree on their state after the failure (steps {sorted(steps)}, "
                              f"sources {sorted(sources)}, plan versions {sorted(held)}); resume from a checkpoint")
         finish = finish if last in steps and finish and any(int(m["step"]) == last for m in halted.values()) else []
         version = held.pop()
+        offer = {**{r: next(iter(sources)) for r in halted}, **offer, **{r: "nothing" for r in joining}}
+        empty = {r for r, kind in offer.items() if kind == "nothing"}
         with self._lock:
             src = self._versions.get(version)
         if src is None:
             raise HSPMDError(f"the survivors hold the state of plan version {version}, which the launcher no longer "
                              "has")
+        replan = src
+        if empty - set(src.to_launch.values()):  # the state is from before the grow those ranks came with:
+            src, replan = _with_newcomers(src, base), base  # replan the grown one, they hold nothing
         dead_src = sorted(r for r, l in src.to_launch.items() if l in self._dead)
         model = src.program.model
-        strategy = _strategy_of(src.program)
+        strategy = _strategy_of(replan.program)
         t0 = time.perf_counter()
         # a single survivor runs a single pipeline (the planner's default keeps two replicas when the running
         # strategy had them, which one device cannot hold)
@@ -575,7 +595,8 @@ class TrainingController:
         inverse = {new: old for old, new in mapping.items()}
         checkpoint = None
         try:
-            plan = plan_program_switch(src.program, program, src.cluster, dst_to_src=inverse, failed=dead_src)
+            plan = plan_program_switch(src.program, program, src.cluster, dst_to_src=inverse, failed=dead_src,
+                                       empty=[r for r, l in src.to_launch.items() if l in empty])
             t3 = t_verified = time.perf_counter()
         except LostStateError as lost:  # no survivor holds it: the survivors read the new plan's shards instead
             t3, plan = time.perf_counter(), None
@@ -625,7 +646,8 @@ class TrainingController:
                 self.straggler.reset()
         msg = {"type": "reconfigure", "id": ident, "world": len(launch_of_new), "ranks": ranks,
                "src_ranks": src_ranks, "master_addr": addr, "master_port": port, "resume_step": resume,
-               "source": sources.pop() if checkpoint is None else "checkpoint", "finish": finish,
+               "source": "memory" if checkpoint is None else "checkpoint", "finish": finish,
+               "offer": {str(l): kind for l, kind in offer.items()},
                "checkpoint": None if checkpoint is None else resume_payload(checkpoint),
                "switch_floor": floor, "payload": pack_payload((program, plan))}
         if self.mixed:
@@ -769,6 +791,52 @@ def _common_previous(halted: dict[int, dict[str, Any]]) -> tuple[int, int] | Non
         versions.add(tuple(int(x) for x in kept))
     steps = {int(m.get("step", -1)) for m in halted.values()}
     return versions.pop() if len(versions) == 1 and len(steps) == 1 else None
+
+
+def _with_newcomers(src: _Numbering, grown: _Numbering) -> _Numbering:
+    """``src``'s Program on the ``grown`` cluster and numbering (a grow keeps the running ranks' numbers and adds
+    new ones): the source of a reconfiguration in which the grow's newcomers take part holding nothing."""
+    if any(grown.to_launch.get(r) != l for r, l in src.to_launch.items()):
+        raise HSPMDError(f"the survivors hold the state of a plan whose ranks {src.to_launch} are not the first "
+                         f"ranks of the newest one {grown.to_launch}: its newcomers cannot join a switch from it")
+    return _Numbering(src.program, grown.cluster, dict(grown.to_launch))
+
+
+def _version_for_all(halted: dict[int, dict[str, Any]], versions: Mapping[tuple[int, int], _Numbering]
+                     ) -> tuple[tuple[int, int], dict[int, str]] | None:
+    """A plan version to recover from when the survivors (at one step) hold different ones, and what each offers
+    of it (``"live"``: its running state, ``"previous"``: the state it kept from before the last switch,
+    ``"nothing"``: it is not among that version's ranks, and takes part holding nothing).  Every survivor among the
+    version's ranks must offer it; the one fewest survivors give up their state for wins, then the older one.
+    ``None`` when there is none."""
+    offers: dict[int, dict[tuple[int, int], str]] = {}
+    for r, m in halted.items():
+        mine: dict[tuple[int, int], str] = {}
+        held = tuple(int(x) for x in m.get("held", (0, 0)))
+        whole = m.get("whole")
+        if m.get("source") == "previous":
+            mine[held] = "previous"
+            if whole is not None:
+                mine[tuple(int(x) for x in whole)] = "live"
+        else:
+            if whole is not None and tuple(int(x) for x in whole) == held:
+                mine[held] = "live"
+            if m.get("previous_held") is not None:
+                mine[tuple(int(x) for x in m["previous_held"])] = "previous"
+        offers[r] = mine
+    best: tuple[int, tuple[int, int], dict[int, str]] | None = None
+    for v in sorted({v for mine in offers.values() for v in mine}):
+        numbering = versions.get(v)
+        if numbering is None:
+            continue
+        members = set(numbering.to_launch.values())
+        if any(v not in offers[r] for r in halted if r in members) or not any(r in members for r in halted):
+            continue
+        offer = {r: offers[r].get(v, "nothing") for r in halted}
+        given_up = sum(kind == "nothing" for kind in offer.values())
+        if best is None or given_up < best[0]:
+            best = (given_up, v, offer)
+    return None if best is None else (best[1], best[2])
 
 
 def _investigating(job: "Job", dead: set[int]) -> bool:

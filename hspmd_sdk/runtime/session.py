@@ -18,7 +18,10 @@ the launcher where it stands (``halted``: its last committed step).  The launche
 (:mod:`.controller`) replans for the survivors and answers with a ``reconfigure`` message: the new world (size,
 this process's new rank, the rendezvous), the new Program and the fused BSR from the surviving replicas.  The
 worker rejoins, switches, reports ``switched`` and redoes the interrupted step.  Until the first step after a
-switch commits, the previous state is kept: a second failure during the switch replans from it.  When some state
+switch commits, the previous state is kept: a second failure during the switch replans from it.  Around a grow the
+survivors may hold different versions (the running ranks the state from before it, the newcomers only the grown one,
+or nothing yet): the launcher picks one every running rank can offer, and tells each what to switch from
+(``offer``: its running state, the kept one, or nothing: it only receives).  When some state
 has no surviving copy the message says ``source="checkpoint"``: the worker drops its state and reads its shards of
 the new Program from that checkpoint (the reader a resumed run uses), and the run goes on from the checkpoint's
 step.
@@ -81,8 +84,10 @@ class Reconfigure:
     resume_step: int
     program: Any
     plan: Any
-    source: str                    # "live": the running state; "previous": the state kept from before a switch;
+    source: str                    # "memory": switch from the state the survivors hold (``offer``);
                                    # "checkpoint": read the new Program's shards from ``checkpoint``
+    offer: dict[int, str]          # launch rank -> what it switches from: "live" (its running state), "previous"
+                                   # (the state it kept from before a switch), "nothing" (it only receives)
     finish: list[int]              # launch ranks that apply the step whose commit others completed
     checkpoint: dict[str, Any] | None = None  # :func:`~.checkpoint.resume_payload` of the checkpoint to reload
     switch_floor: int = 0          # switches up to this id are cancelled (requested before the failure)
@@ -93,7 +98,7 @@ class Reconfigure:
         return cls(int(msg["id"]), int(msg["world"]), {int(k): int(v) for k, v in msg["ranks"].items()},
                    {int(k): int(v) for k, v in msg["src_ranks"].items()}, str(msg["master_addr"]),
                    int(msg["master_port"]), int(msg["resume_step"]), program, plan, str(msg["source"]),
-                   [int(r) for r in msg.get("finish", ())], msg.get("checkpoint"), int(msg.get("switch_floor", 0)))
+                   {int(k): str(v) for k, v in (msg.get("offer") or {}).items()}, [int(r) for r in msg.get("finish", ())], msg.get("checkpoint"), int(msg.get("switch_floor", 0)))
 
 
 class TrainSession:
@@ -122,6 +127,9 @@ class TrainSession:
         # (program, state by name, Adam step count, version) from before the switches of the last step boundary (or
         # the last reconfiguration), kept until a step commits after them
         self.previous: tuple[Any, dict[str, Any], float, tuple[int, int]] | None = None
+        # whether this rank's running state is whole at ``version`` (false while it is between worlds: a newcomer
+        # before it joined, a rank leaving for a grown or re-formed world until its switch there completed)
+        self.whole = not state.spec.joining
         self._messages: list[dict[str, Any]] = []
         self._switch_agreed = 0
         self._in_commit: int | None = None  # the step whose commit this rank has entered (grads synchronised)
@@ -206,10 +214,19 @@ class TrainSession:
         started = time.perf_counter()
         self.state.channel.send("phase", name="built")  # the run's Program, executor and state are ready
         losses: dict[int, float] = {}
-        step = self._join() if self.joining else self.start
-        while step < self.steps:
-            reason = None
+        step, reason = self.start, None
+        if self.joining:
             try:
+                step = self._join()
+            except Exception as e:  # noqa: BLE001 - a peer died while this newcomer joined: recover (below)
+                if not (self.elastic and _is_comm_failure(e)):
+                    raise
+                reason = f"{type(e).__name__}: {str(e)[:300]}"
+        while reason is not None or step < self.steps:
+            try:
+                if reason is not None:  # outside the handler: its traceback (whose frames hold the broken world's
+                    step, reason = self._recover(reason), None  # process groups) is gone, so destroying them
+                    continue                                     # closes them
                 self._maybe_switch(step)
                 with self.recorder.step(step) as spans:  # the torch profiler on a chosen step (:mod:`.trace`)
                     losses[step] = self._step(step)
@@ -218,7 +235,7 @@ class TrainSession:
                                             version=list(self.version), spans=spans,
                                             collect_s=self.recorder.collect_s)
                 step += 1
-            except Exception as e:  # noqa: BLE001 - sorted below: a peer's failure, or a genuine error
+            except Exception as e:  # noqa: BLE001 - a peer's failure (also while re-forming), or a genuine error
                 if not (self.elastic and _is_comm_failure(e)):
                     raise
                 reason = f"{type(e).__name__}: {str(e)[:300]}"
@@ -226,13 +243,6 @@ class TrainSession:
                 if done is not None:  # the step committed; its synchronous checkpoint could not complete
                     losses[done[0]] = done[1]
                     step = done[0] + 1
-            while reason is not None:  # outside the handler: its traceback (whose frames hold the broken
-                try:                     # world's process groups) is gone, so destroying the groups closes them
-                    step, reason = self._recover(reason), None
-                except Exception as e:  # noqa: BLE001 - another peer died while re-forming: recover again
-                    if not _is_comm_failure(e):
-                        raise
-                    reason = f"{type(e).__name__}: {str(e)[:300]}"
         out: dict[str, Any] = {"losses": [losses[s] for s in sorted(losses)], "rank": self.state.rank,
                                "launch_rank": self.state.launch_rank, "active": self.ex is not None,
                                "seconds": round(time.perf_counter() - started, 3),
@@ -370,6 +380,7 @@ class TrainSession:
         import torch.distributed as dist
 
         self.ex = None  # the running world's executor and groups go: nothing may use them any more
+        self.whole = False
         self.state.params, self.state.optimizer = {}, None
         self.state.leave_world()
         me = str(self.state.launch_rank)
@@ -408,10 +419,13 @@ class TrainSession:
         program, plan = unpack_payload(msg["payload"])
         grow, ident = msg["grow"], int(msg["id"])
         t0 = time.perf_counter()
-        step, count, agreed = self._enter_grown_world(grow, None)
+        # a failure from here on is one of the grown world (the launcher's reconfiguration after it answers this
+        # newcomer too, holding nothing: ``joining`` stays set until a switch gave it its state)
         self.reconfigured = self.state.generation = int(grow["reconfigured"])
+        step, count, agreed = self._enter_grown_world(grow, None)
         self.committed, self.adam_steps = step - 1, int(count)
         nbytes = self._switch_to(program, plan, source={}, step_count=count)
+        self.joining = False
         self.switch_done = self.switch_heard = ident
         self._switch_agreed = max(ident, agreed)  # switches requested after the grow, due at the same boundary
         self._messages = [m for m in self._messages if m.get("type") != "switch" or int(m["id"]) > ident]
@@ -467,6 +481,7 @@ class TrainSession:
             opt = {n: ({"exp_avg": out[f"{n}.exp_avg"], "exp_avg_sq": out[f"{n}.exp_avg_sq"], "step": count}
                        if count > 0 else {}) for n in params}
         self._make_executor(params, opt)
+        self.whole = True
         self.last_switch = {"groups_s": round(t1 - t0, 6), "bsr_s": round(t2 - t1, 6),
                             "build_s": round(time.perf_counter() - t2, 6)}
         return int(sum(m.nbytes for s in plan.steps for m in s.messages if m.src == me))
@@ -491,10 +506,18 @@ class TrainSession:
                         float(self.adam_steps + 1))
         elif finish is not None:  # a rank without state in the running Program: finishing the step is counting it
             finished = (self.program, {}, float(self.adam_steps + 1))
-        kept = self.previous  # the state from before the last switches, until a step commits after them
+        empty = self.joining  # a newcomer whose grow did not complete: it holds nothing, from no plan version
+        kept = self.previous if not empty else None  # the state from before the last switches, until a step
+        # the running state, when whole: after a grow, the newcomers hold only that one (no state from before it),
+        # so the launcher recovers from it when every survivor completed the grow's switch
+        whole_at = list(self.version) if self.whole else None
+        whole = None
         if kept is not None and finish is None:  # failed during or right after a switch: the state from
             program, tensors, count, held = kept   # before it is whole
             have = "previous"
+            if self.whole:
+                whole = (self.program, {k: v.detach().clone() for k, v in self._state_by_name().items()},
+                         float(self.adam_steps), self.version)
         else:
             program, count, held = self.program, float(self.adam_steps), self.version
             tensors = live if finish is not None and self.ex is not None else self._state_by_name()
@@ -503,6 +526,7 @@ class TrainSession:
         # step's autograd graph), so that destroying them really closes their connections: peers still blocked
         # on this process get an error at once, and every survivor halts
         self.ex = None
+        self.whole = False
         self.state.params, self.state.optimizer = {}, None
         tensors = {k: v.detach().clone() for k, v in tensors.items()}
         gc.collect()
@@ -512,15 +536,31 @@ class TrainSession:
         # completed that commit, the launcher may choose that one for everyone (``previous_held``)
         self.state.channel.send("halted", step=self.committed, source=have, after=self.reconfigured, error=reason,
                                 finish=finish if finished is not None else None, held=list(held),
-                                previous_held=list(kept[3]) if kept is not None and have == "live" else None)
+                                previous_held=list(kept[3]) if kept is not None and have == "live" else None,
+                                whole=whole_at, empty=empty)
         raw = self._newest("reconfigure", self.reconfigured, RECONFIGURE_WAIT_S)
         self.last_reconfigure = raw  # what a subclass reads more of (a mixed-length job's new candidates)
         msg = Reconfigure.decode(raw)
-        if msg.source == "previous" and have == "live" and kept is not None:
+        me = self.state.launch_rank
+        want = msg.offer.get(me, "nothing" if empty else have)
+        if want == "nothing":  # the launcher's reconfiguration gives this rank all its shards: it sends nothing
+            program, tensors, count, have, empty = msg.program, {}, float(msg.resume_step), want, True
+            self.committed, self.adam_steps = msg.resume_step - 1, msg.resume_step  # one Adam update a step
+            self.joining = True  # until the switch completed: a failure meanwhile finds this rank holding nothing
+        elif want == "previous" and have == "live":
+            if kept is None:
+                raise HSPMDError(f"rank {me}: the launcher asked for the state from before the switch, but this "
+                                 "rank no longer holds it")
             program, tensors, count, held = kept  # the launcher chose the state from before the switches
             tensors = {k: v.detach().clone() for k, v in tensors.items()}
             have = "previous"
-        elif self.state.launch_rank in msg.finish:
+        elif want == "live" and have == "previous":  # the launcher chose the running state (after a grow)
+            if whole is None:
+                raise HSPMDError(f"rank {me}: the launcher asked for the running state, but this rank's is not "
+                                 "whole (it failed while switching)")
+            program, tensors, count, held = whole
+            have = "live"
+        elif me in msg.finish:
             if finished is None:
                 raise HSPMDError(f"rank {self.state.launch_rank}: told to finish step {self.committed + 1}, whose "
                                  "gradients it does not hold")
@@ -528,16 +568,12 @@ class TrainSession:
             held = self.version
             self.committed += 1
             self.adam_steps += 1
-        if msg.source != have and msg.source == "previous" and self.previous is None:
-            raise HSPMDError(f"rank {self.state.launch_rank}: the launcher asked for the state from before the "
-                             "switch, but this rank no longer holds it")
-        me = self.state.launch_rank
         if me not in msg.ranks:
             raise HSPMDError(f"rank {me}: left out of the re-formed world (treated as failed by the launcher)")
         # from here on, a peer's death (while rejoining, creating groups, switching) is a failure *during*
         # reconfiguration ``msg.id``: this rank then halts again reporting it, with the state it started from
         self.reconfigured = self.state.generation = msg.id
-        if msg.source != "checkpoint":
+        if msg.source != "checkpoint" and not empty:
             self.previous = (program, tensors, count, held)
         t1 = time.perf_counter()
         self.state.rejoin(msg.master_addr, msg.master_port, msg.world, msg.ranks[me])
@@ -552,6 +588,7 @@ class TrainSession:
             nbytes = self._switch_to(msg.program, msg.plan, source=tensors,
                                      src_rank=msg.src_ranks[me], to_proc=to_proc, step_count=count)
         self.reconfigured = msg.id
+        self.joining = False
         # switches requested before the failure are cancelled (the launcher planned them for a world that is gone)
         self.switch_done = self.switch_heard = max(self.switch_done, self.switch_heard, msg.switch_floor)
         self._switch_agreed = self.switch_done
@@ -583,6 +620,7 @@ class TrainSession:
         t2 = time.perf_counter()
         self.committed, self.adam_steps = msg.resume_step - 1, int(ck["optimizer_step"])
         self._make_executor(params, opt)
+        self.whole = True
         self.last_switch = {"groups_s": round(t1 - t0, 6), "load_s": round(t2 - t1, 6),
                             "build_s": round(time.perf_counter() - t2, 6)}
         return {"bytes_read": int(stats["bytes_read"]), "checkpoint_step": int(ck["step"])}

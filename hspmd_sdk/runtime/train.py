@@ -300,10 +300,16 @@ def checked_faults(faults: Sequence[Mapping[str, Any]], ranks: Sequence[int], wh
     from .checkpoint_io import WRITE_POINTS
 
     points = {"forward", "backward", "grad_sync", "optimizer", "switch", *WRITE_POINTS}
-    bad = [f for f in faults if f.get("at") not in points or int(f.get("rank", -1)) not in set(ranks)]
+
+    def known(f: Mapping[str, Any]) -> bool:  # a switch may also be a grow's, whose newcomers get the next ranks
+        rank = int(f.get("rank", -1))
+        return rank in set(ranks) or (f.get("at") == "switch" and rank > max(ranks, default=-1))
+
+    bad = [f for f in faults if f.get("at") not in points or not known(f)]
     if bad:
         raise PlanValidationError([("fault_injection", f"{bad[0]}: 'at' must be one of {sorted(points)} and 'rank' "
-                                                       f"a rank of {whose}")], what=what)
+                                                       f"a rank of {whose} (at 'switch': or of a newcomer the job "
+                                                       "grows onto)")], what=what)
     return [dict(f) for f in faults]
 
 
