@@ -157,7 +157,7 @@ class JobSnapshot:
                 out.append(_failure_item(f))
                 left.remove(f)
             out.append({"text": e.describe(), "reason": e.reason, "step": e.step, "failed": list(e.failed_ranks)})
-        out.extend(_failure_item(f) for f in left)
+        out.extend(_failure_item(f) for f in sorted(left, key=lambda f: f.consequence))  # (the cause first)
         if self.stopped_by_user:
             out.append({"text": f"step {self.step} · stopped from the dashboard", "reason": "stopped",
                         "step": self.step, "failed": []})
@@ -219,9 +219,11 @@ def _failures(job: Any, status: str, last: dict[int, int]) -> tuple[JobFailure, 
         rank = int(get("rank", 0))
         ranks = tuple(int(r) for r in (get("ranks") or (rank,)))
         # in a failed job: what came with or after the failure that stopped it (not what an elastic job survived
-        # before it)
-        consequence = cause is not None and f is not cause and (float(get("time", 0.0) or 0.0)
-                                                                    >= float(getattr(cause, "time", 0.0) or 0.0))
+        # before it), and a peer's error that looks like its consequence (a killed rank's exit is noticed after
+        # the connection errors of its peers)
+        consequence = cause is not None and f is not cause and (
+            float(get("time", 0.0) or 0.0) >= float(getattr(cause, "time", 0.0) or 0.0)
+            or (bool(get("collateral", False)) and not bool(getattr(cause, "collateral", False))))
         out.append(JobFailure(rank, ranks, str(get("kind", "error")), str(get("message", "")),
                               last.get(rank, -1) + 1, consequence, float(get("time", 0.0) or 0.0)))
     return tuple(out)
