@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-steps", type=int, default=40, help="steps of the failure-free run")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--dump", type=Path, default=None,
+                    help="also write every step's relative loss error (job and per rank) and every event here (JSON)")
     args = ap.parse_args(argv)
 
     import test_chaos_soak as soak_mod
@@ -134,6 +136,21 @@ def main(argv: list[str] | None = None) -> int:
                         "step": f.event.step, "source": f.event.source,
                         "seconds": {k: round(v, 3) for k, v in f.event.seconds.items()}}} for f in faults],
     })
+    if args.dump is not None:
+        ref = reference.losses
+        per_rank: dict[int, float] = {}
+        for r in run.job.metrics.ranks():
+            for m in run.job.metrics.rank(r):
+                if m.loss is not None:
+                    err = abs(m.loss - ref[m.step]) / abs(ref[m.step])
+                    per_rank[m.step] = max(per_rank.get(m.step, 0.0), err)
+        args.dump.write_text(json.dumps({
+            "seed": seed,
+            "final_rel_err": [abs(a - b) / abs(b) for a, b in zip(run.result.losses, ref)],
+            "rank_rel_err": [per_rank.get(s) for s in range(steps)],
+            "events": [{"step": e.step, "reason": e.reason, "failed_ranks": e.failed_ranks, "source": e.source,
+                        "checkpoint_step": e.checkpoint_step, "strategy": str(e.strategy), "ranks": e.ranks}
+                       for e in run.result.events]}, indent=1, default=str) + "\n")
     sp = out["steps_per_min"]
     sp["ratio"] = round(sp["soak"] / sp["failure_free"], 3) if sp["failure_free"] else None
     args.out.parent.mkdir(parents=True, exist_ok=True)
