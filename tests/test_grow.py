@@ -165,3 +165,34 @@ def test_a_rank_lost_during_the_grows_switch(reference, killed: int) -> None:
     assert [(e.reason, e.failed_ranks) for e in result.events] == [("grow", []), ("failure", [killed])], \
         [str(e) for e in result.events]
     assert sorted(result.events[1].ranks) == sorted({0, 1, 2, 3} - {killed})  # every survivor goes on
+
+
+@pytest.mark.timeout(180)
+def test_an_elastic_job_grows_back_by_itself_after_it_recovered(reference) -> None:
+    """``grow_back=True``: a rank of a DP4 job is SIGKILLed; the job recovers on three ranks, then (this machine can
+    take workers again at once) grows back onto four by itself: a ``failure`` then a ``grow`` event, the job ends on
+    the cluster it was launched on, and the losses equal the single-device run's throughout."""
+    from hspmd_sdk.runtime.growback import GrowBack
+
+    model, big = LlamaConfig.preset("tiny"), Cluster.local(4)
+    job = launch_training(_program(model, DP4, big), big, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
+                          heartbeat_s=0.3, elastic=True, grow_back=GrowBack(after_s=0.2),
+                          slowdown={r: STRETCH for r in big.ranks})
+    wait_for(lambda: job.metrics.last_step() >= 0)
+    os.kill(job.pids()[2], signal.SIGKILL)
+    result = job.wait(timeout=150)
+    assert len(result.losses) == STEPS and _close(result.losses, reference.losses) <= TOL
+    assert [(e.reason, e.failed_ranks) for e in result.events] == [("failure", [2]), ("grow", [])], \
+        [str(e) for e in result.events]
+    assert all(e.done for e in result.events) and job.cluster.num_ranks == 4
+    assert sorted(result.events[1].ranks) == [0, 1, 3, 4]  # the newcomer is launch rank 4, on the lost capacity
+
+
+def test_grow_back_is_refused_without_elastic_and_for_a_bad_value() -> None:
+    from hspmd_sdk.errors import PlanValidationError
+
+    model, small = LlamaConfig.preset("tiny"), Cluster.local(2)
+    for bad, said in ((True, "needs elastic=True"), ("yes", "must be True, False, None or a GrowBack")):
+        with pytest.raises(PlanValidationError, match=said):
+            launch_training(_program(model, DP2, small), small, steps=2, seed=SEED, seq_len=SEQ, lr=LR,
+                            elastic=bad is not True, grow_back=bad)

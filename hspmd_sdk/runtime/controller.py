@@ -164,7 +164,7 @@ class TrainingController:
     def __init__(self, program: "Program", cluster: "Cluster", *, global_batch: int, seq_len: int,
                  elastic: bool = False, straggler: StragglerWatch | None = None, cost: Any = None,
                  checkpoint_dir: str | None = None, resumed_from: str | None = None,
-                 debounce_s: float = 0.3, halt_timeout_s: float = 60.0) -> None:
+                 debounce_s: float = 0.3, halt_timeout_s: float = 60.0, grow_back: Any = None) -> None:
         self.current = _Numbering(program, cluster, {r: r for r in cluster.ranks})  # the newest version requested
         # every version workers may still hold, by (reconfiguration, switch) id: lexicographic order is the order
         # they were made in; the ones no worker can offer any more are dropped (:meth:`_prune_versions`)
@@ -172,6 +172,7 @@ class TrainingController:
         self._acked: tuple[tuple[int, int], int] | None = None  # (the newest version all applied, its first step)
         self.global_batch, self.seq_len = int(global_batch), int(seq_len)
         self.elastic, self.straggler, self.cost = elastic, straggler, cost
+        self.grow_back, self.launched = grow_back, cluster  # (:mod:`.growback`: after a recovery, towards this)
         self.debounce_s, self.halt_timeout_s = debounce_s, halt_timeout_s
         # where lost state is reloaded from: this job's checkpoints (and the one it resumed from)
         self.checkpoint_dir, self.resumed_from = checkpoint_dir, resumed_from
@@ -450,6 +451,8 @@ class TrainingController:
             self._acked = (event.version, event.step)
         if self.job is not None:
             self.job._note(f"reconfigured ({event.reason}): {event}")
+            if event.reason == "failure" and self.grow_back is not None:
+                self.grow_back.watch(self.job, self.launched)
 
     def _prune_versions(self, step: int) -> None:
         """Drop the versions no worker can offer any more: once a step run under a version every worker applied

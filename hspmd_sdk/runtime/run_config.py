@@ -98,6 +98,7 @@ class RunConfig(BaseModel):
     # ---- reconfiguration -----------------------------------------------------------------------------------
     elastic: Bool = Field(default=False, description="True or False")
     straggler: Any = Field(default=None, description="True, False, None or a StragglerWatch")
+    grow_back: Any = Field(default=None, description="True, False, None or a GrowBack (with elastic=True)")
     cost: Any = Field(default=None, description="a planner CostModel, or None")
     fault_injection: list[dict[str, Any]] = Field(default_factory=list, description="a list of {'rank', 'step', "
                                                                                     "'at'} dicts")
@@ -172,6 +173,19 @@ class RunConfig(BaseModel):
         if value is None or isinstance(value, (bool, StragglerWatch)):
             return value
         raise ValueError(f"must be True, False, None or a StragglerWatch, not {value!r}")
+
+    @field_validator("grow_back")
+    @classmethod
+    def _grow_back(cls, value: Any, info: ValidationInfo) -> Any:
+        from .growback import GrowBack
+
+        if value is None or value is False:
+            return None
+        if not (value is True or isinstance(value, GrowBack)):
+            raise ValueError(f"must be True, False, None or a GrowBack, not {value!r}")
+        if not info.data.get("elastic"):
+            raise ValueError("grows the job back after failures it survived: it needs elastic=True")
+        return value
 
     @field_validator("cost")
     @classmethod

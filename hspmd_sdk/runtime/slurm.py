@@ -306,6 +306,18 @@ class SlurmTransport(Transport):
         return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=_slurm_env(worker_env(spec, rank)), start_new_session=True)
 
+    def available(self, host: str) -> bool:
+        """Whether Slurm node ``host`` can take workers again (:mod:`.growback`): it answers the scheduler (not
+        DOWN, DRAINED, FAILED or NOT_RESPONDING) and no job still runs there (the allocation the job lost with it
+        ends only some seconds after the node is back; a node another job holds would make the grow wait)."""
+        state = ""
+        for info in read_slurm_nodes(nodes=[host]):
+            state = info.state.upper()
+        if not state or any(bad in state for bad in ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "UNKNOWN")):
+            return False
+        r = _run([_exe("squeue"), "-h", "-w", host, "-o", "%i"], timeout_s=15.0)
+        return r.stdout.strip() == ""
+
     def _release(self, group: "SlurmWorkers") -> None:
         """``group``'s workers all ended: cancel its host's allocation unless other workers of the job run there
         (not waited for here; :meth:`close` waits).  Workers started on the host later get a fresh allocation."""

@@ -185,7 +185,8 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
                     lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
                     weight_decay: float = 0.0, seq_len: int | None = None, recompute: Sequence[int] | None = None,
                     capture_dir: str | Path | None = None, init: Any = None, elastic: bool = False,
-                    straggler: Any = None, cost: Any = None, fault_injection: Sequence[Mapping[str, Any]] = (),
+                    straggler: Any = None, grow_back: Any = None, cost: Any = None,
+                    fault_injection: Sequence[Mapping[str, Any]] = (),
                     checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
                     checkpoint_async: bool = True, resume_from: str | Path | None = None,
                     precision: str = "fp32", device: str | None = None,
@@ -210,7 +211,10 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     Graph switching (SPEC §6): ``job.switch(program)`` moves the running job to another plan.  ``elastic=True``:
     a worker that dies does not end the job — the survivors replan, switch by fused BSR and redo the interrupted
     step (:mod:`.controller`); state with no surviving copy is reloaded from the newest complete checkpoint under
-    ``checkpoint_dir`` in the same processes (the run goes back to its step), else the job fails naming it.  ``straggler=True`` (or a :class:`~.controller.StragglerWatch`): a rank that stays
+    ``checkpoint_dir`` in the same processes (the run goes back to its step), else the job fails naming it.
+    ``grow_back=True`` (or a :class:`~.growback.GrowBack`), with ``elastic``: once it recovered, the job grows back
+    onto the hosts it lost ranks on as soon as the transport says they can take workers again (:mod:`.growback`;
+    ``job.grow`` does it on demand).  ``straggler=True`` (or a :class:`~.controller.StragglerWatch`): a rank that stays
     slower than under its plan is replanned around; ``cost``: the :class:`~hspmd_sdk.planner.CostModel` those
     replans use.  ``job.events`` lists every reconfiguration.  ``fault_injection`` (for tests and demos of
     failures): ``[{"rank": r, "step": s, "at": point}]`` makes rank ``r`` SIGKILL itself at ``point`` of step ``s``
@@ -228,6 +232,7 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     import time
 
     from .controller import StragglerWatch, TrainingController
+    from .growback import GrowBack
     from .devices import backend_for_device
     from .run_config import check_run_options
 
@@ -239,14 +244,14 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
                       what="mixed-length training run" if mixed else "training run", steps=steps, seed=seed,
                       data=data, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, seq_len=seq_len,
                       recompute=recompute, capture_dir=capture_dir, init=init, elastic=elastic, straggler=straggler,
-                      cost=cost, fault_injection=fault_injection, checkpoint_dir=checkpoint_dir,
+                      grow_back=grow_back, cost=cost, fault_injection=fault_injection, checkpoint_dir=checkpoint_dir,
                       checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
                       resume_from=resume_from, precision=precision, device=device, **launch_kwargs)
     if mixed:  # candidate Programs: mixed-length data (SPEC §7)
         from .mixed import launch_mixed
 
         given = {"data": data, "seq_len": seq_len, "recompute": recompute, "straggler": straggler,
-                 "profile": profile}
+                 "profile": profile, "grow_back": grow_back}
         default = {"data": "synthetic"}
         bad = [k for k, v in given.items() if k not in ("data",) and v not in (None, False, default.get(k))]
         if bad:
@@ -280,6 +285,7 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     watch = StragglerWatch() if straggler is True else (straggler or None)
     controller = TrainingController(program, cluster, global_batch=run["global_batch"], seq_len=run["seq_len"],
                                     elastic=bool(elastic), straggler=watch, cost=cost,
+                                    grow_back=GrowBack() if grow_back is True else (grow_back or None),
                                     checkpoint_dir=(run.get("checkpoint") or {}).get("dir"),
                                     resumed_from=(run.get("resume") or {}).get("dir"))
     if elastic and launch_kwargs.get("policy") is None:

@@ -121,6 +121,11 @@ class Transport(ABC):
         """torch threads each worker of ``cluster`` may use (``None``: the cores here over the ranks)."""
         return None
 
+    def available(self, host: str) -> bool:
+        """Whether ``host`` can take workers again after the job lost ranks there (an elastic job's grow back,
+        :mod:`.growback`): this machine always can."""
+        return True
+
     @abstractmethod
     def start(self, host: str, ranks: Sequence[int], spec: LaunchSpec, on_line: LineSink,
               on_exit: ExitSink) -> WorkerGroup:
