@@ -128,3 +128,40 @@ def test_hspmd_launch_elastic_survives_a_killed_remote_worker(lab: LoopbackHosts
     losses = [float(x) for x in out.split("losses: ")[1].split("\n")[0].split()]
     assert losses == pytest.approx(reference.losses, rel=1e-5, abs=0)
     assert "reconfigured at step" in out and "failure, lost ranks [3]" in out, out
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("zero1", [False, True], ids=["zero1-off", "zero1-on"])
+def test_a_job_on_one_host_grows_onto_a_second_host_over_ssh(lab: LoopbackHosts, reference, zero1: bool) -> None:
+    """A DP2 job on host A (ranks 0, 1) grows onto host B (a new loopback sshd host, two new ranks): the SSH agent
+    of B starts the newcomers, every worker meets at a fresh rendezvous on A, and one fused BSR gives the newcomers
+    their shards (with ZeRO-1, Adam moments sharded over the replicas).  The losses equal the single-device run's;
+    the running workers keep their processes; nothing is left behind."""
+    from hspmd_sdk import Cluster
+    from hspmd_sdk.runtime.grow import extend_cluster
+
+    model = LlamaConfig.preset("tiny")
+    full = lab.cluster
+    data = full.model_dump()
+    host_a = Cluster.load({**data, "nodes": [data["nodes"][0]]})
+    host_b = Cluster.load({**data, "nodes": [{**data["nodes"][1], "ranks": [0, 1]}]})
+    dp2 = Strategy.load({"pipelines": [{"stages": [{"devices": [r], "layers": [0, 3]}], "micro_batch_size": 4,
+                                        "num_micro_batches": 1} for r in (0, 1)], "zero1": zero1})
+    program = specialize(model, plan_from_strategy(model, dp2, host_a), host_a, bindings={"B": 8, "S": SEQ})
+    transport = SSHTransport(lab.hosts, kill_timeout_s=2.0, **lab.ssh_options)
+    job = launch_training(program, host_a, steps=STEPS, seed=SEED, seq_len=SEQ, transport=transport, timeout_s=60,
+                          heartbeat_s=0.5, slowdown={r: [(0, 4.0), (2, 200.0), (3, 4.0)] for r in (0, 1)})
+    pids = job.pids()
+    _wait(lambda: job.metrics.last_step() >= 1)
+    grown = extend_cluster(job.cluster, host_b)
+    dp4 = Strategy.load({"pipelines": [{"stages": [{"devices": [r], "layers": [0, 3]}], "micro_batch_size": 2,
+                                        "num_micro_batches": 1} for r in range(4)], "zero1": zero1})
+    event = job.grow(grown, specialize(model, plan_from_strategy(model, dp4, grown), grown,
+                                       bindings={"B": 8, "S": SEQ}))
+    result = job.wait(timeout=150)
+    assert result.losses == pytest.approx(reference.losses, rel=1e-5, abs=0)
+    assert [e.reason for e in result.events] == ["grow"] and event.done and event.bytes["inter"] > 0
+    assert {r: job.pids()[r] for r in (0, 1)} == pids
+    assert {g.host for g in job.transport.groups} == {s.address for s in lab.servers}
+    every = job.pids()
+    _wait(lambda: not any(_alive(p) for p in every.values()), 20)
