@@ -35,7 +35,7 @@ import bisect
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Hashable
+from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 from ..core.schedule import Action, build_schedule, in_flight, replay
 from .cost import BF16, CostModel, LayerCost, embedding_cost, head_cost, layer_cost, static_memory
@@ -149,18 +149,30 @@ def _stage_cost(model: "ModelSpec", stage: "Stage", first: bool, last: bool, clu
     link = min((_ring_link(cluster, g) for g in groups), key=lambda l: l.bandwidth)
     cp_link = min((_ring_link(cluster, [g[t] for g in groups]) for t in range(tp)), key=lambda l: l.bandwidth) \
         if cp > 1 else None
-    specs = {cluster.spec(d).kind: cluster.spec(d) for d in stage.devices}
+    ratios = stage.ratios if stage.ratios is not None and len(set(stage.ratios)) > 1 else None
+    # each (kind, share of the TP-split tensors) once: an even stage gives every device 1/tp, an uneven one (SPEC
+    # §12, HAP) device i ratios[i] / sum(ratios): it computes, keeps and holds that share of the split work, as if
+    # its group had sum / ratios[i] ranks, while its collectives still span the tp ranks
+    specs = {(cluster.spec(d).kind, tp if ratios is None else sum(ratios) / r): cluster.spec(d)
+             for d, r in zip(stage.devices, ratios or [1] * len(stage.devices))}
     best: _StageCost | None = None
-    for spec in specs.values():  # lockstep TP and CP groups: the slowest kind sets the pace
-        layer = layer_cost(model, spec, tp, link, micro_batch, seq_len, cost, recompute=stage.recompute, cp=cp,
-                           cp_link=cp_link, balanced=balanced)
+    for (_, split), spec in specs.items():  # lockstep TP and CP groups: the slowest device sets the pace
+
+        def priced(of: Callable[..., LayerCost], *args: Any, **kw: Any) -> LayerCost:
+            mine = of(model, spec, split, link, *args, **kw)
+            if split == tp:
+                return mine
+            group = of(model, spec, tp, link, *args, **kw)  # the collectives over the group's tp ranks
+            return mine.model_copy(update={"fwd_comm": group.fwd_comm, "bwd_comm": group.bwd_comm})
+
+        layer = priced(layer_cost, micro_batch, seq_len, cost, recompute=stage.recompute, cp=cp, cp_link=cp_link,
+                       balanced=balanced)
         parts: list[tuple[Hashable, LayerCost]] = [(("layer", i), layer) for i in range(stage.layers[0],
                                                                                           stage.layers[1] + 1)]
         if first:
-            parts.insert(0, (("embedding",), embedding_cost(model, spec, tp, link, micro_batch, seq_len, cost,
-                                                            cp=cp)))
+            parts.insert(0, (("embedding",), priced(embedding_cost, micro_batch, seq_len, cost, cp=cp)))
         if last:
-            parts.append((("head",), head_cost(model, spec, tp, link, micro_batch, seq_len, cost, cp=cp)))
+            parts.append((("head",), priced(head_cost, micro_batch, seq_len, cost, cp=cp)))
         f = _core_share(cluster, stage.devices, cost) if share is None else share  # oversubscribed local CPUs
         sc = _StageCost(fwd=sum(c.fwd_compute * f + c.fwd_comm for _, c in parts),
                         bwd=sum(c.bwd_compute * f + c.bwd_comm for _, c in parts),
