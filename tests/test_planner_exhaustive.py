@@ -14,10 +14,10 @@ Two prices:
 * **the planners' own stated objective**, the step simulator (:func:`hspmd_sdk.planner.simulate`, with
   communication, embedding, head, optimizer and memory), on which :func:`plan_hetero` and :func:`replan_elastic`
   pick their result.  There the search of the planner is what is tested: it must return the optimum of the
-  exhaustive space within a tolerance justified at each assertion.  Two gaps found this way are kept as strict
-  xfails, with the figures: plan_hetero's pre-simulation ranking misses the optimum by 5% (a coarse
-  gradient-sync estimate in ``hetero._sync_estimate``), and replan_elastic's pruning to the running TP degrees
-  costs 2x after one failure.
+  exhaustive space within a tolerance justified at each assertion.  Two gaps were found this way: plan_hetero's
+  pre-simulation ranking missed the optimum by 5% (its gradient-sync estimate priced every sync on the inter-node
+  link; fixed: the link to the replicas), and replan_elastic's pruning to the running TP degrees costs 2x after
+  one failure (a strict xfail, with the figures).
 
 The mixed-length planner: its interval DP (:func:`_interval_plan`) against every merge of the base intervals and
 every method and count per merged interval, and its dispatch (:class:`Dispatcher`) against every assignment of a
@@ -335,11 +335,6 @@ def test_plan_hetero_search_space_holds_the_simulated_optimum_when_memory_binds(
     _check_search_space(cluster, best, best_s)
 
 
-@pytest.mark.xfail(strict=True, reason="planner bug (hetero._sync_estimate): the DP-sync estimate that ranks the "
-                   "candidates before simulation prices every gradient synchronisation on the inter-node link, "
-                   "even when the replicas of a stage share a node; the optimum here (two H20 -> H800 pipelines, "
-                   "replicas on NVLink) is estimated 12.8 ms for 7.47 ms simulated and falls outside the 6 "
-                   "simulated candidates: plan_hetero returns a plan 5.0% slower")
 def test_plan_hetero_default_ranking_finds_the_simulated_optimum(roomy: tuple[float, Strategy, int]) -> None:
     """With its default ``simulate_top`` (6 best estimates simulated), plan_hetero should still return the
     optimum within 2% (the most its closed-form estimate may reorder candidates whose simulated times are that
@@ -384,8 +379,9 @@ def test_replan_elastic_finds_the_optimum_of_its_space(failed: list[int], priced
         # 3%: the layer ILP splits a pipeline's layers for M // D = 2 micro-batches (hetero.solve_pipelines) before
         # the micro-batch ILP gives the pipelines their real counts (3 and 1 after losing rank 0); for 3 the best
         # split of the H20 -> H800 pipeline is 2 + 2 layers, not the 1 + 3 kept: 2.7% slower (19.57 ms vs 20.10 ms).
-        # Losing rank 3 has no such gap (exact).
-        tol = 1e-9 if failed == [3] else 0.03
+        # Losing rank 3 has no such gap: 1e-4, for candidates that close (0.001% apart: 9.77620 vs 9.77609 ms) are
+        # ordered by the closed-form estimate, which prices the DP sync on the replicas' link but not the overlap
+        tol = 1e-4 if failed == [3] else 0.03
         assert best <= _sim(new, CLUSTER, cost)[0] <= best * (1 + tol)
 
 

@@ -75,7 +75,7 @@ def _keep_templates(ctx: PlanContext, strategy: "Strategy", failed: set[int], b:
         if plan is None:
             return None
         pipes.append(plan)
-    sol = solve_micro_batches(pipes, M, extra=[_sync_estimate(ctx, p, D) for p in pipes])
+    sol = solve_micro_batches(pipes, M, extra=[_sync_estimate(ctx, i, pipes) for i in range(len(pipes))])
     if sol is None:
         return None
     degree = {ctx.cluster.kind(s.devices[0]): s.tp_degree for p in kept for s in p.stages}

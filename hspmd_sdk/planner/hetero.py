@@ -519,7 +519,7 @@ def solve_candidate(ctx: PlanContext, cand: Candidate, *,
         pipes = solve_pipelines(ctx, ordered, b, M, z)
         if pipes is None:
             continue
-        sol = solve_micro_batches(pipes, M, extra=[_sync_estimate(ctx, p, D) for p in pipes])
+        sol = solve_micro_batches(pipes, M, extra=[_sync_estimate(ctx, i, pipes) for i in range(len(pipes))])
         if sol is None:
             continue
         out.append(Candidate(cand.degree, D, b, cand.bound, cand.compositions, order, pipes, sol[0], sol[1]))
@@ -547,16 +547,31 @@ def solve_pipelines(ctx: PlanContext, ordered: Sequence[Sequence[TPGroup]], b: i
     return pipes
 
 
-def _sync_estimate(ctx: PlanContext, pipe: PipelinePlan, D: int) -> float:
-    """Gradient synchronisation (reduce-scatter and ZeRO-1 all-gather, or all-reduce) of the heaviest stage's
-    parameters over ``D`` replicas on the inter-node network."""
+def _sync_estimate(ctx: PlanContext, i: int, pipes: Sequence[PipelinePlan]) -> float:
+    """Gradient synchronisation (reduce-scatter and ZeRO-1 all-gather, or all-reduce) of pipeline ``i``'s slowest
+    stage to sync over the ``len(pipes)`` replicas: its parameters, on the slowest link to the devices of the other
+    pipelines that hold its first layer (NVLink when the replicas share a node, the network when they do not)."""
+    D = len(pipes)
     if D <= 1:
         return 0.0
-    c = ctx.cluster
-    link = c.link(0, c.num_ranks - 1) if c.num_ranks > 1 else c.link(0, 0)
-    worst = max(n * ctx.model.layer_param_count() / g.tp for n, g in zip(pipe.layers, pipe.groups))
     ops = ("reduce_scatter", "all_gather") if ctx.zero1 else ("all_reduce",)
-    return sum(ctx.cost.collective_time(op, worst * BF16, D, link) for op in ops)
+
+    def holder(pipe: PipelinePlan, layer: int) -> TPGroup:
+        first = 0
+        for n, g in zip(pipe.layers, pipe.groups):
+            if layer < first + n:
+                return g
+            first += n
+        return pipe.groups[-1]
+
+    worst, first = 0.0, 0
+    for n, g in zip(pipes[i].layers, pipes[i].groups):
+        peers = [holder(q, first).ranks[0] for j, q in enumerate(pipes) if j != i]
+        link = min((ctx.link(g.ranks[0], r) for r in peers), key=lambda l: l.bandwidth)
+        size = n * ctx.model.layer_param_count() / g.tp * BF16
+        worst = max(worst, sum(ctx.cost.collective_time(op, size, D, link) for op in ops))
+        first += n
+    return worst
 
 
 def build_strategy(cand: Candidate, *, schedule: str = "1f1b", zero1: bool = True,
