@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--faults", type=int, default=100)
     ap.add_argument("--steps", type=int, default=None, help="the soak job's steps (default 4 per fault + 30)")
-    ap.add_argument("--baseline-steps", type=int, default=40, help="steps of the failure-free run")
+    ap.add_argument("--baseline-steps", type=int, default=None,
+                    help="steps of the failure-free run (default: as many as the soak's, so that it also shows the "
+                         "loss tolerance holds for that many steps without faults)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--dump", type=Path, default=None,
@@ -81,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     steps = args.steps or 4 * args.faults + 30
+    args.baseline_steps = args.baseline_steps or steps
     print(f"chaos soak: {args.faults} faults, {steps} steps, seed {seed}")
     reference = reference_training(LlamaConfig.preset("tiny"), steps=max(steps, args.baseline_steps),
                                    seed=soak_mod.SEED, global_batch=8, seq_len=soak_mod.SEQ, lr=soak_mod.LR)
@@ -110,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         ok["checkpoint_temp_dirs_left"] = left
         base = soak_mod.soak(lab, faults=0, seed=seed, steps=args.baseline_steps,
                              checkpoint_dir=Path(tmp) / "base", deadline_s=3600.0)
+        base_max_err = max(abs(a - b) / abs(b) for a, b in zip(base.result.losses, reference.losses))
         base_losses_equal = all(abs(a - b) <= soak_mod.TOL * abs(b)
                                 for a, b in zip(base.result.losses, reference.losses))
 
@@ -128,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         "startup_s": round(run.first_step_s, 2),
         "steps_per_min": {"soak": _steps_per_min(run), "failure_free": _steps_per_min(base),
                           "failure_free_steps": base.steps, "failure_free_seconds": round(base.seconds, 1),
-                          "failure_free_losses_equal": base_losses_equal},
+                          "failure_free_losses_equal": base_losses_equal,
+                          "failure_free_max_rel_err": base_max_err},
         "checks": ok,
         "faults": [{"kind": f.kind, "host": f.host, "rank": f.rank, "step": f.step,
                     "recovered_s": None if f.recovered_s is None else round(f.recovered_s, 3),

@@ -48,7 +48,12 @@ from test_slurm import assert_nothing_left  # noqa: E402
 from test_slurm_elastic import HETERO, NODES, on_slurm, slurm  # noqa: E402, F401
 
 HOSTS = [n.name for n in NODES]
-SEQ, SEED, LR = 16, 5, 1e-3
+#: lr 3e-4, not the 1e-3 of the shorter tests: fp32 roundoff (a different summation order, in any distributed plan)
+#: grows with the training dynamics, and at 1e-3 even a failure-free DP2 run of this model leaves 1e-5 of the
+#: single-device losses from step 211 on (2e-5 there, 1e-4 by step 224, measured); at 3e-4 a failure-free run of
+#: 430 steps stays within 1e-6 (8.4e-7 at most, the heterogeneous plan; 3.4e-7 DP2), so 1e-5 stays a sharp check
+#: for the 100-fault benchmark's 430 steps (which checks a failure-free run of that length too)
+SEQ, SEED, LR = 16, 5, 3e-4
 TOL = 1e-5
 KINDS = ("kill", "stop", "cut")
 SUITE_SEED = 20261202
