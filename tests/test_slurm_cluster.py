@@ -97,6 +97,7 @@ def test_from_slurm_matches_the_configured_nodes(slurm_env: LocalSlurm) -> None:
     assert [(n.host, n.kind, len(n.ranks)) for n in cluster.nodes] == [("n1", "H800", 2), ("n2", "H20", 1),
                                                                       ("n3", "cpu", 1)]
     assert cluster.num_ranks == 4 and cluster.kinds() == {"H800": 2, "H20": 1, "cpu": 1}
+    assert [(n.cpus, n.memory_mb) for n in cluster.nodes] == [(n.cpus, n.memory_mb) for n in NODES]
     infos = {i.name: i for i in read_slurm_nodes(partition=slurm_env.partition)}
     for n in NODES:
         assert (infos[n.name].cpus, infos[n.name].memory_mb) == (n.cpus, n.memory_mb)

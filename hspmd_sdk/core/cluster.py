@@ -86,13 +86,16 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
 
 
 class Node(BaseModel):
-    """A host and the ranks of its devices (all of one kind)."""
+    """A host and the ranks of its devices (all of one kind); ``cpus`` and ``memory_mb``: the host's cores and RAM
+    where known (``Cluster.from_slurm`` reads them from the scheduler; ``None``: not said)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     host: str = Field(min_length=1)
     kind: str = Field(min_length=1)
     ranks: list[int] = Field(min_length=1)
+    cpus: int | None = Field(default=None, ge=1, exclude_if=lambda v: v is None)  # (JSON unchanged when unknown)
+    memory_mb: int | None = Field(default=None, ge=1, exclude_if=lambda v: v is None)
 
 
 @dataclass(frozen=True)
@@ -240,7 +243,7 @@ class Cluster(BaseModel):
                    **kw: Any) -> "Cluster":
         """Read the cluster from the Slurm scheduler: one node per usable Slurm node of ``partition`` (or those
         named in ``nodes``, e.g. ``"gpu[01-04]"``), its kind from its GPU GRES type (else a feature naming a
-        device kind, else ``cpu``), one rank per GPU (one for a node without GPU GRES).  ``kw``: further fields
+        device kind, else ``cpu``), one rank per GPU (one for a node without GPU GRES), its cores and memory.  ``kw``: further fields
         (``devices`` for kinds that are no preset).  Rules: :mod:`hspmd_sdk.core.slurm_nodes`."""
         from .slurm_nodes import slurm_cluster_nodes
 

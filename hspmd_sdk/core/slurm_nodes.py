@@ -211,11 +211,14 @@ def read_slurm_nodes(partition: str | None = None, nodes: str | Sequence[str] | 
 
 def slurm_cluster_nodes(partition: str | None = None, nodes: str | Sequence[str] | None = None, *,
                         known: Sequence[str] = ("cpu",)) -> list[dict[str, Any]]:
-    """The ``nodes`` of ``Cluster.from_slurm``: one ``{"host", "kind", "ranks"}`` per usable Slurm node (host = its
-    Slurm name), ranks in node order; ``known``: the device kinds with a spec (presets and those given)."""
+    """The ``nodes`` of ``Cluster.from_slurm``: one ``{"host", "kind", "ranks", "cpus", "memory_mb"}`` per usable
+    Slurm node (host = its Slurm name), ranks in node order; ``known``: the device kinds with a spec (presets and
+    those given)."""
     out, rank = [], 0
     for info in read_slurm_nodes(partition, nodes):
         count = info.gpus or 1
-        out.append({"host": info.name, "kind": device_kind(info, known), "ranks": list(range(rank, rank + count))})
+        out.append({"host": info.name, "kind": device_kind(info, known), "ranks": list(range(rank, rank + count)),
+                    "cpus": info.cpus if info.cpus > 0 else None,
+                    "memory_mb": info.memory_mb if info.memory_mb > 0 else None})
         rank += count
     return out

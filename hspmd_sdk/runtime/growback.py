@@ -36,7 +36,7 @@ def lost_capacity(launched: "Cluster", current: "Cluster", hosts: Any = None) ->
         have[node.host] = have.get(node.host, 0) - keep
         missing = len(node.ranks) - keep
         if missing > 0 and (hosts is None or node.host in hosts):
-            nodes.append({"host": node.host, "kind": node.kind, "ranks": list(range(n, n + missing))})
+            nodes.append({**node.model_dump(), "ranks": list(range(n, n + missing))})
             n += missing
     if not nodes:
         return None
