@@ -82,6 +82,20 @@ def test_a_worker_takes_the_gpu_of_its_local_rank() -> None:
     assert cpu.current is None  # a gloo job never touches CUDA
 
 
+def test_a_worker_given_a_gpu_of_its_own_takes_that_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Slurm step with ``--gres=gpu:1`` sees only its GPU: rank 1 of a two-rank node uses cuda:0 (its local rank
+    would be 1, past the one GPU it sees); an index it does not see is an error naming it."""
+    from hspmd_sdk.runtime.devices import CUDA_INDEX_ENV
+
+    spec = _spec(["a", "a"])
+    monkeypatch.setenv(CUDA_INDEX_ENV, "0")
+    cuda = FakeCuda(1)
+    assert worker_device(spec, 1, cuda=cuda) == torch.device("cuda", 0) and cuda.current == torch.device("cuda", 0)
+    monkeypatch.setenv(CUDA_INDEX_ENV, "1")
+    with pytest.raises(DeviceError, match=r"rank 1 on a was given GPU 1 \(HSPMD_CUDA_INDEX\) but sees 1 GPU"):
+        worker_device(spec, 1, cuda=FakeCuda(1))
+
+
 def test_device_picks_the_backend_and_a_local_cuda_launch_is_checked_first() -> None:
     cluster = Cluster.local(4)
     assert backend_for_device("cpu", cluster) == "gloo"

@@ -70,9 +70,17 @@ def _is_local(transport: Any) -> bool:
     return transport is None or isinstance(transport, LocalTransport)
 
 
+#: set by a transport that gives each worker one GPU of its own (the CUDA index it sees it at)
+CUDA_INDEX_ENV = "HSPMD_CUDA_INDEX"
+
+
 def worker_device(spec: Any, rank: int, *, cuda: Any = None) -> Any:
     """This worker's ``torch.device``: the CPU under gloo; under NCCL ``cuda:<local rank>`` (the rank's index
-    among the ranks of its host, :meth:`~.spec.LaunchSpec.local_rank`), made current with ``set_device``."""
+    among the ranks of its host, :meth:`~.spec.LaunchSpec.local_rank`), made current with ``set_device``; where the
+    transport gave the worker a GPU of its own (a Slurm step's ``--gres=gpu:1``: it sees only that one), the
+    index it says in ``HSPMD_CUDA_INDEX``."""
+    import os
+
     import torch
 
     if spec.backend != "nccl":
@@ -82,7 +90,10 @@ def worker_device(spec: Any, rank: int, *, cuda: Any = None) -> Any:
     if not cuda.is_available():
         raise DeviceError(f"rank {rank} on {host}: the job runs on CUDA (nccl) but torch.cuda.is_available() is "
                           "False there; install a CUDA build of torch on that host, or launch with device='cpu'")
-    index, n = spec.local_rank(rank), int(cuda.device_count())
+    own = os.environ.get(CUDA_INDEX_ENV)
+    index, n = (int(own) if own else spec.local_rank(rank)), int(cuda.device_count())
+    if own and index >= n:
+        raise DeviceError(f"rank {rank} on {host} was given GPU {index} ({CUDA_INDEX_ENV}) but sees {n} GPU(s)")
     if index >= n:
         raise DeviceError(f"rank {rank} is worker {index} on {host}, which has {n} GPU(s): one GPU per worker; "
                           "put fewer ranks on that host")

@@ -69,6 +69,7 @@ from typing import Any, Mapping, Sequence
 
 from ..core.slurm_nodes import SlurmError, SlurmNodeInfo, read_slurm_nodes
 from ..errors import PlanValidationError
+from .devices import CUDA_INDEX_ENV
 from .spec import LaunchSpec
 from .transport import WORKER_MODULE, ExitSink, LineSink, LocalWorkers, Transport, worker_env
 
@@ -303,8 +304,11 @@ class SlurmTransport(Transport):
                 str(self.cpus_per_rank), "-w", alloc.host, "-J", step_name(rank)]
         argv += ["--gres=gpu:1"] if alloc.gpus else []
         argv += [self.python, "-m", WORKER_MODULE, "--rank", str(rank)]
+        env = worker_env(spec, rank)
+        if alloc.gpus:  # the step's one GPU (CUDA_VISIBLE_DEVICES names only it): cuda:0, whatever the local rank
+            env[CUDA_INDEX_ENV] = "0"
         return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=_slurm_env(worker_env(spec, rank)), start_new_session=True)
+                                env=_slurm_env(env), start_new_session=True)
 
     def available(self, host: str) -> bool:
         """Whether Slurm node ``host`` can take workers again (:mod:`.growback`): it answers the scheduler (not
