@@ -82,6 +82,7 @@ class JobResult:
     emulation: dict[int, float] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
     events: list[Any] = field(default_factory=list)
+    stopped_at: int | None = None  # the steps done when ``Job.stop()`` ended the job early
 
     def step_times(self, rank: int) -> list[float]:
         return [m.step_time for m in self.metrics.get(rank, []) if m.step_time is not None]
@@ -323,6 +324,21 @@ class Job:
             self._cancelled = True
         self._stop_all()
         self._done.wait(10.0)
+
+    def stop(self) -> None:
+        """End a training job gracefully: every worker finishes the step it is in, the job ends after the first
+        step whose commit carries the request (all ranks at once; the step's checkpoint, if any, is the last),
+        and ``wait()`` returns the losses of the steps done (``JobResult.stopped_at``: how many).  A job that
+        runs some other entry (no step boundary to stop at) is cancelled instead (:meth:`cancel`)."""
+        with self._lock:
+            if self._done.is_set():
+                return
+            ranks = [r for r, rec in self._ranks.items() if rec.returncode is None]
+        if self.controller is None:
+            self.cancel()
+            return
+        self._note("stop requested: the job ends after the step in progress")
+        self._send_control({"type": "stop"}, ranks)
 
     def stop_ranks(self, ranks: Sequence[int], grace_s: float = 0.5) -> None:
         """Stop the workers of ``ranks`` only (for a policy that lets the others go on); their exits are not
@@ -872,7 +888,16 @@ class Job:
                          wall_time=(self._t1 or time.monotonic()) - self._t0, log_dir=self.log_dir,
                          emulation={int(r): (float(k) if isinstance(k, (int, float)) else max(f for _, f in k))
                                     for r, k in self.spec.slowdown.items()},
-                         failures=list(self._absorbed), events=self.events)
+                         failures=list(self._absorbed), events=self.events, stopped_at=self._stopped_at())
+
+    def _stopped_at(self) -> int | None:
+        """Steps done when ``stop()`` ended the job early (from the workers' results; ``None``: it was not)."""
+        runs = self.spec.payload.get("runs") or ()
+        for rec in self._ranks.values():
+            for i, run in enumerate((rec.result or {}).get("runs") or ()):
+                if isinstance(run, dict) and run.get("stopped_at") is not None:
+                    return int(run["stopped_at"]) + sum(int(r.get("steps", 0)) for r in runs[:i])
+        return None
 
     def first_failure(self) -> Failure | None:
         """The failure that caused the others: a genuine error before connection errors, then the earliest."""

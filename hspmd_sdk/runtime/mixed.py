@@ -598,11 +598,12 @@ class MixedSession(TrainSession):
             self._in_commit = step
             self._collect()
             counted = float(ex.trained_targets) if ex is not None and ex.loss_contributor() else 0.0
-            mine_t = torch.tensor([mine, counted], dtype=torch.float64, device=state.device)
-            everyone = torch.empty(state.world_size * 2, dtype=torch.float64, device=state.device)
+            mine_t = torch.tensor([mine, counted, float(self.stop_heard)], dtype=torch.float64, device=state.device)
+            everyone = torch.empty(state.world_size * 3, dtype=torch.float64, device=state.device)
             dist.all_gather_into_tensor(everyone, mine_t)
-            rows = everyone.view(-1, 2)
+            rows = everyone.view(-1, 3)
             agreed["loss"], agreed["tokens"] = float(rows[:, 0].sum()), float(rows[:, 1].sum())
+            agreed["stop"] = float(rows[:, 2].max())
 
         tokens = None
         if ex is not None:
@@ -637,6 +638,7 @@ class MixedSession(TrainSession):
         self.committed = step
         self.adam_steps += 1
         self.previous = None
+        self._maybe_stop(step, agreed)
         if self.saver is not None:  # under the candidate running now (a checkpoint loads under any of them)
             self.saver.after_step(step + 1, last=step + 1 == self.steps, program=self.program, ex=ex,
                                   generation=self.reconfigured)

@@ -118,6 +118,8 @@ class TrainSession:
         self.dataset = dataset_for(run["data"], self.program.model.vocab_size)
         self.capture = run.get("capture_dir")
         self.switch_heard = 0      # the newest switch id received
+        self.stop_heard = False    # Job.stop(): end after the step whose commit carries it (every rank at once)
+        self.stopped_at: int | None = None  # the steps done when a Job.stop() ended the run early
         self.switch_done = 0       # the newest switch id applied
         self.reconfigured = 0      # the newest reconfigure id applied
         # the version of the state this rank holds: (reconfiguration, switch) applied, as the launcher numbers them
@@ -246,7 +248,8 @@ class TrainSession:
         out: dict[str, Any] = {"losses": [losses[s] for s in sorted(losses)], "rank": self.state.rank,
                                "launch_rank": self.state.launch_rank, "active": self.ex is not None,
                                "seconds": round(time.perf_counter() - started, 3),
-                               "switches": self.switch_done, "reconfigurations": self.reconfigured}
+                               "switches": self.switch_done, "reconfigurations": self.reconfigured,
+                               "stopped_at": self.stopped_at}
         if self.saver is not None:
             out["checkpoint"] = self.saver.close()
         if self.resumed is not None:
@@ -273,11 +276,13 @@ class TrainSession:
         def commit(mine: float) -> None:
             self._in_commit = step  # this rank's gradients of the step are synchronised: it could finish it
             self._collect()
-            mine_t = torch.tensor([mine, float(self.switch_heard)], dtype=torch.float64, device=state.device)
-            everyone = torch.empty(state.world_size * 2, dtype=torch.float64, device=state.device)
+            mine_t = torch.tensor([mine, float(self.switch_heard), float(self.stop_heard)], dtype=torch.float64,
+                                  device=state.device)
+            everyone = torch.empty(state.world_size * 3, dtype=torch.float64, device=state.device)
             dist.all_gather_into_tensor(everyone, mine_t)
-            rows = everyone.view(-1, 2)
+            rows = everyone.view(-1, 3)
             agreed["loss"], agreed["switch"] = float(rows[:, 0].sum()), float(rows[:, 1].max())
+            agreed["stop"] = float(rows[:, 2].max())
 
         if ex is not None:
             batch = self.dataset.global_batch(step, self.B, self.S, self.seed) if ex.needs_data else None
@@ -290,6 +295,7 @@ class TrainSession:
         if self.previous is not None:  # the first step after a switch committed everywhere: the old state can go
             self.previous = None
         self._switch_agreed = int(agreed["switch"])
+        self._maybe_stop(step, agreed)
         cut: CommFailure | None = None
         if self.saver is not None:  # before the report: the step's time includes what saving blocked
             try:
@@ -305,9 +311,18 @@ class TrainSession:
             raise cut
         return agreed["loss"]
 
+    def _maybe_stop(self, step: int, agreed: Mapping[str, float]) -> None:
+        """End the run after ``step`` when some rank had heard ``Job.stop()`` at its commit (all of them agree: the
+        commit carried it); the step's checkpoint, if one is configured, is then the run's last."""
+        if agreed.get("stop") and step + 1 < self.steps:
+            self.steps = self.stopped_at = step + 1
+
     # ---- control messages ---------------------------------------------------------------------------------
     def _collect(self) -> None:
         for msg in self.state.poll_control():
+            if msg.get("type") == "stop":
+                self.stop_heard = True
+                continue
             if msg.get("type") == "switch":
                 if int(msg["id"]) <= self.switch_done:
                     continue  # cancelled by a reconfiguration that came first

@@ -376,6 +376,8 @@ def train_entry(state: Any, spec: Any) -> dict[str, Any]:
         else:
             results.append(TrainSession(state, run, i, offset).train())
         offset += int(run["steps"])
+        if results[-1].get("stopped_at") is not None:  # Job.stop(): the runs after it do not start
+            break
     return {"runs": results, "losses": results[0]["losses"] if len(results) == 1 else None}
 
 

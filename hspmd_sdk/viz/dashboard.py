@@ -62,10 +62,12 @@ class JobDashboard(anywidget.AnyWidget):
         return self._watcher.poll()
 
     def stop(self, *, wait: bool = True) -> None:
-        """Stop the job (``job.cancel()``: every worker stops now, ``job.wait()`` raises ``JobCancelled``); the
-        dashboard lists it as stopped from here.  ``wait=False``: on a thread (the stop button: the kernel stays
-        responsive while the workers stop)."""
-        cancel = getattr(self.job, "cancel", None)
+        """Stop the job: a training job gracefully (``job.stop()``: every worker finishes its step, the job ends
+        there, ``job.wait()`` returns the losses so far); any other job at once (``job.cancel()``, ``job.wait()``
+        raises ``JobCancelled``).  The dashboard lists it as stopped from here.  ``wait=False``: on a thread (the
+        stop button: the kernel stays responsive while the workers stop)."""
+        graceful = getattr(self.job, "stop", None)
+        cancel = graceful if callable(graceful) else getattr(self.job, "cancel", None)
         if not callable(cancel) or not self._watcher.last or not self._watcher.last.running:
             return
         self._watcher.stopped_by_user = True
