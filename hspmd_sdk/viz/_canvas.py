@@ -1,6 +1,8 @@
-"""The plan editor's cluster canvas: an anywidget whose front end is ``static/plan_canvas.js`` (a plain ES module,
-edited in place and shipped as package data: no npm, no bundler, no build step; ``static/job_dashboard.js`` is the
-dashboard's).
+"""The plan editor's cluster canvas: an anywidget whose front end is ``static/plan_canvas.js`` (``static/job_dashboard.js``
+is the dashboard's).  Both are generated: their sources are ES modules in ``widgets/src`` of the repository, unit
+tested with Node's test runner, and bundled by esbuild (``npm run build`` in ``widgets/``) into one ES module each,
+shipped as package data; users need no Node.  Never edit the bundles: ``tests/test_widgets.py`` fails when they are
+not the build of the sources.
 
 Traits: ``cluster`` (nodes and devices, :func:`._canvas_view.cluster_view`, sent once), ``view`` (the draft shown,
 :func:`._canvas_view.canvas_view`, after every change) and ``tensors`` (the tensor picker's groups).  The front end

@@ -1,41 +1,40 @@
-// hspmd_sdk · a running job's dashboard (an anywidget ESM module; plain ES module, no build step).
-// Python (hspmd_sdk/viz/dashboard.py, the state model in _job.py) syncs `state`: status, step/steps, elapsed,
-// ETA, tokens/s, losses, each rank of the job's current world (state: running, done, dead, stopped; last step
-// time, memory), the ranks an elastic job removed, every failure and reconfiguration, the plan the job runs now;
-// and `log`: the rank log shown.  It sends {type: "stop"} (the stop button, after a confirming second click) and
-// {type: "logs", rank} (a click on a rank; rank null hides the log).
+// GENERATED FILE: do not edit. Built from widgets/src by `npm run build` (esbuild) in widgets/.
 
-function esc(s) {
-  return String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
-}
-
-export function clock(s) {
+// src/job_dashboard/format.js
+function clock(s) {
   if (s == null || !isFinite(s)) return "–";
   s = Math.max(0, Math.round(s));
-  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
+  const h = Math.floor(s / 3600), m = Math.floor(s % 3600 / 60), sec = s % 60;
   return (h ? `${h}:${String(m).padStart(2, "0")}` : `${m}`) + `:${String(sec).padStart(2, "0")}`;
 }
-
 function rate(t) {
   if (t == null) return "";
   return t >= 1e6 ? `${(t / 1e6).toFixed(2)}M tok/s` : t >= 1e3 ? `${(t / 1e3).toFixed(1)}k tok/s` : `${t.toFixed(0)} tok/s`;
 }
-
 function secs(t) {
   return t >= 1 ? t.toFixed(2) + " s" : (t * 1e3).toFixed(0) + " ms";
 }
-
 function mem(mb) {
   if (mb == null) return "";
   return mb >= 102.4 ? `${(mb / 1024).toFixed(mb >= 10240 ? 0 : 1)} GiB` : `${mb.toFixed(1)} MiB`;
 }
 
-function lossCurve(losses, w, h) {
-  if (!losses.length) return `<div class="hd-empty">no loss reported yet</div>`;
+// src/common/esc.js
+function esc(s) {
+  return String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
+// src/job_dashboard/loss.js
+function lossScale(losses, w, h) {
   const lo = Math.min(...losses), hi = Math.max(...losses);
   const span = hi - lo || 1;
-  const x = (i) => 46 + (losses.length === 1 ? 0 : (i / (losses.length - 1)) * (w - 54));
+  const x = (i) => 46 + (losses.length === 1 ? 0 : i / (losses.length - 1) * (w - 54));
   const y = (v) => 6 + (1 - (v - lo) / span) * (h - 22);
+  return { lo, hi, x, y };
+}
+function lossCurve(losses, w, h) {
+  if (!losses.length) return `<div class="hd-empty">no loss reported yet</div>`;
+  const { lo, hi, x, y } = lossScale(losses, w, h);
   const pts = losses.map((v, i) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
   return `<svg class="hd-loss" width="${w}" height="${h}" role="img" aria-label="loss curve">
     <line x1="46" y1="${h - 16}" x2="${w - 4}" y2="${h - 16}" class="hd-axis"/><line x1="46" y1="4" x2="46" y2="${h - 16}" class="hd-axis"/>
@@ -44,54 +43,81 @@ function lossCurve(losses, w, h) {
     <polyline points="${pts}" class="hd-line"/>${losses.length < 60 ? losses.map((v, i) => `<circle cx="${x(i).toFixed(1)}" cy="${y(v).toFixed(1)}" r="2.2"><title>step ${i}: ${v.toFixed(4)}</title></circle>`).join("") : ""}</svg>`;
 }
 
-// The ranks of the current world: a bar of the last step time each (a dead rank: a struck grey bar, a ✕ and what
-// happened instead of a time); the ranks an elastic job removed, apart.
-function rankRows(s) {
-  const ranks = (s.ranks && s.ranks.length) ? s.ranks
-    : (s.step_times || []).map(([r, t]) => ({ rank: r, state: s.running ? "running" : "done", time: t }));
-  const shown = ranks.filter((r) => r.state !== "removed");
-  const removed = ranks.filter((r) => r.state === "removed");
-  if (!shown.length && !removed.length) return `<div class="hd-empty">no rank reported yet</div>`;
+// src/job_dashboard/ranks.js
+function rankList(s) {
+  const ranks = s.ranks && s.ranks.length ? s.ranks : (s.step_times || []).map(([r, t]) => ({ rank: r, state: s.running ? "running" : "done", time: t }));
+  return { shown: ranks.filter((r) => r.state !== "removed"), removed: ranks.filter((r) => r.state === "removed") };
+}
+function barScale(shown) {
   const live = shown.filter((r) => r.time != null && r.state !== "dead");
-  const hi = Math.max(0, ...live.map((r) => r.time)) || 1;
+  return Math.max(0, ...live.map((r) => r.time)) || 1;
+}
+function barWidth(r, hi) {
+  const dead = r.state === "dead";
+  return r.time != null ? dead ? 100 : r.time / hi * 100 : 0;
+}
+function rankRows(s) {
+  const { shown, removed } = rankList(s);
+  if (!shown.length && !removed.length) return `<div class="hd-empty">no rank reported yet</div>`;
+  const hi = barScale(shown);
   const rows = shown.map((r) => {
     const dead = r.state === "dead";
-    const width = r.time != null ? (dead ? 100 : (r.time / hi) * 100) : 0;
-    const what = dead ? `<span class="hd-mark" title="${esc(r.why)}">✕ ${esc(r.why)}${r.died_step != null ? ` · step ${r.died_step}` : ""}</span>`
-      : r.time != null ? `<span class="hd-time">${secs(r.time)}</span>`
-      : `<span class="hd-time hd-empty">${r.state === "starting" ? "starting…" : esc(r.why || r.state)}</span>`;
+    const width = barWidth(r, hi);
+    const what = dead ? `<span class="hd-mark" title="${esc(r.why)}">✕ ${esc(r.why)}${r.died_step != null ? ` · step ${r.died_step}` : ""}</span>` : r.time != null ? `<span class="hd-time">${secs(r.time)}</span>` : `<span class="hd-time hd-empty">${r.state === "starting" ? "starting…" : esc(r.why || r.state)}</span>`;
     const extra = !dead && r.state === "stopped" ? ` <small class="hd-empty">${esc(r.why)}</small>` : "";
     return `<div class="hd-rank hd-${esc(r.state)} ${r.rank === s.slowest ? "hd-slow" : ""}" data-rank="${r.rank}" data-state="${esc(r.state)}">
       <button class="hd-rl" data-rank="${r.rank}" title="show rank ${r.rank}'s log">R${r.rank}</button>
       <span class="hd-bar"><span style="width:${width.toFixed(0)}%"></span></span>${what}${extra}
       ${r.memory_mb != null ? `<span class="hd-mem" title="peak memory of this rank's process">${mem(r.memory_mb)}</span>` : ""}</div>`;
   }).join("");
-  const gone = removed.length ? `<div class="hd-removed">removed from the job (${s.world.length} ranks now): ${removed.map((r) =>
-    `<button class="hd-rl hd-gone" data-rank="${r.rank}" title="${esc(r.why)} · show its log">R${r.rank}</button> <small>${esc(r.why)}</small>`).join(" ")}</div>` : "";
+  const gone = removed.length ? `<div class="hd-removed">removed from the job (${s.world.length} ranks now): ${removed.map((r) => `<button class="hd-rl hd-gone" data-rank="${r.rank}" title="${esc(r.why)} · show its log">R${r.rank}</button> <small>${esc(r.why)}</small>`).join(" ")}</div>` : "";
   return rows + gone;
 }
 
+// src/job_dashboard/view.js
+function progress(s) {
+  return s.steps ? Math.min(1, s.step / s.steps) : 0;
+}
+function stopState(s, ui) {
+  return ui.stopping && s.running ? "stopping" : s.can_stop ? ui.armed ? "armed" : "ready" : null;
+}
+function pressStop(ui) {
+  if (!ui.armed) {
+    ui.armed = true;
+    return false;
+  }
+  ui.armed = false;
+  ui.stopping = true;
+  return true;
+}
+function settle(s, ui) {
+  if (s && !s.running) {
+    ui.armed = false;
+    ui.stopping = false;
+  }
+}
 function planView(p) {
   if (!p || !p.pipelines || !p.pipelines.length) return "";
   const rows = p.pipelines.map((pl, i) => `<div class="hd-pipe"><small>pipeline ${i}${pl.micro ? ` · ${esc(pl.micro)}` : ""}</small>
-    ${pl.stages.map((st) => `<span class="hd-stage" title="ranks ${st.ranks.join(", ")}${st.layers ? ` · layers ${esc(st.layers)}` : ""}">R${st.ranks.join(",")}${st.layers ? ` <small>L${esc(st.layers)}</small>` : ""}</span>`).join("<span class=\"hd-arrow\">→</span>")}</div>`).join("");
+    ${pl.stages.map((st) => `<span class="hd-stage" title="ranks ${st.ranks.join(", ")}${st.layers ? ` · layers ${esc(st.layers)}` : ""}">R${st.ranks.join(",")}${st.layers ? ` <small>L${esc(st.layers)}</small>` : ""}</span>`).join('<span class="hd-arrow">→</span>')}</div>`).join("");
   return `<div class="hd-panel hd-plan"><div class="hd-title">plan now <small>(since ${esc(p.since)}; launch ranks)</small></div>${rows}</div>`;
 }
-
 function logView(log) {
   if (!log || log.rank == null) return "";
   return `<div class="hd-log" data-rank="${log.rank}"><div class="hd-title">log of rank ${log.rank}
     <small>(last ${Math.min(log.lines, 200)} of ${log.lines} lines${log.path ? ` · whole log: ${esc(log.path)}` : ""})</small>
     <button class="hd-close" title="hide the log">×</button></div><pre>${esc(log.text)}</pre></div>`;
 }
-
 function render(el, s, log, ui) {
-  if (!s || !s.job_id) { el.innerHTML = `<div class="hspmd-dashboard"><i>no job</i></div>`; return; }
-  const frac = s.steps ? Math.min(1, s.step / s.steps) : 0;
+  if (!s || !s.job_id) {
+    el.innerHTML = `<div class="hspmd-dashboard"><i>no job</i></div>`;
+    return;
+  }
+  const frac = progress(s);
   const events = (s.events || []).map((e) => `<li class="hd-ev hd-${esc(e.reason)}" data-reason="${esc(e.reason)}"${e.detail ? ` title="${esc(e.detail)}"` : ""}>${esc(e.text)}</li>`).join("");
   const none = s.running ? "none yet" : "none";
-  const stop = ui.stopping && s.running ? `<button class="hd-stop" disabled>stopping…</button>`
-    : s.can_stop ? `<button class="hd-stop${ui.armed ? " hd-armed" : ""}" title="stop every worker of this job now (job.cancel())">${ui.armed ? "click again to stop" : "■ stop"}</button>` : "";
+  const st = stopState(s, ui);
+  const stop = st === "stopping" ? `<button class="hd-stop" disabled>stopping…</button>` : st ? `<button class="hd-stop${st === "armed" ? " hd-armed" : ""}" title="stop every worker of this job now (job.cancel())">${st === "armed" ? "click again to stop" : "■ stop"}</button>` : "";
   el.innerHTML = `<div class="hspmd-dashboard" data-status="${esc(s.status)}" data-step="${s.step}">
     <div class="hd-head"><b>job ${esc(s.job_id)}</b> <span class="hd-status hd-${esc(s.status)}">${esc(s.status)}</span>
       <span class="hd-progress" title="steps done"><span style="width:${(frac * 100).toFixed(0)}%"></span></span> step ${s.step}${s.steps ? " / " + s.steps : ""}
@@ -107,19 +133,23 @@ function render(el, s, log, ui) {
       ${planView(s.plan)}</div>${logView(log)}</div>`;
 }
 
-export default {
+// src/job_dashboard/index.js
+var index_default = {
   render({ model, el }) {
     const ui = { armed: false, stopping: false, at: performance.now(), timer: null };
     const draw = () => {
       const s = model.get("state");
-      if (s && !s.running) { ui.armed = false; ui.stopping = false; }
+      settle(s, ui);
       render(el, s, model.get("log"), ui);
     };
-    const fresh = () => { ui.at = performance.now(); draw(); };
-    const tick = () => {  // the clock moves between snapshots (the kernel sends one when something else changed)
+    const fresh = () => {
+      ui.at = performance.now();
+      draw();
+    };
+    const tick = () => {
       const s = model.get("state");
       if (!s || !s.running) return;
-      const dt = (performance.now() - ui.at) / 1000;
+      const dt = (performance.now() - ui.at) / 1e3;
       const e = el.querySelector(".hd-elapsed"), eta = el.querySelector(".hd-eta");
       if (e && s.elapsed_s != null) e.textContent = clock(s.elapsed_s + dt);
       if (eta && s.eta_s != null) eta.textContent = clock(Math.max(0, s.eta_s - dt));
@@ -128,13 +158,15 @@ export default {
       const t = ev.target.closest("button");
       if (!t || !el.contains(t)) return;
       if (t.classList.contains("hd-stop")) {
-        if (!ui.armed) {
-          ui.armed = true;
+        if (!pressStop(ui)) {
           draw();
-          setTimeout(() => { if (ui.armed) { ui.armed = false; draw(); } }, 4000);
+          setTimeout(() => {
+            if (ui.armed) {
+              ui.armed = false;
+              draw();
+            }
+          }, 4e3);
         } else {
-          ui.armed = false;
-          ui.stopping = true;
           model.send({ type: "stop" });
           draw();
         }
@@ -147,7 +179,7 @@ export default {
     el.addEventListener("click", click);
     model.on("change:state", fresh);
     model.on("change:log", draw);
-    ui.timer = setInterval(tick, 1000);
+    ui.timer = setInterval(tick, 1e3);
     draw();
     return () => {
       clearInterval(ui.timer);
@@ -155,5 +187,9 @@ export default {
       model.off("change:state", fresh);
       model.off("change:log", draw);
     };
-  },
+  }
+};
+export {
+  clock,
+  index_default as default
 };

@@ -1,45 +1,36 @@
-// hspmd_sdk · the plan editor's cluster canvas (an anywidget ESM module; plain ES module, no build step).
-//
-// Python (hspmd_sdk/viz/_canvas.py) syncs two traits: `cluster` (nodes and devices, sent once) and `view`
-// (everything about the draft shown, after every change: see hspmd_sdk/viz/_canvas_view.py), plus `tensors`
-// (the tensor picker's groups).  Every user action is sent to Python as a message {op, ...} that calls the
-// same PlanEditor method a script would; nothing here decides anything about the plan.
-//
-// Direct manipulation (exploring never changes the plan; moving a device takes an explicit gesture):
-// * click a tile: pick it and inspect it (its stage, layers, memory, problems) -- nothing moves;
-//   Shift/Ctrl+click adds or removes it from the picked tiles; drag on the empty canvas: box (or lasso) pick;
-// * move: drag a tile (or the picked tiles) onto a stage -- a tile of that stage, its chip in the stage list,
-//   "+ stage" or "+ pipeline"; or Alt+click a tile: it joins (or leaves) the selected stage; or the picked
-//   tiles' bar / the inspect card's buttons; keyboard: arrows move between tiles, Space picks, Enter moves the
-//   picked tiles (or the focused one) into the selected stage, Delete takes them out, [ and ] change the
-//   selected stage, Ctrl+Z / Ctrl+Shift+Z (or Ctrl+Y) undo and redo;
-// * "+ stage" and "+ pipeline": click to add an empty one, or drop devices on them.
+// GENERATED FILE: do not edit. Built from widgets/src by `npm run build` (esbuild) in widgets/.
 
-const SVG = "http://www.w3.org/2000/svg";
-const GAP = 16, PAD = 12, HEAD = 34, NODE_GAP = 36, HULL = 5, LANE = 26;
-const LINK = { intra: "#159a8c", inter: "#d1495b", mixed: "#7b4fb0" };
-
+// src/common/esc.js
 function esc(s) {
-  return String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+  return String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 }
 
-// ---- layout ------------------------------------------------------------------------------------------------
-// Node boxes in rows, each node's tiles in rows; the tile size follows the width (legible from 1024 px up).
-export function layout(cluster, width) {
+// src/plan_canvas/constants.js
+var SVG = "http://www.w3.org/2000/svg";
+var GAP = 16;
+var PAD = 12;
+var HEAD = 34;
+var NODE_GAP = 36;
+var HULL = 5;
+var LANE = 26;
+var LINK = { intra: "#159a8c", inter: "#d1495b", mixed: "#7b4fb0" };
+
+// src/plan_canvas/layout.js
+function layout(cluster, width) {
   const nodes = cluster.nodes;
   const maxN = Math.max(...nodes.map((n) => n.ranks.length));
-  const perRow = [...new Set([maxN, Math.ceil(maxN / 2), Math.ceil(maxN / 4)])].filter((t) => t >= 1);
+  const perRow = [.../* @__PURE__ */ new Set([maxN, Math.ceil(maxN / 2), Math.ceil(maxN / 4)])].filter((t2) => t2 >= 1);
   let best = null;
-  for (const t of perRow) {
-    for (let k = 1; k <= nodes.length; k++) {
-      const tile = Math.floor((width - (k - 1) * NODE_GAP - k * (2 * PAD + (t - 1) * GAP)) / (k * t));
+  for (const t2 of perRow) {
+    for (let k2 = 1; k2 <= nodes.length; k2++) {
+      const tile = Math.floor((width - (k2 - 1) * NODE_GAP - k2 * (2 * PAD + (t2 - 1) * GAP)) / (k2 * t2));
       if (tile < 58) continue;
-      const size = Math.min(tile, 92);
-      const rowsPerNode = Math.ceil(maxN / t);
-      const nodeH = HEAD + 2 * PAD + rowsPerNode * Math.round(size * 0.78) + (rowsPerNode - 1) * GAP;
-      const height = Math.ceil(nodes.length / k) * (nodeH + NODE_GAP);
-      const score = Math.min(size, 76) * 10000 - height;
-      if (!best || score > best.score) best = { t, k, size, score };
+      const size2 = Math.min(tile, 92);
+      const rowsPerNode = Math.ceil(maxN / t2);
+      const nodeH = HEAD + 2 * PAD + rowsPerNode * Math.round(size2 * 0.78) + (rowsPerNode - 1) * GAP;
+      const height = Math.ceil(nodes.length / k2) * (nodeH + NODE_GAP);
+      const score = Math.min(size2, 76) * 1e4 - height;
+      if (!best || score > best.score) best = { t: t2, k: k2, size: size2, score };
     }
   }
   if (!best) best = { t: Math.min(maxN, 4), k: 1, size: 58 };
@@ -53,12 +44,21 @@ export function layout(cluster, width) {
     const rowH = Math.max(...row.map((n) => HEAD + 2 * PAD + Math.ceil(n.ranks.length / t) * (th + GAP) - GAP));
     row.forEach((n, c) => {
       const cols = Math.min(t, n.ranks.length);
-      const w = 2 * PAD + t * size + (t - 1) * GAP;
-      const x = c * (w + NODE_GAP);
-      boxes.push({ x, y, w, h: rowH, node: n });
+      const w2 = 2 * PAD + t * size + (t - 1) * GAP;
+      const x = c * (w2 + NODE_GAP);
+      boxes.push({ x, y, w: w2, h: rowH, node: n });
       n.ranks.forEach((r, j) => {
-        tiles[r] = { r, node: n.i, x: x + PAD + (j % t) * (size + GAP), y: y + HEAD + PAD + Math.floor(j / t) * (th + GAP),
-                     w: size, h: th, col: j % t, row: Math.floor(j / t), cols };
+        tiles[r] = {
+          r,
+          node: n.i,
+          x: x + PAD + j % t * (size + GAP),
+          y: y + HEAD + PAD + Math.floor(j / t) * (th + GAP),
+          w: size,
+          h: th,
+          col: j % t,
+          row: Math.floor(j / t),
+          cols
+        };
       });
     });
     y += rowH + NODE_GAP;
@@ -67,9 +67,41 @@ export function layout(cluster, width) {
   return { boxes, tiles, width: w, height: y - NODE_GAP, size };
 }
 
-// ---- orthogonal hulls ----------------------------------------------------------------------------------------
-// The outline of the union of a set of tiles of one node: tiles grown by HULL, bridged to their neighbours in the
-// node's grid.  Returns {rects, edges} in pixels (edges: boundary segments of the union).
+// src/plan_canvas/geometry.js
+function bbox(tiles, grow = 0) {
+  const x0 = Math.min(...tiles.map((t) => t.x)) - grow, y0 = Math.min(...tiles.map((t) => t.y)) - grow;
+  const x1 = Math.max(...tiles.map((t) => t.x + t.w)) + grow, y1 = Math.max(...tiles.map((t) => t.y + t.h)) + grow;
+  return { x0, y0, x1, y1, cx: (x0 + x1) / 2, cy: (y0 + y1) / 2 };
+}
+function byNode(lay, ranks) {
+  const parts = /* @__PURE__ */ new Map();
+  for (const r of ranks) {
+    const t = lay.tiles[r];
+    if (!t) continue;
+    if (!parts.has(t.node)) parts.set(t.node, []);
+    parts.get(t.node).push(t);
+  }
+  return [...parts.values()];
+}
+function edgePoint(b, x, y) {
+  const dx = x - b.cx, dy = y - b.cy;
+  if (!dx && !dy) return [b.cx, b.cy];
+  const sx = dx ? (b.x1 - b.cx) / Math.abs(dx) : Infinity, sy = dy ? (b.y1 - b.cy) / Math.abs(dy) : Infinity;
+  const s = Math.min(sx, sy);
+  return [b.cx + dx * s, b.cy + dy * s];
+}
+function overlap(a, b) {
+  const w = Math.min(a.x1, b.x1) - Math.max(a.x0, b.x0), h = Math.min(a.y1, b.y1) - Math.max(a.y0, b.y0);
+  return w > 0 && h > 0 ? w * h : 0;
+}
+function centre(t) {
+  return [t.x + t.w / 2, t.y + t.h / 2];
+}
+function inBox(x, y, a, b) {
+  return x >= Math.min(a[0], b[0]) && x <= Math.max(a[0], b[0]) && y >= Math.min(a[1], b[1]) && y <= Math.max(a[1], b[1]);
+}
+
+// src/plan_canvas/hull.js
 function hull(tiles) {
   const rects = [];
   const at = new Map(tiles.map((t) => [`${t.col},${t.row}`, t]));
@@ -99,24 +131,6 @@ function hull(tiles) {
   }
   return { rects, edges };
 }
-
-function bbox(tiles, grow = 0) {
-  const x0 = Math.min(...tiles.map((t) => t.x)) - grow, y0 = Math.min(...tiles.map((t) => t.y)) - grow;
-  const x1 = Math.max(...tiles.map((t) => t.x + t.w)) + grow, y1 = Math.max(...tiles.map((t) => t.y + t.h)) + grow;
-  return { x0, y0, x1, y1, cx: (x0 + x1) / 2, cy: (y0 + y1) / 2 };
-}
-
-function byNode(lay, ranks) {
-  const parts = new Map();
-  for (const r of ranks) {
-    const t = lay.tiles[r];
-    if (!t) continue;
-    if (!parts.has(t.node)) parts.set(t.node, []);
-    parts.get(t.node).push(t);
-  }
-  return [...parts.values()];
-}
-
 function hullSvg(parts, colour, fill, opacity, dashed, cls) {
   let out = "";
   for (const p of parts) {
@@ -127,48 +141,23 @@ function hullSvg(parts, colour, fill, opacity, dashed, cls) {
   return out;
 }
 
-// Where a line from the box centre towards (x, y) leaves the box.
-function edgePoint(b, x, y) {
-  const dx = x - b.cx, dy = y - b.cy;
-  if (!dx && !dy) return [b.cx, b.cy];
-  const sx = dx ? (b.x1 - b.cx) / Math.abs(dx) : Infinity, sy = dy ? (b.y1 - b.cy) / Math.abs(dy) : Infinity;
-  const s = Math.min(sx, sy);
-  return [b.cx + dx * s, b.cy + dy * s];
-}
-
-function overlap(a, b) {
-  const w = Math.min(a.x1, b.x1) - Math.max(a.x0, b.x0), h = Math.min(a.y1, b.y1) - Math.max(a.y0, b.y0);
-  return w > 0 && h > 0 ? w * h : 0;
-}
-
-function inPolygon(x, y, pts) {
-  let inside = false;
-  for (let i = 0, j = pts.length - 1; i < pts.length; j = i++) {
-    const [xi, yi] = pts[i], [xj, yj] = pts[j];
-    if ((yi > y) !== (yj > y) && x < ((xj - xi) * (y - yi)) / (yj - yi) + xi) inside = !inside;
-  }
-  return inside;
-}
-
-
-// ---- routing arrows through the gaps ---------------------------------------------------------------------------
-// Arrows run along channels: the gaps between tile rows and columns, the node margins and the gaps between
-// nodes, so that they never hide a tile (nor cross one they do not connect).  Dijkstra over the channel
-// crossings, with a penalty per turn.
+// src/plan_canvas/routing.js
 function channels(lay) {
-  const xs = new Set(), ys = new Set();
+  const xs = /* @__PURE__ */ new Set(), ys = /* @__PURE__ */ new Set();
   for (const b of lay.boxes) {
-    xs.add(b.x + PAD / 2); xs.add(b.x + b.w - PAD / 2);
-    ys.add(b.y + HEAD + PAD / 2 - 2); ys.add(b.y + b.h - PAD / 2);
-    xs.add(b.x - NODE_GAP / 2); xs.add(b.x + b.w + NODE_GAP / 2);
-    ys.add(b.y - NODE_GAP / 2); ys.add(b.y + b.h + NODE_GAP / 2);
+    xs.add(b.x + PAD / 2);
+    xs.add(b.x + b.w - PAD / 2);
+    ys.add(b.y + HEAD + PAD / 2 - 2);
+    ys.add(b.y + b.h - PAD / 2);
+    xs.add(b.x - NODE_GAP / 2);
+    xs.add(b.x + b.w + NODE_GAP / 2);
+    ys.add(b.y - NODE_GAP / 2);
+    ys.add(b.y + b.h + NODE_GAP / 2);
   }
   for (const t of lay.tiles) {
     if (!t) continue;
     if (t.col > 0) xs.add(t.x - GAP / 2);
     if (t.row > 0) ys.add(t.y - GAP / 2);
-    // lines through each tile's centre: a route starts and ends straight above, below or beside a tile (it never
-    // runs along them across a tile: only the free steps between crossings are taken)
     xs.add(t.x + t.w / 2);
     ys.add(t.y + t.h / 2);
   }
@@ -177,21 +166,22 @@ function channels(lay) {
   const rects = lay.tiles.filter(Boolean).map((t) => [t.x - 1, t.y - 1, t.x + t.w + 1, t.y + t.h + 1]);
   const free = (x0, y0, x1, y1) => !rects.some((r) => Math.max(x0, x1) > r[0] && Math.min(x0, x1) < r[2] && Math.max(y0, y1) > r[1] && Math.min(y0, y1) < r[3]);
   const ok = X.map((x) => Y.map((y) => free(x, y, x, y)));
-  // which steps between neighbouring crossings stay in the gaps (computed once per layout, not per arrow)
   const right = X.map((x, i) => Y.map((y) => i + 1 < X.length && free(x, y, X[i + 1], y)));
   const down = X.map((x) => Y.map((y, j) => j + 1 < Y.length && free(x, y, x, Y[j + 1])));
   return { X, Y, ok, free, right, down };
 }
-
-// A binary min-heap of [cost, ...] entries.
-class Heap {
-  constructor() { this.a = []; }
-  get size() { return this.a.length; }
+var Heap = class {
+  constructor() {
+    this.a = [];
+  }
+  get size() {
+    return this.a.length;
+  }
   push(e) {
     const a = this.a;
     a.push(e);
-    for (let i = a.length - 1; i > 0;) {
-      const p = (i - 1) >> 1;
+    for (let i = a.length - 1; i > 0; ) {
+      const p = i - 1 >> 1;
       if (a[p][0] <= a[i][0]) break;
       [a[p], a[i]] = [a[i], a[p]];
       i = p;
@@ -201,7 +191,7 @@ class Heap {
     const a = this.a, top = a[0], last = a.pop();
     if (a.length) {
       a[0] = last;
-      for (let i = 0; ;) {
+      for (let i = 0; ; ) {
         const l = 2 * i + 1, r = l + 1;
         let m = i;
         if (l < a.length && a[l][0] < a[m][0]) m = l;
@@ -213,33 +203,34 @@ class Heap {
     }
     return top;
   }
-}
-
+};
 function route(ch, src, dst) {
   const { X, Y, ok, free, right, down } = ch;
   const near = (b) => {
-    const out = [];
+    const out2 = [];
     X.forEach((x, i) => Y.forEach((y, j) => {
       if (!ok[i][j]) return;
       const dx = x < b.x0 ? b.x0 - x : x > b.x1 ? x - b.x1 : 0, dy = y < b.y0 ? b.y0 - y : y > b.y1 ? y - b.y1 : 0;
       if ((dx === 0 || dy === 0) && dx + dy <= GAP + HULL + 2) {
         const p = [Math.min(Math.max(x, b.x0), b.x1), Math.min(Math.max(y, b.y0), b.y1)];
-        if (free(p[0], p[1], x, y) || dx + dy <= HULL + 2) out.push({ i, j, p, d: dx + dy });
+        if (free(p[0], p[1], x, y) || dx + dy <= HULL + 2) out2.push({ i, j, p, d: dx + dy });
       }
     }));
-    return out;
+    return out2;
   };
   const starts = near(src), ends = near(dst);
   if (!starts.length || !ends.length) return null;
   const endAt = new Map(ends.map((e) => [`${e.i},${e.j}`, e]));
   const key = (i, j, d) => `${i},${j},${d}`;
-  const dist = new Map(), prev = new Map(), heap = new Heap();
+  const dist = /* @__PURE__ */ new Map(), prev = /* @__PURE__ */ new Map(), heap = new Heap();
   const push = (c, i, j, d, from) => {
     const k = key(i, j, d);
     if (dist.has(k) && dist.get(k) <= c) return;
-    dist.set(k, c); prev.set(k, from); heap.push([c, i, j, d]);
+    dist.set(k, c);
+    prev.set(k, from);
+    heap.push([c, i, j, d]);
   };
-  for (const s0 of starts) push(s0.d, s0.i, s0.j, -1, null);
+  for (const s02 of starts) push(s02.d, s02.i, s02.j, -1, null);
   const steps = [[1, 0], [-1, 0], [0, 1], [0, -1]];
   let best = null;
   while (heap.size) {
@@ -267,18 +258,15 @@ function route(ch, src, dst) {
   const s0 = starts.find((s) => s.i === X.indexOf(pts[0][0]) && s.j === Y.indexOf(pts[0][1]));
   if (s0) pts.unshift(s0.p);
   pts.push(best.e.p);
-  // drop collinear points
   const out = [pts[0]];
   for (let k = 1; k < pts.length - 1; k++) {
     const [a, b, c] = [out[out.length - 1], pts[k], pts[k + 1]];
-    if ((a[0] === b[0] && b[0] === c[0]) || (a[1] === b[1] && b[1] === c[1])) continue;
+    if (a[0] === b[0] && b[0] === c[0] || a[1] === b[1] && b[1] === c[1]) continue;
     out.push(b);
   }
   out.push(pts[pts.length - 1]);
   return out;
 }
-
-// The straight segments of a route, longest horizontal first (labels sit on them, inside a gap).
 function segments(pts) {
   const segs = [];
   for (let k = 0; k < pts.length - 1; k++) {
@@ -287,17 +275,123 @@ function segments(pts) {
   }
   return segs.sort((p, q) => (q.horiz - p.horiz) * 1e6 + (q.len - p.len));
 }
+function laneShift(pts, i, step) {
+  const off = (i % 5 - 2) * step;
+  return pts.map(([x, y], k) => k === 0 || k === pts.length - 1 ? [x, y] : [x + off, y + off]);
+}
 
-// ---- the widget --------------------------------------------------------------------------------------------
-class Canvas {
+// src/plan_canvas/labels.js
+function headBoxes(lay) {
+  return lay.boxes.map((b) => ({ x0: b.x, y0: b.y, x1: b.x + b.w, y1: b.y + HEAD - 4 }));
+}
+function placeLabel(segs, w, h, { width, height, tileRects, heads, placed }) {
+  const H = height + LANE;
+  let best = null;
+  const pts = [];
+  for (const sg of segs) for (const t of [0.5, 0.3, 0.7, 0.15, 0.85]) pts.push([sg.a[0] + (sg.b[0] - sg.a[0]) * t, sg.a[1] + (sg.b[1] - sg.a[1]) * t, 0]);
+  const base = pts.slice();
+  for (const [x, y] of base) for (const dx of [-1.5, -0.8, 0, 0.8, 1.5]) for (const dy of [-40, -22, 0, 22, 40]) pts.push([x + dx * w, y + dy, 1]);
+  for (const [x] of base) pts.push([x, height + LANE / 2, 1]);
+  for (const [x, y, off] of pts) {
+    const r = { x0: x - w / 2, y0: y - h / 2, x1: x + w / 2, y1: y + h / 2 };
+    if (r.x0 < 0 || r.x1 > width + 4 || r.y0 < -14 || r.y1 > H) continue;
+    let near = Infinity, anchor = base[0];
+    for (const p of base) {
+      const d = Math.hypot(p[0] - x, p[1] - y);
+      if (d < near) {
+        near = d;
+        anchor = p;
+      }
+    }
+    const cost = 4 * tileRects.reduce((c, q) => c + overlap(r, q), 0) + heads.reduce((c, q) => c + overlap(r, q), 0) + 40 * placed.reduce((c, q) => c + overlap(r, q), 0) + 2 * near + (off ? 30 : 0);
+    if (!best || cost < best.cost) best = { r, cost, near, anchor };
+  }
+  if (best) placed.push(best.r);
+  return best;
+}
+
+// src/plan_canvas/selection.js
+var CLICK = 6;
+function inPolygon(x, y, pts) {
+  let inside = false;
+  for (let i = 0, j = pts.length - 1; i < pts.length; j = i++) {
+    const [xi, yi] = pts[i], [xj, yj] = pts[j];
+    if (yi > y !== yj > y && x < (xj - xi) * (y - yi) / (yj - yi) + xi) inside = !inside;
+  }
+  return inside;
+}
+function isClick(pts) {
+  const [x0, y0] = pts[0];
+  return pts.every(([px, py]) => Math.hypot(px - x0, py - y0) < CLICK);
+}
+function isDrag(start, x, y) {
+  return Math.hypot(x - start.x, y - start.y) >= CLICK;
+}
+function tilesInBox(tiles, a, b) {
+  const out = [];
+  for (const t of tiles) {
+    if (!t) continue;
+    const [cx, cy] = centre(t);
+    if (inBox(cx, cy, a, b)) out.push(t.r);
+  }
+  return out;
+}
+function tilesInLasso(tiles, pts) {
+  const out = [];
+  for (const t of tiles) {
+    if (!t) continue;
+    const [cx, cy] = centre(t);
+    if (inPolygon(cx, cy, pts)) out.push(t.r);
+  }
+  return out;
+}
+
+// src/plan_canvas/keys.js
+function historyShortcut(e) {
+  const mod = e.ctrlKey || e.metaKey;
+  if (mod && (e.key === "z" || e.key === "Z")) return e.shiftKey ? "redo" : "undo";
+  if (mod && (e.key === "y" || e.key === "Y")) return "redo";
+  return null;
+}
+var ARROWS = { ArrowLeft: [-1, 0], ArrowRight: [1, 0], ArrowUp: [0, -1], ArrowDown: [0, 1] };
+function nextTile(tiles, r, key) {
+  const a = tiles[r];
+  const dir = ARROWS[key];
+  let best = null;
+  for (const b of tiles) {
+    if (!b || b.r === r) continue;
+    const dx = b.x - a.x, dy = b.y - a.y;
+    const along = dx * dir[0] + dy * dir[1];
+    if (along <= 0) continue;
+    const across = Math.abs(dx * dir[1]) + Math.abs(dy * dir[0]);
+    const cost = along + 3 * across;
+    if (!best || cost < best.cost) best = { r: b.r, cost };
+  }
+  return best ? best.r : null;
+}
+function stepStage(pipelines, selected, d) {
+  const all = (pipelines || []).flatMap((p) => p.stages.map((s) => [s.p, s.s]));
+  if (!all.length) return null;
+  const i = selected ? all.findIndex((x) => x[0] === selected[0] && x[1] === selected[1]) : -1;
+  return all[(i + d + all.length) % all.length];
+}
+
+// src/plan_canvas/tensors.js
+function groupOf(groups, name) {
+  for (const [g, names] of groups) if (names.includes(name)) return g;
+  return "";
+}
+
+// src/plan_canvas/canvas.js
+var Canvas = class {
   constructor(model, el) {
     this.model = model;
     this.el = el;
-    this.sel = new Set();
+    this.sel = /* @__PURE__ */ new Set();
     this.focus = null;
     this.mode = "box";
-    this.inspect = null;  // the rank whose card the side panel shows (a plain click)
-    this.routes = new Map();  // routes through the gaps, per layout (arrows and a Reshard's messages)
+    this.inspect = null;
+    this.routes = /* @__PURE__ */ new Map();
     this.width = 0;
     this.root = document.createElement("div");
     this.root.className = "hspmd-canvas";
@@ -309,8 +403,7 @@ class Canvas {
     this.root.addEventListener("keydown", (e) => this.onKey(e));
     this.gesture = false;
     this.pending = false;
-    this.onView = () => (this.gesture ? (this.pending = true) : this.render());
-    // the tensor names for the picker's search box: one datalist beside the canvas, rebuilt only when they change
+    this.onView = () => this.gesture ? this.pending = true : this.render();
     this.names = document.createElement("datalist");
     this.names.id = `hc-tensors-${this.uid()}`;
     el.appendChild(this.names);
@@ -328,17 +421,14 @@ class Canvas {
     this.ro.observe(this.root);
     this.onTensors();
   }
-
   destroy() {
     this.model.off("change:view", this.onView);
     this.model.off("change:tensors", this.onTensors);
     this.ro.disconnect();
   }
-
   send(msg) {
     this.model.send(msg);
   }
-
   // ---- rendering -------------------------------------------------------------------------------------------
   render() {
     const view = this.model.get("view") || {};
@@ -347,12 +437,11 @@ class Canvas {
     const keep = this.captureFocus();
     const area0 = this.root.querySelector(".hc-area");
     const avail = area0 ? area0.clientWidth : this.root.clientWidth || 900;
-    this.root.innerHTML = this.toolbar(view) + this.verdict(view) +
-      `<div class="hc-body"><div class="hc-area"></div><div class="hc-side">${this.side(view)}</div></div>`;
+    this.root.innerHTML = this.toolbar(view) + this.verdict(view) + `<div class="hc-body"><div class="hc-area"></div><div class="hc-side">${this.side(view)}</div></div>`;
     const area = this.root.querySelector(".hc-area");
     this.width = area.clientWidth || avail;
-    const lw = Math.max(this.width - 8, 300);  // room for the hulls around the outer tiles
-    if (!this.lay || this.layCluster !== cluster || this.layWidth !== lw) {  // a new layout only when it changes
+    const lw = Math.max(this.width - 8, 300);
+    if (!this.lay || this.layCluster !== cluster || this.layWidth !== lw) {
       this.lay = layout(cluster, lw);
       this.layCluster = cluster;
       this.layWidth = lw;
@@ -363,13 +452,11 @@ class Canvas {
     this.root.dataset.comm = view.comm?.state || "";
     this.restoreFocus(keep);
   }
-
   captureFocus() {
     const a = document.activeElement;
     if (!a || !this.root.contains(a) || !a.dataset.key) return null;
     return { key: a.dataset.key, value: a.value, start: a.selectionStart, end: a.selectionEnd, typed: a.dataset.typed === "1" };
   }
-
   restoreFocus(k) {
     if (!k) return;
     const el = this.root.querySelector(`[data-key="${k.key}"]`);
@@ -379,13 +466,14 @@ class Canvas {
       el.dataset.typed = "1";
     }
     el.focus({ preventScroll: true });
-    try { if (k.start != null) el.setSelectionRange(k.start, k.end); } catch (_) { /* not a text input */ }
+    try {
+      if (k.start != null) el.setSelectionRange(k.start, k.end);
+    } catch (_) {
+    }
   }
-
   toolbar(v) {
     const can = v.can || {};
-    const btn = (op, text, ok, tip, extra = "") =>
-      `<button class="hc-btn" data-op="${op}" data-key="btn-${op}" ${ok ? "" : "disabled"} title="${esc(tip)}" ${extra}>${text}</button>`;
+    const btn = (op, text, ok, tip, extra = "") => `<button class="hc-btn" data-op="${op}" data-key="btn-${op}" ${ok ? "" : "disabled"} title="${esc(tip)}" ${extra}>${text}</button>`;
     const groups = this.model.get("tensors") || [];
     const gsel = this.group || (v.tensor_name ? groupOf(groups, v.tensor_name) : "");
     const names = (groups.find((g) => g[0] === gsel) || [null, []])[1];
@@ -402,12 +490,10 @@ class Canvas {
       <span class="hc-group">${btn("timeline", "Timeline", can.timeline, can.timeline ? "draw the simulated timeline of the plan shown" : "the plan shown does not simulate")}${btn("launch", "▶ Launch locally", can.launch, can.launch ? "train the plan shown on this machine (hspmd_sdk.launch)" : "blocked: " + can.launch_why)}${can.job ? btn("apply", "⇄ Apply to running job", can.apply, can.apply ? "job.switch(editor.program) at the job's next step boundary" : "blocked: " + can.apply_why) : ""}</span>
     </div>`;
   }
-
   uid() {
     if (!this._uid) this._uid = Math.random().toString(36).slice(2, 8);
     return this._uid;
   }
-
   verdict(v) {
     const vd = v.verdict || { level: "error", text: "" };
     const c = v.counts || {};
@@ -416,7 +502,6 @@ class Canvas {
     return `<div class="hc-verdict hc-${vd.level}" role="status" aria-live="polite"><span class="hc-headline">${esc(vd.text)}</span>
       <span class="hc-counts">${c.errors ? `<b class="hc-e">${c.errors} error(s)</b>` : ""} ${c.warnings ? `<b class="hc-w">${c.warnings} warning(s)</b>` : ""}</span></div>${msg}${stale}`;
   }
-
   side(v) {
     let out = this.inspectCard(v);
     if (v.tensor) out += this.tensorLegend(v.tensor);
@@ -430,7 +515,6 @@ class Canvas {
     out += this.commCard(v.comm || {});
     return out;
   }
-
   // The card of the inspected device: what its tile's tooltip says, its stage's problems, and the explicit moves.
   inspectCard(v) {
     const r = this.inspect;
@@ -447,7 +531,6 @@ class Canvas {
       ${sel && !here ? `<button class="hc-btn hc-small" data-op="inspect_move" data-rank="${r}" title="move this device into the selected stage (undo: Ctrl+Z)">→ move into P${sel[0]} S${sel[1]}</button>` : ""}
       ${t.p >= 0 ? `<button class="hc-btn hc-small" data-op="inspect_unassign" data-rank="${r}" title="take it out of its stage (undo: Ctrl+Z)">take out of its stage</button>` : ""}</div></div>`;
   }
-
   pipelineCard(p, v) {
     const rows = p.stages.map((s) => {
       const probs = s.problems.map((x) => `<div class="hc-msg hc-${x.level}">${x.level === "error" ? "✗" : "⚠"} ${esc(x.text)}</div>`).join("");
@@ -468,7 +551,6 @@ class Canvas {
         = ${p.samples} <button class="hc-x" data-op="remove_pipeline" data-p="${p.p}" title="remove this pipeline">✕</button></div>
       ${pprobs}${rows}<div class="hc-drop hc-newstage" role="button" tabindex="0" data-drop="${p.p},${p.stages.length}" data-op="add_stage" data-key="add-stage-${p.p}" data-p="${p.p}" title="click: add a stage; drop devices here: a new stage with them">+ stage</div></div>`;
   }
-
   commCard(c) {
     let rows = "";
     if (c.state === "resolving") rows = `<div class="hc-note">resolving communication (AnnotationPlan.from_strategy + specialize) …</div>`;
@@ -482,24 +564,22 @@ class Canvas {
     if (c.sync && !c.stale) rows += `<div class="hc-note">gradient sync: ${esc(c.sync)}</div>`;
     return `<div class="hc-card hc-comm"><div class="hc-card-head">Communication <small>bytes per step = forward + backward, at the program's shapes${c.bindings ? " (" + esc(c.bindings) + ")" : ""} · click a row for its figure</small></div>${rows}</div>`;
   }
-
   tensorLegend(t) {
     const subs = t.subgroups.map((g) => `<div><span class="hc-swatch" style="border-color:${g.colour}"></span> <b>G${g.k}</b> [${esc(g.ranks_text)}] <code>${esc(g.ds)}</code></div>`).join("");
     const rs = t.reshard ? `<div class="hc-note"><b>${esc(t.reshard.text)}</b>${t.reshard.more ? ` (${t.reshard.more} more messages not drawn)` : ""}</div>` : "";
     const terms = t.terms || {};
     const term = (k) => `<dt title="${esc(terms[k])}">${esc(k)}</dt><dd>${esc(terms[k])}</dd>`;
     return `<div class="hc-card hc-tensor"><div class="hc-card-head">${esc(t.name)} <small>${esc(JSON.stringify(t.shape))}</small></div>
-      <div title="${esc(terms.HSize)}\n${esc(terms.HDim)}"><b>DG Union</b>: ${esc(t.words)}</div><div><code>${esc(t.annotation)}</code></div>${subs}
+      <div title="${esc(terms.HSize)}
+${esc(terms.HDim)}"><b>DG Union</b>: ${esc(t.words)}</div><div><code>${esc(t.annotation)}</code></div>${subs}
       <div class="hc-note">${esc(t.grid)}; filled = the box a device holds · Σi/n = summand i of n · Dn = the same shard on n devices</div>
       <dl class="hc-terms" aria-label="the paper's terms">${["HSize", "HDim", "DG Union", "DS"].filter((k) => terms[k]).map(term).join("")}</dl>${rs}</div>`;
   }
-
   stageArea(v, cluster) {
     const lay = this.lay;
     const tiles = v.tiles || [];
     const tmode = !!v.tensor;
     let under = "";
-    // nodes
     for (const b of lay.boxes) {
       const n = b.node;
       under += `<rect class="hc-node" x="${b.x}" y="${b.y}" width="${b.w}" height="${b.h}" rx="6"/>
@@ -510,7 +590,6 @@ class Canvas {
       if (a.y === b.y && b.x > a.x && b.x - (a.x + a.w) < NODE_GAP + 1) under += `<line class="hc-net" x1="${a.x + a.w}" y1="${a.y + a.h / 2}" x2="${b.x}" y2="${b.y + b.h / 2}"/>`;
       if (a.x === b.x && b.y > a.y && b.y - (a.y + a.h) < NODE_GAP + 1) under += `<line class="hc-net" x1="${a.x + a.w / 2}" y1="${a.y + a.h}" x2="${b.x + b.w / 2}" y2="${b.y}"/>`;
     }
-    // hulls
     const labels = [];
     const badges = [];
     const stages = (v.pipelines || []).flatMap((p) => p.stages);
@@ -533,7 +612,6 @@ class Canvas {
         badges.push({ x: b.x0, y: b.y0 - 16, cls: "hc-badge hc-union-tag", text: `G${g.k} ${g.ds}`, colour: g.colour, title: `subgroup ${g.k} of the DG Union: [${g.ranks_text}] ${g.ds}` });
       }
     }
-    // stage-boundary arrows, routed through the gaps
     const comm = v.comm || {};
     const tileRects = lay.tiles.filter(Boolean).map((t) => ({ x0: t.x, y0: t.y, x1: t.x + t.w, y1: t.y + t.h }));
     let over = "";
@@ -546,22 +624,20 @@ class Canvas {
       const src = bbox(srcParts[0], HULL), dst = bbox(dstParts[dstParts.length - 1], HULL);
       const key = `a:${srcParts[0].map((t) => t.r).join(",")}>${dstParts[dstParts.length - 1].map((t) => t.r).join(",")}`;
       if (!this.routes.has(key)) {
-        let pts = route(ch, src, dst);
-        if (!pts) {
+        let pts2 = route(ch, src, dst);
+        if (!pts2) {
           const [x1, y1] = edgePoint(src, dst.cx, dst.cy), [x2, y2] = edgePoint(dst, src.cx, src.cy);
-          pts = [[x1, y1], [x2, y2]];
+          pts2 = [[x1, y1], [x2, y2]];
         }
-        this.routes.set(key, pts);
+        this.routes.set(key, pts2);
       }
       const pts = this.routes.get(key);
-      const off = ((i % 5) - 2) * 2.5;
-      const shifted = pts.map(([x, y], k) => (k === 0 || k === pts.length - 1 ? [x, y] : [x + off, y + off]));
+      const shifted = laneShift(pts, i, 2.5);
       const width = 2 + 3.5 * Math.sqrt((a.intra + a.inter) / maxB);
       const colour = comm.stale ? "#9aa3ad" : LINK[a.cls];
       over += `<polyline class="hc-arrow ${comm.stale ? "hc-stale-arrow" : ""}" data-reshard="${esc(a.reshard)}" data-p="${a.p}" data-src="${a.src.join(",")}" data-dst="${a.dst.join(",")}" points="${shifted.map((p) => p.join(",")).join(" ")}" stroke="${colour}" stroke-width="${width.toFixed(1)}" stroke-linejoin="round" marker-end="url(#hc-head-${a.cls}${comm.stale ? "-stale" : ""})"/>`;
       if (!comm.stale) labels.push({ a, segs: segments(shifted) });
     });
-    // a picked Reshard: its messages as arrows and its collectives as rings
     if (tmode && v.tensor.reshard) {
       let k = 0;
       for (const g of v.tensor.reshard.groups) {
@@ -569,22 +645,24 @@ class Canvas {
           const parts = byNode(lay, ranks);
           if (!parts.length || k++ >= 24) continue;
           const b = bbox(parts[0], HULL);
-          badges.push({ x: b.x0 + 2, y: b.y1 - 2, cls: "hc-badge hc-collective", text: `⟳ ${g.kind}`,
-                        title: `${g.kind} over ranks ${ranks.join(", ")}` });
+          badges.push({
+            x: b.x0 + 2,
+            y: b.y1 - 2,
+            cls: "hc-badge hc-collective",
+            text: `⟳ ${g.kind}`,
+            title: `${g.kind} over ranks ${ranks.join(", ")}`
+          });
         }
       }
-      // each message routed through the gaps (never across an unrelated tile), its lanes a little apart
       const mch = this.channelsOf(lay);
       v.tensor.reshard.messages.forEach(([s, d, n, cls], i) => {
         const a = lay.tiles[s], b = lay.tiles[d];
         if (!a || !b || s === d) return;
         const pts = this.routeOf(mch, s, d, bbox([a], 2), bbox([b], 2));
-        const off = ((i % 5) - 2) * 2;
-        const shifted = pts.map(([x, y], k) => (k === 0 || k === pts.length - 1 ? [x, y] : [x + off, y + off]));
+        const shifted = laneShift(pts, i, 2);
         over += `<polyline class="hc-msgline" data-src="${s}" data-dst="${d}" points="${shifted.map((q) => q.join(",")).join(" ")}" fill="none" stroke="${LINK[cls]}" stroke-linejoin="round" marker-end="url(#hc-head-${cls})"><title>${s} → ${d}: ${(n / 1e6).toFixed(1)} MB (${cls}-node)</title></polyline>`;
       });
     }
-    // busiest link, routed like the arrows
     let busiest = null;
     if (comm.busiest && !comm.stale && !tmode) {
       const a = lay.tiles[comm.busiest.src], b = lay.tiles[comm.busiest.dst];
@@ -594,35 +672,11 @@ class Canvas {
         busiest = segments(pts);
       }
     }
-    // labels: on their route where it runs through a gap, else in free space near it (a lane is kept below the
-    // nodes) with a leader line; they avoid tiles, node headers and each other
     const placed = [];
     let labelHtml = "";
     let leaders = "";
-    const heads = lay.boxes.map((b) => ({ x0: b.x, y0: b.y, x1: b.x + b.w, y1: b.y + HEAD - 4 }));
-    const H = lay.height + LANE;
-    const place = (segs, w, h) => {
-      let best = null;
-      const pts = [];
-      for (const sg of segs) for (const t of [0.5, 0.3, 0.7, 0.15, 0.85]) pts.push([sg.a[0] + (sg.b[0] - sg.a[0]) * t, sg.a[1] + (sg.b[1] - sg.a[1]) * t, 0]);
-      const base = pts.slice();
-      for (const [x, y] of base) for (const dx of [-1.5, -0.8, 0, 0.8, 1.5]) for (const dy of [-40, -22, 0, 22, 40]) pts.push([x + dx * w, y + dy, 1]);
-      for (const [x] of base) pts.push([x, lay.height + LANE / 2, 1]);
-      for (const [x, y, off] of pts) {
-        const r = { x0: x - w / 2, y0: y - h / 2, x1: x + w / 2, y1: y + h / 2 };
-        if (r.x0 < 0 || r.x1 > lay.width + 4 || r.y0 < -14 || r.y1 > H) continue;
-        let near = Infinity, anchor = base[0];
-        for (const p of base) {
-          const d = Math.hypot(p[0] - x, p[1] - y);
-          if (d < near) { near = d; anchor = p; }
-        }
-        const cost = 4 * tileRects.reduce((c, q) => c + overlap(r, q), 0) + heads.reduce((c, q) => c + overlap(r, q), 0) +
-          40 * placed.reduce((c, q) => c + overlap(r, q), 0) + 2 * near + (off ? 30 : 0);
-        if (!best || cost < best.cost) best = { r, cost, near, anchor };
-      }
-      if (best) placed.push(best.r);
-      return best;
-    };
+    const heads = headBoxes(lay);
+    const place = (segs, w, h) => placeLabel(segs, w, h, { width: lay.width, height: lay.height, tileRects, heads, placed });
     for (const { a, segs } of labels) {
       const text = `${a.op} · ${a.short}/step`;
       const w = Math.round(12 + 5.6 * text.length + (a.redundant ? 22 : 0)), h = 15;
@@ -640,7 +694,6 @@ class Canvas {
       if (best) badges.push({ x: best.r.x0, y: best.r.y0, cls: "hc-badge hc-badge-purple", text: "busiest link", title: comm.busiest.text });
     }
     const badgeHtml = badges.map((b) => `<div class="${b.cls}" style="left:${b.x}px;top:${Math.max(0, b.y)}px;${b.colour ? `border-color:${b.colour};color:${b.colour}` : ""}" title="${esc(b.title)}">${esc(b.text)}</div>`).join("");
-    // tiles
     const sel = v.selected ? `${v.selected[0]},${v.selected[1]}` : "";
     const focus = this.focus ?? 0;
     const tileHtml = tiles.map((t) => {
@@ -648,12 +701,18 @@ class Canvas {
       if (!L) return "";
       const inSel = `${t.p},${t.s}` === sel;
       const shard = tmode ? v.tensor.shards[String(t.r)] : null;
-      const fill = tmode ? (shard ? "#ffffff" : "#f2f4f7") : t.fill || "#eceff3";
-      const cls = ["hc-tile", t.p >= 0 ? "hc-used" : "hc-unused", inSel ? "hc-insel" : "", this.sel.has(t.r) ? "hc-picked" : "", this.inspect === t.r ? "hc-inspected" : "",
-        t.flag ? `hc-flag-${t.flag}` : "", t.failed ? "hc-failed" : ""].join(" ");
+      const fill = tmode ? shard ? "#ffffff" : "#f2f4f7" : t.fill || "#eceff3";
+      const cls = [
+        "hc-tile",
+        t.p >= 0 ? "hc-used" : "hc-unused",
+        inSel ? "hc-insel" : "",
+        this.sel.has(t.r) ? "hc-picked" : "",
+        this.inspect === t.r ? "hc-inspected" : "",
+        t.flag ? `hc-flag-${t.flag}` : "",
+        t.failed ? "hc-failed" : ""
+      ].join(" ");
       const mem = t.mem != null && !tmode ? `<div class="hc-tbar" title="${esc(t.mem_text)}"><span style="width:${Math.min(100, t.mem * 100).toFixed(0)}%;background:${t.mem > 1 ? "#d62728" : t.mem > 0.9 ? "#d4a72c" : "#2da44e"}"></span></div><div class="hc-tmem">${esc(t.mem_text)}</div>` : "";
-      const body = tmode ? (shard ? this.shardGrid(shard, v.tensor, L) : `<div class="hc-tmem">holds nothing</div>`) :
-        `<div class="hc-tlayers">${esc(t.layers || "unused")}</div>${mem}`;
+      const body = tmode ? shard ? this.shardGrid(shard, v.tensor, L) : `<div class="hc-tmem">holds nothing</div>` : `<div class="hc-tlayers">${esc(t.layers || "unused")}</div>${mem}`;
       const title = t.title + (shard ? "\n" + shard.text : "");
       const drop = t.p >= 0 ? `data-drop="${t.p},${t.s}"` : "";
       return `<div class="${cls}" role="button" tabindex="${t.r === focus ? 0 : -1}" data-rank="${t.r}" data-key="tile-${t.r}" ${drop}
@@ -672,14 +731,16 @@ class Canvas {
       <svg class="hc-over" width="${lay.width + 6}" height="${hgt}"></svg>
       ${this.sel.size ? this.selectionBar(v) : ""}</div>`;
   }
-
   // The channels of a layout and the routes through them, kept while the layout stays (a redraw that only
   // changes the plan reuses them).
   channelsOf(lay) {
-    if (this.routesFor !== lay) { this.routesFor = lay; this.routes = new Map(); this.ch = channels(lay); }
+    if (this.routesFor !== lay) {
+      this.routesFor = lay;
+      this.routes = /* @__PURE__ */ new Map();
+      this.ch = channels(lay);
+    }
     return this.ch;
   }
-
   routeOf(ch, s, d, a, b) {
     const key = `${s}>${d}`;
     if (!this.routes.has(key)) {
@@ -687,18 +748,15 @@ class Canvas {
     }
     return this.routes.get(key);
   }
-
   shardGrid(s, t, L) {
     const gw = L.w - 10, gh = L.h - 26;
     const col = t.subgroups[s.k].colour;
-    const lines = t.cuts_r.slice(1, -1).map((y) => `<line x1="0" x2="${gw}" y1="${(y * gh).toFixed(1)}" y2="${(y * gh).toFixed(1)}"/>`).join("") +
-      t.cuts_c.slice(1, -1).map((x) => `<line y1="0" y2="${gh}" x1="${(x * gw).toFixed(1)}" x2="${(x * gw).toFixed(1)}"/>`).join("");
+    const lines = t.cuts_r.slice(1, -1).map((y) => `<line x1="0" x2="${gw}" y1="${(y * gh).toFixed(1)}" y2="${(y * gh).toFixed(1)}"/>`).join("") + t.cuts_c.slice(1, -1).map((x) => `<line y1="0" y2="${gh}" x1="${(x * gw).toFixed(1)}" x2="${(x * gw).toFixed(1)}"/>`).join("");
     const label = s.partial || (s.dup ? `D${s.dup}` : "");
     return `<svg class="hc-grid" width="${gw}" height="${gh}"><rect x="0" y="0" width="${gw}" height="${gh}" fill="#fff" stroke="#6b7480"/>
       ${(s.rects || [s.box]).map(([r0, r1, c0, c1]) => `<rect class="hc-shard" x="${(c0 * gw).toFixed(1)}" y="${(r0 * gh).toFixed(1)}" width="${((c1 - c0) * gw).toFixed(1)}" height="${((r1 - r0) * gh).toFixed(1)}" fill="${col}" fill-opacity="0.85" ${s.partial ? 'stroke="#1b1f24" stroke-dasharray="3 2"' : ""}/>`).join("")}
       <g class="hc-cuts">${lines}</g>${label ? `<text x="${gw - 2}" y="${gh - 3}" text-anchor="end">${esc(label)}</text>` : ""}</svg>`;
   }
-
   selectionBar(v) {
     const s = v.selected;
     return `<div class="hc-selbar" role="group" aria-label="selected devices"><b>${this.sel.size} selected</b>
@@ -706,7 +764,6 @@ class Canvas {
       <button class="hc-btn" data-op="unassign_sel">take out of their stages</button><button class="hc-btn" data-op="clear_sel">clear</button>
       <small>or drag them onto a stage</small></div>`;
   }
-
   // ---- events ----------------------------------------------------------------------------------------------
   onClick(e) {
     const el = e.target.closest("[data-op]");
@@ -715,31 +772,80 @@ class Canvas {
     const op = el.dataset.op, p = +el.dataset.p, s = +el.dataset.s;
     const path = () => (this.root.querySelector('[data-role="path"]') || {}).value || "strategy.json";
     switch (op) {
-      case "mode": this.mode = el.dataset.mode; this.render(); return;
-      case "select": this.send({ op: "select", p, s }); return;
-      case "add_stage": this.send({ op: "add_stage", p }); return;
-      case "add_pipeline": this.send({ op: "add_pipeline" }); return;
-      case "inspect_close": this.inspect = null; this.sel.clear(); this.render(); return;
+      case "mode":
+        this.mode = el.dataset.mode;
+        this.render();
+        return;
+      case "select":
+        this.send({ op: "select", p, s });
+        return;
+      case "add_stage":
+        this.send({ op: "add_stage", p });
+        return;
+      case "add_pipeline":
+        this.send({ op: "add_pipeline" });
+        return;
+      case "inspect_close":
+        this.inspect = null;
+        this.sel.clear();
+        this.render();
+        return;
       case "inspect_move": {
         const v = this.model.get("view") || {};
-        if (v.selected) { this.sel.clear(); this.send({ op: "move", ranks: [+el.dataset.rank], p: v.selected[0], s: v.selected[1] }); }
+        if (v.selected) {
+          this.sel.clear();
+          this.send({ op: "move", ranks: [+el.dataset.rank], p: v.selected[0], s: v.selected[1] });
+        }
         return;
       }
-      case "inspect_unassign": this.sel.clear(); this.send({ op: "unassign", ranks: [+el.dataset.rank] }); return;
-      case "remove_stage": this.send({ op: "remove_stage", p, s }); return;
-      case "remove_pipeline": this.send({ op: "remove_pipeline", p }); return;
-      case "move_sel": this.moveSelection(); return;
-      case "unassign_sel": this.send({ op: "unassign", ranks: [...this.sel] }); this.sel.clear(); return;
-      case "clear_sel": this.sel.clear(); this.render(); return;
-      case "comm": this.send({ op: "comm", reshard: el.dataset.reshard }); return;
-      case "fix": e.stopPropagation(); this.send({ op: "fix", reshard: el.dataset.reshard }); return;
-      case "untensor": this.group = ""; this.send({ op: "tensor", name: "" }); return;
-      case "save": case "load": this.path = path(); this.send({ op, path: this.path }); return;
-      case "undo": case "redo": case "timeline": case "launch": case "apply": this.send({ op }); return;
-      default: return;
+      case "inspect_unassign":
+        this.sel.clear();
+        this.send({ op: "unassign", ranks: [+el.dataset.rank] });
+        return;
+      case "remove_stage":
+        this.send({ op: "remove_stage", p, s });
+        return;
+      case "remove_pipeline":
+        this.send({ op: "remove_pipeline", p });
+        return;
+      case "move_sel":
+        this.moveSelection();
+        return;
+      case "unassign_sel":
+        this.send({ op: "unassign", ranks: [...this.sel] });
+        this.sel.clear();
+        return;
+      case "clear_sel":
+        this.sel.clear();
+        this.render();
+        return;
+      case "comm":
+        this.send({ op: "comm", reshard: el.dataset.reshard });
+        return;
+      case "fix":
+        e.stopPropagation();
+        this.send({ op: "fix", reshard: el.dataset.reshard });
+        return;
+      case "untensor":
+        this.group = "";
+        this.send({ op: "tensor", name: "" });
+        return;
+      case "save":
+      case "load":
+        this.path = path();
+        this.send({ op, path: this.path });
+        return;
+      case "undo":
+      case "redo":
+      case "timeline":
+      case "launch":
+      case "apply":
+        this.send({ op });
+        return;
+      default:
+        return;
     }
   }
-
   onChange(e) {
     const el = e.target;
     const op = el.dataset.op;
@@ -748,10 +854,18 @@ class Canvas {
     const p = +el.dataset.p, s = +el.dataset.s;
     const num = () => parseInt(el.value, 10);
     switch (op) {
-      case "schedule": this.send({ op, value: el.value }); return;
-      case "zero1": this.send({ op, on: el.checked }); return;
-      case "batch": if (num() >= 1) this.send({ op, value: num() }); return;
-      case "recompute": this.send({ op, p, s, on: el.checked }); return;
+      case "schedule":
+        this.send({ op, value: el.value });
+        return;
+      case "zero1":
+        this.send({ op, on: el.checked });
+        return;
+      case "batch":
+        if (num() >= 1) this.send({ op, value: num() });
+        return;
+      case "recompute":
+        this.send({ op, p, s, on: el.checked });
+        return;
       case "layers": {
         const row = this.root.querySelector(`[data-stage="${p},${s}"]`);
         const first = parseInt(row.querySelector('[data-which="first"]').value, 10);
@@ -759,21 +873,30 @@ class Canvas {
         if (Number.isFinite(first) && Number.isFinite(last)) this.send({ op, p, s, first, last });
         return;
       }
-      case "micro": if (num() >= 1) this.send({ op, p, [el.dataset.which]: num() }); return;
-      case "tgroup": this.group = el.value; this.render(); return;
-      case "tname": if (el.value) this.send({ op: "tensor", name: el.value }); return;
-      case "tensor": this.group = ""; this.send({ op: "tensor", name: el.value.trim() }); return;
-      default: return;
+      case "micro":
+        if (num() >= 1) this.send({ op, p, [el.dataset.which]: num() });
+        return;
+      case "tgroup":
+        this.group = el.value;
+        this.render();
+        return;
+      case "tname":
+        if (el.value) this.send({ op: "tensor", name: el.value });
+        return;
+      case "tensor":
+        this.group = "";
+        this.send({ op: "tensor", name: el.value.trim() });
+        return;
+      default:
+        return;
     }
   }
-
   moveSelection() {
     const v = this.model.get("view") || {};
     if (!this.sel.size || !v.selected) return;
     this.send({ op: "move", ranks: [...this.sel].sort((a, b) => a - b), p: v.selected[0], s: v.selected[1] });
     this.sel.clear();
   }
-
   onKey(e) {
     const t = e.target;
     const typing = t.tagName === "INPUT" || t.tagName === "SELECT" || t.tagName === "TEXTAREA";
@@ -782,19 +905,55 @@ class Canvas {
       e.stopPropagation();
       return;
     }
-    const mod = e.ctrlKey || e.metaKey;
-    const done = () => { e.preventDefault(); e.stopPropagation(); };
-    if (mod && (e.key === "z" || e.key === "Z")) { done(); this.send({ op: e.shiftKey ? "redo" : "undo" }); return; }
-    if (mod && (e.key === "y" || e.key === "Y")) { done(); this.send({ op: "redo" }); return; }
+    const done = () => {
+      e.preventDefault();
+      e.stopPropagation();
+    };
+    const history = historyShortcut(e);
+    if (history) {
+      done();
+      this.send({ op: history });
+      return;
+    }
     const tile = t.closest && t.closest(".hc-tile");
-    if (e.key === "Escape") { done(); this.sel.clear(); this.inspect = null; this.render(); return; }
-    if ((e.key === "Enter" || e.key === " ") && t.getAttribute && t.getAttribute("role") === "button" && t.dataset.op) { done(); t.click(); return; }
-    if (e.key === "[" || e.key === "]") { done(); this.stepStage(e.key === "]" ? 1 : -1); return; }
+    if (e.key === "Escape") {
+      done();
+      this.sel.clear();
+      this.inspect = null;
+      this.render();
+      return;
+    }
+    if ((e.key === "Enter" || e.key === " ") && t.getAttribute && t.getAttribute("role") === "button" && t.dataset.op) {
+      done();
+      t.click();
+      return;
+    }
+    if (e.key === "[" || e.key === "]") {
+      done();
+      this.stepStage(e.key === "]" ? 1 : -1);
+      return;
+    }
     if (!tile) return;
     const r = +tile.dataset.rank;
-    if (e.key.startsWith("Arrow")) { done(); this.moveFocus(r, e.key); return; }
-    if (e.key === " ") { done(); this.sel.has(r) ? this.sel.delete(r) : this.sel.add(r); this.focus = r; this.render(); return; }
-    if (e.key === "Enter") { done(); this.focus = r; if (this.sel.size) this.moveSelection(); else this.send({ op: "toggle", rank: r }); return; }
+    if (e.key.startsWith("Arrow")) {
+      done();
+      this.moveFocus(r, e.key);
+      return;
+    }
+    if (e.key === " ") {
+      done();
+      this.sel.has(r) ? this.sel.delete(r) : this.sel.add(r);
+      this.focus = r;
+      this.render();
+      return;
+    }
+    if (e.key === "Enter") {
+      done();
+      this.focus = r;
+      if (this.sel.size) this.moveSelection();
+      else this.send({ op: "toggle", rank: r });
+      return;
+    }
     if (e.key === "Delete" || e.key === "Backspace") {
       done();
       this.send({ op: "unassign", ranks: this.sel.size ? [...this.sel] : [r] });
@@ -803,36 +962,21 @@ class Canvas {
     }
     e.stopPropagation();
   }
-
   stepStage(d) {
     const v = this.model.get("view") || {};
-    const all = (v.pipelines || []).flatMap((p) => p.stages.map((s) => [s.p, s.s]));
-    if (!all.length) return;
-    const i = v.selected ? all.findIndex((x) => x[0] === v.selected[0] && x[1] === v.selected[1]) : -1;
-    const [p, s] = all[(i + d + all.length) % all.length];
+    const next = stepStage(v.pipelines, v.selected, d);
+    if (!next) return;
+    const [p, s] = next;
     this.send({ op: "select", p, s });
   }
-
   moveFocus(r, key) {
-    const a = this.lay.tiles[r];
-    const dir = { ArrowLeft: [-1, 0], ArrowRight: [1, 0], ArrowUp: [0, -1], ArrowDown: [0, 1] }[key];
-    let best = null;
-    for (const b of this.lay.tiles) {
-      if (!b || b.r === r) continue;
-      const dx = b.x - a.x, dy = b.y - a.y;
-      const along = dx * dir[0] + dy * dir[1];
-      if (along <= 0) continue;
-      const across = Math.abs(dx * dir[1]) + Math.abs(dy * dir[0]);
-      const cost = along + 3 * across;
-      if (!best || cost < best.cost) best = { r: b.r, cost };
-    }
-    if (!best) return;
-    this.focus = best.r;
-    this.root.querySelectorAll(".hc-tile").forEach((el) => el.setAttribute("tabindex", +el.dataset.rank === best.r ? "0" : "-1"));
-    const el = this.root.querySelector(`.hc-tile[data-rank="${best.r}"]`);
+    const next = nextTile(this.lay.tiles, r, key);
+    if (next == null) return;
+    this.focus = next;
+    this.root.querySelectorAll(".hc-tile").forEach((el2) => el2.setAttribute("tabindex", +el2.dataset.rank === next ? "0" : "-1"));
+    const el = this.root.querySelector(`.hc-tile[data-rank="${next}"]`);
     if (el) el.focus();
   }
-
   onPointerDown(e) {
     if (e.button !== 0) return;
     const tile = e.target.closest(".hc-tile");
@@ -847,14 +991,17 @@ class Canvas {
     this.gesture = true;
     const finish = () => {
       this.gesture = false;
-      if (this.pending) { this.pending = false; this.render(); }
+      if (this.pending) {
+        this.pending = false;
+        this.render();
+      }
     };
     if (tile) {
       const r = +tile.dataset.rank;
       this.focus = r;
       const ranks = this.sel.has(r) ? [...this.sel].sort((a, b) => a - b) : [r];
-      const move = (ev) => {
-        if (!dragging && Math.hypot(ev.clientX - start.x, ev.clientY - start.y) < 6) return;
+      const move2 = (ev) => {
+        if (!dragging && !isDrag(start, ev.clientX, ev.clientY)) return;
         if (!dragging) {
           dragging = true;
           ghost = document.createElement("div");
@@ -871,9 +1018,9 @@ class Canvas {
         target = drop && this.root.contains(drop) ? drop : null;
         if (target) target.classList.add("hc-droptarget");
       };
-      const up = (ev) => {
-        document.removeEventListener("pointermove", move);
-        document.removeEventListener("pointerup", up);
+      const up2 = (ev) => {
+        document.removeEventListener("pointermove", move2);
+        document.removeEventListener("pointerup", up2);
         if (ghost) ghost.remove();
         this.root.classList.remove("hc-dragging");
         if (target) target.classList.remove("hc-droptarget");
@@ -886,26 +1033,25 @@ class Canvas {
           }
           return;
         }
-        if (ev.altKey) {  // the explicit gesture: into (or out of) the selected stage
+        if (ev.altKey) {
           this.sel.clear();
           this.send({ op: "toggle", rank: r });
         } else if (ev.shiftKey || ev.ctrlKey || ev.metaKey) {
           this.sel.has(r) ? this.sel.delete(r) : this.sel.add(r);
           this.inspect = r;
           this.render();
-        } else {  // a plain click explores: pick this tile and show its card; the plan does not change
-          this.sel = new Set([r]);
+        } else {
+          this.sel = /* @__PURE__ */ new Set([r]);
           this.inspect = r;
           this.render();
         }
       };
-      document.addEventListener("pointermove", move);
-      document.addEventListener("pointerup", up);
+      document.addEventListener("pointermove", move2);
+      document.addEventListener("pointerup", up2);
       e.preventDefault();
       tile.focus({ preventScroll: true });
       return;
     }
-    // box or lasso selection on the empty canvas
     const lasso = this.mode === "lasso" || e.altKey;
     const shape = document.createElementNS(SVG, lasso ? "polygon" : "rect");
     shape.setAttribute("class", "hc-band");
@@ -916,8 +1062,10 @@ class Canvas {
       if (lasso) shape.setAttribute("points", pts.map((p) => p.join(",")).join(" "));
       else {
         const [x0, y0] = pts[0];
-        shape.setAttribute("x", Math.min(x0, x)); shape.setAttribute("y", Math.min(y0, y));
-        shape.setAttribute("width", Math.abs(x - x0)); shape.setAttribute("height", Math.abs(y - y0));
+        shape.setAttribute("x", Math.min(x0, x));
+        shape.setAttribute("y", Math.min(y0, y));
+        shape.setAttribute("width", Math.abs(x - x0));
+        shape.setAttribute("height", Math.abs(y - y0));
       }
     };
     const up = (ev) => {
@@ -925,32 +1073,32 @@ class Canvas {
       document.removeEventListener("pointerup", up);
       shape.remove();
       finish();
-      const [x, y] = local(ev);
-      const [x0, y0] = pts[0];
-      if (pts.every(([px, py]) => Math.hypot(px - x0, py - y0) < 6)) { if (this.sel.size || this.inspect != null) { this.sel.clear(); this.inspect = null; this.render(); } return; }
-      if (!ev.shiftKey) this.sel.clear();
-      for (const t of this.lay.tiles) {
-        if (!t) continue;
-        const cx = t.x + t.w / 2, cy = t.y + t.h / 2;
-        const inside = lasso ? inPolygon(cx, cy, pts) : cx >= Math.min(x0, x) && cx <= Math.max(x0, x) && cy >= Math.min(y0, y) && cy <= Math.max(y0, y);
-        if (inside) this.sel.add(t.r);
+      if (isClick(pts)) {
+        if (this.sel.size || this.inspect != null) {
+          this.sel.clear();
+          this.inspect = null;
+          this.render();
+        }
+        return;
       }
+      if (!ev.shiftKey) this.sel.clear();
+      for (const r of lasso ? tilesInLasso(this.lay.tiles, pts) : tilesInBox(this.lay.tiles, pts[0], local(ev))) this.sel.add(r);
       this.render();
     };
     document.addEventListener("pointermove", move);
     document.addEventListener("pointerup", up);
     e.preventDefault();
   }
-}
+};
 
-function groupOf(groups, name) {
-  for (const [g, names] of groups) if (names.includes(name)) return g;
-  return "";
-}
-
-export default {
+// src/plan_canvas/index.js
+var index_default = {
   render({ model, el }) {
     const c = new Canvas(model, el);
     return () => c.destroy();
-  },
+  }
+};
+export {
+  index_default as default,
+  layout
 };

@@ -1,0 +1,7 @@
+// The canvas's measures (pixels) and the colours of the three kinds of link.
+//   GAP: between tiles of a node; PAD: a node box's inner margin; HEAD: a node box's header; NODE_GAP: between node
+//   boxes; HULL: how far a stage's outline stands off its tiles; LANE: the free lane below the nodes (labels).
+
+export const SVG = "http://www.w3.org/2000/svg";
+export const GAP = 16, PAD = 12, HEAD = 34, NODE_GAP = 36, HULL = 5, LANE = 26;
+export const LINK = { intra: "#159a8c", inter: "#d1495b", mixed: "#7b4fb0" };
