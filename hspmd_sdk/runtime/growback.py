@@ -83,8 +83,9 @@ class GrowBack:
                 if more is not None:
                     try:
                         event = job.grow(extend_cluster(current, more))
-                    except HSPMDError as e:  # busy (a switch or a recovery under way), or its last steps
-                        if "last step" in str(e) or job._done.is_set():
+                    except HSPMDError as e:
+                        if not _busy(e) or job._done.is_set():  # its last steps, no plan fits, ...: give up
+                            job._note(f"grow_back: not growing back onto {ready}: {e}")
                             return
                     else:
                         job._note(f"grew back onto {ready} (grow_back)")
@@ -96,6 +97,13 @@ class GrowBack:
         finally:
             with _lock:
                 _watching.pop(id(job), None)
+
+
+def _busy(error: Exception) -> bool:
+    """Whether a refused grow may succeed later: the job was reconfiguring (a recovery, a switch under way) or
+    some rank's failure was not replanned yet."""
+    text = str(error)
+    return any(s in text for s in ("still reconfiguring", "not replanned yet", "is in progress", "pending"))
 
 
 def _available(job: Any, host: str) -> bool:
