@@ -119,8 +119,8 @@ def launch_job(steps: int, *, checkpoint_dir: Path | None = None, checkpoint_eve
         options.update(checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=3)
     job = launch_training(_program(cluster, HETERO), cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
                           transport=transport, device="cpu", timeout_s=60, heartbeat_s=heartbeat_s, elastic=True,
-                          progress=False, slowdown={r: pace for r in cluster.ranks}, **options)
-    return job, transport
+                          progress=False, slowdown={r: pace for r in cluster.ranks}, grow_back=False, **options)
+    return job, transport  # (grow_back=False: the soak grows back itself, at random, and checks each grow)
 
 
 def _pace_newcomers(job: Any, count: int, pace: float) -> None:

@@ -196,3 +196,31 @@ def test_grow_back_is_refused_without_elastic_and_for_a_bad_value() -> None:
         with pytest.raises(PlanValidationError, match=said):
             launch_training(_program(model, DP2, small), small, steps=2, seed=SEED, seq_len=SEQ, lr=LR,
                             elastic=bad is not True, grow_back=bad)
+
+
+def test_plan_back_returns_to_the_launch_plan_and_plans_around_what_is_still_missing() -> None:
+    """Growing back (``grow_back``) goes back to the plan the job was launched with, its devices matched host by
+    host to the grown cluster's numbering; with a device still missing, that plan replanned around it."""
+    from types import SimpleNamespace
+
+    from hspmd_sdk.planner.elastic import survivor_cluster
+    from hspmd_sdk.runtime.grow import extend_cluster
+    from hspmd_sdk.core.strategy_plan import strategy_of
+    from hspmd_sdk.runtime.growback import lost_capacity, plan_back
+
+    model, launched = LlamaConfig.preset("tiny"), Cluster.local(4)
+    launch = _program(model, TP2_DP2, launched)
+    ctl = SimpleNamespace(launch_program=launch, seq_len=SEQ, global_batch=8, cost=None,
+                          current=SimpleNamespace(to_launch={0: 0, 1: 2}))
+    now, _ = survivor_cluster(launched, [1, 3])          # the job runs on launch ranks 0 and 2
+    whole = extend_cluster(now, lost_capacity(launched, now))
+    back = plan_back(ctl, launched, whole)
+    assert back.bindings == launch.bindings and back.cluster == whole
+    # every stage keeps its TP2 shape: launch ranks (0, 2) and (1, 3) -> grown ranks (0, 2) and (1, 3)
+    stages = sorted(sorted(s.devices) for p in strategy_of(back).pipelines for s in p.stages)
+    assert stages == [[0, 1], [2, 3]], stages
+    lost = lost_capacity(launched, now)
+    one = Cluster.load({**lost.model_dump(), "nodes": [{**lost.nodes[0].model_dump(), "ranks": [0]}]})
+    part = extend_cluster(now, one)
+    partly = plan_back(ctl, launched, part)
+    assert part.num_ranks == 3 and sorted(partly.ranks) == [0, 1, 2]  # one still missing: replanned around it

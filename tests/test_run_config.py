@@ -207,8 +207,9 @@ def test_run_config_is_a_typed_model() -> None:
 def test_switching_to_a_strategy_trains_on_with_the_losses_of_the_run_that_never_switched() -> None:
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
     steps = 6
+    # step 2 stretched (a few seconds): the switch, asked for after step 1, reaches a boundary before the job ends
     job = launch_training(_program(model, DP2, cluster), cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
-                          timeout_s=60, slowdown={r: 3.0 for r in cluster.ranks})
+                          timeout_s=60, slowdown={r: [(0, 3.0), (2, 100.0), (3, 3.0)] for r in cluster.ranks})
     try:
         with pytest.raises(SwitchError, match=r"Program or a Strategy, not int"):
             job.switch(42)
@@ -230,6 +231,19 @@ def test_switching_to_a_strategy_trains_on_with_the_losses_of_the_run_that_never
         tp2.model_dump(exclude={"name"})
     assert job.program.pipelines != _program(model, DP2, cluster).pipelines  # it runs the TP2 program now
     assert len(result.losses) == steps and _close(result.losses, ref.losses) <= TOL, (result.losses, ref.losses)
+
+
+def test_a_switch_the_job_ends_before_is_marked_superseded() -> None:
+    """Asked for in the job's last step (no step boundary left), the switch is never applied: once the job ended
+    its event says so (``superseded``, not ``done``) instead of staying open."""
+    model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
+    job = launch_training(_program(model, DP2, cluster), cluster, steps=3, seed=SEED, seq_len=SEQ, lr=LR,
+                          timeout_s=60, slowdown={r: [(0, 1.0), (2, 100.0)] for r in cluster.ranks})
+    _wait(lambda: job.metrics.last_step() >= 1, timeout=60)
+    event = job.switch(Strategy(pipelines=[Pipeline(stages=[Stage(devices=[0, 1], layers=[0, 3])],
+                                                    micro_batch_size=4, num_micro_batches=2)]))
+    result = job.wait(timeout=60)
+    assert len(result.losses) == 3 and event.superseded and not event.done, event
 
 
 def test_every_strategy_the_sdk_reports_has_a_name() -> None:

@@ -88,7 +88,8 @@ def assert_nothing_left(slurm: LocalSlurm, within: float = 15.0) -> None:
     deadline = time.monotonic() + within
     while left() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert left() == {}
+    rest = left()
+    assert rest == {}, f"left behind after {within:g} s: {rest}"
 
 
 @pytest.mark.timeout(80)

@@ -88,7 +88,8 @@ def _launch(cluster: Cluster, stretch=STRETCH, **options):
     transport = SlurmTransport()
     job = launch_training(_program(cluster, HETERO), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
                           transport=transport, device="cpu", timeout_s=60, heartbeat_s=0.5, elastic=True,
-                          progress=False, slowdown={r: stretch for r in cluster.ranks}, **options)
+                          progress=False, slowdown={r: stretch for r in cluster.ranks},
+                          **{"grow_back": False, **options})  # (these tests grow back themselves, but one)
     return job, transport
 
 
@@ -185,3 +186,28 @@ def test_a_cut_off_node_is_survived_and_grows_back(on_slurm: LocalSlurm, referen
     Losses equal the single-device model's."""
     # the node answers slurmctld again only after its restart: steps 3-5 leave the time
     _lose_then_grow(on_slurm, reference, "n3", fault="cut", stretch=[(0, 1.0), (3, 30.0), (6, 1.0)])
+
+
+@pytest.mark.timeout(300)
+def test_grow_back_takes_a_restarted_node_back_by_itself(on_slurm: LocalSlurm, reference) -> None:
+    """An elastic job on Slurm grows back by itself (the default there, SPEC §10): the H20 node of the last stage
+    dies; the job recovers in memory on two nodes, and grows back onto the node once Slurm has it again (the
+    transport asks: the node answers and no job holds it) -- no ``job.grow`` call.  Losses equal the single-device
+    model's; nothing is left."""
+    cluster = Cluster.from_slurm()
+    job, transport = _launch(cluster, grow_back=None)
+    try:
+        _wait(lambda: job.metrics.last_step() >= 1 or job.status.value != "running", what="step 1")
+        on_slurm.kill_node("n3")
+        _wait(lambda: (job.events and job.events[0].done) or job.status.value != "running", what="the recovery")
+        assert not transport.available("n3")  # dead to Slurm's eyes (or still held): nothing is grown yet
+        assert [e.reason for e in job.events] == ["failure"]
+        on_slurm.restart_node("n3")
+        _wait(lambda: len(job.events) == 2 or job.status.value != "running", what="the grow back")
+        result = job.wait(timeout=240)
+    except BaseException:
+        job.cancel()
+        raise
+    assert _close(result.losses, reference.losses) <= TOL, (result.losses, reference.losses)
+    assert [(e.reason, e.failed_ranks) for e in result.events] == [("failure", [2]), ("grow", [])]
+    assert all(e.done for e in result.events) and [n.host for n in job.cluster.nodes] == ["n1", "n2", "n3"]

@@ -164,7 +164,8 @@ class TrainingController:
     def __init__(self, program: "Program", cluster: "Cluster", *, global_batch: int, seq_len: int,
                  elastic: bool = False, straggler: StragglerWatch | None = None, cost: Any = None,
                  checkpoint_dir: str | None = None, resumed_from: str | None = None,
-                 debounce_s: float = 0.3, halt_timeout_s: float = 60.0, grow_back: Any = None) -> None:
+                 debounce_s: float = 0.3, halt_timeout_s: float = 60.0, grow_back: Any = None,
+                 grow_back_default: bool = False) -> None:
         self.current = _Numbering(program, cluster, {r: r for r in cluster.ranks})  # the newest version requested
         # every version workers may still hold, by (reconfiguration, switch) id: lexicographic order is the order
         # they were made in; the ones no worker can offer any more are dropped (:meth:`_prune_versions`)
@@ -173,6 +174,8 @@ class TrainingController:
         self.global_batch, self.seq_len = int(global_batch), int(seq_len)
         self.elastic, self.straggler, self.cost = elastic, straggler, cost
         self.grow_back, self.launched = grow_back, cluster  # (:mod:`.growback`: after a recovery, towards this)
+        self.launch_program = program  # the plan the job was launched with (growing back returns to it)
+        self.grow_back_default = grow_back_default  # none chosen: the transport's own (``Transport.grows_back``)
         self.debounce_s, self.halt_timeout_s = debounce_s, halt_timeout_s
         # where lost state is reloaded from: this job's checkpoints (and the one it resumed from)
         self.checkpoint_dir, self.resumed_from = checkpoint_dir, resumed_from
@@ -210,6 +213,17 @@ class TrainingController:
         job.on_message("halted", self._on_halted)
         job.on_message("switched", self._on_switched)
         job.on_message("metric", self._on_metric)
+        job.on_finish(self._ended)
+
+    def _ended(self, job: "Job") -> None:
+        """The job ended: a switch or grow it never reached (its last step came first) is ``superseded``, said."""
+        with self._lock:
+            never = [e for e in self._open.values() if not e.done]
+            self._open.clear()
+        for event in never:
+            event.superseded = True
+            job._note(f"the job ended before the step boundary of the {event.reason} requested at step {event.step}: "
+                      "it was not applied")
 
     @property
     def program(self) -> "Program":
@@ -451,8 +465,14 @@ class TrainingController:
             self._acked = (event.version, event.step)
         if self.job is not None:
             self.job._note(f"reconfigured ({event.reason}): {event}")
-            if event.reason == "failure" and self.grow_back is not None:
-                self.grow_back.watch(self.job, self.launched)
+            if event.reason == "failure" and self.elastic:
+                policy = self.grow_back
+                if policy is None and self.grow_back_default and getattr(self.job.transport, "grows_back", False):
+                    from .growback import GrowBack
+
+                    policy = GrowBack()
+                if policy is not None:
+                    policy.watch(self.job, self.launched)
 
     def _prune_versions(self, step: int) -> None:
         """Drop the versions no worker can offer any more: once a step run under a version every worker applied

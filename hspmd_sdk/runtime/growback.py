@@ -1,11 +1,15 @@
 """Growing back automatically (SPEC §10, issue 25 item 4): an elastic job that lost ranks takes its capacity back.
 
-``launch(..., elastic=True, grow_back=True)`` (or a :class:`GrowBack` with other timings): after each recovery from
+``launch(..., elastic=True)`` on a transport whose capacity comes back by itself (``Transport.grows_back``: Slurm),
+or ``grow_back=True`` (or a :class:`GrowBack` with other timings) on any transport: after each recovery from
 a failure, a thread of the launcher compares the cluster the job was launched on with the one it runs on now
 (:func:`lost_capacity`: per host, the ranks it lost), asks the transport which of those hosts can take workers
 again (:meth:`~.transport.Transport.available`: this machine at once; a Slurm node once it answers the scheduler
-and no allocation of the job still holds it) and grows the job onto them (:meth:`Job.grow`, the planner's plan for
-the larger cluster): a ``grow`` event like any other.  It tries again every ``poll_s`` until the job has its launch
+and no allocation of the job still holds it) and grows the job onto them (:meth:`Job.grow`): a ``grow`` event like
+any other.  The plan is the one the job was launched with (:func:`plan_back`: its devices matched host by host;
+with capacity still missing, that plan replanned around it as after a failure, ``replan_elastic``) -- no solver
+that redirects the process's output runs on this thread (Pyomo's HiGHS interface does, so ``plan_hetero`` is
+left to ``job.grow`` called by the user).  It tries again every ``poll_s`` until the job has its launch
 capacity back or ends; a grow refused because the job is busy (a switch or another recovery under way) is retried.
 """
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..core.cluster import Cluster
 
-__all__ = ["GrowBack", "lost_capacity"]
+__all__ = ["GrowBack", "lost_capacity", "plan_back"]
 
 
 def lost_capacity(launched: "Cluster", current: "Cluster", hosts: Any = None) -> "Cluster | None":
@@ -82,9 +86,11 @@ class GrowBack:
                 more = lost_capacity(launched, current, ready) if ready else None
                 if more is not None:
                     try:
-                        event = job.grow(extend_cluster(current, more))
-                    except HSPMDError as e:
-                        if not _busy(e) or job._done.is_set():  # its last steps, no plan fits, ...: give up
+                        grown = extend_cluster(current, more)
+                        event = job.grow(grown, plan_back(job.controller, launched, grown))
+                    except Exception as e:  # noqa: BLE001 - a daemon thread: said in the job's log, never raised
+                        if not (isinstance(e, HSPMDError) and _busy(e)) or job._done.is_set():  # its last steps,
+                            # no plan fits, the host refused the workers: give up
                             job._note(f"grow_back: not growing back onto {ready}: {e}")
                             return
                     else:
@@ -97,6 +103,44 @@ class GrowBack:
         finally:
             with _lock:
                 _watching.pop(id(job), None)
+
+
+def plan_back(ctl: Any, launched: "Cluster", grown: "Cluster") -> Any:
+    """The Program a job grows back under: the one it was launched with (``ctl.launch_program`` on ``launched``),
+    its devices matched to ``grown``'s: a launch rank still running keeps its process (``ctl.current``: the running
+    numbering), the others take the new ranks host by host (same host and kind, in rank order); launched devices that
+    ``grown`` still lacks are planned around as after their failure
+    (:func:`~hspmd_sdk.planner.elastic.replan_elastic`)."""
+    from ..core.specialize import specialize
+    from ..core.strategy_plan import plan_from_strategy, strategy_of
+    from ..errors import SwitchError
+    from ..planner.elastic import renumber, replan_elastic
+
+    program = ctl.launch_program
+    strategy = strategy_of(program)
+    if strategy is None:
+        raise SwitchError("the job's launch plan has no strategy to grow back to")
+    running = {l: r for r, l in ctl.current.to_launch.items() if l < launched.num_ranks}  # launch -> grown rank
+    spots: dict[tuple[str, str], list[int]] = {}
+    for r in grown.ranks:
+        if r not in running.values():
+            spots.setdefault((grown.node_of(r).host, grown.kind(r)), []).append(r)
+    mapping, missing = dict(running), []
+    for r in launched.ranks:
+        if r in mapping:
+            continue
+        free = spots.get((launched.node_of(r).host, launched.kind(r)))
+        if free:
+            mapping[r] = free.pop(0)
+        else:
+            missing.append(r)
+    model = program.model
+    if missing:
+        alone = 1 if launched.num_ranks - len(missing) == 1 else None
+        strategy = replan_elastic(model, launched, strategy, missing, seq_len=ctl.seq_len,
+                                  global_batch=ctl.global_batch, cost=ctl.cost, min_pipelines=alone)
+    moved = renumber(strategy, mapping)
+    return specialize(model, plan_from_strategy(model, moved, grown), grown, bindings=dict(program.bindings))
 
 
 def _busy(error: Exception) -> bool:

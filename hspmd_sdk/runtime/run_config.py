@@ -98,7 +98,8 @@ class RunConfig(BaseModel):
     # ---- reconfiguration -----------------------------------------------------------------------------------
     elastic: Bool = Field(default=False, description="True or False")
     straggler: Any = Field(default=None, description="True, False, None or a StragglerWatch")
-    grow_back: Any = Field(default=None, description="True, False, None or a GrowBack (with elastic=True)")
+    grow_back: Any = Field(default=None, description="True, False, None (the transport's default) or a GrowBack "
+                                                     "(True or a GrowBack with elastic=True)")
     cost: Any = Field(default=None, description="a planner CostModel, or None")
     fault_injection: list[dict[str, Any]] = Field(default_factory=list, description="a list of {'rank', 'step', "
                                                                                     "'at'} dicts")
@@ -180,7 +181,7 @@ class RunConfig(BaseModel):
         from .growback import GrowBack
 
         if value is None or value is False:
-            return None
+            return value
         if not (value is True or isinstance(value, GrowBack)):
             raise ValueError(f"must be True, False, None or a GrowBack, not {value!r}")
         if not info.data.get("elastic"):

@@ -310,6 +310,9 @@ class SlurmTransport(Transport):
         return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=_slurm_env(env), start_new_session=True)
 
+    #: a node lost and restarted (or freed by the scheduler) comes back: elastic jobs grow back onto it by default
+    grows_back = True
+
     def available(self, host: str) -> bool:
         """Whether Slurm node ``host`` can take workers again (:mod:`.growback`): it answers the scheduler (not
         DOWN, DRAINED, FAILED or NOT_RESPONDING) and no job still runs there (the allocation the job lost with it

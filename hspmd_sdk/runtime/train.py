@@ -212,9 +212,11 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     a worker that dies does not end the job — the survivors replan, switch by fused BSR and redo the interrupted
     step (:mod:`.controller`); state with no surviving copy is reloaded from the newest complete checkpoint under
     ``checkpoint_dir`` in the same processes (the run goes back to its step), else the job fails naming it.
-    ``grow_back=True`` (or a :class:`~.growback.GrowBack`), with ``elastic``: once it recovered, the job grows back
-    onto the hosts it lost ranks on as soon as the transport says they can take workers again (:mod:`.growback`;
-    ``job.grow`` does it on demand).  ``straggler=True`` (or a :class:`~.controller.StragglerWatch`): a rank that stays
+    ``grow_back`` (with ``elastic``): once it recovered, the job grows back onto the hosts it lost ranks on as soon
+    as the transport says they can take workers again (:mod:`.growback`; ``job.grow`` does it on demand).  ``None``
+    (default): where the transport's capacity comes back by itself (Slurm: a restarted node, a freed one; not
+    local processes, whose machine a killed one did not leave); ``True`` (or a :class:`~.growback.GrowBack`, its
+    timing): on every transport; ``False``: never.  ``straggler=True`` (or a :class:`~.controller.StragglerWatch`): a rank that stays
     slower than under its plan is replanned around; ``cost``: the :class:`~hspmd_sdk.planner.CostModel` those
     replans use.  ``job.events`` lists every reconfiguration.  ``fault_injection`` (for tests and demos of
     failures): ``[{"rank": r, "step": s, "at": point}]`` makes rank ``r`` SIGKILL itself at ``point`` of step ``s``
@@ -286,6 +288,7 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     controller = TrainingController(program, cluster, global_batch=run["global_batch"], seq_len=run["seq_len"],
                                     elastic=bool(elastic), straggler=watch, cost=cost,
                                     grow_back=GrowBack() if grow_back is True else (grow_back or None),
+                                    grow_back_default=grow_back is None,
                                     checkpoint_dir=(run.get("checkpoint") or {}).get("dir"),
                                     resumed_from=(run.get("resume") or {}).get("dir"))
     if elastic and launch_kwargs.get("policy") is None:

@@ -101,6 +101,9 @@ class Transport(ABC):
 
     #: Every worker runs on this machine (hosts ``localhost``, rendezvous on loopback).
     local: bool = True
+    #: Capacity lost on this transport comes back by itself (a scheduler's restarted or freed node): an elastic job
+    #: grows back onto it unless told otherwise (``launch(..., grow_back=False)``, :mod:`.growback`).
+    grows_back: bool = False
 
     def preflight(self, cluster: Any) -> None:
         """Check every host of ``cluster`` before anything starts; raise naming what is wrong (this machine:
