@@ -164,7 +164,8 @@ def test_a_halt_no_failure_explains_ends_the_job_with_its_reason() -> None:
                                     elastic=True)
     failed: list = []
     job = SimpleNamespace(spec=SimpleNamespace(silent_s=0.3, job_id="j"), _done=threading.Event(),
-                          _fail=failed.append, on_message=lambda kind, fn: None, metrics=None)
+                          _fail=failed.append, on_message=lambda kind, fn: None, on_finish=lambda fn: None,
+                          metrics=None)
     controller.attach(job)
     controller._on_halted(2, {"after": 0, "step": 1, "source": "live", "held": [0, 0],
                               "error": "CommExecutionError: a broken plan"})
