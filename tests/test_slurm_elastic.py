@@ -34,9 +34,9 @@ HETERO = {"pipelines": [{"stages": [{"devices": [0], "layers": [0, 3]}], "micro_
                          "num_micro_batches": 3},
                         {"stages": [{"devices": [1], "layers": [0, 1]}, {"devices": [2], "layers": [2, 3]}],
                          "micro_batch_size": 2, "num_micro_batches": 1}]}
-#: step 3 of every starting rank is emulated 30x slower (a few seconds): the step after the recovery leaves time
-#: to bring the node back and ask for the grow while steps remain
-STRETCH = [(0, 1.0), (3, 30.0), (4, 1.0)]
+#: step 3 of every starting rank is emulated 60x slower (several seconds): the step after the recovery leaves time
+#: to bring the node back and ask for the grow while steps remain (a fresh worker's imports take 5-8 s under load)
+STRETCH = [(0, 1.0), (3, 60.0), (4, 1.0)]
 
 
 @pytest.fixture(scope="module")
