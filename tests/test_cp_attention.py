@@ -25,7 +25,9 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hspmd_sdk.runtime.cp_attention import CPLayout, cp_attention, cp_positions, gather_sequence, split_sequence
+from hspmd_sdk.runtime.cp_attention import (CPLayout, balanced_order, cp_attention, cp_positions, gather_sequence,
+                                            order_segments, split_sequence)
+from hspmd_sdk.runtime.kernels import positions, rope
 
 WORLD = 4
 #: the CP group used for each degree (sorted global ranks; group rank = position)
@@ -277,6 +279,37 @@ def test_balanced_layout_balances_causal_work() -> None:
     assert len(set(work)) == 1
 
 
+@pytest.mark.timeout(60)
+@given(cp=st.integers(1, 5), per_rank=st.integers(1, 9), data=st.data())
+@settings(max_examples=60, deadline=None)
+def test_the_balanced_order_cut_into_equal_pieces_gives_each_rank_its_two_chunks(cp: int, per_rank: int,
+                                                                               data: Any) -> None:
+    """What the runtime relies on: a sequence reordered by ``balanced_order`` and cut into ``cp`` equal contiguous
+    pieces (the DS split) gives rank ``i`` the oracle's chunks ``i`` and ``2N-1-i``; ``order_segments`` of any
+    window of the order names its global tokens; positions and RoPE at those segments equal the whole
+    sequence's at the same global tokens (and per document in a packed row)."""
+    seq = cp * per_rank
+    order = balanced_order(seq, cp)
+    laid = np.concatenate([np.arange(a, b) for a, b in order])
+    assert sorted(laid.tolist()) == list(range(seq))
+    for r in range(cp):
+        assert laid[r * per_rank:(r + 1) * per_rank].tolist() == oracle_indices(seq, cp, r).tolist()
+    a = data.draw(st.integers(0, seq))
+    b = data.draw(st.integers(a, seq))
+    segs = order_segments(order, a, b)
+    assert np.concatenate([np.arange(s, e) for s, e in segs] or [np.zeros(0, int)]).tolist() == laid[a:b].tolist()
+    cuts = sorted(data.draw(st.lists(st.integers(1, seq - 1), max_size=3, unique=True))) if seq > 1 else []
+    docs = [y - x for x, y in zip([0] + cuts, cuts + [seq])]
+    if b > a:
+        x = torch.zeros(2, b - a, dtype=torch.int64)
+        for documents in (None, tuple(docs)):
+            want = oracle_positions(seq, None if documents is None else list(documents))[laid[a:b]]
+            assert positions(x, segments=segs, documents=documents)[1].tolist() == want.tolist()
+        h = torch.randn(1, seq, 2, 8, dtype=torch.float64).float()
+        whole = rope(h, documents=tuple(docs))
+        assert torch.equal(rope(h[:, laid[a:b]], segments=segs, documents=tuple(docs)), whole[:, laid[a:b]])
+
+
 @pytest.mark.timeout(30)
 def test_bad_inputs_are_refused() -> None:
     layout = CPLayout(8, 1)
@@ -289,6 +322,10 @@ def test_bad_inputs_are_refused() -> None:
         cp_attention(q, q, q, layout, documents=[3, 4])
     with pytest.raises(ValueError, match="pieces"):
         gather_sequence([q], CPLayout(8, 2))
+    with pytest.raises(ValueError, match="7 tokens do not split into 2 equal pieces"):
+        balanced_order(7, 2)
+    with pytest.raises(ValueError, match="tokens 3..9 of an order of 8 tokens"):
+        order_segments(balanced_order(8, 2), 3, 9)
 
 
 # ---- measurement: ring against all-gather --------------------------------------------------------------------

@@ -6,9 +6,11 @@
   single-device model's.
 * **Elastic recovery**: a CP2 pipeline beside a one-rank pipeline, one CP rank SIGKILLed in the middle of a step:
   the survivors replan, switch by fused BSR, redo the step, and the losses equal the failure-free reference.
-* **Packed rows** (mixed-length data, the dispatcher packing several documents into one row): a pipeline whose
-  first stage is CP2 trains exactly the single-device model on the same sequences (losses, parameters after the
-  steps), with documents that cross the CP chunk boundary (checked from the dispatcher's records) and rows whose
+* **Packed rows** (mixed-length data, the dispatcher packing several documents into one row): a pipeline of two
+  CP2 stages (Llama: its rows laid out in the balanced order, each rank holding global chunks ``i`` and ``3-i``)
+  and a pipeline whose first stage is CP2 and last stage one rank (GPT-2: the contiguous split) train exactly the
+  single-device model on the same sequences (losses, parameters after the steps), with documents that cross a
+  boundary between two ranks' chunks (checked from the dispatcher's records and the layout) and rows whose
   length the CP degree does not divide (the executor pads them with a document of ignored targets).
 
 Every job is bounded; the slow variants (GPT-2) run with ``-m slow``.
@@ -31,6 +33,7 @@ from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.planner.cost import CostModel, LinkOverride  # noqa: E402
 from hspmd_sdk.planner.mixed import MixedEntry, MixedPlan  # noqa: E402
 from hspmd_sdk.runtime.data import Documents, LengthBatches  # noqa: E402
+from hspmd_sdk.runtime.executor import sequence_balance  # noqa: E402
 from hspmd_sdk.runtime.mixed import reference_mixed  # noqa: E402
 from hspmd_sdk.runtime.train import assemble, launch_training, load_captured, reference_training  # noqa: E402
 
@@ -121,6 +124,10 @@ CONTEXT, BUDGET, MIXED_STEPS, STATE_TOL = 64, 128, 3, 1e-4
 CP2_PP2 = Strategy.load({"pipelines": [{"stages": [{"devices": [0, 1], "layers": [0, 1], "cp": 2},
                                                    {"devices": [2], "layers": [2, 3]}],
                                         "micro_batch_size": 1, "num_micro_batches": 1}], "name": "cp2-pp2"})
+#: two CP2 stages: every attention of the pipeline is CP2, so its rows are laid out in the balanced order
+CP2_CP2 = Strategy.load({"pipelines": [{"stages": [{"devices": [0, 1], "layers": [0, 1], "cp": 2},
+                                                   {"devices": [2, 3], "layers": [2, 3], "cp": 2}],
+                                        "micro_batch_size": 1, "num_micro_batches": 1}], "name": "cp2-cp2"})
 #: point-to-point made expensive for the dispatcher, so that it packs several documents into a row rather than
 #: feeding the pipeline one document a micro-batch
 PACKING_COST = CostModel(link_overrides={"intra": LinkOverride(latency=1.0, bandwidth=1e9)})
@@ -145,27 +152,33 @@ def _rows(job: Any) -> list[tuple[int, tuple[int, ...]]]:
     return out
 
 
-def _crosses(docs: tuple[int, ...], cp: int) -> bool:
-    """Whether a document spans a boundary of the ``cp`` equal chunks of the row (padded to a multiple of
-    ``cp``): computed here from the lengths alone."""
+def _crosses(docs: tuple[int, ...], cp: int, balanced: bool) -> bool:
+    """Whether a document's tokens sit on more than one rank of the CP group, for a row padded to a multiple of
+    ``cp`` and cut into ``cp`` equal chunks (contiguous) or ``2 cp`` chunks, rank ``i`` holding chunks ``i`` and
+    ``2cp-1-i`` (balanced): computed here from the lengths alone."""
     total = sum(docs) + (-sum(docs) % cp)
-    bounds = {total * c // cp for c in range(1, cp)}
+    if balanced:
+        owner = np.concatenate([np.full(len(c), j if j < cp else 2 * cp - 1 - j)
+                                for j, c in enumerate(np.array_split(np.arange(total), 2 * cp))])
+    else:
+        owner = np.repeat(np.arange(cp), total // cp)
     ends = np.cumsum((0,) + docs)
-    return any(a < b < e for a, e in zip(ends[:-1], ends[1:]) for b in bounds)
+    return any(len(set(owner[a:e].tolist())) > 1 for a, e in zip(ends[:-1], ends[1:]))
 
 
-def _packed_cp_run(family: str, tmp: Path) -> None:
-    model, cluster = FAMILIES[family].preset("tiny"), Cluster.local(3)
+def _packed_cp_run(family: str, tmp: Path, strategy: Strategy, ranks: int, balanced: bool) -> None:
+    model, cluster = FAMILIES[family].preset("tiny"), Cluster.local(ranks)
     programs = MixedPlan(context_len=CONTEXT, tokens_per_batch=BUDGET,
-                         entries=[MixedEntry(max_seq_len=CONTEXT, windows=[BUDGET], strategy=CP2_PP2)]
+                         entries=[MixedEntry(max_seq_len=CONTEXT, windows=[BUDGET], strategy=strategy)]
                          ).programs(model, cluster)
+    assert {sequence_balance(p, 0) for p in programs} == {2 if balanced else 1}
     job = launch(programs, cluster, steps=MIXED_STEPS, seed=SEED, data=DOCS, tokens_per_step=BUDGET,
                  context=CONTEXT, capture_dir=tmp, cost=PACKING_COST, timeout_s=150)
     result = job.wait()
     ref = reference_mixed(model, steps=MIXED_STEPS, seed=SEED, data=DOCS, tokens_per_step=BUDGET, context=CONTEXT)
     rows = _rows(job)
     assert all(rec["packed"] for rec in job.length_planner.records)
-    assert any(len(d) > 1 and _crosses(d, 2) for _, d in rows), rows  # a document across the chunk boundary
+    assert any(len(d) > 1 and _crosses(d, 2, balanced) for _, d in rows), rows  # a document across two ranks
     assert any(sum(d) % 2 for _, d in rows), rows  # a row the executor pads to whole chunks
     assert len(result.losses) == MIXED_STEPS and _rel(result.losses, ref.losses) < TOL, (result.losses, ref.losses)
     shapes = {k: tuple(v.shape) for k, v in ref.params.items()}
@@ -181,9 +194,9 @@ def _packed_cp_run(family: str, tmp: Path) -> None:
 
 @pytest.mark.timeout(200)
 def test_packed_rows_through_a_cp_stage_equal_the_reference(tmp_path: Path) -> None:
-    _packed_cp_run("llama", tmp_path)
+    _packed_cp_run("llama", tmp_path, CP2_CP2, 4, balanced=True)
 
 
 @pytest.mark.timeout(300)
 def test_packed_rows_through_a_cp_stage_equal_the_reference_gpt2(tmp_path: Path) -> None:
-    _packed_cp_run("gpt", tmp_path)
+    _packed_cp_run("gpt", tmp_path, CP2_PP2, 3, balanced=False)

@@ -8,6 +8,11 @@ take each rank's global offset.  Checked here: the plan's annotations, and train
 to the single-device model — losses, every gradient of step 0, every parameter after the last step — with the
 criteria of ``tests/test_hap_ratios.py``, for CP2, CP2 x TP2, and a CP2 pipeline (whose last stage has no CP)
 beside a CP1 pipeline, for Llama and GPT-2 (ZeRO-1 too, under ``slow``).
+
+A pipeline whose every attention is CP2 lays its sequences out in the balanced order (rank ``i`` of the CP group
+holds global chunks ``i`` and ``3-i``: the executor reorders the data, positions and attention read global
+positions); the pipeline whose last stage has no CP keeps the contiguous split.  The default suite trains one of
+each (Llama contiguous, GPT-2 balanced: learned positions), ``slow`` the rest.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from hspmd_sdk.core.annotation import Annotation, DS  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
+from hspmd_sdk.runtime.executor import sequence_balance  # noqa: E402
 from hspmd_sdk.runtime.train import assemble, launch_runs, load_captured, reference_training, training_run  # noqa: E402
 
 STEPS, SEED, SEQ, LR, BATCH = 2, 1, 16, 1e-3, 8
@@ -46,7 +52,7 @@ RUNS = {
                       "zero1": True},
 }
 #: the runs of the default suite (one job); the others run with -m slow
-DEFAULT = [("llama", "cp2_pipeline_beside_cp1")]
+DEFAULT = [("llama", "cp2_pipeline_beside_cp1"), ("gpt", "cp2xtp2")]
 SLOW = [(f, n) for f in FAMILIES for n in RUNS if (f, n) not in DEFAULT]
 
 
@@ -73,8 +79,26 @@ def test_cp_annotations_split_the_sequence_and_duplicate_parameters(family: str)
     assert a["layers.0.in"] == a["tokens"]
     assert a["layers.0.attn.wq"] == Annotation([[0, 1, 2, 3]], [DS({-1: 2, 1: 2}, [-1, 1])])    # TP columns
     prog = specialize(model, plan, cluster, bindings={"B": 8, "S": SEQ})
+    assert prog.pipelines == [[[0, 1, 2, 3]]]  # the CP x TP grid is one stage (the ring runs inside attention)
     # rank 2 = CP coordinate 1, TP coordinate 0: the second half of the sequence, the first half of the heads
     assert prog.local_shape("layers.0.attn.q_heads", 2, {"B": 8, "S": SEQ}) == (8, SEQ // 2, 2, 16)
+
+
+@pytest.mark.timeout(60)
+def test_uniform_cp_pipelines_lay_sequences_out_balanced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The balanced order where every attention of a pipeline is CP2, the contiguous split where a stage has no CP
+    (or the environment asks for it)."""
+    model, cluster = LlamaConfig.preset("tiny"), Cluster.local(4)
+
+    def balance(name: str) -> list[int]:
+        prog = specialize(model, plan_from_strategy(model, Strategy.load(RUNS[name]), cluster), cluster,
+                          bindings={"B": 8, "S": SEQ})
+        return [sequence_balance(prog, p) for p in range(len(prog.pipelines))]
+
+    assert balance("cp2") == [2] and balance("cp2xtp2") == [2]  # a CP group: one stage
+    assert balance("cp2_pipeline_beside_cp1") == [1, 1]
+    monkeypatch.setenv("HSPMD_CP_LAYOUT", "contiguous")
+    assert balance("cp2xtp2") == [1]
 
 
 # ---- training ----------------------------------------------------------------------------------------------------

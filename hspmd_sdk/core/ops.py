@@ -45,7 +45,9 @@ class OpDef:
     ``input_grad(x key, w key)``: for a matmul-like op, the key of input 0's gradient on a device axis where the
     weight has key ``w key`` — Partial where a Duplicate activation meets an output-split weight (Megatron's
     "f": the specializer inserts that gradient's all-reduce); ``None`` for ops whose input gradients are laid out
-    like their inputs.
+    like their inputs.  ``mixes``: dims of input 0 that the op mixes although its rule lets them be split — the
+    devices holding different chunks of such a dim exchange data inside the kernel (attention's sequence dim:
+    context parallelism), so the specializer puts them in one pipeline stage, as it does a collective's devices.
     """
 
     kind: str
@@ -56,6 +58,7 @@ class OpDef:
     batch_dims: Callable[[Shapes], tuple[int, ...]] = lambda shapes: ()
     dtype: Callable[[Sequence[str]], str] | None = None
     input_grad: Callable[[int, int], int] | None = None
+    mixes: tuple[int, ...] = ()
 
 
 # ---- axis rules ------------------------------------------------------------------------------------------------
@@ -408,7 +411,7 @@ OPS: dict[str, OpDef] = {o.kind: o for o in (
     OpDef("rmsnorm", _shape_rmsnorm, _rmsnorm_rule, weight_inputs=(1,), batch_dims=_leading),
     OpDef("layernorm", _shape_layernorm, _norm_rule, weight_inputs=(1, 2), batch_dims=_leading),
     OpDef("rope", _shape_rope, _rope_rule),
-    OpDef("attention", _shape_attention, _attention_rule),
+    OpDef("attention", _shape_attention, _attention_rule, mixes=(1,)),
     OpDef("swiglu", _shape_same, _same),
     OpDef("gelu", _shape_same, _same),
     OpDef("add", _shape_same, _linear_same),

@@ -3,7 +3,9 @@
 Start with one pipeline of one stage per device.  Scan the Reshards of the forward and backward executable
 subgraphs in order and split each one's communication into collective and point-to-point parts:
 
-* devices in one collective (e.g. the TP all-reduce, a CP all-gather) are merged into one stage of one pipeline;
+* devices in one collective (e.g. the TP all-reduce, a CP all-gather) are merged into one stage of one pipeline,
+  and so are the devices of each of ``kernel_groups`` (those that exchange data inside a kernel: the ranks of a
+  context-parallel group, whose attention rings keys and values between them);
 * a point-to-point message ``src -> dst`` (SendRecv, BSR) of a *forward* Reshard makes the stage of ``dst`` the
   stage after the stage of ``src`` (backward messages flow the other way and add nothing new); the devices
   one stage sends to in one Reshard form one stage.
@@ -109,13 +111,18 @@ def _merge_peers(uf: _UnionFind, msgs: Sequence[tuple[int, int]]) -> None:
 
 
 def build_pipelines(ranks: Iterable[int], forward_plans: Sequence[Any], backward_plans: Sequence[Any],
-                    order_key: Any = None) -> list[list[list[int]]]:
+                    order_key: Any = None,
+                    kernel_groups: Iterable[Sequence[int]] = ()) -> list[list[list[int]]]:
     """Pipelines (each a list of stages, each a sorted list of ranks) from the forward / backward CommPlans.
 
     ``ranks``: every device that runs part of the forward pass.  ``order_key(first_stage) -> sortable`` orders
-    the pipelines (default: by the smallest rank of the first stage).
+    the pipelines (default: by the smallest rank of the first stage).  ``kernel_groups``: groups of devices that
+    communicate inside a kernel (merged like a collective's).
     """
     uf = _UnionFind(ranks)
+    for group in kernel_groups:
+        for r in list(group)[1:]:
+            uf.union(group[0], r)
     seen: set[int] = set()
     for plan in list(forward_plans) + list(backward_plans):
         if id(plan) in seen:

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from ..errors import ResolutionError, ShapeError, SpecializationError
-from .annotation import Annotation, format_ranks, local_view
+from .annotation import Annotation, format_ranks, local_view, local_views
 from .deduction import (activation_grad_annotation, deduce, local_constraints, local_shape, partial_as_duplicate,
                         weight_grad_annotation)
 from .graph import Graph, Node
 from .microbatch import batch_dim, micro_batch_plan
-from .ops import op_def
+from .ops import OPS, op_def
 from .pipelines import build_pipelines, op_ranks
 from .plan import AnnotationPlan
 from .schedule import Action, build_schedule
@@ -386,7 +386,7 @@ def specialize(model: Any, plan: Any, cluster: "Cluster | None" = None, *, bindi
     order_key = _pipeline_order(graph, anns)
     f_plans = [comm[n.name] for n in graph.reshards if n.name not in pre]
     b_plans = list(back.values()) + list(reduce_plans.values())
-    pipelines = build_pipelines(fwd_ranks, f_plans, b_plans, order_key)
+    pipelines = build_pipelines(fwd_ranks, f_plans, b_plans, order_key, _kernel_groups(graph, anns, reps))
     micro, sizes = _micro_batching(meta, pipelines, order_key)
     kind = str(meta.get("schedule", "1f1b"))
     schedules = _schedules(kind, pipelines, micro)
@@ -643,6 +643,23 @@ def _weight_inputs(kind: str) -> tuple[int, ...]:
     from .ops import OPS
 
     return OPS[kind].weight_inputs
+
+
+def _kernel_groups(graph: Graph, anns: Mapping[str, Annotation], bindings: Mapping[str, int]) -> list[list[int]]:
+    """The devices that communicate inside a kernel: for every op whose kind mixes a dim of its first input that
+    the plan splits (:attr:`~.ops.OpDef.mixes`, e.g. attention's sequence under context parallelism), the ranks
+    holding the same box of that input but for those dims."""
+    out: dict[tuple[Any, ...], list[int]] = {}
+    for n in graph.nodes:
+        mixes = OPS[n.kind].mixes if n.kind in OPS else ()
+        if not mixes or not n.inputs:
+            continue
+        t = n.inputs[0]
+        shape = tuple(int(d) for d in evaluate_shape(graph.tensors[t].shape, bindings, tensor=t))
+        for view in local_views(anns[t], shape):
+            key = (n.name,) + tuple(b for d, b in enumerate(view.box) if d not in mixes)
+            out.setdefault(key, []).append(view.rank)
+    return [g for g in out.values() if len(set(g)) > 1]
 
 
 def _node_rank_sets(graph: Graph, anns: Mapping[str, Annotation]) -> dict[str, frozenset[int]]:

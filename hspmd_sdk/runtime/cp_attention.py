@@ -38,7 +38,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["CPLayout", "cp_attention", "split_sequence", "gather_sequence", "cp_positions", "VARIANTS"]
+__all__ = ["CPLayout", "cp_attention", "split_sequence", "gather_sequence", "cp_positions", "balanced_order",
+           "order_segments", "VARIANTS"]
 
 VARIANTS = ("ring", "allgather")
 #: the flat-buffer collectives (``*_single`` where torch has them; the older names are deprecated there)
@@ -88,6 +89,34 @@ class CPLayout:
     def indices(self, rank: int) -> torch.Tensor:
         """Global indices (int64) of the tokens ``rank`` holds, in local order."""
         return torch.cat([torch.arange(s, e, dtype=torch.int64) for s, e in self.segments(rank)])
+
+
+@functools.lru_cache(maxsize=256)
+def balanced_order(seq: int, cp: int) -> tuple[Segment, ...]:
+    """The load-balanced token order of a sequence for ``cp`` ranks: every rank's segments of
+    ``CPLayout(seq, cp)``, rank after rank.  A sequence laid out in this order and then cut into ``cp`` equal
+    contiguous pieces (a DS split of the sequence dim, ``seq`` a multiple of ``cp``) gives rank ``i`` exactly
+    chunks ``i`` and ``2cp-1-i``: how the runtime balances causal work without a collective of its own (the
+    executor reorders the data once; every per-position op reads global positions from the order)."""
+    if cp > 1 and seq % cp:
+        raise ValueError(f"balanced_order: {seq} tokens do not split into {cp} equal pieces")
+    layout = CPLayout(seq, cp)
+    return tuple(seg for r in range(cp) for seg in layout.segments(r) if seg[1] > seg[0])
+
+
+def order_segments(order: Sequence[Segment], start: int, end: int) -> tuple[Segment, ...]:
+    """The global segments of laid-out tokens ``start .. end`` of a sequence laid out as ``order`` (segments of
+    global token indices, back to back)."""
+    out, pos = [], 0
+    for s, e in order:
+        n = e - s
+        a, b = max(start - pos, 0), min(end - pos, n)
+        if a < b:
+            out.append((s + a, s + b))
+        pos += n
+    if pos < end or start < 0 or end < start:
+        raise ValueError(f"order_segments: tokens {start}..{end} of an order of {pos} tokens")
+    return tuple(out)
 
 
 def split_sequence(x: torch.Tensor, layout: CPLayout, rank: int, *, dim: int = 1) -> torch.Tensor:

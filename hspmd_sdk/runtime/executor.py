@@ -30,6 +30,12 @@ in ``PRE``), bf16 activations and gradients, every plan executed for bf16 (:func
 is fp32; each use's gradient is summed over micro-batches in fp32, synchronised in bf16 and applied in fp32 to the
 masters, whose Adam state is fp32.
 
+Context parallelism: where every attention of the rank's pipeline splits the sequence over ``N > 1`` ranks, the
+pipeline lays each micro-batch's sequence out in the balanced order (:attr:`StepExecutor.sequence_balance`): the
+data is reordered once when it is cut to this rank's box, so that the DS split gives rank ``i`` of a CP group
+global chunks ``i`` and ``2N-1-i`` (even causal work, Megatron's and torch's layout); positions and attention read
+global positions from the order.
+
 Loss: the loss op runs with the step's *global* number of target tokens (the kernel registry's
 ``loss_normalizer``), so each micro-batch's loss is its summand of the global mean and the accumulated gradients
 (summed over micro-batches, then across pipelines by the gradient synchronisation) are exactly the single-device
@@ -46,6 +52,7 @@ reduce-scattered onto the shard, and the optimizer state is per shard.  Activati
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -61,12 +68,13 @@ from ..core.symbolic import Sym, evaluate_shape
 from ..errors import HSPMDError
 from .buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, GradBuckets, SyncItem
 from .comm import Pending, execute, execute_async, execute_op, post_receives, post_sends, reshard, with_dtype
-from .kernels import kernel_for
+from .cp_attention import balanced_order
+from .kernels import kernel_for, reorder_problems
 from .params import check_local_parameters, init_local_parameters
 from .trace import span
 
 __all__ = ["StepExecutor", "ExecutorError", "program_comm_plans", "AdamConfig", "PRECISIONS", "precision_dtype",
-           "pipeline_pairs", "pipeline_groups"]
+           "pipeline_pairs", "pipeline_groups", "sequence_balance"]
 
 #: ``precision=`` -> the dtype of parameters' working copies, activations, gradients and messages (SPEC §8).  The
 #: master weights and Adam's state are fp32 either way.
@@ -156,6 +164,32 @@ def program_comm_plans(program: Any) -> list[Any]:
             + list(program.grad_reduce_plans.values()) + list(program.grad_sync_plans.values()))
 
 
+def sequence_balance(program: Any, pipeline: int) -> int:
+    """The CP degree ``N`` whose balanced order (:func:`~.cp_attention.balanced_order`) pipeline ``pipeline`` of
+    ``program`` lays its sequences out in (:attr:`StepExecutor.sequence_balance`), else 1: ``N`` when every
+    attention of the pipeline splits the sequence (the query's dim 1) over ``N > 1`` ranks and every op of the
+    graph takes positions from the order (:func:`~.kernels.reorder_problems` is empty), unless the environment
+    says ``HSPMD_CP_LAYOUT=contiguous``.  A context-parallel group's ranks are one stage of one pipeline
+    (:func:`~hspmd_sdk.core.pipelines.build_pipelines`), so they decide alike."""
+    if os.environ.get("HSPMD_CP_LAYOUT", "balanced") == "contiguous" or reorder_problems(program.graph):
+        return 1
+    ranks = {r for stage in program.pipelines[pipeline] for r in stage}
+    degrees = set()
+    for node in program.graph.nodes:
+        if node.kind != "attention":
+            continue
+        q = node.inputs[0]
+        ann = program.annotations[q]
+        if not ranks.intersection(ann.ranks):
+            continue
+        shape = tuple(int(d) for d in evaluate_shape(program.graph.tensors[q].shape, program.bindings, tensor=q))
+        for r in ranks.intersection(ann.ranks):
+            view = local_view(ann, shape, r)
+            if view is not None:
+                degrees.add(shape[1] // max(view.box[1][1] - view.box[1][0], 1))
+    return degrees.pop() if len(degrees) == 1 and min(degrees) > 1 else 1
+
+
 @dataclass
 class _MicroBatch:
     """What a micro-batch's actions leave for its later actions."""
@@ -195,6 +229,10 @@ class _Local:
     @property
     def documents(self) -> tuple[int, ...] | None:
         return self.ex._cur_documents
+
+    @property
+    def sequence_balance(self) -> int:
+        return self.ex.sequence_balance
 
     def global_shape(self, tensor: str) -> tuple[int, ...]:
         return self.ex.global_shape(tensor)
@@ -314,6 +352,7 @@ class StepExecutor:
         self._layout: list[tuple[dict[str, int], int]] = [self._cur] * self.num_micro
         # a packed micro-batch (one row, several documents): their lengths; None: every row one sequence
         self._cur_documents: tuple[int, ...] | None = None
+        self._order_index: dict[int, torch.Tensor] = {}  # S -> the balanced order's indices (sequence_balance)
         self._documents: list[tuple[int, ...] | None] = [None] * self.num_micro
         self._packing_problems: list[str] | None = None  # why this graph cannot run packed rows (once)
         self._mb_bindings: dict[tuple[int, int], dict[str, int]] = {}
@@ -550,6 +589,35 @@ class StepExecutor:
             self._seq_multiple = got
         return got
 
+    @property
+    def sequence_balance(self) -> int:
+        """``N > 1`` when this pipeline lays its micro-batches' sequences out in the balanced order of CP degree
+        ``N`` (:func:`~.cp_attention.balanced_order`): every attention of the pipeline splits the sequence (its
+        query's dim 1) over ``N`` ranks, and every op of the graph takes positions from the order
+        (:func:`~.kernels.reorder_problems` is empty).  Rank ``i`` of a CP group then holds global chunks ``i``
+        and ``2N-1-i`` and every rank does the same causal work.  Else 1: the contiguous split (exact too, the last
+        chunk's rank doing most of the causal work).  The same on every rank of the pipeline (a function of the
+        Program).  ``HSPMD_CP_LAYOUT=contiguous`` in the workers' environment keeps the contiguous split (for
+        measurements)."""
+        got = getattr(self, "_seq_balance", None)
+        if got is None:
+            got = self._seq_balance = sequence_balance(self.program, self.pipeline)
+        return got
+
+    def _reordered(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """A placeholder's whole tensor with its sequence dims (``S``) in the pipeline's balanced order."""
+        n = self.sequence_balance
+        if n == 1:
+            return t
+        for d, x in enumerate(self.graph.tensors[name].shape):
+            if isinstance(x, Sym) and x.factors == ("S",) and x.coef == 1:
+                idx = self._order_index.get(t.shape[d])
+                if idx is None:
+                    idx = self._order_index[t.shape[d]] = torch.cat(
+                        [torch.arange(a, b) for a, b in balanced_order(int(t.shape[d]), n)])
+                t = t.index_select(d, idx.to(t.device))
+        return t
+
     def _sequence_padded(self, micro: Sequence[Any]) -> Sequence[Any]:
         """A dispatcher's micro-batch ``(rows, seq_len, feeds[, documents])`` padded on the right to a multiple of
         :attr:`sequence_multiple` (a context-parallel split never pads inside the plan: the annotations need whole
@@ -620,7 +688,7 @@ class StepExecutor:
                 continue
             if name not in full:
                 raise ExecutorError(f"rank {self.rank}: the step has no {name!r} but this rank's graph reads it")
-            t = full[name]
+            t = self._reordered(name, full[name])
             view = local_view(self.anns[name], tuple(t.shape), self.rank)
             local = t[view.slices].to(self.device)
             if local.is_floating_point():
@@ -650,6 +718,7 @@ class StepExecutor:
                 if tuple(t.shape) != tuple(int(x) for x in shape):
                     raise ExecutorError(f"rank {self.rank}: micro-batch {mb}'s {name!r} has shape "
                                         f"{tuple(t.shape)}, not {tuple(shape)}")
+                t = self._reordered(name, t)
                 view = local_view(self.anns[name], tuple(int(x) for x in evaluate_shape(
                     self.graph.tensors[name].shape, bindings, tensor=name)), self.rank)
                 slices = list(view.slices)

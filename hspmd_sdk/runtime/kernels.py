@@ -46,6 +46,9 @@ class KernelContext(Protocol):
     """Where a device's shards sit, for :attr:`Kernel.local_attrs` (the executor provides one per micro-batch)."""
 
     loss_normalizer: int | None  #: real target tokens of the whole step (``None``: the local count)
+    #: optional: ``N > 1`` when the micro-batch's sequence is laid out in the balanced order of CP degree ``N``
+    #: (:func:`~.cp_attention.balanced_order`): positions are then global positions of that order
+    sequence_balance: int
     #: lengths of the documents packed back to back in the micro-batch's one row (``None``: a row is a sequence)
     documents: tuple[int, ...] | None
 
@@ -144,12 +147,39 @@ def _packed_rope_tables(documents: tuple[int, ...], offset: int, seq: int, head_
     return cos[:, pos], sin[:, pos]
 
 
-def rope(x: torch.Tensor, *, theta: float = 10000.0, position_offset: int = 0,
-         documents: tuple[int, ...] | None = None) -> torch.Tensor:
-    """Half-split rotary embedding of ``x[B, S, heads, head_dim]``: pairs ``(i, i + head_dim/2)``; computed in
-    fp32 (a bf16 input comes back bf16).  ``documents``: one packed row; positions restart at each document."""
-    _, s, _, hd = x.shape
+@functools.lru_cache(maxsize=64)
+def segment_positions(segments: tuple[tuple[int, int], ...], documents: tuple[int, ...] | None) -> torch.Tensor:
+    """Positions (int64) of the global tokens ``segments`` (``(start, end)`` ranges, in local order): the indices
+    themselves, or with ``documents`` (one packed row) each document counting from 0."""
+    idx = torch.cat([torch.arange(a, b, dtype=torch.int64) for a, b in segments]) if segments else \
+        torch.zeros(0, dtype=torch.int64)
     if documents is None:
+        return idx
+    return document_positions(tuple(documents), 0, int(sum(documents)))[idx]
+
+
+@functools.lru_cache(maxsize=16)
+def _segment_rope_tables(segments: tuple[tuple[int, int], ...], documents: tuple[int, ...] | None, head_dim: int,
+                         theta: float, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_rope_tables` at the positions of the global tokens ``segments`` (a context-parallel rank's tokens
+    in the balanced order)."""
+    pos = segment_positions(segments, documents).to(device)
+    cos, sin = _rope_tables(int(pos.max()) + 1 if pos.numel() else 1, head_dim, theta, 0, device)
+    return cos[:, pos], sin[:, pos]
+
+
+def rope(x: torch.Tensor, *, theta: float = 10000.0, position_offset: int = 0,
+         documents: tuple[int, ...] | None = None,
+         segments: tuple[tuple[int, int], ...] | None = None) -> torch.Tensor:
+    """Half-split rotary embedding of ``x[B, S, heads, head_dim]``: pairs ``(i, i + head_dim/2)``; computed in
+    fp32 (a bf16 input comes back bf16).  ``documents``: one packed row; positions restart at each document.
+    ``segments``: the global tokens ``x`` holds, in its order (instead of ``position_offset``: a sequence laid
+    out in the balanced context-parallel order, :func:`~.cp_attention.balanced_order`)."""
+    _, s, _, hd = x.shape
+    if segments is not None:
+        cos, sin = _segment_rope_tables(tuple(segments), None if documents is None else tuple(documents), int(hd),
+                                        float(theta), x.device)
+    elif documents is None:
         cos, sin = _rope_tables(int(s), int(hd), float(theta), int(position_offset), x.device)
     else:
         cos, sin = _packed_rope_tables(tuple(documents), int(position_offset), int(s), int(hd), float(theta),
@@ -161,7 +191,7 @@ def rope(x: torch.Tensor, *, theta: float = 10000.0, position_offset: int = 0,
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
               documents: tuple[int, ...] | None = None, cp_ranks: tuple[int, ...] | None = None,
-              cp_seq: int | None = None) -> torch.Tensor:
+              cp_seq: int | None = None, cp_balanced: bool = False) -> torch.Tensor:
     """Causal softmax attention on ``[B, S, heads, head_dim]``; kv heads are repeated for GQA.  Runs
     ``scaled_dot_product_attention`` (flash / memory-efficient kernels where the device has them).
 
@@ -171,11 +201,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
     ``cp_ranks``: the sequence (``cp_seq`` tokens) is split in equal contiguous chunks over these ranks (context
     parallelism, a DS split of dim 1), this rank holding its own; keys and values ring between them
-    (:func:`hspmd_sdk.runtime.cp_attention.cp_attention`), the result equal to whole-sequence attention."""
+    (:func:`hspmd_sdk.runtime.cp_attention.cp_attention`), the result equal to whole-sequence attention.
+    ``cp_balanced``: the sequence is laid out in the balanced order (:func:`~.cp_attention.balanced_order`), so
+    that the ``i``-th chunk holds global chunks ``i`` and ``2N-1-i`` and every rank does the same causal work."""
     if cp_ranks is not None and len(cp_ranks) > 1:
         from .cp_attention import CPLayout, cp_attention
 
-        layout = CPLayout(int(cp_seq), len(cp_ranks), balanced=False)  # type: ignore[arg-type]
+        layout = CPLayout(int(cp_seq), len(cp_ranks), balanced=bool(cp_balanced))  # type: ignore[arg-type]
         return cp_attention(q, k, v, layout, ranks=cp_ranks, causal=causal, documents=documents, tag=CP_TAG)
     rep = q.shape[2] // k.shape[2]
     if rep > 1:
@@ -202,11 +234,18 @@ def gelu(x: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
     return F.gelu(x, approximate=approximate)
 
 
-def positions(x: torch.Tensor, *, position_offset: int = 0, documents: tuple[int, ...] | None = None) -> torch.Tensor:
+def positions(x: torch.Tensor, *, position_offset: int = 0, documents: tuple[int, ...] | None = None,
+              segments: tuple[tuple[int, int], ...] | None = None) -> torch.Tensor:
     """``[B, S]`` int64 positions ``offset .. offset+S-1`` of every row (``documents``: of one packed row,
-    restarting at 0 at each document)."""
+    restarting at 0 at each document; ``segments``: of the global tokens the row holds, in its order, as in
+    :func:`rope`)."""
     b, s = x.shape[0], x.shape[1]
-    if documents is not None:  # a copy: the cached positions are shared by every layer and micro-batch
+    if segments is not None:  # copies: the cached positions are shared by every layer and micro-batch
+        pos = segment_positions(tuple(segments), None if documents is None else tuple(documents)).to(
+            x.device, copy=True)
+        if pos.shape[0] != s:
+            raise ValueError(f"positions: {s} tokens, but the segments {list(segments)} hold {pos.shape[0]}")
+    elif documents is not None:
         pos = document_positions(tuple(documents), int(position_offset), int(s)).to(x.device, copy=True)
     else:
         pos = torch.arange(position_offset, position_offset + s, dtype=torch.int64, device=x.device)
@@ -274,7 +313,13 @@ def _vocab_start(node: Any, ctx: KernelContext) -> dict[str, Any]:
 
 
 def _position_offset(node: Any, ctx: KernelContext) -> dict[str, Any]:
-    start = ctx.box(node.inputs[0])[1][0]
+    start, end = ctx.box(node.inputs[0])[1]
+    balance = getattr(ctx, "sequence_balance", 1)
+    if balance > 1:  # the sequence is laid out in the balanced CP order: the global tokens of this box
+        from .cp_attention import balanced_order, order_segments
+
+        return {"segments": order_segments(balanced_order(ctx.global_shape(node.inputs[0])[1], balance),
+                                           start, end)}
     return {"position_offset": start} if start else {}
 
 
@@ -288,13 +333,21 @@ def _sequence_group(node: Any, ctx: KernelContext) -> dict[str, Any]:
     chunks (in sequence order) and the whole length."""
     q = node.inputs[0]
     seq = ctx.global_shape(q)[1]
+    balance = getattr(ctx, "sequence_balance", 1)
     if ctx.box(q)[1] == (0, seq):
+        if balance > 1:
+            raise ValueError(f"attention {node.name!r}: the sequence is laid out in the balanced order of CP "
+                             f"degree {balance} but {q!r} is not split along it")
         return {}
     peers = getattr(ctx, "sequence_peers", None)
     if peers is None:
         raise ValueError(f"attention {node.name!r}: the sequence of {q!r} is split across devices but the kernel "
                          "context names no peers (sequence_peers)")
-    return {"cp_ranks": tuple(peers(q, 1)), "cp_seq": int(seq)}
+    ranks = tuple(peers(q, 1))
+    if balance > 1 and len(ranks) != balance:
+        raise ValueError(f"attention {node.name!r}: {q!r} is split over {len(ranks)} ranks {list(ranks)} but the "
+                         f"sequence is laid out in the balanced order of CP degree {balance}")
+    return {"cp_ranks": ranks, "cp_seq": int(seq), **({"cp_balanced": True} if balance > 1 else {})}
 
 
 def _loss_normalizer(node: Any, ctx: KernelContext) -> dict[str, Any]:
@@ -313,6 +366,8 @@ KERNELS: dict[str, Kernel] = {
     "cross_entropy": Kernel(cross_entropy, _loss_normalizer, _T),
 }
 PACKING_KINDS = (_T, _D)
+#: the built-in kernels: the only ones known to read positions from :attr:`KernelContext.sequence_balance`
+_BUILTIN = dict(KERNELS)
 
 
 def register_kernel(kind: str, fn: Callable[..., Any], *,
@@ -356,6 +411,19 @@ def packing_problems(graph: Any) -> list[str]:
             shape = graph.tensors[n.inputs[0]].shape
             if any("S" in symbols_of(shape[d]) for d in dims if -len(shape) <= d < len(shape)):
                 out.append(f"node {n.name!r} ({n.kind}) works along the sequence dim of {n.inputs[0]!r}")
+    return out
+
+
+def reorder_problems(graph: Any) -> list[str]:
+    """Why ``graph`` cannot run on a sequence laid out in the balanced context-parallel order (empty: it can):
+    what stops packed rows (:func:`packing_problems`: an op could mix positions), and every op kind of
+    ``"documents"`` packing that is not a built-in kernel (it may take positions from its box, not from
+    :attr:`KernelContext.sequence_balance`)."""
+    out = packing_problems(graph)
+    for kind in sorted({n.kind for n in graph.nodes}):
+        k = KERNELS.get(kind)
+        if k is not None and k.packing == _D and k is not _BUILTIN.get(kind):
+            out.append(f"op kind {kind!r} is not a built-in position-aware kernel")
     return out
 
 
