@@ -97,6 +97,8 @@ def test_uniform_cp_pipelines_lay_sequences_out_balanced(monkeypatch: pytest.Mon
 
     assert balance("cp2") == [2] and balance("cp2xtp2") == [2]  # a CP group: one stage
     assert balance("cp2_pipeline_beside_cp1") == [1, 1]
+    for name, data in RUNS.items():  # the planner's view of the same rule (what the simulator prices)
+        assert [p.cp_balance for p in Strategy.load(data).pipelines] == balance(name), name
     monkeypatch.setenv("HSPMD_CP_LAYOUT", "contiguous")
     assert balance("cp2xtp2") == [1]
 
@@ -176,3 +178,24 @@ def test_the_simulator_prices_a_cp_stage() -> None:
     cp2 = simulate("tiny", strategy([0, 1], 2), Cluster.local(2), seq_len=1024)
     one = simulate("tiny", strategy([0], 1), Cluster.local(1), seq_len=1024)
     assert cp2.step_time > 0 and cp2.memory[0]["activations"] == pytest.approx(one.memory[0]["activations"] / 2)
+
+
+@pytest.mark.timeout(60)
+def test_the_planner_prices_the_balanced_layout_of_uniform_cp_pipelines() -> None:
+    """A pipeline of CP2 stages runs the balanced order (``Pipeline.cp_balance``), so the simulator and the
+    mixed-length pricer charge each rank the balanced share of causal attention, less than the contiguous
+    split's last rank at a long sequence."""
+    from hspmd_sdk.models.registry import load_model_spec
+    from hspmd_sdk.planner.cost import CostModel
+    from hspmd_sdk.planner.mixed_cost import PipelineCost
+    from hspmd_sdk.planner.simulator import _stage_cost
+
+    model, cluster, cost = load_model_spec("tiny"), Cluster.local(4), CostModel()
+    uniform = Strategy.load(RUNS["cp2"]).pipelines[0]
+    mixed = Strategy.load(RUNS["cp2_pipeline_beside_cp1"]).pipelines[0]
+    assert (uniform.cp_balance, mixed.cp_balance) == (2, 1)
+    stage = uniform.stages[0]
+    bal, contig = (_stage_cost(model, stage, True, True, cluster, 1, 8192, cost, balanced=b) for b in (True, False))
+    assert bal.fwd < contig.fwd and bal.bwd < contig.bwd
+    assert PipelineCost.of(model, uniform, cluster, cost).stages[0].times(1, 8192) == \
+        pytest.approx((bal.fwd, bal.bwd))

@@ -49,8 +49,9 @@ class StageCost:
     """
 
     def __init__(self, model: "ModelSpec", stage: "Stage", first: bool, last: bool, cluster: "Cluster",
-                 cost: CostModel) -> None:
+                 cost: CostModel, *, balanced: bool = False) -> None:
         self._args = (model, stage, first, last, cluster)
+        self._balanced = balanced  # a CP stage of a pipeline laid out in the balanced order
         self._cost = cost
         self._cache: dict[tuple[int, int], tuple[float, float, float, float]] = {}
         pts = [self._direct(r, s) for r, s in _FIT]
@@ -62,7 +63,7 @@ class StageCost:
         from .simulator import _stage_cost
 
         model, stage, first, last, cluster = self._args
-        return _stage_cost(model, stage, first, last, cluster, rows, length, self._cost)
+        return _stage_cost(model, stage, first, last, cluster, rows, length, self._cost, balanced=self._balanced)
 
     def _direct(self, rows: int, length: int) -> tuple[float, float, float, float]:
         hit = self._cache.get((rows, length))
@@ -183,12 +184,13 @@ class PipelineCost:
         """The cost of a :class:`~hspmd_sdk.core.strategy.Pipeline` (stage costs shared through ``cache`` by
         device kind, TP degree, TP link, layer count, first/last, recompute and node occupancy)."""
         stages = pipeline.stages  # type: ignore[attr-defined]
+        balanced = pipeline.cp_balance > 1  # type: ignore[attr-defined]
         out = []
         for j, st in enumerate(stages):
-            key = _stage_key(st, j == 0, j == len(stages) - 1, cluster)
+            key = _stage_key(st, j == 0, j == len(stages) - 1, cluster) + (balanced,)
             hit = cache.get(key) if cache is not None else None
             if hit is None:
-                hit = StageCost(model, st, j == 0, j == len(stages) - 1, cluster, cost)
+                hit = StageCost(model, st, j == 0, j == len(stages) - 1, cluster, cost, balanced=balanced)
                 if cache is not None:
                     cache[key] = hit
             out.append(hit)
@@ -203,7 +205,8 @@ def _stage_key(stage: "Stage", first: bool, last: bool, cluster: "Cluster") -> t
     kinds = tuple(sorted({cluster.kind(d) for d in stage.devices}))
     link = _ring_link(cluster, list(stage.devices))
     nodes = tuple(sorted({len(cluster.nodes[cluster.node_index(d)].ranks) for d in stage.devices}))
-    return kinds, stage.tp_degree, link.cls, link.bandwidth, stage.num_layers, first, last, stage.recompute, nodes
+    return (kinds, stage.tp_degree, stage.cp, link.cls, link.bandwidth, stage.num_layers, first, last,
+            stage.recompute, nodes)
 
 
 def split_layers(num_layers: int, stage_time: Sequence[float], fixed: Sequence[float]) -> list[int]:

@@ -60,7 +60,8 @@ def simulate_shapes(model: "ModelSpec | str", strategy: "Strategy", cluster: "Cl
     costs, devices, lines = {}, {}, {}
     for i, p in enumerate(strategy.pipelines):
         for j, st in enumerate(p.stages):
-            sc = _stage_cost(model, st, j == 0, j == p.num_stages - 1, cluster, 1, ref, cost)
+            sc = _stage_cost(model, st, j == 0, j == p.num_stages - 1, cluster, 1, ref, cost,
+                             balanced=p.cp_balance > 1)
             mem = [pipes[i].stages[j].memory(*shape) for shape in shapes[i]] or [(0.0, 0.0)]
             costs[(i, j)] = dataclasses.replace(sc, act_per_mb=max(a for a, _ in mem),
                                                 transient=max(t for _, t in mem))

@@ -273,7 +273,7 @@ def simulate(model: "ModelSpec | str", strategy: "Strategy | str | dict", cluste
     rounds: list[SimResult] = []
     for _ in range(_SHARING_ROUNDS):
         costs = {(i, j): _stage_cost(model, st, j == 0, j == p.num_stages - 1, cluster, p.micro_batch_size, seq_len,
-                                     cost, None if stretch is None else 1.0)
+                                     cost, None if stretch is None else 1.0, balanced=p.cp_balance > 1)
                  for i, p in enumerate(strategy.pipelines) for j, st in enumerate(p.stages)}
         run = functools.partial(_run_pipelines, model, strategy, cluster, seq_len, cost, costs, devices,
                                 stretch=stretch)
