@@ -170,3 +170,32 @@ def test_switch_estimate_by_hand() -> None:
                            _strategy([[0]], [(0, L - 2)])) == 0.0
     moved = _strategy([[2, 3]], [(0, L - 1)])
     assert switch_estimate(MODEL, cl, tp2, moved) == close(CostModel().p2p_time(whole / 2 * 2, link))
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_cp_stage_is_lines_plus_the_rings_exposed_part(recompute: bool) -> None:
+    """A CP2 stage's cost is affine in the shape's features plus ``max(0, gap)`` of the ring (its transfers less the
+    attention compute they overlap, forward and backward; the backward pays the forward's again when it
+    recomputes): the fitted lines with the maxima reproduce the simulator's stage cost at shapes where the gap
+    is positive (short sequences on a slow link) and negative (long ones), scalar and vectorised; no single line
+    (``time_line`` is ``None``)."""
+    from hspmd_sdk.planner.cost import LinkOverride
+    from hspmd_sdk.planner.simulator import _stage_cost
+
+    cost = CostModel(link_overrides={"intra": LinkOverride(latency=1e-4, bandwidth=2e10)})
+    st = Strategy.load({"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 1, "stages": [
+        {"devices": [8, 9], "layers": [0, 3], "cp": 2, "recompute": recompute}]}]}).pipelines[0].stages[0]
+    sc = StageCost(MODEL, st, True, True, CLUSTER, cost, balanced=True)
+    assert sc.exact and sc.time_line() is None
+    gaps = []
+    for rows, length in [(1, 256), (2, 1000), (1, 2048), (3, 3000), (1, 8192), (1, 32768)]:
+        d = _stage_cost(MODEL, st, True, True, CLUSTER, rows, length, cost, balanced=True)
+        gaps.append(d.ring_gap_fwd)
+        assert sc.times(rows, length) == (close(d.fwd, rel=1e-9), close(d.bwd, rel=1e-9))
+        assert sc.memory(rows, length) == (close(d.act_per_mb, rel=1e-9), close(d.transient, rel=1e-9, abs=1e-6))
+        vec = sc.time_vec(np.array([rows * length], dtype=float), np.array([rows * length * length], dtype=float))
+        assert vec[0] == close(d.fwd + d.bwd, rel=1e-9)
+    assert min(gaps) < 0 < max(gaps)
+    one = PipelineCost([sc], [], MODEL.hidden_size, cost)  # the vectorised totals take the same figures
+    total, top, fill = one.totals([1, 2, 1], [256, 1000, 32768])
+    assert total == close(sum(sc.time(r, s) for r, s in [(1, 256), (2, 1000), (1, 32768)]), rel=1e-9)

@@ -90,11 +90,15 @@ def test_multi_kind_plan_uses_each_device_once_with_tp_groups_in_nodes(plan: Mix
     assert MixedPlan.model_validate_json(plan.to_json()) == plan
 
 
-def test_windows_are_widened_to_what_memory_holds(plan: MixedPlan, lengths: list[int]) -> None:
+def test_windows_are_widened_to_what_memory_holds(plain: MixedPlan, lengths: list[int]) -> None:
     """``widen=False`` keeps the DP's windows (the longest sequence each pipeline was planned for, the largest
     being the entry's ``max_seq_len``); by default each is raised to the largest boundary its memory holds: at
     least as large, within the memory check, and no larger boundary passes it."""
-    narrow = plan_mixed(MODEL, PAPER, list(lengths), tokens_per_batch=TOKENS, context_len=CONTEXT, widen=False)
+    # without CP methods: with them, an entry takes CP only where its estimate (at the final windows) wins, so the
+    # two plans could choose differently
+    plan = plain
+    narrow = plan_mixed(MODEL, PAPER, list(lengths), tokens_per_batch=TOKENS, context_len=CONTEXT, widen=False,
+                        max_cp=1)
     assert [e.max_seq_len for e in narrow.entries] == [e.max_seq_len for e in plan.entries]
     bounds = sorted(set(_boundaries(CONTEXT)))
     costs = _Methods(MODEL, PAPER, CostModel(), schedule="1f1b", zero1=True)
@@ -108,6 +112,26 @@ def test_windows_are_widened_to_what_memory_holds(plan: MixedPlan, lengths: list
             assert all(costs.plan(method, b) is None for b in bounds if b > w)  # and no larger boundary
         widened += sum(e.windows) > sum(n.windows)
     assert widened  # on this cluster memory holds more than the planned lengths for some pipelines
+
+
+@pytest.fixture(scope="module")
+def plain(lengths: list[int]) -> MixedPlan:
+    """The plan without context parallelism."""
+    return plan_mixed(MODEL, PAPER, lengths, tokens_per_batch=TOKENS, context_len=CONTEXT, max_cp=1)
+
+
+def test_long_intervals_get_cp_candidates_where_they_win(plan: MixedPlan, plain: MixedPlan) -> None:
+    """On the paper's cluster (llama-32B, 32K context) some entries for long sequences take a context-parallel
+    pipeline (an H800 stage of TP4 x CP2: half the sequence per rank, keys and values on a ring), and every
+    entry is at least as good as the one planned without CP (CP is taken only where its estimate wins)."""
+    assert [e.max_seq_len for e in plan.entries] == [e.max_seq_len for e in plain.entries]
+    with_cp = [e for e in plan.entries if any("CP" in m for m in e.methods)]
+    assert with_cp and all(e.max_seq_len > 8192 for e in with_cp), [(e.max_seq_len, e.methods) for e in plan.entries]
+    for e, p in zip(plan.entries, plain.entries):
+        assert e.estimate <= p.estimate * (1 + 1e-9), (e.max_seq_len, e.methods, e.estimate, p.methods, p.estimate)
+    assert any(e.estimate < p.estimate * 0.99 for e, p in zip(plan.entries, plain.entries))
+    stage = next(st for e in with_cp for pipe in e.strategy.pipelines for st in pipe.stages if st.cp > 1)
+    assert stage.cp == 2 and stage.tp_degree == 4
 
 
 def test_planning_is_deterministic(plan: MixedPlan, lengths: list[int]) -> None:

@@ -292,6 +292,11 @@ class LayerCost(BaseModel):
     act_bytes: float = 0.0
     transient_bytes: float = 0.0
     params: float = 0.0
+    #: context parallelism: the ring's transfer seconds less the attention compute they overlap, before the
+    #: ``max(0, .)`` that ``fwd_comm`` / ``bwd_comm`` pay (negative: hidden), so that a caller can keep the cost
+    #: as an affine part plus ``max(0, gap)`` (:class:`~hspmd_sdk.planner.mixed_cost.StageCost`)
+    ring_gap_fwd: float = 0.0
+    ring_gap_bwd: float = 0.0
 
     @property
     def fwd(self) -> float:
@@ -354,6 +359,8 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
     prof = cost.profiles.get(spec.kind)
     if prof is not None:  # profiled whole-layer lines (attention's FLOPs at their own rate where fitted)
         fwd, bwd = _layer_line(prof.layer_fwd, lin, att), _layer_line(prof.layer_bwd, lin, att)
+        att_f = fwd - _layer_line(prof.layer_fwd, lin, 0.0) if lin > 0 else fwd  # the attention's seconds
+        att_b = bwd - _layer_line(prof.layer_bwd, lin, 0.0) if lin > 0 else bwd
         if tp > 1 and not cost.sequence_parallel:  # norms and residuals stay whole on every device of the group
             x, share = tokens * model.hidden_size, 1.0 - 1.0 / tp
             fwd += share * _line(prof.layer_replicated_fwd, x)
@@ -361,9 +368,12 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
     else:
         fwd = cost.compute_time(flops, spec)
         bwd = cost.backward_factor * fwd
+        att_f = fwd - cost.compute_time(lin, spec)
+        att_b = cost.backward_factor * att_f
     ar = cost.collective_time("all_reduce", tokens * model.hidden_size * BF16, tp, tp_link)
     full_act = _layer_activation_bytes(model, tokens, tp, cost.sequence_parallel)
-    ring_f, ring_b = _cp_ring_exposed(model, micro_batch, seq_len, tp, cp, cp_link, cost, fwd, bwd, flops, att)
+    gap_f, gap_b = _cp_ring_gap(model, micro_batch, seq_len, tp, cp, cp_link, cost, att_f, att_b)
+    ring_f, ring_b = max(0.0, gap_f), max(0.0, gap_b)
     bwd += fwd if recompute else 0.0
     ring_b += ring_f if recompute else 0.0
     skew = cost.collective_skew(tp, tp_link)  # every stretch of compute ends at one of the blocking all-reduces
@@ -373,22 +383,21 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
         act_bytes=tokens * model.hidden_size * BF16 / (tp if cost.sequence_parallel else 1) if recompute
         else full_act,
         transient_bytes=full_act if recompute else 0.0,
-        params=model.layer_param_count() / tp)
+        params=model.layer_param_count() / tp, ring_gap_fwd=gap_f, ring_gap_bwd=gap_b)
 
 
-def _cp_ring_exposed(model: "ModelSpec", micro_batch: int, seq_len: int, tp: int, cp: int, link: "Link | None",
-                     cost: CostModel, fwd: float, bwd: float, flops: float, att: float) -> tuple[float, float]:
-    """Seconds of the CP ring a layer's forward and backward pay: each hop's transfer (one batched send/receive,
-    priced point-to-point) overlaps the attention compute of a block, so only ``max(0, transfers - attention
-    compute)`` is exposed (the attention compute taken as its FLOP share of the layer's seconds)."""
+def _cp_ring_gap(model: "ModelSpec", micro_batch: int, seq_len: int, tp: int, cp: int, link: "Link | None",
+                 cost: CostModel, att_f: float, att_b: float) -> tuple[float, float]:
+    """The CP ring's transfer seconds less the attention compute they overlap, forward and backward: each hop's
+    transfer (one batched send/receive, priced point-to-point) overlaps the attention compute of a block, so a layer
+    pays ``max(0, gap)`` (``att_f`` / ``att_b``: the attention's seconds, the layer's less its matmuls')."""
     if cp <= 1 or link is None:
         return 0.0, 0.0
     fb, bb = cp_ring_bytes(model, micro_batch, seq_len, tp, cp)
-    share = att / flops if flops > 0 else 0.0
     hop_f, hop_b = fb / (cp - 1), bb / (2 * cp - 1)
     ring_f = (cp - 1) * cost.p2p_time(hop_f, link)
     ring_b = (2 * cp - 1) * cost.p2p_time(hop_b, link)
-    return max(0.0, ring_f - share * fwd), max(0.0, ring_b - share * bwd)
+    return ring_f - att_f, ring_b - att_b
 
 
 def _line(fit: ComputeFit, x: float) -> float:

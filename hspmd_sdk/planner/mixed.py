@@ -127,19 +127,27 @@ def packed_rows(lengths: Sequence[int], window: int) -> list[list[int]]:
 # ---- plans ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Method:
-    """A pipeline homogeneous in device ``kind``: ``tp`` devices a stage, ``pp`` stages, optional recomputation."""
+    """A pipeline homogeneous in device ``kind``: ``tp * cp`` devices a stage (``cp`` context-parallel groups of
+    ``tp`` TP ranks, SPEC §11), ``pp`` stages, optional recomputation."""
 
     kind: str
     tp: int
     pp: int
     recompute: bool = False
+    cp: int = 1
+
+    @property
+    def width(self) -> int:
+        """Devices of one stage."""
+        return self.tp * self.cp
 
     @property
     def devices(self) -> int:
-        return self.tp * self.pp
+        return self.width * self.pp
 
     def __str__(self) -> str:
-        return f"{self.kind} TP{self.tp}PP{self.pp}{'+AC' if self.recompute else ''}"
+        cp = f"CP{self.cp}" if self.cp > 1 else ""
+        return f"{self.kind} TP{self.tp}{cp}PP{self.pp}{'+AC' if self.recompute else ''}"
 
 
 class MixedEntry(BaseModel):
@@ -225,9 +233,10 @@ class _Methods:
     def pipeline(self, m: Method, layers: Sequence[int]) -> Pipeline:
         ranks = self.kind_ranks[m.kind][:m.devices]
         stages, first = [], 0
+        w = m.width
         for s, n in enumerate(layers):
-            stages.append({"devices": ranks[s * m.tp:(s + 1) * m.tp], "layers": [first, first + n - 1],
-                           "recompute": m.recompute})
+            stages.append({"devices": ranks[s * w:(s + 1) * w], "layers": [first, first + n - 1],
+                           "recompute": m.recompute, **({"cp": m.cp} if m.cp > 1 else {})})
             first += n
         return Pipeline.model_validate({"stages": stages, "micro_batch_size": 1, "num_micro_batches": 1})
 
@@ -279,15 +288,17 @@ class _Methods:
         return None
 
 
-def _default_methods(model: "ModelSpec", cluster: "Cluster", max_tp: int | None) -> list[Method]:
+def _default_methods(model: "ModelSpec", cluster: "Cluster", max_tp: int | None,
+                     max_cp: int | None = None) -> list[Method]:
     from .hetero import tp_degrees
 
     out = []
     for kind, count in cluster.kinds().items():
         sizes = [len(n.ranks) for n in cluster.nodes if n.kind == kind]
         tps = [t for t in tp_degrees(model, min(max_tp or min(sizes), min(sizes))) if all(s % t == 0 for s in sizes)]
-        out += [Method(kind, t, p, rc) for t in tps for p in (1, 2, 4, 8) for rc in (False, True)
-                if p <= model.num_layers and t * p <= count]
+        cps = [c for c in (1, 2, 4, 8) if c <= (max_cp or 8)]
+        out += [Method(kind, t, p, rc, c) for t in tps for c in cps for p in (1, 2, 4, 8) for rc in (False, True)
+                if p <= model.num_layers and t * c * p <= count and all(s % (t * c) == 0 for s in sizes)]
     return out
 
 
@@ -368,13 +379,13 @@ def _fronts(methods: _Methods, todo: Sequence[Method], segs: _Segments, lo: int,
     fronts: dict[str, dict[int, tuple[float, Method, int]]] = {}
     fits_plain: set[tuple[str, int, int]] = set()
     for m in sorted(todo, key=lambda m: m.recompute):
-        if m.recompute and (m.kind, m.tp, m.pp) in fits_plain:
+        if m.recompute and (m.kind, m.tp, m.cp, m.pp) in fits_plain:
             continue  # the same method without recomputation fits: it dominates
         found = segs.totals(methods, m, lo, hi)
         if found is None:
             continue
         if not m.recompute:
-            fits_plain.add((m.kind, m.tp, m.pp))
+            fits_plain.add((m.kind, m.tp, m.cp, m.pp))
         total, largest, fill, n_mbs = found
         best = fronts.setdefault(m.kind, {})
         for c in range(1, len(methods.kind_ranks[m.kind]) // m.devices + 1):
@@ -497,20 +508,21 @@ def _place(methods: _Methods, chosen: Sequence[tuple[Method, int, int]], *, sche
     window (longest first), then first rank."""
     cl = methods.cluster
     free = {i: list(n.ranks) for i, n in enumerate(cl.nodes)}
-    order = sorted(((m, w) for m, cnt, w in chosen for _ in range(cnt)), key=lambda mw: (-mw[0].tp, -mw[1]))
+    order = sorted(((m, w) for m, cnt, w in chosen for _ in range(cnt)), key=lambda mw: (-mw[0].width, -mw[1]))
     placed = []
     for m, w in order:
         found = methods.plan(m, w)
         assert found is not None
         layers, stages, first, node = found[1], [], 0, None
         for n_layers in layers:
-            nodes = [i for i, nd in enumerate(cl.nodes) if nd.kind == m.kind and len(free[i]) >= m.tp]
+            nodes = [i for i, nd in enumerate(cl.nodes) if nd.kind == m.kind and len(free[i]) >= m.width]
             if not nodes:
                 raise PlanValidationError([("cluster", f"cannot place {m} in the nodes of kind {m.kind}")],
                                           what="mixed plan")
             node = node if node in nodes else nodes[0]
-            devs, free[node] = free[node][:m.tp], free[node][m.tp:]
-            stages.append({"devices": devs, "layers": [first, first + n_layers - 1], "recompute": m.recompute})
+            devs, free[node] = free[node][:m.width], free[node][m.width:]
+            stages.append({"devices": devs, "layers": [first, first + n_layers - 1], "recompute": m.recompute,
+                           **({"cp": m.cp} if m.cp > 1 else {})})
             first += n_layers
         placed.append((w, stages, str(m)))
     placed.sort(key=lambda p: (-p[0], p[1][0]["devices"][0]))
@@ -547,16 +559,19 @@ def _default_caps(lengths: Sequence[int], bounds: Sequence[int], tokens_per_batc
 def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[int], *, tokens_per_batch: int,
                context_len: int | None = None, cost: CostModel | None = None, boundaries: Sequence[int] | None = None,
                max_seq_lens: Sequence[int] | None = None, methods: Sequence[Method] | None = None,
-               schedule: str = "1f1b", zero1: bool = True, max_tp: int | None = None, widen: bool = True,
-               packing: bool = False) -> MixedPlan:
+               schedule: str = "1f1b", zero1: bool = True, max_tp: int | None = None, max_cp: int | None = None,
+               widen: bool = True, packing: bool = False) -> MixedPlan:
     """Plan candidate strategies for mixed-length data (the paper's scenario (c)) from a sample of ``lengths``, on a
     cluster of one or several device kinds.
 
     ``context_len`` (default: the longest length) caps the lengths.  ``boundaries``: candidate interval ends
     (default 1K, 1.5K, 2K, 3K, ... up to the context); ``max_seq_lens``: the maximum lengths to prepare a strategy
     for (default: the boundaries a step's longest sequence reaches with probability >= 2%, and the context);
-    ``methods``: the candidate :class:`Method` s (default: per kind, TP 1..node size dividing the nodes, PP 1, 2, 4,
-    8, with and without recomputation; ``max_tp`` caps TP).  Each strategy is planned on the sample restricted to
+    ``methods``: the candidate :class:`Method` s (default: per kind, TP 1..node size dividing the nodes, context
+    parallelism CP 1, 2, 4, 8 with a stage's ``tp * cp`` devices dividing the nodes, PP 1, 2, 4, 8, with and without
+    recomputation; ``max_tp`` and ``max_cp`` cap TP and CP).  A CP pipeline splits each sequence over its CP
+    groups (less activation memory and attention per rank, a ring of keys and values): where it wins, long-length
+    intervals get one.  Each strategy is planned on the sample restricted to
     its maximum length, its longest interval counted at least once a step.  Memory is checked with ZeRO-1 over two
     replicas; each strategy is then simulated at full windows and dropped if out of memory.
 
@@ -586,7 +601,7 @@ def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[i
         _default_caps(lengths, bounds, tokens_per_batch)
     bounds = sorted(set(bounds) | set(caps))
     costs = _Methods(model, cluster, cost, schedule=schedule, zero1=zero1)
-    todo = list(methods or _default_methods(model, cluster, max_tp))
+    todo = list(methods or _default_methods(model, cluster, max_tp, max_cp))
     entries: list[MixedEntry] = []
     below = 0
     for cap in caps:
@@ -598,27 +613,45 @@ def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[i
         weight = max(1, min(64, math.ceil(1.0 / per_step))) if per_step < 1 else 1
         skewed = sub + top * (weight - 1)  # a step for this strategy holds at least one sequence above `below`
         below = cap
-        found = _best_interval_plan(costs, todo, skewed, [b for b in bounds if b <= cap],
-                                    tokens_per_batch / sum(skewed), packing)
-        if found is None:
-            continue
-        est, chosen = found
-        # packed rows may outgrow the context (attention stays per sequence): up to the tokens of a step
-        reach = bounds + [context * k for k in (2, 4, 8) if packing and context * k <= tokens_per_batch]
-        wide = [(m, cnt, _widest(costs, m, w, reach)) for m, cnt, w in chosen] if widen else chosen
-        for pick in ([wide, chosen] if wide != chosen else [chosen]):  # the widened windows, else the DP's
-            strategy, windows, names = _place(costs, pick, schedule=schedule, zero1=zero1,
-                                              name=f"mixed: max_seq_len <= {cap}")
-            r = simulate_shapes(model, strategy, cluster, [[(1, w)] * p.num_stages for w, p in
-                                                           zip(windows, strategy.pipelines)], cost=cost)
-            if not r.oom:
-                entries.append(MixedEntry(max_seq_len=cap, windows=windows, methods=names, strategy=strategy,
-                                          estimate=est + _overhead(r)))
-                break
+        # with and without context parallelism (the DP's overhead levels are estimates: CP only where its
+        # entry's estimate wins)
+        plain = [m for m in todo if m.cp == 1]
+        found: list[MixedEntry] = []
+        for allowed in ([todo, plain] if plain and len(plain) < len(todo) else [todo]):
+            entry = _entry(costs, allowed, skewed, bounds, cap, context, tokens_per_batch, packing, widen,
+                           model, cluster, cost, schedule, zero1)
+            if entry is not None:
+                found.append(entry)
+        if found:
+            entries.append(min(found, key=lambda e: e.estimate))
     if not entries or entries[-1].max_seq_len < context:
         raise PlanValidationError([("lengths", f"no strategy for {model.name} on {cluster.num_ranks} devices takes "
                                                f"sequences of {context} tokens")], what="mixed plan")
     return MixedPlan(context_len=context, tokens_per_batch=tokens_per_batch, entries=entries)
+
+
+def _entry(costs: _Methods, todo: Sequence[Method], skewed: Sequence[int], bounds: Sequence[int], cap: int,
+           context: int, tokens_per_batch: int, packing: bool, widen: bool, model: "ModelSpec", cluster: "Cluster",
+           cost: CostModel, schedule: str, zero1: bool) -> MixedEntry | None:
+    """The candidate for steps whose longest sequence is at most ``cap`` from the methods ``todo`` (the DP, the
+    widened windows, placement and a simulation at full windows), or ``None``."""
+    found = _best_interval_plan(costs, todo, skewed, [b for b in bounds if b <= cap],
+                                tokens_per_batch / sum(skewed), packing)
+    if found is None:
+        return None
+    est, chosen = found
+    # packed rows may outgrow the context (attention stays per sequence): up to the tokens of a step
+    reach = list(bounds) + [context * k for k in (2, 4, 8) if packing and context * k <= tokens_per_batch]
+    wide = [(m, cnt, _widest(costs, m, w, reach)) for m, cnt, w in chosen] if widen else chosen
+    for pick in ([wide, chosen] if wide != chosen else [chosen]):  # the widened windows, else the DP's
+        strategy, windows, names = _place(costs, pick, schedule=schedule, zero1=zero1,
+                                          name=f"mixed: max_seq_len <= {cap}")
+        r = simulate_shapes(model, strategy, cluster, [[(1, w)] * p.num_stages for w, p in
+                                                       zip(windows, strategy.pipelines)], cost=cost)
+        if not r.oom:
+            return MixedEntry(max_seq_len=cap, windows=windows, methods=names, strategy=strategy,
+                              estimate=est + _overhead(r))
+    return None
 
 
 # ---- online: dispatch ---------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Sequence
 from .cost import BF16, CostModel, static_memory
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
     from ..core.cluster import Cluster
     from ..core.model_spec import ModelSpec
     from ..core.strategy import Stage, Strategy
@@ -52,11 +54,13 @@ class StageCost:
                  cost: CostModel, *, balanced: bool = False) -> None:
         self._args = (model, stage, first, last, cluster)
         self._balanced = balanced  # a CP stage of a pipeline laid out in the balanced order
+        self._recompute = bool(stage.recompute)
         self._cost = cost
-        self._cache: dict[tuple[int, int], tuple[float, float, float, float]] = {}
+        self._cache: dict[tuple[int, int], tuple[float, ...]] = {}
         pts = [self._direct(r, s) for r, s in _FIT]
         self.params = float(sum(p for _, p in self._eval(1, _FIT[0][1]).units))
-        self._coef = [_solve([_features(*x) for x in _FIT], [p[q] for p in pts]) for q in range(4)]
+        self._coef = [_solve([_features(*x) for x in _FIT], [p[q] for p in pts]) for q in range(6)]
+        self._gaps = any(abs(c) > 0 for q in (4, 5) for c in self._coef[q])  # a CP ring: not one line
         self.exact = all(_close(self._line(r, s), self._direct(r, s)) for r, s in _CHECK)
 
     def _eval(self, rows: int, length: int):  # the simulator's stage cost: the one source of these figures
@@ -65,21 +69,31 @@ class StageCost:
         model, stage, first, last, cluster = self._args
         return _stage_cost(model, stage, first, last, cluster, rows, length, self._cost, balanced=self._balanced)
 
-    def _direct(self, rows: int, length: int) -> tuple[float, float, float, float]:
+    def _direct(self, rows: int, length: int) -> tuple[float, ...]:
+        """The six quantities the lines model: forward and backward seconds without the CP ring's exposed part,
+        kept and transient bytes, the ring's forward and backward gaps (``LayerCost.ring_gap_*``: a stage pays
+        ``max(0, gap)``, so its cost is affine in the shape's features plus those maxima)."""
         hit = self._cache.get((rows, length))
         if hit is None:
             sc = self._eval(rows, length)
-            hit = self._cache[(rows, length)] = (sc.fwd, sc.bwd, sc.act_per_mb, sc.transient)
+            ef, eb = max(0.0, sc.ring_gap_fwd), max(0.0, sc.ring_gap_bwd)
+            hit = self._cache[(rows, length)] = (
+                sc.fwd - ef, sc.bwd - eb - (ef if sc.recompute else 0.0), sc.act_per_mb, sc.transient,
+                sc.ring_gap_fwd, sc.ring_gap_bwd)
         return hit
 
-    def _line(self, rows: int, length: int, sq: float | None = None) -> tuple[float, float, float, float]:
+    def _line(self, rows: int, length: int, sq: float | None = None) -> tuple[float, ...]:
         x1 = float(rows * length)
         x2 = float(rows) * length * length if sq is None else float(sq)
-        return tuple(c0 + c1 * x1 + c2 * x2 for c0, c1, c2 in self._coef)  # type: ignore[return-value]
+        return tuple(c0 + c1 * x1 + c2 * x2 for c0, c1, c2 in self._coef)
+
+    def _combine(self, q: Sequence[float]) -> tuple[float, float, float, float]:
+        ef, eb = max(0.0, q[4]), max(0.0, q[5])
+        return q[0] + ef, q[1] + eb + (ef if self._recompute else 0.0), q[2], q[3]
 
     def _all(self, rows: int, length: int, sq: float | None = None) -> tuple[float, float, float, float]:
         # not exact: the padded shape's own cost (an upper bound for a packed row: attention over the whole row)
-        return self._line(rows, length, sq) if self.exact else self._direct(rows, length)
+        return self._combine(self._line(rows, length, sq) if self.exact else self._direct(rows, length))
 
     def times(self, rows: int, length: int, sq: float | None = None) -> tuple[float, float]:
         """(forward, backward) seconds of one micro-batch of ``rows`` x ``length`` tokens; ``sq``: its attention
@@ -93,11 +107,25 @@ class StageCost:
         return f + b
 
     def time_line(self) -> tuple[float, float, float] | None:
-        """Forward + backward seconds as ``c0 + c1 * tokens + c2 * rows * length**2``, or ``None`` (not exact)."""
-        if not self.exact:
+        """Forward + backward seconds as ``c0 + c1 * tokens + c2 * rows * length**2``, or ``None`` (not exact, or a
+        CP stage whose ring makes it a line plus maxima: :meth:`time_vec`)."""
+        if not self.exact or self._gaps:
             return None
         (f0, f1, f2), (b0, b1, b2) = self._coef[0], self._coef[1]
         return f0 + b0, f1 + b1, f2 + b2
+
+    def time_vec(self, tokens: "np.ndarray", attention: "np.ndarray") -> "np.ndarray | None":
+        """Forward + backward seconds of micro-batches of ``tokens`` (``rows * length``) and ``attention``
+        (``rows * length**2``, or a packed row's sum of squared lengths) terms, vectorised; ``None`` when the
+        lines are not exact."""
+        import numpy as np
+
+        if not self.exact:
+            return None
+        c = np.asarray(self._coef)
+        v = c[:, :1] + c[:, 1:2] * tokens + c[:, 2:3] * attention
+        ef, eb = np.maximum(v[4], 0.0), np.maximum(v[5], 0.0)
+        return v[0] + v[1] + ef + eb + (ef if self._recompute else 0.0)
 
     def memory(self, rows: int, length: int, sq: float | None = None) -> tuple[float, float]:
         """(activation bytes kept per in-flight micro-batch, transient bytes) of one micro-batch."""
@@ -167,9 +195,13 @@ class PipelineCost:
         if self._lines is None:
             lines = [st.time_line() for st in self.stages]
             self._lines = np.array(lines) if all(line is not None for line in lines) else False
+        vec = None if self._lines is not False else [getattr(st, "time_vec", lambda *_: None)(r * s, q)
+                                                      for st in self.stages]
         if self._lines is not False:
             c = self._lines  # (stages, 3)
             ts = c[:, :1] + c[:, 1:2] * (r * s) + c[:, 2:3] * q
+        elif vec is not None and all(v is not None for v in vec):  # CP stages: lines plus the ring's maxima
+            ts = np.stack(vec)
         else:
             ts = np.array([[st.time(int(a), int(b), None if sq is None else float(x))
                             for a, b, x in zip(rows, lengths, q)] for st in self.stages])

@@ -127,6 +127,11 @@ class _StageCost:
     units: tuple[tuple[Hashable, float], ...]  # (model unit, params per device)
     fwd_comm: float = 0.0  # the in-stage (TP) collectives' part of fwd / bwd
     bwd_comm: float = 0.0
+    # context parallelism: the layers' ring gaps (LayerCost.ring_gap_*): fwd pays max(0, ring_gap_fwd), bwd
+    # max(0, ring_gap_bwd) and, when it recomputes, max(0, ring_gap_fwd) again
+    ring_gap_fwd: float = 0.0
+    ring_gap_bwd: float = 0.0
+    recompute: bool = False
 
 
 def _ring_link(cluster: "Cluster", devices: list[int]) -> "Link":
@@ -179,7 +184,9 @@ def _stage_cost(model: "ModelSpec", stage: "Stage", first: bool, last: bool, clu
                         act_per_mb=sum(c.act_bytes for _, c in parts),
                         transient=max(c.transient_bytes for _, c in parts),
                         units=tuple((u, c.params) for u, c in parts if c.params > 0),
-                        fwd_comm=sum(c.fwd_comm for _, c in parts), bwd_comm=sum(c.bwd_comm for _, c in parts))
+                        fwd_comm=sum(c.fwd_comm for _, c in parts), bwd_comm=sum(c.bwd_comm for _, c in parts),
+                        ring_gap_fwd=sum(c.ring_gap_fwd for _, c in parts),
+                        ring_gap_bwd=sum(c.ring_gap_bwd for _, c in parts), recompute=stage.recompute)
         if best is None or sc.fwd + sc.bwd > best.fwd + best.bwd:
             best = sc
     assert best is not None
