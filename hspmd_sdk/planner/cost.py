@@ -16,9 +16,10 @@ Every estimate is built from a few operators, each costed on one hardware resour
   the replicas holding the same layer), activations of the micro-batches in flight;
 * context parallelism (a stage's ``cp``, SPEC §11): every rank of a CP group holds ``S / cp`` tokens of each
   sequence, so its linear layers, norms, embedding and LM head work on those tokens and keep their activations;
-  its attention computes its query chunk against every key block its mask does not hide wholly (the busiest rank
-  sets the pace: the last chunk's rank with the contiguous layout, every rank alike with the balanced one:
-  :func:`cp_attention_share`); keys and values ring around the group (:func:`cp_ring_bytes`), overlapped with
+  its attention computes its query chunk against every key block its mask does not hide wholly, a chunk against
+  itself causally (the busiest rank sets the pace: the last chunk's rank with the contiguous layout, every rank
+  alike with the balanced one: :func:`cp_attention_share`); keys and values ring around the group
+  (:func:`cp_ring_bytes`), overlapped with
   the attention compute, only the part of the transfers the compute does not cover is paid.
 
 Backward costs ``backward_factor`` (2) forwards; activation recompute adds one more forward to the backward.
@@ -308,16 +309,18 @@ class LayerCost(BaseModel):
 
 
 def cp_attention_share(cp: int, balanced: bool = False) -> float:
-    """The busiest CP rank's share of a layer's attention FLOPs (counted in full, as :meth:`ModelSpec.layer_flops`
-    counts them, and as the CP kernel computes each visible block: whole, masked).  The sequence is cut into
-    ``cp`` chunks (``2 cp`` balanced) and a rank computes its query chunks against every key chunk not after them:
-    contiguous, the last rank sees all ``cp`` chunks of ``cp * cp`` blocks, ``1 / cp``; balanced (chunks ``i`` and
-    ``2cp - 1 - i``), every rank ``(i + 1) + (2cp - i) = 2cp + 1`` of ``(2cp)**2`` blocks."""
+    """The busiest CP rank's share of a layer's causal attention work, relative to the whole sequence's (what
+    :meth:`ModelSpec.layer_flops` counts and a profile's attention rate prices: a causal kernel computes the
+    visible half of the score matrix).  The CP kernel computes each key block a rank's queries see: blocks wholly
+    visible in full, a chunk against itself causally (half), as the fused kernels do.  The sequence is cut into
+    ``cp`` chunks (``2 cp`` balanced): contiguous, the last rank computes ``cp - 1`` whole blocks and one half of
+    the ``cp**2 / 2`` visible, ``(2cp - 1) / cp**2``; balanced (chunks ``i`` and ``2cp - 1 - i``), every rank the
+    same ``2cp`` of ``(2cp)**2 / 2``: ``1 / cp``."""
     if cp < 1:
         raise ValueError(f"cp must be >= 1, not {cp}")
     if cp == 1:
         return 1.0
-    return (2 * cp + 1) / (4 * cp * cp) if balanced else 1.0 / cp
+    return 1.0 / cp if balanced else (2 * cp - 1) / (cp * cp)
 
 
 def cp_ring_bytes(model: "ModelSpec", micro_batch: int, seq_len: int, tp: int, cp: int) -> tuple[float, float]:

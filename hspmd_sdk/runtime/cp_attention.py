@@ -18,7 +18,10 @@ Attention (:func:`cp_attention`).  Each rank keeps its own queries; keys and val
   again and returns the key/value gradients to their owners by one ``reduce_scatter_tensor``.
 
 Every rank computes its queries against each block it holds, block by block, and merges the partial results by
-their log-sum-exp (online softmax); blocks that the mask hides wholly are skipped.  The mask is built from global
+their log-sum-exp (online softmax); blocks that the mask hides wholly are skipped.  On a CPU, blocks wholly
+visible and a chunk against itself (causal, no documents) run torch's fused attention kernel, which returns the
+log-sum-exp too (``_scaled_dot_product_flash_attention_for_cpu`` and its backward: no ``L x L`` scores, the
+hidden half of a causal block skipped); other blocks, and other devices, take the matmul path below.  The mask is built from global
 token indices: causal (``key <= query``) and, for a packed row (``documents=``: the lengths of the documents
 packed back to back), same-document.  Backward (a ``torch.autograd.Function``) recomputes each block's
 probabilities from the saved log-sum-exp (flash-attention's backward), so it is exact and keeps no ``S x S``
@@ -198,16 +201,28 @@ class _Mask:
         return True, (None if bool(mask.all()) else mask)
 
 
+#: CPU's fused attention kernel that also returns the log-sum-exp (and its backward): blocks wholly visible, or
+#: causal on their diagonal, run it (no ``L x L`` score matrix, about twice as fast as the matmuls); other masks
+#: (documents) take the matmul path
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_CPU_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+Mask = "torch.Tensor | str | None"  # a block's mask: a boolean tensor, "causal" (its diagonal) or None (all seen)
+
+
 def _pairs(layout: CPLayout, rank: int, owner: int, mask: _Mask,
-           device: Any) -> list[tuple[slice, slice, torch.Tensor | None]]:
+           device: Any) -> list[tuple[slice, slice, Any]]:
     """The visible (query rows, key rows, mask) pairs of ``rank``'s queries against ``owner``'s keys, in local
-    coordinates of each."""
+    coordinates of each; the mask is ``None`` (every key seen), ``"causal"`` (the same tokens on both sides,
+    causal, no documents) or a boolean tensor."""
     out = []
     qoff = 0
     for qseg in layout.segments(rank):
         koff = 0
         for kseg in layout.segments(owner):
-            seen, m = mask.block(qseg, kseg, device)
+            if qseg == kseg and mask.causal and mask.documents is None and qseg[1] > qseg[0]:
+                seen, m = True, "causal"
+            else:
+                seen, m = mask.block(qseg, kseg, device)
             if seen:
                 out.append((slice(qoff, qoff + qseg[1] - qseg[0]), slice(koff, koff + kseg[1] - kseg[0]), m))
             koff += kseg[1] - kseg[0]
@@ -221,13 +236,22 @@ def _safe(lse: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+def _fused(q: torch.Tensor, mask: Any) -> bool:
+    return _FLASH_CPU is not None and q.device.type == "cpu" and (mask is None or isinstance(mask, str))
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, mask: Any, scale: float) -> torch.Tensor:
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if isinstance(mask, str):  # causal on the block's diagonal
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
     return s if mask is None else s.masked_fill(~mask, float("-inf"))
 
 
-def _block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+def _block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any,
                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if _fused(q, mask):
+        o, lse = _FLASH_CPU(q, k, v, 0.0, mask == "causal", scale=scale)
+        return o, lse
     s = _scores(q, k, mask, scale)
     lse = torch.logsumexp(s, dim=-1)
     return torch.matmul(torch.exp(s - _safe(lse)[..., None]), v), lse
@@ -241,10 +265,14 @@ def _merge(o: torch.Tensor, lse: torch.Tensor, o_b: torch.Tensor, lse_b: torch.T
     lse.copy_(new)
 
 
-def _block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-                    lse: torch.Tensor, do: torch.Tensor, delta: torch.Tensor
+def _block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, scale: float,
+                    lse: torch.Tensor, do: torch.Tensor, delta: torch.Tensor, o: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dq, dk, dv)`` of one block from the final log-sum-exp ``lse`` and ``delta = rowsum(dO * O)``."""
+    """``(dq, dk, dv)`` of one block from the final output ``o``, log-sum-exp ``lse`` and ``delta = rowsum(dO * O)``
+    (flash-attention's backward of one block given the whole row's softmax statistics)."""
+    if _fused(q, mask):
+        dq, dk, dv = _FLASH_CPU_BWD(do, q, k, v, o, lse, 0.0, mask == "causal", scale=scale)
+        return dq, dk, dv
     p = torch.exp(_scores(q, k, mask, scale) - _safe(lse)[..., None])
     dv = torch.matmul(p.transpose(-1, -2), do)
     ds = p * (torch.matmul(do, v.transpose(-1, -2)) - delta[..., None])
@@ -368,12 +396,12 @@ def _block_grads(q: torch.Tensor, blk: torch.Tensor, owner: int, dq: torch.Tenso
                  plan: _Plan, g: _Group) -> torch.Tensor:
     """Add the local queries' gradient of one block to ``dq``; return the block's ``[2, B, Hkv, L, D]`` fp32
     key/value gradient (this rank's contribution)."""
-    lse, do, delta = saved
+    lse, do, delta, o = saved
     k, v = (_repeat(blk[i].to(q.dtype), plan.rep) for i in (0, 1))
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
     for qs, ks, m in _pairs(plan.layout, g.rank, owner, plan.mask, q.device):
         dq_b, dk_b, dv_b = _block_backward(q[:, :, qs], k[:, :, ks], v[:, :, ks], m, plan.scale, lse[:, :, qs],
-                                           do[:, :, qs], delta[:, :, qs])
+                                           do[:, :, qs], delta[:, :, qs], o[:, :, qs])
         dq[:, :, qs] += dq_b
         dk[:, :, ks] += dk_b
         dv[:, :, ks] += dv_b
@@ -429,7 +457,7 @@ class _CPAttention(torch.autograd.Function):
         qt, kv, o, lse = ctx.saved_tensors
         qdt, kdt, n = ctx.shapes
         do = grad.transpose(1, 2).to(qt.dtype)
-        saved = (lse, do, (do * o).sum(-1))
+        saved = (lse, do, (do * o).sum(-1), o)
         run = _backward_ring if ctx.plan.variant == "ring" else _backward_allgather
         dq, dkv = run(qt, kv, saved, ctx.plan, ctx.g)
         dk, dv = (dkv[i, :, :, :n].transpose(1, 2).to(kdt) for i in (0, 1))
