@@ -12,7 +12,8 @@ beside a CP1 pipeline, for Llama and GPT-2 (ZeRO-1 too, under ``slow``).
 A pipeline whose every attention is CP2 lays its sequences out in the balanced order (rank ``i`` of the CP group
 holds global chunks ``i`` and ``3-i``: the executor reorders the data, positions and attention read global
 positions); the pipeline whose last stage has no CP keeps the contiguous split.  The default suite trains one of
-each (Llama contiguous, GPT-2 balanced: learned positions), ``slow`` the rest.
+each (Llama contiguous, GPT-2 balanced: learned positions) and a CP3 pipeline (Llama, balanced over six chunks)
+beside a one-rank pipeline, ``slow`` the rest.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from hspmd_sdk.models import param_shapes  # noqa: E402
 from hspmd_sdk.runtime.executor import sequence_balance  # noqa: E402
 from hspmd_sdk.runtime.train import assemble, launch_runs, load_captured, reference_training, training_run  # noqa: E402
 
-STEPS, SEED, SEQ, LR, BATCH = 2, 1, 16, 1e-3, 8
+STEPS, SEED, SEQ, LR, BATCH = 2, 1, 24, 1e-3, 8  # SEQ: whole chunks for CP2, CP3 and CP2 x 2
 TOL, PARAM_TOL = 1e-5, 2e-5
 FAMILIES = {"llama": LlamaConfig, "gpt": GPTConfig}
 
@@ -50,9 +51,11 @@ RUNS = {
                                               _pipe([([3], [0, 3])], 2, 2)]},
     "cp2_dp2_zero1": {"pipelines": [_pipe([([0, 1], [0, 3], 2)], 2, 2), _pipe([([2, 3], [0, 3], 2)], 2, 2)],
                       "zero1": True},
+    # an odd degree: six chunks of 4 tokens, rank i holding chunks i and 5 - i; beside a one-rank pipeline
+    "cp3_beside_one": {"pipelines": [_pipe([([0, 1, 2], [0, 3], 3)], 4, 1), _pipe([([3], [0, 3])], 4, 1)]},
 }
 #: the runs of the default suite (one job); the others run with -m slow
-DEFAULT = [("llama", "cp2_pipeline_beside_cp1"), ("gpt", "cp2xtp2")]
+DEFAULT = [("llama", "cp2_pipeline_beside_cp1"), ("gpt", "cp2xtp2"), ("llama", "cp3_beside_one")]
 SLOW = [(f, n) for f in FAMILIES for n in RUNS if (f, n) not in DEFAULT]
 
 
@@ -96,7 +99,7 @@ def test_uniform_cp_pipelines_lay_sequences_out_balanced(monkeypatch: pytest.Mon
         return [sequence_balance(prog, p) for p in range(len(prog.pipelines))]
 
     assert balance("cp2") == [2] and balance("cp2xtp2") == [2]  # a CP group: one stage
-    assert balance("cp2_pipeline_beside_cp1") == [1, 1]
+    assert balance("cp2_pipeline_beside_cp1") == [1, 1] and balance("cp3_beside_one") == [3, 1]
     for name, data in RUNS.items():  # the planner's view of the same rule (what the simulator prices)
         assert [p.cp_balance for p in Strategy.load(data).pipelines] == balance(name), name
     monkeypatch.setenv("HSPMD_CP_LAYOUT", "contiguous")
