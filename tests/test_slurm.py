@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,34 @@ def test_two_jobs_at_once_then_cancel_leaves_nothing_on_any_node(on_slurm: Local
         first.cancel()
     with pytest.raises(JobCancelled):
         first.wait(timeout=30)
+
+
+@pytest.mark.timeout(120)
+def test_a_sigkilled_launcher_leaves_nothing_on_any_node(on_slurm: LocalSlurm, tmp_path: Path) -> None:
+    """The launcher -- a Python process running a job whose workers sleep (one with a child) -- is SIGKILLed:
+    it cannot cancel anything, yet its reaper (a session of its own) cancels the allocations it held, which ends
+    the steps, their tasks and the srun clients: nothing is left on any node or here."""
+    script = tmp_path / "launcher.py"
+    script.write_text(f"""
+import time
+from hspmd_sdk.core.cluster import Cluster
+from hspmd_sdk.runtime import SlurmTransport, launch
+job = launch(None, Cluster.load({ONE_EACH!r}), entry="hspmd_sdk.testing.entries:sleep_forever", steps=1,
+             backend="gloo", transport=SlurmTransport(), payload={{"child": True}}, timeout_s=60, progress=False)
+while not all("child pid" in job.logs(r) for r in (0, 1)):
+    time.sleep(0.1)
+print("running", flush=True)
+time.sleep(600)
+""")
+    launcher = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert launcher.stdout.readline().strip() == "running"
+        assert len([line for line in active_jobs() if line.endswith("RUNNING")]) == 2
+        assert all(on_slurm.task_pids(n) for n in ("n1", "n2")) and srun_clients()
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert_nothing_left(on_slurm, within=45.0)
 
 
 @pytest.mark.timeout(90)

@@ -25,9 +25,10 @@ How a job runs on Slurm:
   JOB.STEP``: recorded by slurmctld at once, which kills the tasks on a live node); the ``srun`` client is
   SIGKILLed here if it has not ended :data:`STEP_EXIT_S` later (it waits for a dead node until Slurm marks it
   DOWN).  :meth:`close` (the job's end, a cancel or a failure) cancels every allocation and waits until Slurm
-  has ended them, so nothing the job started is left on any node.  A launcher killed outright leaves its
-  allocations to their ``time`` limit (its workers exit when their stdin closes): give ``time=`` on shared
-  clusters.
+  has ended them, so nothing the job started is left on any node.  A launcher killed outright (any signal,
+  SIGKILL included) cannot do that: a reaper it started in a session of its own (:mod:`.slurm_reaper`) sees its
+  pipe from the launcher close and cancels the allocations still held, which ends their steps and so the
+  ``srun`` clients too.
 - **Lost nodes** (``elastic=True``): a node that dies or is cut off stops relaying its workers' lines; the job's
   watchdog takes them for hung after ``silent_s`` (their heartbeats, not Slurm's ``DOWN``, which comes after
   ``SlurmdTimeout``), stops them as above and the survivors replan.  Once none of a node's workers runs, its
@@ -65,6 +66,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..core.slurm_nodes import SlurmError, SlurmNodeInfo, read_slurm_nodes
@@ -111,6 +113,48 @@ def _run(argv: Sequence[str], timeout_s: float = 30.0) -> subprocess.CompletedPr
         raise SlurmError(f"{' '.join(argv[:3])}...: no answer from Slurm in {timeout_s:g} s") from None
 
 
+class _Reaper:
+    """The launcher's end of :mod:`.slurm_reaper`: a process in a session of its own that cancels the allocations
+    still held when this process dies without releasing them (started with the first ``add``)."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+
+    def say(self, line: str) -> None:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                if not line.startswith("add "):
+                    return
+                pkg = str(Path(__file__).resolve().parents[2])  # where hspmd_sdk is, whatever this sys.path
+                path = os.pathsep.join(p for p in (pkg, os.environ.get("PYTHONPATH", "")) if p)
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "hspmd_sdk.runtime.slurm_reaper", _exe("scancel")], text=True,
+                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    env=_slurm_env({"PYTHONPATH": path}), start_new_session=True)
+            try:
+                assert self._proc.stdin is not None
+                self._proc.stdin.write(line + "\n")
+                self._proc.stdin.flush()
+            except (OSError, ValueError):
+                pass  # the reaper is gone: the next add starts another
+
+    def close(self) -> None:
+        """Every allocation is cancelled: the reaper exits without doing anything."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write("close\n")
+            proc.stdin.close()
+            proc.wait(timeout=5)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+
+
 @dataclass(frozen=True)
 class Allocation:
     """One node's allocation: its Slurm job id, the node, its ranks and whether it holds GPUs."""
@@ -153,6 +197,7 @@ class SlurmTransport(Transport):
         self._released: list[str] = []  # allocations cancelled while the job ran (their node's workers ended)
         self._lock = threading.RLock()
         self.groups: list[SlurmWorkers] = []
+        self._reaper = _Reaper()  # cancels what is still held should this process die (a signal, SIGKILL)
 
     # ---- the scheduler's view ---------------------------------------------------------------------------------
     def _node(self, host: str) -> SlurmNodeInfo:
@@ -209,6 +254,8 @@ class SlurmTransport(Transport):
             if granted and not self._hooked:
                 atexit.register(self.close)
                 self._hooked = True
+        for a in granted.values():
+            self._reaper.say(f"add {a.job_id}")
         if failed:
             self._cancel([a.job_id for a in granted.values()])
             with self._lock:
@@ -341,6 +388,9 @@ class SlurmTransport(Transport):
             _run([_exe("scancel"), alloc.job_id])
         except SlurmError:
             pass  # close() cancels it again
+        else:
+            if alloc.job_id not in self._released:  # else close() waits for it, and the reaper keeps it
+                self._reaper.say(f"drop {alloc.job_id}")
 
     # ---- the end ---------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -359,6 +409,7 @@ class SlurmTransport(Transport):
         if hooked:
             atexit.unregister(self.close)
         self._cancel(ids)
+        self._reaper.close()
 
     def _cancel(self, job_ids: Sequence[str]) -> None:
         """``scancel`` the jobs and wait (``kill_timeout_s``) until none is active; a warning names those that
