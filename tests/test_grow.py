@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -165,6 +166,31 @@ def test_a_rank_lost_during_the_grows_switch(reference, killed: int) -> None:
     assert [(e.reason, e.failed_ranks) for e in result.events] == [("grow", []), ("failure", [killed])], \
         [str(e) for e in result.events]
     assert sorted(result.events[1].ranks) == sorted({0, 1, 2, 3} - {killed})  # every survivor goes on
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_lost_while_the_grow_waits_for_its_boundary(reference) -> None:
+    """DP2 grows to DP4, requested during step 2 (stretched): the newcomers start and wait at once for the grown
+    world, whose host (rank 0) comes only at the boundary; original rank 1 is SIGKILLed before it.  Rank 0 halts in
+    its step, the newcomers give the grown world's rendezvous up on the launcher's halt (they hold nothing), and the
+    survivors recover instead of waiting out the rendezvous: the job finishes with the losses of the single-device
+    run."""
+    model, small, big = LlamaConfig.preset("tiny"), Cluster.local(2), Cluster.local(4)
+    job = launch_training(_program(model, DP2, small), small, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
+                          heartbeat_s=0.3, elastic=True, slowdown={r: STRETCH for r in small.ranks})
+    wait_for(lambda: job.metrics.last_step() >= 1)
+    pids = job.pids()
+    job.grow(big, _program(model, DP4, big))
+    wait_for(lambda: len(job.pids()) == 4, timeout=60)
+    time.sleep(2.0)  # the newcomers are in the grown world's rendezvous; the running ranks still in step 2
+    assert job.metrics.last_step() == 1
+    os.kill(pids[1], signal.SIGKILL)
+    result = job.wait(timeout=150)
+    assert len(result.losses) == STEPS and _close(result.losses, reference.losses) <= TOL
+    failures = [e for e in result.events if e.reason == "failure"]
+    assert len(failures) == 1 and failures[0].failed_ranks == [1] and failures[0].done, \
+        [str(e) for e in result.events]
+    assert 1 not in job.pids()
 
 
 @pytest.mark.timeout(180)

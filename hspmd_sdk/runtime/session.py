@@ -644,8 +644,9 @@ class TrainSession:
 def _is_comm_failure(e: BaseException) -> bool:
     """Whether ``e`` is what a peer's death looks like from here (gloo/NCCL errors, our wrappers of them)."""
     from .comm import CommExecutionError
+    from .worker import RendezvousAbandoned
 
-    if isinstance(e, CommFailure):
+    if isinstance(e, (CommFailure, RendezvousAbandoned)):
         return True
     if isinstance(e, CommExecutionError):  # a wrapped torch error is a peer's failure; a plan that does not fit the
         return e.__cause__ is not None and _is_comm_failure(e.__cause__)  # tensors here is a bug: said as such

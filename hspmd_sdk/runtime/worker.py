@@ -124,13 +124,39 @@ class WorkerState:
         return self.inbox.halted(self.generation)
 
     def rejoin(self, master_addr: str, master_port: int, world_size: int, rank: int) -> None:
-        """Join a new world (the survivors, renumbered): rank ``rank`` of ``world_size``, rendezvous at
-        ``master_addr:master_port`` (hosted by the new rank 0)."""
+        """Join a new world (the survivors, renumbered, or a grown world): rank ``rank`` of ``world_size``,
+        rendezvous at ``master_addr:master_port`` (hosted by the new rank 0).
+
+        The rendezvous gives up when the launcher says a peer of this world died (:meth:`peer_failed`, a
+        ``halt``) before every rank arrived -- a rank lost while a grow waited for its step boundary, or during a
+        recovery -- raising :class:`RendezvousAbandoned` (a peer's failure: the caller halts) instead of waiting
+        ``timeout_s`` for a process that will never come: connecting to the store is retried in short tries, and
+        the ranks meet at a counter in the store, polled, before the process group forms."""
         import torch.distributed as dist
 
         timeout = timedelta(seconds=self.spec.timeout_s)
-        store = dist.TCPStore(master_addr, int(master_port), int(world_size), is_master=(rank == 0),
-                              timeout=timeout)
+        deadline = time.monotonic() + self.spec.timeout_s
+        where = f"rank {self.launch_rank}: the rendezvous of a world of {world_size} at {master_addr}:{master_port}"
+        while True:
+            if self.peer_failed():
+                raise RendezvousAbandoned(f"{where}: given up, a peer of it died")
+            try:
+                store = dist.TCPStore(master_addr, int(master_port), int(world_size), is_master=(rank == 0),
+                                      timeout=timeout if rank == 0 else timedelta(seconds=1),
+                                      wait_for_workers=False)
+                break
+            except (RuntimeError, OSError):  # DistNetworkError / DistStoreError: the host is not listening yet
+                if rank == 0 or time.monotonic() > deadline:
+                    raise
+        store.set_timeout(timeout)
+        store.add("hspmd/arrived", 1)
+        while store.add("hspmd/arrived", 0) < int(world_size):
+            if self.peer_failed():
+                raise RendezvousAbandoned(f"{where}: given up, a peer of it died before every rank arrived")
+            if time.monotonic() > deadline:
+                raise RendezvousAbandoned(f"{where}: {store.add('hspmd/arrived', 0)} of {world_size} ranks "
+                                          f"arrived within {self.spec.timeout_s:g} s")
+            time.sleep(0.01)
         dist.init_process_group(self.spec.backend, store=store, rank=int(rank), world_size=int(world_size),
                                 timeout=timeout)
         self.rank, self.world = int(rank), int(world_size)
@@ -275,6 +301,11 @@ def slowdown_at(schedule: Any, step: int) -> float:
 
 def _group_key(ranks: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted({int(r) for r in ranks}))
+
+
+class RendezvousAbandoned(RuntimeError):
+    """A new world's rendezvous given up: a peer of it died before every rank arrived (:meth:`WorkerState.rejoin`);
+    what a peer's failure looks like to the session, which halts."""
 
 
 def connect(spec: LaunchSpec, rank: int, channel: Channel, inbox: ControlInbox | None = None) -> WorkerState:
