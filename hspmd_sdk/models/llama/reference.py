@@ -54,7 +54,7 @@ def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     b, s, h, hd = x.shape
     freqs = 1.0 / (theta ** (torch.arange(0, hd // 2, dtype=torch.float64) * 2 / hd))
     angles = torch.outer(torch.arange(s, dtype=torch.float64), freqs)
-    rot = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
+    rot = torch.polar(torch.ones_like(angles), angles).to(torch.complex64).to(x.device)  # tables on the CPU, fp64
     z = torch.complex(x[..., : hd // 2].float(), x[..., hd // 2:].float()) * rot[None, :, None, :]
     return torch.cat([z.real, z.imag], dim=-1).to(x.dtype)
 
