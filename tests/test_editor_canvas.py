@@ -194,3 +194,19 @@ def test_the_shard_grid_draws_every_split_dim_of_a_3d_tensor():
     # a matrix stays a matrix: dim 0 down, dim 1 across
     g = shard_grid(Annotation([[0, 1]], [DS("S1x2")]), (4, 6))
     assert (g["rows"], g["cols"]) == ([0], [1]) and g["shards"]["0"]["rects"] == [[0.0, 1.0, 0.0, 0.5]]
+
+
+def test_a_context_parallel_stage_is_shown_as_its_cp_x_tp_grid():
+    """A stage of four devices with ``cp=2`` is two context-parallel groups of TP2, not a TP4 group: the canvas's
+    stage row, each device's tooltip and the text summary say ``CP2×TP2``; a plain stage stays ``TP2``."""
+    cp = {"pipelines": [{"stages": [{"devices": [4, 5, 6, 7], "layers": [0, 3], "cp": 2}],
+                         "micro_batch_size": 4, "num_micro_batches": 2}]}
+    ed = _editor(cp)
+    view = canvas_view(ed)
+    stage = view["pipelines"][0]["stages"][0]
+    assert (stage["shape"], stage["cp"], stage["tp"]) == ("CP2×TP2", 2, 2)
+    assert all("CP2×TP2" in t["title"] for t in view["tiles"] if t["r"] in (4, 5, 6, 7))
+    assert "CP2×TP2" in ed.summary() and "TP4" not in ed.summary()
+    assert ed.strategy.pipelines[0].stages[0].cp == 2  # the editor keeps the plan's CP (it dropped it before)
+    plain = canvas_view(_editor(CROSS))["pipelines"][0]["stages"][0]
+    assert (plain["shape"], plain["cp"], plain["tp"]) == ("TP2", 1, 2)

@@ -47,6 +47,15 @@ BF16_PARAM_GRAD_BYTES = 4
 FP32_OPTIMIZER_BYTES = 12
 
 
+def parallel_text(devices: int, cp: int = 1) -> str:
+    """A stage of ``devices`` devices in ``cp`` context-parallel groups, for people: ``TP2``, ``CP2`` or
+    ``CP2×TP2`` (``cp`` groups of TP ranks)."""
+    tp = devices // cp if cp > 0 and devices % cp == 0 else None
+    if cp <= 1:
+        return f"TP{devices}"
+    return f"CP{cp}×TP{tp}" if tp and tp > 1 else f"CP{cp}" if tp == 1 else f"CP{cp} of {devices} devices"
+
+
 class Stage(BaseModel):
     """A pipeline stage: a TP group of ranks (``devices``) holding layers ``first..last`` (inclusive).
 
@@ -103,6 +112,11 @@ class Stage(BaseModel):
     def tp_degree(self) -> int:
         """Tensor-parallel degree: the number of ranks in one context-parallel group (all of them without CP)."""
         return len(self.devices) // self.cp
+
+    @property
+    def parallel_text(self) -> str:
+        """The stage's parallelism for people: ``TP2``, ``CP2`` or ``CP2×TP2`` (:func:`parallel_text`)."""
+        return parallel_text(len(self.devices), self.cp)
 
     @property
     def tp_groups(self) -> list[list[int]]:

@@ -74,7 +74,7 @@ def _tiles(ed: "PlanEditor", flagged: dict[int, str]) -> list[dict[str, Any]]:
             fill = stage_colour(i, j, len(d.pipelines[i].stages))
             tile.update(p=i, s=j, fill=fill, ink=ink(fill), line=pipeline_colour(i),
                         layers=f"L{st.layers[0]}–{st.layers[1]}")
-            title.append(f"pipeline {i}, stage {j}: layers {st.layers[0]}–{st.layers[1]}, TP{len(st.devices)}")
+            title.append(f"pipeline {i}, stage {j}: layers {st.layers[0]}–{st.layers[1]}, {st.parallel_text}")
         else:
             title.append("unused")
         if r in ed._memory:
@@ -99,7 +99,8 @@ def _pipelines(ed: "PlanEditor") -> list[dict[str, Any]]:
             nodes = sorted({ed.cluster.node_index(r) for r in s.devices if 0 <= r < ed.cluster.num_ranks})
             stages.append({"p": i, "s": j, "ranks": list(s.devices),
                            "ranks_text": format_ranks(s.devices) if s.devices else "no devices",
-                           "tp": len(s.devices), "layers": list(s.layers), "recompute": s.recompute,
+                           "tp": len(s.devices) // s.cp, "cp": s.cp, "shape": s.parallel_text,
+                           "layers": list(s.layers), "recompute": s.recompute,
                            "fill": stage_colour(i, j, len(p.stages)), "line": pipeline_colour(i),
                            "ink": ink(stage_colour(i, j, len(p.stages))),
                            "kinds": kinds_text(ed, s.devices), "nodes": len(nodes),

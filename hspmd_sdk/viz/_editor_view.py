@@ -90,7 +90,7 @@ def summary_lines(ed: "PlanEditor") -> list[str]:
             mem = stage_memory(ed, st.devices)
             mtext = f": memory {fmt_memory(mem[0])} of {fmt_memory(mem[1])} ({mem[0] / mem[1]:.0%}, {kind})" \
                 if mem else ""
-            lines.append(f"    S{j}: ranks {ranks} ({kinds_text(ed, st.devices) or '-'}) TP{len(st.devices)} "
+            lines.append(f"    S{j}: ranks {ranks} ({kinds_text(ed, st.devices) or '-'}) {st.parallel_text} "
                          f"layers {st.layers[0]}–{st.layers[1]}{' recompute' if st.recompute else ''}{mtext}")
     state = comm_state(ed)
     if state == "resolving":

@@ -72,7 +72,7 @@ def tile_style(cluster: "Cluster", strategy: "Strategy | Any | None" = None, *,
             i, j = where[r]
             st = strategy.pipelines[i].stages[j]
             lab += f"<br>L{st.layers[0]}–{st.layers[1]}"
-            text.append(f"pipeline {i}, stage {j}: layers {st.layers[0]}–{st.layers[1]}, TP{len(st.devices)}")
+            text.append(f"pipeline {i}, stage {j}: layers {st.layers[0]}–{st.layers[1]}, {st.parallel_text}")
             if selected == (i, j):
                 line[r], width[r] = SELECTED, 4.0
         elif strategy is not None:

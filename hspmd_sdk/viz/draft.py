@@ -30,6 +30,14 @@ class StageDraft:
     layers: list[int]
     recompute: bool = False
     ratios: list[int] | None = None
+    cp: int = 1  #: context-parallel groups (SPEC §11): ``devices`` form ``cp`` groups of TP ranks
+
+    @property
+    def parallel_text(self) -> str:
+        """``TP2``, ``CP2`` or ``CP2×TP2``."""
+        from ..core.strategy import parallel_text
+
+        return parallel_text(len(self.devices), self.cp)
 
 
 @dataclass
@@ -53,17 +61,20 @@ class Draft:
     @classmethod
     def from_strategy(cls, strategy: "Strategy") -> "Draft":
         return cls([PipelineDraft([StageDraft(list(s.devices), list(s.layers), s.recompute,
-                                              list(s.ratios) if s.ratios is not None else None) for s in p.stages],
+                                              list(s.ratios) if s.ratios is not None else None, s.cp)
+                                   for s in p.stages],
                                   p.micro_batch_size, p.num_micro_batches) for p in strategy.pipelines],
                    strategy.schedule, strategy.zero1, strategy.name)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form :meth:`Strategy.load` reads (``ratios`` only where a stage has them)."""
+        """The JSON form :meth:`Strategy.load` reads (``ratios`` and ``cp`` only where a stage has them)."""
         out = asdict(self)
         for p in out["pipelines"]:
             for st in p["stages"]:
                 if st["ratios"] is None:
                     del st["ratios"]
+                if st["cp"] == 1:
+                    del st["cp"]
         return out
 
     def copy(self) -> "Draft":
