@@ -185,3 +185,30 @@ def test_a_killed_worker_in_a_mixed_length_run_is_survived_and_the_losses_stay_t
     # the dispatch went on among candidates of the survivors: every step after the failure dispatched once
     assert [r["step"] for r in job.length_planner.records] == list(range(steps))
     _check_state(tmp_path, ref)
+
+
+@pytest.mark.timeout(300)
+def test_cp_candidates_in_an_elastic_mixed_length_run_with_a_lost_cp_rank(tmp_path: Path) -> None:
+    """Context parallelism × mixed length × elastic: the candidates are two CP2 pipelines and one CP4 pipeline
+    (balanced layouts, packed rows whose documents cross the ranks' chunks), rank 3 -- in both candidates' CP
+    groups -- is SIGKILLed in step 2's forward; the survivors replan every candidate and go on.  Every loss and
+    the final parameters equal the single-device reference on the same sequences."""
+    model = LlamaConfig.preset("tiny")
+    steps = 4
+    cp2x2 = Strategy.load({"pipelines": [{"stages": [{"devices": d, "layers": [0, 3], "cp": 2}],
+                                          "micro_batch_size": 1, "num_micro_batches": 1} for d in ([0, 1], [2, 3])],
+                           "name": "cp2x2"})
+    cp4 = Strategy.load({"pipelines": [{"stages": [{"devices": [0, 1, 2, 3], "layers": [0, 3], "cp": 4}],
+                                        "micro_batch_size": 1, "num_micro_batches": 1}], "name": "cp4"})
+    programs = [_program(model, cp2x2), _program(model, cp4)]
+    assert [p.pipelines for p in programs] == [[[[0, 1]], [[2, 3]]], [[[0, 1, 2, 3]]]]
+    job = launch(programs, CLUSTER, steps=steps, seed=SEED, data=DOCS, tokens_per_step=BUDGET, context=CONTEXT,
+                 capture_dir=tmp_path, timeout_s=60, elastic=True,
+                 fault_injection=[{"rank": 3, "step": 2, "at": "forward"}])
+    result = job.wait()
+    ref = reference_mixed(model, steps=steps, seed=SEED, data=DOCS, tokens_per_step=BUDGET, context=CONTEXT)
+    assert len(result.losses) == steps and _rel(result.losses, ref.losses) < TOL, (result.losses, ref.losses)
+    failures = [e for e in result.events if e.reason == "failure"]
+    assert len(failures) == 1 and failures[0].failed_ranks == [3] and failures[0].done, result.events
+    assert [r["step"] for r in job.length_planner.records] == list(range(steps))
+    _check_state(tmp_path, ref)
