@@ -130,25 +130,23 @@ class WorkerState:
         The rendezvous gives up when the launcher says a peer of this world died (:meth:`peer_failed`, a
         ``halt``) before every rank arrived -- a rank lost while a grow waited for its step boundary, or during a
         recovery -- raising :class:`RendezvousAbandoned` (a peer's failure: the caller halts) instead of waiting
-        ``timeout_s`` for a process that will never come: connecting to the store is retried in short tries, and
-        the ranks meet at a counter in the store, polled, before the process group forms."""
+        ``timeout_s`` for a process that will never come: a rank waits for the store's host with plain connects,
+        and the ranks meet at a counter in the store, polled, before the process group forms."""
         import torch.distributed as dist
 
         timeout = timedelta(seconds=self.spec.timeout_s)
         deadline = time.monotonic() + self.spec.timeout_s
         where = f"rank {self.launch_rank}: the rendezvous of a world of {world_size} at {master_addr}:{master_port}"
-        while True:
+        # the store's host (rank 0) may come later (a running rank at its step boundary): wait until it listens
+        # with plain connects, not the store's own (it retries with growing back-off and logs each try)
+        while rank != 0 and not _listening(master_addr, int(master_port)):
             if self.peer_failed():
                 raise RendezvousAbandoned(f"{where}: given up, a peer of it died")
-            try:
-                store = dist.TCPStore(master_addr, int(master_port), int(world_size), is_master=(rank == 0),
-                                      timeout=timeout if rank == 0 else timedelta(seconds=1),
-                                      wait_for_workers=False)
-                break
-            except (RuntimeError, OSError):  # DistNetworkError / DistStoreError: the host is not listening yet
-                if rank == 0 or time.monotonic() > deadline:
-                    raise
-        store.set_timeout(timeout)
+            if time.monotonic() > deadline:
+                raise RendezvousAbandoned(f"{where}: nothing listened there within {self.spec.timeout_s:g} s")
+            time.sleep(0.02)
+        store = dist.TCPStore(master_addr, int(master_port), int(world_size), is_master=(rank == 0),
+                              timeout=timeout, wait_for_workers=False)
         store.add("hspmd/arrived", 1)
         while store.add("hspmd/arrived", 0) < int(world_size):
             if self.peer_failed():
@@ -301,6 +299,15 @@ def slowdown_at(schedule: Any, step: int) -> float:
 
 def _group_key(ranks: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted({int(r) for r in ranks}))
+
+
+def _listening(addr: str, port: int) -> bool:
+    """Whether something accepts TCP connections at ``addr:port`` (one short connect, closed at once)."""
+    try:
+        with socket.create_connection((addr, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 class RendezvousAbandoned(RuntimeError):
