@@ -206,7 +206,6 @@ class _Mask:
 #: (documents) take the matmul path
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _FLASH_CPU_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
-Mask = "torch.Tensor | str | None"  # a block's mask: a boolean tensor, "causal" (its diagonal) or None (all seen)
 
 
 def _pairs(layout: CPLayout, rank: int, owner: int, mask: _Mask,

@@ -180,10 +180,11 @@ def sequence_balance(program: Any, pipeline: int) -> int:
             continue
         q = node.inputs[0]
         ann = program.annotations[q]
-        if not ranks.intersection(ann.ranks):
+        mine = ranks.intersection(ann.ranks)
+        if not mine:
             continue
         shape = tuple(int(d) for d in evaluate_shape(program.graph.tensors[q].shape, program.bindings, tensor=q))
-        for r in ranks.intersection(ann.ranks):
+        for r in mine:
             view = local_view(ann, shape, r)
             if view is not None:
                 degrees.add(shape[1] // max(view.box[1][1] - view.box[1][0], 1))
