@@ -21,6 +21,7 @@ _EXPORTS = {
     "Pipeline": "hspmd_sdk.core.strategy",
     "Stage": "hspmd_sdk.core.strategy",
     "AnnotationPlan": "hspmd_sdk.core.plan",
+    "ExecutionSettings": "hspmd_sdk.core.plan",
     "specialize": "hspmd_sdk.core.specialize",
     "Program": "hspmd_sdk.core.specialize",
     "GraphBuilder": "hspmd_sdk.core.graph",

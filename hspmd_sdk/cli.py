@@ -439,10 +439,10 @@ def _candidate_programs(folder: str, model: Any, cluster: Any) -> list[Any]:
     out = []
     for f in files:
         plan = AnnotationPlan.load(Path(f))
-        missing = {"max_seq_len", "windows", "mixed_strategy"} - set(plan.meta)
+        missing = [k for k in ("strategy", "max_seq_len", "windows") if getattr(plan.settings, k) is None]
         if missing:
-            raise PlanValidationError([(f"--programs {f.name}", f"not a mixed-length candidate: its meta lacks "
-                                                                f"{sorted(missing)}")], what="arguments")
+            raise PlanValidationError([(f"--programs {f.name}", f"not a mixed-length candidate: its settings lack "
+                                                                f"{missing}")], what="arguments")
         problems = plan.problems(cluster)
         if problems:
             raise PlanValidationError([(f"--programs {f.name}: {path}", why) for path, why in problems],

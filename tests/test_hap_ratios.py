@@ -283,7 +283,7 @@ def test_each_rank_holds_exactly_its_share(family: str, name: str, trained: dict
     strategy = Strategy.load(RUNS[name])
     zero = strategy.dp_degree if strategy.zero1 else 1     # ZeRO-1 halves every shard (the tiny dims are even)
     if strategy.zero1:
-        assert "zero1_replicated" not in run["program"].plan.meta
+        assert not run["program"].plan.settings.zero1_replicated
     for rank, res in run["ranks"].items():
         expected = _expected_param_bytes(RUNS[name], config, rank)
         assert res["active"] == (expected is not None), rank

@@ -135,7 +135,9 @@ def test_candidates_without_a_model_or_a_strategy_are_refused_before_any_worker_
     kw = dict(steps=2, data=DOCS, tokens_per_step=BUDGET, context=CONTEXT)
     with pytest.raises(PlanValidationError, match="all Strategies"):
         launch([DP4, TP2PP2], CLUSTER, **kw)
-    bare = specialize(model, plan_from_strategy(model, DP4, CLUSTER).model_copy(update={"meta": {}}), CLUSTER)
+    made = plan_from_strategy(model, DP4, CLUSTER)
+    bare = specialize(model, made.model_copy(update={"settings": made.settings.model_copy(update={"strategy": None})}),
+                      CLUSTER)
     with pytest.raises(PlanValidationError, match=r"candidates\[1\].*neither a Strategy nor a Program"):
         launch([_program(model, DP4), bare], CLUSTER, **kw)
     with pytest.raises(PlanValidationError, match=r"programs\[1\].*str"):

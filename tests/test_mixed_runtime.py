@@ -194,8 +194,9 @@ def test_bad_input_is_refused_before_any_worker_starts() -> None:
         launch(progs, Cluster.local(4), **{**kw, "tokens_per_step": CONTEXT - 1})
     with pytest.raises(PlanValidationError, match="longest candidate takes sequences of 32"):
         launch(progs[:1], Cluster.local(4), **kw)
-    plain = specialize(llama, plan_from_strategy(llama, ENTRIES[1].strategy, Cluster.local(4)).model_copy(
-        update={"meta": {}}), Cluster.local(4))  # a hand-written plan: no strategy to dispatch to
+    made = plan_from_strategy(llama, ENTRIES[1].strategy, Cluster.local(4))
+    plain = specialize(llama, made.model_copy(update={"settings": made.settings.model_copy(
+        update={"strategy": None})}), Cluster.local(4))  # a hand-written plan: no strategy to dispatch to
     with pytest.raises(PlanValidationError, match="neither a Strategy nor a Program made from one"):
         launch([plain], Cluster.local(4), **kw)
     with pytest.raises(PlanValidationError, match="straggler"):

@@ -125,7 +125,7 @@ def test_zero1_over_three_pipelines_shards_every_parameter_unevenly_where_it_mus
     cluster = Cluster.local(3)
     strategy = Strategy.load({"pipelines": [_pipe([([r], [0, 3])], 1, 1) for r in range(3)], "zero1": True})
     plan = plan_from_strategy(model, strategy, cluster)
-    assert "zero1_replicated" not in plan.meta
+    assert not plan.settings.zero1_replicated
     for name in model.param_shapes():
         ann = plan.annotations[name]
         assert ann.hsize == 3 and ann.hdim >= 0, (name, ann)

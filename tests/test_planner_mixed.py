@@ -143,9 +143,9 @@ def test_programs_carry_windows_and_dispatch_reads_them(plan: MixedPlan, lengths
     programs = plan.programs(MODEL, PAPER)
     assert len(programs) == len(plan.entries)
     for i, (prog, e) in enumerate(zip(programs, plan.entries)):
-        meta = prog.plan.meta
-        assert meta["max_seq_len"] == e.max_seq_len and meta["windows"] == e.windows and meta["candidate"] == i
-        assert meta["context_len"] == CONTEXT
+        settings, meta = prog.plan.settings, prog.plan.meta
+        assert settings.max_seq_len == e.max_seq_len and list(settings.windows) == list(e.windows)
+        assert settings.is_candidate and meta["candidate"] == i and meta["context_len"] == CONTEXT
         assert prog.pipelines == [[sorted(st.devices) for st in p.stages] for p in e.strategy.pipelines]
         assert sorted(prog.ranks) == sorted(_ranks_of(e.strategy))
     batch = sample_batch(lengths, TOKENS, seed=5)
@@ -154,8 +154,9 @@ def test_programs_carry_windows_and_dispatch_reads_them(plan: MixedPlan, lengths
     plain = specialize(MODEL, plan_from_strategy(MODEL, plan.entries[0].strategy, PAPER), PAPER)
     got = Dispatcher([programs[0], plain], MODEL, PAPER).candidates[1]
     assert got.windows == memory_windows(MODEL, plan.entries[0].strategy, PAPER) and got.max_seq_len == max(got.windows)
-    bare = specialize(MODEL, plan_from_strategy(MODEL, plan.entries[0].strategy, PAPER).model_copy(
-        update={"meta": {}}), PAPER)  # a hand-written plan: no strategy to dispatch to
+    made = plan_from_strategy(MODEL, plan.entries[0].strategy, PAPER)
+    bare = specialize(MODEL, made.model_copy(update={"settings": made.settings.model_copy(update={"strategy": None})}),
+                      PAPER)  # a hand-written plan: no strategy to dispatch to
     with pytest.raises(PlanValidationError, match=r"candidates\[1\]: is neither a Strategy nor a Program"):
         dispatch([programs[0], bare], MODEL, PAPER, batch)
 
@@ -257,10 +258,10 @@ def test_cli_writes_the_plan_and_the_specialized_candidates(tmp_path: Path,
     model = LlamaConfig.preset("llama-7b")
     programs = [specialize(model, AnnotationPlan.load(f), cl) for f in files]
     for i, prog in enumerate(programs):
-        assert prog.plan.meta["max_seq_len"] == plan.entries[int(files[i].stem.split("_")[1])].max_seq_len
+        assert prog.plan.settings.max_seq_len == plan.entries[int(files[i].stem.split("_")[1])].max_seq_len
     d = Dispatcher(programs, model, cl)([8192, 100, 2000])
     assert sorted(i for p in d.micro_batches for mb in p for i in mb) == [0, 1, 2]
-    assert json.loads(files[0].read_text())["meta"]["windows"]
+    assert json.loads(files[0].read_text())["settings"]["windows"]
 
 
 # ---- the strategy set against packed homogeneous strategies (simulated) ---------------------------------------

@@ -245,7 +245,7 @@ def test_each_rank_holds_only_its_shards(name: str, trained: dict, config: Llama
         assert res["optimizer_bytes"] == 2 * res["param_bytes"]   # Adam moments of exactly the shards
         prog = run["program"]
         p, st = prog.stage_of(rank)
-        whole = prog.num_stages(p) == 1 and len(prog.stage_ranks(p, st)) == 1 and not prog.plan.meta["zero1"]
+        whole = prog.num_stages(p) == 1 and len(prog.stage_ranks(p, st)) == 1 and not prog.plan.settings.zero1
         assert (res["param_bytes"] == full) if whole else (res["param_bytes"] < full), rank
 
 
@@ -266,7 +266,7 @@ def test_zero1_shards_parameters_and_optimizer_state_across_pipelines(trained: d
     prog = zero["program"]
     assert prog.comm_plans["layers.0.attn.wq.gather"].kinds == ["SplitAllGather"]
     assert prog.grad_sync_plans["layers.0.attn.wq.grad_sync"].kinds == ["SplitReduceScatter"]
-    assert "zero1_replicated" not in prog.plan.meta  # every parameter is sharded
+    assert not prog.plan.settings.zero1_replicated  # every parameter is sharded
     for rank in (0, 1, 2, 3):
         z, p = zero["ranks"][rank], plain["ranks"][rank]
         assert z["param_bytes"] < p["param_bytes"] and z["optimizer_bytes"] < p["optimizer_bytes"], rank

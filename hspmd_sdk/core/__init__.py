@@ -14,7 +14,7 @@ from .deduction import deduce
 from .graph import Graph, GraphBuilder, Node as GraphNode, Tensor, TensorSpec
 from .loading import load_model
 from .model_spec import ModelSpec, Placement
-from .plan import AnnotationPlan
+from .plan import AnnotationPlan, ExecutionSettings
 from .resolve import itemsize_of, resolve, split_kind
 from .schedule import (SCHEDULE_KINDS, Action, ReplayResult, ScheduleError, build_schedule, compute_order,
                        format_schedule, in_flight, replay, warmup_count)
@@ -28,7 +28,7 @@ from .switch import PackedItem, PackedMessage, SwitchPlan, SwitchStep, TensorMov
 __all__ = [
     "DS", "Annotation", "LocalView", "local_view", "local_views", "PARTIAL", "DUPLICATE", "parse_ranks",
     "format_ranks", "Cluster", "DeviceSpec", "Node", "Link", "DEVICE_PRESETS", "load_model",
-    "ModelSpec", "Placement", "Strategy", "Pipeline", "Stage", "memory_estimate", "AnnotationPlan",
+    "ModelSpec", "Placement", "Strategy", "Pipeline", "Stage", "memory_estimate", "AnnotationPlan", "ExecutionSettings",
     "Action", "build_schedule", "replay", "ReplayResult", "ScheduleError", "compute_order", "warmup_count",
     "in_flight", "format_schedule", "SCHEDULE_KINDS",
     "resolve", "CommPlan", "itemsize_of", "split_kind", "volume_table", "CollectiveOp", "CollectiveGroup",

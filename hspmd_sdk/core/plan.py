@@ -2,37 +2,112 @@
 operators (parameters, placeholders) and Reshard operators of the defined graph.
 
 The plan is plain JSON that users edit; everything else (deduction, communication, executable graphs) follows
-from it and the model graph.
+from it and the model graph.  How its Program runs (schedule, micro-batching, recomputation, a mixed-length
+candidate's longest sequence and windows) is :class:`ExecutionSettings`, a typed part of the plan (SPEC §9);
+``meta`` is free-form and nothing reads it.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
 from ..errors import PlanValidationError
 from .annotation import Annotation, format_ranks
 from .loading import load_model
+from .schedule import ScheduleKind
 
 if TYPE_CHECKING:
     from .cluster import Cluster
     from .model_spec import ModelSpec
     from .strategy import Strategy
 
-__all__ = ["AnnotationPlan"]
+__all__ = ["AnnotationPlan", "ExecutionSettings"]
+
+
+class ExecutionSettings(BaseModel):
+    """How a plan's Program runs, beside where its tensors live (SPEC §9).  Specialization reads the schedule,
+    micro-batching and recomputation; the runtime reads the strategy (to re-plan after a failure or a straggler)
+    and a mixed-length candidate's ``max_seq_len`` and ``windows``.  :func:`~hspmd_sdk.core.strategy_plan.
+    plan_from_strategy` fills every field from a :class:`~hspmd_sdk.core.strategy.Strategy`; a hand-written plan
+    may leave them all at their defaults (one pipeline step of one micro-batch, 1F1B).
+
+    >>> ExecutionSettings(schedule="gpipe", micro_batch_size=[2, 1], num_micro_batches=[4, 4]).batch
+    12
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schedule: ScheduleKind = Field("1f1b", description="the pipeline schedule of every pipeline")
+    micro_batch_size: tuple[PositiveInt, ...] | None = Field(
+        None, description="samples per micro-batch, one per pipeline in the order of the plan's DG Unions")
+    num_micro_batches: tuple[PositiveInt, ...] | PositiveInt = Field(
+        1, description="micro-batches per step, one per pipeline (or one number for all)")
+    recompute: tuple[NonNegativeInt, ...] = Field((), description="ranks that recompute activations in backward")
+    zero1: bool = Field(False, description="optimizer states sharded over each parameter's replicas (ZeRO-1)")
+    zero1_replicated: tuple[str, ...] = Field(
+        (), description="parameters ZeRO-1 could not shard (their dims do not divide): kept replicated")
+    strategy: dict[str, Any] | None = Field(None, description="the Strategy (its JSON) this plan realises")
+    max_seq_len: PositiveInt | None = Field(
+        None, description="a mixed-length candidate: the longest sequence it is planned for")
+    windows: tuple[PositiveInt, ...] | None = Field(
+        None, description="a mixed-length candidate: the tokens one micro-batch may hold, per pipeline")
+
+    @property
+    def batch(self) -> int | None:
+        """Samples per step that the micro-batches add up to, when ``micro_batch_size`` is given per pipeline."""
+        mbs, nmb = self.micro_batch_size, self.num_micro_batches
+        if mbs is None:
+            return None
+        nmb = nmb if isinstance(nmb, tuple) else (nmb,) * len(mbs)
+        return sum(a * b for a, b in zip(mbs, nmb)) if len(nmb) == len(mbs) else None
+
+    def micro_batches(self, pipeline: int) -> int:
+        """Micro-batches per step of pipeline ``pipeline`` (by DG Union order)."""
+        nmb = self.num_micro_batches
+        if isinstance(nmb, int):
+            return nmb
+        return nmb[pipeline] if pipeline < len(nmb) else 1
+
+    @property
+    def is_candidate(self) -> bool:
+        """A mixed-length candidate: the strategy, its longest sequence and its windows are all known."""
+        return self.strategy is not None and self.max_seq_len is not None and self.windows is not None
+
+
+#: The keys of ``meta`` that plans written before :class:`ExecutionSettings` existed used for its fields.
+_LEGACY = tuple(ExecutionSettings.model_fields)
 
 
 class AnnotationPlan(BaseModel):
-    """Annotations of the leaf and Reshard operators of a defined graph, by tensor name.
+    """Annotations of the leaf and Reshard operators of a defined graph, by tensor name, and the
+    :class:`ExecutionSettings` its Program runs with.
 
-    ``meta`` is free-form (e.g. the strategy it came from); nothing in the SDK depends on it.
+    ``meta`` is free-form (where the plan came from, the strategy's name); nothing in the SDK reads it.  A plan
+    that ``plan_from_strategy`` wrote before ``settings`` existed (its ``meta`` carried the schedule,
+    micro-batching and the rest: old plan files and checkpoint manifests) loads with those keys moved into
+    ``settings``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     format_version: Literal[1] = 1
     annotations: dict[str, Annotation] = Field(description="tensor name -> annotation")
-    meta: dict[str, Any] = Field(default_factory=dict)
+    settings: ExecutionSettings = Field(default_factory=ExecutionSettings,
+                                        description="how the plan's Program runs (SPEC §9)")
+    meta: dict[str, Any] = Field(default_factory=dict, description="free-form notes; nothing reads them")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_meta(cls, data: Any) -> Any:
+        if (isinstance(data, dict) and "settings" not in data and isinstance(data.get("meta"), dict)
+                and data["meta"].get("source") == "plan_from_strategy"):
+            meta = dict(data["meta"])
+            moved = {k: meta.pop(k) for k in _LEGACY if k in meta}
+            meta.pop("mixed_strategy", None)  # the candidate's strategy: the same as "strategy"
+            if moved:
+                data = {**data, "settings": moved, "meta": meta}
+        return data
 
     @classmethod
     def load(cls, data: Any) -> "AnnotationPlan":
@@ -98,6 +173,8 @@ class AnnotationPlan(BaseModel):
                 lines.append(f"  ... {len(self.annotations) - limit} more")
                 break
             lines.append(f"  {name:<{width}}  HSize {a.hsize}  {a}")
+        for key, value in self.settings.model_dump(exclude_defaults=True, exclude={"strategy"}).items():
+            lines.append(f"  settings.{key}: {value}")
         for key, value in self.meta.items():
             lines.append(f"  meta.{key}: {value}")
         return "\n".join(lines)

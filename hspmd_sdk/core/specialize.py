@@ -29,7 +29,7 @@ from .graph import Graph, Node
 from .microbatch import batch_dim, micro_batch_plan
 from .ops import OPS, op_def
 from .pipelines import build_pipelines, op_ranks
-from .plan import AnnotationPlan
+from .plan import AnnotationPlan, ExecutionSettings
 from .schedule import Action, build_schedule
 from .slices import Box
 from .symbolic import Constraint, Dim, evaluate_shape, representative_value
@@ -136,7 +136,7 @@ class StateLayout:
     dtype: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Program:
     """The result of specialization: every rank's executable graph, the pipelines and their schedules — the one
     artifact the runtime, the planner's simulator and the editor read.
@@ -359,16 +359,16 @@ def specialize(model: Any, plan: Any, cluster: "Cluster | None" = None, *, bindi
     a ``B`` that contradicts the plan's micro-batches is an error).  Raises :class:`SpecializationError` /
     :class:`ShapeError` naming the tensor, op or rank at fault."""
     graph, spec = _as_graph(model)
-    given, meta = _plan_parts(plan)
-    plan = plan if isinstance(plan, AnnotationPlan) else AnnotationPlan(annotations=given, meta=meta)
+    given, settings = _plan_parts(plan)
+    plan = plan if isinstance(plan, AnnotationPlan) else AnnotationPlan(annotations=given, settings=settings)
     unknown = sorted(n for n in given if n not in graph.tensors and ".grad_sync" not in n)
     if unknown:
         raise SpecializationError(f"the plan annotates {len(unknown)} tensor(s) the graph does not have: "
                                   f"{unknown[:5]}{' ...' if len(unknown) > 5 else ''} (graph {graph.name!r})")
-    _check_batch_binding(bindings, meta)
+    _check_batch_binding(bindings, settings)
     anns = deduce(graph, given)
     constraints = _constraints(graph, anns)
-    reps = _representative(graph, constraints, bindings, _meta_hints(meta))
+    reps = _representative(graph, constraints, bindings, _batch_hints(settings))
     planner = _Planner(graph, reps, resolver or _default_resolver(), cluster)
     plan_of = planner.plan
     pre = frozenset(n.name for n in graph.reshards if _from_parameter(graph, n))
@@ -387,23 +387,25 @@ def specialize(model: Any, plan: Any, cluster: "Cluster | None" = None, *, bindi
     f_plans = [comm[n.name] for n in graph.reshards if n.name not in pre]
     b_plans = list(back.values()) + list(reduce_plans.values())
     pipelines = build_pipelines(fwd_ranks, f_plans, b_plans, order_key, _kernel_groups(graph, anns, reps))
-    micro, sizes = _micro_batching(meta, pipelines, order_key)
-    kind = str(meta.get("schedule", "1f1b"))
+    micro, sizes = _micro_batching(settings, pipelines, order_key)
+    kind = settings.schedule
     schedules = _schedules(kind, pipelines, micro)
     where = {r: (i, j) for i, p in enumerate(pipelines) for j, s in enumerate(p) for r in s}
-    recompute = frozenset(int(r) for r in meta.get("recompute", ()) or ())
+    recompute = frozenset(settings.recompute)
     unknown_rc = sorted(recompute - set(where))
     if unknown_rc:
-        raise SpecializationError(f"plan.meta['recompute'] names rank(s) {unknown_rc} that run no stage of this "
+        raise SpecializationError(f"plan.settings.recompute names rank(s) {unknown_rc} that run no stage of this "
                                   f"program (stage ranks {format_ranks(sorted(where))})")
     node_ranks = _node_rank_sets(graph, anns)
     compute = {n.name: (ExecOp(n.name, n.kind, "F", n.inputs, n.outputs),
                         ExecOp(f"{n.name}.bwd", f"{n.kind}Bwd", "B", n.outputs, n.inputs))
                for n in graph.nodes if not n.is_leaf and not n.is_reshard}
-    return Program(graph, plan, cluster, anns, comm, back, reduce_plans, sync, pipelines, reps,
-                   tuple(constraints), kind, micro, sizes, pre, syncs, schedules, recompute, spec,
-                   node_ranks, where, _compute_ops=compute, _plan_keys=planner.keys, _resolver=resolver,
-                   _sync_ranks=_sync_rank_sets(syncs, sync))
+    return Program(graph=graph, plan=plan, cluster=cluster, annotations=anns, comm_plans=comm,
+                   backward_plans=back, grad_reduce_plans=reduce_plans, grad_sync_plans=sync, pipelines=pipelines,
+                   bindings=reps, constraints=tuple(constraints), schedule_kind=kind, micro_batches=micro,
+                   micro_batch_sizes=sizes, pre_reshards=pre, grad_syncs=syncs, schedules=schedules,
+                   recompute=recompute, model=spec, _node_ranks=node_ranks, _where=where, _compute_ops=compute,
+                   _plan_keys=planner.keys, _resolver=resolver, _sync_ranks=_sync_rank_sets(syncs, sync))
 
 
 def _sync_rank_sets(syncs: Sequence[GradSync], plans: Mapping[str, Any]) -> tuple[frozenset[int], ...]:
@@ -434,14 +436,14 @@ def _schedules(kind: str, pipelines: list[list[list[int]]], micro: Sequence[int]
     return out
 
 
-def _check_batch_binding(bindings: Mapping[str, int] | None, meta: Mapping[str, Any]) -> None:
+def _check_batch_binding(bindings: Mapping[str, int] | None, settings: ExecutionSettings) -> None:
     """A ``B`` in ``bindings`` must be the step's batch that the plan's micro-batches add up to."""
-    want = _meta_hints(meta).get("B")
+    want = settings.batch
     if bindings is None or want is None or "B" not in bindings or int(bindings["B"]) == want:
         return
     raise ShapeError(f"bindings: B={bindings['B']} but the plan's micro-batches add up to {want} samples per step "
-                     f"(micro_batch_size {meta.get('micro_batch_size')} x num_micro_batches "
-                     f"{meta.get('num_micro_batches')}); pass B={want} or change the strategy's micro-batches")
+                     f"(micro_batch_size {list(settings.micro_batch_size or ())} x num_micro_batches "
+                     f"{settings.num_micro_batches}); pass B={want} or change the strategy's micro-batches")
 
 
 class _Planner:
@@ -504,11 +506,12 @@ def _as_graph(model: Any) -> tuple[Graph, Any]:
                               f"Graph, not {type(model).__name__}")
 
 
-def _plan_parts(plan: Any) -> tuple[dict[str, Annotation], dict[str, Any]]:
+def _plan_parts(plan: Any) -> tuple[dict[str, Annotation], ExecutionSettings]:
     if hasattr(plan, "annotations"):
-        return dict(plan.annotations), dict(getattr(plan, "meta", {}) or {})
+        settings = getattr(plan, "settings", None)
+        return dict(plan.annotations), settings if isinstance(settings, ExecutionSettings) else ExecutionSettings()
     if isinstance(plan, Mapping):
-        return {k: v if isinstance(v, Annotation) else Annotation(v) for k, v in plan.items()}, {}
+        return {k: v if isinstance(v, Annotation) else Annotation(v) for k, v in plan.items()}, ExecutionSettings()
     raise SpecializationError(f"plan must be an AnnotationPlan or a mapping name -> Annotation, not "
                               f"{type(plan).__name__}")
 
@@ -539,12 +542,9 @@ def _constraints(graph: Graph, anns: Mapping[str, Annotation]) -> list[Constrain
     return list(seen.values())
 
 
-def _meta_hints(meta: Mapping[str, Any]) -> dict[str, int]:
+def _batch_hints(settings: ExecutionSettings) -> dict[str, int]:
     """``B`` = the global batch of one step when the plan comes from a strategy (its HDim ratios are per step)."""
-    nmb, mbs = meta.get("num_micro_batches"), meta.get("micro_batch_size")
-    if isinstance(nmb, (list, tuple)) and isinstance(mbs, (list, tuple)) and len(nmb) == len(mbs):
-        return {"B": sum(int(a) * int(b) for a, b in zip(nmb, mbs))}
-    return {}
+    return {} if settings.batch is None else {"B": settings.batch}
 
 
 def _representative(graph: Graph, constraints: Sequence[Constraint], bindings: Mapping[str, int] | None,
@@ -685,16 +685,15 @@ def _pipeline_order(graph: Graph, anns: Mapping[str, Annotation]) -> Callable[[l
     return key
 
 
-def _micro_batching(meta: Mapping[str, Any], pipelines: list[list[list[int]]],
+def _micro_batching(settings: ExecutionSettings, pipelines: list[list[list[int]]],
                     order_key: Callable[[list[int]], tuple[int, int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    nmb, mbs = meta.get("num_micro_batches", 1), meta.get("micro_batch_size")
+    mbs = settings.micro_batch_size or ()
     micro, sizes = [], []
     for p in pipelines:
         k = order_key(p[0])[0]
-        micro.append(int(nmb[k]) if isinstance(nmb, (list, tuple)) and k < len(nmb) else
-                     int(nmb) if isinstance(nmb, int) else 1)
-        if isinstance(mbs, (list, tuple)) and k < len(mbs):
-            sizes.append(int(mbs[k]))
+        micro.append(settings.micro_batches(k))
+        if k < len(mbs):
+            sizes.append(mbs[k])
     return tuple(micro), tuple(sizes)
 
 

@@ -257,7 +257,7 @@ class Strategy(BaseModel):
         """Validate a dict, JSON text, ``Path``/path string or ``Strategy``; then :meth:`check` the context given.
 
         A strategy without a ``name`` gets the name of its shape (:meth:`named`), so that every strategy the SDK
-        reports (``plan.meta``, ``Job.events``) says what it is.
+        reports (``plan.settings``, ``Job.events``) says what it is.
 
         Raises :class:`PlanValidationError` with every problem found as ``(field path, reason)``.
         """

@@ -32,8 +32,9 @@ parameter:
   that would cut a head (or any other tensor the split reaches) and names the nearest feasible ones.  Tensors of even stages keep
   exactly the even plan.
 
-``plan.meta`` records the schedule, each pipeline's micro-batching and the ranks that recompute activations,
-for :func:`~hspmd_sdk.core.specialize.specialize`.
+``plan.settings`` (:class:`~hspmd_sdk.core.plan.ExecutionSettings`) records the schedule, each pipeline's
+micro-batching, the ranks that recompute activations and the strategy itself, for
+:func:`~hspmd_sdk.core.specialize.specialize` and the runtime's re-planning.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ..errors import PlanValidationError, SpecializationError
 from .annotation import DS, DUPLICATE, Annotation
 from .model_spec import placements_by_tensor
-from .plan import AnnotationPlan
+from .plan import AnnotationPlan, ExecutionSettings
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -96,7 +97,7 @@ def zero_shard(shape: Sequence[int], split: int | None, groups: Sequence[Sequenc
                ) -> tuple[int, list[int] | None] | None:
     """ZeRO-1's top-tier split of a parameter of ``shape`` over the pipelines' subgroups ``groups``:
     ``(hdim, hratios)``, or ``None`` when no dim has at least one element per pipeline (the parameter then stays
-    replicated, and the plan's ``meta["zero1_replicated"]`` names it).
+    replicated, and the plan's ``settings.zero1_replicated`` names it).
 
     Preference: a dim that TP does not split and that the number of pipelines divides (equal chunks); then the
     TP-split dim if its chunks still divide by every subgroup's TP degree; then uneven chunks (HAP-style
@@ -229,7 +230,7 @@ def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Clust
                                              f"LlamaConfig or GPTConfig), not {type(model).__name__}")],
                                   what="strategy")
     strategy.check(model=model, cluster=cluster)
-    strategy = strategy.named()  # the plan's meta (and so Job.events) names the strategy it was made from
+    strategy = strategy.named()  # the plan's settings (and so Job.events) name the strategy it was made from
     graph = graph_of(model)
     table = placements_by_tensor(model)
     missing = [n.outputs[0] for n in graph.leaves if n.outputs[0] not in table]
@@ -278,27 +279,21 @@ def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Clust
             replicated.append(name)
         anns[name] = full if shard is None else _ann(groups, place.tp_split, shard[0], shard[1])
         anns[f"{name}.grad_sync"] = anns[name]
-    meta = {
-        "source": "plan_from_strategy",
-        "model": getattr(model, "name", None),
-        "strategy_name": strategy.name,
-        "schedule": strategy.schedule,
-        "zero1": strategy.zero1,
-        "micro_batch_size": [p.micro_batch_size for p in strategy.pipelines],
-        "num_micro_batches": [p.num_micro_batches for p in strategy.pipelines],
-        "stages": [[list(s.devices) for s in p.stages] for p in strategy.pipelines],
-        "recompute": sorted(r for p in strategy.pipelines for s in p.stages if s.recompute for r in s.devices),
-        "strategy": strategy.model_dump(mode="json"),
-    }
-    if replicated:
-        meta["zero1_replicated"] = replicated
-    return AnnotationPlan(annotations=anns, meta=meta)
+    settings = ExecutionSettings(
+        schedule=strategy.schedule, zero1=strategy.zero1,
+        micro_batch_size=[p.micro_batch_size for p in strategy.pipelines],
+        num_micro_batches=[p.num_micro_batches for p in strategy.pipelines],
+        recompute=sorted(r for p in strategy.pipelines for s in p.stages if s.recompute for r in s.devices),
+        zero1_replicated=replicated, strategy=strategy.model_dump(mode="json"))
+    meta = {"source": "plan_from_strategy", "model": getattr(model, "name", None), "strategy_name": strategy.name,
+            "stages": [[list(s.devices) for s in p.stages] for p in strategy.pipelines]}
+    return AnnotationPlan(annotations=anns, settings=settings, meta=meta)
 
 
 def strategy_of(program: Any) -> "Strategy | None":
-    """The :class:`~.strategy.Strategy` a Program was specialized from (``plan.meta["strategy"]``), or ``None`` for
-    a plan written by hand."""
+    """The :class:`~.strategy.Strategy` a Program was specialized from (``plan.settings.strategy``), or ``None``
+    for a plan written by hand."""
     from .strategy import Strategy
 
-    data = (program.plan.meta or {}).get("strategy")
+    data = program.plan.settings.strategy
     return Strategy.load(data) if data else None

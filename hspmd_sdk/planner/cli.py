@@ -133,7 +133,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-len", type=int_in(1, MAX_TOKENS), metavar="N",
                    help="mixed: context length (default: longest)")
     p.add_argument("--programs", metavar="DIR", help="mixed: specialize every candidate and write its annotation "
-                                                      "plan (meta: max_seq_len, windows) to DIR/candidate_<i>.json")
+                                                      "plan (settings: max_seq_len, windows) to DIR/candidate_<i>.json")
     p.add_argument("--packing", action="store_true", help="mixed: price micro-batches as packed rows of whole "
                                                           "sequences (what 'hspmd run --programs' runs unless "
                                                           "--padding); windows may then exceed the context")

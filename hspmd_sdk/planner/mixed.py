@@ -26,8 +26,8 @@ device kinds:
    since a step whose longest sequence is short wants no long-window pipeline: a :class:`MixedPlan` of
    :class:`MixedEntry` (the paper's Strategies A and B, Tables 15-16).
 
-:meth:`MixedPlan.programs` specializes every entry (``plan.meta`` carries ``max_seq_len``, ``windows`` and the
-strategy, so a :class:`Program` alone is a dispatch candidate).
+:meth:`MixedPlan.programs` specializes every entry (``plan.settings`` carries ``max_seq_len``, ``windows`` and
+the strategy, so a :class:`Program` alone is a dispatch candidate).
 
 **Online** (:func:`dispatch`, or a :class:`Dispatcher` built once and called per step): the step's sequences
 (fixed by the data) go, longest first, to where the estimated finish time grows least: over the pipelines whose
@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..core.plan import ExecutionSettings
 from ..core.strategy import Pipeline, Strategy
 from ..errors import PlanValidationError
 from .cost import CostModel
@@ -189,10 +190,10 @@ class MixedPlan(BaseModel):
     def programs(self, model: "ModelSpec | str", cluster: "Cluster") -> list["Program"]:
         """Every entry specialized (:func:`hspmd_sdk.specialize` of ``plan_from_strategy``), in entry order.
 
-        Each Program's ``plan.meta`` carries, besides what :func:`plan_from_strategy` records:
-        ``max_seq_len`` (int), ``windows`` (list, one token budget per pipeline, in the order of
-        ``program.pipelines``, which is the strategy's), ``context_len``, ``candidate`` (the entry index) and
-        ``mixed_strategy`` (the entry's strategy as JSON) -- what :func:`dispatch` reads from a Program alone.
+        Each Program's ``plan.settings`` carries, besides what :func:`plan_from_strategy` records (the strategy),
+        ``max_seq_len`` and ``windows`` (one token budget per pipeline, in the order of ``program.pipelines``,
+        which is the strategy's) -- what :func:`dispatch` reads from a Program alone; ``plan.meta`` notes
+        ``context_len`` and ``candidate`` (the entry index).
         """
         from ..core.specialize import specialize
         from ..core.strategy_plan import plan_from_strategy
@@ -203,10 +204,9 @@ class MixedPlan(BaseModel):
         out = []
         for i, e in enumerate(self.entries):
             plan = plan_from_strategy(model, e.strategy, cluster)
-            meta = {**plan.meta, "max_seq_len": e.max_seq_len, "windows": list(e.windows),
-                    "context_len": self.context_len, "candidate": i,
-                    "mixed_strategy": e.strategy.model_dump(mode="json")}
-            prog = specialize(model, plan.model_copy(update={"meta": meta}), cluster)
+            settings = plan.settings.model_copy(update={"max_seq_len": e.max_seq_len, "windows": tuple(e.windows)})
+            meta = {**plan.meta, "context_len": self.context_len, "candidate": i}
+            prog = specialize(model, plan.model_copy(update={"settings": settings, "meta": meta}), cluster)
             want = [[sorted(s.devices) for s in p.stages] for p in e.strategy.pipelines]
             if [[sorted(s) for s in p] for p in prog.pipelines] != want:
                 raise SpecializationError(f"entry {i}: the specialized pipelines {prog.pipelines} are not the "
@@ -766,23 +766,22 @@ def memory_windows(model: "ModelSpec", strategy: Strategy, cluster: "Cluster",
 def _candidate_parts(i: int, cand: Any, model: "ModelSpec", cluster: "Cluster",
                      cost: CostModel) -> tuple[Strategy, list[int], int]:
     """A candidate's strategy, windows and longest sequence: a :class:`MixedEntry`'s own, a Program's from
-    :meth:`MixedPlan.programs` (``plan.meta``); any other Program made from a strategy (``plan_from_strategy``)
+    :meth:`MixedPlan.programs` (``plan.settings``); any other Program made from a strategy (``plan_from_strategy``)
     or a :class:`~hspmd_sdk.core.strategy.Strategy` takes what its memory holds (:func:`memory_windows`)."""
     if isinstance(cand, MixedEntry):
         return cand.strategy, list(cand.windows), cand.max_seq_len
     if isinstance(cand, Strategy):
         strategy = cand
     else:
-        meta = getattr(getattr(cand, "plan", None), "meta", None)
-        if isinstance(meta, dict) and {"mixed_strategy", "windows", "max_seq_len"} <= set(meta):
-            return (Strategy.load(meta["mixed_strategy"]), [int(w) for w in meta["windows"]],
-                    int(meta["max_seq_len"]))
-        if not isinstance(meta, dict) or not meta.get("strategy"):
+        settings = getattr(getattr(cand, "plan", None), "settings", None)
+        if isinstance(settings, ExecutionSettings) and settings.is_candidate:
+            return Strategy.load(settings.strategy), list(settings.windows or ()), int(settings.max_seq_len or 0)
+        if not isinstance(settings, ExecutionSettings) or settings.strategy is None:
             raise PlanValidationError([(f"candidates[{i}]", "is neither a Strategy nor a Program made from one "
                                                             "(plan_from_strategy, MixedPlan.programs) nor a "
                                                             "MixedEntry: the dispatcher needs its pipelines")],
                                       what="dispatch")
-        strategy = Strategy.load(meta["strategy"])
+        strategy = Strategy.load(settings.strategy)
     windows = memory_windows(model, strategy, cluster, cost)
     return strategy, windows, max(windows)
 

@@ -57,6 +57,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ..core.plan import AnnotationPlan
 from ..core.slices import Box, box_shape, format_box
 from .checkpoint_io import CheckpointError, StoredPiece, piece_crc, read_header, SAFETENSORS_DTYPE
 from .checkpoint_lock import CheckpointLocked, break_checkpoint_lock
@@ -410,17 +411,18 @@ class Checkpoint:
     # ---- display ------------------------------------------------------------------------------------------
     def strategy_lines(self) -> list[str]:
         """The plan it was saved under, one pipeline a line (stages as TP degree and ranks)."""
-        meta = self.manifest.plan.get("meta", {})
-        head = [f"{len(self.manifest.pipelines)} pipeline(s)", f"schedule {meta.get('schedule', '?')}",
-                f"ZeRO-1 {'on' if meta.get('zero1') else 'off'}"]
-        if meta.get("strategy_name"):
-            head.insert(0, repr(meta["strategy_name"]))
+        plan = AnnotationPlan.load(self.manifest.plan)
+        settings = plan.settings
+        head = [f"{len(self.manifest.pipelines)} pipeline(s)", f"schedule {settings.schedule}",
+                f"ZeRO-1 {'on' if settings.zero1 else 'off'}"]
+        if (settings.strategy or {}).get("name"):
+            head.insert(0, repr(settings.strategy["name"]))
         lines = [", ".join(head)]
-        mbs, nmb = meta.get("micro_batch_size", []), meta.get("num_micro_batches", [])
+        mbs = settings.micro_batch_size or ()
         for i, pipe in enumerate(self.manifest.pipelines):
             stages = " -> ".join(f"TP{len(s)} {s}" for s in pipe)
-            micro = (f"  ({nmb[i]} micro-batch{'es' if nmb[i] != 1 else ''} of {mbs[i]})"
-                     if i < len(mbs) and i < len(nmb) else "")
+            nmb = settings.micro_batches(i)
+            micro = f"  ({nmb} micro-batch{'es' if nmb != 1 else ''} of {mbs[i]})" if i < len(mbs) else ""
             lines.append(f"pipeline {i}: {stages}{micro}")
         return lines
 

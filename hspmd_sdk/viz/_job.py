@@ -248,12 +248,12 @@ def _plan(job: Any, events: tuple[JobEvent, ...], to_launch: dict[int, int]) -> 
         return None
     layers: list[list[str]] = []
     strategy = None
-    meta = getattr(getattr(program, "plan", None), "meta", None) or {}
-    if meta.get("strategy"):
+    settings = getattr(getattr(program, "plan", None), "settings", None)
+    if getattr(settings, "strategy", None):
         try:
             from ..core.strategy import Strategy
 
-            strategy = Strategy.load(meta["strategy"])
+            strategy = Strategy.load(settings.strategy)
             layers = [[f"{s.layers[0]}-{s.layers[1]}" for s in p.stages] for p in strategy.pipelines]
         except Exception:  # noqa: BLE001 - drawn without layers
             strategy = None
