@@ -140,6 +140,33 @@ def test_the_stubs_are_on_the_path_a_good_launch_reaches_them(llama_program, no_
 
 
 @pytest.mark.timeout(60)
+def test_each_launch_checks_its_options_once(llama_program, no_workers: list, monkeypatch) -> None:
+    """One check of the options per launch (issue 23): ``launch`` checks them first, and neither the run it
+    builds nor the mixed-length path checks them again -- a valid launch reaches the worker start after one."""
+    import hspmd_sdk.runtime.run_config as run_config
+
+    calls: list = []
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("what", "training run"))
+        return check_run_options(*args, **kwargs)
+
+    monkeypatch.setattr(run_config, "check_run_options", counted)
+    program, cluster = llama_program
+    with pytest.raises(_Refused):
+        launch(program, cluster, steps=2, seq_len=SEQ)
+    assert calls == ["training run"] and len(no_workers) == 1
+    calls.clear()
+    with pytest.raises(_Refused):  # two candidates: each specialized and checked against the cluster, options once
+        launch([program, program], cluster, steps=2, tokens_per_step=256, context=SEQ)
+    assert calls == ["mixed-length training run"] and len(no_workers) == 2
+    calls.clear()
+    with pytest.raises(_Refused):  # launch_mixed called directly checks them itself
+        launch_mixed([program], cluster, steps=2, tokens_per_step=256, context=SEQ)
+    assert calls == ["mixed-length training run"] and len(no_workers) == 3
+
+
+@pytest.mark.timeout(60)
 def test_every_bad_option_is_named_at_once(llama_program, no_workers: list) -> None:
     program, cluster = llama_program
     err = _refused_in_time(launch, program, cluster, steps=2.5, seed=-1, lr="x", precision="fp16",

@@ -174,13 +174,12 @@ def micro_batch_feeds(model: Any, graph: Any, sequences: Sequence[np.ndarray], *
 # ---- the launcher side ---------------------------------------------------------------------------------------
 def same_layouts(programs: Sequence[Any]) -> list[int]:
     """For each candidate, the first candidate that runs the same Program (the same annotation plan, pipelines,
-    recomputation and bindings; only ``plan.meta`` — windows, maximum length — differs): moving between such
+    recomputation and bindings; only the windows and maximum length of ``plan.settings`` differ): moving between such
     candidates changes only the dispatch, not the plan, so nothing is switched."""
     keys: list[Any] = []
     out = []
     for p in programs:
-        data = p.plan.model_dump(mode="json")
-        data.pop("meta", None)
+        data = p.plan.model_dump(mode="json", exclude={"meta": True, "settings": {"windows", "max_seq_len"}})
         key = (repr(data), repr(p.pipelines), repr(sorted(p.recompute)), repr(sorted(p.bindings.items())))
         out.append(keys.index(key) if key in keys else len(keys))
         if key not in keys:
@@ -313,14 +312,14 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                  capture_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None,
                  checkpoint_every: int | None = None, keep: int = 3, checkpoint_async: bool = True,
                  resume_from: str | Path | None = None, packing: bool | None = None, init: Any = None,
-                 **launch_kwargs: Any) -> Any:
+                 _checked: bool = False, **launch_kwargs: Any) -> Any:
     """Train on mixed-length data, choosing per step among candidate ``programs`` (``launch(programs, ...)``;
     see the module docstring).  Returns the running :class:`~.job.Job`; ``job.wait().losses`` are the steps'
     losses (mean over each step's real target tokens), ``job.events`` the length switches, and
     ``job.length_planner.records`` what was dispatched per step.
 
     ``programs``: candidates for one model: :meth:`hspmd_sdk.planner.MixedPlan.programs` (each Program's
-    ``plan.meta`` has its ``max_seq_len`` and pipeline windows), or any Programs made from strategies and
+    ``plan.settings`` has its ``max_seq_len`` and pipeline windows), or any Programs made from strategies and
     :class:`~hspmd_sdk.core.strategy.Strategy` values (specialized here for the Programs' model): such a candidate
     takes the longest micro-batch its memory holds (:func:`~hspmd_sdk.planner.mixed.memory_windows`, at most the
     model's ``max_seq_len``); ``init``: start from these weights (a Hugging Face directory or a state dict, as for
@@ -339,7 +338,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     from ..planner.mixed import Dispatcher
     from .controller import TrainingController
     from .data import LengthBatches
-    from .train import _program_of, checked_faults, launch_runs, training_run
+    from .train import _program_of, checked_faults, checked_training_run, launch_runs
 
     what = "mixed-length training run"
     programs = list(programs)
@@ -351,12 +350,13 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     faults = [dict(f) for f in launch_kwargs.pop("fault_injection", None) or ()]
     from .run_config import check_run_options  # the same typed options as one Program's (SPEC §9)
 
-    check_run_options(getattr(programs[0], "model", None) if programs else None, mixed=True, what=what,
-                      steps=steps, seed=seed, tokens_per_step=tokens_per_step, data=data, context=context, lr=lr,
-                      betas=betas, eps=eps, weight_decay=weight_decay, precision=precision, lookahead=lookahead,
-                      cost=cost, capture_dir=capture_dir, checkpoint_dir=checkpoint_dir,
-                      checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
-                      resume_from=resume_from, packing=packing, init=init, **launch_kwargs)
+    if not _checked:  # launch() has checked them already
+        check_run_options(getattr(programs[0], "model", None) if programs else None, mixed=True, what=what,
+                          steps=steps, seed=seed, tokens_per_step=tokens_per_step, data=data, context=context,
+                          lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, precision=precision,
+                          lookahead=lookahead, cost=cost, capture_dir=capture_dir, checkpoint_dir=checkpoint_dir,
+                          checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
+                          resume_from=resume_from, packing=packing, init=init, **launch_kwargs)
     if not programs:
         raise PlanValidationError([("programs", "no candidate program")], what=what)
     cluster = cluster if cluster is not None else next((p.cluster for p in programs if hasattr(p, "cluster")), None)
@@ -394,7 +394,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     first = planner.first["choice"]
     runs = []
     for i, p in enumerate(programs):  # each candidate checked as the workers will rebuild it
-        run = training_run(p, steps=steps, seed=seed, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+        run = checked_training_run(p, steps=steps, seed=seed, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                            seq_len=context, cluster=cluster, capture_dir=capture_dir, precision=precision,
                            init=init if i == first else None)
         again = _program_of(run)

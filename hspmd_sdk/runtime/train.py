@@ -65,22 +65,45 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
     vocabulary, ...), then (:func:`_validate_run`) the ranks of ``recompute``, every rank of the program in
     ``cluster``, the init weights against the model, and the plan specialized once, as each worker
     will, against ``cluster``.  A bad run raises :class:`~hspmd_sdk.errors.PlanValidationError` naming the field."""
-    from ..core.model_spec import model_json
-    from ..errors import PlanValidationError
-    from ..models.registry import class_path
+    from .run_config import check_run_options  # types and ranges first: nothing below rounds or parses a value
 
-    config = program.model
+    check_run_options(_model_of(program), steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
+                      weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
+                      init=init, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
+                      checkpoint_async=checkpoint_async, resume_from=resume_from, precision=precision)
+    return checked_training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
+                                weight_decay=weight_decay, seq_len=seq_len, recompute=recompute,
+                                capture_dir=capture_dir, cluster=cluster, init=init, checkpoint_dir=checkpoint_dir,
+                                checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
+                                resume_from=resume_from, precision=precision)
+
+
+def _model_of(program: Any) -> Any:
+    from ..errors import PlanValidationError
+
+    config = getattr(program, "model", None)
     if config is None:
         raise PlanValidationError([("program", "was specialized from a bare graph; launch needs a Program "
                                                "specialized from a model config (specialize(LlamaConfig..., plan, "
                                                "cluster)) so that workers can rebuild the model")],
                                   what="training run")
-    from .run_config import check_run_options  # types and ranges first: nothing below rounds or parses a value
+    return config
 
-    check_run_options(config, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
-                      weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
-                      init=init, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
-                      checkpoint_async=checkpoint_async, resume_from=resume_from, precision=precision)
+
+def checked_training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthetic", lr: float = 1e-3,
+                         betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                         seq_len: int | None = None, recompute: Sequence[int] | None = None,
+                         capture_dir: str | Path | None = None, cluster: Any = None, init: Any = None,
+                         checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None,
+                         keep: int = 3, checkpoint_async: bool = True, resume_from: str | Path | None = None,
+                         precision: str = "fp32") -> dict[str, Any]:
+    """:func:`training_run` for options that :func:`~.run_config.check_run_options` has already checked (each
+    launch checks them once, first): the checks that need the program and the cluster, then the run."""
+    from ..core.model_spec import model_json
+    from ..errors import PlanValidationError
+    from ..models.registry import class_path
+
+    config = _model_of(program)
     plan = program.plan
     cluster = cluster if cluster is not None else program.cluster
     if cluster is None:
@@ -269,11 +292,11 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
                            weight_decay=weight_decay, precision=precision, cost=cost, capture_dir=capture_dir,
                            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
                            checkpoint_async=checkpoint_async, resume_from=resume_from, init=init,
-                           elastic=elastic, fault_injection=fault_injection, **launch_kwargs)
+                           elastic=elastic, fault_injection=fault_injection, _checked=True, **launch_kwargs)
         job.prepared_s = job._t0 - begun  # checks, dispatch of the first step, specialization, preflight
         return job
     cluster = cluster if cluster is not None else program.cluster
-    run = training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
+    run = checked_training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
                        weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
                        cluster=cluster, init=init, checkpoint_dir=checkpoint_dir,
                        checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
