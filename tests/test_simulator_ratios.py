@@ -49,3 +49,27 @@ def test_the_step_time_of_an_uneven_plan_follows_the_speed_ratio() -> None:
                                  model=MODEL, cluster=FAST_SLOW)
         times[tuple(ratios)] = simulate(MODEL, strategy, FAST_SLOW, seq_len=SEQ).step_time
     assert times[(3, 1)] < 0.7 * times[(1, 1)] and times[(1, 3)] > 1.3 * times[(1, 1)], times
+
+
+@pytest.mark.parametrize("ratios", [[3, 1], [1, 3], [21, 11]])
+@pytest.mark.parametrize("zero1", [False, True])
+def test_each_device_of_an_uneven_stage_holds_its_own_share_in_memory(ratios, zero1) -> None:
+    """Memory per device follows its share (the pace-setter's share was counted for every device): against the
+    strategy's own estimate (:meth:`Strategy.memory_estimate`, an independent formula over the plan's shapes)
+    and the even split, whose split bytes the shares divide."""
+    def strategy(rs):
+        stage = {"devices": [0, 1], "layers": [0, MODEL.num_layers - 1], **({"ratios": rs} if rs else {})}
+        return Strategy.load({"zero1": zero1, "pipelines": [{"stages": [stage], "micro_batch_size": 1,
+                                                               "num_micro_batches": 1}]})
+
+    uneven, even = (simulate(MODEL, strategy(rs), FAST_SLOW, global_batch=1, seq_len=SEQ) for rs in (ratios, None))
+    params = {d: uneven.memory[d]["params"] for d in (0, 1)}
+    assert params[0] / params[1] > 1 if ratios[0] > ratios[1] else params[0] / params[1] < 1
+    # the split parameters add up to the even split's: sum over devices is the same model
+    assert params[0] + params[1] == pytest.approx(2 * even.memory[0]["params"], rel=1e-9)
+    est = strategy(ratios).memory_estimate(MODEL, seq_len=SEQ)
+    reserve = uneven.memory[0]["reserve"]
+    for d in (0, 1):  # the simulator and the strategy's estimate agree within a few percent, device by device
+        assert uneven.peak_memory[d] - reserve == pytest.approx(est[d], rel=0.05), (d, uneven.memory[d], est[d])
+    # 3:1 of the 7B's states overfills the H800 (one replica: ZeRO-1 has nothing to shard over)
+    assert (uneven.oom == [0]) == (ratios == [3, 1])

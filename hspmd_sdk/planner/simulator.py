@@ -34,7 +34,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 from ..core.schedule import Action, build_schedule, in_flight, replay
@@ -132,6 +132,9 @@ class _StageCost:
     ring_gap_fwd: float = 0.0
     ring_gap_bwd: float = 0.0
     recompute: bool = False
+    # an uneven stage (ratios): each device's own (device, act_per_mb, transient, units) -- a device with a larger
+    # share holds more than the pace-setter whose costs are above
+    memory_of: tuple[tuple[int, float, float, tuple[tuple[Hashable, float], ...]], ...] = ()
 
 
 def _ring_link(cluster: "Cluster", devices: list[int]) -> "Link":
@@ -161,7 +164,8 @@ def _stage_cost(model: "ModelSpec", stage: "Stage", first: bool, last: bool, clu
     specs = {(cluster.spec(d).kind, tp if ratios is None else sum(ratios) / r): cluster.spec(d)
              for d, r in zip(stage.devices, ratios or [1] * len(stage.devices))}
     best: _StageCost | None = None
-    for (_, split), spec in specs.items():  # lockstep TP and CP groups: the slowest device sets the pace
+    priced_as: dict[tuple[str, float], _StageCost] = {}
+    for (kind, split), spec in specs.items():  # lockstep TP and CP groups: the slowest device sets the pace
 
         def priced(of: Callable[..., LayerCost], *args: Any, **kw: Any) -> LayerCost:
             mine = of(model, spec, split, link, *args, **kw)
@@ -187,10 +191,14 @@ def _stage_cost(model: "ModelSpec", stage: "Stage", first: bool, last: bool, clu
                         fwd_comm=sum(c.fwd_comm for _, c in parts), bwd_comm=sum(c.bwd_comm for _, c in parts),
                         ring_gap_fwd=sum(c.ring_gap_fwd for _, c in parts),
                         ring_gap_bwd=sum(c.ring_gap_bwd for _, c in parts), recompute=stage.recompute)
+        priced_as[(kind, split)] = sc
         if best is None or sc.fwd + sc.bwd > best.fwd + best.bwd:
             best = sc
     assert best is not None
-    return best
+    if ratios is None:
+        return best
+    own = [priced_as[(cluster.spec(d).kind, sum(ratios) / r)] for d, r in zip(stage.devices, ratios)]
+    return replace(best, memory_of=tuple((d, c.act_per_mb, c.transient, c.units) for d, c in zip(stage.devices, own)))
 
 
 # ---- data-parallel collectives ----------------------------------------------------------------------------------
@@ -453,20 +461,25 @@ def _memory(strategy: "Strategy", cluster: "Cluster", costs: dict[StageKey, _Sta
             buckets: list[tuple[tuple[StageKey, ...], dict[StageKey, float]]], devices: dict[StageKey, list[int]],
             cost: CostModel) -> dict[int, dict[str, float]]:
     """Per-device bytes: params, grads, optimizer (ZeRO-1: divided by the holders of each unit), activations,
-    reserve."""
+    reserve.  A device of an uneven stage (``ratios``) counts its own share (:attr:`_StageCost.memory_of`)."""
+    holders_of: dict[Hashable, int] = {}
+    for sc in costs.values():
+        for unit, _ in sc.units:
+            holders_of[unit] = holders_of.get(unit, 0) + 1
     out: dict[int, dict[str, float]] = {}
     for k, sc in costs.items():
-        parts = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
-        for holders, params in buckets:
-            if k in params:
-                for name, b in static_memory(params[k], len(holders) if strategy.zero1 else 1).items():
-                    parts[name] += b
         p = strategy.pipelines[k[0]]
         held = in_flight(strategy.schedule, p.num_stages, k[1], p.num_micro_batches)
-        parts["activations"] = sc.act_per_mb * held + sc.transient
-        parts["reserve"] = cost.memory_reserve_mb * 2.0**20
+        own = {d: (act, transient, units) for d, act, transient, units in sc.memory_of}
         for d in devices[k]:
-            out[d] = dict(parts)
+            act, transient, units = own.get(d, (sc.act_per_mb, sc.transient, sc.units))
+            parts = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
+            for unit, params in units:
+                for name, b in static_memory(params, holders_of[unit] if strategy.zero1 else 1).items():
+                    parts[name] += b
+            parts["activations"] = act * held + transient
+            parts["reserve"] = cost.memory_reserve_mb * 2.0**20
+            out[d] = parts
     return out
 
 
