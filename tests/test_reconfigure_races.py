@@ -132,6 +132,31 @@ def test_a_worker_killed_during_a_synchronous_checkpoint(tmp_path: Path, referen
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_checkpoint_a_failure_interrupted_is_retaken_after_the_next_step(tmp_path: Path, reference,
+                                                                          asynchronous: bool) -> None:
+    """``checkpoint_every=3``: rank 4 dies writing its shard of step 3's checkpoint, which can then never be
+    committed.  The survivors save after their next step (step 4) instead of leaving the job without a checkpoint
+    until step 6; the retaken checkpoint is complete (verified) and of the survivors' plan, and the losses are the
+    single-device model's."""
+    from hspmd_sdk.runtime.checkpoint import list_checkpoints, load_checkpoint
+
+    model, cluster = LlamaConfig.preset("tiny"), Cluster.local(6)
+    root = tmp_path / "ckpt"
+    job = launch_training(_program(model, SIX, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
+                          elastic=True, timeout_s=60, heartbeat_s=0.5, stall_s=8.0, checkpoint_dir=root,
+                          checkpoint_every=3, keep=STEPS, checkpoint_async=asynchronous,
+                          fault_injection=[{"rank": 4, "step": 3, "at": "shard-partial"}])
+    pids = job.pids()
+    result = job.wait(timeout=50)
+    assert [e.failed_ranks for e in result.events if e.reason == "failure"] == [[4]]
+    assert [s for s, _ in list_checkpoints(root)] == [4, 6]
+    retaken = load_checkpoint(root / "step-00000004")
+    assert retaken.manifest.world_size == 5, retaken.manifest  # saved under the five survivors' plan
+    _check(job, result, reference, pids, {4})
+
+
+@pytest.mark.timeout(60)
 def test_the_nth_failure_is_detected_as_fast_as_the_first(tmp_path: Path, reference) -> None:
     """Three ranks killed one after another (steps 1, 2, 3): each failure's ``detect`` (its first evidence to the
     start of replanning: the debounce that gathers a host's ranks, 0.3 s, plus the survivors' halts) is of the

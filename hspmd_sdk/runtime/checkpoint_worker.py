@@ -107,14 +107,18 @@ class CheckpointSaver:
         self._error: BaseException | None = None
         self._current: _Target | None = None
         self.saved: list[dict[str, Any]] = []
+        #: save after the next step whatever ``every`` says: a failure interrupted the last checkpoint's write
+        #: (the launcher decides, in its reconfiguration: every rank gets the same)
+        self.retake = False
 
     # ---- the training loop's calls ---------------------------------------------------------------------
     def after_step(self, completed: int, *, last: bool, program: Any, ex: Any, generation: int = 0) -> None:
-        """Save ``program``'s state if ``completed`` (steps done) is a multiple of ``every`` or this was the last
-        step.  ``generation``: the job's reconfiguration count (the same on every rank), so that a checkpoint
-        given up in a failure and its redo never share names."""
-        if completed % self.every and not last:
+        """Save ``program``'s state if ``completed`` (steps done) is a multiple of ``every``, this was the last
+        step or :attr:`retake` is set.  ``generation``: the job's reconfiguration count (the same on every rank), so
+        that a checkpoint given up in a failure and its redo never share names."""
+        if completed % self.every and not last and not self.retake:
             return
+        self.retake = False
         t0 = time.perf_counter()
         self.wait()
         target = self._current = self._target(program, ex, generation)

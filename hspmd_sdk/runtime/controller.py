@@ -164,7 +164,7 @@ class TrainingController:
     def __init__(self, program: "Program", cluster: "Cluster", *, global_batch: int, seq_len: int,
                  elastic: bool = False, straggler: StragglerWatch | None = None, cost: Any = None,
                  checkpoint_dir: str | None = None, resumed_from: str | None = None,
-                 debounce_s: float = 0.3, halt_timeout_s: float = 60.0, grow_back: Any = None,
+                 checkpoint_every: int | None = None, debounce_s: float = 0.3, halt_timeout_s: float = 60.0, grow_back: Any = None,
                  grow_back_default: bool = False) -> None:
         self.current = _Numbering(program, cluster, {r: r for r in cluster.ranks})  # the newest version requested
         # every version workers may still hold, by (reconfiguration, switch) id: lexicographic order is the order
@@ -179,6 +179,7 @@ class TrainingController:
         self.debounce_s, self.halt_timeout_s = debounce_s, halt_timeout_s
         # where lost state is reloaded from: this job's checkpoints (and the one it resumed from)
         self.checkpoint_dir, self.resumed_from = checkpoint_dir, resumed_from
+        self.checkpoint_every = checkpoint_every
         self.events: list[Event] = []
         self.job: "Job | None" = None
         self._lock = threading.RLock()
@@ -672,7 +673,8 @@ class TrainingController:
                "source": "memory" if checkpoint is None else "checkpoint", "finish": finish,
                "offer": {str(l): kind for l, kind in offer.items()},
                "checkpoint": None if checkpoint is None else resume_payload(checkpoint),
-               "switch_floor": floor, "payload": pack_payload((program, plan))}
+               "switch_floor": floor, "retake_checkpoint": self._checkpoint_missed(resume),
+               "payload": pack_payload((program, plan))}
         if self.mixed:
             msg.update({"candidates": pack_payload(candidates), "choice": choice})
         self._send(msg, sorted(ranks))
@@ -716,6 +718,17 @@ class TrainingController:
             except HSPMDError:
                 continue  # no plan of this candidate fits the survivors: the others do its steps
         return out, choice
+
+    def _checkpoint_missed(self, resume: int) -> bool:
+        """Whether the newest checkpoint the schedule wanted by step ``resume`` (the steps the survivors go on
+        from) is not committed: the failure interrupted its write.  The survivors then save after their next step
+        instead of waiting ``checkpoint_every`` steps more (decided here, once: every survivor gets the same)."""
+        if self.checkpoint_dir is None or not self.checkpoint_every:
+            return False
+        from .checkpoint import list_checkpoints
+
+        due = resume // self.checkpoint_every * self.checkpoint_every
+        return due > 0 and due not in {s for s, _ in list_checkpoints(self.checkpoint_dir)}
 
     def _checkpoint_for(self, lost: Any, before: int) -> Any:
         """The newest complete (verified) checkpoint of this job at a step up to ``before`` to reload the state

@@ -414,6 +414,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     run["faults"] = checked_faults(faults, range(cluster.num_ranks), "the cluster", what)
     controller = TrainingController(programs[first], cluster, global_batch=run["global_batch"], seq_len=context,
                                     elastic=elastic, cost=cost, checkpoint_dir=(run.get("checkpoint") or {}).get("dir"),
+                                    checkpoint_every=(run.get("checkpoint") or {}).get("every"),
                                     resumed_from=(run.get("resume") or {}).get("dir"))
     controller.use_candidates(programs, first, planner)
     if elastic and launch_kwargs.get("policy") is None:

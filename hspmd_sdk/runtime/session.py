@@ -91,6 +91,7 @@ class Reconfigure:
     finish: list[int]              # launch ranks that apply the step whose commit others completed
     checkpoint: dict[str, Any] | None = None  # :func:`~.checkpoint.resume_payload` of the checkpoint to reload
     switch_floor: int = 0          # switches up to this id are cancelled (requested before the failure)
+    retake_checkpoint: bool = False  # the failure interrupted a checkpoint's write: save after the next step
 
     @classmethod
     def decode(cls, msg: Mapping[str, Any]) -> "Reconfigure":
@@ -98,7 +99,8 @@ class Reconfigure:
         return cls(int(msg["id"]), int(msg["world"]), {int(k): int(v) for k, v in msg["ranks"].items()},
                    {int(k): int(v) for k, v in msg["src_ranks"].items()}, str(msg["master_addr"]),
                    int(msg["master_port"]), int(msg["resume_step"]), program, plan, str(msg["source"]),
-                   {int(k): str(v) for k, v in (msg.get("offer") or {}).items()}, [int(r) for r in msg.get("finish", ())], msg.get("checkpoint"), int(msg.get("switch_floor", 0)))
+                   {int(k): str(v) for k, v in (msg.get("offer") or {}).items()}, [int(r) for r in msg.get("finish", ())], msg.get("checkpoint"), int(msg.get("switch_floor", 0)),
+                   bool(msg.get("retake_checkpoint", False)))
 
 
 class TrainSession:
@@ -612,6 +614,8 @@ class TrainSession:
         self.state.channel.send("switched", id=msg.id, what="reconfigure", step=self.offset + msg.resume_step,
                                 seconds=round(time.perf_counter() - t2, 6), rejoin_s=round(t2 - t1, 6),
                                 wait_s=round(t1 - t0, 6), bytes=nbytes, **read, **self.last_switch)
+        if self.saver is not None and msg.retake_checkpoint:
+            self.saver.retake = True
         return msg.resume_step
 
     def _reload(self, msg: Reconfigure) -> dict[str, Any]:

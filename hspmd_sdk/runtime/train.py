@@ -313,6 +313,7 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
                                     grow_back=GrowBack() if grow_back is True else (grow_back or None),
                                     grow_back_default=grow_back is None,
                                     checkpoint_dir=(run.get("checkpoint") or {}).get("dir"),
+                                    checkpoint_every=(run.get("checkpoint") or {}).get("every"),
                                     resumed_from=(run.get("resume") or {}).get("dir"))
     if elastic and launch_kwargs.get("policy") is None:
         launch_kwargs["policy"] = controller
