@@ -658,7 +658,7 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
                 cost: CostModel | None = None, ranks: Sequence[int] | None = None, schedule: str = "1f1b",
                 zero1: bool = True, candidates: int | None = None, simulate_top: int | None = None,
                 min_pipelines: int = 1, max_pipelines: int | None = None, micro_batches: Sequence[int] = (1, 2, 4),
-                refine: bool = True, name: str | None = None) -> "Strategy":
+                refine: bool = True, name: str | None = None, mixed_groups: bool = True) -> "Strategy":
     """Plan a heterogeneous strategy for ``model`` on ``cluster`` (the paper's scenario (a), Appendix A.1).
 
     Searches TP degrees per device kind, numbers of pipelines and micro-batch sizes (pruned by a closed-form
@@ -668,6 +668,10 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
     simulated time improves).  ``ranks`` restricts the plan to a subset of the cluster (default: all);
     ``min_pipelines``/``max_pipelines`` bound the data-parallel degree (an elastic job wants at least two
     replicas, and ``zero1=False``, so that a failure loses no state).
+
+    ``mixed_groups``: where every host holds devices of several kinds (a node of mixed GPU generations), also
+    simulate TP groups that mix them with HAP's uneven ratios (:mod:`.hetero_mixed`, SPEC §12) and return them
+    when faster; the returned strategy's ``name`` then says which kind of plan won, by how much, and against what.
 
     >>> from hspmd_sdk.core.cluster import Cluster
     >>> s = plan_hetero("llama-7b", Cluster.mixed({"H800": 8, "H20": 8}), global_batch=16, seq_len=2048)
@@ -686,11 +690,45 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
     simulate_top = simulate_top if simulate_top is not None else (2 if large else 6)
     solved = search(ctx, ranks, candidates=candidates, max_pipelines=max_pipelines, min_pipelines=min_pipelines,
                     micro_batches=micro_batches)
-    if not solved:
+    name = name or f"plan_hetero: {model.name} on {len(ranks)} devices"
+    mixed = _best_mixed(ctx, ranks, micro_batches, min_pipelines, max_pipelines, name) if mixed_groups else None
+    if not solved and mixed is None:
         raise PlanValidationError([("cluster", f"no strategy for {model.name} fits {len(ranks)} devices at "
                                                f"global batch {global_batch}, seq_len {seq_len}")], what="plan")
-    return pick(ctx, solved, simulate_top=simulate_top, refine=refine, max_moves=1 if large else 6,
-                name=name or f"plan_hetero: {model.name} on {len(ranks)} devices")
+    plain = None
+    if solved:
+        try:
+            plain = pick(ctx, solved, simulate_top=simulate_top, refine=refine, max_moves=1 if large else 6,
+                         name=name)
+        except PlanValidationError:
+            if mixed is None:
+                raise
+    if mixed is None:
+        return plain
+    if plain is None:
+        return mixed[0].model_copy(update={"name": f"{name} (mixed-kind TP groups with ratios, est. "
+                                                   f"{mixed[1]:.3g} s: no plan of single-kind groups fits)"})
+    plain_t = rank_by_simulation(ctx, [plain])[0][1].step_time
+    how = ", ".join(":".join(map(str, st.ratios or ())) for p in mixed[0].pipelines for st in p.stages)
+    if mixed[1] < plain_t:
+        return mixed[0].model_copy(update={"name": f"{name} (mixed-kind TP groups with ratios {how}: est. "
+                                                   f"{mixed[1]:.3g} s against {plain_t:.3g} s for single-kind "
+                                                   f"groups)"})
+    return plain.model_copy(update={"name": f"{name} (single-kind groups: est. {plain_t:.3g} s against "
+                                            f"{mixed[1]:.3g} s for mixed-kind TP groups with ratios {how})"})
+
+
+def _best_mixed(ctx: PlanContext, ranks: Sequence[int], micro_batches: Sequence[int], min_pipelines: int,
+                max_pipelines: int | None, name: str) -> tuple["Strategy", float] | None:
+    """The fastest mixed-kind candidate that fits in the simulator, and its simulated step time."""
+    from .hetero_mixed import mixed_strategies
+
+    found = mixed_strategies(ctx, ranks, micro_batches=micro_batches, min_pipelines=min_pipelines,
+                             max_pipelines=max_pipelines, name=name)
+    if not found:
+        return None
+    best, res = rank_by_simulation(ctx, found)[0]
+    return None if res.oom else (best, res.step_time)
 
 
 def search(ctx: PlanContext, ranks: Sequence[int], *, candidates: int = 8, max_pipelines: int | None = None,

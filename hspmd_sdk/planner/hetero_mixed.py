@@ -1,0 +1,119 @@
+"""Mixed-kind TP groups for :func:`~hspmd_sdk.planner.hetero.plan_hetero` (SPEC §12, HAP inside HSPMD).
+
+The two-level planner keeps each TP group on one device kind.  A host that holds devices of several kinds (a
+workstation or a node with mixed GPU generations: several :class:`~hspmd_sdk.core.cluster.Node` entries of one
+``host``) can also run TP groups that mix them, each device holding a share of every TP-split tensor in
+proportion to what it can do: HAP's sharding ratios, from the linear program of
+:func:`~hspmd_sdk.planner.ratios.plan_ratios` (speeds and memories from the cost model).
+
+This module builds those candidates: every host's devices dealt into groups of ``k`` devices of each of its kinds
+(in rank order; ``k`` such that the group's TP degree divides the model), each group one pipeline of one stage
+holding every layer with its ratios, the step's micro-batches shared over the groups in proportion to their
+estimated speeds (largest remainders), with and without recomputation.  ``plan_hetero`` simulates them beside its
+best plan of single-kind groups and keeps the faster.
+
+Scope: a candidate uses every rank, so it exists only when every host of ``ranks`` has at least two kinds in equal
+numbers; groups are not split into pipeline stages (a model that a group cannot hold whole gets no candidate).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.strategy import Strategy
+    from .hetero import PlanContext
+
+__all__ = ["MixedGroups", "host_groups", "mixed_strategies"]
+
+
+@dataclass(frozen=True)
+class MixedGroups:
+    """One way to deal the hosts' devices into mixed-kind TP groups: ``groups`` (ranks, by host and rank order)
+    and each group's ``ratios`` and estimated seconds for one micro-batch (``times``)."""
+
+    groups: tuple[tuple[int, ...], ...]
+    ratios: tuple[tuple[int, ...], ...]
+    times: tuple[float, ...]
+
+
+def host_groups(ctx: "PlanContext", ranks: Sequence[int], per_kind: int) -> list[tuple[int, ...]] | None:
+    """Every host's devices among ``ranks`` in groups of ``per_kind`` devices of each of its kinds (the i-th group
+    takes the i-th ``per_kind`` devices of each kind, in rank order; a group's ranks sorted); ``None`` when some host has one kind only,
+    kinds in unequal numbers, or a number ``per_kind`` does not divide."""
+    by_host: dict[str, dict[str, list[int]]] = {}
+    for r in sorted(ranks):
+        node = ctx.cluster.node_of(r)
+        by_host.setdefault(node.host, {}).setdefault(node.kind, []).append(r)
+    out: list[tuple[int, ...]] = []
+    for kinds in by_host.values():
+        counts = {len(v) for v in kinds.values()}
+        if len(kinds) < 2 or len(counts) != 1 or next(iter(counts)) % per_kind:
+            return None
+        n = next(iter(counts)) // per_kind
+        for i in range(n):
+            out.append(tuple(sorted(r for v in kinds.values() for r in v[i * per_kind:(i + 1) * per_kind])))
+    return out
+
+
+def _deal(groups: Sequence[tuple[int, ...]], ctx: "PlanContext", micro_batch: int) -> MixedGroups | None:
+    """Each group's ratios (``plan_ratios`` for a stage of every layer) and estimated time; ``None`` when a
+    group cannot hold the model or its TP degree cannot split it."""
+    from ..core.strategy import Stage
+    from ..errors import HSPMDError
+    from .ratios import plan_ratios
+
+    ratios, times = [], []
+    for g in groups:
+        try:
+            plan = plan_ratios(ctx.model, ctx.cluster, Stage(devices=list(g), layers=[0, ctx.model.num_layers - 1]),
+                               micro_batch=micro_batch, seq_len=ctx.seq_len, cost=ctx.cost)
+        except HSPMDError:
+            return None
+        ratios.append(plan.ratios)
+        times.append(plan.step_time)
+    return MixedGroups(tuple(groups), tuple(ratios), tuple(times))
+
+
+def _shares(total: int, times: Sequence[float]) -> list[int] | None:
+    """``total`` micro-batches over groups of these times per micro-batch, in proportion to their speeds (largest
+    remainders); ``None`` when some group would get none."""
+    speeds = [1.0 / t for t in times]
+    exact = [total * s / sum(speeds) for s in speeds]
+    got = [int(x) for x in exact]
+    for i in sorted(range(len(exact)), key=lambda i: got[i] - exact[i])[:total - sum(got)]:
+        got[i] += 1
+    return got if min(got) >= 1 else None
+
+
+def mixed_strategies(ctx: "PlanContext", ranks: Sequence[int], *, micro_batches: Sequence[int] = (1, 2, 4),
+                     min_pipelines: int = 1, max_pipelines: int | None = None,
+                     name: str | None = None) -> list["Strategy"]:
+    """Candidate strategies of mixed-kind TP groups with ratios over ``ranks`` (see the module docstring): for
+    each group size and micro-batch size that divides the global batch, without and with recomputation."""
+    from ..core.strategy import Strategy
+    from .hetero import tp_degrees
+
+    degrees = set(tp_degrees(ctx.model, max(len(ranks), 1)))
+    out = []
+    for per_kind in range(1, len(ranks) + 1):
+        groups = host_groups(ctx, ranks, per_kind)
+        if groups is None or len(groups[0]) not in degrees:
+            continue
+        if len(groups) < min_pipelines or (max_pipelines is not None and len(groups) > max_pipelines):
+            continue
+        for b in micro_batches:
+            if ctx.global_batch % b:
+                continue
+            dealt = _deal(groups, ctx, b)
+            counts = _shares(ctx.global_batch // b, dealt.times) if dealt is not None else None
+            if dealt is None or counts is None:
+                continue
+            for recompute in (False, True):
+                pipelines = [{"stages": [{"devices": list(g), "layers": [0, ctx.model.num_layers - 1],
+                                          "recompute": recompute, "ratios": list(r)}],
+                              "micro_batch_size": b, "num_micro_batches": m}
+                             for g, r, m in zip(dealt.groups, dealt.ratios, counts)]
+                out.append(Strategy.load({"pipelines": pipelines, "schedule": ctx.schedule, "zero1": ctx.zero1,
+                                          "name": name}))
+    return out
