@@ -60,7 +60,7 @@ class _Ours:
     def __init__(self, state: Any, run: Mapping[str, Any], options: Mapping[str, Any] | None = None) -> None:
         from hspmd_sdk.runtime.comm import comm_groups
         from hspmd_sdk.runtime.executor import AdamConfig, StepExecutor, program_comm_plans
-        from hspmd_sdk.runtime.train import _program_of
+        from hspmd_sdk.runtime.protocol import program_of_run as _program_of
 
         program = _program_of(run)
         state.create_groups(comm_groups(program_comm_plans(program)))
@@ -377,7 +377,8 @@ def emulated_entry(state: Any, spec: Any) -> dict[str, Any]:
     affects all alike); returns each run's per-step times (barrier to barrier) after warm-up."""
     from hspmd_sdk.runtime.comm import comm_groups
     from hspmd_sdk.runtime.executor import AdamConfig, StepExecutor, program_comm_plans
-    from hspmd_sdk.runtime.train import _program_of, dataset_for
+    from hspmd_sdk.runtime.data import dataset_for
+    from hspmd_sdk.runtime.protocol import program_of_run as _program_of
 
     p = spec.payload
     if p.get("threads"):

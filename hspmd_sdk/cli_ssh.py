@@ -124,7 +124,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
 def run_launch(args: argparse.Namespace) -> int:
     """Run ``hspmd launch``; :class:`~hspmd_sdk.errors.HSPMDError` propagates (the CLI prints it, status 1)."""
     from .core.cluster import Cluster
-    from .runtime.ssh import launch_remote
+    from .runtime.launcher import launch_remote
 
     _check_arguments(args)
     if args.slurm:

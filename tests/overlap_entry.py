@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 from hspmd_sdk.runtime.comm import comm_groups
 from hspmd_sdk.runtime.executor import AdamConfig, StepExecutor, pipeline_groups, program_comm_plans
-from hspmd_sdk.runtime.train import _program_of, dataset_for
+from hspmd_sdk.runtime.data import dataset_for
+from hspmd_sdk.runtime.protocol import program_of_run as _program_of
 
 
 def entry(state: Any, spec: Any) -> dict[str, Any]:

@@ -126,7 +126,7 @@ def test_training_resumes_after_every_crash_under_another_plan(crashed: dict, re
 @pytest.fixture()
 def no_workers(monkeypatch: pytest.MonkeyPatch) -> list:
     """``launch_spec`` (what starts the workers) replaced by a stub that records its spec and refuses."""
-    import hspmd_sdk.runtime.launcher as launcher
+    import hspmd_sdk.runtime.start as launcher  # where every worker start goes (launch_spec)
 
     calls: list = []
 

@@ -57,7 +57,7 @@ def _program(data: dict, world: int):
 
 def _no_workers(monkeypatch: pytest.MonkeyPatch) -> list:
     """``launch_spec`` (what starts the workers) replaced by a stub that records its spec and refuses."""
-    import hspmd_sdk.runtime.launcher as launcher
+    import hspmd_sdk.runtime.start as launcher  # where every worker start goes (launch_spec)
 
     calls: list = []
 

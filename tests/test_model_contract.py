@@ -148,7 +148,7 @@ def test_a_global_batch_that_contradicts_the_micro_batches_fails_at_specialize()
 
 
 def test_optimizer_options_and_recompute_ranks_are_checked_before_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hspmd_sdk.runtime.launcher as launcher
+    import hspmd_sdk.runtime.start as launcher  # where every worker start goes (launch_spec)
     from hspmd_sdk import launch
 
     started: list = []

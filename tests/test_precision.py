@@ -177,7 +177,7 @@ def test_the_bf16_reference_is_the_bf16_recipe(references: dict) -> None:
 
 
 def test_a_bad_precision_starts_no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hspmd_sdk.runtime.launcher as launcher
+    import hspmd_sdk.runtime.start as launcher  # where every worker start goes (launch_spec)
     from hspmd_sdk import launch
 
     monkeypatch.setattr(launcher, "launch_spec", lambda *a, **k: pytest.fail("a worker would have started"))

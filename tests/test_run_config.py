@@ -56,7 +56,7 @@ class _Refused(RuntimeError):
 def no_workers(monkeypatch: pytest.MonkeyPatch) -> list:
     """The launcher's worker start (``launch_spec``) and the local transport's process spawn replaced by stubs
     that record the call and refuse: a check that lets a bad option through shows up as a call."""
-    import hspmd_sdk.runtime.launcher as launcher
+    import hspmd_sdk.runtime.start as launcher  # where every worker start goes (launch_spec)
     from hspmd_sdk.runtime.transport import LocalTransport
 
     calls: list = []

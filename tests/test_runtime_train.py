@@ -318,7 +318,7 @@ def test_micro_batch_plans_keep_the_operators_at_the_micro_batch_shape(config: L
 @pytest.fixture()
 def no_workers(monkeypatch: pytest.MonkeyPatch) -> list:
     """``launch_spec`` (what starts the workers) replaced by a stub that records its spec and refuses."""
-    import hspmd_sdk.runtime.launcher as launcher
+    import hspmd_sdk.runtime.start as launcher  # where every worker start goes (launch_spec)
 
     calls: list = []
 

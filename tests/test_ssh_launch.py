@@ -22,7 +22,8 @@ from hspmd_sdk.core.cluster import Cluster
 from hspmd_sdk.errors import RuntimeFailure
 from hspmd_sdk.runtime import JobCancelled, JobStatus
 from hspmd_sdk.runtime.hosts import SSHHost, remote_command
-from hspmd_sdk.runtime.ssh import PreflightError, SSHError, SSHTransport, check_hosts, launch_remote
+from hspmd_sdk.runtime.launcher import launch_remote
+from hspmd_sdk.runtime.ssh import PreflightError, SSHError, SSHTransport, check_hosts
 from hspmd_sdk.testing.sshd import LoopbackHosts, NetnsHosts, netns_available, sshd_available
 
 pytestmark = pytest.mark.skipif(not sshd_available() and not os.environ.get("CI"),
@@ -151,7 +152,7 @@ def test_training_on_two_hosts_equals_the_local_run_and_the_reference(lab: Loopb
     from hspmd_sdk.core.specialize import specialize
     from hspmd_sdk.core.strategy import Strategy
     from hspmd_sdk.core.strategy_plan import plan_from_strategy
-    from hspmd_sdk.runtime.ssh import launch_training_remote
+    from hspmd_sdk.runtime.launcher import launch_training_remote
     from hspmd_sdk.runtime.train import launch_training, reference_training
 
     config, steps, seed, seq = LlamaConfig.preset("tiny"), 3, 1, 16

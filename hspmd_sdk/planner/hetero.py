@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Sequence
 
+from ._pulp import _cbc, _variable
 from .cost import BF16, FP32, CostModel, embedding_cost, head_cost, layer_cost
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -225,26 +226,6 @@ def _stage_parts(prof: StageProfile, first: bool, last: bool, held: int) -> tupl
     per_layer = prof.layer_static + prof.layer_act * held
     transient = max(prof.layer_transient, prof.head_transient if last else 0.0)
     return fixed_t, fixed_b, per_layer, transient
-
-
-def _variable(prob, name: str, low: float | None, up: float | None, cat: str):
-    """A PuLP variable attached to ``prob`` (PuLP 3's ``add_variable`` where it exists)."""
-    import pulp
-
-    if hasattr(prob, "add_variable"):
-        return prob.add_variable(name, low, up, cat=cat)
-    return pulp.LpVariable(name, lowBound=low, upBound=up, cat=cat)
-
-
-def _cbc(time_limit: float):
-    """PuLP's bundled CBC, quiet (PuLP 3 flags the class as deprecated in favour of a separately installed CBC)."""
-    import warnings
-
-    import pulp
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit)
 
 
 def solve_layers(ctx: PlanContext, groups: Sequence[TPGroup], micro_batch: int, num_micro_batches: int,
@@ -723,8 +704,9 @@ def _best_mixed(ctx: PlanContext, ranks: Sequence[int], micro_batches: Sequence[
     """The fastest mixed-kind candidate that fits in the simulator, and its simulated step time."""
     from .hetero_mixed import mixed_strategies
 
-    found = mixed_strategies(ctx, ranks, micro_batches=micro_batches, min_pipelines=min_pipelines,
-                             max_pipelines=max_pipelines, name=name)
+    found = mixed_strategies(ctx, ranks, degrees=tp_degrees(ctx.model, max(len(ranks), 1)),
+                             micro_batches=micro_batches, min_pipelines=min_pipelines, max_pipelines=max_pipelines,
+                             name=name)
     if not found:
         return None
     best, res = rank_by_simulation(ctx, found)[0]

@@ -18,11 +18,10 @@ numbers; groups are not split into pipeline stages (a model that a group cannot 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.strategy import Strategy
-    from .hetero import PlanContext
 
 __all__ = ["MixedGroups", "host_groups", "mixed_strategies"]
 
@@ -37,7 +36,7 @@ class MixedGroups:
     times: tuple[float, ...]
 
 
-def host_groups(ctx: "PlanContext", ranks: Sequence[int], per_kind: int) -> list[tuple[int, ...]] | None:
+def host_groups(ctx: Any, ranks: Sequence[int], per_kind: int) -> list[tuple[int, ...]] | None:
     """Every host's devices among ``ranks`` in groups of ``per_kind`` devices of each of its kinds (the i-th group
     takes the i-th ``per_kind`` devices of each kind, in rank order; a group's ranks sorted); ``None`` when some host has one kind only,
     kinds in unequal numbers, or a number ``per_kind`` does not divide."""
@@ -56,7 +55,7 @@ def host_groups(ctx: "PlanContext", ranks: Sequence[int], per_kind: int) -> list
     return out
 
 
-def _deal(groups: Sequence[tuple[int, ...]], ctx: "PlanContext", micro_batch: int) -> MixedGroups | None:
+def _deal(groups: Sequence[tuple[int, ...]], ctx: Any, micro_batch: int) -> MixedGroups | None:
     """Each group's ratios (``plan_ratios`` for a stage of every layer) and estimated time; ``None`` when a
     group cannot hold the model or its TP degree cannot split it."""
     from ..core.strategy import Stage
@@ -86,15 +85,16 @@ def _shares(total: int, times: Sequence[float]) -> list[int] | None:
     return got if min(got) >= 1 else None
 
 
-def mixed_strategies(ctx: "PlanContext", ranks: Sequence[int], *, micro_batches: Sequence[int] = (1, 2, 4),
-                     min_pipelines: int = 1, max_pipelines: int | None = None,
-                     name: str | None = None) -> list["Strategy"]:
+def mixed_strategies(ctx: Any, ranks: Sequence[int], *, degrees: Sequence[int],
+                     micro_batches: Sequence[int] = (1, 2, 4), min_pipelines: int = 1,
+                     max_pipelines: int | None = None, name: str | None = None) -> list["Strategy"]:
     """Candidate strategies of mixed-kind TP groups with ratios over ``ranks`` (see the module docstring): for
-    each group size and micro-batch size that divides the global batch, without and with recomputation."""
+    each group size in ``degrees`` (the TP degrees the model divides into, :func:`~.hetero.tp_degrees`) and
+    micro-batch size that divides the global batch, without and with recomputation.  ``ctx``: the
+    :class:`~.hetero.PlanContext` of the planning run."""
     from ..core.strategy import Strategy
-    from .hetero import tp_degrees
 
-    degrees = set(tp_degrees(ctx.model, max(len(ranks), 1)))
+    degrees = set(degrees)
     out = []
     for per_kind in range(1, len(ranks) + 1):
         groups = host_groups(ctx, ranks, per_kind)

@@ -71,7 +71,7 @@ def _problem(speeds: Sequence[float], work: float, repeated: float, memory: Sequ
     """Solve the LP (``units=None``) or its integral form; ``None`` when nothing fits in memory."""
     import pulp
 
-    from .hetero import _cbc, _variable
+    from ._pulp import _cbc, _variable
 
     n = len(speeds)
     prob = pulp.LpProblem("hap_ratios", pulp.LpMinimize)

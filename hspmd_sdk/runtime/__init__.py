@@ -13,6 +13,13 @@ beating or hangs outside communication while its peers wait, and a lost host as 
 before any worker starts (:mod:`.preflight`, :class:`ResourceError`), and so is every training option, by type and
 range (:class:`RunConfig`, :func:`check_run_options`: a bad one is a ``PlanValidationError`` naming it).
 
+The modules are split by side, as the processes are: the launcher's (:mod:`.launcher`, :mod:`.train`,
+:mod:`.mixed`, :mod:`.runs`, :mod:`.start`, :mod:`.job`, :mod:`.controller`, :mod:`.faults`, :mod:`.run_config`,
+preflight, progress), the worker's (:mod:`.worker_entry`, :mod:`.session`, :mod:`.mixed_worker`,
+:mod:`.checkpoint_worker`, the executor, kernels and communication), what both read (:mod:`.protocol`,
+:mod:`.spec`, :mod:`.data`, checkpoints' files) and transports (local, SSH, Slurm); the two sides talk through the
+protocol's values only (a test of the import graph keeps it so).
+
 Names are imported lazily so that ``import hspmd_sdk.runtime`` does not pull in torch.
 """
 from __future__ import annotations
@@ -27,15 +34,16 @@ _EXPORTS = {
     "SSHTransport": ".ssh",
     "SSHHost": ".hosts",
     "check_hosts": ".ssh",
-    "launch_remote": ".ssh",
-    "launch_training_remote": ".ssh",
+    "launch_remote": ".launcher",
+    "launch_training_remote": ".launcher",
     "PreflightError": ".ssh",
     "SSHError": ".ssh",
     "SlurmTransport": ".slurm",
     "StepExecutor": ".executor",
-    "launch_spec": ".launcher",
-    "build_spec": ".launcher",
-    "free_port": ".launcher",
+    "launch_spec": ".start",
+    "build_spec": ".start",
+    "start_workers": ".start",
+    "free_port": ".transport",
     "LaunchSpec": ".spec",
     "backend_for": ".spec",
     "Job": ".job",
@@ -65,7 +73,8 @@ _EXPORTS = {
     "profile_model": ".profile",
     "profile_link": ".profile",
     "collective_sweep": ".profile",
-    "reference_mixed": ".mixed",
+    "reference_mixed": ".reference",
+    "reference_training": ".reference",
     "planning_summary": ".mixed",
 }
 

@@ -473,7 +473,7 @@ def load_checkpoint(directory: str | Path, *, verify: bool = True) -> Checkpoint
 # ---- resuming a run ---------------------------------------------------------------------------------------
 def data_identity(run: Mapping[str, Any]) -> tuple[str, int, int]:
     """``(source, global batch, sequence length)`` of a run's data stream as a checkpoint records it: for
-    mixed-length data (:func:`~.mixed.data_spec`) ``mixed:<documents digest>``, the token budget and the context
+    mixed-length data (:func:`~.data.data_spec`) ``mixed:<documents digest>``, the token budget and the context
     (a step's sequences are a function of these and the seed alone, whatever the candidates)."""
     d = run["data"]
     if isinstance(d, Mapping) and d.get("kind") == "mixed":
@@ -482,7 +482,7 @@ def data_identity(run: Mapping[str, Any]) -> tuple[str, int, int]:
 
 
 def resume_problems(ck: Checkpoint, program: Any, run: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Why ``run`` (a :func:`~.train.training_run` of ``program``) cannot continue from ``ck``: ``(field,
+    """Why ``run`` (a :func:`~.runs.training_run` of ``program``) cannot continue from ``ck``: ``(field,
     reason)`` pairs naming the tensor or setting (empty: it can).  The model (its config, the name aside, and
     class), the data source, seed, global batch and sequence length must be the checkpoint's, ``steps`` beyond its
     step, and the program's tensors exactly the checkpoint's with their shapes and dtypes; the plan, the world

@@ -36,8 +36,7 @@ from .checkpoint import (MANIFEST, DataPosition, FileEntry, Manifest, Piece, Ten
 from .checkpoint_io import (WRITE_POINTS, CheckpointError, PieceReader, StoredPiece, atomic_write_bytes,
                             fsync_dir, write_shard)
 from .checkpoint_plan import layouts_of, read_plan, write_plan
-from .liveness import waits
-from .session import CommFailure
+from .liveness import CommFailure, waits
 
 __all__ = ["CheckpointSaver", "load_resume", "restore_rng"]
 
@@ -266,7 +265,7 @@ class CheckpointSaver:
                  ) -> dict[int, Mapping[str, Any]]:
         """Every writer's record: rank 0's own, the others' from the store as they arrive.  A wait for peers:
         fault detection counts rank 0 here among the waiters (``@waits``), and when the launcher says a peer of
-        this world died (``WorkerState.peer_failed``) the wait ends with :class:`~.session.CommFailure` (a
+        this world died (``WorkerState.peer_failed``) the wait ends with :class:`~.liveness.CommFailure` (a
         synchronous checkpoint: the training thread then halts like its peers)."""
         out: dict[int, Mapping[str, Any]] = {0: mine} if mine is not None else {}
         waiting = [r for r in target.writers if r not in out]

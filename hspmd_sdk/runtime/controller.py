@@ -244,7 +244,7 @@ class TrainingController:
     def switch(self, program: "Program", *, reason: Reason = "user") -> Event:
         """Move the running job to ``program`` at the next step boundary (``Job.switch``)."""
         from ..core.reconfigure import plan_program_switch
-        from .session import pack_payload
+        from .protocol import pack_payload
 
         if self.mixed:
             raise SwitchError("this job trains on mixed-length data: it chooses its plan per step among its "
@@ -299,7 +299,7 @@ class TrainingController:
         rank 0), and one fused BSR moves every parameter and Adam moment to ``program``'s layout: the newcomers
         get their shards from the running ranks, whose numbering stays the same."""
         from ..core.reconfigure import plan_program_switch
-        from .session import pack_payload
+        from .protocol import pack_payload
 
         if self.mixed:
             raise SwitchError("growing a mixed-length job (per-step candidates) is not supported yet; grow a job "
@@ -545,7 +545,7 @@ class TrainingController:
         from ..core.strategy_plan import plan_from_strategy
         from ..planner.elastic import renumber, replan_elastic, survivor_cluster
         from .checkpoint import resume_payload
-        from .session import pack_payload
+        from .protocol import pack_payload
 
         t_start = time.time()
         with self._lock:
@@ -755,7 +755,7 @@ class TrainingController:
 
     def _rendezvous(self, launch_rank: int) -> tuple[str, int]:
         """Where the new world meets: on the host of its new rank 0, at a port free there."""
-        from .launcher import is_local_host
+        from .transport import is_local_host
         from .transport import LocalTransport
 
         job = self.job

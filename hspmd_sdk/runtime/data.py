@@ -14,8 +14,9 @@ from __future__ import annotations
 import functools
 import os
 import sysconfig
+import tempfile
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -325,3 +326,78 @@ def padded_rows(sequences: Sequence[np.ndarray], pad: int = -100) -> torch.Tenso
     for i, s in enumerate(sequences):
         out[i, :s.size] = s
     return torch.from_numpy(out)
+
+
+def documents_for(data: Any, vocab_size: int | None = None) -> Any:
+    """The :class:`~.data.Documents` of ``data=``: ``"stdlib-docs"`` (the standard library, one document per
+    file), a :class:`~.data.Documents`, a list of token arrays, or the path of a tokenized text file (one
+    document per line)."""
+    if isinstance(data, Documents):
+        docs = data
+    elif isinstance(data, str) and data == STDLIB_DOCS:
+        docs = Documents.stdlib()
+    elif isinstance(data, (str, Path)):
+        if not Path(data).is_file():
+            raise ValueError(f"data={str(data)!r}: not {STDLIB_DOCS!r} and no such file (a tokenized text file: "
+                             "one document per line, token ids separated by whitespace)")
+        docs = Documents.from_file(data)
+    elif isinstance(data, Sequence):
+        docs = Documents(data)
+    else:
+        raise ValueError(f"data must be {STDLIB_DOCS!r}, a list of token arrays, Documents or a tokenized text file, "
+                         f"not {type(data).__name__}")
+    if vocab_size is not None and docs.vocab_size > vocab_size:
+        raise ValueError(f"data {docs.name!r} has tokens up to {docs.vocab_size - 1} but the model's vocabulary "
+                         f"has {vocab_size}")
+    return docs
+
+
+def data_spec(docs: Any, *, context: int, tokens_per_step: int, seed: int) -> dict[str, Any]:
+    """The JSON form of a mixed-length source for the workers (documents other than the embedded default are
+    written once to a temporary ``.npz`` that each worker reads)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for d in docs.docs:  # the documents' identity, whatever file they were read from (checkpoints compare it)
+        digest.update(np.int64(d.size).tobytes())
+        digest.update(np.ascontiguousarray(d, dtype=np.int64).tobytes())
+    spec: dict[str, Any] = {"kind": "mixed", "context": int(context), "tokens_per_step": int(tokens_per_step),
+                            "seed": int(seed), "vocab_size": int(docs.vocab_size),
+                            "digest": digest.hexdigest()[:32]}
+    if getattr(docs, "stdlib_files", None) is not None:
+        spec["source"] = {"stdlib": docs.stdlib_files, "root": docs.stdlib_root}
+    else:
+        path = Path(tempfile.mkdtemp(prefix="hspmd-docs-")) / "documents.npz"
+        lengths = np.array([d.size for d in docs.docs], dtype=np.int64)
+        np.savez(path, tokens=np.concatenate(docs.docs) if docs.docs else np.zeros(0, np.int64), lengths=lengths)
+        spec["source"] = {"npz": str(path)}
+    return spec
+
+
+def batches_of(spec: Mapping[str, Any]) -> Any:
+    """The :class:`~.data.LengthBatches` of a :func:`data_spec` (worker side)."""
+    src = spec["source"]
+    if "stdlib" in src:
+        n = int(src["stdlib"])
+        docs = Documents.stdlib(src.get("root"), max_files=None if n < 0 else n)
+    else:
+        with np.load(src["npz"]) as z:
+            tokens, lengths = z["tokens"], z["lengths"]
+        bounds = np.concatenate([[0], np.cumsum(lengths)])
+        docs = Documents([tokens[a:b] for a, b in zip(bounds[:-1], bounds[1:])], vocab_size=int(spec["vocab_size"]))
+    return LengthBatches(docs, context=int(spec["context"]), tokens_per_step=int(spec["tokens_per_step"]),
+                         seed=int(spec["seed"]))
+
+
+def dataset_for(data: Any, vocab_size: int) -> Any:
+    """The token source of a run: ``"synthetic"`` or ``"stdlib"`` (needs a vocabulary of at least 256), or a
+    mixed-length source (:func:`data_spec`: :class:`LengthBatches`)."""
+    if isinstance(data, Mapping) and data.get("kind") == "mixed":
+        return batches_of(data)
+    if data == "synthetic":
+        return SyntheticTokens(vocab_size)
+    if data == "stdlib":
+        if vocab_size < VOCAB_SIZE:
+            raise ValueError(f"data='stdlib' is byte-level (256 tokens) but the model's vocabulary has {vocab_size}")
+        return StdlibBytes()
+    raise ValueError(f"data must be 'synthetic' or 'stdlib', not {data!r}")

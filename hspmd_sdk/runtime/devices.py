@@ -65,9 +65,8 @@ def backend_for_device(device: str, cluster: Any, backend: str | None = None, tr
 
 
 def _is_local(transport: Any) -> bool:
-    from .transport import LocalTransport
-
-    return transport is None or isinstance(transport, LocalTransport)
+    """No transport (local processes by default), or one whose workers run on this machine."""
+    return transport is None or bool(getattr(transport, "local", False))
 
 
 #: set by a transport that gives each worker one GPU of its own (the CUDA index it sees it at)

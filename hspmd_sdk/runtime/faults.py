@@ -27,10 +27,8 @@ import enum
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Any, Literal, Protocol
 
-if TYPE_CHECKING:
-    from .job import Job
 
 FailureKind = Literal["error", "exited", "hung", "connection lost"]
 
@@ -80,13 +78,13 @@ class Reaction(str, enum.Enum):
 class FailurePolicy(Protocol):
     """Decides what a :class:`~.job.Job` does about each failure it detects (see the module docstring)."""
 
-    def on_failure(self, job: "Job", failure: Failure) -> Reaction: ...
+    def on_failure(self, job: Any, failure: Failure) -> Reaction: ...
 
 
 class StopOnFailure:
     """The default policy: any failure stops every worker and fails the job."""
 
-    def on_failure(self, job: "Job", failure: Failure) -> Reaction:
+    def on_failure(self, job: Any, failure: Failure) -> Reaction:
         return Reaction.STOP
 
 

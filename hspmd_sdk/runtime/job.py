@@ -364,7 +364,7 @@ class Job:
         from ..core.specialize import Program, specialize
         from ..core.strategy import Strategy
         from ..core.strategy_plan import plan_from_strategy
-        from .controller import SwitchError
+        from ..errors import SwitchError
 
         if self.controller is None:
             raise RuntimeFailure(f"job {self.job_id} runs an entry that cannot switch plans (only training jobs "

@@ -27,10 +27,15 @@ from collections import deque
 from types import CodeType, FrameType
 from typing import Any, Callable
 
+from ..errors import HSPMDError
 from .protocol import EXIT_ORPHANED, Channel, LineReader
 
 #: Attribute names whose call blocks until communication completes (``Work.wait``, ``Future.wait``).
 _WAIT_CALLS = frozenset({"wait"})
+
+
+class CommFailure(HSPMDError):
+    """Communication with a peer failed (it died, or abandoned its groups after a peer died)."""
 
 
 class ControlInbox:

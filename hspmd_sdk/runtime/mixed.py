@@ -53,125 +53,19 @@ its own (whatever the dispatch), with the same normalisation: the independent re
 """
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
-
-import numpy as np
+from typing import Any, Sequence
 
 from ..errors import HSPMDError, PlanValidationError
-from .session import TrainSession, pack_payload, unpack_payload
+from .data import data_spec, documents_for
+from .protocol import pack_payload, program_of_run
+from .reference import reference_mixed
 
-__all__ = ["launch_mixed", "LengthPlanner", "MixedSession", "reference_mixed", "documents_for", "data_spec",
-           "micro_batch_feeds", "target_placeholders", "planning_summary"]
-
-#: Seconds a worker waits for the dispatch of a step before it fails (the launcher plans ahead; this is a hang).
-DISPATCH_WAIT_S = 120.0
+__all__ = ["launch_mixed", "LengthPlanner", "reference_mixed", "documents_for", "data_spec", "planning_summary"]
 
 
-# ---- data sources --------------------------------------------------------------------------------------------
-def documents_for(data: Any, vocab_size: int | None = None) -> Any:
-    """The :class:`~.data.Documents` of ``data=``: ``"stdlib-docs"`` (the standard library, one document per
-    file), a :class:`~.data.Documents`, a list of token arrays, or the path of a tokenized text file (one
-    document per line)."""
-    from .data import STDLIB_DOCS, Documents
-
-    if isinstance(data, Documents):
-        docs = data
-    elif isinstance(data, str) and data == STDLIB_DOCS:
-        docs = Documents.stdlib()
-    elif isinstance(data, (str, Path)):
-        if not Path(data).is_file():
-            raise ValueError(f"data={str(data)!r}: not {STDLIB_DOCS!r} and no such file (a tokenized text file: "
-                             "one document per line, token ids separated by whitespace)")
-        docs = Documents.from_file(data)
-    elif isinstance(data, Sequence):
-        docs = Documents(data)
-    else:
-        raise ValueError(f"data must be {STDLIB_DOCS!r}, a list of token arrays, Documents or a tokenized text file, "
-                         f"not {type(data).__name__}")
-    if vocab_size is not None and docs.vocab_size > vocab_size:
-        raise ValueError(f"data {docs.name!r} has tokens up to {docs.vocab_size - 1} but the model's vocabulary "
-                         f"has {vocab_size}")
-    return docs
-
-
-def data_spec(docs: Any, *, context: int, tokens_per_step: int, seed: int) -> dict[str, Any]:
-    """The JSON form of a mixed-length source for the workers (documents other than the embedded default are
-    written once to a temporary ``.npz`` that each worker reads)."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for d in docs.docs:  # the documents' identity, whatever file they were read from (checkpoints compare it)
-        digest.update(np.int64(d.size).tobytes())
-        digest.update(np.ascontiguousarray(d, dtype=np.int64).tobytes())
-    spec: dict[str, Any] = {"kind": "mixed", "context": int(context), "tokens_per_step": int(tokens_per_step),
-                            "seed": int(seed), "vocab_size": int(docs.vocab_size),
-                            "digest": digest.hexdigest()[:32]}
-    if getattr(docs, "stdlib_files", None) is not None:
-        spec["source"] = {"stdlib": docs.stdlib_files, "root": docs.stdlib_root}
-    else:
-        path = Path(tempfile.mkdtemp(prefix="hspmd-docs-")) / "documents.npz"
-        lengths = np.array([d.size for d in docs.docs], dtype=np.int64)
-        np.savez(path, tokens=np.concatenate(docs.docs) if docs.docs else np.zeros(0, np.int64), lengths=lengths)
-        spec["source"] = {"npz": str(path)}
-    return spec
-
-
-def batches_of(spec: Mapping[str, Any]) -> Any:
-    """The :class:`~.data.LengthBatches` of a :func:`data_spec` (worker side)."""
-    from .data import Documents, LengthBatches
-
-    src = spec["source"]
-    if "stdlib" in src:
-        n = int(src["stdlib"])
-        docs = Documents.stdlib(src.get("root"), max_files=None if n < 0 else n)
-    else:
-        with np.load(src["npz"]) as z:
-            tokens, lengths = z["tokens"], z["lengths"]
-        bounds = np.concatenate([[0], np.cumsum(lengths)])
-        docs = Documents([tokens[a:b] for a, b in zip(bounds[:-1], bounds[1:])], vocab_size=int(spec["vocab_size"]))
-    return LengthBatches(docs, context=int(spec["context"]), tokens_per_step=int(spec["tokens_per_step"]),
-                         seed=int(spec["seed"]))
-
-
-# ---- micro-batches -------------------------------------------------------------------------------------------
-def target_placeholders(graph: Any) -> set[str]:
-    """Placeholders the loss operator reads directly (the targets: their ``-100`` entries are padding)."""
-    node = graph.producer(graph.loss)
-    return {t for t in node.inputs if graph.producer(t).kind == "placeholder"}
-
-
-def micro_batch_feeds(model: Any, graph: Any, sequences: Sequence[np.ndarray], *,
-                      packed: bool = False) -> dict[str, Any]:
-    """The graph's placeholders for one padded micro-batch: ``model.feeds`` of the sequences padded on the right
-    (:func:`~.data.padded_rows`), padding ``-100`` in the targets (masked out of the loss) and ``0`` in every other
-    integer feed (a valid token; causal attention keeps padding out of the real positions).  ``packed``: one row,
-    each sequence's feeds back to back (``[1, sum of lengths]``; the kernels keep the sequences apart)."""
-    import torch
-
-    from .data import padded_rows
-    from .kernels import IGNORE_INDEX
-
-    if packed:
-        parts = [model.feeds(torch.as_tensor(np.asarray(q), dtype=torch.int64)[None]) for q in sequences]
-        for k, v in parts[0].items():
-            if not isinstance(v, torch.Tensor) or v.dim() < 2 or v.shape[0] != 1:
-                raise HSPMDError(f"packing needs every feed of model.feeds as [1, S, ...] for one sequence; feed "
-                                 f"{k!r} is {tuple(getattr(v, 'shape', ()))}: pass packing=False")
-        return {k: torch.cat([p[k] for p in parts], dim=1) for k in parts[0]}
-
-    feeds = dict(model.feeds(padded_rows(sequences, IGNORE_INDEX)))
-    targets = target_placeholders(graph)
-    for k, v in feeds.items():
-        if k not in targets and isinstance(v, torch.Tensor) and not v.is_floating_point():
-            feeds[k] = v.masked_fill(v == IGNORE_INDEX, 0)
-    return feeds
-
-
-# ---- the launcher side ---------------------------------------------------------------------------------------
 def same_layouts(programs: Sequence[Any]) -> list[int]:
     """For each candidate, the first candidate that runs the same Program (the same annotation plan, pipelines,
     recomputation and bindings; only the windows and maximum length of ``plan.settings`` differ): moving between such
@@ -338,7 +232,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     from ..planner.mixed import Dispatcher
     from .controller import TrainingController
     from .data import LengthBatches
-    from .train import _program_of, checked_faults, checked_training_run, launch_runs
+    from .runs import checked_faults, checked_training_run, launch_runs
 
     what = "mixed-length training run"
     programs = list(programs)
@@ -397,7 +291,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
         run = checked_training_run(p, steps=steps, seed=seed, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                            seq_len=context, cluster=cluster, capture_dir=capture_dir, precision=precision,
                            init=init if i == first else None)
-        again = _program_of(run)
+        again = program_of_run(run)
         if again.pipelines != p.pipelines:
             raise PlanValidationError([(f"programs[{i}]", "does not specialize to the same pipelines on the "
                                                           "launch cluster")], what=what)
@@ -475,195 +369,6 @@ def _resume_step(resume_from: Any, steps: int, what: str) -> int:
     return step
 
 
-# ---- the worker side -----------------------------------------------------------------------------------------
-class MixedSession(TrainSession):
-    """A worker's mixed-length run (see the module docstring): the step's candidate and micro-batches from the
-    launcher's ``dispatch`` message, a length switch where the candidate's Program changes (a candidate that runs
-    the same Program with other windows keeps the running one: :func:`same_layouts`), the pipeline's micro-batches
-    at their own shapes.
-
-    Elastic (``elastic=True``): the version a worker holds is ``(reconfiguration id, candidate)``; the state from
-    before a length switch is kept until the next commit, as for a user's switch, and a recovery brings the
-    candidates replanned on the survivors (:meth:`~.controller.TrainingController._replan_candidates`), among
-    which the dispatch goes on."""
-
-    def __init__(self, state: Any, run: Mapping[str, Any], index: int, offset: int) -> None:
-        mixed = run["mixed"]
-        self.choice = int(mixed["first"])
-        run = {**run, "recompute": None}  # every candidate's own (Program.recompute), whichever runs
-        super().__init__(state, run, index, offset)
-        self.version = (0, self.choice)
-        self.pool: list[Any] | None = None  # after a recovery: the candidates replanned on the survivors
-        self.batches = self.dataset  # dataset_for(a mixed spec): LengthBatches
-        self.candidates: dict[int, Any] = {self.choice: self.program}
-        self.switch_plans: dict[tuple[int, int], Any] = {}
-        self.dispatch: dict[str, Any] = {}
-        self.waits: list[float] = []
-        self.trained: dict[int, list[int]] = {}
-        self.length_switches: list[dict[str, Any]] = []
-        self._targets = target_placeholders(self.program.graph)
-
-    def _candidate(self, i: int) -> Any:
-        from .train import _program_of
-
-        got = self.candidates.get(i)
-        if got is None and self.pool is not None:
-            got = self.candidates[i] = self.pool[i]
-        if got is None:
-            c = self.run["mixed"]["candidates"][i]
-            got = self.candidates[i] = _program_of({**self.run, "plan": c["plan"], "bindings": c["bindings"],
-                                                     "program": c.get("program")})
-        return got
-
-    def _make_executor(self, params: Any, optimizer_state: Any) -> None:
-        self.B = int(self.program.bindings["B"])  # each candidate's default batch (the dispatch overrides it)
-        super()._make_executor(params, optimizer_state)
-
-    def _drop_unused_groups(self, program: Any) -> None:
-        """Keep every candidate's groups: the job switches back and forth between a few Programs."""
-
-    def _take_dispatch(self, step: int) -> dict[str, Any]:
-        """The launcher's dispatch of ``step`` for the world this worker is in (``gen``: the reconfiguration id);
-        dispatches for a world replaced since are dropped."""
-        end = time.monotonic() + DISPATCH_WAIT_S
-        while True:
-            self._collect()
-            for i, m in enumerate(self._messages):
-                if m.get("type") == "dispatch" and int(m.get("id", -1)) == step \
-                        and int(m.get("gen", 0)) == self.reconfigured:
-                    return self._messages.pop(i)
-            if time.monotonic() > end:
-                raise HSPMDError(f"rank {self.state.launch_rank}: no dispatch of step {step} from the launcher "
-                                 f"within {DISPATCH_WAIT_S:.0f} s")
-            time.sleep(0.002)
-
-    def _recover(self, reason: str) -> int:
-        step = super()._recover(reason)
-        raw = self.last_reconfigure
-        if "candidates" in raw:
-            self.pool = list(unpack_payload(raw["candidates"]))
-            self.choice = int(raw["choice"])
-            self.candidates = {self.choice: self.program}
-            self.switch_plans.clear()
-        self.version = (self.reconfigured, self.choice)
-        self._messages = [m for m in self._messages
-                          if m.get("type") != "dispatch" or int(m.get("gen", 0)) == self.reconfigured]
-        return step
-
-    def _maybe_switch(self, step: int) -> None:
-        t0 = time.perf_counter()
-        msg = self._take_dispatch(step)
-        self.waits.append(time.perf_counter() - t0)
-        lengths = self.batches.step_lengths(step)
-        if [int(x) for x in msg["lengths"]] != lengths:
-            raise HSPMDError(f"rank {self.state.launch_rank}: the launcher's dispatch of step {step} is for lengths "
-                             f"{msg['lengths'][:8]}..., this worker's data gives {lengths[:8]}...: the data differs")
-        self.dispatch = msg
-        choice = int(msg["choice"])
-        if "from" not in msg:  # the same Program (or another candidate with the same one): nothing moves
-            self.choice = choice
-            self.version = (self.reconfigured, choice)
-            return
-        key = (int(msg["from"]), choice)
-        if "plan" in msg:
-            self.switch_plans[key] = unpack_payload(msg["plan"])
-        if key not in self.switch_plans:
-            raise HSPMDError(f"rank {self.state.launch_rank}: no switch plan {key} for step {step}")
-        program = self._candidate(choice)
-        self.state.step = self.offset + step  # the switch belongs to the step it precedes (fault injection)
-        if self.elastic:  # a failure during the switch recovers from the state before it
-            self._keep_previous()
-        t1 = time.perf_counter()
-        nbytes = self._switch_to(program, self.switch_plans[key])
-        self.choice = choice
-        self.version = (self.reconfigured, choice)
-        seconds = time.perf_counter() - t1
-        self.length_switches.append({"step": step, "from": key[0], "to": choice, "seconds": round(seconds, 6),
-                                     **self.last_switch})
-        self.state.channel.send("switched", id=step, what="length", step=self.offset + step,
-                                seconds=round(seconds, 6), bytes=nbytes, **self.last_switch)
-
-    def _step(self, step: int) -> float:
-        import torch
-        import torch.distributed as dist
-
-        state, ex = self.state, self.ex
-        state.step = self.offset + step
-        state.begin_step()
-        indices = self.batches.step_indices(step)
-        lengths = [int(self.batches.lengths[i]) for i in indices]
-        total = sum(lengths)
-        agreed: dict[str, float] = {}
-
-        def commit(mine: float) -> None:
-            self._in_commit = step
-            self._collect()
-            counted = float(ex.trained_targets) if ex is not None and ex.loss_contributor() else 0.0
-            mine_t = torch.tensor([mine, counted, float(self.stop_heard)], dtype=torch.float64, device=state.device)
-            everyone = torch.empty(state.world_size * 3, dtype=torch.float64, device=state.device)
-            dist.all_gather_into_tensor(everyone, mine_t)
-            rows = everyone.view(-1, 3)
-            agreed["loss"], agreed["tokens"] = float(rows[:, 0].sum()), float(rows[:, 1].sum())
-            agreed["stop"] = float(rows[:, 2].max())
-
-        tokens = None
-        if ex is not None:
-            mbs = self.dispatch["micro_batches"][ex.pipeline]
-            packed = bool(self.dispatch.get("packed"))
-            micro: list[tuple[Any, ...]] = []
-            for mb in mbs:
-                seqs = [self.batches.sequences[indices[i]] for i in mb]
-                feeds = (micro_batch_feeds(self.program.model, self.program.graph, seqs, packed=packed)
-                         if ex.needs_data else None)
-                if packed:  # one row of the sequences back to back
-                    docs = tuple(lengths[i] for i in mb)
-                    micro.append((1, sum(docs), feeds, docs))
-                else:
-                    micro.append((len(mb), max(lengths[i] for i in mb), feeds))
-            ex.step(None, micro_batches=micro, loss_normalizer=total, before_update=commit,
-                    capture_grads=bool(self.capture) and step == 0)
-            if ex.loss_contributor():
-                self.trained[step] = [indices[i] for mb in mbs for i in mb]
-            if self.capture and step == 0:  # the boxes of step 0's Program (the run may end under another)
-                from .params import shard_box
-
-                self._grad_boxes = {k: shard_box(self.program, k, state.rank) for k in ex.params}
-                self._grads0 = {k: v.detach().cpu().clone() for k, v in (ex.captured_grads or {}).items()}
-            tokens = sum(lengths[i] for mb in mbs for i in mb) if ex.stage == 0 else None
-        else:
-            commit(0.0)
-        if int(agreed["tokens"]) != total:
-            raise HSPMDError(f"step {step}: the pipelines' losses read {int(agreed['tokens'])} real target tokens, "
-                             f"the step has {total}: a sequence was trained twice or not at all")
-        self._in_commit = None
-        self.committed = step
-        self.adam_steps += 1
-        self.previous = None
-        self._maybe_stop(step, agreed)
-        if self.saver is not None:  # under the candidate running now (a checkpoint loads under any of them)
-            self.saver.after_step(step + 1, last=step + 1 == self.steps, program=self.program, ex=ex,
-                                  generation=self.reconfigured)
-        state.report(self.offset + step, loss=agreed["loss"], tokens=tokens, run=self.index,
-                     compute_s=round(ex.compute_s, 6) if ex is not None else None, choice=self.choice,
-                     dispatch_wait_s=round(self.waits[-1], 6) if self.waits else None)
-        return agreed["loss"]
-
-    def train(self) -> dict[str, Any]:
-        self._grad_boxes: dict[str, Any] | None = None
-        self._grads0: dict[str, Any] = {}
-        out = super().train()
-        path = Path(self.capture or ".") / f"run{self.index}_rank{self.state.launch_rank}.pt"
-        if self.capture and path.exists():  # step 0's gradients with step 0's boxes ("grad_boxes")
-            import torch
-
-            saved = torch.load(path, map_location="cpu")
-            saved["grads"], saved["grad_boxes"] = self._grads0, self._grad_boxes or {}
-            torch.save(saved, path)
-        out.update({"trained": {str(k): v for k, v in self.trained.items()},
-                    "dispatch_wait_s": [round(w, 6) for w in self.waits], "length_switches": self.length_switches})
-        return out
-
-
 def planning_summary(job: Any, result: Any) -> dict[str, Any]:
     """How much of the per-step planning the workers waited for, from a finished mixed-length job.
 
@@ -688,40 +393,3 @@ def planning_summary(job: Any, result: Any) -> dict[str, Any]:
             "step_s": [steps[k] for k in sorted(steps)]}
 
 
-# ---- the single-device reference ------------------------------------------------------------------------------
-def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any = "stdlib-docs",
-                    context: int | None = None, seed: int = 0, lr: float = 1e-3,
-                    betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                    init: Mapping[str, Any] | None = None) -> Any:
-    """The model's single-device reference (``model.build_reference(seed)``, ``torch.optim.Adam``) on the same
-    steps of mixed-length data: all of a step's sequences in one batch, padded on the right with target ``-100``
-    (which the reference's ``loss`` ignores: the mean over the step's real target tokens; causal attention keeps
-    padding out of real positions) — independent of how the dispatcher cut the step into micro-batches; ``init``: a
-    state dict to start from instead of the seeded initialisation.  Returns
-    a :class:`~.train.ReferenceResult` (``grads`` of step 0, final ``params`` and Adam moments)."""
-    import torch
-
-    from .data import LengthBatches, padded_rows
-    from .executor import AdamConfig
-    from .kernels import IGNORE_INDEX
-    from .train import reference_result
-
-    context = int(model.max_seq_len if context is None else context)
-    batches = LengthBatches(documents_for(data, model.vocab_size), context=context, tokens_per_step=tokens_per_step,
-                            seed=seed)
-    ref = model.build_reference(seed)
-    if init is not None:
-        ref.load_state_dict({k: v.detach().clone() for k, v in init.items()})
-    opt = AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay).build(list(ref.parameters()))
-    losses, grads = [], {}
-    for step in range(steps):
-        rows = padded_rows(batches.step_sequences(step), IGNORE_INDEX)
-        tokens, targets = rows[:, :-1].clamp(min=0), rows[:, 1:]
-        opt.zero_grad(set_to_none=True)
-        loss = ref.loss(tokens, targets)
-        loss.backward()
-        if step == 0:
-            grads = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
-        opt.step()
-        losses.append(float(loss.detach()))
-    return reference_result(ref, opt, losses, grads)

@@ -60,7 +60,7 @@ def _per_micro_batch(model: Any, layers: int, *, rows: int, seq: int, micro: int
     from ..core.strategy import Strategy
     from ..core.strategy_plan import plan_from_strategy
     from .executor import AdamConfig, StepExecutor
-    from .mixed import micro_batch_feeds
+    from .mixed_worker import micro_batch_feeds
 
     m = model.with_layers(layers)
     cluster = Cluster.local(1)

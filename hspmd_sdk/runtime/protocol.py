@@ -25,6 +25,10 @@ control message, plain JSON (:func:`control_line`):
   ``spec.silent_s`` seconds exits (``EXIT_ORPHANED``), as it does when its stdin closes;
 - ``{"t": "control", "msg": {...}}``: a message for the entry, delivered by ``WorkerState.poll_control()``;
 - ``{"t": "dump"}``: write the stacks of every thread (faulthandler) to stderr.
+
+The values inside control messages: a Program (or a switch plan) travels as its JSON (:func:`pack_payload`,
+:func:`unpack_payload`); a ``reconfigure`` message decodes to :class:`Reconfigure`; a run (the dict a launcher
+sends each worker) carries its Program as JSON (:func:`program_of_run`).
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ import json
 import os
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 PREFIX = "@hspmd "
 
@@ -165,3 +170,75 @@ class LineReader:
         line, _, rest = bytes(self._buf).partition(b"\n")
         self._buf = bytearray(rest)
         return line + b"\n"
+
+
+def pack_payload(obj: Any) -> str:
+    """Core values (a Program, a SwitchPlan, a tuple of them) as JSON text for a control message: the Program's
+    own JSON form (:mod:`hspmd_sdk.core.program_json`; no pickle: reading it constructs only core value types),
+    per-process caches left out.  Text, so that the message around it is encoded in one pass."""
+    import json
+
+    from ..core.program_json import FORMAT, to_json_value
+
+    return json.dumps({"format": FORMAT, **to_json_value(obj)}, separators=(",", ":"))
+
+
+def unpack_payload(text: str) -> Any:
+    """The values :func:`pack_payload` wrote."""
+    import json
+
+    from ..core.program_json import FORMAT, ProgramJSONError, from_json_value
+
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ProgramJSONError(f"a control message's payload is not of format {FORMAT!r}")
+    return from_json_value(data)
+
+
+@dataclass
+class Reconfigure:
+    """A ``reconfigure`` message, decoded: the new world and what to switch to."""
+
+    id: int
+    world: int
+    ranks: dict[int, int]          # launch rank -> new process rank (survivors only)
+    src_ranks: dict[int, int]      # launch rank -> its rank in the switch's source numbering
+    master_addr: str
+    master_port: int
+    resume_step: int
+    program: Any
+    plan: Any
+    source: str                    # "memory": switch from the state the survivors hold (``offer``);
+                                   # "checkpoint": read the new Program's shards from ``checkpoint``
+    offer: dict[int, str]          # launch rank -> what it switches from: "live" (its running state), "previous"
+                                   # (the state it kept from before a switch), "nothing" (it only receives)
+    finish: list[int]              # launch ranks that apply the step whose commit others completed
+    checkpoint: dict[str, Any] | None = None  # :func:`~.checkpoint.resume_payload` of the checkpoint to reload
+    switch_floor: int = 0          # switches up to this id are cancelled (requested before the failure)
+    retake_checkpoint: bool = False  # the failure interrupted a checkpoint's write: save after the next step
+
+    @classmethod
+    def decode(cls, msg: Mapping[str, Any]) -> "Reconfigure":
+        program, plan = unpack_payload(msg["payload"])
+        return cls(int(msg["id"]), int(msg["world"]), {int(k): int(v) for k, v in msg["ranks"].items()},
+                   {int(k): int(v) for k, v in msg["src_ranks"].items()}, str(msg["master_addr"]),
+                   int(msg["master_port"]), int(msg["resume_step"]), program, plan, str(msg["source"]),
+                   {int(k): str(v) for k, v in (msg.get("offer") or {}).items()}, [int(r) for r in msg.get("finish", ())], msg.get("checkpoint"), int(msg.get("switch_floor", 0)),
+                   bool(msg.get("retake_checkpoint", False)))
+
+
+def program_of_run(run: Mapping[str, Any]) -> Any:
+    """The run's Program: read from its JSON (``run["program"]``, how a launcher sends it), or specialized from
+    the run's model, plan and cluster (a run built without one)."""
+    from ..core.cluster import Cluster
+    from ..core.plan import AnnotationPlan
+    from ..core.specialize import Program, specialize
+    from ..models.registry import model_from_class
+
+    if run.get("program") is not None:
+        return Program.from_json(run["program"])
+
+    config = model_from_class(run.get("model_class"), run["config"])
+    plan = AnnotationPlan.model_validate(run["plan"])
+    cluster = Cluster.model_validate(run["cluster"])
+    return specialize(config, plan, cluster, bindings=run.get("bindings"))

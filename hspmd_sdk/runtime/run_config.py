@@ -14,7 +14,7 @@ anything else happens (SPEC §9: before the plan is specialized on the launch cl
 
 What needs the Program or the cluster (the ranks of ``recompute`` and ``fault_injection``, the plan specialized on
 the launch cluster, a writable ``checkpoint_dir``, a checkpoint the run can resume from) is checked right after, by
-:func:`~.train.training_run` and :func:`~.checkpoint.run_fields`, still before any worker starts.
+:func:`~.runs.training_run` and :func:`~.checkpoint.run_fields`, still before any worker starts.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, Vali
 
 from ..errors import PlanValidationError
 from .devices import DEVICES
-from .train import PRECISIONS
+from .spec import PRECISIONS
 
 __all__ = ["RunConfig", "check_run_options", "position_limit", "SEED_LIMIT", "MIXED_OPTIONS"]
 
@@ -157,7 +157,7 @@ class RunConfig(BaseModel):
         model = ctx.get("model")
         if ctx.get("mixed") or model is None:
             return value
-        from .train import dataset_for
+        from .data import dataset_for
 
         try:
             dataset_for(value, model.vocab_size)

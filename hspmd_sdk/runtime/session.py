@@ -31,12 +31,13 @@ Nothing here names a model; the session reads the Program.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..core.slices import box_numel
 from ..errors import HSPMDError
-from .liveness import waits
+from .liveness import CommFailure, waits
+from .protocol import Reconfigure, pack_payload, unpack_payload
 
 __all__ = ["TrainSession", "pack_payload", "unpack_payload", "Reconfigure", "CommFailure"]
 
@@ -44,71 +45,13 @@ __all__ = ["TrainSession", "pack_payload", "unpack_payload", "Reconfigure", "Com
 RECONFIGURE_WAIT_S = 120.0
 
 
-class CommFailure(HSPMDError):
-    """Communication with a peer failed (it died, or abandoned its groups after a peer died)."""
-
-
-def pack_payload(obj: Any) -> str:
-    """Core values (a Program, a SwitchPlan, a tuple of them) as JSON text for a control message: the Program's
-    own JSON form (:mod:`hspmd_sdk.core.program_json`; no pickle: reading it constructs only core value types),
-    per-process caches left out.  Text, so that the message around it is encoded in one pass."""
-    import json
-
-    from ..core.program_json import FORMAT, to_json_value
-
-    return json.dumps({"format": FORMAT, **to_json_value(obj)}, separators=(",", ":"))
-
-
-def unpack_payload(text: str) -> Any:
-    """The values :func:`pack_payload` wrote."""
-    import json
-
-    from ..core.program_json import FORMAT, ProgramJSONError, from_json_value
-
-    data = json.loads(text)
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ProgramJSONError(f"a control message's payload is not of format {FORMAT!r}")
-    return from_json_value(data)
-
-
-@dataclass
-class Reconfigure:
-    """A ``reconfigure`` message, decoded: the new world and what to switch to."""
-
-    id: int
-    world: int
-    ranks: dict[int, int]          # launch rank -> new process rank (survivors only)
-    src_ranks: dict[int, int]      # launch rank -> its rank in the switch's source numbering
-    master_addr: str
-    master_port: int
-    resume_step: int
-    program: Any
-    plan: Any
-    source: str                    # "memory": switch from the state the survivors hold (``offer``);
-                                   # "checkpoint": read the new Program's shards from ``checkpoint``
-    offer: dict[int, str]          # launch rank -> what it switches from: "live" (its running state), "previous"
-                                   # (the state it kept from before a switch), "nothing" (it only receives)
-    finish: list[int]              # launch ranks that apply the step whose commit others completed
-    checkpoint: dict[str, Any] | None = None  # :func:`~.checkpoint.resume_payload` of the checkpoint to reload
-    switch_floor: int = 0          # switches up to this id are cancelled (requested before the failure)
-    retake_checkpoint: bool = False  # the failure interrupted a checkpoint's write: save after the next step
-
-    @classmethod
-    def decode(cls, msg: Mapping[str, Any]) -> "Reconfigure":
-        program, plan = unpack_payload(msg["payload"])
-        return cls(int(msg["id"]), int(msg["world"]), {int(k): int(v) for k, v in msg["ranks"].items()},
-                   {int(k): int(v) for k, v in msg["src_ranks"].items()}, str(msg["master_addr"]),
-                   int(msg["master_port"]), int(msg["resume_step"]), program, plan, str(msg["source"]),
-                   {int(k): str(v) for k, v in (msg.get("offer") or {}).items()}, [int(r) for r in msg.get("finish", ())], msg.get("checkpoint"), int(msg.get("switch_floor", 0)),
-                   bool(msg.get("retake_checkpoint", False)))
-
-
 class TrainSession:
     """One run of ``train_entry`` on one worker: see the module docstring."""
 
     def __init__(self, state: Any, run: Mapping[str, Any], index: int, offset: int) -> None:
         from .trace import StepRecorder
-        from .train import _checkpoint_saver, _initial_state, _program_of, _resume_point, dataset_for
+        from .data import dataset_for
+        from .protocol import program_of_run
 
         self.state, self.run, self.index, self.offset = state, run, index, offset
         self.elastic = bool(run.get("elastic"))
@@ -116,7 +59,7 @@ class TrainSession:
         self.faults = [f for f in run.get("faults") or () if int(f["rank"]) == state.launch_rank]
         self.B, self.S, self.seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
         self.steps = int(run["steps"])
-        self.program = _program_of(run)
+        self.program = program_of_run(run)
         self.dataset = dataset_for(run["data"], self.program.model.vocab_size)
         self.capture = run.get("capture_dir")
         self.switch_heard = 0      # the newest switch id received
@@ -257,8 +200,6 @@ class TrainSession:
         if self.resumed is not None:
             out["resumed"] = self.resumed
         if self.ex is not None:
-            from .train import _memory_summary, _save_capture
-
             out.update(_memory_summary(self.ex, self.program, self.state.rank))
             if self.capture:
                 _save_capture(self.ex, self.program, self.state.rank,
@@ -661,3 +602,71 @@ def _is_comm_failure(e: BaseException) -> bool:
         return any(s in text for s in ("Connection closed", "Connection reset", "Broken pipe", "gloo", "NCCL",
                                        "timed out", "Timed out", "connection", "ProcessGroup", "peer"))
     return False
+
+
+def _initial_shards(program: Any, rank: int, init: Mapping[str, Any] | None) -> Any:
+    """This rank's parameter shards read from the run's ``init`` (``None``: the seeded initialisation)."""
+    if not init:
+        return None
+    from ..models.hf import shard_reader
+    from .params import load_local_parameters
+
+    return load_local_parameters(program, rank, shard_reader(init["hf"], program.model))
+
+
+def _resume_point(run: Mapping[str, Any]) -> tuple[int, int]:
+    """``(first step, Adam updates done)`` of a run: the resumed checkpoint's, else ``(0, 0)``."""
+    resume = run.get("resume")
+    return (int(resume["step"]), int(resume["optimizer_step"])) if resume else (0, 0)
+
+
+def _initial_state(program: Any, rank: int, run: Mapping[str, Any]) -> tuple[Any, Any, dict[str, Any] | None]:
+    """``(params, optimizer_state, resume stats)`` of this rank: read from the resumed checkpoint (its RNG state
+    restored too), else the ``init`` weights or the seeded initialisation and a fresh optimizer."""
+    resume = run.get("resume")
+    if not resume:
+        return _initial_shards(program, rank, run.get("init")), None, None
+    from .checkpoint_worker import load_resume, restore_rng
+
+    params, opt_state, stats = load_resume(resume, program, rank)
+    stats["rng_restored"] = restore_rng(resume, rank)
+    return params, opt_state, stats
+
+
+def _checkpoint_saver(state: Any, run: Mapping[str, Any], index: int) -> Any:
+    """The run's :class:`~.checkpoint_worker.CheckpointSaver`, or ``None`` without ``checkpoint_dir``."""
+    if not run.get("checkpoint"):
+        return None
+    from .checkpoint_worker import CheckpointSaver
+
+    return CheckpointSaver(state, run, index)
+
+
+def _memory_summary(ex: Any, program: Any, rank: int) -> dict[str, Any]:
+    """Bytes of the rank's parameters, of its Adam state, and of its shards by the annotations."""
+    import torch
+
+    from .params import parameter_bytes, shard_box
+
+    return {"param_bytes": parameter_bytes(ex.params),
+            "optimizer_bytes": sum(t.numel() * t.element_size() for st in ex.optimizer.state.values()
+                                   for t in st.values() if isinstance(t, torch.Tensor) and t.dim() > 0),
+            "shard_bytes": sum(4 * box_numel(shard_box(program, n, rank)) for n in ex.params),
+            "pipeline": ex.pipeline, "stage": ex.stage, "micro_batches": [ex.num_micro, ex.micro_size]}
+
+
+def _save_capture(ex: Any, program: Any, rank: int, path: Path) -> None:
+    """Save the rank's synchronised gradients of step 0, its final parameter shards and their boxes."""
+    import torch
+
+    from .params import shard_box
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    opt = ex.optimizer_state()
+    torch.save({"grads": {k: v.cpu() for k, v in (ex.captured_grads or {}).items()},
+                "params": {k: v.detach().cpu().clone() for k, v in ex.params.items()},
+                "exp_avg": {k: st["exp_avg"].detach().cpu().clone() for k, st in opt.items() if "exp_avg" in st},
+                "exp_avg_sq": {k: st["exp_avg_sq"].detach().cpu().clone() for k, st in opt.items()
+                               if "exp_avg_sq" in st},
+                "optimizer_step": {k: st.get("step") for k, st in opt.items()},
+                "boxes": {k: shard_box(program, k, rank) for k in ex.params}}, path)

@@ -23,6 +23,9 @@ ENTRY_PATTERN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 #: Device kinds that run on the host CPU (gloo); every other kind is a CUDA device (nccl).
 CPU_KINDS = frozenset({"cpu"})
 
+#: ``precision=`` choices (SPEC §8); the executor's :data:`~.executor.PRECISIONS` maps them to dtypes.
+PRECISIONS = ("fp32", "bf16")
+
 
 class LaunchSpec(BaseModel):
     """What each worker of a job needs: rendezvous, entry point, run length and a free payload.

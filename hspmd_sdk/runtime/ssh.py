@@ -889,34 +889,6 @@ def check_hosts(cluster: Any, hosts: HostsArg = None, *, transport: SSHTransport
             transport.close()
 
 
-def launch_remote(cluster: Any, *, entry: str, steps: int, hosts: HostsArg = None, seed: int = 0,
-                  payload: Mapping[str, Any] | None = None, transport: SSHTransport | None = None,
-                  preflight: bool = True, timeout_s: float = 120.0, slowdown: Mapping[int, float] | None = None,
-                  loss_rank: int | None = None, backend: Any = None,
-                  progress: bool | None = None, echo: bool = False, log_dir: str | Path | None = None,
-                  heartbeat_s: float = 1.0, stall_s: float | None = 30.0, policy: Any = None,
-                  resource_check: bool = True, memory_per_rank: Mapping[int, float] | None = None,
-                  **ssh_options: Any) -> Any:
-    """Run ``entry`` on one worker per rank of ``cluster``, on its hosts over SSH; returns the running Job.
-
-    Checks every host first (``preflight``) and refuses to start if any fails (:class:`PreflightError`, one line
-    per host problem).  The rendezvous (TCPStore) is on rank 0's host, at its ``address`` and a port free there
-    (or ``master_port``).  Logs per rank go to ``log_dir`` (a temporary folder by default).  ``heartbeat_s``,
-    ``stall_s``, ``policy``: fault detection and reaction, as for :func:`hspmd_sdk.runtime.launcher.launch`; the
-    launcher and every host's agent watch each other, so a host cut off from the launcher stops its workers
-    within ``10 * heartbeat_s`` seconds, and the launcher reports it as ``connection lost`` with its ranks.
-    ``resource_check``/``memory_per_rank``: the resource preflight against what each host's probe found (cores,
-    available RAM, CUDA devices), as for a local launch.
-    """
-    from .launcher import launch
-
-    return launch(None, cluster, entry=entry, steps=steps, seed=seed, payload=payload,
-                  transport=transport or SSHTransport(hosts, **ssh_options), preflight=preflight, timeout_s=timeout_s,
-                  slowdown=slowdown, loss_rank=loss_rank, backend=backend, progress=progress, echo=echo,
-                  log_dir=log_dir, heartbeat_s=heartbeat_s, stall_s=stall_s, policy=policy,
-                  resource_check=resource_check, memory_per_rank=memory_per_rank)
-
-
 def _threads_per_worker(transport: SSHTransport, cluster: Any) -> int:
     counts: dict[str, int] = {}
     for n in cluster.nodes:
@@ -926,25 +898,3 @@ def _threads_per_worker(transport: SSHTransport, cluster: Any) -> int:
     return max(1, min(per))
 
 
-def launch_training_remote(program: Any, cluster: Any = None, *, steps: int, seed: int = 0,
-                           hosts: HostsArg = None, run_options: Mapping[str, Any] | None = None,
-                           **launch_kwargs: Any) -> Any:
-    """Train a specialized ``program`` on ``cluster``'s hosts over SSH: :func:`hspmd_sdk.runtime.train.launch_training`
-    (the one training path: ``job.switch``, ``elastic=``, events) with an :class:`SSHTransport` to ``hosts``.
-
-    ``run_options``: training options (``data``, ``lr``, ``seq_len``, ``elastic``, ...); ``launch_kwargs``: the SSH
-    settings of :class:`SSHTransport` and the launch options (``log_dir``, ``progress``, ``timeout_s``, ...).
-    """
-    import inspect
-
-    from .train import launch_training
-
-    ssh_names = set(inspect.signature(SSHTransport.__init__).parameters) - {"self", "hosts"}
-    ssh = {k: launch_kwargs.pop(k) for k in list(launch_kwargs) if k in ssh_names}
-    transport = launch_kwargs.pop("transport", None) or SSHTransport(hosts, **ssh)
-    try:
-        return launch_training(program, cluster, steps=steps, seed=seed, transport=transport,
-                               **dict(run_options or {}), **launch_kwargs)
-    except BaseException:
-        transport.close()
-        raise

@@ -381,3 +381,11 @@ def _close_quietly(stream: IO[bytes] | None) -> None:
             stream.close()
         except OSError:
             pass
+
+
+#: Host names that mean "this machine".
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def is_local_host(host: str) -> bool:
+    return host in LOCAL_NAMES or host == socket.gethostname()

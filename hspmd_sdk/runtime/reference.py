@@ -1,0 +1,155 @@
+"""The independent references a distributed run must match, and the captured shards it is compared by.
+
+* :func:`reference_training` — the plain single-device model (:func:`hspmd_sdk.models.build_reference`) trained
+  with ``torch.optim.Adam`` on the same data as a run of :func:`~.train.launch_training`;
+* :func:`reference_mixed` — the same on mixed-length data, a step in one padded batch of its own (whatever the
+  dispatch), with the run's loss normalisation;
+* :func:`load_captured` / :func:`assemble` — the shards each rank saved with ``capture_dir=``, as full tensors.
+
+Neither side of a job: a notebook, a test or a benchmark calls them beside a launch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .data import dataset_for, documents_for
+from .spec import PRECISIONS
+
+__all__ = ["ReferenceResult", "reference_training", "reference_mixed", "reference_result", "load_captured",
+           "assemble"]
+
+
+def load_captured(capture_dir: str | Path, index: int = 0) -> list[dict[str, Any]]:
+    """Every rank's saved shards of run ``index`` (``{"grads", "params", "exp_avg", "exp_avg_sq",
+    "optimizer_step", "boxes"}`` each)."""
+    import torch
+
+    return [torch.load(p, map_location="cpu") for p in sorted(Path(capture_dir).glob(f"run{index}_rank*.pt"))]
+
+
+def assemble(captured: Sequence[Mapping[str, Any]], which: str, shapes: Mapping[str, Sequence[int]]
+             ) -> tuple[dict[str, Any], float]:
+    """Full tensors from the ranks' shards (``which``: ``"grads"``, ``"params"``, ``"exp_avg"`` or
+    ``"exp_avg_sq"``) and the largest difference
+    between two ranks' copies of the same element (replicas must agree)."""
+    import torch
+
+    full = {n: torch.full(tuple(s), float("nan")) for n, s in shapes.items()}
+    worst = 0.0
+    for cap in captured:
+        for name, t in cap[which].items():
+            idx = tuple(slice(a, b) for a, b in cap["boxes"][name])
+            cur = full[name][idx]
+            seen = ~torch.isnan(cur)
+            if seen.any():
+                worst = max(worst, float((cur[seen] - t[seen]).abs().max()))
+            full[name][idx] = t
+    return full, worst
+
+
+@dataclass
+class ReferenceResult:
+    """Losses per step, the gradients of step 0, the parameters and Adam moments after the last step (full
+    tensors)."""
+
+    losses: list[float]
+    grads: dict[str, Any]
+    params: dict[str, Any]
+    exp_avg: dict[str, Any] = field(default_factory=dict)
+    exp_avg_sq: dict[str, Any] = field(default_factory=dict)
+
+
+def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: int, seq_len: int | None = None,
+                       data: str = "synthetic", lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
+                       eps: float = 1e-8, weight_decay: float = 0.0,
+                       init: Mapping[str, Any] | None = None, precision: str = "fp32") -> ReferenceResult:
+    """Train the model's single-device reference (``config.build_reference``) on one device with
+    ``torch.optim.Adam`` (:meth:`~.executor.AdamConfig.build`: the ranks' kernel) on the same data (``config``
+    is any :class:`~hspmd_sdk.models.ModelSpec`).
+    ``init``: a state dict to start from instead of the seeded initialisation.
+
+    ``precision="bf16"``: the distributed runtime's recipe on one device — a bf16 copy of the fp32 master module
+    computes the step (bf16 parameters, activations and gradients, the loss in fp32), its gradients become the
+    masters' (fp32) and Adam updates the masters with fp32 state.  ``grads`` and ``params`` are the masters'."""
+    import copy
+
+    import torch
+
+    from .executor import AdamConfig
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, not {precision!r}")
+    seq_len = int(seq_len or config.max_seq_len)
+    model = config.build_reference(seed)
+    if init is not None:
+        model.load_state_dict({k: v.detach().clone() for k, v in init.items()})
+    work = model if precision == "fp32" else copy.deepcopy(model).to(torch.bfloat16)
+    masters, copies = list(model.parameters()), list(work.parameters())
+    opt = AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay).build(masters)
+    dataset = dataset_for(data, config.vocab_size)
+    losses, grads = [], {}
+    for step in range(steps):
+        feeds = config.feeds(dataset.global_batch(step, global_batch, seq_len, seed))
+        opt.zero_grad(set_to_none=True)
+        if work is not model:
+            with torch.no_grad():
+                for c, m in zip(copies, masters):
+                    c.copy_(m)
+                    c.grad = None
+        loss = work.loss(feeds["tokens"], feeds["targets"])
+        loss.backward()
+        if work is not model:
+            for c, m in zip(copies, masters):
+                m.grad = c.grad.float() if c.grad is not None else torch.zeros_like(m)
+        if step == 0:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        losses.append(float(loss.detach()))
+    return reference_result(model, opt, losses, grads)
+
+
+def reference_result(model: Any, opt: Any, losses: list[float], grads: dict[str, Any]) -> "ReferenceResult":
+    """A finished single-device run as a :class:`ReferenceResult`: its losses, step-0 gradients, and the final
+    parameters and Adam moments of ``model`` under ``opt`` (copies)."""
+    named = dict(model.named_parameters())
+    state = {n: opt.state.get(p, {}) for n, p in named.items()}
+    return ReferenceResult(losses, grads, {n: p.detach().clone() for n, p in named.items()},
+                           {n: s["exp_avg"].clone() for n, s in state.items() if "exp_avg" in s},
+                           {n: s["exp_avg_sq"].clone() for n, s in state.items() if "exp_avg_sq" in s})
+
+
+def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any = "stdlib-docs",
+                    context: int | None = None, seed: int = 0, lr: float = 1e-3,
+                    betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                    init: Mapping[str, Any] | None = None) -> Any:
+    """The model's single-device reference (``model.build_reference(seed)``, ``torch.optim.Adam``) on the same
+    steps of mixed-length data: all of a step's sequences in one batch, padded on the right with target ``-100``
+    (which the reference's ``loss`` ignores: the mean over the step's real target tokens; causal attention keeps
+    padding out of real positions) — independent of how the dispatcher cut the step into micro-batches; ``init``: a
+    state dict to start from instead of the seeded initialisation.  Returns
+    a :class:`ReferenceResult` (``grads`` of step 0, final ``params`` and Adam moments)."""
+    from .data import LengthBatches, padded_rows
+    from .executor import AdamConfig
+    from .kernels import IGNORE_INDEX
+
+    context = int(model.max_seq_len if context is None else context)
+    batches = LengthBatches(documents_for(data, model.vocab_size), context=context, tokens_per_step=tokens_per_step,
+                            seed=seed)
+    ref = model.build_reference(seed)
+    if init is not None:
+        ref.load_state_dict({k: v.detach().clone() for k, v in init.items()})
+    opt = AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay).build(list(ref.parameters()))
+    losses, grads = [], {}
+    for step in range(steps):
+        rows = padded_rows(batches.step_sequences(step), IGNORE_INDEX)
+        tokens, targets = rows[:, :-1].clamp(min=0), rows[:, 1:]
+        opt.zero_grad(set_to_none=True)
+        loss = ref.loss(tokens, targets)
+        loss.backward()
+        if step == 0:
+            grads = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
+        opt.step()
+        losses.append(float(loss.detach()))
+    return reference_result(ref, opt, losses, grads)
