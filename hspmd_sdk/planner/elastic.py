@@ -14,14 +14,23 @@ paper's Table 11 C1) is the starting point; the replanner reuses it instead of s
 then the micro-batch ILP splits the global batch over the pipelines, the candidates are ranked by the simulator
 and the micro-batches polished as in the offline planner.  Every surviving device is used.  Ranks keep their
 numbers in the original cluster (:func:`survivor_cluster` renumbers them when a compact cluster is wanted).
+
+Uneven TP stages (``ratios``, SPEC §12, HAP): the ratios describe the devices, so a TP group of the new plan whose
+ranks all come from one uneven stage of the running strategy keeps their ratios (an untouched stage its own; a
+shrunk one the survivors' ratios, moved to the nearest ones the model's heads and rows can split, or none for a
+single device or equal ratios -- :func:`_inherit_ratios`).  A candidate the two-tier annotation cannot express
+with them (an uneven stage beside a pipeline that splits the same layer differently, or pipelines of unequal
+micro-batching) is planned even, as before.
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from .cost import CostModel
-from .hetero import (Candidate, PipelinePlan, PlanContext, TPGroup, configure_pipelines, make_groups, pick,
-                     solve_layers, solve_micro_batches, split_node, tp_degrees, _stage_parts, _sync_estimate)
+from .hetero import (Candidate, PipelinePlan, PlanContext, TPGroup, build_strategy, configure_pipelines, make_groups,
+                     pick, rank_by_simulation, refine_micro_batches, solve_layers, solve_micro_batches, split_node,
+                     tp_degrees, _stage_parts, _sync_estimate)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
@@ -153,7 +162,79 @@ def replan_elastic(model: "ModelSpec | str", cluster: "Cluster", strategy: "Stra
                                               f"devices")], what="elastic plan")
     cands.sort(key=lambda c: c.estimate)
     name = name or f"replan_elastic: {model.name} on {len(survivors)} devices (lost {sorted(failed)})"
-    return pick(ctx, cands, simulate_top=simulate_top, refine=refine, name=name)
+    if not any(s.is_uneven for p in strategy.pipelines for s in p.stages):
+        return pick(ctx, cands, simulate_top=simulate_top, refine=refine, name=name)
+    return _pick_uneven(ctx, cands, strategy, simulate_top=simulate_top, refine=refine, name=name)
+
+
+def _inherit_ratios(model: "ModelSpec", old: "Strategy", new: "Strategy") -> "Strategy":
+    """``new`` with the ratios of ``old``'s uneven stages on every stage whose ranks all come from one of them
+    (restricted to those ranks, in the new stage's order; moved to the nearest feasible ratios for the new
+    stage's layers, :func:`~hspmd_sdk.core.tp_ratios.feasible_ratios`; none when one rank is left, the ratios
+    are equal or nothing is feasible).  ``new`` unchanged when the result is not a valid strategy (the
+    two-tier annotation cannot express it)."""
+    from ..core.strategy import Strategy
+    from ..core.tp_ratios import feasible_ratios
+    from ..errors import PlanValidationError
+    from .ratios import split_units
+
+    owner = {r: s for p in old.pipelines for s in p.stages if s.is_uneven for r in s.devices}
+    if not owner:
+        return new
+    data = new.model_dump()
+    changed = False
+    for p, pipe in zip(data["pipelines"], new.pipelines):
+        for j, (st, stage) in enumerate(zip(p["stages"], pipe.stages)):
+            src = owner.get(stage.devices[0])
+            if len(stage.devices) < 2 or src is None or any(owner.get(r) is not src for r in stage.devices):
+                continue
+            ratios = [src.ratios[src.devices.index(r)] for r in stage.devices]
+            if len(set(ratios)) <= 1:
+                continue
+            g = math.gcd(*ratios)
+            ratios = [r // g for r in ratios]
+            first, last = j == 0, j == len(pipe.stages) - 1
+            unit = split_units(model, stage, first=first, last=last)
+            if unit % sum(ratios):
+                ratios = feasible_ratios(ratios, unit)
+            if ratios is None or len(set(ratios)) <= 1:
+                continue
+            st["ratios"] = ratios
+            changed = True
+    if not changed:
+        return new
+    try:
+        return Strategy.load(data, model=model)
+    except PlanValidationError:
+        return new
+
+
+def _pick_uneven(ctx: PlanContext, cands: Sequence[Candidate], old: "Strategy", *, simulate_top: int,
+                 refine: bool, name: str) -> "Strategy":
+    """:func:`~.hetero.pick` for a running strategy with uneven stages: each candidate's strategy inherits the
+    ratios (:func:`_inherit_ratios`) before the simulator ranks it; a micro-batch polish that the annotation
+    cannot express with them (unequal micro-batching beside an uneven stage) is not taken."""
+    from ..core.strategy import Strategy
+    from ..errors import PlanValidationError
+
+    step = max(simulate_top, 1)
+    for start in range(0, len(cands), step):
+        strategies = [_inherit_ratios(ctx.model, old, build_strategy(c, schedule=ctx.schedule, zero1=ctx.zero1,
+                                                                     name=name))
+                      for c in cands[start:start + step]]
+        best, res = rank_by_simulation(ctx, strategies)[0]
+        if res.oom:
+            continue
+        if refine:
+            polished = refine_micro_batches(ctx, best, res)[0]
+            try:
+                best = Strategy.load(polished.model_dump(), model=ctx.model)
+            except PlanValidationError:
+                pass
+        return best
+    raise PlanValidationError([("cluster", f"every planned strategy for {ctx.model.name} runs out of memory in the "
+                                           "simulator; add devices, shorten sequences or lower the global batch")],
+                              what="plan")
 
 
 def survivor_cluster(cluster: "Cluster", failed: Iterable[int]) -> tuple["Cluster", dict[int, int]]:
@@ -260,4 +341,6 @@ def replan_straggler(model: "ModelSpec | str", cluster: "Cluster", strategy: "St
         raise ValueError(f"no re-balanced strategy for the stragglers {speeds}")
     cands.sort(key=lambda c: c.estimate)
     name = f"replan_straggler: {model.name}, ranks " + ", ".join(f"{r} x{k:.2f}" for r, k in speeds.items())
-    return pick(ctx, cands, simulate_top=4, refine=True, name=name)
+    if not any(s.is_uneven for p in strategy.pipelines for s in p.stages):
+        return pick(ctx, cands, simulate_top=4, refine=True, name=name)
+    return _pick_uneven(ctx, cands, strategy, simulate_top=4, refine=True, name=name)  # uneven stages keep ratios
