@@ -391,3 +391,129 @@ def test_a_fresh_editors_strategy_says_there_is_no_plan_yet():
     assert "no devices yet" in repr(s) and "no devices yet" in s._repr_html_()
     _two_pipelines(ed)
     assert ed.strategy == Strategy.load(EXPECTED)
+
+
+# ---- issues 26 and 28: a stage's uneven TP ratios (SPEC §12) and its context parallelism (SPEC §11) ------------
+TP2 = {"pipelines": [{"stages": [{"devices": [0, 1], "layers": [0, 3]}], "micro_batch_size": 1,
+                      "num_micro_batches": 8}]}
+FOUR = {"pipelines": [{"stages": [{"devices": [0, 1, 2, 3], "layers": [0, 3]}], "micro_batch_size": 1,
+                       "num_micro_batches": 8}]}
+
+
+def test_set_ratios_gives_the_stage_uneven_shares_in_the_strategy_and_the_plans_hdim_ratios():
+    ed = _editor(strategy=TP2)
+    ed.set_ratios(0, 0, [3, 1])
+    assert ed.is_valid, ed.summary()
+    assert ed.strategy.pipelines[0].stages[0].ratios == [3, 1]
+    wq, wo = ed.plan.annotations["layers.0.attn.wq"], ed.plan.annotations["layers.0.attn.wo"]
+    assert (wq.dg_union, wq.hdim, wq.hratios) == ([[0], [1]], 1, [3, 1])  # column split: 3:1 of dim 1
+    assert (wo.hdim, wo.hratios) == (0, [3, 1])  # row split
+    # by hand: the tiny model's wq is 64 x 64 (4 heads of 16); rank 0 holds 3 heads = 48 columns, rank 1 one
+    assert [ed.program.local_shape("layers.0.attn.wq", r, ed.program.bindings) for r in (0, 1)] == [(64, 48),
+                                                                                                   (64, 16)]
+    assert "TP2 ratios 3:1" in ed.summary()
+    ed.set_ratios(0, 0, "1:3")  # the stage card's text
+    assert ed.strategy.pipelines[0].stages[0].ratios == [1, 3]
+    assert ed.plan.annotations["layers.0.attn.wq"].hratios == [1, 3]
+    ed.set_ratios(0, 0, [2, 2])  # all equal: the even split, no ratios kept
+    assert ed.draft.pipelines[0].stages[0].ratios is None and ed.strategy.pipelines[0].stages[0].ratios is None
+    assert ed.plan.annotations["layers.0.attn.wq"].hratios is None
+    assert ed.program.local_shape("layers.0.attn.wq", 0, ed.program.bindings) == (64, 32)
+    ed.set_ratios(0, 0, "3:1")
+    ed.set_ratios(0, 0, "")  # cleared: even again
+    assert ed.strategy == Strategy.load(TP2)
+    assert ed.undo() and ed.strategy.pipelines[0].stages[0].ratios == [3, 1]  # undoable like any edit
+
+
+@pytest.mark.parametrize("ratios, words", [
+    ([3, 1, 1], "3 ratio(s) [3, 1, 1] for 2 device(s)"),  # not one per device
+    ([3, 0], "0 in [3, 0] is not a positive integer"),
+    ("-1:1", "-1 in [-1, 1] is not a positive integer"),
+    ("2:1", "nearest feasible ratios: 3:1"),  # 2:1 cuts the 4 heads (and every size) into thirds
+])
+def test_invalid_ratios_are_an_error_at_the_stage_and_keep_the_draft_and_the_last_valid_plan(ratios, words):
+    ed = _editor(strategy=TP2)
+    ed.set_ratios(0, 0, [3, 1])
+    good = ed.strategy
+    ed.set_ratios(0, 0, ratios)
+    assert not ed.is_valid
+    [err] = ed.errors
+    assert (err.pipeline, err.stage, err.tensor) == (0, 0, None) and words in err.message
+    assert str(err).startswith("pipeline 0 · stage 0: ")  # the live message names the stage
+    assert ed.strategy == good and ed.plan.annotations["layers.0.attn.wq"].hratios == [3, 1]
+    assert ed.draft.pipelines[0].stages[0].ratios not in (None, [3, 1])  # the draft keeps what was typed
+    view = canvas_view(ed)
+    [stage] = view["pipelines"][0]["stages"]
+    assert words in stage["problems"][0]["text"] and view["can"]["save"] is False
+    assert {t["flag"] for t in view["tiles"] if t["r"] in (0, 1)} == {"error"}
+    assert ed.undo() and ed.is_valid and ed.strategy == good
+
+
+def test_ratios_text_that_is_not_whole_numbers_changes_nothing_and_says_why():
+    ed = _editor(strategy=TP2)
+    ed.set_ratios(0, 0, [3, 1])
+    before, undos = ed.draft, len(ed._history)
+    for bad in ("3:x", "1.5:1", "3/4", [1.5, 1], [True, 1], 3):
+        ed.set_ratios(0, 0, bad)
+        assert ed.message.startswith("pipeline 0 · stage 0: ratios ") and "not whole numbers" in ed.message
+        assert ed.draft == before and len(ed._history) == undos and ed.is_valid
+    ed.set_ratios(5, 0, [1, 1])
+    assert "no pipeline 5" in ed.message
+
+
+def test_set_cp_makes_a_cp_x_tp_grid_that_splits_the_sequence_over_the_cp_groups():
+    ed = _editor(strategy=FOUR)
+    seq = ed.tensor_shape("layers.0.in")[1]
+    assert ed.plan.annotations["layers.0.in"].ds_union[0].states == {-1: 4}  # TP4: every rank the whole sequence
+    ed.set_cp(0, 0, 2)
+    assert ed.is_valid, ed.summary()
+    assert ed.strategy.pipelines[0].stages[0].cp == 2 and "CP2×TP2" in ed.summary()
+    act = ed.plan.annotations["layers.0.in"]
+    assert act.ds_union[0].states == {1: 2, -1: 2}  # the sequence (dim 1) split in 2, duplicated over TP
+    # by hand: devices [0, 1, 2, 3] in 2 CP groups of TP2, TP fastest: ranks 0, 1 hold the first half of the
+    # sequence, ranks 2, 3 the second half
+    from hspmd_sdk.core.annotation import local_view
+
+    shape = ed.tensor_shape("layers.0.in")
+    assert [local_view(act, shape, r).box[1] for r in range(4)] == [(0, seq // 2)] * 2 + [(seq // 2, seq)] * 2
+    wq = ed.plan.annotations["layers.0.attn.wq"]
+    assert [local_view(wq, (64, 64), r).box[1] for r in range(4)] == [(0, 32), (32, 64)] * 2  # TP2, CP copies
+    ed.set_cp(0, 0, 4)
+    assert ed.strategy.pipelines[0].stages[0].cp == 4
+    assert ed.plan.annotations["layers.0.in"].ds_union[0].states == {1: 4}  # CP4: a quarter of the sequence each
+    ed.set_cp(0, 0, 1)
+    assert ed.strategy == Strategy.load(FOUR)
+
+
+@pytest.mark.parametrize("cp, words", [
+    (3, "3 context-parallel groups cannot share 4 device(s)"),
+    (0, "cp must be at least 1"),
+    (-2, "cp must be at least 1"),
+])
+def test_an_invalid_cp_is_an_error_at_the_stage_naming_the_values_it_can_take(cp, words):
+    ed = _editor(strategy=FOUR)
+    ed.set_cp(0, 0, 2)
+    good = ed.strategy
+    ed.set_cp(0, 0, cp)
+    [err] = ed.errors
+    assert (err.pipeline, err.stage) == (0, 0) and words in err.message
+    assert err.message.endswith("its 4 devices can take cp 1, 2 or 4")
+    assert str(err).startswith("pipeline 0 · stage 0: ")
+    assert ed.strategy == good and ed.draft.pipelines[0].stages[0].cp == cp
+    view = canvas_view(ed)  # drawn without the grid, not a crash
+    [stage] = view["pipelines"][0]["stages"]
+    assert stage["cp_groups"] is None and stage["tp"] is None and words in stage["problems"][0]["text"]
+    assert all(t["grid"] == "" and t["cp"] is None for t in view["tiles"] if t["r"] < 4)
+    json.dumps(view)
+    ed.set_cp(0, 0, "two")
+    assert "cp 'two' is not a whole number" in ed.message and ed.draft.pipelines[0].stages[0].cp == cp
+
+
+def test_uneven_ratios_with_cp_are_refused_at_the_stage():
+    ed = _editor(strategy=FOUR)
+    ed.set_cp(0, 0, 2)
+    ed.set_ratios(0, 0, [3, 1, 3, 1])
+    [err] = ed.errors
+    assert (err.pipeline, err.stage) == (0, 0) and "with cp=2 are not supported yet" in err.message
+    ed.set_ratios(0, 0, [1, 1, 1, 1])  # even: fine with CP
+    assert ed.is_valid and ed.strategy.pipelines[0].stages[0].cp == 2

@@ -210,3 +210,87 @@ def test_a_context_parallel_stage_is_shown_as_its_cp_x_tp_grid():
     assert ed.strategy.pipelines[0].stages[0].cp == 2  # the editor keeps the plan's CP (it dropped it before)
     plain = canvas_view(_editor(CROSS))["pipelines"][0]["stages"][0]
     assert (plain["shape"], plain["cp"], plain["tp"]) == ("TP2", 1, 2)
+
+
+# ---- issues 26 and 28: each tile's share of an uneven stage, and its place in a CP x TP grid -------------------
+def test_each_tile_carries_its_share_of_an_uneven_stage_and_the_picker_draws_the_uneven_shards():
+    ed = _editor({"pipelines": [{"stages": [{"devices": [4, 5], "layers": [0, 1], "ratios": [3, 1]},
+                                            {"devices": [0, 1], "layers": [2, 3]}],
+                                 "micro_batch_size": 1, "num_micro_batches": 8}]})
+    view = canvas_view(ed)
+    tiles = {t["r"]: t for t in view["tiles"]}
+    # by hand: 3:1 is 3/4 and 1/4; the even TP2 stage is 1/2 each, not marked uneven
+    assert [(tiles[r]["share"], tiles[r]["share_pct"], tiles[r]["uneven"]) for r in (4, 5, 0, 1)] == [
+        ("3/4", 75.0, True), ("1/4", 25.0, True), ("1/2", 50.0, False), ("1/2", 50.0, False)]
+    assert "holds 3/4 (75%) of every TP-split tensor (ratios 3:1)" in tiles[4]["title"]
+    assert "holds" not in tiles[0]["title"]
+    assert tiles[2]["share"] == "" and tiles[2]["p"] == -1  # unused
+    s0, s1 = view["pipelines"][0]["stages"]
+    assert (s0["ratios"], s0["ratios_text"], s0["uneven"], s0["shares"]) == ([3, 1], "3:1", True, ["3/4", "1/4"])
+    assert (s1["ratios"], s1["ratios_text"], s1["uneven"]) == (None, "", False)
+    # the shares are the core's: Stage.share of the strategy the editor holds
+    stage = ed.strategy.pipelines[0].stages[0]
+    assert [tiles[r]["share_pct"] / 100 for r in (4, 5)] == [stage.share(4), stage.share(5)]
+    # the figure's hover says it too
+    hover = ed.figure().data[0].hovertext
+    assert "holds 3/4 of every TP-split tensor (ratios 3:1)" in hover[4] and "holds" not in hover[0]
+    # the picker: wq (64 x 64, columns split 3:1 over ranks 4 and 5) drawn as 48 and 16 columns
+    ed.pick_tensor("layers.0.attn.wq")
+    t = canvas_view(ed)["tensor"]
+    assert "split along dim 1 in ratios 3:1" in t["words"]
+    assert t["shards"]["4"]["rects"] == [[0.0, 1.0, 0.0, 0.75]] and t["shards"]["5"]["rects"] == [[0.0, 1.0, 0.75, 1.0]]
+    assert t["cuts_c"] == [0.0, 0.75, 1.0] and "dim 1 0:48" in t["shards"]["4"]["text"]
+    fig = ed.figure()  # the standalone figure of the picked tensor: the same boxes
+    widths = sorted(round(s.x1 - s.x0, 6) for s in fig.layout.shapes if s.name and s.name.startswith("shard"))
+    assert widths[1] == pytest.approx(3 * widths[0])
+
+
+def test_each_tile_carries_its_cp_x_tp_coordinates_which_match_the_sequence_chunk_it_holds():
+    from hspmd_sdk.core.annotation import local_view
+
+    # devices in a shuffled order: the grid is by position in the stage (TP fastest), not by rank
+    ed = _editor({"pipelines": [{"stages": [{"devices": [6, 4, 7, 5], "layers": [0, 3], "cp": 2}],
+                                 "micro_batch_size": 1, "num_micro_batches": 8}]})
+    view = canvas_view(ed)
+    tiles = {t["r"]: t for t in view["tiles"]}
+    want = {6: [0, 0], 4: [0, 1], 7: [1, 0], 5: [1, 1]}  # by hand: positions 0..3 -> (i // 2, i % 2)
+    assert {r: tiles[r]["cp"] for r in want} == want
+    assert {r: tiles[r]["grid"] for r in want} == {6: "cp0·tp0", 4: "cp0·tp1", 7: "cp1·tp0", 5: "cp1·tp1"}
+    assert "CP group 1 of 2 (sequence chunk 1), TP rank 0 of 2" in tiles[7]["title"]
+    assert all(not tiles[r]["uneven"] and tiles[r]["share"] == "1/2" for r in want)
+    [stage] = view["pipelines"][0]["stages"]
+    assert stage["cp_groups"] == [[6, 4], [7, 5]] == ed.strategy.pipelines[0].stages[0].tp_groups
+    assert stage["cp_options"] == [1, 2, 4] and (stage["cp"], stage["tp"]) == (2, 2)
+    # the CP coordinate is the sequence chunk the plan gives the device (its activations' dim 1)
+    act, shape = ed.plan.annotations["layers.0.in"], ed.tensor_shape("layers.0.in")
+    half = shape[1] // 2
+    for r, (c, _) in want.items():
+        assert local_view(act, shape, r).box[1] == (c * half, (c + 1) * half)
+    assert "CP group 1 of 2, TP rank 0 (cp1·tp0)" in ed.figure().data[0].hovertext[7]
+    plain = canvas_view(_editor(CROSS))  # no CP: coordinates kept, no grid label
+    assert plain["tiles"][4]["cp"] == [0, 0] and plain["tiles"][5]["grid"] == ""
+
+
+def test_the_ratios_and_cp_fields_call_the_editor():
+    # one pipeline (a pipeline beside it would have to split the layers in the same ratios: the core says so)
+    ed = _editor({"pipelines": [CROSS["pipelines"][0]]})
+    ed.set_micro_batches(0, num_micro_batches=8)
+    ed.widget
+    ui = ed._ui
+    ui._on_msg(None, {"op": "ratios", "p": 0, "s": 1, "value": "3:1"}, None)
+    assert ed.draft.pipelines[0].stages[1].ratios == [3, 1] and ed.is_valid
+    assert [t["share"] for t in ui.canvas.view["tiles"][:2]] == ["3/4", "1/4"]
+    ui._on_msg(None, {"op": "ratios", "p": 0, "s": 1, "value": "3:x"}, None)
+    assert "not whole numbers" in ui.canvas.view["message"] and ed.draft.pipelines[0].stages[1].ratios == [3, 1]
+    ui._on_msg(None, {"op": "ratios", "p": 0, "s": 1, "value": ""}, None)  # cleared: even
+    assert ed.draft.pipelines[0].stages[1].ratios is None and ui.canvas.view["tiles"][0]["uneven"] is False
+    ed.set_devices(0, 1, [0, 1, 2, 3])
+    ui._on_msg(None, {"op": "cp", "p": 0, "s": 1, "value": 2}, None)
+    assert ed.draft.pipelines[0].stages[1].cp == 2
+    assert ui.canvas.view["pipelines"][0]["stages"][1]["shape"] == "CP2×TP2"
+    assert [t["grid"] for t in ui.canvas.view["tiles"][:4]] == ["cp0·tp0", "cp0·tp1", "cp1·tp0", "cp1·tp1"]
+    ui._on_msg(None, {"op": "cp", "p": 0, "s": 1, "value": 3}, None)  # an error, live, at the stage
+    [stage] = [s for s in ui.canvas.view["pipelines"][0]["stages"] if s["s"] == 1]
+    assert "cannot share 4 device(s)" in stage["problems"][0]["text"] and ui.canvas.view["can"]["save"] is False
+    ui._on_msg(None, {"op": "cp", "p": 0, "s": 1, "value": 1.5}, None)
+    assert "not a whole number" in ui.canvas.view["message"] and ed.draft.pipelines[0].stages[1].cp == 3

@@ -13,6 +13,7 @@ from ..core.annotation import format_ranks, local_view
 from ._units import fmt_bytes, fmt_memory, fmt_node_devices
 from ._editor_view import comm_state, general_problems, kinds_text, stage_memory, stage_messages, verdict
 from ._style import UNION_COLOURS, ink, pipeline_colour, stage_colour
+from ._tp_grid import DevicePlace, cp_divisors, ratios_text, share_text, stage_places, uneven
 from .cluster_fig import grid_axes, grid_axis, grid_words, hdim_words
 from .comm_fig import _group_rings, p2p_messages
 
@@ -55,10 +56,12 @@ def _problem(p: Any) -> dict[str, Any]:
 def _tiles(ed: "PlanEditor", flagged: dict[int, str]) -> list[dict[str, Any]]:
     c, d = ed.cluster, ed._draft
     where: dict[int, tuple[int, int]] = {}
+    places: dict[int, DevicePlace] = {}  # each device's share and CP x TP coordinates in its stage
     for i, p in enumerate(d.pipelines):
         for j, s in enumerate(p.stages):
             for r in s.devices:
                 where[r] = (i, j)
+            places.update(stage_places(s.devices, s.ratios, s.cp))
     kind = ("simulated" if ed._memory_kind == "simulated"
             else "estimate: Strategy.memory_estimate + the runtime reserve (not simulated: the plan has errors)")
     out = []
@@ -67,7 +70,7 @@ def _tiles(ed: "PlanEditor", flagged: dict[int, str]) -> list[dict[str, Any]]:
         cap = spec.memory_mb * 2.0**20
         title = [f"rank {r} · {spec.kind} · {c.node_of(r).host}", f"memory {fmt_memory(cap)}"]
         tile: dict[str, Any] = {"r": r, "kind": spec.kind, "p": -1, "s": -1, "flag": flagged.get(r, ""),
-                                "failed": r in ed._failed}
+                                "failed": r in ed._failed, **_place(None, None, title)}
         if r in where:
             i, j = where[r]
             st = d.pipelines[i].stages[j]
@@ -75,6 +78,7 @@ def _tiles(ed: "PlanEditor", flagged: dict[int, str]) -> list[dict[str, Any]]:
             tile.update(p=i, s=j, fill=fill, ink=ink(fill), line=pipeline_colour(i),
                         layers=f"L{st.layers[0]}–{st.layers[1]}")
             title.append(f"pipeline {i}, stage {j}: layers {st.layers[0]}–{st.layers[1]}, {st.parallel_text}")
+            tile.update(_place(st, places.get(r), title))
         else:
             title.append("unused")
         if r in ed._memory:
@@ -85,6 +89,27 @@ def _tiles(ed: "PlanEditor", flagged: dict[int, str]) -> list[dict[str, Any]]:
             title.append("FAILED in the attached job")
         tile["title"] = "\n".join(title)
         out.append(tile)
+    return out
+
+
+def _place(st: Any, place: DevicePlace | None, title: list[str]) -> dict[str, Any]:
+    """A stage tile's place in its stage: its share of every TP-split tensor (``share``: ``3/4``; ``uneven``: the
+    stage's ratios are not all equal) and its CP × TP coordinates (``cp``: ``[c, t]``; ``grid``: ``cp0·tp1``, only
+    with context parallelism); the hover's words are added to ``title``.  Left out where the draft's stage does
+    not define them (its check says why)."""
+    out: dict[str, Any] = {"share": "", "share_pct": None, "uneven": False, "cp": None, "grid": ""}
+    if place is None:
+        return out
+    out["cp"] = [place.cp, place.tp]
+    if st.cp > 1:
+        out["grid"] = place.grid_text
+        title.append(f"CP group {place.cp} of {st.cp} (sequence chunk {place.cp}), TP rank {place.tp} of {st.tp}")
+    if place.share is not None:
+        out.update(share=share_text(place.share), share_pct=round(float(place.share) * 100, 2),
+                   uneven=uneven(st.ratios))
+        if out["uneven"]:
+            title.append(f"holds {out['share']} ({float(place.share):.0%}) of every TP-split tensor "
+                         f"(ratios {ratios_text(st.ratios)})")
     return out
 
 
@@ -99,7 +124,8 @@ def _pipelines(ed: "PlanEditor") -> list[dict[str, Any]]:
             nodes = sorted({ed.cluster.node_index(r) for r in s.devices if 0 <= r < ed.cluster.num_ranks})
             stages.append({"p": i, "s": j, "ranks": list(s.devices),
                            "ranks_text": format_ranks(s.devices) if s.devices else "no devices",
-                           "tp": len(s.devices) // s.cp, "cp": s.cp, "shape": s.parallel_text,
+                           "tp": s.tp, "cp": s.cp, "shape": s.parallel_text,
+                           **_stage_grid(s),
                            "layers": list(s.layers), "recompute": s.recompute,
                            "fill": stage_colour(i, j, len(p.stages)), "line": pipeline_colour(i),
                            "ink": ink(stage_colour(i, j, len(p.stages))),
@@ -113,6 +139,19 @@ def _pipelines(ed: "PlanEditor") -> list[dict[str, Any]]:
                     "samples": p.micro_batch_size * p.num_micro_batches, "colour": pipeline_colour(i),
                     "problems": [_problem(x) for x in stage_messages(ed, i, None)], "stages": stages})
     return out
+
+
+def _stage_grid(s: Any) -> dict[str, Any]:
+    """A stage's ratios (``ratios``, ``ratios_text``: ``3:1``; ``uneven``; ``shares``: each device's, in device
+    order, or ``None``) and its CP grid (``cp_groups``: the TP group of each CP coordinate, or ``None``;
+    ``cp_options``: the cp values its device count takes)."""
+    places = stage_places(s.devices, s.ratios, s.cp)
+    shares = [places[r].share for r in s.devices] if places else None
+    return {"ratios": list(s.ratios) if s.ratios is not None else None, "ratios_text": ratios_text(s.ratios),
+            "uneven": uneven(s.ratios),
+            "shares": [share_text(x) for x in shares] if shares and None not in shares else None,
+            "cp_groups": [list(s.devices[c * s.tp:(c + 1) * s.tp]) for c in range(s.cp)] if places else None,
+            "cp_options": cp_divisors(len(s.devices))}
 
 
 def _arrows(ed: "PlanEditor", comm: Any) -> list[dict[str, Any]]:

@@ -63,6 +63,8 @@ class EditorUI:
             "select": lambda m: editor.select_stage(int(m["p"]), int(m["s"])),
             "layers": lambda m: editor.set_layers(int(m["p"]), int(m["s"]), int(m["first"]), int(m["last"])),
             "recompute": lambda m: editor.set_recompute(int(m["p"]), int(m["s"]), bool(m["on"])),
+            "ratios": lambda m: editor.set_ratios(int(m["p"]), int(m["s"]), m.get("value") or None),
+            "cp": lambda m: editor.set_cp(int(m["p"]), int(m["s"]), m["value"]),
             "micro": lambda m: editor.set_micro_batches(int(m["p"]), m.get("nmb"), m.get("mbs")),
             "batch": lambda m: editor.set_global_batch(int(m["value"])),
             "schedule": lambda m: editor.set_schedule(str(m["value"])),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..core.annotation import format_ranks
+from ._tp_grid import ratios_text
 from ._units import fmt_memory, fmt_seconds
 
 if TYPE_CHECKING:
@@ -90,7 +91,8 @@ def summary_lines(ed: "PlanEditor") -> list[str]:
             mem = stage_memory(ed, st.devices)
             mtext = f": memory {fmt_memory(mem[0])} of {fmt_memory(mem[1])} ({mem[0] / mem[1]:.0%}, {kind})" \
                 if mem else ""
-            lines.append(f"    S{j}: ranks {ranks} ({kinds_text(ed, st.devices) or '-'}) {st.parallel_text} "
+            ratios = f" ratios {ratios_text(st.ratios)}" if st.ratios is not None else ""
+            lines.append(f"    S{j}: ranks {ranks} ({kinds_text(ed, st.devices) or '-'}) {st.parallel_text}{ratios} "
                          f"layers {st.layers[0]}–{st.layers[1]}{' recompute' if st.recompute else ''}{mtext}")
     state = comm_state(ed)
     if state == "resolving":

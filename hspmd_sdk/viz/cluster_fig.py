@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 from ..core.annotation import DUPLICATE, PARTIAL, Annotation, format_ranks, local_view
 from ._geometry import HEADER, MARGIN, PAD, ClusterGeometry, geometry
 from ._style import ERROR, SELECTED, UNUSED, pipeline_colour, stage_colour, subgroup_colour
+from ._tp_grid import ratios_text, share_text, stage_places, uneven
 from ._units import fmt_memory, fmt_node_devices
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ def tile_style(cluster: "Cluster", strategy: "Strategy | Any | None" = None, *,
             st = strategy.pipelines[i].stages[j]
             lab += f"<br>L{st.layers[0]}–{st.layers[1]}"
             text.append(f"pipeline {i}, stage {j}: layers {st.layers[0]}–{st.layers[1]}, {st.parallel_text}")
+            text += _place_words(st, r)
             if selected == (i, j):
                 line[r], width[r] = SELECTED, 4.0
         elif strategy is not None:
@@ -84,6 +86,19 @@ def tile_style(cluster: "Cluster", strategy: "Strategy | Any | None" = None, *,
         label.append(lab)
         hover.append("<br>".join(text))
     return TileStyle(fill, line, width, label, hover)
+
+
+def _place_words(stage: Any, rank: int) -> list[str]:
+    """A device's CP × TP coordinates (with context parallelism) and its share of every TP-split tensor (with
+    uneven ratios), for its hover."""
+    ratios, cp = getattr(stage, "ratios", None), getattr(stage, "cp", 1)
+    place = stage_places(stage.devices, ratios, cp).get(rank)
+    if place is None:
+        return []
+    out = [f"CP group {place.cp} of {cp}, TP rank {place.tp} ({place.grid_text})"] if cp > 1 else []
+    if place.share is not None and uneven(ratios):
+        out.append(f"holds {share_text(place.share)} of every TP-split tensor (ratios {ratios_text(ratios)})")
+    return out
 
 
 def _tile_traces(geom: ClusterGeometry, style: TileStyle) -> list[go.Scatter]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PlanValidationError
@@ -34,10 +34,18 @@ class StageDraft:
 
     @property
     def parallel_text(self) -> str:
-        """``TP2``, ``CP2`` or ``CP2×TP2``."""
+        """``TP2``, ``CP2`` or ``CP2×TP2`` (``cp 0?`` for a cp below 1, an error the check names)."""
         from ..core.strategy import parallel_text
 
+        if self.cp < 1:
+            return f"cp {self.cp}?"
         return parallel_text(len(self.devices), self.cp)
+
+    @property
+    def tp(self) -> int | None:
+        """TP ranks per context-parallel group, or ``None`` when ``cp`` does not divide the devices."""
+        n = len(self.devices)
+        return n // self.cp if self.cp >= 1 and n % self.cp == 0 else None
 
 
 @dataclass
@@ -128,15 +136,20 @@ class Problem:
 _PATH = re.compile(r"pipelines\[(\d+)\](?:\.stages\[(\d+)\])?")
 _TENSOR = re.compile(r"tensor '([^']+)'")
 _PYDANTIC_WORDS = {"List should have at least 1 item after validation, not 0": "is empty"}
+#: Pydantic's words for a field of a stage, in the editor's: ``(field, message) -> words``.
+_FIELD_WORDS = {("cp", "Input should be greater than or equal to 1"):
+                "cp must be at least 1 (the number of context-parallel groups the stage's devices form; 1: none)"}
 
 
 def locate(path: str, message: str, level: str = "error") -> Problem:
-    """A :class:`Problem` for a core ``(field path, reason)`` pair (or an error message naming a tensor)."""
+    """A :class:`Problem` for a core ``(field path, reason)`` pair (or an error message naming a tensor).  A path
+    that names a stage places it at the stage even when the reason names a tensor (a stage's ratios that cut a
+    tensor's heads are the stage's to fix); else a tensor named in the reason places it at the tensor."""
     m = _PATH.search(path)
-    t = _TENSOR.search(message)
-    msg = _PYDANTIC_WORDS.get(message, message)
-    return Problem(path, msg, int(m[1]) if m else None, int(m[2]) if m and m[2] is not None else None,
-                   t[1] if t else None, level)
+    at_stage = m is not None and m[2] is not None
+    t = None if at_stage else _TENSOR.search(message)
+    msg = _FIELD_WORDS.get((path.rsplit(".", 1)[-1], message)) or _PYDANTIC_WORDS.get(message, message)
+    return Problem(path, msg, int(m[1]) if m else None, int(m[2]) if at_stage else None, t[1] if t else None, level)
 
 
 def _draft_problems(draft: Draft) -> list[Problem]:
@@ -166,8 +179,20 @@ def check_draft(draft: Draft, model: Any = None, cluster: "Cluster | None" = Non
     try:
         strategy = Strategy.load(draft.to_dict())
     except PlanValidationError as e:
-        return None, [locate(p, r) for p, r in e.problems]
+        return None, [_cp_choices(locate(p, r), draft) for p, r in e.problems]
     found = strategy.problems(model, cluster, global_batch)
     if found:
         return None, [locate(p, r) for p, r in found]
     return strategy, []
+
+
+def _cp_choices(p: Problem, draft: Draft) -> Problem:
+    """A stage's cp problem with the values it can take (the divisors of its device count)."""
+    if not p.path.endswith(".cp") or p.stage is None:
+        return p
+    from ._tp_grid import cp_divisors
+
+    n = len(draft.stage(p.pipeline, p.stage).devices)
+    options = cp_divisors(n)
+    words = ", ".join(map(str, options[:-1])) + (" or " if len(options) > 1 else "") + str(options[-1])
+    return replace(p, message=f"{p.message}; its {n} device{'s' if n != 1 else ''} can take cp {words}")

@@ -25,6 +25,9 @@ On the canvas, exploring never changes the plan and moving a device takes an exp
   **Alt+click** a tile: it joins the selected stage, or leaves it if it is in it (:meth:`click_device`); Enter
   moves the picked tiles into the selected stage, Delete takes them out; the inspect card has the same buttons;
 * **"+ stage"** / **"+ pipeline"**: a click adds an empty one, a drop adds one with the devices dropped;
+* a stage's row has fields for its layers, recompute, its uneven TP **ratios** (:meth:`set_ratios`, HAP: each
+  tile shows its share, e.g. 3/4) and its context-parallel groups **cp** (:meth:`set_cp`: each tile shows its
+  ``cp·tp`` coordinates, each CP group is outlined inside the stage);
 * Ctrl+Z / Ctrl+Shift+Z undo and redo; [ and ] select the previous / next stage.
 
 With ``job=`` (or :meth:`attach`) the editor shows a running job's progress; "Apply to running job" calls
@@ -34,11 +37,12 @@ strategy) updates the canvas.
 from __future__ import annotations
 
 import difflib
+import operator
 import re
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ..errors import HSPMDError
 from ._checks import comm_warnings, draft_memory, estimated_memory_errors, layout_warnings, memory_errors
@@ -60,13 +64,13 @@ _HISTORY = 500
 def training_runtime(cluster: "Cluster | None" = None) -> tuple[bool, str]:
     """Whether ``hspmd_sdk.runtime.launch`` can train a ``Program`` here (on ``cluster``, if given), and why not.
 
-    Needs the runtime's training entry (``hspmd_sdk.runtime.train.ENTRY``) and, for a local launch, every host of
+    Needs the runtime's training entry (``hspmd_sdk.runtime.runs.ENTRY``) and, for a local launch, every host of
     the cluster to be this machine."""
     try:
-        from ..runtime import launcher, train
+        from ..runtime import launcher, runs
     except Exception as e:  # noqa: BLE001 - any import failure means "not available"
         return False, (f"the training runtime is not available in this install ({type(e).__name__}: {e})")
-    if not getattr(train, "ENTRY", None):
+    if not getattr(runs, "ENTRY", None):
         return False, "the training runtime has no training entry yet"
     if cluster is not None:
         remote = sorted({n.host for n in cluster.nodes if not launcher.is_local_host(n.host)})
@@ -360,6 +364,38 @@ class PlanEditor:
         """Turn activation recomputation of a stage on or off."""
         def edit(d: Draft) -> None:
             d.stage(pipeline, stage).recompute = bool(on)
+        self._edit(edit)
+
+    def set_ratios(self, pipeline: int, stage: int, ratios: "Sequence[int] | str | None") -> None:
+        """Uneven TP sharding (HAP, SPEC §12) of a stage: one positive integer per device, in the order of its
+        devices.  ``[3, 1]`` gives its first device 3/4 of every TP-split tensor (3 of 4 heads) and the second
+        1/4; the plan's annotations carry them as HDim ratios.  Text works too (``"3:1"``, ``"3, 1"``: what the
+        stage card's field sends).  ``None``, ``""`` or equal ratios: the even split (the stage drops them).
+
+        Ratios the core refuses -- not one per device, a share below 1, a split that cuts a head or a row
+        (:func:`~hspmd_sdk.core.tp_ratios.ratio_problem`, which names the nearest feasible ratios), uneven ratios
+        with context parallelism -- stay in the draft as an error at the stage, shown live; :attr:`strategy` keeps
+        the last valid plan.  Text that is not whole numbers changes nothing and says why in :attr:`message`."""
+        def edit(d: Draft) -> None:
+            st = d.stage(pipeline, stage)
+            parsed = _parse_ratios(ratios, f"pipeline {pipeline} · stage {stage}")
+            even = (parsed is not None and len(parsed) == len(st.devices) and min(parsed) >= 1
+                    and len(set(parsed)) == 1)
+            st.ratios = None if parsed is None or even else parsed
+        self._edit(edit)
+
+    def set_cp(self, pipeline: int, stage: int, cp: int) -> None:
+        """Context parallelism (SPEC §11) of a stage: its devices form ``cp`` groups of ``len(devices) // cp``
+        tensor-parallel ranks, a cp × tp grid with TP fastest (devices ``[0, 1, 2, 3]`` with ``cp=2`` are CP2×TP2:
+        TP groups ``[0, 1]`` and ``[2, 3]``).  Every activation's sequence is split over the groups, parameters
+        are duplicated across them.  ``1``: no context parallelism.
+
+        A cp that is below 1 or does not divide the stage's device count stays in the draft as an error at the
+        stage (naming the values it can take), shown live; :attr:`strategy` keeps the last valid plan."""
+        def edit(d: Draft) -> None:
+            st = d.stage(pipeline, stage)
+            st.cp = _whole(cp, f"pipeline {pipeline} · stage {stage}: cp {cp!r} is not a whole number; give the "
+                               "number of context-parallel groups its devices form (1: none)")
         self._edit(edit)
 
     def set_micro_batches(self, pipeline: int, num_micro_batches: int | None = None,
@@ -870,6 +906,44 @@ def _take(d: Draft, ranks: Iterable[int], target: StageDraft) -> None:
             d.stage(*owner).devices.remove(r)
         if r not in target.devices:
             target.devices.append(r)
+
+
+def _whole(value: Any, message: str) -> int:
+    """``value`` as an int (an integral float or numeric text too); ``ValueError(message)`` otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(message)
+    if isinstance(value, str):
+        value = value.strip()
+        if not re.fullmatch(r"[+-]?\d+", value):
+            raise ValueError(message)
+        return int(value)
+    if isinstance(value, float):
+        if value.is_integer():
+            return int(value)
+        raise ValueError(message)
+    try:
+        return operator.index(value)  # int, numpy integers
+    except TypeError:
+        raise ValueError(message) from None
+
+
+def _parse_ratios(ratios: "Sequence[int] | str | None", where: str) -> list[int] | None:
+    """TP ratios from a list or from text (``"3:1"``, ``"3, 1"``, ``"3 1"``; ``""`` or ``"even"``: ``None``)."""
+    if ratios is None:
+        return None
+    message = (f"{where}: ratios {ratios!r} are not whole numbers; give one positive integer per device, e.g. 3:1 "
+               "(empty: the even split)")
+    if isinstance(ratios, str):
+        text = ratios.strip()
+        if text.lower() in ("", "even", "none"):
+            return None
+        items: list[Any] = [t for t in re.split(r"[\s:,;]+", text) if t]
+    else:
+        try:
+            items = list(ratios)
+        except TypeError:
+            raise ValueError(message) from None
+    return [_whole(x, message) for x in items] or None
 
 
 def _split_last(p: PipelineDraft, num_layers: int) -> None:

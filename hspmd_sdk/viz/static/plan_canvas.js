@@ -102,14 +102,14 @@ function inBox(x, y, a, b) {
 }
 
 // src/plan_canvas/hull.js
-function hull(tiles) {
+function hull(tiles, grow = HULL) {
   const rects = [];
   const at = new Map(tiles.map((t) => [`${t.col},${t.row}`, t]));
   for (const t of tiles) {
-    rects.push([t.x - HULL, t.y - HULL, t.x + t.w + HULL, t.y + t.h + HULL]);
+    rects.push([t.x - grow, t.y - grow, t.x + t.w + grow, t.y + t.h + grow]);
     const right = at.get(`${t.col + 1},${t.row}`), down = at.get(`${t.col},${t.row + 1}`);
-    if (right) rects.push([t.x + t.w, t.y - HULL, right.x, t.y + t.h + HULL]);
-    if (down) rects.push([t.x - HULL, t.y + t.h, t.x + t.w + HULL, down.y]);
+    if (right) rects.push([t.x + t.w, t.y - grow, right.x, t.y + t.h + grow]);
+    if (down) rects.push([t.x - grow, t.y + t.h, t.x + t.w + grow, down.y]);
     if (right && down && at.get(`${t.col + 1},${t.row + 1}`)) rects.push([t.x + t.w, t.y + t.h, right.x, down.y]);
   }
   const xs = [...new Set(rects.flatMap((r) => [r[0], r[2]]))].sort((a, b) => a - b);
@@ -131,10 +131,10 @@ function hull(tiles) {
   }
   return { rects, edges };
 }
-function hullSvg(parts, colour, fill, opacity, dashed, cls) {
+function hullSvg(parts, colour, fill, opacity, dashed, cls, grow = HULL) {
   let out = "";
   for (const p of parts) {
-    const h = hull(p);
+    const h = hull(p, grow);
     out += `<g class="${cls}"><g opacity="${opacity}">` + h.rects.map((r) => `<rect x="${r[0]}" y="${r[1]}" width="${r[2] - r[0]}" height="${r[3] - r[1]}" fill="${fill}" stroke="none"/>`).join("") + "</g>";
     out += `<path d="${h.edges.map((e) => `M${e[0]},${e[1]}L${e[2]},${e[3]}`).join("")}" stroke="${colour}" stroke-width="${dashed ? 3 : 2.5}" fill="none" stroke-linecap="square"${dashed ? ' stroke-dasharray="7 4"' : ""}/></g>`;
   }
@@ -382,6 +382,46 @@ function groupOf(groups, name) {
   return "";
 }
 
+// src/plan_canvas/stagegrid.js
+var CP_GROW = 2;
+function tileTag(t) {
+  const parts = [];
+  const tips = [];
+  if (t.uneven && t.share) {
+    parts.push(`<span class="hc-tshare">${esc(t.share)}</span>`);
+    tips.push(`holds ${t.share}${t.share_pct != null ? ` (${t.share_pct}%)` : ""} of every TP-split tensor of its stage`);
+  }
+  if (t.grid) {
+    parts.push(`<span class="hc-tgrid">${esc(t.grid)}</span>`);
+    tips.push(`context-parallel group ${t.cp[0]}, TP rank ${t.cp[1]}`);
+  }
+  if (!parts.length) return "";
+  return `<span class="hc-ttag" title="${esc(tips.join("\n"))}">${parts.join(" ")}</span>`;
+}
+function cpGroupsSvg(lay, s) {
+  const groups = s.cp_groups || [];
+  if (groups.length < 2) return "";
+  return groups.map((g, c) => `<g class="hc-cpgroup" data-cp="${c}" data-cp-stage="${s.p},${s.s}">${hullSvg(byNode(lay, g), s.line, "none", 0, true, "hc-cphull", CP_GROW)}</g>`).join("");
+}
+function stageControls(s) {
+  const n = s.ranks.length;
+  const options = (s.cp_options || [1]).join(", ");
+  const ratiosTip = `uneven TP (HAP): one positive integer per device, in the stage's order (${s.ranks.join(", ") || "no devices"}); 3:1 gives the first device 3/4 of every TP-split tensor. Empty or all equal: the even split`;
+  const cpTip = `context parallelism: the stage's ${n} device${n === 1 ? "" : "s"} form cp groups of TP ranks (the sequence split over the groups); cp can be ${options}`;
+  const shares = s.uneven && s.shares ? `<small class="hc-shares" title="each device's share of every TP-split tensor">= ${s.shares.map(esc).join(" · ")}</small>` : "";
+  return `<div class="hc-srow3"><label class="hc-ratios" title="${esc(ratiosTip)}">ratios <input class="hc-text" data-op="ratios" data-p="${s.p}" data-s="${s.s}" data-key="ratios-${s.p}-${s.s}" value="${esc(s.ratios_text || "")}" placeholder="even" size="7" aria-label="TP ratios of pipeline ${s.p} stage ${s.s}"></label>${shares}
+    <label class="hc-cp" title="${esc(cpTip)}">cp <input class="hc-num" type="number" min="1" max="${Math.max(n, 1)}" data-op="cp" data-p="${s.p}" data-s="${s.s}" data-key="cp-${s.p}-${s.s}" value="${s.cp}" aria-label="context-parallel groups of pipeline ${s.p} stage ${s.s}"></label></div>`;
+}
+function ratiosMessage(p, s, text) {
+  return { op: "ratios", p, s, value: String(text ?? "").trim() };
+}
+function cpMessage(p, s, text) {
+  const v = String(text ?? "").trim();
+  if (!v) return null;
+  const n = Number(v);
+  return Number.isFinite(n) ? { op: "cp", p, s, value: n } : null;
+}
+
 // src/plan_canvas/canvas.js
 var Canvas = class {
   constructor(model, el) {
@@ -538,10 +578,11 @@ var Canvas = class {
       const nl = this.model.get("cluster").num_layers || 1;
       return `<div class="hc-stage ${s.selected ? "hc-selected" : ""} ${s.problems.some((x) => x.level === "error") ? "hc-has-error" : ""}" data-stage="${s.p},${s.s}">
         <div class="hc-srow"><button class="hc-chip hc-drop" data-op="select" data-key="chip-${s.p}-${s.s}" data-p="${s.p}" data-s="${s.s}" data-drop="${s.p},${s.s}" style="background:${s.fill};border-color:${s.line};color:${s.ink || "#1b1f24"}" title="select pipeline ${s.p} stage ${s.s} (clicked devices join it); drop devices here" aria-pressed="${s.selected}">${s.selected ? "▶ " : ""}S${s.s}</button>
-        <span class="hc-ranks" title="${s.cp > 1 ? `${s.cp} context-parallel groups of ${s.tp} TP rank${s.tp > 1 ? "s" : ""} (the sequence split over the groups)` : "TP group"}">${esc(s.ranks_text)} <small>${esc(s.shape || `TP${s.tp}`)}${s.kinds ? " · " + esc(s.kinds) : ""}</small></span>
+        <span class="hc-ranks" title="${s.cp > 1 ? `${s.cp} context-parallel groups of ${s.tp} TP rank${s.tp > 1 ? "s" : ""} (the sequence split over the groups)` : "TP group"}">${esc(s.ranks_text)} <small>${esc(s.shape || `TP${s.tp}`)}${s.ratios_text ? " " + esc(s.ratios_text) : ""}${s.kinds ? " · " + esc(s.kinds) : ""}</small></span>
         <button class="hc-x" data-op="remove_stage" data-p="${s.p}" data-s="${s.s}" title="remove this stage (its layers go to a neighbour)">✕</button></div>
         <div class="hc-srow2"><span class="hc-layers">layers <input class="hc-num" type="number" min="0" max="${nl - 1}" data-op="layers" data-which="first" data-p="${s.p}" data-s="${s.s}" data-key="first-${s.p}-${s.s}" value="${s.layers[0]}" aria-label="first layer">–<input class="hc-num" type="number" min="0" max="${nl - 1}" data-op="layers" data-which="last" data-p="${s.p}" data-s="${s.s}" data-key="last-${s.p}-${s.s}" value="${s.layers[1]}" aria-label="last layer"></span>
-        <label class="hc-rc" title="recompute activations in backward"><input type="checkbox" data-op="recompute" data-p="${s.p}" data-s="${s.s}" ${s.recompute ? "checked" : ""}> recompute</label>${mem}</div>${probs}</div>`;
+        <label class="hc-rc" title="recompute activations in backward"><input type="checkbox" data-op="recompute" data-p="${s.p}" data-s="${s.s}" ${s.recompute ? "checked" : ""}> recompute</label>${mem}</div>
+        ${stageControls(s)}${probs}</div>`;
     }).join("");
     const pprobs = p.problems.map((x) => `<div class="hc-msg hc-${x.level}">${x.level === "error" ? "✗" : "⚠"} ${esc(x.text)}</div>`).join("");
     return `<div class="hc-pipeline" style="border-color:${p.colour}">
@@ -598,6 +639,7 @@ ${esc(terms.HDim)}"><b>DG Union</b>: ${esc(t.words)}</div><div><code>${esc(t.ann
         if (!s.ranks.length) continue;
         const parts = byNode(lay, s.ranks);
         under += hullSvg(parts, s.line, s.fill, 0.35, false, "hc-hull");
+        under += cpGroupsSvg(lay, s);
         if (parts.length > 1) {
           const cs = parts.map((p) => bbox(p, HULL));
           for (let i = 1; i < cs.length; i++) under += `<line class="hc-crossnode" x1="${cs[i - 1].cx}" y1="${cs[i - 1].cy}" x2="${cs[i].cx}" y2="${cs[i].cy}"/>`;
@@ -712,7 +754,7 @@ ${esc(terms.HDim)}"><b>DG Union</b>: ${esc(t.words)}</div><div><code>${esc(t.ann
         t.failed ? "hc-failed" : ""
       ].join(" ");
       const mem = t.mem != null && !tmode ? `<div class="hc-tbar" title="${esc(t.mem_text)}"><span style="width:${Math.min(100, t.mem * 100).toFixed(0)}%;background:${t.mem > 1 ? "#d62728" : t.mem > 0.9 ? "#d4a72c" : "#2da44e"}"></span></div><div class="hc-tmem">${esc(t.mem_text)}</div>` : "";
-      const body = tmode ? shard ? this.shardGrid(shard, v.tensor, L) : `<div class="hc-tmem">holds nothing</div>` : `<div class="hc-tlayers">${esc(t.layers || "unused")}</div>${mem}`;
+      const body = tmode ? shard ? this.shardGrid(shard, v.tensor, L) : `<div class="hc-tmem">holds nothing</div>` : `<div class="hc-tlayers">${esc(t.layers || "unused")}${tileTag(t)}</div>${mem}`;
       const title = t.title + (shard ? "\n" + shard.text : "");
       const drop = t.p >= 0 ? `data-drop="${t.p},${t.s}"` : "";
       return `<div class="${cls}" role="button" tabindex="${t.r === focus ? 0 : -1}" data-rank="${t.r}" data-key="tile-${t.r}" ${drop}
@@ -866,8 +908,16 @@ ${esc(terms.HDim)}"><b>DG Union</b>: ${esc(t.words)}</div><div><code>${esc(t.ann
       case "recompute":
         this.send({ op, p, s, on: el.checked });
         return;
+      case "ratios":
+        this.send(ratiosMessage(p, s, el.value));
+        return;
+      case "cp": {
+        const m = cpMessage(p, s, el.value);
+        if (m) this.send(m);
+        return;
+      }
       case "layers": {
-        const row = this.root.querySelector(`[data-stage="${p},${s}"]`);
+        const row = el.closest(".hc-stage");
         const first = parseInt(row.querySelector('[data-which="first"]').value, 10);
         const last = parseInt(row.querySelector('[data-which="last"]').value, 10);
         if (Number.isFinite(first) && Number.isFinite(last)) this.send({ op, p, s, first, last });

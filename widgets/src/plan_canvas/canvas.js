@@ -11,6 +11,7 @@ import { headBoxes, placeLabel } from "./labels.js";
 import { isClick, isDrag, tilesInBox, tilesInLasso } from "./selection.js";
 import { historyShortcut, nextTile, stepStage } from "./keys.js";
 import { groupOf } from "./tensors.js";
+import { cpGroupsSvg, cpMessage, ratiosMessage, stageControls, tileTag } from "./stagegrid.js";
 
 export class Canvas {
   constructor(model, el) {
@@ -178,10 +179,11 @@ export class Canvas {
       const nl = this.model.get("cluster").num_layers || 1;
       return `<div class="hc-stage ${s.selected ? "hc-selected" : ""} ${s.problems.some((x) => x.level === "error") ? "hc-has-error" : ""}" data-stage="${s.p},${s.s}">
         <div class="hc-srow"><button class="hc-chip hc-drop" data-op="select" data-key="chip-${s.p}-${s.s}" data-p="${s.p}" data-s="${s.s}" data-drop="${s.p},${s.s}" style="background:${s.fill};border-color:${s.line};color:${s.ink || "#1b1f24"}" title="select pipeline ${s.p} stage ${s.s} (clicked devices join it); drop devices here" aria-pressed="${s.selected}">${s.selected ? "▶ " : ""}S${s.s}</button>
-        <span class="hc-ranks" title="${s.cp > 1 ? `${s.cp} context-parallel groups of ${s.tp} TP rank${s.tp > 1 ? "s" : ""} (the sequence split over the groups)` : "TP group"}">${esc(s.ranks_text)} <small>${esc(s.shape || `TP${s.tp}`)}${s.kinds ? " · " + esc(s.kinds) : ""}</small></span>
+        <span class="hc-ranks" title="${s.cp > 1 ? `${s.cp} context-parallel groups of ${s.tp} TP rank${s.tp > 1 ? "s" : ""} (the sequence split over the groups)` : "TP group"}">${esc(s.ranks_text)} <small>${esc(s.shape || `TP${s.tp}`)}${s.ratios_text ? " " + esc(s.ratios_text) : ""}${s.kinds ? " · " + esc(s.kinds) : ""}</small></span>
         <button class="hc-x" data-op="remove_stage" data-p="${s.p}" data-s="${s.s}" title="remove this stage (its layers go to a neighbour)">✕</button></div>
         <div class="hc-srow2"><span class="hc-layers">layers <input class="hc-num" type="number" min="0" max="${nl - 1}" data-op="layers" data-which="first" data-p="${s.p}" data-s="${s.s}" data-key="first-${s.p}-${s.s}" value="${s.layers[0]}" aria-label="first layer">–<input class="hc-num" type="number" min="0" max="${nl - 1}" data-op="layers" data-which="last" data-p="${s.p}" data-s="${s.s}" data-key="last-${s.p}-${s.s}" value="${s.layers[1]}" aria-label="last layer"></span>
-        <label class="hc-rc" title="recompute activations in backward"><input type="checkbox" data-op="recompute" data-p="${s.p}" data-s="${s.s}" ${s.recompute ? "checked" : ""}> recompute</label>${mem}</div>${probs}</div>`;
+        <label class="hc-rc" title="recompute activations in backward"><input type="checkbox" data-op="recompute" data-p="${s.p}" data-s="${s.s}" ${s.recompute ? "checked" : ""}> recompute</label>${mem}</div>
+        ${stageControls(s)}${probs}</div>`;
     }).join("");
     const pprobs = p.problems.map((x) => `<div class="hc-msg hc-${x.level}">${x.level === "error" ? "✗" : "⚠"} ${esc(x.text)}</div>`).join("");
     return `<div class="hc-pipeline" style="border-color:${p.colour}">
@@ -242,6 +244,7 @@ export class Canvas {
         if (!s.ranks.length) continue;
         const parts = byNode(lay, s.ranks);
         under += hullSvg(parts, s.line, s.fill, 0.35, false, "hc-hull");
+        under += cpGroupsSvg(lay, s);
         if (parts.length > 1) {
           const cs = parts.map((p) => bbox(p, HULL));
           for (let i = 1; i < cs.length; i++) under += `<line class="hc-crossnode" x1="${cs[i - 1].cx}" y1="${cs[i - 1].cy}" x2="${cs[i].cx}" y2="${cs[i].cy}"/>`;
@@ -352,7 +355,7 @@ export class Canvas {
         t.flag ? `hc-flag-${t.flag}` : "", t.failed ? "hc-failed" : ""].join(" ");
       const mem = t.mem != null && !tmode ? `<div class="hc-tbar" title="${esc(t.mem_text)}"><span style="width:${Math.min(100, t.mem * 100).toFixed(0)}%;background:${t.mem > 1 ? "#d62728" : t.mem > 0.9 ? "#d4a72c" : "#2da44e"}"></span></div><div class="hc-tmem">${esc(t.mem_text)}</div>` : "";
       const body = tmode ? (shard ? this.shardGrid(shard, v.tensor, L) : `<div class="hc-tmem">holds nothing</div>`) :
-        `<div class="hc-tlayers">${esc(t.layers || "unused")}</div>${mem}`;
+        `<div class="hc-tlayers">${esc(t.layers || "unused")}${tileTag(t)}</div>${mem}`;
       const title = t.title + (shard ? "\n" + shard.text : "");
       const drop = t.p >= 0 ? `data-drop="${t.p},${t.s}"` : "";
       return `<div class="${cls}" role="button" tabindex="${t.r === focus ? 0 : -1}" data-rank="${t.r}" data-key="tile-${t.r}" ${drop}
@@ -451,8 +454,10 @@ export class Canvas {
       case "zero1": this.send({ op, on: el.checked }); return;
       case "batch": if (num() >= 1) this.send({ op, value: num() }); return;
       case "recompute": this.send({ op, p, s, on: el.checked }); return;
+      case "ratios": this.send(ratiosMessage(p, s, el.value)); return;
+      case "cp": { const m = cpMessage(p, s, el.value); if (m) this.send(m); return; }
       case "layers": {
-        const row = this.root.querySelector(`[data-stage="${p},${s}"]`);
+        const row = el.closest(".hc-stage");  // its stage's row (a tile of the stage carries data-stage too)
         const first = parseInt(row.querySelector('[data-which="first"]').value, 10);
         const last = parseInt(row.querySelector('[data-which="last"]').value, 10);
         if (Number.isFinite(first) && Number.isFinite(last)) this.send({ op, p, s, first, last });

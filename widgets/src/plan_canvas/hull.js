@@ -2,17 +2,17 @@
 
 import { HULL } from "./constants.js";
 
-// The outline of the union of a set of tiles of one node: tiles grown by HULL, bridged to their neighbours in the
-// node's grid.  Returns {rects, edges} in pixels (rects: [x0, y0, x1, y1] whose union is the hull; edges:
-// [x0, y0, x1, y1] boundary segments of the union, each horizontal or vertical).
-export function hull(tiles) {
+// The outline of the union of a set of tiles of one node: tiles grown by `grow` (HULL unless given), bridged to
+// their neighbours in the node's grid.  Returns {rects, edges} in pixels (rects: [x0, y0, x1, y1] whose union is
+// the hull; edges: [x0, y0, x1, y1] boundary segments of the union, each horizontal or vertical).
+export function hull(tiles, grow = HULL) {
   const rects = [];
   const at = new Map(tiles.map((t) => [`${t.col},${t.row}`, t]));
   for (const t of tiles) {
-    rects.push([t.x - HULL, t.y - HULL, t.x + t.w + HULL, t.y + t.h + HULL]);
+    rects.push([t.x - grow, t.y - grow, t.x + t.w + grow, t.y + t.h + grow]);
     const right = at.get(`${t.col + 1},${t.row}`), down = at.get(`${t.col},${t.row + 1}`);
-    if (right) rects.push([t.x + t.w, t.y - HULL, right.x, t.y + t.h + HULL]);
-    if (down) rects.push([t.x - HULL, t.y + t.h, t.x + t.w + HULL, down.y]);
+    if (right) rects.push([t.x + t.w, t.y - grow, right.x, t.y + t.h + grow]);
+    if (down) rects.push([t.x - grow, t.y + t.h, t.x + t.w + grow, down.y]);
     if (right && down && at.get(`${t.col + 1},${t.row + 1}`)) rects.push([t.x + t.w, t.y + t.h, right.x, down.y]);
   }
   const xs = [...new Set(rects.flatMap((r) => [r[0], r[2]]))].sort((a, b) => a - b);
@@ -35,11 +35,12 @@ export function hull(tiles) {
   return { rects, edges };
 }
 
-// The hulls of parts (each the tiles of one node) as SVG: the filled union under its outline (dashed: a DG Union).
-export function hullSvg(parts, colour, fill, opacity, dashed, cls) {
+// The hulls of parts (each the tiles of one node) as SVG: the filled union under its outline (dashed: a DG Union);
+// `grow`: how far the outline stands off the tiles (HULL unless given).
+export function hullSvg(parts, colour, fill, opacity, dashed, cls, grow = HULL) {
   let out = "";
   for (const p of parts) {
-    const h = hull(p);
+    const h = hull(p, grow);
     out += `<g class="${cls}"><g opacity="${opacity}">` + h.rects.map((r) => `<rect x="${r[0]}" y="${r[1]}" width="${r[2] - r[0]}" height="${r[3] - r[1]}" fill="${fill}" stroke="none"/>`).join("") + "</g>";
     out += `<path d="${h.edges.map((e) => `M${e[0]},${e[1]}L${e[2]},${e[3]}`).join("")}" stroke="${colour}" stroke-width="${dashed ? 3 : 2.5}" fill="none" stroke-linecap="square"${dashed ? ' stroke-dasharray="7 4"' : ""}/></g>`;
   }
