@@ -54,8 +54,9 @@ from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
 from hspmd_sdk.runtime.devices import backend_for_device  # noqa: E402
+from hspmd_sdk.runtime.reference import reference_result  # noqa: E402
 from hspmd_sdk.runtime.train import (ReferenceResult, assemble, dataset_for, launch_runs, load_captured,  # noqa: E402
-                                     reference_result, reference_training, training_run)
+                                     reference_training, training_run)
 from hspmd_sdk.runtime.transport import LocalTransport  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
