@@ -113,7 +113,7 @@ def test_device_picks_the_backend_and_a_local_cuda_launch_is_checked_first() -> 
 
 
 def test_launch_on_cuda_without_a_gpu_starts_no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hspmd_sdk.runtime.launcher as launcher
+    import hspmd_sdk.runtime.start as launcher  # where every worker start goes (launch_spec)
     from hspmd_sdk import launch
 
     specs: list = []
