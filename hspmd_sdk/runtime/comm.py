@@ -52,7 +52,7 @@ from ..core.gradients import backward_plan_for, gradient_layout
 from ..core.comm_ops import CollectiveOp, IdentityOp, PointToPointOp, SplitCollectiveOp
 from ..core.slices import Box, box_intersect, box_numel, box_shape, format_box, relative
 from ..errors import HSPMDError
-from .trace import span
+from .trace import communicating, span
 
 if TYPE_CHECKING:
     from ..core.comm_plan import CommPlan
@@ -217,12 +217,13 @@ def execute(plan: "CommPlan", local: torch.Tensor | None, groups: Any, *, rank: 
                                                              default_device(groups))
     ctx = _Ctx(rank, group_lookup(groups), dtype, dev)
     cur = local
-    for i, op in enumerate(plan.ops):
-        what = f"op {i} ({op.kind}) of {plan.src} -> {plan.dst}"
-        try:
-            cur = _run_op(op, cur, ctx, what, tag_base)
-        except RuntimeError as e:  # a collective failed or timed out: say where
-            raise CommExecutionError(f"rank {rank}, {what}: {e}") from e
+    with communicating():
+        for i, op in enumerate(plan.ops):
+            what = f"op {i} ({op.kind}) of {plan.src} -> {plan.dst}"
+            try:
+                cur = _run_op(op, cur, ctx, what, tag_base)
+            except RuntimeError as e:  # a collective failed or timed out: say where
+                raise CommExecutionError(f"rank {rank}, {what}: {e}") from e
     return cur if rank in plan.dst.ranks else None
 
 
@@ -233,7 +234,8 @@ def execute_op(plan: "CommPlan", index: int, local: torch.Tensor | None, groups:
     op = plan.ops[index]
     what = f"op {index} ({op.kind}) of {plan.src} -> {plan.dst}"
     try:
-        out = _run_op(op, local, ctx, what)
+        with communicating():
+            out = _run_op(op, local, ctx, what)
     except RuntimeError as e:
         raise CommExecutionError(f"rank {rank}, {what}: {e}") from e
     return out if out is not None else local

@@ -41,6 +41,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from .trace import communicating
+
 __all__ = ["CPLayout", "cp_attention", "split_sequence", "gather_sequence", "cp_positions", "balanced_order",
            "order_segments", "VARIANTS"]
 
@@ -332,8 +334,9 @@ class _Group:
 
 
 def _wait(works: list[Any]) -> None:
-    for w in works:
-        w.wait()
+    with communicating():  # waiting for the ring, not computing (the executor's compute_s leaves it out)
+        for w in works:
+            w.wait()
 
 
 # ---- forward and backward over the blocks -----------------------------------------------------------------
@@ -363,7 +366,8 @@ def _blocks(kv: torch.Tensor | Sequence[torch.Tensor], plan: _Plan, g: _Group) -
         return
     if plan.variant == "allgather":
         whole = kv.new_empty(g.size * kv.numel())  # flat: every backend takes 1-D buffers
-        _ALL_GATHER(whole, kv.reshape(-1), group=g.pg)
+        with communicating():
+            _ALL_GATHER(whole, kv.reshape(-1), group=g.pg)
         whole = whole.view((g.size,) + tuple(kv.shape))
         for t in range(g.size):
             yield (g.rank + t) % g.size, whole[(g.rank + t) % g.size]
@@ -416,7 +420,8 @@ def _backward_allgather(q: torch.Tensor, kv: torch.Tensor, saved: tuple[torch.Te
     if g.size == 1:
         return dq, dkv[0]
     mine = torch.empty_like(dkv[0])
-    _REDUCE_SCATTER(mine.view(-1), dkv.view(-1), group=g.pg)
+    with communicating():
+        _REDUCE_SCATTER(mine.view(-1), dkv.view(-1), group=g.pg)
     return dq, mine
 
 

@@ -71,7 +71,7 @@ from .comm import Pending, execute, execute_async, execute_op, post_receives, po
 from .cp_attention import balanced_order
 from .kernels import kernel_for, reorder_problems
 from .params import check_local_parameters, init_local_parameters
-from .trace import span
+from .trace import comm_seconds, span
 
 __all__ = ["StepExecutor", "ExecutorError", "program_comm_plans", "AdamConfig", "PRECISIONS", "precision_dtype",
            "pipeline_pairs", "pipeline_groups", "sequence_balance"]
@@ -859,10 +859,12 @@ class StepExecutor:
 
     def _timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``, its seconds added to :attr:`compute_s` (and reported to ``emulate`` when speed
-        emulation is on)."""
+        emulation is on), less the communication inside it (:func:`~.trace.communicating`: the Reshards' backward
+        plans that autograd runs, the context-parallel ring's waits), which is waiting for peers, not computing."""
+        c0 = comm_seconds()
         t0 = time.perf_counter()
         out = fn(*args, **kwargs)
-        dt = time.perf_counter() - t0
+        dt = max(0.0, time.perf_counter() - t0 - (comm_seconds() - c0))
         if self.emulate is not None:
             dt += self.emulate(dt) or 0.0
         self.compute_s += dt

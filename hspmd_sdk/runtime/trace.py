@@ -26,6 +26,39 @@ PHASES = ("F", "B", "comm", "sync", "optim")
 _OFF = contextlib.nullcontext()
 
 
+class _CommClock:
+    """Seconds this process spent communicating (:func:`communicating`), outermost calls only."""
+
+    depth = 0
+    seconds = 0.0
+
+
+_CLOCK = _CommClock()
+
+
+@contextlib.contextmanager
+def communicating() -> Iterator[None]:
+    """Count the time inside as communication (:func:`comm_seconds`): the communication executor and the
+    context-parallel ring wrap their collectives and waits in it, so that a compute measurement that encloses
+    them (autograd's backward runs the Reshards' backward plans) can take them out (:meth:`StepExecutor._timed`:
+    ``compute_s`` and the emulated slowdown count kernels, never waiting for a peer)."""
+    if _CLOCK.depth:
+        yield
+        return
+    _CLOCK.depth += 1
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _CLOCK.seconds += time.perf_counter() - t0
+        _CLOCK.depth -= 1
+
+
+def comm_seconds() -> float:
+    """Total seconds this process spent in :func:`communicating` so far."""
+    return _CLOCK.seconds
+
+
 def span(name: str) -> Any:
     """A range named ``hspmd:<name>`` in the torch profiler's trace while one records; else nothing."""
     import torch
