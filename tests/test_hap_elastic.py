@@ -17,8 +17,6 @@ planned even.  Checked here:
 """
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 
 import pytest
@@ -29,10 +27,11 @@ pytest.importorskip("pulp")
 from hspmd_sdk import Cluster, GPTConfig, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.planner import replan_elastic  # noqa: E402
-from hspmd_sdk.runtime.train import assemble, launch_training, load_captured, reference_training  # noqa: E402
+from _procs import assert_no_workers_left  # noqa: E402
+from hspmd_sdk.runtime.train import launch_training, reference_training  # noqa: E402
+from test_switching import LR, SEED, SEQ, STATE_TOL, TOL, _state_err  # noqa: E402  (its comparison, its settings)
 
-SEED, SEQ, LR, STEPS = 3, 16, 1e-3, 4
-TOL, STATE_TOL = 1e-5, 5e-5
+STEPS = 4
 FAMILIES = {"llama": LlamaConfig, "gpt": GPTConfig}
 
 
@@ -111,46 +110,6 @@ def _program(model, data: dict, cluster: Cluster):
                       bindings={"B": 8, "S": SEQ})
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
-
-
-def _gone(pids: dict[int, int], timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if not any(_alive(p) for p in pids.values()):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _state_err(run_dir: Path, model, ref) -> dict[str, float]:
-    """Largest norm-relative difference of the final parameters and of each Adam moment, assembled from the
-    survivors' shards (replicas must agree exactly); GPT-2's gradient-free key bias and zero-initialised biases
-    measured apart (as tests/test_switching.py)."""
-    captured = load_captured(run_dir)
-    largest = max(float(g.abs().max()) for g in ref.grads.values())
-    noise = {n for n, g in ref.grads.items() if float(g.abs().max()) < 1e-7 * largest}
-    zero = {n for n, v in model.build_reference(SEED).state_dict().items() if not bool(v.any())}
-    worst: dict[str, float] = {}
-    for which, want in (("params", ref.params), ("exp_avg", ref.exp_avg), ("exp_avg_sq", ref.exp_avg_sq)):
-        got, spread = assemble(captured, which, model.param_shapes())
-        assert spread == 0.0, which
-        skip = noise | (zero if which == "params" else set())
-        worst[which] = max(float((got[n] - w).norm() / w.norm()) for n, w in want.items() if n not in skip)
-        if which == "params" and zero - noise:
-            moves = max(float((got[n] - want[n]).abs().max()) for n in zero - noise)
-            worst["zero-init params / lr"] = moves / LR * STATE_TOL / 1e-2  # within 1% of lr passes
-    return worst
-
-
 def _run(family: str, data: dict, n: int, kill: int, tmp_path: Path, checkpoint: bool):
     """Train ``data`` on ``n`` local ranks, ``kill`` SIGKILLing itself in step 3's backward; with ``checkpoint``,
     synchronous checkpoints after steps 2 and 4 (so the one of step 2 is complete when step 3 starts)."""
@@ -171,7 +130,7 @@ def _run(family: str, data: dict, n: int, kill: int, tmp_path: Path, checkpoint:
     assert {r: p for r, p in job.pids().items() if r != kill} == survivors   # the same processes
     err = _state_err(tmp_path / "capture", model, ref)
     assert max(err.values()) <= STATE_TOL, err
-    assert _gone(pids)
+    assert_no_workers_left(list(pids.values()), within=10)  # each worker leads its process group
     # a reload goes back to the checkpoint's step: rank 0 reported steps 2 and 3 twice; in memory, once
     assert [m.step for m in job.metrics.rank(0)].count(2) == (2 if checkpoint else 1)
     return event

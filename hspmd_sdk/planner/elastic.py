@@ -25,12 +25,11 @@ micro-batching) is planned even, as before.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from .cost import CostModel
-from .hetero import (Candidate, PipelinePlan, PlanContext, TPGroup, build_strategy, configure_pipelines, make_groups,
-                     pick, rank_by_simulation, refine_micro_batches, solve_layers, solve_micro_batches, split_node,
-                     tp_degrees, _stage_parts, _sync_estimate)
+from .hetero import (Candidate, PipelinePlan, PlanContext, TPGroup, configure_pipelines, make_groups, pick,
+                     solve_layers, solve_micro_batches, split_node, tp_degrees, _stage_parts, _sync_estimate)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
@@ -162,9 +161,16 @@ def replan_elastic(model: "ModelSpec | str", cluster: "Cluster", strategy: "Stra
                                               f"devices")], what="elastic plan")
     cands.sort(key=lambda c: c.estimate)
     name = name or f"replan_elastic: {model.name} on {len(survivors)} devices (lost {sorted(failed)})"
-    if not any(s.is_uneven for p in strategy.pipelines for s in p.stages):
-        return pick(ctx, cands, simulate_top=simulate_top, refine=refine, name=name)
-    return _pick_uneven(ctx, cands, strategy, simulate_top=simulate_top, refine=refine, name=name)
+    return pick(ctx, cands, simulate_top=simulate_top, refine=refine, name=name,
+                adjust=_keeping_ratios(model, strategy))
+
+
+def _keeping_ratios(model: "ModelSpec", old: "Strategy") -> "Callable[[Strategy], Strategy] | None":
+    """For :func:`~.hetero.pick`: each candidate inherits ``old``'s ratios (:func:`_inherit_ratios`); ``None``
+    (candidates as built) when ``old`` has no uneven stage."""
+    if not any(s.is_uneven for p in old.pipelines for s in p.stages):
+        return None
+    return lambda new: _inherit_ratios(model, old, new)
 
 
 def _inherit_ratios(model: "ModelSpec", old: "Strategy", new: "Strategy") -> "Strategy":
@@ -207,34 +213,6 @@ def _inherit_ratios(model: "ModelSpec", old: "Strategy", new: "Strategy") -> "St
         return Strategy.load(data, model=model)
     except PlanValidationError:
         return new
-
-
-def _pick_uneven(ctx: PlanContext, cands: Sequence[Candidate], old: "Strategy", *, simulate_top: int,
-                 refine: bool, name: str) -> "Strategy":
-    """:func:`~.hetero.pick` for a running strategy with uneven stages: each candidate's strategy inherits the
-    ratios (:func:`_inherit_ratios`) before the simulator ranks it; a micro-batch polish that the annotation
-    cannot express with them (unequal micro-batching beside an uneven stage) is not taken."""
-    from ..core.strategy import Strategy
-    from ..errors import PlanValidationError
-
-    step = max(simulate_top, 1)
-    for start in range(0, len(cands), step):
-        strategies = [_inherit_ratios(ctx.model, old, build_strategy(c, schedule=ctx.schedule, zero1=ctx.zero1,
-                                                                     name=name))
-                      for c in cands[start:start + step]]
-        best, res = rank_by_simulation(ctx, strategies)[0]
-        if res.oom:
-            continue
-        if refine:
-            polished = refine_micro_batches(ctx, best, res)[0]
-            try:
-                best = Strategy.load(polished.model_dump(), model=ctx.model)
-            except PlanValidationError:
-                pass
-        return best
-    raise PlanValidationError([("cluster", f"every planned strategy for {ctx.model.name} runs out of memory in the "
-                                           "simulator; add devices, shorten sequences or lower the global batch")],
-                              what="plan")
 
 
 def survivor_cluster(cluster: "Cluster", failed: Iterable[int]) -> tuple["Cluster", dict[int, int]]:
@@ -341,6 +319,4 @@ def replan_straggler(model: "ModelSpec | str", cluster: "Cluster", strategy: "St
         raise ValueError(f"no re-balanced strategy for the stragglers {speeds}")
     cands.sort(key=lambda c: c.estimate)
     name = f"replan_straggler: {model.name}, ranks " + ", ".join(f"{r} x{k:.2f}" for r, k in speeds.items())
-    if not any(s.is_uneven for p in strategy.pipelines for s in p.stages):
-        return pick(ctx, cands, simulate_top=4, refine=True, name=name)
-    return _pick_uneven(ctx, cands, strategy, simulate_top=4, refine=True, name=name)  # uneven stages keep ratios
+    return pick(ctx, cands, simulate_top=4, refine=True, name=name, adjust=_keeping_ratios(model, strategy))

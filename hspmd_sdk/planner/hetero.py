@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from ._pulp import _cbc, _variable
 from .cost import BF16, FP32, CostModel, embedding_cost, head_cost, layer_cost
@@ -736,18 +736,33 @@ def search(ctx: PlanContext, ranks: Sequence[int], *, candidates: int = 8, max_p
 
 
 def pick(ctx: PlanContext, solved: Sequence[Candidate], *, simulate_top: int = 6, refine: bool = True,
-         name: str | None = None, max_moves: int = 6) -> "Strategy":
+         name: str | None = None, max_moves: int = 6,
+         adjust: "Callable[[Strategy], Strategy] | None" = None) -> "Strategy":
     """Simulate the ``simulate_top`` best estimates and return the fastest that fits in memory (after the optional
     micro-batch refinement); if none fits, the next ``simulate_top``, and so on.  Raises
-    :class:`PlanValidationError` when no candidate fits."""
+    :class:`PlanValidationError` when no candidate fits.  ``adjust``: applied to each candidate's strategy before
+    the simulator ranks it (e.g. the elastic replanner's inherited TP ratios); a refinement the adjusted strategy
+    cannot take (it no longer validates) is then not taken."""
+    from ..core.strategy import Strategy
     from ..errors import PlanValidationError
 
     for start in range(0, len(solved), max(simulate_top, 1)):
         strategies = [build_strategy(c, schedule=ctx.schedule, zero1=ctx.zero1, name=name)
                       for c in solved[start:start + max(simulate_top, 1)]]
+        if adjust is not None:
+            strategies = [adjust(s) for s in strategies]
         best, res = rank_by_simulation(ctx, strategies)[0]
-        if not res.oom:
-            return refine_micro_batches(ctx, best, res, max_moves=max_moves)[0] if refine else best
+        if res.oom:
+            continue
+        if not refine:
+            return best
+        polished = refine_micro_batches(ctx, best, res, max_moves=max_moves)[0]
+        if adjust is None:
+            return polished
+        try:
+            return Strategy.load(polished.model_dump(), model=ctx.model)
+        except PlanValidationError:
+            return best
     raise PlanValidationError([("cluster", f"every planned strategy for {ctx.model.name} runs out of memory in the "
                                            "simulator; add devices, shorten sequences or lower the global batch")],
                               what="plan")
