@@ -3,8 +3,8 @@
 Imports no torch.distributed, widgets or plotting; fast to import.
 """
 from ..errors import HSPMDError, PlanValidationError, ResolutionError, ShapeError, SpecializationError
-from .annotation import (DS, DUPLICATE, PARTIAL, Annotation, LocalView, format_ranks, local_view, local_views,
-                         parse_ranks)
+from .annotation import (DS, DUPLICATE, PARTIAL, Annotation, DSKey, LocalView, format_ranks, is_split, local_view,
+                         local_views, parse_ranks)
 from .bsr import Assignment, BSREntry, LinkModel, bsr_scheme, bsr_table
 from .cluster import DEVICE_PRESETS, Cluster, DeviceSpec, Link, Node
 from .comm_ops import (CollectiveGroup, CollectiveOp, IdentityOp, Message, PointToPointOp, SliceCollective,
@@ -26,8 +26,8 @@ from .symbolic import Sym, sym
 from .switch import PackedItem, PackedMessage, SwitchPlan, SwitchStep, TensorMove, plan_switch, switch_table
 
 __all__ = [
-    "DS", "Annotation", "LocalView", "local_view", "local_views", "PARTIAL", "DUPLICATE", "parse_ranks",
-    "format_ranks", "Cluster", "DeviceSpec", "Node", "Link", "DEVICE_PRESETS", "load_model",
+    "DS", "Annotation", "LocalView", "local_view", "local_views", "DSKey", "PARTIAL", "DUPLICATE", "is_split",
+    "parse_ranks", "format_ranks", "Cluster", "DeviceSpec", "Node", "Link", "DEVICE_PRESETS", "load_model",
     "ModelSpec", "Placement", "Strategy", "Pipeline", "Stage", "memory_estimate", "AnnotationPlan", "ExecutionSettings",
     "Action", "build_schedule", "replay", "ReplayResult", "ScheduleError", "compute_order", "warmup_count",
     "in_flight", "format_schedule", "SCHEDULE_KINDS",

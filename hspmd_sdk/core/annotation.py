@@ -18,18 +18,45 @@ from __future__ import annotations
 
 import math
 import re
-from functools import cached_property
 from dataclasses import dataclass
+from enum import IntEnum
+from functools import cached_property
 from typing import Any, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import ShapeError
 
-PARTIAL = -2
-DUPLICATE = -1
 
-__all__ = ["DS", "Annotation", "LocalView", "local_view", "local_views", "PARTIAL", "DUPLICATE", "parse_ranks", "format_ranks"]
+class DSKey(IntEnum):
+    """The two keys of a distributed state that are not a tensor dim (paper §4; SPEC §1).
+
+    A DS maps each key to its degree: :attr:`PARTIAL` (``-2``) -- the devices hold summands of the value;
+    :attr:`DUPLICATE` (``-1``) -- each holds all of it; a tensor dim ``d >= 0`` -- Split along ``d`` (see
+    :func:`is_split`).  An Annotation's HDim takes the same keys, one tier up.
+
+    Members are ints: they compare and hash equal to ``-2``/``-1``, so ``DS({DSKey.PARTIAL: 2}) ==
+    DS({-2: 2})``, and ``DS``/``Annotation`` store, print and serialise the plain integers.
+    """
+
+    PARTIAL = -2
+    DUPLICATE = -1
+
+    __str__ = int.__repr__  # "-2", as an int prints (Python 3.10's Enum.__str__ would print "DSKey.PARTIAL")
+
+
+#: Module-level names of the two keys (the same objects as the :class:`DSKey` members).
+PARTIAL = DSKey.PARTIAL
+DUPLICATE = DSKey.DUPLICATE
+
+
+def is_split(key: int) -> bool:
+    """Whether a DS key or an HDim names a Split along a tensor dim (``key >= 0``), not Partial or Duplicate."""
+    return key >= 0
+
+
+__all__ = ["DS", "Annotation", "LocalView", "local_view", "local_views", "DSKey", "PARTIAL", "DUPLICATE",
+           "is_split", "parse_ranks", "format_ranks"]
 
 
 def _key_token(key: int, degree: int) -> str:
@@ -152,7 +179,7 @@ class DS(BaseModel):
 
     @property
     def split_dims(self) -> list[int]:
-        return [k for k in self.states if k >= 0]
+        return [k for k in self.states if is_split(k)]
 
     def coords(self, position: int) -> dict[int, int]:
         """Coordinates (key -> index) of the device at ``position`` of its group; last key of ``order`` fastest."""
@@ -276,7 +303,7 @@ class Annotation(BaseModel):
 
     dg_union: list[list[int]]
     ds_union: list[DS]
-    hdim: int = DUPLICATE
+    hdim: int = Field(default=DUPLICATE, validate_default=True)  # validated: stored as the plain int -1
     hratios: list[int] | None = None
 
     def __init__(self, dg_union: Any = None, ds_union: Any = None, hdim: int | None = None,
@@ -329,10 +356,10 @@ class Annotation(BaseModel):
         if self.hdim < PARTIAL:
             raise ValueError(f"hdim {self.hdim} is invalid (-2 Partial, -1 Duplicate, d>=0 Split)")
         if h == 1:
-            object.__setattr__(self, "hdim", DUPLICATE)
+            object.__setattr__(self, "hdim", int(DUPLICATE))
             object.__setattr__(self, "hratios", None)
         if self.hratios is not None:
-            if self.hdim < 0:
+            if not is_split(self.hdim):
                 raise ValueError(f"hratios are only meaningful with a split hdim (>= 0), not hdim={self.hdim}")
             if len(self.hratios) != h:
                 raise ValueError(f"hratios has {len(self.hratios)} entries but HSize is {h}")
@@ -401,7 +428,7 @@ class Annotation(BaseModel):
     def subgroup_box(self, shape: Sequence[int], k: int) -> tuple[tuple[int, int], ...]:
         """The box ``T_k`` of the global tensor held by subgroup ``k`` (whole tensor unless hdim >= 0)."""
         box = [(0, n) for n in shape]
-        if self.hdim >= 0 and self.hsize > 1:
+        if is_split(self.hdim) and self.hsize > 1:
             d = self.hdim
             if d >= len(shape):
                 raise ShapeError(f"annotation {self} has hdim={d} but the tensor has {len(shape)} dims "

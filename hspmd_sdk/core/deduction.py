@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 from ..errors import ShapeError, SpecializationError
-from .annotation import DS, DUPLICATE, PARTIAL, Annotation, format_ranks
+from .annotation import DS, DUPLICATE, PARTIAL, Annotation, format_ranks, is_split
 from .graph import Graph, Node
 from .ops import OPS, OpDef, RuleError
 from .symbolic import Constraint, Dim, Sym, dim_div, dim_frac
@@ -116,8 +116,8 @@ def _deduce_cached(kind: str, attrs: tuple[tuple[str, Any], ...], anns: tuple[An
     for i in range(len(per_sub[0])):
         hd = top[i].order[0] if top[i].order else DUPLICATE
         ratios = None
-        if hd >= 0:
-            ratios = next((a.hratios for a in anns if a.hdim >= 0 and a.hratios), None)
+        if is_split(hd):
+            ratios = next((a.hratios for a in anns if is_split(a.hdim) and a.hratios), None)
         outs.append(Annotation([list(dg) for dg in first.dg_union], [p[i] for p in per_sub], hd, ratios))
     return tuple(outs)
 
@@ -180,7 +180,7 @@ def partial_as_duplicate(ann: Annotation) -> Annotation:
         axes = [(DUPLICATE if k == PARTIAL else k, ds.states[k]) for k in ds.order]
         subs.append(_assemble(axes) if axes else ds)
     hd = DUPLICATE if ann.hdim == PARTIAL else ann.hdim
-    return Annotation([list(dg) for dg in ann.dg_union], subs, hd, ann.hratios if hd >= 0 else None)
+    return Annotation([list(dg) for dg in ann.dg_union], subs, hd, ann.hratios if is_split(hd) else None)
 
 
 @lru_cache(maxsize=4096)
@@ -201,7 +201,7 @@ def weight_grad_annotation(kind: str, act: Annotation, weight: Annotation, act_s
         axes = refine_axes([a_ds, w_ds])
         subs.append(_assemble([(grad_key(keys[0], keys[1]), deg) for keys, deg in axes]) if axes else w_ds)
     hd = grad_key(act.hdim, weight.hdim) if weight.hsize > 1 else DUPLICATE
-    return Annotation([list(dg) for dg in weight.dg_union], subs, hd, weight.hratios if hd >= 0 else None)
+    return Annotation([list(dg) for dg in weight.dg_union], subs, hd, weight.hratios if is_split(hd) else None)
 
 
 # ---- local shapes ----------------------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ def local_shape(ann: Annotation, shape: Sequence[Dim], subgroup: int, tensor: st
     Concrete dims that do not divide raise ``ShapeError`` now; symbolic ones carry the constraint."""
     out = list(shape)
     where = f"subgroup {subgroup} ({format_ranks(ann.dg_union[subgroup])})"
-    if ann.hsize > 1 and ann.hdim >= 0:
+    if ann.hsize > 1 and is_split(ann.hdim):
         d = ann.hdim
         if d >= len(shape):
             raise ShapeError(f"tensor {tensor!r}: HDim {d} but the tensor has {len(shape)} dims")
@@ -270,7 +270,7 @@ def _activation_grad(kind: str, anns: tuple[Annotation, ...], shapes: tuple[tupl
         axes = refine_axes([x_ds, w_ds])
         subs.append(_assemble([(rule(k[0], k[1]), d) for k, d in axes]) if axes else DS({}))
     hd = rule(x.hdim, w.hdim) if x.hsize > 1 else DUPLICATE
-    return Annotation([list(dg) for dg in x.dg_union], subs, hd, x.hratios if hd >= 0 else None)
+    return Annotation([list(dg) for dg in x.dg_union], subs, hd, x.hratios if is_split(hd) else None)
 
 
 def clear_caches() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ResolutionError
-from .annotation import DS, Annotation
+from .annotation import DS, DUPLICATE, PARTIAL, Annotation, is_split
 from .resolve import resolve
 
 if TYPE_CHECKING:
@@ -41,27 +41,28 @@ def gradient_layout(ann: Annotation, consumed: str = "redundant") -> Annotation:
         raise ValueError(f"consumed must be 'redundant' or 'divergent', not {consumed!r}")
     ds = [_grad_ds(d, consumed) for d in ann.ds_union]
     hdim = ann.hdim
-    if hdim == -2 or (consumed == "divergent" and hdim == -1 and ann.hsize > 1):
-        hdim = -1 if hdim == -2 else -2
-    return Annotation(ann.dg_union, ds, hdim, ann.hratios if hdim >= 0 else None)
+    if hdim == PARTIAL or (consumed == "divergent" and hdim == DUPLICATE and ann.hsize > 1):
+        hdim = DUPLICATE if hdim == PARTIAL else PARTIAL
+    return Annotation(ann.dg_union, ds, hdim, ann.hratios if is_split(hdim) else None)
 
 
 def _grad_ds(ds: DS, consumed: str) -> DS:
     states, order = dict(ds.states), list(ds.order)
     if consumed == "divergent":
-        swap = {-2: -1, -1: -2}
+        swap = {PARTIAL: DUPLICATE, DUPLICATE: PARTIAL}
         return DS({swap.get(k, k): v for k, v in states.items()}, [swap.get(k, k) for k in order])
-    if -2 not in states:
+    if PARTIAL not in states:
         return ds
-    if -1 not in states:
-        return DS({(-1 if k == -2 else k): v for k, v in states.items()}, [-1 if k == -2 else k for k in order])
-    i, j = order.index(-2), order.index(-1)
+    if DUPLICATE not in states:
+        return DS({(DUPLICATE if k == PARTIAL else k): v for k, v in states.items()},
+                  [DUPLICATE if k == PARTIAL else k for k in order])
+    i, j = order.index(PARTIAL), order.index(DUPLICATE)
     if abs(i - j) != 1:
         raise ResolutionError(f"gradient_layout: DS {ds} has Partial and Duplicate keys that are not adjacent "
                                  "in its order; its gradient has no single-DS layout, pass it explicitly")
-    merged = {k: v for k, v in states.items() if k != -2}
-    merged[-1] = states[-2] * states[-1]
-    return DS(merged, [k for k in order if k != -2])
+    merged = {k: v for k, v in states.items() if k != PARTIAL}
+    merged[DUPLICATE] = states[PARTIAL] * states[DUPLICATE]
+    return DS(merged, [k for k in order if k != PARTIAL])
 
 
 def backward_plan_for(plan: "CommPlan", *, grad_src: Annotation | None = None,

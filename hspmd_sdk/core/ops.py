@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ShapeError, SpecializationError
+from .annotation import DUPLICATE, PARTIAL, is_split
 from .graph import RESHARD, Tensor, _dims
 from .symbolic import Dim, Sym, dim_div, dim_prod, dims_equal, divides, shape_str
 
@@ -22,7 +23,6 @@ __all__ = ["OpDef", "OPS", "RuleError", "register_op", "op_def", "infer_shapes",
            "DUPLICATE", "embedding", "positions", "dot", "linear", "bias_add", "rmsnorm", "layernorm", "rope",
            "attention", "swiglu", "gelu", "add", "mul", "reshape", "split", "concat", "sum", "cross_entropy"]
 
-PARTIAL, DUPLICATE = -2, -1
 Shapes = Sequence[tuple[Dim, ...]]
 
 
@@ -154,7 +154,7 @@ def _attention_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, A
 
 def _reshape_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
     (k,) = keys
-    if k < 0:
+    if not is_split(k):
         return (k,)
     mapping = _reshape_map(shapes[0], attrs["shape"])
     if k not in mapping:
@@ -166,7 +166,7 @@ def _reshape_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any
 def _sum_rule(keys: tuple[int, ...], shapes: Shapes, attrs: Mapping[str, Any]) -> tuple[int, ...]:
     (k,) = keys
     dims = _norm_dims(attrs["dims"], len(shapes[0]))
-    if k < 0:
+    if not is_split(k):
         return (k,)
     if k in dims:
         return (PARTIAL,)

@@ -62,6 +62,8 @@ class _Writer:
         t = type(x)
         if t in _PRIMITIVE:
             return x
+        if isinstance(x, int):  # an IntEnum (a DSKey such as PARTIAL): its plain value, read back equal
+            return int(x)
         if t is tuple:
             return {"$t": [self.value(v) for v in x]}
         if t is list:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ResolutionError, ShapeError
-from .annotation import PARTIAL, DUPLICATE, DS, Annotation, LocalView, local_views
+from .annotation import PARTIAL, DUPLICATE, DS, Annotation, LocalView, is_split, local_views
 from .bsr import LinkModel, bsr_scheme, bsr_table
 from .comm_ops import (CollectiveGroup, CollectiveOp, CommOp, IdentityOp, Message, PointToPointOp, SliceCollective,
                        SplitCollectiveOp, merge_p2p)
@@ -54,9 +54,9 @@ def split_kind(src_hdim: int, dst_hdim: int) -> str | None:
     """The top-tier operator for an HDim change (§5.2), or ``None`` when there is none."""
     if src_hdim == PARTIAL and dst_hdim == DUPLICATE:
         return "SplitAllReduce"
-    if src_hdim == PARTIAL and dst_hdim >= 0:
+    if src_hdim == PARTIAL and is_split(dst_hdim):
         return "SplitReduceScatter"
-    if src_hdim >= 0 and dst_hdim == DUPLICATE:
+    if is_split(src_hdim) and dst_hdim == DUPLICATE:
         return "SplitAllGather"
     return None
 
@@ -233,11 +233,11 @@ def _bottom_collective(s: DS, t: DS, ranks: list[int], sv: dict[int, LocalView],
         return None
     if a == PARTIAL and b == DUPLICATE:
         kind = "AllReduce"
-    elif a == PARTIAL and b >= 0:
+    elif a == PARTIAL and is_split(b):
         kind = "ReduceScatter"
-    elif a >= 0 and b == DUPLICATE:
+    elif is_split(a) and b == DUPLICATE:
         kind = "AllGather"
-    elif a >= 0 and b >= 0:
+    elif is_split(a) and is_split(b):
         kind = "AllToAll"
     else:
         return None
@@ -263,7 +263,7 @@ def _bottom_collective(s: DS, t: DS, ranks: list[int], sv: dict[int, LocalView],
         members.sort(key=lambda m: m[order])
         rs = tuple(m[0] for m in members)
         out.append(CollectiveGroup(rs, tuple(sv[r].box for r in rs), tuple(dv[r].box for r in rs)))
-    dim = a if kind == "AllGather" else (b if b >= 0 else None)
+    dim = a if kind == "AllGather" else (b if is_split(b) else None)
     return CollectiveOp(kind, tuple(out), ctx.itemsize, dim, a if kind == "AllToAll" else None)
 
 
@@ -363,7 +363,7 @@ def _split_op(kind: str, src_hdim: int, dst_hdim: int, held: list[_Held], top_pa
         sig.append(((contrib, tuple(recv)), grid.box(cell)))
     slices = tuple(SliceCollective(box, tuple(sorted(set(c) | set(rs))), c, rs)
                    for (c, rs), box in coalesce(sig, order=lambda s: 0))
-    return SplitCollectiveOp(kind, src_hdim, dst_hdim, slices, tuple((h.rank, h.box) for h in held),
+    return SplitCollectiveOp(kind, int(src_hdim), int(dst_hdim), slices, tuple((h.rank, h.box) for h in held),
                              tuple(targets) + tuple(zeros), ctx.itemsize)
 
 

@@ -43,7 +43,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import PlanValidationError, SpecializationError
-from .annotation import DS, DUPLICATE, Annotation
+from .annotation import DS, DUPLICATE, Annotation, is_split
 from .model_spec import placements_by_tensor
 from .plan import AnnotationPlan, ExecutionSettings
 
@@ -77,7 +77,7 @@ def _stages(strategy: "Strategy", layer: int | str) -> list["Stage"]:
 
 def _ann(groups: Sequence[Sequence[int]], split: int | None, hdim: int = DUPLICATE,
          hratios: Sequence[int] | None = None) -> Annotation:
-    key = (tuple(map(tuple, groups)), split, hdim, tuple(hratios or ()) if hdim >= 0 else ())
+    key = (tuple(map(tuple, groups)), split, hdim, tuple(hratios or ()) if is_split(hdim) else ())
     return _ann_cached(*key)
 
 
@@ -134,7 +134,7 @@ def _uneven_ann(groups: tuple[tuple[int, ...], ...], ds_key: int, hdim: int, hra
     """Subgroup ``k`` = ``groups[k]`` (the ``k``-th TP rank of every pipeline), each laid out by ``DS {ds_key: P}``
     over its ``P`` pipelines; top tier ``hdim`` in ``hratios``."""
     ds = _ds(ds_key, len(groups[0]))
-    ratios = list(hratios) if hdim >= 0 and hratios else None
+    ratios = list(hratios) if is_split(hdim) and hratios else None
     return Annotation([list(g) for g in groups], [ds] * len(groups), hdim, ratios)
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from ..errors import ResolutionError
-from .annotation import Annotation, local_views
+from .annotation import PARTIAL, Annotation, local_views
 from .bsr import Assignment, LinkModel, bsr_scheme, bsr_table
 from .comm_plan import pick_unit, time_of, volume_by_rank, volume_table
 from .resolve import itemsize_of
@@ -207,7 +207,7 @@ def plan_switch(src_plan: Any, dst_plan: Any, cluster: "Cluster | None" = None, 
                                   "dst_plan")
         for ann in (sann, dann):
             ann.check_shape(shape, name)
-        if any(ds.partial > 1 for ds in sann.ds_union) or (sann.hdim == -2 and sann.hsize > 1):
+        if any(ds.partial > 1 for ds in sann.ds_union) or (sann.hdim == PARTIAL and sann.hsize > 1):
             raise ResolutionError(f"plan_switch: tensor {name!r} is Partial in src_plan ({sann}); switching moves "
                                   "parameters, reduce it first (resolve() handles Partial Reshards)")
         lost = sorted(set(dead) & set(dann.ranks))

@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import HSPMDError
-from .annotation import DS, DUPLICATE, Annotation
+from .annotation import DS, DUPLICATE, Annotation, is_split
 from .model_spec import placements_by_tensor
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def ratio_units(model: "ModelSpec") -> dict[str, tuple[Any, int, int]]:
             where[t] = at
     out: dict[str, tuple[Any, int, int]] = {}
     for name, ann in anns.items():
-        if ann.hdim >= 0 and where.get(name) is not None:
+        if is_split(ann.hdim) and where.get(name) is not None:
             size = graph.tensors[name].shape[ann.hdim]
             if isinstance(size, int):
                 out[name] = (where[name], ann.hdim, size)

@@ -47,12 +47,12 @@ def decompose(src: Any, shape: tuple[int, ...], value: np.ndarray,
     the value minus the others; ranks with equal family, box and summand index get identical data.  Test inputs
     only (the property tests share it); expected outputs are computed from ``value`` independently.
     """
-    from ..core.annotation import local_views
+    from ..core.annotation import PARTIAL, local_views
 
     summands: dict[tuple[int, int], list[np.ndarray]] = {}
     out = {}
     for v in local_views(src, shape):
-        key = (-1 if src.hdim == -2 else v.subgroup, v.partial_count)
+        key = (-1 if src.hdim == PARTIAL else v.subgroup, v.partial_count)  # -1: one family, every rank
         if key not in summands:
             parts = [rng.standard_normal(shape) for _ in range(v.partial_count - 1)]
             parts.append(value - sum(parts, np.zeros(shape)))
@@ -127,15 +127,15 @@ def _megatron(state: WorkerState, seed: int) -> dict[str, np.ndarray]:
     """``loss = sum((g(gelu(f(X) @ W1_r) @ W2_r) + X)**2)``, ``X = tanh(x0)``, TP over ranks 0, 1."""
     import torch
 
-    from ..core.annotation import DS, Annotation
+    from ..core.annotation import DS, DUPLICATE, PARTIAL, Annotation
     from ..core.resolve import resolve
     from ..runtime.comm import backward_plan_for, gradient_layout, reshard
 
     rng = np.random.default_rng(seed)
     x0, w1, w2 = (rng.standard_normal(s) for s in ((4, 6), (6, 8), (8, 6)))
     r = state.rank
-    dup = Annotation([[0, 1]], [DS({-1: 2})])
-    part = Annotation([[0, 1]], [DS({-2: 2})])
+    dup = Annotation([[0, 1]], [DS({DUPLICATE: 2})])
+    part = Annotation([[0, 1]], [DS({PARTIAL: 2})])
     f_plan = resolve(dup, dup, (4, 6), "float64")
     f_back = backward_plan_for(f_plan, grad_dst=gradient_layout(dup, "divergent"))
     g_plan = resolve(part, dup, (4, 6), "float64")

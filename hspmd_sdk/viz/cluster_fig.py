@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from ..core.annotation import DUPLICATE, PARTIAL, Annotation, format_ranks, local_view
+from ..core.annotation import DUPLICATE, PARTIAL, Annotation, format_ranks, is_split, local_view
 from ._geometry import HEADER, MARGIN, PAD, ClusterGeometry, geometry
 from ._style import ERROR, SELECTED, UNUSED, pipeline_colour, stage_colour, subgroup_colour
 from ._tp_grid import ratios_text, share_text, stage_places, uneven
@@ -181,7 +181,7 @@ def hdim_words(ann: Annotation) -> str:
 def grid_dims(ann: Annotation, ndim: int) -> tuple[int, int]:
     """Two tensor dims to show as (rows, columns): split dims first (HDim, then DS splits).  The figures and the
     canvas draw every split dim instead (:func:`grid_axes`)."""
-    split = ([ann.hdim] if ann.hdim >= 0 and ann.hsize > 1 else []) + sorted(
+    split = ([ann.hdim] if is_split(ann.hdim) and ann.hsize > 1 else []) + sorted(
         {d for ds in ann.ds_union for d in ds.split_dims})
     dims = list(dict.fromkeys(d for d in split if d < ndim))
     dims += [d for d in range(ndim) if d not in dims]
