@@ -29,7 +29,7 @@ KNOWN_CYCLES = {
 #: The runtime split by side, as the processes are (ARCHITECTURE.md, milestone 3).  Every runtime module is on
 #: exactly one side (a new module must be placed); the worker side imports nothing of the launcher side.
 WORKER_SIDE = {"worker_entry", "session", "mixed_worker", "checkpoint_worker", "executor", "kernels", "comm",
-               "buckets", "switch_exec", "params", "liveness", "worker", "cp_attention", "devices"}
+               "buckets", "switch_exec", "params", "liveness", "worker", "cp_attention", "devices", "store"}
 LAUNCHER_SIDE = {"launcher", "train", "mixed", "runs", "start", "job", "controller", "faults", "run_config",
                  "preflight", "progress", "grow", "growback", "tensorboard", "timeline", "slurm_reaper", "profile", "overhead"}
 #: what both sides read: the protocol's values, the launch spec, the data, checkpoints' files, metrics, traces,

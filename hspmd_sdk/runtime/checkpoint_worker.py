@@ -7,7 +7,7 @@ default) a background thread then writes them while training goes on, so the ste
 One checkpoint is in flight at a time: the next one (or the end of the run) waits for it.
 
 Coordination uses no collective (a background thread must not interleave with the training's collectives): each
-rank announces its written file on the job's TCPStore through a client of its own (key
+rank announces its written file on the job's rendezvous store (:mod:`.store`) through a client of its own (key
 ``hspmd-ckpt/<job>.<run>.<generation>/<step>/<rank>``: file size, pieces' offsets and CRC-32s); rank 0 waits for every writer, writes
 the manifest and renames the directory (:mod:`.checkpoint` describes the layout and the commit).
 
@@ -247,16 +247,18 @@ class CheckpointSaver:
         record["write_s"] = round(time.perf_counter() - t0, 6)
 
     def _client(self) -> Any:
-        """A TCPStore client of this saver's own, at the job's current rendezvous (the training thread's client
-        may block in a wait; after an elastic reconfiguration the rendezvous is another)."""
-        import torch.distributed as dist
+        """A rendezvous-store client of this saver's own, at the job's current rendezvous (the training thread's
+        client may block in a wait; after an elastic reconfiguration the rendezvous is another)."""
+        from .store import RendezvousStore
 
+        spec = self.state.spec
         current = self.state.extras.get("store")
         at = (str(current.host), int(current.port)) if current is not None else \
-            (self.state.spec.master_addr, int(self.state.spec.master_port))
+            (spec.master_addr, int(spec.master_port))
         if self._store is None or self._store_at != at:
-            self._store = dist.TCPStore(at[0], at[1], is_master=False,
-                                        timeout=timedelta(seconds=self.state.spec.timeout_s))
+            if self._store is not None:
+                self._store.close()
+            self._store = RendezvousStore.connect(at[0], at[1], spec.secret, timedelta(seconds=spec.timeout_s))
             self._store_at = at
         return self._store
 

@@ -98,7 +98,7 @@ def launch_remote(cluster: Any, *, entry: str, steps: int, hosts: HostsArg = Non
     """Run ``entry`` on one worker per rank of ``cluster``, on its hosts over SSH; returns the running Job.
 
     Checks every host first (``preflight``) and refuses to start if any fails (:class:`PreflightError`, one line
-    per host problem).  The rendezvous (TCPStore) is on rank 0's host, at its ``address`` and a port free there
+    per host problem).  The rendezvous store is on rank 0's host, at its ``address`` and a port free there
     (or ``master_port``).  Logs per rank go to ``log_dir`` (a temporary folder by default).  ``heartbeat_s``,
     ``stall_s``, ``policy``: fault detection and reaction, as for :func:`hspmd_sdk.runtime.launcher.launch`; the
     launcher and every host's agent watch each other, so a host cut off from the launcher stops its workers

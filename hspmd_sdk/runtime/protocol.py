@@ -48,7 +48,7 @@ EXIT_FAILED = 1
 #: went away.
 EXIT_ORPHANED = 3
 
-#: Substrings of errors that a surviving rank raises when a peer died (gloo, NCCL, TCPStore).
+#: Substrings of errors that a surviving rank raises when a peer died (gloo, NCCL, the rendezvous store).
 _COLLATERAL_MARKERS = ("connection closed by peer", "connection reset", "broken pipe", "socket closed",
                        "remote process exited", "nccl communicator was aborted", "connection refused",
                        "recvbytes", "sendbytes", "read error", "write error", "timed out", "timeout",

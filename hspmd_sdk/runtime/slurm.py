@@ -47,9 +47,10 @@ transport.
 Security: the launcher <-> worker channel is Slurm's step I/O, which Slurm authenticates (munge-signed job
 credentials; only the job's owner and root can attach) and which carries JSON lines only (a LaunchSpec, then
 pings and control messages; the worker answers with JSON messages and raw log text that the launcher never
-evaluates).  This transport opens no listening port of its own.  Still unauthenticated (as with every transport
-today): torch's TCPStore, which rank 0 hosts for the rendezvous, and the gloo/NCCL connections between workers --
-whoever can reach those ports on the nodes can join or disturb the job.
+evaluates).  This transport opens no listening port of its own.  The rendezvous store that rank 0 hosts lets in
+only a process that proves it holds the job's secret (fresh per job, inside the LaunchSpec: :mod:`.store`).
+Still unauthenticated (as with every transport): the gloo/NCCL connections between workers, which those
+libraries open and accept themselves -- whoever can reach those ports on the nodes can disturb the job.
 """
 from __future__ import annotations
 

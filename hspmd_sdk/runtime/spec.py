@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import secrets
 from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -65,6 +66,10 @@ class LaunchSpec(BaseModel):
     heartbeat_s: float = Field(default=1.0, gt=0, le=60, description="heartbeat and ping period")
     stall_s: float | None = Field(default=30.0, gt=0, description="a rank not in communication while a peer "
                                                                   "waited this long for it is hung")
+    secret: str = Field(default_factory=lambda: secrets.token_hex(32), pattern=r"^[0-9a-f]{64}$", repr=False,
+                        description="the job's secret (fresh per job): only a process that holds it is let into "
+                                    "the job's rendezvous store (store.py); it travels inside the spec, over the "
+                                    "launcher's own channel, and is never printed")
     joining: bool = Field(default=False, description="a worker started to grow a running job (Job.grow): it "
                                                      "joins the job's world where the launcher tells it, at a "
                                                      "step boundary, instead of forming the world of this spec")

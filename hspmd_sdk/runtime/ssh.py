@@ -498,7 +498,7 @@ class SSHTransport(Transport):
                          gpus=info.get("cuda_devices"))
 
     def rendezvous(self, host: str, *, fresh: bool = False) -> tuple[str, int]:
-        """Address and a free port on ``host`` for the job's TCPStore (rank 0 runs there).  ``fresh``: probe the
+        """Address and a free port on ``host`` for the job's rendezvous store (rank 0 runs there).  ``fresh``: probe the
         host again for a port free *now* (a re-formed world's rendezvous: the first store may still hold its port)."""
         if fresh:
             self._probes.pop(host, None)

@@ -110,7 +110,7 @@ class Transport(ABC):
         nothing to check)."""
 
     def rendezvous(self, host: str, *, fresh: bool = False) -> tuple[str, int]:
-        """Address and a port free now on ``host`` for a world's TCPStore (its rank 0 runs there); ``fresh``: for
+        """Address and a port free now on ``host`` for a world's rendezvous store (its rank 0 runs there); ``fresh``: for
         a re-formed world, whose first store may still hold its port."""
         return "127.0.0.1", free_port()
 

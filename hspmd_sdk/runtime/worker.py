@@ -1,7 +1,7 @@
 """The worker process: ``python -m hspmd_sdk.runtime.worker --rank R`` (spec as the first line of stdin).
 
-The worker joins the job's process group (TCPStore rendezvous at the spec's master address, rank 0 hosting the
-store), builds a :class:`WorkerState` and calls the spec's entry ``fn(state, spec) -> dict``.  Everything it says
+The worker joins the job's process group (rendezvous at the spec's master address, rank 0 hosting the store,
+which lets in only holders of the job's secret: :mod:`.store`), builds a :class:`WorkerState` and calls the spec's entry ``fn(state, spec) -> dict``.  Everything it says
 goes to the launcher as protocol lines on its original stdout (see :mod:`.protocol`); ``print`` becomes ``log``
 messages and C-level output goes to stderr, which the launcher keeps as raw log lines.  On an exception the worker
 sends its traceback and exits with status 1.  When its stdin closes (the launcher went away) it exits at once, so
@@ -145,8 +145,7 @@ class WorkerState:
             if time.monotonic() > deadline:
                 raise RendezvousAbandoned(f"{where}: nothing listened there within {self.spec.timeout_s:g} s")
             time.sleep(0.02)
-        store = dist.TCPStore(master_addr, int(master_port), int(world_size), is_master=(rank == 0),
-                              timeout=timeout, wait_for_workers=False)
+        store = open_store(self.spec, master_addr, int(master_port), rank == 0, timeout)
         store.add("hspmd/arrived", 1)
         while store.add("hspmd/arrived", 0) < int(world_size):
             if self.peer_failed():
@@ -158,7 +157,10 @@ class WorkerState:
         dist.init_process_group(self.spec.backend, store=store, rank=int(rank), world_size=int(world_size),
                                 timeout=timeout)
         self.rank, self.world = int(rank), int(world_size)
+        old = self.extras.get("store")
         self.extras["store"], self.extras["store_port"] = store, int(master_port)
+        if old is not None and old is not store:
+            old.close()  # the last world's rendezvous: its server (this rank hosted it) or this rank's connection
 
     # ---- process groups ------------------------------------------------------------------------------------
     def create_groups(self, rank_sets: Iterable[Sequence[int]]) -> None:
@@ -329,11 +331,20 @@ def connect(spec: LaunchSpec, rank: int, channel: Channel, inbox: ControlInbox |
                         clock=StepClock(device))
     if spec.joining:  # started to grow a running job: it joins the job's world when told where (session.py)
         return state
-    store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=(rank == 0),
-                          timeout=timeout)
+    store = open_store(spec, spec.master_addr, spec.master_port, rank == 0, timeout)
     dist.init_process_group(spec.backend, store=store, rank=rank, world_size=spec.world_size, timeout=timeout)
     state.extras["store"] = store
     return state
+
+
+def open_store(spec: LaunchSpec, addr: str, port: int, host: bool, timeout: timedelta) -> Any:
+    """The rendezvous store of a world at ``addr:port``, authenticated by the job's secret: hosted by this
+    process (``host``: rank 0) or reached from it (:mod:`.store`)."""
+    from .store import RendezvousStore
+
+    if host:
+        return RendezvousStore.host_at(addr, port, spec.secret, timeout)
+    return RendezvousStore.connect(addr, port, spec.secret, timeout)
 
 
 # ---- process plumbing ---------------------------------------------------------------------------------------
