@@ -71,5 +71,6 @@ def test_micro_batches_follow_the_groups_speeds() -> None:
     assert _shares(8, [1.0, 1.0]) == [4, 4]
     assert _shares(8, [1.0, 3.0]) == [6, 2]                 # three times slower: a quarter of the work
     assert _shares(7, [1.0, 2.0, 2.0]) == [3, 2, 2]
-    assert _shares(2, [1.0, 10.0]) is None                  # the slow group would get nothing
+    assert _shares(2, [1.0, 10.0]) == [1, 1]                # every group takes one (the candidate uses every rank)
+    assert _shares(1, [1.0, 1.0]) is None                   # fewer micro-batches than groups
     assert sum(_shares(13, [0.7, 1.1, 2.9]) or []) == 13

@@ -8,8 +8,8 @@ proportion to what it can do: HAP's sharding ratios, from the linear program of
 
 This module builds those candidates: every host's devices dealt into groups of ``k`` devices of each of its kinds
 (in rank order; ``k`` such that the group's TP degree divides the model), each group one pipeline of one stage
-holding every layer with its ratios, the step's micro-batches shared over the groups in proportion to their
-estimated speeds (largest remainders), with and without recomputation.  ``plan_hetero`` simulates them beside its
+holding every layer with its ratios, the step's micro-batches shared over the groups by their estimated speeds
+(the share that makes the slowest group's time least), with and without recomputation.  ``plan_hetero`` simulates them beside its
 best plan of single-kind groups and keeps the faster.
 
 Scope: a candidate uses every rank, so it exists only when every host of ``ranks`` has at least two kinds in equal
@@ -75,14 +75,18 @@ def _deal(groups: Sequence[tuple[int, ...]], ctx: Any, micro_batch: int) -> Mixe
 
 
 def _shares(total: int, times: Sequence[float]) -> list[int] | None:
-    """``total`` micro-batches over groups of these times per micro-batch, in proportion to their speeds (largest
-    remainders); ``None`` when some group would get none."""
-    speeds = [1.0 / t for t in times]
-    exact = [total * s / sum(speeds) for s in speeds]
-    got = [int(x) for x in exact]
-    for i in sorted(range(len(exact)), key=lambda i: got[i] - exact[i])[:total - sum(got)]:
+    """``total`` micro-batches over groups of these times per micro-batch, at least one each, so that the slowest
+    group's ``count * time`` is least: each micro-batch in turn to the group that would finish it first, the
+    slower on a tie (exact for equal jobs on machines of different speeds, where shares in proportion to the
+    speeds, rounded by largest remainders, miss the optimum in about one case in six); the data-parallel half of
+    the ratio LP, which decomposes (see :mod:`.ratios`).  ``None`` when there are fewer micro-batches than groups."""
+    if total < len(times):
+        return None
+    got = [1] * len(times)
+    for _ in range(total - len(times)):
+        i = min(range(len(times)), key=lambda g: ((got[g] + 1) * times[g], -times[g], g))  # ties: the slower
         got[i] += 1
-    return got if min(got) >= 1 else None
+    return got
 
 
 def mixed_strategies(ctx: Any, ranks: Sequence[int], *, degrees: Sequence[int],

@@ -12,7 +12,17 @@ that program over the cost model's (or measured) per-device speeds and memories:
   over integer parts ``n_i >= 1``, ``sum n_i = units`` (an ILP; CBC), and the ratios are ``n`` in lowest terms.
 
 Without memory limits the LP optimum is ``x_i = s_i / sum s`` (speeds proportional), at the ideal time
-``W / sum s``; the ILP is its rounding.  :func:`plan_ratios` prices a stage of a model on a cluster with the cost
+``W / sum s``; the ILP is its rounding.
+
+Data-parallel ratios: several such groups (replicas) sharing a step's batch, group ``g`` taking the share ``y_g``.
+The joint LP over ``y_g`` and ``z_gi = y_g x_gi`` (``sum_g y_g = 1``, ``sum_i z_gi = y_g``, ``(z_gi W + y_g R) /
+s_gi <= T``, ``z_gi B <= y_g (M_gi - B_rep)``) decomposes: for fixed ``x_g`` its optimum is ``y_g`` proportional
+to ``1 / tau_g`` with ``tau_g = max_i (x_gi W + R) / s_gi`` the group's time for the whole batch, at ``T = 1 /
+sum_g 1 / tau_g``, which every group lowers by lowering its own ``tau_g``; so the joint optimum is each group's
+own LP (:func:`solve_ratios`) and batch shares by the groups' speeds (``tests/test_ratio_joint.py`` solves the
+joint LP and checks this).  Integrally, the micro-batches go to the groups so that the slowest finishes first
+(:func:`~.hetero_mixed._shares`; for pipelines with bubbles, the two-level planner's micro-batch ILP, which the
+straggler replan uses with measured speeds, minimises the same makespan).  :func:`plan_ratios` prices a stage of a model on a cluster with the cost
 model; :func:`solve_ratios` takes speeds directly (e.g. measured: ``work / compute seconds`` of each rank).
 Pure Python plus PuLP (imported when solving).
 """
