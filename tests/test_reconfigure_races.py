@@ -229,3 +229,34 @@ def test_a_failure_in_the_first_step_after_a_switch_that_leaves_ranks_without_st
     failure = [e for e in result.events if e.reason == "failure"]
     assert switch.step == 2 and len(failure) == 1 and failure[0].done, [str(e) for e in result.events]
     _check(job, result, reference, pids, {4})
+
+
+_WARM = """
+import sys, threading
+from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize
+from hspmd_sdk.core.strategy_plan import plan_from_strategy
+from hspmd_sdk.runtime.controller import TrainingController
+model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
+data = {"pipelines": [{"stages": [{"devices": [r], "layers": [0, 3]}], "micro_batch_size": 4, "num_micro_batches": 1}
+                      for r in range(2)]}
+program = specialize(model, plan_from_strategy(model, Strategy.load(data), cluster), cluster, bindings={"B": 8, "S": 16})
+c = TrainingController(program, cluster, global_batch=8, seq_len=16, elastic=sys.argv[1] == "elastic")
+before = "pyomo.environ" in sys.modules
+c._on_metric(0, {"step": 0, "extra": {}})
+for t in threading.enumerate():
+    if t.name == "hspmd-warm-planners":
+        t.join(60)
+print(before, "pyomo.environ" in sys.modules, "pulp" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("mode,loaded", [("elastic", "False True True"), ("plain", "False False False")])
+def test_an_elastic_job_loads_its_planners_once_it_trains(mode: str, loaded: str) -> None:
+    """The first replan after a failure used to spend ~1 s importing the planners' solvers (Pyomo, PuLP): an
+    elastic (or straggler-watching) job's launcher imports them at its first step instead; a plain job does not."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _WARM, mode], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == loaded

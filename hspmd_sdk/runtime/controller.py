@@ -193,6 +193,7 @@ class TrainingController:
         self._open: dict[tuple[str, int], Event] = {}
         self._busy = False
         self._thread: threading.Thread | None = None
+        self._warmed = False  # the planners imported ahead of the first replan (:func:`_warm_planners`)
         self.mixed = False  # a mixed-length job (:mod:`.mixed`): its plan changes per step, by length
         self.length_planner: Any = None  # its dispatch (:class:`~.mixed.LengthPlanner`)
         self._candidates: dict[int, int] = {}  # mixed: reconfiguration id -> how many candidates it has
@@ -487,6 +488,9 @@ class TrainingController:
     def _on_metric(self, rank: int, msg: dict[str, Any]) -> None:
         with self._lock:
             self._prune_versions(int(msg.get("step", -1)))
+            warm, self._warmed = not self._warmed and (self.elastic or self.straggler is not None), True
+        if warm:  # once the job trains (not while its workers start): the first replan finds its solvers loaded
+            threading.Thread(target=_warm_planners, name="hspmd-warm-planners", daemon=True).start()
         watch = self.straggler
         extra = msg.get("extra") or {}
         compute = extra.get("compute_s")
@@ -812,6 +816,24 @@ class TrainingController:
     def _send(self, msg: dict[str, Any], ranks: Sequence[int]) -> None:
         if self.job is not None:
             self.job._send_control(msg, [r for r in ranks if r not in self._dead])
+
+
+def _warm_planners() -> None:
+    """Import what a replan after a failure or a straggler runs (the planners, PuLP, Pyomo and its HiGHS
+    interface: about 1 s the first time, which the first recovery would otherwise spend).  Never raises."""
+    import importlib
+
+    for name in _REPLAN_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a replan imports it again and reports what is missing
+            pass
+
+
+#: What a replan imports (the same modules as the replan's own imports in this file; the solvers the planners use).
+_REPLAN_MODULES = ("hspmd_sdk.core.reconfigure", "hspmd_sdk.core.specialize", "hspmd_sdk.core.strategy_plan",
+                   "hspmd_sdk.planner.elastic", "hspmd_sdk.planner.hetero", "hspmd_sdk.planner.simulator", "pulp",
+                   "pyomo.environ", "pyomo.contrib.appsi")
 
 
 def _common_previous(halted: dict[int, dict[str, Any]]) -> tuple[int, int] | None:
