@@ -214,3 +214,42 @@ def test_cp_candidates_in_an_elastic_mixed_length_run_with_a_lost_cp_rank(tmp_pa
     assert len(failures) == 1 and failures[0].failed_ranks == [3] and failures[0].done, result.events
     assert [r["step"] for r in job.length_planner.records] == list(range(steps))
     _check_state(tmp_path, ref)
+
+
+@pytest.mark.timeout(240)
+def test_a_straggler_in_a_mixed_length_run_gets_fewer_sequences_and_the_losses_stay_the_references() -> None:
+    """``straggler=`` with candidates (SPEC §9: every option works with both forms): rank 1 turns 4x slower at
+    step 3 (emulated); its compute, measured against what the dispatch estimated for it in each step, stays high,
+    and the dispatch is priced from then on with rank 1 slower (``reason="straggler"``, done at once: nothing
+    moves).  At even speeds the dispatch runs every step on the TP2 candidate; priced so, it switches to the DP2
+    candidate and gives rank 1's pipeline under a third of each step's tokens; every step's loss equals the
+    single-device reference on the same sequences."""
+    from hspmd_sdk.runtime.controller import StragglerWatch
+
+    model, two = LlamaConfig.preset("tiny"), Cluster.local(2)
+    dp2 = _strategy([[([0], [0, 3])], [([1], [0, 3])]], "dp2")
+    tp2 = _strategy([[([0, 1], [0, 3])]], "tp2")
+    steps = 18  # room after the slow-down for detection (warm-up 2 + 3 steps) and the dispatch ahead (2)
+    first = specialize(model, plan_from_strategy(model, dp2, two), two)
+    job = launch([first, tp2], two, steps=steps, seed=SEED, data=DOCS, tokens_per_step=BUDGET, context=CONTEXT,
+                 timeout_s=60, slowdown={1: [(3, 4.0)]}, straggler=StragglerWatch(margin=2.0, steps=3, warmup=2))
+    result = job.wait(timeout=200)
+    ref = reference_mixed(model, steps=steps, seed=SEED, data=DOCS, tokens_per_step=BUDGET, context=CONTEXT)
+    assert len(result.losses) == steps and _rel(result.losses, ref.losses) < TOL, (result.losses, ref.losses)
+    stragglers = [e for e in result.events if e.reason == "straggler"]
+    assert len(stragglers) == 1 and stragglers[0].done and stragglers[0].step < steps - 2, result.events
+    assert job.controller._slow and set(job.controller._slow) == {1}
+    records = job.length_planner.records
+
+    def share(rec: dict) -> float:  # rank 1's pipeline's part of the step's tokens under dp2
+        tokens = [sum(rec["lengths"][i] for mb in pipe for i in mb) for pipe in rec["micro_batches"]]
+        return tokens[1] / sum(tokens)
+
+    before = [r for r in records if r["pricing"] == 0]
+    after = [r for r in records if r["pricing"] == 1]
+    assert before and after and after[0]["step"] == stragglers[0].step, [(r["step"], r["choice"], r["pricing"])
+                                                                          for r in records]
+    # at even speeds the dispatch runs tp2; priced with rank 1 slower, dp2 with most of the tokens on rank 0
+    assert {r["choice"] for r in before} == {1}, [r["choice"] for r in before]
+    assert {r["choice"] for r in after} == {0} and max(share(r) for r in after) < 0.35, [share(r) for r in after]
+    assert any(e.reason == "length" and e.step >= stragglers[0].step for e in result.events)

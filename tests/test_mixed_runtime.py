@@ -200,7 +200,9 @@ def test_bad_input_is_refused_before_any_worker_starts() -> None:
     with pytest.raises(PlanValidationError, match="neither a Strategy nor a Program made from one"):
         launch([plain], Cluster.local(4), **kw)
     with pytest.raises(PlanValidationError, match="straggler"):
-        launch(progs, Cluster.local(4), straggler=True, **kw)
+        launch(progs, Cluster.local(4), straggler="often", **kw)  # straggler= works with candidates; a bad value not
+    with pytest.raises(PlanValidationError, match="grow_back"):
+        launch(progs, Cluster.local(4), grow_back=True, **kw)
     with pytest.raises(PlanValidationError, match="no candidate"):
         launch([], Cluster.local(4), **kw)
     with pytest.raises(PlanValidationError, match="steps"):

@@ -194,6 +194,8 @@ class TrainingController:
         self._busy = False
         self._thread: threading.Thread | None = None
         self._warmed = False  # the planners imported ahead of the first replan (:func:`_warm_planners`)
+        self._watches: dict[int, StragglerWatch] = {}  # mixed: a watch per candidate (its ranks' shares differ)
+        self._slow: dict[int, float] = {}  # mixed: launch rank -> the slowdown the dispatch is priced for
         self.mixed = False  # a mixed-length job (:mod:`.mixed`): its plan changes per step, by length
         self.length_planner: Any = None  # its dispatch (:class:`~.mixed.LengthPlanner`)
         self._candidates: dict[int, int] = {}  # mixed: reconfiguration id -> how many candidates it has
@@ -496,14 +498,41 @@ class TrainingController:
         compute = extra.get("compute_s")
         if watch is None or compute is None:
             return
+        step = int(msg.get("step", -1))
         with self._lock:
-            if self._busy or self._open:
+            if self._busy or any(k[0] != "length" for k in self._open):
                 return
             cur = self.current  # the ranks that compute in the running Program
-            working = [cur.to_launch[r] for r in cur.program.ranks if cur.to_launch[r] not in self._dead]
-            found = watch.add(rank, float(compute), step=int(msg.get("step", -1)), ranks=working)
+            if self.mixed:
+                measured = self._measured_share(rank, float(compute), step, cur)
+                if measured is None:
+                    return
+                watch, compute, working = measured
+            else:
+                working = [cur.to_launch[r] for r in cur.program.ranks if cur.to_launch[r] not in self._dead]
+            found = watch.add(rank, float(compute), step=step, ranks=working)
         if found is not None:
             threading.Thread(target=self._straggler, args=found, name="hspmd-straggler", daemon=True).start()
+
+    def _measured_share(self, rank: int, compute: float, step: int, cur: "_Numbering"
+                        ) -> tuple[StragglerWatch, float, list[int]] | None:
+        """A mixed-length step's compute seconds of launch rank ``rank`` as a multiple of what the dispatch
+        estimated for it (each step gives each pipeline other sequences), the candidate's own watch (its stages'
+        estimates err differently) and the ranks that step waits for; ``None`` for a step not dispatched under
+        the current pricing (dispatched ahead before a repricing, or in a world since replaced)."""
+        rec = self.length_planner.record(step)
+        if rec is None or rec.get("pricing") != self.length_planner.pricing:
+            return None
+        estimates = rec.get("rank_seconds") or {}
+        mine = estimates.get(cur.of_launch.get(rank, -1), 0.0)
+        if mine <= 0:
+            return None
+        base = self.straggler
+        watch = self._watches.setdefault(int(rec["choice"]),
+                                         StragglerWatch(base.margin, base.steps, base.warmup))  # type: ignore[union-attr]
+        working = [cur.to_launch[r] for r, t in estimates.items() if t > 0 and r in cur.to_launch
+                   and cur.to_launch[r] not in self._dead]
+        return watch, compute / mine, working
 
     # ---- reconfiguring after failures -----------------------------------------------------------------------
     def _reconfigure_loop(self) -> None:
@@ -672,6 +701,8 @@ class TrainingController:
                 self._versions[event.version] = self.current
             if self.straggler is not None:
                 self.straggler.reset()
+            self._watches.clear()
+            self._slow.clear()  # the dispatch restarts priced for the survivors as launched
         msg = {"type": "reconfigure", "id": ident, "world": len(launch_of_new), "ranks": ranks,
                "src_ranks": src_ranks, "master_addr": addr, "master_port": port, "resume_step": resume,
                "source": "memory" if checkpoint is None else "checkpoint", "finish": finish,
@@ -788,6 +819,9 @@ class TrainingController:
         from ..core.strategy_plan import plan_from_strategy
         from ..planner.elastic import replan_straggler
 
+        if self.mixed:
+            self._reprice(launch_rank, factor)
+            return
         with self._lock:
             if self._busy or self._open:
                 return
@@ -811,6 +845,32 @@ class TrainingController:
         event.failed_ranks = []
         if self.job is not None:
             self.job._note(f"rank {launch_rank} is {factor:.2f}x slower than under its plan: switching to {strategy}")
+
+    def _reprice(self, launch_rank: int, factor: float) -> None:
+        """A straggler in a mixed-length job: its candidates stay, and the dispatch prices them from the next
+        step with the rank ``factor`` times slower (compounding an earlier factor), so each step's sequences go
+        to the pipelines, and the step to the candidate, by the measured speeds.  Nothing moves between workers:
+        the event is done at once.  A recovery after a failure prices its survivors afresh."""
+        with self._lock:
+            if self._busy or any(k[0] != "length" for k in self._open):
+                return
+            cur = self.current
+            if launch_rank not in cur.of_launch:
+                return
+            self._slow[launch_rank] = self._slow.get(launch_rank, 1.0) * factor
+            slow = {cur.of_launch[l]: k for l, k in self._slow.items() if l in cur.of_launch}
+            t0 = time.perf_counter()
+            step = self.length_planner.reprice(slow)
+            event = Event(step, "straggler", [], _strategy_of(cur.program), {"detect": 0.0,
+                          "plan": time.perf_counter() - t0, "specialize": 0.0, "switch": 0.0},
+                          {"intra": 0, "inter": 0}, dict(cur.of_launch), done=True, program=cur.program)
+            event.seconds["total"] = event.seconds["plan"]
+            self.events.append(event)
+            self._watches.clear()
+        if self.job is not None:
+            self.job._note(f"rank {launch_rank} is {factor:.2f}x slower than the dispatch estimated: from step {step} "
+                           f"each step's sequences are shared by the measured speeds (rank {launch_rank} priced "
+                           f"{self._slow[launch_rank]:.2f}x slower)")
 
     # ---- sending --------------------------------------------------------------------------------------------
     def _send(self, msg: dict[str, Any], ranks: Sequence[int]) -> None:

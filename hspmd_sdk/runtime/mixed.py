@@ -38,7 +38,10 @@ survivors (:func:`~hspmd_sdk.planner.elastic.replan_elastic`, each from its own 
 is dropped), the survivors switch the state they hold by fused BSR to the replanned candidate they ran (or reload
 a checkpoint, as for one Program), and the dispatch starts again at the interrupted step among the new candidates
 (:meth:`LengthPlanner.restart`): every step still trains its sequences once, so the losses stay the
-single-device reference's.  ``straggler=`` is not supported with candidates yet.
+single-device reference's.  ``straggler=True`` (or a :class:`~.controller.StragglerWatch`): each rank's compute
+is measured against what the dispatch estimated for it, and a rank that stays slower is priced slower from then on
+(:meth:`LengthPlanner.reprice`): the candidates stay, the sequences go by the measured speeds (``reason=
+"straggler"``).
 
 Packing (default where the model allows it, ``packing=False`` pads): a micro-batch is one row holding its
 sequences back to back, at most the pipeline's window in tokens, with no padding; the executor gives the kernels
@@ -56,7 +59,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..errors import HSPMDError, PlanValidationError
 from .data import data_spec, documents_for
@@ -89,8 +92,9 @@ class LengthPlanner:
     (planned once per pair) and opens an :class:`~.controller.Event` (``reason="length"``).
 
     ``records``: per step ``{"step", "choice", "estimate", "plan_s", "switch_plan_s", "lengths", "shapes",
-    "micro_batches", "padding", "switch_from"}`` (``switch_from``: the candidate switched away from, ``None``
-    where the Program stays).  After an elastic recovery (:meth:`restart`) the dispatch goes on among the
+    "micro_batches", "padding", "switch_from", "rank_seconds", "pricing"}`` (``switch_from``: the candidate switched
+    away from, ``None`` where the Program stays; ``rank_seconds``: each rank's estimated compute, against which the
+    straggler watch measures it; ``pricing``: how often the dispatcher had been repriced around stragglers).  After an elastic recovery (:meth:`restart`) the dispatch goes on among the
     candidates replanned on the survivors, from the step they resume at; its messages carry the recovery's id
     (``generation``), so a worker never applies a dispatch made for a world that is gone."""
 
@@ -109,6 +113,8 @@ class LengthPlanner:
         self.current: int | None = None
         self.start_step = int(start)  # a resumed run's first step (its checkpoint's)
         self.generation = 0  # the controller's reconfiguration id the candidates belong to
+        self.pricing = 0  # how often the dispatcher was repriced around stragglers (:meth:`reprice`)
+        self._lock = threading.Lock()  # a dispatch and a repricing, one at a time
         self.first = self._plan_step(self.start_step)  # before any worker starts: the Program it runs under
 
     def restart(self, programs: Sequence[Any], cluster: Any, *, start: int, current: int, generation: int) -> None:
@@ -121,7 +127,8 @@ class LengthPlanner:
             self._thread.join(timeout=10.0)
         old = self.dispatcher
         self.programs, self.cluster = list(programs), cluster
-        self.dispatcher = Dispatcher(self.programs, old.model, cluster, cost=old.cost, packing=old.packing)
+        self.dispatcher = Dispatcher(self.programs, old.model, cluster, cost=self._base_cost(old), packing=old.packing)
+        self.pricing += 1  # a straggler's pricing ends with the world it was measured in
         self.layouts = same_layouts(self.programs)
         self._plans = {}
         self.current, self.generation, self.start_step = int(current), int(generation), int(start)
@@ -131,7 +138,49 @@ class LengthPlanner:
         self._thread = threading.Thread(target=self._loop, name="hspmd-length-dispatch", daemon=True)
         self._thread.start()
 
+    def reprice(self, slow: Mapping[int, float]) -> int:
+        """Dispatch from now on as if the ranks of ``slow`` (rank of the current candidates -> factor, measured
+        stragglers) were that many times slower (:func:`~hspmd_sdk.planner.elastic.slowed_cluster`): each step's
+        sequences go to the pipelines, and the step to the candidate, by the measured speeds.  Returns the first
+        step dispatched so (the steps dispatched ahead already keep theirs)."""
+        from ..planner.elastic import slowed_cluster
+        from ..planner.mixed import Dispatcher
+
+        old = self.dispatcher
+        base = self._base_cost(old)
+        cluster, cost = slowed_cluster(self.cluster, dict(slow), base)
+        new = Dispatcher(self.programs, old.model, cluster, cost=cost, packing=old.packing)
+        new.base_cost = base
+        with self._lock:
+            self.dispatcher = new
+            self.pricing += 1
+            return self.records[-1]["step"] + 1 if self.records else self.start_step
+
+    @staticmethod
+    def _base_cost(dispatcher: Any) -> Any:
+        """The cost model the job was launched with (a repriced dispatcher's holds the slowed kinds too)."""
+        return getattr(dispatcher, "base_cost", dispatcher.cost)
+
+    def record(self, step: int) -> dict[str, Any] | None:
+        """What was dispatched for ``step`` (the newest record of it), or ``None``."""
+        with self._lock:
+            return next((r for r in reversed(self.records) if r["step"] == step), None)
+
+    def _rank_seconds(self, d: Any) -> dict[int, float]:
+        """Each rank's estimated compute seconds of a dispatch: its stage's cost of its pipeline's micro-batches."""
+        cand = self.dispatcher.candidates[d.choice]
+        out: dict[int, float] = {}
+        for pipe, cost, shapes in zip(cand.strategy.pipelines, cand.pipes, d.cost_shapes()):
+            for stage, stage_cost in zip(pipe.stages, cost.stages):
+                seconds = sum(stage_cost.time(*shape) for shape in shapes)
+                out.update({int(r): seconds for r in stage.devices})
+        return out
+
     def _plan_step(self, step: int) -> dict[str, Any]:
+        with self._lock:
+            return self._plan_step_locked(step)
+
+    def _plan_step_locked(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         lengths = self.batches.step_lengths(step)
         d = self.dispatcher(lengths, current=self.current)
@@ -141,7 +190,8 @@ class LengthPlanner:
                                                                                   for p in d.micro_batches],
                "padding": d.padding_fraction(), "packed": d.packed, "cost_shapes": d.cost_shapes(),
                "switch_from": self.current if self.current is not None and
-               self.layouts[self.current] != self.layouts[d.choice] else None}
+               self.layouts[self.current] != self.layouts[d.choice] else None,
+               "rank_seconds": self._rank_seconds(d), "pricing": self.pricing}
         self.current = d.choice
         self.records.append(rec)
         return rec
@@ -236,10 +286,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
 
     what = "mixed-length training run"
     programs = list(programs)
-    if launch_kwargs.get("straggler"):
-        raise PlanValidationError([("straggler", "is not supported with a list of candidate programs (mixed-length "
-                                                 "training) yet")], what=what)
-    launch_kwargs.pop("straggler", None)
+    straggler = launch_kwargs.pop("straggler", None)
     elastic = bool(launch_kwargs.pop("elastic", False))
     faults = [dict(f) for f in launch_kwargs.pop("fault_injection", None) or ()]
     from .run_config import check_run_options  # the same typed options as one Program's (SPEC §9)
@@ -250,7 +297,8 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                           lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, precision=precision,
                           lookahead=lookahead, cost=cost, capture_dir=capture_dir, checkpoint_dir=checkpoint_dir,
                           checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
-                          resume_from=resume_from, packing=packing, init=init, **launch_kwargs)
+                          resume_from=resume_from, packing=packing, init=init, straggler=straggler,
+                          **launch_kwargs)
     if not programs:
         raise PlanValidationError([("programs", "no candidate program")], what=what)
     cluster = cluster if cluster is not None else next((p.cluster for p in programs if hasattr(p, "cluster")), None)
@@ -306,8 +354,12 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                           keep=keep, checkpoint_async=checkpoint_async, resume_from=resume_from))
     run["elastic"] = elastic
     run["faults"] = checked_faults(faults, range(cluster.num_ranks), "the cluster", what)
+    from .controller import StragglerWatch
+
+    watch = StragglerWatch() if straggler is True else (straggler or None)
     controller = TrainingController(programs[first], cluster, global_batch=run["global_batch"], seq_len=context,
-                                    elastic=elastic, cost=cost, checkpoint_dir=(run.get("checkpoint") or {}).get("dir"),
+                                    elastic=elastic, straggler=watch, cost=cost,
+                                    checkpoint_dir=(run.get("checkpoint") or {}).get("dir"),
                                     checkpoint_every=(run.get("checkpoint") or {}).get("every"),
                                     resumed_from=(run.get("resume") or {}).get("dir"))
     controller.use_candidates(programs, first, planner)

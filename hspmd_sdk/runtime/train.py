@@ -99,8 +99,8 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     if mixed:  # candidate Programs: mixed-length data (SPEC §7)
         from .mixed import launch_mixed
 
-        given = {"data": data, "seq_len": seq_len, "recompute": recompute, "straggler": straggler,
-                 "profile": profile, "grow_back": grow_back}
+        given = {"data": data, "seq_len": seq_len, "recompute": recompute, "profile": profile,
+                 "grow_back": grow_back}
         default = {"data": "synthetic"}
         bad = [k for k, v in given.items() if k not in ("data",) and v not in (None, False, default.get(k))]
         if bad:
@@ -116,7 +116,8 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
                            weight_decay=weight_decay, precision=precision, cost=cost, capture_dir=capture_dir,
                            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
                            checkpoint_async=checkpoint_async, resume_from=resume_from, init=init,
-                           elastic=elastic, fault_injection=fault_injection, _checked=True, **launch_kwargs)
+                           elastic=elastic, straggler=straggler, fault_injection=fault_injection, _checked=True,
+                           **launch_kwargs)
         job.prepared_s = job._t0 - begun  # checks, dispatch of the first step, specialization, preflight
         return job
     cluster = cluster if cluster is not None else program.cluster
