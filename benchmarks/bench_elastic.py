@@ -1,6 +1,6 @@
 """Benchmark: reconfiguration of a running job (paper §7, §9 (b), §10; Tables 4 and 5).
 
-Four parts, each against a named peer or the paper's figures:
+Six parts, each against a named peer or the paper's figures:
 
 1. **C1 -> C2 on the paper's cluster, planned** (pure core, the real 32B Llama, Table 11's strategies, 32 H20
    with rank 31 lost): seconds of the online phases -- planning (``replan_elastic``), specialization of C2,
@@ -22,6 +22,9 @@ Four parts, each against a named peer or the paper's figures:
    memory, then grows back onto a new worker (``job.grow``): the time until every worker switched and until the
    first grown step is done, against checkpointing the 5-rank plan and relaunching the 6-rank plan from it, with
    workers forked from the fork server and with fresh processes (``LocalTransport(fork=False)``).
+6. **A straggler in a mixed-length run**: candidates TP2 and two one-rank pipelines, rank 1 turning 4x slower:
+   median step time after the dispatch was repriced, against the same run without ``straggler=`` (the same steps
+   and sequences).
 
 Figures are written to ``benchmarks/results/elastic.json``.  ``--quick`` runs fewer repeats.
 
@@ -42,7 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
+from hspmd_sdk import Cluster, LlamaConfig, Strategy, launch, specialize  # noqa: E402
 from hspmd_sdk.core.model_spec import model_json  # noqa: E402
 from hspmd_sdk.core.reconfigure import plan_program_switch  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
@@ -364,17 +367,59 @@ def straggler(steps: int = 24, at: int = 6, factor: float = 4.0) -> dict[str, An
     return out
 
 
+# ---- 6. a straggler in a mixed-length run ------------------------------------------------------------------
+def mixed_straggler(steps: int = 24, at: int = 4, factor: float = 4.0) -> dict[str, Any]:
+    """Two ranks, candidates TP2 and two one-rank pipelines (SMALL, packed rows of the stdlib documents cut to
+    <= 128 tokens, 1024 tokens a step); rank 1 turns ``factor`` x slower at step ``at``.  With ``straggler=True``
+    the dispatch is repriced once the watch sees it; the peer is the same run without it (the same steps and
+    sequences, priced as launched throughout).  Compared: median step time over the steps after the repricing."""
+    import numpy as np
+
+    from hspmd_sdk.runtime.controller import StragglerWatch
+    from hspmd_sdk.runtime.data import Documents
+
+    two = Cluster.local(2)
+    docs = Documents([d[: max(2, int(np.sqrt(d.size) / 2))] for d in Documents.stdlib().docs], vocab_size=4096)
+    tp2 = Strategy.load({"pipelines": [pipe([([0, 1], [0, 5])], 1, 1)], "name": "tp2"})
+    dp2 = Strategy.load({"pipelines": [pipe([([0], [0, 5])], 1, 1), pipe([([1], [0, 5])], 1, 1)], "name": "dp2"})
+    first = specialize(SMALL, plan_from_strategy(SMALL, tp2, two), two)
+    runs = {}
+    for name, watch in (("straggler", StragglerWatch(margin=2.0, steps=3, warmup=2)), ("peer", None)):
+        job = launch([first, dp2], two, steps=steps, seed=SEED, data=docs, tokens_per_step=1024, context=128,
+                     slowdown={1: [(at, factor)]}, straggler=watch, timeout_s=300)
+        res = job.wait(timeout=900)
+        times = {s: max(m.step_time for ms in res.metrics.values() for m in ms if m.step == s) for s in range(steps)}
+        runs[name] = (res, times, job.length_planner.records)
+    res, times, records = runs["straggler"]
+    ev = next(e for e in res.events if e.reason == "straggler")
+    peer_times = runs["peer"][1]
+    after = med([times[s] for s in range(ev.step + 1, steps)])
+    peer_after = med([peer_times[s] for s in range(ev.step + 1, steps)])
+    healthy = med([times[s] for s in range(1, at)])
+    choices = {"before": sorted({r["choice"] for r in records if r["step"] < ev.step}),
+               "after": sorted({r["choice"] for r in records if r["step"] >= ev.step})}
+    out = {"healthy_s": healthy, "after_reprice_s": after, "peer_same_steps_s": peer_after, "reprice_step": ev.step,
+           "gain": peer_after / after, "choices": choices, "event_seconds": dict(ev.seconds),
+           "losses_equal": max(abs(a - b) / abs(b) for a, b in zip(res.losses, runs["peer"][0].losses))}
+    print(f"mixed-length straggler (rank 1 x{factor:g} slower from step {at}): {healthy * 1e3:.0f} ms a step "
+          f"healthy; repriced at step {ev.step} (candidates {choices['before']} -> {choices['after']}): "
+          f"{after * 1e3:.0f} ms a step after it vs {peer_after * 1e3:.0f} ms in the same steps without straggler= "
+          f"(x{out['gain']:.2f}); losses of the two runs within {out['losses_equal']:.1e}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats")
-    ap.add_argument("--parts", default="12345", help="which parts to run (default 12345)")
+    ap.add_argument("--parts", default="123456", help="which parts to run (default 123456)")
     args = ap.parse_args(argv)
     out: dict[str, Any] = {}
     parts = {"1": ("c1_c2_planned", paper_c1_c2),
              "2": ("switch_methods", lambda: switch_methods(repeats=3 if args.quick else 7)),
              "3": ("recovery_vs_restart", lambda: recovery_vs_restart(rounds=1 if args.quick else 3)),
              "4": ("straggler", straggler),
-             "5": ("grow_vs_restart", lambda: grow_vs_restart(rounds=1 if args.quick else 3))}
+             "5": ("grow_vs_restart", lambda: grow_vs_restart(rounds=1 if args.quick else 3)),
+             "6": ("mixed_straggler", mixed_straggler)}
     for part in sorted(set(args.parts)):
         key, run = parts[part]
         before = load()
