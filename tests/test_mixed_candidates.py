@@ -253,3 +253,28 @@ def test_a_straggler_in_a_mixed_length_run_gets_fewer_sequences_and_the_losses_s
     assert {r["choice"] for r in before} == {1}, [r["choice"] for r in before]
     assert {r["choice"] for r in after} == {0} and max(share(r) for r in after) < 0.35, [share(r) for r in after]
     assert any(e.reason == "length" and e.step >= stragglers[0].step for e in result.events)
+
+
+@pytest.mark.timeout(300)
+def test_a_mixed_length_run_with_a_straggler_then_a_killed_worker_equals_the_reference() -> None:
+    """Straggler × failure × mixed length: rank 1 turns 4x slower at step 2 and the dispatch is repriced; later rank
+    3 is SIGKILLed (``elastic=True``): every candidate is replanned on the 3 survivors, the dispatch restarts
+    priced for them as launched (the straggler is measured afresh), and every step's loss equals the reference."""
+    from hspmd_sdk.runtime.controller import StragglerWatch
+
+    model = LlamaConfig.preset("tiny")
+    dp4 = _strategy([[([r], [0, 3])] for r in range(4)], "dp4")
+    tp2x2 = _strategy([[([0, 1], [0, 3])], [([2, 3], [0, 3])]], "tp2x2")
+    steps, kill = 16, 12
+    job = launch([_program(model, tp2x2), dp4], CLUSTER, steps=steps, seed=SEED, data=DOCS, tokens_per_step=BUDGET,
+                 context=CONTEXT, timeout_s=60, elastic=True, slowdown={1: [(2, 4.0)]},
+                 straggler=StragglerWatch(margin=2.0, steps=3, warmup=2),
+                 fault_injection=[{"rank": 3, "step": kill, "at": "forward"}])
+    result = job.wait(timeout=280)
+    ref = reference_mixed(model, steps=steps, seed=SEED, data=DOCS, tokens_per_step=BUDGET, context=CONTEXT)
+    assert len(result.losses) == steps and _rel(result.losses, ref.losses) < TOL, (result.losses, ref.losses)
+    reasons = [(e.reason, e.step) for e in result.events if e.reason != "length"]
+    assert [r for r, _ in reasons][:1] == ["straggler"] and ("failure", kill) in reasons, reasons
+    assert all(e.done for e in result.events), [str(e) for e in result.events]
+    assert [r["step"] for r in job.length_planner.records] == list(range(steps))
+    assert 3 not in job.controller.current.to_launch.values()
