@@ -57,10 +57,11 @@ def test_hosts_are_dealt_into_groups_of_each_kind() -> None:
                                   {"host": "b", "kind": "H20", "ranks": [4, 5]},
                                   {"host": "b", "kind": "A100", "ranks": [6, 7]}]})
     ctx = PlanContext(MODEL, two, global_batch=8, seq_len=SEQ)
-    assert host_groups(ctx, range(8), 1) == [(0, 2), (1, 3), (4, 6), (5, 7)]
-    assert host_groups(ctx, range(8), 2) == [(0, 1, 2, 3), (4, 5, 6, 7)]
-    assert host_groups(ctx, range(8), 3) is None           # 2 devices a kind: 3 does not divide
-    assert host_groups(ctx, range(7), 1) is None           # host b: 2 H20 but 1 A100
+    assert host_groups(ctx, range(8), 2) == [(0, 2), (1, 3), (4, 6), (5, 7)]
+    assert host_groups(ctx, range(8), 1) == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert host_groups(ctx, range(8), 3) is None           # 2 devices a kind: 3 groups cannot share them
+    assert host_groups(ctx, range(7), 1) == [(0, 1, 2, 3), (4, 5, 6)]  # host b: 2 H20 and 1 A100 in one group
+    assert host_groups(ctx, range(7), 2) is None           # host b's one A100 cannot go to two groups
     paper = Cluster.mixed({"H800": 8, "H20": 8})          # one kind a host: no mixed group, no candidate
     assert mixed_strategies(PlanContext(MODEL, paper, global_batch=16, seq_len=SEQ), range(16),
                             degrees=[1, 2, 4, 8]) == []
@@ -74,3 +75,23 @@ def test_micro_batches_follow_the_groups_speeds() -> None:
     assert _shares(2, [1.0, 10.0]) == [1, 1]                # every group takes one (the candidate uses every rank)
     assert _shares(1, [1.0, 1.0]) is None                   # fewer micro-batches than groups
     assert sum(_shares(13, [0.7, 1.1, 2.9]) or []) == 13
+
+
+def test_a_host_with_unequal_numbers_of_each_kind_gets_mixed_groups_too() -> None:
+    """One H800 and three H20 in a box: one TP4 group of all four, the H800 taking the largest share (ratios from
+    the ratio LP); the planner simulates it beside its single-kind plans and keeps the faster."""
+    box = Cluster.load({"nodes": [{"host": "box", "kind": "H800", "ranks": [0]},
+                                  {"host": "box", "kind": "H20", "ranks": [1, 2, 3]}], "inter_bandwidth_gbs": 64})
+    ctx = PlanContext(MODEL, box, global_batch=1, seq_len=SEQ)
+    assert host_groups(ctx, range(4), 1) == [(0, 1, 2, 3)]
+    assert host_groups(ctx, range(4), 3) is None
+    found = mixed_strategies(ctx, range(4), degrees=[1, 2, 4])
+    assert found, "no mixed candidate for the 1 + 3 box"
+    ratios = found[0].pipelines[0].stages[0].ratios
+    assert ratios is not None and ratios[0] > max(ratios[1:]), ratios
+    plan = plan_ratios(MODEL, box, Stage(devices=[0, 1, 2, 3], layers=[0, MODEL.num_layers - 1]), seq_len=SEQ)
+    assert list(plan.ratios) == list(ratios)
+    got = plan_hetero(MODEL, box, global_batch=1, seq_len=SEQ)
+    best_mixed = min(simulate(MODEL, s, box, global_batch=1, seq_len=SEQ).step_time for s in found
+                     if not simulate(MODEL, s, box, global_batch=1, seq_len=SEQ).oom)
+    assert simulate(MODEL, got, box, global_batch=1, seq_len=SEQ).step_time <= best_mixed * (1 + 1e-9)

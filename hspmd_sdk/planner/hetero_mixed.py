@@ -6,14 +6,16 @@ workstation or a node with mixed GPU generations: several :class:`~hspmd_sdk.cor
 proportion to what it can do: HAP's sharding ratios, from the linear program of
 :func:`~hspmd_sdk.planner.ratios.plan_ratios` (speeds and memories from the cost model).
 
-This module builds those candidates: every host's devices dealt into groups of ``k`` devices of each of its kinds
-(in rank order; ``k`` such that the group's TP degree divides the model), each group one pipeline of one stage
+This module builds those candidates: every host's devices dealt into ``k`` groups that each take an equal part of
+each of its kinds (in rank order; ``k`` such that every group's TP degree divides the model; a host of 2 H800 and 4
+H20 gives groups of 1 H800 + 2 H20, or one of all six), each group one pipeline of one stage
 holding every layer with its ratios, the step's micro-batches shared over the groups by their estimated speeds
 (the share that makes the slowest group's time least), with and without recomputation.  ``plan_hetero`` simulates them beside its
 best plan of single-kind groups and keeps the faster.
 
-Scope: a candidate uses every rank, so it exists only when every host of ``ranks`` has at least two kinds in equal
-numbers; groups are not split into pipeline stages (a model that a group cannot hold whole gets no candidate).
+Scope: a candidate uses every rank, so it exists only when every host of ``ranks`` has at least two kinds, in
+numbers that one group count divides; groups are not split into pipeline stages (a model that a group cannot hold
+whole gets no candidate).
 """
 from __future__ import annotations
 
@@ -36,22 +38,22 @@ class MixedGroups:
     times: tuple[float, ...]
 
 
-def host_groups(ctx: Any, ranks: Sequence[int], per_kind: int) -> list[tuple[int, ...]] | None:
-    """Every host's devices among ``ranks`` in groups of ``per_kind`` devices of each of its kinds (the i-th group
-    takes the i-th ``per_kind`` devices of each kind, in rank order; a group's ranks sorted); ``None`` when some host has one kind only,
-    kinds in unequal numbers, or a number ``per_kind`` does not divide."""
+def host_groups(ctx: Any, ranks: Sequence[int], count: int) -> list[tuple[int, ...]] | None:
+    """Every host's devices among ``ranks`` dealt into ``count`` groups, each taking an equal part of each of the
+    host's kinds (the i-th group the i-th part of each kind, in rank order; a group's ranks sorted): a host of 2
+    H800 and 4 H20 in 2 groups gives two groups of 1 H800 and 2 H20.  ``None`` when some host has one kind only or
+    ``count`` does not divide the number of devices of each of its kinds."""
     by_host: dict[str, dict[str, list[int]]] = {}
     for r in sorted(ranks):
         node = ctx.cluster.node_of(r)
         by_host.setdefault(node.host, {}).setdefault(node.kind, []).append(r)
     out: list[tuple[int, ...]] = []
     for kinds in by_host.values():
-        counts = {len(v) for v in kinds.values()}
-        if len(kinds) < 2 or len(counts) != 1 or next(iter(counts)) % per_kind:
+        if len(kinds) < 2 or any(len(v) % count for v in kinds.values()):
             return None
-        n = next(iter(counts)) // per_kind
-        for i in range(n):
-            out.append(tuple(sorted(r for v in kinds.values() for r in v[i * per_kind:(i + 1) * per_kind])))
+        for i in range(count):
+            out.append(tuple(sorted(r for v in kinds.values()
+                                    for r in v[i * len(v) // count:(i + 1) * len(v) // count])))
     return out
 
 
@@ -100,9 +102,9 @@ def mixed_strategies(ctx: Any, ranks: Sequence[int], *, degrees: Sequence[int],
 
     degrees = set(degrees)
     out = []
-    for per_kind in range(1, len(ranks) + 1):
-        groups = host_groups(ctx, ranks, per_kind)
-        if groups is None or len(groups[0]) not in degrees:
+    for count in range(1, len(ranks) + 1):
+        groups = host_groups(ctx, ranks, count)
+        if groups is None or any(len(g) not in degrees for g in groups):
             continue
         if len(groups) < min_pipelines or (max_pipelines is not None and len(groups) > max_pipelines):
             continue
