@@ -95,3 +95,18 @@ def test_a_host_with_unequal_numbers_of_each_kind_gets_mixed_groups_too() -> Non
     best_mixed = min(simulate(MODEL, s, box, global_batch=1, seq_len=SEQ).step_time for s in found
                      if not simulate(MODEL, s, box, global_batch=1, seq_len=SEQ).oom)
     assert simulate(MODEL, got, box, global_batch=1, seq_len=SEQ).step_time <= best_mixed * (1 + 1e-9)
+
+
+def test_a_pipeline_that_fits_only_with_recompute_is_in_the_search() -> None:
+    """At batch 8 on the H800 + H20 box the best plan is a whole replica per device, the batch shared 7:1 -- which
+    the H800 holds only with ZeRO-1 and recomputation.  The first level used to price every pipeline without
+    recomputation, found a replica on the H800 too large and kept a 2-stage pipeline (7.68 s); it now weighs
+    recompute where the plain pipeline does not fit, as the layer ILPs do."""
+    got = plan_hetero(MODEL, BOX, global_batch=8, seq_len=SEQ, mixed_groups=False)
+    assert sorted(len(p.stages) for p in got.pipelines) == [1, 1], got
+    by_rank = {p.stages[0].devices[0]: p for p in got.pipelines}
+    assert by_rank[0].num_micro_batches > by_rank[1].num_micro_batches and by_rank[0].stages[0].recompute
+    one_pipeline = Strategy.load({"zero1": True, "pipelines": [{"stages": [
+        {"devices": [0], "layers": [0, 15]}, {"devices": [1], "layers": [16, 31]}],
+        "micro_batch_size": 1, "num_micro_batches": 8}]})
+    assert _time(got, 8) < 0.7 * _time(one_pipeline, 8)

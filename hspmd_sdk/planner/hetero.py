@@ -358,14 +358,15 @@ def _quick_bound(ctx: PlanContext, classes: list[tuple[TPGroup, int]], D: int, b
     if S > ctx.model.num_layers:
         return math.inf
     z = ctx.zero_shards(D)
-    profs = [(ctx.profile(g, b, z), g, n) for g, n in classes]
-    cap = sum(n / p.layer_time for p, g, n in profs) / D  # layers per second per pipeline
-    mem = sum(n * p.capacity * g.tp for p, g, n in profs) / D
-    p0, g0, _ = profs[0]
-    acts = ctx.model.num_layers * p0.layer_act * g0.tp * (S + 1) / 2
-    if mem < _model_static_total(ctx, z) + acts:
-        return math.inf
-    return (math.ceil(M / D) + S - 1) * ctx.model.num_layers / cap
+    for recompute in (False, True):  # as the layer ILPs: recompute only where the plain pipeline does not fit
+        profs = [(ctx.profile(g, b, z, recompute), g, n) for g, n in classes]
+        cap = sum(n / p.layer_time for p, g, n in profs) / D  # layers per second per pipeline
+        mem = sum(n * p.capacity * g.tp for p, g, n in profs) / D
+        p0, g0, _ = profs[0]
+        acts = ctx.model.num_layers * p0.layer_act * g0.tp * (S + 1) / 2
+        if mem >= _model_static_total(ctx, z) + acts:
+            return (math.ceil(M / D) + S - 1) * ctx.model.num_layers / cap
+    return math.inf
 
 
 @dataclass(frozen=True)
@@ -386,9 +387,10 @@ def _pipeline_types(ctx: PlanContext, groups: dict[str, list[TPGroup]], D: int, 
     L, z = ctx.model.num_layers, ctx.zero_shards(D)
     f = {k: len(groups[k]) // D for k in kinds}
     r = {k: len(groups[k]) % D for k in kinds}
-    prof = {k: ctx.profile(groups[k][0], b, z) for k in kinds}
-    cap = {k: prof[k].capacity * groups[k][0].tp for k in kinds}
-    act = prof[kinds[0]].layer_act * groups[kinds[0]][0].tp * L
+    # plain, and with recomputation (the layer ILPs' fallback for a pipeline that does not fit otherwise)
+    prof = {rc: {k: ctx.profile(groups[k][0], b, z, rc) for k in kinds} for rc in (False, True)}
+    cap = {k: prof[False][k].capacity * groups[k][0].tp for k in kinds}
+    act = {rc: prof[rc][kinds[0]].layer_act * groups[kinds[0]][0].tp * L for rc in (False, True)}
     static = _model_static_total(ctx, z)
     spare = [k for k in kinds if r[k]]
     types = []
@@ -396,8 +398,11 @@ def _pipeline_types(ctx: PlanContext, groups: dict[str, list[TPGroup]], D: int, 
         for extra in itertools.combinations(spare, n):
             cnt = {k: f[k] + (k in extra) for k in kinds}
             S = sum(cnt.values())
-            ok = 1 <= S <= L and sum(cnt[k] * cap[k] for k in kinds) >= static + act * (S + 1) / 2
-            types.append(_Type(frozenset(extra), S, sum(cnt[k] / prof[k].layer_time for k in kinds), ok))
+            memory = sum(cnt[k] * cap[k] for k in kinds)
+            fits = [rc for rc in (False, True) if memory >= static + act[rc] * (S + 1) / 2]
+            rc = fits[0] if fits else False
+            types.append(_Type(frozenset(extra), S, sum(cnt[k] / prof[rc][k].layer_time for k in kinds),
+                               1 <= S <= L and bool(fits)))
     return f, r, types
 
 
@@ -420,7 +425,7 @@ def configure_pipelines(ctx: PlanContext, groups: dict[str, list[TPGroup]], D: i
     ``sum_t n_t (T C_t / L - S_t + 1) >= M``: bilinear in ``n_t T`` (a MINLP).  ``n_t`` is written in binary
     digits ``beta_tj`` and each product ``T beta_tj`` is replaced by ``v_tj`` with McCormick's (here exact)
     constraints, giving a MILP for HiGHS.  Types whose total memory cannot hold the model states and about
-    half the in-flight activations are excluded.
+    half the in-flight activations, even with recomputation (priced at its own layer times), are excluded.
     """
     import pyomo.environ as pyo
     from pyomo.contrib import appsi
