@@ -119,7 +119,7 @@ class SwitchPlan:
                 raise ValueError(f"simulate: no inputs for tensor {t.name!r}")
             src[t.name] = {r: x for r, x in inputs[t.name].items() if r not in dead}
             for r, x in src[t.name].items():
-                if (x.element_size() if hasattr(x, "element_size") else x.itemsize) != t.itemsize:
+                if x.itemsize != t.itemsize:  # numpy and torch (>= 2.1) arrays both say it
                     raise ValueError(f"simulate: tensor {t.name!r} was planned with {t.itemsize}-byte elements but "
                                      f"rank {r}'s input is {x.dtype}; plan_switch(..., dtype=...) must match")
         sboxes = {t.name: {v.rank: v.box for v in local_views(t.src, t.shape)} for t in self.tensors}
@@ -164,7 +164,7 @@ def switch_table(plan: SwitchPlan) -> str:
         head += f"; failed ranks {list(plan.failed)}"
     if plan.cluster is not None:
         head += f"; est. {plan.estimated_time():.3f} s"
-    return head + f"\nSender: intra {label} | inter {label}\n" + volume_table(vol, unit=unit)
+    return head + f"\nSender: intra {label} | inter {label}\n" + volume_table(vol)  # in the same unit
 
 
 # ---- planning ----------------------------------------------------------------------------------------------
@@ -207,7 +207,7 @@ def plan_switch(src_plan: Any, dst_plan: Any, cluster: "Cluster | None" = None, 
                                   "dst_plan")
         for ann in (sann, dann):
             ann.check_shape(shape, name)
-        if any(ds.partial > 1 for ds in sann.ds_union) or (sann.hdim == PARTIAL and sann.hsize > 1):
+        if any(ds.partial > 1 for ds in sann.ds_union) or sann.hdim == PARTIAL:  # (HSize 1 is never PARTIAL)
             raise ResolutionError(f"plan_switch: tensor {name!r} is Partial in src_plan ({sann}); switching moves "
                                   "parameters, reduce it first (resolve() handles Partial Reshards)")
         lost = sorted(set(dead) & set(dann.ranks))
