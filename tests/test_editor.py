@@ -16,6 +16,7 @@ from hspmd_sdk.errors import HSPMDError  # noqa: E402
 from hspmd_sdk.planner import CostModel  # noqa: E402
 from hspmd_sdk.viz import PlanEditor, training_runtime  # noqa: E402
 from hspmd_sdk.viz._canvas_view import canvas_view  # noqa: E402
+from hspmd_sdk.viz._editor_view import comm_state  # noqa: E402
 
 CL = Cluster.mixed({"H800": 4, "H20": 4}, per_node=4)
 
@@ -517,3 +518,62 @@ def test_uneven_ratios_with_cp_are_refused_at_the_stage():
     assert (err.pipeline, err.stage) == (0, 0) and "with cp=2 are not supported yet" in err.message
     ed.set_ratios(0, 0, [1, 1, 1, 1])  # even: fine with CP
     assert ed.is_valid and ed.strategy.pipelines[0].stages[0].cp == 2
+
+
+def test_a_plan_seen_before_is_not_simulated_again_and_its_figures_are_the_simulators(monkeypatch):
+    """Simulations are cached by what they depend on: a click out of a stage and back reuses the first one (the
+    step time is still the simulator's own, called fresh); a new sequence length simulates again."""
+    from hspmd_sdk.planner import simulator
+
+    calls: list[int] = []
+    real = simulator.simulate
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(simulator, "simulate", counting)
+    ed = _editor(strategy=EXPECTED)
+    ed.select_stage(0, 0)
+    assert len(calls) == 1
+    ed.click_device(5)  # out of [4, 5]: TP1, a new plan
+    assert ed.is_valid and len(calls) == 2
+    ed.click_device(5)  # back in: the first plan again
+    assert ed.strategy == Strategy.load(EXPECTED) and len(calls) == 2
+    assert ed.sim.step_time == real("tiny", Strategy.load(EXPECTED), CL, global_batch=8, seq_len=16).step_time
+    ed.undo()  # TP1 again: cached too
+    assert len(calls) == 2
+    ed.seq_len = 32
+    ed.click_device(5)  # TP1 at another sequence length: simulated anew
+    assert len(calls) == 3
+    assert ed.sim.step_time == real("tiny", ed.strategy, CL, global_batch=8, seq_len=32).step_time
+
+
+def test_background_resolution_starts_after_the_redraw_and_stops_when_superseded():
+    """The editor's redraw of an edit goes out before its communication is resolved on the background thread (the
+    canvas says "resolving" meanwhile); a resolution superseded by a newer draft stops between its steps."""
+    from hspmd_sdk.viz._resolver import Resolver
+
+    ed = PlanEditor(CL, "tiny", EXPECTED, seq_len=16, background=True)
+    ed.wait()
+    states: list[tuple[str, bool]] = []
+    ed._redraw = lambda from_worker=False: states.append((comm_state(ed), ed._resolver._pending is None
+                                                          or ed._resolver._pending.done()))
+    ed.select_stage(0, 1)
+    ed.click_device(3)  # [0, 3]: a new plan
+    assert states[-1] == ("resolving", True)  # drawn as "resolving" before any work was submitted
+    assert ed.strategy.pipelines[0].stages[1].devices == [0, 3] and ed.program is not None
+    assert comm_state(ed) == "ready"
+    ed.close()
+
+    r = Resolver(ed.model, CL, background=True)
+    steps: list[str] = []
+    wanted = [True, False]
+    res = r._compute("k", Strategy.load(EXPECTED), wanted=lambda: steps.append("asked") or wanted.pop(0))
+    assert res is None and steps == ["asked", "asked"]  # stopped after from_strategy + specialize
+    start = r.request("k2", Strategy.load(EXPECTED), lambda res: steps.append("done"))
+    assert start is not None and r.busy and r._pending is None  # nothing runs until the caller starts it
+    r.cancel()
+    start()  # superseded before it was started: it never runs
+    assert not r.busy and r._pending is None
+    r.close()

@@ -31,7 +31,8 @@ if not Path(CHROMIUM).exists() and not os.environ.get("CI"):
     pytest.skip("no /usr/bin/chromium (and not in CI)", allow_module_level=True)
 if not os.environ.get("CI"):
     pytest.importorskip("playwright.sync_api")
-from playwright.sync_api import sync_playwright  # noqa: E402  (in CI a missing Playwright is a failure)
+from playwright.sync_api import Error as PlaywrightError  # noqa: E402  (in CI a missing Playwright is a failure)
+from playwright.sync_api import sync_playwright  # noqa: E402
 
 STRATEGY = {"pipelines": [
     {"stages": [{"devices": [4, 5], "layers": [0, 1]}, {"devices": [0], "layers": [2, 3]}],
@@ -227,7 +228,13 @@ def test_apply_to_running_job_switches_the_live_job(session):
     dash = page.locator(".hspmd-dashboard").last
     dash.locator("li.hd-ev[data-reason='user']").wait_for(timeout=90_000)
     assert "user" in dash.locator(".hd-events").inner_text()
-    dash.screenshot(path=str(ARTIFACTS / "editor_apply_to_job.png"))
+    for attempt in range(5):  # the dashboard redraws itself at every poll (0.5 s) while the job runs: an element
+        try:  # screenshot that took longer (scroll, wait for the element to hold still) finds it replaced
+            dash.screenshot(path=str(ARTIFACTS / "editor_apply_to_job.png"), timeout=10_000)
+            break
+        except PlaywrightError as e:
+            if "not attached" not in str(e) or attempt == 4:
+                raise
     assert errors[start:] == []
 
 
@@ -358,6 +365,30 @@ def test_a_plain_click_inspects_and_only_an_explicit_gesture_moves(ui):
     tile(canvas, 5).focus()
     page.keyboard.press("Escape")  # the card and the pick go
     assert canvas.locator(".hc-inspect").count() == 0 and canvas.locator(".hc-tile.hc-picked").count() == 0
+    undo_to(page, canvas, INITIAL)
+
+
+def test_a_redraw_updates_in_place_keeps_focus_and_shows_the_views_values(ui):
+    """A redraw patches the canvas (widgets/src/plan_canvas/patch.js) instead of rebuilding it: what did not change
+    keeps its element, the Alt+clicked tile keeps focus while its stage changes, and a value Python refused goes
+    back to the view's in its field (as a rebuild showed it)."""
+    page, canvas = ui
+    act(page, canvas, lambda: canvas.locator(".hc-chip[data-drop='0,1']").click())  # select P0 S1 (rank 0)
+    canvas.evaluate("c => { c.querySelector('[data-role=help]').__kept = 1;"
+                    " c.querySelector('.hc-tiles').__kept = 1; }")
+    act(page, canvas, lambda: tile(canvas, 2).click(modifiers=["Alt"]))  # joins P0 S1
+    assert stage_of(canvas, 2) == "0,1"
+    assert canvas.evaluate("c => [c.querySelector('[data-role=help]').__kept, c.querySelector('.hc-tiles').__kept,"
+                           " document.activeElement && document.activeElement.dataset.rank]") == [1, 1, "2"]
+    act(page, canvas, lambda: tile(canvas, 2).click(modifiers=["Alt"]))  # and leaves it
+    assert stage_of(canvas, 2) == "" and canvas.evaluate("() => document.activeElement.dataset.rank") == "2"
+    field = canvas.locator("input[data-op='ratios'][data-p='0'][data-s='0']")  # P0 S0: ranks 4, 5, even
+    assert field.input_value() == ""
+    field.fill("three to one")
+    act(page, canvas, lambda: field.press("Enter"))  # refused: not whole numbers
+    assert "not whole numbers" in canvas.locator(".hc-message").inner_text()
+    assert field.input_value() == ""  # the view's value (the draft did not change)
+    assert {r: stage_of(canvas, r) for r in range(8)} == INITIAL
     undo_to(page, canvas, INITIAL)
 
 

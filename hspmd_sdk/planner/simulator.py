@@ -362,6 +362,13 @@ def _run_pipelines(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster",
     clock = dict(start)
     channel_free: dict[tuple[StageKey, StageKey], float] = {}
     transfers: list[Transfer] = []
+    slowest: dict[tuple[StageKey, StageKey], "Link"] = {}  # the slowest link of a stage pair (asked once per pair)
+
+    def link_of(k: StageKey, dst: StageKey) -> "Link":
+        if (k, dst) not in slowest:
+            slowest[(k, dst)] = min((cluster.link(s, d) for s, d in zip(devices[k], devices[dst])),
+                                    key=lambda l: l.bandwidth)
+        return slowest[(k, dst)]
 
     def execute(key: Hashable, a: Action, payload: object) -> object:
         k: StageKey = key  # type: ignore[assignment]
@@ -377,7 +384,7 @@ def _run_pipelines(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster",
             dst = (k[0], a.peer)
             nbytes = p.micro_batch_size * seq_len * model.hidden_size * BF16
             t0 = max(clock[k], channel_free.get((k, dst), 0.0))
-            link = min((cluster.link(s, d) for s, d in zip(devices[k], devices[dst])), key=lambda l: l.bandwidth)
+            link = link_of(k, dst)
             t1 = t0 + cost.p2p_time(nbytes, link)
             channel_free[(k, dst)] = t1
             transfers.append(Transfer(k[0], k[1], dst[1], a.kind[-1], a.micro_batch or 0, t0, t1, nbytes))

@@ -3,7 +3,9 @@ draws of it (:func:`._comm_view.comm_view`), inline or on one background thread 
 small cache keyed by the strategy so that undo and redo are instant.
 
 On the background thread the result comes in two deliveries: first the program and its stage-boundary arrows, then
-(after summing every operator's transfers) the busiest link -- so the arrows are drawn without waiting for it."""
+(after summing every operator's transfers) the busiest link -- so the arrows are drawn without waiting for it.  The
+thread shares the kernel's GIL with the editor's redraws, so it starts only once the redraw of its edit is sent
+(:meth:`Resolver.request` returns the start) and stops between its steps once a newer draft superseded it."""
 from __future__ import annotations
 
 import threading
@@ -41,10 +43,13 @@ class Resolver:
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
         self._wanted: str | None = None
+        self._queued: str | None = None  # requested, its start not called yet
 
     @property
     def busy(self) -> bool:
-        """Whether the newest request is still being resolved."""
+        """Whether the newest request is still being resolved (or about to be)."""
+        if self._queued is not None and self._queued == self._wanted:
+            return True
         fut = self._pending
         return fut is not None and not fut.done()
 
@@ -52,31 +57,45 @@ class Resolver:
         with self._lock:
             return self._cache.get(key)
 
-    def request(self, key: str, strategy: Any, done: Callable[[Resolved], None]) -> None:
+    def request(self, key: str, strategy: Any, done: Callable[[Resolved], None]) -> Callable[[], None] | None:
         """Resolve ``strategy`` (cached under ``key``) and call ``done`` with the result -- now when inline or
-        cached, else on the background thread unless a newer request superseded this one."""
+        cached (returns ``None``), else on the background thread unless a newer request superseded this one: then
+        it returns the function that starts that work, for the caller to call once its redraw is sent (the
+        resolution holds the GIL for most of a second and would slow the redraw down)."""
         self._wanted = key
         got = self.cached(key)
         if got is not None:
             done(got)
-            return
+            return None
         if not self.background:
-            done(self._compute(key, strategy))
-            return
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hspmd-editor")
+            res = self._compute(key, strategy)
+            assert res is not None  # always wanted inline
+            done(res)
+            return None
 
         def job() -> None:
             if self._wanted != key:  # superseded before it started
                 return
-            res = self._compute(key, strategy, busiest=False)
+            res = self._compute(key, strategy, busiest=False, wanted=lambda: self._wanted == key)
+            if res is None:  # superseded on the way: its result would be thrown away, so it stopped early
+                return
             if self._wanted == key:
                 done(res)
             if res.program is not None and self._wanted == key:
                 res = self._add_busiest(key, res)
                 if self._wanted == key:
                     done(res)
-        self._pending = self._executor.submit(job)
+
+        def start() -> None:
+            if self._queued == key:
+                self._queued = None
+            if self._wanted != key:  # superseded before it was started
+                return
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hspmd-editor")
+            self._pending = self._executor.submit(job)
+        self._queued = key
+        return start
 
     def cancel(self) -> None:
         """Forget the newest request (a newer draft has nothing to resolve)."""
@@ -104,7 +123,10 @@ class Resolver:
                 self._cache.popitem(last=False)
         return full
 
-    def _compute(self, key: str, strategy: Any, busiest: bool = True) -> Resolved:
+    def _compute(self, key: str, strategy: Any, busiest: bool = True,
+                 wanted: Callable[[], bool] = lambda: True) -> Resolved | None:
+        """Resolve ``strategy``; ``None`` when ``wanted()`` turns false between the steps (a newer draft
+        superseded it: the background thread then stops burning the GIL that the editor's next redraw needs)."""
         from ..core.plan import AnnotationPlan
         from ..core.specialize import specialize
         from ._comm_view import comm_view
@@ -112,7 +134,11 @@ class Resolver:
         t0 = time.perf_counter()
         try:
             plan = AnnotationPlan.from_strategy(self.model, strategy, self.cluster)
+            if not wanted():
+                return None
             program = specialize(self.model, plan, self.cluster)
+            if not wanted():
+                return None
             res = Resolved(plan, program, comm_view(program, strategy, self.cluster, busiest=busiest), None,
                            time.perf_counter() - t0)
         except HSPMDError as e:

@@ -11,7 +11,7 @@ Every edit -- a drag on the canvas, a key, a button, or a call from Python (``mo
    memory of an invalid draft is the core's estimate (:meth:`Strategy.memory_estimate`), marked as such;
 3. communication is resolved by the core -- ``AnnotationPlan.from_strategy`` then ``specialize`` -- on a
    background thread; the canvas then draws every stage boundary as arrows with operators and bytes per step.
-   Results are cached per strategy, so undo and redo are instant.
+   Simulations and resolutions are cached per strategy, so undo, redo and a return to an earlier plan are instant.
 
 The last fully valid plan is kept (``editor.strategy``, ``editor.plan``, ``editor.program``) whatever the
 draft looks like; Save, Launch and Apply act only on the draft shown, and only when it is valid.  Before the first
@@ -41,6 +41,7 @@ import operator
 import re
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
 __all__ = ["PlanEditor", "NoPlan", "training_runtime"]
 
 _HISTORY = 500
+_SIMS = 32  # simulations kept, by strategy (a click out of a stage and back again is a cached plan)
 
 
 def training_runtime(cluster: "Cluster | None" = None) -> tuple[bool, str]:
@@ -151,6 +153,7 @@ class PlanEditor:
         self.cost = cost
         self.launch_steps = 10
         self._resolver = Resolver(self.model, cluster, background)
+        self._sims: OrderedDict[tuple[str, ...], tuple["SimResult | None", list[Problem]]] = OrderedDict()
         self._draft = Draft.from_strategy(start) if start else self._empty_draft()
         self._selected: tuple[int, int] | None = (0, 0)
         self._history: list[tuple[Draft, tuple[int, int] | None, int | None, str]] = []
@@ -171,7 +174,7 @@ class PlanEditor:
         self._job_snapshot: Any = None
         self._job_events = 0
         self._failed: set[int] = set()
-        self._groups: tuple[Any, list[tuple[str, list[str]]]] = (None, [])
+        self._groups: tuple[Any, tuple[str, ...], list[tuple[str, list[str]]]] = (None, (), [])
         self.last_change_seconds = 0.0
         self._revalidate()
         if job is not None:
@@ -698,9 +701,10 @@ class PlanEditor:
         plan = self._valid.plan if self._valid else None
         if plan is None:
             return []
-        if self._groups[0] is not plan:
-            self._groups = (plan, _group_names(plan.annotations))
-        return self._groups[1]
+        if self._groups[0] is not plan:  # a new plan mostly names the same tensors: regrouped only if they differ
+            names = tuple(plan.annotations)
+            self._groups = (plan, names, self._groups[2] if names == self._groups[1] else _group_names(names))
+        return self._groups[2]
 
     def summary(self) -> str:
         """The validation summary as plain text (what the canvas's verdict and stage list say)."""
@@ -808,8 +812,9 @@ class PlanEditor:
         strategy, problems = check_draft(self._draft, self.model, self.cluster, self.global_batch)
         problems += layout_warnings(self._draft, self.cluster)
         sim = None
+        key = strategy.model_dump_json() if strategy is not None else None
         if strategy is not None:
-            sim, sim_problems = self._simulate(strategy)
+            sim, sim_problems = self._simulate(strategy, key)
             problems += sim_problems
             if sim is None or any(p.level == "error" for p in sim_problems):
                 strategy = None
@@ -825,15 +830,33 @@ class PlanEditor:
             self._current, self._sim, self._problems = strategy, sim, problems
             self._draft_problems = list(problems)
             self._memory, self._memory_kind = memory, kind if memory else ""
-        if strategy is not None:
-            key = strategy.model_dump_json()
-            self._resolver.request(key, strategy, lambda res, s=strategy, m=sim, k=key: self._accept(k, s, m, res))
+        start = None
+        if strategy is not None and key is not None:
+            start = self._resolver.request(key, strategy,
+                                           lambda res, s=strategy, m=sim, k=key: self._accept(k, s, m, res))
         else:
             self._resolver.cancel()
         self._redraw()
         self.last_change_seconds = time.perf_counter() - t0
+        if start is not None:  # a new plan's communication, resolved on the background thread after the redraw
+            start()
 
-    def _simulate(self, strategy: "Strategy") -> tuple["SimResult | None", list[Problem]]:
+    def _simulate(self, strategy: "Strategy", key: str) -> tuple["SimResult | None", list[Problem]]:
+        """The simulation of ``strategy`` (JSON ``key``) and its memory errors, cached by everything it depends on:
+        the strategy, the pinned batch, the sequence length and the cost model."""
+        whole = (key, str(self.global_batch), str(self.seq_len),
+                 self.cost.model_dump_json() if hasattr(self.cost, "model_dump_json") else repr(self.cost))
+        got = self._sims.get(whole)
+        if got is None:
+            got = self._simulate_now(strategy)
+            self._sims[whole] = got
+            while len(self._sims) > _SIMS:
+                self._sims.popitem(last=False)
+        else:
+            self._sims.move_to_end(whole)
+        return got[0], list(got[1])
+
+    def _simulate_now(self, strategy: "Strategy") -> tuple["SimResult | None", list[Problem]]:
         from ..planner.simulator import simulate
 
         try:

@@ -22,7 +22,7 @@ test("undo/redo shortcuts: Ctrl or Cmd + Z undoes, + Shift+Z or Y redoes, nothin
 });
 
 test("undo/redo buttons: enabled exactly when the editor can undo / redo", () => {
-  const self = { model: { get: () => [] }, mode: "box", group: "", path: null, uid: () => "u1" };
+  const self = Object.assign(Object.create(Canvas.prototype), { model: { get: () => [] }, mode: "box", group: "", path: null, uid: () => "u1" });
   const bar = (can) => Canvas.prototype.toolbar.call(self, { can });
   const state = (html, op) => {
     const m = html.match(new RegExp(`<button class="hc-btn" data-op="${op}" data-key="btn-${op}" (disabled)? title="([^"]*)"`));

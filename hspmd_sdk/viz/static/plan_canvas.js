@@ -422,7 +422,107 @@ function cpMessage(p, s, text) {
   return Number.isFinite(n) ? { op: "cp", p, s, value: n } : null;
 }
 
+// src/plan_canvas/patch.js
+function planPatch(prev, next) {
+  const seen = /* @__PURE__ */ new Set();
+  const ops = next.map(([key, html]) => {
+    if (seen.has(key)) throw new Error(`planPatch: the key ${JSON.stringify(key)} is given twice; every child needs its own key`);
+    seen.add(key);
+    const old = prev.get(key);
+    return { key, html, op: old === void 0 ? "create" : old === html ? "keep" : "update" };
+  });
+  const removed = [...prev.keys()].filter((k) => !seen.has(k));
+  return { ops, removed };
+}
+var STATE = /* @__PURE__ */ new WeakMap();
+function patchChildren(parent, next, parse) {
+  let state = STATE.get(parent);
+  if (!state) {
+    state = /* @__PURE__ */ new Map();
+    STATE.set(parent, state);
+    while (parent.firstChild) parent.removeChild(parent.firstChild);
+  }
+  const { ops, removed } = planPatch(new Map([...state].map(([k, v]) => [k, v.html])), next);
+  for (const k of removed) {
+    const { el } = state.get(k);
+    if (el.parentNode === parent) parent.removeChild(el);
+    state.delete(k);
+  }
+  const fresh = ops.filter((o) => o.op !== "keep");
+  const made = fresh.length ? [...parse(fresh.map((o) => o.html).join("")).children] : [];
+  if (made.length !== fresh.length) {
+    throw new Error(`patchChildren: ${fresh.length} changed children gave ${made.length} elements; each html must be exactly one element`);
+  }
+  let cursor = parent.firstChild;
+  let m = 0;
+  for (const o of ops) {
+    let el = o.op === "keep" ? state.get(o.key).el : null;
+    if (o.op === "update") {
+      el = state.get(o.key).el;
+      const n = made[m++];
+      if (el.tagName === n.tagName) morph(el, n);
+      else {
+        if (el === cursor) cursor = cursor.nextSibling;
+        if (el.parentNode === parent) parent.removeChild(el);
+        el = n;
+      }
+    } else if (o.op === "create") el = made[m++];
+    if (el === cursor) cursor = cursor.nextSibling;
+    else parent.insertBefore(el, cursor);
+    state.set(o.key, { html: o.html, el });
+  }
+  while (cursor) {
+    const after = cursor.nextSibling;
+    parent.removeChild(cursor);
+    cursor = after;
+  }
+  return ops;
+}
+function morph(el, n) {
+  const names = el.getAttributeNames();
+  for (const name of names) if (!n.hasAttribute(name)) el.removeAttribute(name);
+  for (const name of n.getAttributeNames()) {
+    const v = n.getAttribute(name);
+    if (el.getAttribute(name) !== v) el.setAttribute(name, v);
+  }
+  let a = el.firstChild;
+  let b = n.firstChild;
+  while (b) {
+    const nextB = b.nextSibling;
+    if (!a) el.appendChild(b);
+    else if (a.nodeType !== b.nodeType || a.nodeName !== b.nodeName) {
+      const nextA = a.nextSibling;
+      el.replaceChild(b, a);
+      a = nextA;
+    } else {
+      if (a.nodeType === ELEMENT) morph(a, b);
+      else if (a.nodeValue !== b.nodeValue) a.nodeValue = b.nodeValue;
+      a = a.nextSibling;
+    }
+    b = nextB;
+  }
+  while (a) {
+    const nextA = a.nextSibling;
+    el.removeChild(a);
+    a = nextA;
+  }
+}
+var ELEMENT = 1;
+function resetControls(controls, keep) {
+  for (const c of controls) {
+    if (c === keep) continue;
+    if (c.tagName === "SELECT") {
+      let want = 0;
+      for (let i = 0; i < c.options.length; i++) if (c.options[i].defaultSelected) want = i;
+      if (c.options.length && c.selectedIndex !== want) c.selectedIndex = want;
+    } else if (c.type === "checkbox" || c.type === "radio") {
+      if (c.checked !== c.defaultChecked) c.checked = c.defaultChecked;
+    } else if (c.value !== c.defaultValue) c.value = c.defaultValue;
+  }
+}
+
 // src/plan_canvas/canvas.js
+var BODY = `<div class="hc-body"><div class="hc-area"></div><div class="hc-side"></div></div>`;
 var Canvas = class {
   constructor(model, el) {
     this.model = model;
@@ -470,35 +570,79 @@ var Canvas = class {
     this.model.send(msg);
   }
   // ---- rendering -------------------------------------------------------------------------------------------
+  // A redraw patches the canvas (patch.js): each part -- the toolbar, the verdict, each side card, each pipeline's
+  // card, the stage area's layers, each tile -- is an HTML string, and only the parts whose string changed are
+  // re-parsed and updated in place.  The area's width is read before anything is written, so the redraw never
+  // forces a layout of half-built markup.
   render() {
     const view = this.model.get("view") || {};
     const cluster = this.model.get("cluster") || { nodes: [], num_ranks: 0 };
     if (!cluster.nodes.length) return;
     const keep = this.captureFocus();
-    const area0 = this.root.querySelector(".hc-area");
-    const avail = area0 ? area0.clientWidth : this.root.clientWidth || 900;
-    this.root.innerHTML = this.toolbar(view) + this.verdict(view) + `<div class="hc-body"><div class="hc-area"></div><div class="hc-side">${this.side(view)}</div></div>`;
-    const area = this.root.querySelector(".hc-area");
-    this.width = area.clientWidth || avail;
+    let area = this.root.querySelector(".hc-area");
+    if (!area) {
+      this.patch(this.root, [...this.topParts(view), ["body", BODY]]);
+      area = this.root.querySelector(".hc-area");
+    }
+    this.width = area.clientWidth || this.root.clientWidth || 900;
     const lw = Math.max(this.width - 8, 300);
     if (!this.lay || this.layCluster !== cluster || this.layWidth !== lw) {
       this.lay = layout(cluster, lw);
       this.layCluster = cluster;
       this.layWidth = lw;
     }
-    area.innerHTML = this.stageArea(view, cluster);
+    this.patch(this.root, [...this.topParts(view), ["body", BODY]]);
+    this.patch(this.root.querySelector(":scope > .hc-toolbar"), this.toolbarParts(view));
+    const side = this.root.querySelector(".hc-side");
+    this.patch(side, this.sideParts(view));
+    const stages = side.querySelector(":scope > .hc-stages");
+    this.patch(stages, this.stagesParts(view));
+    this.drawStageArea(area, view, cluster);
     this.root.dataset.version = String(view.version ?? "");
     this.root.dataset.valid = String(view.verdict?.level !== "error");
     this.root.dataset.comm = view.comm?.state || "";
+    resetControls(this.root.querySelectorAll("input, select"), keep && keep.typed ? keep.el : null);
     this.restoreFocus(keep);
+  }
+  patch(parent, parts) {
+    if (!this.tpl) this.tpl = document.createElement("template");
+    return patchChildren(parent, parts, (html) => {
+      this.tpl.innerHTML = html;
+      return this.tpl.content;
+    });
+  }
+  // The stage area: its box, then its layers (the SVG under the tiles, the tiles one by one, the labels, the SVG
+  // the box and lasso draw on, the picked tiles' bar).
+  drawStageArea(area, view, cluster) {
+    const parts = this.stageParts(view, cluster);
+    let sa = area.firstElementChild;
+    if (!sa || !sa.classList.contains("hc-stagearea")) {
+      area.replaceChildren();
+      sa = document.createElement("div");
+      sa.className = "hc-stagearea";
+      area.appendChild(sa);
+    }
+    const style = `height:${parts.height}px;width:${parts.width}px`;
+    if (sa.getAttribute("style") !== style) sa.setAttribute("style", style);
+    this.patch(sa, [
+      ["under", parts.under],
+      ["tiles", `<div class="hc-tiles"></div>`],
+      ["labels", parts.labels],
+      ["over", parts.over],
+      ...parts.selbar ? [["selbar", parts.selbar]] : []
+    ]);
+    this.patch(sa.querySelector(":scope > .hc-tiles"), parts.tiles);
   }
   captureFocus() {
     const a = document.activeElement;
     if (!a || !this.root.contains(a) || !a.dataset.key) return null;
-    return { key: a.dataset.key, value: a.value, start: a.selectionStart, end: a.selectionEnd, typed: a.dataset.typed === "1" };
+    return { el: a, key: a.dataset.key, value: a.value, start: a.selectionStart, end: a.selectionEnd, typed: a.dataset.typed === "1" };
   }
+  // Focus stays where it was: on the same element when the redraw kept it, else on its successor (the element
+  // with the same data-key), with the text typed into it.
   restoreFocus(k) {
     if (!k) return;
+    if (k.el.isConnected && this.root.contains(k.el) && document.activeElement === k.el) return;
     const el = this.root.querySelector(`[data-key="${k.key}"]`);
     if (!el) return;
     if (k.typed && "value" in el) {
@@ -511,49 +655,64 @@ var Canvas = class {
     } catch (_) {
     }
   }
+  // The toolbar as one string (a redraw patches its groups: toolbarParts).
   toolbar(v) {
+    return `<div class="hc-toolbar" role="toolbar" aria-label="plan editor">${this.toolbarParts(v).map((p) => p[1]).join("")}</div>`;
+  }
+  // The toolbar's groups, keyed (undo/redo, select mode, settings, tensor picker, file, run).
+  toolbarParts(v) {
     const can = v.can || {};
     const btn = (op, text, ok, tip, extra = "") => `<button class="hc-btn" data-op="${op}" data-key="btn-${op}" ${ok ? "" : "disabled"} title="${esc(tip)}" ${extra}>${text}</button>`;
     const groups = this.model.get("tensors") || [];
     const gsel = this.group || (v.tensor_name ? groupOf(groups, v.tensor_name) : "");
     const names = (groups.find((g) => g[0] === gsel) || [null, []])[1];
-    return `<div class="hc-toolbar" role="toolbar" aria-label="plan editor">
-      <span class="hc-group">${btn("undo", "↶ Undo", can.undo, "undo the last change (Ctrl+Z)")}${btn("redo", "↷ Redo", can.redo, "redo (Ctrl+Shift+Z or Ctrl+Y)")}</span>
-      <span class="hc-group" title="dragging on the empty canvas selects devices">select
-        <button class="hc-btn hc-toggle ${this.mode === "box" ? "on" : ""}" data-op="mode" data-mode="box" data-key="mode-box" aria-pressed="${this.mode === "box"}">▭ box</button><button class="hc-btn hc-toggle ${this.mode === "lasso" ? "on" : ""}" data-op="mode" data-mode="lasso" data-key="mode-lasso" aria-pressed="${this.mode === "lasso"}">◯ lasso</button></span>
-      <span class="hc-group"><label>schedule <select data-op="schedule" data-key="schedule">${["1f1b", "gpipe"].map((s) => `<option ${s === v.schedule ? "selected" : ""}>${s}</option>`).join("")}</select></label>
+    const history = `<span class="hc-group">${btn("undo", "↶ Undo", can.undo, "undo the last change (Ctrl+Z)")}${btn("redo", "↷ Redo", can.redo, "redo (Ctrl+Shift+Z or Ctrl+Y)")}</span>`;
+    const mode = `<span class="hc-group" title="dragging on the empty canvas selects devices">select
+        <button class="hc-btn hc-toggle ${this.mode === "box" ? "on" : ""}" data-op="mode" data-mode="box" data-key="mode-box" aria-pressed="${this.mode === "box"}">▭ box</button><button class="hc-btn hc-toggle ${this.mode === "lasso" ? "on" : ""}" data-op="mode" data-mode="lasso" data-key="mode-lasso" aria-pressed="${this.mode === "lasso"}">◯ lasso</button></span>`;
+    const settings = `<span class="hc-group"><label>schedule <select data-op="schedule" data-key="schedule">${["1f1b", "gpipe"].map((s) => `<option ${s === v.schedule ? "selected" : ""}>${s}</option>`).join("")}</select></label>
         <label title="shard fp32 master weights and Adam states over the pipelines"><input type="checkbox" data-op="zero1" data-key="zero1" ${v.zero1 ? "checked" : ""}> ZeRO-1</label>
-        <label title="samples per step; pinned: edits never change it (${esc(v.batch_source)})">global batch <input class="hc-num" type="number" min="1" data-op="batch" data-key="batch" value="${v.global_batch ?? ""}"></label></span>
-      <span class="hc-group hc-picker"><label>tensor <select data-op="tgroup" data-key="tgroup" aria-label="tensor group"><option value="">—</option>${groups.map((g) => `<option value="${esc(g[0])}" ${g[0] === gsel ? "selected" : ""}>${esc(g[0])} (${g[1].length})</option>`).join("")}</select></label><select data-op="tname" data-key="tname" aria-label="tensor">${names.length ? `<option value="">pick…</option>` : ""}${names.map((n) => `<option ${n === v.tensor_name ? "selected" : ""} value="${esc(n)}">${esc(gsel && n.startsWith(gsel + ".") ? n.slice(gsel.length + 1) : n)}</option>`).join("")}</select>
-        <input class="hc-text" list="hc-tensors-${this.uid()}" placeholder="or type a name" data-op="tensor" data-key="tensor" value="${esc(v.tensor_name)}" size="18">${v.tensor_name ? btn("untensor", "✕", true, "clear the tensor") : ""}</span>
-      <span class="hc-group"><input class="hc-text" data-key="path" data-role="path" value="${esc(this.path || "strategy.json")}" size="14" title="file for Save / Load">${btn("save", "Save", can.save, can.save ? "save the plan shown as strategy JSON" : "blocked: " + can.save_why)}${btn("load", "Load", true, "load a strategy JSON")}</span>
-      <span class="hc-group">${btn("timeline", "Timeline", can.timeline, can.timeline ? "draw the simulated timeline of the plan shown" : "the plan shown does not simulate")}${btn("launch", "▶ Launch locally", can.launch, can.launch ? "train the plan shown on this machine (hspmd_sdk.launch)" : "blocked: " + can.launch_why)}${can.job ? btn("apply", "⇄ Apply to running job", can.apply, can.apply ? "job.switch(editor.program) at the job's next step boundary" : "blocked: " + can.apply_why) : ""}</span>
-    </div>`;
+        <label title="samples per step; pinned: edits never change it (${esc(v.batch_source)})">global batch <input class="hc-num" type="number" min="1" data-op="batch" data-key="batch" value="${v.global_batch ?? ""}"></label></span>`;
+    const picker = `<span class="hc-group hc-picker"><label>tensor <select data-op="tgroup" data-key="tgroup" aria-label="tensor group"><option value="">—</option>${groups.map((g) => `<option value="${esc(g[0])}" ${g[0] === gsel ? "selected" : ""}>${esc(g[0])} (${g[1].length})</option>`).join("")}</select></label><select data-op="tname" data-key="tname" aria-label="tensor">${names.length ? `<option value="">pick…</option>` : ""}${names.map((n) => `<option ${n === v.tensor_name ? "selected" : ""} value="${esc(n)}">${esc(gsel && n.startsWith(gsel + ".") ? n.slice(gsel.length + 1) : n)}</option>`).join("")}</select>
+        <input class="hc-text" list="hc-tensors-${this.uid()}" placeholder="or type a name" data-op="tensor" data-key="tensor" value="${esc(v.tensor_name)}" size="18">${v.tensor_name ? btn("untensor", "✕", true, "clear the tensor") : ""}</span>`;
+    const file = `<span class="hc-group"><input class="hc-text" data-key="path" data-role="path" value="${esc(this.path || "strategy.json")}" size="14" title="file for Save / Load">${btn("save", "Save", can.save, can.save ? "save the plan shown as strategy JSON" : "blocked: " + can.save_why)}${btn("load", "Load", true, "load a strategy JSON")}</span>`;
+    const run = `<span class="hc-group">${btn("timeline", "Timeline", can.timeline, can.timeline ? "draw the simulated timeline of the plan shown" : "the plan shown does not simulate")}${btn("launch", "▶ Launch locally", can.launch, can.launch ? "train the plan shown on this machine (hspmd_sdk.launch)" : "blocked: " + can.launch_why)}${can.job ? btn("apply", "⇄ Apply to running job", can.apply, can.apply ? "job.switch(editor.program) at the job's next step boundary" : "blocked: " + can.apply_why) : ""}</span>`;
+    return [["history", history], ["mode", mode], ["settings", settings], ["tensor", picker], ["file", file], ["run", run]];
   }
   uid() {
     if (!this._uid) this._uid = Math.random().toString(36).slice(2, 8);
     return this._uid;
   }
-  verdict(v) {
+  // The canvas's first children, keyed for patch.js: the toolbar, the verdict, the message and the stale note.
+  topParts(v) {
     const vd = v.verdict || { level: "error", text: "" };
     const c = v.counts || {};
-    const msg = v.message ? `<div class="hc-message" role="status">${esc(v.message)}</div>` : "";
-    const stale = v.timeline_stale ? `<div class="hc-stale">⚠ the timeline below is of an earlier plan: press Timeline to redraw it</div>` : "";
-    return `<div class="hc-verdict hc-${vd.level}" role="status" aria-live="polite"><span class="hc-headline">${esc(vd.text)}</span>
-      <span class="hc-counts">${c.errors ? `<b class="hc-e">${c.errors} error(s)</b>` : ""} ${c.warnings ? `<b class="hc-w">${c.warnings} warning(s)</b>` : ""}</span></div>${msg}${stale}`;
+    const parts = [["toolbar", `<div class="hc-toolbar" role="toolbar" aria-label="plan editor"></div>`], ["verdict", `<div class="hc-verdict hc-${vd.level}" role="status" aria-live="polite"><span class="hc-headline">${esc(vd.text)}</span>
+      <span class="hc-counts">${c.errors ? `<b class="hc-e">${c.errors} error(s)</b>` : ""} ${c.warnings ? `<b class="hc-w">${c.warnings} warning(s)</b>` : ""}</span></div>`]];
+    if (v.message) parts.push(["message", `<div class="hc-message" role="status">${esc(v.message)}</div>`]);
+    if (v.timeline_stale) parts.push(["stale", `<div class="hc-stale">⚠ the timeline below is of an earlier plan: press Timeline to redraw it</div>`]);
+    return parts;
   }
-  side(v) {
-    let out = this.inspectCard(v);
-    if (v.tensor) out += this.tensorLegend(v.tensor);
-    else if (v.tensor_error) out += `<div class="hc-card hc-error">${esc(v.tensor_error)}</div>`;
+  // The side panel's cards, keyed: the inspected device, the picked tensor, the general problems, the stages (an
+  // empty card: its rows are stagesParts) and the communication.
+  sideParts(v) {
+    const parts = [];
+    const inspect = this.inspectCard(v);
+    if (inspect) parts.push(["inspect", inspect]);
+    if (v.tensor) parts.push(["tensor", this.tensorLegend(v.tensor)]);
+    else if (v.tensor_error) parts.push(["tensor", `<div class="hc-card hc-error">${esc(v.tensor_error)}</div>`]);
     const general = (v.problems || []).map((p) => `<li class="hc-${p.level}">${p.level === "error" ? "✗ error" : "⚠ warning"} · <b>${esc(p.where)}</b>: ${esc(p.text)}</li>`).join("");
-    if (general) out += `<div class="hc-card"><ul class="hc-problems">${general}</ul></div>`;
-    out += `<div class="hc-card hc-stages"><div class="hc-card-head">Stages <small>click a chip to select its stage</small></div>
-      <div class="hc-help hc-note" data-role="help">click a tile: inspect it (nothing moves) · Shift/Ctrl+click: pick more · <b>move</b>: drag tiles onto a stage chip, "+ stage" or "+ pipeline", or <b>Alt+click</b> a tile (it joins or leaves the selected stage), or Enter (the picked tiles join it)</div>`;
-    for (const p of v.pipelines || []) out += this.pipelineCard(p, v);
-    out += `<div class="hc-drop hc-newpipe" role="button" tabindex="0" data-op="add_pipeline" data-key="add-pipeline" data-drop="${(v.pipelines || []).length},0" title="click: add a pipeline (one stage with every layer, no devices yet); drop devices here: a new pipeline with them">+ pipeline</div></div>`;
-    out += this.commCard(v.comm || {});
-    return out;
+    if (general) parts.push(["problems", `<div class="hc-card"><ul class="hc-problems">${general}</ul></div>`]);
+    parts.push(["stages", `<div class="hc-card hc-stages"></div>`], ["comm", this.commCard(v.comm || {})]);
+    return parts;
+  }
+  // The stages card's rows, keyed: its head, the help line, one card per pipeline, "+ pipeline".
+  stagesParts(v) {
+    return [
+      ["head", `<div class="hc-card-head">Stages <small>click a chip to select its stage</small></div>`],
+      ["help", `<div class="hc-help hc-note" data-role="help">click a tile: inspect it (nothing moves) · Shift/Ctrl+click: pick more · <b>move</b>: drag tiles onto a stage chip, "+ stage" or "+ pipeline", or <b>Alt+click</b> a tile (it joins or leaves the selected stage), or Enter (the picked tiles join it)</div>`],
+      ...(v.pipelines || []).map((p) => [`p${p.p}`, this.pipelineCard(p, v)]),
+      ["add", `<div class="hc-drop hc-newpipe" role="button" tabindex="0" data-op="add_pipeline" data-key="add-pipeline" data-drop="${(v.pipelines || []).length},0" title="click: add a pipeline (one stage with every layer, no devices yet); drop devices here: a new pipeline with them">+ pipeline</div>`]
+    ];
   }
   // The card of the inspected device: what its tile's tooltip says, its stage's problems, and the explicit moves.
   inspectCard(v) {
@@ -616,7 +775,19 @@ ${esc(terms.HDim)}"><b>DG Union</b>: ${esc(t.words)}</div><div><code>${esc(t.ann
       <div class="hc-note">${esc(t.grid)}; filled = the box a device holds · Σi/n = summand i of n · Dn = the same shard on n devices</div>
       <dl class="hc-terms" aria-label="the paper's terms">${["HSize", "HDim", "DG Union", "DS"].filter((k) => terms[k]).map(term).join("")}</dl>${rs}</div>`;
   }
+  // The stage area as one string (what the tests read; a redraw patches its parts: stageParts).
   stageArea(v, cluster) {
+    const p = this.stageParts(v, cluster);
+    return `<div class="hc-stagearea" style="height:${p.height}px;width:${p.width}px">
+      ${p.under}
+      <div class="hc-tiles">${p.tiles.map((t) => t[1]).join("")}</div>
+      ${p.labels}
+      ${p.over}
+      ${p.selbar}</div>`;
+  }
+  // The stage area's layers: `under` (an SVG: nodes, hulls, arrows), `tiles` ([key, html] per device), `labels`,
+  // `over` (the SVG that box and lasso selection draw on), `selbar` (the picked tiles' bar, or ""), and its size.
+  stageParts(v, cluster) {
     const lay = this.lay;
     const tiles = v.tiles || [];
     const tmode = !!v.tensor;
@@ -738,9 +909,8 @@ ${esc(terms.HDim)}"><b>DG Union</b>: ${esc(t.words)}</div><div><code>${esc(t.ann
     const badgeHtml = badges.map((b) => `<div class="${b.cls}" style="left:${b.x}px;top:${Math.max(0, b.y)}px;${b.colour ? `border-color:${b.colour};color:${b.colour}` : ""}" title="${esc(b.title)}">${esc(b.text)}</div>`).join("");
     const sel = v.selected ? `${v.selected[0]},${v.selected[1]}` : "";
     const focus = this.focus ?? 0;
-    const tileHtml = tiles.map((t) => {
+    const tileParts = tiles.filter((t) => lay.tiles[t.r]).map((t) => {
       const L = lay.tiles[t.r];
-      if (!L) return "";
       const inSel = `${t.p},${t.s}` === sel;
       const shard = tmode ? v.tensor.shards[String(t.r)] : null;
       const fill = tmode ? shard ? "#ffffff" : "#f2f4f7" : t.fill || "#eceff3";
@@ -757,21 +927,24 @@ ${esc(terms.HDim)}"><b>DG Union</b>: ${esc(t.words)}</div><div><code>${esc(t.ann
       const body = tmode ? shard ? this.shardGrid(shard, v.tensor, L) : `<div class="hc-tmem">holds nothing</div>` : `<div class="hc-tlayers">${esc(t.layers || "unused")}${tileTag(t)}</div>${mem}`;
       const title = t.title + (shard ? "\n" + shard.text : "");
       const drop = t.p >= 0 ? `data-drop="${t.p},${t.s}"` : "";
-      return `<div class="${cls}" role="button" tabindex="${t.r === focus ? 0 : -1}" data-rank="${t.r}" data-key="tile-${t.r}" ${drop}
+      return [`t${t.r}`, `<div class="${cls}" role="button" tabindex="${t.r === focus ? 0 : -1}" data-rank="${t.r}" data-key="tile-${t.r}" ${drop}
         data-stage="${t.p >= 0 ? `${t.p},${t.s}` : ""}" aria-label="rank ${t.r}, ${esc(t.kind)}${t.p >= 0 ? `, pipeline ${t.p} stage ${t.s}` : ", unused"}" aria-pressed="${this.sel.has(t.r)}"
         title="${esc(title)}" style="left:${L.x}px;top:${L.y}px;width:${L.w}px;height:${L.h}px;background:${fill};color:${tmode ? "#1b1f24" : t.ink || "#1b1f24"};border-color:${t.p >= 0 && !tmode ? t.line : "#9aa3ad"}">
-        <div class="hc-thead"><b>${t.r}</b> <span>${esc(t.kind)}</span>${t.failed ? ' <b class="hc-e">✕ failed</b>' : ""}</div>${body}</div>`;
-    }).join("");
+        <div class="hc-thead"><b>${t.r}</b> <span>${esc(t.kind)}</span>${t.failed ? ' <b class="hc-e">✕ failed</b>' : ""}</div>${body}</div>`];
+    });
     const head = (id, colour) => `<marker id="${id}" viewBox="0 0 10 10" refX="9" refY="5" markerUnits="userSpaceOnUse" markerWidth="13" markerHeight="13" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="${colour}"/></marker>`;
     const markers = ["intra", "inter", "mixed"].map((c) => head(`hc-head-${c}`, LINK[c]) + head(`hc-head-${c}-stale`, "#9aa3ad")).join("");
     const note = comm.stale ? `<div class="hc-badge hc-resolving" style="right:4px;top:0">resolving communication …</div>` : "";
     const hgt = lay.height + (arrows.length ? LANE : 6);
-    return `<div class="hc-stagearea" style="height:${hgt}px;width:${lay.width + 6}px">
-      <svg class="hc-under" width="${lay.width + 6}" height="${hgt}"><defs>${markers}</defs>${under}${over}${leaders}</svg>
-      <div class="hc-tiles">${tileHtml}</div>
-      <div class="hc-labels">${labelHtml}${badgeHtml}${note}</div>
-      <svg class="hc-over" width="${lay.width + 6}" height="${hgt}"></svg>
-      ${this.sel.size ? this.selectionBar(v) : ""}</div>`;
+    return {
+      height: hgt,
+      width: lay.width + 6,
+      tiles: tileParts,
+      under: `<svg class="hc-under" width="${lay.width + 6}" height="${hgt}"><defs>${markers}</defs>${under}${over}${leaders}</svg>`,
+      labels: `<div class="hc-labels">${labelHtml}${badgeHtml}${note}</div>`,
+      over: `<svg class="hc-over" width="${lay.width + 6}" height="${hgt}"></svg>`,
+      selbar: this.sel.size ? this.selectionBar(v) : ""
+    };
   }
   // The channels of a layout and the routes through them, kept while the layout stays (a redraw that only
   // changes the plan reuses them).
@@ -993,13 +1166,13 @@ ${esc(terms.HDim)}"><b>DG Union</b>: ${esc(t.words)}</div><div><code>${esc(t.ann
     if (e.key === " ") {
       done();
       this.sel.has(r) ? this.sel.delete(r) : this.sel.add(r);
-      this.focus = r;
+      this.rove(r);
       this.render();
       return;
     }
     if (e.key === "Enter") {
       done();
-      this.focus = r;
+      this.rove(r);
       if (this.sel.size) this.moveSelection();
       else this.send({ op: "toggle", rank: r });
       return;
@@ -1022,10 +1195,18 @@ ${esc(terms.HDim)}"><b>DG Union</b>: ${esc(t.words)}</div><div><code>${esc(t.ann
   moveFocus(r, key) {
     const next = nextTile(this.lay.tiles, r, key);
     if (next == null) return;
-    this.focus = next;
-    this.root.querySelectorAll(".hc-tile").forEach((el2) => el2.setAttribute("tabindex", +el2.dataset.rank === next ? "0" : "-1"));
-    const el = this.root.querySelector(`.hc-tile[data-rank="${next}"]`);
+    const el = this.rove(next);
     if (el) el.focus();
+  }
+  // The tile that Tab reaches (the roving tabindex) becomes rank `r`'s, in the DOM at once: the redraw that follows
+  // then finds it as it draws it, and never changes a tabindex in the middle of its writes (which forces a style
+  // and layout pass, ~6 ms at 48 GPUs).  Returns r's tile.
+  rove(r) {
+    this.focus = r;
+    for (const el2 of this.root.querySelectorAll('.hc-tile[tabindex="0"]')) if (+el2.dataset.rank !== r) el2.setAttribute("tabindex", "-1");
+    const el = this.root.querySelector(`.hc-tile[data-rank="${r}"]`);
+    if (el && el.getAttribute("tabindex") !== "0") el.setAttribute("tabindex", "0");
+    return el;
   }
   onPointerDown(e) {
     if (e.button !== 0) return;
@@ -1048,7 +1229,7 @@ ${esc(terms.HDim)}"><b>DG Union</b>: ${esc(t.words)}</div><div><code>${esc(t.ann
     };
     if (tile) {
       const r = +tile.dataset.rank;
-      this.focus = r;
+      this.rove(r);
       const ranks = this.sel.has(r) ? [...this.sel].sort((a, b) => a - b) : [r];
       const move2 = (ev) => {
         if (!dragging && !isDrag(start, ev.clientX, ev.clientY)) return;

@@ -19,7 +19,8 @@
 // Modules: layout.js (where nodes and tiles go), geometry.js (boxes, hit tests), hull.js (the outlines around a
 // stage's tiles), routing.js (arrows through the gaps), labels.js (where their labels go), selection.js (box and
 // lasso), keys.js (undo/redo shortcuts, arrow keys, [ and ]), tensors.js, stagegrid.js (a stage's TP ratios and
-// CP x TP grid: tile tags, CP group outlines, the stage card's ratios and cp fields), canvas.js (rendering, events).
+// CP x TP grid: tile tags, CP group outlines, the stage card's ratios and cp fields), patch.js (incremental redraws:
+// only the parts whose markup changed are updated, in place), canvas.js (rendering, events).
 
 import { Canvas } from "./canvas.js";
 
