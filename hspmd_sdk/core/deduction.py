@@ -149,7 +149,10 @@ def deduce(graph: Graph, given: Mapping[str, Annotation]) -> dict[str, Annotatio
     are an error (they are deduced, not chosen).
     """
     out: dict[str, Annotation] = {}
+    chosen: set[str] = set()  # the tensors a plan may annotate: leaves' and Reshards' outputs
     for node in graph.nodes:
+        if node.is_leaf or node.is_reshard:
+            chosen.add(node.outputs[0])
         if node.is_leaf:
             name = node.outputs[0]
             if name not in given:
@@ -164,7 +167,7 @@ def deduce(graph: Graph, given: Mapping[str, Annotation]) -> dict[str, Annotatio
             shapes = [graph.tensors[t].shape for t in node.inputs]
             for name, a in zip(node.outputs, deduce_node(node, anns, shapes)):
                 out[name] = a
-    extra = [n for n in given if n in graph.tensors and n not in out]
+    extra = [n for n in given if n in graph.tensors and n not in chosen]
     if extra:
         raise SpecializationError(f"the plan annotates tensors that are neither leaves nor Reshards: {extra}")
     return out
@@ -211,7 +214,7 @@ def local_shape(ann: Annotation, shape: Sequence[Dim], subgroup: int, tensor: st
     Concrete dims that do not divide raise ``ShapeError`` now; symbolic ones carry the constraint."""
     out = list(shape)
     where = f"subgroup {subgroup} ({format_ranks(ann.dg_union[subgroup])})"
-    if ann.hsize > 1 and is_split(ann.hdim):
+    if is_split(ann.hdim):  # (an HSize-1 annotation's HDim is always Duplicate)
         d = ann.hdim
         if d >= len(shape):
             raise ShapeError(f"tensor {tensor!r}: HDim {d} but the tensor has {len(shape)} dims")
