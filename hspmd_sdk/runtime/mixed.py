@@ -114,6 +114,7 @@ class LengthPlanner:
         self.start_step = int(start)  # a resumed run's first step (its checkpoint's)
         self.generation = 0  # the controller's reconfiguration id the candidates belong to
         self.pricing = 0  # how often the dispatcher was repriced around stragglers (:meth:`reprice`)
+        self.base_cost = dispatcher.cost  # the job's cost model (a repriced dispatcher's holds slowed kinds too)
         self._lock = threading.Lock()  # a dispatch and a repricing, one at a time
         self.first = self._plan_step(self.start_step)  # before any worker starts: the Program it runs under
 
@@ -127,7 +128,7 @@ class LengthPlanner:
             self._thread.join(timeout=10.0)
         old = self.dispatcher
         self.programs, self.cluster = list(programs), cluster
-        self.dispatcher = Dispatcher(self.programs, old.model, cluster, cost=self._base_cost(old), packing=old.packing)
+        self.dispatcher = Dispatcher(self.programs, old.model, cluster, cost=self.base_cost, packing=old.packing)
         self.pricing += 1  # a straggler's pricing ends with the world it was measured in
         self.layouts = same_layouts(self.programs)
         self._plans = {}
@@ -147,19 +148,12 @@ class LengthPlanner:
         from ..planner.mixed import Dispatcher
 
         old = self.dispatcher
-        base = self._base_cost(old)
-        cluster, cost = slowed_cluster(self.cluster, dict(slow), base)
+        cluster, cost = slowed_cluster(self.cluster, dict(slow), self.base_cost)
         new = Dispatcher(self.programs, old.model, cluster, cost=cost, packing=old.packing)
-        new.base_cost = base
         with self._lock:
             self.dispatcher = new
             self.pricing += 1
             return self.records[-1]["step"] + 1 if self.records else self.start_step
-
-    @staticmethod
-    def _base_cost(dispatcher: Any) -> Any:
-        """The cost model the job was launched with (a repriced dispatcher's holds the slowed kinds too)."""
-        return getattr(dispatcher, "base_cost", dispatcher.cost)
 
     def record(self, step: int) -> dict[str, Any] | None:
         """What was dispatched for ``step`` (the newest record of it), or ``None``."""
@@ -177,10 +171,10 @@ class LengthPlanner:
         return out
 
     def _plan_step(self, step: int) -> dict[str, Any]:
-        with self._lock:
-            return self._plan_step_locked(step)
+        with self._lock:  # not while the dispatcher is repriced
+            return self._dispatch(step)
 
-    def _plan_step_locked(self, step: int) -> dict[str, Any]:
+    def _dispatch(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         lengths = self.batches.step_lengths(step)
         d = self.dispatcher(lengths, current=self.current)
