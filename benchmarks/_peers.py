@@ -1,9 +1,9 @@
 """Worker entries for the runtime benchmarks: our executor and a torch-only peer, interleaved in one job.
 
 :func:`bench_entry` runs inside the SDK's own worker processes (started by
-:func:`hspmd_sdk.runtime.launcher.launch`, gloo already initialised), so process setup, thread count and data are
+:func:`hspmd_sdk.runtime.control.launcher.launch`, gloo already initialised), so process setup, thread count and data are
 identical for both contestants.  Per round it runs ``steps`` training steps of HSPMD's
-:class:`~hspmd_sdk.runtime.executor.StepExecutor` and ``steps`` of the peer (the order alternates between rounds so
+:class:`~hspmd_sdk.runtime.workers.executor.StepExecutor` and ``steps`` of the peer (the order alternates between rounds so
 that a slow patch of background load hits both alike; with ``steps=1`` the two alternate step by step, and the
 ratio of each adjacent (ours, peer) pair is a ratio under nearly the same load); every step is bracketed by ``dist.barrier()`` on both
 sides, so a step's time is the wall time of the slowest rank.  The first ``warmup`` steps of each contestant are
@@ -46,7 +46,7 @@ __all__ = ["bench_entry", "LinearLlama"]
 # ---- contestants ----------------------------------------------------------------------------------------------
 def peer_adam(params: Any, run: Mapping[str, Any], conf: Mapping[str, Any]) -> torch.optim.Adam:
     """The peer's ``torch.optim.Adam``: ``conf["adam"] == "fused"`` torch's fused kernel (the one our ranks run,
-    :meth:`hspmd_sdk.runtime.executor.AdamConfig.build`), else torch's default for these tensors (on CPU the
+    :meth:`hspmd_sdk.runtime.workers.executor.AdamConfig.build`), else torch's default for these tensors (on CPU the
     for-loop implementation: what a user of ``torch.optim.Adam(params, lr)`` gets)."""
     params = list(params)
     if conf.get("adam", "default") == "fused":
@@ -55,11 +55,11 @@ def peer_adam(params: Any, run: Mapping[str, Any], conf: Mapping[str, Any]) -> t
 
 
 class _Ours:
-    """HSPMD's executor on this rank (what :func:`hspmd_sdk.runtime.train._train_one` builds)."""
+    """HSPMD's executor on this rank (what :func:`hspmd_sdk.runtime.control.train._train_one` builds)."""
 
     def __init__(self, state: Any, run: Mapping[str, Any], options: Mapping[str, Any] | None = None) -> None:
-        from hspmd_sdk.runtime.comm import comm_groups
-        from hspmd_sdk.runtime.executor import AdamConfig, StepExecutor, program_comm_plans
+        from hspmd_sdk.runtime.workers.comm import comm_groups
+        from hspmd_sdk.runtime.workers.executor import AdamConfig, StepExecutor, program_comm_plans
         from hspmd_sdk.runtime.protocol import program_of_run as _program_of
 
         program = _program_of(run)
@@ -296,10 +296,10 @@ def _timed(fn: Callable[[], float], cpu: list[float] | None = None) -> tuple[flo
 
 
 def bench_entry(state: Any, spec: Any) -> dict[str, Any]:
-    """Payload: ``run`` (a :func:`~hspmd_sdk.runtime.train.training_run` dict), ``peer`` (``{"kind": ...}`` and
+    """Payload: ``run`` (a :func:`~hspmd_sdk.runtime.control.train.training_run` dict), ``peer`` (``{"kind": ...}`` and
     the peer's options), ``rounds``, ``steps`` (per round and contestant), ``warmup``.  Returns per-step times
     (after warm-up) and losses of both contestants."""
-    from hspmd_sdk.runtime.train import dataset_for
+    from hspmd_sdk.runtime.control.train import dataset_for
 
     p = spec.payload
     run, conf = p["run"], p["peer"]
@@ -371,12 +371,12 @@ def emulated_entry(state: Any, spec: Any) -> dict[str, Any]:
     """Payload ``runs`` (training-run dicts), ``factors`` (rank -> slowdown), ``rounds``, ``warmup`` (and optional
     ``threads``: torch threads per worker; ``link_probe``: ``{"sizes", "compute_s"}`` -- after every round, every
     rank times :func:`compute_burst` at once, then ranks (0, 1), (2, 3), ... sweep
-    :func:`hspmd_sdk.runtime.profile.collective_sweep` back to back and in context;
+    :func:`hspmd_sdk.runtime.control.profile.collective_sweep` back to back and in context;
     ``time_comm``: also return each step's seconds and calls inside collectives): build every
     run's executor with compute-only emulation, then step the runs in turn (one step each per round, so load
     affects all alike); returns each run's per-step times (barrier to barrier) after warm-up."""
-    from hspmd_sdk.runtime.comm import comm_groups
-    from hspmd_sdk.runtime.executor import AdamConfig, StepExecutor, program_comm_plans
+    from hspmd_sdk.runtime.workers.comm import comm_groups
+    from hspmd_sdk.runtime.workers.executor import AdamConfig, StepExecutor, program_comm_plans
     from hspmd_sdk.runtime.data import dataset_for
     from hspmd_sdk.runtime.protocol import program_of_run as _program_of
 
@@ -501,8 +501,8 @@ def compute_burst(n: int = 256, k: int = 150) -> float:
 def _probe_link(pair: Any, probe: Mapping[str, Any], link: dict[str, list], keep: bool) -> None:
     """One sweep of the blocking all-reduce on this rank's pair, back to back and in context (after
     ``probe["compute_s"]`` of compute, and after ``probe["skew_compute_s"]`` when given;
-    :func:`hspmd_sdk.runtime.profile.collective_sweep`), under the same load as the steps around it."""
-    from hspmd_sdk.runtime.profile import collective_sweep
+    :func:`hspmd_sdk.runtime.control.profile.collective_sweep`), under the same load as the steps around it."""
+    from hspmd_sdk.runtime.control.profile import collective_sweep
 
     sizes = [int(x) for x in probe["sizes"]]
     iso = collective_sweep(sizes, pair, iters=int(probe.get("isolated_iters", 3)))
@@ -519,7 +519,7 @@ def _probe_link(pair: Any, probe: Mapping[str, Any], link: dict[str, list], keep
 def breakdown_entry(state: Any, spec: Any) -> dict[str, Any]:
     """Where our step's time goes: ``F`` + ``B`` (compute) vs ``POST`` (gradient synchronisation + Adam) per step,
     each bracketed by barriers; payload ``run``, ``rounds``, ``warmup``.  Single-pipeline-stage plans only."""
-    from hspmd_sdk.runtime.train import dataset_for
+    from hspmd_sdk.runtime.control.train import dataset_for
 
     p = spec.payload
     run = p["run"]

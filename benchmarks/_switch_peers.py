@@ -35,7 +35,7 @@ def _program(payload: dict, key: str, cluster_key: str) -> Any:
 
 def _state(program: Any, rank: int, seed: int) -> dict[str, torch.Tensor]:
     """This rank's parameters (the seeded init) and Adam moments (seeded noise, equal on every replica)."""
-    from hspmd_sdk.runtime.params import init_local_parameters, shard_box
+    from hspmd_sdk.runtime.workers.params import init_local_parameters, shard_box
 
     if rank not in program.ranks:
         return {}
@@ -77,7 +77,7 @@ def _naive(src: Any, dst: Any, state: dict[str, torch.Tensor], me: int, dead: se
 
 def switch_methods_entry(state: Any, spec: Any) -> dict[str, Any]:
     from hspmd_sdk.core.reconfigure import plan_program_switch
-    from hspmd_sdk.runtime.switch_exec import execute_switch
+    from hspmd_sdk.runtime.workers.switch_exec import execute_switch
 
     p = spec.payload
     src, dst = _program(p, "src_plan", "cluster"), _program(p, "dst_plan", "dst_cluster")

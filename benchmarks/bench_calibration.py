@@ -18,7 +18,7 @@ count (compute shared when more ranks than cores).  Two models of the link, both
 * ``back-to-back`` (the previous calibration, issue 6): the 2-rank all-reduce timed back to back after a barrier
   -- the link's floor; the TP activations counted as if sequence parallel (``sequence_parallel=True``).
 * ``as run`` (issue 17): the blocking all-reduce timed the way the executor issues it, between bursts of compute,
-  copies in and out included (:func:`hspmd_sdk.runtime.profile.collective_sweep`), which adds a per-call latency
+  copies in and out included (:func:`hspmd_sdk.runtime.control.profile.collective_sweep`), which adds a per-call latency
   (``LinkOverride.call_latency``: waking up, being scheduled) and the in-context bandwidth; timed again after a
   longer burst (8 ms instead of 2 ms), the growth of the wait with the compute before a call is the skew
   (``LinkOverride.skew``: the slowest member arrives later the longer they all computed); the norms and
@@ -57,9 +57,9 @@ sys.path.insert(0, str(REPO))
 from benchmarks.bench_runtime import (BENCH_MODEL, RESULTS, SEED, SEQ, LR, load, median, pipe,  # noqa: E402
                                       program_of, strategy)
 from hspmd_sdk.core.cluster import Cluster  # noqa: E402
-from hspmd_sdk.runtime.launcher import launch  # noqa: E402
-from hspmd_sdk.runtime.train import training_run  # noqa: E402
-from hspmd_sdk.runtime.transport import LocalTransport  # noqa: E402
+from hspmd_sdk.runtime.control.launcher import launch  # noqa: E402
+from hspmd_sdk.runtime.control.train import training_run  # noqa: E402
+from hspmd_sdk.runtime.transports.transport import LocalTransport  # noqa: E402
 
 L = BENCH_MODEL.num_layers - 1
 STRATEGIES = {
@@ -79,7 +79,7 @@ def measure(world: int, strats: dict[str, Any], args: argparse.Namespace) -> tup
     """One job: every strategy of ``world`` stepped in turn, the link probed after every round.  Returns step
     times, the link sweeps, rank 0's seconds inside collectives per step and its last step's collectives per op
     (calls, bytes, seconds)."""
-    from hspmd_sdk.runtime.profile import LINK_SIZES
+    from hspmd_sdk.runtime.control.profile import LINK_SIZES
 
     cluster = Cluster.local(world)
     runs = [training_run(program_of(BENCH_MODEL, s, cluster), steps=1, seed=SEED, seq_len=SEQ, lr=LR,
@@ -99,7 +99,7 @@ def link_models(parent: Any, samples: dict) -> tuple[Any, Any, dict]:
     """The ``back-to-back`` and ``as run`` link overrides from one job's in-job sweeps (median per size over its
     rounds); point-to-point figures from ``parent`` (this process's :func:`profile_link`)."""
     from hspmd_sdk.planner.cost import fit_link
-    from hspmd_sdk.runtime.profile import LINK_SIZES
+    from hspmd_sdk.runtime.control.profile import LINK_SIZES
 
     def med(key: str) -> list[float]:
         return [median([r[i] for r in samples[key]]) for i in range(len(LINK_SIZES))]
@@ -170,7 +170,7 @@ def wait_quiet(below: float, max_wait: float) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     from hspmd_sdk.planner import simulate
-    from hspmd_sdk.runtime.profile import profile_link, profile_model
+    from hspmd_sdk.runtime.control.profile import profile_link, profile_model
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true")

@@ -5,7 +5,7 @@
     rounds interleaved (the contestants' order rotates every round), each timed between two ``dist.barrier()``
     calls (the slowest rank), medians of the rounds:
 
-    * ``ours save``: the SDK's checkpoint (:class:`~hspmd_sdk.runtime.checkpoint_worker.CheckpointSaver`, in the
+    * ``ours save``: the SDK's checkpoint (:class:`~hspmd_sdk.runtime.workers.checkpoint_worker.CheckpointSaver`, in the
       loop): each element once (replicas share the writing), safetensors + CRC-32, fsync, manifest, atomic commit;
     * ``torch.save same bytes``: each rank ``torch.save``s exactly the pieces it wrote for us, fsync;
     * ``torch.save per-rank shards``: each rank saves all its shards (what a per-rank ``torch.save`` checkpoint
@@ -56,9 +56,9 @@ from hspmd_sdk.core.cluster import Cluster  # noqa: E402
 from hspmd_sdk.core.specialize import specialize  # noqa: E402
 from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
-from hspmd_sdk.runtime.checkpoint import list_checkpoints  # noqa: E402
-from hspmd_sdk.runtime.launcher import launch  # noqa: E402
-from hspmd_sdk.runtime.train import launch_runs, training_run  # noqa: E402
+from hspmd_sdk.runtime.checkpoints.checkpoint import list_checkpoints  # noqa: E402
+from hspmd_sdk.runtime.control.launcher import launch  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch_runs, training_run  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 IO_ENTRY = "benchmarks.bench_checkpoint:io_entry"
@@ -161,9 +161,9 @@ def io_entry(state: Any, spec: Any) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
 
     from hspmd_sdk.models.registry import model_from_class
-    from hspmd_sdk.runtime.checkpoint import load_checkpoint, resume_payload
-    from hspmd_sdk.runtime.checkpoint_worker import CheckpointSaver, load_resume
-    from hspmd_sdk.runtime.params import init_local_parameters
+    from hspmd_sdk.runtime.checkpoints.checkpoint import load_checkpoint, resume_payload
+    from hspmd_sdk.runtime.workers.checkpoint_worker import CheckpointSaver, load_resume
+    from hspmd_sdk.runtime.workers.params import init_local_parameters
 
     p = spec.payload
     model = model_from_class(p["model_class"], p["model"])
@@ -349,7 +349,7 @@ def restart(program_a: Any, cluster_a: Any, program_b: Any, cluster_b: Any, root
     until the first step began), ``load`` (the slowest rank reading its shards), ``first_step`` (its step time),
     ``total`` (relaunch to first step done; ``kill`` not included).  ``transport``: a factory of the transport
     of both launches (default: local processes, forked from the fork server)."""
-    from hspmd_sdk.runtime.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch_training
 
     extra = {} if transport is None else {"transport": transport()}
     job = launch_training(program_a, cluster_a, steps=save_at + 1000, seed=seed, seq_len=seq_len,
@@ -381,7 +381,7 @@ def restart(program_a: Any, cluster_a: Any, program_b: Any, cluster_b: Any, root
 
 def fresh_start(program: Any, cluster: Any, *, seed: int = SEED, seq_len: int = SEQ) -> float:
     """Seconds from launching ``program`` (no checkpoint) until its first step is done."""
-    from hspmd_sdk.runtime.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch_training
 
     t0 = time.perf_counter()
     job = launch_training(program, cluster, steps=1, seed=seed, seq_len=seq_len)

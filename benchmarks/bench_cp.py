@@ -7,7 +7,7 @@ torch thread each, under four plans of the same model:
 * ``one rank``: the whole model on rank 0 (attention: torch's ``scaled_dot_product_attention``);
 * ``TP2``: Megatron tensor parallelism over two ranks (heads and FFN columns split, two all-reduces a layer);
 * ``CP2``: the sequence split over two ranks, keys and values ringing between them
-  (:mod:`hspmd_sdk.runtime.cp_attention`), in the balanced order (rank ``i`` holds chunks ``i`` and ``3-i``);
+  (:mod:`hspmd_sdk.runtime.workers.cp_attention`), in the balanced order (rank ``i`` holds chunks ``i`` and ``3-i``);
 * ``CP2 contiguous``: the same plan with the sequence cut in two halves (``HSPMD_CP_LAYOUT=contiguous``), where
   the second rank does three quarters of the causal attention work.
 
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
-from hspmd_sdk.runtime.transport import LocalTransport  # noqa: E402
+from hspmd_sdk.runtime.transports.transport import LocalTransport  # noqa: E402
 
 PLANS: dict[str, tuple[int, dict[str, Any], dict[str, str]]] = {
     "one rank": (1, {"devices": [0]}, {}),
@@ -70,7 +70,7 @@ def strategy(model: LlamaConfig, stage: dict[str, Any]) -> Strategy:
 
 def train(model: LlamaConfig, ranks: int, stage: dict[str, Any], env: dict[str, str], seq: int,
           steps: int) -> dict[str, Any]:
-    from hspmd_sdk.runtime.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch_training
 
     cluster = Cluster.local(ranks)
     program = specialize(model, plan_from_strategy(model, strategy(model, stage), cluster), cluster)
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cp.json"))
     args = ap.parse_args(argv)
     from hspmd_sdk.planner import simulate
-    from hspmd_sdk.runtime.profile import profile_model
+    from hspmd_sdk.runtime.control.profile import profile_model
 
     model = bench_model(args.layers, args.seq)
     s = args.seq

@@ -149,7 +149,7 @@ def paper_c1_c2() -> dict[str, Any]:
 
 # ---- 2. the switch on real processes ----------------------------------------------------------------------------
 def switch_methods(repeats: int) -> dict[str, Any]:
-    from hspmd_sdk.runtime.launcher import LocalTransport, launch
+    from hspmd_sdk.runtime.control.launcher import LocalTransport, launch
 
     model, world = SMALL, 8
     cluster = Cluster.local(world)
@@ -206,7 +206,7 @@ SIX_SMALL = {"pipelines": [pipe([([0], [0, 1]), ([1], [2, 3]), ([2], [4, 5])], 2
 
 
 def elastic_recovery(model: Any, data: dict, steps: int = 5, kill: int = 4, at_step: int = 2) -> dict[str, Any]:
-    from hspmd_sdk.runtime.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch_training
 
     cluster = Cluster.local(6)
     job = launch_training(program_of(model, data, cluster), cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
@@ -259,7 +259,7 @@ def recovery_vs_restart(rounds: int) -> dict[str, Any]:
 
 # ---- 5. growing back vs checkpoint-and-restart --------------------------------------------------------------------
 def _transport(fork: bool) -> Any:
-    from hspmd_sdk.runtime.transport import LocalTransport
+    from hspmd_sdk.runtime.transports.transport import LocalTransport
 
     return lambda: LocalTransport(fork=fork)
 
@@ -268,7 +268,7 @@ def grow_back(model: Any, data: dict, fork: bool, kill: int = 4) -> dict[str, An
     """A 6-rank elastic job loses rank ``kill`` in step 2 (it shrinks to 5 in memory), then grows back to 6 ranks
     (a new local worker, the original 6-rank plan): the grow event's parts, and the wall time from ``job.grow`` until
     every worker switched (the newcomer started, joined the larger world and received its state)."""
-    from hspmd_sdk.runtime.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch_training
 
     six = Cluster.local(6)
     job = launch_training(program_of(model, data, six), six, steps=60, seed=SEED, seq_len=SEQ, lr=LR, elastic=True,
@@ -339,8 +339,8 @@ def grow_vs_restart(rounds: int) -> dict[str, Any]:
 # ---- 4. a straggler ---------------------------------------------------------------------------------------------
 def straggler(steps: int = 24, at: int = 6, factor: float = 4.0) -> dict[str, Any]:
     from hspmd_sdk.planner import simulate
-    from hspmd_sdk.runtime.controller import StragglerWatch
-    from hspmd_sdk.runtime.train import launch_training
+    from hspmd_sdk.runtime.control.controller import StragglerWatch
+    from hspmd_sdk.runtime.control.train import launch_training
 
     model, cluster = SMALL, Cluster.local(2)
     data = {"pipelines": [pipe([([0], [0, 5])], 1, 4), pipe([([1], [0, 5])], 1, 4)]}
@@ -375,7 +375,7 @@ def mixed_straggler(steps: int = 24, at: int = 4, factor: float = 4.0) -> dict[s
     sequences, priced as launched throughout).  Compared: median step time over the steps after the repricing."""
     import numpy as np
 
-    from hspmd_sdk.runtime.controller import StragglerWatch
+    from hspmd_sdk.runtime.control.controller import StragglerWatch
     from hspmd_sdk.runtime.data import Documents
 
     two = Cluster.local(2)

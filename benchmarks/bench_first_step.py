@@ -61,7 +61,7 @@ def timed(cluster: Cluster, transport: Any, **kw: Any) -> dict[str, Any]:
 
 
 def local(fork: bool) -> Callable[[], dict[str, Any]]:
-    from hspmd_sdk.runtime.transport import LocalTransport
+    from hspmd_sdk.runtime.transports.transport import LocalTransport
 
     return lambda: timed(Cluster.local(4), LocalTransport(fork=fork))
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from bench_startup import peer_once
 
     from hspmd_sdk.runtime import SlurmTransport
-    from hspmd_sdk.runtime.ssh import SSHTransport
+    from hspmd_sdk.runtime.transports.ssh import SSHTransport
     from hspmd_sdk.testing.slurm import LocalSlurm, SlurmNode, slurm_unavailable
     from hspmd_sdk.testing.sshd import LoopbackHosts
 

@@ -199,10 +199,10 @@ def versus_ddp(world: int, precision: str, device: str, args: argparse.Namespace
     from hspmd_sdk.core.cluster import Cluster
     from hspmd_sdk.core.specialize import specialize
     from hspmd_sdk.core.strategy_plan import plan_from_strategy
-    from hspmd_sdk.runtime.devices import backend_for_device
-    from hspmd_sdk.runtime.launcher import launch
-    from hspmd_sdk.runtime.train import training_run
-    from hspmd_sdk.runtime.transport import LocalTransport
+    from hspmd_sdk.runtime.workers.devices import backend_for_device
+    from hspmd_sdk.runtime.control.launcher import launch
+    from hspmd_sdk.runtime.control.train import training_run
+    from hspmd_sdk.runtime.transports.transport import LocalTransport
 
     config, mbs = dp_model(args.quick)
     cluster = Cluster.local(world)
@@ -294,7 +294,7 @@ def versus_entry(state: Any, spec: Any) -> dict[str, Any]:
     """Worker entry: payload ``run`` (a training run), ``rounds``, ``warmup``, ``autocast``.  Builds our executor
     (``benchmarks._peers._Ours``) and :class:`_PeerDDP`, alternates one step of each per round (the order flips
     every round) on the same batches; returns each one's step times after warm-up and every loss."""
-    from hspmd_sdk.runtime.train import dataset_for
+    from hspmd_sdk.runtime.control.train import dataset_for
 
     from benchmarks._peers import _Ours
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.planner.ratios import solve_ratios, split_units  # noqa: E402
-from hspmd_sdk.runtime.train import launch_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch_training  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 #: matmuls dominate on a CPU core (fp32): 4 layers, hidden 256, 8 heads, ffn 768, seq 128

@@ -51,7 +51,7 @@ from hspmd_sdk.planner import CostModel, plan_hotspa, plan_mixed, simulate, simu
 from hspmd_sdk.runtime import profile_model
 from hspmd_sdk.planner.mixed import MixedEntry, MixedPlan
 from hspmd_sdk.runtime.data import Documents, LengthBatches, length_distribution
-from hspmd_sdk.runtime.mixed import planning_summary
+from hspmd_sdk.runtime.control.mixed import planning_summary
 
 WARMUP = 2
 CLUSTER = Cluster.local(4)

@@ -47,9 +47,9 @@ from hspmd_sdk import LlamaConfig  # noqa: E402
 from hspmd_sdk.core.specialize import specialize  # noqa: E402
 from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
-from hspmd_sdk.runtime.launcher import launch  # noqa: E402
-from hspmd_sdk.runtime.train import launch_training, training_run  # noqa: E402
-from hspmd_sdk.runtime.transport import LocalTransport  # noqa: E402
+from hspmd_sdk.runtime.control.launcher import launch  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch_training, training_run  # noqa: E402
+from hspmd_sdk.runtime.transports.transport import LocalTransport  # noqa: E402
 
 EXAMPLES = REPO / "hspmd_sdk" / "examples"
 RESULTS = REPO / "benchmarks" / "results"
@@ -249,7 +249,7 @@ def hetero_part(args: argparse.Namespace, world: int) -> dict:
 # ---- (e): training quality ------------------------------------------------------------------------------------
 def quality(args: argparse.Namespace) -> dict:
     """Loss curves of a homogeneous and a heterogeneous plan; written next to ``--json`` as ``quality.json``."""
-    from hspmd_sdk.runtime.train import launch_runs
+    from hspmd_sdk.runtime.control.train import launch_runs
 
     tiny = LlamaConfig.preset("tiny")
     cluster = Cluster.local(4)

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import test_chaos_soak as soak_mod
     from hspmd_sdk import LlamaConfig
-    from hspmd_sdk.runtime.train import reference_training
+    from hspmd_sdk.runtime.control.train import reference_training
     from hspmd_sdk.testing.slurm import LocalSlurm, slurm_unavailable
     from test_slurm import assert_nothing_left
 

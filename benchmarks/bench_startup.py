@@ -10,7 +10,7 @@ specialization on the launch cluster, preflight), ``processes`` (spawn to the wo
 worker module), ``imports`` (torch and the entry's modules), ``rendezvous`` (TCPStore + ``init_process_group``),
 ``build`` (Program from JSON, executor, parameters), ``first step``.  The peer's: spawn to its first step's end.
 
-Three ways ours starts (``hspmd_sdk.runtime.forkserver``): ``warm`` -- the kernel launched before, its fork server
+Three ways ours starts (``hspmd_sdk.runtime.transports.forkserver``): ``warm`` -- the kernel launched before, its fork server
 is up, each worker is a fork of a process that imported torch once; ``first`` -- the kernel's first launch, the
 server starts (imports once) then forks; ``fresh`` -- ``LocalTransport(fork=False)``, four processes importing
 torch each (what every launch cost before the fork server, and what a GPU launch still does).
@@ -34,9 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hspmd_sdk import Cluster, LlamaConfig, specialize  # noqa: E402
 from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
-from hspmd_sdk.runtime import forkserver, launch  # noqa: E402
-from hspmd_sdk.runtime.launcher import free_port  # noqa: E402
-from hspmd_sdk.runtime.transport import LocalTransport  # noqa: E402
+from hspmd_sdk.runtime import launch  # noqa: E402
+from hspmd_sdk.runtime.transports import forkserver
+from hspmd_sdk.runtime.control.launcher import free_port  # noqa: E402
+from hspmd_sdk.runtime.transports.transport import LocalTransport  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORLD, BATCH, SEQ = 4, 4, 32

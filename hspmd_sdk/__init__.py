@@ -32,7 +32,7 @@ _EXPORTS = {
     "build_llama_graph": "hspmd_sdk.models",
     "to_hf": "hspmd_sdk.models",
     "from_hf": "hspmd_sdk.models",
-    "launch": "hspmd_sdk.runtime.train",
+    "launch": "hspmd_sdk.runtime.control.train",
     "HSPMDError": "hspmd_sdk.errors",
     "PlanValidationError": "hspmd_sdk.errors",
 }

@@ -313,7 +313,7 @@ def _run(args: argparse.Namespace) -> int:
     from .core.strategy import Strategy
     from .core.strategy_plan import plan_from_strategy
     from .cli_checkpoint import training_checkpoint_options
-    from .runtime.train import launch_training, reference_training
+    from .runtime.control.train import launch_training, reference_training
 
     model, cluster = load_model_spec(args.model), Cluster.local(args.local)
     if args.stall < 2 * args.heartbeat:
@@ -459,7 +459,7 @@ def _run_mixed(args: argparse.Namespace, model: Any, cluster: Any) -> int:
     from .planner.cli import _cost
     from .planner.cost import CostModel
     from .cli_checkpoint import training_checkpoint_options
-    from .runtime.mixed import launch_mixed, planning_summary, reference_mixed
+    from .runtime.control.mixed import launch_mixed, planning_summary, reference_mixed
 
     if args.file is not None:
         raise PlanValidationError([("STRATEGY", "give a STRATEGY or --programs, not both")], what="arguments")

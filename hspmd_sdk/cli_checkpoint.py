@@ -45,7 +45,7 @@ def training_checkpoint_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def run_checkpoint(args: argparse.Namespace) -> int:
-    from .runtime.checkpoint import load_checkpoint
+    from .runtime.checkpoints.checkpoint import load_checkpoint
 
     if args.checkpoint_command == "show":
         verify = not args.no_verify

@@ -70,8 +70,8 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _transport(args: argparse.Namespace) -> Any:
-    from .runtime.hosts import read_hosts_file
-    from .runtime.ssh import SSHTransport
+    from .runtime.transports.hosts import read_hosts_file
+    from .runtime.transports.ssh import SSHTransport
 
     default: dict[str, Any] = {}
     for key, value in (("python", args.python), ("workdir", args.workdir), ("port", args.ssh_port),
@@ -124,7 +124,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
 def run_launch(args: argparse.Namespace) -> int:
     """Run ``hspmd launch``; :class:`~hspmd_sdk.errors.HSPMDError` propagates (the CLI prints it, status 1)."""
     from .core.cluster import Cluster
-    from .runtime.launcher import launch_remote
+    from .runtime.control.launcher import launch_remote
 
     _check_arguments(args)
     if args.slurm:
@@ -157,8 +157,8 @@ def _common(args: argparse.Namespace, transport: Any, *, preflight: bool) -> dic
 def _run_slurm(args: argparse.Namespace) -> int:
     """``hspmd launch ... --slurm``: the cluster read from Slurm, every rank a job step on its node."""
     from .core.cluster import Cluster
-    from .runtime.launcher import launch
-    from .runtime.slurm import SlurmTransport
+    from .runtime.control.launcher import launch
+    from .runtime.transports.slurm import SlurmTransport
 
     cluster = Cluster.from_slurm(args.partition, args.nodes)
     print(f"Slurm: {cluster}: " + ", ".join(f"{n.host} ({len(n.ranks)} {n.kind})" for n in cluster.nodes))
@@ -205,7 +205,7 @@ def _launch_training(args: argparse.Namespace, cluster: Any, common: dict[str, A
     from .core.strategy import Strategy
     from .core.strategy_plan import plan_from_strategy
     from .cli_checkpoint import training_checkpoint_options
-    from .runtime.train import launch_training
+    from .runtime.control.train import launch_training
 
     config = load_model_spec(args.model)
     strategy = Strategy.load(resolve_file(args.file))

@@ -19,7 +19,7 @@ def run_demo(steps: int = 10, *, seed: int = 0, data: str = "stdlib", lr: float 
     from .core.strategy import Strategy
     from .core.strategy_plan import plan_from_strategy
     from .models.llama.config import LlamaConfig
-    from .runtime.train import launch_training, reference_training
+    from .runtime.control.train import launch_training, reference_training
 
     examples = Path(__file__).resolve().parent / "examples"
     config = LlamaConfig.preset("tiny")

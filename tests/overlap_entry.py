@@ -1,8 +1,8 @@
 """Worker entry of ``test_overlap.py``: train runs with the executor's ``trace`` hook and report the events.
 
-Payload: ``runs`` (name -> :func:`~hspmd_sdk.runtime.train.training_run` dict), ``bucket_bytes`` and
+Payload: ``runs`` (name -> :func:`~hspmd_sdk.runtime.control.train.training_run` dict), ``bucket_bytes`` and
 ``first_bucket_bytes`` (the gradient buckets' caps), ``pair_groups`` (runs whose stage-boundary messages travel on
-:func:`~hspmd_sdk.runtime.executor.pipeline_groups`, the NCCL layout, here on gloo).  Returns, per run, the global losses of each step and the
+:func:`~hspmd_sdk.runtime.workers.executor.pipeline_groups`, the NCCL layout, here on gloo).  Returns, per run, the global losses of each step and the
 events this rank's executor reported during the last step, in order (``{"event", ...info}``).
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hspmd_sdk.runtime.comm import comm_groups
-from hspmd_sdk.runtime.executor import AdamConfig, StepExecutor, pipeline_groups, program_comm_plans
+from hspmd_sdk.runtime.workers.comm import comm_groups
+from hspmd_sdk.runtime.workers.executor import AdamConfig, StepExecutor, pipeline_groups, program_comm_plans
 from hspmd_sdk.runtime.data import dataset_for
 from hspmd_sdk.runtime.protocol import program_of_run as _program_of
 

@@ -110,7 +110,7 @@ def launch_job(steps: int, *, checkpoint_dir: Path | None = None, checkpoint_eve
                heartbeat_s: float = 0.3, pace: float = PACE):
     """The job on n1-n3 (HETERO, elastic, every rank ``pace`` times slower); returns it and its transport."""
     from hspmd_sdk.runtime import SlurmTransport
-    from hspmd_sdk.runtime.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch_training
 
     cluster = Cluster.from_slurm(nodes=HOSTS)
     transport = SlurmTransport()
@@ -147,7 +147,7 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str, job: Any = None) 
 
 def worker_pid(lab: LocalSlurm, host: str, rank: int) -> int:
     """The worker process of launch rank ``rank`` on ``host`` (the task in the node's namespace)."""
-    want = ["-m", "hspmd_sdk.runtime.worker", "--rank", str(rank)]
+    want = ["-m", "hspmd_sdk.runtime.workers.worker", "--rank", str(rank)]
     for pid in lab.node_pids(host):
         try:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
@@ -179,7 +179,7 @@ def soak(lab: LocalSlurm, *, faults: int, seed: int, steps: int, checkpoint_dir:
          log: Callable[[str], None] = print) -> SoakRun:
     """Run one job of ``steps`` steps and inject ``faults`` faults (module docstring); returns the record with
     the job's result.  Faults stop early (and the record has fewer) when fewer than ``4`` steps remain."""
-    from hspmd_sdk.runtime.grow import extend_cluster
+    from hspmd_sdk.runtime.control.grow import extend_cluster
 
     rng = random.Random(seed)
     run = SoakRun(seed=seed, steps=steps)
@@ -302,7 +302,7 @@ def check_soak(run: SoakRun, reference: Any) -> None:
 
 @pytest.fixture(scope="module")
 def reference() -> Any:
-    from hspmd_sdk.runtime.train import reference_training
+    from hspmd_sdk.runtime.control.train import reference_training
 
     return reference_training(LlamaConfig.preset("tiny"), steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
 

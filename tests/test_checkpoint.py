@@ -7,9 +7,9 @@
   order, HDim and ratios): each rank ends up with exactly its shards;
   every expected box and shard here comes from the independent layout oracle (``layout_oracle``), never from the
   SDK's ``local_view``;
-* :func:`~hspmd_sdk.runtime.checkpoint_io.byte_runs` against numpy's flat indices of a sub-box;
+* :func:`~hspmd_sdk.runtime.checkpoints.checkpoint_io.byte_runs` against numpy's flat indices of a sub-box;
 * a shard file is a safetensors file (read back by the ``safetensors`` library), with the CRC-32 of every piece;
-* :class:`~hspmd_sdk.runtime.checkpoint_io.PieceReader` returns any sub-box of a piece reading exactly its bytes
+* :class:`~hspmd_sdk.runtime.checkpoints.checkpoint_io.PieceReader` returns any sub-box of a piece reading exactly its bytes
   (counted by the kernel, ``/proc/thread-self/io``);
 * the write is atomic: a crash point leaves only the temporary file.
 """
@@ -29,9 +29,9 @@ from checkpoint_strategies import random_strategy  # noqa: E402
 from hspmd_sdk import GPTConfig, LlamaConfig  # noqa: E402
 import layout_oracle as oracle  # noqa: E402
 from hspmd_sdk.core.slices import box_contains, box_numel  # noqa: E402
-from hspmd_sdk.runtime.checkpoint_io import (PieceReader, StoredPiece, ThreadReadCounter, byte_runs,  # noqa: E402
+from hspmd_sdk.runtime.checkpoints.checkpoint_io import (PieceReader, StoredPiece, ThreadReadCounter, byte_runs,  # noqa: E402
                                              read_header, write_shard)
-from hspmd_sdk.runtime.checkpoint_plan import Layout, layouts_of, read_plan, tiling_problems, write_plan  # noqa: E402
+from hspmd_sdk.runtime.checkpoints.checkpoint_plan import Layout, layouts_of, read_plan, tiling_problems, write_plan  # noqa: E402
 from resolve_reference import annotation_of, fitting_shape, plain  # noqa: E402
 
 MODELS = (LlamaConfig.preset("tiny"), GPTConfig.preset("tiny"))
@@ -252,7 +252,7 @@ def test_a_crash_point_leaves_only_the_temporary_file(tmp_path: Path) -> None:
 
 
 def test_a_ranks_rng_state_is_restored(tmp_path: Path) -> None:
-    from hspmd_sdk.runtime.checkpoint_worker import restore_rng
+    from hspmd_sdk.runtime.workers.checkpoint_worker import restore_rng
 
     torch.manual_seed(1234)
     saved = torch.get_rng_state()

@@ -1,7 +1,7 @@
 """Crashes while a checkpoint is written, and checkpoints that do not match their files or the program.
 
 A 2-rank TP2 job saves after every step (``keep=1``); at step 2's checkpoint one worker is SIGKILLed at one of the
-named points of the write (:data:`~hspmd_sdk.runtime.checkpoint_io.WRITE_POINTS`, through ``launch``'s
+named points of the write (:data:`~hspmd_sdk.runtime.checkpoints.checkpoint_io.WRITE_POINTS`, through ``launch``'s
 ``fault_injection``: the process kills itself with SIGKILL exactly there), rank 1 for its shard, rank 0 for the
 manifest and the commit.  Each time: the job fails naming a rank, the latest complete checkpoint is step 1 (step 2
 once the commit is done: ``before-prune``) and verifies, and training resumes from it — in one job on one rank
@@ -29,8 +29,8 @@ from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError, RuntimeFailure  # noqa: E402
 from hspmd_sdk.runtime import CheckpointError, load_checkpoint  # noqa: E402
-from hspmd_sdk.runtime.checkpoint_io import WRITE_POINTS  # noqa: E402
-from hspmd_sdk.runtime.train import launch_runs, launch_training, reference_training, training_run  # noqa: E402
+from hspmd_sdk.runtime.checkpoints.checkpoint_io import WRITE_POINTS  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch_runs, launch_training, reference_training, training_run  # noqa: E402
 
 SEED, SEQ, LR, STEPS, CRASH_STEP = 5, 16, 1e-3, 3, 2
 MODEL = LlamaConfig.preset("tiny")
@@ -126,7 +126,7 @@ def test_training_resumes_after_every_crash_under_another_plan(crashed: dict, re
 @pytest.fixture()
 def no_workers(monkeypatch: pytest.MonkeyPatch) -> list:
     """``launch_spec`` (what starts the workers) replaced by a stub that records its spec and refuses."""
-    import hspmd_sdk.runtime.start as launcher  # where every worker start goes (launch_spec)
+    import hspmd_sdk.runtime.control.start as launcher  # where every worker start goes (launch_spec)
 
     calls: list = []
 

@@ -1,6 +1,6 @@
 """Checkpoints that never race and never load silently wrong (issue 24, items 3 and 4).
 
-A checkpoint root belongs to one job at a time (:mod:`hspmd_sdk.runtime.checkpoint_lock`): while a 2-rank job
+A checkpoint root belongs to one job at a time (:mod:`hspmd_sdk.runtime.checkpoints.checkpoint_lock`): while a 2-rank job
 saves into a root every step, a second job given the same root is refused before any worker starts, naming the
 first's job id, host and process id; the first completes with every checkpoint intact and verified; once it ended
 its lock is gone and a job resuming from the same root (and writing into it) starts and trains exactly as the
@@ -35,11 +35,11 @@ from hspmd_sdk.core.specialize import specialize  # noqa: E402
 from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.runtime import CheckpointError, load_checkpoint  # noqa: E402
-from hspmd_sdk.runtime.checkpoint import (MANIFEST, CheckpointLocked, break_checkpoint_lock,  # noqa: E402
+from hspmd_sdk.runtime.checkpoints.checkpoint import (MANIFEST, CheckpointLocked, break_checkpoint_lock,  # noqa: E402
                                           list_checkpoints, step_dir_name)
-from hspmd_sdk.runtime.checkpoint_lock import (LOCK_FILE, acquire_checkpoint_lock, owner_alive,  # noqa: E402
+from hspmd_sdk.runtime.checkpoints.checkpoint_lock import (LOCK_FILE, acquire_checkpoint_lock, owner_alive,  # noqa: E402
                                                read_checkpoint_lock, LockOwner)
-from hspmd_sdk.runtime.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
 
 SEED, SEQ, LR, STEPS = 5, 16, 1e-3, 3
 MODEL = LlamaConfig.preset("tiny")
@@ -57,7 +57,7 @@ def _program(data: dict, world: int):
 
 def _no_workers(monkeypatch: pytest.MonkeyPatch) -> list:
     """``launch_spec`` (what starts the workers) replaced by a stub that records its spec and refuses."""
-    import hspmd_sdk.runtime.start as launcher  # where every worker start goes (launch_spec)
+    import hspmd_sdk.runtime.control.start as launcher  # where every worker start goes (launch_spec)
 
     calls: list = []
 

@@ -7,7 +7,7 @@ size) and runs steps ``K..STEPS-1``.  Two jobs in all (every A in one, every B i
 is paid twice.
 
 Checked against two independent references: the single-device model trained with ``torch.optim.Adam``
-(:func:`~hspmd_sdk.runtime.train.reference_training`, which also returns Adam's moments) and A's own
+(:func:`~hspmd_sdk.runtime.control.train.reference_training`, which also returns Adam's moments) and A's own
 uninterrupted run (its final shards captured by ``capture_dir``, assembled as in ``test_runtime_train``):
 
 * B's losses equal both within 1e-5 (relative); B's final parameters and both Adam moments equal A's within 1e-6
@@ -42,7 +42,7 @@ from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
 from hspmd_sdk.runtime import load_checkpoint  # noqa: E402
-from hspmd_sdk.runtime.train import (assemble, launch_runs, load_captured, reference_training,  # noqa: E402
+from hspmd_sdk.runtime.control.train import (assemble, launch_runs, load_captured, reference_training,  # noqa: E402
                                      training_run)
 
 SEED, SEQ, LR, STEPS, K = 3, 16, 1e-3, 4, 2

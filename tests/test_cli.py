@@ -101,7 +101,7 @@ def _same_losses(rows: list[list[str]], column: int, reference: list[float]) -> 
 
 def _tiny_reference(steps: int, data: str) -> list[float]:
     from hspmd_sdk import LlamaConfig
-    from hspmd_sdk.runtime.train import reference_training
+    from hspmd_sdk.runtime.control.train import reference_training
 
     return reference_training(LlamaConfig.preset("tiny"), steps=steps, seed=0, global_batch=4, data=data,
                               lr=3e-3).losses
@@ -152,7 +152,7 @@ def test_run_mixed_length_data_from_the_planned_candidates(tmp_path, capsys) -> 
     assert code == 0, err
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
     from hspmd_sdk import LlamaConfig
-    from hspmd_sdk.runtime.mixed import reference_mixed
+    from hspmd_sdk.runtime.control.mixed import reference_mixed
 
     ref = reference_mixed(LlamaConfig.preset("tiny"), steps=4, seed=0, data="stdlib-docs", tokens_per_step=256,
                           context=64, lr=3e-3).losses  # the single-device model on the same sequences
@@ -240,7 +240,7 @@ def test_launch_slurm_trains_on_the_nodes_slurm_has(slurm_lab, capsys: pytest.Ca
     gets the allocations and gives them back; an unknown partition is a one-line error.  Nothing is left in Slurm."""
     pytest.importorskip("torch")
     from hspmd_sdk import LlamaConfig
-    from hspmd_sdk.runtime.train import reference_training
+    from hspmd_sdk.runtime.control.train import reference_training
 
     for k, v in slurm_lab.env.items():
         monkeypatch.setenv(k, v)

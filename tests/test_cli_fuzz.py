@@ -422,6 +422,6 @@ def _worker_pids(parent: int) -> list[int]:
                 continue
             procs[int(entry)] = (ppid, cmd)
     servers = {p for p, (ppid, cmd) in procs.items()
-               if ppid == parent and b"hspmd_sdk.runtime.forkserver_process" in cmd}
+               if ppid == parent and b"hspmd_sdk.runtime.transports.forkserver_process" in cmd}
     return [p for p, (ppid, cmd) in procs.items()
-            if b"hspmd_sdk.runtime.worker" in cmd and (ppid == parent or ppid in servers)]
+            if b"hspmd_sdk.runtime.workers.worker" in cmd and (ppid == parent or ppid in servers)]

@@ -1,4 +1,4 @@
-"""Context-parallel attention (``hspmd_sdk.runtime.cp_attention``) on real gloo processes, against whole-sequence
+"""Context-parallel attention (``hspmd_sdk.runtime.workers.cp_attention``) on real gloo processes, against whole-sequence
 attention computed here with plain ``torch.nn.functional.scaled_dot_product_attention``.
 
 One set of ``WORLD`` spawned processes serves every case (process start-up is paid once): the parent sends a
@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hspmd_sdk.runtime.cp_attention import (CPLayout, balanced_order, cp_attention, cp_positions, gather_sequence,
+from hspmd_sdk.runtime.workers.cp_attention import (CPLayout, balanced_order, cp_attention, cp_positions, gather_sequence,
                                             order_segments, split_sequence)
-from hspmd_sdk.runtime.kernels import positions, rope
+from hspmd_sdk.runtime.workers.kernels import positions, rope
 
 WORLD = 4
 #: the CP group used for each degree (sorted global ranks; group rank = position)

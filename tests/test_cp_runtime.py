@@ -33,9 +33,9 @@ from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.planner.cost import CostModel, LinkOverride  # noqa: E402
 from hspmd_sdk.planner.mixed import MixedEntry, MixedPlan  # noqa: E402
 from hspmd_sdk.runtime.data import Documents, LengthBatches  # noqa: E402
-from hspmd_sdk.runtime.executor import sequence_balance  # noqa: E402
-from hspmd_sdk.runtime.mixed import reference_mixed  # noqa: E402
-from hspmd_sdk.runtime.train import assemble, launch_training, load_captured, reference_training  # noqa: E402
+from hspmd_sdk.runtime.workers.executor import sequence_balance  # noqa: E402
+from hspmd_sdk.runtime.control.mixed import reference_mixed  # noqa: E402
+from hspmd_sdk.runtime.control.train import assemble, launch_training, load_captured, reference_training  # noqa: E402
 
 SEQ, SEED, LR, STEPS = 16, 3, 1e-3, 5
 TOL = 1e-5

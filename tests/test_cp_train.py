@@ -3,7 +3,7 @@
 A stage with ``cp > 1`` splits the sequence dim of data and activations over its CP coordinate (a DS split of
 dim 1, the slowest digit; TP the fastest), duplicates the parameters over it (their gradients are Partial there
 and the gradient synchronisation sums them), and its attention runs context-parallel
-(:mod:`hspmd_sdk.runtime.cp_attention`: keys and values ring between the CP ranks); RoPE and learned positions
+(:mod:`hspmd_sdk.runtime.workers.cp_attention`: keys and values ring between the CP ranks); RoPE and learned positions
 take each rank's global offset.  Checked here: the plan's annotations, and training (gloo, fp32, 2 steps) equal
 to the single-device model — losses, every gradient of step 0, every parameter after the last step — with the
 criteria of ``tests/test_hap_ratios.py``, for CP2, CP2 x TP2, and a CP2 pipeline (whose last stage has no CP)
@@ -28,8 +28,8 @@ from hspmd_sdk.core.annotation import Annotation, DS  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
-from hspmd_sdk.runtime.executor import sequence_balance  # noqa: E402
-from hspmd_sdk.runtime.train import assemble, launch_runs, load_captured, reference_training, training_run  # noqa: E402
+from hspmd_sdk.runtime.workers.executor import sequence_balance  # noqa: E402
+from hspmd_sdk.runtime.control.train import assemble, launch_runs, load_captured, reference_training, training_run  # noqa: E402
 
 STEPS, SEED, SEQ, LR, BATCH = 2, 1, 24, 1e-3, 8  # SEQ: whole chunks for CP2, CP3 and CP2 x 2
 TOL, PARAM_TOL = 1e-5, 2e-5

@@ -26,9 +26,9 @@ from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import RuntimeFailure  # noqa: E402
 from hspmd_sdk.runtime import JobStatus, launch  # noqa: E402
-from hspmd_sdk.runtime.faults import Reaction  # noqa: E402
-from hspmd_sdk.runtime.job import JobCancelled  # noqa: E402
-from hspmd_sdk.runtime.train import launch_training  # noqa: E402
+from hspmd_sdk.runtime.control.faults import Reaction  # noqa: E402
+from hspmd_sdk.runtime.control.job import JobCancelled  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch_training  # noqa: E402
 from hspmd_sdk.viz import JobDashboard  # noqa: E402
 
 SELFTEST = "hspmd_sdk.testing.entries"

@@ -25,7 +25,7 @@ from playwright.sync_api import expect, sync_playwright  # noqa: E402  (in CI a 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 LAUNCH = """from hspmd_sdk import Cluster
 from hspmd_sdk.runtime import launch
-from hspmd_sdk.runtime.faults import Reaction
+from hspmd_sdk.runtime.control.faults import Reaction
 
 
 class GoOn:  # the job goes on after a failure

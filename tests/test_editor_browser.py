@@ -51,7 +51,7 @@ local"""
 LIVE = """from hspmd_sdk import Strategy, specialize
 from hspmd_sdk.core.strategy_plan import plan_from_strategy
 from hspmd_sdk.models.registry import load_model_spec
-from hspmd_sdk.runtime.train import launch_training
+from hspmd_sdk.runtime.control.train import launch_training
 tiny, two = load_model_spec("tiny"), Cluster.local(2)
 dp2 = Strategy.load({"pipelines": [{"stages": [{"devices": [r], "layers": [0, 3]}], "micro_batch_size": 1,
                                     "num_micro_batches": 2} for r in (0, 1)]})

@@ -23,8 +23,8 @@ torch = pytest.importorskip("torch")
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import RuntimeFailure  # noqa: E402
-from hspmd_sdk.runtime.checkpoint import list_checkpoints  # noqa: E402
-from hspmd_sdk.runtime.train import assemble, launch_training, load_captured, reference_training  # noqa: E402
+from hspmd_sdk.runtime.checkpoints.checkpoint import list_checkpoints  # noqa: E402
+from hspmd_sdk.runtime.control.train import assemble, launch_training, load_captured, reference_training  # noqa: E402
 
 SEED, SEQ, LR, STEPS = 3, 16, 1e-3, 6
 

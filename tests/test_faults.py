@@ -20,9 +20,9 @@ from _procs import assert_no_workers_left, group_members, wait_for
 from hspmd_sdk.core.cluster import Cluster
 from hspmd_sdk.errors import RuntimeFailure
 from hspmd_sdk.runtime import JobStatus, launch
-from hspmd_sdk.runtime.faults import Failure, Reaction
-from hspmd_sdk.runtime.job import LogDirError
-from hspmd_sdk.runtime.liveness import Heartbeat, in_communication
+from hspmd_sdk.runtime.control.faults import Failure, Reaction
+from hspmd_sdk.runtime.control.job import LogDirError
+from hspmd_sdk.runtime.workers.liveness import Heartbeat, in_communication
 from hspmd_sdk.runtime.protocol import Channel, decode
 
 SELFTEST = "hspmd_sdk.testing.entries"
@@ -269,7 +269,7 @@ def test_an_unwritable_log_dir_is_an_error_before_any_worker(tmp_path: Path) -> 
     started = [p for p in set(os.listdir("/proc")) - before if p.isdigit()]
     for p in started:
         try:
-            assert "hspmd_sdk.runtime.worker" not in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+            assert "hspmd_sdk.runtime.workers.worker" not in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             pass
 

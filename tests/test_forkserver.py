@@ -1,4 +1,4 @@
-"""The fork server (``hspmd_sdk.runtime.forkserver``): local CPU workers forked from a process that imported torch
+"""The fork server (``hspmd_sdk.runtime.transports.forkserver``): local CPU workers forked from a process that imported torch
 once are still workers of their own -- own session and process group, the launch's environment and working
 directory, an entry module written after the server started, exit statuses as ``subprocess`` reports them -- and
 nothing outlives the launcher.  Without the server (``fork=False``, ``HSPMD_FORK_SERVER=0``) workers start afresh."""
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from hspmd_sdk import Cluster
-from hspmd_sdk.runtime import forkserver, launch
-from hspmd_sdk.runtime.transport import LocalTransport
+from hspmd_sdk.runtime import launch
+from hspmd_sdk.runtime.transports import forkserver
+from hspmd_sdk.runtime.transports.transport import LocalTransport
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _procs import wait_for  # noqa: E402
@@ -57,7 +58,7 @@ def test_forked_workers_are_workers_of_their_own_with_the_launch_environment(tmp
         assert r["pid"] == r["pgid"] == r["sid"]  # ... yet the leader of its own session and process group
         assert r["cwd"] == str(cwd) and r["env"] == "forked" and r["rank_env"] == str(rank)
         # ps (and a search for worker processes) sees a fresh worker's command line, not the server's
-        assert r["cmdline"] == [sys.executable, "-m", "hspmd_sdk.runtime.worker", "--rank", str(rank)], r["cmdline"]
+        assert r["cmdline"] == [sys.executable, "-m", "hspmd_sdk.runtime.workers.worker", "--rank", str(rank)], r["cmdline"]
         assert r["comm"] == f"hspmd-rank{rank}"
     assert len({r["pid"] for r in results.values()}) == 2
 
@@ -68,7 +69,7 @@ def test_without_the_server_workers_start_afresh(tmp_path: Path, monkeypatch: py
     for transport in (LocalTransport(cwd=str(cwd), fork=False), LocalTransport(cwd=str(cwd))):
         results = _run(tmp_path, "probe_plain", transport)
         assert all(r["ppid"] == os.getpid() for r in results.values()), results  # the launcher's own children
-        assert all(r["cmdline"][1:4] == ["-m", "hspmd_sdk.runtime.worker", "--rank"] for r in results.values())
+        assert all(r["cmdline"][1:4] == ["-m", "hspmd_sdk.runtime.workers.worker", "--rank"] for r in results.values())
         monkeypatch.setenv("HSPMD_FORK_SERVER", "0")  # the second round: the switch in the environment
 
 
@@ -130,7 +131,7 @@ def test_a_killed_launcher_leaves_neither_server_nor_workers(tmp_path: Path) -> 
         workers = [int(p) for p in proc.stdout.readline().split()]
         assert len(workers) == 2 and all(_alive(p) for p in workers)
         servers = [p for p in _children(proc.pid)
-                   if b"hspmd_sdk.runtime.forkserver_process" in Path(f"/proc/{p}/cmdline").read_bytes()]
+                   if b"hspmd_sdk.runtime.transports.forkserver_process" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(servers) == 1 and all(p in _children(servers[0]) for p in workers)  # forked by the server
         proc.kill()
         proc.wait()

@@ -3,7 +3,7 @@
 Every test here is marked ``gpu`` and skips, naming why, where ``torch.cuda.is_available()`` is False or the
 machine has fewer GPUs than the test needs; ``scripts/gpu_check.sh`` runs them (``pytest -m gpu``) on a GPU
 machine.  Checked, on the tiny Llama, fp32, from the same seed and data as
-:func:`~hspmd_sdk.runtime.train.reference_training` (the plain module with ``torch.optim.Adam``, on the CPU):
+:func:`~hspmd_sdk.runtime.control.train.reference_training` (the plain module with ``torch.optim.Adam``, on the CPU):
 
 * one GPU: a one-rank pipeline of two micro-batches (NCCL initialised, no peer);
 * two GPUs: DP2, TP2 (all-reduces inside the layers), CP2 (the key/value ring, balanced layout) and PP2 1F1B
@@ -53,11 +53,11 @@ from _equivalence import rms  # noqa: E402
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
-from hspmd_sdk.runtime.devices import backend_for_device  # noqa: E402
+from hspmd_sdk.runtime.workers.devices import backend_for_device  # noqa: E402
 from hspmd_sdk.runtime.reference import reference_result  # noqa: E402
-from hspmd_sdk.runtime.train import (ReferenceResult, assemble, dataset_for, launch_runs, load_captured,  # noqa: E402
+from hspmd_sdk.runtime.control.train import (ReferenceResult, assemble, dataset_for, launch_runs, load_captured,  # noqa: E402
                                      reference_training, training_run)
-from hspmd_sdk.runtime.transport import LocalTransport  # noqa: E402
+from hspmd_sdk.runtime.transports.transport import LocalTransport  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "hspmd_sdk" / "examples"
@@ -120,7 +120,7 @@ def cuda_reference(config: LlamaConfig, device: str = "cuda:0") -> ReferenceResu
 
 def _train_reference_on(config: LlamaConfig, device: str) -> ReferenceResult:
     """:func:`cuda_reference`'s training loop (the TF32 flags set by the caller)."""
-    from hspmd_sdk.runtime.executor import AdamConfig
+    from hspmd_sdk.runtime.workers.executor import AdamConfig
 
     model = config.build_reference(SEED).to(device)
     opt = AdamConfig(lr=LR).build(list(model.parameters()))
@@ -294,7 +294,7 @@ def test_the_reference_trained_on_a_gpu_matches_the_cpu_reference(reference: Ref
 #: run in a fresh interpreter with a worker's modules imported: how a worker's fp32 matmul rounds on cuda:0
 _MATMUL_PROBE = """
 import json, torch
-import hspmd_sdk.runtime.worker, hspmd_sdk.runtime.session, hspmd_sdk.runtime.executor  # what a worker imports
+import hspmd_sdk.runtime.workers.worker, hspmd_sdk.runtime.workers.session, hspmd_sdk.runtime.workers.executor  # what a worker imports
 g = torch.Generator().manual_seed(0)
 a, b = torch.randn(2048, 2048, generator=g), torch.randn(2048, 2048, generator=g)
 exact = a.double() @ b.double()

@@ -19,8 +19,8 @@ torch = pytest.importorskip("torch")
 from _procs import assert_no_workers_left, wait_for  # noqa: E402
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
-from hspmd_sdk.runtime.controller import SwitchError  # noqa: E402
-from hspmd_sdk.runtime.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.controller import SwitchError  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
 
 SEQ, SEED, LR, STEPS = 16, 5, 1e-3, 6
 TOL = 1e-5
@@ -198,7 +198,7 @@ def test_an_elastic_job_grows_back_by_itself_after_it_recovered(reference) -> No
     """``grow_back=True``: a rank of a DP4 job is SIGKILLed; the job recovers on three ranks, then (this machine can
     take workers again at once) grows back onto four by itself: a ``failure`` then a ``grow`` event, the job ends on
     the cluster it was launched on, and the losses equal the single-device run's throughout."""
-    from hspmd_sdk.runtime.growback import GrowBack
+    from hspmd_sdk.runtime.control.growback import GrowBack
 
     model, big = LlamaConfig.preset("tiny"), Cluster.local(4)
     job = launch_training(_program(model, DP4, big), big, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
@@ -230,9 +230,9 @@ def test_plan_back_returns_to_the_launch_plan_and_plans_around_what_is_still_mis
     from types import SimpleNamespace
 
     from hspmd_sdk.planner.elastic import survivor_cluster
-    from hspmd_sdk.runtime.grow import extend_cluster
+    from hspmd_sdk.runtime.control.grow import extend_cluster
     from hspmd_sdk.core.strategy_plan import strategy_of
-    from hspmd_sdk.runtime.growback import lost_capacity, plan_back
+    from hspmd_sdk.runtime.control.growback import lost_capacity, plan_back
 
     model, launched = LlamaConfig.preset("tiny"), Cluster.local(4)
     launch = _program(model, TP2_DP2, launched)

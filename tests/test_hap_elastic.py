@@ -28,7 +28,7 @@ from hspmd_sdk import Cluster, GPTConfig, LlamaConfig, Strategy, specialize  # n
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.planner import replan_elastic  # noqa: E402
 from _procs import assert_no_workers_left  # noqa: E402
-from hspmd_sdk.runtime.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
 from test_switching import LR, SEED, SEQ, STATE_TOL, TOL, _state_err  # noqa: E402  (its comparison, its settings)
 
 STEPS = 4

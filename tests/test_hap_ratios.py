@@ -34,7 +34,7 @@ from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.core.tp_ratios import feasible_ratios  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
-from hspmd_sdk.runtime.train import (assemble, launch_runs, load_captured, reference_training,  # noqa: E402
+from hspmd_sdk.runtime.control.train import (assemble, launch_runs, load_captured, reference_training,  # noqa: E402
                                      training_run)
 
 STEPS, SEED, SEQ, LR = 3, 1, 16, 1e-3
@@ -340,7 +340,7 @@ def _state_err(run_dir: Path, model, ref) -> dict[str, float]:
 
 
 def _switch_tour(family: str, tour: list[dict], tmp_path: Path) -> None:
-    from hspmd_sdk.runtime.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch_training
 
     model = FAMILIES[family].preset("tiny")
     cluster = Cluster.local(4)
@@ -408,7 +408,7 @@ def test_the_ratio_lp_matches_the_measured_speed_of_an_emulated_slow_rank() -> N
     for the same work; the LP's shares are the measured speeds normalised and its ratios their rounding to the
     model's 4 heads (3:1)."""
     from hspmd_sdk.planner.ratios import solve_ratios, split_units
-    from hspmd_sdk.runtime.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch_training
 
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
     program = specialize(model, plan_from_strategy(model, Strategy.load(EVEN_TP2), cluster), cluster)

@@ -16,8 +16,8 @@ from hspmd_sdk import Cluster, GPTConfig, LlamaConfig, Strategy, specialize  # n
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.models import from_hf, to_hf  # noqa: E402
 from hspmd_sdk.models.hf import HFError, shard_reader  # noqa: E402
-from hspmd_sdk.runtime.params import load_local_parameters, shard_box  # noqa: E402
-from hspmd_sdk.runtime.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime.workers.params import load_local_parameters, shard_box  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
 
 CONFIGS = {
     "llama-gqa": LlamaConfig(name="gqa", vocab_size=97, hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=2,

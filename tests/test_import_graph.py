@@ -26,22 +26,27 @@ KNOWN_CYCLES = {
     ("hspmd_sdk.viz._canvas_view", "hspmd_sdk.viz._editor_ui", "hspmd_sdk.viz._editor_view", "hspmd_sdk.viz.editor"),
 }
 
-#: The runtime split by side, as the processes are (ARCHITECTURE.md, milestone 3).  Every runtime module is on
-#: exactly one side (a new module must be placed); the worker side imports nothing of the launcher side.
-WORKER_SIDE = {"worker_entry", "session", "mixed_worker", "checkpoint_worker", "executor", "kernels", "comm",
-               "buckets", "switch_exec", "params", "liveness", "worker", "cp_attention", "devices", "store"}
-LAUNCHER_SIDE = {"launcher", "train", "mixed", "runs", "start", "job", "controller", "faults", "run_config",
-                 "preflight", "progress", "grow", "growback", "tensorboard", "timeline", "slurm_reaper", "profile", "overhead"}
-#: what both sides read: the protocol's values, the launch spec, the data, checkpoints' files, metrics, traces,
-#: and the single-device references (called beside a launch)
-SHARED = {"protocol", "spec", "data", "metrics", "trace", "checkpoint", "checkpoint_io", "checkpoint_plan",
-          "checkpoint_lock", "reference"}
-TRANSPORTS = {"transport", "ssh", "agent", "hosts", "slurm", "forkserver", "forkserver_process"}
+#: The runtime split by side, as the processes are (ARCHITECTURE.md, milestone 3), one folder a side: the
+#: launcher's (``runtime/control``), the worker's (``runtime/workers``), the transports (``runtime/transports``) and
+#: checkpoints (``runtime/checkpoints``); what both sides read (the protocol's values, the launch spec, the data,
+#: metrics, traces, the single-device references) stays at ``runtime/``'s top.
+SIDE_FOLDERS = ("control", "workers", "transports", "checkpoints")
+SHARED = {"protocol", "spec", "data", "metrics", "trace", "reference"}
+
+
+def _side(module: str) -> str:
+    """``control``/``workers``/``transports``/``checkpoints``, ``shared`` for runtime/'s top, '' outside it."""
+    parts = module.split(".")
+    if parts[:2] != ["hspmd_sdk", "runtime"] or len(parts) < 3:
+        return ""
+    return parts[2] if parts[2] in SIDE_FOLDERS else "shared"
+
+
 #: The runtime's imports of the viz, each a notebook convenience on a launcher-side value (still to be removed: the
 #: list may only shrink): ``job.dashboard()`` builds the dashboard widget; ``Timeline.figure()`` takes the
 #: simulator's event colours.
-RUNTIME_TO_VIZ = {("hspmd_sdk.runtime.job", "hspmd_sdk.viz.dashboard"),
-                  ("hspmd_sdk.runtime.timeline", "hspmd_sdk.viz._style")}
+RUNTIME_TO_VIZ = {("hspmd_sdk.runtime.control.job", "hspmd_sdk.viz.dashboard"),
+                  ("hspmd_sdk.runtime.control.timeline", "hspmd_sdk.viz._style")}
 
 
 def _modules() -> dict[str, Path]:
@@ -122,8 +127,8 @@ def _top(module: str) -> str:
 
 def test_the_graph_reader_sees_imports_inside_functions() -> None:
     edges = import_graph()
-    # runtime/train.py imports .mixed inside launch_training only
-    assert "hspmd_sdk.runtime.mixed" in edges["hspmd_sdk.runtime.train"]
+    # runtime/control/train.py imports .mixed inside launch_training only
+    assert "hspmd_sdk.runtime.control.mixed" in edges["hspmd_sdk.runtime.control.train"]
     # a cycle through a function-level import is a cycle
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {("a", "b", "c")}
 
@@ -154,22 +159,23 @@ def test_nothing_of_the_product_imports_the_test_helpers() -> None:
 
 
 def test_every_runtime_module_is_on_one_side() -> None:
-    runtime = {m.rpartition(".")[2] for m in import_graph() if m.startswith("hspmd_sdk.runtime.")}
-    sides = [WORKER_SIDE, LAUNCHER_SIDE, SHARED, TRANSPORTS]
-    assert runtime == set().union(*sides), "place the new runtime module(s) on a side"
-    assert sum(len(s) for s in sides) == len(runtime)  # none on two sides
+    """Each module lives in its side's folder; runtime/'s top holds only what both sides read."""
+    runtime = [m for m in import_graph() if m.startswith("hspmd_sdk.runtime.")]
+    top = {m.rpartition(".")[2] for m in runtime if _side(m) == "shared"} - set(SIDE_FOLDERS)
+    assert top == SHARED, "runtime/'s top is for what both sides read: place the new module(s) in a side's folder"
+    assert {_side(m) for m in runtime} == set(SIDE_FOLDERS) | {"shared"}
 
 
 def test_the_worker_side_imports_nothing_of_the_launcher_side_or_the_transports() -> None:
     """A worker's modules reach the launcher only through the protocol's values (and the launch spec)."""
     edges = import_graph()
-    bad = sorted((m, t) for m in edges if m.rpartition(".")[2] in WORKER_SIDE and m.startswith("hspmd_sdk.runtime.")
-                 for t in edges[m] if t.startswith("hspmd_sdk.runtime.")
-                 and t.rpartition(".")[2] in LAUNCHER_SIDE | TRANSPORTS)
+    bad = sorted((m, t) for m in edges if _side(m) == "workers" for t in edges[m]
+                 if _side(t) in ("control", "transports"))
     assert bad == []
-    shared = sorted((m, t) for m in edges if m.rpartition(".")[2] in SHARED and m.startswith("hspmd_sdk.runtime.")
-                    for t in edges[m] if t.startswith("hspmd_sdk.runtime.") and t.rpartition(".")[2] in LAUNCHER_SIDE)
-    assert shared == []  # what both sides read depends on neither side's machinery
+    # what both sides read depends on neither side's machinery; checkpoints' files on nothing of the launcher
+    shared = sorted((m, t) for m in edges if _side(m) in ("shared", "checkpoints") for t in edges[m]
+                    if _side(t) in ("control", "transports"))
+    assert shared == []
 
 
 def test_the_runtime_imports_nothing_of_the_viz_or_the_command_line() -> None:
@@ -177,4 +183,4 @@ def test_the_runtime_imports_nothing_of_the_viz_or_the_command_line() -> None:
              for t in ts if _top(t) == "viz" or t.startswith("hspmd_sdk.cli")}
     assert found - RUNTIME_TO_VIZ == set()
     assert RUNTIME_TO_VIZ - found == set(), "gone: take them off RUNTIME_TO_VIZ"
-    assert all(m in ("hspmd_sdk.runtime.job", "hspmd_sdk.runtime.timeline") for m, _ in found)  # launcher side only
+    assert all(m in ("hspmd_sdk.runtime.control.job", "hspmd_sdk.runtime.control.timeline") for m, _ in found)  # launcher side only

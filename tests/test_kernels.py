@@ -1,4 +1,4 @@
-"""Each local kernel (hspmd_sdk.runtime.kernels) against a direct torch computation."""
+"""Each local kernel (hspmd_sdk.runtime.workers.kernels) against a direct torch computation."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from hspmd_sdk.core.ops import OPS
-from hspmd_sdk.runtime import kernels as K
+from hspmd_sdk.runtime.workers import kernels as K
 
 GEN = torch.Generator().manual_seed(0)
 

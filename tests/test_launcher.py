@@ -23,8 +23,8 @@ from _procs import group_members
 from hspmd_sdk.core.cluster import Cluster
 from hspmd_sdk.errors import HSPMDError, RuntimeFailure
 from hspmd_sdk.runtime import JobCancelled, JobStatus, LaunchSpec, backend_for, build_spec, launch, launch_spec
-from hspmd_sdk.runtime.job import Failure
-from hspmd_sdk.runtime.progress import LineProgress
+from hspmd_sdk.runtime.control.job import Failure
+from hspmd_sdk.runtime.control.progress import LineProgress
 from hspmd_sdk.runtime.protocol import Channel, LineWriter, decode, encode, is_collateral
 
 SELFTEST = "hspmd_sdk.testing.entries"

@@ -9,7 +9,7 @@ import torch
 from hspmd_sdk import LlamaConfig
 from hspmd_sdk.models import build_llama_graph, build_reference, next_token_split, param_shapes
 from hspmd_sdk.models.llama.config import init_parameter
-from hspmd_sdk.runtime.kernels import run_graph
+from hspmd_sdk.runtime.workers.kernels import run_graph
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ from hspmd_sdk.models.hf import to_hf
 from hspmd_sdk.planner import CostModel
 from hspmd_sdk.planner.mixed import Dispatcher, memory_windows
 from hspmd_sdk.planner.mixed_cost import PipelineCost
-from hspmd_sdk.runtime.mixed import reference_mixed
-from hspmd_sdk.runtime.train import assemble, load_captured
+from hspmd_sdk.runtime.control.mixed import reference_mixed
+from hspmd_sdk.runtime.control.train import assemble, load_captured
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_mixed_runtime import BUDGET, CONTEXT, DOCS, SEED, STATE_TOL, TOL, _rel, _strategy  # noqa: E402
@@ -224,7 +224,7 @@ def test_a_straggler_in_a_mixed_length_run_gets_fewer_sequences_and_the_losses_s
     moves).  At even speeds the dispatch runs every step on the TP2 candidate; priced so, it switches to the DP2
     candidate and gives rank 1's pipeline under a third of each step's tokens; every step's loss equals the
     single-device reference on the same sequences."""
-    from hspmd_sdk.runtime.controller import StragglerWatch
+    from hspmd_sdk.runtime.control.controller import StragglerWatch
 
     model, two = LlamaConfig.preset("tiny"), Cluster.local(2)
     dp2 = _strategy([[([0], [0, 3])], [([1], [0, 3])]], "dp2")
@@ -260,7 +260,7 @@ def test_a_mixed_length_run_with_a_straggler_then_a_killed_worker_equals_the_ref
     """Straggler × failure × mixed length: rank 1 turns 4x slower at step 2 and the dispatch is repriced; later rank
     3 is SIGKILLed (``elastic=True``): every candidate is replanned on the 3 survivors, the dispatch restarts
     priced for them as launched (the straggler is measured afresh), and every step's loss equals the reference."""
-    from hspmd_sdk.runtime.controller import StragglerWatch
+    from hspmd_sdk.runtime.control.controller import StragglerWatch
 
     model = LlamaConfig.preset("tiny")
     dp4 = _strategy([[([r], [0, 3])] for r in range(4)], "dp4")

@@ -10,7 +10,7 @@ import pytest
 
 from hspmd_sdk import Cluster, LlamaConfig, launch
 from hspmd_sdk.errors import PlanValidationError
-from hspmd_sdk.runtime.checkpoint import load_checkpoint
+from hspmd_sdk.runtime.checkpoints.checkpoint import load_checkpoint
 
 from test_mixed_runtime import BUDGET, CONTEXT, DOCS, ENTRIES, SEED, STEPS, TOL, _programs, _rel  # noqa: E402
 

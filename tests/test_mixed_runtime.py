@@ -27,10 +27,10 @@ from hspmd_sdk.core.strategy import Strategy
 from hspmd_sdk.core.strategy_plan import plan_from_strategy
 from hspmd_sdk.errors import PlanValidationError
 from hspmd_sdk.planner.mixed import MixedEntry, MixedPlan
-from hspmd_sdk.runtime.controller import SwitchError
+from hspmd_sdk.runtime.control.controller import SwitchError
 from hspmd_sdk.runtime.data import Documents, LengthBatches
-from hspmd_sdk.runtime.mixed import planning_summary, reference_mixed, same_layouts
-from hspmd_sdk.runtime.train import assemble, load_captured
+from hspmd_sdk.runtime.control.mixed import planning_summary, reference_mixed, same_layouts
+from hspmd_sdk.runtime.control.train import assemble, load_captured
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from user_model import MLPLM  # noqa: E402

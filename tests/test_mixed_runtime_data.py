@@ -11,7 +11,7 @@ from hspmd_sdk import GPTConfig, LlamaConfig
 from hspmd_sdk.runtime.data import (Documents, LengthBatches, chunk_documents, length_distribution, padded_rows,
                                     stdlib_files)
 from hspmd_sdk.runtime.data import documents_for
-from hspmd_sdk.runtime.mixed_worker import micro_batch_feeds, target_placeholders
+from hspmd_sdk.runtime.workers.mixed_worker import micro_batch_feeds, target_placeholders
 
 
 def _docs(seed: int = 0, n: int = 60) -> list[np.ndarray]:

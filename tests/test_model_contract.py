@@ -17,7 +17,7 @@ from hspmd_sdk.core.strategy_plan import plan_from_strategy, zero_shard  # noqa:
 from hspmd_sdk.errors import PlanValidationError, ShapeError  # noqa: E402
 from hspmd_sdk.models import build_reference, load_model_spec, model_from_json  # noqa: E402
 from hspmd_sdk.models.registry import class_path  # noqa: E402
-from hspmd_sdk.runtime.kernels import run_graph  # noqa: E402
+from hspmd_sdk.runtime.workers.kernels import run_graph  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
@@ -96,7 +96,7 @@ def test_presets_json_and_class_paths() -> None:
 def test_a_users_model_with_its_own_op_trains_like_its_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     """A heterogeneous plan (a TP2 -> TP1 pipeline beside a one-rank pipeline) of the user's model, on real
     worker processes that import the model's module (and with it the custom op and kernel)."""
-    from hspmd_sdk.runtime.train import launch_training, reference_training
+    from hspmd_sdk.runtime.control.train import launch_training, reference_training
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     model = MODELS["user"]
@@ -148,7 +148,7 @@ def test_a_global_batch_that_contradicts_the_micro_batches_fails_at_specialize()
 
 
 def test_optimizer_options_and_recompute_ranks_are_checked_before_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hspmd_sdk.runtime.start as launcher  # where every worker start goes (launch_spec)
+    import hspmd_sdk.runtime.control.start as launcher  # where every worker start goes (launch_spec)
     from hspmd_sdk import launch
 
     started: list = []

@@ -13,7 +13,7 @@ from hspmd_sdk.models.gpt import GPTConfig
 from hspmd_sdk.planner import dispatch
 from hspmd_sdk.planner.cost import ComputeFit, CostModel, OperatorProfile
 from hspmd_sdk.planner.mixed import MixedEntry
-from hspmd_sdk.runtime.overhead import ExecutorOverhead, executor_overhead, with_executor_overhead
+from hspmd_sdk.runtime.control.overhead import ExecutorOverhead, executor_overhead, with_executor_overhead
 
 LLAMA = LlamaConfig(name="tiny-overhead", vocab_size=64, hidden_size=32, num_layers=2, num_heads=2,
                     ffn_hidden_size=64, max_seq_len=64)

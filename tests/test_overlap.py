@@ -1,6 +1,6 @@
 """Communication overlapped with compute, proven by the order of events inside the workers.
 
-The executor's ``trace`` hook (a test-only argument, :class:`~hspmd_sdk.runtime.executor.StepExecutor`) records,
+The executor's ``trace`` hook (a test-only argument, :class:`~hspmd_sdk.runtime.workers.executor.StepExecutor`) records,
 in order, every schedule action, every receive posted ahead, every ZeRO-1 gather waited for, every use whose
 gradient became final and every gradient bucket posted.  Order, not time, is asserted — robust on a loaded CI
 box.  Checked on real worker processes (gloo), tiny models, fp32, with small bucket caps (128 KiB, first bucket
@@ -30,7 +30,7 @@ from hspmd_sdk.core.specialize import specialize  # noqa: E402
 from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.runtime import launch  # noqa: E402
-from hspmd_sdk.runtime.train import reference_training, training_run  # noqa: E402
+from hspmd_sdk.runtime.control.train import reference_training, training_run  # noqa: E402
 from test_runtime_train import _pipe  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
@@ -123,7 +123,7 @@ def test_zero1_gathers_overlap_the_first_forward(traced: dict) -> None:
 
 
 def test_stage_boundary_groups_per_pair_and_direction(traced: dict) -> None:
-    from hspmd_sdk.runtime.executor import pipeline_pairs
+    from hspmd_sdk.runtime.workers.executor import pipeline_pairs
 
     program = traced["programs"]["gpt_pp2_1f1b_pair_groups"]
     assert program.comm_plans["wte.weight.head"].kinds == ["SendRecv"]  # PRE's tied-weight move: the job's group

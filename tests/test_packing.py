@@ -19,8 +19,8 @@ from hspmd_sdk.planner import Dispatcher
 from hspmd_sdk.planner.cost import ComputeFit, CostModel
 from hspmd_sdk.planner.mixed import MixedEntry, MixedPlan
 from hspmd_sdk.core.strategy import Strategy
-from hspmd_sdk.runtime.kernels import attention, document_positions, packing_problems, register_kernel, run_graph
-from hspmd_sdk.runtime.mixed_worker import micro_batch_feeds
+from hspmd_sdk.runtime.workers.kernels import attention, document_positions, packing_problems, register_kernel, run_graph
+from hspmd_sdk.runtime.workers.mixed_worker import micro_batch_feeds
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from user_model import MLPLM  # noqa: E402

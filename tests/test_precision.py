@@ -46,7 +46,7 @@ from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
-from hspmd_sdk.runtime.train import (assemble, launch_runs, load_captured, reference_training,  # noqa: E402
+from hspmd_sdk.runtime.control.train import (assemble, launch_runs, load_captured, reference_training,  # noqa: E402
                                      training_run)
 from test_runtime_train import _HETERO, _expected_param_bytes, _pipe  # noqa: E402
 
@@ -177,7 +177,7 @@ def test_the_bf16_reference_is_the_bf16_recipe(references: dict) -> None:
 
 
 def test_a_bad_precision_starts_no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hspmd_sdk.runtime.start as launcher  # where every worker start goes (launch_spec)
+    import hspmd_sdk.runtime.control.start as launcher  # where every worker start goes (launch_spec)
     from hspmd_sdk import launch
 
     monkeypatch.setattr(launcher, "launch_spec", lambda *a, **k: pytest.fail("a worker would have started"))
@@ -195,7 +195,7 @@ def test_adam_is_torchs_fused_kernel_and_shard_wise_it_is_the_full_tensors_adam(
     its update on the shards of a tensor equals the update of the whole tensor (elementwise; an odd-sized shard's
     vector tail may round by an ulp), and agrees with torch's for-loop Adam to rounding; a state handed in (a
     switch, a checkpoint) gets its step count where the fused kernel reads it."""
-    from hspmd_sdk.runtime.executor import AdamConfig, adam_step_state, fused_adam_available
+    from hspmd_sdk.runtime.workers.executor import AdamConfig, adam_step_state, fused_adam_available
 
     cfg = AdamConfig(lr=1e-2, weight_decay=0.01)
     gen = torch.Generator().manual_seed(0)

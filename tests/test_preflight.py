@@ -15,9 +15,9 @@ from hspmd_sdk.core.specialize import specialize
 from hspmd_sdk.core.strategy_plan import plan_from_strategy
 from hspmd_sdk.errors import PlanValidationError
 from hspmd_sdk.runtime import launch
-from hspmd_sdk.runtime import preflight
-from hspmd_sdk.runtime.preflight import HostFacts, ResourceError, resource_problems, training_memory
-from hspmd_sdk.runtime.train import launch_training
+from hspmd_sdk.runtime.control import preflight
+from hspmd_sdk.runtime.control.preflight import HostFacts, ResourceError, resource_problems, training_memory
+from hspmd_sdk.runtime.control.train import launch_training
 
 SELFTEST = "hspmd_sdk.testing.entries"
 PP2 = {"pipelines": [{"stages": [{"devices": [0], "layers": [0, 1]}, {"devices": [1], "layers": [2, 3]}],
@@ -34,7 +34,7 @@ def program(model: LlamaConfig, strategy: dict, n: int):
 def no_workers_started(before: set[str]) -> bool:
     for p in set(os.listdir("/proc")) - before:
         try:
-            if b"hspmd_sdk.runtime.worker" in Path(f"/proc/{p}/cmdline").read_bytes():
+            if b"hspmd_sdk.runtime.workers.worker" in Path(f"/proc/{p}/cmdline").read_bytes():
                 return False
         except OSError:
             pass

@@ -98,7 +98,7 @@ def test_the_text_names_nothing_executable() -> None:
     objects = data["objects"]
     # a class outside hspmd_sdk.core (here: one whose construction would run a command) is refused
     victim = next(i for i, o in enumerate(objects) if "$c" in o)
-    for path in ("subprocess:Popen", "os:system", "hspmd_sdk.runtime.job:Job", "builtins:eval"):
+    for path in ("subprocess:Popen", "os:system", "hspmd_sdk.runtime.control.job:Job", "builtins:eval"):
         bad = json.loads(json.dumps(data))
         bad["objects"][victim]["$c"] = path
         with pytest.raises(ProgramJSONError, match="may only name classes of hspmd_sdk.core"):
@@ -128,7 +128,7 @@ def test_a_program_with_a_custom_resolver_cannot_travel() -> None:
 
 @pytest.mark.timeout(120)
 def test_a_program_written_here_trains_in_another_process(tmp_path: Path) -> None:
-    from hspmd_sdk.runtime.train import reference_training
+    from hspmd_sdk.runtime.control.train import reference_training
 
     path = tmp_path / "program.json"
     path.write_text(_tiny_program().to_json())
@@ -137,7 +137,7 @@ def test_a_program_written_here_trains_in_another_process(tmp_path: Path) -> Non
         from pathlib import Path
         from hspmd_sdk import Cluster
         from hspmd_sdk.core.specialize import Program
-        from hspmd_sdk.runtime.train import launch_training
+        from hspmd_sdk.runtime.control.train import launch_training
 
         program = Program.from_json(Path({str(path)!r}).read_text())
         job = launch_training(program, Cluster.local(4), steps=3, seed=5, seq_len=16, timeout_s=60)

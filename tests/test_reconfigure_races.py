@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 from _procs import assert_no_workers_left, wait_for  # noqa: E402
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
-from hspmd_sdk.runtime.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
 
 SEQ, SEED, LR, STEPS = 16, 3, 1e-3, 6
 TOL = 1e-5
@@ -139,7 +139,7 @@ def test_a_checkpoint_a_failure_interrupted_is_retaken_after_the_next_step(tmp_p
     committed.  The survivors save after their next step (step 4) instead of leaving the job without a checkpoint
     until step 6; the retaken checkpoint is complete (verified) and of the survivors' plan, and the losses are the
     single-device model's."""
-    from hspmd_sdk.runtime.checkpoint import list_checkpoints, load_checkpoint
+    from hspmd_sdk.runtime.checkpoints.checkpoint import list_checkpoints, load_checkpoint
 
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(6)
     root = tmp_path / "ckpt"
@@ -182,7 +182,7 @@ def test_a_halt_no_failure_explains_ends_the_job_with_its_reason() -> None:
     import threading
     from types import SimpleNamespace
 
-    from hspmd_sdk.runtime.controller import TrainingController
+    from hspmd_sdk.runtime.control.controller import TrainingController
 
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(4)
     controller = TrainingController(_program(model, DP4, cluster), cluster, global_batch=8, seq_len=SEQ,
@@ -235,7 +235,7 @@ _WARM = """
 import sys, threading
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize
 from hspmd_sdk.core.strategy_plan import plan_from_strategy
-from hspmd_sdk.runtime.controller import TrainingController
+from hspmd_sdk.runtime.control.controller import TrainingController
 model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
 data = {"pipelines": [{"stages": [{"devices": [r], "layers": [0, 3]}], "micro_batch_size": 4, "num_micro_batches": 1}
                       for r in range(2)]}

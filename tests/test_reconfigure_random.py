@@ -28,8 +28,8 @@ from _procs import assert_no_workers_left, wait_for  # noqa: E402
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import SwitchError  # noqa: E402
-from hspmd_sdk.runtime.checkpoint import list_checkpoints  # noqa: E402
-from hspmd_sdk.runtime.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime.checkpoints.checkpoint import list_checkpoints  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
 
 SEQ, SEED, LR, STEPS = 16, 3, 1e-3, 6
 TOL = 1e-5

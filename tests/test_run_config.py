@@ -20,17 +20,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import hspmd_sdk.runtime.controller  # noqa: E402,F401 - imported up front: the timing below measures checks only
-import hspmd_sdk.runtime.executor  # noqa: E402,F401
+import hspmd_sdk.runtime.control.controller  # noqa: E402,F401 - imported up front: the timing below measures checks only
+import hspmd_sdk.runtime.workers.executor  # noqa: E402,F401
 import hspmd_sdk.planner.cost  # noqa: E402,F401
 from hspmd_sdk import Cluster, GPTConfig, LlamaConfig, Strategy, launch, specialize  # noqa: E402
 from hspmd_sdk.core.strategy import Pipeline, Stage  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
-from hspmd_sdk.runtime.controller import SwitchError  # noqa: E402
-from hspmd_sdk.runtime.mixed import launch_mixed  # noqa: E402
-from hspmd_sdk.runtime.run_config import RunConfig, check_run_options, position_limit  # noqa: E402
-from hspmd_sdk.runtime.train import launch_training, reference_training, training_run  # noqa: E402
+from hspmd_sdk.runtime.control.controller import SwitchError  # noqa: E402
+from hspmd_sdk.runtime.control.mixed import launch_mixed  # noqa: E402
+from hspmd_sdk.runtime.control.run_config import RunConfig, check_run_options, position_limit  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch_training, reference_training, training_run  # noqa: E402
 from test_switching import LR, SEED, SEQ, TOL, _close, _pipe, _program, _wait  # noqa: E402
 
 DP2 = {"pipelines": [_pipe([([0], [0, 3])], 4, 1), _pipe([([1], [0, 3])], 4, 1)]}
@@ -56,8 +56,8 @@ class _Refused(RuntimeError):
 def no_workers(monkeypatch: pytest.MonkeyPatch) -> list:
     """The launcher's worker start (``launch_spec``) and the local transport's process spawn replaced by stubs
     that record the call and refuse: a check that lets a bad option through shows up as a call."""
-    import hspmd_sdk.runtime.start as launcher  # where every worker start goes (launch_spec)
-    from hspmd_sdk.runtime.transport import LocalTransport
+    import hspmd_sdk.runtime.control.start as launcher  # where every worker start goes (launch_spec)
+    from hspmd_sdk.runtime.transports.transport import LocalTransport
 
     calls: list = []
 
@@ -143,7 +143,7 @@ def test_the_stubs_are_on_the_path_a_good_launch_reaches_them(llama_program, no_
 def test_each_launch_checks_its_options_once(llama_program, no_workers: list, monkeypatch) -> None:
     """One check of the options per launch (issue 23): ``launch`` checks them first, and neither the run it
     builds nor the mixed-length path checks them again -- a valid launch reaches the worker start after one."""
-    import hspmd_sdk.runtime.run_config as run_config
+    import hspmd_sdk.runtime.control.run_config as run_config
 
     calls: list = []
 
@@ -274,7 +274,7 @@ def test_a_switch_the_job_ends_before_is_marked_superseded() -> None:
 
 
 def test_every_strategy_the_sdk_reports_has_a_name() -> None:
-    from hspmd_sdk.runtime.controller import _strategy_of
+    from hspmd_sdk.runtime.control.controller import _strategy_of
 
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
     bare = Strategy(pipelines=[Pipeline(stages=[Stage(devices=[0], layers=[0, 1]), Stage(devices=[1], layers=[2, 3])],

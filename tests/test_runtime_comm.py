@@ -23,7 +23,7 @@ from hspmd_sdk.core.cluster import Cluster
 from hspmd_sdk.core.resolve import resolve
 from hspmd_sdk.core.switch import plan_switch
 from hspmd_sdk.runtime import launch
-from hspmd_sdk.runtime.comm import CommExecutionError, backward_plan_for, comm_groups, execute, gradient_layout
+from hspmd_sdk.runtime.workers.comm import CommExecutionError, backward_plan_for, comm_groups, execute, gradient_layout
 
 from resolve_reference import boxes, check_destination, random_pair
 
@@ -265,7 +265,7 @@ def test_point_to_point_messages_carry_the_callers_tag_base(monkeypatch: pytest.
     """Message ``i`` of a point-to-point operator is tagged ``tag_base + i`` in :func:`execute` and in both
     directions of :func:`reshard` -- the tags the training executor's own stage-boundary sends and receives use,
     so a rank that runs a stage-crossing plan through ``reshard`` matches a peer that posts its messages itself."""
-    import hspmd_sdk.runtime.comm as comm
+    import hspmd_sdk.runtime.workers.comm as comm
 
     posted: list[tuple[str, int, int]] = []
 
@@ -301,7 +301,7 @@ def test_gradient_buckets_coalesce_slices_across_plans_and_respect_the_cap() -> 
     in first-slice order, and a bucket never grows past the cap (unless one slice alone is larger); the first
     bucket of a rank set has its own, smaller cap (DDP's 1 MiB first bucket)."""
     from hspmd_sdk.core import Annotation, resolve
-    from hspmd_sdk.runtime.buckets import plan_buckets
+    from hspmd_sdk.runtime.workers.buckets import plan_buckets
 
     src = Annotation("[0,1] S0x2 | [2,3] S0x2 ; hdim=-2")  # gradients: a summand per pipeline (TP2 each)
     dst = Annotation("[0,1] S0x2 | [2,3] S0x2")
@@ -324,7 +324,7 @@ def test_gradient_buckets_coalesce_slices_across_plans_and_respect_the_cap() -> 
 def test_a_plan_for_bf16_tensors_keeps_its_operators_and_halves_its_bytes() -> None:
     """``with_dtype``: a bf16 run sends the same messages and collectives as the fp32 plan, at 2 bytes an element,
     and executes on bf16 tensors (the one-process reference ``simulate`` agrees)."""
-    from hspmd_sdk.runtime.comm import with_dtype
+    from hspmd_sdk.runtime.workers.comm import with_dtype
 
     src, dst = Annotation([[0, 1]], [DS({0: 2})]), Annotation([[1, 0]], [DS({0: 2})])
     for a, b in ((src, dst), (Annotation([[0, 1]], [DS({-1: 2})]), src)):

@@ -21,7 +21,7 @@ from hspmd_sdk.core.specialize import specialize  # noqa: E402
 from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
-from hspmd_sdk.runtime.devices import (DeviceError, StepClock, backend_for_device, cuda_problems,  # noqa: E402
+from hspmd_sdk.runtime.workers.devices import (DeviceError, StepClock, backend_for_device, cuda_problems,  # noqa: E402
                                        worker_device)
 from hspmd_sdk.runtime.spec import LaunchSpec  # noqa: E402
 
@@ -85,7 +85,7 @@ def test_a_worker_takes_the_gpu_of_its_local_rank() -> None:
 def test_a_worker_given_a_gpu_of_its_own_takes_that_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Slurm step with ``--gres=gpu:1`` sees only its GPU: rank 1 of a two-rank node uses cuda:0 (its local rank
     would be 1, past the one GPU it sees); an index it does not see is an error naming it."""
-    from hspmd_sdk.runtime.devices import CUDA_INDEX_ENV
+    from hspmd_sdk.runtime.workers.devices import CUDA_INDEX_ENV
 
     spec = _spec(["a", "a"])
     monkeypatch.setenv(CUDA_INDEX_ENV, "0")
@@ -113,7 +113,7 @@ def test_device_picks_the_backend_and_a_local_cuda_launch_is_checked_first() -> 
 
 
 def test_launch_on_cuda_without_a_gpu_starts_no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hspmd_sdk.runtime.start as launcher  # where every worker start goes (launch_spec)
+    import hspmd_sdk.runtime.control.start as launcher  # where every worker start goes (launch_spec)
     from hspmd_sdk import launch
 
     specs: list = []
@@ -154,7 +154,7 @@ def test_the_step_clock_uses_cuda_events_on_a_gpu_and_the_wall_clock_elsewhere()
 
 def test_receives_are_posted_one_action_ahead_in_each_direction() -> None:
     from hspmd_sdk.core.schedule import build_schedule
-    from hspmd_sdk.runtime.executor import _next_receives
+    from hspmd_sdk.runtime.workers.executor import _next_receives
 
     actions = build_schedule("1f1b", 3, 1, 4)  # a middle stage: receives in both directions
     ahead = _next_receives(actions)

@@ -1,7 +1,7 @@
 """The training executor against the single-device reference (paper §6.3, Appendix A.2).
 
 Every strategy trains the tiny Llama and the tiny GPT-2 for 3 steps on real worker processes (gloo, fp32) from
-the same seed and data as :func:`~hspmd_sdk.runtime.train.reference_training` (the plain ``torch.nn.Module`` with
+the same seed and data as :func:`~hspmd_sdk.runtime.control.train.reference_training` (the plain ``torch.nn.Module`` with
 ``torch.optim.Adam``).  GPT-2 ties its embeddings: on pipelines of several stages the weight's two uses, the
 embedding and the LM head, sit on different ranks.  Checked per strategy: the loss of every step, every
 synchronised gradient of step 0 and every parameter after step 3, each assembled from the ranks' shards (replicas
@@ -35,7 +35,7 @@ from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
-from hspmd_sdk.runtime.train import (assemble, launch_runs, load_captured, reference_training,  # noqa: E402
+from hspmd_sdk.runtime.control.train import (assemble, launch_runs, load_captured, reference_training,  # noqa: E402
                                      training_run)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "hspmd_sdk" / "examples"
@@ -318,7 +318,7 @@ def test_micro_batch_plans_keep_the_operators_at_the_micro_batch_shape(config: L
 @pytest.fixture()
 def no_workers(monkeypatch: pytest.MonkeyPatch) -> list:
     """``launch_spec`` (what starts the workers) replaced by a stub that records its spec and refuses."""
-    import hspmd_sdk.runtime.start as launcher  # where every worker start goes (launch_spec)
+    import hspmd_sdk.runtime.control.start as launcher  # where every worker start goes (launch_spec)
 
     calls: list = []
 

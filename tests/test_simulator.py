@@ -13,7 +13,7 @@ from hspmd_sdk import LlamaConfig
 from hspmd_sdk.core.strategy import Strategy
 from hspmd_sdk.errors import PlanValidationError
 from hspmd_sdk.planner import CostModel, simulate
-from hspmd_sdk.runtime.profile import profile_device
+from hspmd_sdk.runtime.control.profile import profile_device
 from hspmd_sdk.planner.cost import ComputeFit
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "hspmd_sdk" / "examples"
@@ -159,7 +159,7 @@ def test_cost_model_profile_and_round_trip(tmp_path: Path) -> None:
 
 def test_profile_model_round_trip_and_use(tmp_path: Path) -> None:
     from hspmd_sdk.planner.cost import LinkOverride, OperatorProfile, layer_cost
-    from hspmd_sdk.runtime.profile import profile_model
+    from hspmd_sdk.runtime.control.profile import profile_model
 
     model = LlamaConfig.preset("tiny")
     cost = profile_model(model, "cpu", threads=1, shapes=[(16, 16), (64, 16)], repeats=1)
@@ -336,7 +336,7 @@ def test_skew_is_paid_after_the_compute_before_each_blocking_tp_collective() -> 
 def test_profile_link_measures_gloo_between_two_processes() -> None:
     """A real 2-process gloo run: positive latencies and bandwidths; in context a call costs at least what it costs
     back to back (``call_latency >= 0``), and the profiled override is used by the cost model."""
-    from hspmd_sdk.runtime.profile import profile_link
+    from hspmd_sdk.runtime.control.profile import profile_link
 
     lk = profile_link(sizes=(4096, 262144), repeats=2, compute_s=5e-4)
     assert lk.backend == "gloo" and lk.bandwidth > 0 and lk.collective_bandwidth > 0
@@ -356,7 +356,7 @@ def test_attention_flops_get_their_own_rate_when_the_profile_spans_lengths() -> 
     """``_fit_plane`` recovers ``a * matmul + c * attention + b`` exactly; ``layer_cost`` prices the attention part
     of ``layer_flops`` at ``c``; a profile at one sequence length keeps ``c = None`` (one rate)."""
     from hspmd_sdk.planner.cost import OperatorProfile, _fit_plane, layer_cost
-    from hspmd_sdk.runtime.profile import profile_model
+    from hspmd_sdk.runtime.control.profile import profile_model
 
     model = LlamaConfig.preset("tiny")
     shapes = [(16, 16), (64, 16), (64, 32), (64, 64), (128, 64)]

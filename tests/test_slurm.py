@@ -106,7 +106,7 @@ def test_heterogeneous_plan_on_slurm_trains_like_the_single_device_model(on_slur
     from hspmd_sdk import LlamaConfig, Strategy, specialize
     from hspmd_sdk.core.strategy_plan import plan_from_strategy
     from hspmd_sdk.runtime import SlurmTransport
-    from hspmd_sdk.runtime.train import launch_training, reference_training
+    from hspmd_sdk.runtime.control.train import launch_training, reference_training
 
     cluster = Cluster.from_slurm()  # TP2 on the H800 node, then one H20; beside it a 1-rank pipeline on the other H20
     model = LlamaConfig.preset("tiny")

@@ -58,7 +58,7 @@ def test_device_kind_from_gres_type_then_a_feature_naming_a_kind_then_cpu() -> N
 
 
 def test_srun_status_maps_signal_exits() -> None:
-    from hspmd_sdk.runtime.slurm import srun_status
+    from hspmd_sdk.runtime.transports.slurm import srun_status
 
     assert (srun_status(0), srun_status(3), srun_status(137), srun_status(143)) == (0, 3, -9, -15)
 

@@ -70,7 +70,7 @@ def _comm(pid: int) -> str:
 
 @pytest.fixture(scope="module")
 def reference() -> object:
-    from hspmd_sdk.runtime.train import reference_training
+    from hspmd_sdk.runtime.control.train import reference_training
 
     return reference_training(LlamaConfig.preset("tiny"), steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
 
@@ -83,7 +83,7 @@ def _program(cluster: Cluster, data: dict):
 
 def _launch(cluster: Cluster, stretch=STRETCH, **options):
     from hspmd_sdk.runtime import SlurmTransport
-    from hspmd_sdk.runtime.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch_training
 
     transport = SlurmTransport()
     job = launch_training(_program(cluster, HETERO), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
@@ -110,7 +110,7 @@ def _lose_then_grow(lab: LocalSlurm, reference, lost: str, fault: str = "kill", 
     ``cut``: its link down, restored once the job recovered); once the survivors switched, restart the node and
     grow the job back onto it.  Checks what every variant shares; returns the job, transport, result and the
     allocations before the loss."""
-    from hspmd_sdk.runtime.grow import extend_cluster
+    from hspmd_sdk.runtime.control.grow import extend_cluster
 
     cluster = Cluster.from_slurm()
     assert [(n.host, n.kind, n.ranks) for n in cluster.nodes] == [("n1", "H800", [0]), ("n2", "H20", [1]),

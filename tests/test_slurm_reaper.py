@@ -1,4 +1,4 @@
-"""The Slurm reaper (``hspmd_sdk.runtime.slurm_reaper``) on its own: what it cancels when its launcher's pipe
+"""The Slurm reaper (``hspmd_sdk.runtime.transports.slurm_reaper``) on its own: what it cancels when its launcher's pipe
 ends, against a stand-in ``scancel`` that records its arguments.  The same on a real Slurm, with a launcher
 SIGKILLed while its job runs: tests/test_slurm.py."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hspmd_sdk.runtime.slurm_reaper import reap
+from hspmd_sdk.runtime.transports.slurm_reaper import reap
 
 
 def _fake_scancel(tmp: Path) -> tuple[str, Path]:
@@ -44,7 +44,7 @@ def test_the_reaper_process_cancels_when_its_writer_is_killed(tmp_path: Path) ->
     exe, log = _fake_scancel(tmp_path)
     writer = subprocess.Popen([sys.executable, "-c", f"""
 import subprocess, sys, time
-r = subprocess.Popen([sys.executable, "-m", "hspmd_sdk.runtime.slurm_reaper", {exe!r}], stdin=subprocess.PIPE,
+r = subprocess.Popen([sys.executable, "-m", "hspmd_sdk.runtime.transports.slurm_reaper", {exe!r}], stdin=subprocess.PIPE,
                      text=True, start_new_session=True)
 r.stdin.write("add 7\\nadd 8\\n"); r.stdin.flush()
 print(r.pid, flush=True)

@@ -234,7 +234,7 @@ def simulate_forward(prog, feeds: dict, params: dict, bindings: dict):
     import torch
 
     from hspmd_sdk.core.annotation import local_view
-    from hspmd_sdk.runtime.kernels import KERNELS
+    from hspmd_sdk.runtime.workers.kernels import KERNELS
 
     graph, anns = prog.graph, prog.annotations
     local: dict[int, dict[str, torch.Tensor]] = {r: {} for r in prog.plan.ranks}

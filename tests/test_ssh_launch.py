@@ -21,9 +21,9 @@ from _procs import wait_for
 from hspmd_sdk.core.cluster import Cluster
 from hspmd_sdk.errors import RuntimeFailure
 from hspmd_sdk.runtime import JobCancelled, JobStatus
-from hspmd_sdk.runtime.hosts import SSHHost, remote_command
-from hspmd_sdk.runtime.launcher import launch_remote
-from hspmd_sdk.runtime.ssh import PreflightError, SSHError, SSHTransport, check_hosts
+from hspmd_sdk.runtime.transports.hosts import SSHHost, remote_command
+from hspmd_sdk.runtime.control.launcher import launch_remote
+from hspmd_sdk.runtime.transports.ssh import PreflightError, SSHError, SSHTransport, check_hosts
 from hspmd_sdk.testing.sshd import LoopbackHosts, NetnsHosts, netns_available, sshd_available
 
 pytestmark = pytest.mark.skipif(not sshd_available() and not os.environ.get("CI"),
@@ -152,8 +152,8 @@ def test_training_on_two_hosts_equals_the_local_run_and_the_reference(lab: Loopb
     from hspmd_sdk.core.specialize import specialize
     from hspmd_sdk.core.strategy import Strategy
     from hspmd_sdk.core.strategy_plan import plan_from_strategy
-    from hspmd_sdk.runtime.launcher import launch_training_remote
-    from hspmd_sdk.runtime.train import launch_training, reference_training
+    from hspmd_sdk.runtime.control.launcher import launch_training_remote
+    from hspmd_sdk.runtime.control.train import launch_training, reference_training
 
     config, steps, seed, seq = LlamaConfig.preset("tiny"), 3, 1, 16
     strategy = Strategy.load(EXAMPLES / "example_hetero_tiny.json")  # TP2 -> TP1 pipeline beside a 1-rank one
@@ -298,9 +298,9 @@ def test_an_agent_that_cannot_start_fails_the_launch_naming_the_host(lab: Loopba
                       steps=1, **lab.ssh_options)
     assert "/nonexistent/dir" in str(info.value)  # the remote shell's complaint is quoted
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any("hspmd_sdk.runtime.agent" in cmd for *_, cmd in proc_table().values()):
+    while time.monotonic() < deadline and any("hspmd_sdk.runtime.transports.agent" in cmd for *_, cmd in proc_table().values()):
         time.sleep(0.1)
-    assert not any("hspmd_sdk.runtime.agent" in cmd for *_, cmd in proc_table().values())
+    assert not any("hspmd_sdk.runtime.transports.agent" in cmd for *_, cmd in proc_table().values())
 
 
 @pytest.mark.timeout(90)
@@ -532,7 +532,7 @@ def test_twenty_ssh_launches_leave_fds_and_threads_where_they_started(lab: Loopb
 
 @pytest.mark.timeout(60)
 def test_more_ranks_than_a_host_can_run_are_refused_before_any_worker(lab: LoopbackHosts) -> None:
-    from hspmd_sdk.runtime.preflight import MAX_RANKS_PER_CORE, ResourceError
+    from hspmd_sdk.runtime.control.preflight import MAX_RANKS_PER_CORE, ResourceError
 
     a = lab.servers[0]
     cpus = os.cpu_count() or 1
@@ -557,4 +557,4 @@ def lab_agents(lab: LoopbackHosts) -> list[int]:
             pid = table[pid][0]
         return False
     return [pid for pid, (_, _, state, cmd) in table.items()
-            if state != "Z" and "hspmd_sdk.runtime.agent" in cmd and under_lab(pid)]
+            if state != "Z" and "hspmd_sdk.runtime.transports.agent" in cmd and under_lab(pid)]

@@ -14,8 +14,8 @@ from hspmd_sdk import Cluster, LlamaConfig, specialize
 from hspmd_sdk.core.strategy import Strategy
 from hspmd_sdk.core.strategy_plan import plan_from_strategy
 from hspmd_sdk.runtime import launch
-from hspmd_sdk.runtime.job import STARTUP_PHASES, Job
-from hspmd_sdk.runtime.progress import LineProgress
+from hspmd_sdk.runtime.control.job import STARTUP_PHASES, Job
+from hspmd_sdk.runtime.control.progress import LineProgress
 
 
 def _program(n: int = 2):
@@ -57,7 +57,7 @@ def test_startup_phases_add_up_to_the_time_from_launch_to_the_first_step() -> No
 def test_progress_shows_the_startup_then_the_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every update as a plain line (stderr not a terminal): the start-up phases appear before the first step."""
     stream = io.StringIO()
-    monkeypatch.setattr("hspmd_sdk.runtime.job.make_progress",
+    monkeypatch.setattr("hspmd_sdk.runtime.control.job.make_progress",
                         lambda total, title="": LineProgress(total, title, stream=stream, tty=False))
     monkeypatch.setattr(LineProgress, "update", _every_update(LineProgress.update))
     program, cluster = _program()
@@ -84,15 +84,15 @@ def test_progress_defaults_to_where_someone_watches(monkeypatch: pytest.MonkeyPa
     import sys
 
     made: list[int] = []
-    monkeypatch.setattr("hspmd_sdk.runtime.job.make_progress", lambda total, title="": made.append(total) or None)
+    monkeypatch.setattr("hspmd_sdk.runtime.control.job.make_progress", lambda total, title="": made.append(total) or None)
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:
             return True
 
     cluster = Cluster.local(1)
-    from hspmd_sdk.runtime.launcher import build_spec
-    from hspmd_sdk.runtime.transport import LocalTransport
+    from hspmd_sdk.runtime.control.launcher import build_spec
+    from hspmd_sdk.runtime.transports.transport import LocalTransport
 
     spec = build_spec(cluster, entry="hspmd_sdk.testing.entries:allreduce_check", steps=1, local=True)
     monkeypatch.setattr(sys, "stderr", io.StringIO())

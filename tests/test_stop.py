@@ -10,9 +10,9 @@ torch = pytest.importorskip("torch")
 from _procs import assert_no_workers_left, wait_for  # noqa: E402
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
-from hspmd_sdk.runtime.job import JobCancelled, JobStatus  # noqa: E402
-from hspmd_sdk.runtime.launcher import launch  # noqa: E402
-from hspmd_sdk.runtime.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.job import JobCancelled, JobStatus  # noqa: E402
+from hspmd_sdk.runtime.control.launcher import launch  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
 
 SEQ, SEED, LR, STEPS = 16, 5, 1e-3, 40
 #: pipeline (two stages) beside a replica: the stop must reach every stage of every pipeline at one boundary
@@ -44,7 +44,7 @@ def test_stop_ends_a_training_job_at_a_step_boundary_and_it_resumes_from_there(t
     assert len(result.losses) == done and result.losses == pytest.approx(reference.losses[:done], rel=1e-5, abs=0)
     for r in range(3):  # every rank stopped after the same step
         assert max(m.step for m in job.metrics.rank(r)) == done - 1, r
-    from hspmd_sdk.runtime.checkpoint import list_checkpoints
+    from hspmd_sdk.runtime.checkpoints.checkpoint import list_checkpoints
 
     saved = list_checkpoints(tmp_path / "ck")
     assert [s for s, _ in saved] == [done]  # every 100 steps, and the step it stopped at (the run's last)

@@ -1,4 +1,4 @@
-"""The job's rendezvous store (``hspmd_sdk.runtime.store``): it keeps a ``TCPStore``'s semantics, checked against
+"""The job's rendezvous store (``hspmd_sdk.runtime.workers.store``): it keeps a ``TCPStore``'s semantics, checked against
 torch's own ``TCPStore`` as the reference, and it lets in only a process that holds the job's secret: a stranger,
 a wrong secret and torch's own client are refused, a server that cannot prove the secret is refused by the client,
 and a running job's store refuses a connection without its secret while the secret stays out of its logs."""
@@ -15,8 +15,8 @@ import torch.distributed as dist
 from _procs import assert_no_workers_left, wait_for
 from hspmd_sdk.core.cluster import Cluster
 from hspmd_sdk.runtime import build_spec, launch
-from hspmd_sdk.runtime.store import MAGIC, RendezvousStore, StoreAuthError, new_secret
-from hspmd_sdk.runtime.transport import free_port
+from hspmd_sdk.runtime.workers.store import MAGIC, RendezvousStore, StoreAuthError, new_secret
+from hspmd_sdk.runtime.transports.transport import free_port
 
 T = timedelta(seconds=20)
 

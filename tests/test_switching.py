@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 from hspmd_sdk import Cluster, GPTConfig, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import RuntimeFailure  # noqa: E402
-from hspmd_sdk.runtime.train import assemble, launch_training, load_captured, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import assemble, launch_training, load_captured, reference_training  # noqa: E402
 
 SEQ, SEED, LR = 16, 3, 1e-3
 TOL, STATE_TOL = 1e-5, 5e-5
@@ -139,7 +139,7 @@ def test_switching_through_many_plans_equals_the_run_that_never_switched(family:
 
 
 def test_a_switch_to_another_model_or_missing_ranks_is_refused() -> None:
-    from hspmd_sdk.runtime.controller import SwitchError
+    from hspmd_sdk.runtime.control.controller import SwitchError
 
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
     job = launch_training(_program(model, TOUR[0][1], cluster), cluster, steps=1000, seq_len=SEQ, timeout_s=60)
@@ -246,7 +246,7 @@ def test_state_with_no_surviving_copy_fails_naming_the_tensors(tmp_path: Path) -
 
 # ---- stragglers --------------------------------------------------------------------------------------------------
 def test_the_straggler_watch_compares_each_rank_with_the_others_in_the_same_step() -> None:
-    from hspmd_sdk.runtime.controller import StragglerWatch
+    from hspmd_sdk.runtime.control.controller import StragglerWatch
 
     watch = StragglerWatch(margin=2.0, steps=3, warmup=2)
     # (rank 0, rank 1, rank 2) compute seconds per step: step 0 pays set-up everywhere, the machine gets loaded
@@ -267,7 +267,7 @@ def test_the_straggler_watch_compares_each_rank_with_the_others_in_the_same_step
 
 @pytest.mark.timeout(180)
 def test_a_straggler_appearing_mid_run_is_replanned_around() -> None:
-    from hspmd_sdk.runtime.controller import StragglerWatch
+    from hspmd_sdk.runtime.control.controller import StragglerWatch
 
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
     data = {"pipelines": [_pipe([([0], [0, 3])], 1, 4), _pipe([([1], [0, 3])], 1, 4)]}

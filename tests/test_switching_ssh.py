@@ -13,9 +13,9 @@ torch = pytest.importorskip("torch")
 
 from hspmd_sdk import LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
-from hspmd_sdk.runtime.ssh import SSHTransport  # noqa: E402
+from hspmd_sdk.runtime.transports.ssh import SSHTransport  # noqa: E402
 from hspmd_sdk.testing.sshd import LoopbackHosts, sshd_available  # noqa: E402
-from hspmd_sdk.runtime.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not sshd_available() and not os.environ.get("CI"),
                                 reason="needs /usr/sbin/sshd (apt-get install openssh-server); required in CI")
@@ -105,7 +105,7 @@ def test_hspmd_launch_elastic_survives_a_killed_remote_worker(lab: LoopbackHosts
     import threading
 
     from hspmd_sdk.cli import main
-    from hspmd_sdk.runtime import train
+    from hspmd_sdk.runtime.control import train
 
     jobs = []
     real = train.launch_training
@@ -138,7 +138,7 @@ def test_a_job_on_one_host_grows_onto_a_second_host_over_ssh(lab: LoopbackHosts,
     their shards (with ZeRO-1, Adam moments sharded over the replicas).  The losses equal the single-device run's;
     the running workers keep their processes; nothing is left behind."""
     from hspmd_sdk import Cluster
-    from hspmd_sdk.runtime.grow import extend_cluster
+    from hspmd_sdk.runtime.control.grow import extend_cluster
 
     model = LlamaConfig.preset("tiny")
     full = lab.cluster

@@ -18,7 +18,7 @@ from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
 from hspmd_sdk.runtime import launch  # noqa: E402
-from hspmd_sdk.runtime.executor import program_comm_plans  # noqa: E402
+from hspmd_sdk.runtime.workers.executor import program_comm_plans  # noqa: E402
 from hspmd_sdk.runtime.trace import merge, measured_phases, phase_of, phase_totals  # noqa: E402
 
 #: a TP2 stage (ranks 0, 1) then a stage on rank 2: tensor-parallel collectives and stage-boundary messages

@@ -15,7 +15,7 @@ from hspmd_sdk.core.graph import GraphBuilder
 from hspmd_sdk.core.ops import OPS, OpDef, register_op
 from hspmd_sdk.core.symbolic import sym
 from hspmd_sdk.models.base import ModelBase
-from hspmd_sdk.runtime.kernels import KERNELS, register_kernel
+from hspmd_sdk.runtime.workers.kernels import KERNELS, register_kernel
 
 if "square_relu" not in OPS:  # an elementwise op: the built-in "same key in, same key out" rule
     register_op(OpDef("square_relu", OPS["gelu"].shape, OPS["gelu"].axis))

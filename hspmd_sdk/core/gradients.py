@@ -3,7 +3,7 @@ the plan that moves a Reshard's output gradient back to its input.
 
 Specialization decides every gradient's layout from the deduced annotations (:mod:`.deduction`:
 ``partial_as_duplicate``, ``weight_grad_annotation``, ``activation_grad_annotation``); this module states the
-general convention those follow, for Reshards used outside a Program (the runtime's :func:`~hspmd_sdk.runtime.comm.reshard`
+general convention those follow, for Reshards used outside a Program (the runtime's :func:`~hspmd_sdk.runtime.workers.comm.reshard`
 defaults to it).  Pure Python.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ common list of device axes (mixed-radix digits, slowest first) and each axis map
 the same rule applied to one axis of degree HSize, "a simplified 1D sharding" as the paper puts it.  Most ops
 propagate keys unchanged; Dot (Figure 13), Sum, Reshape, Embedding and CrossEntropy have custom rules.
 
-The local torch implementation of each op lives in :mod:`hspmd_sdk.runtime.kernels` (this module imports no torch).
+The local torch implementation of each op lives in :mod:`hspmd_sdk.runtime.workers.kernels` (this module imports no torch).
 """
 from __future__ import annotations
 
@@ -427,7 +427,7 @@ OPS: dict[str, OpDef] = {o.kind: o for o in (
 def register_op(op: OpDef, *, replace: bool = False) -> OpDef:
     """Add an operator kind to the graph API (its shape and deduction rules); returns it.
 
-    Its torch kernel is registered separately with :func:`hspmd_sdk.runtime.kernels.register_kernel` (the core
+    Its torch kernel is registered separately with :func:`hspmd_sdk.runtime.workers.kernels.register_kernel` (the core
     imports no torch).  Replacing an existing kind needs ``replace=True``."""
     if op.kind in OPS and not replace:
         raise SpecializationError(f"op kind {op.kind!r} is already registered; pass replace=True to replace it")

@@ -16,7 +16,7 @@ The rules, per node:
   (a ``cpu`` node: one process; a node whose kind comes from a feature: one device, since Slurm does not say how
   many it has).
 - **cores and memory**: ``CPUTot`` and ``RealMemory`` (MiB), kept on the records (``read_slurm_nodes``) for the
-  resource preflight of :class:`~hspmd_sdk.runtime.slurm.SlurmTransport`.
+  resource preflight of :class:`~hspmd_sdk.runtime.transports.slurm.SlurmTransport`.
 
 Nodes that cannot run a job now (``DOWN``, ``DRAIN``, ``FAIL``, ``NOT_RESPONDING``, ``FUTURE``) are left out
 unless named in ``nodes=``, where they are an error naming their state and reason.

@@ -200,7 +200,7 @@ class Pipeline(BaseModel):
         """The CP degree whose balanced sequence order the runtime lays this pipeline's micro-batches out in
         (rank ``i`` of a CP group holding global chunks ``i`` and ``2N-1-i``: even causal work): the stages'
         common ``cp`` when every stage has the same ``cp > 1``, else 1 (the contiguous split).  The runtime's
-        rule, read from the Program's annotations: :func:`hspmd_sdk.runtime.executor.sequence_balance`."""
+        rule, read from the Program's annotations: :func:`hspmd_sdk.runtime.workers.executor.sequence_balance`."""
         cps = {st.cp for st in self.stages}
         return cps.pop() if len(cps) == 1 and min(cps) > 1 else 1
 

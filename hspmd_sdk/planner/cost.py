@@ -116,7 +116,7 @@ class OperatorProfile(BaseModel):
     points: dict[str, list[tuple[float, float]]] = Field(default_factory=dict)
     executor_overhead: dict[str, float] | None = Field(
         default=None, description="the executor's measured fixed seconds per micro-batch the intercepts were set "
-        "from (hspmd_sdk.runtime.overhead); None: intercepts fitted on the reference")
+        "from (hspmd_sdk.runtime.control.overhead); None: intercepts fitted on the reference")
 
 
 class LinkOverride(BaseModel):
@@ -477,7 +477,7 @@ def activation_memory(per_micro_batch: float, in_flight: int, transient: float) 
     return per_micro_batch * in_flight + transient
 
 
-# ---- fitting measurements (the measuring is the runtime's: :mod:`hspmd_sdk.runtime.profile`) -------------------
+# ---- fitting measurements (the measuring is the runtime's: :mod:`hspmd_sdk.runtime.control.profile`) -------------------
 def _fit_line(xs: Iterable[float], ys: Iterable[float]) -> ComputeFit:
     """Least squares ``y = a x + b`` with ``a, b >= 0`` (a negative intercept is clamped to 0 and ``a`` refit)."""
     xs, ys = list(xs), list(ys)

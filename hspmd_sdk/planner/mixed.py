@@ -578,7 +578,7 @@ def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[i
     ``widen`` (default): each pipeline's window -- the token budget of its micro-batches -- is then raised from the
     longest sequence it was planned for to the largest boundary (up to the context) its memory holds, so that the
     dispatcher may pack several short sequences into one larger micro-batch where that is cheaper (each
-    micro-batch pays the executor's fixed cost once, :mod:`hspmd_sdk.runtime.overhead`); the entry still serves
+    micro-batch pays the executor's fixed cost once, :mod:`hspmd_sdk.runtime.control.overhead`); the entry still serves
     only steps whose longest sequence is at most its ``max_seq_len``.  Where memory binds (long contexts on
     GPUs) the windows stay where the DP put them.
 

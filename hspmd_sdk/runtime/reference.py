@@ -77,7 +77,7 @@ def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: 
 
     import torch
 
-    from .executor import AdamConfig
+    from .workers.executor import AdamConfig
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, not {precision!r}")
@@ -131,8 +131,8 @@ def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any =
     state dict to start from instead of the seeded initialisation.  Returns
     a :class:`ReferenceResult` (``grads`` of step 0, final ``params`` and Adam moments)."""
     from .data import LengthBatches, padded_rows
-    from .executor import AdamConfig
-    from .kernels import IGNORE_INDEX
+    from .workers.executor import AdamConfig
+    from .workers.kernels import IGNORE_INDEX
 
     context = int(model.max_seq_len if context is None else context)
     batches = LengthBatches(documents_for(data, model.vocab_size), context=context, tokens_per_step=tokens_per_step,

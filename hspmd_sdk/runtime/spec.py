@@ -32,7 +32,7 @@ class LaunchSpec(BaseModel):
     """What each worker of a job needs: rendezvous, entry point, run length and a free payload.
 
     ``entry`` is ``"package.module:function"``; the worker calls ``function(state, spec) -> dict`` where ``state``
-    is its :class:`~hspmd_sdk.runtime.worker.WorkerState`.  ``payload`` is free JSON for the entry (later the
+    is its :class:`~hspmd_sdk.runtime.workers.worker.WorkerState`.  ``payload`` is free JSON for the entry (later the
     serialized Program / AnnotationPlan and model config).  ``slowdown`` maps a rank to a factor ``k >= 1``: that
     rank emulates a device ``k`` times slower (CPU demos only; always labelled as emulation in the metrics).
 

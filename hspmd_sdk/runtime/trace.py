@@ -6,8 +6,8 @@ each schedule action (``F mb0``, ``B mb0``, ``SEND_F mb0``, ``RECV_B mb1``, ``PR
 synchronisation (``sync``) and Adam (``optim``) inside ``POST``, and every communication operator by its SPEC name
 (``comm BSR``, ``comm SplitAllReduce``, ...); the process group's own collectives (``c10d::``/``gloo:``) are kept
 beside them.  Each rank sends its spans of a recorded step to the launcher as a ``trace`` message (so it works on
-every transport); :meth:`Job.trace <hspmd_sdk.runtime.job.Job.trace>` merges them into one Chrome/Perfetto trace,
-a track (``pid``) per rank, and :meth:`Job.timeline <hspmd_sdk.runtime.job.Job.timeline>` draws each rank's
+every transport); :meth:`Job.trace <hspmd_sdk.runtime.control.job.Job.trace>` merges them into one Chrome/Perfetto trace,
+a track (``pid``) per rank, and :meth:`Job.timeline <hspmd_sdk.runtime.control.job.Job.timeline>` draws each rank's
 measured phases beside the simulator's prediction for the same Program (:mod:`.timeline`).
 
 Off (no step chosen), :func:`span` is one check of whether a profiler records: the step runs as before.

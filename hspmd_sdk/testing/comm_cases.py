@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime.spec import LaunchSpec
-from ..runtime.worker import WorkerState
+from ..runtime.workers.worker import WorkerState
 
 
 def _ann(data: Any) -> Any:
@@ -66,7 +66,7 @@ def run_all(state: WorkerState, spec: LaunchSpec) -> dict[str, Any]:
     import torch
 
     from ..core.resolve import resolve
-    from ..runtime.comm import comm_groups
+    from ..runtime.workers.comm import comm_groups
 
     torch.set_num_threads(1)
     p = spec.payload
@@ -98,7 +98,7 @@ def run_all(state: WorkerState, spec: LaunchSpec) -> dict[str, Any]:
 def _section_plans(p: dict[str, Any]) -> list[Any]:
     """The CommPlans of the bsr_grad section (forward and backward), for group creation."""
     from ..core.resolve import resolve
-    from ..runtime.comm import backward_plan_for
+    from ..runtime.workers.comm import backward_plan_for
 
     if "bsr_grad" not in p:
         return []
@@ -110,7 +110,7 @@ def _section_plans(p: dict[str, Any]) -> list[Any]:
 def _run_cases(state: WorkerState, cases: list[Any], plans: list[Any], saved: dict[str, np.ndarray]) -> None:
     import torch
 
-    from ..runtime.comm import execute
+    from ..runtime.workers.comm import execute
 
     for i, ((src, dst, shape, seed), plan) in enumerate(zip(cases, plans)):
         if state.rank not in src.ranks and state.rank not in dst.ranks:
@@ -129,7 +129,7 @@ def _megatron(state: WorkerState, seed: int) -> dict[str, np.ndarray]:
 
     from ..core.annotation import DS, DUPLICATE, PARTIAL, Annotation
     from ..core.resolve import resolve
-    from ..runtime.comm import backward_plan_for, gradient_layout, reshard
+    from ..runtime.workers.comm import backward_plan_for, gradient_layout, reshard
 
     rng = np.random.default_rng(seed)
     x0, w1, w2 = (rng.standard_normal(s) for s in ((4, 6), (6, 8), (8, 6)))
@@ -159,7 +159,7 @@ def _bsr_grad(state: WorkerState, b: dict[str, Any]) -> dict[str, np.ndarray]:
 
     from ..core.annotation import local_view
     from ..core.resolve import resolve
-    from ..runtime.comm import backward_plan_for, reshard
+    from ..runtime.workers.comm import backward_plan_for, reshard
 
     src, dst, shape, seed = _ann(b["src"]), _ann(b["dst"]), tuple(b["shape"]), int(b["seed"])
     if state.rank not in src.ranks and state.rank not in dst.ranks:
@@ -215,7 +215,7 @@ def _switch_once(state: WorkerState, plan: Any, src: dict[str, Any], seed: int, 
                  failed: list[int]) -> dict[str, Any]:
     import torch
 
-    from ..runtime.switch_exec import execute_switch
+    from ..runtime.workers.switch_exec import execute_switch
 
     world = state.world_size
     mine = {}

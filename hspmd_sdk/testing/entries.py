@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from ..runtime.spec import LaunchSpec
-from ..runtime.worker import WorkerState
+from ..runtime.workers.worker import WorkerState
 
 
 def default_groups(world: int) -> list[list[int]]:

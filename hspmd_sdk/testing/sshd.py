@@ -4,7 +4,7 @@
 ``127.0.0.3``, ...: the whole of ``127.0.0.0/8`` is this machine) and a free port, with its own host key, key-only
 login for the current user with a client key made for the purpose, and everything (config, keys, pid file, log)
 in a temporary folder that :meth:`LoopbackSSHD.stop` removes.  :class:`LoopbackHosts` starts several of them and
-gives what :func:`~hspmd_sdk.runtime.launcher.launch_remote` needs: a cluster whose host names are the addresses, the
+gives what :func:`~hspmd_sdk.runtime.control.launcher.launch_remote` needs: a cluster whose host names are the addresses, the
 per-host settings (Python = this interpreter), the client key and a known_hosts file with their host keys::
 
     with LoopbackHosts(2, ranks_per_host=2) as lab:

@@ -66,10 +66,10 @@ _SIMS = 32  # simulations kept, by strategy (a click out of a stage and back aga
 def training_runtime(cluster: "Cluster | None" = None) -> tuple[bool, str]:
     """Whether ``hspmd_sdk.runtime.launch`` can train a ``Program`` here (on ``cluster``, if given), and why not.
 
-    Needs the runtime's training entry (``hspmd_sdk.runtime.runs.ENTRY``) and, for a local launch, every host of
+    Needs the runtime's training entry (``hspmd_sdk.runtime.control.runs.ENTRY``) and, for a local launch, every host of
     the cluster to be this machine."""
     try:
-        from ..runtime import launcher, runs
+        from ..runtime.control import launcher, runs
     except Exception as e:  # noqa: BLE001 - any import failure means "not available"
         return False, (f"the training runtime is not available in this install ({type(e).__name__}: {e})")
     if not getattr(runs, "ENTRY", None):

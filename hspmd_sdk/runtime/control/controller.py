@@ -1,0 +1,982 @@
+"""The launcher's side of graph switching (paper §7, §9 (b)): ``Job.switch``, elastic recovery, stragglers.
+
+A :class:`TrainingController` rides along every training job (``launch`` attaches one).  It knows the Program
+the workers run, its cluster and how its ranks map to the processes the launcher started (*launch ranks*, which
+never change; a Program's ranks are renumbered when the survivors of a failure form a smaller world).  Every plan
+change is computed here, once, and sent to the workers (:mod:`.session` executes it):
+
+* ``switch(program)`` (``Job.switch``): the fused BSR of every parameter and Adam moment from the running
+  Program to ``program`` (:func:`hspmd_sdk.core.reconfigure.plan_program_switch`), applied by all workers at the
+  same step boundary;
+* with ``elastic=True`` it is also the job's :class:`~.faults.FailurePolicy`: a worker that died (any signal, a
+  lost host, a hung rank it stops) does not end the job.  The survivors halt at their next communication, the
+  controller replans for them (:func:`hspmd_sdk.planner.replan_elastic`), specializes the new strategy on the
+  survivors renumbered ``0..n-1``, plans the fused BSR from the surviving replicas (``failed=``), and sends each
+  survivor its new rank, the rendezvous of the new world and the plan; they redo the interrupted step.  State
+  with no surviving copy is reloaded from the job's newest complete checkpoint (``checkpoint_dir``): the same
+  survivors, the same new plan, but each reads its shards of it from the checkpoint instead of a BSR, and the run
+  goes on from the checkpoint's step (the steps after it are recomputed on the same data).  Without a checkpoint
+  (none given, or none complete yet) the job fails naming the lost tensors and ranks.  A second failure while
+  reconfiguring replans from the state every survivor still holds;
+* ``grow(program, cluster, joiners)`` (``Job.grow``, :mod:`.grow`): the same switch onto a larger world, the
+  running workers keeping their ranks and new workers joining at the step boundary;
+* with ``straggler=`` it watches each rank's compute seconds per step: a rank slower than it was under the plan by
+  the margin for several steps triggers a replan with its measured speed (:func:`hspmd_sdk.planner.elastic.
+  replan_straggler`) and a switch.
+
+Every reconfiguration is an :class:`Event` in ``Job.events`` (live) and ``JobResult.events``.
+
+**What the workers hold.**  Every plan starts from a layout the workers will really hold, never from one merely
+requested.  Each state is a *version* ``(reconfiguration, switch)``: a user switch is planned from the newest
+version requested (what the switch before it will leave; the workers apply every switch in order, none is
+skipped), a recovery from the version the survivors report in their ``halted`` messages (what they hold: the
+running state, or the state from before the switches of the last step boundary when one of those was cut).  A
+recovery cancels the switches requested before it (their events are ``superseded``; the workers skip them).  When
+the launcher learns of a dead worker it tells every survivor (``halt``), so that a survivor waiting for the dead
+one outside a collective (rank 0 collecting a synchronous checkpoint's records) halts too instead of being taken
+for a hung rank.  A worker that halts when no worker died (a genuine error mistaken for a peer's) gets a clear end
+of the job, never silence.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
+
+from ...errors import HSPMDError, SwitchError
+from .faults import Failure, Reaction
+
+if TYPE_CHECKING:
+    from ...core.cluster import Cluster
+    from ...core.specialize import Program
+    from ...core.strategy import Strategy
+    from .job import Job
+
+__all__ = ["Event", "TrainingController", "SwitchError", "StragglerWatch"]
+
+Reason = Literal["user", "failure", "straggler", "length", "grow"]
+
+
+@dataclass
+class Event:
+    """One reconfiguration of a running job (SPEC §6).
+
+    ``step``: the first step run under the new ``strategy``; ``reason``: ``"user"``, ``"failure"``,
+    ``"straggler"``, ``"length"`` or ``"grow"`` (new workers joined: :mod:`.grow`); ``failed_ranks``: launch ranks lost (for a failure); ``seconds``: ``detect``
+    (from the first evidence of the failure to the start of replanning), ``plan``, ``specialize``, ``switch`` (the
+    slowest worker's fused BSR, rejoining included) and ``total``; ``bytes``: moved by the switch, ``"intra"`` /
+    ``"inter"`` node (by the cluster's link classes).  ``done``: every worker reported the switch.
+    ``ranks``: launch rank -> rank in the new Program.  ``source``: where the state came from — ``"memory"`` (the
+    surviving replicas, by fused BSR) or ``"checkpoint"`` (state with no surviving copy: every survivor reloaded
+    its shards of the new plan from the checkpoint of step ``checkpoint_step``; the run went back to that step,
+    ``seconds["switch"]`` is then the slowest worker's rejoin and read, ``seconds["load"]`` its read alone,
+    ``seconds["verify"]`` the launcher's check of the checkpoint, and ``bytes["read"]`` the bytes all survivors
+    read)."""
+
+    step: int
+    reason: Reason
+    failed_ranks: list[int]
+    strategy: "Strategy | None"
+    seconds: dict[str, float]
+    bytes: dict[str, int]
+    ranks: dict[int, int] = field(default_factory=dict)
+    done: bool = False
+    superseded: bool = False  #: another failure came before every worker switched: the next event replaced it
+    program: Any = field(default=None, repr=False)
+    source: Literal["memory", "checkpoint"] = "memory"
+    checkpoint_step: int | None = None
+    version: tuple[int, int] | None = field(default=None, repr=False)  #: the workers' state after it (controller)
+
+    def __str__(self) -> str:
+        s = self.seconds
+        keys = ("detect", "plan", "verify", "specialize", "switch", "load", "total")
+        parts = ", ".join(f"{k} {s[k]:.3f} s" for k in keys if k in s)
+        lost = f", lost ranks {self.failed_ranks}" if self.failed_ranks else ""
+        moved = f"{(self.bytes.get('intra', 0) + self.bytes.get('inter', 0)) / 1e6:.2f} MB moved"
+        if self.source == "checkpoint":
+            moved = (f"reloaded from the checkpoint of step {self.checkpoint_step}, "
+                     f"{self.bytes.get('read', 0) / 1e6:.2f} MB read")
+        return f"step {self.step}: {self.reason}{lost}; {parts}; {moved}"
+
+
+@dataclass
+class _Numbering:
+    """A Program and how its ranks map to launch ranks."""
+
+    program: Any
+    cluster: Any
+    to_launch: dict[int, int]  # program rank -> launch rank
+
+    @property
+    def of_launch(self) -> dict[int, int]:
+        return {l: r for r, l in self.to_launch.items()}
+
+
+class StragglerWatch:
+    """Per-rank compute seconds per step, as a share: a rank's compute over the median of the other ranks' in the
+    same step, against that rank's own share in the first ``warmup`` complete steps after each (re)configuration
+    (its baseline: what the running plan gives it).  A rank whose share stayed ``margin`` times its baseline for
+    the last ``steps`` steps is a straggler; its measured factor is the median ratio.  Shares cancel what slows
+    every rank alike (background load on a shared machine, a first step's set-up); a 1-rank job has none."""
+
+    def __init__(self, margin: float = 1.5, steps: int = 3, warmup: int = 2) -> None:
+        self.margin, self.steps, self.warmup = float(margin), int(steps), int(warmup)
+        self.reset()
+
+    def reset(self) -> None:
+        self._steps: dict[int, dict[int, float]] = {}   # step -> rank -> compute seconds (incomplete steps)
+        self._shares: dict[int, list[float]] = {}       # rank -> its share in each complete step, in order
+
+    def add(self, rank: int, compute_s: float, *, step: int, ranks: Sequence[int]) -> tuple[int, float] | None:
+        """Record ``rank``'s compute seconds of ``step`` (``ranks``: every rank the step waits for); returns
+        ``(rank, factor)`` when that step completes and shows a rank that has just become a straggler."""
+        got = self._steps.setdefault(int(step), {})
+        got[int(rank)] = float(compute_s)
+        if not set(ranks) <= set(got) or len(got) < 2:
+            return None
+        del self._steps[int(step)]
+        for old in [s for s in self._steps if s < step]:  # steps that never completed (a rank was lost)
+            del self._steps[old]
+        found = None
+        for r, x in got.items():
+            others = sorted(v for q, v in got.items() if q != r)
+            ref = (others[(len(others) - 1) // 2] + others[len(others) // 2]) / 2
+            if ref <= 0:
+                continue
+            shares = self._shares.setdefault(r, [])
+            shares.append(x / ref)
+            if len(shares) < self.warmup + self.steps:
+                continue
+            base = sorted(shares[: self.warmup])[(self.warmup - 1) // 2]
+            recent = shares[-self.steps:]
+            if base > 0 and all(v > self.margin * base for v in recent):
+                factor = sorted(v / base for v in recent)[self.steps // 2]
+                if found is None or factor > found[1]:
+                    found = (r, factor)
+        return found
+
+
+class TrainingController:
+    """See the module docstring.  Made by :func:`~hspmd_sdk.runtime.control.train.launch_training`."""
+
+    def __init__(self, program: "Program", cluster: "Cluster", *, global_batch: int, seq_len: int,
+                 elastic: bool = False, straggler: StragglerWatch | None = None, cost: Any = None,
+                 checkpoint_dir: str | None = None, resumed_from: str | None = None,
+                 checkpoint_every: int | None = None, debounce_s: float = 0.3, halt_timeout_s: float = 60.0, grow_back: Any = None,
+                 grow_back_default: bool = False) -> None:
+        self.current = _Numbering(program, cluster, {r: r for r in cluster.ranks})  # the newest version requested
+        # every version workers may still hold, by (reconfiguration, switch) id: lexicographic order is the order
+        # they were made in; the ones no worker can offer any more are dropped (:meth:`_prune_versions`)
+        self._versions: dict[tuple[int, int], _Numbering] = {(0, 0): self.current}
+        self._acked: tuple[tuple[int, int], int] | None = None  # (the newest version all applied, its first step)
+        self.global_batch, self.seq_len = int(global_batch), int(seq_len)
+        self.elastic, self.straggler, self.cost = elastic, straggler, cost
+        self.grow_back, self.launched = grow_back, cluster  # (:mod:`.growback`: after a recovery, towards this)
+        self.launch_program = program  # the plan the job was launched with (growing back returns to it)
+        self.grow_back_default = grow_back_default  # none chosen: the transport's own (``Transport.grows_back``)
+        self.debounce_s, self.halt_timeout_s = debounce_s, halt_timeout_s
+        # where lost state is reloaded from: this job's checkpoints (and the one it resumed from)
+        self.checkpoint_dir, self.resumed_from = checkpoint_dir, resumed_from
+        self.checkpoint_every = checkpoint_every
+        self.events: list[Event] = []
+        self.job: "Job | None" = None
+        self._lock = threading.RLock()
+        self._switch_id = 0
+        self._reconf_id = 0
+        self._dead: set[int] = set()          # launch ranks lost so far
+        self._pending_dead: set[int] = set()  # lost, not yet planned around
+        self._evidence: float | None = None
+        self._halted: dict[int, dict[str, Any]] = {}
+        self._switched: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+        self._open: dict[tuple[str, int], Event] = {}
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self._warmed = False  # the planners imported ahead of the first replan (:func:`_warm_planners`)
+        self._watches: dict[int, StragglerWatch] = {}  # mixed: a watch per candidate (its ranks' shares differ)
+        self._slow: dict[int, float] = {}  # mixed: launch rank -> the slowdown the dispatch is priced for
+        self.mixed = False  # a mixed-length job (:mod:`.mixed`): its plan changes per step, by length
+        self.length_planner: Any = None  # its dispatch (:class:`~.mixed.LengthPlanner`)
+        self._candidates: dict[int, int] = {}  # mixed: reconfiguration id -> how many candidates it has
+
+    def use_candidates(self, programs: Sequence["Program"], first: int, planner: Any) -> None:
+        """Make this the controller of a mixed-length job choosing per step among ``programs`` (``first`` runs
+        first), dispatched by ``planner``.  Its versions are ``(reconfiguration id, candidate)``: a worker holds
+        the state of the candidate it last switched to, and an elastic recovery replans every candidate on the
+        survivors (:meth:`_replan_candidates`)."""
+        ident = {r: r for r in self.current.to_launch}
+        self.mixed, self.length_planner = True, planner
+        self._versions = {(0, i): _Numbering(p, self.current.cluster, dict(ident)) for i, p in enumerate(programs)}
+        self._candidates = {0: len(programs)}
+        self.current = self._versions[(0, first)]
+
+    # ---- wiring ---------------------------------------------------------------------------------------------
+    def attach(self, job: "Job") -> None:
+        self.job = job
+        job.on_message("halted", self._on_halted)
+        job.on_message("switched", self._on_switched)
+        job.on_message("metric", self._on_metric)
+        job.on_finish(self._ended)
+
+    def _ended(self, job: "Job") -> None:
+        """The job ended: a switch or grow it never reached (its last step came first) is ``superseded``, said."""
+        with self._lock:
+            never = [e for e in self._open.values() if not e.done]
+            self._open.clear()
+        for event in never:
+            event.superseded = True
+            job._note(f"the job ended before the step boundary of the {event.reason} requested at step {event.step}: "
+                      "it was not applied")
+
+    @property
+    def program(self) -> "Program":
+        """The Program the job runs now (ranks in the current world's numbering)."""
+        return self.current.program
+
+    @property
+    def cluster(self) -> "Cluster":
+        """The cluster the job runs on now (after failures: the survivors, renumbered)."""
+        return self.current.cluster
+
+    @property
+    def alive(self) -> list[int]:
+        return sorted(set(self.current.to_launch.values()) - self._dead)
+
+    # ---- Job.switch -----------------------------------------------------------------------------------------
+    def switch(self, program: "Program", *, reason: Reason = "user") -> Event:
+        """Move the running job to ``program`` at the next step boundary (``Job.switch``)."""
+        from ...core.reconfigure import plan_program_switch
+        from ..protocol import pack_payload
+
+        if self.mixed:
+            raise SwitchError("this job trains on mixed-length data: it chooses its plan per step among its "
+                              "candidate programs (Job.events shows the length switches)")
+        self._acquire_quiet("switch")
+        try:
+            cur = self.current
+            self._check_switchable(program, cur)
+            t0 = time.perf_counter()
+            plan = plan_program_switch(cur.program, program, cur.cluster)
+            t_plan = time.perf_counter() - t0
+            self._switch_id += 1
+            ident = self._switch_id
+            event = Event(self._next_step(), reason, [], _strategy_of(program), {"detect": 0.0, "plan": t_plan,
+                          "specialize": 0.0}, _bytes(plan, cur.cluster), dict(cur.of_launch), program=program)
+            self._open[("switch", ident)] = event
+            self.events.append(event)
+            # planned from the newest version requested: the workers apply the switches in order
+            self.current = _Numbering(program, cur.cluster, dict(cur.to_launch))
+            event.version = (self._reconf_id, ident)
+            self._versions[event.version] = self.current
+            if self.straggler is not None:
+                self.straggler.reset()
+        finally:
+            self._lock.release()
+        self._send({"type": "switch", "id": ident, "payload": pack_payload((program, plan))},
+                   self.alive)
+        return event
+
+    def _acquire_quiet(self, what: str) -> None:
+        """Take the lock once no reconfiguration after a failure is under way (a switch or a grow follows it)."""
+        deadline = time.monotonic() + self.halt_timeout_s + 30.0
+        while True:
+            self._lock.acquire()
+            if not self._busy and not any(k[0] == "reconfigure" for k in self._open):
+                return
+            self._lock.release()
+            if self.job is not None and self.job._done.is_set():
+                raise SwitchError(f"job {self.job.job_id} ended while reconfiguring after a failure; there is "
+                                  f"nothing to {what}")
+            if time.monotonic() > deadline:
+                raise SwitchError(f"the job is still reconfiguring after a failure; {what} again when it is done "
+                                  "(Job.events shows when)")
+            time.sleep(0.01)
+
+    # ---- Job.grow -------------------------------------------------------------------------------------------
+    def grow(self, program: "Program", cluster: "Cluster", joiners: Mapping[int, int]) -> Event:
+        """Move the running job onto ``cluster`` (the one it runs on now, ranks ``0..n-1`` in the same order, plus
+        new ranks) and ``program`` at the next step boundary (``Job.grow``).  ``joiners``: rank of ``cluster`` ->
+        launch rank, for the workers just started for the new ranks (they hold nothing yet).  The running workers
+        leave their world at the boundary, every worker joins the larger one (rendezvous on the host of the new
+        rank 0), and one fused BSR moves every parameter and Adam moment to ``program``'s layout: the newcomers
+        get their shards from the running ranks, whose numbering stays the same."""
+        from ...core.reconfigure import plan_program_switch
+        from ..protocol import pack_payload
+
+        if self.mixed:
+            raise SwitchError("growing a mixed-length job (per-step candidates) is not supported yet; grow a job "
+                              "that trains one Program")
+        self._acquire_quiet("grow")
+        try:
+            cur = self.current
+            n = cur.cluster.num_ranks
+            to_launch = {**{r: cur.to_launch[r] for r in range(n)}, **{int(r): int(l) for r, l in joiners.items()}}
+            if sorted(to_launch) != list(range(cluster.num_ranks)):
+                raise SwitchError(f"the grown cluster has ranks 0..{cluster.num_ranks - 1}; the job runs "
+                                  f"0..{n - 1} and new workers were started for {sorted(joiners)}")
+            dead = sorted(r for r in range(n) if cur.to_launch[r] in self._dead)
+            if dead:
+                raise SwitchError(f"ranks {dead} of the job failed and are not replanned yet; grow once the job "
+                                  "recovered (Job.events shows when)")
+            if program.model != cur.program.model:
+                raise SwitchError(f"the new program trains {program.model!r}, the job {cur.program.model!r}: "
+                                  "growing keeps the model")
+            if program.bindings.get("B") != cur.program.bindings.get("B"):
+                raise SwitchError(f"the new program's global batch is {program.bindings.get('B')}, the job's "
+                                  f"{cur.program.bindings.get('B')}: growing keeps the data of every step")
+            t0 = time.perf_counter()
+            plan = plan_program_switch(cur.program, program, cluster)  # cur's ranks keep their numbers
+            t_plan = time.perf_counter() - t0
+            self._switch_id += 1
+            ident = self._switch_id
+            launch_of = {l: r for r, l in to_launch.items()}
+            event = Event(self._next_step(), "grow", [], _strategy_of(program),
+                          {"detect": 0.0, "plan": t_plan, "specialize": 0.0}, _bytes(plan, cluster),
+                          launch_of, program=program)
+            self._open[("switch", ident)] = event
+            self.events.append(event)
+            self.current = _Numbering(program, cluster, to_launch)
+            event.version = (self._reconf_id, ident)
+            self._versions[event.version] = self.current
+            if self.straggler is not None:
+                self.straggler.reset()
+            reconf = self._reconf_id
+        finally:
+            self._lock.release()
+        addr, port = self._rendezvous(to_launch[0])
+        self._send({"type": "switch", "id": ident, "payload": pack_payload((program, plan)),
+                    "grow": {"master_addr": addr, "master_port": port, "world": cluster.num_ranks,
+                             "ranks": {str(l): r for l, r in launch_of.items()}, "reconfigured": reconf}},
+                   self.alive)
+        return event
+
+    def record_event(self, key: tuple[str, int], event: Event) -> None:
+        """Record a reconfiguration planned elsewhere (a length switch, :mod:`.mixed`): it is ``done`` once every
+        worker reported ``switched`` with ``what, id = key``."""
+        with self._lock:
+            self._open[key] = event
+            self.events.append(event)
+            got = self._switched.get(key)
+        if got:
+            for rank, msg in list(got.items()):
+                self._on_switched(rank, msg)
+
+    def _check_switchable(self, program: "Program", cur: _Numbering) -> None:
+        if program.model != cur.program.model:
+            raise SwitchError(f"the new program trains {program.model!r}, the job {cur.program.model!r}: a switch "
+                              "keeps the model")
+        outside = sorted(set(program.ranks) - set(cur.to_launch))
+        if outside:
+            raise SwitchError(f"the new program uses ranks {outside} that the job does not run (its ranks now: "
+                              f"{sorted(cur.to_launch)}); specialize it on job.cluster")
+        dead = sorted(r for r in program.ranks if cur.to_launch[r] in self._dead)
+        if dead:
+            raise SwitchError(f"the new program uses ranks {dead}, which failed")
+        if program.bindings.get("B") != cur.program.bindings.get("B"):
+            raise SwitchError(f"the new program's global batch is {program.bindings.get('B')}, the job's "
+                              f"{cur.program.bindings.get('B')}: a switch keeps the data of every step")
+
+    def _next_step(self) -> int:
+        job = self.job
+        return (job.metrics.last_step() + 1) if job is not None else 0
+
+    # ---- the failure policy ---------------------------------------------------------------------------------
+    def on_failure(self, job: "Job", failure: Failure) -> Reaction:
+        if not self.elastic or failure.kind == "error":
+            return Reaction.STOP  # a worker raised: a bug or a bad input, not a lost device
+        lost = {int(r) for r in failure.ranks}
+        if failure.kind == "hung":
+            job.stop_ranks(sorted(lost))  # a frozen worker is as good as dead: make it so, then go on without it
+        with self._lock:
+            fresh = lost - self._dead
+            if not fresh:
+                return Reaction.CONTINUE
+            self._dead |= fresh
+            self._pending_dead |= fresh
+            self._evidence = min(self._evidence or failure.time, failure.time)
+            world = self._reconf_id
+        # every survivor learns it now: one waiting for the dead rank outside a collective stops waiting and halts
+        self._send({"type": "halt", "after": world, "ranks": sorted(fresh)}, self.alive)
+        with self._lock:
+            if not self._busy:  # the loop clears it, under the lock, when it stops looking for failures
+                self._thread = threading.Thread(target=self._reconfigure_loop, name="hspmd-reconfigure",
+                                                daemon=True)
+                self._busy = True
+                self._thread.start()
+        return Reaction.CONTINUE
+
+    def _on_halted(self, rank: int, msg: dict[str, Any]) -> None:
+        with self._lock:
+            self._halted[rank] = {**msg, "at": time.time()}
+            if int(msg.get("after", -1)) != self._reconf_id:
+                return  # about a world already replaced
+            if self._evidence is None:
+                self._evidence = time.time()
+            unexplained = self.elastic and not self._busy and not self._pending_dead
+        if unexplained:
+            threading.Thread(target=self._answer_halt, args=(rank, msg, self._reconf_id), name="hspmd-halt",
+                             daemon=True).start()
+
+    def _answer_halt(self, rank: int, msg: dict[str, Any], reconf_id: int) -> None:
+        """A worker halted and no worker is known dead: wait as long as the launcher needs to notice a silent
+        one (its heartbeats), then end the job with the worker's own reason rather than leave it waiting."""
+        job = self.job
+        grace = (job.spec.silent_s if job is not None else 10.0) + 1.0
+        end = time.monotonic() + grace
+        # a silent rank under investigation (its stack asked for, then stopped) is a failure about to be reported:
+        # its peers' connections to it may have failed first (its host died while the transport's link to it, a
+        # Slurm step's srun, still stands)
+        cap = end + self.halt_timeout_s
+        while True:
+            with self._lock:
+                if self._busy or self._pending_dead or self._reconf_id != reconf_id:
+                    return  # a failure explains it: the recovery answers
+                now = time.monotonic()
+                waiting = now < end or (now < cap and job is not None and _investigating(job, self._dead))
+            if job is not None and job._done.is_set():
+                return
+            if not waiting:
+                break
+            time.sleep(0.05)
+        self._give_up(HSPMDError(f"rank {rank} stopped on an error it took for a peer's failure, but no worker died "
+                                 f"within {grace:.0f} s: {msg.get('error')}"), rank=rank)
+
+    def _on_switched(self, rank: int, msg: dict[str, Any]) -> None:
+        key = (str(msg.get("what")), int(msg.get("id", 0)))
+        with self._lock:
+            got = self._switched.setdefault(key, {})
+            got[rank] = msg
+            event = self._open.get(key)
+            if event is None:
+                return
+            expected = set(event.ranks)
+            if expected <= set(got) or (self.alive and set(self.alive) <= set(got)):
+                self._finish(key, event, got)
+
+    def _finish(self, key: tuple[str, int], event: Event, got: dict[int, dict[str, Any]]) -> None:
+        event.seconds["switch"] = max(float(m.get("seconds", 0.0)) + float(m.get("rejoin_s", 0.0))
+                                      for m in got.values())
+        event.seconds["total"] = sum(event.seconds.get(k, 0.0)
+                                     for k in ("detect", "plan", "verify", "specialize", "switch"))
+        event.step = min(int(m.get("step", event.step)) for m in got.values())
+        if event.source == "checkpoint":
+            event.seconds["load"] = max(float(m.get("load_s", 0.0)) for m in got.values())
+            event.bytes["read"] = sum(int(m.get("bytes_read", 0)) for m in got.values())
+        event.done = True
+        del self._open[key]
+        if event.version is not None and (self._acked is None or event.version > self._acked[0]):
+            self._acked = (event.version, event.step)
+        if self.job is not None:
+            self.job._note(f"reconfigured ({event.reason}): {event}")
+            if event.reason == "failure" and self.elastic:
+                policy = self.grow_back
+                if policy is None and self.grow_back_default and getattr(self.job.transport, "grows_back", False):
+                    from .growback import GrowBack
+
+                    policy = GrowBack()
+                if policy is not None:
+                    policy.watch(self.job, self.launched)
+
+    def _prune_versions(self, step: int) -> None:
+        """Drop the versions no worker can offer any more: once a step run under a version every worker applied
+        has committed, nobody holds (or keeps as ``previous``) anything older."""
+        if self._acked is None or step < self._acked[1]:
+            return
+        newest = self._acked[0]
+        for key in [k for k in self._versions if k < newest]:
+            del self._versions[key]
+
+    def _on_metric(self, rank: int, msg: dict[str, Any]) -> None:
+        with self._lock:
+            self._prune_versions(int(msg.get("step", -1)))
+            warm, self._warmed = not self._warmed and (self.elastic or self.straggler is not None), True
+        if warm:  # once the job trains (not while its workers start): the first replan finds its solvers loaded
+            threading.Thread(target=_warm_planners, name="hspmd-warm-planners", daemon=True).start()
+        watch = self.straggler
+        extra = msg.get("extra") or {}
+        compute = extra.get("compute_s")
+        if watch is None or compute is None:
+            return
+        step = int(msg.get("step", -1))
+        with self._lock:
+            if self._busy or any(k[0] != "length" for k in self._open):
+                return
+            cur = self.current  # the ranks that compute in the running Program
+            if self.mixed:
+                measured = self._measured_share(rank, float(compute), step, cur)
+                if measured is None:
+                    return
+                watch, compute, working = measured
+            else:
+                working = [cur.to_launch[r] for r in cur.program.ranks if cur.to_launch[r] not in self._dead]
+            found = watch.add(rank, float(compute), step=step, ranks=working)
+        if found is not None:
+            threading.Thread(target=self._straggler, args=found, name="hspmd-straggler", daemon=True).start()
+
+    def _measured_share(self, rank: int, compute: float, step: int, cur: "_Numbering"
+                        ) -> tuple[StragglerWatch, float, list[int]] | None:
+        """A mixed-length step's compute seconds of launch rank ``rank`` as a multiple of what the dispatch
+        estimated for it (each step gives each pipeline other sequences), the candidate's own watch (its stages'
+        estimates err differently) and the ranks that step waits for; ``None`` for a step not dispatched under
+        the current pricing (dispatched ahead before a repricing, or in a world since replaced)."""
+        rec = self.length_planner.record(step)
+        if rec is None or rec.get("pricing") != self.length_planner.pricing:
+            return None
+        estimates = rec.get("rank_seconds") or {}
+        mine = estimates.get(cur.of_launch.get(rank, -1), 0.0)
+        if mine <= 0:
+            return None
+        base = self.straggler
+        watch = self._watches.setdefault(int(rec["choice"]),
+                                         StragglerWatch(base.margin, base.steps, base.warmup))  # type: ignore[union-attr]
+        working = [cur.to_launch[r] for r, t in estimates.items() if t > 0 and r in cur.to_launch
+                   and cur.to_launch[r] not in self._dead]
+        return watch, compute / mine, working
+
+    # ---- reconfiguring after failures -----------------------------------------------------------------------
+    def _reconfigure_loop(self) -> None:
+        try:
+            while True:
+                time.sleep(self.debounce_s)  # a host's other ranks are reported within moments: plan once for all
+                with self._lock:
+                    if not self._pending_dead:
+                        self._busy = False
+                        return
+                    self._pending_dead.clear()
+                try:
+                    self._reconfigure()
+                except Exception as e:  # noqa: BLE001 - the job must end with the reason, not hang
+                    self._give_up(e)
+                    return
+        finally:
+            with self._lock:
+                if not self._pending_dead:
+                    self._busy = False
+
+    def _wait_halted(self, survivors: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """Every survivor's ``halted`` report sent since it applied the latest reconfiguration (a survivor that
+        does not halt within ``halt_timeout_s`` fails the recovery, naming it)."""
+        end = time.monotonic() + self.halt_timeout_s
+        while True:
+            with self._lock:
+                got = {r: m for r, m in self._halted.items()
+                       if r in survivors and int(m.get("after", -1)) == self._reconf_id}
+                if set(survivors) - self._dead <= set(got):
+                    return {r: got[r] for r in survivors if r not in self._dead}
+                if self._pending_dead:
+                    return {}
+            if time.monotonic() > end:
+                missing = sorted(set(survivors) - set(got) - self._dead)
+                raise HSPMDError(f"ranks {missing} did not halt within {self.halt_timeout_s:.0f} s after the failure "
+                                 f"of ranks {sorted(self._dead)}")
+            time.sleep(0.01)
+
+    def _reconfigure(self) -> None:
+        from ...core.reconfigure import LostStateError, plan_program_switch
+        from ...core.specialize import specialize
+        from ...core.strategy_plan import plan_from_strategy
+        from ...planner.elastic import renumber, replan_elastic, survivor_cluster
+        from ..checkpoints.checkpoint import resume_payload
+        from ..protocol import pack_payload
+
+        t_start = time.time()
+        with self._lock:
+            evidence = self._evidence or t_start
+            base = self.current
+            survivors = [l for l in base.to_launch.values() if l not in self._dead]
+        halted = self._wait_halted(survivors)
+        if not halted:
+            return  # more ranks failed meanwhile: the loop plans again for all of them
+        with self._lock:
+            self._evidence = None  # this failure's evidence is used up: the next failure's detection starts anew
+        # newcomers whose grow did not complete hold nothing: the others' state decides, and they get their shards
+        joining = {r for r, m in halted.items() if m.get("empty")}
+        halted = {r: m for r, m in halted.items() if r not in joining}
+        if not halted:
+            raise HSPMDError(f"only newcomers that had not joined yet survived (launch ranks {sorted(joining)}): "
+                             "they hold no state; resume from a checkpoint")
+        sources = {m.get("source") for m in halted.values()}
+        steps = {int(m.get("step", -1)) for m in halted.values()}
+        held = {tuple(int(x) for x in m.get("held", (0, 0))) for m in halted.values()}
+        before = _common_previous(halted)
+        if sources == {"live", "previous"} and before is not None:
+            # some ranks were inside the first commit after a switch (a rank with no state there gets there at
+            # once), none completed it: everyone still holds the state from before the switch; recover from it
+            sources, held = {"previous"}, {before}  # (their steps agree: nobody is told to finish one)
+        last = max(steps)
+        # the failure hit a step's commit: some ranks completed it, the others hold its synchronised gradients
+        finish = sorted(r for r, m in halted.items() if int(m.get("step", -1)) == last - 1
+                        and m.get("finish") is not None and int(m["finish"]) == last)
+        if len(steps) > 1 and {int(halted[r]["step"]) for r in set(halted) - set(finish)} == {last}:
+            steps, sources = {last}, {"live"}
+        offer: dict[int, str] = {}
+        if (len(sources) != 1 or len(held) != 1) and len(steps) == 1:
+            # around a grow, the running ranks and the newcomers offer different versions: one that every running
+            # rank offers, whose ranks the others are not among (they take part holding nothing)
+            with self._lock:
+                found = _version_for_all(halted, self._versions)
+            if found is not None:
+                version, offer = found
+                sources, held = set(offer.values()) - {"nothing"}, {version}
+        if len(sources) != 1 and not offer or len(steps) != 1 or len(held) != 1:
+            raise HSPMDError(f"the survivors disagree on their state after the failure (steps {sorted(steps)}, "
+                             f"sources {sorted(sources)}, plan versions {sorted(held)}); resume from a checkpoint")
+        finish = finish if last in steps and finish and any(int(m["step"]) == last for m in halted.values()) else []
+        version = held.pop()
+        offer = {**{r: next(iter(sources)) for r in halted}, **offer, **{r: "nothing" for r in joining}}
+        empty = {r for r, kind in offer.items() if kind == "nothing"}
+        with self._lock:
+            src = self._versions.get(version)
+        if src is None:
+            raise HSPMDError(f"the survivors hold the state of plan version {version}, which the launcher no longer "
+                             "has")
+        replan = src
+        if empty - set(src.to_launch.values()):  # the state is from before the grow those ranks came with:
+            src, replan = _with_newcomers(src, base), base  # replan the grown one, they hold nothing
+        dead_src = sorted(r for r, l in src.to_launch.items() if l in self._dead)
+        model = src.program.model
+        strategy = _strategy_of(replan.program)
+        t0 = time.perf_counter()
+        # a single survivor runs a single pipeline (the planner's default keeps two replicas when the running
+        # strategy had them, which one device cannot hold)
+        alone = 1 if src.cluster.num_ranks - len(dead_src) == 1 else None
+        new_strategy = replan_elastic(model, src.cluster, strategy, dead_src, seq_len=self.seq_len,
+                                      global_batch=self._replan_batch(src.cluster, dead_src), cost=self.cost,
+                                      min_pipelines=alone)
+        t1 = time.perf_counter()
+        cluster, mapping = survivor_cluster(src.cluster, dead_src)
+        program = specialize(model, plan_from_strategy(model, renumber(new_strategy, mapping), cluster), cluster,
+                             bindings=None if self.mixed else dict(src.program.bindings))  # mixed: B per step
+        t2 = time.perf_counter()
+        inverse = {new: old for old, new in mapping.items()}
+        checkpoint = None
+        try:
+            plan = plan_program_switch(src.program, program, src.cluster, dst_to_src=inverse, failed=dead_src,
+                                       empty=[r for r, l in src.to_launch.items() if l in empty])
+            t3 = t_verified = time.perf_counter()
+        except LostStateError as lost:  # no survivor holds it: the survivors read the new plan's shards instead
+            t3, plan = time.perf_counter(), None
+            checkpoint = self._checkpoint_for(lost, max(steps) + 1)
+            t_verified = time.perf_counter()
+        launch_of_new = {new: src.to_launch[old] for old, new in mapping.items()}
+        candidates, choice = ([program], 0) if not self.mixed else \
+            self._replan_candidates(version, program, dead_src, mapping, cluster)
+        leader = launch_of_new[0]
+        addr, port = self._rendezvous(leader)
+        with self._lock:
+            # a failure came mid-reconfiguration, or before switches the user requested were applied: the new plan
+            # replaces them (the workers skip the switches up to ``switch_floor``)
+            for key in list(self._open):
+                if key[0] in ("reconfigure", "switch"):
+                    self._open.pop(key).superseded = True
+            self._reconf_id += 1
+            ident = self._reconf_id
+            floor = self._switch_id
+            ranks = {l: n for n, l in launch_of_new.items()}
+            resume = steps.pop() + 1 if checkpoint is None else checkpoint.step
+            src_ranks = {l: r for r, l in src.to_launch.items() if l in ranks}
+            # the lost ranks of the state the survivors hold and of the newest plan (a newcomer that died in the first
+            # step after a grow is only in the latter: the survivors went back to the state from before it)
+            lost = sorted(l for l in set(src.to_launch.values()) | set(base.to_launch.values()) if l in self._dead)
+            event = Event(resume, "failure", lost,
+                          _strategy_of(program), {"detect": max(0.0, t_start - evidence), "plan": t1 - t0,
+                                                 "specialize": t2 - t1 + (t3 - t2)},
+                          _bytes(plan, src.cluster) if plan is not None else {"intra": 0, "inter": 0},
+                          ranks, program=program, source="memory" if checkpoint is None else "checkpoint",
+                          checkpoint_step=None if checkpoint is None else checkpoint.step)
+            if checkpoint is not None:
+                event.seconds["verify"] = t_verified - t3
+                finish = []  # the running state is given up: nothing from before this can be replanned
+            self._open[("reconfigure", ident)] = event
+            self.events.append(event)
+            self.current = _Numbering(program, cluster, launch_of_new)
+            if self.mixed:  # the versions of the new world: each candidate replanned on the survivors
+                for j, p in enumerate(candidates):
+                    self._versions[(ident, j)] = _Numbering(p, cluster, dict(launch_of_new))
+                self._candidates[ident] = len(candidates)
+                self._switched = {k: v for k, v in self._switched.items() if k[0] != "length"}
+            else:
+                event.version = (ident, floor)
+                self._versions[event.version] = self.current
+            if self.straggler is not None:
+                self.straggler.reset()
+            self._watches.clear()
+            self._slow.clear()  # the dispatch restarts priced for the survivors as launched
+        msg = {"type": "reconfigure", "id": ident, "world": len(launch_of_new), "ranks": ranks,
+               "src_ranks": src_ranks, "master_addr": addr, "master_port": port, "resume_step": resume,
+               "source": "memory" if checkpoint is None else "checkpoint", "finish": finish,
+               "offer": {str(l): kind for l, kind in offer.items()},
+               "checkpoint": None if checkpoint is None else resume_payload(checkpoint),
+               "switch_floor": floor, "retake_checkpoint": self._checkpoint_missed(resume),
+               "payload": pack_payload((program, plan))}
+        if self.mixed:
+            msg.update({"candidates": pack_payload(candidates), "choice": choice})
+        self._send(msg, sorted(ranks))
+        if self.mixed:  # dispatch again from the step the survivors go on from, among the new candidates
+            self.length_planner.restart(candidates, cluster, start=resume, current=choice, generation=ident)
+        if self.job is not None:
+            how = "switching" if checkpoint is None else f"reloading the checkpoint of step {resume} under"
+            self.job._note(f"ranks {event.failed_ranks} lost: {how} {new_strategy}")
+
+    def _replan_batch(self, cluster: "Cluster", dead: Sequence[int]) -> int:
+        """The global batch a replan after a failure keeps: the job's; for mixed-length data, whose steps the
+        dispatch cuts into micro-batches itself, at least one sample per survivor (any data-parallel degree)."""
+        return max(self.global_batch, cluster.num_ranks - len(dead)) if self.mixed else self.global_batch
+
+    def _replan_candidates(self, version: tuple[int, int], held: "Program", dead: Sequence[int],
+                           mapping: Mapping[int, int], cluster: "Cluster") -> tuple[list["Program"], int]:
+        """Every candidate of a mixed-length job's world ``version[0]`` replanned on the survivors (``held``: the
+        one the survivors hold, already replanned) the way :func:`~hspmd_sdk.planner.elastic.replan_elastic`
+        replans one; a candidate with no plan on the survivors is dropped.  Returns the candidates and the index
+        of ``held`` among them."""
+        from ...core.specialize import specialize
+        from ...core.strategy_plan import plan_from_strategy
+        from ...planner.elastic import renumber, replan_elastic
+
+        out: list["Program"] = []
+        choice = 0
+        for j in range(self._candidates.get(version[0], 0)):
+            if j == version[1]:
+                choice = len(out)
+                out.append(held)
+                continue
+            src = self._versions.get((version[0], j))
+            if src is None:
+                continue
+            model = src.program.model
+            try:
+                strategy = replan_elastic(model, src.cluster, _strategy_of(src.program), list(dead),
+                                          seq_len=self.seq_len, global_batch=self._replan_batch(src.cluster, dead), cost=self.cost)
+                out.append(specialize(model, plan_from_strategy(model, renumber(strategy, dict(mapping)), cluster),
+                                      cluster))  # the dispatch gives each step's micro-batches
+            except HSPMDError:
+                continue  # no plan of this candidate fits the survivors: the others do its steps
+        return out, choice
+
+    def _checkpoint_missed(self, resume: int) -> bool:
+        """Whether the newest checkpoint the schedule wanted by step ``resume`` (the steps the survivors go on
+        from) is not committed: the failure interrupted its write.  The survivors then save after their next step
+        instead of waiting ``checkpoint_every`` steps more (decided here, once: every survivor gets the same)."""
+        if self.checkpoint_dir is None or not self.checkpoint_every:
+            return False
+        from ..checkpoints.checkpoint import list_checkpoints
+
+        due = resume // self.checkpoint_every * self.checkpoint_every
+        return due > 0 and due not in {s for s, _ in list_checkpoints(self.checkpoint_dir)}
+
+    def _checkpoint_for(self, lost: Any, before: int) -> Any:
+        """The newest complete (verified) checkpoint of this job at a step up to ``before`` to reload the state
+        ``lost`` (a :class:`~hspmd_sdk.core.reconfigure.LostStateError`) from; without one, the error naming the
+        tensors and ranks."""
+        from ..checkpoints.checkpoint import list_checkpoints, load_checkpoint
+        from ..checkpoints.checkpoint_io import CheckpointError
+
+        if self.checkpoint_dir is None:
+            raise lost
+        job_id = self.job.spec.job_id if self.job is not None else None
+        mine = [(s, p) for s, p in list_checkpoints(self.checkpoint_dir) if s <= before]
+        for _, path in reversed(mine):
+            try:
+                ck = load_checkpoint(path)  # verified, checksums included: nothing is reloaded silently wrong
+            except CheckpointError:
+                continue  # damaged: an older one may do
+            if ck.manifest.job_id == job_id or (self.resumed_from is not None
+                                                and ck.path.resolve() == Path(self.resumed_from).resolve()):
+                return ck
+        raise HSPMDError(f"{lost.what}, and no checkpoint of this job in {self.checkpoint_dir} was complete yet (the "
+                         f"failure came at step {before}, before the first checkpoint was committed): nothing to "
+                         "reload it from")
+
+    def _rendezvous(self, launch_rank: int) -> tuple[str, int]:
+        """Where the new world meets: on the host of its new rank 0, at a port free there."""
+        from ..transports.transport import is_local_host
+        from ..transports.transport import LocalTransport
+
+        job = self.job
+        host = job.spec.hosts[launch_rank] if job is not None else "localhost"
+        transport = getattr(job, "transport", None)
+        if transport is None or is_local_host(host):
+            return LocalTransport().rendezvous(host)
+        return transport.rendezvous(host, fresh=True)
+
+    def _give_up(self, error: BaseException, rank: int | None = None) -> None:
+        """End the job with the reason the reconfiguration failed (lost state, no plan fits, ...); ``rank``: the
+        worker whose halt could not be answered (no worker died)."""
+        job = self.job
+        if job is None:
+            return
+        lost = sorted(self._dead)
+        if rank is not None:
+            job._fail(Failure(rank, str(error), kind="error"))
+            return
+        job._fail(Failure(lost[0] if lost else 0, f"elastic recovery after the failure of ranks {lost} failed: "
+                                                  f"{error}", kind="error"))
+
+    # ---- stragglers -----------------------------------------------------------------------------------------
+    def _straggler(self, launch_rank: int, factor: float) -> None:
+        from ...core.specialize import specialize
+        from ...core.strategy_plan import plan_from_strategy
+        from ...planner.elastic import replan_straggler
+
+        if self.mixed:
+            self._reprice(launch_rank, factor)
+            return
+        with self._lock:
+            if self._busy or self._open:
+                return
+            cur = self.current
+        rank = cur.of_launch.get(launch_rank)
+        if rank is None:
+            return
+        model = cur.program.model
+        t0 = time.perf_counter()
+        strategy = replan_straggler(model, cur.cluster, _strategy_of(cur.program), {rank: factor},
+                                    seq_len=self.seq_len, global_batch=self.global_batch, cost=self.cost)
+        t1 = time.perf_counter()
+        program = specialize(model, plan_from_strategy(model, strategy, cur.cluster), cur.cluster,
+                             bindings=dict(cur.program.bindings))
+        t2 = time.perf_counter()
+        try:
+            event = self.switch(program, reason="straggler")
+        except SwitchError:
+            return
+        event.seconds.update({"plan": t1 - t0 + event.seconds["plan"], "specialize": t2 - t1})
+        event.failed_ranks = []
+        if self.job is not None:
+            self.job._note(f"rank {launch_rank} is {factor:.2f}x slower than under its plan: switching to {strategy}")
+
+    def _reprice(self, launch_rank: int, factor: float) -> None:
+        """A straggler in a mixed-length job: its candidates stay, and the dispatch prices them from the next
+        step with the rank ``factor`` times slower (compounding an earlier factor), so each step's sequences go
+        to the pipelines, and the step to the candidate, by the measured speeds.  Nothing moves between workers:
+        the event is done at once.  A recovery after a failure prices its survivors afresh."""
+        with self._lock:
+            if self._busy or any(k[0] != "length" for k in self._open):
+                return
+            cur = self.current
+            if launch_rank not in cur.of_launch:
+                return
+            self._slow[launch_rank] = self._slow.get(launch_rank, 1.0) * factor
+            slow = {cur.of_launch[l]: k for l, k in self._slow.items() if l in cur.of_launch}
+            t0 = time.perf_counter()
+            step = self.length_planner.reprice(slow)
+            event = Event(step, "straggler", [], _strategy_of(cur.program), {"detect": 0.0,
+                          "plan": time.perf_counter() - t0, "specialize": 0.0, "switch": 0.0},
+                          {"intra": 0, "inter": 0}, dict(cur.of_launch), done=True, program=cur.program)
+            event.seconds["total"] = event.seconds["plan"]
+            self.events.append(event)
+            self._watches.clear()
+        if self.job is not None:
+            self.job._note(f"rank {launch_rank} is {factor:.2f}x slower than the dispatch estimated: from step {step} "
+                           f"each step's sequences are shared by the measured speeds (rank {launch_rank} priced "
+                           f"{self._slow[launch_rank]:.2f}x slower)")
+
+    # ---- sending --------------------------------------------------------------------------------------------
+    def _send(self, msg: dict[str, Any], ranks: Sequence[int]) -> None:
+        if self.job is not None:
+            self.job._send_control(msg, [r for r in ranks if r not in self._dead])
+
+
+def _warm_planners() -> None:
+    """Import what a replan after a failure or a straggler runs (the planners, PuLP, Pyomo and its HiGHS
+    interface: about 1 s the first time, which the first recovery would otherwise spend).  Never raises."""
+    import importlib
+
+    for name in _REPLAN_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a replan imports it again and reports what is missing
+            pass
+
+
+#: What a replan imports (the same modules as the replan's own imports in this file; the solvers the planners use).
+_REPLAN_MODULES = ("hspmd_sdk.core.reconfigure", "hspmd_sdk.core.specialize", "hspmd_sdk.core.strategy_plan",
+                   "hspmd_sdk.planner.elastic", "hspmd_sdk.planner.hetero", "hspmd_sdk.planner.simulator", "pulp",
+                   "pyomo.environ", "pyomo.contrib.appsi")
+
+
+def _common_previous(halted: dict[int, dict[str, Any]]) -> tuple[int, int] | None:
+    """The version every survivor can still offer from before the last switch, when the survivors report the
+    running state (``live``, from inside the first commit after the switch, with ``previous_held``) and the state
+    from before it (``previous``) at one step; ``None`` when some survivor has only its running state (it completed
+    that commit: the others must finish it)."""
+    versions: set[tuple[int, int]] = set()
+    for m in halted.values():
+        kept = m.get("held") if m.get("source") == "previous" else m.get("previous_held")
+        if kept is None:
+            return None
+        versions.add(tuple(int(x) for x in kept))
+    steps = {int(m.get("step", -1)) for m in halted.values()}
+    return versions.pop() if len(versions) == 1 and len(steps) == 1 else None
+
+
+def _with_newcomers(src: _Numbering, grown: _Numbering) -> _Numbering:
+    """``src``'s Program on the ``grown`` cluster and numbering (a grow keeps the running ranks' numbers and adds
+    new ones): the source of a reconfiguration in which the grow's newcomers take part holding nothing."""
+    if any(grown.to_launch.get(r) != l for r, l in src.to_launch.items()):
+        raise HSPMDError(f"the survivors hold the state of a plan whose ranks {src.to_launch} are not the first "
+                         f"ranks of the newest one {grown.to_launch}: its newcomers cannot join a switch from it")
+    return _Numbering(src.program, grown.cluster, dict(grown.to_launch))
+
+
+def _version_for_all(halted: dict[int, dict[str, Any]], versions: Mapping[tuple[int, int], _Numbering]
+                     ) -> tuple[tuple[int, int], dict[int, str]] | None:
+    """A plan version to recover from when the survivors (at one step) hold different ones, and what each offers
+    of it (``"live"``: its running state, ``"previous"``: the state it kept from before the last switch,
+    ``"nothing"``: it is not among that version's ranks, and takes part holding nothing).  Every survivor among the
+    version's ranks must offer it; the one fewest survivors give up their state for wins, then the older one.
+    ``None`` when there is none."""
+    offers: dict[int, dict[tuple[int, int], str]] = {}
+    for r, m in halted.items():
+        mine: dict[tuple[int, int], str] = {}
+        held = tuple(int(x) for x in m.get("held", (0, 0)))
+        whole = m.get("whole")
+        if m.get("source") == "previous":
+            mine[held] = "previous"
+            if whole is not None:
+                mine[tuple(int(x) for x in whole)] = "live"
+        else:
+            if whole is not None and tuple(int(x) for x in whole) == held:
+                mine[held] = "live"
+            if m.get("previous_held") is not None:
+                mine[tuple(int(x) for x in m["previous_held"])] = "previous"
+        offers[r] = mine
+    best: tuple[int, tuple[int, int], dict[int, str]] | None = None
+    for v in sorted({v for mine in offers.values() for v in mine}):
+        numbering = versions.get(v)
+        if numbering is None:
+            continue
+        members = set(numbering.to_launch.values())
+        if any(v not in offers[r] for r in halted if r in members) or not any(r in members for r in halted):
+            continue
+        offer = {r: offers[r].get(v, "nothing") for r in halted}
+        given_up = sum(kind == "nothing" for kind in offer.values())
+        if best is None or given_up < best[0]:
+            best = (given_up, v, offer)
+    return None if best is None else (best[1], best[2])
+
+
+def _investigating(job: "Job", dead: set[int]) -> bool:
+    """Whether the job's watchdog is reporting a silent rank: ``suspect``, and not yet among the ``dead`` (its
+    failure is still on its way: its stack asked for, then the rank stopped, then the policy told)."""
+    ranks, lock = getattr(job, "_ranks", None), getattr(job, "_lock", None)
+    if ranks is None or lock is None:  # a job without a watchdog (a stand-in): nobody is being reported
+        return False
+    with lock:
+        return any(rec.suspect and r not in dead for r, rec in ranks.items())
+
+
+def _strategy_of(program: "Program") -> "Strategy | None":
+    from ...core.strategy_plan import strategy_of
+
+    return strategy_of(program)
+
+
+def _bytes(plan: Any, cluster: Any) -> dict[str, int]:
+    vol = plan.volume()
+    return {"intra": int(sum(v.get("intra", 0) for v in vol.values())),
+            "inter": int(sum(v.get("inter", 0) for v in vol.values()))}
+
+
+Waiter = Callable[[], bool]

@@ -1,0 +1,925 @@
+"""A running job: its workers' streams, logs, metrics, fault detection and result.
+
+Background threads (the transport's) deliver every worker line to :meth:`Job._on_line`; the job keeps per-rank
+logs (in memory and in ``log_dir/rank{R}.log``, plus ``log_dir/job.log`` with every line prefixed by its rank),
+metrics and results.  Writing the log files is a convenience: when the disk fails (full, read-only) the job warns
+once and keeps the logs in memory, and its outcome is the true one.
+
+A watchdog thread turns silence into failures (:mod:`.faults`): a rank not heard for ``spec.silent_s`` seconds
+(stopped, frozen), a rank that stayed out of communication for ``spec.stall_s`` seconds while peers waited in
+communication for it (both ``hung``, with the rank's stack from faulthandler), a host whose agent or connection
+went quiet (``connection lost``, with the ranks it carried).  Each failure goes to the job's policy; the default
+stops every worker at once and :meth:`Job.wait` raises :class:`~hspmd_sdk.errors.RuntimeFailure` for the *first*
+failing rank: a genuine error wins over the connection errors its peers raise afterwards, then the earliest.
+
+The launcher -> worker direction is a channel too: :meth:`Job._send_control` queues a JSON message for all or some
+ranks (``WorkerState.poll_control()`` on the worker side), relayed by the agent over SSH.
+"""
+from __future__ import annotations
+
+import atexit
+import enum
+import json
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Callable, Sequence
+
+from ...errors import HSPMDError, RuntimeFailure
+from .faults import Failure, FailurePolicy, Reaction, StopOnFailure, describe_returncode
+from ..metrics import MetricsHistory, StepMetrics
+from .progress import Progress, in_notebook, make_progress
+from ..protocol import decode
+from ..spec import LaunchSpec
+from ..transports.transport import Transport, WorkerGroup
+
+__all__ = ["Job", "JobResult", "JobStatus", "JobCancelled", "Failure", "LogDirError"]
+
+#: How many stderr lines of a rank that died without a traceback are quoted in the error.
+TAIL_LINES = 30
+#: Seconds a rank may take to send its first line (Python start-up, imports on a loaded machine).
+START_GRACE_S = 60.0
+#: Seconds to wait for a hung rank's stack after asking for it.
+DUMP_WAIT_S = 3.0
+
+
+class JobStatus(str, enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class JobCancelled(RuntimeFailure):
+    """The job was cancelled (``Job.cancel()`` or an interrupt) before it finished."""
+
+
+class LogDirError(HSPMDError):
+    """The job's log folder cannot be created or written; nothing was started."""
+
+
+@dataclass
+class JobResult:
+    """What a finished job returns.
+
+    ``losses``: per-step losses of the loss rank, ordered by step; ``results``: each rank's entry return value;
+    ``metrics``: every rank's step metrics; ``emulation``: ranks whose speed was emulated (rank -> factor);
+    ``failures``: failures the job's policy let it survive (empty under the default policy); ``events``: every
+    reconfiguration (``Job.switch``, an elastic recovery, a straggler, a length switch; SPEC §6).
+    """
+
+    job_id: str
+    results: dict[int, dict[str, Any]]
+    losses: list[float]
+    metrics: dict[int, list[StepMetrics]]
+    wall_time: float
+    log_dir: Path
+    emulation: dict[int, float] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+    events: list[Any] = field(default_factory=list)
+    stopped_at: int | None = None  # the steps done when ``Job.stop()`` ended the job early
+
+    def step_times(self, rank: int) -> list[float]:
+        return [m.step_time for m in self.metrics.get(rank, []) if m.step_time is not None]
+
+
+#: The start-up of a worker, in order: (phase, the milestone that ends it).  ``spawned``: the launcher started the
+#: process; ``hello``: its first line (Python and the worker module loaded); ``imported``: torch and the entry's
+#: modules imported; ``ready``: the process group formed (rendezvous); ``built``: a training run's Program,
+#: executor and state built; ``first_step``: its first step's metrics arrived.
+STARTUP_PHASES = (("processes", "hello"), ("imports", "imported"), ("rendezvous", "ready"),
+                  ("build", "built"), ("first step", "first_step"))
+
+
+@dataclass
+class StartupTimes:
+    """Where the time from ``launch()`` to the first step went (:meth:`Job.startup`), as the launcher saw it
+    (receipt times of the workers' messages: no other host's clock is trusted).
+
+    ``prepare_s``: the launcher's own work before any process started (option checks, specialization, resource
+    preflight; ``None`` when the job was started without it); ``phases``: seconds of each phase of
+    :data:`STARTUP_PHASES` on the job's critical path (until the last rank reached the milestone ending it;
+    ``None`` for a milestone no rank reported yet); ``per_rank``: each rank's seconds from its spawn to each
+    milestone it reached; ``total_s``: ``prepare_s`` plus every phase measured."""
+
+    prepare_s: float | None
+    phases: dict[str, float | None]
+    per_rank: dict[int, dict[str, float]]
+
+    @property
+    def total_s(self) -> float:
+        return (self.prepare_s or 0.0) + sum(v for v in self.phases.values() if v is not None)
+
+    def __str__(self) -> str:
+        parts = ([f"prepare {self.prepare_s:.2f} s"] if self.prepare_s is not None else []) + [
+            f"{name} {sec:.2f} s" for name, sec in self.phases.items() if sec is not None]
+        return f"launch to first step {self.total_s:.2f} s: " + ", ".join(parts)
+
+
+@dataclass
+class _Rank:
+    lines: list[str] = field(default_factory=list)
+    stderr_tail: list[str] = field(default_factory=list)
+    pid: int | None = None
+    host: str | None = None
+    result: dict[str, Any] | None = None
+    returncode: int | None = None
+    # liveness, as the launcher saw it (monotonic receipt times: no clock of another host is trusted)
+    started: float = 0.0
+    heard: float | None = None
+    ready: bool = False
+    beat: dict[str, Any] = field(default_factory=dict)
+    beat_at: float = 0.0
+    progress_at: float = 0.0
+    suspect: bool = False
+    capture: list[str] | None = None
+    phases: dict[str, float] = field(default_factory=dict)  # start-up milestone -> monotonic receipt time
+
+
+class _Logs:
+    """The job's log files; a failed write (disk full, read-only) warns once and the logs stay in memory.
+
+    Reader threads of every rank write here at once: one lock, so a failure closing the files never meets a
+    write in progress (and warns once)."""
+
+    def __init__(self, log_dir: Path, ranks: Sequence[int], job_id: str) -> None:
+        self.dir, self.job_id = log_dir, job_id
+        self.broken: str | None = None
+        self._files: dict[int | str | None, IO[str]] = {}
+        self._lock = threading.RLock()
+        try:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            for r in ranks:
+                self._files[r] = open(log_dir / f"rank{r}.log", "w", buffering=1)
+            self._files[None] = open(log_dir / "job.log", "w", buffering=1)
+        except OSError as e:
+            self.close()
+            raise LogDirError(f"cannot write the job's logs in {log_dir}: {e.strerror or e}; pass log_dir= (CLI: "
+                              "--log-dir) a writable folder. Nothing was started.") from None
+
+    def add(self, ranks: Sequence[int]) -> None:
+        """Log files for ranks that joined the job (``Job.grow``)."""
+        with self._lock:
+            if self.broken is not None or not self._files:
+                return
+            try:
+                for r in ranks:
+                    self._files[r] = open(self.dir / f"rank{r}.log", "w", buffering=1)
+            except OSError as e:
+                self._fail(e)
+
+    def write(self, rank: int | None, text: str) -> None:
+        """A line of ``rank``'s log (and the job's); ``rank=None``: the job's own line, in job.log only."""
+        with self._lock:
+            if self.broken is not None or not self._files:
+                return
+            try:
+                if rank is None:
+                    self._files[None].write(f"[job] {text}\n")
+                    return
+                self._files[rank].write(text + "\n")
+                self._files[None].write(f"[rank {rank}] {text}\n")
+            except (OSError, ValueError) as e:  # ValueError: written after close
+                self._fail(e)
+
+    def metric(self, record: dict[str, Any]) -> None:
+        """One step's metrics of one rank as a line of ``metrics.jsonl`` (every job keeps one)."""
+        with self._lock:
+            if self.broken is not None or not self._files:
+                return
+            try:
+                if "metrics" not in self._files:
+                    self._files["metrics"] = open(self.dir / "metrics.jsonl", "w", buffering=1)
+                self._files["metrics"].write(json.dumps(record) + "\n")
+            except (OSError, ValueError) as e:
+                self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        self.broken = getattr(e, "strerror", None) or str(e)
+        warnings.warn(f"job {self.job_id}: cannot write its logs in {self.dir} ({self.broken}); from now on the "
+                      "logs are kept in memory only (job.logs(rank)); the job goes on", RuntimeWarning,
+                      stacklevel=2)
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            files, self._files = list(self._files.values()), {}
+        for f in files:
+            try:
+                f.close()
+            except OSError:
+                pass  # the last buffered line could not be written: the disk is full; the job is not affected
+
+
+class Job:
+    """Workers running one :class:`LaunchSpec`; create with :func:`hspmd_sdk.runtime.launch_spec`.
+
+    ``status``, ``logs(rank)``, ``metrics``, ``log_dir``, ``failures``, ``wait(timeout)``, ``cancel()``,
+    ``stop_ranks(ranks)``.  Usable as a context manager: leaving the block cancels a job that is still running.
+    ``policy``: what to do about a failure (:mod:`.faults`; default :class:`~.faults.StopOnFailure`).
+    """
+
+    def __init__(self, spec: LaunchSpec, hosts: dict[str, list[int]], transport: Transport, *,
+                 log_dir: str | Path | None = None, progress: bool | None = None,
+                 echo: Callable[[str], None] | None = None, policy: FailurePolicy | None = None) -> None:
+        self.spec = spec
+        self.transport = transport
+        self.policy: FailurePolicy = policy or StopOnFailure()
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix=f"hspmd-{spec.job_id}-"))
+        self._logs = _Logs(self.log_dir, spec.ranks, spec.job_id)
+        self.metrics = MetricsHistory()
+        self._hosts = hosts
+        self._echo = echo
+        self._lock = threading.RLock()
+        self._done = threading.Event()
+        self._status = JobStatus.STARTING
+        self._ranks = {r: _Rank() for r in spec.ranks}
+        self._failures: list[Failure] = []  # what fails the job: the failure that stopped it and what followed
+        self._absorbed: list[Failure] = []  # what the policy let the job survive
+        self._lost_hosts: set[str] = set()
+        self._stopping = False
+        self._cancelled = False
+        self._groups: list[WorkerGroup] = []
+        self._t0 = time.monotonic()
+        self._t1: float | None = None
+        if progress is None:  # by default where someone watches: a notebook, or a terminal
+            progress = in_notebook() or bool(getattr(sys.stderr, "isatty", lambda: False)())
+        self._progress: Progress | None = make_progress(spec.steps, f"job {spec.job_id}") if progress else None
+        self.prepared_s: float | None = None  #: the launcher's seconds before the workers started (:meth:`startup`)
+        self._observers: dict[str, list[Callable[[int, dict[str, Any]], None]]] = {}
+        self._recorded: dict[int, dict[int, dict[str, Any]]] = {}  # launch rank -> step -> profiled spans (.trace)
+        self._finish_hooks: list[Callable[["Job"], None]] | None = []  # None once they ran (on_finish)
+        self.notes: list[str] = []  #: the job's own messages (reconfigurations), also in job.log
+        self.controller: Any = None  #: the :class:`~.controller.TrainingController` of a training job
+        self._watch = threading.Thread(target=self._watchdog, name=f"hspmd-watch-{spec.job_id}", daemon=True)
+        self._atexit = self._kill_at_exit
+        atexit.register(self._atexit)
+
+    # ---- public --------------------------------------------------------------------------------------------
+    @property
+    def status(self) -> JobStatus:
+        return self._status
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the job started, up to its end once it ended (read-only; for displays)."""
+        return (self._t1 if self._t1 is not None else time.monotonic()) - self._t0
+
+    @property
+    def failures(self) -> list[Failure]:
+        """Every failure detected so far (those the policy let the job survive, then those that failed it)."""
+        with self._lock:
+            return [*self._absorbed, *self._failures]
+
+    def logs(self, rank: int) -> str:
+        """Everything rank ``rank`` printed or logged so far, one line a line."""
+        if rank not in self._ranks:
+            raise KeyError(f"rank {rank} is not in job {self.job_id} (ranks 0..{self.spec.world_size - 1})")
+        with self._lock:
+            return "\n".join(self._ranks[rank].lines)
+
+    def pids(self, *, include_lost: bool = False) -> dict[int, int]:
+        """Rank -> process id on its host (as the transport started it), for the ranks whose process runs or ran to
+        its end: a rank lost on the way (killed, crashed, stopped as hung) is not listed unless ``include_lost``."""
+        out: dict[int, int] = {}
+        for g in list(self._groups):
+            out.update(g.pids())
+        if include_lost:
+            return out
+        with self._lock:
+            lost = {r for r, rec in self._ranks.items() if rec.returncode not in (None, 0)}
+        return {r: p for r, p in out.items() if r not in lost}
+
+    def wait(self, timeout: float | None = None) -> JobResult:
+        """Block until every worker exited; the result, or ``RuntimeFailure`` for the first failing rank.
+
+        ``timeout`` seconds: raise ``TimeoutError`` (the job keeps running; ``cancel()`` it if needed).
+        An interrupt (Ctrl-C, the notebook's stop button) cancels the job, then propagates.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self._done.wait(0.05):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"job {self.job_id} still running after {timeout} s "
+                                       f"(status {self.status.value}); call job.cancel() to stop it")
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
+        return self._outcome()
+
+    def cancel(self) -> None:
+        """Stop every worker now (idempotent); ``wait()`` then raises ``JobCancelled``."""
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._cancelled = True
+        self._stop_all()
+        self._done.wait(10.0)
+
+    def stop(self) -> None:
+        """End a training job gracefully: every worker finishes the step it is in, the job ends after the first
+        step whose commit carries the request (all ranks at once; the step's checkpoint, if any, is the last),
+        and ``wait()`` returns the losses of the steps done (``JobResult.stopped_at``: how many).  A job that
+        runs some other entry (no step boundary to stop at) is cancelled instead (:meth:`cancel`)."""
+        with self._lock:
+            if self._done.is_set():
+                return
+            ranks = [r for r, rec in self._ranks.items() if rec.returncode is None]
+        if self.controller is None:
+            self.cancel()
+            return
+        self._note("stop requested: the job ends after the step in progress")
+        self._send_control({"type": "stop"}, ranks)
+
+    def stop_ranks(self, ranks: Sequence[int], grace_s: float = 0.5) -> None:
+        """Stop the workers of ``ranks`` only (for a policy that lets the others go on); their exits are not
+        failures."""
+        wanted = {int(r) for r in ranks}
+        for g in list(self._groups):
+            mine = [r for r in g.ranks if r in wanted]
+            if mine:
+                g.kill(grace_s, ranks=mine)
+
+    # ---- graph switching (a training job's controller) -----------------------------------------------------
+    def switch(self, program_or_strategy: Any) -> Any:
+        """Move the running job to a Program or a Strategy at the next step boundary (SPEC §6, §9): every
+        parameter and Adam moment moves by one fused BSR, no process restarts, training goes on at the same step.
+
+        A :class:`~hspmd_sdk.core.specialize.Program` trains the same model on ranks the job runs
+        (``job.cluster``).  A :class:`~hspmd_sdk.core.strategy.Strategy` is specialized here for the job's model
+        on its current cluster (``job.cluster``: after an elastic recovery, the survivors' numbering) with the
+        running Program's bindings (the global batch stays).  Anything else raises
+        :class:`~.controller.SwitchError` naming its type.  Called while the job reconfigures itself after a
+        failure, it waits for that to finish first.  Returns the :class:`~.controller.Event`; it is ``done`` once
+        every worker switched."""
+        from ...core.specialize import Program, specialize
+        from ...core.strategy import Strategy
+        from ...core.strategy_plan import plan_from_strategy
+        from ...errors import SwitchError
+
+        if self.controller is None:
+            raise RuntimeFailure(f"job {self.job_id} runs an entry that cannot switch plans (only training jobs "
+                                 "launched with hspmd_sdk.launch can)")
+        if self._done.is_set():
+            raise RuntimeFailure(f"job {self.job_id} has finished ({self.status.value}); there is nothing to switch")
+        target = program_or_strategy
+        if not isinstance(target, (Program, Strategy)):
+            raise SwitchError(f"job.switch takes a Program or a Strategy, not {type(target).__name__} "
+                              f"({target!r:.80}); specialize(model, plan, cluster) gives a Program, "
+                              "Strategy.load(...) a Strategy")
+        if isinstance(target, Strategy) and not getattr(self.controller, "mixed", False):
+            running, cluster = self.controller.program, self.controller.cluster
+            model = running.model
+            target = specialize(model, plan_from_strategy(model, target, cluster), cluster,
+                                bindings=dict(running.bindings))
+        return self.controller.switch(target)
+
+    def grow(self, cluster: Any, program: Any = None) -> Any:
+        """Grow the running job onto ``cluster`` in memory (SPEC §10): ``cluster`` is ``job.cluster`` (the ranks
+        it runs on now, in the same order) plus new ranks; one worker is started per new rank, and at the next
+        step boundary every worker meets in the larger world and the job switches to ``program`` (a Program on
+        ``cluster`` or a Strategy; default: the planner's plan for ``cluster``) by one fused BSR that gives the
+        new workers their parameters and Adam moments.  Training goes on at the same step with the same losses.
+        Returns the :class:`~.controller.Event` (``reason="grow"``); it is ``done`` once every worker switched.
+        Not for mixed-length jobs yet (:mod:`.grow`)."""
+        from .grow import grow_job
+
+        return grow_job(self, cluster, program)
+
+    def _add_workers(self, spec: LaunchSpec, joiners: dict[int, int]) -> None:
+        """Start a newcomer per launch rank in ``joiners.values()`` (``spec``: the grown job's spec)."""
+        new = sorted(joiners.values())
+        hosts: dict[str, list[int]] = {}
+        for r in new:
+            hosts.setdefault(spec.hosts[r], []).append(r)
+        with self._lock:
+            self.spec = spec
+            now = time.monotonic()
+            for r in new:
+                self._ranks[r] = _Rank(started=now)
+                self._ranks[r].phases["spawned"] = now
+                self._hosts.setdefault(spec.hosts[r], []).append(r)
+            self._logs.add(new)
+        joining = spec.model_copy(update={"joining": True})
+        for host, ranks in hosts.items():
+            group = self.transport.start(host, ranks, joining, self._on_line, self._on_exit)
+            with self._lock:
+                self._groups.append(group)
+
+    @property
+    def events(self) -> list[Any]:
+        """Every reconfiguration so far (:class:`~.controller.Event`; live)."""
+        return list(self.controller.events) if self.controller is not None else []
+
+    @property
+    def program(self) -> Any:
+        """The Program the job runs now (``None`` for a job that does not train one)."""
+        return self.controller.program if self.controller is not None else None
+
+    @property
+    def cluster(self) -> Any:
+        """The cluster the job runs on now (after an elastic recovery: the survivors, renumbered)."""
+        return self.controller.cluster if self.controller is not None else None
+
+    # ---- measured timelines (launch(..., profile=[steps])) ---------------------------------------------------
+    def trace(self, path: str | Path | None = None) -> Path:
+        """Write the profiled steps of every rank as one Chrome/Perfetto trace (a track per rank; the plan's
+        actions, its communication operators by their SPEC names and the process group's collectives; see
+        :mod:`.trace`) to ``path`` (default ``<log_dir>/trace.json``) and return the path: open it in
+        https://ui.perfetto.dev or ``chrome://tracing``.  Raises ``ValueError`` when no step was recorded."""
+        from ..trace import merge
+
+        with self._lock:
+            recorded = {r: {s: list(v["spans"]) for s, v in per.items()} for r, per in self._recorded.items()}
+        if not recorded:
+            raise ValueError("no step was recorded: launch with profile=[step, ...] (steps to record)")
+        out = Path(path) if path is not None else self.log_dir / "trace.json"
+        out.write_text(json.dumps(merge(recorded, self._rank_labels())))
+        return out
+
+    def timeline(self, step: int | None = None) -> Any:
+        """Each rank's measured phases of a profiled ``step`` (default: the last recorded) beside the simulator's
+        prediction for the Program that ran it: a :class:`~.timeline.Timeline` (``figure()``, ``gaps``,
+        ``table()``; a notebook shows both)."""
+        from .timeline import build_timeline
+
+        with self._lock:
+            recorded = {r: dict(per) for r, per in self._recorded.items()}
+        return build_timeline(recorded, self.controller, step, self._rank_labels())
+
+    def _rank_labels(self) -> dict[int, str]:
+        with self._lock:
+            return {r: f"rank {r}" + (f" ({rec.host})" if rec.host else "") for r, rec in self._ranks.items()}
+
+    def dashboard(self, **kwargs: Any) -> Any:
+        """A notebook widget following this job: step, loss curve, per-rank step times, reconfigurations
+        (:class:`hspmd_sdk.viz.JobDashboard`; needs the ``notebook`` extra)."""
+        from ...viz.dashboard import JobDashboard
+
+        return JobDashboard(self, **kwargs)
+
+    def on_message(self, kind: str, fn: Callable[[int, dict[str, Any]], None]) -> None:
+        """Call ``fn(rank, message)`` for every worker protocol message of ``kind`` (after the job's own handling;
+        on the reader thread: keep it short)."""
+        self._observers.setdefault(kind, []).append(fn)
+
+    def on_finish(self, fn: Callable[["Job"], None]) -> None:
+        """Call ``fn(job)`` once when the job ends — succeeded, failed or cancelled — before ``wait()`` returns
+        (at once if it has ended already); e.g. to release what the launcher holds for it (checkpoint locks)."""
+        with self._lock:
+            if self._finish_hooks is not None:
+                self._finish_hooks.append(fn)
+                return
+        fn(self)
+
+    def _note(self, text: str) -> None:
+        """A line of the job's own (a reconfiguration): job.log, ``job.notes`` and the echo."""
+        with self._lock:
+            self.notes.append(text)
+            self._logs.write(None, text)
+        if self._echo is not None:
+            self._echo(f"[job] {text}")
+        if self._progress is not None:
+            try:
+                self._progress.note(text)
+            except Exception:  # noqa: BLE001 - a broken terminal must not break the job
+                pass
+
+    def __enter__(self) -> "Job":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cancel()
+
+    def __repr__(self) -> str:
+        return (f"Job({self.job_id}: {self.spec.world_size} ranks, {self.status.value}, "
+                f"step {self.metrics.last_step() + 1}/{self.spec.steps}, logs in {self.log_dir})")
+
+    # ---- the launcher -> worker channel --------------------------------------------------------------------
+    def _send_control(self, msg: dict[str, Any], ranks: Sequence[int] | None = None) -> None:
+        """Queue the JSON object ``msg`` for ``ranks`` (default: every rank); each worker receives it, in the
+        order sent, from ``state.poll_control()``.  Never blocks; ranks that exited are skipped."""
+        if not isinstance(msg, dict):
+            raise TypeError(f"a control message is a dict (a JSON object), not {type(msg).__name__}")
+        json.dumps(msg)  # not JSON-able: the caller hears it now, not a worker later
+        targets = set(self.spec.ranks) if ranks is None else {int(r) for r in ranks}
+        unknown = sorted(targets - set(self.spec.ranks))
+        if unknown:
+            raise KeyError(f"ranks {unknown} are not in job {self.job_id} (ranks 0..{self.spec.world_size - 1})")
+        for g in list(self._groups):
+            mine = [r for r in g.ranks if r in targets]
+            if mine:
+                g.send_control(msg, mine)
+
+    # ---- start ---------------------------------------------------------------------------------------------
+    def start(self) -> "Job":
+        """Start the workers on every host (called by ``launch_spec``)."""
+        try:
+            for host, ranks in self._hosts.items():
+                now = time.monotonic()
+                with self._lock:
+                    for r in ranks:
+                        self._ranks[r].started = now
+                        self._ranks[r].phases["spawned"] = now
+                self._show_startup()
+                group = self.transport.start(host, ranks, self.spec, self._on_line, self._on_exit)
+                with self._lock:
+                    self._groups.append(group)
+                    stopping = self._stopping
+                if stopping:  # a worker already failed (or cancel() ran) while we were starting this host
+                    group.kill()
+        except BaseException:
+            self._cancelled = True
+            started = {r for g in self._groups for r in g.ranks}
+            with self._lock:  # ranks that never started will never exit: count them as exited
+                for r in set(self._ranks) - started:
+                    self._ranks[r].returncode = -1
+            self._stop_all()
+            self._maybe_finish()
+            raise
+        with self._lock:
+            if self._status is JobStatus.STARTING:
+                self._status = JobStatus.RUNNING
+        self._watch.start()
+        return self
+
+    # ---- stream handling (reader threads) ------------------------------------------------------------------
+    def _on_line(self, rank: int, stream: str, line: str) -> None:
+        now = time.monotonic()
+        rec = self._ranks[rank]
+        rec.heard = now
+        msg = decode(line) if stream == "out" else None
+        if msg is None:
+            self._append(rank, line, stderr=(stream == "err"))
+            return
+        kind = msg.get("t")
+        if kind == "beat":
+            with self._lock:
+                rec.beat, rec.beat_at = msg, now
+        elif kind == "log":
+            self._append(rank, str(msg.get("text", "")), stderr=msg.get("stream") == "stderr")
+        elif kind == "metric":
+            rec.progress_at = now
+            rec.phases.setdefault("first_step", now)
+            self._on_metric(StepMetrics.from_message(msg | {"rank": rank}))
+        elif kind == "hello":
+            with self._lock:
+                rec.pid, rec.host = msg.get("pid"), msg.get("host")
+                rec.phases.setdefault("hello", now)
+            self._show_startup()
+        elif kind == "phase":
+            with self._lock:
+                rec.phases.setdefault(str(msg.get("name")), now)
+            self._show_startup()
+        elif kind == "ready":
+            with self._lock:
+                rec.ready, rec.progress_at = True, now
+                rec.phases.setdefault("ready", now)
+            self._show_startup()
+        elif kind == "result":
+            with self._lock:
+                rec.result = dict(msg.get("value") or {})
+        elif kind == "error":
+            self._on_error(rank, msg)
+        elif kind == "trace":
+            with self._lock:
+                self._recorded.setdefault(rank, {})[int(msg.get("step", -1))] = {
+                    "rank": msg.get("program_rank", rank), "version": msg.get("version"),
+                    "spans": msg.get("spans") or [], "collect_s": msg.get("collect_s")}
+        for fn in self._observers.get(str(kind), ()):
+            try:
+                fn(rank, msg)
+            except Exception as e:  # noqa: BLE001 - an observer's bug must not kill the reader thread
+                self._append(rank, f"(a message observer raised {type(e).__name__}: {e})", stderr=True)
+
+    def _append(self, rank: int, text: str, *, stderr: bool = False) -> None:
+        with self._lock:
+            rec = self._ranks[rank]
+            rec.lines.append(text)
+            if stderr:
+                rec.stderr_tail = (rec.stderr_tail + [text])[-TAIL_LINES:]
+                if rec.capture is not None:
+                    rec.capture.append(text)
+            self._logs.write(rank, text)
+        if self._echo is not None:
+            self._echo(f"[rank {rank}] {text}")
+
+    def _on_metric(self, m: StepMetrics) -> None:
+        self.metrics.add(m)
+        self._logs.metric(m.to_message() | {"rank": m.rank})
+        self._append(m.rank, "metric: " + m.describe())
+        if self._progress is not None and m.rank == self.metrics.loss_rank(self.spec.loss_rank):
+            self._progress.update(m.step + 1, self._progress_text(m))
+
+    def startup(self) -> StartupTimes:
+        """Where the time from ``launch()`` to the first step went: :class:`StartupTimes` (the launcher's
+        preparation, then processes, imports, rendezvous, build and the first step, on the critical path and per
+        rank).  Phases not reached yet are ``None``."""
+        with self._lock:
+            per = {r: dict(rec.phases) for r, rec in self._ranks.items()}
+        spawned = [p["spawned"] for p in per.values() if "spawned" in p]
+        phases: dict[str, float | None] = {}
+        before = min(spawned) if spawned else None
+        for name, milestone in STARTUP_PHASES:
+            got = [p[milestone] for p in per.values() if milestone in p]
+            if before is None or len(got) < len(per):
+                phases[name] = None
+                continue
+            phases[name] = max(0.0, max(got) - before)
+            before = max(got)
+        per_rank = {r: {m: round(t - p["spawned"], 6) for m, t in p.items() if m != "spawned"}
+                    for r, p in per.items() if "spawned" in p}
+        return StartupTimes(self.prepared_s, phases, per_rank)
+
+    def startup_text(self) -> str | None:
+        """``"starting 4 workers: rendezvous 2/4"`` while the workers start (the phase the slowest rank is in and
+        how many ranks finished it), ``None`` once every rank reported a step (or for an empty job)."""
+        with self._lock:
+            per = [dict(rec.phases) for rec in self._ranks.values()]
+        n = len(per)
+        if not n or all("first_step" in p for p in per):
+            return None
+        for name, milestone in STARTUP_PHASES:
+            done = sum(milestone in p for p in per)
+            if done < n:
+                return f"starting {n} workers: {name} {done}/{n}"
+        return None
+
+    def _show_startup(self) -> None:
+        if self._progress is None or self.metrics.last_step() >= 0:
+            return
+        text = self.startup_text()
+        if text is not None:
+            self._progress.update(0, text)
+
+    def _progress_text(self, m: StepMetrics) -> str:
+        text = m.describe().partition(": ")[2].split(" (emulated")[0]
+        if self.spec.slowdown:
+            text += " | EMULATED slowdown " + ", ".join(
+                f"rank {r}: {k:g}x" if isinstance(k, (int, float)) else f"rank {r}: " + ", ".join(
+                    f"{f:g}x from step {s}" for s, f in k) for r, k in self.spec.slowdown.items())
+        return text
+
+    def _on_error(self, rank: int, msg: dict[str, Any]) -> None:
+        tb = str(msg.get("traceback", ""))
+        self._append(rank, tb.rstrip("\n") or str(msg.get("message")), stderr=True)
+        self._fail(Failure(rank, str(msg.get("message", "error")), tb, bool(msg.get("collateral", False)),
+                           float(msg.get("time", time.time())), host=self._ranks[rank].host))
+
+    def _on_exit(self, rank: int, returncode: int) -> None:
+        if self._done.is_set():
+            return  # a late report (e.g. of a host whose start failed): the outcome is already decided
+        group = self._group_of(rank)
+        lost = group.lost(rank) if group is not None else None
+        with self._lock:
+            rec = self._ranks[rank]
+            rec.returncode = returncode
+            reported = rec.suspect or any(rank in f.ranks for f in self.failures)  # suspect: being reported
+            killed = group is not None and group.stopped_by_kill(rank, returncode)
+        if lost is not None:
+            self._append(rank, f"exit status unknown: {lost}")
+            if group is not None:
+                self._host_lost(group, lost)
+        else:
+            self._append(rank, f"exited with status {describe_returncode(returncode)}"
+                         + (" (stopped by the launcher)" if killed else ""))
+            if not reported and not killed and (returncode != 0 or rec.result is None):
+                why = (f"exited with status {describe_returncode(returncode)}" if returncode != 0
+                       else "exited without reporting a result")
+                self._fail(Failure(rank, f"rank {rank} {why}", "\n".join(rec.stderr_tail), False, time.time(),
+                                   kind="exited", host=rec.host, returncode=returncode))
+        self._maybe_finish()
+
+    # ---- failures and the policy ---------------------------------------------------------------------------
+    def _fail(self, failure: Failure) -> None:
+        with self._lock:
+            if self._done.is_set() or (self._cancelled and not self._failures):
+                return  # a consequence of cancel(): a peer saw a stopped rank's connection close
+            if self._stopping:  # already stopping: a consequence, recorded for the report
+                self._failures.append(failure)
+                return
+        try:
+            reaction = self.policy.on_failure(self, failure)
+        except Exception as e:  # noqa: BLE001 - a broken policy must not leave the job running unnoticed
+            failure.message += f" (and the failure policy raised {type(e).__name__}: {e})"
+            reaction = Reaction.STOP
+        with self._lock:
+            if reaction is Reaction.CONTINUE and not self._stopping:
+                self._absorbed.append(failure)
+                return
+            self._failures.append(failure)
+        threading.Thread(target=self._stop_all, name="hspmd-stop", daemon=True).start()
+
+    def _stop_all(self) -> None:
+        with self._lock:
+            self._stopping = True
+            groups = list(self._groups)
+        threads = [threading.Thread(target=g.kill, name=f"hspmd-kill-{g.host}", daemon=True) for g in groups]
+        for t in threads:  # in parallel: a host that does not answer must not delay stopping the others
+            t.start()
+        for t in threads:
+            t.join()
+
+    def _group_of(self, rank: int) -> WorkerGroup | None:
+        for g in list(self._groups):
+            if rank in g.ranks:
+                return g
+        return None
+
+    def _host_lost(self, group: WorkerGroup, why: str) -> None:
+        """One ``connection lost`` failure per host, naming the ranks it carried."""
+        with self._lock:
+            if group.host in self._lost_hosts:
+                return
+            self._lost_hosts.add(group.host)
+            ranks = [r for r in group.ranks if self._ranks[r].returncode is None or group.lost(r) is not None]
+        ranks = ranks or list(group.ranks)
+        self._fail(Failure(min(ranks), f"host {group.host}: connection lost: {why}; it carried ranks {ranks}",
+                           kind="connection lost", ranks=tuple(ranks), host=group.host))
+
+    # ---- the watchdog --------------------------------------------------------------------------------------
+    def _watchdog(self) -> None:
+        """Every tick: hosts gone quiet, ranks gone quiet, ranks that others wait for in communication."""
+        tick = min(0.25, self.spec.heartbeat_s / 2)
+        while not self._done.wait(tick):
+            if self._stopping:
+                continue
+            now = time.monotonic()
+            for g in list(self._groups):
+                if g.link_silence() > self.spec.silent_s and self._running(g.ranks):
+                    self._host_lost(g, f"no word from its agent for {g.link_silence():.1f} s (network "
+                                       "partition, host down, or agent frozen)")
+            for r in self._silent_ranks(now):
+                self._investigate([r], f"rank {r} hung: no heartbeat for {now - self._last_word(r):.1f} s (the "
+                                       "process is stopped, frozen or starved of CPU)")
+            if self.spec.stall_s is not None:
+                self._check_stall(now)
+
+    def _running(self, ranks: Sequence[int]) -> list[int]:
+        with self._lock:
+            return [r for r in ranks if self._ranks[r].returncode is None]
+
+    def _last_word(self, rank: int) -> float:
+        rec = self._ranks[rank]
+        return rec.heard if rec.heard is not None else rec.started
+
+    def _silent_ranks(self, now: float) -> list[int]:
+        out = []
+        quiet_links = {r for g in list(self._groups) if g.link_silence() > self.spec.heartbeat_s * 2
+                       for r in g.ranks}  # the host link is quiet: that is the host's failure, not the rank's
+        with self._lock:
+            for r, rec in self._ranks.items():
+                if rec.returncode is not None or rec.suspect or r in quiet_links or self._group_of(r) is None:
+                    continue
+                limit = self.spec.silent_s if rec.heard is not None else max(self.spec.silent_s, START_GRACE_S)
+                if now - self._last_word(r) > limit:
+                    out.append(r)
+        return out
+
+    def _check_stall(self, now: float) -> None:
+        """Ranks continuously out of communication for ``stall_s`` while peers waited in it as long, and no rank
+        reported a step meanwhile: the ones out of communication hang."""
+        stall = self.spec.stall_s
+        assert stall is not None
+        with self._lock:
+            live = {r: rec for r, rec in self._ranks.items() if rec.returncode is None}
+            if not live or not all(rec.ready and rec.beat for rec in live.values()):
+                return
+            if any(rec.suspect for rec in live.values()):
+                return
+            if now - max(rec.progress_at for rec in self._ranks.values()) < stall:
+                return
+
+            def held(rec: _Rank, key: str) -> float:
+                value = rec.beat.get(key)
+                return -1.0 if value is None else float(value) + (now - rec.beat_at)
+            waiting = {r: held(rec, "comm_s") for r, rec in live.items() if held(rec, "comm_s") >= 0}
+            busy = {r: held(rec, "busy_s") for r, rec in live.items() if held(rec, "busy_s") >= stall}
+        if busy and waiting and max(waiting.values()) >= stall:
+            for r in sorted(busy):
+                self._investigate([r], f"rank {r} hung: it has not entered communication for {busy[r]:.1f} s "
+                                       f"while ranks {sorted(waiting)} have waited in communication for "
+                                       f"{max(waiting.values()):.1f} s (stall_s={stall:g})")
+
+    def _investigate(self, ranks: list[int], why: str) -> None:
+        """Ask the hung ranks for their stacks, then report them (on a thread: the watchdog goes on)."""
+        with self._lock:
+            for r in ranks:
+                self._ranks[r].suspect = True
+                self._ranks[r].capture = []
+        threading.Thread(target=self._report_hung, args=(ranks, why), name="hspmd-hung", daemon=True).start()
+
+    def _report_hung(self, ranks: list[int], why: str) -> None:
+        for r in ranks:
+            g = self._group_of(r)
+            if g is not None:
+                try:
+                    g.dump_stack(r)
+                except Exception:  # noqa: BLE001 - no stack is no reason not to report the rank
+                    pass
+        stacks = {r: self._collect_stack(r) for r in ranks}
+        for r in ranks:
+            rec = self._ranks[r]
+            stack = stacks[r] or "(no stack arrived within {:g} s)".format(DUMP_WAIT_S)
+            self._append(r, why)
+            self._fail(Failure(r, why, stack, False, time.time(), kind="hung", host=rec.host))
+
+    def _collect_stack(self, rank: int) -> str:
+        """The stderr lines the rank wrote after the dump request: until 0.3 s pass without one."""
+        rec = self._ranks[rank]
+        deadline, last_len, last_change = time.monotonic() + DUMP_WAIT_S, 0, time.monotonic()
+        while time.monotonic() < deadline and not self._done.is_set():
+            time.sleep(0.05)
+            with self._lock:
+                n = len(rec.capture or [])
+            if n != last_len:
+                last_len, last_change = n, time.monotonic()
+            elif n and time.monotonic() - last_change > 0.3:
+                break
+        with self._lock:
+            lines, rec.capture = rec.capture or [], None
+        return "\n".join(lines)
+
+    # ---- the end -------------------------------------------------------------------------------------------
+    def _maybe_finish(self) -> None:
+        with self._lock:
+            if self._done.is_set() or any(rec.returncode is None for rec in self._ranks.values()):
+                return
+            self._status = (JobStatus.FAILED if self._failures else JobStatus.CANCELLED if self._cancelled
+                            else JobStatus.SUCCEEDED)
+            self._t1 = time.monotonic()
+            self._logs.close()
+        if self._progress is not None:
+            try:
+                self._progress.close(self._status.value)
+            except Exception:  # noqa: BLE001 - a broken terminal must not keep the job open
+                pass
+        atexit.unregister(self._atexit)
+        try:
+            self.transport.close()
+        finally:
+            with self._lock:
+                hooks, self._finish_hooks = self._finish_hooks or [], None
+            for fn in hooks:
+                try:
+                    fn(self)
+                except Exception as e:  # noqa: BLE001 - a broken hook must not keep the job open
+                    warnings.warn(f"job {self.job_id}: a finish hook raised {type(e).__name__}: {e}", stacklevel=1)
+            self._done.set()
+
+    # ---- outcome -------------------------------------------------------------------------------------------
+    def _outcome(self) -> JobResult:
+        if self._status is JobStatus.FAILED:
+            raise self._failure_error()
+        if self._status is JobStatus.CANCELLED:
+            raise JobCancelled(f"job {self.job_id} was cancelled; logs in {self.log_dir}")
+        return JobResult(job_id=self.job_id, results={r: rec.result or {} for r, rec in self._ranks.items()},
+                         losses=self.metrics.losses(self.spec.loss_rank),
+                         metrics={r: self.metrics.rank(r) for r in self.spec.ranks},
+                         wall_time=(self._t1 or time.monotonic()) - self._t0, log_dir=self.log_dir,
+                         emulation={int(r): (float(k) if isinstance(k, (int, float)) else max(f for _, f in k))
+                                    for r, k in self.spec.slowdown.items()},
+                         failures=list(self._absorbed), events=self.events, stopped_at=self._stopped_at())
+
+    def _stopped_at(self) -> int | None:
+        """Steps done when ``stop()`` ended the job early (from the workers' results; ``None``: it was not)."""
+        runs = self.spec.payload.get("runs") or ()
+        for rec in self._ranks.values():
+            for i, run in enumerate((rec.result or {}).get("runs") or ()):
+                if isinstance(run, dict) and run.get("stopped_at") is not None:
+                    return int(run["stopped_at"]) + sum(int(r.get("steps", 0)) for r in runs[:i])
+        return None
+
+    def first_failure(self) -> Failure | None:
+        """The failure that caused the others: a genuine error before connection errors, then the earliest."""
+        with self._lock:
+            return min(self._failures, key=Failure.sort_key, default=None)
+
+    def _failure_error(self) -> RuntimeFailure:
+        f = self.first_failure()
+        assert f is not None
+        others = sorted({r for g in self._failures for r in g.ranks} - set(f.ranks))
+        host = f.host or self._ranks[f.rank].host
+        where = (f"rank {f.rank}" + (f" on {host}" if host else "")) if f.kind != "connection lost" \
+            else f"ranks {list(f.ranks)}"
+        logs = "" if self._logs.broken is None else f" (log files incomplete: {self._logs.broken})"
+        text = (f"job {self.job_id} failed: {where}: {f.message}"
+                + (f"\n(ranks {others} failed afterwards, most likely as a consequence)" if others else "")
+                + f"\nAll workers were stopped. Full logs: {self.log_dir}/rank{f.rank}.log{logs}"
+                + (f"\n--- {f.evidence_title()} of rank {f.rank} ---\n{f.traceback.rstrip()}" if f.traceback
+                   else ""))
+        return RuntimeFailure(text, rank=f.rank, traceback=f.traceback)
+
+    def _kill_at_exit(self) -> None:
+        if not self._done.is_set():
+            self._stop_all()
+

@@ -1,0 +1,441 @@
+"""Training on mixed-length data with per-step plans (SPEC §7; the paper's §9 (c), Appendix A.1 (c)).
+
+``launch(programs, cluster, steps=N, tokens_per_step=T, data="stdlib-docs")`` with a list of candidate Programs
+(:meth:`hspmd_sdk.planner.MixedPlan.programs`, one per maximum sequence length):
+
+* **data** (:class:`~.data.LengthBatches`): documents of different lengths are cut into sequences of at most
+  ``context`` tokens (longer documents into chunks, nothing dropped); step ``k`` takes the next sequences of a
+  seeded permutation until ``tokens_per_step`` — a function of the data, the seed, the budget and the context
+  only, never of the plans;
+* **dispatch, ahead of the workers** (:class:`LengthPlanner`, a thread of the launcher): for each step,
+  :class:`hspmd_sdk.planner.Dispatcher` assigns its sequences to the pipelines of every candidate, the cost model
+  picks the cheapest (counting the switch from the running one), and the choice with its micro-batches is sent to
+  every worker as a ``dispatch`` message, up to ``lookahead`` steps before they need it: every worker applies the
+  same assignment, and the planning runs while earlier steps train.  When the choice changes, the launcher plans
+  the fused BSR of parameters and Adam state between the two Programs once (cached per pair) and sends it along;
+* **the workers** (:class:`MixedSession`): at a step whose candidate differs from the running one they switch
+  (the graph-switching machinery of :class:`~.session.TrainSession`: new groups, fused BSR, new executor; groups of
+  earlier candidates are kept for switching back) and report it (``Job.events``: ``reason="length"``); then each
+  pipeline runs its own micro-batches at their own shapes (:meth:`~.executor.StepExecutor.step` with
+  ``micro_batches=``): a micro-batch is one row packing its sequences (below), or its sequences padded on the
+  right to its longest with padding targets ``-100`` (masked out of the loss), and the loss of the step is the
+  mean over all its real target tokens (``loss_normalizer``), so gradients equal the single-device model's on the
+  same sequences.  The commit
+  all-gather also counts the real target tokens every loss rank trained; a step that did not train each of its
+  tokens exactly once fails.
+
+Checkpoints (``checkpoint_dir=``, ``resume_from=``; :mod:`.checkpoint`): each is written under the candidate that
+ran its last step; the data position is the documents' digest, the token budget, the context and the seed (a
+step's sequences depend on nothing else), so a resumed run continues at the checkpoint's step under whichever
+candidate that step's dispatch picks -- or under another list of candidates -- reading only its boxes.
+
+Any candidates (SPEC §9): a hand-made list of Programs made from strategies, or Strategies (specialized for the
+Programs' model), is a candidate set; one that says nothing of its longest sequence takes what its memory holds
+(:func:`~hspmd_sdk.planner.mixed.memory_windows`).  ``init=`` starts from Hugging Face weights, as for one Program.
+
+Elastic (``elastic=True``): a worker that dies does not end the job.  The controller replans every candidate on the
+survivors (:func:`~hspmd_sdk.planner.elastic.replan_elastic`, each from its own strategy; one with no plan there
+is dropped), the survivors switch the state they hold by fused BSR to the replanned candidate they ran (or reload
+a checkpoint, as for one Program), and the dispatch starts again at the interrupted step among the new candidates
+(:meth:`LengthPlanner.restart`): every step still trains its sequences once, so the losses stay the
+single-device reference's.  ``straggler=True`` (or a :class:`~.controller.StragglerWatch`): each rank's compute
+is measured against what the dispatch estimated for it, and a rank that stays slower is priced slower from then on
+(:meth:`LengthPlanner.reprice`): the candidates stay, the sequences go by the measured speeds (``reason=
+"straggler"``).
+
+Packing (default where the model allows it, ``packing=False`` pads): a micro-batch is one row holding its
+sequences back to back, at most the pipeline's window in tokens, with no padding; the executor gives the kernels
+the sequences' lengths (:attr:`~.kernels.KernelContext.documents`), attention runs within each sequence (one
+``scaled_dot_product_attention`` per sequence: work ``sum(length**2)``, not ``row**2``) and RoPE /
+learned positions restart at 0 at each, so each sequence is computed exactly as on its own.  A model with an op
+whose kernel declares no packing rule (:func:`~.kernels.packing_problems`) gets padded micro-batches: ``rows x
+longest``, padding targets ``-100``, and a causal mask over right padding leaves real positions as they are.
+
+:func:`reference_mixed` trains the single-device reference on the same sequences, a step in one padded batch of
+its own (whatever the dispatch), with the same normalisation: the independent reference.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ...errors import HSPMDError, PlanValidationError
+from ..data import data_spec, documents_for
+from ..protocol import pack_payload, program_of_run
+from ..reference import reference_mixed
+
+__all__ = ["launch_mixed", "LengthPlanner", "reference_mixed", "documents_for", "data_spec", "planning_summary"]
+
+
+def same_layouts(programs: Sequence[Any]) -> list[int]:
+    """For each candidate, the first candidate that runs the same Program (the same annotation plan, pipelines,
+    recomputation and bindings; only the windows and maximum length of ``plan.settings`` differ): moving between such
+    candidates changes only the dispatch, not the plan, so nothing is switched."""
+    keys: list[Any] = []
+    out = []
+    for p in programs:
+        data = p.plan.model_dump(mode="json", exclude={"meta": True, "settings": {"windows", "max_seq_len"}})
+        key = (repr(data), repr(p.pipelines), repr(sorted(p.recompute)), repr(sorted(p.bindings.items())))
+        out.append(keys.index(key) if key in keys else len(keys))
+        if key not in keys:
+            keys.append(key)
+    return out
+
+
+class LengthPlanner:
+    """The launcher's dispatch thread: per step, :class:`~hspmd_sdk.planner.Dispatcher` on the step's lengths
+    (``current``: the previous step's choice, so a switch must pay for itself), the chosen candidate and its
+    micro-batches sent to every worker as a ``dispatch`` message, at most ``lookahead`` steps ahead of the
+    workers' last finished step; a change of candidate also carries the fused BSR between the two Programs
+    (planned once per pair) and opens an :class:`~.controller.Event` (``reason="length"``).
+
+    ``records``: per step ``{"step", "choice", "estimate", "plan_s", "switch_plan_s", "lengths", "shapes",
+    "micro_batches", "padding", "switch_from", "rank_seconds", "pricing"}`` (``switch_from``: the candidate switched
+    away from, ``None`` where the Program stays; ``rank_seconds``: each rank's estimated compute, against which the
+    straggler watch measures it; ``pricing``: how often the dispatcher had been repriced around stragglers).  After an elastic recovery (:meth:`restart`) the dispatch goes on among the
+    candidates replanned on the survivors, from the step they resume at; its messages carry the recovery's id
+    (``generation``), so a worker never applies a dispatch made for a world that is gone."""
+
+    def __init__(self, programs: Sequence[Any], cluster: Any, batches: Any, dispatcher: Any, *, steps: int,
+                 lookahead: int = 2, start: int = 0) -> None:
+        self.programs, self.cluster, self.batches, self.dispatcher = list(programs), cluster, batches, dispatcher
+        self.layouts = same_layouts(self.programs)
+        self.steps, self.lookahead = int(steps), max(0, int(lookahead))
+        self.records: list[dict[str, Any]] = []
+        self.job: Any = None
+        self.controller: Any = None
+        self._plans: dict[tuple[int, int], Any] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.current: int | None = None
+        self.start_step = int(start)  # a resumed run's first step (its checkpoint's)
+        self.generation = 0  # the controller's reconfiguration id the candidates belong to
+        self.pricing = 0  # how often the dispatcher was repriced around stragglers (:meth:`reprice`)
+        self.base_cost = dispatcher.cost  # the job's cost model (a repriced dispatcher's holds slowed kinds too)
+        self._lock = threading.Lock()  # a dispatch and a repricing, one at a time
+        self.first = self._plan_step(self.start_step)  # before any worker starts: the Program it runs under
+
+    def restart(self, programs: Sequence[Any], cluster: Any, *, start: int, current: int, generation: int) -> None:
+        """Dispatch again, from step ``start``, among ``programs`` on ``cluster`` (an elastic recovery's
+        candidates, numbered on the survivors; ``current``: the one they hold)."""
+        from ...planner.mixed import Dispatcher
+
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10.0)
+        old = self.dispatcher
+        self.programs, self.cluster = list(programs), cluster
+        self.dispatcher = Dispatcher(self.programs, old.model, cluster, cost=self.base_cost, packing=old.packing)
+        self.pricing += 1  # a straggler's pricing ends with the world it was measured in
+        self.layouts = same_layouts(self.programs)
+        self._plans = {}
+        self.current, self.generation, self.start_step = int(current), int(generation), int(start)
+        self.records = [r for r in self.records if r["step"] < start]
+        self._stop = threading.Event()
+        self._send(self._plan_step(start))
+        self._thread = threading.Thread(target=self._loop, name="hspmd-length-dispatch", daemon=True)
+        self._thread.start()
+
+    def reprice(self, slow: Mapping[int, float]) -> int:
+        """Dispatch from now on as if the ranks of ``slow`` (rank of the current candidates -> factor, measured
+        stragglers) were that many times slower (:func:`~hspmd_sdk.planner.elastic.slowed_cluster`): each step's
+        sequences go to the pipelines, and the step to the candidate, by the measured speeds.  Returns the first
+        step dispatched so (the steps dispatched ahead already keep theirs)."""
+        from ...planner.elastic import slowed_cluster
+        from ...planner.mixed import Dispatcher
+
+        old = self.dispatcher
+        cluster, cost = slowed_cluster(self.cluster, dict(slow), self.base_cost)
+        new = Dispatcher(self.programs, old.model, cluster, cost=cost, packing=old.packing)
+        with self._lock:
+            self.dispatcher = new
+            self.pricing += 1
+            return self.records[-1]["step"] + 1 if self.records else self.start_step
+
+    def record(self, step: int) -> dict[str, Any] | None:
+        """What was dispatched for ``step`` (the newest record of it), or ``None``."""
+        with self._lock:
+            return next((r for r in reversed(self.records) if r["step"] == step), None)
+
+    def _rank_seconds(self, d: Any) -> dict[int, float]:
+        """Each rank's estimated compute seconds of a dispatch: its stage's cost of its pipeline's micro-batches."""
+        cand = self.dispatcher.candidates[d.choice]
+        out: dict[int, float] = {}
+        for pipe, cost, shapes in zip(cand.strategy.pipelines, cand.pipes, d.cost_shapes()):
+            for stage, stage_cost in zip(pipe.stages, cost.stages):
+                seconds = sum(stage_cost.time(*shape) for shape in shapes)
+                out.update({int(r): seconds for r in stage.devices})
+        return out
+
+    def _plan_step(self, step: int) -> dict[str, Any]:
+        with self._lock:  # not while the dispatcher is repriced
+            return self._dispatch(step)
+
+    def _dispatch(self, step: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        lengths = self.batches.step_lengths(step)
+        d = self.dispatcher(lengths, current=self.current)
+        t1 = time.perf_counter()
+        rec = {"step": step, "choice": d.choice, "estimate": d.estimate, "plan_s": t1 - t0, "switch_plan_s": 0.0,
+               "lengths": list(d.lengths), "shapes": d.shapes(), "micro_batches": [[list(mb) for mb in p]
+                                                                                  for p in d.micro_batches],
+               "padding": d.padding_fraction(), "packed": d.packed, "cost_shapes": d.cost_shapes(),
+               "switch_from": self.current if self.current is not None and
+               self.layouts[self.current] != self.layouts[d.choice] else None,
+               "rank_seconds": self._rank_seconds(d), "pricing": self.pricing}
+        self.current = d.choice
+        self.records.append(rec)
+        return rec
+
+    def start(self, job: Any, controller: Any) -> None:
+        self.job, self.controller = job, controller
+        self._send(self.first)
+        self._thread = threading.Thread(target=self._loop, name="hspmd-length-dispatch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        try:
+            for step in range(self.start_step + 1, self.steps):
+                while not self._stop.is_set() and step > self.job.metrics.last_step() + 1 + self.lookahead:
+                    if self.job._done.is_set():
+                        return
+                    time.sleep(0.002)
+                if self._stop.is_set():
+                    return
+                self._send(self._plan_step(step))
+        except Exception as e:  # noqa: BLE001 - the job must end with the reason, not hang
+            self.error = e
+            from .faults import Failure
+
+            self.job._fail(Failure(0, f"length dispatch failed: {type(e).__name__}: {e}", kind="error"))
+
+    def _send(self, rec: dict[str, Any]) -> None:
+        from .controller import Event, _bytes, _strategy_of
+
+        msg: dict[str, Any] = {"type": "dispatch", "id": rec["step"], "gen": self.generation, "choice": rec["choice"],
+                               "lengths": rec["lengths"], "micro_batches": rec["micro_batches"],
+                               "packed": rec["packed"]}
+        src = rec["switch_from"]
+        if src is not None:
+            key = (src, rec["choice"])
+            first = key not in self._plans
+            if first:
+                from ...core.reconfigure import plan_program_switch
+
+                t0 = time.perf_counter()
+                self._plans[key] = plan_program_switch(self.programs[src], self.programs[rec["choice"]],
+                                                       self.cluster)
+                rec["switch_plan_s"] = time.perf_counter() - t0
+                msg["plan"] = pack_payload(self._plans[key])
+            msg["from"] = src
+            program = self.programs[rec["choice"]]
+            event = Event(rec["step"], "length", [], _strategy_of(program),
+                          {"detect": 0.0, "plan": rec["plan_s"], "specialize": rec["switch_plan_s"]},
+                          _bytes(self._plans[key], self.cluster),
+                          {l: r for r, l in self.controller.current.to_launch.items()}, program=program)
+            self.controller.record_event(("length", rec["step"]), event)
+        self.job._send_control(msg)
+
+
+def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, tokens_per_step: int,
+                 data: Any = "stdlib-docs", context: int | None = None, seed: int = 0, lr: float = 1e-3,
+                 betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                 precision: str = "fp32", lookahead: int = 2, cost: Any = None,
+                 capture_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None,
+                 checkpoint_every: int | None = None, keep: int = 3, checkpoint_async: bool = True,
+                 resume_from: str | Path | None = None, packing: bool | None = None, init: Any = None,
+                 _checked: bool = False, **launch_kwargs: Any) -> Any:
+    """Train on mixed-length data, choosing per step among candidate ``programs`` (``launch(programs, ...)``;
+    see the module docstring).  Returns the running :class:`~.job.Job`; ``job.wait().losses`` are the steps'
+    losses (mean over each step's real target tokens), ``job.events`` the length switches, and
+    ``job.length_planner.records`` what was dispatched per step.
+
+    ``programs``: candidates for one model: :meth:`hspmd_sdk.planner.MixedPlan.programs` (each Program's
+    ``plan.settings`` has its ``max_seq_len`` and pipeline windows), or any Programs made from strategies and
+    :class:`~hspmd_sdk.core.strategy.Strategy` values (specialized here for the Programs' model): such a candidate
+    takes the longest micro-batch its memory holds (:func:`~hspmd_sdk.planner.mixed.memory_windows`, at most the
+    model's ``max_seq_len``); ``init``: start from these weights (a Hugging Face directory or a state dict, as for
+    one Program); ``data``: ``"stdlib-docs"`` (default), a list of
+    token arrays, :class:`~.data.Documents` or a tokenized text file; ``tokens_per_step``: the global batch as a
+    token budget; ``context``: the longest sequence (default: the model's ``max_seq_len``; longer documents are cut
+    into chunks) — the largest candidate must take it; ``lookahead``: how many steps the launcher dispatches ahead
+    of the workers; ``cost``: the :class:`~hspmd_sdk.planner.CostModel` of the dispatcher.  Checkpoints as for one
+    Program (``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``checkpoint_async``; each saved under the
+    candidate running at that step), and ``resume_from`` continues at the checkpoint's step with the same data,
+    seed, budget and context, under whichever candidate that step's dispatch picks.  ``packing``: micro-batches
+    are single rows packing whole sequences (no padding; attention within each sequence, positions restarting):
+    default when every op of the model's graph has a packing rule (:func:`~.kernels.packing_problems`; both
+    built-in families do), ``False`` pads them instead.  Everything is checked before any worker starts (a
+    :class:`~hspmd_sdk.errors.PlanValidationError` names the field)."""
+    from ...planner.mixed import Dispatcher
+    from .controller import TrainingController
+    from ..data import LengthBatches
+    from .runs import checked_faults, checked_training_run, launch_runs
+
+    what = "mixed-length training run"
+    programs = list(programs)
+    straggler = launch_kwargs.pop("straggler", None)
+    elastic = bool(launch_kwargs.pop("elastic", False))
+    faults = [dict(f) for f in launch_kwargs.pop("fault_injection", None) or ()]
+    from .run_config import check_run_options  # the same typed options as one Program's (SPEC §9)
+
+    if not _checked:  # launch() has checked them already
+        check_run_options(getattr(programs[0], "model", None) if programs else None, mixed=True, what=what,
+                          steps=steps, seed=seed, tokens_per_step=tokens_per_step, data=data, context=context,
+                          lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, precision=precision,
+                          lookahead=lookahead, cost=cost, capture_dir=capture_dir, checkpoint_dir=checkpoint_dir,
+                          checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
+                          resume_from=resume_from, packing=packing, init=init, straggler=straggler,
+                          **launch_kwargs)
+    if not programs:
+        raise PlanValidationError([("programs", "no candidate program")], what=what)
+    cluster = cluster if cluster is not None else next((p.cluster for p in programs if hasattr(p, "cluster")), None)
+    if cluster is None:
+        raise PlanValidationError([("cluster", "launch needs a cluster: pass cluster=")], what=what)
+    model, programs = _candidate_programs(programs, cluster, what)
+    context = int(model.max_seq_len if context is None else context)
+    try:
+        docs = documents_for(data, model.vocab_size)
+        batches = LengthBatches(docs, context=context, tokens_per_step=tokens_per_step, seed=seed)
+    except ValueError as e:
+        raise PlanValidationError([("data", str(e))], what=what) from e
+    from ..workers.kernels import packing_problems
+
+    problems = packing_problems(programs[0].graph)
+    if packing and problems:
+        raise PlanValidationError([("packing", f"the model's graph cannot keep packed sequences apart: "
+                                               f"{'; '.join(problems)}; pass packing=False (padded micro-batches)")],
+                                  what=what)
+    packing = not problems if packing is None else bool(packing)
+    try:
+        dispatcher = Dispatcher(programs, model, cluster, cost=cost, packing=packing)
+    except PlanValidationError as e:
+        raise PlanValidationError([("programs", str(e))], what=what) from e
+    if dispatcher.max_seq_len < context:
+        raise PlanValidationError([("programs", f"the longest candidate takes sequences of {dispatcher.max_seq_len} "
+                                                f"tokens, the data's context is {context}: pass context="
+                                                f"{dispatcher.max_seq_len} or add a candidate for {context}")],
+                                  what=what)
+    if steps < 1:
+        raise PlanValidationError([("steps", f"must be >= 1, not {steps}")], what=what)
+    data = data_spec(docs, context=context, tokens_per_step=tokens_per_step, seed=seed)
+    start = _resume_step(resume_from, steps, what)
+    planner = LengthPlanner(programs, cluster, batches, dispatcher, steps=steps, lookahead=lookahead, start=start)
+    first = planner.first["choice"]
+    runs = []
+    for i, p in enumerate(programs):  # each candidate checked as the workers will rebuild it
+        run = checked_training_run(p, steps=steps, seed=seed, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                           seq_len=context, cluster=cluster, capture_dir=capture_dir, precision=precision,
+                           init=init if i == first else None)
+        again = program_of_run(run)
+        if again.pipelines != p.pipelines:
+            raise PlanValidationError([(f"programs[{i}]", "does not specialize to the same pipelines on the "
+                                                          "launch cluster")], what=what)
+        runs.append(run)
+    run = dict(runs[first])  # init= (a Hugging Face directory) read once, by the first candidate's run
+    run["data"] = data
+    run["mixed"] = {"candidates": [{"plan": r["plan"], "bindings": r["bindings"], "recompute": r["recompute"],
+                                    "program": r["program"]} for r in runs], "first": first}
+    from ..checkpoints.checkpoint import run_fields
+
+    run.update(run_fields(run, programs[first], checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                          keep=keep, checkpoint_async=checkpoint_async, resume_from=resume_from))
+    run["elastic"] = elastic
+    run["faults"] = checked_faults(faults, range(cluster.num_ranks), "the cluster", what)
+    from .controller import StragglerWatch
+
+    watch = StragglerWatch() if straggler is True else (straggler or None)
+    controller = TrainingController(programs[first], cluster, global_batch=run["global_batch"], seq_len=context,
+                                    elastic=elastic, straggler=watch, cost=cost,
+                                    checkpoint_dir=(run.get("checkpoint") or {}).get("dir"),
+                                    checkpoint_every=(run.get("checkpoint") or {}).get("every"),
+                                    resumed_from=(run.get("resume") or {}).get("dir"))
+    controller.use_candidates(programs, first, planner)
+    if elastic and launch_kwargs.get("policy") is None:
+        launch_kwargs["policy"] = controller
+    job = launch_runs([run], cluster, **launch_kwargs)
+    job.controller = controller
+    controller.attach(job)
+    job.length_planner = planner
+    planner.start(job, controller)
+    return job
+
+
+def _candidate_programs(candidates: Sequence[Any], cluster: Any, what: str) -> tuple[Any, list[Any]]:
+    """``(model, Programs)`` of a list of candidates: Programs of one model (from :meth:`MixedPlan.programs` or
+    any other), and Strategies, specialized here on ``cluster`` for the model of the Programs."""
+    from ...core.specialize import specialize
+    from ...core.strategy import Strategy
+    from ...core.strategy_plan import plan_from_strategy
+
+    models = [(i, getattr(c, "model", None)) for i, c in enumerate(candidates) if not isinstance(c, Strategy)]
+    bare = [i for i, m in models if m is None]
+    if bare:
+        raise PlanValidationError([(f"programs[{bare[0]}]", f"is a {type(candidates[bare[0]]).__name__}, not a "
+                                                            "Program specialized from a model config or a "
+                                                            "Strategy")], what=what)
+    if not models:
+        raise PlanValidationError([("programs", "are all Strategies: give at least one Program (specialize(model, "
+                                                "...)) so that the model is known")], what=what)
+    first, model = models[0]
+    other = [i for i, m in models if m != model]
+    if other:
+        raise PlanValidationError([(f"programs[{other[0]}]", f"trains {candidates[other[0]].model!r}, "
+                                                            f"programs[{first}] {model!r}: every candidate must "
+                                                            "train the same model")], what=what)
+    out = []
+    for i, c in enumerate(candidates):
+        if isinstance(c, Strategy):
+            try:
+                c = specialize(model, plan_from_strategy(model, c, cluster), cluster)
+            except HSPMDError as e:
+                raise PlanValidationError([(f"programs[{i}]", f"the strategy does not specialize on the launch "
+                                                              f"cluster: {e}")], what=what) from e
+        out.append(c)
+    return model, out
+
+
+def _resume_step(resume_from: Any, steps: int, what: str) -> int:
+    """The step a resumed mixed-length run starts at (its checkpoint's), checked against ``steps``; 0 without one
+    (the checkpoint itself is checked against the run by :func:`~.checkpoint.run_fields`)."""
+    if resume_from is None:
+        return 0
+    from ..checkpoints.checkpoint import load_checkpoint
+
+    step = int(load_checkpoint(resume_from).step)
+    if step >= steps:
+        raise PlanValidationError([("steps", f"is the total step count ({steps}) but the checkpoint has already "
+                                             f"completed {step}; pass steps > {step}")], what=what)
+    return step
+
+
+def planning_summary(job: Any, result: Any) -> dict[str, Any]:
+    """How much of the per-step planning the workers waited for, from a finished mixed-length job.
+
+    ``plan_s[k]``: the launcher's seconds for step ``k`` (dispatch over every candidate, and the switch's BSR plan
+    when the choice changed); ``wait_s[k]``: the longest any worker waited for step ``k``'s dispatch message;
+    ``hidden``: ``1 - sum(min(wait, plan)) / sum(plan)`` over steps ``1..`` (step 0 is planned before the workers
+    start: ``first_s``); ``choices`` and ``step_s`` (the slowest rank's step time, switches included)."""
+    recs = job.length_planner.records
+    plan = [float(r["plan_s"]) + float(r["switch_plan_s"]) for r in recs]
+    runs = [r["runs"][0] for r in result.results.values() if r and r.get("runs")]
+    wait = [max(float(run["dispatch_wait_s"][k]) for run in runs) for k in range(len(recs))]
+    total = sum(plan[1:])
+    exposed = sum(min(w, p) for w, p in zip(wait[1:], plan[1:]))
+    steps: dict[int, float] = {}
+    for ms in result.metrics.values():
+        for m in ms:
+            if m.step_time is not None:
+                steps[m.step] = max(steps.get(m.step, 0.0), float(m.step_time))
+    return {"plan_s": plan, "wait_s": wait, "first_s": plan[0] if plan else 0.0,
+            "hidden": 1.0 - exposed / total if total > 0 else 1.0, "choices": [r["choice"] for r in recs],
+            "estimates": [float(r["estimate"]) for r in recs], "padding": [float(r["padding"]) for r in recs],
+            "step_s": [steps[k] for k in sorted(steps)]}
+
+

@@ -1,0 +1,153 @@
+"""Training a specialized Program on worker processes: the public ``launch`` (launcher side).
+
+* :func:`launch_training` ``(program, cluster, *, steps, seed=0, data="synthetic", lr=...) -> Job`` — the public
+  ``launch``: one worker per rank; each worker receives the Program as JSON (SPEC §9), creates the process groups
+  the plan's communication needs, builds its parameter shards and runs :class:`~.executor.StepExecutor` for
+  ``steps`` steps.  ``Job.wait().losses`` are the per-step losses of the global batch.  A list of candidate
+  Programs trains on mixed-length data (:func:`~.mixed.launch_mixed`).
+* The runs a job executes (:func:`~.runs.training_run`, :func:`~.runs.launch_runs`) and the worker entry
+  (:func:`~.worker_entry.train_entry`) have modules of their own; :func:`~.reference.reference_training` is the
+  plain single-device model trained with ``torch.optim.Adam`` on the same data: the independent reference.  The
+  names stay importable from here.
+
+Data: ``"synthetic"`` (uniform random tokens of the model's vocabulary) or ``"stdlib"`` (bytes of the Python
+standard library, vocabulary 256); step ``s`` always reads ``global_batch(s, ...)`` of the same seed, so every plan
+sees the same samples (:func:`~.data.dataset_for`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..data import dataset_for
+from ..reference import ReferenceResult, assemble, load_captured, reference_training
+from .runs import (checked_faults, checked_profile, checked_training_run, launch_runs, recompute_ranks,
+                   training_run)
+
+__all__ = ["launch", "launch_training", "launch_runs", "recompute_ranks", "training_run", "reference_training",
+           "ReferenceResult", "dataset_for", "load_captured", "assemble"]
+
+
+def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int = 0, data: str = "synthetic",
+                    lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
+                    weight_decay: float = 0.0, seq_len: int | None = None, recompute: Sequence[int] | None = None,
+                    capture_dir: str | Path | None = None, init: Any = None, elastic: bool = False,
+                    straggler: Any = None, grow_back: Any = None, cost: Any = None,
+                    fault_injection: Sequence[Mapping[str, Any]] = (),
+                    checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
+                    checkpoint_async: bool = True, resume_from: str | Path | None = None,
+                    precision: str = "fp32", device: str | None = None,
+                    profile: int | Sequence[int] | None = None, **launch_kwargs: Any) -> Any:
+    """Train ``program`` for ``steps`` steps on one worker process per rank of ``cluster``; returns the running
+    :class:`~.job.Job` (``job.wait().losses``: the loss of each step's global batch).
+
+    ``precision``: ``"fp32"`` or ``"bf16"`` (see :func:`training_run`).  ``device``: ``"cpu"`` (gloo) or
+    ``"cuda"`` (NCCL, one GPU per worker: ``torch.cuda.set_device`` to the worker's local rank on its host);
+    default: from the cluster's device kinds (``cpu`` kinds run on the CPU).  A local CUDA launch is checked
+    before any worker starts (enough GPUs on this machine).
+
+    The same ``seed`` gives the same data and the same initial parameters whatever the plan, so a 1-rank and an
+    N-rank program of one model produce the same losses.  ``init``: a Hugging Face directory or a state dict to
+    start from (see :func:`training_run`).
+
+    Checkpoints (SPEC §5, :mod:`.checkpoint`): ``checkpoint_dir``/``checkpoint_every``/``keep``/
+    ``checkpoint_async`` save sharded checkpoints; ``resume_from`` continues from one under this program, whatever
+    plan and world size saved it (``job.wait().losses`` then has ``steps - s`` entries, s the checkpoint's step);
+    see :func:`training_run`.
+
+    Graph switching (SPEC §6): ``job.switch(program)`` moves the running job to another plan.  ``elastic=True``:
+    a worker that dies does not end the job — the survivors replan, switch by fused BSR and redo the interrupted
+    step (:mod:`.controller`); state with no surviving copy is reloaded from the newest complete checkpoint under
+    ``checkpoint_dir`` in the same processes (the run goes back to its step), else the job fails naming it.
+    ``grow_back`` (with ``elastic``): once it recovered, the job grows back onto the hosts it lost ranks on as soon
+    as the transport says they can take workers again (:mod:`.growback`; ``job.grow`` does it on demand).  ``None``
+    (default): where the transport's capacity comes back by itself (Slurm: a restarted node, a freed one; not
+    local processes, whose machine a killed one did not leave); ``True`` (or a :class:`~.growback.GrowBack`, its
+    timing): on every transport; ``False``: never.  ``straggler=True`` (or a :class:`~.controller.StragglerWatch`): a rank that stays
+    slower than under its plan is replanned around; ``cost``: the :class:`~hspmd_sdk.planner.CostModel` those
+    replans use.  ``job.events`` lists every reconfiguration.  ``fault_injection`` (for tests and demos of
+    failures): ``[{"rank": r, "step": s, "at": point}]`` makes rank ``r`` SIGKILL itself at ``point`` of step ``s``
+    (``"forward"``, ``"backward"``, ``"grad_sync"``, ``"optimizer"``, or ``"switch"`` during a switch), or at a
+    point of the write of the checkpoint of step ``s`` (steps completed; :data:`~.checkpoint_io.WRITE_POINTS`).
+    ``profile``: steps (an index or a list) every rank records with the torch profiler; ``job.trace()`` merges
+    them into one Chrome/Perfetto trace and ``job.timeline()`` draws each rank's measured phases beside the
+    simulator's prediction (:mod:`.trace`, :mod:`.timeline`).  ``launch_kwargs`` go to
+    :func:`hspmd_sdk.runtime.control.launcher.launch` (``progress``, ``echo``, ``slowdown`` — a factor or a schedule
+    ``{rank: [(step, factor), ...]}`` —, ``timeout_s``, ``transport``, ``log_dir``, ...).
+
+    Mixed-length data (SPEC §7): ``program`` may be a list of candidate Programs (``MixedPlan.programs``) with
+    ``tokens_per_step=`` (and ``data=`` documents of different lengths, ``context=``, ``lookahead=``): each step
+    runs under the cheapest candidate for its sequences, switching by length (:func:`~.mixed.launch_mixed`)."""
+    import time
+
+    from .controller import StragglerWatch, TrainingController
+    from .growback import GrowBack
+    from ..workers.devices import backend_for_device
+    from .run_config import check_run_options
+
+    begun = time.monotonic()
+
+    # every option, by type and range, before anything else (SPEC §9): one RunConfig for both forms
+    mixed = isinstance(program, (list, tuple))
+    check_run_options(getattr(program[0] if mixed and program else program, "model", None), mixed=mixed,
+                      what="mixed-length training run" if mixed else "training run", steps=steps, seed=seed,
+                      data=data, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, seq_len=seq_len,
+                      recompute=recompute, capture_dir=capture_dir, init=init, elastic=elastic, straggler=straggler,
+                      grow_back=grow_back, cost=cost, fault_injection=fault_injection, checkpoint_dir=checkpoint_dir,
+                      checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
+                      resume_from=resume_from, precision=precision, device=device, **launch_kwargs)
+    if mixed:  # candidate Programs: mixed-length data (SPEC §7)
+        from .mixed import launch_mixed
+
+        given = {"data": data, "seq_len": seq_len, "recompute": recompute, "profile": profile,
+                 "grow_back": grow_back}
+        default = {"data": "synthetic"}
+        bad = [k for k, v in given.items() if k not in ("data",) and v not in (None, False, default.get(k))]
+        if bad:
+            from ...errors import PlanValidationError
+
+            raise PlanValidationError([(bad[0], "is not supported with a list of candidate programs (mixed-length "
+                                                "training) yet")], what="mixed-length training run")
+        if device is not None:
+            launch_kwargs["backend"] = backend_for_device(device, cluster or program[0].cluster,
+                                                          launch_kwargs.get("backend"), launch_kwargs.get("transport"))
+        job = launch_mixed(program, cluster, steps=steps, seed=seed,
+                           data="stdlib-docs" if data == "synthetic" else data, lr=lr, betas=betas, eps=eps,
+                           weight_decay=weight_decay, precision=precision, cost=cost, capture_dir=capture_dir,
+                           checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
+                           checkpoint_async=checkpoint_async, resume_from=resume_from, init=init,
+                           elastic=elastic, straggler=straggler, fault_injection=fault_injection, _checked=True,
+                           **launch_kwargs)
+        job.prepared_s = job._t0 - begun  # checks, dispatch of the first step, specialization, preflight
+        return job
+    cluster = cluster if cluster is not None else program.cluster
+    run = checked_training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
+                       weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
+                       cluster=cluster, init=init, checkpoint_dir=checkpoint_dir,
+                       checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
+                       resume_from=resume_from, precision=precision)
+    if device is not None:
+        launch_kwargs["backend"] = backend_for_device(device, cluster, launch_kwargs.get("backend"),
+                                                      launch_kwargs.get("transport"))
+    run["elastic"] = bool(elastic)
+    run["faults"] = checked_faults(fault_injection, program.ranks, "the program", "training run")
+    run["profile"] = checked_profile(profile, steps)
+    watch = StragglerWatch() if straggler is True else (straggler or None)
+    controller = TrainingController(program, cluster, global_batch=run["global_batch"], seq_len=run["seq_len"],
+                                    elastic=bool(elastic), straggler=watch, cost=cost,
+                                    grow_back=GrowBack() if grow_back is True else (grow_back or None),
+                                    grow_back_default=grow_back is None,
+                                    checkpoint_dir=(run.get("checkpoint") or {}).get("dir"),
+                                    checkpoint_every=(run.get("checkpoint") or {}).get("every"),
+                                    resumed_from=(run.get("resume") or {}).get("dir"))
+    if elastic and launch_kwargs.get("policy") is None:
+        launch_kwargs["policy"] = controller
+    job = launch_runs([run], cluster, **launch_kwargs)
+    job.prepared_s = job._t0 - begun  # option checks, specialization on the launch cluster, preflight
+    job.controller = controller
+    controller.attach(job)
+    return job
+
+
+#: The public ``hspmd_sdk.launch`` (SPEC §3): train a specialized Program.
+launch = launch_training

@@ -1,0 +1,281 @@
+"""Gradient synchronisation in buckets, overlapped with backward (what DDP's reducer does, for HSPMD's plans).
+
+A rank synchronises one *item* per ``GradSync`` operator of its executable graph (``Program.grad_syncs``: a
+parameter's gradient is the SUM over its GradSyncs — a tied weight used on two stages has two).  An item's local
+input is the sum of the gradients of the parameter's *uses* (the tensors the forward read: the parameter leaf, a
+ZeRO-1 gather's output, a tied weight's copy on another stage) that this rank holds; its plan moves that sum onto
+the parameter's layout.
+
+**Buckets.**  The slice collectives of every item whose plan is one top-tier operator (``SplitAllReduce``,
+``SplitReduceScatter``) are coalesced by (rank set, broadcast root) into flat buffers, DDP's layout: items in
+*reverse* Program order (the last layers' parameters, whose gradients backward finishes first, come first), the
+first bucket of each rank set at most ``first_bucket_bytes``, the others ``bucket_bytes``.  The bucket list is a
+function of the Program alone and every rank posts its buckets strictly in list order, so each process group sees
+its collectives in one order on all its members.
+
+**When.**  Autograd's post-accumulate-grad hooks on the uses' tensors.  A use is *final* when its hook fires
+during the step's last backward (the executor says which one: the schedule's last ``B``) or when that backward
+returns; an item is ready when all its uses are, a bucket when all its items are.  The next buckets in order that
+are ready are posted asynchronously at once (``async_op=True``) while autograd goes on with earlier layers.  Items
+of other plans (the ``SendRecv`` that brings a tied weight's gradient back to its stage, BSR, ...) run after
+backward, one by one in Program order, after every bucket has been posted — the same order on every rank.
+
+**Precision.**  Each use's gradient (bf16 in a bf16 run) is accumulated over the micro-batches in fp32; the sums
+travel in the wire dtype (the run's precision), and come back as fp32: the master weights' gradients.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from ...core.comm_ops import SplitCollectiveOp
+from ...core.slices import box_numel, box_shape, relative
+from .comm import CommExecutionError, _collective, _Ctx, _piece, execute, group_lookup
+
+__all__ = ["SyncItem", "Bucket", "GradBuckets", "plan_buckets", "bucketable", "BUCKET_BYTES", "FIRST_BUCKET_BYTES"]
+
+#: Largest flat buffer of one bucket (DDP's ``bucket_cap_mb`` default, 25 MiB).
+BUCKET_BYTES = 25 * 2**20
+#: The first bucket of each rank set (DDP's first bucket, 1 MiB): small, so that it is posted early in backward.
+FIRST_BUCKET_BYTES = 2**20
+
+Trace = Callable[..., None]
+
+
+@dataclass(frozen=True)
+class SyncItem:
+    """One ``GradSync`` of this rank: the parameter, its plan at the wire dtype (``None``: the plan leaves this
+    rank's sum where it is) and the names of the parameter's uses it sums."""
+
+    param: str
+    plan: Any
+    uses: tuple[str, ...]
+
+
+def bucketable(plan: Any) -> bool:
+    """Whether ``plan`` is one top-tier operator, whose slices can share buffers with other plans'."""
+    return plan is not None and len(plan.ops) == 1 and isinstance(plan.ops[0], SplitCollectiveOp)
+
+
+@dataclass
+class Bucket:
+    """A flat buffer of slices over one rank set: ``members`` are ``(item index, slice)`` in buffer order."""
+
+    ranks: tuple[int, ...]
+    root: int | None
+    members: list[tuple[int, Any]] = field(default_factory=list)
+    nbytes: int = 0
+    items: list[int] = field(default_factory=list)   #: the items it holds slices of, ascending
+
+
+def plan_buckets(plans: Sequence[tuple[int, Any]], rank: int, *, bucket_bytes: int = BUCKET_BYTES,
+                 first_bucket_bytes: int | None = FIRST_BUCKET_BYTES) -> list[Bucket]:
+    """This rank's buckets of ``plans`` (``(item index, plan)`` in bucket order; only bucketable plans), in the
+    order of their first slice.  A bucket never grows past its cap unless one slice alone is larger."""
+    open_: dict[tuple[tuple[int, ...], int | None], Bucket] = {}
+    count: dict[tuple[tuple[int, ...], int | None], int] = {}
+    out: list[Bucket] = []
+    for i, plan in plans:
+        op = plan.ops[0]
+        for s in op.slices:
+            if rank not in s.ranks:
+                continue
+            root = s.contributors[0] if len(s.contributors) == 1 else None
+            key = (tuple(s.ranks), root)
+            nbytes = box_numel(s.box) * op.itemsize
+            b = open_.get(key)
+            first = count.get(key, 0) <= 1 and first_bucket_bytes is not None
+            cap = min(first_bucket_bytes, bucket_bytes) if first else bucket_bytes  # type: ignore[type-var]
+            if b is None or b.members and b.nbytes + nbytes > cap:
+                b = open_[key] = Bucket(key[0], root)
+                count[key] = count.get(key, 0) + 1
+                out.append(b)
+            b.members.append((i, s))
+            b.nbytes += nbytes
+    for b in out:
+        b.items = sorted({i for i, _ in b.members})
+    return out
+
+
+class GradBuckets:
+    """This rank's gradient synchronisation, step after step (see the module docstring).
+
+    Per step: :meth:`begin` (the uses this rank holds), :meth:`watch` each use's tensor as it appears,
+    :meth:`last_backward` around the step's last backward, :meth:`backward_done` after it, then :meth:`finish`
+    -> ``{param: fp32 gradient}`` of the parameters this rank holds.  ``tag_base``: the point-to-point tags of
+    the items run after backward (:func:`~.comm.execute`).  ``trace(event, **info)`` (tests) hears
+    ``grad_final`` (a use's gradient is final) and ``bucket_start`` (a bucket's collective is posted)."""
+
+    def __init__(self, items: Sequence[SyncItem], groups: Any, *, rank: int, device: torch.device,
+                 dtype: torch.dtype, bucket_bytes: int = BUCKET_BYTES,
+                 first_bucket_bytes: int | None = FIRST_BUCKET_BYTES, trace: Trace | None = None,
+                 tag_base: int = 0) -> None:
+        self.items, self.rank, self.dtype, self.tag_base = list(items), int(rank), dtype, int(tag_base)
+        self.ctx = _Ctx(self.rank, group_lookup(groups), dtype, torch.device(device))
+        self.trace = trace
+        order = [(i, it.plan) for i, it in reversed(list(enumerate(self.items))) if bucketable(it.plan)]
+        self.bucketed = {i for i, _ in order}
+        self.buckets = plan_buckets(order, self.rank, bucket_bytes=bucket_bytes,
+                                    first_bucket_bytes=first_bucket_bytes)
+        # one flat buffer per bucket, kept across steps (DDP keeps its buckets too): a fresh multi-MB tensor a
+        # step is fresh pages from the OS to fault in, every step
+        self._buffers: dict[int, torch.Tensor] = {}
+        self._reset()
+
+    # ---- per step ---------------------------------------------------------------------------------------------
+    def _reset(self) -> None:
+        for h in getattr(self, "_handles", ()):
+            h.remove()
+        self._handles: list[Any] = []
+        self._tensor: dict[str, torch.Tensor] = {}      # use -> its tensor
+        self._grad: dict[int, torch.Tensor] = {}         # id(tensor) -> fp32 sum of its gradients
+        self._names: dict[int, list[str]] = {}           # id(tensor) -> its use names
+        self._held: set[str] = set()
+        self._final: set[str] = set()
+        self._all_final = False
+        self._last = False
+        self._next = 0
+        self._posted: list[tuple[Any, torch.Tensor]] = []
+        self._wire: dict[int, torch.Tensor | None] = {}
+
+    def begin(self, held: Iterable[str]) -> None:
+        """A new step: ``held`` are the use tensors this rank holds (they will be :meth:`watch` ed)."""
+        self._reset()
+        self._held = set(held)
+
+    def watch(self, use: str, tensor: torch.Tensor) -> None:
+        """Collect the gradients of ``tensor`` (the use ``use``, a leaf) from now on."""
+        key = id(tensor)
+        self._tensor[use] = tensor
+        self._held.add(use)
+        if key in self._names:  # one tensor under two names: autograd already sums its uses
+            self._names[key].append(use)
+            return
+        self._names[key] = [use]
+        self._handles.append(tensor.register_post_accumulate_grad_hook(partial(self._on_grad, key)))
+
+    def last_backward(self, flag: bool) -> None:
+        """Whether the backward about to run (or running) is the step's last: its hooks finalise the uses."""
+        self._last = bool(flag)
+
+    def _on_grad(self, key: int, tensor: torch.Tensor) -> None:
+        g = tensor.grad
+        if g is not None:
+            if g.dtype == torch.float32:  # autograd sums the micro-batches into .grad itself, in place
+                self._grad[key] = g
+            else:  # bf16: the micro-batches are summed in an fp32 buffer of ours
+                tensor.grad = None
+                acc = self._grad.get(key)
+                self._grad[key] = g.float() if acc is None else acc.add_(g)
+        if self._last:
+            names = self._names[key]
+            self._final.update(names)
+            if self.trace is not None:
+                self.trace("grad_final", uses=list(names))
+            self._post_ready()
+
+    def backward_done(self) -> None:
+        """Every gradient is final: post every bucket not yet posted."""
+        self._last = False
+        self._all_final = True
+        self._post_ready()
+
+    # ---- buckets ----------------------------------------------------------------------------------------------
+    def _ready(self, i: int) -> bool:
+        return self._all_final or all(u in self._final for u in self.items[i].uses if u in self._held)
+
+    def _post_ready(self) -> None:
+        while self._next < len(self.buckets) and all(self._ready(i) for i in self.buckets[self._next].items):
+            self._post(self.buckets[self._next])
+            self._next += 1
+
+    def _local(self, i: int) -> torch.Tensor | None:
+        """Item ``i``'s local sum (fp32): the gradients of the uses this rank holds, zeros for one that got none;
+        ``None`` if it holds none."""
+        total, seen = None, set()
+        for u in self.items[i].uses:
+            t = self._tensor.get(u)
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            g = self._grad.get(id(t))
+            g = g if g is not None else torch.zeros(t.shape, dtype=torch.float32, device=t.device)
+            total = g if total is None else total + g
+        return total
+
+    def _wire_input(self, i: int) -> torch.Tensor | None:
+        if i not in self._wire:
+            local = self._local(i)
+            self._wire[i] = None if local is None else local.to(self.dtype)
+        return self._wire[i]
+
+    def _post(self, b: Bucket) -> None:
+        ctx = self.ctx
+        parts = []
+        for i, s in b.members:  # views of the gradients (or zeros where this rank adds nothing): one copy, the cat
+            op = self.items[i].plan.ops[0]
+            inb = dict(op.in_boxes)
+            if self.rank in s.contributors:
+                x = ctx.check(self._wire_input(i), inb[self.rank], f"gradient of {self.items[i].param!r}")
+                parts.append(_piece(x, s.box, inb[self.rank]))
+            else:
+                parts.append(torch.zeros(box_numel(s.box), dtype=ctx.dtype, device=ctx.device))
+        k, n = len(self._posted), sum(int(x.numel()) for x in parts)
+        buf = self._buffers.get(k)
+        if buf is None or buf.numel() != n or buf.dtype != ctx.dtype:
+            buf = self._buffers[k] = torch.empty(n, dtype=ctx.dtype, device=ctx.device)
+        torch.cat(parts, out=buf)  # the parts are flat
+        what = f"a gradient bucket of {len(b.members)} slices over {list(b.ranks)}"
+        work = _collective(buf, b.ranks, b.root, ctx, what) if len(b.ranks) > 1 else None
+        if self.trace is not None:
+            self.trace("bucket_start", index=len(self._posted), ranks=list(b.ranks),
+                       params=[self.items[i].param for i in b.items], bytes=b.nbytes)
+        self._posted.append((work, buf))
+
+    # ---- the end of the step ----------------------------------------------------------------------------------
+    def finish(self) -> dict[str, torch.Tensor]:
+        """Wait for the buckets, run the other items (Program order), and return each held parameter's gradient:
+        the fp32 sum over its items."""
+        self.backward_done()
+        ctx, me = self.ctx, self.rank
+        out: dict[int, torch.Tensor | None] = {}
+        for k, (b, (work, buf)) in enumerate(zip(self.buckets, self._posted)):
+            if work is not None:
+                try:
+                    work.wait()
+                except RuntimeError as e:  # a peer failed or timed out: say which collective
+                    raise CommExecutionError(f"rank {me}, gradient bucket {k} over {list(b.ranks)}: {e}") from e
+            at = 0
+            for i, s in b.members:
+                n = box_numel(s.box)
+                if me in s.receivers:
+                    mine = dict(self.items[i].plan.ops[0].out_boxes)[me]
+                    piece = buf[at:at + n].view(box_shape(s.box))
+                    if s.box == mine:  # the slice is this rank's whole gradient: a view of the bucket, no copy
+                        out[i] = piece
+                    else:
+                        if out.get(i) is None:
+                            out[i] = ctx.zeros(mine)
+                        out[i][relative(s.box, mine)] = piece  # type: ignore[index]
+                at += n
+        for i in self.bucketed:
+            if out.get(i) is None:  # no slice for this rank: zeros of its box (or it holds no destination)
+                outb = dict(self.items[i].plan.ops[0].out_boxes)
+                out[i] = ctx.zeros(outb[me]) if me in outb else None
+        synced: dict[str, torch.Tensor] = {}
+        for i, item in enumerate(self.items):
+            if item.plan is None:
+                got = self._local(i)
+            elif i in self.bucketed:
+                got = out[i] if me in item.plan.dst.ranks else None
+            else:
+                got = execute(item.plan, self._wire_input(i), self.ctx.lookup, rank=me, device=ctx.device,
+                              tag_base=self.tag_base)
+            if got is not None:
+                got = got.float()
+                synced[item.param] = got if item.param not in synced else synced[item.param] + got
+        self._reset()
+        return synced

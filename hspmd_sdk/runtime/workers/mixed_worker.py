@@ -1,0 +1,239 @@
+"""A worker's mixed-length run (worker side; SPEC §7, see :mod:`.mixed` for the whole design): the step's
+candidate and micro-batches from the launcher's ``dispatch`` messages, length switches, and the micro-batches'
+feeds (padded rows, or one packed row)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ...errors import HSPMDError
+from ..protocol import program_of_run, unpack_payload
+from .session import TrainSession
+
+__all__ = ["MixedSession", "micro_batch_feeds", "target_placeholders"]
+
+
+#: Seconds a worker waits for the dispatch of a step before it fails (the launcher plans ahead; this is a hang).
+DISPATCH_WAIT_S = 120.0
+
+
+def target_placeholders(graph: Any) -> set[str]:
+    """Placeholders the loss operator reads directly (the targets: their ``-100`` entries are padding)."""
+    node = graph.producer(graph.loss)
+    return {t for t in node.inputs if graph.producer(t).kind == "placeholder"}
+
+
+def micro_batch_feeds(model: Any, graph: Any, sequences: Sequence[np.ndarray], *,
+                      packed: bool = False) -> dict[str, Any]:
+    """The graph's placeholders for one padded micro-batch: ``model.feeds`` of the sequences padded on the right
+    (:func:`~.data.padded_rows`), padding ``-100`` in the targets (masked out of the loss) and ``0`` in every other
+    integer feed (a valid token; causal attention keeps padding out of the real positions).  ``packed``: one row,
+    each sequence's feeds back to back (``[1, sum of lengths]``; the kernels keep the sequences apart)."""
+    import torch
+
+    from ..data import padded_rows
+    from .kernels import IGNORE_INDEX
+
+    if packed:
+        parts = [model.feeds(torch.as_tensor(np.asarray(q), dtype=torch.int64)[None]) for q in sequences]
+        for k, v in parts[0].items():
+            if not isinstance(v, torch.Tensor) or v.dim() < 2 or v.shape[0] != 1:
+                raise HSPMDError(f"packing needs every feed of model.feeds as [1, S, ...] for one sequence; feed "
+                                 f"{k!r} is {tuple(getattr(v, 'shape', ()))}: pass packing=False")
+        return {k: torch.cat([p[k] for p in parts], dim=1) for k in parts[0]}
+
+    feeds = dict(model.feeds(padded_rows(sequences, IGNORE_INDEX)))
+    targets = target_placeholders(graph)
+    for k, v in feeds.items():
+        if k not in targets and isinstance(v, torch.Tensor) and not v.is_floating_point():
+            feeds[k] = v.masked_fill(v == IGNORE_INDEX, 0)
+    return feeds
+
+
+class MixedSession(TrainSession):
+    """A worker's mixed-length run (see the module docstring): the step's candidate and micro-batches from the
+    launcher's ``dispatch`` message, a length switch where the candidate's Program changes (a candidate that runs
+    the same Program with other windows keeps the running one: :func:`same_layouts`), the pipeline's micro-batches
+    at their own shapes.
+
+    Elastic (``elastic=True``): the version a worker holds is ``(reconfiguration id, candidate)``; the state from
+    before a length switch is kept until the next commit, as for a user's switch, and a recovery brings the
+    candidates replanned on the survivors (:meth:`~.controller.TrainingController._replan_candidates`), among
+    which the dispatch goes on."""
+
+    def __init__(self, state: Any, run: Mapping[str, Any], index: int, offset: int) -> None:
+        mixed = run["mixed"]
+        self.choice = int(mixed["first"])
+        run = {**run, "recompute": None}  # every candidate's own (Program.recompute), whichever runs
+        super().__init__(state, run, index, offset)
+        self.version = (0, self.choice)
+        self.pool: list[Any] | None = None  # after a recovery: the candidates replanned on the survivors
+        self.batches = self.dataset  # dataset_for(a mixed spec): LengthBatches
+        self.candidates: dict[int, Any] = {self.choice: self.program}
+        self.switch_plans: dict[tuple[int, int], Any] = {}
+        self.dispatch: dict[str, Any] = {}
+        self.waits: list[float] = []
+        self.trained: dict[int, list[int]] = {}
+        self.length_switches: list[dict[str, Any]] = []
+        self._targets = target_placeholders(self.program.graph)
+
+    def _candidate(self, i: int) -> Any:
+        got = self.candidates.get(i)
+        if got is None and self.pool is not None:
+            got = self.candidates[i] = self.pool[i]
+        if got is None:
+            c = self.run["mixed"]["candidates"][i]
+            got = self.candidates[i] = program_of_run({**self.run, "plan": c["plan"], "bindings": c["bindings"],
+                                                     "program": c.get("program")})
+        return got
+
+    def _make_executor(self, params: Any, optimizer_state: Any) -> None:
+        self.B = int(self.program.bindings["B"])  # each candidate's default batch (the dispatch overrides it)
+        super()._make_executor(params, optimizer_state)
+
+    def _drop_unused_groups(self, program: Any) -> None:
+        """Keep every candidate's groups: the job switches back and forth between a few Programs."""
+
+    def _take_dispatch(self, step: int) -> dict[str, Any]:
+        """The launcher's dispatch of ``step`` for the world this worker is in (``gen``: the reconfiguration id);
+        dispatches for a world replaced since are dropped."""
+        end = time.monotonic() + DISPATCH_WAIT_S
+        while True:
+            self._collect()
+            for i, m in enumerate(self._messages):
+                if m.get("type") == "dispatch" and int(m.get("id", -1)) == step \
+                        and int(m.get("gen", 0)) == self.reconfigured:
+                    return self._messages.pop(i)
+            if time.monotonic() > end:
+                raise HSPMDError(f"rank {self.state.launch_rank}: no dispatch of step {step} from the launcher "
+                                 f"within {DISPATCH_WAIT_S:.0f} s")
+            time.sleep(0.002)
+
+    def _recover(self, reason: str) -> int:
+        step = super()._recover(reason)
+        raw = self.last_reconfigure
+        if "candidates" in raw:
+            self.pool = list(unpack_payload(raw["candidates"]))
+            self.choice = int(raw["choice"])
+            self.candidates = {self.choice: self.program}
+            self.switch_plans.clear()
+        self.version = (self.reconfigured, self.choice)
+        self._messages = [m for m in self._messages
+                          if m.get("type") != "dispatch" or int(m.get("gen", 0)) == self.reconfigured]
+        return step
+
+    def _maybe_switch(self, step: int) -> None:
+        t0 = time.perf_counter()
+        msg = self._take_dispatch(step)
+        self.waits.append(time.perf_counter() - t0)
+        lengths = self.batches.step_lengths(step)
+        if [int(x) for x in msg["lengths"]] != lengths:
+            raise HSPMDError(f"rank {self.state.launch_rank}: the launcher's dispatch of step {step} is for lengths "
+                             f"{msg['lengths'][:8]}..., this worker's data gives {lengths[:8]}...: the data differs")
+        self.dispatch = msg
+        choice = int(msg["choice"])
+        if "from" not in msg:  # the same Program (or another candidate with the same one): nothing moves
+            self.choice = choice
+            self.version = (self.reconfigured, choice)
+            return
+        key = (int(msg["from"]), choice)
+        if "plan" in msg:
+            self.switch_plans[key] = unpack_payload(msg["plan"])
+        if key not in self.switch_plans:
+            raise HSPMDError(f"rank {self.state.launch_rank}: no switch plan {key} for step {step}")
+        program = self._candidate(choice)
+        self.state.step = self.offset + step  # the switch belongs to the step it precedes (fault injection)
+        if self.elastic:  # a failure during the switch recovers from the state before it
+            self._keep_previous()
+        t1 = time.perf_counter()
+        nbytes = self._switch_to(program, self.switch_plans[key])
+        self.choice = choice
+        self.version = (self.reconfigured, choice)
+        seconds = time.perf_counter() - t1
+        self.length_switches.append({"step": step, "from": key[0], "to": choice, "seconds": round(seconds, 6),
+                                     **self.last_switch})
+        self.state.channel.send("switched", id=step, what="length", step=self.offset + step,
+                                seconds=round(seconds, 6), bytes=nbytes, **self.last_switch)
+
+    def _step(self, step: int) -> float:
+        import torch
+        import torch.distributed as dist
+
+        state, ex = self.state, self.ex
+        state.step = self.offset + step
+        state.begin_step()
+        indices = self.batches.step_indices(step)
+        lengths = [int(self.batches.lengths[i]) for i in indices]
+        total = sum(lengths)
+        agreed: dict[str, float] = {}
+
+        def commit(mine: float) -> None:
+            self._in_commit = step
+            self._collect()
+            counted = float(ex.trained_targets) if ex is not None and ex.loss_contributor() else 0.0
+            mine_t = torch.tensor([mine, counted, float(self.stop_heard)], dtype=torch.float64, device=state.device)
+            everyone = torch.empty(state.world_size * 3, dtype=torch.float64, device=state.device)
+            dist.all_gather_into_tensor(everyone, mine_t)
+            rows = everyone.view(-1, 3)
+            agreed["loss"], agreed["tokens"] = float(rows[:, 0].sum()), float(rows[:, 1].sum())
+            agreed["stop"] = float(rows[:, 2].max())
+
+        tokens = None
+        if ex is not None:
+            mbs = self.dispatch["micro_batches"][ex.pipeline]
+            packed = bool(self.dispatch.get("packed"))
+            micro: list[tuple[Any, ...]] = []
+            for mb in mbs:
+                seqs = [self.batches.sequences[indices[i]] for i in mb]
+                feeds = (micro_batch_feeds(self.program.model, self.program.graph, seqs, packed=packed)
+                         if ex.needs_data else None)
+                if packed:  # one row of the sequences back to back
+                    docs = tuple(lengths[i] for i in mb)
+                    micro.append((1, sum(docs), feeds, docs))
+                else:
+                    micro.append((len(mb), max(lengths[i] for i in mb), feeds))
+            ex.step(None, micro_batches=micro, loss_normalizer=total, before_update=commit,
+                    capture_grads=bool(self.capture) and step == 0)
+            if ex.loss_contributor():
+                self.trained[step] = [indices[i] for mb in mbs for i in mb]
+            if self.capture and step == 0:  # the boxes of step 0's Program (the run may end under another)
+                from .params import shard_box
+
+                self._grad_boxes = {k: shard_box(self.program, k, state.rank) for k in ex.params}
+                self._grads0 = {k: v.detach().cpu().clone() for k, v in (ex.captured_grads or {}).items()}
+            tokens = sum(lengths[i] for mb in mbs for i in mb) if ex.stage == 0 else None
+        else:
+            commit(0.0)
+        if int(agreed["tokens"]) != total:
+            raise HSPMDError(f"step {step}: the pipelines' losses read {int(agreed['tokens'])} real target tokens, "
+                             f"the step has {total}: a sequence was trained twice or not at all")
+        self._in_commit = None
+        self.committed = step
+        self.adam_steps += 1
+        self.previous = None
+        self._maybe_stop(step, agreed)
+        if self.saver is not None:  # under the candidate running now (a checkpoint loads under any of them)
+            self.saver.after_step(step + 1, last=step + 1 == self.steps, program=self.program, ex=ex,
+                                  generation=self.reconfigured)
+        state.report(self.offset + step, loss=agreed["loss"], tokens=tokens, run=self.index,
+                     compute_s=round(ex.compute_s, 6) if ex is not None else None, choice=self.choice,
+                     dispatch_wait_s=round(self.waits[-1], 6) if self.waits else None)
+        return agreed["loss"]
+
+    def train(self) -> dict[str, Any]:
+        self._grad_boxes: dict[str, Any] | None = None
+        self._grads0: dict[str, Any] = {}
+        out = super().train()
+        path = Path(self.capture or ".") / f"run{self.index}_rank{self.state.launch_rank}.pt"
+        if self.capture and path.exists():  # step 0's gradients with step 0's boxes ("grad_boxes")
+            import torch
+
+            saved = torch.load(path, map_location="cpu")
+            saved["grads"], saved["grad_boxes"] = self._grads0, self._grad_boxes or {}
+            torch.save(saved, path)
+        out.update({"trained": {str(k): v for k, v in self.trained.items()},
+                    "dispatch_wait_s": [round(w, 6) for w in self.waits], "length_switches": self.length_switches})
+        return out

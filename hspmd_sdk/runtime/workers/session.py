@@ -1,0 +1,672 @@
+"""A worker's training session: steps, their commit point, graph switching and recovery from failures (§7, §9 (b)).
+
+Each step runs the executor up to its gradient synchronisation, then **commits**: one tiny all-gather over the
+world carries every rank's loss summand and the newest switch it has heard of, and only then does Adam change
+parameters.  A step that fails before its commit has changed nothing on any rank, so it can be redone from its
+start on another plan: no gradient counted twice, none lost, and the data of step ``k`` is step ``k``'s.
+
+**Switching** (``Job.switch`` -> a ``switch`` control message): the commit tells every rank the newest switch any
+rank has heard of; at that step boundary all of them switch together (waiting for their copy of the message if
+it is still in flight): they create the process groups the new Program needs (only the new ones, in one order
+on every rank), move every parameter and Adam moment by the fused BSR the launcher planned once for all ranks
+(:func:`~hspmd_sdk.runtime.workers.switch_exec.execute_switch`), build the new executor from the moved shards, drop the
+groups nobody uses any more and go on at the next step.
+
+**Recovery** (``elastic``): a communication error (a peer died: gloo reports it within milliseconds) makes the
+worker abandon every process group — so that peers blocked on it fail too and every survivor notices — and tell
+the launcher where it stands (``halted``: its last committed step).  The launcher's controller
+(:mod:`.controller`) replans for the survivors and answers with a ``reconfigure`` message: the new world (size,
+this process's new rank, the rendezvous), the new Program and the fused BSR from the surviving replicas.  The
+worker rejoins, switches, reports ``switched`` and redoes the interrupted step.  Until the first step after a
+switch commits, the previous state is kept: a second failure during the switch replans from it.  Around a grow the
+survivors may hold different versions (the running ranks the state from before it, the newcomers only the grown one,
+or nothing yet): the launcher picks one every running rank can offer, and tells each what to switch from
+(``offer``: its running state, the kept one, or nothing: it only receives).  When some state
+has no surviving copy the message says ``source="checkpoint"``: the worker drops its state and reads its shards of
+the new Program from that checkpoint (the reader a resumed run uses), and the run goes on from the checkpoint's
+step.
+
+Nothing here names a model; the session reads the Program.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from ...core.slices import box_numel
+from ...errors import HSPMDError
+from .liveness import CommFailure, waits
+from ..protocol import Reconfigure, pack_payload, unpack_payload
+
+__all__ = ["TrainSession", "pack_payload", "unpack_payload", "Reconfigure", "CommFailure"]
+
+#: Seconds a worker waits for the launcher's answer after it halted (then it fails: nobody is coordinating).
+RECONFIGURE_WAIT_S = 120.0
+
+
+class TrainSession:
+    """One run of ``train_entry`` on one worker: see the module docstring."""
+
+    def __init__(self, state: Any, run: Mapping[str, Any], index: int, offset: int) -> None:
+        from ..trace import StepRecorder
+        from ..data import dataset_for
+        from ..protocol import program_of_run
+
+        self.state, self.run, self.index, self.offset = state, run, index, offset
+        self.elastic = bool(run.get("elastic"))
+        # fault injection (tests): [{"rank": launch rank, "step": s, "at": point}] -> a real SIGKILL there
+        self.faults = [f for f in run.get("faults") or () if int(f["rank"]) == state.launch_rank]
+        self.B, self.S, self.seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
+        self.steps = int(run["steps"])
+        self.program = program_of_run(run)
+        self.dataset = dataset_for(run["data"], self.program.model.vocab_size)
+        self.capture = run.get("capture_dir")
+        self.switch_heard = 0      # the newest switch id received
+        self.stop_heard = False    # Job.stop(): end after the step whose commit carries it (every rank at once)
+        self.stopped_at: int | None = None  # the steps done when a Job.stop() ended the run early
+        self.switch_done = 0       # the newest switch id applied
+        self.reconfigured = 0      # the newest reconfigure id applied
+        # the version of the state this rank holds: (reconfiguration, switch) applied, as the launcher numbers them
+        self.version: tuple[int, int] = (0, 0)
+        self.committed = -1        # the last step this rank committed
+        self.adam_steps = 0        # Adam updates so far (every rank counts them, holding state or not)
+        # (program, state by name, Adam step count, version) from before the switches of the last step boundary (or
+        # the last reconfiguration), kept until a step commits after them
+        self.previous: tuple[Any, dict[str, Any], float, tuple[int, int]] | None = None
+        # whether this rank's running state is whole at ``version`` (false while it is between worlds: a newcomer
+        # before it joined, a rank leaving for a grown or re-formed world until its switch there completed)
+        self.whole = not state.spec.joining
+        self._messages: list[dict[str, Any]] = []
+        self._switch_agreed = 0
+        self._in_commit: int | None = None  # the step whose commit this rank has entered (grads synchronised)
+        self.ex = None
+        self.state.program = self.program
+        self.joining = bool(state.spec.joining)  # started to grow the running job: no world, no state yet
+        if not self.joining:
+            self._make_groups(self.program)
+        # a resumed run (resume_from=) starts from its checkpoint's shards, at its step (:mod:`.checkpoint`)
+        params, opt_state, self.resumed = _initial_state(self.program, state.rank, run) \
+            if state.rank in self.program.ranks and not self.joining else (None, None, None)
+        self.start, self.adam_steps = _resume_point(run)
+        self.committed = self.start - 1
+        self.saver = _checkpoint_saver(state, run, index)
+        self.recorder = StepRecorder(run.get("profile") or ())
+        self._make_executor(params, opt_state)
+        if self.ex is None:  # a spare rank may get state in a switch: pay torch.optim's first-use import now
+            import torch
+
+            torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+
+    # ---- building -----------------------------------------------------------------------------------------
+    def _adam(self) -> Any:
+        from .executor import AdamConfig
+
+        a = self.run["adam"]
+        return AdamConfig(lr=a["lr"], betas=tuple(a["betas"]), eps=a["eps"], weight_decay=a["weight_decay"])
+
+    def _make_groups(self, program: Any) -> None:
+        from .comm import comm_groups
+        from .executor import pipeline_groups, program_comm_plans
+
+        self.state.create_groups(comm_groups(program_comm_plans(program)))
+        # NCCL: stage-boundary messages on a group per rank pair and direction (executor.pipeline_groups)
+        self.p2p = pipeline_groups(program, self.state.spec.timeout_s) if self.state.spec.backend == "nccl" else None
+
+    def _drop_unused_groups(self, program: Any) -> None:
+        """Destroy the process groups the running Program does not use (every rank does the same)."""
+        import torch.distributed as dist
+
+        from .comm import comm_groups
+        from .executor import program_comm_plans
+
+        keep = set(comm_groups(program_comm_plans(program)))
+        for key in sorted(set(self.state.groups) - keep):
+            g = self.state.groups.pop(key)
+            if g is not dist.group.WORLD and g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
+                dist.destroy_process_group(g)
+
+    def _make_executor(self, params: Any, optimizer_state: Any) -> None:
+        from .executor import StepExecutor
+
+        rank, program = self.state.rank, self.program
+        self.ex = None
+        if rank in program.ranks:
+            rc = self.run.get("recompute")
+            self.ex = StepExecutor(program, rank, self.state, seed=self.seed, global_batch=self.B, seq_len=self.S,
+                                   adam=self._adam(),
+                                   recompute=(rank in program.recompute) if rc is None else (rank in rc),
+                                   device=self.state.device, params=params, optimizer_state=optimizer_state,
+                                   emulate=self.state.emulate if self.state.launch_rank in self.state.spec.slowdown
+                                   else None, precision=self.run.get("precision", "fp32"), p2p_groups=self.p2p,
+                                   probe=self._probe if self.faults else None)
+            self.state.params, self.state.optimizer = self.ex.params, self.ex.optimizer
+        else:
+            self.state.params, self.state.optimizer = {}, None
+        self.state.program = program
+
+    def _probe(self, point: str) -> None:
+        """Kill this process (SIGKILL) if a fault is injected at ``point`` of the current step."""
+        import os
+        import signal
+
+        for f in self.faults:
+            if f["at"] == point and int(f.get("step", self.state.step)) == self.state.step:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    # ---- the loop -----------------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        import torch.distributed as dist
+
+        started = time.perf_counter()
+        self.state.channel.send("phase", name="built")  # the run's Program, executor and state are ready
+        losses: dict[int, float] = {}
+        step, reason = self.start, None
+        if self.joining:
+            try:
+                step = self._join()
+            except Exception as e:  # noqa: BLE001 - a peer died while this newcomer joined: recover (below)
+                if not (self.elastic and _is_comm_failure(e)):
+                    raise
+                reason = f"{type(e).__name__}: {str(e)[:300]}"
+        while reason is not None or step < self.steps:
+            try:
+                if reason is not None:  # outside the handler: its traceback (whose frames hold the broken world's
+                    step, reason = self._recover(reason), None  # process groups) is gone, so destroying them
+                    continue                                     # closes them
+                self._maybe_switch(step)
+                with self.recorder.step(step) as spans:  # the torch profiler on a chosen step (:mod:`.trace`)
+                    losses[step] = self._step(step)
+                if spans:
+                    self.state.channel.send("trace", step=step, program_rank=self.state.rank,
+                                            version=list(self.version), spans=spans,
+                                            collect_s=self.recorder.collect_s)
+                step += 1
+            except Exception as e:  # noqa: BLE001 - a peer's failure (also while re-forming), or a genuine error
+                if not (self.elastic and _is_comm_failure(e)):
+                    raise
+                reason = f"{type(e).__name__}: {str(e)[:300]}"
+                done = getattr(e, "completed", None)
+                if done is not None:  # the step committed; its synchronous checkpoint could not complete
+                    losses[done[0]] = done[1]
+                    step = done[0] + 1
+        out: dict[str, Any] = {"losses": [losses[s] for s in sorted(losses)], "rank": self.state.rank,
+                               "launch_rank": self.state.launch_rank, "active": self.ex is not None,
+                               "seconds": round(time.perf_counter() - started, 3),
+                               "switches": self.switch_done, "reconfigurations": self.reconfigured,
+                               "stopped_at": self.stopped_at}
+        if self.saver is not None:
+            out["checkpoint"] = self.saver.close()
+        if self.resumed is not None:
+            out["resumed"] = self.resumed
+        if self.ex is not None:
+            out.update(_memory_summary(self.ex, self.program, self.state.rank))
+            if self.capture:
+                _save_capture(self.ex, self.program, self.state.rank,
+                              Path(self.capture) / f"run{self.index}_rank{self.state.launch_rank}.pt")
+        dist.barrier()
+        return out
+
+    def _step(self, step: int) -> float:
+        import torch
+        import torch.distributed as dist
+
+        state, ex = self.state, self.ex
+        state.step = self.offset + step
+        state.begin_step()
+        agreed: dict[str, float] = {}
+
+        def commit(mine: float) -> None:
+            self._in_commit = step  # this rank's gradients of the step are synchronised: it could finish it
+            self._collect()
+            mine_t = torch.tensor([mine, float(self.switch_heard), float(self.stop_heard)], dtype=torch.float64,
+                                  device=state.device)
+            everyone = torch.empty(state.world_size * 3, dtype=torch.float64, device=state.device)
+            dist.all_gather_into_tensor(everyone, mine_t)
+            rows = everyone.view(-1, 3)
+            agreed["loss"], agreed["switch"] = float(rows[:, 0].sum()), float(rows[:, 1].max())
+            agreed["stop"] = float(rows[:, 2].max())
+
+        if ex is not None:
+            batch = self.dataset.global_batch(step, self.B, self.S, self.seed) if ex.needs_data else None
+            ex.step(batch, capture_grads=bool(self.capture) and step == 0, before_update=commit)
+        else:
+            commit(0.0)
+        self._in_commit = None
+        self.committed = step
+        self.adam_steps += 1
+        if self.previous is not None:  # the first step after a switch committed everywhere: the old state can go
+            self.previous = None
+        self._switch_agreed = int(agreed["switch"])
+        self._maybe_stop(step, agreed)
+        cut: CommFailure | None = None
+        if self.saver is not None:  # before the report: the step's time includes what saving blocked
+            try:
+                self.saver.after_step(step + 1, last=step + 1 == self.steps, program=self.program, ex=ex,
+                                      generation=self.reconfigured)
+            except CommFailure as e:  # a peer died while a synchronous checkpoint waited for it
+                cut = e
+        tokens = ex.micro_size * ex.num_micro * self.S if ex is not None and ex.stage == 0 else None
+        state.report(self.offset + step, loss=agreed["loss"], tokens=tokens, run=self.index,
+                     compute_s=round(ex.compute_s, 6) if ex is not None else None)
+        if cut is not None:
+            cut.completed = (step, agreed["loss"])  # the step itself is done: the train loop keeps its loss
+            raise cut
+        return agreed["loss"]
+
+    def _maybe_stop(self, step: int, agreed: Mapping[str, float]) -> None:
+        """End the run after ``step`` when some rank had heard ``Job.stop()`` at its commit (all of them agree: the
+        commit carried it); the step's checkpoint, if one is configured, is then the run's last."""
+        if agreed.get("stop") and step + 1 < self.steps:
+            self.steps = self.stopped_at = step + 1
+
+    # ---- control messages ---------------------------------------------------------------------------------
+    def _collect(self) -> None:
+        for msg in self.state.poll_control():
+            if msg.get("type") == "stop":
+                self.stop_heard = True
+                continue
+            if msg.get("type") == "switch":
+                if int(msg["id"]) <= self.switch_done:
+                    continue  # cancelled by a reconfiguration that came first
+                self.switch_heard = max(self.switch_heard, int(msg["id"]))
+            self._messages.append(msg)
+
+    @waits
+    def _take(self, kind: str, ident: int, timeout: float) -> dict[str, Any]:
+        """The control message of ``kind`` with ``id == ident`` (waiting for it up to ``timeout`` seconds)."""
+        end = time.monotonic() + timeout
+        while True:
+            self._collect()
+            for i, msg in enumerate(self._messages):
+                if msg.get("type") == kind and int(msg.get("id", -1)) == ident:
+                    return self._messages.pop(i)
+            if time.monotonic() > end:
+                raise HSPMDError(f"rank {self.state.launch_rank}: no {kind} message {ident} from the launcher within "
+                                 f"{timeout:.0f} s")
+            time.sleep(0.005)
+
+    @waits
+    def _newest(self, kind: str, after: int, timeout: float) -> dict[str, Any]:
+        """The newest control message of ``kind`` with an id above ``after`` (waiting up to ``timeout``); older
+        ones of that kind are dropped."""
+        end = time.monotonic() + timeout
+        while True:
+            self._collect()
+            found = [m for m in self._messages if m.get("type") == kind and int(m.get("id", -1)) > after]
+            if found:
+                msg = max(found, key=lambda m: int(m["id"]))
+                self._messages = [m for m in self._messages if m.get("type") != kind or int(m["id"]) > int(msg["id"])]
+                return msg
+            if time.monotonic() > end:
+                raise HSPMDError(f"rank {self.state.launch_rank}: the launcher sent no {kind} within {timeout:.0f} s "
+                                 "after this worker halted")
+            time.sleep(0.005)
+
+    # ---- switching ------------------------------------------------------------------------------------------
+    def _maybe_switch(self, step: int) -> None:
+        """Apply every switch up to the newest any rank has heard of, in the order they were requested: each was
+        planned from the layout the one before it leaves (the launcher's :meth:`~.controller.TrainingController.
+        switch` composes them), so none is skipped.  The state from before the first is kept until a step commits:
+        a failure during any of them replans from it."""
+        target = getattr(self, "_switch_agreed", 0)
+        if target <= self.switch_done:
+            return
+        self._keep_previous()
+        for ident in range(self.switch_done + 1, target + 1):
+            msg = self._take("switch", ident, self.state.spec.timeout_s)
+            program, plan = unpack_payload(msg["payload"])
+            t0 = time.perf_counter()
+            if msg.get("grow") is not None:  # the job grows: new workers join the world, then the same BSR
+                tensors = self._state_by_name()
+                self._enter_grown_world(msg["grow"], step)
+                nbytes = self._switch_to(program, plan, source=tensors)
+            else:
+                nbytes = self._switch_to(program, plan)
+            self.switch_done = ident
+            self.version = (self.reconfigured, ident)
+            self.state.channel.send("switched", id=ident, what="switch", step=self.offset + step,
+                                    seconds=round(time.perf_counter() - t0, 6), bytes=nbytes, **self.last_switch)
+
+    # ---- growing (Job.grow) ---------------------------------------------------------------------------------
+    def _enter_grown_world(self, grow: Mapping[str, Any], step: int | None) -> tuple[int, float, int]:
+        """Leave the running world (a running worker, at the step boundary ``step``) and join the grown one at
+        its rank there; rank 0 (a running worker) tells the newcomers (``step=None``) the step the job goes on
+        from, Adam's step count and the newest switch every running worker agreed to apply at this boundary.
+        Returns those three."""
+        import torch
+        import torch.distributed as dist
+
+        self.ex = None  # the running world's executor and groups go: nothing may use them any more
+        self.whole = False
+        self.state.params, self.state.optimizer = {}, None
+        self.state.leave_world()
+        me = str(self.state.launch_rank)
+        if me not in grow["ranks"]:
+            raise HSPMDError(f"rank {me}: not in the grown world of ranks {sorted(grow['ranks'], key=int)}")
+        t0 = time.perf_counter()
+        self.state.rejoin(str(grow["master_addr"]), int(grow["master_port"]), int(grow["world"]),
+                          int(grow["ranks"][me]))
+        self.rejoin_s = time.perf_counter() - t0
+        where = torch.tensor([-1 if step is None else step, self.adam_steps, self._switch_agreed],
+                             dtype=torch.float64, device=self.state.device)
+        dist.broadcast(where, src=0)
+        return int(where[0]), float(where[1]), int(where[2])
+
+    @waits
+    def _grow_message(self, timeout: float) -> dict[str, Any]:
+        """A newcomer's first control message: the switch that grows the job onto it (waiting up to
+        ``timeout``)."""
+        end = time.monotonic() + timeout
+        while True:
+            self._collect()
+            for i, msg in enumerate(self._messages):
+                if msg.get("type") == "switch" and str(self.state.launch_rank) in (msg.get("grow") or {}).get(
+                        "ranks", {}):
+                    return self._messages.pop(i)
+            if time.monotonic() > end:
+                raise HSPMDError(f"rank {self.state.launch_rank}: started to grow the job, but the launcher sent "
+                                 f"no grow switch within {timeout:.0f} s")
+            time.sleep(0.005)
+
+    def _join(self) -> int:
+        """A newcomer joins the running job (``Job.grow``): the grown world, its shards of the new Program by the
+        grow's fused BSR (it sends nothing: it holds nothing), Adam's step count; returns the step to go on
+        from."""
+        msg = self._grow_message(self.state.spec.timeout_s)
+        program, plan = unpack_payload(msg["payload"])
+        grow, ident = msg["grow"], int(msg["id"])
+        t0 = time.perf_counter()
+        # a failure from here on is one of the grown world (the launcher's reconfiguration after it answers this
+        # newcomer too, holding nothing: ``joining`` stays set until a switch gave it its state)
+        self.reconfigured = self.state.generation = int(grow["reconfigured"])
+        step, count, agreed = self._enter_grown_world(grow, None)
+        self.committed, self.adam_steps = step - 1, int(count)
+        nbytes = self._switch_to(program, plan, source={}, step_count=count)
+        self.joining = False
+        self.switch_done = self.switch_heard = ident
+        self._switch_agreed = max(ident, agreed)  # switches requested after the grow, due at the same boundary
+        self._messages = [m for m in self._messages if m.get("type") != "switch" or int(m["id"]) > ident]
+        self.version = (self.reconfigured, ident)
+        self.state.channel.send("switched", id=ident, what="switch", step=self.offset + step,
+                                seconds=round(time.perf_counter() - t0, 6), bytes=nbytes, **self.last_switch)
+        return step
+
+    def _keep_previous(self) -> None:
+        """Keep the state held now (until a step commits): what a failure in the switches that follow recovers
+        from."""
+        self.previous = (self.program, self._state_by_name(), float(self.adam_steps), self.version)
+
+    def _state_by_name(self) -> dict[str, Any]:
+        """This rank's training state by :meth:`Program.state_layouts` name (parameters and Adam moments)."""
+        import torch
+
+        out: dict[str, Any] = {}
+        if self.ex is None:
+            return out
+        opt = self.ex.optimizer_state()
+        for name, p in self.ex.params.items():
+            out[name] = p.detach()
+            st = opt.get(name) or {}
+            for k in ("exp_avg", "exp_avg_sq"):
+                out[f"{name}.{k}"] = st[k] if k in st else torch.zeros_like(p.detach())
+        return out
+
+    def _switch_to(self, program: Any, plan: Any, *, source: Mapping[str, Any] | None = None,
+                   src_rank: int | None = None, to_proc: Mapping[int, int] | None = None,
+                   step_count: float | None = None) -> int:
+        """Move the state to ``program`` by ``plan`` and build its executor; returns the bytes this rank sent."""
+        import torch.distributed as dist
+
+        from .switch_exec import execute_switch
+
+        t0 = time.perf_counter()
+        tensors = dict(source) if source is not None else self._state_by_name()
+        count = float(self.adam_steps) if step_count is None else step_count
+        self._make_groups(program)
+        t1 = time.perf_counter()
+        if self.faults:
+            self._probe("switch")
+        me = self.state.rank if src_rank is None else src_rank
+        out = execute_switch(plan, tensors, self.state, rank=me, ranks=to_proc, group=dist.group.WORLD)
+        t2 = time.perf_counter()
+        self.program = program  # every rank has its new state: drop what the old Program needed
+        self._drop_unused_groups(program)
+        params = {n: out[n] for n in program.executable_graph(self.state.rank).parameters} \
+            if self.state.rank in program.ranks else None
+        opt = None
+        if params is not None:
+            opt = {n: ({"exp_avg": out[f"{n}.exp_avg"], "exp_avg_sq": out[f"{n}.exp_avg_sq"], "step": count}
+                       if count > 0 else {}) for n in params}
+        self._make_executor(params, opt)
+        self.whole = True
+        self.last_switch = {"groups_s": round(t1 - t0, 6), "bsr_s": round(t2 - t1, 6),
+                            "build_s": round(time.perf_counter() - t2, 6)}
+        return int(sum(m.nbytes for s in plan.steps for m in s.messages if m.src == me))
+
+    # ---- recovery -------------------------------------------------------------------------------------------
+    def _recover(self, reason: str) -> int:
+        """After a peer's failure: abandon the world, report, wait for the launcher's plan, rejoin, switch;
+        returns the step to go on from."""
+        import gc
+
+        t0 = time.perf_counter()
+        if self.saver is not None:  # a checkpoint in flight cannot complete in the broken world
+            self.saver.abandon()
+        finish, self._in_commit = self._in_commit, None
+        finished = None
+        if finish is not None and self.ex is not None:
+            # the failure hit the step's commit: other ranks may have completed it.  Keep the step finished too
+            # (the gradients are synchronised: Adam on them is what they did) for the launcher to choose
+            live = {k: v.detach().clone() for k, v in self._state_by_name().items()}
+            self.ex.optimizer.step()
+            finished = (self.program, {k: v.detach().clone() for k, v in self._state_by_name().items()},
+                        float(self.adam_steps + 1))
+        elif finish is not None:  # a rank without state in the running Program: finishing the step is counting it
+            finished = (self.program, {}, float(self.adam_steps + 1))
+        empty = self.joining  # a newcomer whose grow did not complete: it holds nothing, from no plan version
+        kept = self.previous if not empty else None  # the state from before the last switches, until a step
+        # the running state, when whole: after a grow, the newcomers hold only that one (no state from before it),
+        # so the launcher recovers from it when every survivor completed the grow's switch
+        whole_at = list(self.version) if self.whole else None
+        whole = None
+        if kept is not None and finish is None:  # failed during or right after a switch: the state from
+            program, tensors, count, held = kept   # before it is whole
+            have = "previous"
+            if self.whole:
+                whole = (self.program, {k: v.detach().clone() for k, v in self._state_by_name().items()},
+                         float(self.adam_steps), self.version)
+        else:
+            program, count, held = self.program, float(self.adam_steps), self.version
+            tensors = live if finish is not None and self.ex is not None else self._state_by_name()
+            have = "live"
+        # drop everything that holds the broken world's process groups (the executor's pending sends, the failed
+        # step's autograd graph), so that destroying them really closes their connections: peers still blocked
+        # on this process get an error at once, and every survivor halts
+        self.ex = None
+        self.whole = False
+        self.state.params, self.state.optimizer = {}, None
+        tensors = {k: v.detach().clone() for k, v in tensors.items()}
+        gc.collect()
+        self.state.abandon_groups()
+        gc.collect()
+        # a rank inside the first commit after a switch also still holds the state from before it: when no rank
+        # completed that commit, the launcher may choose that one for everyone (``previous_held``)
+        self.state.channel.send("halted", step=self.committed, source=have, after=self.reconfigured, error=reason,
+                                finish=finish if finished is not None else None, held=list(held),
+                                previous_held=list(kept[3]) if kept is not None and have == "live" else None,
+                                whole=whole_at, empty=empty)
+        raw = self._newest("reconfigure", self.reconfigured, RECONFIGURE_WAIT_S)
+        self.last_reconfigure = raw  # what a subclass reads more of (a mixed-length job's new candidates)
+        msg = Reconfigure.decode(raw)
+        me = self.state.launch_rank
+        want = msg.offer.get(me, "nothing" if empty else have)
+        if want == "nothing":  # the launcher's reconfiguration gives this rank all its shards: it sends nothing
+            program, tensors, count, have, empty = msg.program, {}, float(msg.resume_step), want, True
+            self.committed, self.adam_steps = msg.resume_step - 1, msg.resume_step  # one Adam update a step
+            self.joining = True  # until the switch completed: a failure meanwhile finds this rank holding nothing
+        elif want == "previous" and have == "live":
+            if kept is None:
+                raise HSPMDError(f"rank {me}: the launcher asked for the state from before the switch, but this "
+                                 "rank no longer holds it")
+            program, tensors, count, held = kept  # the launcher chose the state from before the switches
+            tensors = {k: v.detach().clone() for k, v in tensors.items()}
+            have = "previous"
+        elif want == "live" and have == "previous":  # the launcher chose the running state (after a grow)
+            if whole is None:
+                raise HSPMDError(f"rank {me}: the launcher asked for the running state, but this rank's is not "
+                                 "whole (it failed while switching)")
+            program, tensors, count, held = whole
+            have = "live"
+        elif me in msg.finish:
+            if finished is None:
+                raise HSPMDError(f"rank {self.state.launch_rank}: told to finish step {self.committed + 1}, whose "
+                                 "gradients it does not hold")
+            program, tensors, count = finished
+            held = self.version
+            self.committed += 1
+            self.adam_steps += 1
+        if me not in msg.ranks:
+            raise HSPMDError(f"rank {me}: left out of the re-formed world (treated as failed by the launcher)")
+        # from here on, a peer's death (while rejoining, creating groups, switching) is a failure *during*
+        # reconfiguration ``msg.id``: this rank then halts again reporting it, with the state it started from
+        self.reconfigured = self.state.generation = msg.id
+        if msg.source != "checkpoint" and not empty:
+            self.previous = (program, tensors, count, held)
+        t1 = time.perf_counter()
+        self.state.rejoin(msg.master_addr, msg.master_port, msg.world, msg.ranks[me])
+        t2 = time.perf_counter()
+        self.program = program
+        read: dict[str, Any] = {}
+        if msg.source == "checkpoint":
+            del tensors  # the state some of which has no surviving copy: the checkpoint replaces all of it
+            nbytes, read = 0, self._reload(msg)
+        else:
+            to_proc = {msg.src_ranks[l]: msg.ranks[l] for l in msg.ranks}  # source-numbering rank -> new rank
+            nbytes = self._switch_to(msg.program, msg.plan, source=tensors,
+                                     src_rank=msg.src_ranks[me], to_proc=to_proc, step_count=count)
+        self.reconfigured = msg.id
+        self.joining = False
+        # switches requested before the failure are cancelled (the launcher planned them for a world that is gone)
+        self.switch_done = self.switch_heard = max(self.switch_done, self.switch_heard, msg.switch_floor)
+        self._switch_agreed = self.switch_done
+        self.version = (msg.id, msg.switch_floor)
+        self._messages = [m for m in self._messages if m.get("type") != "switch" or int(m["id"]) > self.switch_done]
+        self.state.channel.send("switched", id=msg.id, what="reconfigure", step=self.offset + msg.resume_step,
+                                seconds=round(time.perf_counter() - t2, 6), rejoin_s=round(t2 - t1, 6),
+                                wait_s=round(t1 - t0, 6), bytes=nbytes, **read, **self.last_switch)
+        if self.saver is not None and msg.retake_checkpoint:
+            self.saver.retake = True
+        return msg.resume_step
+
+    def _reload(self, msg: Reconfigure) -> dict[str, Any]:
+        """Go back to the checkpoint ``msg`` names under ``msg.program``: its groups, this rank's shards read from
+        the checkpoint (only the boxes it holds, by :func:`~.checkpoint_worker.load_resume`, as a resumed run),
+        Adam's step count and the committed step of the checkpoint; returns ``bytes_read`` and ``checkpoint_step``
+        for the ``switched`` report (``last_switch`` gets ``load_s``, the read alone)."""
+        from .checkpoint_worker import load_resume
+
+        t0 = time.perf_counter()
+        program, ck = msg.program, msg.checkpoint
+        self.previous = None  # nothing from before the failure can be replanned from any more
+        self._make_groups(program)
+        self.program = program
+        self._drop_unused_groups(program)
+        t1 = time.perf_counter()
+        params = opt = None
+        stats: dict[str, Any] = {"bytes_read": 0}
+        if self.state.rank in program.ranks:
+            params, opt, stats = load_resume(ck, program, self.state.rank)
+        t2 = time.perf_counter()
+        self.committed, self.adam_steps = msg.resume_step - 1, int(ck["optimizer_step"])
+        self._make_executor(params, opt)
+        self.whole = True
+        self.last_switch = {"groups_s": round(t1 - t0, 6), "load_s": round(t2 - t1, 6),
+                            "build_s": round(time.perf_counter() - t2, 6)}
+        return {"bytes_read": int(stats["bytes_read"]), "checkpoint_step": int(ck["step"])}
+
+
+def _is_comm_failure(e: BaseException) -> bool:
+    """Whether ``e`` is what a peer's death looks like from here (gloo/NCCL errors, our wrappers of them)."""
+    from .comm import CommExecutionError
+    from .worker import RendezvousAbandoned
+
+    if isinstance(e, (CommFailure, RendezvousAbandoned)):
+        return True
+    if isinstance(e, CommExecutionError):  # a wrapped torch error is a peer's failure; a plan that does not fit the
+        return e.__cause__ is not None and _is_comm_failure(e.__cause__)  # tensors here is a bug: said as such
+    if any(c.__name__ in ("DistNetworkError", "DistStoreError", "DistBackendError") for c in type(e).__mro__):
+        return True  # torch.distributed's own: a peer (or the rendezvous store's host) is gone
+    if isinstance(e, RuntimeError):
+        text = str(e)
+        return any(s in text for s in ("Connection closed", "Connection reset", "Broken pipe", "gloo", "NCCL",
+                                       "timed out", "Timed out", "connection", "ProcessGroup", "peer"))
+    return False
+
+
+def _initial_shards(program: Any, rank: int, init: Mapping[str, Any] | None) -> Any:
+    """This rank's parameter shards read from the run's ``init`` (``None``: the seeded initialisation)."""
+    if not init:
+        return None
+    from ...models.hf import shard_reader
+    from .params import load_local_parameters
+
+    return load_local_parameters(program, rank, shard_reader(init["hf"], program.model))
+
+
+def _resume_point(run: Mapping[str, Any]) -> tuple[int, int]:
+    """``(first step, Adam updates done)`` of a run: the resumed checkpoint's, else ``(0, 0)``."""
+    resume = run.get("resume")
+    return (int(resume["step"]), int(resume["optimizer_step"])) if resume else (0, 0)
+
+
+def _initial_state(program: Any, rank: int, run: Mapping[str, Any]) -> tuple[Any, Any, dict[str, Any] | None]:
+    """``(params, optimizer_state, resume stats)`` of this rank: read from the resumed checkpoint (its RNG state
+    restored too), else the ``init`` weights or the seeded initialisation and a fresh optimizer."""
+    resume = run.get("resume")
+    if not resume:
+        return _initial_shards(program, rank, run.get("init")), None, None
+    from .checkpoint_worker import load_resume, restore_rng
+
+    params, opt_state, stats = load_resume(resume, program, rank)
+    stats["rng_restored"] = restore_rng(resume, rank)
+    return params, opt_state, stats
+
+
+def _checkpoint_saver(state: Any, run: Mapping[str, Any], index: int) -> Any:
+    """The run's :class:`~.checkpoint_worker.CheckpointSaver`, or ``None`` without ``checkpoint_dir``."""
+    if not run.get("checkpoint"):
+        return None
+    from .checkpoint_worker import CheckpointSaver
+
+    return CheckpointSaver(state, run, index)
+
+
+def _memory_summary(ex: Any, program: Any, rank: int) -> dict[str, Any]:
+    """Bytes of the rank's parameters, of its Adam state, and of its shards by the annotations."""
+    import torch
+
+    from .params import parameter_bytes, shard_box
+
+    return {"param_bytes": parameter_bytes(ex.params),
+            "optimizer_bytes": sum(t.numel() * t.element_size() for st in ex.optimizer.state.values()
+                                   for t in st.values() if isinstance(t, torch.Tensor) and t.dim() > 0),
+            "shard_bytes": sum(4 * box_numel(shard_box(program, n, rank)) for n in ex.params),
+            "pipeline": ex.pipeline, "stage": ex.stage, "micro_batches": [ex.num_micro, ex.micro_size]}
+
+
+def _save_capture(ex: Any, program: Any, rank: int, path: Path) -> None:
+    """Save the rank's synchronised gradients of step 0, its final parameter shards and their boxes."""
+    import torch
+
+    from .params import shard_box
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    opt = ex.optimizer_state()
+    torch.save({"grads": {k: v.cpu() for k, v in (ex.captured_grads or {}).items()},
+                "params": {k: v.detach().cpu().clone() for k, v in ex.params.items()},
+                "exp_avg": {k: st["exp_avg"].detach().cpu().clone() for k, st in opt.items() if "exp_avg" in st},
+                "exp_avg_sq": {k: st["exp_avg_sq"].detach().cpu().clone() for k, st in opt.items()
+                               if "exp_avg_sq" in st},
+                "optimizer_step": {k: st.get("step") for k, st in opt.items()},
+                "boxes": {k: shard_box(program, k, rank) for k in ex.params}}, path)
