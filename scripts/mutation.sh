@@ -40,9 +40,13 @@ for m in "${modules[@]}"; do
   resume=0
   if [ "${MUTATION_RESUME:-0}" = 1 ] && [ -d "$dir/mutants" ]; then resume=1; fi
   if [ $resume = 1 ]; then
-    # keep the verdicts; bring in the current tests (the mutated copy of the package stays)
+    # keep the verdicts; bring in the current tests and the rest of the current package (modules may have moved
+    # since the copy was made); the mutated file stays as it was mutated
+    only=$(sed -n 's/^only_mutate *= *//p' "scripts/mutation/$m.cfg")
     for d in "$dir" "$dir/mutants"; do
       rm -rf "$d/tests" && tar -C "$ROOT" --exclude=__pycache__ --exclude='*.pyc' -cf - tests | tar -C "$d" -xf -
+      find "$d/hspmd_sdk" -name '*.py' ! -path "$d/$only" -delete
+      tar -C "$ROOT" --exclude=__pycache__ --exclude='*.pyc' --exclude="$only" -cf - hspmd_sdk | tar -C "$d" -xf -
     done
   else
     rm -rf "$dir" && mkdir -p "$dir"
