@@ -35,7 +35,8 @@ class GoOn:  # the job goes on after a failure
 
 job = launch(cluster=Cluster.local(2), entry="hspmd_sdk.testing.entries:fail_alone", steps=4000, policy=GoOn(),
              payload={"rank": -1, "steps_each": 4000, "pause": 0.05}, heartbeat_s=1.0, timeout_s=60)
-job.dashboard()"""
+from hspmd_sdk.viz import JobDashboard
+JobDashboard(job)"""
 KILL = """import os, signal, time
 while len(job.metrics.rank(1)) < 3:
     time.sleep(0.05)

@@ -59,7 +59,7 @@ running = launch_training(specialize(tiny, plan_from_strategy(tiny, dp2, two), t
 live = PlanEditor(two, tiny, {"pipelines": [{"stages": [{"devices": [1], "layers": [0, 1]},
     {"devices": [0], "layers": [2, 3]}], "micro_batch_size": 1, "num_micro_batches": 4}]}, seq_len=16, job=running)
 live"""
-DASH = "running.dashboard()"
+DASH = "from hspmd_sdk.viz import JobDashboard\nJobDashboard(running)"
 CELLS = 5  # SETUP, ed, LOCAL, LIVE, DASH
 
 pytestmark = pytest.mark.timeout(240)

@@ -5,6 +5,8 @@ from functools import lru_cache
 
 from plotly.colors import qualitative, sample_colorscale
 
+from .._palette import EVENT_COLOURS  # Gantt bar colours by simulator event kind (shared with the runtime)
+
 __all__ = ["stage_colour", "pipeline_colour", "subgroup_colour", "UNUSED", "LINK_COLOURS", "EVENT_COLOURS",
            "ERROR", "SELECTED", "UNION_COLOURS", "WARNING", "ink"]
 
@@ -22,9 +24,6 @@ WARNING = "#9a6700"
 UNION_COLOURS = ("#c2185b", "#00897b", "#f57f17", "#3949ab", "#6d4c41", "#7cb342", "#00acc1", "#8e24aa")
 #: Point-to-point sends by link class.
 LINK_COLOURS = {"intra": "#159a8c", "inter": "#d1495b"}
-#: Gantt bar colours by simulator event kind.
-EVENT_COLOURS = {"F": "#4c78a8", "B": "#f58518", "comm": "#b279a2", "sync": "#e45756", "optim": "#9d755d",
-                 "idle": "#e8e8e8"}
 
 
 def pipeline_colour(p: int) -> str:

@@ -461,11 +461,9 @@ class Job:
             return {r: f"rank {r}" + (f" ({rec.host})" if rec.host else "") for r, rec in self._ranks.items()}
 
     def dashboard(self, **kwargs: Any) -> Any:
-        """A notebook widget following this job: step, loss curve, per-rank step times, reconfigurations
-        (:class:`hspmd_sdk.viz.JobDashboard`; needs the ``notebook`` extra)."""
-        from ...viz.dashboard import JobDashboard
-
-        return JobDashboard(self, **kwargs)
+        """Gone: the runtime draws no widgets.  The dashboard is ``hspmd_sdk.viz.JobDashboard(job)``."""
+        raise AttributeError("Job.dashboard() is gone (the runtime imports nothing of the notebook widgets): "
+                             "use `from hspmd_sdk.viz import JobDashboard` and `JobDashboard(job)`")
 
     def on_message(self, kind: str, fn: Callable[[int, dict[str, Any]], None]) -> None:
         """Call ``fn(rank, message)`` for every worker protocol message of ``kind`` (after the job's own handling;

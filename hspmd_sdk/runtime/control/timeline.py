@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..._palette import EVENT_COLOURS
 from ..trace import PHASES, measured_phases, phase_totals
 
 if TYPE_CHECKING:
@@ -73,8 +74,6 @@ class Timeline:
     def figure(self) -> "go.Figure":
         """Two rows per rank, ``measured`` above ``planned``, a bar per phase span (the simulator's colours)."""
         import plotly.graph_objects as go
-
-        from ...viz._style import EVENT_COLOURS
 
         fig = go.Figure()
         rows: list[str] = []
