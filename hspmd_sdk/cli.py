@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .cli_inputs import (EXAMPLES, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_TOKENS, add_fault_arguments, int_in,
-                         number_above, read_json, resolve_file)
+from .cli_inputs import (EXAMPLES, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_TOKENS, add_fault_arguments, example_context,
+                         int_in, number_above, read_json, resolve_file)
 from .errors import HSPMDError, PlanValidationError
 
 __all__ = ["main", "build_parser", "command", "COMMANDS", "resolve_file", "read_json", "EXIT_INTERRUPTED"]
@@ -65,18 +65,6 @@ def detect_kind(data: Any, path: Path) -> str:
     raise PlanValidationError([(str(path), "not a strategy, plan or cluster: expected a JSON object with "
                                            "'pipelines' (strategy), 'annotations' (plan) or 'nodes' (cluster)")],
                               what="input")
-
-
-def example_context(path: Path) -> dict[str, Any]:
-    """For a packaged example strategy, its model, cluster and global batch from ``examples/index.json``."""
-    index = path.resolve().parent / "index.json"
-    if not index.is_file():
-        return {}
-    try:
-        entry = json.loads(index.read_text()).get("strategies", {}).get(path.name, {})
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return entry if isinstance(entry, dict) else {}
 
 
 def load_context(args: argparse.Namespace, path: Path) -> tuple[Any, Any, int | None]:
@@ -456,7 +444,7 @@ def _run_mixed(args: argparse.Namespace, model: Any, cluster: Any) -> int:
     single-device model's on the same sequences."""
     import os
 
-    from .planner.cli import _cost
+    from .cli_plan import _cost
     from .planner.cost import CostModel
     from .cli_checkpoint import training_checkpoint_options
     from .runtime.control.mixed import launch_mixed, planning_summary, reference_mixed
@@ -574,11 +562,11 @@ def _lazy(module: str, name: str) -> Callable[..., Any]:
 
 
 COMMANDS["plan"] = Command("plan a strategy for a cluster and model (--scenario hetero|elastic|mixed)",
-                           _lazy("hspmd_sdk.planner.cli", "add_plan_arguments"),
-                           _lazy("hspmd_sdk.planner.cli", "run_plan"))
+                           _lazy("hspmd_sdk.cli_plan", "add_plan_arguments"),
+                           _lazy("hspmd_sdk.cli_plan", "run_plan"))
 COMMANDS["simulate"] = Command("estimate one training step of a strategy (step time, bubble, peak memory)",
-                               _lazy("hspmd_sdk.planner.cli", "add_simulate_arguments"),
-                               _lazy("hspmd_sdk.planner.cli", "run_simulate"))
+                               _lazy("hspmd_sdk.cli_plan", "add_simulate_arguments"),
+                               _lazy("hspmd_sdk.cli_plan", "run_simulate"))
 
 
 COMMANDS["launch"] = Command("train a strategy (or run an entry) on remote hosts over SSH or on a Slurm cluster",

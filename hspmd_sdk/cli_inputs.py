@@ -2,7 +2,7 @@
 
 Every reader turns bad input into :class:`~hspmd_sdk.errors.PlanValidationError` (files) or
 ``argparse.ArgumentTypeError`` (argument values), naming what and where, so that the CLI prints one ``error:``
-line and never a traceback.  Shared by :mod:`hspmd_sdk.cli`, :mod:`hspmd_sdk.planner.cli` and
+line and never a traceback.  Shared by :mod:`hspmd_sdk.cli`, :mod:`hspmd_sdk.cli_plan` and
 :mod:`hspmd_sdk.cli_ssh`.
 """
 from __future__ import annotations
@@ -133,3 +133,15 @@ def write_output(path: Path, text: str, option: str = "-o/--output") -> None:
         path.write_text(text)
     except OSError as e:
         raise PlanValidationError([(option, f"cannot write {path}: {e.strerror or e}")], what="arguments") from None
+
+
+def example_context(path: Path) -> dict[str, Any]:
+    """For a packaged example strategy, its model, cluster and global batch from ``examples/index.json``."""
+    index = path.resolve().parent / "index.json"
+    if not index.is_file():
+        return {}
+    try:
+        entry = json.loads(index.read_text()).get("strategies", {}).get(path.name, {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return entry if isinstance(entry, dict) else {}

@@ -15,6 +15,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from .cli_inputs import (MAX_SAMPLES, MAX_TOKENS, check_output, example_context, int_in, read_json, read_text,
+                         resolve_file, write_output)
+from .core.annotation import parse_ranks as parse
+from .core.cluster import MAX_RANKS, Cluster
+from .errors import PlanValidationError
+from .models.registry import load_model_spec
+from .planner.cost import CostModel
+from .planner.simulator import simulate
+
 __all__ = ["add_plan_arguments", "run_plan", "add_simulate_arguments", "run_simulate", "parse_ranks",
            "load_cluster", "read_lengths"]
 
@@ -23,8 +34,6 @@ __all__ = ["add_plan_arguments", "run_plan", "add_simulate_arguments", "run_simu
 def parse_ranks(text: str, cluster: Any = None) -> list[int]:
     """``"5,7,24-31"`` -> ``[5, 7, 24, ..., 31]`` (the core's rank notation; errors name ``--failed``); with a
     ``cluster``, every rank must be one of its ranks."""
-    from ..core.annotation import parse_ranks as parse
-    from ..errors import PlanValidationError
 
     try:
         ranks = sorted(set(parse(text))) if len(text) <= 10_000 else None
@@ -46,10 +55,6 @@ def parse_ranks(text: str, cluster: Any = None) -> list[int]:
 
 def load_cluster(text: str) -> Any:
     """A cluster from a JSON path, a packaged example name, or ``KIND:COUNT,...``."""
-    from ..cli_inputs import resolve_file
-    from ..core.cluster import MAX_RANKS, Cluster
-    from ..errors import PlanValidationError
-
     if ":" in text and not Path(text).exists() and "{" not in text:
         counts: dict[str, int] = {}
         for part in text.split(","):
@@ -68,9 +73,6 @@ def load_cluster(text: str) -> Any:
 
 def read_lengths(path: str) -> list[int]:
     """Sequence lengths: a JSON list, or one integer a line (each 1..2**24)."""
-    from ..cli_inputs import MAX_TOKENS, read_json, read_text, resolve_file
-    from ..errors import PlanValidationError
-
     file = resolve_file(path)
     text = read_text(file)
     try:
@@ -97,11 +99,7 @@ def _no_int(x: Any) -> int:
 
 
 def _cost(path: str | None) -> Any:
-    from pydantic import ValidationError
 
-    from ..cli_inputs import read_text, resolve_file
-    from ..errors import PlanValidationError
-    from .cost import CostModel
 
     if not path:
         return None
@@ -115,8 +113,6 @@ def _cost(path: str | None) -> Any:
 # ---- plan ----------------------------------------------------------------------------------------------------
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``hspmd plan``."""
-    from ..cli_inputs import MAX_SAMPLES, MAX_TOKENS, int_in
-
     p.add_argument("--cluster", required=True, metavar="FILE|PRESET",
                    help="cluster JSON, packaged example name, or counts like H800:16,H20:32")
     p.add_argument("--model", required=True, metavar="PRESET", help="model preset or model-config JSON")
@@ -144,10 +140,6 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_plan(args: argparse.Namespace) -> int:
     """Run ``hspmd plan``; prints the plan, its simulated step time and the planning time."""
-    from ..cli_inputs import check_output, write_output
-    from ..errors import PlanValidationError
-    from ..models.registry import load_model_spec
-
     output = check_output(args.output) if args.output else None  # before minutes of planning, not after
     model = load_model_spec(args.model)
     cluster = load_cluster(args.cluster)
@@ -158,7 +150,7 @@ def run_plan(args: argparse.Namespace) -> int:
         if not args.lengths:
             raise PlanValidationError([("--lengths", "the mixed scenario needs a file of sequence lengths")],
                                       what="arguments")
-        from .mixed import plan_mixed
+        from .planner.mixed import plan_mixed
 
         plan = plan_mixed(model, cluster, read_lengths(args.lengths), tokens_per_batch=args.tokens_per_batch,
                           context_len=args.context_len, cost=cost, packing=args.packing)
@@ -178,18 +170,16 @@ def run_plan(args: argparse.Namespace) -> int:
         if not args.strategy or not args.failed:
             raise PlanValidationError([("--strategy/--failed", "the elastic scenario needs the running strategy "
                                                                "and the failed ranks")], what="arguments")
-        from ..cli_inputs import resolve_file
-        from .elastic import replan_elastic
+        from .planner.elastic import replan_elastic
 
         strategy = replan_elastic(model, cluster, resolve_file(args.strategy), parse_ranks(args.failed, cluster),
                                   seq_len=seq, global_batch=args.global_batch, cost=cost)
     else:
-        from .hetero import plan_hetero
+        from .planner.hetero import plan_hetero
 
         strategy = plan_hetero(model, cluster, global_batch=args.global_batch or 64, seq_len=seq, cost=cost,
                                zero1=not args.no_zero1)
     elapsed = time.perf_counter() - t0
-    from .simulator import simulate
 
     res = simulate(model, strategy, cluster, global_batch=strategy.global_batch, seq_len=seq, cost=cost)
     print(strategy.summary(cluster=cluster))
@@ -204,8 +194,6 @@ def run_plan(args: argparse.Namespace) -> int:
 # ---- simulate ------------------------------------------------------------------------------------------------
 def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``hspmd simulate``."""
-    from ..cli_inputs import MAX_SAMPLES, MAX_TOKENS, int_in
-
     p.add_argument("strategy", metavar="STRATEGY", help="strategy JSON or packaged example name")
     p.add_argument("--model", metavar="PRESET", help="model preset (default: from the example index)")
     p.add_argument("--cluster", metavar="FILE|PRESET", help="cluster (default: from the example index)")
@@ -222,11 +210,6 @@ def run_simulate(args: argparse.Namespace) -> int:
     Exit status 1 (with an ``error:`` line) when a device runs out of memory."""
     import sys
 
-    from ..cli import example_context
-    from ..cli_inputs import resolve_file
-    from ..models.registry import load_model_spec
-    from ..errors import PlanValidationError
-    from .simulator import simulate
 
     path = resolve_file(args.strategy)
     ctx = example_context(path)
