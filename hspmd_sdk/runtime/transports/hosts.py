@@ -18,7 +18,12 @@ from typing import Any, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ...errors import PlanValidationError
+from ...errors import HSPMDError, PlanValidationError
+
+
+class SSHError(HSPMDError):
+    """A host could not be reached, authenticated or verified, or its agent did not start."""
+
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
