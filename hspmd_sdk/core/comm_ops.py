@@ -16,6 +16,10 @@ Every operator says exactly what the runtime does, in global coordinates, so not
   partial destination is "summand 0 holds the value, the others hold zeros").
 * :class:`IdentityOp` -- nothing moves.
 
+Every operator type answers the same questions the same way: ``ranks()`` (who takes part),
+``collective_groups()`` (the rank groups that run a collective together), ``p2p_edges()`` (point-to-point
+``(src, dst)`` pairs), ``transfers()`` (bytes sent, for pricing), ``apply`` and ``describe``.
+
 Each operator reads the per-rank tensors as they were *before* it and writes the ranks in ``out_boxes``; ranks
 it does not write keep their tensor.  ``apply`` executes that on numpy arrays or torch tensors in one process
 (the reference semantics of the runtime), ``transfers`` lists the bytes each rank sends under the ring
@@ -94,9 +98,16 @@ class CollectiveOp:
     dim: int | None = None
     src_dim: int | None = None
 
-    @property
-    def ranks(self) -> list[int]:
-        return [r for g in self.groups for r in g.ranks]
+    def ranks(self) -> frozenset[int]:
+        """Every rank that takes part (``LocalSplit``: every rank that slices)."""
+        return frozenset(r for g in self.groups for r in g.ranks)
+
+    def collective_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The rank groups that run a collective together (groups of one rank run nothing)."""
+        return tuple(g.ranks for g in self.groups if len(g.ranks) > 1)
+
+    def p2p_edges(self) -> tuple[tuple[int, int], ...]:
+        return ()
 
     def transfers(self) -> list[Transfer]:
         out: list[Transfer] = []
@@ -208,6 +219,16 @@ class SplitCollectiveOp:
     out_boxes: tuple[tuple[int, Box], ...]
     itemsize: int
 
+    def ranks(self) -> frozenset[int]:
+        """Every rank of a slice collective, and the ranks that only receive zeros."""
+        return frozenset(r for s in self.slices for r in s.ranks) | frozenset(r for r, _ in self.out_boxes)
+
+    def collective_groups(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(s.ranks for s in self.slices if len(s.ranks) > 1)
+
+    def p2p_edges(self) -> tuple[tuple[int, int], ...]:
+        return ()
+
     def transfers(self) -> list[Transfer]:
         return [t for s in self.slices for t in s.transfers(self.itemsize)]
 
@@ -253,6 +274,18 @@ class PointToPointOp:
     out_boxes: tuple[tuple[int, Box], ...]
     zero_fill: tuple[int, ...] = ()
 
+    def ranks(self) -> frozenset[int]:
+        """Senders, receivers, ranks that copy locally or are zero-filled, and every rank that writes."""
+        return (frozenset(r for m in self.messages for r in (m.src, m.dst)) | frozenset(r for r, _ in self.copies)
+                | frozenset(self.zero_fill) | frozenset(r for r, _ in self.out_boxes))
+
+    def collective_groups(self) -> tuple[tuple[int, ...], ...]:
+        return ()
+
+    def p2p_edges(self) -> tuple[tuple[int, int], ...]:
+        """``(src, dst)`` of each message between different ranks."""
+        return tuple((m.src, m.dst) for m in self.messages if m.src != m.dst)
+
     def transfers(self) -> list[Transfer]:
         return [(m.src, m.dst, m.nbytes, 1) for m in self.messages if m.src != m.dst]
 
@@ -284,6 +317,15 @@ class IdentityOp:
     """Nothing moves: source and destination layouts agree on every rank."""
 
     kind: str = field(default="Identity")
+
+    def ranks(self) -> frozenset[int]:
+        return frozenset()
+
+    def collective_groups(self) -> tuple[tuple[int, ...], ...]:
+        return ()
+
+    def p2p_edges(self) -> tuple[tuple[int, int], ...]:
+        return ()
 
     def transfers(self) -> list[Transfer]:
         return []

@@ -21,27 +21,9 @@ from .annotation import format_ranks
 
 __all__ = ["build_pipelines", "collective_groups", "p2p_edges", "rank_kinds", "op_ranks"]
 
-_NO_MERGE = ("Identity", "LocalSplit")
-
-
 def op_ranks(op: Any) -> set[int]:
-    """Every rank that takes part in one communication operator of a ``CommPlan``."""
-    kind = op.kind
-    if kind == "Identity":
-        return set()
-    if hasattr(op, "groups"):
-        return {r for g in op.groups for r in g.ranks}
-    out: set[int] = set()
-    if hasattr(op, "slices"):
-        for s in op.slices:
-            out.update(s.ranks)
-    if hasattr(op, "messages"):
-        for m in op.messages:
-            out.update((m.src, m.dst))
-        out.update(r for r, _ in getattr(op, "copies", ()))
-        out.update(getattr(op, "zero_fill", ()))
-    out.update(r for r, _ in getattr(op, "out_boxes", ()))
-    return out
+    """Every rank that takes part in one communication operator of a ``CommPlan`` (its ``ranks()``)."""
+    return set(op.ranks())
 
 
 def rank_kinds(plan: Any, rank: int) -> tuple[str, ...]:
@@ -53,24 +35,13 @@ def rank_kinds(plan: Any, rank: int) -> tuple[str, ...]:
 def collective_groups(plan: Any) -> Iterable[tuple[int, ...]]:
     """Rank groups of every collective of ``plan`` (bottom- and top-tier), excluding local ops."""
     for op in plan.ops:
-        if op.kind in _NO_MERGE:
-            continue
-        if hasattr(op, "groups"):
-            for g in op.groups:
-                if len(g.ranks) > 1:
-                    yield tuple(g.ranks)
-        elif hasattr(op, "slices"):
-            for s in op.slices:
-                if len(s.ranks) > 1:
-                    yield tuple(s.ranks)
+        yield from op.collective_groups()
 
 
 def p2p_edges(plan: Any) -> Iterable[tuple[int, int]]:
     """``(src, dst)`` of every point-to-point message of ``plan`` between different ranks."""
     for op in plan.ops:
-        for m in getattr(op, "messages", ()):
-            if m.src != m.dst:
-                yield m.src, m.dst
+        yield from op.p2p_edges()
 
 
 class _UnionFind:
