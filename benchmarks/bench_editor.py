@@ -2,8 +2,8 @@
 largest setup (48 GPUs: 16 H800 + 32 H20, the 32B model, Table 9's strategy).
 
 Budget: 0.3 s a change.  Peer: a *naive* editor that runs the whole pipeline on every change in the callback --
-``Strategy.check`` + ``AnnotationPlan.from_strategy`` + ``specialize`` + ``simulate`` -- timed in the same run.
-The ``PlanEditor`` runs the same core calls but resolves communication (``from_strategy`` + ``specialize``) on a
+``Strategy.check`` + ``plan_from_strategy`` + ``specialize`` + ``simulate`` -- timed in the same run.
+The ``PlanEditor`` runs the same core calls but resolves communication (``plan_from_strategy`` + ``specialize``) on a
 background thread, so the hot path is the strategy check, the simulator and the redraw; the time until the
 resolved communication is shown is reported too.  Each repeat moves a stage boundary (one invalid, then one valid edit giving
 a plan not seen before), moves a device into another stage (invalid) and undoes it (valid, resolution cached).
@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from hspmd_sdk import AnnotationPlan, Cluster, LlamaConfig, Strategy, specialize
+from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize
+from hspmd_sdk.core.strategy_plan import plan_from_strategy
 from hspmd_sdk.planner import simulate
 from hspmd_sdk.viz import PlanEditor
 
@@ -30,7 +31,7 @@ def naive_change(model: LlamaConfig, strategy: Strategy, cluster: Cluster) -> fl
     """The peer: everything on the hot path."""
     t0 = time.perf_counter()
     strategy.check(model=model, cluster=cluster, global_batch=64)
-    plan = AnnotationPlan.from_strategy(model, strategy, cluster)
+    plan = plan_from_strategy(model, strategy, cluster)
     specialize(model, plan, cluster)
     simulate(model, strategy, cluster, global_batch=64, seq_len=4096)
     return time.perf_counter() - t0

@@ -5,7 +5,7 @@ on the widget).
 
 * **validated redraw**: the kernel has validated the edit (strategy checks, simulation) and the canvas shows it;
 * **communication arrows**: the stage-boundary arrows of the new plan are drawn (its communication resolved by
-  ``AnnotationPlan.from_strategy`` + ``specialize`` on the editor's background thread).
+  ``plan_from_strategy`` + ``specialize`` on the editor's background thread).
 
 Peer, in the same run and the same JupyterLab: the previous editor (plotly ``FigureWidget`` tiles, ipywidgets
 panel; the SDK at commit ``bfc15e5``, extracted with ``git archive``), whose redraw is its summary's text and

@@ -110,3 +110,10 @@ def test_program_json_carries_the_settings_and_programs_take_keywords() -> None:
     assert back == prog and back.plan.settings == prog.plan.settings
     with pytest.raises(TypeError):
         Program(prog.graph, prog.plan)  # type: ignore[misc]  # keyword arguments only
+
+
+def test_the_plan_model_says_where_its_construction_from_a_strategy_went() -> None:
+    """``AnnotationPlan.from_strategy`` is gone (the plan model imports nothing of the translation, issue 23): calling
+    it names ``plan_from_strategy``."""
+    with pytest.raises(AttributeError, match="plan_from_strategy"):
+        AnnotationPlan.from_strategy(MODEL, PP2_DP2, CLUSTER)

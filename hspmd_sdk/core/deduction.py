@@ -2,7 +2,7 @@
 
 * DG Union and HSize propagate unchanged: every input of an op must have the same DG Union (hence HSize); a
   mismatch without a Reshard is a :class:`~hspmd_sdk.errors.SpecializationError` naming both tensors.
-* DS Union and HDim follow the op's axis rule (:mod:`hspmd_sdk.core.ops`): per sharding subgroup the inputs'
+* DS Union and HDim follow the op's axis rule (:mod:`hspmd_sdk.core.op_registry`): per sharding subgroup the inputs'
   DS are refined to common device axes and each axis is mapped; HDim is the same rule on one axis of HSize.
 
 Results are memoised on ``(op, attrs, input annotations, input shapes)``: the layers of one pipeline stage share
@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import ShapeError, SpecializationError
 from .annotation import DS, DUPLICATE, PARTIAL, Annotation, format_ranks, is_split
 from .graph import Graph, Node
-from .ops import OPS, OpDef, RuleError
+from .op_registry import OPS, OpDef, RuleError
 from .symbolic import Constraint, Dim, Sym, dim_div, dim_frac
 
 __all__ = ["deduce", "deduce_node", "refine_axes", "deduce_ds", "partial_as_duplicate", "weight_grad_annotation",

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import ShapeError, SpecializationError
+from .op_registry import RESHARD, infer_dtype, infer_shapes
 from .symbolic import Dim, Sym, evaluate_dim, shape_str, sym
 
 __all__ = ["TensorSpec", "Node", "Graph", "GraphBuilder", "Tensor", "LEAF_KINDS", "RESHARD"]
 
 PLACEHOLDER = "placeholder"
 PARAMETER = "parameter"
-RESHARD = "Reshard"
 LEAF_KINDS = (PLACEHOLDER, PARAMETER)
 
 
@@ -259,10 +259,8 @@ class GraphBuilder:
     # ---- generic -------------------------------------------------------------------------------------------
     def add(self, kind: str, inputs: Sequence[Tensor], attrs: Mapping[str, Any], *, name: str | None = None,
             num_outputs: int = 1, dtype: str | None = None) -> list[Tensor]:
-        """Append a node; output shapes and dtype come from the op's rules (:func:`ops.infer_shapes`,
-        :func:`ops.infer_dtype`); ``dtype`` overrides the dtype."""
-        from .ops import infer_dtype, infer_shapes  # ops imports graph
-
+        """Append a node; output shapes and dtype come from the op's rules (:func:`~.op_registry.infer_shapes`,
+        :func:`~.op_registry.infer_dtype`); ``dtype`` overrides the dtype."""
         for t in inputs:
             if t.builder is not self:
                 raise SpecializationError(f"tensor {t.name!r} belongs to another graph")

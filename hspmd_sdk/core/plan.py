@@ -19,8 +19,6 @@ from .schedule import ScheduleKind
 
 if TYPE_CHECKING:
     from .cluster import Cluster
-    from .model_spec import ModelSpec
-    from .strategy import Strategy
 
 __all__ = ["AnnotationPlan", "ExecutionSettings"]
 
@@ -124,11 +122,12 @@ class AnnotationPlan(BaseModel):
         return cls.model_json_schema()
 
     @classmethod
-    def from_strategy(cls, model: "ModelSpec", strategy: "Strategy", cluster: "Cluster") -> "AnnotationPlan":
-        """The annotation plan that realises a high-level :class:`Strategy` for ``model`` on ``cluster``."""
-        from .strategy_plan import plan_from_strategy  # type: ignore[import-not-found]
-
-        return plan_from_strategy(model, strategy, cluster)
+    def from_strategy(cls, *args: Any, **kwargs: Any) -> "AnnotationPlan":
+        """Gone: the plan model knows no strategy.  The plan of a strategy is
+        :func:`~hspmd_sdk.core.strategy_plan.plan_from_strategy` ``(model, strategy, cluster)``."""
+        raise AttributeError("AnnotationPlan.from_strategy() is gone (the plan model imports nothing of the "
+                             "strategy -> plan translation): use `from hspmd_sdk.core.strategy_plan import "
+                             "plan_from_strategy` and `plan_from_strategy(model, strategy, cluster)`")
 
     # ---- context checks ------------------------------------------------------------------------------------
     def problems(self, cluster: "Cluster | None" = None) -> list[tuple[str, str]]:

@@ -46,12 +46,13 @@ from ..errors import PlanValidationError, SpecializationError
 from .annotation import DS, DUPLICATE, Annotation, is_split
 from .model_spec import placements_by_tensor
 from .plan import AnnotationPlan, ExecutionSettings
+from .strategy import Strategy
 
 if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph import Graph
     from .model_spec import ModelSpec
-    from .strategy import Stage, Strategy
+    from .strategy import Stage
 
 __all__ = ["plan_from_strategy", "zero_shard", "graph_of"]
 
@@ -293,7 +294,5 @@ def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Clust
 def strategy_of(program: Any) -> "Strategy | None":
     """The :class:`~.strategy.Strategy` a Program was specialized from (``plan.settings.strategy``), or ``None``
     for a plan written by hand."""
-    from .strategy import Strategy
-
     data = program.plan.settings.strategy
     return Strategy.load(data) if data else None

@@ -36,7 +36,7 @@ stays within the window; sorted lengths keep padding small) or as a new micro-ba
 where the cost model says that batching pays; each candidate whose ``max_seq_len`` holds the step's longest
 sequence is costed this way (padded shapes, attention's quadratic term included, plus its ZeRO-1 gather, gradient
 synchronisation and optimizer) and the cheapest is chosen (counting the switch from the ``current`` one, if
-given).  :func:`~hspmd_sdk.planner.mixed_sim.simulate_dispatch` simulates the result.
+given).  :func:`simulate_dispatch` simulates the result (:func:`~hspmd_sdk.planner.mixed_sim.simulate_shapes`).
 """
 from __future__ import annotations
 
@@ -51,12 +51,13 @@ from ..core.strategy import Pipeline, Strategy
 from ..errors import PlanValidationError
 from .cost import CostModel
 from .mixed_cost import PipelineCost, split_layers, switch_estimate
-from .mixed_sim import packed_baseline, pack, simulate_dispatch, simulate_mixed, simulate_shapes
+from .mixed_sim import packed_baseline, pack, sample_batch, simulate_shapes
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
     from ..core.model_spec import ModelSpec
     from ..core.specialize import Program
+    from .simulator import SimResult
 
 __all__ = ["Method", "MixedEntry", "MixedPlan", "Dispatch", "Dispatcher", "plan_mixed", "dispatch",
            "simulate_mixed", "simulate_dispatch", "packed_baseline", "pack", "sample_lengths", "sample_batch",
@@ -75,19 +76,6 @@ def sample_lengths(n: int, context_len: int, *, seed: int = 0, median: int = 102
     long = rng.random(n) < tail
     body[long] = rng.uniform(0.6, 1.0, int(long.sum())) * context_len
     return [int(x) for x in np.clip(body, 16, context_len)]
-
-
-def sample_batch(lengths: Sequence[int], tokens: int, *, seed: int = 0) -> list[int]:
-    """Draw sequences from ``lengths`` (with replacement) until they hold ``tokens`` tokens."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    out, total = [], 0
-    while total < tokens:
-        x = int(lengths[int(rng.integers(len(lengths)))])
-        out.append(x)
-        total += x
-    return out
 
 
 def micro_batches(lengths: Sequence[int], window: int) -> list[list[int]]:
@@ -952,3 +940,18 @@ def dispatch(candidates: "MixedPlan | Sequence[Any]", model: "ModelSpec | str", 
     [0, 1, 2, 3]
     """
     return Dispatcher(candidates, model, cluster, cost=cost, packing=packing)(lengths, current=current)
+
+
+def simulate_dispatch(model: "ModelSpec | str", cluster: "Cluster", d: "Dispatch", *,
+                      cost: CostModel | None = None) -> SimResult:
+    """:func:`~hspmd_sdk.planner.mixed_sim.simulate_shapes` of a :class:`Dispatch`: the chosen candidate's strategy
+    with each pipeline's micro-batches at their shapes (``d.cost_shapes()``: padded, or packed rows)."""
+    return simulate_shapes(model, d.strategy, cluster, d.cost_shapes(), cost=cost,
+                           label=f"dispatched step on candidate {d.choice} (max_seq_len {d.max_seq_len})")
+
+
+def simulate_mixed(model: "ModelSpec | str", cluster: "Cluster", d: "Dispatch", *,
+                   cost: CostModel | None = None) -> tuple[float, list[int]]:
+    """The short form of :func:`simulate_dispatch`: (simulated step seconds, devices out of memory)."""
+    r = simulate_dispatch(model, cluster, d, cost=cost)
+    return r.step_time, r.oom

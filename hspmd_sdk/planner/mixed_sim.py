@@ -3,9 +3,9 @@
 * :func:`simulate_shapes` is the step simulator (:func:`hspmd_sdk.planner.simulate`) for pipelines whose
   micro-batches each have their own padded shape ``(rows, length)``: the same ZeRO-1 gather, schedule replay
   (:func:`hspmd_sdk.core.schedule.replay`), bucketed gradient synchronisation and optimizer, with every ``F``/``B``
-  timed at its own micro-batch's shape and every transfer sized by it.  :func:`simulate_dispatch` runs it on what
-  :func:`~hspmd_sdk.planner.mixed.dispatch` decided, so its ``step_time`` is the prediction to report beside a
-  measured step.
+  timed at its own micro-batch's shape and every transfer sized by it.  :func:`~hspmd_sdk.planner.mixed.
+  simulate_dispatch` runs it on what :func:`~hspmd_sdk.planner.mixed.dispatch` decided, so its ``step_time`` is the
+  prediction to report beside a measured step.
 * :func:`packed_baseline` is the Megatron/DeepSpeed way: every sequence packed into context-length windows
   (best-fit decreasing, :func:`pack`; attention over the whole window), one symmetric strategy (DP x TP x PP, even
   layers, with or without recomputation, on all devices or on one kind's), the fastest in the simulator.
@@ -32,10 +32,9 @@ from .simulator import Event, SimResult, Transfer, _simulate_step, _stage_cost, 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
     from ..core.model_spec import ModelSpec
-    from .mixed import Dispatch
 
-__all__ = ["simulate_shapes", "simulate_dispatch", "simulate_mixed", "pack", "packed_baseline", "HotSPaPlan",
-           "plan_hotspa", "simulate_hotspa", "HotSPaStep"]
+__all__ = ["simulate_shapes", "sample_batch", "pack", "packed_baseline", "HotSPaPlan", "plan_hotspa",
+           "simulate_hotspa", "HotSPaStep"]
 
 Shape = tuple[int, ...]  # (rows, padded length) or (1, tokens, sum of squared lengths): a packed row
 
@@ -110,22 +109,20 @@ def _replay(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", shapes
     return clock, transfers
 
 
-def simulate_dispatch(model: "ModelSpec | str", cluster: "Cluster", d: "Dispatch", *,
-                      cost: CostModel | None = None) -> SimResult:
-    """:func:`simulate_shapes` of a :class:`~hspmd_sdk.planner.mixed.Dispatch`: the chosen candidate's strategy
-    with each pipeline's micro-batches at their shapes (``d.cost_shapes()``: padded, or packed rows)."""
-    return simulate_shapes(model, d.strategy, cluster, d.cost_shapes(), cost=cost,
-                           label=f"dispatched step on candidate {d.choice} (max_seq_len {d.max_seq_len})")
+# ---- the length sample, packing and the homogeneous strategies of the baselines -----------------------------------
+def sample_batch(lengths: Sequence[int], tokens: int, *, seed: int = 0) -> list[int]:
+    """Draw sequences from ``lengths`` (with replacement) until they hold ``tokens`` tokens."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out, total = [], 0
+    while total < tokens:
+        x = int(lengths[int(rng.integers(len(lengths)))])
+        out.append(x)
+        total += x
+    return out
 
 
-def simulate_mixed(model: "ModelSpec | str", cluster: "Cluster", d: "Dispatch", *,
-                   cost: CostModel | None = None) -> tuple[float, list[int]]:
-    """The short form of :func:`simulate_dispatch`: (simulated step seconds, devices out of memory)."""
-    r = simulate_dispatch(model, cluster, d, cost=cost)
-    return r.step_time, r.oom
-
-
-# ---- packing and the homogeneous strategies of the baselines -------------------------------------------------------
 def pack(lengths: Iterable[int], window: int) -> list[list[int]]:
     """Best-fit decreasing: sequences (each at most ``window``) into windows of ``window`` tokens (the baselines'
     packing, several documents a row)."""
@@ -263,11 +260,10 @@ def plan_hotspa(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[
                 schedule: str = "1f1b", zero1: bool = True, steps: int = 8, seed: int = 0) -> HotSPaPlan:
     """HotSPa's pre-defined strategies: for each length bucket (default: 4K, 16K, context), the symmetric strategy
     with the smallest mean simulated time for that bucket's packed windows over ``steps`` steps of
-    ``tokens_per_batch`` tokens drawn from the length sample ``lengths`` (:func:`~hspmd_sdk.planner.mixed.sample_batch`
+    ``tokens_per_batch`` tokens drawn from the length sample ``lengths`` (:func:`sample_batch`
     with seeds ``seed, seed + 1, ...``), fitting in memory at any micro-batch count."""
     from ..errors import PlanValidationError
     from ..models.registry import load_model_spec
-    from .mixed import sample_batch
 
     model = load_model_spec(model)
     buckets = sorted(set(buckets or _default_buckets(context_len)))

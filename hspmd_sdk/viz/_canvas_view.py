@@ -3,11 +3,13 @@
 :func:`cluster_view` is sent once (nodes, devices, links); :func:`canvas_view` after every change: the draft's
 stages (fill, hull, layers, memory, problems), the verdict and what blocks Save/Launch/Apply, the resolved
 communication (stage-boundary arrows with bytes per step, the busiest link), and the picked tensor's annotation
-(DG Union subgroups, each device's shard from :func:`~hspmd_sdk.core.annotation.local_view`).
+(DG Union subgroups, each device's shard from :func:`~hspmd_sdk.core.annotation.local_view`).  Each function reads
+the state of ``ed``, the :class:`~hspmd_sdk.viz.editor.PlanEditor` (typed ``Any``: this module sits below the editor,
+which uses it).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.annotation import format_ranks, local_view
 from ._units import fmt_bytes, fmt_memory, fmt_node_devices
@@ -17,16 +19,13 @@ from ._tp_grid import DevicePlace, cp_divisors, ratios_text, share_text, stage_p
 from .cluster_fig import grid_axes, grid_axis, grid_words, hdim_words
 from .comm_fig import _group_rings, p2p_messages
 
-if TYPE_CHECKING:
-    from .editor import PlanEditor
-
 __all__ = ["cluster_view", "canvas_view", "tensor_view", "shard_grid", "MAX_MESSAGES", "TERMS"]
 
 #: A picked Reshard draws at most this many point-to-point arrows (the rest are counted in the legend).
 MAX_MESSAGES = 96
 
 
-def cluster_view(ed: "PlanEditor") -> dict[str, Any]:
+def cluster_view(ed: Any) -> dict[str, Any]:
     """The static part: nodes (host, kind, ranks, memory, NVLink bandwidth) and the inter-node links."""
     c = ed.cluster
     nodes = []
@@ -53,7 +52,7 @@ def _problem(p: Any) -> dict[str, Any]:
             "tensor": p.tensor}
 
 
-def _tiles(ed: "PlanEditor", flagged: dict[int, str]) -> list[dict[str, Any]]:
+def _tiles(ed: Any, flagged: dict[int, str]) -> list[dict[str, Any]]:
     c, d = ed.cluster, ed._draft
     where: dict[int, tuple[int, int]] = {}
     places: dict[int, DevicePlace] = {}  # each device's share and CP x TP coordinates in its stage
@@ -113,7 +112,7 @@ def _place(st: Any, place: DevicePlace | None, title: list[str]) -> dict[str, An
     return out
 
 
-def _pipelines(ed: "PlanEditor") -> list[dict[str, Any]]:
+def _pipelines(ed: Any) -> list[dict[str, Any]]:
     d = ed._draft
     mem_kind = "simulated" if ed._memory_kind == "simulated" else "estimate"
     out = []
@@ -154,7 +153,7 @@ def _stage_grid(s: Any) -> dict[str, Any]:
             "cp_options": cp_divisors(len(s.devices))}
 
 
-def _arrows(ed: "PlanEditor", comm: Any) -> list[dict[str, Any]]:
+def _arrows(ed: Any, comm: Any) -> list[dict[str, Any]]:
     out = []
     for a in comm.arrows:
         v = a.per_step
@@ -171,7 +170,7 @@ def _arrows(ed: "PlanEditor", comm: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _comm(ed: "PlanEditor") -> dict[str, Any]:
+def _comm(ed: Any) -> dict[str, Any]:
     state = comm_state(ed)
     valid = ed._valid
     out: dict[str, Any] = {"state": state, "arrows": [], "busiest": None, "sync": "", "stale": False}
@@ -199,7 +198,7 @@ TERMS = {
 }
 
 
-def _reshard_part(ed: "PlanEditor", name: str) -> dict[str, Any] | None:
+def _reshard_part(ed: Any, name: str) -> dict[str, Any] | None:
     prog = ed._valid.program if ed._valid else None
     plans = {} if prog is None else {**prog.grad_sync_plans, **prog.comm_plans}
     if name not in plans:
@@ -216,7 +215,7 @@ def _reshard_part(ed: "PlanEditor", name: str) -> dict[str, Any] | None:
                     f"inter-node sent (at the program's bindings)"}
 
 
-def tensor_view(ed: "PlanEditor", name: str) -> dict[str, Any]:
+def tensor_view(ed: Any, name: str) -> dict[str, Any]:
     """The picked tensor: its DG Union subgroups (own palette), HSize/HDim (with the paper's terms explained), and
     every device's shard as rectangles on a grid of the dims that are split (:func:`grid_axes`)."""
     ann = ed._valid.plan.annotations[name]
@@ -255,7 +254,7 @@ def shard_grid(ann: Any, shape: tuple[int, ...]) -> dict[str, Any]:
             "annotation": str(ann), "subgroups": subgroups, "shards": shards, "cuts_r": cuts_r, "cuts_c": cuts_c}
 
 
-def _can(ed: "PlanEditor") -> dict[str, Any]:
+def _can(ed: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"undo": ed.can_undo, "redo": ed.can_redo, "job": ed._job is not None}
     for action in ("save", "launch", "apply"):
         why = ed._blocked_now(action)
@@ -264,7 +263,7 @@ def _can(ed: "PlanEditor") -> dict[str, Any]:
     return out
 
 
-def canvas_view(ed: "PlanEditor", *, timeline_key: str | None = None, version: int = 0) -> dict[str, Any]:
+def canvas_view(ed: Any, *, timeline_key: str | None = None, version: int = 0) -> dict[str, Any]:
     """Everything the canvas draws for the draft shown (``version``: the redraw's number, for the front end)."""
     flagged: dict[int, str] = {}
     for p in ed._problems:

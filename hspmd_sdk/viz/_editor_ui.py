@@ -7,15 +7,12 @@ would; this module only routes them and draws the editor's state.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import ipywidgets as W
 
 from ._canvas import PlanCanvas
 from ._canvas_view import canvas_view, cluster_view
-
-if TYPE_CHECKING:
-    from .editor import PlanEditor
 
 __all__ = ["EditorUI"]
 
@@ -37,7 +34,7 @@ def _html_output(text: str) -> dict[str, Any]:
 class EditorUI:
     """Widgets of one editor; :meth:`refresh` redraws them from the editor's state."""
 
-    def __init__(self, editor: "PlanEditor") -> None:
+    def __init__(self, editor: Any) -> None:  # the PlanEditor (which imports this module)
         self.ed = editor
         self._lock = threading.RLock()  # the background worker and the job watcher redraw too
         self.canvas = PlanCanvas(cluster=cluster_view(editor))

@@ -1,8 +1,11 @@
 """What the plan editor says about the draft shown: the verdict, the problems where they belong, each stage's
-memory, and the resolved communication (plain text for ``editor.summary()``; the canvas shows the same)."""
+memory, and the resolved communication (plain text for ``editor.summary()``; the canvas shows the same).
+
+Each function reads the state of ``ed``, the :class:`~hspmd_sdk.viz.editor.PlanEditor` (typed ``Any``: this module
+sits below the editor, which uses it)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core.annotation import format_ranks
 from ._tp_grid import ratios_text
@@ -10,23 +13,22 @@ from ._units import fmt_memory, fmt_seconds
 
 if TYPE_CHECKING:
     from .draft import Problem
-    from .editor import PlanEditor
 
 __all__ = ["verdict", "summary_lines", "stage_messages", "general_problems", "stage_memory", "kinds_text",
            "comm_state"]
 
 
-def stage_messages(ed: "PlanEditor", pipeline: int, stage: int | None) -> list["Problem"]:
+def stage_messages(ed: Any, pipeline: int, stage: int | None) -> list["Problem"]:
     """Problems that belong to one stage (``stage=None``: to the pipeline itself)."""
     return [p for p in ed._problems if p.pipeline == pipeline and p.stage == stage and not p.tensor]
 
 
-def general_problems(ed: "PlanEditor") -> list["Problem"]:
+def general_problems(ed: Any) -> list["Problem"]:
     """Problems that belong to no stage or pipeline: the strategy as a whole, or a tensor."""
     return [p for p in ed._problems if p.pipeline is None or p.tensor]
 
 
-def kinds_text(ed: "PlanEditor", ranks: list[int]) -> str:
+def kinds_text(ed: Any, ranks: list[int]) -> str:
     counts: dict[str, int] = {}
     for r in ranks:
         if 0 <= r < ed.cluster.num_ranks:
@@ -35,7 +37,7 @@ def kinds_text(ed: "PlanEditor", ranks: list[int]) -> str:
     return ", ".join(f"{n}×{k}" for k, n in counts.items())
 
 
-def stage_memory(ed: "PlanEditor", ranks: list[int]) -> tuple[float, float] | None:
+def stage_memory(ed: Any, ranks: list[int]) -> tuple[float, float] | None:
     """``(bytes needed, capacity)`` of the fullest device of a stage of the draft shown, or ``None``."""
     known = [r for r in ranks if r in ed._memory]
     if not known:
@@ -44,7 +46,7 @@ def stage_memory(ed: "PlanEditor", ranks: list[int]) -> tuple[float, float] | No
     return ed._memory[worst], ed.cluster.spec(worst).memory_mb * 2.0**20
 
 
-def comm_state(ed: "PlanEditor") -> str:
+def comm_state(ed: Any) -> str:
     """``"ready"`` (the canvas shows the draft's communication), ``"resolving"``, or ``"none"`` (the draft has
     errors: nothing to resolve)."""
     if ed._current is None:
@@ -54,7 +56,7 @@ def comm_state(ed: "PlanEditor") -> str:
     return "resolving" if ed.resolving else "none"
 
 
-def verdict(ed: "PlanEditor") -> tuple[str, str]:
+def verdict(ed: Any) -> tuple[str, str]:
     """``(level, text)``: ``"error"`` (Save, Launch and Apply blocked), ``"warning"`` (valid, with named
     warnings) or ``"ok"``."""
     errors = [p for p in ed._problems if p.level == "error"]
@@ -77,7 +79,7 @@ def verdict(ed: "PlanEditor") -> tuple[str, str]:
     return "ok", "✓ " + head
 
 
-def summary_lines(ed: "PlanEditor") -> list[str]:
+def summary_lines(ed: Any) -> list[str]:
     """The summary as text lines: verdict, problems, each stage of the draft, resolved communication."""
     _, head = verdict(ed)
     lines = [head]
@@ -96,7 +98,7 @@ def summary_lines(ed: "PlanEditor") -> list[str]:
                          f"layers {st.layers[0]}–{st.layers[1]}{' recompute' if st.recompute else ''}{mtext}")
     state = comm_state(ed)
     if state == "resolving":
-        lines.append("  communication: resolving (AnnotationPlan.from_strategy + specialize) …")
+        lines.append("  communication: resolving (plan_from_strategy + specialize) …")
     elif state == "none":
         lines.append("  communication: not resolved (the plan shown has errors)")
     else:

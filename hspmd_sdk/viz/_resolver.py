@@ -1,4 +1,4 @@
-"""Communication resolution for the editor: ``AnnotationPlan.from_strategy`` + ``specialize`` + what the canvas
+"""Communication resolution for the editor: ``plan_from_strategy`` + ``specialize`` + what the canvas
 draws of it (:func:`._comm_view.comm_view`), inline or on one background thread (the newest request wins), with a
 small cache keyed by the strategy so that undo and redo are instant.
 
@@ -127,13 +127,13 @@ class Resolver:
                  wanted: Callable[[], bool] = lambda: True) -> Resolved | None:
         """Resolve ``strategy``; ``None`` when ``wanted()`` turns false between the steps (a newer draft
         superseded it: the background thread then stops burning the GIL that the editor's next redraw needs)."""
-        from ..core.plan import AnnotationPlan
         from ..core.specialize import specialize
+        from ..core.strategy_plan import plan_from_strategy
         from ._comm_view import comm_view
 
         t0 = time.perf_counter()
         try:
-            plan = AnnotationPlan.from_strategy(self.model, strategy, self.cluster)
+            plan = plan_from_strategy(self.model, strategy, self.cluster)
             if not wanted():
                 return None
             program = specialize(self.model, plan, self.cluster)

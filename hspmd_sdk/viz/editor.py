@@ -9,7 +9,7 @@ Every edit -- a drag on the canvas, a key, a button, or a call from Python (``mo
    Apply; **warnings** (a TP group across nodes, redundant boundary traffic) are named as such;
 2. a valid strategy is simulated (:func:`hspmd_sdk.planner.simulate`): step time, memory per rank vs capacity;
    memory of an invalid draft is the core's estimate (:meth:`Strategy.memory_estimate`), marked as such;
-3. communication is resolved by the core -- ``AnnotationPlan.from_strategy`` then ``specialize`` -- on a
+3. communication is resolved by the core -- ``plan_from_strategy`` then ``specialize`` -- on a
    background thread; the canvas then draws every stage boundary as arrows with operators and bytes per step.
    Simulations and resolutions are cached per strategy, so undo, redo and a return to an earlier plan are instant.
 
@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ..errors import HSPMDError
 from ._checks import comm_warnings, draft_memory, estimated_memory_errors, layout_warnings, memory_errors
+from ._editor_view import summary_lines
 from ._model import default_seq_len, load_model, model_name, param_shapes
 from ._resolver import Resolved, Resolver
 from .draft import Draft, PipelineDraft, Problem, StageDraft, check_draft, locate
@@ -201,7 +202,7 @@ class PlanEditor:
 
     @property
     def plan(self) -> "AnnotationPlan | None":
-        """The annotation plan of :attr:`strategy` (``AnnotationPlan.from_strategy``)."""
+        """The annotation plan of :attr:`strategy` (``plan_from_strategy``)."""
         self.wait()
         return self._valid.plan if self._valid else None
 
@@ -708,8 +709,6 @@ class PlanEditor:
 
     def summary(self) -> str:
         """The validation summary as plain text (what the canvas's verdict and stage list say)."""
-        from ._editor_view import summary_lines
-
         self.wait()
         return "\n".join(summary_lines(self))
 

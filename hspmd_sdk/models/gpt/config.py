@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 from ...core.cluster import format_count
 from ..base import ModelBase
 from ..common import preset_of, seeded_normal, tp_divisibility
+from .graph import build_gpt_graph, param_shapes as gpt_param_shapes
 
 if TYPE_CHECKING:
     from ...core.graph import Graph
@@ -99,14 +100,10 @@ class GPTConfig(ModelBase):
 
     # ---- the model contract --------------------------------------------------------------------------------
     def build_graph(self) -> "Graph":
-        from .graph import build_gpt_graph
-
         return build_gpt_graph(self)
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        from .graph import param_shapes
-
-        return param_shapes(self)
+        return gpt_param_shapes(self)
 
     def placements(self) -> list["Placement"]:
         """Layers on their stages; embeddings and data on the first stage; the final norm, the tied LM head use

@@ -16,7 +16,7 @@ from ...core.graph import Graph, GraphBuilder
 from ...core.symbolic import sym
 
 if TYPE_CHECKING:
-    from .config import GPTConfig
+    from ..base import ModelBase
 
 __all__ = ["build_gpt_graph", "param_shapes", "layer_param_names"]
 
@@ -28,7 +28,7 @@ def layer_param_names(i: int) -> list[str]:
             f"{p}.mlp.w_fc", f"{p}.mlp.b_fc", f"{p}.mlp.w_proj", f"{p}.mlp.b_proj"]
 
 
-def param_shapes(config: "GPTConfig") -> dict[str, tuple[int, ...]]:
+def param_shapes(config: "ModelBase") -> dict[str, tuple[int, ...]]:
     """Every parameter name -> full shape, in graph order."""
     h, v, f = config.hidden_size, config.vocab_size, config.ffn_hidden_size
     out: dict[str, tuple[int, ...]] = {"wte.weight": (v, h), "wpe.weight": (config.max_seq_len, h)}
@@ -41,8 +41,9 @@ def param_shapes(config: "GPTConfig") -> dict[str, tuple[int, ...]]:
     return out
 
 
-def build_gpt_graph(config: "GPTConfig") -> Graph:
-    """The defined graph of ``config``'s GPT-2 with symbolic batch ``B`` and sequence ``S`` (``S <= max_seq_len``)."""
+def build_gpt_graph(config: "ModelBase") -> Graph:
+    """The defined graph of ``config``'s GPT-2 (a :class:`~.config.GPTConfig`) with symbolic batch ``B`` and sequence
+    ``S`` (``S <= max_seq_len``)."""
     B, S = sym("B"), sym("S")
     nh, hd, eps = config.num_heads, config.head_dim, config.layer_norm_eps
     shapes = param_shapes(config)

@@ -16,7 +16,7 @@ from ..reference_base import DecoderReference
 from .graph import layer_param_names, param_shapes
 
 if TYPE_CHECKING:
-    from .config import GPTConfig
+    from ..base import ModelBase
 
 __all__ = ["GPTReference"]
 
@@ -29,9 +29,10 @@ class _Params(nn.Module):
 
 
 class GPTReference(DecoderReference):
-    """Single-device GPT-2; ``forward(tokens) -> logits``, ``loss(tokens, targets)``."""
+    """Single-device GPT-2 of a :class:`~.config.GPTConfig`; ``forward(tokens) -> logits``,
+    ``loss(tokens, targets)``."""
 
-    def __init__(self, config: "GPTConfig", seed: int = 0) -> None:
+    def __init__(self, config: "ModelBase", seed: int = 0) -> None:
         super().__init__()
         self.config = config
         init = {n: config.init_parameter(n, s, seed) for n, s in param_shapes(config).items()}

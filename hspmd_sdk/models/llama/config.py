@@ -18,10 +18,10 @@ from pydantic import Field, model_validator
 from ...core.cluster import format_count
 from ..base import ModelBase
 from ..common import preset_of, seeded_normal, tp_divisibility
+from .graph import build_llama_graph, param_shapes as llama_param_shapes
 
 if TYPE_CHECKING:
     from ...core.graph import Graph
-    from ...core.model_spec import Placement
 
 __all__ = ["LlamaConfig", "MODEL_PRESETS", "TP_SPLIT", "init_parameter"]
 
@@ -102,14 +102,10 @@ class LlamaConfig(ModelBase):
     # ---- the model contract --------------------------------------------------------------------------------
     def build_graph(self) -> "Graph":
         """The defined graph (:func:`.graph.build_llama_graph`)."""
-        from .graph import build_llama_graph
-
         return build_llama_graph(self)
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        from .graph import param_shapes
-
-        return param_shapes(self)
+        return llama_param_shapes(self)
 
     def tp_problems(self, degree: int) -> list[str]:
         """Heads, KV heads, hidden, FFN and the vocabulary (the LM head is vocab-split) must divide by ``degree``."""

@@ -26,7 +26,7 @@ from ...core.graph import Graph, GraphBuilder
 from ...core.symbolic import sym
 
 if TYPE_CHECKING:
-    from .config import LlamaConfig
+    from ..base import ModelBase
 
 __all__ = ["build_llama_graph", "param_shapes", "layer_param_names"]
 
@@ -38,7 +38,7 @@ def layer_param_names(i: int) -> list[str]:
             f"{p}.mlp_norm.weight", f"{p}.mlp.w1", f"{p}.mlp.w3", f"{p}.mlp.w2"]
 
 
-def param_shapes(config: "LlamaConfig") -> dict[str, tuple[int, ...]]:
+def param_shapes(config: "ModelBase") -> dict[str, tuple[int, ...]]:
     """Every parameter name -> full shape, in graph order (the single source of parameter names)."""
     h, v, f = config.hidden_size, config.vocab_size, config.ffn_hidden_size
     q, kv = config.num_heads * config.head_dim, config.kv_heads * config.head_dim
@@ -52,8 +52,9 @@ def param_shapes(config: "LlamaConfig") -> dict[str, tuple[int, ...]]:
     return out
 
 
-def build_llama_graph(config: "LlamaConfig") -> Graph:
-    """The defined graph of ``config``'s Llama with symbolic batch ``B`` and sequence ``S``."""
+def build_llama_graph(config: "ModelBase") -> Graph:
+    """The defined graph of ``config``'s Llama (a :class:`~.config.LlamaConfig`) with symbolic batch ``B`` and
+    sequence ``S``."""
     B, S = sym("B"), sym("S")
     nh, nkv, hd = config.num_heads, config.kv_heads, config.head_dim
     shapes = param_shapes(config)

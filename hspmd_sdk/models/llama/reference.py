@@ -33,13 +33,12 @@ from torch import nn
 
 from ..common import next_token_split, parameter_seed
 from ..reference_base import DecoderReference
-from .config import init_parameter
 from .graph import layer_param_names, param_shapes
 
 if TYPE_CHECKING:
-    from .config import LlamaConfig
+    from ..base import ModelBase
 
-__all__ = ["init_parameter", "parameter_seed", "next_token_split", "LlamaReference", "rmsnorm", "rope"]
+__all__ = ["parameter_seed", "next_token_split", "LlamaReference", "rmsnorm", "rope"]
 
 
 class _Params(nn.Module):
@@ -66,9 +65,10 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class LlamaReference(DecoderReference):
-    """Single-device Llama; ``forward(tokens) -> logits``, ``loss(tokens, targets)``."""
+    """Single-device Llama of a :class:`~.config.LlamaConfig`; ``forward(tokens) -> logits``,
+    ``loss(tokens, targets)``."""
 
-    def __init__(self, config: "LlamaConfig", seed: int = 0) -> None:
+    def __init__(self, config: "ModelBase", seed: int = 0) -> None:
         super().__init__()
         self.config = config
         shapes = param_shapes(config)
