@@ -254,7 +254,7 @@ export class Canvas {
 
   commCard(c) {
     let rows = "";
-    if (c.state === "resolving") rows = `<div class="hc-note">resolving communication (AnnotationPlan.from_strategy + specialize) …</div>`;
+    if (c.state === "resolving") rows = `<div class="hc-note">resolving communication (plan_from_strategy + specialize) …</div>`;
     else if (c.state === "none") rows = `<div class="hc-note">communication: not resolved (the plan shown has errors)</div>`;
     for (const a of c.stale ? [] : c.arrows || []) {
       rows += `<div class="hc-commrow" data-op="comm" data-reshard="${esc(a.reshard)}" title="draw this Reshard (comm_figure)">
