@@ -323,16 +323,23 @@ def grow_vs_restart(rounds: int) -> dict[str, Any]:
         grow_s = med([g["first_grown_step_done_s"] for g in gr])
         shrink_s = med([g["shrink_seconds"]["total"] for g in gr])
         rst = med([r["total"] for r in rs])
+        # the time the job does not train: the grow's plan and switch (its newcomers start while it trains on)
+        # against the whole restart (nothing trains from the stop to the first step)
+        pause_s = med([g["grow_seconds"]["total"] for g in gr])
         row = {"grow": {"median_done_s": med([g["grow_done_s"] for g in gr]), "median_first_step_s": grow_s,
+                        "median_pause_s": pause_s,
                         "median_seconds": {k: med([g["grow_seconds"][k] for g in gr]) for k in gr[0]["grow_seconds"]},
                         "rounds": gr},
                "shrink_median_total_s": shrink_s,
                "restart": {"median_seconds": {k: med([r[k] for r in rs]) for k in rs[0]}, "rounds": rs},
-               "restart_over_grow": rst / grow_s, "restart_over_shrink": rst / shrink_s}
+               "restart_over_grow": rst / grow_s, "restart_over_grow_pause": rst / pause_s,
+               "restart_over_shrink": rst / shrink_s}
         out[how] = row
         print(f"grow back 5 -> 6 ranks, tiny Llama, {how}: done {row['grow']['median_done_s']:.2f} s, first grown "
-              f"step done {grow_s:.2f} s; shrink {shrink_s:.2f} s | checkpoint-and-restart 5 -> 6 to the first step: "
-              f"{rst:.2f} s (restart / grow x{rst / grow_s:.1f}, restart / shrink x{rst / shrink_s:.1f})")
+              f"step done {grow_s:.2f} s, training paused {pause_s:.2f} s; shrink {shrink_s:.2f} s | "
+              f"checkpoint-and-restart 5 -> 6 to the first step: {rst:.2f} s (restart / grow's pause "
+              f"x{rst / pause_s:.1f}, restart / grow to its first step x{rst / grow_s:.1f}, restart / shrink "
+              f"x{rst / shrink_s:.1f})")
     return out
 
 

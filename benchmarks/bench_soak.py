@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_soak: cannot run a local Slurm cluster here: {why}")
         return 2
     seed = args.seed if args.seed is not None else random.randrange(2**31)
-    steps = args.steps or 4 * args.faults + 30
+    steps = args.steps or 12 * args.faults + 30  # a bound: the faulted job stops once its faults are over
+    args.steps_given_for_baseline = bool(args.baseline_steps)
     args.baseline_steps = args.baseline_steps or steps
     print(f"chaos soak: {args.faults} faults, {steps} steps, seed {seed}")
     reference = reference_training(LlamaConfig.preset("tiny"), steps=max(steps, args.baseline_steps),
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         soak_mod.settle()
         fds, threads = soak_mod.open_fds(), soak_mod.hspmd_threads()
         run = soak_mod.soak(lab, faults=args.faults, seed=seed, steps=steps, checkpoint_dir=Path(tmp) / "soak",
-                            deadline_s=24 * 3600.0)
+                            deadline_s=24 * 3600.0, stop_when_done=True)
         ok: dict[str, Any] = {}
         try:
             soak_mod.check_soak(run, reference)
@@ -111,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         ok["threads_back"] = soak_mod.hspmd_threads() == threads
         left = sorted(p.name for p in (Path(tmp) / "soak").iterdir() if p.name.startswith(".tmp"))
         ok["checkpoint_temp_dirs_left"] = left
+        if not args.steps_given_for_baseline:  # the failure-free run trains as many steps as the faulted one did
+            args.baseline_steps = len(run.result.losses) if run.result is not None else args.baseline_steps
         base = soak_mod.soak(lab, faults=0, seed=seed, steps=args.baseline_steps,
                              checkpoint_dir=Path(tmp) / "base", deadline_s=3600.0)
         base_max_err = max(abs(a - b) / abs(b) for a, b in zip(base.result.losses, reference.losses))

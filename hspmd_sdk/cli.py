@@ -27,6 +27,17 @@ from typing import Any, Callable, Sequence
 from .cli_inputs import (EXAMPLES, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_TOKENS, add_fault_arguments, example_context,
                          int_in, number_above, read_json, resolve_file)
 from .errors import HSPMDError, PlanValidationError
+from .cli_checkpoint import add_training_checkpoint_arguments, training_checkpoint_options
+from .cli_plan import _cost
+from .core.annotation import Annotation, format_ranks
+from .core.cluster import Cluster, MAX_RANKS, format_count, format_memory
+from .core.plan import AnnotationPlan
+from .core.resolve import itemsize_of, resolve
+from .core.specialize import specialize
+from .core.strategy import Strategy
+from .core.strategy_plan import plan_from_strategy
+from .models.registry import load_model_spec
+from .planner.cost import CostModel
 
 __all__ = ["main", "build_parser", "command", "COMMANDS", "resolve_file", "read_json", "EXIT_INTERRUPTED"]
 
@@ -69,8 +80,6 @@ def detect_kind(data: Any, path: Path) -> str:
 
 def load_context(args: argparse.Namespace, path: Path) -> tuple[Any, Any, int | None]:
     """Model, cluster and global batch from the arguments, else from the example index; each may be None."""
-    from .core.cluster import Cluster
-    from .models.registry import load_model_spec
 
     ctx = example_context(path)
     model_name = args.model or ctx.get("model")
@@ -85,7 +94,6 @@ def load_context(args: argparse.Namespace, path: Path) -> tuple[Any, Any, int | 
 
 def cluster_summary(cluster: Any) -> str:
     """Nodes with their ranks and device kinds, and the device specs."""
-    from .core.annotation import format_ranks
 
     lines = [str(cluster)]
     for node in cluster.nodes:
@@ -98,7 +106,6 @@ def cluster_summary(cluster: Any) -> str:
 
 def describe_model(model: Any) -> str:
     """``tiny: 4 layers, hidden 64, 197K parameters`` (parameter counts in K/M/B, as every display writes them)."""
-    from .core.cluster import format_count
 
     hidden = getattr(model, "hidden_size", None)
     return (f"{getattr(model, 'name', type(model).__name__)}: {model.num_layers} layers"
@@ -117,10 +124,6 @@ def _context_args(p: argparse.ArgumentParser, *, batch: bool) -> None:
 
 
 def _load(args: argparse.Namespace) -> tuple[str, Any, Path]:
-    from .core.cluster import Cluster
-    from .core.plan import AnnotationPlan
-    from .core.strategy import Strategy
-
     path = resolve_file(args.file)
     data = read_json(path)
     kind = detect_kind(data, path)
@@ -133,8 +136,6 @@ def _load(args: argparse.Namespace) -> tuple[str, Any, Path]:
                      "with what was checked and what could not be (a strategy's placement, TP and memory need "
                      "--model and --cluster)", lambda p: _context_args(p, batch=True))
 def _validate(args: argparse.Namespace) -> int:
-    from .core.cluster import Cluster
-
     kind, obj, path = _load(args)
     if kind == "strategy":
         _validate_strategy(args, obj, path)
@@ -155,7 +156,6 @@ def _validate_strategy(args: argparse.Namespace, strategy: Any, path: Path) -> N
     """``hspmd validate`` of a strategy: every problem against the context given (structure, layers and TP,
     placement, global batch, memory) raised together; else "OK" only when nothing was left unchecked, and
     "schema OK" with a ``not checked:`` line naming what needs --model / --cluster."""
-    from .core.cluster import format_memory
 
     model, cluster, batch = load_context(args, path)
     problems = strategy.problems(model, cluster, batch)
@@ -185,7 +185,6 @@ def _validate_strategy(args: argparse.Namespace, strategy: Any, path: Path) -> N
 def _memory_problems(strategy: Any, model: Any, cluster: Any) -> list[tuple[str, str]]:
     """Each stage whose memory estimate (bf16 mixed precision) exceeds its devices' memory, as ``(field path,
     reason)``; ranks outside the cluster are skipped (placement reports them)."""
-    from .core.cluster import format_memory
 
     mem = strategy.memory_estimate(model)
     problems = []
@@ -238,10 +237,7 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
 @command("demo", "the main job: train the heterogeneous tiny example on 4 local worker processes and compare "
                  "its losses with the single-device model", _demo_arguments)
 def _demo(args: argparse.Namespace) -> int:
-    from .core.cluster import Cluster
-    from .core.strategy import Strategy
-    from .models.registry import load_model_spec
-    from .demo import run_demo
+    from .demo import run_demo  # lazy: demo pulls the model configs, not loaded at `hspmd --help`
 
     model, cluster = load_model_spec("llama:tiny"), Cluster.local(4)
     strategy = Strategy.load(EXAMPLES / "example_hetero_tiny.json", model=model, cluster=cluster)
@@ -255,8 +251,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _run_arguments(p: argparse.ArgumentParser) -> None:
-    from .core.cluster import MAX_RANKS
-
     p.add_argument("file", metavar="STRATEGY", nargs="?", help="strategy JSON (or packaged example name); or "
                                                                "--programs for mixed-length data")
     p.add_argument("--local", type=int_in(1, MAX_RANKS), required=True, metavar="N",
@@ -287,7 +281,6 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--straggler", action="store_true",
                    help="replan around a rank that stays slower than under its plan")
     add_fault_arguments(p)
-    from .cli_checkpoint import add_training_checkpoint_arguments
 
     add_training_checkpoint_arguments(p)
 
@@ -295,13 +288,7 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
 @command("run", "train a strategy on N local worker processes and print its losses next to the single-device "
                 "model's", _run_arguments)
 def _run(args: argparse.Namespace) -> int:
-    from .core.cluster import Cluster
-    from .models.registry import load_model_spec
-    from .core.specialize import specialize
-    from .core.strategy import Strategy
-    from .core.strategy_plan import plan_from_strategy
-    from .cli_checkpoint import training_checkpoint_options
-    from .runtime.control.train import launch_training, reference_training
+    from .runtime.control.train import launch_training, reference_training  # lazy: torch (train)
 
     model, cluster = load_model_spec(args.model), Cluster.local(args.local)
     if args.stall < 2 * args.heartbeat:
@@ -414,8 +401,6 @@ def _print_losses(losses: Sequence[float], steps: int, ref: Any, columns: dict[s
 def _candidate_programs(folder: str, model: Any, cluster: Any) -> list[Any]:
     """The Programs of ``folder/candidate_<i>.json`` (what ``hspmd plan --scenario mixed --programs`` writes), in
     index order, each specialized for ``model`` on ``cluster``."""
-    from .core.plan import AnnotationPlan
-    from .core.specialize import specialize
 
     root = Path(folder)
     if not root.is_dir():
@@ -444,10 +429,7 @@ def _run_mixed(args: argparse.Namespace, model: Any, cluster: Any) -> int:
     single-device model's on the same sequences."""
     import os
 
-    from .cli_plan import _cost
-    from .planner.cost import CostModel
-    from .cli_checkpoint import training_checkpoint_options
-    from .runtime.control.mixed import launch_mixed, planning_summary, reference_mixed
+    from .runtime.control.mixed import launch_mixed, planning_summary, reference_mixed  # lazy: torch (mixed)
 
     if args.file is not None:
         raise PlanValidationError([("STRATEGY", "give a STRATEGY or --programs, not both")], what="arguments")
@@ -498,10 +480,6 @@ def _resolve_arguments(p: argparse.ArgumentParser) -> None:
 
 @command("resolve", "resolve the communication that turns one annotation into another (§5)", _resolve_arguments)
 def _resolve(args: argparse.Namespace) -> int:
-    from .core.annotation import Annotation
-    from .core.cluster import Cluster
-    from .core.resolve import resolve
-
     try:
         src, dst = Annotation(args.src), Annotation(args.dst)
     except (ValueError, TypeError) as e:
@@ -544,8 +522,6 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def _check_dtype(dtype: str) -> None:
-    from .core.resolve import itemsize_of
-
     try:
         itemsize_of(dtype)
     except (ValueError, TypeError, KeyError) as e:

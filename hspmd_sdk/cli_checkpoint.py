@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from .cli_inputs import int_in
+
 
 def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="checkpoint_command", metavar="ACTION", required=True)
@@ -27,7 +29,6 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_training_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
     """``--checkpoint-dir``, ``--checkpoint-every``, ``--resume-from`` for ``hspmd run`` and ``hspmd launch``."""
-    from .cli_inputs import int_in
 
     g = p.add_argument_group("checkpoints")
     g.add_argument("--checkpoint-dir", default=None, metavar="DIR",
@@ -45,6 +46,7 @@ def training_checkpoint_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def run_checkpoint(args: argparse.Namespace) -> int:
+    # lazy: the checkpoint reader, not loaded at `hspmd --help`
     from .runtime.checkpoints.checkpoint import load_checkpoint
 
     if args.checkpoint_command == "show":

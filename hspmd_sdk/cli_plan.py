@@ -150,6 +150,7 @@ def run_plan(args: argparse.Namespace) -> int:
         if not args.lengths:
             raise PlanValidationError([("--lengths", "the mixed scenario needs a file of sequence lengths")],
                                       what="arguments")
+        # lazy: a planner is loaded only to plan (this module loads at `hspmd --help`)
         from .planner.mixed import plan_mixed
 
         plan = plan_mixed(model, cluster, read_lengths(args.lengths), tokens_per_batch=args.tokens_per_batch,
@@ -170,11 +171,13 @@ def run_plan(args: argparse.Namespace) -> int:
         if not args.strategy or not args.failed:
             raise PlanValidationError([("--strategy/--failed", "the elastic scenario needs the running strategy "
                                                                "and the failed ranks")], what="arguments")
+        # lazy: a planner is loaded only to plan (this module loads at `hspmd --help`)
         from .planner.elastic import replan_elastic
 
         strategy = replan_elastic(model, cluster, resolve_file(args.strategy), parse_ranks(args.failed, cluster),
                                   seq_len=seq, global_batch=args.global_batch, cost=cost)
     else:
+        # lazy: a planner is loaded only to plan (this module loads at `hspmd --help`)
         from .planner.hetero import plan_hetero
 
         strategy = plan_hetero(model, cluster, global_batch=args.global_batch or 64, seq_len=seq, cost=cost,

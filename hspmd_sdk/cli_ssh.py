@@ -20,10 +20,18 @@ import argparse
 import sys
 from typing import Any
 
+from .cli import main as hspmd
+from .cli_checkpoint import add_training_checkpoint_arguments, training_checkpoint_options
+from .cli_inputs import MAX_SEED, MAX_STEPS, MAX_TOKENS, add_fault_arguments, int_in, number_above, resolve_file
+from .core.cluster import Cluster
+from .core.specialize import specialize
+from .core.strategy import Strategy
+from .core.strategy_plan import plan_from_strategy
+from .errors import PlanValidationError
+from .models.registry import load_model_spec
+
 
 def add_launch_arguments(p: argparse.ArgumentParser) -> None:
-    from .cli_inputs import MAX_SEED, MAX_STEPS, MAX_TOKENS, add_fault_arguments, int_in, number_above
-
     p.add_argument("file", metavar="FILE", nargs="?", help="strategy JSON to train (or a packaged example name)")
     p.add_argument("--hostfile", metavar="PATH", help="SSH hosts: 'host slots=N [kind=KIND]' a line (or --slurm)")
     p.add_argument("--entry", metavar="MODULE:FUNCTION", help="run this entry instead of training FILE")
@@ -64,12 +72,12 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--constraint", metavar="C", help="Slurm node features required (e.g. h800)")
     p.add_argument("--log-dir", default=None, metavar="DIR", help="per-rank logs (default: a temporary folder)")
     p.add_argument("--quiet", action="store_true", help="do not echo the workers' lines")
-    from .cli_checkpoint import add_training_checkpoint_arguments
 
     add_training_checkpoint_arguments(p)
 
 
 def _transport(args: argparse.Namespace) -> Any:
+    # lazy: launcher/transports, not loaded at `hspmd --help`
     from .runtime.transports.hosts import read_hosts_file
     from .runtime.transports.ssh import SSHTransport
 
@@ -85,8 +93,7 @@ def _transport(args: argparse.Namespace) -> Any:
 
 def _check_arguments(args: argparse.Namespace) -> None:
     """What can be checked before any host is contacted."""
-    from .errors import PlanValidationError
-    from .runtime.spec import ENTRY_PATTERN
+    from .runtime.spec import ENTRY_PATTERN  # lazy: the runtime's launch spec, not loaded at `hspmd --help`
 
     problems = []
     if args.entry is not None and not ENTRY_PATTERN.fullmatch(args.entry):
@@ -123,7 +130,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 def run_launch(args: argparse.Namespace) -> int:
     """Run ``hspmd launch``; :class:`~hspmd_sdk.errors.HSPMDError` propagates (the CLI prints it, status 1)."""
-    from .core.cluster import Cluster
+    # lazy: launcher/transports, not loaded at `hspmd --help`
     from .runtime.control.launcher import launch_remote
 
     _check_arguments(args)
@@ -156,7 +163,7 @@ def _common(args: argparse.Namespace, transport: Any, *, preflight: bool) -> dic
 
 def _run_slurm(args: argparse.Namespace) -> int:
     """``hspmd launch ... --slurm``: the cluster read from Slurm, every rank a job step on its node."""
-    from .core.cluster import Cluster
+    # lazy: launcher/transports, not loaded at `hspmd --help`
     from .runtime.control.launcher import launch
     from .runtime.transports.slurm import SlurmTransport
 
@@ -199,13 +206,7 @@ def _follow(job: Any, cluster: Any) -> int:
 
 
 def _launch_training(args: argparse.Namespace, cluster: Any, common: dict[str, Any]) -> Any:
-    from .cli_inputs import resolve_file
-    from .models.registry import load_model_spec
-    from .core.specialize import specialize
-    from .core.strategy import Strategy
-    from .core.strategy_plan import plan_from_strategy
-    from .cli_checkpoint import training_checkpoint_options
-    from .runtime.control.train import launch_training
+    from .runtime.control.train import launch_training  # lazy: torch (train)
 
     config = load_model_spec(args.model)
     strategy = Strategy.load(resolve_file(args.file))
@@ -219,7 +220,6 @@ def _launch_training(args: argparse.Namespace, cluster: Any, common: dict[str, A
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone use: ``python -m hspmd_sdk.cli_ssh FILE --hostfile hosts.txt`` (the same as
     ``hspmd launch ...``, with the same error handling)."""
-    from .cli import main as hspmd
 
     return hspmd(["launch", *(sys.argv[1:] if argv is None else argv)])
 

@@ -6,6 +6,12 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from .core.cluster import Cluster
+from .core.specialize import specialize
+from .core.strategy import Strategy
+from .core.strategy_plan import plan_from_strategy
+from .models.llama.config import LlamaConfig
+
 __all__ = ["run_demo"]
 
 
@@ -14,12 +20,7 @@ def run_demo(steps: int = 10, *, seed: int = 0, data: str = "stdlib", lr: float 
     """Train the example heterogeneous plan (``examples/example_hetero_tiny.json``: a TP2 -> TP1 pipeline with 3
     micro-batches beside a 1-rank pipeline with 1) on 4 local processes, train the single-device reference on the
     same data, and print both loss curves side by side.  Returns ``{"hspmd": [...], "reference": [...]}``."""
-    from .core.cluster import Cluster
-    from .core.specialize import specialize
-    from .core.strategy import Strategy
-    from .core.strategy_plan import plan_from_strategy
-    from .models.llama.config import LlamaConfig
-    from .runtime.control.train import launch_training, reference_training
+    from .runtime.control.train import launch_training, reference_training  # lazy: torch (train)
 
     examples = Path(__file__).resolve().parent / "examples"
     config = LlamaConfig.preset("tiny")

@@ -175,10 +175,13 @@ def _live(job: Any) -> dict[str, int]:
 
 
 def soak(lab: LocalSlurm, *, faults: int, seed: int, steps: int, checkpoint_dir: Path,
-         p_grow: float = 0.5, gap: int = 1, deadline_s: float = 600.0,
+         p_grow: float = 0.5, gap: int = 1, deadline_s: float = 600.0, stop_when_done: bool = False,
          log: Callable[[str], None] = print) -> SoakRun:
-    """Run one job of ``steps`` steps and inject ``faults`` faults (module docstring); returns the record with
-    the job's result.  Faults stop early (and the record has fewer) when fewer than ``4`` steps remain."""
+    """Run one job of at most ``steps`` steps and inject ``faults`` faults (module docstring); returns the record
+    with the job's result.  Faults stop early (and the record has fewer) when fewer than ``6`` steps remain.
+    ``stop_when_done``: once the faults are over, stop the job (``job.stop()``: it ends after the step it is in)
+    instead of training its remaining steps: ``steps`` is then a bound (the job trains on while a grow's
+    newcomers start, so how many steps the faults take varies)."""
     from hspmd_sdk.runtime.control.grow import extend_cluster
 
     rng = random.Random(seed)
@@ -255,6 +258,8 @@ def soak(lab: LocalSlurm, *, faults: int, seed: int, steps: int, checkpoint_dir:
                 log("soak: out of time, stopping the faults")
                 break
         run.fault_seconds = time.monotonic() - t0
+        if stop_when_done:
+            job.stop()
         run.result = job.wait(timeout=max(60.0, steps * 2.0))
     except BaseException:
         job.cancel()
@@ -283,7 +288,8 @@ def check_soak(run: SoakRun, reference: Any) -> None:
     job, result = run.job, run.result
     assert job.status.value == "succeeded", job.status
     ref = reference.losses
-    assert len(result.losses) == run.steps
+    assert len(result.losses) == (run.steps if result.stopped_at is None else result.stopped_at)
+    assert all(f.event is not None and f.event.step < len(result.losses) for f in run.faults)
     bad = [(r, m.step, m.loss, ref[m.step]) for r in job.metrics.ranks() for m in job.metrics.rank(r)
            if m.loss is not None and abs(m.loss - ref[m.step]) > TOL * abs(ref[m.step])]
     final = [(s, got, ref[s]) for s, got in enumerate(result.losses) if abs(got - ref[s]) > TOL * abs(ref[s])]
@@ -307,7 +313,7 @@ def reference() -> Any:
     return reference_training(LlamaConfig.preset("tiny"), steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
 
 
-STEPS = 60
+STEPS = 200  # a bound: the job stops once its faults are over
 FAULTS = 10
 
 
@@ -320,7 +326,7 @@ def test_a_job_survives_ten_random_faults_with_equal_losses_and_nothing_left(on_
     print(f"chaos soak seed {seed} (HSPMD_SOAK_SEED={seed} repeats it)")
     settle()
     fds, threads = open_fds(), hspmd_threads()
-    run = soak(on_slurm, faults=FAULTS, seed=seed, steps=STEPS, checkpoint_dir=tmp_path / "ck")
+    run = soak(on_slurm, faults=FAULTS, seed=seed, steps=STEPS, checkpoint_dir=tmp_path / "ck", stop_when_done=True)
     print(f"seed {seed}: {len(run.faults)} faults {run.counts()}, {len(run.grows)} grows, faults over "
           f"{run.fault_seconds:.1f} s, job {run.seconds:.1f} s; recovery median "
           f"{statistics.median(f.recovered_s for f in run.faults):.2f} s, worst "

@@ -129,6 +129,69 @@ def test_a_newcomer_lost_in_the_first_step_after_the_grow_is_named_by_the_failur
     assert sorted(result.events[1].ranks) == [0, 1, 2] and result.events[1].source == "memory"
 
 
+@pytest.mark.timeout(240)
+def test_the_job_trains_on_while_its_newcomers_start() -> None:
+    """The newcomers are fresh processes (no fork server: seconds of imports, as on an SSH host or a Slurm node);
+    the running ranks do not wait for them at the next step boundary but train on, and the switch comes at the
+    first boundary after both are ready.  Then the job is stopped; its losses equal the single-device run's."""
+    from hspmd_sdk.runtime.transports.transport import LocalTransport
+
+    model, small, big = LlamaConfig.preset("tiny"), Cluster.local(2), Cluster.local(4)
+    job = launch_training(_program(model, DP2, small), small, steps=5000, seed=SEED, seq_len=SEQ, lr=LR,
+                          timeout_s=120, heartbeat_s=0.5, transport=LocalTransport(fork=False),
+                          slowdown={r: 20.0 for r in small.ranks})  # ~0.5 s a step: tens of steps, not hundreds
+    try:
+        wait_for(lambda: job.metrics.last_step() >= 1, timeout=120)
+        asked = job.metrics.last_step()
+        event = job.grow(big, _program(model, DP4, big))
+        wait_for(lambda: event.done or event.superseded or job.status.value != "running", timeout=150)
+        job.stop()
+        result = job.wait(timeout=150)
+    finally:
+        job.cancel()
+    assert event.done and not event.superseded, [str(e) for e in job.events]
+    with job._lock:
+        built = {r: job._ranks[r].phases.get("built") for r in (2, 3)}
+    started = [m.step for m in job.metrics.rank(0) if m.loss is not None]
+    # steps 0..event.step-1 ran on the two original ranks, many of them while the newcomers were starting
+    assert event.step >= asked + 3 and all(built.values()), (asked, event.step, built)
+    assert sorted(set(started)) == list(range(len(result.losses)))
+    reference = reference_training(model, steps=len(result.losses), seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
+    assert _close(result.losses, reference.losses) <= TOL
+
+
+@pytest.mark.timeout(240)
+def test_a_newcomer_lost_while_it_starts_gives_the_grow_up_and_the_job_goes_on() -> None:
+    """A newcomer (a fresh process, seconds of imports) is SIGKILLed before it is ready: the grow is given up
+    (its event ``superseded``, the other newcomer stopped, a note says why) and the running job, which was never
+    told of the grow, trains on untouched to the end, with no failure event and the single-device losses."""
+    from hspmd_sdk.runtime.transports.transport import LocalTransport
+
+    model, small, big = LlamaConfig.preset("tiny"), Cluster.local(2), Cluster.local(4)
+    steps = 24
+    job = launch_training(_program(model, DP2, small), small, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
+                          timeout_s=120, heartbeat_s=0.5, elastic=True, transport=LocalTransport(fork=False),
+                          slowdown={r: 20.0 for r in small.ranks})
+    try:
+        wait_for(lambda: job.metrics.last_step() >= 1, timeout=120)
+        old = job.pids()
+        event = job.grow(big, _program(model, DP4, big))
+        wait_for(lambda: len(job.pids()) == 4, timeout=30)
+        with job._lock:
+            assert "built" not in job._ranks[3].phases  # still importing
+        os.kill(job.pids()[3], signal.SIGKILL)
+        result = job.wait(timeout=150)
+    finally:
+        job.cancel()
+    assert event.superseded and not event.done
+    assert [e.reason for e in result.events] == ["grow"] and job.cluster.num_ranks == 2
+    assert any("given up" in n and "[2, 3]" in n for n in job.notes), job.notes
+    assert [f.rank for f in result.failures] == [3]
+    reference = reference_training(model, steps=steps, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
+    assert len(result.losses) == steps and _close(result.losses, reference.losses) <= TOL
+    assert_no_workers_left(list(old.values()) + [job._ranks[r].pid for r in (2, 3) if job._ranks[r].pid], within=10)
+
+
 def test_grow_refuses_a_cluster_that_is_not_the_running_one_plus_new_ranks() -> None:
     """Bad input is refused before any worker starts: a smaller cluster, a cluster whose first ranks are other
     devices, something that is not a Cluster."""

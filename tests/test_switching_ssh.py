@@ -160,7 +160,7 @@ def test_a_job_on_one_host_grows_onto_a_second_host_over_ssh(lab: LoopbackHosts,
                                        bindings={"B": 8, "S": SEQ}))
     result = job.wait(timeout=150)
     assert result.losses == pytest.approx(reference.losses, rel=1e-5, abs=0)
-    assert [e.reason for e in result.events] == ["grow"] and event.done and event.bytes["inter"] > 0
+    assert [e.reason for e in result.events] == ["grow"] and event.done and event.bytes["inter"] > 0, job.notes
     assert {r: job.pids()[r] for r in (0, 1)} == pids
     assert {g.host for g in job.transport.groups} == {s.address for s in lab.servers}
     every = job.pids()

@@ -40,6 +40,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..models.registry import model_from_class
+
 PREFIX = "@hspmd "
 
 #: Exit status of a worker whose entry raised (it sent an ``error`` message first).
@@ -178,6 +180,7 @@ def pack_payload(obj: Any) -> str:
     per-process caches left out.  Text, so that the message around it is encoded in one pass."""
     import json
 
+    # lazy: core; agents, workers and the launcher import this module without loading core
     from ..core.program_json import FORMAT, to_json_value
 
     return json.dumps({"format": FORMAT, **to_json_value(obj)}, separators=(",", ":"))
@@ -187,6 +190,7 @@ def unpack_payload(text: str) -> Any:
     """The values :func:`pack_payload` wrote."""
     import json
 
+    # lazy: core; agents, workers and the launcher import this module without loading core
     from ..core.program_json import FORMAT, ProgramJSONError, from_json_value
 
     data = json.loads(text)
@@ -230,10 +234,10 @@ class Reconfigure:
 def program_of_run(run: Mapping[str, Any]) -> Any:
     """The run's Program: read from its JSON (``run["program"]``, how a launcher sends it), or specialized from
     the run's model, plan and cluster (a run built without one)."""
+    # lazy: core; agents, workers and the launcher import this module without loading core
     from ..core.cluster import Cluster
     from ..core.plan import AnnotationPlan
     from ..core.specialize import Program, specialize
-    from ..models.registry import model_from_class
 
     if run.get("program") is not None:
         return Program.from_json(run["program"])

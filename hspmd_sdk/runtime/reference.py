@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .data import dataset_for, documents_for
+from .data import LengthBatches, dataset_for, documents_for, padded_rows
 from .spec import PRECISIONS
+from .workers.executor import AdamConfig
+from .workers.kernels import IGNORE_INDEX
 
 __all__ = ["ReferenceResult", "reference_training", "reference_mixed", "reference_result", "load_captured",
            "assemble"]
@@ -77,8 +79,6 @@ def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: 
 
     import torch
 
-    from .workers.executor import AdamConfig
-
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, not {precision!r}")
     seq_len = int(seq_len or config.max_seq_len)
@@ -130,9 +130,6 @@ def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any =
     padding out of real positions) — independent of how the dispatcher cut the step into micro-batches; ``init``: a
     state dict to start from instead of the seeded initialisation.  Returns
     a :class:`ReferenceResult` (``grads`` of step 0, final ``params`` and Adam moments)."""
-    from .data import LengthBatches, padded_rows
-    from .workers.executor import AdamConfig
-    from .workers.kernels import IGNORE_INDEX
 
     context = int(model.max_seq_len if context is None else context)
     batches = LengthBatches(documents_for(data, model.vocab_size), context=context, tokens_per_step=tokens_per_step,

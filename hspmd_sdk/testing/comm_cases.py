@@ -24,11 +24,12 @@ import numpy as np
 
 from ..runtime.spec import LaunchSpec
 from ..runtime.workers.worker import WorkerState
+from ..core.annotation import Annotation, DS, DUPLICATE, PARTIAL, local_view, local_views
+from ..core.resolve import resolve
+from ..core.switch import plan_switch
 
 
 def _ann(data: Any) -> Any:
-    from ..core.annotation import Annotation
-
     return Annotation.model_validate(data)
 
 
@@ -47,7 +48,6 @@ def decompose(src: Any, shape: tuple[int, ...], value: np.ndarray,
     the value minus the others; ranks with equal family, box and summand index get identical data.  Test inputs
     only (the property tests share it); expected outputs are computed from ``value`` independently.
     """
-    from ..core.annotation import PARTIAL, local_views
 
     summands: dict[tuple[int, int], list[np.ndarray]] = {}
     out = {}
@@ -65,8 +65,7 @@ def run_all(state: WorkerState, spec: LaunchSpec) -> dict[str, Any]:
     """Run every section of the payload; returns per-section timings and, for cases, the plans' kinds."""
     import torch
 
-    from ..core.resolve import resolve
-    from ..runtime.workers.comm import comm_groups
+    from ..runtime.workers.comm import comm_groups  # lazy: torch (comm)
 
     torch.set_num_threads(1)
     p = spec.payload
@@ -97,8 +96,7 @@ def run_all(state: WorkerState, spec: LaunchSpec) -> dict[str, Any]:
 
 def _section_plans(p: dict[str, Any]) -> list[Any]:
     """The CommPlans of the bsr_grad section (forward and backward), for group creation."""
-    from ..core.resolve import resolve
-    from ..runtime.workers.comm import backward_plan_for
+    from ..runtime.workers.comm import backward_plan_for  # lazy: torch (comm)
 
     if "bsr_grad" not in p:
         return []
@@ -110,7 +108,7 @@ def _section_plans(p: dict[str, Any]) -> list[Any]:
 def _run_cases(state: WorkerState, cases: list[Any], plans: list[Any], saved: dict[str, np.ndarray]) -> None:
     import torch
 
-    from ..runtime.workers.comm import execute
+    from ..runtime.workers.comm import execute  # lazy: torch (comm)
 
     for i, ((src, dst, shape, seed), plan) in enumerate(zip(cases, plans)):
         if state.rank not in src.ranks and state.rank not in dst.ranks:
@@ -127,9 +125,7 @@ def _megatron(state: WorkerState, seed: int) -> dict[str, np.ndarray]:
     """``loss = sum((g(gelu(f(X) @ W1_r) @ W2_r) + X)**2)``, ``X = tanh(x0)``, TP over ranks 0, 1."""
     import torch
 
-    from ..core.annotation import DS, DUPLICATE, PARTIAL, Annotation
-    from ..core.resolve import resolve
-    from ..runtime.workers.comm import backward_plan_for, gradient_layout, reshard
+    from ..runtime.workers.comm import backward_plan_for, gradient_layout, reshard  # lazy: torch (comm)
 
     rng = np.random.default_rng(seed)
     x0, w1, w2 = (rng.standard_normal(s) for s in ((4, 6), (6, 8), (8, 6)))
@@ -157,9 +153,7 @@ def _bsr_grad(state: WorkerState, b: dict[str, Any]) -> dict[str, np.ndarray]:
     """Forward BSR, ``loss = sum(out * C)`` on destination ranks, backward by the reverse plan."""
     import torch
 
-    from ..core.annotation import local_view
-    from ..core.resolve import resolve
-    from ..runtime.workers.comm import backward_plan_for, reshard
+    from ..runtime.workers.comm import backward_plan_for, reshard  # lazy: torch (comm)
 
     src, dst, shape, seed = _ann(b["src"]), _ann(b["dst"]), tuple(b["shape"]), int(b["seed"])
     if state.rank not in src.ranks and state.rank not in dst.ranks:
@@ -195,7 +189,6 @@ def _survivors(world: int, failed: list[int], shift: int) -> tuple[int, ...]:
 
 def _switch(state: WorkerState, s: dict[str, Any]) -> dict[str, np.ndarray]:
     """Plan the switch (failed ranks excluded) and execute it on the survivors' group, in every mode."""
-    from ..core.switch import plan_switch
 
     failed = [int(r) for r in s["failed"]]
     src = {n: (_ann(a), tuple(sh)) for n, (a, sh) in s["src"].items()}
@@ -215,7 +208,7 @@ def _switch_once(state: WorkerState, plan: Any, src: dict[str, Any], seed: int, 
                  failed: list[int]) -> dict[str, Any]:
     import torch
 
-    from ..runtime.workers.switch_exec import execute_switch
+    from ..runtime.workers.switch_exec import execute_switch  # lazy: torch (switch_exec)
 
     world = state.world_size
     mine = {}

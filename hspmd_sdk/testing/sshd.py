@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..core.cluster import Cluster
+
 SSHD = "/usr/sbin/sshd"
 
 
@@ -190,8 +192,6 @@ class LoopbackHosts:
 
     @property
     def cluster(self) -> Any:
-        from ..core.cluster import Cluster
-
         k = self.ranks_per_host
         return Cluster.load({"nodes": [{"host": s.address, "kind": "cpu", "ranks": list(range(i * k, (i + 1) * k))}
                                        for i, s in enumerate(self.servers)]})

@@ -59,9 +59,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ...core.plan import AnnotationPlan
 from ...core.slices import Box, box_shape, format_box
-from .checkpoint_io import CheckpointError, StoredPiece, piece_crc, read_header, SAFETENSORS_DTYPE
+from .checkpoint_io import CheckpointError, PieceReader, SAFETENSORS_DTYPE, StoredPiece, piece_crc, read_header
 from .checkpoint_lock import CheckpointLocked, break_checkpoint_lock
-from .checkpoint_plan import DTYPE_BYTES, tiling_problems
+from .checkpoint_plan import DTYPE_BYTES, ReadItem, tiling_problems
+from ...core.model_spec import model_json
+from ...errors import PlanValidationError
+from ...models.hf import to_hf
+from ...models.registry import model_from_class
 
 __all__ = ["load_checkpoint", "Checkpoint", "CheckpointError", "Manifest", "list_checkpoints", "resolve_checkpoint",
            "MANIFEST", "step_dir_name", "shard_file_name", "manifest_digests", "seal_manifest",
@@ -237,14 +241,12 @@ class Checkpoint:
     @cached_property
     def model(self) -> Any:
         """The model config (a :class:`~hspmd_sdk.models.ModelSpec`), rebuilt from its JSON and class path."""
-        from ...models.registry import model_from_class
 
         return model_from_class(self.manifest.model_class, self.manifest.model)
 
     @cached_property
     def plan(self) -> Any:
         """The :class:`~hspmd_sdk.core.plan.AnnotationPlan` it was saved under."""
-        from ...core.plan import AnnotationPlan
 
         return AnnotationPlan.model_validate(self.manifest.plan)
 
@@ -380,8 +382,6 @@ class Checkpoint:
     # ---- whole tensors --------------------------------------------------------------------------------------
     def tensor(self, name: str) -> Any:
         """The full tensor ``name`` (a parameter or ``<param>.exp_avg`` / ``.exp_avg_sq``), read from its pieces."""
-        from .checkpoint_io import PieceReader
-        from .checkpoint_plan import ReadItem
 
         e = self._entry(name)
         stored = self.pieces(name)  # they tile the tensor (verify): read each whole
@@ -404,7 +404,6 @@ class Checkpoint:
     def to_hf(self, directory: str | Path) -> Path:
         """Write the parameters as a Hugging Face model directory (``config.json`` + ``model.safetensors``) that
         ``transformers.AutoModelForCausalLM.from_pretrained`` loads (:func:`hspmd_sdk.models.to_hf`)."""
-        from ...models.hf import to_hf
 
         return to_hf(self.model, self.state_dict(), directory)
 
@@ -487,7 +486,6 @@ def resume_problems(ck: Checkpoint, program: Any, run: Mapping[str, Any]) -> lis
     class), the data source, seed, global batch and sequence length must be the checkpoint's, ``steps`` beyond its
     step, and the program's tensors exactly the checkpoint's with their shapes and dtypes; the plan, the world
     size and Adam's options (a new learning rate) may change."""
-    from ...core.model_spec import model_json
 
     where = str(ck.path / MANIFEST)
     out: list[tuple[str, str]] = []
@@ -583,7 +581,6 @@ def run_fields(run: Mapping[str, Any], program: Any, *, checkpoint_dir: Any = No
     Raises :class:`~hspmd_sdk.errors.PlanValidationError` for bad options or a checkpoint the run cannot continue
     from (naming the setting, the manifest and the tensor), :class:`CheckpointError` for a checkpoint that is
     missing, incomplete or corrupted (naming the file and the tensor)."""
-    from ...errors import PlanValidationError
 
     ckpt, problems = checkpoint_options(checkpoint_dir, checkpoint_every, keep, checkpoint_async, int(run["steps"]))
     if problems:

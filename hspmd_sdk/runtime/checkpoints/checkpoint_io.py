@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ...core.slices import Box, box_shape, relative
 from ...errors import HSPMDError
+from .checkpoint_plan import DTYPE_BYTES
 
 __all__ = ["CheckpointError", "write_shard", "read_header", "byte_runs", "PieceReader", "StoredPiece",
            "atomic_write_bytes", "fsync_dir", "ThreadReadCounter", "piece_crc", "WRITE_POINTS", "SAFETENSORS_DTYPE"]
@@ -240,8 +241,6 @@ class PieceReader:
     def read(self, piece: StoredPiece, box: Box, *, tensor: str = "") -> Any:
         """The part ``box`` (global coordinates, inside ``piece.box``) of a stored piece, as a tensor."""
         import torch
-
-        from .checkpoint_plan import DTYPE_BYTES
 
         itemsize = DTYPE_BYTES[piece.dtype]
         pshape = box_shape(piece.box)

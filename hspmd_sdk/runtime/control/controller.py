@@ -47,6 +47,14 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from ...errors import HSPMDError, SwitchError
 from .faults import Failure, Reaction
+from ...core.reconfigure import LostStateError, plan_program_switch
+from ...core.specialize import specialize
+from ...core.strategy_plan import plan_from_strategy, strategy_of
+from ..checkpoints.checkpoint import list_checkpoints, load_checkpoint, resume_payload
+from ..checkpoints.checkpoint_io import CheckpointError
+from ..protocol import pack_payload
+from ..transports.transport import LocalTransport, is_local_host
+from .growback import GrowBack
 
 if TYPE_CHECKING:
     from ...core.cluster import Cluster
@@ -199,6 +207,10 @@ class TrainingController:
         self.mixed = False  # a mixed-length job (:mod:`.mixed`): its plan changes per step, by length
         self.length_planner: Any = None  # its dispatch (:class:`~.mixed.LengthPlanner`)
         self._candidates: dict[int, int] = {}  # mixed: reconfiguration id -> how many candidates it has
+        #: newcomers of an announced grow that are still starting: launch rank -> (its event, the world it grows)
+        self._joining: dict[int, tuple[Event, int]] = {}
+        #: an announced grow's switch, ready to send: id(event) -> (the grown numbering, payload, rendezvous)
+        self._prepared: dict[int, tuple[_Numbering, str, dict[str, Any]]] = {}
 
     def use_candidates(self, programs: Sequence["Program"], first: int, planner: Any) -> None:
         """Make this the controller of a mixed-length job choosing per step among ``programs`` (``first`` runs
@@ -246,8 +258,6 @@ class TrainingController:
     # ---- Job.switch -----------------------------------------------------------------------------------------
     def switch(self, program: "Program", *, reason: Reason = "user") -> Event:
         """Move the running job to ``program`` at the next step boundary (``Job.switch``)."""
-        from ...core.reconfigure import plan_program_switch
-        from ..protocol import pack_payload
 
         if self.mixed:
             raise SwitchError("this job trains on mixed-length data: it chooses its plan per step among its "
@@ -294,61 +304,96 @@ class TrainingController:
             time.sleep(0.01)
 
     # ---- Job.grow -------------------------------------------------------------------------------------------
-    def grow(self, program: "Program", cluster: "Cluster", joiners: Mapping[int, int]) -> Event:
-        """Move the running job onto ``cluster`` (the one it runs on now, ranks ``0..n-1`` in the same order, plus
-        new ranks) and ``program`` at the next step boundary (``Job.grow``).  ``joiners``: rank of ``cluster`` ->
-        launch rank, for the workers just started for the new ranks (they hold nothing yet).  The running workers
-        leave their world at the boundary, every worker joins the larger one (rendezvous on the host of the new
-        rank 0), and one fused BSR moves every parameter and Adam moment to ``program``'s layout: the newcomers
-        get their shards from the running ranks, whose numbering stays the same."""
-        from ...core.reconfigure import plan_program_switch
-        from ..protocol import pack_payload
-
+    def announce_grow(self, program: "Program", cluster: "Cluster", joiners: Mapping[int, int]) -> Event:
+        """The event of a grow onto ``cluster`` and ``program`` whose newcomers are starting (``joiners``: rank of
+        ``cluster`` -> launch rank; :mod:`.grow`).  It is in :attr:`events` at once, and the switch is prepared
+        now (its BSR planned, its payload packed, the grown world's rendezvous chosen); :meth:`grow` sends it once
+        every newcomer is ready, so the job trains on while they start.  A newcomer lost before then gives the grow
+        up (:meth:`give_up_grow`): the running job is untouched.  Refuses a mixed-length job, another model, another
+        global batch, and a cluster that is not the running one plus new ranks."""
         if self.mixed:
             raise SwitchError("growing a mixed-length job (per-step candidates) is not supported yet; grow a job "
                               "that trains one Program")
+        with self._lock:
+            cur, reconf = self.current, self._reconf_id
+            dead = sorted(l for l in cur.to_launch.values() if l in self._dead)
+        if dead:
+            raise SwitchError(f"launch ranks {dead} of the job failed and are not replanned yet; grow once the job "
+                              "recovered (Job.events shows when)")
+        if program.model != cur.program.model:
+            raise SwitchError(f"the new program trains {program.model!r}, the job {cur.program.model!r}: "
+                              "growing keeps the model")
+        if program.bindings.get("B") != cur.program.bindings.get("B"):
+            raise SwitchError(f"the new program's global batch is {program.bindings.get('B')}, the job's "
+                              f"{cur.program.bindings.get('B')}: growing keeps the data of every step")
+        n = cur.cluster.num_ranks
+        to_launch = {**{r: cur.to_launch[r] for r in range(n)}, **{int(r): int(l) for r, l in joiners.items()}}
+        if sorted(to_launch) != list(range(cluster.num_ranks)):
+            raise SwitchError(f"the grown cluster has ranks 0..{cluster.num_ranks - 1}; the job runs "
+                              f"0..{n - 1} and new workers are to start for {sorted(joiners)}")
+        t0 = time.perf_counter()
+        plan = plan_program_switch(cur.program, program, cluster)  # cur's ranks keep their numbers
+        payload = pack_payload((program, plan))
+        launch_of = {l: r for r, l in to_launch.items()}
+        event = Event(self._next_step(), "grow", [], _strategy_of(program),
+                      {"detect": 0.0, "plan": time.perf_counter() - t0, "specialize": 0.0}, _bytes(plan, cluster),
+                      launch_of, program=program)
+        addr, port = self._rendezvous(to_launch[0])
+        grow = {"master_addr": addr, "master_port": port, "world": cluster.num_ranks,
+                "ranks": {str(l): r for l, r in launch_of.items()}, "reconfigured": reconf}
+        with self._lock:
+            self.events.append(event)
+            for launch in joiners.values():
+                self._joining[int(launch)] = (event, reconf)
+            self._prepared[id(event)] = (_Numbering(program, cluster, to_launch), payload, grow)
+        return event
+
+    def give_up_grow(self, event: Event, why: str) -> list[int]:
+        """Give an announced grow up before it started (a newcomer was lost, or the job changed meanwhile): its
+        event is ``superseded``; returns the launch ranks of its newcomers (the caller stops them)."""
+        with self._lock:
+            new = sorted(l for l, (e, _) in self._joining.items() if e is event)
+            for launch in new:
+                del self._joining[launch]
+            self._prepared.pop(id(event), None)
+            event.superseded = True
+        if self.job is not None:
+            self.job._note(f"the grow onto launch ranks {new} was given up: {why}")
+        return new
+
+    def grow(self, event: Event) -> Event:
+        """Send an announced grow (:meth:`announce_grow`) once its newcomers are ready: the running job moves onto
+        the larger cluster (the one it runs on now, ranks ``0..n-1`` in the same order, plus new ranks) and the
+        new Program at the next step boundary.  The running workers leave their world there, every worker joins
+        the larger one (rendezvous on the host of the new rank 0), and one fused BSR moves every parameter and Adam
+        moment to the new layout: the newcomers get their shards from the running ranks, whose numbering stays the
+        same.  Refused when the job reconfigured after a failure since the grow was announced."""
         self._acquire_quiet("grow")
         try:
-            cur = self.current
-            n = cur.cluster.num_ranks
-            to_launch = {**{r: cur.to_launch[r] for r in range(n)}, **{int(r): int(l) for r, l in joiners.items()}}
-            if sorted(to_launch) != list(range(cluster.num_ranks)):
-                raise SwitchError(f"the grown cluster has ranks 0..{cluster.num_ranks - 1}; the job runs "
-                                  f"0..{n - 1} and new workers were started for {sorted(joiners)}")
-            dead = sorted(r for r in range(n) if cur.to_launch[r] in self._dead)
+            prepared = self._prepared.pop(id(event), None)
+            joining = {l: reconf for l, (e, reconf) in self._joining.items() if e is event}
+            if event.superseded or prepared is None or set(joining.values()) != {self._reconf_id}:
+                raise SwitchError("the job reconfigured after a failure while the newcomers started: grow it again "
+                                  "onto job.cluster plus new ranks")
+            numbering, payload, grow = prepared
+            dead = sorted(l for l in self.current.to_launch.values() if l in self._dead)
             if dead:
-                raise SwitchError(f"ranks {dead} of the job failed and are not replanned yet; grow once the job "
-                                  "recovered (Job.events shows when)")
-            if program.model != cur.program.model:
-                raise SwitchError(f"the new program trains {program.model!r}, the job {cur.program.model!r}: "
-                                  "growing keeps the model")
-            if program.bindings.get("B") != cur.program.bindings.get("B"):
-                raise SwitchError(f"the new program's global batch is {program.bindings.get('B')}, the job's "
-                                  f"{cur.program.bindings.get('B')}: growing keeps the data of every step")
-            t0 = time.perf_counter()
-            plan = plan_program_switch(cur.program, program, cluster)  # cur's ranks keep their numbers
-            t_plan = time.perf_counter() - t0
+                raise SwitchError(f"launch ranks {dead} of the job failed and are not replanned yet; grow once the "
+                                  "job recovered (Job.events shows when)")
+            for launch in joining:
+                del self._joining[launch]
+            event.step = self._next_step()
             self._switch_id += 1
             ident = self._switch_id
-            launch_of = {l: r for r, l in to_launch.items()}
-            event = Event(self._next_step(), "grow", [], _strategy_of(program),
-                          {"detect": 0.0, "plan": t_plan, "specialize": 0.0}, _bytes(plan, cluster),
-                          launch_of, program=program)
             self._open[("switch", ident)] = event
-            self.events.append(event)
-            self.current = _Numbering(program, cluster, to_launch)
+            self.current = numbering
             event.version = (self._reconf_id, ident)
             self._versions[event.version] = self.current
             if self.straggler is not None:
                 self.straggler.reset()
-            reconf = self._reconf_id
         finally:
             self._lock.release()
-        addr, port = self._rendezvous(to_launch[0])
-        self._send({"type": "switch", "id": ident, "payload": pack_payload((program, plan)),
-                    "grow": {"master_addr": addr, "master_port": port, "world": cluster.num_ranks,
-                             "ranks": {str(l): r for l, r in launch_of.items()}, "reconfigured": reconf}},
-                   self.alive)
+        self._send({"type": "switch", "id": ident, "payload": payload, "grow": grow}, self.alive)
         return event
 
     def record_event(self, key: tuple[str, int], event: Event) -> None:
@@ -383,9 +428,17 @@ class TrainingController:
 
     # ---- the failure policy ---------------------------------------------------------------------------------
     def on_failure(self, job: "Job", failure: Failure) -> Reaction:
+        lost = {int(r) for r in failure.ranks}
+        with self._lock:
+            starting = {id(e): e for r, (e, _) in self._joining.items() if r in lost}
+            only_newcomers = bool(starting) and lost <= set(self._joining)
+        if only_newcomers:  # in no world yet: the running job is untouched, only their grow is off
+            for event in starting.values():
+                job.stop_ranks(self.give_up_grow(event, f"newcomer(s) {sorted(lost)} failed while starting: "
+                                                        f"{failure.message}"))
+            return Reaction.CONTINUE
         if not self.elastic or failure.kind == "error":
             return Reaction.STOP  # a worker raised: a bug or a bad input, not a lost device
-        lost = {int(r) for r in failure.ranks}
         if failure.kind == "hung":
             job.stop_ranks(sorted(lost))  # a frozen worker is as good as dead: make it so, then go on without it
         with self._lock:
@@ -472,8 +525,6 @@ class TrainingController:
             if event.reason == "failure" and self.elastic:
                 policy = self.grow_back
                 if policy is None and self.grow_back_default and getattr(self.job.transport, "grows_back", False):
-                    from .growback import GrowBack
-
                     policy = GrowBack()
                 if policy is not None:
                     policy.watch(self.job, self.launched)
@@ -573,12 +624,8 @@ class TrainingController:
             time.sleep(0.01)
 
     def _reconfigure(self) -> None:
-        from ...core.reconfigure import LostStateError, plan_program_switch
-        from ...core.specialize import specialize
-        from ...core.strategy_plan import plan_from_strategy
+        # lazy: planner, only an elastic/straggler/grow replan needs it
         from ...planner.elastic import renumber, replan_elastic, survivor_cluster
-        from ..checkpoints.checkpoint import resume_payload
-        from ..protocol import pack_payload
 
         t_start = time.time()
         with self._lock:
@@ -730,8 +777,7 @@ class TrainingController:
         one the survivors hold, already replanned) the way :func:`~hspmd_sdk.planner.elastic.replan_elastic`
         replans one; a candidate with no plan on the survivors is dropped.  Returns the candidates and the index
         of ``held`` among them."""
-        from ...core.specialize import specialize
-        from ...core.strategy_plan import plan_from_strategy
+        # lazy: planner, only an elastic/straggler/grow replan needs it
         from ...planner.elastic import renumber, replan_elastic
 
         out: list["Program"] = []
@@ -760,7 +806,6 @@ class TrainingController:
         instead of waiting ``checkpoint_every`` steps more (decided here, once: every survivor gets the same)."""
         if self.checkpoint_dir is None or not self.checkpoint_every:
             return False
-        from ..checkpoints.checkpoint import list_checkpoints
 
         due = resume // self.checkpoint_every * self.checkpoint_every
         return due > 0 and due not in {s for s, _ in list_checkpoints(self.checkpoint_dir)}
@@ -769,8 +814,6 @@ class TrainingController:
         """The newest complete (verified) checkpoint of this job at a step up to ``before`` to reload the state
         ``lost`` (a :class:`~hspmd_sdk.core.reconfigure.LostStateError`) from; without one, the error naming the
         tensors and ranks."""
-        from ..checkpoints.checkpoint import list_checkpoints, load_checkpoint
-        from ..checkpoints.checkpoint_io import CheckpointError
 
         if self.checkpoint_dir is None:
             raise lost
@@ -790,8 +833,6 @@ class TrainingController:
 
     def _rendezvous(self, launch_rank: int) -> tuple[str, int]:
         """Where the new world meets: on the host of its new rank 0, at a port free there."""
-        from ..transports.transport import is_local_host
-        from ..transports.transport import LocalTransport
 
         job = self.job
         host = job.spec.hosts[launch_rank] if job is not None else "localhost"
@@ -815,9 +856,7 @@ class TrainingController:
 
     # ---- stragglers -----------------------------------------------------------------------------------------
     def _straggler(self, launch_rank: int, factor: float) -> None:
-        from ...core.specialize import specialize
-        from ...core.strategy_plan import plan_from_strategy
-        from ...planner.elastic import replan_straggler
+        from ...planner.elastic import replan_straggler  # lazy: planner, only an elastic/straggler/grow replan needs it
 
         if self.mixed:
             self._reprice(launch_rank, factor)
@@ -968,8 +1007,6 @@ def _investigating(job: "Job", dead: set[int]) -> bool:
 
 
 def _strategy_of(program: "Program") -> "Strategy | None":
-    from ...core.strategy_plan import strategy_of
-
     return strategy_of(program)
 
 

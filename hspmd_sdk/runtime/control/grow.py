@@ -3,38 +3,47 @@
 The job goes on over a larger cluster: the one it runs on now (``job.cluster``, ranks ``0..n-1``, in the same
 order) plus new ranks (more local processes, SSH hosts, scheduler nodes).  :func:`grow_job` starts one worker per
 new rank (a *newcomer*: its :class:`~.spec.LaunchSpec` says ``joining``, so it forms no world of its own and holds
-no state), and asks the :class:`~.controller.TrainingController` for a switch to the new Program at the next step
-boundary.  There every running worker leaves its world, all of them (running and new) meet at a fresh rendezvous
-on the host of rank 0, and the one fused BSR of every parameter and Adam moment that any switch uses gives the
-newcomers their shards (:mod:`.session`).  Training goes on at the same step, with the losses a job that never
-grew would have had.  The running workers keep their ranks: rank ``r < n`` of the larger cluster is rank ``r``
-now, so the BSR is planned in one numbering.
+no state).  The job trains on while they start (imports, their session): only once every newcomer is ready does
+the :class:`~.controller.TrainingController` ask for the switch to the new Program, at the next step boundary.
+There every running worker leaves its world, all of them (running and new) meet at a fresh rendezvous on the host
+of rank 0, and the one fused BSR of every parameter and Adam moment that any switch uses gives the newcomers their
+shards (:mod:`.session`).  Training goes on at the same step, with the losses a job that never grew would have
+had.  The running workers keep their ranks: rank ``r < n`` of the larger cluster is rank ``r`` now, so the BSR is
+planned in one numbering.
 
-The boundary waits for the newcomers (their start-up: imports, building their Program) at the rendezvous; the
-event's ``seconds["switch"]`` includes that wait.
+Near the job's end (:data:`NEAR_THE_END` steps before it) the switch is asked for at once and the running workers
+wait for the newcomers at the boundary, as a job too short to train on while they start must.  A newcomer lost
+while starting gives the grow up (its event is ``superseded``) and leaves the running job as it was; so does a
+failure of the running job meanwhile (grow again after its recovery).  The event's ``seconds["switch"]`` is the
+slowest worker's rendezvous and BSR (and the wait for the newcomers, near the end).
 """
 from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...errors import RuntimeFailure, SwitchError
 from ..spec import LaunchSpec
-
-if TYPE_CHECKING:
-    from ...core.cluster import Cluster
+from ...core.cluster import Cluster
+from ...core.specialize import Program, specialize
+from ...core.strategy import Strategy
+from ...core.strategy_plan import plan_from_strategy
+from ..transports.transport import LocalTransport
 
 #: a Job and a controller Event (not imported: the job imports this module)
 Job = Event = Any
+
+#: Steps before the job's end from which a grow no longer waits for its newcomers to be ready: the switch is asked
+#: for at once and the running workers wait for them at the next boundary, so that a grow asked for in time is
+#: never overtaken by the job's end (a boundary, and a step or two for the request to reach every worker).
+NEAR_THE_END = 4
 
 
 def extend_cluster(cluster: "Cluster", more: "Cluster") -> "Cluster":
     """The cluster :meth:`Job.grow` takes: ``cluster`` (``job.cluster``: its nodes and ranks as they are) followed by
     the nodes of ``more`` (e.g. ``Cluster.from_slurm(nodes="n3")``, a node back from a failure), whose ranks are
     numbered after ``cluster``'s in their order.  Device specs of both are kept (``cluster``'s win)."""
-    from ...core.cluster import Cluster
-
     if not isinstance(cluster, Cluster) or not isinstance(more, Cluster):
         raise SwitchError(f"extend_cluster takes two Clusters, not {type(cluster).__name__} and "
                           f"{type(more).__name__}")
@@ -45,8 +54,6 @@ def extend_cluster(cluster: "Cluster", more: "Cluster") -> "Cluster":
 
 def grow_job(job: Job, cluster: "Cluster", program: Any = None) -> Event:
     """See :meth:`Job.grow`."""
-    from ...core.cluster import Cluster
-
     ctl = job.controller
     if ctl is None:
         raise RuntimeFailure(f"job {job.job_id} runs an entry that cannot grow (only training jobs launched with "
@@ -76,27 +83,43 @@ def grow_job(job: Job, cluster: "Cluster", program: Any = None) -> Event:
     joiners = {n + j: first + j for j in range(cluster.num_ranks - n)}
     spec = _grown_spec(job, cluster, joiners)
     running = [l for l in ctl.current.to_launch.values()]
-    job._add_workers(spec, joiners)
+    event = ctl.announce_grow(program, cluster, joiners)
     try:
-        event = ctl.grow(program, cluster, joiners)
-    except BaseException as e:
-        job.stop_ranks(sorted(joiners.values()))  # nothing will ask them to join: the job must not wait for them
-        if job._done.is_set() or all(job._ranks[r].returncode is not None for r in running):
-            raise RuntimeFailure(f"job {job.job_id} ended while it was asked to grow (its last steps ran "
-                                 f"meanwhile); nothing was grown") from e
+        job._add_workers(spec, joiners)
+    except BaseException:
+        job.stop_ranks(ctl.give_up_grow(event, "its workers could not be started"))
         raise
-    threading.Thread(target=_stranded, args=(job, event, running, sorted(joiners.values())),
+    threading.Thread(target=_grow_when_ready, args=(job, event, joiners, running),
                      name=f"hspmd-grow-{job.job_id}", daemon=True).start()
     return event
 
 
-def _stranded(job: Job, event: Event, running: list[int], new: list[int]) -> None:
-    """If the running workers end (their last step came before the boundary the grow waited for) while the
-    newcomers still wait to join, stop the newcomers: the job ends as it would have, the grow is ``superseded``."""
-    while not event.done and not job._done.is_set():
+def _grow_when_ready(job: Job, event: Event, joiners: dict[int, int], running: list[int]) -> None:
+    """Wait until every newcomer is ready (its session built: the ``built`` phase), then have the controller
+    switch the job onto the grown cluster; give the grow up if a newcomer is lost (the controller does), the job
+    ends first, a newcomer is not ready within the job's start timeout, or the switch is refused (the job
+    reconfigured meanwhile)."""
+    ctl, new = job.controller, sorted(joiners.values())
+    deadline = time.monotonic() + job.spec.timeout_s
+    while not event.superseded:
         with job._lock:
-            ended = all(job._ranks[r].returncode is not None for r in running)
-        if ended:
+            ready = all("built" in job._ranks[r].phases for r in new)
+        if ready or job.metrics.last_step() + NEAR_THE_END >= job.spec.steps:
+            break  # ready; or so near the job's end that it waits for them at a boundary rather than end first
+        if _ended(job, running):
+            return _stop(job, event, new, "the job ended before its newcomers were ready")
+        if time.monotonic() > deadline:
+            return _stop(job, event, new, f"its newcomers were not ready within {job.spec.timeout_s:.0f} s")
+        time.sleep(0.02)
+    else:
+        return  # given up by the controller (a newcomer was lost); it stopped them
+    try:
+        ctl.grow(event)
+    except BaseException as e:  # noqa: BLE001 - refused or failed: the running job goes on as it was
+        return _stop(job, event, new, f"{type(e).__name__}: {e}")
+    # the running workers may end (their last step came before the boundary) while the newcomers wait to join
+    while not event.done and not job._done.is_set():
+        if _ended(job, running):
             event.superseded = True
             job._note(f"the job ended before the step boundary where it would grow onto ranks {new}: stopped them")
             job.stop_ranks(new)
@@ -104,18 +127,24 @@ def _stranded(job: Job, event: Event, running: list[int], new: list[int]) -> Non
         time.sleep(0.05)
 
 
+def _ended(job: Job, running: list[int]) -> bool:
+    with job._lock:
+        return job._done.is_set() or all(job._ranks[r].returncode is not None for r in running)
+
+
+def _stop(job: Job, event: Event, new: list[int], why: str) -> None:
+    job.stop_ranks(job.controller.give_up_grow(event, why) or new)
+
+
 def _program_for(ctl: Any, cluster: "Cluster", target: Any) -> Any:
     """The Program to grow onto: ``target`` (a Program on ``cluster``, or a Strategy specialized here), or the
     planner's plan for the larger cluster (:func:`~hspmd_sdk.planner.plan_hetero`) for the job's model, global
     batch and sequence length."""
-    from ...core.specialize import Program, specialize
-    from ...core.strategy import Strategy
-    from ...core.strategy_plan import plan_from_strategy
 
     running = ctl.program
     model = running.model
     if target is None:
-        from ...planner.hetero import plan_hetero
+        from ...planner.hetero import plan_hetero  # lazy: planner, only an elastic/straggler/grow replan needs it
 
         target = plan_hetero(model, cluster, global_batch=ctl.global_batch, seq_len=ctl.seq_len, cost=ctl.cost,
                              name=f"grown onto {cluster.num_ranks} ranks")
@@ -134,7 +163,6 @@ def _program_for(ctl: Any, cluster: "Cluster", target: Any) -> Any:
 def _grown_spec(job: Job, cluster: "Cluster", joiners: dict[int, int]) -> LaunchSpec:
     """The job's spec with a launch rank per new rank (its host: this machine for local processes, else the
     node's host; its device kind)."""
-    from ..transports.transport import LocalTransport
 
     spec = job.spec
     local = isinstance(job.transport, LocalTransport)

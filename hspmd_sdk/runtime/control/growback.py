@@ -17,10 +17,13 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ...core.cluster import Cluster
+from ...core.cluster import Cluster
+from ...core.specialize import specialize
+from ...core.strategy_plan import plan_from_strategy, strategy_of
+from ...errors import HSPMDError, SwitchError
+from .grow import extend_cluster
 
 __all__ = ["GrowBack", "lost_capacity", "plan_back"]
 
@@ -29,8 +32,6 @@ def lost_capacity(launched: "Cluster", current: "Cluster", hosts: Any = None) ->
     """The ranks ``current`` lacks of ``launched``, per host (each host's first nodes as ``launched`` lists them;
     the device kind and spec of ``launched``), as a Cluster to extend ``current`` by; only on ``hosts`` when given;
     ``None`` when nothing is missing."""
-    from ...core.cluster import Cluster
-
     have: dict[str, int] = {}
     for node in current.nodes:
         have[node.host] = have.get(node.host, 0) + len(node.ranks)
@@ -71,9 +72,6 @@ class GrowBack:
                          daemon=True).start()
 
     def _run(self, job: Any, launched: "Cluster") -> None:
-        from ...errors import HSPMDError
-        from .grow import extend_cluster
-
         try:
             if job._done.wait(self.after_s):
                 return
@@ -111,9 +109,7 @@ def plan_back(ctl: Any, launched: "Cluster", grown: "Cluster") -> Any:
     numbering), the others take the new ranks host by host (same host and kind, in rank order); launched devices that
     ``grown`` still lacks are planned around as after their failure
     (:func:`~hspmd_sdk.planner.elastic.replan_elastic`)."""
-    from ...core.specialize import specialize
-    from ...core.strategy_plan import plan_from_strategy, strategy_of
-    from ...errors import SwitchError
+    # lazy: planner, only an elastic/straggler/grow replan needs it
     from ...planner.elastic import renumber, replan_elastic
 
     program = ctl.launch_program

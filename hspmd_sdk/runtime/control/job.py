@@ -29,13 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
-from ...errors import HSPMDError, RuntimeFailure
+from ...errors import HSPMDError, RuntimeFailure, SwitchError
 from .faults import Failure, FailurePolicy, Reaction, StopOnFailure, describe_returncode
 from ..metrics import MetricsHistory, StepMetrics
 from .progress import Progress, in_notebook, make_progress
 from ..protocol import decode
 from ..spec import LaunchSpec
 from ..transports.transport import Transport, WorkerGroup
+from ..trace import merge
 
 __all__ = ["Job", "JobResult", "JobStatus", "JobCancelled", "Failure", "LogDirError"]
 
@@ -361,10 +362,10 @@ class Job:
         :class:`~.controller.SwitchError` naming its type.  Called while the job reconfigures itself after a
         failure, it waits for that to finish first.  Returns the :class:`~.controller.Event`; it is ``done`` once
         every worker switched."""
+        # lazy: core, loaded only to switch (the launcher imports job without loading core)
         from ...core.specialize import Program, specialize
         from ...core.strategy import Strategy
         from ...core.strategy_plan import plan_from_strategy
-        from ...errors import SwitchError
 
         if self.controller is None:
             raise RuntimeFailure(f"job {self.job_id} runs an entry that cannot switch plans (only training jobs "
@@ -385,13 +386,15 @@ class Job:
 
     def grow(self, cluster: Any, program: Any = None) -> Any:
         """Grow the running job onto ``cluster`` in memory (SPEC §10): ``cluster`` is ``job.cluster`` (the ranks
-        it runs on now, in the same order) plus new ranks; one worker is started per new rank, and at the next
-        step boundary every worker meets in the larger world and the job switches to ``program`` (a Program on
+        it runs on now, in the same order) plus new ranks; one worker is started per new rank, the job trains on
+        while they start, and at the first step boundary after every one is ready all workers meet in the larger
+        world and the job switches to ``program`` (a Program on
         ``cluster`` or a Strategy; default: the planner's plan for ``cluster``) by one fused BSR that gives the
         new workers their parameters and Adam moments.  Training goes on at the same step with the same losses.
-        Returns the :class:`~.controller.Event` (``reason="grow"``); it is ``done`` once every worker switched.
-        Not for mixed-length jobs yet (:mod:`.grow`)."""
-        from .grow import grow_job
+        Returns the :class:`~.controller.Event` (``reason="grow"``) at once; it is ``done`` once every worker
+        switched, ``superseded`` if the grow was given up (a newcomer lost while starting, the job reconfigured or
+        ended first: :attr:`notes` says why).  Not for mixed-length jobs yet (:mod:`.grow`)."""
+        from .grow import grow_job  # lazy: core (grow): the launcher imports job without loading core
 
         return grow_job(self, cluster, program)
 
@@ -436,7 +439,6 @@ class Job:
         actions, its communication operators by their SPEC names and the process group's collectives; see
         :mod:`.trace`) to ``path`` (default ``<log_dir>/trace.json``) and return the path: open it in
         https://ui.perfetto.dev or ``chrome://tracing``.  Raises ``ValueError`` when no step was recorded."""
-        from ..trace import merge
 
         with self._lock:
             recorded = {r: {s: list(v["spans"]) for s, v in per.items()} for r, per in self._recorded.items()}
@@ -450,7 +452,7 @@ class Job:
         """Each rank's measured phases of a profiled ``step`` (default: the last recorded) beside the simulator's
         prediction for the Program that ran it: a :class:`~.timeline.Timeline` (``figure()``, ``gaps``,
         ``table()``; a notebook shows both)."""
-        from .timeline import build_timeline
+        from .timeline import build_timeline  # lazy: core (timeline): the launcher imports job without loading core
 
         with self._lock:
             recorded = {r: dict(per) for r, per in self._recorded.items()}

@@ -65,7 +65,7 @@ def launch(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 
     if entry is None:
         if program is None:
             raise HSPMDError("launch(): pass a Program to train, or entry='module:function' to run")
-        from .train import launch_training
+        from .train import launch_training  # lazy: torch (train)
 
         return launch_training(program, cluster, steps=steps, seed=seed, transport=transport, slowdown=slowdown,
                                timeout_s=timeout_s, loss_rank=loss_rank, backend=backend, progress=progress,
@@ -124,7 +124,7 @@ def launch_training_remote(program: Any, cluster: Any = None, *, steps: int, see
     """
     import inspect
 
-    from .train import launch_training
+    from .train import launch_training  # lazy: torch (train)
 
     ssh_names = set(inspect.signature(SSHTransport.__init__).parameters) - {"self", "hosts"}
     ssh = {k: launch_kwargs.pop(k) for k in list(launch_kwargs) if k in ssh_names}

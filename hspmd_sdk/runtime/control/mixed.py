@@ -62,9 +62,19 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ...errors import HSPMDError, PlanValidationError
-from ..data import data_spec, documents_for
+from ..data import LengthBatches, data_spec, documents_for
 from ..protocol import pack_payload, program_of_run
 from ..reference import reference_mixed
+from ...core.reconfigure import plan_program_switch
+from ...core.specialize import specialize
+from ...core.strategy import Strategy
+from ...core.strategy_plan import plan_from_strategy
+from ...planner.mixed import Dispatcher
+from ..checkpoints.checkpoint import load_checkpoint, run_fields
+from ..workers.kernels import packing_problems
+from .controller import Event, StragglerWatch, TrainingController, _bytes, _strategy_of
+from .faults import Failure
+from .runs import checked_faults, checked_training_run, launch_runs
 
 __all__ = ["launch_mixed", "LengthPlanner", "reference_mixed", "documents_for", "data_spec", "planning_summary"]
 
@@ -121,7 +131,6 @@ class LengthPlanner:
     def restart(self, programs: Sequence[Any], cluster: Any, *, start: int, current: int, generation: int) -> None:
         """Dispatch again, from step ``start``, among ``programs`` on ``cluster`` (an elastic recovery's
         candidates, numbered on the survivors; ``current``: the one they hold)."""
-        from ...planner.mixed import Dispatcher
 
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -144,8 +153,7 @@ class LengthPlanner:
         stragglers) were that many times slower (:func:`~hspmd_sdk.planner.elastic.slowed_cluster`): each step's
         sequences go to the pipelines, and the step to the candidate, by the measured speeds.  Returns the first
         step dispatched so (the steps dispatched ahead already keep theirs)."""
-        from ...planner.elastic import slowed_cluster
-        from ...planner.mixed import Dispatcher
+        from ...planner.elastic import slowed_cluster  # lazy: planner, only an elastic/straggler/grow replan needs it
 
         old = self.dispatcher
         cluster, cost = slowed_cluster(self.cluster, dict(slow), self.base_cost)
@@ -211,13 +219,10 @@ class LengthPlanner:
                 self._send(self._plan_step(step))
         except Exception as e:  # noqa: BLE001 - the job must end with the reason, not hang
             self.error = e
-            from .faults import Failure
 
             self.job._fail(Failure(0, f"length dispatch failed: {type(e).__name__}: {e}", kind="error"))
 
     def _send(self, rec: dict[str, Any]) -> None:
-        from .controller import Event, _bytes, _strategy_of
-
         msg: dict[str, Any] = {"type": "dispatch", "id": rec["step"], "gen": self.generation, "choice": rec["choice"],
                                "lengths": rec["lengths"], "micro_batches": rec["micro_batches"],
                                "packed": rec["packed"]}
@@ -226,8 +231,6 @@ class LengthPlanner:
             key = (src, rec["choice"])
             first = key not in self._plans
             if first:
-                from ...core.reconfigure import plan_program_switch
-
                 t0 = time.perf_counter()
                 self._plans[key] = plan_program_switch(self.programs[src], self.programs[rec["choice"]],
                                                        self.cluster)
@@ -273,16 +276,13 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     default when every op of the model's graph has a packing rule (:func:`~.kernels.packing_problems`; both
     built-in families do), ``False`` pads them instead.  Everything is checked before any worker starts (a
     :class:`~hspmd_sdk.errors.PlanValidationError` names the field)."""
-    from ...planner.mixed import Dispatcher
-    from .controller import TrainingController
-    from ..data import LengthBatches
-    from .runs import checked_faults, checked_training_run, launch_runs
 
     what = "mixed-length training run"
     programs = list(programs)
     straggler = launch_kwargs.pop("straggler", None)
     elastic = bool(launch_kwargs.pop("elastic", False))
     faults = [dict(f) for f in launch_kwargs.pop("fault_injection", None) or ()]
+    # lazy: tests patch run_config.check_run_options
     from .run_config import check_run_options  # the same typed options as one Program's (SPEC §9)
 
     if not _checked:  # launch() has checked them already
@@ -305,7 +305,6 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
         batches = LengthBatches(docs, context=context, tokens_per_step=tokens_per_step, seed=seed)
     except ValueError as e:
         raise PlanValidationError([("data", str(e))], what=what) from e
-    from ..workers.kernels import packing_problems
 
     problems = packing_problems(programs[0].graph)
     if packing and problems:
@@ -342,13 +341,11 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     run["data"] = data
     run["mixed"] = {"candidates": [{"plan": r["plan"], "bindings": r["bindings"], "recompute": r["recompute"],
                                     "program": r["program"]} for r in runs], "first": first}
-    from ..checkpoints.checkpoint import run_fields
 
     run.update(run_fields(run, programs[first], checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                           keep=keep, checkpoint_async=checkpoint_async, resume_from=resume_from))
     run["elastic"] = elastic
     run["faults"] = checked_faults(faults, range(cluster.num_ranks), "the cluster", what)
-    from .controller import StragglerWatch
 
     watch = StragglerWatch() if straggler is True else (straggler or None)
     controller = TrainingController(programs[first], cluster, global_batch=run["global_batch"], seq_len=context,
@@ -370,9 +367,6 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
 def _candidate_programs(candidates: Sequence[Any], cluster: Any, what: str) -> tuple[Any, list[Any]]:
     """``(model, Programs)`` of a list of candidates: Programs of one model (from :meth:`MixedPlan.programs` or
     any other), and Strategies, specialized here on ``cluster`` for the model of the Programs."""
-    from ...core.specialize import specialize
-    from ...core.strategy import Strategy
-    from ...core.strategy_plan import plan_from_strategy
 
     models = [(i, getattr(c, "model", None)) for i, c in enumerate(candidates) if not isinstance(c, Strategy)]
     bare = [i for i, m in models if m is None]
@@ -406,7 +400,6 @@ def _resume_step(resume_from: Any, steps: int, what: str) -> int:
     (the checkpoint itself is checked against the run by :func:`~.checkpoint.run_fields`)."""
     if resume_from is None:
         return 0
-    from ..checkpoints.checkpoint import load_checkpoint
 
     step = int(load_checkpoint(resume_from).step)
     if step >= steps:

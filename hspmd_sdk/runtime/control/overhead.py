@@ -23,6 +23,10 @@ import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
+from ...core.cluster import Cluster
+from ...core.specialize import specialize
+from ...core.strategy import Strategy
+from ...core.strategy_plan import plan_from_strategy
 
 __all__ = ["ExecutorOverhead", "executor_overhead", "with_executor_overhead"]
 
@@ -55,12 +59,8 @@ def _per_micro_batch(model: Any, layers: int, *, rows: int, seq: int, micro: int
     import numpy as np
     import torch
 
-    from ...core.cluster import Cluster
-    from ...core.specialize import specialize
-    from ...core.strategy import Strategy
-    from ...core.strategy_plan import plan_from_strategy
-    from ..workers.executor import AdamConfig, StepExecutor
-    from ..workers.mixed_worker import micro_batch_feeds
+    from ..workers.executor import AdamConfig, StepExecutor  # lazy: torch (executor)
+    from ..workers.mixed_worker import micro_batch_feeds  # lazy: numpy (mixed_worker)
 
     m = model.with_layers(layers)
     cluster = Cluster.local(1)

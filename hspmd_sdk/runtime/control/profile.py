@@ -12,6 +12,8 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from ...planner.cost import ComputeFit, CostModel, LinkOverride, OperatorProfile, _fit_line, _fit_plane, fit_link
+from ...models.registry import load_model_spec
+from .overhead import with_executor_overhead  # the runtime measures its own fixed cost
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...core.model_spec import ModelSpec
@@ -102,8 +104,6 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
     import torch
     import torch.nn.functional as F
 
-    from ...models.registry import load_model_spec
-
     config = load_model_spec(config)
     seq = min(config.max_seq_len, 128)
     longer = [seq * 2 ** k for k in range(1, 4) if seq * 2 ** k <= config.max_seq_len]  # attention's own rate
@@ -160,6 +160,7 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
         params = list(layer.parameters())
         for p in params:
             p.grad = torch.randn_like(p)
+        # lazy: torch (executor)
         from ..workers.executor import AdamConfig  # the kernel the ranks run
 
         opt = AdamConfig().build(params)
@@ -198,8 +199,6 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
         update["comm_bytes_factor"] = 2.0
     out = base.model_copy(update=update)
     if executor:
-        from .overhead import with_executor_overhead  # the runtime measures its own fixed cost
-
         try:
             out = with_executor_overhead(out, config, kind or device, device=device, threads=threads)
         except Exception as e:  # noqa: BLE001 - a model the one-rank probe cannot run keeps the reference's fit

@@ -28,6 +28,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, Vali
 from ...errors import PlanValidationError
 from ..workers.devices import DEVICES
 from ..spec import PRECISIONS
+from ...core.strategy_plan import graph_of
+from ...planner.cost import CostModel
+from .controller import StragglerWatch
+from .growback import GrowBack
 
 __all__ = ["RunConfig", "check_run_options", "position_limit", "SEED_LIMIT", "MIXED_OPTIONS"]
 
@@ -130,7 +134,7 @@ class RunConfig(BaseModel):
     @classmethod
     def _adam(cls, value: Any, info: ValidationInfo) -> Any:
         """Adam's ranges, as the launcher and :class:`~.executor.AdamConfig` check them."""
-        from ..workers.executor import adam_problems
+        from ..workers.executor import adam_problems  # lazy: torch (executor)
 
         found = [r for f, r in adam_problems(**{**_ADAM_DEFAULTS, info.field_name: value}) if f == info.field_name]
         if found:
@@ -157,7 +161,7 @@ class RunConfig(BaseModel):
         model = ctx.get("model")
         if ctx.get("mixed") or model is None:
             return value
-        from ..data import dataset_for
+        from ..data import dataset_for  # lazy: torch (data)
 
         try:
             dataset_for(value, model.vocab_size)
@@ -169,8 +173,6 @@ class RunConfig(BaseModel):
     @field_validator("straggler")
     @classmethod
     def _straggler(cls, value: Any) -> Any:
-        from .controller import StragglerWatch
-
         if value is None or isinstance(value, (bool, StragglerWatch)):
             return value
         raise ValueError(f"must be True, False, None or a StragglerWatch, not {value!r}")
@@ -178,8 +180,6 @@ class RunConfig(BaseModel):
     @field_validator("grow_back")
     @classmethod
     def _grow_back(cls, value: Any, info: ValidationInfo) -> Any:
-        from .growback import GrowBack
-
         if value is None or value is False:
             return value
         if not (value is True or isinstance(value, GrowBack)):
@@ -191,8 +191,6 @@ class RunConfig(BaseModel):
     @field_validator("cost")
     @classmethod
     def _cost(cls, value: Any) -> Any:
-        from ...planner.cost import CostModel
-
         if value is None or isinstance(value, CostModel):
             return value
         raise ValueError(f"must be a hspmd_sdk.planner.CostModel or None, not {type(value).__name__}")
@@ -205,8 +203,6 @@ def position_limit(model: Any) -> int | None:
     if model is None:
         return None
     try:
-        from ...core.strategy_plan import graph_of
-
         graph = graph_of(model)
     except Exception:  # noqa: BLE001 - a model without a graph: the plan checks report it
         return None

@@ -12,6 +12,15 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..protocol import program_of_run
+from ...core.model_spec import model_json
+from ...errors import HSPMDError, PlanValidationError
+from ...models.hf import init_directory
+from ...models.registry import class_path
+from ..checkpoints.checkpoint import run_fields
+from ..checkpoints.checkpoint_io import WRITE_POINTS
+from ..checkpoints.checkpoint_lock import launch_holding_locks  # a checkpoint_dir is one job's at a time
+from .preflight import training_memory  # what each rank will need, for the launcher's resource preflight
+from .start import start_workers
 
 __all__ = ["ENTRY", "training_run", "checked_training_run", "launch_runs", "checked_faults", "checked_profile",
            "recompute_ranks"]
@@ -51,6 +60,7 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
     vocabulary, ...), then (:func:`_validate_run`) the ranks of ``recompute``, every rank of the program in
     ``cluster``, the init weights against the model, and the plan specialized once, as each worker
     will, against ``cluster``.  A bad run raises :class:`~hspmd_sdk.errors.PlanValidationError` naming the field."""
+    # lazy: tests patch run_config.check_run_options
     from .run_config import check_run_options  # types and ranges first: nothing below rounds or parses a value
 
     check_run_options(_model_of(program), steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
@@ -65,8 +75,6 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
 
 
 def _model_of(program: Any) -> Any:
-    from ...errors import PlanValidationError
-
     config = getattr(program, "model", None)
     if config is None:
         raise PlanValidationError([("program", "was specialized from a bare graph; launch needs a Program "
@@ -85,9 +93,6 @@ def checked_training_run(program: Any, *, steps: int, seed: int = 0, data: str =
                          precision: str = "fp32") -> dict[str, Any]:
     """:func:`training_run` for options that :func:`~.run_config.check_run_options` has already checked (each
     launch checks them once, first): the checks that need the program and the cluster, then the run."""
-    from ...core.model_spec import model_json
-    from ...errors import PlanValidationError
-    from ...models.registry import class_path
 
     config = _model_of(program)
     plan = program.plan
@@ -117,11 +122,9 @@ def checked_training_run(program: Any, *, steps: int, seed: int = 0, data: str =
     if resume_from is not None and init is not None:
         raise PlanValidationError([("init", "resume_from= already gives the weights (and the optimizer state); "
                                             "pass one of init= and resume_from=")], what="training run")
-    from ..checkpoints.checkpoint import run_fields
 
     run.update(run_fields(run, program, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                           keep=keep, checkpoint_async=checkpoint_async, resume_from=resume_from))
-    from .preflight import training_memory  # what each rank will need, for the launcher's resource preflight
 
     run["memory_estimate"] = {str(r): b for r, b in training_memory(
         program, global_batch=run["global_batch"], seq_len=run["seq_len"], recompute=run["recompute"]).items()}
@@ -133,7 +136,6 @@ def _init_source(init: Any, config: Any) -> dict[str, Any] | None:
     state dict is written to a temporary safetensors file first, so that no worker ever receives it whole)."""
     if init is None:
         return None
-    from ...models.hf import init_directory
 
     return {"hf": str(init_directory(init, config))}
 
@@ -143,7 +145,6 @@ def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: An
     needs the program and the cluster (each option's type and range, the data source and the model's position
     limit were checked first, by :func:`~.run_config.check_run_options`).  Returns the Program the workers run:
     ``program`` itself when it was specialized for ``cluster``, else its plan specialized on ``cluster``."""
-    from ...errors import HSPMDError, PlanValidationError
 
     what = "training run"
     problems = []
@@ -175,8 +176,6 @@ def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs
     ranks (ranks a run's program does not use sit it out).  Each rank's result is ``{"runs": [...]}``.
 
     Every run must have been built (and so checked) for this ``cluster``."""
-    from ...errors import PlanValidationError
-    from .start import start_workers
 
     if not runs:
         raise PlanValidationError([("runs", "no run to launch")], what="training job")
@@ -193,7 +192,6 @@ def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs
         for rank, need in (r.get("memory_estimate") or {}).items():
             memory[int(rank)] = max(memory.get(int(rank), 0.0), float(need))
     launch_kwargs.setdefault("memory_per_rank", memory)
-    from ..checkpoints.checkpoint_lock import launch_holding_locks  # a checkpoint_dir is one job's at a time
 
     return launch_holding_locks(runs, lambda: start_workers(
         cluster, steps=total, seed=int(runs[0]["seed"]), entry=ENTRY, payload={"runs": [dict(r) for r in runs]},
@@ -205,8 +203,6 @@ def checked_faults(faults: Sequence[Mapping[str, Any]], ranks: Sequence[int], wh
     """``fault_injection`` (tests and demos of failures), each at a known point of a step on one of ``ranks``
     (``whose`` ranks, for the message), as the workers take it; else a
     :class:`~hspmd_sdk.errors.PlanValidationError` naming the first bad one."""
-    from ...errors import PlanValidationError
-    from ..checkpoints.checkpoint_io import WRITE_POINTS
 
     points = {"forward", "backward", "grad_sync", "optimizer", "switch", *WRITE_POINTS}
 
@@ -225,7 +221,6 @@ def checked_faults(faults: Sequence[Mapping[str, Any]], ranks: Sequence[int], wh
 def checked_profile(profile: int | Sequence[int] | None, steps: int) -> list[int]:
     """``profile=`` as the workers take it: the sorted steps to record, each in ``[0, steps)``; else a
     :class:`~hspmd_sdk.errors.PlanValidationError` naming the bad one."""
-    from ...errors import PlanValidationError
 
     if profile is None:
         return []

@@ -22,6 +22,8 @@ from .faults import FailurePolicy
 from .job import Job
 from ..spec import Backend, LaunchSpec, backend_for
 from ..transports.transport import LocalTransport, Transport, free_port, is_local_host
+from .preflight import check_resources
+from .tensorboard import TensorBoardLogger, check_tensorboard
 
 __all__ = ["start_workers", "build_spec", "launch_spec", "hosts_of"]
 
@@ -118,8 +120,6 @@ def start_workers(cluster: Any, *, entry: str, steps: int, seed: int = 0, payloa
     if cluster is None:
         raise HSPMDError("launch() needs a cluster (e.g. Cluster.local(4))")
     if tensorboard is not None:
-        from .tensorboard import check_tensorboard
-
         check_tensorboard()
     if transport is None:
         remote = [n.host for n in cluster.nodes if not is_local_host(n.host)]
@@ -136,8 +136,6 @@ def start_workers(cluster: Any, *, entry: str, steps: int, seed: int = 0, payloa
                           master_port=port, num_threads=transport.threads_per_worker(cluster),
                           heartbeat_s=heartbeat_s, stall_s=stall_s).model_copy(update={"master_addr": addr})
         if resource_check:
-            from .preflight import check_resources
-
             gpu = spec.backend == "nccl"
             hosts = hosts_of(spec)
             check_resources(cluster, {h: transport.host_facts(h, cuda=gpu) for h in hosts}, memory_per_rank,
@@ -147,7 +145,5 @@ def start_workers(cluster: Any, *, entry: str, steps: int, seed: int = 0, payloa
         raise
     job = launch_spec(spec, cluster, transport, log_dir=log_dir, progress=progress, echo=echo, policy=policy)
     if tensorboard is not None:
-        from .tensorboard import TensorBoardLogger
-
         TensorBoardLogger(job, tensorboard)
     return job

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import HSPMDError
+from ..metrics import StepMetrics
 
 __all__ = ["TensorBoardLogger", "check_tensorboard"]
 
@@ -51,8 +52,6 @@ class TensorBoardLogger:
         job.on_finish(lambda _job: self.close())
 
     def _on_metric(self, rank: int, msg: dict[str, Any]) -> None:
-        from ..metrics import StepMetrics
-
         m = StepMetrics.from_message(msg | {"rank": rank})
         with self._lock:
             if self._closed or (rank, m.step) in self._seen:

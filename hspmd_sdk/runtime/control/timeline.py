@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._palette import EVENT_COLOURS
 from ..trace import PHASES, measured_phases, phase_totals
+from ...core.strategy_plan import strategy_of
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -141,8 +142,7 @@ def build_timeline(recorded: dict[int, dict[int, dict[str, Any]]], controller: A
 
 
 def _simulate(controller: Any, version: tuple[int, int]) -> "tuple[SimResult | None, str]":
-    from ...core.strategy_plan import strategy_of
-    from ...planner.simulator import simulate
+    from ...planner.simulator import simulate  # lazy: planner, loaded only to simulate a timeline
 
     numbering = controller._versions.get(version)
     if numbering is None:

@@ -23,6 +23,10 @@ from ..data import dataset_for
 from ..reference import ReferenceResult, assemble, load_captured, reference_training
 from .runs import (checked_faults, checked_profile, checked_training_run, launch_runs, recompute_ranks,
                    training_run)
+from ...errors import PlanValidationError
+from ..workers.devices import backend_for_device
+from .controller import StragglerWatch, TrainingController
+from .growback import GrowBack
 
 __all__ = ["launch", "launch_training", "launch_runs", "recompute_ranks", "training_run", "reference_training",
            "ReferenceResult", "dataset_for", "load_captured", "assemble"]
@@ -80,10 +84,7 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     runs under the cheapest candidate for its sequences, switching by length (:func:`~.mixed.launch_mixed`)."""
     import time
 
-    from .controller import StragglerWatch, TrainingController
-    from .growback import GrowBack
-    from ..workers.devices import backend_for_device
-    from .run_config import check_run_options
+    from .run_config import check_run_options  # lazy: tests patch run_config.check_run_options
 
     begun = time.monotonic()
 
@@ -97,15 +98,13 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
                       checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
                       resume_from=resume_from, precision=precision, device=device, **launch_kwargs)
     if mixed:  # candidate Programs: mixed-length data (SPEC §7)
-        from .mixed import launch_mixed
+        from .mixed import launch_mixed  # lazy: mixed-length runs only (loads the mixed planner)
 
         given = {"data": data, "seq_len": seq_len, "recompute": recompute, "profile": profile,
                  "grow_back": grow_back}
         default = {"data": "synthetic"}
         bad = [k for k, v in given.items() if k not in ("data",) and v not in (None, False, default.get(k))]
         if bad:
-            from ...errors import PlanValidationError
-
             raise PlanValidationError([(bad[0], "is not supported with a list of candidate programs (mixed-length "
                                                 "training) yet")], what="mixed-length training run")
         if device is not None:

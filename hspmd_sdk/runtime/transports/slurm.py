@@ -75,6 +75,7 @@ from ...errors import PlanValidationError
 from ..workers.devices import CUDA_INDEX_ENV
 from ..spec import LaunchSpec
 from .transport import WORKER_MODULE, ExitSink, LineSink, LocalWorkers, Transport, worker_env
+from ..control.preflight import HostFacts
 
 __all__ = ["SlurmTransport", "SlurmWorkers", "SlurmError", "srun_status"]
 
@@ -312,7 +313,6 @@ class SlurmTransport(Transport):
 
     def host_facts(self, host: str, *, cuda: bool = False) -> Any:
         """The node as the scheduler declares it: CPUs, memory (``RealMemory``) and GPUs (its GRES)."""
-        from ..control.preflight import HostFacts
 
         info = self._node(host)
         return HostFacts(cpus=info.cpus, mem_available=info.memory_mb * 2**20, gpus=info.gpus)

@@ -34,6 +34,7 @@ from .hosts import HostsArg, HostTable, SSHError, SSHHost, load_hosts, remote_co
 from .ssh_probe import PreflightError, PreflightReport, HostReport, check_cluster, probe_into, threads_per_worker
 from .ssh_workers import LoopThread, RemoteWorkers
 from .transport import ExitSink, LineSink, Transport
+from ..control.preflight import HostFacts
 
 __all__ = ["SSHTransport", "check_hosts", "SSHError", "PreflightError", "PreflightReport", "RemoteWorkers"]
 
@@ -254,7 +255,6 @@ class SSHTransport(Transport):
 
     def host_facts(self, host: str, *, cuda: bool = False) -> Any:
         """Cores, available RAM and CUDA devices of ``host``, from its preflight probe (empty if not probed)."""
-        from ..control.preflight import HostFacts
 
         info = self.probes.get(host, {})
         return HostFacts(cpus=info.get("cpus"), mem_available=info.get("mem_available"),

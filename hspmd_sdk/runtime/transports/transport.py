@@ -116,7 +116,7 @@ class Transport(ABC):
 
     def host_facts(self, host: str, *, cuda: bool = False) -> Any:
         """Cores, available RAM and (``cuda``) CUDA devices of ``host``, for the resource preflight."""
-        from ..control.preflight import local_facts
+        from ..control.preflight import local_facts  # lazy: tests patch preflight.local_facts
 
         return local_facts(cuda=cuda)
 

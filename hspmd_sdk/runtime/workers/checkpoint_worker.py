@@ -37,6 +37,7 @@ from ..checkpoints.checkpoint_io import (WRITE_POINTS, CheckpointError, PieceRea
                             fsync_dir, write_shard)
 from ..checkpoints.checkpoint_plan import layouts_of, read_plan, write_plan
 from .liveness import CommFailure, waits
+from ...core.model_spec import model_json
 
 __all__ = ["CheckpointSaver", "load_resume", "restore_rng"]
 
@@ -249,7 +250,7 @@ class CheckpointSaver:
     def _client(self) -> Any:
         """A rendezvous-store client of this saver's own, at the job's current rendezvous (the training thread's
         client may block in a wait; after an elastic reconfiguration the rendezvous is another)."""
-        from .store import RendezvousStore
+        from .store import RendezvousStore  # lazy: torch (store)
 
         spec = self.state.spec
         current = self.state.extras.get("store")
@@ -332,8 +333,6 @@ class CheckpointSaver:
         timing["prune_s"] = round(time.perf_counter() - t0, 6)
 
     def _manifest(self, target: _Target, completed: int, records: Mapping[int, Mapping[str, Any]]) -> Manifest:
-        from ...core.model_spec import model_json
-
         run, program = self.run, target.program
         steps = {rec["optimizer_step"] for rec in records.values() if rec.get("optimizer_step") is not None}
         if len(steps) != 1:
@@ -399,7 +398,7 @@ def load_resume(resume: Mapping[str, Any], program: Any, rank: int) -> tuple[dic
     intersections of its box with the stored pieces.  ``stats``: ``bytes_read`` (data bytes asked for),
     ``os_read_bytes`` (the kernel's count for this thread, or ``None``), ``needed_bytes`` (the read plan's),
     ``seconds``."""
-    from .params import load_local_parameters
+    from .params import load_local_parameters  # lazy: torch (params)
 
     t0 = time.perf_counter()
     pieces = stored_pieces(resume)

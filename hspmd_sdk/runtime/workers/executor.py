@@ -65,13 +65,14 @@ from ...core.comm_ops import CollectiveOp, IdentityOp, PointToPointOp, SplitColl
 from ...core.microbatch import batch_dim
 from ...core.slices import Box, box_shape
 from ...core.symbolic import Sym, evaluate_shape
-from ...errors import HSPMDError
+from ...errors import HSPMDError, PlanValidationError
 from .buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, GradBuckets, SyncItem
 from .comm import Pending, execute, execute_async, execute_op, post_receives, post_sends, reshard, with_dtype
 from .cp_attention import balanced_order
-from .kernels import kernel_for, reorder_problems
+from .kernels import IGNORE_INDEX, kernel_for, packing_problems, reorder_problems
 from .params import check_local_parameters, init_local_parameters
 from ..trace import comm_seconds, span
+from ...core.schedule import Action, build_schedule
 
 __all__ = ["StepExecutor", "ExecutorError", "program_comm_plans", "AdamConfig", "PRECISIONS", "precision_dtype",
            "pipeline_pairs", "pipeline_groups", "sequence_balance"]
@@ -105,8 +106,6 @@ class AdamConfig:
     def __post_init__(self) -> None:
         problems = adam_problems(self.lr, self.betas, self.eps, self.weight_decay)
         if problems:
-            from ...errors import PlanValidationError
-
             raise PlanValidationError(problems, what="optimizer options")
 
     def build(self, params: Sequence[torch.Tensor]) -> torch.optim.Adam:
@@ -458,8 +457,6 @@ class StepExecutor:
         """This stage's actions for ``num_micro`` micro-batches (``Pre``, ``Post`` only for none)."""
         got = self._schedules.get(num_micro)
         if got is None:
-            from ...core.schedule import Action, build_schedule
-
             stages = self.program.num_stages(self.pipeline)
             got = self._schedules[num_micro] = [Action("PRE"), Action("POST")] if num_micro == 0 else \
                 build_schedule(self.program.schedule_kind, stages, self.stage, num_micro)
@@ -631,8 +628,6 @@ class StepExecutor:
             return micro
         feeds = micro[2]
         if feeds is not None:
-            from .kernels import IGNORE_INDEX
-
             loss = self.graph.producer(self.loss_name)
             targets = {t for t in loss.inputs if self.graph.producer(t).kind == "placeholder"}
             out = {}
@@ -652,8 +647,6 @@ class StepExecutor:
             return None
         docs = tuple(int(d) for d in micro[3])
         if self._packing_problems is None:
-            from .kernels import packing_problems
-
             self._packing_problems = packing_problems(self.graph)
         problems = self._packing_problems
         if problems:
@@ -1023,7 +1016,6 @@ class StepExecutor:
     # ---- reporting -----------------------------------------------------------------------------------------------
     def _real_targets(self, mb: int) -> int:
         """Real (non-padding) targets of micro-batch ``mb`` in the placeholders the loss operator reads."""
-        from .kernels import IGNORE_INDEX
 
         node = self.graph.producer(self.loss_name)
         n = 0

@@ -35,6 +35,9 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import torch
 import torch.nn.functional as F
 
+from ...core.symbolic import symbols_of
+from .cp_attention import CPLayout, balanced_order, cp_attention, order_segments
+
 __all__ = ["KERNELS", "Kernel", "KernelContext", "register_kernel", "run_graph", "rope_cos_sin", "IGNORE_INDEX",
            "packing_problems", "document_positions"]
 
@@ -205,8 +208,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     ``cp_balanced``: the sequence is laid out in the balanced order (:func:`~.cp_attention.balanced_order`), so
     that the ``i``-th chunk holds global chunks ``i`` and ``2N-1-i`` and every rank does the same causal work."""
     if cp_ranks is not None and len(cp_ranks) > 1:
-        from .cp_attention import CPLayout, cp_attention
-
         layout = CPLayout(int(cp_seq), len(cp_ranks), balanced=bool(cp_balanced))  # type: ignore[arg-type]
         return cp_attention(q, k, v, layout, ranks=cp_ranks, causal=causal, documents=documents, tag=CP_TAG)
     rep = q.shape[2] // k.shape[2]
@@ -316,7 +317,6 @@ def _position_offset(node: Any, ctx: KernelContext) -> dict[str, Any]:
     start, end = ctx.box(node.inputs[0])[1]
     balance = getattr(ctx, "sequence_balance", 1)
     if balance > 1:  # the sequence is laid out in the balanced CP order: the global tokens of this box
-        from .cp_attention import balanced_order, order_segments
 
         return {"segments": order_segments(balanced_order(ctx.global_shape(node.inputs[0])[1], balance),
                                            start, end)}
@@ -396,7 +396,6 @@ def packing_problems(graph: Any) -> list[str]:
     """Why micro-batches packing several documents in a row cannot run ``graph`` (empty: they can): every op kind
     whose kernel does not say how it takes them (:attr:`Kernel.packing`), and every ``split`` / ``concat`` /
     ``sum`` along the sequence dim ``S`` (those would mix the documents of a row)."""
-    from ...core.symbolic import symbols_of
 
     out = []
     for kind in sorted({n.kind for n in graph.nodes if n.kind not in ("placeholder", "parameter", "Reshard")}):

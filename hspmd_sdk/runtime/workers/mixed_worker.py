@@ -34,8 +34,8 @@ def micro_batch_feeds(model: Any, graph: Any, sequences: Sequence[np.ndarray], *
     each sequence's feeds back to back (``[1, sum of lengths]``; the kernels keep the sequences apart)."""
     import torch
 
-    from ..data import padded_rows
-    from .kernels import IGNORE_INDEX
+    from ..data import padded_rows  # lazy: torch (data)
+    from .kernels import IGNORE_INDEX  # lazy: torch (kernels)
 
     if packed:
         parts = [model.feeds(torch.as_tensor(np.asarray(q), dtype=torch.int64)[None]) for q in sequences]
@@ -200,7 +200,7 @@ class MixedSession(TrainSession):
             if ex.loss_contributor():
                 self.trained[step] = [indices[i] for mb in mbs for i in mb]
             if self.capture and step == 0:  # the boxes of step 0's Program (the run may end under another)
-                from .params import shard_box
+                from .params import shard_box  # lazy: torch (params)
 
                 self._grad_boxes = {k: shard_box(self.program, k, state.rank) for k in ex.params}
                 self._grads0 = {k: v.detach().cpu().clone() for k, v in (ex.captured_grads or {}).items()}

@@ -340,7 +340,7 @@ def connect(spec: LaunchSpec, rank: int, channel: Channel, inbox: ControlInbox |
 def open_store(spec: LaunchSpec, addr: str, port: int, host: bool, timeout: timedelta) -> Any:
     """The rendezvous store of a world at ``addr:port``, authenticated by the job's secret: hosted by this
     process (``host``: rank 0) or reached from it (:mod:`.store`)."""
-    from .store import RendezvousStore
+    from .store import RendezvousStore  # lazy: torch (store)
 
     if host:
         return RendezvousStore.host_at(addr, port, spec.secret, timeout)

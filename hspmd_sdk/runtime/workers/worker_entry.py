@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from .session import TrainSession
+
 __all__ = ["train_entry"]
 
 
 def train_entry(state: Any, spec: Any) -> dict[str, Any]:
     """Worker entry: run every run of ``spec.payload["runs"]`` in order (a :class:`~.session.TrainSession`
     each); returns ``{"runs": [...], "losses"}``."""
-    from .session import TrainSession
 
     results, offset = [], 0
     for i, run in enumerate(spec.payload["runs"]):
         if run.get("mixed"):  # mixed-length data: per-step plans (SPEC §7)
-            from .mixed_worker import MixedSession
+            from .mixed_worker import MixedSession  # lazy: numpy (mixed_worker)
 
             results.append(MixedSession(state, run, i, offset).train())
         else:
