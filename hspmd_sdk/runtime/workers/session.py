@@ -37,7 +37,11 @@ from typing import Any, Mapping
 from ...core.slices import box_numel
 from ...errors import HSPMDError
 from .liveness import CommFailure, waits
-from ..protocol import Reconfigure, pack_payload, unpack_payload
+from ..protocol import Reconfigure, pack_payload, program_of_run, unpack_payload
+from ...models.hf import shard_reader
+from ..trace import StepRecorder
+from .checkpoint_worker import CheckpointSaver, load_resume, restore_rng
+from .worker import RendezvousAbandoned
 
 __all__ = ["TrainSession", "pack_payload", "unpack_payload", "Reconfigure", "CommFailure"]
 
@@ -49,9 +53,7 @@ class TrainSession:
     """One run of ``train_entry`` on one worker: see the module docstring."""
 
     def __init__(self, state: Any, run: Mapping[str, Any], index: int, offset: int) -> None:
-        from ..trace import StepRecorder
-        from ..data import dataset_for
-        from ..protocol import program_of_run
+        from ..data import dataset_for  # lazy: torch (data)
 
         self.state, self.run, self.index, self.offset = state, run, index, offset
         self.elastic = bool(run.get("elastic"))
@@ -100,14 +102,14 @@ class TrainSession:
 
     # ---- building -----------------------------------------------------------------------------------------
     def _adam(self) -> Any:
-        from .executor import AdamConfig
+        from .executor import AdamConfig  # lazy: torch (executor)
 
         a = self.run["adam"]
         return AdamConfig(lr=a["lr"], betas=tuple(a["betas"]), eps=a["eps"], weight_decay=a["weight_decay"])
 
     def _make_groups(self, program: Any) -> None:
-        from .comm import comm_groups
-        from .executor import pipeline_groups, program_comm_plans
+        from .comm import comm_groups  # lazy: torch (comm)
+        from .executor import pipeline_groups, program_comm_plans  # lazy: torch (executor)
 
         self.state.create_groups(comm_groups(program_comm_plans(program)))
         # NCCL: stage-boundary messages on a group per rank pair and direction (executor.pipeline_groups)
@@ -117,8 +119,8 @@ class TrainSession:
         """Destroy the process groups the running Program does not use (every rank does the same)."""
         import torch.distributed as dist
 
-        from .comm import comm_groups
-        from .executor import program_comm_plans
+        from .comm import comm_groups  # lazy: torch (comm)
+        from .executor import program_comm_plans  # lazy: torch (executor)
 
         keep = set(comm_groups(program_comm_plans(program)))
         for key in sorted(set(self.state.groups) - keep):
@@ -127,7 +129,7 @@ class TrainSession:
                 dist.destroy_process_group(g)
 
     def _make_executor(self, params: Any, optimizer_state: Any) -> None:
-        from .executor import StepExecutor
+        from .executor import StepExecutor  # lazy: torch (executor)
 
         rank, program = self.state.rank, self.program
         self.ex = None
@@ -418,7 +420,7 @@ class TrainSession:
         """Move the state to ``program`` by ``plan`` and build its executor; returns the bytes this rank sent."""
         import torch.distributed as dist
 
-        from .switch_exec import execute_switch
+        from .switch_exec import execute_switch  # lazy: torch (switch_exec)
 
         t0 = time.perf_counter()
         tensors = dict(source) if source is not None else self._state_by_name()
@@ -564,7 +566,6 @@ class TrainSession:
         the checkpoint (only the boxes it holds, by :func:`~.checkpoint_worker.load_resume`, as a resumed run),
         Adam's step count and the committed step of the checkpoint; returns ``bytes_read`` and ``checkpoint_step``
         for the ``switched`` report (``last_switch`` gets ``load_s``, the read alone)."""
-        from .checkpoint_worker import load_resume
 
         t0 = time.perf_counter()
         program, ck = msg.program, msg.checkpoint
@@ -588,8 +589,7 @@ class TrainSession:
 
 def _is_comm_failure(e: BaseException) -> bool:
     """Whether ``e`` is what a peer's death looks like from here (gloo/NCCL errors, our wrappers of them)."""
-    from .comm import CommExecutionError
-    from .worker import RendezvousAbandoned
+    from .comm import CommExecutionError  # lazy: torch (comm)
 
     if isinstance(e, (CommFailure, RendezvousAbandoned)):
         return True
@@ -608,8 +608,7 @@ def _initial_shards(program: Any, rank: int, init: Mapping[str, Any] | None) -> 
     """This rank's parameter shards read from the run's ``init`` (``None``: the seeded initialisation)."""
     if not init:
         return None
-    from ...models.hf import shard_reader
-    from .params import load_local_parameters
+    from .params import load_local_parameters  # lazy: torch (params)
 
     return load_local_parameters(program, rank, shard_reader(init["hf"], program.model))
 
@@ -626,7 +625,6 @@ def _initial_state(program: Any, rank: int, run: Mapping[str, Any]) -> tuple[Any
     resume = run.get("resume")
     if not resume:
         return _initial_shards(program, rank, run.get("init")), None, None
-    from .checkpoint_worker import load_resume, restore_rng
 
     params, opt_state, stats = load_resume(resume, program, rank)
     stats["rng_restored"] = restore_rng(resume, rank)
@@ -637,7 +635,6 @@ def _checkpoint_saver(state: Any, run: Mapping[str, Any], index: int) -> Any:
     """The run's :class:`~.checkpoint_worker.CheckpointSaver`, or ``None`` without ``checkpoint_dir``."""
     if not run.get("checkpoint"):
         return None
-    from .checkpoint_worker import CheckpointSaver
 
     return CheckpointSaver(state, run, index)
 
@@ -646,7 +643,7 @@ def _memory_summary(ex: Any, program: Any, rank: int) -> dict[str, Any]:
     """Bytes of the rank's parameters, of its Adam state, and of its shards by the annotations."""
     import torch
 
-    from .params import parameter_bytes, shard_box
+    from .params import parameter_bytes, shard_box  # lazy: torch (params)
 
     return {"param_bytes": parameter_bytes(ex.params),
             "optimizer_bytes": sum(t.numel() * t.element_size() for st in ex.optimizer.state.values()
@@ -659,7 +656,7 @@ def _save_capture(ex: Any, program: Any, rank: int, path: Path) -> None:
     """Save the rank's synchronised gradients of step 0, its final parameter shards and their boxes."""
     import torch
 
-    from .params import shard_box
+    from .params import shard_box  # lazy: torch (params)
 
     path.parent.mkdir(parents=True, exist_ok=True)
     opt = ex.optimizer_state()
