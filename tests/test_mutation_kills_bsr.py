@@ -118,8 +118,23 @@ def test_failed_owners_are_skipped_or_named() -> None:
     assert [a.src for a in bsr_scheme(e, LinkModel(None), {}, failed=[0])] == [1]
     with pytest.raises(ResolutionError, match="failed"):
         bsr_scheme(e, LinkModel(None), {}, failed=[0, 1])
-    with pytest.raises(ResolutionError, match="no source"):
+    with pytest.raises(ResolutionError) as e:
         bsr_scheme([BSREntry("w", ((0, 2),), (), (2,), 8)], LinkModel(None), {})
+    assert " of tensor 'w' is held by no source rank; receivers" in str(e.value)
+
+
+def test_the_table_lists_its_slices_in_box_order() -> None:
+    # rank 0 owns [0, 3), rank 1 only [1, 2); rank 2 needs all: the middle slice has other owners than its
+    # neighbours, and the table (which the scheme scans, balancing load as it goes) runs in box order
+    table = bsr_table([(0, ((0, 3),)), (1, ((1, 2),))], [(2, ((0, 3),))], (3,), 4, key="t")
+    assert [(e.box, e.owners, e.receivers, e.nbytes) for e in table] == [
+        (((0, 1),), (0,), (2,), 4), (((1, 2),), (0, 1), (2,), 4), (((2, 3),), (0,), (2,), 4)]
+    rng = random.Random(5)
+    for _ in range(20):
+        shape = (rng.randint(2, 6), rng.randint(1, 4))
+        owners = [(r, _random_box(rng, shape)) for r in range(4)]
+        table = bsr_table(owners, [(9, tuple((0, n) for n in shape))], shape, 1)
+        assert [e.box for e in table] == sorted(e.box for e in table)
 
 
 def test_link_model_answers_as_the_cluster() -> None:

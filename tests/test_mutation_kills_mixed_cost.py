@@ -199,3 +199,147 @@ def test_a_cp_stage_is_lines_plus_the_rings_exposed_part(recompute: bool) -> Non
     one = PipelineCost([sc], [], MODEL.hidden_size, cost)  # the vectorised totals take the same figures
     total, top, fill = one.totals([1, 2, 1], [256, 1000, 32768])
     assert total == close(sum(sc.time(r, s) for r, s in [(1, 256), (2, 1000), (1, 32768)]), rel=1e-9)
+
+
+def test_fits_is_static_plus_held_activations_plus_transient_at_most_capacity() -> None:
+    # the last stage holds the head: its logits are a transient of hundreds of MB (not ~0 as in a middle stage)
+    st = _strategy([[8, 9]], [(0, 3)]).pipelines[0].stages[0]
+    sc = StageCost(MODEL, st, False, True, CLUSTER, CostModel())
+    act, transient = sc.memory(1, 4096)
+    assert transient > 1e8
+    static = sum(static_memory(sc.params, 1).values())
+    need = static + act * 3 + transient
+    assert sc.fits(4096, 3, 1, need)                  # at most capacity: equal fits
+    assert not sc.fits(4096, 3, 1, need - 1.0)
+    assert not sc.fits(4096, 3, 1, static + act * 3)  # without room for the transient
+
+
+def test_a_shared_stage_cache_keeps_first_middle_and_last_stages_apart() -> None:
+    # four equal stages (TP2 on H20, 8 layers each): the first holds the embedding, the last the head, the middle
+    # two neither; a cache shared by stage shape must give each the cost it gets without a cache
+    s = _strategy([[8, 9], [10, 11], [12, 13], [14, 15]], [(0, 7), (8, 15), (16, 23), (24, 31)])
+    cost = CostModel()
+    cache: dict = {}
+    shared = PipelineCost.of(MODEL, s.pipelines[0], CLUSTER, cost, cache)
+    alone = [StageCost(MODEL, st, j == 0, j == 3, CLUSTER, cost) for j, st in enumerate(s.pipelines[0].stages)]
+    assert [sc.params for sc in shared.stages] == [sc.params for sc in alone]
+    assert [sc.time(1, 512) for sc in shared.stages] == [sc.time(1, 512) for sc in alone]
+    assert shared.stages[1] is shared.stages[2] and len(cache) == 3
+    mid = alone[1].params
+    assert alone[0].params == close(mid + MODEL.embedding_param_count() / 2)
+    assert alone[3].params == close(mid + MODEL.head_param_count() / 2)
+
+
+def test_a_context_parallel_pipeline_is_priced_in_the_balanced_order() -> None:
+    from hspmd_sdk.planner.cost import LinkOverride
+
+    cost = CostModel(link_overrides={"intra": LinkOverride(latency=1e-4, bandwidth=2e10)})
+    s = Strategy.load({"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 1, "stages": [
+        {"devices": [8, 9], "layers": [0, 15], "cp": 2}, {"devices": [10, 11], "layers": [16, 31], "cp": 2}]}]})
+    p = s.pipelines[0]
+    assert p.cp_balance == 2
+    pc = PipelineCost.of(MODEL, p, CLUSTER, cost)
+    balanced = StageCost(MODEL, p.stages[0], True, False, CLUSTER, cost, balanced=True)
+    contiguous = StageCost(MODEL, p.stages[0], True, False, CLUSTER, cost, balanced=False)
+    assert balanced.time(1, 4096) != contiguous.time(1, 4096)   # the causal work splits evenly only when balanced
+    assert pc.stages[0].time(1, 4096) == balanced.time(1, 4096)
+
+
+class _Units:
+    """A model of 2 layers of 100 parameters, an embedding of 10 and a head of 20 (what _holdings reads)."""
+
+    num_layers = 2
+
+    def layer_param_count(self) -> int:
+        return 100
+
+    def embedding_param_count(self) -> int:
+        return 10
+
+    def head_param_count(self) -> int:
+        return 20
+
+
+def test_switch_estimate_by_hand_on_a_small_model() -> None:
+    model, cost = _Units(), CostModel()
+    cl = Cluster.mixed({"H800": 3}, per_node=2)                 # ranks 0, 1 on one node, rank 2 on another
+    assert cl.node_index(0) == cl.node_index(1) != cl.node_index(2)
+    inter = cl.link(0, 2)                                        # the last rank is on the other node
+    tp2 = _strategy([[0, 1]], [(0, 1)])
+    # TP2 on ranks 0, 1 -> everything on rank 1: rank 1 keeps its half [1/2, 1) of each unit, needs the other
+    # half of 230 parameters: 115 x 2 bytes
+    on1 = _strategy([[1]], [(0, 1)])
+    assert switch_estimate(model, cl, tp2, on1, cost) == close(cost.p2p_time(115 * 2, inter))
+    # nothing moves when only the micro-batching changes
+    more = Strategy.load({"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 4, "stages": [
+        {"devices": [0, 1], "layers": [0, 1]}]}]})
+    assert switch_estimate(model, cl, tp2, more, cost) == 0.0
+    # one parameter to move (a 1-parameter embedding on a new first stage) still costs a transfer
+    tiny = _Units()
+    tiny.embedding_param_count = lambda: 1               # type: ignore[method-assign]
+    tiny.layer_param_count = lambda: 0                   # type: ignore[method-assign]
+    tiny.head_param_count = lambda: 0                    # type: ignore[method-assign]
+    a, b = _strategy([[0]], [(0, 1)]), _strategy([[2]], [(0, 1)])
+    assert switch_estimate(tiny, cl, a, b, cost) == close(cost.p2p_time(1 * 2, inter)) and cost.p2p_time(2, inter) > 0
+    # two ranks: still a switch (rank 1 needs rank 0's layers)
+    two = Cluster.local(2, kind="H800")
+    assert switch_estimate(model, two, _strategy([[0]], [(0, 1)]), _strategy([[1]], [(0, 1)]), cost) == \
+        close(cost.p2p_time(230 * 2, two.link(0, 1)))
+
+
+def test_the_fit_check_is_relative_1e6_of_the_cost_model() -> None:
+    from hspmd_sdk.planner.mixed_cost import _close
+
+    assert _close((0.02 + 1.9e-8,), (0.02,)) and not _close((0.02 + 1e-7,), (0.02,))    # 1e-6 x 0.02 = 2e-8
+    assert _close((1e9 + 999.0,), (1e9,)) and not _close((1e9 + 1001.0,), (1e9,))
+    assert _close((0.0,), (0.0,)) and not _close((1e-9,), (0.0,))                     # no absolute slack to speak of
+    assert not _close((1.0, 2.0), (1.0, 2.1))
+    tol = 1e-6 * 1e-12 + 1e-15
+    assert _close((tol,), (0.0,))                                                      # at most the tolerance
+
+
+def test_a_packed_rows_fill_uses_its_own_attention_term() -> None:
+    # two stand-in stages, no boundary link: A = tokens + 1e-3 attention, B = 2 tokens + 1e-3 attention.  One row
+    # packing two 300-token documents: attention 2 x 300^2 = 180000 (not 600^2): A = 780, B = 1380 (the bottleneck),
+    # so the fill and drain is A's 780 (with 600^2 it would be 960)
+    pc = PipelineCost([_Stage(0.0, 1.0, 1e-3), _Stage(0.0, 2.0, 1e-3)], [], 4, CostModel())
+    assert pc.totals([1], [600], [180000.0]) == (close(1380.0), close(1380.0), close(780.0))
+    assert pc.totals([1], [600]) == (close(1560.0), close(1560.0), close(960.0))
+
+
+def test_a_stage_time_line_is_its_time() -> None:
+    # TP2 with the cost model's collectives: the line has a constant term (latencies), forward and backward
+    st = _strategy([[8, 9]], [(0, 3)]).pipelines[0].stages[0]
+    sc = StageCost(MODEL, st, False, False, CLUSTER, CostModel())
+    c0, c1, c2 = sc.time_line()
+    assert c0 > 0
+    for r, s in [(1, 512), (2, 3000), (4, 128)]:
+        assert c0 + c1 * r * s + c2 * r * s * s == close(sc.time(r, s), rel=1e-9)
+
+
+def test_a_pipeline_of_mixed_context_parallelism_is_priced_contiguous() -> None:
+    from hspmd_sdk.planner.cost import LinkOverride
+
+    cost = CostModel(link_overrides={"intra": LinkOverride(latency=1e-4, bandwidth=2e10)})
+    p = Strategy.load({"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 1, "stages": [
+        {"devices": [8, 9], "layers": [0, 15], "cp": 2}, {"devices": [10], "layers": [16, 31]}]}]}).pipelines[0]
+    assert p.cp_balance == 1                            # not every stage splits the sequence alike
+    contiguous = StageCost(MODEL, p.stages[0], True, False, CLUSTER, cost, balanced=False)
+    assert StageCost(MODEL, p.stages[0], True, False, CLUSTER, cost).time(1, 4096) == contiguous.time(1, 4096)
+    assert PipelineCost.of(MODEL, p, CLUSTER, cost).stages[0].time(1, 4096) == contiguous.time(1, 4096)
+    assert contiguous.time(1, 4096) != StageCost(MODEL, p.stages[0], True, False, CLUSTER, cost, balanced=True).time(
+        1, 4096)
+
+
+def test_the_stage_cache_keeps_nodes_of_different_occupancy_apart() -> None:
+    # one core per node: rank 0 shares its node with rank 1 (compute at half speed), rank 2 is alone on its node
+    cl = Cluster.mixed({"cpu": 3}, per_node=2)
+    tiny = LlamaConfig.preset("tiny")
+    cost = CostModel(cores=1)
+    s = Strategy.load({"pipelines": [
+        {"micro_batch_size": 1, "num_micro_batches": 1, "stages": [{"devices": [0], "layers": [0, 1]}]},
+        {"micro_batch_size": 1, "num_micro_batches": 1, "stages": [{"devices": [2], "layers": [0, 1]}]}]})
+    cache: dict = {}
+    shared = [PipelineCost.of(tiny, p, cl, cost, cache).stages[0].time(1, 64) for p in s.pipelines]
+    alone = [StageCost(tiny, p.stages[0], True, True, cl, cost).time(1, 64) for p in s.pipelines]
+    assert shared == alone and alone[0] > alone[1] and len(cache) == 2

@@ -317,3 +317,19 @@ def test_every_fixture_strategy_specializes_to_its_own_pipelines(fname: str, mod
         assert sync == {"Identity"}
     else:
         assert sync == ({"SplitReduceScatter"} if strategy.zero1 else {"SplitAllReduce"})
+
+
+@pytest.mark.xfail(strict=True, reason="known bug (found by mutation testing, stop 38): a parameter that reaches "
+                   "a weight input through another op (V -> gelu -> dot's weight) gets no gradient synchronisation "
+                   "across data-parallel pipelines; _use_grad reads its gradient as laid out like V itself")
+def test_a_parameter_used_through_an_op_is_synchronised_across_data_parallel_pipelines() -> None:
+    g = GraphBuilder("through")
+    x = g.placeholder("X", ("B", 4))
+    v = ops.gelu(g.parameter("V", (4, 4)), name="Vg")
+    ops.dot(ops.dot(x, g.parameter("W", (4, 4)), name="Y"), v, name="O")
+    anns = {"X": Annotation("[0] R | [1] R ; hdim=0"), "W": Annotation("[0] R | [1] R"),
+            "V": Annotation("[0] R | [1] R")}
+    prog = specialize(g.build(), anns, Cluster.local(2))
+    # each pipeline's gradient of W and of V covers its own half of the batch: both must be summed across them
+    assert prog.grad_sync_plans["W.grad_sync"].kinds != ["Identity"]
+    assert prog.grad_sync_plans["V.grad_sync"].kinds != ["Identity"]

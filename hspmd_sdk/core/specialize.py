@@ -27,11 +27,10 @@ from .deduction import (activation_grad_annotation, deduce, local_constraints, l
                         weight_grad_annotation)
 from .graph import Graph, Node
 from .microbatch import batch_dim, micro_batch_plan
-from .ops import OPS, op_def
+from .ops import op_def
 from .pipelines import build_pipelines, op_ranks
 from .plan import AnnotationPlan, ExecutionSettings
 from .schedule import Action, build_schedule
-from .slices import Box
 from .symbolic import Constraint, Dim, evaluate_shape, representative_value
 
 if TYPE_CHECKING:
@@ -379,7 +378,7 @@ def specialize(model: Any, plan: Any, cluster: "Cluster | None" = None, *, bindi
         if n.name not in pre:
             back[n.name] = plan_of(partial_as_duplicate(dst), partial_as_duplicate(src), n.inputs[0],
                                    f"backward of Reshard {n.name!r}", f"{n.name}.bwd")
-    reduce_plans = _grad_reduce_plans(graph, anns, pre, plan_of)
+    reduce_plans = _grad_reduce_plans(graph, anns, plan_of)
     sync, syncs = _grad_sync_plans(graph, anns, given, plan_of)
     fwd_ranks = {r for n in graph.nodes if not n.is_leaf and n.name not in pre
                  for t in n.outputs for r in anns[t].ranks}
@@ -427,7 +426,7 @@ def _schedules(kind: str, pipelines: list[list[list[int]]], micro: Sequence[int]
     built: dict[tuple[int, int, int], tuple[Action, ...]] = {}
     out: dict[tuple[int, int], tuple[Action, ...]] = {}
     for i, p in enumerate(pipelines):
-        m = micro[i] if i < len(micro) else 1
+        m = micro[i]  # one entry per pipeline (_micro_batching)
         for j in range(len(p)):
             key = (len(p), j, m)
             if key not in built:
@@ -568,12 +567,12 @@ def _representative(graph: Graph, constraints: Sequence[Constraint], bindings: M
     return reps
 
 
-def _grad_reduce_plans(graph: Graph, anns: Mapping[str, Annotation], pre: frozenset[str],
-                       plan_of: Callable[..., Any]) -> dict[str, Any]:
+def _grad_reduce_plans(graph: Graph, anns: Mapping[str, Annotation], plan_of: Callable[..., Any]) -> dict[str, Any]:
     """Activations whose gradient comes back Partial where the tensor is Duplicate (Megatron's "f")."""
     out: dict[str, Any] = {}
     for node in graph.nodes:
-        if node.is_leaf or node.is_reshard or op_def(node.kind).input_grad is None:
+        # leaves and Reshards have no input_grad rule; without one the gradient is laid out like the input
+        if op_def(node.kind).input_grad is None:
             continue
         x = node.inputs[0]
         if graph.producer(x).is_leaf:
@@ -651,7 +650,7 @@ def _kernel_groups(graph: Graph, anns: Mapping[str, Annotation], bindings: Mappi
     holding the same box of that input but for those dims."""
     out: dict[tuple[Any, ...], list[int]] = {}
     for n in graph.nodes:
-        mixes = OPS[n.kind].mixes if n.kind in OPS else ()
+        mixes = op_def(n.kind).mixes  # every kind is known: deduction has looked each one up
         if not mixes or not n.inputs:
             continue
         t = n.inputs[0]
@@ -765,7 +764,7 @@ def _fmt_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def _step_bytes(prog: Program, eg: ExecutableGraph) -> int:
+def _step_bytes(eg: ExecutableGraph) -> int:
     """Bytes per step: the representative ``B`` is a whole step's batch (the HDim ratios are per step), so the
     F/B figures already cover all micro-batches."""
     return sum(o.bytes_sent for o in eg.ops)
@@ -781,15 +780,15 @@ def _describe_rank(prog: Program, rank: int) -> str:
              f"  leaves: {len(eg.leaves)} ({len(eg.parameters)} parameters)"]
     for phase in PHASES:
         ops = eg.phase(phase)
-        comms = [o for o in ops if o.is_comm and o.comm_kinds and o.comm_kinds != ("Identity",)]
+        comms = [o for o in ops if o.is_comm and o.comm_kinds]  # an Identity op has no ranks (op_ranks)
         lines.append(f"  {phase}: {len(ops)} ops, {len(comms)} communicating")
         for o in ops:
-            if o.is_comm and (not o.comm_kinds or o.comm_kinds == ("Identity",)):
+            if o.is_comm and not o.comm_kinds:
                 continue
             if not o.is_comm and len(ops) > 40:
                 continue
             lines.append(f"    {o}")
-    lines.append(f"  bytes sent per step: {_fmt_bytes(_step_bytes(prog, eg))} (activations at the step's shapes "
+    lines.append(f"  bytes sent per step: {_fmt_bytes(_step_bytes(eg))} (activations at the step's shapes "
                  + ", ".join(f"{k}={v}" for k, v in prog.bindings.items()) + ")")
     return "\n".join(lines)
 
