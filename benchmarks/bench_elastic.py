@@ -267,11 +267,13 @@ def _transport(fork: bool) -> Any:
 def grow_back(model: Any, data: dict, fork: bool, kill: int = 4) -> dict[str, Any]:
     """A 6-rank elastic job loses rank ``kill`` in step 2 (it shrinks to 5 in memory), then grows back to 6 ranks
     (a new local worker, the original 6-rank plan): the grow event's parts, and the wall time from ``job.grow`` until
-    every worker switched (the newcomer started, joined the larger world and received its state)."""
+    every worker switched (the newcomer started, joined the larger world and received its state).  The job has
+    steps enough to train on while a fresh newcomer starts (it is cancelled once the grow is measured): nearer its
+    end a grow waits for its newcomers at the boundary (``grow.NEAR_THE_END``)."""
     from hspmd_sdk.runtime.control.train import launch_training
 
     six = Cluster.local(6)
-    job = launch_training(program_of(model, data, six), six, steps=60, seed=SEED, seq_len=SEQ, lr=LR, elastic=True,
+    job = launch_training(program_of(model, data, six), six, steps=400, seed=SEED, seq_len=SEQ, lr=LR, elastic=True,
                           fault_injection=[{"rank": kill, "step": 2, "at": "backward"}], heartbeat_s=0.5,
                           timeout_s=300, transport=_transport(fork)())
     try:

@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import PlanValidationError
 from .annotation import MAX_RANK
+from .loading import load_model
+from .slurm_nodes import slurm_cluster_nodes
 
 #: The most ranks a cluster may have (far above the largest training clusters; a typo such as 100000000 would
 #: otherwise build for minutes).
@@ -245,16 +247,12 @@ class Cluster(BaseModel):
         named in ``nodes``, e.g. ``"gpu[01-04]"``), its kind from its GPU GRES type (else a feature naming a
         device kind, else ``cpu``), one rank per GPU (one for a node without GPU GRES), its cores and memory.  ``kw``: further fields
         (``devices`` for kinds that are no preset).  Rules: :mod:`hspmd_sdk.core.slurm_nodes`."""
-        from .slurm_nodes import slurm_cluster_nodes
-
         known = [*DEVICE_PRESETS, *(kw.get("devices") or {})]
         return cls.load({"nodes": slurm_cluster_nodes(partition, nodes, known=known), **kw})
 
     @classmethod
     def load(cls, data: Any) -> "Cluster":
         """Validate a dict, a JSON string or a path; raises ``PlanValidationError`` with field paths."""
-        from .loading import load_model
-
         return load_model(cls, data, what="cluster")
 
     # ---- queries -------------------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Protocol, Sequence, runtime_checkable
 
+from ..errors import SpecializationError
+
 if TYPE_CHECKING:
     from .graph import Graph
 
@@ -123,8 +125,6 @@ def placements_by_tensor(model: Any) -> Mapping[str, Placement]:
     out: dict[str, Placement] = {}
     for p in model.placements():
         if p.tensor in out:
-            from ..errors import SpecializationError
-
             raise SpecializationError(f"model {getattr(model, 'name', model)!r} places tensor {p.tensor!r} twice")
         out[p.tensor] = p
     return out

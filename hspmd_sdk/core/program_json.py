@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..errors import SpecializationError
+from .model_spec import model_json
 
 __all__ = ["FORMAT", "ProgramJSONError", "to_json_value", "from_json_value", "program_to_json", "program_from_json"]
 
@@ -117,8 +118,6 @@ class _Writer:
         self._ids[id(x)] = index
         self._keep.append(x)
         if tag == "$model":
-            from .model_spec import model_json
-
             self.objects[index] = {"$model": path, "config": model_json(x)}
         else:
             self.objects[index] = {tag: path, "f": {k: self.value(getattr(x, k)) for k in names}}

@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable, Mapping
 
 from ..errors import ResolutionError
-from .annotation import Annotation
+from .annotation import Annotation, local_views
+from .switch import plan_switch
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -71,8 +72,6 @@ def plan_program_switch(src: "Program", dst: "Program", cluster: "Cluster | None
     of ``src`` whose state is lost; they never send.  ``empty``: ranks that take part holding nothing of ``src``'s state
 (a newcomer whose grow did not complete): they only receive.  Raises :class:`LostStateError` when some state is held only
     by failed ranks, and :class:`ResolutionError` when the two Programs do not train the same model."""
-    from .switch import plan_switch
-
     a = state_table(src)
     b = state_table(dst, dst_to_src)
     if set(a) != set(b):
@@ -92,7 +91,6 @@ def _lost(table: Mapping[str, tuple[Annotation, tuple[int, ...]]], dead: list[in
     """State names some element of which only dead ranks hold."""
     if not dead:
         return []
-    from .annotation import local_views
 
     gone = set(dead)
     out = []

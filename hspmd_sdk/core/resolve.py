@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ..errors import ResolutionError, ShapeError
 from .annotation import PARTIAL, DUPLICATE, DS, Annotation, LocalView, is_split, local_views
 from .bsr import LinkModel, bsr_scheme, bsr_table
+from .comm_plan import CommPlan
 from .comm_ops import (CollectiveGroup, CollectiveOp, CommOp, IdentityOp, Message, PointToPointOp, SliceCollective,
                        SplitCollectiveOp, merge_p2p)
 from .slices import Box, Grid, box_numel, coalesce
 
 if TYPE_CHECKING:
     from .cluster import Cluster
-    from .comm_plan import CommPlan
 
 __all__ = ["resolve", "itemsize_of", "split_kind"]
 
@@ -76,8 +76,6 @@ def resolve(src: Annotation, dst: Annotation, shape: Sequence[int], dtype: Any =
     node in :meth:`CommPlan.volume`.  Raises :class:`ShapeError` when the shape does not fit an annotation and
     :class:`ResolutionError` when the Reshard cannot be planned.
     """
-    from .comm_plan import CommPlan
-
     shape = tuple(int(n) for n in shape)
     for which, ann in (("source", src), ("destination", dst)):
         try:

@@ -24,7 +24,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 
 from ..errors import PlanValidationError
 from .annotation import MAX_RANK, format_ranks
+from .cluster import format_memory
 from .loading import load_model
+from .tp_ratios import ratio_problem
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -413,8 +415,6 @@ def _n(count: int, one: str, many: str | None = None) -> str:
 
 
 def _gb(nbytes: float) -> str:
-    from .cluster import format_memory
-
     return format_memory(nbytes)
 
 
@@ -527,8 +527,6 @@ def _model_problems(strategy: Strategy, model: "ModelSpec") -> list[tuple[str, s
                                             f"(0..{n - 1})"))
         for j, s in enumerate(p.stages):
             if s.is_uneven:
-                from .tp_ratios import ratio_problem
-
                 reason = ratio_problem(model, s, first=j == 0, last=j == len(p.stages) - 1)
                 if reason:
                     out.append((f"pipelines[{i}].stages[{j}].ratios", reason))

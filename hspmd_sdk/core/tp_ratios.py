@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import HSPMDError
 from .annotation import DS, DUPLICATE, Annotation, is_split
+from .deduction import deduce
 from .model_spec import placements_by_tensor
 
 if TYPE_CHECKING:
@@ -40,8 +41,6 @@ def ratio_units(model: "ModelSpec") -> dict[str, tuple[Any, int, int]]:
     concrete extent along the split ``dim``.  Found by deducing a probe plan (every TP-split leaf at HDim = its
     split dim over two subgroups), so a weight's ``nh * hd`` columns and the ``nh`` heads they reshape to (and
     GQA's KV heads) all appear: ratios are feasible for a stage when every such size splits integrally."""
-    from .deduction import deduce
-
     graph = model.build_graph()
     table = placements_by_tensor(model)
     given = {name: _probe(DUPLICATE if p.tp_split is None else p.tp_split)

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
+from ..core.loading import load_model
+from ..core.strategy_plan import graph_of
 from .common import layer_of, layered_placements, next_token_feeds, preset_of, seeded_normal
 
 if TYPE_CHECKING:
@@ -48,8 +50,6 @@ class ModelBase(BaseModel):
         """A preset name, a dict, a JSON string or a path; raises ``PlanValidationError`` with field paths."""
         if isinstance(data, str) and data in cls.PRESETS:
             return cls.preset(data)
-        from ..core.loading import load_model
-
         return load_model(cls, data, what="model config")
 
     def with_layers(self, num_layers: int) -> Any:
@@ -65,8 +65,6 @@ class ModelBase(BaseModel):
 
     def graph(self) -> "Graph":
         """The defined graph, built once per config."""
-        from ..core.strategy_plan import graph_of
-
         return graph_of(self)
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:

@@ -76,7 +76,7 @@ def load_model_spec(data: Any) -> Any:
         raise PlanValidationError([("model", f"unknown model preset {data!r}; presets are {known} (or give a "
                                              "model config JSON file)")], what="model config")
     if isinstance(data, (str, Path)):
-        from ..core.loading import read_json_text
+        from ..core.loading import read_json_text  # lazy: keeps runtime.protocol free of all of core
 
         where = str(data)[:200]
         data = _parse(read_json_text(data, what="model config"), where)

@@ -27,14 +27,19 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
+from ..core.cluster import Cluster, DeviceSpec
+from ..core.strategy import Strategy
+from ..core.tp_ratios import feasible_ratios
+from ..errors import PlanValidationError
+from ..models.registry import load_model_spec
 from .cost import CostModel
 from .hetero import (Candidate, PipelinePlan, PlanContext, TPGroup, configure_pipelines, make_groups, pick,
-                     solve_layers, solve_micro_batches, split_node, tp_degrees, _stage_parts, _sync_estimate)
+                     solve_candidate, solve_layers, solve_micro_batches, split_node, tp_degrees, _stage_parts,
+                     _sync_estimate)
+from .ratios import split_units
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..core.cluster import Cluster
     from ..core.model_spec import ModelSpec
-    from ..core.strategy import Strategy
 
 __all__ = ["replan_elastic", "replan_straggler", "slowed_cluster", "survivor_cluster", "renumber"]
 
@@ -93,8 +98,6 @@ def _keep_templates(ctx: PlanContext, strategy: "Strategy", failed: set[int], b:
 def _regroup(ctx: PlanContext, strategy: "Strategy", survivors: Sequence[int], D: int, b: int,
              allowed: Sequence[int]) -> list[Candidate]:
     """The survivors regrouped at the offline TP degree of each kind, spread over ``D`` pipelines."""
-    from .hetero import solve_candidate
-
     degree: dict[str, int] = {}
     for p in strategy.pipelines:
         for s in p.stages:
@@ -129,10 +132,6 @@ def replan_elastic(model: "ModelSpec | str", cluster: "Cluster", strategy: "Stra
     >>> replan_elastic("llama-7b", Cluster.homogeneous("H20", 4), c1, [3], seq_len=2048).num_ranks
     3
     """
-    from ..models.registry import load_model_spec
-    from ..core.strategy import Strategy
-    from ..errors import PlanValidationError
-
     model = load_model_spec(model)
     strategy = Strategy.load(strategy, model=model, cluster=cluster)
     failed = set(failed)
@@ -179,11 +178,6 @@ def _inherit_ratios(model: "ModelSpec", old: "Strategy", new: "Strategy") -> "St
     stage's layers, :func:`~hspmd_sdk.core.tp_ratios.feasible_ratios`; none when one rank is left, the ratios
     are equal or nothing is feasible).  ``new`` unchanged when the result is not a valid strategy (the
     two-tier annotation cannot express it)."""
-    from ..core.strategy import Strategy
-    from ..core.tp_ratios import feasible_ratios
-    from ..errors import PlanValidationError
-    from .ratios import split_units
-
     owner = {r: s for p in old.pipelines for s in p.stages if s.is_uneven for r in s.devices}
     if not owner:
         return new
@@ -217,8 +211,6 @@ def _inherit_ratios(model: "ModelSpec", old: "Strategy", new: "Strategy") -> "St
 
 def survivor_cluster(cluster: "Cluster", failed: Iterable[int]) -> tuple["Cluster", dict[int, int]]:
     """The cluster without ``failed`` ranks, renumbered ``0..n-1`` in order, and the map old rank -> new rank."""
-    from ..core.cluster import Cluster
-
     failed = set(failed)
     mapping: dict[int, int] = {}
     nodes = []
@@ -237,8 +229,6 @@ def survivor_cluster(cluster: "Cluster", failed: Iterable[int]) -> tuple["Cluste
 
 def renumber(strategy: "Strategy", mapping: dict[int, int]) -> "Strategy":
     """``strategy`` with every rank ``r`` replaced by ``mapping[r]``."""
-    from ..core.strategy import Strategy
-
     data = strategy.model_dump()
     for p in data["pipelines"]:
         for s in p["stages"]:
@@ -252,8 +242,6 @@ def slowed_cluster(cluster: "Cluster", speeds: dict[int, float], cost: CostModel
     rank moves to a node of its own (same host) of a device kind ``"<kind>/<factor>"`` whose peak FLOPS (and, in
     ``cost``, whose profiled compute times and Adam time) are scaled by the factor.  Ranks keep their numbers.
     Its links to former node-mates are costed as inter-node (a conservative simplification)."""
-    from ..core.cluster import Cluster, DeviceSpec
-
     cost = cost or CostModel()
     data = cluster.model_dump()
     devices = dict(data["devices"])
@@ -303,9 +291,6 @@ def replan_straggler(model: "ModelSpec | str", cluster: "Cluster", strategy: "St
     (measured stragglers): the running strategy's pipelines with layers and micro-batches re-balanced for the
     measured speeds (the templates kept, as :func:`replan_elastic` does; no rank is dropped), picked by the
     simulator on the slowed cluster (:func:`slowed_cluster`).  Ranks keep their numbers."""
-    from ..core.strategy import Strategy
-    from ..models.registry import load_model_spec
-
     model = load_model_spec(model)
     strategy = Strategy.load(strategy, model=model, cluster=cluster)
     slow, slow_cost = slowed_cluster(cluster, speeds, cost)

@@ -36,14 +36,18 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
+from ..core.schedule import in_flight
+from ..core.strategy import Strategy
+from ..errors import PlanValidationError
+from ..models.registry import load_model_spec
 from ._pulp import _cbc, _variable
 from .cost import BF16, FP32, CostModel, embedding_cost, head_cost, layer_cost
+from .hetero_mixed import mixed_strategies
+from .simulator import SimResult, simulate
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
     from ..core.model_spec import ModelSpec
-    from ..core.strategy import Strategy
-    from .simulator import SimResult
 
 __all__ = ["plan_hetero", "TPGroup", "StageProfile", "PipelinePlan", "Candidate", "PlanContext", "tp_degrees",
            "split_node", "make_groups", "configure_pipelines", "solve_layers", "solve_micro_batches",
@@ -191,7 +195,6 @@ class PlanContext:
         return self.cost.p2p_time(nbytes, link)
 
     def in_flight(self, num_stages: int, stage: int, num_micro_batches: int) -> int:
-        from ..core.schedule import in_flight
         return in_flight(self.schedule, num_stages, stage, num_micro_batches)
 
 
@@ -563,8 +566,6 @@ def _sync_estimate(ctx: PlanContext, i: int, pipes: Sequence[PipelinePlan]) -> f
 def build_strategy(cand: Candidate, *, schedule: str = "1f1b", zero1: bool = True,
                    name: str | None = None) -> "Strategy":
     """The :class:`Strategy` of a solved candidate."""
-    from ..core.strategy import Strategy
-
     pipelines = []
     for pipe, m in zip(cand.pipes, cand.counts):
         stages, first = [], 0
@@ -577,8 +578,6 @@ def build_strategy(cand: Candidate, *, schedule: str = "1f1b", zero1: bool = Tru
 
 def rank_by_simulation(ctx: PlanContext, strategies: Sequence["Strategy"]) -> list[tuple["Strategy", "SimResult"]]:
     """Simulate each strategy; return ``(strategy, result)`` sorted by step time, out-of-memory ones last."""
-    from .simulator import simulate
-
     done = [(s, simulate(ctx.model, s, ctx.cluster, global_batch=ctx.global_batch, seq_len=ctx.seq_len,
                          cost=ctx.cost)) for s in strategies]
     return sorted(done, key=lambda sr: (bool(sr[1].oom), sr[1].step_time))
@@ -588,8 +587,6 @@ def refine_micro_batches(ctx: PlanContext, strategy: "Strategy", result: "SimRes
                          max_moves: int = 6) -> tuple["Strategy", "SimResult"]:
     """Simulation-guided polish: move one micro-batch from the pipeline that ends last to the one that ends first
     while the simulated step time improves."""
-    from .simulator import simulate
-
     best, best_r = strategy, result
     for _ in range(max_moves):
         if best.dp_degree < 2:
@@ -664,9 +661,6 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
     >>> s.num_ranks
     16
     """
-    from ..models.registry import load_model_spec
-    from ..errors import PlanValidationError
-
     model = load_model_spec(model)
     ctx = PlanContext(model, cluster, global_batch=global_batch, seq_len=seq_len, cost=cost, schedule=schedule,
                       zero1=zero1)
@@ -707,8 +701,6 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
 def _best_mixed(ctx: PlanContext, ranks: Sequence[int], micro_batches: Sequence[int], min_pipelines: int,
                 max_pipelines: int | None, name: str) -> tuple["Strategy", float] | None:
     """The fastest mixed-kind candidate that fits in the simulator, and its simulated step time."""
-    from .hetero_mixed import mixed_strategies
-
     found = mixed_strategies(ctx, ranks, degrees=tp_degrees(ctx.model, max(len(ranks), 1)),
                              micro_batches=micro_batches, min_pipelines=min_pipelines, max_pipelines=max_pipelines,
                              name=name)
@@ -748,9 +740,6 @@ def pick(ctx: PlanContext, solved: Sequence[Candidate], *, simulate_top: int = 6
     :class:`PlanValidationError` when no candidate fits.  ``adjust``: applied to each candidate's strategy before
     the simulator ranks it (e.g. the elastic replanner's inherited TP ratios); a refinement the adjusted strategy
     cannot take (it no longer validates) is then not taken."""
-    from ..core.strategy import Strategy
-    from ..errors import PlanValidationError
-
     for start in range(0, len(solved), max(simulate_top, 1)):
         strategies = [build_strategy(c, schedule=ctx.schedule, zero1=ctx.zero1, name=name)
                       for c in solved[start:start + max(simulate_top, 1)]]

@@ -20,10 +20,11 @@ whole gets no candidate).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..core.strategy import Strategy
+from ..core.strategy import Stage, Strategy
+from ..errors import HSPMDError
+from .ratios import plan_ratios
 
 __all__ = ["MixedGroups", "host_groups", "mixed_strategies"]
 
@@ -60,10 +61,6 @@ def host_groups(ctx: Any, ranks: Sequence[int], count: int) -> list[tuple[int, .
 def _deal(groups: Sequence[tuple[int, ...]], ctx: Any, micro_batch: int) -> MixedGroups | None:
     """Each group's ratios (``plan_ratios`` for a stage of every layer) and estimated time; ``None`` when a
     group cannot hold the model or its TP degree cannot split it."""
-    from ..core.strategy import Stage
-    from ..errors import HSPMDError
-    from .ratios import plan_ratios
-
     ratios, times = [], []
     for g in groups:
         try:
@@ -98,8 +95,6 @@ def mixed_strategies(ctx: Any, ranks: Sequence[int], *, degrees: Sequence[int],
     each group size in ``degrees`` (the TP degrees the model divides into, :func:`~.hetero.tp_degrees`) and
     micro-batch size that divides the global batch, without and with recomputation.  ``ctx``: the
     :class:`~.hetero.PlanContext` of the planning run."""
-    from ..core.strategy import Strategy
-
     degrees = set(degrees)
     out = []
     for count in range(1, len(ranks) + 1):

@@ -47,9 +47,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.plan import ExecutionSettings
+from ..core.schedule import in_flight
+from ..core.specialize import specialize
 from ..core.strategy import Pipeline, Strategy
-from ..errors import PlanValidationError
-from .cost import CostModel
+from ..core.strategy_plan import plan_from_strategy
+from ..errors import PlanValidationError, SpecializationError
+from ..models.registry import load_model_spec
+from .cost import BF16, CostModel
+from .hetero import tp_degrees
 from .mixed_cost import PipelineCost, split_layers, switch_estimate
 from .mixed_sim import packed_baseline, pack, sample_batch, simulate_shapes
 
@@ -183,11 +188,6 @@ class MixedPlan(BaseModel):
         which is the strategy's) -- what :func:`dispatch` reads from a Program alone; ``plan.meta`` notes
         ``context_len`` and ``candidate`` (the entry index).
         """
-        from ..core.specialize import specialize
-        from ..core.strategy_plan import plan_from_strategy
-        from ..errors import SpecializationError
-        from ..models.registry import load_model_spec
-
         model = load_model_spec(model)
         out = []
         for i, e in enumerate(self.entries):
@@ -232,8 +232,6 @@ class _Methods:
         """Estimated seconds a pipeline of ``m`` adds to a step outside its forward and backward work: ZeRO-1 gather
         and gradient reduce-scatter (or all-reduce) of its heaviest device's parameters (even layer split) over as
         many replicas as the cluster could hold, on the slowest link, then that device's optimizer step."""
-        from .cost import BF16
-
         L, S, md = self.model.num_layers, m.pp, self.model
         heaviest = max((L // S + (1 if s < L % S else 0)) * md.layer_param_count()
                        + (md.embedding_param_count() if s == 0 else 0)
@@ -252,8 +250,6 @@ class _Methods:
         return self._plans[key]
 
     def _make(self, m: Method, window: int) -> tuple[PipelineCost, list[int]] | None:
-        from ..core.schedule import in_flight
-
         L, S = self.model.num_layers, m.pp
         if S > L or m.devices > len(self.kind_ranks.get(m.kind, [])):
             return None
@@ -278,8 +274,6 @@ class _Methods:
 
 def _default_methods(model: "ModelSpec", cluster: "Cluster", max_tp: int | None,
                      max_cp: int | None = None) -> list[Method]:
-    from .hetero import tp_degrees
-
     out = []
     for kind, count in cluster.kinds().items():
         sizes = [len(n.ranks) for n in cluster.nodes if n.kind == kind]
@@ -576,8 +570,6 @@ def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[i
     8 times it, up to ``tokens_per_batch``): a packed row's attention stays per sequence.  Default ``False``:
     priced as padded micro-batches (an upper bound on what packing costs).
     """
-    from ..models.registry import load_model_spec
-
     model = load_model_spec(model)
     cost = cost or CostModel()
     context = int(context_len or max(lengths))
@@ -720,8 +712,6 @@ def memory_windows(model: "ModelSpec", strategy: Strategy, cluster: "Cluster",
     with the schedule's in-flight micro-batches (the memory check :func:`plan_mixed` uses), at most the model's
     ``max_seq_len``: the windows of a candidate that says nothing of its own.  A pipeline that cannot hold one
     token is refused, naming it."""
-    from ..core.schedule import in_flight
-
     cost = cost or CostModel()
     shards = len(strategy.pipelines) if strategy.zero1 and len(strategy.pipelines) > 1 else 1
     cache: dict = {}
@@ -784,8 +774,6 @@ class Dispatcher:
 
     def __init__(self, candidates: "MixedPlan | Sequence[Any]", model: "ModelSpec | str", cluster: "Cluster", *,
                  cost: CostModel | None = None, packing: bool = False) -> None:
-        from ..models.registry import load_model_spec
-
         self.model, self.cluster, self.cost = load_model_spec(model), cluster, cost or CostModel()
         self.packing = bool(packing)
         items = list(candidates.entries) if isinstance(candidates, MixedPlan) else list(candidates)

@@ -23,6 +23,7 @@ import heapq
 from typing import TYPE_CHECKING, Sequence
 
 from .cost import BF16, CostModel, static_memory
+from .simulator import _ring_link, _stage_cost
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -64,8 +65,6 @@ class StageCost:
         self.exact = all(_close(self._line(r, s), self._direct(r, s)) for r, s in _CHECK)
 
     def _eval(self, rows: int, length: int):  # the simulator's stage cost: the one source of these figures
-        from .simulator import _stage_cost
-
         model, stage, first, last, cluster = self._args
         return _stage_cost(model, stage, first, last, cluster, rows, length, self._cost, balanced=self._balanced)
 
@@ -232,8 +231,6 @@ class PipelineCost:
 
 
 def _stage_key(stage: "Stage", first: bool, last: bool, cluster: "Cluster") -> tuple:
-    from .simulator import _ring_link
-
     kinds = tuple(sorted({cluster.kind(d) for d in stage.devices}))
     link = _ring_link(cluster, list(stage.devices))
     nodes = tuple(sorted({len(cluster.nodes[cluster.node_index(d)].ranks) for d in stage.devices}))

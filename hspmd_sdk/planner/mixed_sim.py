@@ -25,7 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.schedule import Action, build_schedule, replay
 from ..core.strategy import Strategy
+from ..errors import PlanValidationError
+from ..models.registry import load_model_spec
 from .cost import BF16, CostModel
+from .hetero import tp_degrees
 from .mixed_cost import PipelineCost, switch_estimate
 from .simulator import Event, SimResult, Transfer, _simulate_step, _stage_cost, simulate
 
@@ -47,8 +50,6 @@ def simulate_shapes(model: "ModelSpec | str", strategy: "Strategy", cluster: "Cl
     ``(rows, padded length)``, or ``(1, tokens, sum of squared lengths)`` for a row packing sequences, in that
     order; an empty list: the pipeline computes nothing but takes part in the gradient synchronisation).  The strategy's own micro-batch fields are ignored.  Memory: the in-flight
     micro-batches are counted at the largest activation among the pipeline's micro-batches (an upper bound)."""
-    from ..models.registry import load_model_spec
-
     model = load_model_spec(model)
     cost = cost or CostModel()
     if len(shapes) != strategy.dp_degree:
@@ -146,8 +147,6 @@ def _homogeneous(model: "ModelSpec", cluster: "Cluster") -> list[tuple[list[int]
     """Every symmetric strategy shape ``(ranks, TP, PP, recompute)``: on all devices, and on the devices of each
     kind alone when there are several (a symmetric strategy may leave the slower kind idle); TP a power of two the
     model takes that divides every node used (TP groups inside nodes), PP a power of two up to 8."""
-    from .hetero import tp_degrees
-
     subsets = [[r for n in cluster.nodes for r in n.ranks]]
     if len(cluster.kinds()) > 1:
         subsets += [[r for n in cluster.nodes if n.kind == k for r in n.ranks] for k in cluster.kinds()]
@@ -212,9 +211,6 @@ def packed_baseline(model: "ModelSpec | str", cluster: "Cluster", batch: Sequenc
     symmetric strategy (every DP x TP x PP with even layers, with and without recomputation, TP groups inside
     nodes, on all devices or on one device kind's), the fastest in the simulator that fits in memory -- chosen for
     this step, which favours the baseline over one fixed strategy.  Returns the strategy and its simulated step time."""
-    from ..errors import PlanValidationError
-    from ..models.registry import load_model_spec
-
     model = load_model_spec(model)
     windows = len(pack([min(int(x), context_len) for x in batch], context_len))
     best = _best_homogeneous(model, cluster, [windows], context_len, cost, schedule=schedule, zero1=zero1,
@@ -262,9 +258,6 @@ def plan_hotspa(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[
     with the smallest mean simulated time for that bucket's packed windows over ``steps`` steps of
     ``tokens_per_batch`` tokens drawn from the length sample ``lengths`` (:func:`sample_batch`
     with seeds ``seed, seed + 1, ...``), fitting in memory at any micro-batch count."""
-    from ..errors import PlanValidationError
-    from ..models.registry import load_model_spec
-
     model = load_model_spec(model)
     buckets = sorted(set(buckets or _default_buckets(context_len)))
     if buckets[-1] != context_len:
@@ -308,8 +301,6 @@ def simulate_hotspa(model: "ModelSpec | str", cluster: "Cluster", plan: HotSPaPl
     strategy (micro-batches spread evenly over its pipelines), one after another with gradient accumulation; a
     switch (:func:`~hspmd_sdk.planner.mixed_cost.switch_estimate`) wherever consecutive non-empty buckets (cyclically,
     the next step starts at the first) use different strategies; one gradient synchronisation at the end."""
-    from ..models.registry import load_model_spec
-
     model = load_model_spec(model)
     used, compute, oom, sync = [], [], set(), 0.0
     for k, seqs in enumerate(_bucketed(batch, plan.buckets)):

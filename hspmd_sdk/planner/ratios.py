@@ -32,13 +32,16 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
+from ..core.strategy import BF16_PARAM_GRAD_BYTES, FP32_OPTIMIZER_BYTES
+from ..core.tp_ratios import stage_units
 from ..errors import PlanValidationError
+from ._pulp import _cbc, _variable
+from .cost import CostModel
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
     from ..core.model_spec import ModelSpec
     from ..core.strategy import Stage
-    from .cost import CostModel
 
 __all__ = ["RatioPlan", "solve_ratios", "plan_ratios", "split_units"]
 
@@ -80,8 +83,6 @@ def _problem(speeds: Sequence[float], work: float, repeated: float, memory: Sequ
              ) -> list[float] | None:
     """Solve the LP (``units=None``) or its integral form; ``None`` when nothing fits in memory."""
     import pulp
-
-    from ._pulp import _cbc, _variable
 
     n = len(speeds)
     prob = pulp.LpProblem("hap_ratios", pulp.LpMinimize)
@@ -144,8 +145,6 @@ def solve_ratios(speeds: Sequence[float], *, work: float = 1.0, repeated_work: f
 def split_units(model: "ModelSpec", stage: "Stage", *, first: bool = False, last: bool = False) -> int:
     """The whole parts a stage's TP split must respect: the gcd of every size its split reaches (heads, KV heads,
     hidden, FFN, vocabulary rows; :func:`hspmd_sdk.core.tp_ratios.stage_units`)."""
-    from ..core.tp_ratios import stage_units
-
     sizes = [size for _, _, size in stage_units(model, stage, first=first, last=last)]
     return math.gcd(*sizes) if sizes else 1
 
@@ -159,9 +158,6 @@ def plan_ratios(model: "ModelSpec", cluster: "Cluster", stage: "Stage", *, micro
     from each device's capacity against the stage's model states and activations (as
     :func:`~hspmd_sdk.core.strategy.memory_estimate`, split in the ratios), units from the model
     (:func:`split_units`).  ``first`` / ``last``: the stage holds the embedding / the head."""
-    from ..core.strategy import BF16_PARAM_GRAD_BYTES, FP32_OPTIMIZER_BYTES
-    from .cost import CostModel
-
     cost = cost or CostModel()
     seq = seq_len or model.max_seq_len
     tokens = micro_batch * seq

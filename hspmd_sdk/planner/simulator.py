@@ -38,12 +38,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 from ..core.schedule import Action, build_schedule, in_flight, replay
+from ..core.strategy import Strategy
+from ..models.registry import load_model_spec
 from .cost import BF16, CostModel, LayerCost, embedding_cost, head_cost, layer_cost, static_memory
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster, DeviceSpec, Link
     from ..core.model_spec import ModelSpec
-    from ..core.strategy import Stage, Strategy
+    from ..core.strategy import Stage
 
 __all__ = ["simulate", "SimResult", "Event", "Transfer"]
 
@@ -276,9 +278,6 @@ def simulate(model: "ModelSpec | str", strategy: "Strategy | str | dict", cluste
     >>> len([e for e in r.timeline[1] if e.kind == "F"])
     4
     """
-    from ..models.registry import load_model_spec
-    from ..core.strategy import Strategy
-
     model = load_model_spec(model)
     strategy = Strategy.load(strategy, model=model, cluster=cluster, global_batch=global_batch)
     cost = cost or CostModel()

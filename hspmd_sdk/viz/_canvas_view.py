@@ -13,6 +13,7 @@ from typing import Any
 
 from ..core.annotation import format_ranks, local_view
 from ._units import fmt_bytes, fmt_memory, fmt_node_devices
+from ._model import model_name
 from ._editor_view import comm_state, general_problems, kinds_text, stage_memory, stage_messages, verdict
 from ._style import UNION_COLOURS, ink, pipeline_colour, stage_colour
 from ._tp_grid import DevicePlace, cp_divisors, ratios_text, share_text, stage_places, uneven
@@ -34,8 +35,6 @@ def cluster_view(ed: Any) -> dict[str, Any]:
         nodes.append({"i": i, "host": n.host, "kind": n.kind, "ranks": list(n.ranks),
                       "mem_gib": round(spec.memory_mb / 1024, 1), "nvlink_gbs": spec.intra_bandwidth_gbs,
                       "sub": fmt_node_devices(spec)})
-    from ._model import model_name
-
     return {"nodes": nodes, "num_ranks": c.num_ranks, "inter_gbs": c.inter_bandwidth_gbs,
             "inter_us": c.inter_latency_us, "intra_us": c.intra_latency_us,
             "title": f"{model_name(ed.model)} on {c}", "num_layers": int(ed.model.num_layers)}

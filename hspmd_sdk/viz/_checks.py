@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..core.strategy import Strategy
+from ..errors import PlanValidationError
+from ..planner.cost import CostModel
 from ._units import fmt_bytes, fmt_memory, fmt_seconds
 from .draft import Draft, Problem
 
 if TYPE_CHECKING:
     from ..core.cluster import Cluster
-    from ..core.strategy import Strategy
     from ..planner.simulator import SimResult
 
 __all__ = ["layout_warnings", "memory_errors", "estimated_memory_errors", "oom_advice", "draft_strategy",
@@ -181,9 +183,6 @@ def _changes(strategy: "Strategy", i: int, j: int, model: Any, cluster: "Cluster
 
 def draft_strategy(draft: Draft) -> "Strategy | None":
     """The draft as a :class:`Strategy` without its empty stages and pipelines (for estimates), or ``None``."""
-    from ..core.strategy import Strategy
-    from ..errors import PlanValidationError
-
     d = draft.to_dict()
     pipes = []
     for p in d["pipelines"]:
@@ -201,8 +200,6 @@ def draft_strategy(draft: Draft) -> "Strategy | None":
 def draft_memory(draft: Draft, model: Any, seq_len: int | None, cost: Any = None) -> dict[int, float]:
     """The core's memory estimate (bytes per rank) of the draft's stages that have devices, plus the cost
     model's per-device runtime reserve (what the simulator adds too), so that it compares with simulated peaks."""
-    from ..planner.cost import CostModel
-
     s = draft_strategy(draft)
     if s is None:
         return {}

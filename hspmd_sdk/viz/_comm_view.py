@@ -17,6 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.annotation import DS, DUPLICATE, Annotation
+from ..core.resolve import resolve
+from ..core.slices import box_numel
 from ._units import fmt_bandwidth, fmt_bytes, fmt_seconds
 
 __all__ = ["BoundaryArrow", "BoundaryFix", "BusiestLink", "CommView", "comm_view", "fmt_bytes", "fmt_seconds",
@@ -122,8 +125,6 @@ def _stage_index(strategy: Any) -> dict[frozenset[int], tuple[int, int]]:
 def _dup_to_split(ann: Any, shape: tuple[int, ...]) -> Any:
     """``ann`` with each subgroup's Duplicate replaced by a split of the same degree along a dim that every
     subgroup's sub-tensor divides (the hdim excluded); ``None`` when there is no Duplicate or no such dim."""
-    from ..core.annotation import DS, DUPLICATE, Annotation
-
     if all(ds.duplicate <= 1 for ds in ann.ds_union):
         return None
     for d in range(len(shape)):
@@ -152,8 +153,6 @@ def _dup_to_split(ann: Any, shape: tuple[int, ...]) -> Any:
 
 
 def _fix_for(plan: Any, cluster: Any) -> BoundaryFix | None:
-    from ..core.resolve import resolve
-
     via = _dup_to_split(plan.dst, tuple(plan.shape))
     if via is None:
         return None
@@ -173,8 +172,6 @@ def _fix_for(plan: Any, cluster: Any) -> BoundaryFix | None:
 
 def _minimum_inter(plan: Any, k: int, cluster: Any) -> int:
     """One copy of subgroup ``k``'s sub-tensor per receiving node that holds none of it already."""
-    from ..core.slices import box_numel
-
     src_nodes = {cluster.node_index(r) for r in plan.src.dg_union[k]}
     dst_nodes = {cluster.node_index(r) for r in plan.dst.dg_union[k]}
     size = box_numel(plan.dst.subgroup_box(plan.shape, k)) * plan.itemsize

@@ -13,6 +13,8 @@ import ipywidgets as W
 
 from ._canvas import PlanCanvas
 from ._canvas_view import canvas_view, cluster_view
+from .comm_fig import comm_figure, volume_table_html
+from .dashboard import JobDashboard
 
 __all__ = ["EditorUI"]
 
@@ -110,8 +112,6 @@ class EditorUI:
 
     def show_comm(self, reshard: str) -> None:
         """``comm_figure`` and the bytes table of one Reshard of the program."""
-        from .comm_fig import volume_table_html
-
         fig = self.ed.comm_figure(reshard)
         self._comm_key = self.ed._valid.strategy.model_dump_json()
         self.comm_out.outputs = (_figure_output(fig),
@@ -120,8 +120,6 @@ class EditorUI:
     def show_fix(self, reshard: str) -> None:
         """The cheaper resolution of a redundant boundary, as the resolver plans it: its two Reshards drawn."""
         import html
-
-        from .comm_fig import comm_figure
 
         comm = self.ed.comm
         self._comm_key = self.ed._valid.strategy.model_dump_json() if self.ed._valid else None
@@ -138,8 +136,6 @@ class EditorUI:
     # ---- jobs ----------------------------------------------------------------------------------------------
     def watch_job(self) -> None:
         """Show the editor's job below the canvas and follow it."""
-        from .dashboard import JobDashboard
-
         if self.dashboard is not None:
             self.dashboard.close()
         self.dashboard = JobDashboard(self.ed.job, on_update=self.ed._on_job)

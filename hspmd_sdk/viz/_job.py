@@ -19,6 +19,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..core.strategy import Strategy
+from ._units import fmt_bytes
+
 __all__ = ["JobSnapshot", "JobEvent", "JobFailure", "RankView", "snapshot", "JobWatcher", "can_switch",
            "SWITCH_NEEDS"]
 
@@ -55,8 +58,6 @@ class JobEvent:
             parts.append(f"{self.seconds['total']:.2f} s")
         moved = sum(self.bytes.values())
         if moved:
-            from ._units import fmt_bytes
-
             parts.append(f"moved {fmt_bytes(moved)}")
         if self.ranks and self.reason == "failure":
             parts.append(f"world now {len(self.ranks)} ranks")
@@ -251,8 +252,6 @@ def _plan(job: Any, events: tuple[JobEvent, ...], to_launch: dict[int, int]) -> 
     settings = getattr(getattr(program, "plan", None), "settings", None)
     if getattr(settings, "strategy", None):
         try:
-            from ..core.strategy import Strategy
-
             strategy = Strategy.load(settings.strategy)
             layers = [[f"{s.layers[0]}-{s.layers[1]}" for s in p.stages] for p in strategy.pipelines]
         except Exception:  # noqa: BLE001 - drawn without layers

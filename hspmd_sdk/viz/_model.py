@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..models.registry import load_model_spec
+
 __all__ = ["load_model", "param_shapes", "model_name", "default_seq_len"]
 
 
 def load_model(model: Any) -> Any:
     """A model config as given, or the preset a name stands for (``"tiny"``, ``"llama-7b"``, ``"gpt:tiny"``)."""
-    from ..models.registry import load_model_spec
-
     return load_model_spec(model)
 
 

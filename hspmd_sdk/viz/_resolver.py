@@ -15,7 +15,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..core.strategy_plan import plan_from_strategy
 from ..errors import HSPMDError
+from ._comm_view import busiest_link, comm_view
 from .draft import Problem, locate
 
 __all__ = ["Resolved", "Resolver"]
@@ -114,8 +116,6 @@ class Resolver:
     def _add_busiest(self, key: str, res: Resolved) -> Resolved:
         from dataclasses import replace
 
-        from ._comm_view import busiest_link
-
         full = replace(res, comm=replace(res.comm, busiest=busiest_link(res.program, self.cluster)))
         with self._lock:
             self._cache[key] = full
@@ -127,9 +127,7 @@ class Resolver:
                  wanted: Callable[[], bool] = lambda: True) -> Resolved | None:
         """Resolve ``strategy``; ``None`` when ``wanted()`` turns false between the steps (a newer draft
         superseded it: the background thread then stops burning the GIL that the editor's next redraw needs)."""
-        from ..core.specialize import specialize
-        from ..core.strategy_plan import plan_from_strategy
-        from ._comm_view import comm_view
+        from ..core.specialize import specialize  # lazy: tests patch core.specialize.specialize at call time
 
         t0 = time.perf_counter()
         try:

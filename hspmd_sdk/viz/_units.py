@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.cluster import LOCAL_KIND, format_memory
+
 __all__ = ["fmt_bytes", "fmt_seconds", "fmt_memory", "fmt_bandwidth", "fmt_node_devices"]
 
 
@@ -28,8 +30,6 @@ def fmt_seconds(s: float) -> str:
 def fmt_memory(n: float) -> str:
     """Device memory: ``43.9 GiB``, below a tenth of a GiB ``12.3 MiB`` (the CLI's and ``Strategy.summary``'s
     convention: :func:`hspmd_sdk.core.cluster.format_memory`)."""
-    from ..core.cluster import format_memory
-
     return format_memory(n)
 
 
@@ -41,8 +41,6 @@ def fmt_bandwidth(bytes_per_s: float) -> str:
 def fmt_node_devices(spec: Any) -> str:
     """A node's devices in a line: ``79.6 GiB each · NVLink 400 GB/s``; local worker processes (kind ``cpu``)
     are not described as NVLinked: ``local processes · nominal 8.0 GiB each``."""
-    from ..core.cluster import LOCAL_KIND
-
     if spec.kind == LOCAL_KIND:
         return f"local processes · nominal {fmt_memory(spec.memory_bytes)} each"
     return f"{fmt_memory(spec.memory_bytes)} each · NVLink {spec.intra_bandwidth_gbs:g} GB/s"

@@ -12,11 +12,12 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from ..core.strategy import Strategy, parallel_text
 from ..errors import PlanValidationError
+from ._tp_grid import cp_divisors
 
 if TYPE_CHECKING:
     from ..core.cluster import Cluster
-    from ..core.strategy import Strategy
 
 __all__ = ["StageDraft", "PipelineDraft", "Draft", "Problem", "check_draft", "locate"]
 
@@ -35,8 +36,6 @@ class StageDraft:
     @property
     def parallel_text(self) -> str:
         """``TP2``, ``CP2`` or ``CP2×TP2`` (``cp 0?`` for a cp below 1, an error the check names)."""
-        from ..core.strategy import parallel_text
-
         if self.cp < 1:
             return f"cp {self.cp}?"
         return parallel_text(len(self.devices), self.cp)
@@ -171,8 +170,6 @@ def _draft_problems(draft: Draft) -> list[Problem]:
 def check_draft(draft: Draft, model: Any = None, cluster: "Cluster | None" = None,
                 global_batch: int | None = None) -> tuple["Strategy | None", list[Problem]]:
     """The :class:`Strategy` of ``draft`` and ``[]``, or ``None`` and every problem found (core checks)."""
-    from ..core.strategy import Strategy
-
     early = _draft_problems(draft)
     if early:
         return None, early
@@ -190,8 +187,6 @@ def _cp_choices(p: Problem, draft: Draft) -> Problem:
     """A stage's cp problem with the values it can take (the divisors of its device count)."""
     if not p.path.endswith(".cp") or p.stage is None:
         return p
-    from ._tp_grid import cp_divisors
-
     n = len(draft.stage(p.pipeline, p.stage).devices)
     options = cp_divisors(n)
     words = ", ".join(map(str, options[:-1])) + (" or " if len(options) > 1 else "") + str(options[-1])

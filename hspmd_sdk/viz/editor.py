@@ -45,9 +45,11 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
+from ..core.strategy import Strategy
 from ..errors import HSPMDError
 from ._checks import comm_warnings, draft_memory, estimated_memory_errors, layout_warnings, memory_errors
 from ._editor_view import summary_lines
+from ._job import SWITCH_NEEDS, can_switch, snapshot
 from ._model import default_seq_len, load_model, model_name, param_shapes
 from ._resolver import Resolved, Resolver
 from .draft import Draft, PipelineDraft, Problem, StageDraft, check_draft, locate
@@ -55,7 +57,6 @@ from .draft import Draft, PipelineDraft, Problem, StageDraft, check_draft, locat
 if TYPE_CHECKING:
     from ..core.cluster import Cluster
     from ..core.plan import AnnotationPlan
-    from ..core.strategy import Strategy
     from ..planner.simulator import SimResult
 
 __all__ = ["PlanEditor", "NoPlan", "training_runtime"]
@@ -70,7 +71,7 @@ def training_runtime(cluster: "Cluster | None" = None) -> tuple[bool, str]:
     Needs the runtime's training entry (``hspmd_sdk.runtime.control.runs.ENTRY``) and, for a local launch, every host of
     the cluster to be this machine."""
     try:
-        from ..runtime.control import launcher, runs
+        from ..runtime.control import launcher, runs  # lazy: the runtime loads only to launch; import failure = absent
     except Exception as e:  # noqa: BLE001 - any import failure means "not available"
         return False, (f"the training runtime is not available in this install ({type(e).__name__}: {e})")
     if not getattr(runs, "ENTRY", None):
@@ -143,8 +144,6 @@ class PlanEditor:
     def __init__(self, cluster: "Cluster", model: Any, strategy: "Strategy | Any | None" = None,
                  *, global_batch: int | None = None, seq_len: int | None = None, cost: Any = None,
                  background: bool = True, job: Any = None) -> None:
-        from ..core.strategy import Strategy
-
         self.cluster = cluster
         self.model = load_model(model)
         start = Strategy.load(strategy) if strategy is not None else None
@@ -484,8 +483,6 @@ class PlanEditor:
 
     def load(self, source: "Strategy | str | Path | dict[str, Any]", *, note: str = "") -> None:
         """Replace the draft by a strategy (object, JSON text, path or dict); undoable."""
-        from ..core.strategy import Strategy
-
         strategy = Strategy.load(source)
 
         def edit(d: Draft) -> None:
@@ -580,7 +577,7 @@ class PlanEditor:
         why = self.blocked("launch")
         if why:
             raise HSPMDError(f"cannot launch: {why}")
-        from ..runtime import launch
+        from ..runtime import launch  # lazy: the runtime (~150 ms) loads only when a job is launched
 
         kw.setdefault("seq_len", self.seq_len)
         job = launch(self.program, self.cluster, steps=steps or self.launch_steps, **kw)
@@ -603,8 +600,6 @@ class PlanEditor:
     def poll_job(self) -> Any:
         """Read the attached job now (the canvas does this on a timer) and apply its new events; returns its
         :class:`._job.JobSnapshot`."""
-        from ._job import snapshot
-
         if self._job is None:
             return None
         snap = snapshot(self._job)
@@ -628,7 +623,7 @@ class PlanEditor:
     def figure(self, tensor: str | None = None) -> Any:
         """A standalone :func:`~hspmd_sdk.viz.cluster_figure` of :attr:`strategy` (with ``tensor``'s
         annotation, or the picked tensor's)."""
-        from .cluster_fig import cluster_figure
+        from .cluster_fig import cluster_figure  # lazy: plotly
 
         name = tensor or self._tensor
         strategy, plan, sim = self.strategy or None, self.plan, self.sim
@@ -640,7 +635,7 @@ class PlanEditor:
     def comm_figure(self, reshard: str) -> Any:
         """:func:`~hspmd_sdk.viz.comm_figure` of the ``CommPlan`` the core resolved for ``reshard`` (a Reshard
         or a gradient synchronisation of :attr:`program`)."""
-        from .comm_fig import comm_figure
+        from .comm_fig import comm_figure  # lazy: plotly
 
         return comm_figure(self.comm_plan(reshard), self.cluster, strategy=self.strategy or None,
                            title=f"{reshard}: {' → '.join(self.comm_plan(reshard).kinds)}")
@@ -674,7 +669,7 @@ class PlanEditor:
     def gantt(self, devices: Iterable[int] | None = None) -> Any:
         """:func:`~hspmd_sdk.viz.gantt_figure` of the draft shown (it must simulate), one row per device (or per
         ``devices``)."""
-        from .gantt import gantt_figure
+        from .gantt import gantt_figure  # lazy: plotly
 
         sim = self._sim if self._sim is not None and self._current is not None else None
         if sim is None:
@@ -717,7 +712,7 @@ class PlanEditor:
     def widget(self) -> Any:
         """The widget (built on first use): the canvas, with the timeline, communication and job views."""
         if self._ui is None:
-            from ._editor_ui import EditorUI
+            from ._editor_ui import EditorUI  # lazy: ipywidgets, plotly
 
             self._ui = EditorUI(self)
         return self._ui.root
@@ -856,7 +851,7 @@ class PlanEditor:
         return got[0], list(got[1])
 
     def _simulate_now(self, strategy: "Strategy") -> tuple["SimResult | None", list[Problem]]:
-        from ..planner.simulator import simulate
+        from ..planner.simulator import simulate  # lazy: tests patch planner.simulator.simulate at call time
 
         try:
             sim = simulate(self.model, strategy, self.cluster, global_batch=self.global_batch, seq_len=self.seq_len,
@@ -882,8 +877,6 @@ class PlanEditor:
             self._redraw(from_worker=True)
 
     def _apply_blocked(self) -> str:
-        from ._job import SWITCH_NEEDS, can_switch
-
         if self._job is None:
             return "no job is attached (PlanEditor(..., job=job) or editor.attach(job))"
         if not can_switch(self._job):
@@ -901,8 +894,6 @@ class PlanEditor:
         for ev in fresh:
             self._failed.update(ev.failed_ranks)
             if ev.strategy is not None:
-                from ..core.strategy import Strategy
-
                 new = Strategy.load(ev.strategy)
                 if Draft.from_strategy(new) != self._draft:
                     self.load(new, note=f"the job reconfigured itself: {ev.describe()}; the canvas shows its plan")

@@ -122,7 +122,7 @@ class GPTConfig(ModelBase):
         return init_parameter(name, shape, seed, self.num_layers)
 
     def build_reference(self, seed: int = 0) -> Any:
-        from .reference import GPTReference
+        from .reference import GPTReference  # lazy: torch
 
         return GPTReference(self, seed)
 

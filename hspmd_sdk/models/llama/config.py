@@ -119,7 +119,7 @@ class LlamaConfig(ModelBase):
 
     def build_reference(self, seed: int = 0) -> Any:
         """The plain single-device Llama (:class:`.reference.LlamaReference`)."""
-        from .reference import LlamaReference
+        from .reference import LlamaReference  # lazy: torch
 
         return LlamaReference(self, seed)
 
