@@ -269,23 +269,29 @@ class TrainingController:
             t0 = time.perf_counter()
             plan = plan_program_switch(cur.program, program, cur.cluster)
             t_plan = time.perf_counter() - t0
-            self._switch_id += 1
-            ident = self._switch_id
             event = Event(self._next_step(), reason, [], _strategy_of(program), {"detect": 0.0, "plan": t_plan,
                           "specialize": 0.0}, _bytes(plan, cur.cluster), dict(cur.of_launch), program=program)
-            self._open[("switch", ident)] = event
             self.events.append(event)
             # planned from the newest version requested: the workers apply the switches in order
-            self.current = _Numbering(program, cur.cluster, dict(cur.to_launch))
-            event.version = (self._reconf_id, ident)
-            self._versions[event.version] = self.current
-            if self.straggler is not None:
-                self.straggler.reset()
+            ident = self._open_switch(event, _Numbering(program, cur.cluster, dict(cur.to_launch)))
         finally:
             self._lock.release()
         self._send({"type": "switch", "id": ident, "payload": pack_payload((program, plan))},
                    self.alive)
         return event
+
+    def _open_switch(self, event: Event, numbering: _Numbering) -> int:
+        """Under the lock: a new switch id for ``event``, awaited until every worker switched, and ``numbering``
+        the job's current version from now on; returns the id."""
+        self._switch_id += 1
+        ident = self._switch_id
+        self._open[("switch", ident)] = event
+        self.current = numbering
+        event.version = (self._reconf_id, ident)
+        self._versions[event.version] = self.current
+        if self.straggler is not None:
+            self.straggler.reset()
+        return ident
 
     def _acquire_quiet(self, what: str) -> None:
         """Take the lock once no reconfiguration after a failure is under way (a switch or a grow follows it)."""
@@ -383,14 +389,7 @@ class TrainingController:
             for launch in joining:
                 del self._joining[launch]
             event.step = self._next_step()
-            self._switch_id += 1
-            ident = self._switch_id
-            self._open[("switch", ident)] = event
-            self.current = numbering
-            event.version = (self._reconf_id, ident)
-            self._versions[event.version] = self.current
-            if self.straggler is not None:
-                self.straggler.reset()
+            ident = self._open_switch(event, numbering)
         finally:
             self._lock.release()
         self._send({"type": "switch", "id": ident, "payload": payload, "grow": grow}, self.alive)
