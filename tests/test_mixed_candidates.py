@@ -237,7 +237,10 @@ def test_a_straggler_in_a_mixed_length_run_gets_fewer_sequences_and_the_losses_s
     ref = reference_mixed(model, steps=steps, seed=SEED, data=DOCS, tokens_per_step=BUDGET, context=CONTEXT)
     assert len(result.losses) == steps and _rel(result.losses, ref.losses) < TOL, (result.losses, ref.losses)
     stragglers = [e for e in result.events if e.reason == "straggler"]
-    assert len(stragglers) == 1 and stragglers[0].done and stragglers[0].step < steps - 2, result.events
+    assert stragglers and all(e.done for e in stragglers) and stragglers[0].step < steps - 2, result.events
+    # every repricing names rank 1.  A second one may follow when a loaded machine's timing makes rank 1 measure
+    # slower again than the repriced dispatch estimated (it compounds: rank 1 only gets fewer tokens; on CI in
+    # stop 38, once in ~20 runs under load: a 4.4x factor from steps 14-16, after rank 0 ran 3x slow for a while)
     assert job.controller._slow and set(job.controller._slow) == {1}
     records = job.length_planner.records
 
@@ -246,7 +249,7 @@ def test_a_straggler_in_a_mixed_length_run_gets_fewer_sequences_and_the_losses_s
         return tokens[1] / sum(tokens)
 
     before = [r for r in records if r["pricing"] == 0]
-    after = [r for r in records if r["pricing"] == 1]
+    after = [r for r in records if r["pricing"] >= 1]
     assert before and after and after[0]["step"] == stragglers[0].step, [(r["step"], r["choice"], r["pricing"])
                                                                           for r in records]
     # at even speeds the dispatch runs tp2; priced with rank 1 slower, dp2 with most of the tokens on rank 0

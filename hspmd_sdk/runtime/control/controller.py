@@ -149,21 +149,26 @@ class StragglerWatch:
             del self._steps[old]
         found = None
         for r, x in got.items():
-            others = sorted(v for q, v in got.items() if q != r)
-            ref = (others[(len(others) - 1) // 2] + others[len(others) // 2]) / 2
+            ref = _median([v for q, v in got.items() if q != r])
             if ref <= 0:
                 continue
             shares = self._shares.setdefault(r, [])
             shares.append(x / ref)
             if len(shares) < self.warmup + self.steps:
                 continue
-            base = sorted(shares[: self.warmup])[(self.warmup - 1) // 2]
-            recent = shares[-self.steps:]
+            base = _median(shares[: self.warmup])  # of an even count, the mean of the middle two: one noisy
+            recent = shares[-self.steps:]          # warm-up step (a loaded machine) must not halve the baseline
             if base > 0 and all(v > self.margin * base for v in recent):
-                factor = sorted(v / base for v in recent)[self.steps // 2]
+                factor = _median([v / base for v in recent])
                 if found is None or factor > found[1]:
                     found = (r, factor)
         return found
+
+
+def _median(values: Sequence[float]) -> float:
+    """The median; of an even count, the mean of the middle two."""
+    v = sorted(values)
+    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
 
 
 class TrainingController:

@@ -20,6 +20,7 @@ import faulthandler
 import functools
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -233,5 +234,30 @@ def _called_name(code: CodeType, lasti: int) -> str | None:
 
 
 def dump_stacks() -> None:
-    """Every thread's Python stack to the original stderr (what the launcher quotes for a hung rank)."""
+    """Every thread's Python stack to the original stderr (what the launcher quotes for a hung rank).  Called with
+    the GIL held, so no other thread changes its frames while they are read."""
     faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
+
+
+def serve_stack_requests(signum: int = signal.SIGUSR1) -> threading.Thread:
+    """Answer ``signum`` (the launcher's stack request, sent also to a stopped or hung rank) with
+    :func:`dump_stacks`, from a thread of its own.  Call from the main thread.
+
+    ``faulthandler.register`` would dump inside the C signal handler, without the GIL, while the process's other
+    threads run on (a stopped rank is continued to take the signal): CPython warns that this read of other threads'
+    frames may crash, and a rank stopped by SIGSTOP once died of SIGSEGV so.  Here the C handler only writes the
+    signal's number to a pipe (``signal.set_wakeup_fd``, which works while the main thread is blocked in a
+    collective); the thread reading it dumps holding the GIL.  A rank holding the GIL forever gives no stack."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.signal(signum, lambda *_: None)  # a Python handler: the C handler then writes to the wakeup fd
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def serve() -> None:
+        while True:
+            if signum in os.read(read_fd, 64):
+                dump_stacks()
+
+    thread = threading.Thread(target=serve, name="hspmd-stacks", daemon=True)
+    thread.start()
+    return thread

@@ -10,7 +10,7 @@ no worker outlives its launcher.
 After the spec, stdin carries the launcher's control lines (:mod:`.protocol`, :mod:`.liveness`): pings, messages
 for the entry (``state.poll_control()``) and stack-dump requests.  A heartbeat thread beats every
 ``spec.heartbeat_s`` seconds, even during a long kernel; a worker that hears nothing from its launcher for
-``spec.silent_s`` seconds exits.  SIGUSR1 writes every thread's stack to stderr (faulthandler): the launcher asks
+``spec.silent_s`` seconds exits.  SIGUSR1 writes every thread's stack to stderr (:func:`.liveness.serve_stack_requests`): the launcher asks
 for it when it names a hung rank.
 
 There is no module-level state: a worker is entirely its ``WorkerState``, so a later step can re-specialize in
@@ -45,7 +45,7 @@ from datetime import timedelta
 from typing import Any, Iterable, NoReturn, Sequence
 
 from .devices import StepClock, worker_device
-from .liveness import ControlInbox, Heartbeat, Listener
+from .liveness import ControlInbox, Heartbeat, Listener, serve_stack_requests
 from ..metrics import StepMetrics, memory_mb
 from ..protocol import EXIT_FAILED, Channel, LineReader, LineWriter, is_collateral, jsonable
 from ..spec import LaunchSpec, resolve_entry
@@ -412,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "0"))
     channel = take_stdout(rank)
     faulthandler.enable(file=sys.__stderr__)  # a crash in C code still leaves a Python stack in the rank's log
-    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)  # the launcher's stack request
+    serve_stack_requests(signal.SIGUSR1)  # the launcher's stack request
     try:
         reader = LineReader(0) if args.spec == "-" else None
         if reader is not None:
