@@ -28,6 +28,7 @@ class MLPLM(ModelBase):
 
     TP_SPLIT: ClassVar[dict[str, int | None]] = {"embed.weight": 1, "norm.weight": None, "norm.bias": None,
                                                  "w1": 1, "w2": 0, "head.weight": 1}
+    W2_THROUGH_GELU: ClassVar[bool] = False  # see ReparamMLPLM
     family: Literal["mlp-lm"] = "mlp-lm"
     name: str = "mlp-lm"
     vocab_size: int = Field(default=256, gt=0)
@@ -52,7 +53,10 @@ class MLPLM(ModelBase):
             h = g.reshard(h, f"{p}.in")
             x = ops.layernorm(h, param(f"{p}.norm.weight", (h_,)), param(f"{p}.norm.bias", (h_,)), name=f"{p}.norm")
             u = g.add("square_relu", [ops.dot(x, param(f"{p}.w1", (h_, f)), name=f"{p}.fc")], {}, name=f"{p}.act")[0]
-            d = g.reshard(ops.dot(u, param(f"{p}.w2", (f, h_)), name=f"{p}.proj"), f"{p}.out")
+            w2 = param(f"{p}.w2", (f, h_))
+            if self.W2_THROUGH_GELU:
+                w2 = ops.gelu(w2, name=f"{p}.w2.gelu")
+            d = g.reshard(ops.dot(u, w2, name=f"{p}.proj"), f"{p}.out")
             h = ops.add(h, d, name=f"{p}.residual")
         h = g.reshard(h, "head.in")
         logits = g.reshard(ops.dot(h, param("head.weight", (h_, v)), name="head"), "logits")
@@ -61,6 +65,15 @@ class MLPLM(ModelBase):
 
     def build_reference(self, seed: int = 0) -> Any:
         return MLPLMReference(self, seed)
+
+
+class ReparamMLPLM(MLPLM):
+    """:class:`MLPLM` with its projection weights reparametrised: each ``proj`` reads ``gelu(w2)``, so a parameter
+    reaches a weight input through another op (what weight normalisation or a LoRA merge do)."""
+
+    W2_THROUGH_GELU: ClassVar[bool] = True
+    family: Literal["mlp-lm-reparam"] = "mlp-lm-reparam"  # type: ignore[assignment]
+    name: str = "mlp-lm-reparam"
 
 
 class MLPLMReference(torch.nn.Module):
@@ -83,7 +96,8 @@ class MLPLMReference(torch.nn.Module):
         h = F.embedding(tokens, self.embed.weight)
         for layer in self.layers:
             x = F.layer_norm(h, (h.shape[-1],), layer.norm.weight, layer.norm.bias)
-            h = h + torch.relu(x @ layer.w1) ** 2 @ layer.w2
+            w2 = F.gelu(layer.w2) if self.config.W2_THROUGH_GELU else layer.w2
+            h = h + torch.relu(x @ layer.w1) ** 2 @ w2
         return h @ self.head.weight
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

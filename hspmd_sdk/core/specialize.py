@@ -602,13 +602,42 @@ def _parameter_uses(graph: Graph, param: str) -> list[tuple[str, Node]]:
 
 
 def _use_grad(graph: Graph, anns: Mapping[str, Annotation], used: str, consumer: Node) -> Annotation:
-    """The deduced layout of the gradient that ``consumer``'s backward gives the parameter tensor ``used``."""
+    """The deduced layout of the gradient that ``consumer``'s backward gives the parameter tensor ``used``.
+
+    A parameter read through an op of parameters only (a reparametrised weight: ``V -> gelu -> a dot's weight``)
+    gets, through that op's backward, its output's gradient: Partial wherever the output's use makes it so (data
+    parallelism), since every holder computes the op on the same values.  Such an op whose output is laid out
+    like ``used`` passes the layout on; one that changes it (a transpose) is refused where the gradient of its
+    output is not laid out like the output, rather than left unsynchronised."""
     idx = consumer.inputs.index(used)
-    if idx not in _weight_inputs(consumer.kind):
-        return partial_as_duplicate(anns[used])
-    act = consumer.inputs[0] if idx != 0 else consumer.inputs[-1]
-    return weight_grad_annotation(consumer.kind, anns[act], anns[used], graph.tensors[act].shape,
-                                  graph.tensors[used].shape)
+    if idx in _weight_inputs(consumer.kind):
+        act = consumer.inputs[0] if idx != 0 else consumer.inputs[-1]
+        return weight_grad_annotation(consumer.kind, anns[act], anns[used], graph.tensors[act].shape,
+                                      graph.tensors[used].shape)
+    own = partial_as_duplicate(anns[used])
+    if len(consumer.outputs) != 1 or not all(_of_parameters(graph, t) for t in consumer.inputs):
+        return own
+    out = consumer.outputs[0]
+    grads = [_use_grad(graph, anns, t, c) for t, c in _parameter_uses(graph, out)]
+    if not grads or all(g == partial_as_duplicate(anns[out]) for g in grads):
+        return own
+    if anns[out] == anns[used] and graph.tensors[out].shape == graph.tensors[used].shape \
+            and all(g == grads[0] for g in grads):
+        return grads[0]
+    raise SpecializationError(
+        f"parameter tensor {used!r} is read through op {consumer.name!r} ({consumer.kind}), whose output {out!r} "
+        f"is laid out {'unlike the input' if anns[out] != anns[used] else 'like it'} and whose uses give its "
+        f"gradient the layouts {sorted({str(g) for g in grads})}: the specializer cannot tell how {used!r}'s "
+        "gradient must be synchronised.  Annotate the op's output like its input (an elementwise op with one use "
+        "as a weight), or apply the op to the weight inside the consuming op's kernel")
+
+
+def _of_parameters(graph: Graph, tensor: str) -> bool:
+    """Whether ``tensor`` is computed from parameters alone (no placeholder feeds it)."""
+    node = graph.producer(tensor)
+    if node.is_leaf:
+        return node.kind == "parameter"
+    return all(_of_parameters(graph, t) for t in node.inputs)
 
 
 def _grad_sync_plans(graph: Graph, anns: Mapping[str, Annotation], given: Mapping[str, Annotation],

@@ -894,6 +894,8 @@ class StepExecutor:
             x = rec.received.pop(op.name).requires_grad_(True)
             vals[dst] = x
             rec.inputs.append((op.name, x))
+        if dst in self.grad_reduce and dst in vals:  # a Reshard's output read like Megatron's f, as in _compute
+            vals[dst] = _GradReduce.apply(vals[dst], self._plan(f"{dst}.grad_reduce"), self.groups, self.rank)
 
     def recv_backward(self, mb: int) -> None:
         """``RECV_B``: the gradients of this stage's outputs of micro-batch ``mb`` from the next stage."""
