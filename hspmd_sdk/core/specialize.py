@@ -601,7 +601,8 @@ def _parameter_uses(graph: Graph, param: str) -> list[tuple[str, Node]]:
     return out
 
 
-def _use_grad(graph: Graph, anns: Mapping[str, Annotation], used: str, consumer: Node) -> Annotation:
+def _use_grad(graph: Graph, anns: Mapping[str, Annotation], used: str, consumer: Node,
+              of_parameters: frozenset[str]) -> Annotation:
     """The deduced layout of the gradient that ``consumer``'s backward gives the parameter tensor ``used``.
 
     A parameter read through an op of parameters only (a reparametrised weight: ``V -> gelu -> a dot's weight``)
@@ -615,10 +616,10 @@ def _use_grad(graph: Graph, anns: Mapping[str, Annotation], used: str, consumer:
         return weight_grad_annotation(consumer.kind, anns[act], anns[used], graph.tensors[act].shape,
                                       graph.tensors[used].shape)
     own = partial_as_duplicate(anns[used])
-    if len(consumer.outputs) != 1 or not all(_of_parameters(graph, t) for t in consumer.inputs):
+    if len(consumer.outputs) != 1 or not all(t in of_parameters for t in consumer.inputs):
         return own
     out = consumer.outputs[0]
-    grads = [_use_grad(graph, anns, t, c) for t, c in _parameter_uses(graph, out)]
+    grads = [_use_grad(graph, anns, t, c, of_parameters) for t, c in _parameter_uses(graph, out)]
     if not grads or all(g == partial_as_duplicate(anns[out]) for g in grads):
         return own
     if anns[out] == anns[used] and graph.tensors[out].shape == graph.tensors[used].shape \
@@ -632,12 +633,13 @@ def _use_grad(graph: Graph, anns: Mapping[str, Annotation], used: str, consumer:
         "as a weight), or apply the op to the weight inside the consuming op's kernel")
 
 
-def _of_parameters(graph: Graph, tensor: str) -> bool:
-    """Whether ``tensor`` is computed from parameters alone (no placeholder feeds it)."""
-    node = graph.producer(tensor)
-    if node.is_leaf:
-        return node.kind == "parameter"
-    return all(_of_parameters(graph, t) for t in node.inputs)
+def _of_parameters(graph: Graph) -> frozenset[str]:
+    """The tensors computed from parameters alone (no placeholder feeds them); ``graph.nodes`` is in order."""
+    out: set[str] = set()
+    for n in graph.nodes:
+        if n.kind == "parameter" or (not n.is_leaf and all(t in out for t in n.inputs)):
+            out.update(n.outputs)
+    return frozenset(out)
 
 
 def _grad_sync_plans(graph: Graph, anns: Mapping[str, Annotation], given: Mapping[str, Annotation],
@@ -649,11 +651,12 @@ def _grad_sync_plans(graph: Graph, anns: Mapping[str, Annotation], given: Mappin
     added there — the gradient is the sum of both uses)."""
     plans: dict[str, Any] = {}
     syncs: list[GradSync] = []
+    of_parameters = _of_parameters(graph)
     for p in graph.parameters:
         name = p.outputs[0]
         groups: list[tuple[Annotation, list[str]]] = []  # one or two uses: a list beats hashing annotations
         for used, consumer in _parameter_uses(graph, name):
-            grad = _use_grad(graph, anns, used, consumer)
+            grad = _use_grad(graph, anns, used, consumer, of_parameters)
             same = next((g for g in groups if g[0] is grad or g[0] == grad), None)
             if same is None:
                 groups.append((grad, [used]))
