@@ -36,3 +36,23 @@ def close_to_reference(run: dict, reference: Any, *, steps: int, lr: float, tol:
         norm = float((got - full).norm() / full.norm()) / scale
         elem = float((got - full).abs().max() / full.abs().max()) / scale
         assert norm <= param_tol and elem <= 3e-4, (pname, norm, elem)
+
+
+def final_state_matches(capture_dir: Any, reference: Any, *, index: int = 0, tol: float = 1e-4,
+                        ranks: int | None = None) -> None:
+    """The final parameters and Adam moments that the ranks of run ``index`` saved in ``capture_dir`` (a run's
+    ``capture_dir=``) against ``reference`` (a ``reference_training`` result): every replica of an element agrees
+    exactly, each tensor is within ``tol`` of its norm.  For runs whose state moved (a switch, a grow, a recovery
+    from memory or a checkpoint): the losses would hardly show a lost Adam moment, the moments do.  ``ranks``: the
+    number of ranks expected to have saved (the survivors)."""
+    from hspmd_sdk.runtime.reference import assemble, load_captured
+
+    captured = load_captured(capture_dir, index)
+    assert captured and (ranks is None or len(captured) == ranks), (len(captured), ranks)
+    shapes = {k: tuple(v.shape) for k, v in reference.params.items()}
+    for kind, want in (("params", reference.params), ("exp_avg", reference.exp_avg),
+                       ("exp_avg_sq", reference.exp_avg_sq)):
+        full, spread = assemble(captured, kind, shapes)
+        assert spread == 0.0, kind  # the replicas agree exactly
+        err = {k: float((full[k] - w).norm() / w.norm()) for k, w in want.items() if float(w.norm()) > 0}
+        assert err and max(err.values()) < tol, (kind, {k: e for k, e in err.items() if e >= tol})

@@ -16,11 +16,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _equivalence import final_state_matches  # noqa: E402
 from _procs import assert_no_workers_left, wait_for  # noqa: E402
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.runtime.control.controller import SwitchError  # noqa: E402
-from hspmd_sdk.runtime.control.train import assemble, launch_training, load_captured, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
 
 SEQ, SEED, LR, STEPS = 16, 5, 1e-3, 6
 TOL = 1e-5
@@ -93,15 +94,7 @@ def test_a_job_grows_from_two_to_four_ranks_in_memory(reference, zero1: bool, tm
     _, result, event = _grow_run(reference, TP2_DP2, zero1=zero1, capture_dir=tmp_path)
     assert event.bytes["intra"] > 0  # the newcomers' shards moved by the BSR (not recomputed, not reloaded)
     assert [e.reason for e in result.events] == ["grow"]
-    shapes = {k: tuple(v.shape) for k, v in reference.params.items()}
-    captured = load_captured(tmp_path)
-    assert len(captured) == 4  # every rank of the grown job saved its shards
-    for kind, want in (("params", reference.params), ("exp_avg", reference.exp_avg),
-                       ("exp_avg_sq", reference.exp_avg_sq)):
-        full, spread = assemble(captured, kind, shapes)
-        assert spread == 0.0, kind  # the replicas agree exactly
-        err = {k: float((full[k] - w).norm() / w.norm()) for k, w in want.items() if float(w.norm()) > 0}
-        assert max(err.values()) < 1e-4, (kind, {k: e for k, e in err.items() if e >= 1e-4})
+    final_state_matches(tmp_path, reference, ranks=4)  # every rank of the grown job saved its shards
 
 
 @pytest.mark.timeout(180)

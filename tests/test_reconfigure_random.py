@@ -10,8 +10,8 @@ Each sequence, drawn from its seed, runs one 6-rank job (Llama tiny, 6 steps) an
   optimizer, during a switch, or while writing a checkpoint), or sent from outside right after a switch request
   (the switch still pending).
 
-Every run's losses equal the single-device run's (fp32, 1e-5), exactly the killed rank is lost, the survivors keep
-their process ids, and nothing is left running.  ``SHORT`` sequences run in the suite; ``-m slow`` runs ``LONG``.
+Every run's losses equal the single-device run's (fp32, 1e-5), and so do its final parameters and Adam moments;
+exactly the killed rank is lost, the survivors keep their process ids, and nothing is left running.  ``SHORT`` sequences run in the suite; ``-m slow`` runs ``LONG``.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _equivalence import final_state_matches  # noqa: E402
 from _procs import assert_no_workers_left, wait_for  # noqa: E402
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
@@ -101,7 +102,8 @@ def run_sequence(case: dict, ref, tmp_path: Path) -> None:
     # stretched steps (sleeping: no numeric change) leave the test time to request switches within one step
     job = launch_training(_program(model, PLANS[case["base"]], cluster, zero1), cluster, steps=STEPS, seed=SEED,
                           seq_len=SEQ, lr=LR, elastic=True, timeout_s=60, heartbeat_s=0.5, stall_s=10.0,
-                          fault_injection=faults, slowdown={r: 3.0 for r in cluster.ranks}, **ck)
+                          fault_injection=faults, slowdown={r: 3.0 for r in cluster.ranks},
+                          capture_dir=tmp_path / "capture", **ck)
     pids = job.pids()
     external = False
     try:
@@ -135,6 +137,7 @@ def run_sequence(case: dict, ref, tmp_path: Path) -> None:
     survivors = {r: p for r, p in pids.items() if r not in killed}
     assert job.pids() == survivors, where
     assert {r for r, res in result.results.items() if res} == set(survivors), where
+    final_state_matches(tmp_path / "capture", ref)  # parameters and Adam moments moved right (ranks of the last plan)
     assert_no_workers_left(list(pids.values()), within=10)
 
 

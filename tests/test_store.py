@@ -15,6 +15,8 @@ import torch.distributed as dist
 from _procs import assert_no_workers_left, wait_for
 from hspmd_sdk.core.cluster import Cluster
 from hspmd_sdk.runtime import build_spec, launch
+from hspmd_sdk.runtime.protocol import is_collateral
+from hspmd_sdk.runtime.workers.session import _is_comm_failure
 from hspmd_sdk.runtime.workers.store import MAGIC, RendezvousStore, StoreAuthError, new_secret
 from hspmd_sdk.runtime.transports.transport import free_port
 
@@ -124,6 +126,47 @@ def test_close_ends_the_server_and_waiting_clients(hosted: RendezvousStore) -> N
     assert not waiter.is_alive() and errors  # the wait ended with an error, not a hang
     with pytest.raises(dist.DistStoreError, match="not reachable"):
         RendezvousStore.connect("127.0.0.1", hosted.port, new_secret(), timedelta(seconds=0.3))
+
+
+def _host_until_killed(secret: str, port, ready) -> None:  # a child process: rank 0 hosting the store
+    store = RendezvousStore.host_at("127.0.0.1", 0, secret, T)
+    port.value = store.port
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_killed_host_gives_its_clients_the_error_of_a_peers_death() -> None:
+    """Rank 0 hosts the store; SIGKILLed, its clients' calls raise what torch's ``TCPStore`` raises then
+    (``DistNetworkError``), which an elastic survivor reads as a peer's death and recovers from, and which the
+    launcher reads as collateral.  A plain ``ConnectionError`` made the survivors exit instead: every rank-0 kill of
+    the random reconfiguration sweep failed the job (stop 39)."""
+    import multiprocessing as mp
+    import os
+    import signal
+
+    ctx = mp.get_context("fork")
+    secret, port, ready = new_secret(), ctx.Value("i", 0), ctx.Event()
+    host = ctx.Process(target=_host_until_killed, args=(secret, port, ready), daemon=True)
+    host.start()
+    try:
+        assert ready.wait(20)
+        client = RendezvousStore.connect("127.0.0.1", port.value, secret, T)
+        client.set("k", "v")
+        errors: list[BaseException] = []
+        waiter = threading.Thread(target=lambda: _catch(errors, lambda: client.get("never")))
+        waiter.start()
+        time.sleep(0.2)
+        os.kill(host.pid, signal.SIGKILL)
+        waiter.join(10)
+        assert not waiter.is_alive() and errors, errors  # the wait ended at once, not after its 20 s
+        assert isinstance(errors[0], dist.DistNetworkError), repr(errors[0])
+        assert "rendezvous store at 127.0.0.1" in str(errors[0])
+        assert _is_comm_failure(errors[0]) and is_collateral(str(errors[0]))
+        with pytest.raises(dist.DistNetworkError):
+            client.set("late", "x")
+    finally:
+        host.kill()
+        host.join(5)
 
 
 def _catch(errors: list[BaseException], fn) -> None:

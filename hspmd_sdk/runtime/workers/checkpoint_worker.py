@@ -230,7 +230,11 @@ class CheckpointSaver:
                record: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         tmp = self.root / f".tmp-{step_dir_name(completed)}-{target.token}"
-        tmp.mkdir(parents=True, exist_ok=True)
+        # only a writer (before it reports its shard) and rank 0 (which renames the folder once every writer
+        # reported) make the folder: a rank writing nothing could make it while rank 0 renames it, and mkdir
+        # then raises FileExistsError (the random reconfiguration sweep met it), or leave an empty one behind
+        if target.rank in target.writers or target.rank == 0:
+            tmp.mkdir(parents=True, exist_ok=True)
         point = self._point(target, completed)
         mine = None
         if target.rank in target.writers:

@@ -284,8 +284,12 @@ class RendezvousStore(dist.Store):
 
     def _call(self, op: int, items: Sequence[bytes], what: str) -> list[bytes]:
         with self._lock:
-            _send_frame(self._sock, op, items)
-            status, answer = _recv_frame(self._sock)
+            try:
+                _send_frame(self._sock, op, items)
+                status, answer = _recv_frame(self._sock)
+            except OSError as e:  # the host (rank 0) is gone: what torch's TCPStore raises then, so that a
+                # survivor of an elastic job reads it as a peer's death and recovers (it once exited instead)
+                raise dist.DistNetworkError(f"{what}: rendezvous store at {self.host}:{self.port}: {e}") from e
         if status == TIMEOUT:
             raise dist.DistStoreError(f"{what}: timed out after {self._timeout.total_seconds():g} s waiting for "
                                       f"key(s) {[k.decode(errors='replace') for k in answer]} at "
