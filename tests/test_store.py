@@ -169,6 +169,33 @@ def test_a_killed_host_gives_its_clients_the_error_of_a_peers_death() -> None:
         host.join(5)
 
 
+def test_a_wait_gives_up_when_a_peer_of_the_world_died(hosted: RendezvousStore) -> None:
+    """``interrupted`` (a worker's ``peer_failed``): a ``wait``/``get`` for a key a dead rank would have set ends
+    within a slice of the launcher's halt, as a peer's death, not after the store's timeout (20 s here); the
+    survivors of a rank killed during a switch's ``new_group`` waited 60 s so, and the recovery with them."""
+    client = hosted.clone()
+    halted = threading.Event()
+    client.interrupted = halted.is_set
+    assert client.clone().interrupted is client.interrupted  # torch clones stores for its groups
+    client.set("here", "1")
+    client.wait(["here"])  # present keys: answered at once, sliced or not
+    for call in (lambda: client.wait(["never"]), lambda: client.get("never"), lambda: client.multi_get(["never"])):
+        errors: list[BaseException] = []
+        waiter = threading.Thread(target=lambda: _catch(errors, call))
+        waiter.start()
+        time.sleep(0.6)
+        assert waiter.is_alive()  # still waiting across slices
+        t0 = time.monotonic()
+        halted.set()
+        waiter.join(5)
+        assert not waiter.is_alive() and time.monotonic() - t0 < 2 * RendezvousStore.WAIT_SLICE_S + 0.5
+        assert isinstance(errors[0], dist.DistNetworkError) and "a peer of this world died" in str(errors[0])
+        assert "'never'" in str(errors[0]) and _is_comm_failure(errors[0])
+        halted.clear()
+    with pytest.raises(dist.DistStoreError, match=r"timed out after 0.6 s waiting for key\(s\) \['never'\]"):
+        client.wait(["never"], timedelta(seconds=0.6))  # no halt: the timeout, naming the key
+
+
 def _catch(errors: list[BaseException], fn) -> None:
     try:
         fn()

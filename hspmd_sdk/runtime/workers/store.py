@@ -33,7 +33,7 @@ import struct
 import threading
 import time
 from datetime import timedelta
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch.distributed as dist
 
@@ -219,13 +219,22 @@ class RendezvousStore(dist.Store):
 
     ``host``/``port``: where the server listens.  ``timeout``: how long ``get``/``wait`` wait for a key, and
     :meth:`connect` for the server to listen.  ``server``: the server this process hosts (rank 0), closed with
-    :meth:`close`.  A server that refuses the secret raises :class:`StoreAuthError`."""
+    :meth:`close`.  A server that refuses the secret raises :class:`StoreAuthError`.
+
+    ``interrupted``: when set (a worker sets its ``WorkerState.peer_failed``), ``get``/``wait``/``multi_get`` wait
+    in slices of :data:`WAIT_SLICE_S` and give up with ``DistNetworkError`` once it returns true -- a peer of this
+    world died -- instead of waiting out ``timeout`` for a key that the dead rank would have set (``new_group``
+    meeting a rank killed during a switch waited so for 60 s, and the recovery with it)."""
+
+    #: what the launcher's halt interrupts: a ``get``/``wait`` polls it this often (seconds)
+    WAIT_SLICE_S = 0.25
 
     def __init__(self, host: str, port: int, secret: str, timeout: timedelta,
                  server: StoreServer | None = None) -> None:
         super().__init__()
         self.host, self.port, self._secret, self._timeout = host, int(port), secret, timeout
         self.server = server
+        self.interrupted: Callable[[], bool] | None = None
         dist.Store.set_timeout(self, timeout)
         self._lock = threading.Lock()
         self._sock = self._open()
@@ -282,25 +291,45 @@ class RendezvousStore(dist.Store):
             if self.server is not None:
                 self.server.close()
 
-    def _call(self, op: int, items: Sequence[bytes], what: str) -> list[bytes]:
+    def _request(self, op: int, items: Sequence[bytes], what: str) -> tuple[int, list[bytes]]:
         with self._lock:
             try:
                 _send_frame(self._sock, op, items)
-                status, answer = _recv_frame(self._sock)
+                return _recv_frame(self._sock)
             except OSError as e:  # the host (rank 0) is gone: what torch's TCPStore raises then, so that a
                 # survivor of an elastic job reads it as a peer's death and recovers (it once exited instead)
                 raise dist.DistNetworkError(f"{what}: rendezvous store at {self.host}:{self.port}: {e}") from e
-        if status == TIMEOUT:
-            raise dist.DistStoreError(f"{what}: timed out after {self._timeout.total_seconds():g} s waiting for "
-                                      f"key(s) {[k.decode(errors='replace') for k in answer]} at "
-                                      f"{self.host}:{self.port}")
+
+    def _call(self, op: int, items: Sequence[bytes], what: str) -> list[bytes]:
+        status, answer = self._request(op, items, what)
         if status != OK:
             raise dist.DistStoreError(f"{what}: {b''.join(answer).decode(errors='replace')}")
         return answer
 
-    def _ms(self, timeout: timedelta | None) -> bytes:
-        t = self._timeout if timeout is None or timeout == timedelta(0) else timeout
-        return str(int(t.total_seconds() * 1000)).encode()
+    def _waiting(self, op: int, keys: Sequence[bytes], timeout: timedelta | None, what: str) -> list[bytes]:
+        """``op`` (``GET``, ``WAIT``, ``MULTI_GET``), whose server side waits up to ``timeout`` for ``keys``: in
+        slices when :attr:`interrupted` is set, so that a halt ends the wait."""
+        total = (self._timeout if timeout is None or timeout == timedelta(0) else timeout).total_seconds()
+        deadline = time.monotonic() + total
+        while True:
+            left = deadline - time.monotonic()
+            wait = max(0.001, min(left, self.WAIT_SLICE_S) if self.interrupted is not None else left)
+            asked = time.monotonic()
+            status, answer = self._request(op, [str(int(wait * 1000)).encode(), *keys], what)
+            if status == OK:
+                return answer
+            names = [k.decode(errors="replace") for k in (answer if status == TIMEOUT else keys)]
+            if status != TIMEOUT:
+                raise dist.DistStoreError(f"{what}: {b''.join(answer).decode(errors='replace')}")
+            if time.monotonic() - asked < 0.9 * wait:  # answered before its time: the server is closing
+                raise dist.DistStoreError(f"{what}: the rendezvous store at {self.host}:{self.port} closed while "
+                                          f"waiting for key(s) {names}")
+            if self.interrupted is not None and self.interrupted():
+                raise dist.DistNetworkError(f"{what}: given up waiting for key(s) {names} at {self.host}:"
+                                            f"{self.port}: the launcher said a peer of this world died")
+            if time.monotonic() >= deadline:
+                raise dist.DistStoreError(f"{what}: timed out after {total:g} s waiting for key(s) {names} at "
+                                          f"{self.host}:{self.port}")
 
     # -- the Store interface
     def set_timeout(self, timeout: timedelta) -> None:
@@ -311,7 +340,7 @@ class RendezvousStore(dist.Store):
         self._call(SET, [_b(key), _b(value)], "set")
 
     def get(self, key: str) -> bytes:
-        return self._call(GET, [self._ms(None), _b(key)], "get")[0]
+        return self._waiting(GET, [_b(key)], None, "get")[0]
 
     def add(self, key: str, value: int) -> int:
         return int(self._call(ADD, [_b(key), str(int(value)).encode()], "add")[0])
@@ -320,7 +349,7 @@ class RendezvousStore(dist.Store):
         return self._call(CAS, [_b(key), _b(expected_value), _b(desired_value)], "compare_set")[0]
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        self._call(WAIT, [self._ms(timeout), *map(_b, keys)], "wait")
+        self._waiting(WAIT, list(map(_b, keys)), timeout, "wait")
 
     def check(self, keys: list[str]) -> bool:
         return self._call(CHECK, list(map(_b, keys)), "check")[0] == b"1"
@@ -335,10 +364,12 @@ class RendezvousStore(dist.Store):
         self._call(APPEND, [_b(key), _b(value)], "append")
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        return self._call(MULTI_GET, [self._ms(None), *map(_b, keys)], "multi_get")
+        return self._waiting(MULTI_GET, list(map(_b, keys)), None, "multi_get")
 
     def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:
         self._call(MULTI_SET, [x for k, v in zip(keys, values) for x in (_b(k), _b(v))], "multi_set")
 
     def clone(self) -> "RendezvousStore":
-        return RendezvousStore(self.host, self.port, self._secret, self._timeout)
+        other = RendezvousStore(self.host, self.port, self._secret, self._timeout)
+        other.interrupted = self.interrupted
+        return other

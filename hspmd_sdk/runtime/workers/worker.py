@@ -42,7 +42,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Iterable, NoReturn, Sequence
+from typing import Any, Callable, Iterable, NoReturn, Sequence
 
 from .devices import StepClock, worker_device
 from .liveness import ControlInbox, Heartbeat, Listener, serve_stack_requests
@@ -145,7 +145,7 @@ class WorkerState:
             if time.monotonic() > deadline:
                 raise RendezvousAbandoned(f"{where}: nothing listened there within {self.spec.timeout_s:g} s")
             time.sleep(0.02)
-        store = open_store(self.spec, master_addr, int(master_port), rank == 0, timeout)
+        store = open_store(self.spec, master_addr, int(master_port), rank == 0, timeout, self.peer_failed)
         store.add("hspmd/arrived", 1)
         while store.add("hspmd/arrived", 0) < int(world_size):
             if self.peer_failed():
@@ -331,20 +331,25 @@ def connect(spec: LaunchSpec, rank: int, channel: Channel, inbox: ControlInbox |
                         clock=StepClock(device))
     if spec.joining:  # started to grow a running job: it joins the job's world when told where (session.py)
         return state
-    store = open_store(spec, spec.master_addr, spec.master_port, rank == 0, timeout)
+    store = open_store(spec, spec.master_addr, spec.master_port, rank == 0, timeout, state.peer_failed)
     dist.init_process_group(spec.backend, store=store, rank=rank, world_size=spec.world_size, timeout=timeout)
     state.extras["store"] = store
     return state
 
 
-def open_store(spec: LaunchSpec, addr: str, port: int, host: bool, timeout: timedelta) -> Any:
+def open_store(spec: LaunchSpec, addr: str, port: int, host: bool, timeout: timedelta,
+               interrupted: Callable[[], bool] | None = None) -> Any:
     """The rendezvous store of a world at ``addr:port``, authenticated by the job's secret: hosted by this
-    process (``host``: rank 0) or reached from it (:mod:`.store`)."""
+    process (``host``: rank 0) or reached from it (:mod:`.store`).  ``interrupted``: the store's waits give up
+    once it is true (``WorkerState.peer_failed``: a peer of this world died)."""
     from .store import RendezvousStore  # lazy: torch (store)
 
     if host:
-        return RendezvousStore.host_at(addr, port, spec.secret, timeout)
-    return RendezvousStore.connect(addr, port, spec.secret, timeout)
+        store = RendezvousStore.host_at(addr, port, spec.secret, timeout)
+    else:
+        store = RendezvousStore.connect(addr, port, spec.secret, timeout)
+    store.interrupted = interrupted
+    return store
 
 
 # ---- process plumbing ---------------------------------------------------------------------------------------
