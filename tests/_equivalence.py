@@ -38,6 +38,23 @@ def close_to_reference(run: dict, reference: Any, *, steps: int, lr: float, tol:
         assert norm <= param_tol and elem <= 3e-4, (pname, norm, elem)
 
 
+def captured_close_to_reference(capture_dir: Any, losses: list[float], model: Any, reference: Any, *, seed: int,
+                                steps: int, lr: float, index: int = 0) -> None:
+    """:func:`close_to_reference` for run ``index`` of a ``capture_dir=``: its losses, step 0's gradients and the
+    final parameters.  The losses alone cannot tell: Adam's step is scale-free, and a random model's loss is
+    ln(vocab) to six digits (a TP2 stage once gave about half of every gradient below the LM head; the losses
+    agreed to 1e-7)."""
+    from hspmd_sdk.runtime.reference import assemble, load_captured
+
+    shapes = {k: tuple(v.shape) for k, v in reference.params.items()}
+    captured = load_captured(capture_dir, index)
+    grads, _ = assemble(captured, "grads", shapes)
+    params, spread = assemble(captured, "params", shapes)
+    reference.initial = dict(model.build_reference(seed).state_dict())
+    close_to_reference({"losses": losses, "spread": spread, "grads": grads, "params": params}, reference,
+                       steps=steps, lr=lr)
+
+
 def final_state_matches(capture_dir: Any, reference: Any, *, index: int = 0, tol: float = 1e-4,
                         ranks: int | None = None) -> None:
     """The final parameters and Adam moments that the ranks of run ``index`` saved in ``capture_dir`` (a run's

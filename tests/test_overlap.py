@@ -30,8 +30,8 @@ from hspmd_sdk.core.specialize import specialize  # noqa: E402
 from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.runtime import launch  # noqa: E402
-from _equivalence import close_to_reference  # noqa: E402
-from hspmd_sdk.runtime.control.train import assemble, load_captured, reference_training, training_run  # noqa: E402
+from _equivalence import captured_close_to_reference  # noqa: E402
+from hspmd_sdk.runtime.control.train import reference_training, training_run  # noqa: E402
 from test_runtime_train import _pipe  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
@@ -77,13 +77,8 @@ def test_overlap_changes_no_result(name: str, traced: dict) -> None:
     ref = reference_training(model, steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
     # the losses cannot see a bucket added twice or a gradient scaled (Adam's step is scale-free): step 0's
     # gradients and the final parameters can
-    shapes = {k: tuple(v.shape) for k, v in ref.params.items()}
-    captured = load_captured(traced["capture"], list(RUNS).index(name))
-    grads, _ = assemble(captured, "grads", shapes)
-    params, spread = assemble(captured, "params", shapes)
-    ref.initial = dict(model.build_reference(SEED).state_dict())
-    close_to_reference({"losses": traced["results"][0][name]["losses"], "spread": spread, "grads": grads,
-                        "params": params}, ref, steps=STEPS, lr=LR)
+    captured_close_to_reference(traced["capture"], traced["results"][0][name]["losses"], model, ref, seed=SEED,
+                                steps=STEPS, lr=LR, index=list(RUNS).index(name))
 
 
 @pytest.mark.parametrize("name", ["llama_dp2", "gpt_dp2", "llama_dp2_zero1"])

@@ -870,9 +870,14 @@ class StepExecutor:
                           **kernel.packed_attrs(self.context))
         outs = out if isinstance(out, tuple) else (out,)
         for name, v in zip(node.outputs, outs):
-            if name in self.grad_reduce:
-                v = _GradReduce.apply(v, self._plan(f"{name}.grad_reduce"), self.groups, self.rank)
-            vals[name] = v
+            vals[name] = self._reduced(name, v)
+
+    def _reduced(self, name: str, v: torch.Tensor) -> torch.Tensor:
+        """Tensor ``name`` (a compute op's or a Reshard's output), wrapped so that its accumulated gradient runs
+        ``<name>.grad_reduce`` when it has one (Megatron's *f*)."""
+        if name not in self.grad_reduce:
+            return v
+        return _GradReduce.apply(v, self._plan(f"{name}.grad_reduce"), self.groups, self.rank)
 
     def _forward_reshard(self, op: Any, mb: int, vals: dict[str, torch.Tensor], rec: _MicroBatch) -> None:
         src, dst = op.inputs[0], op.outputs[0]
@@ -894,8 +899,8 @@ class StepExecutor:
             x = rec.received.pop(op.name).requires_grad_(True)
             vals[dst] = x
             rec.inputs.append((op.name, x))
-        if dst in self.grad_reduce and dst in vals:  # a Reshard's output read like Megatron's f, as in _compute
-            vals[dst] = _GradReduce.apply(vals[dst], self._plan(f"{dst}.grad_reduce"), self.groups, self.rank)
+        if dst in vals:
+            vals[dst] = self._reduced(dst, vals[dst])
 
     def recv_backward(self, mb: int) -> None:
         """``RECV_B``: the gradients of this stage's outputs of micro-batch ``mb`` from the next stage."""

@@ -318,9 +318,9 @@ class RendezvousStore(dist.Store):
             status, answer = self._request(op, [str(int(wait * 1000)).encode(), *keys], what)
             if status == OK:
                 return answer
-            names = [k.decode(errors="replace") for k in (answer if status == TIMEOUT else keys)]
             if status != TIMEOUT:
                 raise dist.DistStoreError(f"{what}: {b''.join(answer).decode(errors='replace')}")
+            names = [k.decode(errors="replace") for k in answer]  # the keys still missing
             if time.monotonic() - asked < 0.9 * wait:  # answered before its time: the server is closing
                 raise dist.DistStoreError(f"{what}: the rendezvous store at {self.host}:{self.port} closed while "
                                           f"waiting for key(s) {names}")
