@@ -8,10 +8,10 @@ another output of the cost model.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
 
+from hspmd_sdk import LlamaConfig
 from hspmd_sdk.core.cluster import DeviceSpec, Link
 from hspmd_sdk.planner.cost import (ComputeFit, CostModel, LayerCost, LinkOverride, OperatorProfile, _fit_line,
                                     _fit_plane, activation_memory, embedding_cost, fit_link, head_cost, layer_cost,
@@ -20,11 +20,17 @@ from hspmd_sdk.planner.cost import (ComputeFit, CostModel, LayerCost, LinkOverri
 H, V = 8, 32  # hidden, vocab
 
 
-@dataclass
-class Fake:
-    """layer FLOPs 100/token + 10/token/position; head 50/token; activations 40 B/token."""
+class Fake(LlamaConfig):
+    """A Llama of hidden 8 and vocab 32, whose graph gives the TP collectives (two all-reduces of the hidden state a
+    layer each way, the embedding's gather, the logits' gather and the head input's all-reduce), with FLOPs,
+    activations and parameters by hand: layer FLOPs 100/token + 10/token/position; head 50/token; activations
+    40 B/token."""
+    name: str = "fake"
     hidden_size: int = H
     vocab_size: int = V
+    num_layers: int = 3
+    num_heads: int = 2
+    ffn_hidden_size: int = 16
 
     def layer_flops(self, tokens: int, seq_len: int | None = None) -> int:
         return 100 * tokens + 10 * tokens * (64 if seq_len is None else seq_len)  # None: the model's max length

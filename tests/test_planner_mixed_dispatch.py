@@ -123,13 +123,14 @@ def test_any_model_family_plans_and_dispatches() -> None:
     d = dispatch(programs, gpt, CLUSTER, [1024, 100, 500, 1000])
     assert sorted(i for pipe in d.micro_batches for mb in pipe for i in mb) == [0, 1, 2, 3]
     r = simulate_dispatch(gpt, CLUSTER, d)
-    # A 4-sequence step on one 4-stage pipeline: here the estimate is high, not low (simulated / estimated 0.912,
-    # deterministic; the tail -- ZeRO-1 gather, sync, optimizer -- agrees exactly, the pipeline part is 11% high):
+    # A 4-sequence step on one 4-stage pipeline (CP2 stages: GPT's vocab-parallel head all-reduces its logits, which
+    # the cost model reads off the Program, so TP2 is the dearer way to split): here the estimate is high, not low
+    # (simulated / estimated 0.967, deterministic; the tail -- ZeRO-1 gather, sync, optimizer -- agrees exactly):
     # the estimate prices the fill and the drain both at the largest micro-batch, while the replay drains the last
     # one, the shortest (100 tokens; micro-batches run longest first), and with 4 micro-batches on 4 stages the
     # fill and drain are most of the step.  The bounds keep ~3% either side of the figure, so a change of the
     # pipeline or tail cost by 5% or more fails.
-    assert not r.oom and 0.88 <= r.step_time / d.estimate <= 0.95
+    assert not r.oom and 0.94 <= r.step_time / d.estimate <= 0.995
 
 
 def test_dispatch_balances_identical_pipelines_within_the_lpt_bound() -> None:

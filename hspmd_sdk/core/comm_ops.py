@@ -28,16 +28,59 @@ algorithms (see :func:`ring_transfers`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Iterable, Mapping
 
 from .slices import Box, box_intersect, box_numel, box_shape, format_box, relative, zeros
 
-__all__ = ["Transfer", "Message", "CollectiveGroup", "CollectiveOp", "SliceCollective", "SplitCollectiveOp",
+__all__ = ["OpKind", "Transfer", "Message", "CollectiveGroup", "CollectiveOp", "SliceCollective", "SplitCollectiveOp",
            "PointToPointOp", "IdentityOp", "CommOp", "ring_transfers"]
 
 #: ``(sender, receiver, bytes, steps)``: bytes one rank sends to another inside one operator, in ``steps``
 #: messages (each step pays the link latency once).
 Transfer = tuple[int, int, int, int]
+
+
+class OpKind(StrEnum):
+    """The kind of a communication operator, by its SPEC name (a ``str``: ``OpKind.ALL_REDUCE == "AllReduce"``, so
+    a Program's JSON and its printed plans carry the plain names).  The one vocabulary of communication: the
+    resolver builds operators of these kinds, the runtime dispatches on them, and the cost model prices ring
+    collectives by :meth:`ring` -- the formula :meth:`CollectiveOp.transfers` uses.  The cost model's older
+    spellings (``"all_reduce"``, ``"reduce_scatter"``, ``"all_gather"``) read back as the same members."""
+
+    ALL_REDUCE = "AllReduce"
+    REDUCE_SCATTER = "ReduceScatter"
+    ALL_GATHER = "AllGather"
+    ALL_TO_ALL = "AllToAll"
+    LOCAL_SPLIT = "LocalSplit"
+    SPLIT_ALL_REDUCE = "SplitAllReduce"
+    SPLIT_REDUCE_SCATTER = "SplitReduceScatter"
+    SPLIT_ALL_GATHER = "SplitAllGather"
+    SEND_RECV = "SendRecv"
+    BSR = "BSR"
+    IDENTITY = "Identity"
+
+    @classmethod
+    def _missing_(cls, value: object) -> "OpKind | None":
+        return _SNAKE.get(value) if isinstance(value, str) else None
+
+    def ring(self, members: int, nbytes: float) -> tuple[float, int]:
+        """``(bytes, steps)`` each of ``members`` ranks sends its ring successor in this ring collective over a
+        buffer of ``nbytes`` per rank -- the *whole* tensor for ``AllReduce``/``ReduceScatter``, the *gathered*
+        one for ``AllGather``: ``2(g-1)/g`` of it in ``2(g-1)`` steps for ``AllReduce``, ``(g-1)/g`` of it in
+        ``g-1`` steps for the other two; nothing for a group of one.  Raises ``ValueError`` for a kind that is
+        not a ring collective."""
+        if self not in (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER):
+            raise ValueError(f"{self.value} is not a ring collective (AllReduce, ReduceScatter, AllGather)")
+        if members <= 1:
+            return 0.0, 0
+        if self is OpKind.ALL_REDUCE:
+            return 2 * (members - 1) * nbytes / members, 2 * (members - 1)
+        return (members - 1) * nbytes / members, members - 1
+
+
+_SNAKE = {"all_reduce": OpKind.ALL_REDUCE, "reduce_scatter": OpKind.REDUCE_SCATTER, "all_gather": OpKind.ALL_GATHER,
+          "all_to_all": OpKind.ALL_TO_ALL}
 
 
 # ---- array helpers (numpy or torch, imported by the caller) ------------------------------------------------
@@ -92,11 +135,14 @@ class CollectiveOp:
     g-1 steps; ``AllToAll`` sends each peer the part of its input that peer keeps, one step each.
     """
 
-    kind: str
+    kind: OpKind
     groups: tuple[CollectiveGroup, ...]
     itemsize: int
     dim: int | None = None
     src_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", OpKind(self.kind))  # a plain name (a Program's JSON) reads back typed
 
     def ranks(self) -> frozenset[int]:
         """Every rank that takes part (``LocalSplit``: every rank that slices)."""
@@ -116,13 +162,11 @@ class CollectiveOp:
             if g < 2:
                 continue
             b = box_numel(grp.in_boxes[0]) * self.itemsize
-            if self.kind == "AllReduce":
-                out += ring_transfers(grp.ranks, 2 * (g - 1) * b // g, 2 * (g - 1))
-            elif self.kind == "ReduceScatter":
-                out += ring_transfers(grp.ranks, (g - 1) * b // g, g - 1)
-            elif self.kind == "AllGather":
-                out += ring_transfers(grp.ranks, (g - 1) * b, g - 1)
-            elif self.kind == "AllToAll":
+            if self.kind in (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER):
+                whole = b * g if self.kind is OpKind.ALL_GATHER else b  # the ring's buffer: the gathered tensor
+                nbytes, steps = self.kind.ring(g, whole)
+                out += ring_transfers(grp.ranks, int(nbytes), steps)
+            elif self.kind is OpKind.ALL_TO_ALL:
                 for i, src in enumerate(grp.ranks):
                     for j, dst in enumerate(grp.ranks):
                         part = box_intersect(grp.in_boxes[i], grp.out_boxes[j])
@@ -137,16 +181,16 @@ class CollectiveOp:
             for r, box in zip(grp.ranks, grp.in_boxes):
                 _check_local(r, state[r], box, self.kind)
                 ins.append(state[r])
-            if self.kind in ("AllReduce", "ReduceScatter"):
+            if self.kind in (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER):
                 total = _clone(ins[0])
                 for t in ins[1:]:
                     total = total + t
                 for r, box in zip(grp.ranks, grp.out_boxes):
                     new[r] = _clone(total[relative(box, grp.in_boxes[0])])
-            elif self.kind == "LocalSplit":
+            elif self.kind is OpKind.LOCAL_SPLIT:
                 for r, ib, ob in zip(grp.ranks, grp.in_boxes, grp.out_boxes):
                     new[r] = _clone(state[r][relative(ob, ib)])
-            elif self.kind in ("AllGather", "AllToAll"):
+            elif self.kind in (OpKind.ALL_GATHER, OpKind.ALL_TO_ALL):
                 for r, ob in zip(grp.ranks, grp.out_boxes):
                     buf = zeros(ins[0], box_shape(ob))
                     for t, ib in zip(ins, grp.in_boxes):
@@ -211,13 +255,16 @@ class SplitCollectiveOp:
     slice holds zeros (a non-zero-index summand of a Partial destination).
     """
 
-    kind: str
+    kind: OpKind
     src_hdim: int
     dst_hdim: int
     slices: tuple[SliceCollective, ...]
     in_boxes: tuple[tuple[int, Box], ...]
     out_boxes: tuple[tuple[int, Box], ...]
     itemsize: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", OpKind(self.kind))  # a plain name (a Program's JSON) reads back typed
 
     def ranks(self) -> frozenset[int]:
         """Every rank of a slice collective, and the ranks that only receive zeros."""
@@ -267,12 +314,15 @@ class PointToPointOp:
     hold zeros.  Each message is one transfer of its bytes, one step.
     """
 
-    kind: str
+    kind: OpKind
     messages: tuple[Message, ...]
     copies: tuple[tuple[int, Box], ...]
     in_boxes: tuple[tuple[int, Box], ...]
     out_boxes: tuple[tuple[int, Box], ...]
     zero_fill: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", OpKind(self.kind))  # a plain name (a Program's JSON) reads back typed
 
     def ranks(self) -> frozenset[int]:
         """Senders, receivers, ranks that copy locally or are zero-filled, and every rank that writes."""
@@ -316,7 +366,10 @@ class PointToPointOp:
 class IdentityOp:
     """Nothing moves: source and destination layouts agree on every rank."""
 
-    kind: str = field(default="Identity")
+    kind: OpKind = field(default=OpKind.IDENTITY)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", OpKind(self.kind))  # a plain name (a Program's JSON) reads back typed
 
     def ranks(self) -> frozenset[int]:
         return frozenset()
@@ -343,7 +396,7 @@ CommOp = CollectiveOp | SplitCollectiveOp | PointToPointOp | IdentityOp
 def merge_p2p(ops: Iterable[PointToPointOp]) -> PointToPointOp:
     """One point-to-point operator from several on disjoint outputs (``BSR`` unless all are ``SendRecv``)."""
     ops = list(ops)
-    kind = "SendRecv" if all(o.kind == "SendRecv" for o in ops) else "BSR"
+    kind = OpKind.SEND_RECV if all(o.kind is OpKind.SEND_RECV for o in ops) else OpKind.BSR
     return PointToPointOp(kind, tuple(m for o in ops for m in o.messages), tuple(c for o in ops for c in o.copies),
                           tuple(dict(b for o in ops for b in o.in_boxes).items()),
                           tuple(b for o in ops for b in o.out_boxes), tuple(z for o in ops for z in o.zero_fill))

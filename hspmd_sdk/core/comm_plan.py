@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from .annotation import Annotation
-from .comm_ops import CommOp, Transfer
+from .comm_ops import CommOp, OpKind, Transfer
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -91,7 +91,7 @@ class CommPlan:
     cluster: "Cluster | None" = None
 
     @property
-    def kinds(self) -> list[str]:
+    def kinds(self) -> list[OpKind]:
         """Operator names in execution order (``Identity``, ``AllReduce``, ..., ``SplitAllGather``, ``BSR``)."""
         return [op.kind for op in self.ops]
 

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Sequence
 
 from ..errors import SpecializationError
 from .annotation import format_ranks
+from .comm_ops import OpKind
 
 __all__ = ["build_pipelines", "collective_groups", "p2p_edges", "rank_kinds", "op_ranks"]
 
@@ -26,7 +27,7 @@ def op_ranks(op: Any) -> set[int]:
     return set(op.ranks())
 
 
-def rank_kinds(plan: Any, rank: int) -> tuple[str, ...]:
+def rank_kinds(plan: Any, rank: int) -> tuple[OpKind, ...]:
     """The communication kinds ``rank`` executes for ``plan`` (e.g. ``("ReduceScatter",)`` on GPU 0 and
     ``("BSR",)`` on GPU 6 for the paper's Reshard id=2); ``()`` when it takes no part."""
     return tuple(op.kind for op in plan.ops if rank in op_ranks(op))

@@ -65,6 +65,8 @@ class _Writer:
             return x
         if isinstance(x, int):  # an IntEnum (a DSKey such as PARTIAL): its plain value, read back equal
             return int(x)
+        if isinstance(x, str):  # a StrEnum (an OpKind): its plain name, which the operator reads back typed
+            return str(x)
         if t is tuple:
             return {"$t": [self.value(v) for v in x]}
         if t is list:

@@ -25,8 +25,8 @@ from ..errors import ResolutionError, ShapeError
 from .annotation import PARTIAL, DUPLICATE, DS, Annotation, LocalView, is_split, local_views
 from .bsr import LinkModel, bsr_scheme, bsr_table
 from .comm_plan import CommPlan
-from .comm_ops import (CollectiveGroup, CollectiveOp, CommOp, IdentityOp, Message, PointToPointOp, SliceCollective,
-                       SplitCollectiveOp, merge_p2p)
+from .comm_ops import (CollectiveGroup, CollectiveOp, CommOp, IdentityOp, Message, OpKind, PointToPointOp,
+                       SliceCollective, SplitCollectiveOp, merge_p2p)
 from .slices import Box, Grid, box_numel, coalesce
 
 if TYPE_CHECKING:
@@ -50,14 +50,14 @@ def itemsize_of(dtype: Any) -> int:
     return _ITEMSIZE[name]
 
 
-def split_kind(src_hdim: int, dst_hdim: int) -> str | None:
+def split_kind(src_hdim: int, dst_hdim: int) -> OpKind | None:
     """The top-tier operator for an HDim change (§5.2), or ``None`` when there is none."""
     if src_hdim == PARTIAL and dst_hdim == DUPLICATE:
-        return "SplitAllReduce"
+        return OpKind.SPLIT_ALL_REDUCE
     if src_hdim == PARTIAL and is_split(dst_hdim):
-        return "SplitReduceScatter"
+        return OpKind.SPLIT_REDUCE_SCATTER
     if is_split(src_hdim) and dst_hdim == DUPLICATE:
-        return "SplitAllGather"
+        return OpKind.SPLIT_ALL_GATHER
     return None
 
 
@@ -189,7 +189,7 @@ def _send_recv(a: list[int], b: list[int], sv: dict[int, LocalView], dv: dict[in
             copies.append((r, box))
         else:
             msgs.append(Message(r, q, box, 0))
-    return PointToPointOp("SendRecv", tuple(msgs), tuple(copies), tuple((r, sv[r].box) for r in a),
+    return PointToPointOp(OpKind.SEND_RECV, tuple(msgs), tuple(copies), tuple((r, sv[r].box) for r in a),
                           tuple((q, dv[q].box) for q in b))
 
 
@@ -208,7 +208,7 @@ def _local_split(s: DS, t: DS, ranks: list[int], sv: dict[int, LocalView], dv: d
         if not all(a <= c and d <= e for (a, e), (c, d) in zip(sb, db)):
             return None
     groups = tuple(CollectiveGroup((r,), (sv[r].box,), (dv[r].box,)) for r in ranks)
-    return CollectiveOp("LocalSplit", groups, ctx.itemsize)
+    return CollectiveOp(OpKind.LOCAL_SPLIT, groups, ctx.itemsize)
 
 
 def _bottom_collective(s: DS, t: DS, ranks: list[int], sv: dict[int, LocalView], dv: dict[int, LocalView],
@@ -230,13 +230,13 @@ def _bottom_collective(s: DS, t: DS, ranks: list[int], sv: dict[int, LocalView],
     if t.degree(b) != s.degree(b) * f:
         return None
     if a == PARTIAL and b == DUPLICATE:
-        kind = "AllReduce"
+        kind = OpKind.ALL_REDUCE
     elif a == PARTIAL and is_split(b):
-        kind = "ReduceScatter"
+        kind = OpKind.REDUCE_SCATTER
     elif is_split(a) and b == DUPLICATE:
-        kind = "AllGather"
+        kind = OpKind.ALL_GATHER
     elif is_split(a) and is_split(b):
-        kind = "AllToAll"
+        kind = OpKind.ALL_TO_ALL
     else:
         return None
     others = sorted(keys - {a, b})
@@ -257,12 +257,12 @@ def _bottom_collective(s: DS, t: DS, ranks: list[int], sv: dict[int, LocalView],
             return None
         if b != DUPLICATE and len({g for _, _, g in members}) != f:
             return None
-        order = 1 if kind == "AllGather" else 2  # AG: source chunk order; RS/A2A/AR: destination chunk order
+        order = 1 if kind is OpKind.ALL_GATHER else 2  # AG: source chunk order; RS/A2A/AR: destination chunk order
         members.sort(key=lambda m: m[order])
         rs = tuple(m[0] for m in members)
         out.append(CollectiveGroup(rs, tuple(sv[r].box for r in rs), tuple(dv[r].box for r in rs)))
-    dim = a if kind == "AllGather" else (b if is_split(b) else None)
-    return CollectiveOp(kind, tuple(out), ctx.itemsize, dim, a if kind == "AllToAll" else None)
+    dim = a if kind is OpKind.ALL_GATHER else (b if is_split(b) else None)
+    return CollectiveOp(kind, tuple(out), ctx.itemsize, dim, a if kind is OpKind.ALL_TO_ALL else None)
 
 
 def _partial_allreduce(subgroups: list[tuple[DS, list[int]]], sv: dict[int, LocalView], ctx: _Ctx) -> CollectiveOp:
@@ -277,12 +277,12 @@ def _partial_allreduce(subgroups: list[tuple[DS, list[int]]], sv: dict[int, Loca
         for members in by_rest.values():
             rs = tuple(r for _, r in sorted(members))
             groups.append(CollectiveGroup(rs, tuple(sv[r].box for r in rs), tuple(sv[r].box for r in rs)))
-    return CollectiveOp("AllReduce", tuple(groups), ctx.itemsize)
+    return CollectiveOp(OpKind.ALL_REDUCE, tuple(groups), ctx.itemsize)
 
 
 # ---- BSR (§5.3) --------------------------------------------------------------------------------------------
 def _bsr_op(owners: list[tuple[int, Box]], receivers: list[tuple[int, Box]], zeros: list[tuple[int, Box]],
-            ctx: _Ctx, *, kind: str = "BSR") -> PointToPointOp:
+            ctx: _Ctx, *, kind: OpKind = OpKind.BSR) -> PointToPointOp:
     """A BSR operator from owner and receiver boxes: table, scheme, messages merged per sender/receiver."""
     entries = bsr_table(owners, receivers, ctx.shape, ctx.itemsize) if receivers else []
     assigns = bsr_scheme(entries, ctx.links, {})
@@ -305,7 +305,7 @@ def _bsr_whole(src: Annotation, dst: Annotation, sv: dict[int, LocalView], dv: d
     if src.hdim == PARTIAL and src.hsize > 1:
         held = [_Held(r, v.subgroup, v.box, v.subgroup, src.hsize) for r, v in sv.items()]
         boxes = [(r, v.box) for r, v in sv.items()]
-        ops.append(_split_op("SplitAllReduce", PARTIAL, DUPLICATE, held, True, boxes, [], ctx))
+        ops.append(_split_op(OpKind.SPLIT_ALL_REDUCE, PARTIAL, DUPLICATE, held, True, boxes, [], ctx))
     receivers = [(r, v.box) for r, v in dv.items() if v.partial_index == 0]
     zeros = [(r, v.box) for r, v in dv.items() if v.partial_index != 0]
     ops.append(_bsr_op([(r, v.box) for r, v in sv.items()], receivers, zeros, ctx))
@@ -341,7 +341,7 @@ def _contributors(holders: list[_Held], top_partial: bool) -> tuple[int, ...] | 
     return None
 
 
-def _split_op(kind: str, src_hdim: int, dst_hdim: int, held: list[_Held], top_partial: bool,
+def _split_op(kind: OpKind, src_hdim: int, dst_hdim: int, held: list[_Held], top_partial: bool,
               targets: list[tuple[int, Box]], zeros: list[tuple[int, Box]], ctx: _Ctx) -> SplitCollectiveOp:
     """One collective per finest-grained slice: the contributors' parts summed, written to every receiver."""
     grid = Grid(ctx.shape, [h.box for h in held] + [b for _, b in targets])
@@ -401,7 +401,7 @@ def _top_tier(src: Annotation, dst: Annotation, sv: dict[int, LocalView], dv: di
     if mid is not None:  # align the HDim first, then each subgroup's DS
         mv = _views(mid, ctx.shape)
         candidates.append([_top_op(src, mid, ctx, sv, mv)] + _bottom_tier(mid, dst, mv, dv, ctx))
-    candidates = [c for c in candidates if not any(op.kind == "BSR" for op in c)]
+    candidates = [c for c in candidates if not any(op.kind is OpKind.BSR for op in c)]
     if not candidates:
         return None
     return min(candidates, key=lambda ops: sum(t[2] for op in ops for t in op.transfers()))

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from ..errors import ResolutionError, ShapeError, SpecializationError
 from .annotation import Annotation, format_ranks, local_view, local_views
+from .comm_ops import OpKind
 from .deduction import (activation_grad_annotation, deduce, local_constraints, local_shape, partial_as_duplicate,
                         weight_grad_annotation)
 from .graph import Graph, Node
@@ -836,8 +837,8 @@ def _describe_program(prog: Program) -> str:
         for k in plan.kinds:
             kinds[k] = kinds.get(k, 0) + 1
     lines.append("  forward/Pre Reshards by kind: " + ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())))
-    moving = [(name, plan) for name, plan in prog.comm_plans.items() if plan.kinds != ["Identity"]]
-    moving.sort(key=lambda item: item[1].kinds == ["AllReduce"])  # boundaries and gathers before TP all-reduces
+    moving = [(name, plan) for name, plan in prog.comm_plans.items() if plan.kinds != [OpKind.IDENTITY]]
+    moving.sort(key=lambda item: item[1].kinds == [OpKind.ALL_REDUCE])  # boundaries and gathers before TP all-reduces
     for name, plan in moving[:24]:
         lines.append(f"    {name}: {' + '.join(plan.kinds)}  {plan.src} -> {plan.dst}")
     if len(moving) > 24:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from ..errors import ResolutionError
 from .annotation import PARTIAL, Annotation, local_views
 from .bsr import Assignment, LinkModel, bsr_scheme, bsr_table
+from .comm_ops import OpKind
 from .comm_plan import pick_unit, time_of, volume_by_rank, volume_table
 from .resolve import itemsize_of
 from .slices import Box, box_numel, box_shape, coalesce, relative, zeros
@@ -88,7 +89,7 @@ class SwitchPlan:
 
     @property
     def kinds(self) -> list[str]:
-        return ["BSR"] * len(self.steps)
+        return [OpKind.BSR] * len(self.steps)
 
     def transfers(self) -> list[list[tuple[int, int, int, int]]]:
         """Per step, ``(sender, receiver, bytes, 1)`` for each packed message."""

@@ -7,9 +7,12 @@ Every estimate is built from a few operators, each costed on one hardware resour
   times a model-FLOPs utilisation (**analytic**), or a fitted line ``time = a * FLOPs + b`` (**profiled**, see
   :func:`hspmd_sdk.runtime.profile_device`);
 * communication on a link class (``intra``: NVLink, ``inter``: the network) from :meth:`Cluster.link`:
-  TP all-reduces inside a layer (Megatron: two in the forward, two in the backward, of
-  ``tokens x hidden x 2`` bytes, ring cost ``2(n-1)/n``), the all-gathers of the embedding output and of the
-  logits and the all-reduce of the LM head's input gradient, pipeline point-to-point of one activation or
+  the TP collectives of the embedding, a decoder layer and the LM head, forward and backward, as the model's own
+  specialized Program runs them (:mod:`.tp_comm`: for Llama two all-reduces of ``tokens x hidden`` a layer each
+  way, the all-gathers of the embedding output and of the logits, the all-reduce of the head's input gradient;
+  GPT's head all-reduces its logits), each priced as a ring collective by :meth:`OpKind.ring`, the volumes the
+  Program's ``CollectiveOp.transfers`` count (``2(n-1)/n`` of the buffer for an all-reduce, ``(n-1)/n`` for a
+  reduce-scatter or an all-gather), pipeline point-to-point of one activation or
   gradient (``tokens x hidden x 2`` bytes), data-parallel gradient synchronisation (ring all-reduce, or
   reduce-scatter + all-gather under ZeRO-1) over the slowest link of the group;
 * memory: bf16 parameters and gradients, fp32 master weights and Adam ``m``/``v`` (ZeRO-1 divides these across
@@ -46,6 +49,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ..core.comm_ops import OpKind
+from .tp_comm import Collective, UnitCollectives, unit_collectives
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster, DeviceSpec, Link
@@ -231,13 +237,14 @@ class CostModel(BaseModel):
             return self.comm_scale * (o.latency + nbytes / o.bandwidth)
         return self.comm_scale * (link.latency + nbytes / (link.bandwidth * self.p2p_efficiency))
 
-    def collective_time(self, op: str, nbytes: float, n: int, link: "Link") -> float:
-        """Seconds for a ring ``op`` (``all_reduce``, ``reduce_scatter``, ``all_gather``) of ``nbytes`` per
-        device over ``n`` devices whose slowest link is ``link``."""
+    def collective_time(self, op: "OpKind | str", nbytes: float, n: int, link: "Link") -> float:
+        """Seconds for a ring ``op`` (``AllReduce``, ``ReduceScatter``, ``AllGather``; :class:`~hspmd_sdk.core.
+        comm_ops.OpKind` or its older spelling ``"all_reduce"``, ...) of ``nbytes`` per device (the whole buffer:
+        the gathered one for ``AllGather``) over ``n`` devices whose slowest link is ``link``.  The ring's bytes and
+        steps are :meth:`OpKind.ring`'s, the ones a Program's ``CollectiveOp.transfers`` counts."""
         if n <= 1 or nbytes <= 0 or link.cls == "self":
             return 0.0
-        steps = 2 * (n - 1) if op == "all_reduce" else n - 1
-        volume = ring_factor(op, n) * nbytes * self.comm_bytes_factor
+        volume, steps = OpKind(op).ring(n, nbytes * self.comm_bytes_factor)
         o = self.link_overrides.get(link.cls)
         if o is not None:
             lat = o.latency if o.collective_latency is None else o.collective_latency
@@ -268,14 +275,14 @@ class CostModel(BaseModel):
         return params * self.optimizer_bytes_per_param / bw
 
 
-def ring_factor(op: str, n: int) -> float:
-    """Bytes each device sends per byte of its buffer in a ring collective: ``2(n-1)/n`` for all-reduce,
-    ``(n-1)/n`` for reduce-scatter and all-gather."""
-    if op not in ("all_reduce", "reduce_scatter", "all_gather"):
-        raise ValueError(f"unknown collective {op!r}")
-    if n <= 1:
-        return 0.0
-    return (2.0 if op == "all_reduce" else 1.0) * (n - 1) / n
+def ring_factor(op: "OpKind | str", n: int) -> float:
+    """Bytes each device sends per byte of its buffer in a ring collective (:meth:`OpKind.ring`): ``2(n-1)/n`` for
+    all-reduce, ``(n-1)/n`` for reduce-scatter and all-gather.  Raises ``ValueError`` for another kind."""
+    try:
+        kind = OpKind(op)
+    except ValueError:
+        raise ValueError(f"unknown collective {op!r}") from None
+    return kind.ring(n, 1.0)[0]
 
 
 # ---- per-operator costs -----------------------------------------------------------------------------------
@@ -342,8 +349,9 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
 
     Compute: ``layer_flops / tp``; with a profile and without ``cost.sequence_parallel``, plus ``1 - 1/tp`` of the
     profiled replicated part (norms and residuals, which every device of the group computes whole).  TP
-    communication (Megatron): two all-reduces of ``tokens x hidden`` bf16 in the forward and two in the backward
-    (two more when the backward recomputes the forward), plus the link's ``skew`` times the compute before them
+    communication: the layer's collectives as its specialized Program runs them (:func:`~.tp_comm.unit_collectives`;
+    for Llama and GPT two all-reduces of ``tokens x hidden`` bf16 in the forward and two in the backward), the
+    forward's again when the backward recomputes it, plus the link's ``skew`` times the compute before them
     (:meth:`CostModel.collective_skew`).  Activations:
     :meth:`ModelSpec.layer_activation_bytes` divided by ``tp`` (with ``cost.sequence_parallel``; without it the
     RMSNorm inputs/outputs, ``4 * hidden`` per token, stay replicated); with ``recompute`` only the layer input
@@ -373,7 +381,8 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
         bwd = cost.backward_factor * fwd
         att_f = fwd - cost.compute_time(lin, spec)
         att_b = cost.backward_factor * att_f
-    ar = cost.collective_time("all_reduce", tokens * model.hidden_size * BF16, tp, tp_link)
+    tpc = _collectives(model, tp)
+    comm_f, comm_b = _tp_seconds(tpc.layer_fwd, tokens, tp_link, cost), _tp_seconds(tpc.layer_bwd, tokens, tp_link, cost)
     full_act = _layer_activation_bytes(model, tokens, tp, cost.sequence_parallel)
     gap_f, gap_b = _cp_ring_gap(model, micro_batch, seq_len, tp, cp, cp_link, cost, att_f, att_b)
     ring_f, ring_b = max(0.0, gap_f), max(0.0, gap_b)
@@ -381,12 +390,25 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
     ring_b += ring_f if recompute else 0.0
     skew = cost.collective_skew(tp, tp_link)  # every stretch of compute ends at one of the blocking all-reduces
     return LayerCost(
-        fwd_compute=fwd, bwd_compute=bwd, fwd_comm=2 * ar + skew * fwd + ring_f,
-        bwd_comm=(4 if recompute else 2) * ar + skew * bwd + ring_b,
+        fwd_compute=fwd, bwd_compute=bwd, fwd_comm=comm_f + skew * fwd + ring_f,
+        bwd_comm=comm_b + (comm_f if recompute else 0.0) + skew * bwd + ring_b,
         act_bytes=tokens * model.hidden_size * BF16 / (tp if cost.sequence_parallel else 1) if recompute
         else full_act,
         transient_bytes=full_act if recompute else 0.0,
         params=model.layer_param_count() / tp, ring_gap_fwd=gap_f, ring_gap_bwd=gap_b)
+
+
+def _collectives(model: "ModelSpec", tp: float) -> UnitCollectives:
+    """The TP collectives of ``model``'s units at ``tp`` (:func:`~.tp_comm.unit_collectives`, read off the
+    specialized Program); none for a fractional ``tp`` (an uneven stage's compute share, whose group's
+    collectives the caller prices at the group's degree)."""
+    whole = float(tp).is_integer()
+    return unit_collectives(model, int(tp) if whole else 1)
+
+
+def _tp_seconds(collectives: tuple[Collective, ...], tokens: float, link: "Link", cost: CostModel) -> float:
+    """Seconds of ``collectives`` (one after another, blocking) for ``tokens`` tokens in bf16 over ``link``."""
+    return sum(cost.collective_time(c.kind, c.per_token * tokens * BF16, c.members, link) for c in collectives)
 
 
 def _cp_ring_gap(model: "ModelSpec", micro_batch: int, seq_len: int, tp: int, cp: int, link: "Link | None",
@@ -430,11 +452,13 @@ def embedding_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Li
     if not cost.include_embedding:
         return LayerCost()
     tokens = micro_batch * seq_len / cp
-    ar = cost.collective_time("all_gather", tokens * model.hidden_size * BF16, tp, tp_link)
+    tpc = _collectives(model, tp)
     prof = cost.profiles.get(spec.kind)
     # profiled: the embedding's forward + backward, put in the backward (the forward is a gather)
     bwd = _line(prof.embed, tokens * model.hidden_size / tp) if prof is not None else 0.0
-    return LayerCost(fwd_comm=ar, bwd_compute=bwd, params=model.embedding_param_count() / tp)
+    return LayerCost(fwd_comm=_tp_seconds(tpc.embedding_fwd, tokens, tp_link, cost), bwd_compute=bwd,
+                     bwd_comm=_tp_seconds(tpc.embedding_bwd, tokens, tp_link, cost),
+                     params=model.embedding_param_count() / tp)
 
 
 def head_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
@@ -442,10 +466,11 @@ def head_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", 
     """Final RMSNorm, the vocab-parallel LM head and the cross-entropy loss.
 
     The fp32 logits (``tokens x vocab / tp``) are transient: the loss and its gradient are computed right
-    after the forward of the last stage.  TP communication as :func:`~hspmd_sdk.core.strategy_plan.
-    plan_from_strategy` lays it out: the logits are all-gathered (``tokens x vocab``) in the forward, and the
-    gradient of the head's (Duplicate) input is all-reduced (``tokens x hidden``) in the backward.  ``cp``: each
-    rank's ``tokens / cp``."""
+    after the forward of the last stage.  TP communication as the specialized Program runs it
+    (:func:`~.tp_comm.unit_collectives`): for Llama the logits are all-gathered (``tokens x vocab``) in the
+    forward and the gradient of the head's (Duplicate) input is all-reduced (``tokens x hidden``) in the backward;
+    GPT's tied head all-reduces its Partial logits and all-gathers its input's gradient.  ``cp``: each rank's
+    ``tokens / cp``."""
     if not cost.include_embedding:
         return LayerCost()
     tokens = micro_batch * seq_len / cp
@@ -457,8 +482,9 @@ def head_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", 
         fwd = cost.compute_time(flops, spec)
         bwd = cost.backward_factor * fwd
     skew = cost.collective_skew(tp, tp_link)  # the logits' gather waits for the head, the input's all-reduce too
-    fwd_comm = cost.collective_time("all_gather", tokens * model.vocab_size * BF16, tp, tp_link) + skew * fwd
-    bwd_comm = cost.collective_time("all_reduce", tokens * model.hidden_size * BF16, tp, tp_link) + skew * bwd
+    tpc = _collectives(model, tp)
+    fwd_comm = _tp_seconds(tpc.head_fwd, tokens, tp_link, cost) + skew * fwd
+    bwd_comm = _tp_seconds(tpc.head_bwd, tokens, tp_link, cost) + skew * bwd
     return LayerCost(fwd_compute=fwd, bwd_compute=bwd, fwd_comm=fwd_comm, bwd_comm=bwd_comm,
                      act_bytes=tokens * model.hidden_size * BF16,
                      transient_bytes=2 * tokens * model.vocab_size * FP32 / tp,

@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
+from ..core.comm_ops import OpKind
 from ..core.schedule import in_flight
 from ..core.strategy import Strategy
 from ..errors import PlanValidationError
@@ -543,7 +544,7 @@ def _sync_estimate(ctx: PlanContext, i: int, pipes: Sequence[PipelinePlan]) -> f
     D = len(pipes)
     if D <= 1:
         return 0.0
-    ops = ("reduce_scatter", "all_gather") if ctx.zero1 else ("all_reduce",)
+    ops = (OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER) if ctx.zero1 else (OpKind.ALL_REDUCE,)
 
     def holder(pipe: PipelinePlan, layer: int) -> TPGroup:
         first = 0

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..core.comm_ops import OpKind
 from ..core.plan import ExecutionSettings
 from ..core.schedule import in_flight
 from ..core.specialize import specialize
@@ -238,7 +239,7 @@ class _Methods:
                        + (md.head_param_count() if s == S - 1 else 0) for s in range(S)) / m.tp
         n = max(2, self.cluster.num_ranks // m.devices)
         link = self.cluster.link(0, self.cluster.num_ranks - 1)
-        ops = ("reduce_scatter", "all_gather") if self.zero1 else ("all_reduce",)
+        ops = (OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER) if self.zero1 else (OpKind.ALL_REDUCE,)
         sync = sum(self.cost.collective_time(op, heaviest * BF16, n, link) for op in ops)
         owned = heaviest / n if self.zero1 else heaviest
         return sync + self.cost.optimizer_time(owned, self.cluster.devices[m.kind])

@@ -5,7 +5,8 @@ together by :func:`hspmd_sdk.core.schedule.replay` with a timing callback:
 
 1. ``PRE`` (ZeRO-1 only): all-gather of the bf16 parameters across the replicas holding each layer;
 2. every pipeline runs its own micro-batches (count and size per pipeline): ``F``/``B`` take the stage's compute
-   time plus its TP all-reduces (the slowest device kind of the TP group sets the pace); activations and
+   time plus its TP collectives, those of the model's own specialized Program (:mod:`.tp_comm`), priced as ring
+   collectives (the slowest device kind of the TP group sets the pace); activations and
    gradients move between neighbouring stages point-to-point over :meth:`Cluster.link`, one transfer at a time
    per direction, without blocking the sender; a receive waits for its data;
 3. ``POST``: gradient synchronisation after each stage's last backward (ring all-reduce, or reduce-scatter with
@@ -37,6 +38,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Hashable
 
+from ..core.comm_ops import OpKind
 from ..core.schedule import Action, build_schedule, in_flight, replay
 from ..core.strategy import Strategy
 from ..models.registry import load_model_spec
@@ -235,7 +237,7 @@ def _group_link(cluster: "Cluster", stages: list[list[int]]) -> "Link":
     return min(links, key=lambda l: l.bandwidth) if links else cluster.link(stages[0][0], stages[0][0])
 
 
-def _run_collectives(op: str, buckets: list[tuple[tuple[StageKey, ...], dict[StageKey, float]]],
+def _run_collectives(op: OpKind, buckets: list[tuple[tuple[StageKey, ...], dict[StageKey, float]]],
                      ready: dict[StageKey, float], devices: dict[StageKey, list[int]], cluster: "Cluster",
                      cost: CostModel, events: dict[StageKey, list[Event]], kind: str,
                      cps: dict[StageKey, int] | None = None) -> dict[StageKey, float]:
@@ -314,7 +316,7 @@ def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, co
     # 1. PRE: ZeRO-1 parameter all-gather.
     start = {k: 0.0 for k in costs}
     if strategy.zero1:
-        start = _run_collectives("all_gather", buckets, start, devices, cluster, cost, events, "comm")
+        start = _run_collectives(OpKind.ALL_GATHER, buckets, start, devices, cluster, cost, events, "comm")
 
     # 2. The pipelines, replayed with timing.
     clock, transfers = run(start, events)
@@ -322,7 +324,7 @@ def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, co
     compute_end = dict(clock)
 
     # 3. POST: gradient synchronisation (last layers first), then the optimizer.
-    op = "reduce_scatter" if strategy.zero1 else "all_reduce"
+    op = OpKind.REDUCE_SCATTER if strategy.zero1 else OpKind.ALL_REDUCE
     cps = {(i, j): st.cp for i, p in enumerate(strategy.pipelines) for j, st in enumerate(p.stages)}
     clock = _run_collectives(op, buckets[::-1], clock, devices, cluster, cost, events, "sync", cps)
     memory = _memory(counted or strategy, cluster, costs, buckets, devices, cost)

@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from ...core.gradients import backward_plan_for, gradient_layout
-from ...core.comm_ops import CollectiveOp, IdentityOp, PointToPointOp, SplitCollectiveOp
+from ...core.comm_ops import CollectiveOp, IdentityOp, OpKind, PointToPointOp, SplitCollectiveOp
 from ...core.slices import Box, box_intersect, box_numel, box_shape, format_box, relative
 from ...errors import HSPMDError
 from ..trace import communicating, span
@@ -78,7 +78,7 @@ def comm_groups(plans: Iterable["CommPlan"]) -> list[tuple[int, ...]]:
     sets: set[tuple[int, ...]] = set()
     for plan in plans:
         for op in plan.ops:
-            if isinstance(op, CollectiveOp) and op.kind != "LocalSplit":
+            if isinstance(op, CollectiveOp) and op.kind is not OpKind.LOCAL_SPLIT:
                 sets.update(tuple(sorted(g.ranks)) for g in op.groups if len(g.ranks) >= 2)
             elif isinstance(op, SplitCollectiveOp):
                 sets.update(tuple(sorted(s.ranks)) for s in op.slices if len(s.ranks) >= 2)
@@ -300,30 +300,24 @@ def _run_collective(op: CollectiveOp, cur: torch.Tensor | None, ctx: _Ctx, what:
     i = grp.ranks.index(ctx.rank)
     x = ctx.check(cur, grp.in_boxes[i], what)
     inb, outb = dict(zip(grp.ranks, grp.in_boxes)), dict(zip(grp.ranks, grp.out_boxes))
-    if op.kind == "LocalSplit" or len(grp.ranks) == 1:
-        return _local_collective(op.kind, x, inb, outb, ctx.rank)
+    if op.kind is OpKind.LOCAL_SPLIT or len(grp.ranks) == 1:  # local slicing, or a collective of one rank
+        return x[relative(outb[ctx.rank], inb[ctx.rank])].clone()
+    run = _COLLECTIVES.get(op.kind)
+    if run is None:
+        raise CommExecutionError(f"rank {ctx.rank}, {what}: unknown collective kind {op.kind!r}")
     pg, order = _group(ctx.lookup, grp.ranks, ctx.rank, what)
-    if op.kind == "AllReduce":
-        total = x.contiguous().clone()
-        dist.all_reduce(total, group=pg)
-        return total[relative(outb[ctx.rank], inb[ctx.rank])].clone()
-    if op.kind == "ReduceScatter":
-        return _reduce_scatter(x, inb, outb, order, pg, ctx)
-    if op.kind == "AllGather":
-        return _all_gather(x, inb, outb, order, pg, ctx, what)
-    if op.kind == "AllToAll":
-        return _all_to_all(x, inb, outb, order, pg, ctx)
-    raise CommExecutionError(f"rank {ctx.rank}, {what}: unknown collective kind {op.kind!r}")
+    return run(x, inb, outb, order, pg, ctx, what)
 
 
-def _local_collective(kind: str, x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box],
-                      rank: int) -> torch.Tensor:
-    """``LocalSplit``, or any collective of one rank: the output box cut out of the input."""
-    return x[relative(outb[rank], inb[rank])].clone()
+def _all_reduce(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: Any,
+                ctx: _Ctx, what: str) -> torch.Tensor:
+    total = x.contiguous().clone()
+    dist.all_reduce(total, group=pg)
+    return total[relative(outb[ctx.rank], inb[ctx.rank])].clone()
 
 
 def _reduce_scatter(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: Any,
-                    ctx: _Ctx) -> torch.Tensor:
+                    ctx: _Ctx, what: str) -> torch.Tensor:
     """Chunk ``j`` of the flat input is member ``order[j]``'s output box: whoever the plan gives a box gets it."""
     me = inb[ctx.rank]
     sizes = {box_numel(outb[q]) for q in order}
@@ -354,7 +348,7 @@ def _all_gather(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], orde
 
 
 def _all_to_all(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: Any,
-                ctx: _Ctx) -> torch.Tensor:
+                ctx: _Ctx, what: str) -> torch.Tensor:
     """Send each peer the part of the input inside its output box; receive the parts of the own output box."""
     me_in, me_out = inb[ctx.rank], outb[ctx.rank]
     send_parts = [box_intersect(me_in, outb[q]) for q in order]
@@ -372,6 +366,12 @@ def _all_to_all(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], orde
             out[relative(part, me_out)] = recv[at:at + n].reshape(box_shape(part))
             at += n
     return out
+
+
+#: The bottom-tier collectives: one function each, ``(input, in boxes, out boxes, group order, group, ctx, what)``.
+_COLLECTIVES: dict[OpKind, Callable[..., torch.Tensor]] = {
+    OpKind.ALL_REDUCE: _all_reduce, OpKind.REDUCE_SCATTER: _reduce_scatter, OpKind.ALL_GATHER: _all_gather,
+    OpKind.ALL_TO_ALL: _all_to_all}
 
 
 # ---- top tier ----------------------------------------------------------------------------------------------

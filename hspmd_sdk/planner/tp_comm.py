@@ -1,0 +1,153 @@
+"""The tensor-parallel communication of a model's units, read off a specialized Program's own CommPlans.
+
+The cost model does not keep its own list of which collectives tensor parallelism runs (Megatron's "two
+all-reduces per layer"): :func:`unit_collectives` specializes the model itself under a ``tp``-way, three-stage
+plan once (three layers: the first stage holds the embedding and layer 0, the middle one layer 1, the last layer 2
+and the head), and reads every collective a stage's TP group runs from the Program's forward Reshards
+(``comm_plans``) and from its backward (``backward_plans``, the Partial gradients' ``grad_reduce_plans``).  The
+middle stage's are one decoder layer's; the first and last stages' less one layer's are the embedding's and the
+head's.  Each collective is kept as ``(kind, members, elements per token)``: the buffer a ring collective works on
+(the whole tensor for ``AllReduce``/``ReduceScatter``, the gathered one for ``AllGather``), per token of the
+micro-batch, so one specialization prices every micro-batch size and sequence length; :meth:`CostModel.
+collective_time` prices it with :meth:`OpKind.ring`, the formula the Program's ``CollectiveOp.transfers`` use.
+
+Point-to-point operators between stages are the pipeline's activations and gradients, which the simulator prices
+as transfers of its own schedule; operators a rank runs alone (``LocalSplit``, ``Identity``) move nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable
+
+from ..core.cluster import Cluster
+from ..core.comm_ops import CollectiveOp, OpKind
+from ..core.slices import box_numel
+from ..core.specialize import specialize
+from ..core.strategy import Pipeline, Stage, Strategy
+from ..core.strategy_plan import plan_from_strategy
+from ..errors import HSPMDError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.model_spec import ModelSpec
+
+__all__ = ["Collective", "UnitCollectives", "unit_collectives"]
+
+_RING = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER)
+
+
+@dataclass(frozen=True, order=True)
+class Collective:
+    """One ring collective of a unit: its ``kind``, its group size ``members`` and the elements per token of the
+    buffer it works on (the whole tensor; the gathered one for ``AllGather``)."""
+
+    kind: OpKind
+    members: int
+    per_token: float
+
+
+@dataclass(frozen=True)
+class UnitCollectives:
+    """The TP collectives of the embedding, one decoder layer and the head, forward and backward."""
+
+    embedding_fwd: tuple[Collective, ...]
+    embedding_bwd: tuple[Collective, ...]
+    layer_fwd: tuple[Collective, ...]
+    layer_bwd: tuple[Collective, ...]
+    head_fwd: tuple[Collective, ...]
+    head_bwd: tuple[Collective, ...]
+
+
+class TPCommError(HSPMDError, ValueError):
+    """The model could not be specialized to read its TP collectives."""
+
+
+def unit_collectives(model: "ModelSpec", tp: int) -> UnitCollectives:
+    """The TP collectives of ``model``'s units under ``tp``-way tensor parallelism (see the module docstring);
+    cached per model config and degree.  ``tp`` 1: none.  Raises :class:`TPCommError` naming the model and degree
+    when the model cannot be specialized so (e.g. heads that ``tp`` does not divide)."""
+    if tp <= 1:
+        return UnitCollectives((), (), (), (), (), ())
+    try:
+        return _cached(model, tp)
+    except TypeError:  # a config that is not hashable: specialize every time
+        return _read(model, tp)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached(model: "ModelSpec", tp: int) -> UnitCollectives:
+    return _read(model, tp)
+
+
+def _three_layers(model: "ModelSpec") -> "ModelSpec":
+    """``model`` with three layers where its config can be copied so (a pydantic or dataclass config), else
+    itself."""
+    if model.num_layers == 3:
+        return model
+    if hasattr(model, "model_copy"):
+        return model.model_copy(update={"num_layers": 3})
+    if dataclasses.is_dataclass(model) and not isinstance(model, type):
+        return dataclasses.replace(model, num_layers=3)
+    return model
+
+
+def _read(model: "ModelSpec", tp: int) -> UnitCollectives:
+    m = _three_layers(model)
+    if m.num_layers < 3:
+        raise TPCommError(f"model {getattr(model, 'name', model)!r} has {m.num_layers} layer(s) and a config that "
+                          "cannot be copied with three: its TP collectives cannot be read per unit")
+    last = m.num_layers - 1
+    stages = [Stage(devices=list(range(tp)), layers=[0, 0]),
+              Stage(devices=list(range(tp, 2 * tp)), layers=[1, last - 1]),
+              Stage(devices=list(range(2 * tp, 3 * tp)), layers=[last, last])]
+    strategy = Strategy(pipelines=[Pipeline(stages=stages, micro_batch_size=1, num_micro_batches=1)])
+    cluster = Cluster.local(3 * tp)
+    try:
+        program = specialize(m, plan_from_strategy(m, strategy, cluster), cluster, bindings={"B": 1, "S": 16 * tp})
+    except HSPMDError as e:
+        raise TPCommError(f"the TP collectives of model {getattr(model, 'name', model)!r} at tp={tp} cannot be "
+                          f"read: its specialization fails ({e})") from e
+    tokens = program.bindings["B"] * program.bindings["S"]
+    fwd = _per_stage(program.comm_plans.values(), stages, tokens)
+    bwd = _per_stage(list(program.backward_plans.values()) + list(program.grad_reduce_plans.values()), stages,
+                     tokens)
+    layers = m.num_layers - 2  # the middle stage's
+
+    def one_layer(c: Counter) -> Counter:
+        out = Counter()
+        for key, n in c.items():
+            if n % layers:
+                raise TPCommError(f"model {getattr(model, 'name', model)!r} at tp={tp}: its middle {layers} "
+                                  f"layers run {n} x {key}, not the same collectives each")
+            out[key] = n // layers
+        return out
+
+    lf, lb = one_layer(fwd[1]), one_layer(bwd[1])
+    return UnitCollectives(embedding_fwd=_items(fwd[0] - lf), embedding_bwd=_items(bwd[0] - lb),
+                           layer_fwd=_items(lf), layer_bwd=_items(lb),
+                           head_fwd=_items(fwd[2] - lf), head_bwd=_items(bwd[2] - lb))
+
+
+def _per_stage(plans: Iterable[Any], stages: list[Stage], tokens: int) -> list[Counter]:
+    """Each stage's ring collectives, counted: the operators whose ranks all lie in that stage's TP group."""
+    where = {r: i for i, s in enumerate(stages) for r in s.devices}
+    out: list[Counter] = [Counter() for _ in stages]
+    for plan in plans:
+        for op in plan.ops:
+            if not isinstance(op, CollectiveOp) or op.kind not in _RING:
+                continue
+            for grp in op.groups:
+                if len(grp.ranks) < 2:
+                    continue
+                homes = {where[r] for r in grp.ranks}
+                if len(homes) != 1:
+                    raise TPCommError(f"a {op.kind} over ranks {list(grp.ranks)} spans stages: not a TP collective")
+                numel = box_numel(grp.in_boxes[0]) * (len(grp.ranks) if op.kind is OpKind.ALL_GATHER else 1)
+                out[homes.pop()][Collective(op.kind, len(grp.ranks), numel / tokens)] += 1
+    return out
+
+
+def _items(c: Counter) -> tuple[Collective, ...]:
+    return tuple(sorted(k for k, n in c.items() for _ in range(max(0, n))))
