@@ -142,7 +142,8 @@ class CollectiveOp:
     src_dim: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", OpKind(self.kind))  # a plain name (a Program's JSON) reads back typed
+        if type(self.kind) is not OpKind:  # a plain name (a Program's JSON) reads back typed
+            object.__setattr__(self, "kind", OpKind(self.kind))
 
     def ranks(self) -> frozenset[int]:
         """Every rank that takes part (``LocalSplit``: every rank that slices)."""
@@ -264,7 +265,8 @@ class SplitCollectiveOp:
     itemsize: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", OpKind(self.kind))  # a plain name (a Program's JSON) reads back typed
+        if type(self.kind) is not OpKind:  # a plain name (a Program's JSON) reads back typed
+            object.__setattr__(self, "kind", OpKind(self.kind))
 
     def ranks(self) -> frozenset[int]:
         """Every rank of a slice collective, and the ranks that only receive zeros."""
@@ -322,7 +324,8 @@ class PointToPointOp:
     zero_fill: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", OpKind(self.kind))  # a plain name (a Program's JSON) reads back typed
+        if type(self.kind) is not OpKind:  # a plain name (a Program's JSON) reads back typed
+            object.__setattr__(self, "kind", OpKind(self.kind))
 
     def ranks(self) -> frozenset[int]:
         """Senders, receivers, ranks that copy locally or are zero-filled, and every rank that writes."""
@@ -369,7 +372,8 @@ class IdentityOp:
     kind: OpKind = field(default=OpKind.IDENTITY)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", OpKind(self.kind))  # a plain name (a Program's JSON) reads back typed
+        if type(self.kind) is not OpKind:  # a plain name (a Program's JSON) reads back typed
+            object.__setattr__(self, "kind", OpKind(self.kind))
 
     def ranks(self) -> frozenset[int]:
         return frozenset()

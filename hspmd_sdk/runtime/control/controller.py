@@ -209,6 +209,8 @@ class TrainingController:
         self._warmed = False  # the planners imported ahead of the first replan (:func:`_warm_planners`)
         self._watches: dict[int, StragglerWatch] = {}  # mixed: a watch per candidate (its ranks' shares differ)
         self._slow: dict[int, float] = {}  # mixed: launch rank -> the slowdown the dispatch is priced for
+        self._trained: set[int] = set()  # launch ranks past their last step (a loss from then on is after the end)
+        self._after_end = False  # a recovery found every survivor past the last step: there was nothing to recover
         self.mixed = False  # a mixed-length job (:mod:`.mixed`): its plan changes per step, by length
         self.length_planner: Any = None  # its dispatch (:class:`~.mixed.LengthPlanner`)
         self._candidates: dict[int, int] = {}  # mixed: reconfiguration id -> how many candidates it has
@@ -234,6 +236,7 @@ class TrainingController:
         job.on_message("halted", self._on_halted)
         job.on_message("switched", self._on_switched)
         job.on_message("metric", self._on_metric)
+        job.on_message("trained", self._on_trained)
         job.on_finish(self._ended)
 
     def _ended(self, job: "Job") -> None:
@@ -446,6 +449,12 @@ class TrainingController:
         if failure.kind == "hung":
             job.stop_ranks(sorted(lost))  # a frozen worker is as good as dead: make it so, then go on without it
         with self._lock:
+            after_end = lost <= self._trained
+        if after_end:  # every step is done (the last one committed everywhere): nothing to recover, the others end
+            job._note(f"ranks {sorted(lost)} lost after the last step ({failure.message}): every step was done; "
+                      "the other ranks finish without them")
+            return Reaction.CONTINUE
+        with self._lock:
             fresh = lost - self._dead
             if not fresh:
                 return Reaction.CONTINUE
@@ -462,6 +471,10 @@ class TrainingController:
                 self._busy = True
                 self._thread.start()
         return Reaction.CONTINUE
+
+    def _on_trained(self, rank: int, msg: dict[str, Any]) -> None:
+        with self._lock:
+            self._trained.add(rank)
 
     def _on_halted(self, rank: int, msg: dict[str, Any]) -> None:
         with self._lock:
@@ -621,6 +634,9 @@ class TrainingController:
                     return {r: got[r] for r in survivors if r not in self._dead}
                 if self._pending_dead:
                     return {}
+                if set(survivors) - self._dead <= self._trained:  # they all ran every step: the loss came after
+                    self._after_end = True                         # the last commit, nothing is left to recover
+                    return {}
             if time.monotonic() > end:
                 missing = sorted(set(survivors) - set(got) - self._dead)
                 raise HSPMDError(f"ranks {missing} did not halt within {self.halt_timeout_s:.0f} s after the failure "
@@ -637,6 +653,11 @@ class TrainingController:
             base = self.current
             survivors = [l for l in base.to_launch.values() if l not in self._dead]
         halted = self._wait_halted(survivors)
+        if self._after_end:
+            if self.job is not None:
+                self.job._note(f"ranks {sorted(self._dead)} lost after the last step's commit: every step was done; "
+                               "the other ranks finish without them")
+            return
         if not halted:
             return  # more ranks failed meanwhile: the loop plans again for all of them
         with self._lock:

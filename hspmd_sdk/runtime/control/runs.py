@@ -204,7 +204,7 @@ def checked_faults(faults: Sequence[Mapping[str, Any]], ranks: Sequence[int], wh
     (``whose`` ranks, for the message), as the workers take it; else a
     :class:`~hspmd_sdk.errors.PlanValidationError` naming the first bad one."""
 
-    points = {"forward", "backward", "grad_sync", "optimizer", "switch", *WRITE_POINTS}
+    points = {"forward", "backward", "grad_sync", "optimizer", "switch", "end", *WRITE_POINTS}
 
     def known(f: Mapping[str, Any]) -> bool:  # a switch may also be a grow's, whose newcomers get the next ranks
         rank = int(f.get("rank", -1))

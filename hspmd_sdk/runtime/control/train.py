@@ -71,7 +71,8 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     slower than under its plan is replanned around; ``cost``: the :class:`~hspmd_sdk.planner.CostModel` those
     replans use.  ``job.events`` lists every reconfiguration.  ``fault_injection`` (for tests and demos of
     failures): ``[{"rank": r, "step": s, "at": point}]`` makes rank ``r`` SIGKILL itself at ``point`` of step ``s``
-    (``"forward"``, ``"backward"``, ``"grad_sync"``, ``"optimizer"``, or ``"switch"`` during a switch), or at a
+    (``"forward"``, ``"backward"``, ``"grad_sync"``, ``"optimizer"``, ``"switch"`` during a switch, or ``"end"``
+    after the last step, where an elastic job's survivors finish without recovering: every step is done), or at a
     point of the write of the checkpoint of step ``s`` (steps completed; :data:`~.checkpoint_io.WRITE_POINTS`).
     ``profile``: steps (an index or a list) every rank records with the torch profiler; ``job.trace()`` merges
     them into one Chrome/Perfetto trace and ``job.timeline()`` draws each rank's measured phases beside the

@@ -192,6 +192,10 @@ class TrainSession:
                 if done is not None:  # the step committed; its synchronous checkpoint could not complete
                     losses[done[0]] = done[1]
                     step = done[0] + 1
+        # every step is done on this rank, and so committed everywhere: a loss of this rank from now on is after
+        # the end of training, which an elastic job does not recover from (there is nothing left to run)
+        self.state.channel.send("trained", step=self.offset + self.steps - 1)
+        self._probe("end")
         out: dict[str, Any] = {"losses": [losses[s] for s in sorted(losses)], "rank": self.state.rank,
                                "launch_rank": self.state.launch_rank, "active": self.ex is not None,
                                "seconds": round(time.perf_counter() - started, 3),
@@ -206,7 +210,12 @@ class TrainSession:
             if self.capture:
                 _save_capture(self.ex, self.program, self.state.rank,
                               Path(self.capture) / f"run{self.index}_rank{self.state.launch_rank}.pt")
-        dist.barrier()
+        try:
+            dist.barrier()
+        except Exception as e:  # noqa: BLE001 - a peer lost after the last step: every step is done, nothing to redo
+            if not (self.elastic and _is_comm_failure(e)):
+                raise
+            out["peer_lost_after_end"] = f"{type(e).__name__}: {str(e)[:300]}"
         return out
 
     def _step(self, step: int) -> float:
