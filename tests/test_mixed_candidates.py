@@ -93,7 +93,12 @@ def test_the_dispatcher_takes_strategies_and_plain_programs() -> None:
 @pytest.mark.timeout(240)
 def test_a_hand_made_list_of_programs_and_strategies_trains_like_the_reference(tmp_path: Path) -> None:
     model = GPTConfig.preset("tiny")
-    candidates = [_program(model, DP4), TP2PP2, _program(model, TP2_PP2)]
+    # the third states its longest sequence (40 tokens; its memory holds the whole context): a step with a longer
+    # sequence must go to another candidate, and the job switches by length
+    plan = plan_from_strategy(model, TP2_PP2, CLUSTER)
+    short = specialize(model, plan.model_copy(update={"settings": plan.settings.model_copy(
+        update={"max_seq_len": 40})}), CLUSTER)
+    candidates = [_program(model, DP4), TP2PP2, short]
     job = launch(candidates, CLUSTER, steps=STEPS, seed=SEED, data=DOCS, tokens_per_step=BUDGET, context=CONTEXT,
                  capture_dir=tmp_path, timeout_s=120)
     result = job.wait()
@@ -104,6 +109,8 @@ def test_a_hand_made_list_of_programs_and_strategies_trains_like_the_reference(t
     assert all(0 <= c < 3 for c in choices) and len(choices) == STEPS
     switched = [k for k in range(1, STEPS) if choices[k] != choices[k - 1]]
     assert switched and len(set(choices)) >= 2, choices  # a length switch between hand-made candidates
+    longest = [max(rec["lengths"]) for rec in job.length_planner.records]
+    assert any(n > 40 for n in longest) and all(c != 2 for c, n in zip(choices, longest) if n > 40), (choices, longest)
     assert [e.step for e in result.events] == switched and all(e.reason == "length" for e in result.events)
 
 

@@ -746,9 +746,11 @@ def _candidate_parts(i: int, cand: Any, model: "ModelSpec", cluster: "Cluster",
                      cost: CostModel) -> tuple[Strategy, list[int], int]:
     """A candidate's strategy, windows and longest sequence: a :class:`MixedEntry`'s own, a Program's from
     :meth:`MixedPlan.programs` (``plan.settings``); any other Program made from a strategy (``plan_from_strategy``)
-    or a :class:`~hspmd_sdk.core.strategy.Strategy` takes what its memory holds (:func:`memory_windows`)."""
+    or a :class:`~hspmd_sdk.core.strategy.Strategy` takes what its memory holds (:func:`memory_windows`), up to the
+    longest sequence its settings state (``ExecutionSettings.max_seq_len``) where they state one."""
     if isinstance(cand, MixedEntry):
         return cand.strategy, list(cand.windows), cand.max_seq_len
+    stated = None
     if isinstance(cand, Strategy):
         strategy = cand
     else:
@@ -761,8 +763,9 @@ def _candidate_parts(i: int, cand: Any, model: "ModelSpec", cluster: "Cluster",
                                                             "MixedEntry: the dispatcher needs its pipelines")],
                                       what="dispatch")
         strategy = Strategy.load(settings.strategy)
+        stated = settings.max_seq_len
     windows = memory_windows(model, strategy, cluster, cost)
-    return strategy, windows, max(windows)
+    return strategy, windows, max(windows) if stated is None else min(int(stated), max(windows))
 
 
 class Dispatcher:
