@@ -121,8 +121,8 @@ def run_sequence(case: dict, ref, tmp_path: Path) -> None:
                         assert any(e.reason == "failure" for e in job.events), [str(e) for e in job.events]
                         break
                 # a kill during the pending switch, not after the job's end: with the last steps running the
-                # sequence goes on as switches alone (a rank lost in the final barrier, after the last step, fails
-                # an elastic job: nothing is left to recover; see the stop 39 note)
+                # sequence goes on as switches alone (a rank lost after the last step leaves a finished job without
+                # that rank's final capture, which this sweep compares: tests/test_lost_after_end.py covers it)
                 if kill["how"] == "external" and job.metrics.last_step() < STEPS - 2 \
                         and job.status.value == "running":
                     os.kill(pids[kill["rank"]], signal.SIGKILL)
