@@ -10,7 +10,7 @@ import pytest
 
 from hspmd_sdk import Cluster, GPTConfig, LlamaConfig, specialize
 from hspmd_sdk.core.cluster import Link
-from hspmd_sdk.core.comm_ops import CollectiveOp, OpKind
+from hspmd_sdk.core.comm_ops import CollectiveOp, OpKind, SplitCollectiveOp
 from hspmd_sdk.core.strategy import Pipeline, Stage, Strategy
 from hspmd_sdk.core.strategy_plan import plan_from_strategy
 from hspmd_sdk.planner.cost import BF16, CostModel, embedding_cost, head_cost, layer_cost
@@ -21,23 +21,29 @@ B, S = 2, 24
 LINK = Link("intra", 1e9, 1e-5)
 
 
-def _program(model, tp: int, layers: int = 5):
+def _program(model, tp: int, layers: int = 5, ratios: list[int] | None = None):
     m = model.model_copy(update={"num_layers": layers})
-    st = Strategy(pipelines=[Pipeline(stages=[Stage(devices=list(range(tp)), layers=[0, layers - 1])],
+    st = Strategy(pipelines=[Pipeline(stages=[Stage(devices=list(range(tp)), layers=[0, layers - 1], ratios=ratios)],
                                       micro_batch_size=B, num_micro_batches=1)])
     cl = Cluster.local(tp)
     return m, specialize(m, plan_from_strategy(m, st, cl), cl, bindings={"B": B, "S": S})
 
 
+_RING_OF = {OpKind.SPLIT_ALL_REDUCE: OpKind.ALL_REDUCE, OpKind.SPLIT_ALL_GATHER: OpKind.ALL_GATHER,
+            OpKind.SPLIT_REDUCE_SCATTER: OpKind.REDUCE_SCATTER}
+
+
 def _sent(plans) -> dict[OpKind, float]:
-    """Bytes rank 0 sends in the ring collectives of ``plans``, by kind (from the operators' own transfers)."""
+    """Bytes every rank together sends in the collectives of ``plans``, by (ring) kind, from the operators' own
+    transfers (an uneven group's split collectives: slice by slice)."""
     out: dict[OpKind, float] = {}
     for plan in plans:
         for op in plan.ops:
-            if isinstance(op, CollectiveOp):
-                sent = sum(n for src, dst, n, _ in op.transfers() if src == 0 and dst != 0)
+            if isinstance(op, (CollectiveOp, SplitCollectiveOp)):
+                sent = sum(n for src, dst, n, _ in op.transfers() if src != dst)
                 if sent:
-                    out[op.kind] = out.get(op.kind, 0) + sent
+                    kind = _RING_OF.get(op.kind, op.kind)
+                    out[kind] = out.get(kind, 0) + sent
     return out
 
 
@@ -45,16 +51,19 @@ def _expected(units, tokens: float, itemsize: int, layers: int, phase: str) -> d
     out: dict[OpKind, float] = {}
     for unit, times in (("embedding", 1), ("layer", layers), ("head", 1)):
         for c in getattr(units, f"{unit}_{phase}"):
-            out[c.kind] = out.get(c.kind, 0) + times * c.kind.ring(c.members, c.per_token * tokens * itemsize)[0]
+            each = c.kind.ring(c.members, c.per_token * tokens * itemsize)[0]
+            out[c.kind] = out.get(c.kind, 0) + times * c.members * each
     return out
 
 
 @pytest.mark.parametrize("model", [LLAMA, GPT], ids=["llama", "gpt"])
-@pytest.mark.parametrize("tp", [2, 4])
-def test_units_add_up_to_every_byte_a_whole_program_sends(model, tp: int) -> None:
-    m, prog = _program(model, tp)
-    units = unit_collectives(model, tp)
-    itemsize = next(op.itemsize for p in prog.comm_plans.values() for op in p.ops if isinstance(op, CollectiveOp))
+@pytest.mark.parametrize("tp,ratios", [(2, None), (4, None), (3, [2, 1, 1])], ids=["tp2", "tp4", "tp3-2:1:1"])
+def test_units_add_up_to_every_byte_a_whole_program_sends(model, tp: int, ratios) -> None:
+    """Uneven (HAP, SPEC §12) too: 4 heads split 2:1:1 over three ranks, which an even TP3 cannot."""
+    m, prog = _program(model, tp, ratios=ratios)
+    units = unit_collectives(model, tp, ratios)
+    itemsize = next(op.itemsize for p in prog.comm_plans.values() for op in p.ops
+                    if isinstance(op, (CollectiveOp, SplitCollectiveOp)))
     fwd = _sent(prog.comm_plans.values())
     bwd = _sent(list(prog.backward_plans.values()) + list(prog.grad_reduce_plans.values()))
     assert fwd and bwd
@@ -120,6 +129,21 @@ def test_the_cost_model_prices_a_programs_own_collectives(model) -> None:
     assert hc.bwd_comm == pytest.approx(price([n for n in grads if not n.startswith(("layers.", "embed"))], grads),
                                         rel=1e-12)
     assert hc.fwd_comm > 0 and hc.bwd_comm > 0
+
+
+def test_an_uneven_three_way_stage_is_priced_and_simulated() -> None:
+    """4 heads cannot split evenly three ways, but 2:1:1 can: the simulator prices that stage's own collectives
+    (all-reduces of the whole hidden state over 3 ranks) instead of failing on an even TP3."""
+    from hspmd_sdk.planner import simulate
+
+    h = LLAMA.hidden_size
+    u = unit_collectives(LLAMA, 3, [2, 1, 1])
+    assert u.layer_fwd == (Collective(OpKind.ALL_REDUCE, 3, h),) * 2
+    assert u.embedding_fwd == (Collective(OpKind.ALL_GATHER, 3, h),)  # the gathered whole, from uneven parts
+    st = Strategy(pipelines=[Pipeline(stages=[Stage(devices=[0, 1, 2], layers=[0, 3], ratios=[2, 1, 1])],
+                                      micro_batch_size=2, num_micro_batches=1)])
+    r = simulate(LLAMA, st, Cluster.local(3), seq_len=16)
+    assert r.step_time > 0 and not r.oom
 
 
 def test_a_fractional_degree_has_no_collectives_and_a_bad_degree_names_the_model() -> None:

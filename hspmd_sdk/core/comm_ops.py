@@ -130,9 +130,11 @@ class CollectiveGroup:
 class CollectiveOp:
     """A bottom-tier collective, or ``LocalSplit`` (local slicing, one single-rank group per rank).
 
-    Volumes (bytes a member sends to its ring successor; ``B`` = bytes of its input tensor, ``g`` = group size):
-    ``AllReduce`` 2(g-1)/g·B in 2(g-1) steps; ``ReduceScatter`` (g-1)/g·B in g-1 steps; ``AllGather`` (g-1)·B in
-    g-1 steps; ``AllToAll`` sends each peer the part of its input that peer keeps, one step each.
+    Volumes (bytes a member sends to its ring successor, :meth:`OpKind.ring`; ``B`` = bytes of the ring's buffer:
+    the input tensor, or for ``AllGather`` the gathered one, every member's part; ``g`` = group size):
+    ``AllReduce`` 2(g-1)/g·B in 2(g-1) steps; ``ReduceScatter`` and ``AllGather`` (g-1)/g·B in g-1 steps (an even
+    ``AllGather``: (g-1) times a member's part); ``AllToAll`` sends each peer the part of its input that peer keeps,
+    one step each.
     """
 
     kind: OpKind
@@ -162,10 +164,10 @@ class CollectiveOp:
             g = len(grp.ranks)
             if g < 2:
                 continue
-            b = box_numel(grp.in_boxes[0]) * self.itemsize
             if self.kind in (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER):
-                whole = b * g if self.kind is OpKind.ALL_GATHER else b  # the ring's buffer: the gathered tensor
-                nbytes, steps = self.kind.ring(g, whole)
+                # the ring's buffer: the tensor reduced, or the one gathered (every member's part, uneven ones too)
+                parts = grp.in_boxes if self.kind is OpKind.ALL_GATHER else grp.in_boxes[:1]
+                nbytes, steps = self.kind.ring(g, sum(box_numel(b) for b in parts) * self.itemsize)
                 out += ring_transfers(grp.ranks, int(nbytes), steps)
             elif self.kind is OpKind.ALL_TO_ALL:
                 for i, src in enumerate(grp.ranks):

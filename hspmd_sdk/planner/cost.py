@@ -344,7 +344,8 @@ def cp_ring_bytes(model: "ModelSpec", micro_batch: int, seq_len: int, tp: int, c
 
 def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
                seq_len: int, cost: CostModel, *, recompute: bool = False, cp: int = 1,
-               cp_link: "Link | None" = None, balanced: bool = False) -> LayerCost:
+               cp_link: "Link | None" = None, balanced: bool = False,
+               ratios: "Sequence[int] | None" = None) -> LayerCost:
     """One decoder layer on one device of a TP group of ``tp`` devices whose slowest link is ``tp_link``.
 
     Compute: ``layer_flops / tp``; with a profile and without ``cost.sequence_parallel``, plus ``1 - 1/tp`` of the
@@ -356,6 +357,8 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
     :meth:`ModelSpec.layer_activation_bytes` divided by ``tp`` (with ``cost.sequence_parallel``; without it the
     RMSNorm inputs/outputs, ``4 * hidden`` per token, stay replicated); with ``recompute`` only the layer input
     is kept and one layer's full activations are transient.
+
+    ``ratios``: an uneven TP group's shares (SPEC §12), whose collectives are read off a Program split so.
 
     Context parallelism (``cp > 1``, the group's slowest ring link ``cp_link``): the linear part, the
     activations and the TP collectives are those of ``tokens / cp`` tokens; the attention FLOPs are the busiest
@@ -381,7 +384,7 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
         bwd = cost.backward_factor * fwd
         att_f = fwd - cost.compute_time(lin, spec)
         att_b = cost.backward_factor * att_f
-    tpc = _collectives(model, tp)
+    tpc = _collectives(model, tp, ratios)
     comm_f, comm_b = _tp_seconds(tpc.layer_fwd, tokens, tp_link, cost), _tp_seconds(tpc.layer_bwd, tokens, tp_link, cost)
     full_act = _layer_activation_bytes(model, tokens, tp, cost.sequence_parallel)
     gap_f, gap_b = _cp_ring_gap(model, micro_batch, seq_len, tp, cp, cp_link, cost, att_f, att_b)
@@ -398,12 +401,13 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
         params=model.layer_param_count() / tp, ring_gap_fwd=gap_f, ring_gap_bwd=gap_b)
 
 
-def _collectives(model: "ModelSpec", tp: float) -> UnitCollectives:
-    """The TP collectives of ``model``'s units at ``tp`` (:func:`~.tp_comm.unit_collectives`, read off the
-    specialized Program); none for a fractional ``tp`` (an uneven stage's compute share, whose group's
-    collectives the caller prices at the group's degree)."""
-    whole = float(tp).is_integer()
-    return unit_collectives(model, int(tp) if whole else 1)
+def _collectives(model: "ModelSpec", tp: float, ratios: "Sequence[int] | None" = None) -> UnitCollectives:
+    """The TP collectives of ``model``'s units at ``tp`` split in ``ratios`` (:func:`~.tp_comm.unit_collectives`,
+    read off the specialized Program); none for a ``tp`` that is an uneven stage's compute share (fractional, or
+    not the number of its ``ratios``), whose group's collectives the caller prices at the group's degree."""
+    if not float(tp).is_integer() or (ratios is not None and len(ratios) != int(tp)):
+        return unit_collectives(model, 1)
+    return unit_collectives(model, int(tp), ratios)
 
 
 def _tp_seconds(collectives: tuple[Collective, ...], tokens: float, link: "Link", cost: CostModel) -> float:
@@ -445,14 +449,15 @@ def _layer_activation_bytes(model: "ModelSpec", tokens: int, tp: int, sequence_p
 
 
 def embedding_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
-                   seq_len: int, cost: CostModel, *, cp: int = 1) -> LayerCost:
+                   seq_len: int, cost: CostModel, *, cp: int = 1,
+                   ratios: "Sequence[int] | None" = None) -> LayerCost:
     """The token embedding, split along hidden in a TP group (as :func:`~hspmd_sdk.core.strategy_plan.
     plan_from_strategy` lays it out): no FLOPs to speak of, one all-gather of its ``tokens x hidden`` output in the
     forward (its backward is a local split).  ``cp``: each rank embeds its ``tokens / cp``."""
     if not cost.include_embedding:
         return LayerCost()
     tokens = micro_batch * seq_len / cp
-    tpc = _collectives(model, tp)
+    tpc = _collectives(model, tp, ratios)
     prof = cost.profiles.get(spec.kind)
     # profiled: the embedding's forward + backward, put in the backward (the forward is a gather)
     bwd = _line(prof.embed, tokens * model.hidden_size / tp) if prof is not None else 0.0
@@ -462,7 +467,8 @@ def embedding_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Li
 
 
 def head_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
-              seq_len: int, cost: CostModel, *, cp: int = 1) -> LayerCost:
+              seq_len: int, cost: CostModel, *, cp: int = 1,
+              ratios: "Sequence[int] | None" = None) -> LayerCost:
     """Final RMSNorm, the vocab-parallel LM head and the cross-entropy loss.
 
     The fp32 logits (``tokens x vocab / tp``) are transient: the loss and its gradient are computed right
@@ -482,7 +488,7 @@ def head_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", 
         fwd = cost.compute_time(flops, spec)
         bwd = cost.backward_factor * fwd
     skew = cost.collective_skew(tp, tp_link)  # the logits' gather waits for the head, the input's all-reduce too
-    tpc = _collectives(model, tp)
+    tpc = _collectives(model, tp, ratios)
     fwd_comm = _tp_seconds(tpc.head_fwd, tokens, tp_link, cost) + skew * fwd
     bwd_comm = _tp_seconds(tpc.head_bwd, tokens, tp_link, cost) + skew * bwd
     return LayerCost(fwd_compute=fwd, bwd_compute=bwd, fwd_comm=fwd_comm, bwd_comm=bwd_comm,

@@ -172,10 +172,10 @@ def _stage_cost(model: "ModelSpec", stage: "Stage", first: bool, last: bool, clu
     for (kind, split), spec in specs.items():  # lockstep TP and CP groups: the slowest device sets the pace
 
         def priced(of: Callable[..., LayerCost], *args: Any, **kw: Any) -> LayerCost:
-            mine = of(model, spec, split, link, *args, **kw)
+            mine = of(model, spec, split, link, *args, ratios=ratios, **kw)
             if split == tp:
                 return mine
-            group = of(model, spec, tp, link, *args, **kw)  # the collectives over the group's tp ranks
+            group = of(model, spec, tp, link, *args, ratios=ratios, **kw)  # the collectives of the group's tp ranks
             return mine.model_copy(update={"fwd_comm": group.fwd_comm, "bwd_comm": group.bwd_comm})
 
         layer = priced(layer_cost, micro_batch, seq_len, cost, recompute=stage.recompute, cp=cp, cp_link=cp_link,

@@ -11,8 +11,11 @@ head's.  Each collective is kept as ``(kind, members, elements per token)``: the
 micro-batch, so one specialization prices every micro-batch size and sequence length; :meth:`CostModel.
 collective_time` prices it with :meth:`OpKind.ring`, the formula the Program's ``CollectiveOp.transfers`` use.
 
-Point-to-point operators between stages are the pipeline's activations and gradients, which the simulator prices
-as transfers of its own schedule; operators a rank runs alone (``LocalSplit``, ``Identity``) move nothing.
+An uneven group (SPEC §12, ``ratios``) runs top-tier collectives (``SplitAllReduce``, ``SplitAllGather``) whose
+slices partition the tensor: each is kept as the ring collective of the same buffer.  Point-to-point operators
+between stages are the pipeline's activations and gradients, which the simulator prices as transfers of its own
+schedule; operators a rank runs alone (``LocalSplit``, ``Identity``) move nothing.  Not priced: point-to-point
+operators inside one stage (none for Llama and GPT, even or uneven, whose BSRs there move nothing).
 """
 from __future__ import annotations
 
@@ -20,10 +23,10 @@ import dataclasses
 import functools
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ..core.cluster import Cluster
-from ..core.comm_ops import CollectiveOp, OpKind
+from ..core.comm_ops import CollectiveOp, OpKind, SplitCollectiveOp
 from ..core.slices import box_numel
 from ..core.specialize import specialize
 from ..core.strategy import Pipeline, Stage, Strategy
@@ -36,6 +39,9 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Collective", "UnitCollectives", "unit_collectives"]
 
 _RING = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER)
+#: the top-tier collective of an uneven group and the ring collective of the same volume
+_SPLIT = {OpKind.SPLIT_ALL_REDUCE: OpKind.ALL_REDUCE, OpKind.SPLIT_REDUCE_SCATTER: OpKind.REDUCE_SCATTER,
+          OpKind.SPLIT_ALL_GATHER: OpKind.ALL_GATHER}
 
 
 @dataclass(frozen=True, order=True)
@@ -64,21 +70,23 @@ class TPCommError(HSPMDError, ValueError):
     """The model could not be specialized to read its TP collectives."""
 
 
-def unit_collectives(model: "ModelSpec", tp: int) -> UnitCollectives:
-    """The TP collectives of ``model``'s units under ``tp``-way tensor parallelism (see the module docstring);
-    cached per model config and degree.  ``tp`` 1: none.  Raises :class:`TPCommError` naming the model and degree
-    when the model cannot be specialized so (e.g. heads that ``tp`` does not divide)."""
+def unit_collectives(model: "ModelSpec", tp: int, ratios: Sequence[int] | None = None) -> UnitCollectives:
+    """The TP collectives of ``model``'s units under ``tp``-way tensor parallelism (see the module docstring), split
+    in the proportions ``ratios`` (SPEC §12, one per rank; ``None`` or all equal: evenly); cached per model config,
+    degree and ratios.  ``tp`` 1: none.  Raises :class:`TPCommError` naming the model and degree when the model
+    cannot be specialized so (e.g. heads that ``tp`` does not divide evenly or in those proportions)."""
     if tp <= 1:
         return UnitCollectives((), (), (), (), (), ())
+    key = None if ratios is None or len(set(ratios)) <= 1 else tuple(int(r) for r in ratios)
     try:
-        return _cached(model, tp)
+        return _cached(model, tp, key)
     except TypeError:  # a config that is not hashable: specialize every time
-        return _read(model, tp)
+        return _read(model, tp, key)
 
 
 @functools.lru_cache(maxsize=256)
-def _cached(model: "ModelSpec", tp: int) -> UnitCollectives:
-    return _read(model, tp)
+def _cached(model: "ModelSpec", tp: int, ratios: tuple[int, ...] | None) -> UnitCollectives:
+    return _read(model, tp, ratios)
 
 
 def _three_layers(model: "ModelSpec") -> "ModelSpec":
@@ -93,21 +101,23 @@ def _three_layers(model: "ModelSpec") -> "ModelSpec":
     return model
 
 
-def _read(model: "ModelSpec", tp: int) -> UnitCollectives:
+def _read(model: "ModelSpec", tp: int, ratios: tuple[int, ...] | None) -> UnitCollectives:
     m = _three_layers(model)
     if m.num_layers < 3:
         raise TPCommError(f"model {getattr(model, 'name', model)!r} has {m.num_layers} layer(s) and a config that "
                           "cannot be copied with three: its TP collectives cannot be read per unit")
     last = m.num_layers - 1
-    stages = [Stage(devices=list(range(tp)), layers=[0, 0]),
-              Stage(devices=list(range(tp, 2 * tp)), layers=[1, last - 1]),
-              Stage(devices=list(range(2 * tp, 3 * tp)), layers=[last, last])]
+    r = list(ratios) if ratios is not None else None
+    stages = [Stage(devices=list(range(tp)), layers=[0, 0], ratios=r),
+              Stage(devices=list(range(tp, 2 * tp)), layers=[1, last - 1], ratios=r),
+              Stage(devices=list(range(2 * tp, 3 * tp)), layers=[last, last], ratios=r)]
     strategy = Strategy(pipelines=[Pipeline(stages=stages, micro_batch_size=1, num_micro_batches=1)])
     cluster = Cluster.local(3 * tp)
     try:
         program = specialize(m, plan_from_strategy(m, strategy, cluster), cluster, bindings={"B": 1, "S": 16 * tp})
     except HSPMDError as e:
-        raise TPCommError(f"the TP collectives of model {getattr(model, 'name', model)!r} at tp={tp} cannot be "
+        how = f"tp={tp}" if ratios is None else f"tp={tp} ratios={list(ratios)}"
+        raise TPCommError(f"the TP collectives of model {getattr(model, 'name', model)!r} at {how} cannot be "
                           f"read: its specialization fails ({e})") from e
     tokens = program.bindings["B"] * program.bindings["S"]
     fwd = _per_stage(program.comm_plans.values(), stages, tokens)
@@ -136,6 +146,17 @@ def _per_stage(plans: Iterable[Any], stages: list[Stage], tokens: int) -> list[C
     out: list[Counter] = [Counter() for _ in stages]
     for plan in plans:
         for op in plan.ops:
+            if isinstance(op, SplitCollectiveOp) and op.kind in _SPLIT:  # an uneven group's (SPEC §12)
+                ranks = sorted(op.ranks())
+                homes = {where[r] for r in ranks}
+                if len(ranks) < 2:
+                    continue
+                if len(homes) != 1:
+                    raise TPCommError(f"a {op.kind} over ranks {ranks} spans stages: not a TP collective")
+                # its slices partition the tensor reduced, or the one gathered: priced as that ring collective
+                numel = sum(box_numel(sl.box) for sl in op.slices)
+                out[homes.pop()][Collective(_SPLIT[op.kind], len(ranks), numel / tokens)] += 1
+                continue
             if not isinstance(op, CollectiveOp) or op.kind not in _RING:
                 continue
             for grp in op.groups:
@@ -144,7 +165,9 @@ def _per_stage(plans: Iterable[Any], stages: list[Stage], tokens: int) -> list[C
                 homes = {where[r] for r in grp.ranks}
                 if len(homes) != 1:
                     raise TPCommError(f"a {op.kind} over ranks {list(grp.ranks)} spans stages: not a TP collective")
-                numel = box_numel(grp.in_boxes[0]) * (len(grp.ranks) if op.kind is OpKind.ALL_GATHER else 1)
+                # the ring's buffer: the tensor reduced, or the one gathered (every member's part; uneven parts too)
+                numel = sum(box_numel(b) for b in grp.in_boxes) if op.kind is OpKind.ALL_GATHER \
+                    else box_numel(grp.in_boxes[0])
                 out[homes.pop()][Collective(op.kind, len(grp.ranks), numel / tokens)] += 1
     return out
 
