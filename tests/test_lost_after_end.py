@@ -5,8 +5,6 @@ recovery event), the final checkpoint is complete, and no process is left.  Rank
 3 holds the last stage of the second pipeline."""
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.runtime.checkpoints.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
 from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
+from _procs import assert_no_workers_left  # noqa: E402
 
 SEED, SEQ, LR, STEPS = 5, 16, 1e-3, 4
 
@@ -26,18 +25,6 @@ def _pipe(stages: list) -> dict:
 
 
 DP2_PP2 = {"pipelines": [_pipe([([0], [0, 1]), ([1], [2, 3])]), _pipe([([2], [0, 1]), ([3], [2, 3])])]}
-
-
-def _alive(pids: dict[int, int]) -> list[int]:
-    out = []
-    for p in pids.values():
-        try:
-            os.kill(p, 0)
-            if Path(f"/proc/{p}/stat").read_text().split(") ")[1][0] != "Z":
-                out.append(p)
-        except (ProcessLookupError, OSError):
-            pass
-    return out
 
 
 @pytest.mark.timeout(120)
@@ -61,7 +48,4 @@ def test_a_worker_lost_after_the_last_step_leaves_a_finished_job(tmp_path: Path,
     assert any("after the last step" in n for n in job.notes), job.notes
     assert [s for s, _ in list_checkpoints(tmp_path / "ckpt")] == [2, 4]
     assert load_checkpoint(tmp_path / "ckpt" / list_checkpoints(tmp_path / "ckpt")[-1][1].name).manifest.step == 4
-    end = time.monotonic() + 10
-    while _alive(pids) and time.monotonic() < end:
-        time.sleep(0.05)
-    assert not _alive(pids)
+    assert_no_workers_left(list(pids.values()), within=10)

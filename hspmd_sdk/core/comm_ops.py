@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping
 from .slices import Box, box_intersect, box_numel, box_shape, format_box, relative, zeros
 
 __all__ = ["OpKind", "Transfer", "Message", "CollectiveGroup", "CollectiveOp", "SliceCollective", "SplitCollectiveOp",
-           "PointToPointOp", "IdentityOp", "CommOp", "ring_transfers"]
+           "PointToPointOp", "IdentityOp", "CommOp", "ring_transfers", "ring_numel"]
 
 #: ``(sender, receiver, bytes, steps)``: bytes one rank sends to another inside one operator, in ``steps``
 #: messages (each step pays the link latency once).
@@ -83,6 +83,23 @@ _SNAKE = {"all_reduce": OpKind.ALL_REDUCE, "reduce_scatter": OpKind.REDUCE_SCATT
           "all_to_all": OpKind.ALL_TO_ALL}
 
 
+class _Kinded:
+    """An operator's ``kind`` is an :class:`OpKind`: a plain name (a Program's JSON) reads back typed."""
+
+    kind: OpKind
+
+    def __post_init__(self) -> None:
+        if type(self.kind) is not OpKind:
+            object.__setattr__(self, "kind", OpKind(self.kind))
+
+
+def ring_numel(kind: OpKind, in_boxes: "tuple[Box, ...]") -> int:
+    """Elements of a ring collective's buffer, from its members' input boxes: the tensor reduced (a member's box)
+    for ``AllReduce``/``ReduceScatter``, the one gathered (every member's part, uneven parts too) for
+    ``AllGather`` -- the ``nbytes`` of :meth:`OpKind.ring` in elements."""
+    return sum(box_numel(b) for b in in_boxes) if kind is OpKind.ALL_GATHER else box_numel(in_boxes[0])
+
+
 # ---- array helpers (numpy or torch, imported by the caller) ------------------------------------------------
 
 
@@ -127,7 +144,7 @@ class CollectiveGroup:
 
 
 @dataclass(frozen=True)
-class CollectiveOp:
+class CollectiveOp(_Kinded):
     """A bottom-tier collective, or ``LocalSplit`` (local slicing, one single-rank group per rank).
 
     Volumes (bytes a member sends to its ring successor, :meth:`OpKind.ring`; ``B`` = bytes of the ring's buffer:
@@ -142,10 +159,6 @@ class CollectiveOp:
     itemsize: int
     dim: int | None = None
     src_dim: int | None = None
-
-    def __post_init__(self) -> None:
-        if type(self.kind) is not OpKind:  # a plain name (a Program's JSON) reads back typed
-            object.__setattr__(self, "kind", OpKind(self.kind))
 
     def ranks(self) -> frozenset[int]:
         """Every rank that takes part (``LocalSplit``: every rank that slices)."""
@@ -165,9 +178,7 @@ class CollectiveOp:
             if g < 2:
                 continue
             if self.kind in (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER):
-                # the ring's buffer: the tensor reduced, or the one gathered (every member's part, uneven ones too)
-                parts = grp.in_boxes if self.kind is OpKind.ALL_GATHER else grp.in_boxes[:1]
-                nbytes, steps = self.kind.ring(g, sum(box_numel(b) for b in parts) * self.itemsize)
+                nbytes, steps = self.kind.ring(g, ring_numel(self.kind, grp.in_boxes) * self.itemsize)
                 out += ring_transfers(grp.ranks, int(nbytes), steps)
             elif self.kind is OpKind.ALL_TO_ALL:
                 for i, src in enumerate(grp.ranks):
@@ -251,7 +262,7 @@ class SliceCollective:
 
 
 @dataclass(frozen=True)
-class SplitCollectiveOp:
+class SplitCollectiveOp(_Kinded):
     """A top-tier collective across sharding subgroups (§5.2): one :class:`SliceCollective` per slice.
 
     ``in_boxes``/``out_boxes``: ``(rank, box)`` held before/after.  A rank in ``out_boxes`` that receives no
@@ -265,10 +276,6 @@ class SplitCollectiveOp:
     in_boxes: tuple[tuple[int, Box], ...]
     out_boxes: tuple[tuple[int, Box], ...]
     itemsize: int
-
-    def __post_init__(self) -> None:
-        if type(self.kind) is not OpKind:  # a plain name (a Program's JSON) reads back typed
-            object.__setattr__(self, "kind", OpKind(self.kind))
 
     def ranks(self) -> frozenset[int]:
         """Every rank of a slice collective, and the ranks that only receive zeros."""
@@ -310,7 +317,7 @@ class SplitCollectiveOp:
 
 
 @dataclass(frozen=True)
-class PointToPointOp:
+class PointToPointOp(_Kinded):
     """``SendRecv`` or ``BSR``: messages, local copies ``(rank, box)`` and zero-filled outputs.
 
     ``in_boxes``: what senders and copiers hold before; ``out_boxes``: what every writing rank holds after.  The
@@ -324,10 +331,6 @@ class PointToPointOp:
     in_boxes: tuple[tuple[int, Box], ...]
     out_boxes: tuple[tuple[int, Box], ...]
     zero_fill: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        if type(self.kind) is not OpKind:  # a plain name (a Program's JSON) reads back typed
-            object.__setattr__(self, "kind", OpKind(self.kind))
 
     def ranks(self) -> frozenset[int]:
         """Senders, receivers, ranks that copy locally or are zero-filled, and every rank that writes."""
@@ -368,14 +371,10 @@ class PointToPointOp:
 
 
 @dataclass(frozen=True)
-class IdentityOp:
+class IdentityOp(_Kinded):
     """Nothing moves: source and destination layouts agree on every rank."""
 
     kind: OpKind = field(default=OpKind.IDENTITY)
-
-    def __post_init__(self) -> None:
-        if type(self.kind) is not OpKind:  # a plain name (a Program's JSON) reads back typed
-            object.__setattr__(self, "kind", OpKind(self.kind))
 
     def ranks(self) -> frozenset[int]:
         return frozenset()

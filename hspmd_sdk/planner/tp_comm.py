@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ..core.cluster import Cluster
-from ..core.comm_ops import CollectiveOp, OpKind, SplitCollectiveOp
+from ..core.comm_ops import CollectiveOp, OpKind, SplitCollectiveOp, ring_numel
 from ..core.slices import box_numel
 from ..core.specialize import specialize
 from ..core.strategy import Pipeline, Stage, Strategy
@@ -146,30 +146,24 @@ def _per_stage(plans: Iterable[Any], stages: list[Stage], tokens: int) -> list[C
     out: list[Counter] = [Counter() for _ in stages]
     for plan in plans:
         for op in plan.ops:
-            if isinstance(op, SplitCollectiveOp) and op.kind in _SPLIT:  # an uneven group's (SPEC §12)
-                ranks = sorted(op.ranks())
+            for kind, ranks, numel in _rings(op):
                 homes = {where[r] for r in ranks}
-                if len(ranks) < 2:
-                    continue
                 if len(homes) != 1:
-                    raise TPCommError(f"a {op.kind} over ranks {ranks} spans stages: not a TP collective")
-                # its slices partition the tensor reduced, or the one gathered: priced as that ring collective
-                numel = sum(box_numel(sl.box) for sl in op.slices)
-                out[homes.pop()][Collective(_SPLIT[op.kind], len(ranks), numel / tokens)] += 1
-                continue
-            if not isinstance(op, CollectiveOp) or op.kind not in _RING:
-                continue
-            for grp in op.groups:
-                if len(grp.ranks) < 2:
-                    continue
-                homes = {where[r] for r in grp.ranks}
-                if len(homes) != 1:
-                    raise TPCommError(f"a {op.kind} over ranks {list(grp.ranks)} spans stages: not a TP collective")
-                # the ring's buffer: the tensor reduced, or the one gathered (every member's part; uneven parts too)
-                numel = sum(box_numel(b) for b in grp.in_boxes) if op.kind is OpKind.ALL_GATHER \
-                    else box_numel(grp.in_boxes[0])
-                out[homes.pop()][Collective(op.kind, len(grp.ranks), numel / tokens)] += 1
+                    raise TPCommError(f"a {op.kind} over ranks {list(ranks)} spans stages: not a TP collective")
+                out[homes.pop()][Collective(kind, len(ranks), numel / tokens)] += 1
     return out
+
+
+def _rings(op: Any) -> list[tuple[OpKind, tuple[int, ...], int]]:
+    """``(ring kind, ranks, buffer elements)`` of each collective ``op`` runs over two or more ranks: a bottom-tier
+    group's (:func:`ring_numel`), or an uneven group's split collective (SPEC §12), whose slices partition the
+    tensor reduced or the one gathered, as the ring collective of that buffer."""
+    if isinstance(op, SplitCollectiveOp) and op.kind in _SPLIT:
+        ranks = tuple(sorted(op.ranks()))
+        return [(_SPLIT[op.kind], ranks, sum(box_numel(sl.box) for sl in op.slices))] if len(ranks) > 1 else []
+    if isinstance(op, CollectiveOp) and op.kind in _RING:
+        return [(op.kind, g.ranks, ring_numel(op.kind, g.in_boxes)) for g in op.groups if len(g.ranks) > 1]
+    return []
 
 
 def _items(c: Counter) -> tuple[Collective, ...]:

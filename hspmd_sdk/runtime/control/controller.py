@@ -43,7 +43,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from ...errors import HSPMDError, SwitchError
 from .faults import Failure, Reaction
@@ -451,8 +451,7 @@ class TrainingController:
         with self._lock:
             after_end = lost <= self._trained
         if after_end:  # every step is done (the last one committed everywhere): nothing to recover, the others end
-            job._note(f"ranks {sorted(lost)} lost after the last step ({failure.message}): every step was done; "
-                      "the other ranks finish without them")
+            self._note_after_end(lost, f" ({failure.message})")
             return Reaction.CONTINUE
         with self._lock:
             fresh = lost - self._dead
@@ -471,6 +470,11 @@ class TrainingController:
                 self._busy = True
                 self._thread.start()
         return Reaction.CONTINUE
+
+    def _note_after_end(self, lost: Iterable[int], why: str = "") -> None:
+        if self.job is not None:
+            self.job._note(f"ranks {sorted(lost)} lost after the last step{why}: every step was done; the other "
+                           "ranks finish without them")
 
     def _on_trained(self, rank: int, msg: dict[str, Any]) -> None:
         with self._lock:
@@ -654,9 +658,7 @@ class TrainingController:
             survivors = [l for l in base.to_launch.values() if l not in self._dead]
         halted = self._wait_halted(survivors)
         if self._after_end:
-            if self.job is not None:
-                self.job._note(f"ranks {sorted(self._dead)} lost after the last step's commit: every step was done; "
-                               "the other ranks finish without them")
+            self._note_after_end(self._dead)
             return
         if not halted:
             return  # more ranks failed meanwhile: the loop plans again for all of them
