@@ -214,6 +214,8 @@ NAMED = {
     "cp4-packed-one-token-docs": dict(cp=4, S=21, B=2, H=2, Hkv=1, D=8, documents=[1, 1, 12, 1, 6]),
     "cp3-contiguous-layout": dict(cp=3, S=18, B=1, H=2, Hkv=1, D=8, balanced=False, documents=[10, 8]),
     "cp2-not-causal": dict(cp=2, S=12, B=1, H=2, Hkv=2, D=8, causal=False, documents=[3, 9]),
+    # a packed row of one document (what a CP pipeline of a mixed-length job runs): the fused blocks, no mask
+    "cp3-packed-one-document": dict(cp=3, S=19, B=1, H=4, Hkv=2, D=8, documents=[19]),
 }
 
 

@@ -18,14 +18,15 @@ Attention (:func:`cp_attention`).  Each rank keeps its own queries; keys and val
   again and returns the key/value gradients to their owners by one ``reduce_scatter_tensor``.
 
 Every rank computes its queries against each block it holds, block by block, and merges the partial results by
-their log-sum-exp (online softmax); blocks that the mask hides wholly are skipped.  On a CPU, blocks wholly
-visible and a chunk against itself (causal, no documents) run torch's fused attention kernel, which returns the
+their log-sum-exp (online softmax); blocks that the mask hides wholly are skipped.  Visibility is by global token
+index: causal (``key <= query``) and, for a packed row (``documents=``: the lengths of the documents packed back
+to back), same-document -- a block of a packed row is cut into one piece per document it holds on both sides,
+each wholly visible or causal on its diagonal, so attention costs the documents' own ``sum(length**2)`` and no
+piece needs a mask tensor.  On a CPU every piece runs torch's fused attention kernel, which returns the
 log-sum-exp too (``_scaled_dot_product_flash_attention_for_cpu`` and its backward: no ``L x L`` scores, the
-hidden half of a causal block skipped); other blocks, and other devices, take the matmul path below.  The mask is built from global
-token indices: causal (``key <= query``) and, for a packed row (``documents=``: the lengths of the documents
-packed back to back), same-document.  Backward (a ``torch.autograd.Function``) recomputes each block's
-probabilities from the saved log-sum-exp (flash-attention's backward), so it is exact and keeps no ``S x S``
-matrix.  GQA: key/value heads travel unrepeated and are repeated per block, as in
+hidden half of a causal piece skipped); other devices take the matmul path below.  Backward (a
+``torch.autograd.Function``) recomputes each piece's probabilities from the saved log-sum-exp (flash-attention's
+backward), so it is exact and keeps no ``S x S`` matrix.  GQA: key/value heads travel unrepeated and are repeated per block, as in
 :func:`hspmd_sdk.runtime.workers.kernels.attention`; their gradients are summed back over the repeats.
 
 Computation is in fp32 at least (a bf16 input comes back bf16); keys and values travel in their own dtype, key/value
@@ -33,7 +34,9 @@ gradients in fp32.  Messages go on the CP group's own communicator (``group``), 
 """
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -177,55 +180,57 @@ def _doc_starts(documents: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]
 # ---- masks ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Mask:
-    """Which key of a block each query may see: from global indices, causal and same-document."""
+    """Which keys each query may see, by global token index: causal (``key <= query``) and, for a packed row,
+    same-document."""
 
     causal: bool
     documents: tuple[int, ...] | None
 
-    def block(self, qseg: Segment, kseg: Segment, device: Any) -> tuple[bool, torch.Tensor | None]:
-        """``(visible at all, mask or None when all visible)`` for queries ``qseg`` against keys ``kseg``."""
+    @functools.cached_property
+    def _ends(self) -> list[int]:
+        return list(itertools.accumulate(self.documents or ()))
+
+    def pieces(self, qseg: Segment, kseg: Segment) -> list[tuple[Segment, Segment, str | None]]:
+        """The visible parts of queries ``qseg`` against keys ``kseg`` (two chunks: equal or disjoint), each
+        ``(query range, key range, mask)`` in global indices with the mask ``None`` (every key seen) or ``"causal"``
+        (the same tokens on both sides).  A packed row's block splits by document: each piece is one document's
+        queries against its own keys, so every piece runs the fused kernel and the work is the documents' own
+        (``sum(length**2)``), not the block's."""
         (qs, qe), (ks, ke) = qseg, kseg
-        if qe <= qs or ke <= ks:
-            return False, None
+        if qe <= qs or ke <= ks or (self.causal and qseg != kseg and ks >= qe):  # empty, or keys after queries
+            return []
+        m = "causal" if self.causal and qseg == kseg else None
         if self.documents is None:
-            if not self.causal or ke - 1 <= qs:
-                return True, None
-            if ks > qe - 1:
-                return False, None
-        qi = torch.arange(qs, qe, device=device)[:, None]
-        ki = torch.arange(ks, ke, device=device)[None, :]
-        mask = (ki <= qi) if self.causal else torch.ones(qe - qs, ke - ks, dtype=torch.bool, device=device)
-        if self.documents is not None:
-            ids = _doc_starts(self.documents)[0].to(device)
-            mask = mask & (ids[qs:qe][:, None] == ids[ks:ke][None, :])
-        if not bool(mask.any()):
-            return False, None
-        return True, (None if bool(mask.all()) else mask)
+            return [(qseg, kseg, m)]
+        out: list[tuple[Segment, Segment, str | None]] = []
+        lo, hi = min(qs, ks), max(qe, ke)
+        i = bisect.bisect_right(self._ends, lo)  # the first document ending after lo
+        while i < len(self._ends) and self._ends[i] - self.documents[i] < hi:  # type: ignore[index]
+            ds, de = self._ends[i] - self.documents[i], self._ends[i]  # type: ignore[index]
+            q, k = (max(qs, ds), min(qe, de)), (max(ks, ds), min(ke, de))
+            if q[1] > q[0] and k[1] > k[0]:
+                out.append((q, k, m))
+            i += 1
+        return out
 
 
-#: CPU's fused attention kernel that also returns the log-sum-exp (and its backward): blocks wholly visible, or
-#: causal on their diagonal, run it (no ``L x L`` score matrix, about twice as fast as the matmuls); other masks
-#: (documents) take the matmul path
+#: CPU's fused attention kernel that also returns the log-sum-exp (and its backward): every piece (wholly visible,
+#: or causal on its diagonal) runs it on a CPU (no ``L x L`` score matrix, about twice as fast as the matmuls)
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _FLASH_CPU_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 
 
-def _pairs(layout: CPLayout, rank: int, owner: int, mask: _Mask,
-           device: Any) -> list[tuple[slice, slice, Any]]:
-    """The visible (query rows, key rows, mask) pairs of ``rank``'s queries against ``owner``'s keys, in local
-    coordinates of each; the mask is ``None`` (every key seen), ``"causal"`` (the same tokens on both sides,
-    causal, no documents) or a boolean tensor."""
+def _pairs(layout: CPLayout, rank: int, owner: int, mask: _Mask) -> list[tuple[slice, slice, str | None]]:
+    """The visible (query rows, key rows, mask) pieces of ``rank``'s queries against ``owner``'s keys, in local
+    coordinates of each (:meth:`_Mask.pieces`)."""
     out = []
     qoff = 0
     for qseg in layout.segments(rank):
         koff = 0
         for kseg in layout.segments(owner):
-            if qseg == kseg and mask.causal and mask.documents is None and qseg[1] > qseg[0]:
-                seen, m = True, "causal"
-            else:
-                seen, m = mask.block(qseg, kseg, device)
-            if seen:
-                out.append((slice(qoff, qoff + qseg[1] - qseg[0]), slice(koff, koff + kseg[1] - kseg[0]), m))
+            for (qa, qb), (ka, kb), m in mask.pieces(qseg, kseg):
+                out.append((slice(qoff + qa - qseg[0], qoff + qb - qseg[0]),
+                            slice(koff + ka - kseg[0], koff + kb - kseg[0]), m))
             koff += kseg[1] - kseg[0]
         qoff += qseg[1] - qseg[0]
     return out
@@ -237,20 +242,21 @@ def _safe(lse: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
 
 
-def _fused(q: torch.Tensor, mask: Any) -> bool:
-    return _FLASH_CPU is not None and q.device.type == "cpu" and (mask is None or isinstance(mask, str))
+def _fused(q: torch.Tensor) -> bool:
+    return _FLASH_CPU is not None and q.device.type == "cpu"
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, mask: Any, scale: float) -> torch.Tensor:
+def _scores(q: torch.Tensor, k: torch.Tensor, mask: str | None, scale: float) -> torch.Tensor:
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if isinstance(mask, str):  # causal on the block's diagonal
-        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-    return s if mask is None else s.masked_fill(~mask, float("-inf"))
+    if mask is None:
+        return s
+    tril = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()  # causal on the diagonal
+    return s.masked_fill(~tril, float("-inf"))
 
 
-def _block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any,
+def _block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: str | None,
                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    if _fused(q, mask):
+    if _fused(q):
         o, lse = _FLASH_CPU(q, k, v, 0.0, mask == "causal", scale=scale)
         return o, lse
     s = _scores(q, k, mask, scale)
@@ -266,12 +272,12 @@ def _merge(o: torch.Tensor, lse: torch.Tensor, o_b: torch.Tensor, lse_b: torch.T
     lse.copy_(new)
 
 
-def _block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, scale: float,
+def _block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: str | None, scale: float,
                     lse: torch.Tensor, do: torch.Tensor, delta: torch.Tensor, o: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv)`` of one block from the final output ``o``, log-sum-exp ``lse`` and ``delta = rowsum(dO * O)``
     (flash-attention's backward of one block given the whole row's softmax statistics)."""
-    if _fused(q, mask):
+    if _fused(q):
         dq, dk, dv = _FLASH_CPU_BWD(do, q, k, v, o, lse, 0.0, mask == "causal", scale=scale)
         return dq, dk, dv
     p = torch.exp(_scores(q, k, mask, scale) - _safe(lse)[..., None])
@@ -389,7 +395,7 @@ def _forward(q: torch.Tensor, kv: torch.Tensor, plan: _Plan, g: _Group) -> tuple
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
     for owner, blk in _blocks(kv, plan, g):
         k, v = (_repeat(blk[i].to(q.dtype), plan.rep) for i in (0, 1))
-        for qs, ks, m in _pairs(plan.layout, g.rank, owner, plan.mask, q.device):
+        for qs, ks, m in _pairs(plan.layout, g.rank, owner, plan.mask):
             o_b, lse_b = _block_forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], m, plan.scale)
             _merge(o[:, :, qs], lse[:, :, qs], o_b, lse_b)
     return o, lse
@@ -402,7 +408,7 @@ def _block_grads(q: torch.Tensor, blk: torch.Tensor, owner: int, dq: torch.Tenso
     lse, do, delta, o = saved
     k, v = (_repeat(blk[i].to(q.dtype), plan.rep) for i in (0, 1))
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-    for qs, ks, m in _pairs(plan.layout, g.rank, owner, plan.mask, q.device):
+    for qs, ks, m in _pairs(plan.layout, g.rank, owner, plan.mask):
         dq_b, dk_b, dv_b = _block_backward(q[:, :, qs], k[:, :, ks], v[:, :, ks], m, plan.scale, lse[:, :, qs],
                                            do[:, :, qs], delta[:, :, qs], o[:, :, qs])
         dq[:, :, qs] += dq_b
