@@ -60,25 +60,29 @@ class StageCost:
         self._cache: dict[tuple[int, int], tuple[float, ...]] = {}
         pts = [self._direct(r, s) for r, s in _FIT]
         self.params = float(sum(p for _, p in self._eval(1, _FIT[0][1]).units))
-        self._coef = [_solve([_features(*x) for x in _FIT], [p[q] for p in pts]) for q in range(6)]
+        self._coef = [_solve([_features(*x) for x in _FIT], [p[q] for p in pts]) for q in range(8)]
         self._gaps = any(abs(c) > 0 for q in (4, 5) for c in self._coef[q])  # a CP ring: not one line
-        self.exact = all(_close(self._line(r, s), self._direct(r, s)) for r, s in _CHECK)
+        self.exact = all(_close(self._line(r, s)[:6], self._direct(r, s)[:6]) for r, s in _CHECK)
+        # a CP ring's collectives are not one line: then they are evaluated per shape
+        self._comm_exact = self.exact and all(_close(self._line(r, s)[6:], self._direct(r, s)[6:])
+                                              for r, s in _CHECK)
 
     def _eval(self, rows: int, length: int):  # the simulator's stage cost: the one source of these figures
         model, stage, first, last, cluster = self._args
         return _stage_cost(model, stage, first, last, cluster, rows, length, self._cost, balanced=self._balanced)
 
     def _direct(self, rows: int, length: int) -> tuple[float, ...]:
-        """The six quantities the lines model: forward and backward seconds without the CP ring's exposed part,
+        """The eight quantities the lines model: forward and backward seconds without the CP ring's exposed part,
         kept and transient bytes, the ring's forward and backward gaps (``LayerCost.ring_gap_*``: a stage pays
-        ``max(0, gap)``, so its cost is affine in the shape's features plus those maxima)."""
+        ``max(0, gap)``, so its cost is affine in the shape's features plus those maxima), and the in-stage
+        collectives' forward and backward seconds (the part of the times that shared cores do not slow)."""
         hit = self._cache.get((rows, length))
         if hit is None:
             sc = self._eval(rows, length)
             ef, eb = max(0.0, sc.ring_gap_fwd), max(0.0, sc.ring_gap_bwd)
             hit = self._cache[(rows, length)] = (
                 sc.fwd - ef, sc.bwd - eb - (ef if sc.recompute else 0.0), sc.act_per_mb, sc.transient,
-                sc.ring_gap_fwd, sc.ring_gap_bwd)
+                sc.ring_gap_fwd, sc.ring_gap_bwd, sc.fwd_comm, sc.bwd_comm)
         return hit
 
     def _line(self, rows: int, length: int, sq: float | None = None) -> tuple[float, ...]:
@@ -99,6 +103,12 @@ class StageCost:
         term when not ``rows * length**2`` (a row packing documents: the sum of their squared lengths)."""
         f, b, _, _ = self._all(rows, length, sq)
         return f, b
+
+    def comm(self, rows: int, length: int, sq: float | None = None) -> tuple[float, float]:
+        """The in-stage (TP) collectives' part of :meth:`times`: (forward, backward) seconds that processor sharing
+        does not stretch."""
+        q = self._line(rows, length, sq) if self._comm_exact else self._direct(rows, length)
+        return q[6], q[7]
 
     def time(self, rows: int, length: int, sq: float | None = None) -> float:
         """Forward + backward seconds of one micro-batch (``sq`` as in :meth:`times`)."""

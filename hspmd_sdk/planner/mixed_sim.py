@@ -30,7 +30,8 @@ from ..models.registry import load_model_spec
 from .cost import BF16, CostModel
 from .hetero import tp_degrees
 from .mixed_cost import PipelineCost, switch_estimate
-from .simulator import Event, SimResult, Transfer, _simulate_step, _stage_cost, simulate
+from .simulator import (Event, SimResult, Stretch, Transfer, _core_share, _shared_cores, _simulate_step, _stage_cost,
+                        simulate)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
@@ -69,16 +70,23 @@ def simulate_shapes(model: "ModelSpec | str", strategy: "Strategy", cluster: "Cl
             lines[(i, j)] = pipes[i].stages[j]
     counted = strategy.model_copy(update={"pipelines": [
         p.model_copy(update={"num_micro_batches": max(1, len(mbs))}) for p, mbs in zip(strategy.pipelines, shapes)]})
-    return _simulate_step(strategy, cluster, cost, costs, devices, label=label, counted=counted,
-                          run=lambda start, events: _replay(model, strategy, cluster, shapes, cost, lines, devices,
-                                                            start, events))
+
+    def one(stretch: "Stretch | None") -> SimResult:
+        return _simulate_step(strategy, cluster, cost, costs, devices, label=label, counted=counted, stretch=stretch,
+                              run=lambda start, events: _replay(model, strategy, cluster, shapes, cost, lines,
+                                                                devices, start, events, stretch))
+    return _shared_cores(one, devices, cluster, cost)
 
 
 def _replay(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", shapes: Sequence[Sequence[Shape]],
-            cost: CostModel, lines: dict, devices: dict, start: dict, events: dict) -> tuple[dict, list[Transfer]]:
+            cost: CostModel, lines: dict, devices: dict, start: dict, events: dict,
+            stretch: "Stretch | None" = None) -> tuple[dict, list[Transfer]]:
     """Every stage's schedule replayed with each micro-batch timed at its own shape (as the simulator's
-    ``_run_pipelines``: a send occupies its channel without blocking the sender, a receive waits for the data)."""
+    ``_run_pipelines``: a send occupies its channel without blocking the sender, a receive waits for the data).
+    ``stretch``: processor sharing (the lines' compute is at every rank of the node computing at once; their
+    collectives are not stretched)."""
     clock = dict(start)
+    shares = {k: _core_share(cluster, devices[k], cost) for k in lines}
     channel_free: dict = {}
     transfers: list[Transfer] = []
 
@@ -89,6 +97,10 @@ def _replay(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", shapes
         if a.kind in ("F", "B"):
             f, b = lines[k].times(*shape)
             dur = f if a.kind == "F" else b
+            if stretch is not None:
+                fc, bc = lines[k].comm(*shape)
+                comm = fc if a.kind == "F" else bc
+                dur = stretch(k, clock[k], (dur - comm) / shares[k]) + comm
             events[k].append(Event(clock[k], clock[k] + dur, a.kind, a.micro_batch))
             clock[k] += dur
         elif a.kind in ("SEND_F", "SEND_B"):

@@ -284,16 +284,30 @@ def simulate(model: "ModelSpec | str", strategy: "Strategy | str | dict", cluste
     strategy = Strategy.load(strategy, model=model, cluster=cluster, global_batch=global_batch)
     cost = cost or CostModel()
     devices = {(i, j): list(st.devices) for i, p in enumerate(strategy.pipelines) for j, st in enumerate(p.stages)}
-    stretch: Stretch | None = None  # first the bound (every rank computing at once), then processor sharing
-    shared = _oversubscribed(cluster, [d for ds in devices.values() for d in ds], cost)
-    rounds: list[SimResult] = []
-    for _ in range(_SHARING_ROUNDS):
+
+    def one(stretch: "Stretch | None") -> SimResult:
         costs = {(i, j): _stage_cost(model, st, j == 0, j == p.num_stages - 1, cluster, p.micro_batch_size, seq_len,
                                      cost, None if stretch is None else 1.0, balanced=p.cp_balance > 1)
                  for i, p in enumerate(strategy.pipelines) for j, st in enumerate(p.stages)}
         run = functools.partial(_run_pipelines, model, strategy, cluster, seq_len, cost, costs, devices,
                                 stretch=stretch)
-        result = _simulate_step(strategy, cluster, cost, costs, devices, label=label, run=run, stretch=stretch)
+        return _simulate_step(strategy, cluster, cost, costs, devices, label=label, run=run, stretch=stretch)
+
+    return _shared_cores(one, devices, cluster, cost)
+
+
+def _shared_cores(one: "Callable[[Stretch | None], SimResult]", devices: dict[StageKey, list[int]],
+                  cluster: "Cluster", cost: CostModel) -> SimResult:
+    """A step simulated by ``one(stretch)`` under processor sharing (``CostModel.cores``): first the bound
+    (``stretch=None``: every rank of a node computing at once), then, where some node has more ranks than cores,
+    replayed with :func:`_processor_sharing` against the previous timeline until the step time stops changing (the
+    fixed point: ranks in a bubble or a collective free their core).  The one place both simulators (fixed
+    shapes and :func:`~hspmd_sdk.planner.mixed_sim.simulate_shapes`) share cores."""
+    shared = _oversubscribed(cluster, [d for ds in devices.values() for d in ds], cost)
+    stretch: Stretch | None = None
+    rounds: list[SimResult] = []
+    for _ in range(_SHARING_ROUNDS):
+        result = one(stretch)
         if not shared or (stretch is not None and abs(result.step_time - rounds[-1].step_time)
                           <= 1e-6 * rounds[-1].step_time):
             return result
