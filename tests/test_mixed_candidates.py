@@ -220,6 +220,14 @@ def test_cp_candidates_in_an_elastic_mixed_length_run_with_a_lost_cp_rank(tmp_pa
     failures = [e for e in result.events if e.reason == "failure"]
     assert len(failures) == 1 and failures[0].failed_ranks == [3] and failures[0].done, result.events
     assert [r["step"] for r in job.length_planner.records] == list(range(steps))
+    # before the loss, every sequence of a step is reported trained once: one rank per pipeline, not per CP rank
+    from hspmd_sdk.runtime.data import Documents, LengthBatches
+
+    batches = LengthBatches(Documents(DOCS), context=CONTEXT, tokens_per_step=BUDGET, seed=SEED)
+    for step in range(2):  # rank 3, lost, reports nothing; it was no pipeline's lowest loss rank
+        got = sorted(i for r in result.results.values() if "runs" in r
+                     for i in r["runs"][0]["trained"].get(str(step), []))
+        assert got == sorted(batches.step_indices(step)), step
     _check_state(tmp_path, ref)
 
 
@@ -261,6 +269,9 @@ def test_a_straggler_in_a_mixed_length_run_gets_fewer_sequences_and_the_losses_s
                                                                           for r in records]
     # at even speeds the dispatch runs tp2; priced with rank 1 slower, dp2 with most of the tokens on rank 0
     assert {r["choice"] for r in before} == {1}, [r["choice"] for r in before]
+    # the launcher tells the dispatcher what each finished step measured against its estimate (Dispatcher.observe):
+    # one candidate run, so its error is the machine's and the factors stay 1
+    assert len(job.length_planner.dispatcher._ratios) >= 1 and all(r["factors"] == [1.0, 1.0] for r in before)
     assert {r["choice"] for r in after} == {0} and max(share(r) for r in after) < 0.35, [share(r) for r in after]
     assert any(e.reason == "length" and e.step >= stragglers[0].step for e in result.events)
 

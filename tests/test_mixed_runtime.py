@@ -219,3 +219,6 @@ def test_candidates_that_differ_only_in_windows_run_one_program() -> None:
     wide = ENTRIES[1].model_copy(update={"max_seq_len": 48, "windows": [48] * 4})
     progs = _programs(model, [wide, *ENTRIES])
     assert same_layouts(progs) == [0, 1, 0, 2]  # dp4 at 48 and at 64: the same Program, nothing to switch
+    # plan_mixed names each candidate after its maximum length: a name is not a layout
+    named = wide.model_copy(update={"strategy": wide.strategy.model_copy(update={"name": "mixed: max_seq_len <= 48"})})
+    assert same_layouts(_programs(model, [named, *ENTRIES])) == [0, 1, 0, 2]

@@ -71,7 +71,7 @@ def _ranks_of(strategy) -> list[int]:
 
 def test_multi_kind_plan_uses_each_device_once_with_tp_groups_in_nodes(plan: MixedPlan) -> None:
     caps = [e.max_seq_len for e in plan.entries]
-    assert caps == sorted(set(caps)) and caps[-1] == CONTEXT
+    assert caps == sorted(caps) and caps[-1] == CONTEXT
     kinds_used = set()
     for e in plan.entries:
         s = e.strategy
@@ -83,7 +83,8 @@ def test_multi_kind_plan_uses_each_device_once_with_tp_groups_in_nodes(plan: Mix
             for st in p.stages:
                 assert len({PAPER.node_index(r) for r in st.devices}) == 1  # a TP group inside one node
             kinds_used |= {PAPER.kind(r) for r in p.ranks}
-        assert len(e.windows) == s.dp_degree and e.max_seq_len <= max(e.windows) <= CONTEXT  # widened
+        assert len(e.windows) == s.dp_degree and max(e.windows) <= CONTEXT
+        assert e.max_seq_len == max(e.windows)  # widened: it takes every sequence its windows hold
         assert len(e.methods) == len(e.windows)
         assert math.isfinite(e.estimate) and e.estimate > 0
     assert kinds_used == {"H800", "H20"}  # the plan uses both kinds
@@ -93,17 +94,22 @@ def test_multi_kind_plan_uses_each_device_once_with_tp_groups_in_nodes(plan: Mix
 def test_windows_are_widened_to_what_memory_holds(plain: MixedPlan, lengths: list[int]) -> None:
     """``widen=False`` keeps the DP's windows (the longest sequence each pipeline was planned for, the largest
     being the entry's ``max_seq_len``); by default each is raised to the largest boundary its memory holds: at
-    least as large, within the memory check, and no larger boundary passes it."""
+    least as large, within the memory check, and no larger boundary passes it; the entry then takes every
+    sequence its windows hold, and one that runs the next one's strategy at its windows is dropped."""
     # without CP methods: with them, an entry takes CP only where its estimate (at the final windows) wins, so the
     # two plans could choose differently
     plan = plain
     narrow = plan_mixed(MODEL, PAPER, list(lengths), tokens_per_batch=TOKENS, context_len=CONTEXT, widen=False,
                         max_cp=1)
-    assert [e.max_seq_len for e in narrow.entries] == [e.max_seq_len for e in plan.entries]
+    planned = {e.strategy.name: e for e in narrow.entries}  # "mixed: planned for max_seq_len <= cap"
+    assert [e.max_seq_len for e in narrow.entries] == [int(name.rsplit(" ", 1)[1]) for name in planned]
+    assert {e.strategy.name for e in plan.entries} <= set(planned) and plan.entries[-1].max_seq_len == CONTEXT
     bounds = sorted(set(_boundaries(CONTEXT)))
     costs = _Methods(MODEL, PAPER, CostModel(), schedule="1f1b", zero1=True)
     widened = 0
-    for n, e in zip(narrow.entries, plan.entries):
+    for e in plan.entries:
+        n = planned[e.strategy.name]
+        assert e.max_seq_len == max(e.windows) >= n.max_seq_len
         assert max(n.windows) == n.max_seq_len and all(w <= n.max_seq_len for w in n.windows)
         assert sorted(e.methods) == sorted(n.methods) and sum(e.windows) >= sum(n.windows)
         for m, w in zip(e.methods, e.windows):
@@ -164,8 +170,14 @@ def test_programs_carry_windows_and_dispatch_reads_them(plan: MixedPlan, lengths
 def test_plan_for_given_max_lengths_and_one_kind() -> None:
     cl = Cluster.homogeneous("H20", 16)
     sample = [512] * 400 + [3000] * 40 + [8000] * 4
-    plan = plan_mixed("llama-7b", cl, sample, tokens_per_batch=65536, context_len=8192, max_seq_lens=[4096])
+    plan = plan_mixed("llama-7b", cl, sample, tokens_per_batch=65536, context_len=8192, max_seq_lens=[4096],
+                      widen=False)
     assert [e.max_seq_len for e in plan.entries] == [4096, 8192]
+    assert [e.windows for e in plan.entries] == [[4096, 4096], [8192, 8192]]
+    # widened, the 4096 candidate runs the 8192 one's strategy at its windows: one candidate serves both
+    wide = plan_mixed("llama-7b", cl, sample, tokens_per_batch=65536, context_len=8192, max_seq_lens=[4096])
+    assert [(e.max_seq_len, e.windows) for e in wide.entries] == [(8192, [8192, 8192])]
+    assert wide.entries[0].strategy.pipelines == plan.entries[1].strategy.pipelines
     for e in plan.entries:
         assert {cl.kind(r) for r in _ranks_of(e.strategy)} == {"H20"}
     with pytest.raises(PlanValidationError, match="lengths: no positive"):

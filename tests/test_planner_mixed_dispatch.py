@@ -263,3 +263,107 @@ def test_hotspa_runs_its_buckets_in_turn_and_switches_between_them(lengths: list
     assert step.switch == pytest.approx(sw) and step.step_time == pytest.approx(sum(expected) + sw + step.sync)
     short = simulate_hotspa(MODEL, cl, hp, [100, 200, 300])
     assert len(short.compute) == 1 and short.switch == 0.0
+
+
+# ---- shared cores (CostModel.cores: local CPU workers) --------------------------------------------------------------
+LOCAL = Cluster.local(4)
+TINY = LlamaConfig.preset("tiny")
+SHARED = CostModel(cores=2)
+
+
+@pytest.mark.parametrize("pipelines", [
+    [[[0], [1]], [[2], [3]]],            # DP2 x PP2: a bubble frees a core for the other pipeline
+    [[[0, 1], [2, 3]]],                  # TP2 x PP2: the TP collectives are not stretched
+    [[[0]], [[1]], [[2]], [[3]]],        # DP4: every rank computes at once, the bound is exact
+])
+def test_shared_cores_simulate_shapes_as_the_step_simulator(pipelines: list[list[list[int]]]) -> None:
+    layers = TINY.num_layers
+    strategy = Strategy.load({"zero1": False, "pipelines": [
+        {"micro_batch_size": 2, "num_micro_batches": 3, "stages": [
+            {"devices": devs, "layers": [j * layers // len(p), (j + 1) * layers // len(p) - 1]}
+            for j, devs in enumerate(p)]} for p in pipelines]})
+    ref = simulate(TINY, strategy, LOCAL, seq_len=64, cost=SHARED)
+    got = simulate_shapes(TINY, strategy, LOCAL, [[(2, 64)] * 3] * len(pipelines), cost=SHARED)
+    assert got.step_time == pytest.approx(ref.step_time, rel=1e-9)
+    assert got.pipeline_end == pytest.approx(ref.pipeline_end, rel=1e-9)
+    bound = simulate_shapes(TINY, strategy, LOCAL, [[(2, 64)] * 3] * len(pipelines), cost=CostModel())
+    if len(pipelines[0]) > 1:  # processor sharing: faster than every rank at the shared rate all the time ...
+        assert got.step_time < 2 * bound.step_time * (1 - 1e-3)
+    assert got.step_time >= bound.step_time * (1 - 1e-9)  # ... and never faster than a core each
+
+
+def test_shared_cores_dispatch_prices_each_candidate_by_its_simulated_step() -> None:
+    entries, lengths = _two_entries(), LENGTHS
+    for packing in (False, True):
+        d = Dispatcher(entries, TINY, LOCAL, cost=SHARED, packing=packing)(lengths)
+        for i, e in enumerate(entries):
+            alone = Dispatcher([e], TINY, LOCAL, cost=SHARED, packing=packing)(lengths)
+            sim = simulate_dispatch(TINY, LOCAL, alone, cost=SHARED).step_time
+            assert d.estimates[i] == pytest.approx(sim, rel=1e-12)
+        assert d.choice == min(range(2), key=lambda i: d.estimates[i])
+    # without cores the estimate is the cost lines' (bottleneck sum plus fill): not the simulation's replay
+    lines = Dispatcher(entries, TINY, LOCAL, cost=CostModel())(lengths)
+    assert lines.estimate == pytest.approx(max(lines.pipeline_estimates) + _tail(entries[lines.choice]), rel=1e-9)
+
+
+def _tail(e: MixedEntry) -> float:
+    from hspmd_sdk.planner.mixed import _overhead
+
+    return _overhead(simulate_shapes(TINY, e.strategy, LOCAL, [[(1, w)] for w in e.windows], cost=CostModel()))
+
+
+def test_measured_steps_weigh_each_candidates_estimate() -> None:
+    d = Dispatcher(_two_entries(), TINY, LOCAL)
+    first = d(LENGTHS)
+    assert first.factors == (1.0, 1.0)
+    cheap, other = first.choice, 1 - first.choice
+    gap = first.estimates[other] / first.estimates[cheap]
+    d.observe(cheap, first.estimates[cheap], 3 * gap * first.estimates[cheap])  # 3x slower than the other's estimate
+    alone = d(LENGTHS)  # one candidate measured: its error is the machine's, not its own; the choice stands
+    assert alone.factors == (1.0, 1.0) and alone.choice == cheap
+    d.observe(other, first.estimates[other], first.estimates[other])  # the other measures as estimated
+    moved = d(LENGTHS)
+    assert moved.factors[cheap] / moved.factors[other] == pytest.approx(3 * gap)
+    assert moved.choice == other and moved.estimates == first.estimates  # the estimates are the cost model's
+    for _ in range(3):  # the median of the last five: three steps as estimated outweigh the slow one
+        d.observe(cheap, 1.0, 1.0)
+    back = d(LENGTHS)
+    assert back.choice == cheap and back.factors == (1.0, 1.0)
+    d.observe(cheap, 0.0, 1.0)  # nothing to learn from a zero estimate
+    assert d(LENGTHS).factors == (1.0, 1.0)
+
+
+def _two_entries() -> list[MixedEntry]:
+    dp4 = Strategy.load({"zero1": False, "pipelines": [
+        {"micro_batch_size": 1, "num_micro_batches": 1, "stages": [{"devices": [r], "layers": [0, 3]}]}
+        for r in range(4)]})
+    pp = Strategy.load({"zero1": False, "pipelines": [
+        {"micro_batch_size": 1, "num_micro_batches": 1, "stages": [
+            {"devices": [2 * i], "layers": [0, 1]}, {"devices": [2 * i + 1], "layers": [2, 3]}]} for i in range(2)]})
+    return [MixedEntry(max_seq_len=64, windows=[256] * s.dp_degree, strategy=s, methods=["x"] * s.dp_degree)
+            for s in (dp4, pp)]
+
+
+LENGTHS = [64, 60, 33, 17, 9, 9, 40, 51, 64, 2, 30, 12]
+
+
+def test_shared_cores_plan_keeps_the_variant_that_simulates_fastest() -> None:
+    from hspmd_sdk.planner.mixed import Dispatcher as D, _variants, _default_methods
+
+    model = TINY.model_copy(update={"max_seq_len": 128})
+    lengths = sample_lengths(400, 128, seed=3, median=24)
+    plan = plan_mixed(model, LOCAL, lengths, tokens_per_batch=512, context_len=128, cost=SHARED, packing=True,
+                      boundaries=[32, 64, 128])
+    steps = [sample_batch([x for x in lengths if x <= 128], 512, seed=k) for k in range(3)]
+    chosen = plan.entries[-1]
+    mean = sum(D([chosen], model, LOCAL, cost=SHARED, packing=True)(x).estimate for x in steps) / len(steps)
+    # every method set's plan of the longest interval, held to one strategy, simulates no faster than the choice
+    for ms in _variants(_default_methods(model, LOCAL, None), True):
+        alt = plan_mixed(model, LOCAL, lengths, tokens_per_batch=512, context_len=128, cost=SHARED, packing=True,
+                         boundaries=[32, 64, 128], max_seq_lens=[128], methods=ms)
+        got = sum(D(alt.entries[-1:], model, LOCAL, cost=SHARED, packing=True)(x).estimate for x in steps) / len(steps)
+        assert got >= mean * 0.97, (ms[0] if ms else None, got, mean)
+    # consecutive candidates differ: one that runs the next one's strategy at its windows is dropped
+    for a, b in zip(plan.entries, plan.entries[1:]):
+        assert a.windows != b.windows or a.strategy.model_copy(update={"name": ""}) != \
+            b.strategy.model_copy(update={"name": ""})

@@ -37,10 +37,17 @@ where the cost model says that batching pays; each candidate whose ``max_seq_len
 sequence is costed this way (padded shapes, attention's quadratic term included, plus its ZeRO-1 gather, gradient
 synchronisation and optimizer) and the cheapest is chosen (counting the switch from the ``current`` one, if
 given).  :func:`simulate_dispatch` simulates the result (:func:`~hspmd_sdk.planner.mixed_sim.simulate_shapes`).
+
+**Shared cores** (``CostModel.cores``, local CPU workers: more ranks on a node than cores): the cost lines charge
+every rank the node's shared rate all the time, so they overcharge a pipeline's bubble (a rank waiting in it frees
+its core for the others).  There the step simulator, with processor sharing, decides instead: the dispatcher prices
+each candidate's assignment by simulating it, and :func:`plan_mixed` also plans each maximum length with pipelines
+held to 2, 4, ... stages and keeps the variant whose dispatched sample steps simulate fastest.
 """
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -58,6 +65,7 @@ from .cost import BF16, CostModel
 from .hetero import tp_degrees
 from .mixed_cost import PipelineCost, split_layers, switch_estimate
 from .mixed_sim import packed_baseline, pack, sample_batch, simulate_shapes
+from .simulator import _oversubscribed
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
@@ -561,15 +569,21 @@ def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[i
     ``widen`` (default): each pipeline's window -- the token budget of its micro-batches -- is then raised from the
     longest sequence it was planned for to the largest boundary (up to the context) its memory holds, so that the
     dispatcher may pack several short sequences into one larger micro-batch where that is cheaper (each
-    micro-batch pays the executor's fixed cost once, :mod:`hspmd_sdk.runtime.control.overhead`); the entry still serves
-    only steps whose longest sequence is at most its ``max_seq_len``.  Where memory binds (long contexts on
-    GPUs) the windows stay where the DP put them.
+    micro-batch pays the executor's fixed cost once, :mod:`hspmd_sdk.runtime.control.overhead`), and the entry's
+    ``max_seq_len`` becomes the longest sequence its windows hold (up to the context): the dispatcher may then
+    give it a step longer than it was planned for where that is cheaper, and weighs each candidate by what its
+    steps measure (:meth:`Dispatcher.observe`).  Where memory binds (long contexts on GPUs) the windows stay where
+    the DP put them.  A candidate that runs the next one's strategy at its windows is dropped.
 
     ``packing``: the runtime will pack micro-batches (``launch(programs)``'s default for models whose kernels keep
     packed sequences apart): intervals are also priced as window-sized packed rows (no padding, attention per
     sequence), which favours fewer, fuller micro-batches, and ``widen`` may raise windows past the context (2, 4,
     8 times it, up to ``tokens_per_batch``): a packed row's attention stays per sequence.  Default ``False``:
     priced as padded micro-batches (an upper bound on what packing costs).
+
+    Where ranks share cores (``cost.cores`` below the ranks of a node: local CPU workers), each maximum length is
+    also planned with pipelines held to at least 2, 4, ... stages, and the variant whose dispatched sample steps
+    the step simulator (processor sharing) finds fastest is kept; its ``estimate`` is that simulated mean.
     """
     model = load_model_spec(model)
     cost = cost or CostModel()
@@ -583,6 +597,7 @@ def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[i
     bounds = sorted(set(bounds) | set(caps))
     costs = _Methods(model, cluster, cost, schedule=schedule, zero1=zero1)
     todo = list(methods or _default_methods(model, cluster, max_tp, max_cp))
+    shared = _oversubscribed(cluster, list(range(cluster.num_ranks)), cost)
     entries: list[MixedEntry] = []
     below = 0
     for cap in caps:
@@ -594,21 +609,61 @@ def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[i
         weight = max(1, min(64, math.ceil(1.0 / per_step))) if per_step < 1 else 1
         skewed = sub + top * (weight - 1)  # a step for this strategy holds at least one sequence above `below`
         below = cap
-        # with and without context parallelism (the DP's overhead levels are estimates: CP only where its
-        # entry's estimate wins)
-        plain = [m for m in todo if m.cp == 1]
         found: list[MixedEntry] = []
-        for allowed in ([todo, plain] if plain and len(plain) < len(todo) else [todo]):
+        for allowed in _variants(todo, shared):
             entry = _entry(costs, allowed, skewed, bounds, cap, context, tokens_per_batch, packing, widen,
                            model, cluster, cost, schedule, zero1)
-            if entry is not None:
+            if entry is not None and all(e.strategy != entry.strategy for e in found):
                 found.append(entry)
         if found:
-            entries.append(min(found, key=lambda e: e.estimate))
+            entries.append(_simulated(found, skewed, tokens_per_batch, model, cluster, cost, packing) if shared
+                           else min(found, key=lambda e: e.estimate))
+    entries = _distinct(entries)
     if not entries or entries[-1].max_seq_len < context:
         raise PlanValidationError([("lengths", f"no strategy for {model.name} on {cluster.num_ranks} devices takes "
                                                f"sequences of {context} tokens")], what="mixed plan")
     return MixedPlan(context_len=context, tokens_per_batch=tokens_per_batch, entries=entries)
+
+
+def _distinct(entries: Sequence[MixedEntry]) -> list[MixedEntry]:
+    """``entries`` less each one that runs the same strategy (its name aside) with the same windows as the next
+    longer one: that one serves the same steps the same way, so the shorter candidate would only add a name."""
+    def same(a: MixedEntry, b: MixedEntry) -> bool:
+        return a.windows == b.windows and a.strategy.model_copy(update={"name": ""}) == \
+            b.strategy.model_copy(update={"name": ""})
+    return [e for e, nxt in zip(entries, list(entries[1:]) + [None]) if nxt is None or not same(e, nxt)]
+
+
+def _variants(todo: Sequence[Method], shared: bool) -> list[list[Method]]:
+    """The method sets the DP runs on for one maximum length: all, and without context parallelism (the DP's
+    overhead levels are estimates: CP only where its entry wins); where ranks share cores, also each set held to
+    pipelines of at least 2, 4, ... stages, since the DP's lines charge a pipeline's bubble at the shared rate
+    while a rank in a bubble frees its core (the step simulator decides, :func:`_simulated`)."""
+    plain = [m for m in todo if m.cp == 1]
+    sets = [list(todo)] + ([plain] if plain and len(plain) < len(todo) else [])
+    if shared:
+        depths = sorted({m.pp for m in todo if m.pp > 1})
+        sets += [[m for m in ms if m.pp >= d] for ms in list(sets) for d in depths]
+    return [ms for ms in sets if ms]
+
+
+#: the steps per candidate :meth:`Dispatcher.factor` looks back on
+_OBSERVED = 5
+
+#: sample steps a candidate is simulated on where ranks share cores
+_JUDGE_STEPS = 4
+
+
+def _simulated(found: Sequence[MixedEntry], skewed: Sequence[int], tokens_per_batch: int, model: "ModelSpec",
+               cluster: "Cluster", cost: CostModel, packing: bool) -> MixedEntry:
+    """Where ranks share cores: the entry whose dispatched sample steps (``_JUDGE_STEPS`` drawn from ``skewed``)
+    the step simulator, with processor sharing, finds fastest on average; its ``estimate`` is that mean."""
+    steps = [sample_batch(skewed, tokens_per_batch, seed=k) for k in range(_JUDGE_STEPS)]
+    judged = []
+    for e in found:
+        d = Dispatcher([e], model, cluster, cost=cost, packing=packing)
+        judged.append(e.model_copy(update={"estimate": sum(d(x).estimate for x in steps) / len(steps)}))
+    return min(judged, key=lambda e: e.estimate)
 
 
 def _entry(costs: _Methods, todo: Sequence[Method], skewed: Sequence[int], bounds: Sequence[int], cap: int,
@@ -626,11 +681,12 @@ def _entry(costs: _Methods, todo: Sequence[Method], skewed: Sequence[int], bound
     wide = [(m, cnt, _widest(costs, m, w, reach)) for m, cnt, w in chosen] if widen else chosen
     for pick in ([wide, chosen] if wide != chosen else [chosen]):  # the widened windows, else the DP's
         strategy, windows, names = _place(costs, pick, schedule=schedule, zero1=zero1,
-                                          name=f"mixed: max_seq_len <= {cap}")
+                                          name=f"mixed: planned for max_seq_len <= {cap}")
         r = simulate_shapes(model, strategy, cluster, [[(1, w)] * p.num_stages for w, p in
                                                        zip(windows, strategy.pipelines)], cost=cost)
-        if not r.oom:
-            return MixedEntry(max_seq_len=cap, windows=windows, methods=names, strategy=strategy,
+        if not r.oom:  # widened: it takes every sequence its windows hold, the dispatcher choosing by cost
+            takes = min(context, max(windows)) if pick is wide else cap
+            return MixedEntry(max_seq_len=takes, windows=windows, methods=names, strategy=strategy,
                               estimate=est + _overhead(r))
     return None
 
@@ -645,7 +701,9 @@ class Dispatch:
       micro-batch shapes, then gradient synchronisation and optimizer); ``math.inf`` where the candidate's
       ``max_seq_len`` is shorter than the step's longest sequence;
     * ``switch[i]``: estimated seconds of switching from ``current`` to candidate ``i`` (all 0 without
-      ``current``); the choice minimises ``estimates[i] + switch[i]``;
+      ``current``); ``factors[i]``: how much more candidate ``i``'s steps measured against their estimates so far
+      than all candidates' (:meth:`Dispatcher.factor`; 1 before any); the choice minimises ``estimates[i] *
+      factors[i] + switch[i]``;
     * ``micro_batches[p]``: the chosen candidate's pipeline ``p`` (``program.pipelines[p]``, ``strategy.pipelines[p]``)
       runs these micro-batches in this order, each a tuple of indices into ``lengths``; every index appears exactly
       once over all pipelines; a pipeline may get none (it still takes part in the gradient synchronisation);
@@ -664,6 +722,7 @@ class Dispatch:
     max_seq_len: int
     pipeline_estimates: tuple[float, ...]
     packed: bool = False
+    factors: tuple[float, ...] = ()
 
     @property
     def estimate(self) -> float:
@@ -673,17 +732,12 @@ class Dispatch:
     def shapes(self) -> list[list[tuple[int, int]]]:
         """Per pipeline, per micro-batch: ``(rows, padded length)`` -- the tensor the runtime runs (packed: ``(1,
         its tokens)``)."""
-        if self.packed:
-            return [[(1, sum(self.lengths[i] for i in mb)) for mb in pipe] for pipe in self.micro_batches]
-        return [[(len(mb), max(self.lengths[i] for i in mb)) for mb in pipe] for pipe in self.micro_batches]
+        return [[shape[:2] for shape in pipe] for pipe in self.cost_shapes()]  # type: ignore[misc]
 
     def cost_shapes(self) -> list[list[tuple[int, ...]]]:
         """:meth:`shapes` as the cost model prices them: packed rows as ``(1, tokens, sum of squared lengths)``
         (attention runs per document)."""
-        if not self.packed:
-            return self.shapes()  # type: ignore[return-value]
-        return [[(1, sum(self.lengths[i] for i in mb), sum(self.lengths[i] ** 2 for i in mb)) for mb in pipe]
-                for pipe in self.micro_batches]
+        return _cost_shapes(self.micro_batches, self.lengths, self.packed)
 
     def padding_fraction(self) -> float:
         """Padding tokens over all tokens of the micro-batches (0 when packed)."""
@@ -698,6 +752,17 @@ class _Candidate:
     max_seq_len: int
     pipes: list[PipelineCost]
     tail: float
+    shared: bool  # some node of its devices has more ranks than cores: priced by the step simulator
+
+
+def _cost_shapes(micro_batches: Sequence[Sequence[Sequence[int]]], lengths: Sequence[int],
+                 packed: bool) -> list[list[tuple[int, ...]]]:
+    """Per pipeline, per micro-batch of indices into ``lengths``: ``(rows, padded length)``, or a packed row's
+    ``(1, tokens, sum of squared lengths)``."""
+    if packed:
+        return [[(1, sum(lengths[i] for i in mb), sum(lengths[i] ** 2 for i in mb)) for mb in pipe]
+                for pipe in micro_batches]
+    return [[(len(mb), max(lengths[i] for i in mb)) for mb in pipe] for pipe in micro_batches]
 
 
 def _overhead(r: Any) -> float:
@@ -774,7 +839,9 @@ class Dispatcher:
     :meth:`MixedPlan.programs`, or any made from a strategy: their windows are what their memory holds,
     :func:`memory_windows`), of :class:`~hspmd_sdk.core.strategy.Strategy` or of :class:`MixedEntry`.  ``packing``: micro-batches are single rows packing
     whole sequences back to back (at most the window in tokens, no padding; attention per sequence) instead of
-    padded ``rows x longest`` tensors."""
+    padded ``rows x longest`` tensors.  Where a candidate's ranks share cores (``CostModel.cores``), its estimate is
+    the simulated step of its assignment (:func:`~hspmd_sdk.planner.mixed_sim.simulate_shapes`, processor sharing)
+    rather than the cost lines' sum."""
 
     def __init__(self, candidates: "MixedPlan | Sequence[Any]", model: "ModelSpec | str", cluster: "Cluster", *,
                  cost: CostModel | None = None, packing: bool = False) -> None:
@@ -794,8 +861,11 @@ class Dispatcher:
             pipes = [PipelineCost.of(self.model, p, cluster, self.cost, cache) for p in strategy.pipelines]
             tail = _overhead(simulate_shapes(self.model, strategy, cluster, [[(1, w)] for w in windows],
                                              cost=self.cost))
-            self.candidates.append(_Candidate(strategy, windows, cap, pipes, tail))
+            shared = _oversubscribed(cluster, [d for p in strategy.pipelines for st in p.stages for d in st.devices],
+                                     self.cost)
+            self.candidates.append(_Candidate(strategy, windows, cap, pipes, tail, shared))
         self._switch: dict[tuple[int, int], float] = {}
+        self._ratios: dict[int, list[float]] = {}  # candidate -> measured / estimated of its last steps (observe)
 
     @property
     def max_seq_len(self) -> int:
@@ -823,12 +893,37 @@ class Dispatcher:
                 continue
             mbs, times = _assign(c.pipes, c.windows, order, lengths, packed=self.packing)
             assigned[i] = (mbs, times)
-            estimates.append(max(times) + c.tail)
-        choice = min(assigned, key=lambda i: (estimates[i] + switch[i], i))
+            estimates.append(simulate_shapes(self.model, c.strategy, self.cluster,
+                                             _cost_shapes(mbs, lengths, self.packing), cost=self.cost).step_time
+                             if c.shared else max(times) + c.tail)
+        factors = [self.factor(i) for i in range(len(self.candidates))]
+        choice = min(assigned, key=lambda i: (estimates[i] * factors[i] + switch[i], i))
         mbs, times = assigned[choice]
         c = self.candidates[choice]
         return Dispatch(choice, tuple(estimates), tuple(switch), tuple(tuple(tuple(mb) for mb in p) for p in mbs),
-                        lengths, c.strategy, tuple(c.windows), c.max_seq_len, tuple(times), self.packing)
+                        lengths, c.strategy, tuple(c.windows), c.max_seq_len, tuple(times), self.packing,
+                        tuple(factors))
+
+    def observe(self, choice: int, estimate: float, measured: float) -> None:
+        """A step dispatched to candidate ``choice`` with ``estimate`` seconds took ``measured`` (the job's launcher
+        reports its finished steps, switches excluded).  From then on the choice weighs each candidate's estimate
+        by :meth:`factor`: how the cost model errs for each candidate is measured, not assumed equal (on a shared
+        CPU a context-parallel candidate's ring and per-document pieces cost several times what its FLOPs say;
+        on a GPU they may not)."""
+        if estimate > 0 and measured > 0 and 0 <= choice < len(self.candidates):
+            ratios = self._ratios.setdefault(choice, [])
+            ratios.append(measured / estimate)
+            del ratios[:-_OBSERVED]
+
+    def factor(self, i: int) -> float:
+        """How much more candidate ``i``'s steps measure against their estimates than the candidates' together:
+        the median of its last observed ratios over the median of all of them.  The cost model's common error
+        (a loaded machine, a profile taken elsewhere) cancels, so switch estimates keep their weight; a candidate
+        not yet run has 1."""
+        own = self._ratios.get(i)
+        if not own:
+            return 1.0
+        return float(statistics.median(own) / statistics.median([r for rs in self._ratios.values() for r in rs]))
 
     def _check(self, lengths: tuple[int, ...], current: int | None) -> None:
         if not lengths:

@@ -89,6 +89,14 @@ class MetricsHistory:
         with self._lock:
             return max((m.step for ms in self._by_rank.values() for m in ms), default=-1)
 
+    def step_seconds(self, step: int) -> float | None:
+        """The slowest rank's time of ``step`` (each rank's newest report of it), or ``None`` before any."""
+        with self._lock:
+            newest = {r: next((m.step_time for m in reversed(ms) if m.step == step and m.step_time is not None),
+                              None) for r, ms in self._by_rank.items()}
+        times = [t for t in newest.values() if t is not None]
+        return float(max(times)) if times else None
+
     def loss_rank(self, preferred: int | None = None) -> int | None:
         """``preferred`` if given, else the lowest rank that reported a loss."""
         if preferred is not None:

@@ -81,12 +81,13 @@ __all__ = ["launch_mixed", "LengthPlanner", "reference_mixed", "documents_for", 
 
 def same_layouts(programs: Sequence[Any]) -> list[int]:
     """For each candidate, the first candidate that runs the same Program (the same annotation plan, pipelines,
-    recomputation and bindings; only the windows and maximum length of ``plan.settings`` differ): moving between such
-    candidates changes only the dispatch, not the plan, so nothing is switched."""
+    recomputation and bindings; only the windows, maximum length and strategy name of ``plan.settings`` differ):
+    moving between such candidates changes only the dispatch, not the plan, so nothing is switched."""
     keys: list[Any] = []
     out = []
     for p in programs:
-        data = p.plan.model_dump(mode="json", exclude={"meta": True, "settings": {"windows", "max_seq_len"}})
+        data = p.plan.model_dump(mode="json", exclude={"meta": True, "settings": {
+            "windows": True, "max_seq_len": True, "strategy": {"name"}}})
         key = (repr(data), repr(p.pipelines), repr(sorted(p.recompute)), repr(sorted(p.bindings.items())))
         out.append(keys.index(key) if key in keys else len(keys))
         if key not in keys:
@@ -102,9 +103,11 @@ class LengthPlanner:
     (planned once per pair) and opens an :class:`~.controller.Event` (``reason="length"``).
 
     ``records``: per step ``{"step", "choice", "estimate", "plan_s", "switch_plan_s", "lengths", "shapes",
-    "micro_batches", "padding", "switch_from", "rank_seconds", "pricing"}`` (``switch_from``: the candidate switched
-    away from, ``None`` where the Program stays; ``rank_seconds``: each rank's estimated compute, against which the
-    straggler watch measures it; ``pricing``: how often the dispatcher had been repriced around stragglers).  After an elastic recovery (:meth:`restart`) the dispatch goes on among the
+    "micro_batches", "padding", "switch_from", "rank_seconds", "pricing", "factors"}`` (``switch_from``: the candidate
+    switched away from, ``None`` where the Program stays; ``rank_seconds``: each rank's estimated compute, against
+    which the straggler watch measures it; ``pricing``: how often the dispatcher had been repriced around
+    stragglers; ``factors``: each candidate's measured / estimated step time the choice weighed, from the steps
+    finished so far).  After an elastic recovery (:meth:`restart`) the dispatch goes on among the
     candidates replanned on the survivors, from the step they resume at; its messages carry the recovery's id
     (``generation``), so a worker never applies a dispatch made for a world that is gone."""
 
@@ -126,6 +129,7 @@ class LengthPlanner:
         self.pricing = 0  # how often the dispatcher was repriced around stragglers (:meth:`reprice`)
         self.base_cost = dispatcher.cost  # the job's cost model (a repriced dispatcher's holds slowed kinds too)
         self._lock = threading.Lock()  # a dispatch and a repricing, one at a time
+        self._learned = 0  # records[:_learned] were measured against their estimates (_learn)
         self.first = self._plan_step(self.start_step)  # before any worker starts: the Program it runs under
 
     def restart(self, programs: Sequence[Any], cluster: Any, *, start: int, current: int, generation: int) -> None:
@@ -143,6 +147,7 @@ class LengthPlanner:
         self._plans = {}
         self.current, self.generation, self.start_step = int(current), int(generation), int(start)
         self.records = [r for r in self.records if r["step"] < start]
+        self._learned = len(self.records)
         self._stop = threading.Event()
         self._send(self._plan_step(start))
         self._thread = threading.Thread(target=self._loop, name="hspmd-length-dispatch", daemon=True)
@@ -182,8 +187,21 @@ class LengthPlanner:
         with self._lock:  # not while the dispatcher is repriced
             return self._dispatch(step)
 
+    def _learn(self) -> None:
+        """Tell the dispatcher what each finished step took against its estimate (:meth:`Dispatcher.observe`):
+        steps dispatched under the current pricing, after the run's first, without a switch."""
+        done = self.job.metrics.last_step() - 1 if self.job is not None else -1  # every rank is past it
+        while self._learned < len(self.records) and self.records[self._learned]["step"] <= done:
+            rec = self.records[self._learned]
+            self._learned += 1
+            if rec["switch_from"] is None and rec["step"] > self.start_step and rec["pricing"] == self.pricing:
+                measured = self.job.metrics.step_seconds(rec["step"])
+                if measured is not None:
+                    self.dispatcher.observe(rec["choice"], rec["estimate"], measured)
+
     def _dispatch(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
+        self._learn()
         lengths = self.batches.step_lengths(step)
         d = self.dispatcher(lengths, current=self.current)
         t1 = time.perf_counter()
@@ -193,7 +211,7 @@ class LengthPlanner:
                "padding": d.padding_fraction(), "packed": d.packed, "cost_shapes": d.cost_shapes(),
                "switch_from": self.current if self.current is not None and
                self.layouts[self.current] != self.layouts[d.choice] else None,
-               "rank_seconds": self._rank_seconds(d), "pricing": self.pricing}
+               "rank_seconds": self._rank_seconds(d), "pricing": self.pricing, "factors": list(d.factors)}
         self.current = d.choice
         self.records.append(rec)
         return rec

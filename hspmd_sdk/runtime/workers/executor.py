@@ -1031,15 +1031,16 @@ class StepExecutor:
                 n += int((self._feeds[t][mb] != IGNORE_INDEX).sum())
         return n
 
-    def loss_contributor(self) -> bool:
-        """Whether this rank's loss summands count toward the global loss: one rank per Partial summand of the
-        loss's annotation (TP replicas of a last stage hold equal copies)."""
+    def loss_contributor(self, rank: int | None = None) -> bool:
+        """Whether this rank's (or ``rank``'s) loss summands count toward the global loss: one rank per Partial
+        summand of the loss's annotation (TP replicas of a last stage hold equal copies)."""
+        rank = self.rank if rank is None else rank
         ann = self.anns[self.loss_name]
-        if self.rank not in ann.ranks:
+        if rank not in ann.ranks:
             return False
-        mine = local_view(ann, (), self.rank).partial_index
+        mine = local_view(ann, (), rank).partial_index
         first = next(r for r in ann.ranks if local_view(ann, (), r).partial_index == mine)
-        return first == self.rank
+        return first == rank
 
 
 def pipeline_pairs(program: Any) -> list[tuple[int, int, int]]:

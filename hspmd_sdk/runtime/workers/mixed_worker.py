@@ -158,6 +158,15 @@ class MixedSession(TrainSession):
         self.state.channel.send("switched", id=step, what="length", step=self.offset + step,
                                 seconds=round(seconds, 6), bytes=nbytes, **self.last_switch)
 
+    def _reports(self, ex: Any, rank: int) -> bool:
+        """Whether ``rank`` reports the sequences its pipeline trained (``trained``): the lowest loss rank of its
+        pipeline's last stage, so that each pipeline reports once (TP replicas hold copies of the loss; each rank
+        of a context-parallel last stage holds a part of every sequence)."""
+        if not ex.loss_contributor():
+            return False
+        last = next((p[-1] for p in self.program.pipelines if any(rank in st for st in p)), [rank])
+        return rank == min(r for r in last if ex.loss_contributor(r))
+
     def _step(self, step: int) -> float:
         import torch
         import torch.distributed as dist
@@ -197,7 +206,7 @@ class MixedSession(TrainSession):
                     micro.append((len(mb), max(lengths[i] for i in mb), feeds))
             ex.step(None, micro_batches=micro, loss_normalizer=total, before_update=commit,
                     capture_grads=bool(self.capture) and step == 0)
-            if ex.loss_contributor():
+            if self._reports(ex, state.rank):
                 self.trained[step] = [indices[i] for mb in mbs for i in mb]
             if self.capture and step == 0:  # the boxes of step 0's Program (the run may end under another)
                 from .params import shard_box  # lazy: torch (params)
