@@ -37,6 +37,10 @@ where the cost model says that batching pays; each candidate whose ``max_seq_len
 sequence is costed this way (padded shapes, attention's quadratic term included, plus its ZeRO-1 gather, gradient
 synchronisation and optimizer) and the cheapest is chosen (counting the switch from the ``current`` one, if
 given).  :func:`simulate_dispatch` simulates the result (:func:`~hspmd_sdk.planner.mixed_sim.simulate_shapes`).
+In a running job the launcher reports each finished step's measured time (:meth:`Dispatcher.observe`), and the
+choice weighs each candidate's estimate by how much more its steps measure than all candidates'
+(:meth:`Dispatcher.factor`): where the cost model errs more for one candidate than for another, the measurement
+decides.
 
 **Shared cores** (``CostModel.cores``, local CPU workers: more ranks on a node than cores): the cost lines charge
 every rank the node's shared rate all the time, so they overcharge a pipeline's bubble (a rank waiting in it frees
