@@ -865,8 +865,7 @@ class Dispatcher:
             pipes = [PipelineCost.of(self.model, p, cluster, self.cost, cache) for p in strategy.pipelines]
             tail = _overhead(simulate_shapes(self.model, strategy, cluster, [[(1, w)] for w in windows],
                                              cost=self.cost))
-            shared = _oversubscribed(cluster, [d for p in strategy.pipelines for st in p.stages for d in st.devices],
-                                     self.cost)
+            shared = _oversubscribed(cluster, strategy.ranks, self.cost)
             self.candidates.append(_Candidate(strategy, windows, cap, pipes, tail, shared))
         self._switch: dict[tuple[int, int], float] = {}
         self._ratios: dict[int, list[float]] = {}  # candidate -> measured / estimated of its last steps (observe)
