@@ -43,7 +43,7 @@ from ..errors import PlanValidationError
 from ..models.registry import load_model_spec
 from ._pulp import _cbc, _variable
 from .cost import BF16, FP32, CostModel, embedding_cost, head_cost, layer_cost
-from .hetero_mixed import mixed_strategies
+from .hetero_mixed import arrangement_strategies, mixed_arrangements, recomputing
 from .simulator import SimResult, simulate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -701,14 +701,30 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
 
 def _best_mixed(ctx: PlanContext, ranks: Sequence[int], micro_batches: Sequence[int], min_pipelines: int,
                 max_pipelines: int | None, name: str) -> tuple["Strategy", float] | None:
-    """The fastest mixed-kind candidate that fits in the simulator, and its simulated step time."""
-    found = mixed_strategies(ctx, ranks, degrees=tp_degrees(ctx.model, max(len(ranks), 1)),
-                             micro_batches=micro_batches, min_pipelines=min_pipelines, max_pipelines=max_pipelines,
-                             name=name)
-    if not found:
-        return None
-    best, res = rank_by_simulation(ctx, found)[0]
-    return None if res.oom else (best, res.step_time)
+    """The fastest mixed-kind candidate that fits in the simulator, and its simulated step time (groups of any
+    size the ratio ILP can cut the model into, pipelined or not: :mod:`.hetero_mixed`).  Each arrangement takes
+    micro-batch sizes in increasing order while its simulated time improves (a larger one holds more activations:
+    once it does not fit, no larger one does); a candidate is simulated with recomputation only where it runs out
+    of memory without (recomputation only adds time)."""
+    best: tuple["Strategy", float] | None = None
+    cache: dict = {}
+    for pipes in mixed_arrangements(ctx, ranks, min_pipelines=min_pipelines, max_pipelines=max_pipelines):
+        last = math.inf
+        for b in sorted(micro_batches):
+            found = arrangement_strategies(ctx, pipes, b, recompute=(False,), name=name, cache=cache)
+            if found is None:
+                break
+            if not found:
+                continue
+            (s, r), = rank_by_simulation(ctx, found)
+            if r.oom:
+                (s, r), = rank_by_simulation(ctx, [recomputing(s)])
+            if r.oom or r.step_time >= last:
+                break
+            last = r.step_time
+            if best is None or r.step_time < best[1]:
+                best = (s, r.step_time)
+    return best
 
 
 def search(ctx: PlanContext, ranks: Sequence[int], *, candidates: int = 8, max_pipelines: int | None = None,

@@ -20,10 +20,13 @@ s_gi <= T``, ``z_gi B <= y_g (M_gi - B_rep)``) decomposes: for fixed ``x_g`` its
 to ``1 / tau_g`` with ``tau_g = max_i (x_gi W + R) / s_gi`` the group's time for the whole batch, at ``T = 1 /
 sum_g 1 / tau_g``, which every group lowers by lowering its own ``tau_g``; so the joint optimum is each group's
 own LP (:func:`solve_ratios`) and batch shares by the groups' speeds (``tests/test_ratio_joint.py`` solves the
-joint LP and checks this).  Integrally, the micro-batches go to the groups so that the slowest finishes first
-(:func:`~.hetero_mixed._shares`; for pipelines with bubbles, the two-level planner's micro-batch ILP, which the
-straggler replan uses with measured speeds, minimises the same makespan).  :func:`plan_ratios` prices a stage of a model on a cluster with the cost
-model; :func:`solve_ratios` takes speeds directly (e.g. measured: ``work / compute seconds`` of each rank).
+joint LP and checks this).  Integrally, equal jobs go to workers so that the slowest finishes first
+(:func:`~.hetero_mixed._shares`, which splits a pipeline's layers over unlike mixed stages; for pipelines with
+bubbles, the two-level planner's micro-batch ILP, which the straggler replan uses with measured speeds, minimises
+the same makespan).  Pipelines of uneven stages take equal micro-batches: the two-tier annotation splits the
+batch evenly over them (:func:`~hspmd_sdk.core.strategy._uneven_pipelines_problem`), so ``plan_hetero`` makes
+them alike.  :func:`plan_ratios` prices a stage of a model on a cluster with the cost model; :func:`solve_ratios`
+takes speeds directly (e.g. measured: ``work / compute seconds`` of each rank).
 Pure Python plus PuLP (imported when solving).
 """
 from __future__ import annotations
