@@ -22,6 +22,8 @@ num_micro_batches)``.
 """
 from __future__ import annotations
 
+import functools
+
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable, Literal, Mapping, Sequence
@@ -124,6 +126,13 @@ def build_schedule(kind: str, num_stages: int, stage: int, num_micro_batches: in
     >>> [str(a) for a in build_schedule("1f1b", 2, 0, 2)]
     ['Pre', 'F0', 'sF0@1', 'F1', 'sF1@1', 'rB0@1', 'B0', 'rB1@1', 'B1', 'Post']
     """
+    return list(_built(kind, num_stages, stage, num_micro_batches))
+
+
+@functools.lru_cache(maxsize=4096)
+def _built(kind: str, num_stages: int, stage: int, num_micro_batches: int) -> tuple[Action, ...]:
+    """:func:`build_schedule`'s actions, built once per argument tuple (a simulation asks for every stage of every
+    pipeline; the editor and the planners simulate many plans of the same shapes)."""
     first, last = stage == 0, stage == num_stages - 1
     actions = [Action("PRE")]
     for op, mb in compute_order(kind, num_stages, stage, num_micro_batches):
@@ -140,7 +149,7 @@ def build_schedule(kind: str, num_stages: int, stage: int, num_micro_batches: in
             if not first:
                 actions.append(Action("SEND_B", mb, stage - 1))
     actions.append(Action("POST"))
-    return actions
+    return tuple(actions)
 
 
 def format_schedule(actions: Iterable[Action], *, compute_only: bool = True) -> str:

@@ -351,7 +351,8 @@ def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, co
         events[k].append(Event(clock[k], clock[k] + dur, "optim"))
         clock[k] += dur
     step = max(clock.values())
-    timeline = {d: _with_idle(events[k], step) for k in costs for d in devices[k]}
+    idle = {k: _with_idle(events[k], step) for k in costs}  # one per stage: its devices share its events
+    timeline = {d: list(idle[k]) for k in costs for d in devices[k]}
     computes = [e.start for evs in events.values() for e in evs if e.kind == "F"]
     first_f = min(computes) if computes else 0.0
     last_b = max(compute_end.values())
