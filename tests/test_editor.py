@@ -549,6 +549,44 @@ def test_a_plan_seen_before_is_not_simulated_again_and_its_figures_are_the_simul
     assert ed.sim.step_time == real("tiny", ed.strategy, CL, global_batch=8, seq_len=32).step_time
 
 
+def test_a_device_taken_out_and_put_back_gives_the_same_plan():
+    """Alt+click out and back in restores the plan, TP rank order included (a device rejoins a stage in rank order
+    when the stage is in rank order); a stage in an order of the user's keeps it, the device after the others."""
+    ed = _editor()
+    ed.select_stage(0, 0)
+    for r in (0, 1, 2, 3):
+        ed.click_device(r)
+    first = ed.strategy
+    for r in (1, 0, 0, 1):  # out, out, in, in
+        ed.click_device(r)
+    assert ed.strategy == first and ed.strategy.pipelines[0].stages[0].devices == [0, 1, 2, 3]
+    ed.set_devices(0, 0, [3, 1, 2])
+    ed.click_device(0)
+    assert ed.draft.pipelines[0].stages[0].devices == [3, 1, 2, 0]
+
+
+def test_an_edit_off_the_main_thread_redraws_once():
+    """Recent kernels run widget messages on a subshell thread: an edit to a plan whose communication is cached
+    still sends one redraw, not one from the cached resolution and another from the edit."""
+    import threading
+
+    ed = PlanEditor(CL, "tiny", EXPECTED, seq_len=16, background=True)
+    ed.wait()
+    ed.select_stage(0, 1)
+    ed.click_device(5)  # out: a new plan, resolved on the background thread
+    ed.wait()
+    ed.click_device(5)  # back in: the first plan, its resolution cached
+    ed.wait()
+    redraws: list[str] = []
+    ed._redraw = lambda: redraws.append(comm_state(ed))
+    for _ in range(2):  # out and back in, both cached now
+        t = threading.Thread(target=ed.click_device, args=(5,))
+        t.start()
+        t.join()
+    assert redraws == ["ready", "ready"]
+    ed.close()
+
+
 def test_background_resolution_starts_after_the_redraw_and_stops_when_superseded():
     """The editor's redraw of an edit goes out before its communication is resolved on the background thread (the
     canvas says "resolving" meanwhile); a resolution superseded by a newer draft stops between its steps."""
@@ -557,7 +595,7 @@ def test_background_resolution_starts_after_the_redraw_and_stops_when_superseded
     ed = PlanEditor(CL, "tiny", EXPECTED, seq_len=16, background=True)
     ed.wait()
     states: list[tuple[str, bool]] = []
-    ed._redraw = lambda from_worker=False: states.append((comm_state(ed), ed._resolver._pending is None
+    ed._redraw = lambda: states.append((comm_state(ed), ed._resolver._pending is None
                                                           or ed._resolver._pending.done()))
     ed.select_stage(0, 1)
     ed.click_device(3)  # [0, 3]: a new plan
@@ -571,7 +609,7 @@ def test_background_resolution_starts_after_the_redraw_and_stops_when_superseded
     wanted = [True, False]
     res = r._compute("k", Strategy.load(EXPECTED), wanted=lambda: steps.append("asked") or wanted.pop(0))
     assert res is None and steps == ["asked", "asked"]  # stopped after from_strategy + specialize
-    start = r.request("k2", Strategy.load(EXPECTED), lambda res: steps.append("done"))
+    start = r.request("k2", Strategy.load(EXPECTED), lambda res, later: steps.append("done"))
     assert start is not None and r.busy and r._pending is None  # nothing runs until the caller starts it
     r.cancel()
     start()  # superseded before it was started: it never runs

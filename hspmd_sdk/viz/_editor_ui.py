@@ -146,7 +146,7 @@ class EditorUI:
             self.dashboard.close()
 
     # ---- drawing -------------------------------------------------------------------------------------------
-    def refresh(self, from_worker: bool = False) -> None:
+    def refresh(self) -> None:
         """Redraw the canvas (and the stale markers) from the editor's state."""
         with self._lock:
             groups = [[g, names] for g, names in self.ed.tensor_groups()]

@@ -5,7 +5,9 @@ small cache keyed by the strategy so that undo and redo are instant.
 On the background thread the result comes in two deliveries: first the program and its stage-boundary arrows, then
 (after summing every operator's transfers) the busiest link -- so the arrows are drawn without waiting for it.  The
 thread shares the kernel's GIL with the editor's redraws, so it starts only once the redraw of its edit is sent
-(:meth:`Resolver.request` returns the start) and stops between its steps once a newer draft superseded it."""
+(:meth:`Resolver.request` returns the start; in a Jupyter kernel the thread first waits until the kernel's IOPub
+thread has put that redraw on the wire, :func:`iopub_drained`) and stops between its steps once a newer draft
+superseded it."""
 from __future__ import annotations
 
 import threading
@@ -20,9 +22,30 @@ from ..errors import HSPMDError
 from ._comm_view import busiest_link, comm_view
 from .draft import Problem, locate
 
-__all__ = ["Resolved", "Resolver"]
+__all__ = ["Resolved", "Resolver", "iopub_drained"]
 
 _CACHE = 16
+
+
+def iopub_drained(timeout: float = 0.25) -> bool:
+    """Wait until the Jupyter kernel's IOPub thread has sent every message queued before this call (a widget's
+    new state among them); ``False`` outside a kernel or after ``timeout`` seconds.
+
+    ipykernel sends IOPub messages from a thread of its own, which needs the GIL: a CPU-bound Python thread
+    started right after a trait change delays that send by the interpreter's switch interval, several times
+    over (measured in the editor: 10-26 ms instead of 4-7 ms from a click's message to its redraw leaving)."""
+    try:
+        from IPython import get_ipython
+
+        io = getattr(getattr(get_ipython(), "kernel", None), "iopub_thread", None)
+        alive = io is not None and io.thread.is_alive()
+    except Exception:  # noqa: BLE001 - no IPython, no kernel, or another kernel: nothing to wait for
+        return False
+    if not alive:
+        return False
+    sent = threading.Event()
+    io.schedule(sent.set)  # the IO thread runs its queue in order: set once the earlier sends are done
+    return sent.wait(timeout)
 
 
 @dataclass(frozen=True)
@@ -59,34 +82,37 @@ class Resolver:
         with self._lock:
             return self._cache.get(key)
 
-    def request(self, key: str, strategy: Any, done: Callable[[Resolved], None]) -> Callable[[], None] | None:
-        """Resolve ``strategy`` (cached under ``key``) and call ``done`` with the result -- now when inline or
-        cached (returns ``None``), else on the background thread unless a newer request superseded this one: then
-        it returns the function that starts that work, for the caller to call once its redraw is sent (the
-        resolution holds the GIL for most of a second and would slow the redraw down)."""
+    def request(self, key: str, strategy: Any,
+                done: Callable[[Resolved, bool], None]) -> Callable[[], None] | None:
+        """Resolve ``strategy`` (cached under ``key``) and call ``done(result, later)`` -- now when inline or
+        cached (``later=False``; returns ``None``), else on the background thread (``later=True``: the caller's
+        redraw has gone, so ``done`` redraws) unless a newer request superseded this one: then it returns the
+        function that starts that work, for the caller to call once its redraw is sent (the resolution holds the
+        GIL for most of a second and would slow the redraw down)."""
         self._wanted = key
         got = self.cached(key)
         if got is not None:
-            done(got)
+            done(got, False)
             return None
         if not self.background:
             res = self._compute(key, strategy)
             assert res is not None  # always wanted inline
-            done(res)
+            done(res, False)
             return None
 
         def job() -> None:
+            iopub_drained()
             if self._wanted != key:  # superseded before it started
                 return
             res = self._compute(key, strategy, busiest=False, wanted=lambda: self._wanted == key)
             if res is None:  # superseded on the way: its result would be thrown away, so it stopped early
                 return
             if self._wanted == key:
-                done(res)
+                done(res, True)
             if res.program is not None and self._wanted == key:
                 res = self._add_busiest(key, res)
                 if self._wanted == key:
-                    done(res)
+                    done(res, True)
 
         def start() -> None:
             if self._queued == key:

@@ -295,8 +295,9 @@ class PlanEditor:
 
     def click_device(self, rank: int) -> None:
         """Toggle a device in the selected stage: a device of the selected stage leaves it; any other device moves
-        into it (from any stage).  On the canvas this is Alt+click (or Enter on a focused tile); a plain click only
-        inspects."""
+        into it (from any stage), at its place in rank order when the stage's devices are in rank order (so a
+        device taken out and put back gives the same plan, TP ranks included), else after them.  On the canvas
+        this is Alt+click (or Enter on a focused tile); a plain click only inspects."""
         self.cluster.check_rank(rank)
 
         def edit(d: Draft) -> None:
@@ -304,7 +305,10 @@ class PlanEditor:
             if rank in stage.devices:
                 stage.devices.remove(rank)
                 return
+            ordered = stage.devices == sorted(stage.devices)
             _take(d, [rank], stage)
+            if ordered:
+                stage.devices.sort()
         self._edit(edit)
 
     def select_devices(self, ranks: Iterable[int]) -> None:
@@ -827,7 +831,7 @@ class PlanEditor:
         start = None
         if strategy is not None and key is not None:
             start = self._resolver.request(key, strategy,
-                                           lambda res, s=strategy, m=sim, k=key: self._accept(k, s, m, res))
+                                           lambda res, later, s=strategy, m=sim, k=key: self._accept(k, s, m, res, later))
         else:
             self._resolver.cancel()
         self._redraw()
@@ -863,8 +867,10 @@ class PlanEditor:
             return None, [Problem("simulation", str(e))]
         return sim, memory_errors(strategy, sim, self.model, self.seq_len, self.cluster)
 
-    def _accept(self, key: str, strategy: "Strategy", sim: "SimResult", res: Resolved) -> None:
-        from_worker = threading.current_thread() is not threading.main_thread()
+    def _accept(self, key: str, strategy: "Strategy", sim: "SimResult", res: Resolved, later: bool) -> None:
+        """The resolution of ``key``'s plan arrived: keep it if that plan is still the draft's.  ``later``: it came
+        from the background thread after the edit's redraw, so redraw (inline or cached, the edit's own redraw
+        follows; widget messages run on a subshell thread in recent kernels, so the thread does not tell)."""
         with self._lock:
             if self._current is None or self._current.model_dump_json() != key:
                 return
@@ -873,8 +879,8 @@ class PlanEditor:
             else:
                 self._valid = _Valid(strategy, sim, res)
                 self._problems = self._draft_problems + comm_warnings(res.comm)
-        if from_worker:
-            self._redraw(from_worker=True)
+        if later:
+            self._redraw()
 
     def _apply_blocked(self) -> str:
         if self._job is None:
@@ -897,11 +903,11 @@ class PlanEditor:
                 new = Strategy.load(ev.strategy)
                 if Draft.from_strategy(new) != self._draft:
                     self.load(new, note=f"the job reconfigured itself: {ev.describe()}; the canvas shows its plan")
-        self._redraw(from_worker=threading.current_thread() is not threading.main_thread())
+        self._redraw()
 
-    def _redraw(self, from_worker: bool = False) -> None:
+    def _redraw(self) -> None:
         if self._ui is not None:
-            self._ui.refresh(from_worker=from_worker)
+            self._ui.refresh()
 
     def __repr__(self) -> str:
         d = self._draft
