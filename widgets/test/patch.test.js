@@ -57,6 +57,22 @@ class Element extends Node {
   getAttribute(n) { return this.attrs.has(n) ? this.attrs.get(n) : null; }
   setAttribute(n, v) { this.attrs.set(n, String(v)); log.push(["set", this.label(), n]); }
   removeAttribute(n) { this.attrs.delete(n); log.push(["unset", this.label(), n]); }
+  get textContent() { return this.childNodes.map((n) => (n.nodeType === 3 ? n.nodeValue : n.textContent)).join(""); }
+  set textContent(v) {
+    for (const n of [...this.childNodes]) n.detach();
+    const t = new Text(v);
+    t.parentNode = this;
+    this.childNodes.push(t);
+    log.push(["content", this.label(), v]);
+  }
+  querySelector(sel) {  // ".cls" only: the first descendant with that class
+    for (const n of this.children) {
+      if ((n.attrs.get("class") || "").split(" ").includes(sel.slice(1))) return n;
+      const got = n.querySelector(sel);
+      if (got) return got;
+    }
+    return null;
+  }
 }
 let log = [];
 
@@ -145,4 +161,22 @@ test("resetControls: every control back to its markup's value, except the one be
   assert.equal(box.checked, false);
   assert.equal(select.selectedIndex, 1);
   assert.equal(none.selectedIndex, 0, "no option marked: the first, as the browser shows it");
+});
+
+test("patchChildren: live fields are written into the element, only where they differ, and again after a morph", () => {
+  const box = new Element("div");
+  const tile = `<div id="t"><span class="m"></span></div>`;
+  patchChildren(box, [["t", tile, [["", "title", "needs 1 GiB"], [".m", "text", "1 GiB"]]]], parse);
+  assert.equal(html(box), `<div id="t" title="needs 1 GiB"><span class="m">1 GiB</span></div>`);
+  const t = box.children[0];
+  log = [];
+  const ops = patchChildren(box, [["t", tile, [["", "title", "needs 2 GiB"], [".m", "text", "1 GiB"]]]], parse);
+  assert.deepEqual(ops.map((o) => o.op), ["keep"]);  // the markup is the same string: nothing parsed or morphed
+  assert.deepEqual(log, [["set", "t", "title"]]);  // the one field that changed
+  assert.ok(box.children[0] === t);
+  patchChildren(box, [["t", `<div id="t" class="hot"><span class="m"></span></div>`, [["", "title", "needs 2 GiB"], [".m", "text", "2 GiB"]]]], parse);
+  assert.equal(html(box), `<div id="t" class="hot" title="needs 2 GiB"><span class="m">2 GiB</span></div>`);  // the morph dropped them; written again
+  assert.ok(box.children[0] === t);
+  patchChildren(box, [["t", tile, [[".gone", "text", "x"]]]], parse);  // a selector that finds nothing is skipped
+  assert.equal(html(box), `<div id="t"><span class="m"></span></div>`);
 });

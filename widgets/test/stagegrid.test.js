@@ -69,6 +69,17 @@ test("stage area: each device tile carries its share or its cp·tp coordinates",
   assert.match(tileHtml(picked, 0), new RegExp(`<rect class="hc-shard" x="0.0" y="0.0" width="${(0.75 * gw).toFixed(1)}"`));
 });
 
+test("tiles: the tooltip and the memory figure are live fields, so an edit that changes only them re-parses no tile", () => {
+  const at = (mem, text) => ({ ...VIEW, tiles: VIEW.tiles.map((t) => (t.r === 0 ? { ...t, mem, mem_text: text, title: `rank 0\nneeds ${text}` } : t)) });
+  const [before] = Canvas.prototype.stageParts.call(canvas(), at(0.5, "40/80 GiB"), CLUSTER).tiles;
+  const [after] = Canvas.prototype.stageParts.call(canvas(), at(0.95, "76/80 GiB"), CLUSTER).tiles;
+  assert.equal(before[0], "t0");
+  assert.equal(after[1], before[1]);  // the same markup: patchChildren keeps the element and only writes the fields
+  assert.doesNotMatch(after[1], /76\/80|needs/);
+  assert.deepEqual(after[2], [["", "title", "rank 0\nneeds 76/80 GiB"], [".hc-tbar", "title", "76/80 GiB"],
+    [".hc-tbar > span", "style", "width:95%;background:#d4a72c"], [".hc-tmem", "text", "76/80 GiB"]]);
+});
+
 test("CP grid: one dashed outline per CP group, around its own TP ranks, inside the stage's hull", () => {
   const lay = layout(CLUSTER, 900);
   const svg = cpGroupsSvg(lay, CP);
@@ -99,10 +110,18 @@ test("stage card: a ratios field with the shares and a cp field, each naming its
   assert.match(cp, /max="4" data-op="cp" data-p="1" data-s="0" data-key="cp-1-0" value="2"/);
   assert.match(cp, /cp can be 1, 2, 4/);
   assert.doesNotMatch(cp, /hc-shares/);  // even: no shares
-  const card = Canvas.prototype.pipelineCard.call(canvas(), VIEW.pipelines[0], VIEW);
+  const [card, fields] = Canvas.prototype.pipelineCard.call(canvas(), VIEW.pipelines[0], VIEW);
   assert.ok(card.includes(row));
   assert.match(card, /<small>TP2 3:1 · 2×H800<\/small>/);  // the stage row names its ratios beside its shape
-  assert.match(Canvas.prototype.pipelineCard.call(canvas(), VIEW.pipelines[1], VIEW), /<small>CP2×TP2 · 4×H20<\/small>/);
+  assert.deepEqual(fields, []);  // no memory figure in this view: no live fields
+  assert.match(Canvas.prototype.pipelineCard.call(canvas(), VIEW.pipelines[1], VIEW)[0], /<small>CP2×TP2 · 4×H20<\/small>/);
+  // a memory figure is a live field of the card (written into its element, not parsed: patch.js setFields)
+  const st = { ...VIEW.pipelines[0].stages[0], mem: 0.95, mem_text: "76.0/80.0 GiB", mem_kind: "estimate" };
+  const [withMem, live] = Canvas.prototype.pipelineCard.call(canvas(), { ...VIEW.pipelines[0], stages: [st] }, VIEW);
+  const at = `.hc-stage[data-stage="${st.p},${st.s}"] .hc-mem`;
+  assert.match(withMem, /<span class="hc-mem"><span class="hc-bar"><span><\/span><\/span><span class="hc-memt"><\/span><\/span>/);
+  assert.deepEqual(live, [[at, "title", "fullest device of the stage, estimate"],
+    [`${at} .hc-bar > span`, "style", "width:95%;background:#d4a72c"], [`${at} .hc-memt`, "text", "76.0/80.0 GiB (estimate)"]]);
 });
 
 test("the fields' messages: ratios as typed, cp as a number (nothing while it is empty)", () => {

@@ -14,6 +14,13 @@ import { groupOf } from "./tensors.js";
 import { cpGroupsSvg, cpMessage, ratiosMessage, stageControls, tileTag } from "./stagegrid.js";
 import { patchChildren, resetControls } from "./patch.js";
 
+// The live fields of a memory bar and its figure (patch.js setFields): the tooltip (on `bar`), the fill's width and
+// colour (red past 100%, amber past 90%), the figure's text.
+function memFields(bar, fill, text, mem, title, label) {
+  const colour = mem > 1 ? "#d62728" : mem > 0.9 ? "#d4a72c" : "#2da44e";
+  return [[bar, "title", title], [fill, "style", `width:${Math.min(100, mem * 100).toFixed(0)}%;background:${colour}`], [text, "text", label]];
+}
+
 const BODY = `<div class="hc-body"><div class="hc-area"></div><div class="hc-side"></div></div>`;
 
 export class Canvas {
@@ -102,11 +109,12 @@ export class Canvas {
     this.restoreFocus(keep);
   }
 
-  patch(parent, parts) {
+  // Patch `parent`'s keyed children (patch.js); `svg`: they are SVG elements, parsed inside an <svg>.
+  patch(parent, parts, svg = false) {
     if (!this.tpl) this.tpl = document.createElement("template");
     return patchChildren(parent, parts, (html) => {
-      this.tpl.innerHTML = html;
-      return this.tpl.content;
+      this.tpl.innerHTML = svg ? `<svg>${html}</svg>` : html;
+      return svg ? this.tpl.content.firstElementChild : this.tpl.content;
     });
   }
 
@@ -123,8 +131,9 @@ export class Canvas {
     }
     const style = `height:${parts.height}px;width:${parts.width}px`;
     if (sa.getAttribute("style") !== style) sa.setAttribute("style", style);
-    this.patch(sa, [["under", parts.under], ["tiles", `<div class="hc-tiles"></div>`], ["labels", parts.labels], ["over", parts.over],
+    this.patch(sa, [["under", parts.underBox], ["tiles", `<div class="hc-tiles"></div>`], ["labels", parts.labels], ["over", parts.over],
       ...(parts.selbar ? [["selbar", parts.selbar]] : [])]);
+    this.patch(sa.querySelector(":scope > .hc-under"), parts.underParts, true);
     this.patch(sa.querySelector(":scope > .hc-tiles"), parts.tiles);
   }
 
@@ -209,7 +218,7 @@ export class Canvas {
   stagesParts(v) {
     return [["head", `<div class="hc-card-head">Stages <small>click a chip to select its stage</small></div>`],
       ["help", `<div class="hc-help hc-note" data-role="help">click a tile: inspect it (nothing moves) · Shift/Ctrl+click: pick more · <b>move</b>: drag tiles onto a stage chip, "+ stage" or "+ pipeline", or <b>Alt+click</b> a tile (it joins or leaves the selected stage), or Enter (the picked tiles join it)</div>`],
-      ...(v.pipelines || []).map((p) => [`p${p.p}`, this.pipelineCard(p, v)]),
+      ...(v.pipelines || []).map((p) => [`p${p.p}`, ...this.pipelineCard(p, v)]),
       ["add", `<div class="hc-drop hc-newpipe" role="button" tabindex="0" data-op="add_pipeline" data-key="add-pipeline" data-drop="${(v.pipelines || []).length},0" title="click: add a pipeline (one stage with every layer, no devices yet); drop devices here: a new pipeline with them">+ pipeline</div>`]];
   }
 
@@ -230,10 +239,17 @@ export class Canvas {
       ${t.p >= 0 ? `<button class="hc-btn hc-small" data-op="inspect_unassign" data-rank="${r}" title="take it out of its stage (undo: Ctrl+Z)">take out of its stage</button>` : ""}</div></div>`;
   }
 
+  // A pipeline's card: [html, fields] (its stages' memory figures are live fields, patch.js setFields).
   pipelineCard(p, v) {
+    const fields = [];
     const rows = p.stages.map((s) => {
       const probs = s.problems.map((x) => `<div class="hc-msg hc-${x.level}">${x.level === "error" ? "✗" : "⚠"} ${esc(x.text)}</div>`).join("");
-      const mem = s.mem != null ? `<span class="hc-mem" title="fullest device of the stage, ${esc(s.mem_kind)}"><span class="hc-bar"><span style="width:${Math.min(100, s.mem * 100).toFixed(0)}%;background:${s.mem > 1 ? "#d62728" : s.mem > 0.9 ? "#d4a72c" : "#2da44e"}"></span></span>${esc(s.mem_text)}${s.mem_kind === "estimate" ? " (estimate)" : ""}</span>` : `<span class="hc-mem hc-note">memory: not estimated</span>`;
+      const mem = s.mem != null ? `<span class="hc-mem"><span class="hc-bar"><span></span></span><span class="hc-memt"></span></span>` : `<span class="hc-mem hc-note">memory: not estimated</span>`;
+      if (s.mem != null) {  // live fields of the card (patch.js setFields)
+        const at = `.hc-stage[data-stage="${s.p},${s.s}"] .hc-mem`;
+        fields.push(...memFields(at, `${at} .hc-bar > span`, `${at} .hc-memt`, s.mem, `fullest device of the stage, ${s.mem_kind}`,
+          `${s.mem_text}${s.mem_kind === "estimate" ? " (estimate)" : ""}`));
+      }
       const nl = this.model.get("cluster").num_layers || 1;
       return `<div class="hc-stage ${s.selected ? "hc-selected" : ""} ${s.problems.some((x) => x.level === "error") ? "hc-has-error" : ""}" data-stage="${s.p},${s.s}">
         <div class="hc-srow"><button class="hc-chip hc-drop" data-op="select" data-key="chip-${s.p}-${s.s}" data-p="${s.p}" data-s="${s.s}" data-drop="${s.p},${s.s}" style="background:${s.fill};border-color:${s.line};color:${s.ink || "#1b1f24"}" title="select pipeline ${s.p} stage ${s.s} (clicked devices join it); drop devices here" aria-pressed="${s.selected}">${s.selected ? "▶ " : ""}S${s.s}</button>
@@ -244,12 +260,13 @@ export class Canvas {
         ${stageControls(s)}${probs}</div>`;
     }).join("");
     const pprobs = p.problems.map((x) => `<div class="hc-msg hc-${x.level}">${x.level === "error" ? "✗" : "⚠"} ${esc(x.text)}</div>`).join("");
-    return `<div class="hc-pipeline" style="border-color:${p.colour}">
+    return [`<div class="hc-pipeline" style="border-color:${p.colour}">
       <div class="hc-phead"><b style="color:${p.colour}">Pipeline ${p.p}</b>
         <label><input class="hc-num" type="number" min="1" data-op="micro" data-which="nmb" data-p="${p.p}" data-key="nmb-${p.p}" value="${p.nmb}" aria-label="micro-batches"> micro-batches</label> ×
         <label>bs <input class="hc-num" type="number" min="1" data-op="micro" data-which="mbs" data-p="${p.p}" data-key="mbs-${p.p}" value="${p.mbs}" aria-label="micro-batch size"></label>
         = ${p.samples} <button class="hc-x" data-op="remove_pipeline" data-p="${p.p}" title="remove this pipeline">✕</button></div>
-      ${pprobs}${rows}<div class="hc-drop hc-newstage" role="button" tabindex="0" data-drop="${p.p},${p.stages.length}" data-op="add_stage" data-key="add-stage-${p.p}" data-p="${p.p}" title="click: add a stage; drop devices here: a new stage with them">+ stage</div></div>`;
+      ${pprobs}${rows}<div class="hc-drop hc-newstage" role="button" tabindex="0" data-drop="${p.p},${p.stages.length}" data-op="add_stage" data-key="add-stage-${p.p}" data-p="${p.p}" title="click: add a stage; drop devices here: a new stage with them">+ stage</div></div>`,
+      fields];
   }
 
   commCard(c) {
@@ -281,32 +298,34 @@ export class Canvas {
   stageArea(v, cluster) {
     const p = this.stageParts(v, cluster);
     return `<div class="hc-stagearea" style="height:${p.height}px;width:${p.width}px">
-      ${p.under}
+      ${p.underBox.replace("></svg>", `>${p.underParts.map((u) => u[1]).join("")}</svg>`)}
       <div class="hc-tiles">${p.tiles.map((t) => t[1]).join("")}</div>
       ${p.labels}
       ${p.over}
       ${p.selbar}</div>`;
   }
 
-  // The stage area's layers: `under` (an SVG: nodes, hulls, arrows), `tiles` ([key, html] per device), `labels`,
+  // The stage area's layers: `underBox` (an SVG) and `underParts` (its keyed groups: markers, nodes, a hull per
+  // stage, arrows, leader lines), `tiles` ([key, html, live fields] per device), `labels`,
   // `over` (the SVG that box and lasso selection draw on), `selbar` (the picked tiles' bar, or ""), and its size.
   stageParts(v, cluster) {
     const lay = this.lay;
     const tiles = v.tiles || [];
     const tmode = !!v.tensor;
-    let under = "";
+    let nodes = "";
     // nodes
     for (const b of lay.boxes) {
       const n = b.node;
-      under += `<rect class="hc-node" x="${b.x}" y="${b.y}" width="${b.w}" height="${b.h}" rx="6"/>
+      nodes += `<rect class="hc-node" x="${b.x}" y="${b.y}" width="${b.w}" height="${b.h}" rx="6"/>
         <text class="hc-node-head" x="${b.x + PAD}" y="${b.y + 14}"><tspan font-weight="600">${esc(n.host)}</tspan> · ${n.ranks.length}×${esc(n.kind)}</text>
         <text class="hc-node-sub" x="${b.x + PAD}" y="${b.y + 27}">${esc(n.sub)}</text>`;
     }
     for (const a of lay.boxes) for (const b of lay.boxes) {
-      if (a.y === b.y && b.x > a.x && b.x - (a.x + a.w) < NODE_GAP + 1) under += `<line class="hc-net" x1="${a.x + a.w}" y1="${a.y + a.h / 2}" x2="${b.x}" y2="${b.y + b.h / 2}"/>`;
-      if (a.x === b.x && b.y > a.y && b.y - (a.y + a.h) < NODE_GAP + 1) under += `<line class="hc-net" x1="${a.x + a.w / 2}" y1="${a.y + a.h}" x2="${b.x + b.w / 2}" y2="${b.y}"/>`;
+      if (a.y === b.y && b.x > a.x && b.x - (a.x + a.w) < NODE_GAP + 1) nodes += `<line class="hc-net" x1="${a.x + a.w}" y1="${a.y + a.h / 2}" x2="${b.x}" y2="${b.y + b.h / 2}"/>`;
+      if (a.x === b.x && b.y > a.y && b.y - (a.y + a.h) < NODE_GAP + 1) nodes += `<line class="hc-net" x1="${a.x + a.w / 2}" y1="${a.y + a.h}" x2="${b.x + b.w / 2}" y2="${b.y}"/>`;
     }
-    // hulls
+    // hulls: one keyed group per stage (or DG Union subgroup), so an edit redraws the hulls it changed
+    const hulls = [];
     const labels = [];
     const badges = [];
     const stages = (v.pipelines || []).flatMap((p) => p.stages);
@@ -314,18 +333,18 @@ export class Canvas {
       for (const s of stages) {
         if (!s.ranks.length) continue;
         const parts = byNode(lay, s.ranks);
-        under += hullSvg(parts, s.line, s.fill, 0.35, false, "hc-hull");
-        under += cpGroupsSvg(lay, s);
+        let under = hullSvg(parts, s.line, s.fill, 0.35, false, "hc-hull") + cpGroupsSvg(lay, s);
         if (parts.length > 1) {
           const cs = parts.map((p) => bbox(p, HULL));
           for (let i = 1; i < cs.length; i++) under += `<line class="hc-crossnode" x1="${cs[i - 1].cx}" y1="${cs[i - 1].cy}" x2="${cs[i].cx}" y2="${cs[i].cy}"/>`;
           badges.push({ x: cs[0].x0, y: cs[0].y0 - 16, cls: "hc-badge hc-badge-red", text: `⚠ P${s.p} S${s.s}: TP across ${parts.length} nodes`, title: "its all-reduces cross the inter-node network" });
         }
+        hulls.push([`h${s.p},${s.s}`, `<g>${under}</g>`]);
       }
     } else {
       for (const g of v.tensor.subgroups) {
         const parts = byNode(lay, g.ranks);
-        under += hullSvg(parts, g.colour, g.colour, 0.08, true, "hc-union");
+        hulls.push([`u${g.k}`, `<g>${hullSvg(parts, g.colour, g.colour, 0.08, true, "hc-union")}</g>`]);
         const b = bbox(parts[0], HULL);
         badges.push({ x: b.x0, y: b.y0 - 16, cls: "hc-badge hc-union-tag", text: `G${g.k} ${g.ds}`, colour: g.colour, title: `subgroup ${g.k} of the DG Union: [${g.ranks_text}] ${g.ds}` });
       }
@@ -423,15 +442,17 @@ export class Canvas {
       const fill = tmode ? (shard ? "#ffffff" : "#f2f4f7") : t.fill || "#eceff3";
       const cls = ["hc-tile", t.p >= 0 ? "hc-used" : "hc-unused", inSel ? "hc-insel" : "", this.sel.has(t.r) ? "hc-picked" : "", this.inspect === t.r ? "hc-inspected" : "",
         t.flag ? `hc-flag-${t.flag}` : "", t.failed ? "hc-failed" : ""].join(" ");
-      const mem = t.mem != null && !tmode ? `<div class="hc-tbar" title="${esc(t.mem_text)}"><span style="width:${Math.min(100, t.mem * 100).toFixed(0)}%;background:${t.mem > 1 ? "#d62728" : t.mem > 0.9 ? "#d4a72c" : "#2da44e"}"></span></div><div class="hc-tmem">${esc(t.mem_text)}</div>` : "";
+      const showMem = t.mem != null && !tmode;  // the bar and figure: live fields (patch.js setFields)
+      const mem = showMem ? `<div class="hc-tbar"><span></span></div><div class="hc-tmem"></div>` : "";
       const body = tmode ? (shard ? this.shardGrid(shard, v.tensor, L) : `<div class="hc-tmem">holds nothing</div>`) :
         `<div class="hc-tlayers">${esc(t.layers || "unused")}${tileTag(t)}</div>${mem}`;
       const title = t.title + (shard ? "\n" + shard.text : "");
       const drop = t.p >= 0 ? `data-drop="${t.p},${t.s}"` : "";
       return [`t${t.r}`, `<div class="${cls}" role="button" tabindex="${t.r === focus ? 0 : -1}" data-rank="${t.r}" data-key="tile-${t.r}" ${drop}
         data-stage="${t.p >= 0 ? `${t.p},${t.s}` : ""}" aria-label="rank ${t.r}, ${esc(t.kind)}${t.p >= 0 ? `, pipeline ${t.p} stage ${t.s}` : ", unused"}" aria-pressed="${this.sel.has(t.r)}"
-        title="${esc(title)}" style="left:${L.x}px;top:${L.y}px;width:${L.w}px;height:${L.h}px;background:${fill};color:${tmode ? "#1b1f24" : t.ink || "#1b1f24"};border-color:${t.p >= 0 && !tmode ? t.line : "#9aa3ad"}">
-        <div class="hc-thead"><b>${t.r}</b> <span>${esc(t.kind)}</span>${t.failed ? ' <b class="hc-e">✕ failed</b>' : ""}</div>${body}</div>`];
+        style="left:${L.x}px;top:${L.y}px;width:${L.w}px;height:${L.h}px;background:${fill};color:${tmode ? "#1b1f24" : t.ink || "#1b1f24"};border-color:${t.p >= 0 && !tmode ? t.line : "#9aa3ad"}">
+        <div class="hc-thead"><b>${t.r}</b> <span>${esc(t.kind)}</span>${t.failed ? ' <b class="hc-e">✕ failed</b>' : ""}</div>${body}</div>`,
+        [["", "title", title], ...(showMem ? memFields(".hc-tbar", ".hc-tbar > span", ".hc-tmem", t.mem, t.mem_text, t.mem_text) : [])]];
     });
     const head = (id, colour) => `<marker id="${id}" viewBox="0 0 10 10" refX="9" refY="5" markerUnits="userSpaceOnUse" markerWidth="13" markerHeight="13" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="${colour}"/></marker>`;
     const markers = ["intra", "inter", "mixed"].map((c) => head(`hc-head-${c}`, LINK[c]) + head(`hc-head-${c}-stale`, "#9aa3ad")).join("");
@@ -439,7 +460,9 @@ export class Canvas {
     const hgt = lay.height + (arrows.length ? LANE : 6);
     return {
       height: hgt, width: lay.width + 6, tiles: tileParts,
-      under: `<svg class="hc-under" width="${lay.width + 6}" height="${hgt}"><defs>${markers}</defs>${under}${over}${leaders}</svg>`,
+      // the SVG under the tiles: its box, and its layers keyed (a redraw patches them: nodes, hulls, arrows)
+      underBox: `<svg class="hc-under" width="${lay.width + 6}" height="${hgt}"></svg>`,
+      underParts: [["defs", `<defs>${markers}</defs>`], ["nodes", `<g>${nodes}</g>`], ...hulls, ["arrows", `<g>${over}</g>`], ["leaders", `<g>${leaders}</g>`]],
       labels: `<div class="hc-labels">${labelHtml}${badgeHtml}${note}</div>`,
       over: `<svg class="hc-over" width="${lay.width + 6}" height="${hgt}"></svg>`,
       selbar: this.sel.size ? this.selectionBar(v) : "",

@@ -6,13 +6,14 @@
 // What a redraw does to a container's children: `ops` in the new order, each "keep" (the same string),
 // "update" (the key is there, its string changed) or "create" (a new key); `removed`: the keys that went away.
 // `prev`: Map key -> html of the last redraw; `next`: [[key, html], ...].
+// A child may come with `fields` ([key, html, fields]): values written straight into its element (setFields).
 export function planPatch(prev, next) {
   const seen = new Set();
-  const ops = next.map(([key, html]) => {
+  const ops = next.map(([key, html, fields]) => {
     if (seen.has(key)) throw new Error(`planPatch: the key ${JSON.stringify(key)} is given twice; every child needs its own key`);
     seen.add(key);
     const old = prev.get(key);
-    return { key, html, op: old === undefined ? "create" : old === html ? "keep" : "update" };
+    return { key, html, fields, op: old === undefined ? "create" : old === html ? "keep" : "update" };
   });
   const removed = [...prev.keys()].filter((k) => !seen.has(k));
   return { ops, removed };
@@ -55,6 +56,7 @@ export function patchChildren(parent, next, parse) {
     if (el === cursor) cursor = cursor.nextSibling;
     else parent.insertBefore(el, cursor);
     state.set(o.key, { html: o.html, el });
+    if (o.fields) setFields(el, o.fields);
   }
   while (cursor) {  // something else put there (never by the canvas): not ours to keep
     const after = cursor.nextSibling;
@@ -62,6 +64,22 @@ export function patchChildren(parent, next, parse) {
     cursor = after;
   }
   return ops;
+}
+
+// Live fields: values that change on most redraws while the markup around them stays (a tile's tooltip and
+// memory figure, which every edit between a valid and an invalid plan changes on every tile).  A part keeps
+// them out of its HTML string and lists them as [selector ("" for the element itself), name ("text" for its
+// text, else an attribute), value]; `patchChildren` writes them after placing the element, touching only those
+// that differ, so a part whose only change is such a value is neither re-parsed nor morphed.  (A morph drops
+// attributes its new markup lacks; the fields are written again right after it.)
+export function setFields(el, fields) {
+  for (const [sel, name, value] of fields) {
+    const t = sel ? el.querySelector(sel) : el;
+    if (!t) continue;
+    if (name === "text") {
+      if (t.textContent !== value) t.textContent = value;
+    } else if (t.getAttribute(name) !== value) t.setAttribute(name, value);
+  }
 }
 
 // Forget what `patchChildren` knows of `parent` (its next patch starts afresh).
