@@ -6,7 +6,8 @@ kind of plan won and the planning seconds:
 * **the paper's cluster** (16 H800 + 32 H20, Llama 32B, global batch 64, 4K; Table 9's setting): every node holds
   one kind, so no mixed group exists and both runs must return the same plan;
 * **the same kinds in mixed boxes**: 4 hosts of 4 H800 + 4 H20 each (16 + 16 devices; a cluster of mixed-generation
-  nodes), Llama 32B, global batch 64, 4K;
+  nodes), Llama 32B, global batch 64, 4K; then with the kinds of a box linked by PCIe (``host_bandwidth_gbs=64``)
+  instead of the inter-node network, at global batches 64 and 16;
 * **one box of an H800 and an H20** (Llama 7B, 4K) at global batches 1, 2 and 8, as in tutorial 04.
 
 Run: ``python benchmarks/bench_hap_planner.py`` (about a minute).  Figures: ``benchmarks/results/hap_planner.json``.
@@ -54,8 +55,11 @@ def main() -> None:
                                     for h in range(4) for kind, o in (("H800", 0), ("H20", 4))]})
     pair = Cluster.load({"nodes": [{"host": "box", "kind": "H800", "ranks": [0]},
                                    {"host": "box", "kind": "H20", "ranks": [1]}], "inter_bandwidth_gbs": 64})
+    pcie = boxes.model_copy(update={"host_bandwidth_gbs": 64.0})  # the kinds of a box linked by PCIe, not the network
     cases = [_case("paper: 16 H800 + 32 H20, 32B, batch 64", b32, paper, 64),
-             _case("4 boxes of 4 H800 + 4 H20, 32B, batch 64", b32, boxes, 64)]
+             _case("4 boxes of 4 H800 + 4 H20, 32B, batch 64", b32, boxes, 64),
+             _case("the same boxes, PCIe 64 GB/s inside a box", b32, pcie, 64),
+             _case("the same boxes, PCIe inside, batch 16", b32, pcie, 16)]
     cases += [_case(f"1 box of H800 + H20, 7B, batch {b}", b7, pair, b) for b in (1, 2, 8)]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "hap_planner.json").write_text(json.dumps({"load": os.getloadavg(), "cases": cases}, indent=2))

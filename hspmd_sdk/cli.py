@@ -101,6 +101,8 @@ def cluster_summary(cluster: Any) -> str:
     for kind, spec in cluster.devices.items():
         lines.append(f"  {kind}: {spec.describe()}")
     lines.append(f"  inter-node: {cluster.inter_bandwidth_gbs:g} GB/s, {cluster.inter_latency_us:g} us")
+    if cluster.host_bandwidth_gbs is not None:
+        lines.append(f"  between the nodes of one host: {cluster.host_bandwidth_gbs:g} GB/s")
     return "\n".join(lines)
 
 

@@ -40,6 +40,22 @@ def test_link_classes_and_bandwidths() -> None:
         c.link(0, 48)
 
 
+def test_nodes_of_one_host_talk_over_the_host_link_where_it_is_given() -> None:
+    """A box of mixed kinds is one Node per kind on one host: with ``host_bandwidth_gbs`` its kinds talk over that
+    link (class "intra"), other hosts over the network; without, as before, over the network."""
+    nodes = [{"host": f"box{b}", "kind": k, "ranks": [4 * b + 2 * i, 4 * b + 2 * i + 1]}
+             for b in range(2) for i, k in enumerate(("H800", "H20"))]
+    boxes = Cluster.load({"nodes": nodes, "inter_bandwidth_gbs": 25, "host_bandwidth_gbs": 64})
+    assert boxes.link(0, 1).bandwidth == 400e9  # one node: NVLink
+    inside = boxes.link(1, 2)  # H800 and H20 of box0
+    assert inside.cls == "intra" and inside.bandwidth == 64e9 and inside.latency == pytest.approx(1e-6)
+    assert boxes.link(3, 4).cls == "inter" and boxes.link(3, 4).bandwidth == 25e9  # box0 to box1
+    plain = Cluster.load({"nodes": nodes, "inter_bandwidth_gbs": 25})
+    assert plain.link(1, 2).cls == "inter" and plain.link(1, 2).bandwidth == 25e9
+    with pytest.raises(PlanValidationError, match="host_bandwidth_gbs"):
+        Cluster.load({"nodes": nodes, "host_bandwidth_gbs": 0})
+
+
 def test_local_and_homogeneous() -> None:
     assert Cluster.local(4).num_ranks == 4 and Cluster.local(4).kinds() == {"cpu": 4}
     h = Cluster.homogeneous("H20", 31)

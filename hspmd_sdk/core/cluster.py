@@ -2,8 +2,11 @@
 
 Ranks are numbered by the order of ``nodes`` and, inside a node, by ``Node.ranks``.  Two ranks on one node talk
 over the node's intra-node link (NVLink figures from the device preset); ranks on different nodes over the
-inter-node network (``inter_bandwidth_gbs``, ``inter_latency_us``).  Bandwidths are GB/s (1e9 bytes/s) per
-direction per device, as vendors and the paper's Table 7 quote them.
+inter-node network (``inter_bandwidth_gbs``, ``inter_latency_us``).  A host may hold several nodes (a box of mixed
+GPU kinds: one ``Node`` per kind, the same ``host``); its devices of different nodes talk over
+``host_bandwidth_gbs`` where it is given (PCIe, or NVLink between the kinds), an intra-host link, else over the
+inter-node network.  Bandwidths are GB/s (1e9 bytes/s) per direction per device, as vendors and the paper's
+Table 7 quote them.
 """
 from __future__ import annotations
 
@@ -128,6 +131,9 @@ class Cluster(BaseModel):
     inter_bandwidth_gbs: float = Field(default=25.0, gt=0, description="inter-node bandwidth per device, GB/s")
     inter_latency_us: float = Field(default=5.0, ge=0)
     intra_latency_us: float = Field(default=1.0, ge=0)
+    host_bandwidth_gbs: float | None = Field(
+        default=None, gt=0, description="bandwidth per device between nodes of one host (a box of mixed kinds: "
+                                        "PCIe ~64), GB/s; None: such devices talk over the inter-node network")
 
     @model_validator(mode="before")
     @classmethod
@@ -296,6 +302,8 @@ class Cluster(BaseModel):
         if self.node_index(a) == self.node_index(b):
             bw = min(self.spec(a).intra_bandwidth_gbs, self.spec(b).intra_bandwidth_gbs)
             return Link("intra", bw * 1e9, self.intra_latency_us * 1e-6)
+        if self.host_bandwidth_gbs is not None and self.node_of(a).host == self.node_of(b).host:
+            return Link("intra", self.host_bandwidth_gbs * 1e9, self.intra_latency_us * 1e-6)
         return Link("inter", self.inter_bandwidth_gbs * 1e9, self.inter_latency_us * 1e-6)
 
     def kinds(self) -> dict[str, int]:

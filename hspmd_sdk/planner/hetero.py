@@ -690,7 +690,8 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
         return mixed[0].model_copy(update={"name": f"{name} (mixed-kind TP groups with ratios, est. "
                                                    f"{mixed[1]:.3g} s: no plan of single-kind groups fits)"})
     plain_t = rank_by_simulation(ctx, [plain])[0][1].step_time
-    how = ", ".join(":".join(map(str, st.ratios or ())) for p in mixed[0].pipelines for st in p.stages)
+    stages = [":".join(map(str, st.ratios or ())) or "even" for p in mixed[0].pipelines for st in p.stages]
+    how = ", ".join(r if stages.count(r) == 1 else f"{r} (x{stages.count(r)} stages)" for r in dict.fromkeys(stages))
     if mixed[1] < plain_t:
         return mixed[0].model_copy(update={"name": f"{name} (mixed-kind TP groups with ratios {how}: est. "
                                                    f"{mixed[1]:.3g} s against {plain_t:.3g} s for single-kind "
