@@ -37,6 +37,7 @@ strategy) updates the canvas.
 from __future__ import annotations
 
 import difflib
+import functools
 import operator
 import re
 import threading
@@ -830,8 +831,7 @@ class PlanEditor:
             self._memory, self._memory_kind = memory, kind if memory else ""
         start = None
         if strategy is not None and key is not None:
-            start = self._resolver.request(key, strategy,
-                                           lambda res, later, s=strategy, m=sim, k=key: self._accept(k, s, m, res, later))
+            start = self._resolver.request(key, strategy, functools.partial(self._accept, key, strategy, sim))
         else:
             self._resolver.cancel()
         self._redraw()
