@@ -118,12 +118,16 @@ def test_a_newcomer_lost_in_the_first_step_after_the_grow_is_named_by_the_failur
     job recovers from the grown state onto the three survivors, newcomer included.  The failure event names the
     newcomer (it named nobody: found by the chaos soak's reproduction), and the losses stay equal."""
     model, small, big = LlamaConfig.preset("tiny"), Cluster.local(2), Cluster.local(4)
+    grown = _program(model, DP4, big)  # made before the job starts: the grow lands steps before the last one
+    # steps from 2 on stretched 20x (~0.5 s): the grow, requested after step 1 and ready ~0.5 s later, lands by
+    # step 3 or 4, and the kill after its switch lands inside a step (at 6x, steps of 0.14 s, it was late: the
+    # grow landed on the last step and the job could end before the kill)
     job = launch_training(_program(model, DP2, small), small, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
-                          heartbeat_s=0.3, elastic=True, slowdown={r: 6.0 for r in small.ranks})
+                          heartbeat_s=0.3, elastic=True, slowdown={r: [(0, 6.0), (2, 20.0)] for r in small.ranks})
     wait_for(lambda: job.metrics.last_step() >= 1)
     with job._lock:  # the newcomers' steps are stretched like the others' (emulation), so the kill lands mid-step
-        job.spec = job.spec.model_copy(update={"slowdown": {**job.spec.slowdown, 2: 6.0, 3: 6.0}})
-    event = job.grow(big, _program(model, DP4, big))
+        job.spec = job.spec.model_copy(update={"slowdown": {**job.spec.slowdown, 2: 20.0, 3: 20.0}})
+    event = job.grow(big, grown)
     wait_for(lambda: event.done or job.status.value != "running")
     os.kill(job.pids()[3], signal.SIGKILL)
     result = job.wait(timeout=150)
