@@ -9,7 +9,8 @@ box.  Checked on real worker processes (gloo), tiny models, fp32, with small buc
 * gradient buckets start during the step's last backward, last layers first: the first bucket is posted before
   the embedding's gradient is final and before that backward ends, and no bucket starts before every use of its
   parameters is final (GPT-2's tied ``wte`` has two uses on one rank: the embedding and the LM head);
-* ZeRO-1: the forward starts before the last layers' gathered parameters are waited for;
+* ZeRO-1: the parameters' gathers are coalesced in buckets, the first layers' first, and the forward starts
+  before the last layers' gathered parameters are waited for;
 * 1F1B: the next micro-batch's activations and the first gradients are received into buffers posted ahead;
 * and none of it changes a result: the losses equal the single-device reference (fp32, 1e-5), as do every
   strategy's in ``test_runtime_train.py`` (which runs with the default buckets) — also with the stage-boundary
@@ -125,6 +126,15 @@ def test_zero1_gathers_overlap_the_first_forward(traced: dict) -> None:
         ready = {ev[i]["name"]: i for i in _index(ev, event="param_ready")}
         assert ready["layers.0.attn.wq.gather"] > pre_end and ready["layers.3.attn.wq.gather"] > first_f
         assert ready["layers.0.attn.wq.gather"] < ready["layers.3.attn.wq.gather"]  # waited for in use order
+        # coalesced: one broadcast per bucket and owner, not per parameter and owner; the first layers first
+        posted = [ev[i] for i in _index(ev, event="gather_start")]
+        gathered = [n for n in program.comm_plans if n.endswith(".gather")]
+        assert all(i < first_f for i in _index(ev, event="gather_start"))
+        assert len(gathered) >= 30 and 2 < len(posted) <= 12, (len(gathered), len(posted))
+        assert {p for b in posted for p in b["params"]} == set(ready) == set(gathered)
+        owner0 = [b["params"] for b in posted if b["root"] == 0]
+        at = {p: k for k, ps in enumerate(owner0) for p in ps}
+        assert at["embed.weight.gather"] == 0 and at["layers.0.attn.wq.gather"] < at["layers.3.attn.wq.gather"]
 
 
 def test_stage_boundary_groups_per_pair_and_direction(traced: dict) -> None:

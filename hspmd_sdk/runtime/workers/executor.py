@@ -21,9 +21,9 @@ the semantics under which :func:`hspmd_sdk.core.schedule.replay` proves the sche
 Overlap, none of which changes a result or that semantics: under gloo each receive is *posted* ahead, when the
 previous receive of its direction runs, and waited for at its own action (messages match by peer and tag, so
 posting early cannot match another message: ``PRE``/``POST`` messages have tags of their own); ZeRO-1's gathers
-are started in ``PRE`` and each gathered parameter is waited for where the forward first reads it; gradient
-buckets (:mod:`.buckets`) start their collectives from autograd hooks during the step's last ``B``, as soon as
-every use of their parameters has its final gradient.
+are started in ``PRE``, coalesced into buckets (:class:`~.buckets.GatherBuckets`), and each gathered parameter is
+waited for where the forward first reads it; gradient buckets (:mod:`.buckets`) start their collectives from
+autograd hooks during the step's last ``B``, as soon as every use of their parameters has its final gradient.
 
 Precision (SPEC §8): ``precision="bf16"`` computes with bf16 working copies of the fp32 master parameters (made
 in ``PRE``), bf16 activations and gradients, every plan executed for bf16 (:func:`~.comm.with_dtype`); the loss
@@ -66,7 +66,7 @@ from ...core.microbatch import batch_dim
 from ...core.slices import Box, box_shape
 from ...core.symbolic import Sym, evaluate_shape
 from ...errors import HSPMDError, PlanValidationError
-from .buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, GradBuckets, SyncItem
+from .buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, GatherBuckets, GradBuckets, SyncItem, bucketable
 from .comm import Pending, execute, execute_async, execute_op, post_receives, post_sends, reshard, with_dtype
 from .cp_attention import balanced_order
 from .kernels import IGNORE_INDEX, kernel_for, packing_problems, reorder_problems
@@ -377,6 +377,12 @@ class StepExecutor:
         self.grad_sync = GradBuckets(self._sync_items(), groups, rank=rank, device=self.device, dtype=self.dtype,
                                      bucket_bytes=bucket_bytes, first_bucket_bytes=first_bucket_bytes, trace=trace,
                                      tag_base=POST_TAG)
+        made = {o.outputs[0] for o in self.eg.pre}
+        coalesced = [o for o in self.eg.pre if o.inputs[0] not in made and bucketable(self._pre_plan(o.name))]
+        self._coalesced = {o.name: k for k, o in enumerate(coalesced)}
+        self.gathers = GatherBuckets([self._pre_plan(o.name) for o in coalesced], [o.outputs[0] for o in coalesced],
+                                     groups, rank=rank, device=self.device, dtype=self.dtype, bucket_bytes=bucket_bytes,
+                                     first_bucket_bytes=first_bucket_bytes, trace=trace)
         self.step_values: dict[str, torch.Tensor] = {}
         self.records: dict[int, _MicroBatch] = {}
         self.captured_grads: dict[str, torch.Tensor] | None = None
@@ -727,10 +733,13 @@ class StepExecutor:
     def pre(self) -> None:
         """``Pre``: parameter leaves (working copies of the master weights in the run's dtype), and the Reshards of
         parameters (ZeRO-1 SplitAllGather, a tied weight's move to its other stage).  Their outputs are fresh
-        leaves whose gradients the gradient synchronisation collects.  Top-tier gathers are only started here: the
-        forward waits for each where it first reads it."""
+        leaves whose gradients the gradient synchronisation collects.  Top-tier gathers are only started here, in
+        buckets (:class:`~.buckets.GatherBuckets`): the forward waits for each where it first reads it."""
         vals = self.step_values = {k: v.detach().to(self.dtype).requires_grad_(True) for k, v in self.params.items()}
         self._gathers, self._inflight = {}, []
+        with torch.no_grad():  # the parameters' gathers, coalesced in buckets, all posted first (every rank alike)
+            started = self.gathers.start([vals[o.inputs[0]].detach() if o.inputs[0] in vals else None
+                                          for o in self.eg.pre if o.name in self._coalesced])
         for op in self.eg.pre:
             src, dst = op.inputs[0], op.outputs[0]
             plan = self._pre_plan(op.name)
@@ -740,9 +749,12 @@ class StepExecutor:
                 if src in vals:  # the same storage, but a leaf of its own: each use collects its own gradient
                     vals[dst] = vals[src].detach().requires_grad_(True)
                 continue
-            with torch.no_grad():
-                pending = execute_async(plan, vals[src].detach() if src in vals else None, self.groups,
-                                        rank=self.rank, device=self.device, tag_base=PRE_TAG)
+            if op.name in self._coalesced:
+                pending = started[self._coalesced[op.name]]
+            else:
+                with torch.no_grad():
+                    pending = execute_async(plan, vals[src].detach() if src in vals else None, self.groups,
+                                            rank=self.rank, device=self.device, tag_base=PRE_TAG)
             if self.rank in plan.dst.ranks:
                 self._gathers[dst] = pending
             else:
