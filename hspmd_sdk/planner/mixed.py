@@ -841,11 +841,13 @@ class Dispatcher:
     """:func:`dispatch` with the candidates' costs prepared once (stage cost lines, gradient-sync tails): build it
     when the job starts and call it per step.  ``candidates``: a :class:`MixedPlan`, or a list of Programs (from
     :meth:`MixedPlan.programs`, or any made from a strategy: their windows are what their memory holds,
-    :func:`memory_windows`), of :class:`~hspmd_sdk.core.strategy.Strategy` or of :class:`MixedEntry`.  ``packing``: micro-batches are single rows packing
-    whole sequences back to back (at most the window in tokens, no padding; attention per sequence) instead of
-    padded ``rows x longest`` tensors.  Where a candidate's ranks share cores (``CostModel.cores``), its estimate is
-    the simulated step of its assignment (:func:`~hspmd_sdk.planner.mixed_sim.simulate_shapes`, processor sharing)
-    rather than the cost lines' sum."""
+    :func:`memory_windows`), of :class:`~hspmd_sdk.core.strategy.Strategy` or of :class:`MixedEntry`.
+    ``packing``: micro-batches are single rows packing whole sequences back to back (at most the window in tokens,
+    no padding; attention per sequence) instead of padded ``rows x longest`` tensors; each candidate's rows are then
+    assigned two ways, :func:`_assign` and the fewest rows its windows allow (:func:`_fewest_rows`), and the cheaper
+    kept.  Where a candidate's ranks share cores (``CostModel.cores``), its estimate is the simulated step of its
+    assignment (:func:`~hspmd_sdk.planner.mixed_sim.simulate_shapes`, processor sharing) rather than the cost
+    lines' sum."""
 
     def __init__(self, candidates: "MixedPlan | Sequence[Any]", model: "ModelSpec | str", cluster: "Cluster", *,
                  cost: CostModel | None = None, packing: bool = False) -> None:
@@ -854,7 +856,7 @@ class Dispatcher:
         items = list(candidates.entries) if isinstance(candidates, MixedPlan) else list(candidates)
         if not items:
             raise PlanValidationError([("candidates", "no candidate strategy")], what="dispatch")
-        cache: dict = {}
+        cache: dict = {}  # stage costs, shared by the candidates and every step's simulation
         self.candidates: list[_Candidate] = []
         for i, c in enumerate(items):
             strategy, windows, cap = _candidate_parts(i, c, self.model, cluster, self.cost)
@@ -864,9 +866,10 @@ class Dispatcher:
                                             f"{cap}")], what="dispatch")
             pipes = [PipelineCost.of(self.model, p, cluster, self.cost, cache) for p in strategy.pipelines]
             tail = _overhead(simulate_shapes(self.model, strategy, cluster, [[(1, w)] for w in windows],
-                                             cost=self.cost))
+                                             cost=self.cost, cache=cache))
             shared = _oversubscribed(cluster, strategy.ranks, self.cost)
             self.candidates.append(_Candidate(strategy, windows, cap, pipes, tail, shared))
+        self._costs = cache
         self._switch: dict[tuple[int, int], float] = {}
         self._ratios: dict[int, list[float]] = {}  # candidate -> measured / estimated of its last steps (observe)
 
@@ -894,11 +897,15 @@ class Dispatcher:
             if c.max_seq_len < longest:
                 estimates.append(math.inf)
                 continue
-            mbs, times = _assign(c.pipes, c.windows, order, lengths, packed=self.packing)
-            assigned[i] = (mbs, times)
-            estimates.append(simulate_shapes(self.model, c.strategy, self.cluster,
-                                             _cost_shapes(mbs, lengths, self.packing), cost=self.cost).step_time
-                             if c.shared else max(times) + c.tail)
+            ways = [_assign(c.pipes, c.windows, order, lengths, packed=self.packing)]
+            if self.packing:
+                fewest = _fewest_rows(c.pipes, c.windows, order, lengths)
+                if fewest[0] != ways[0][0]:
+                    ways.append(fewest)
+            priced = [(self._estimate(c, mbs, times, lengths), k) for k, (mbs, times) in enumerate(ways)]
+            estimate, k = min(priced)
+            assigned[i] = ways[k]
+            estimates.append(estimate)
         factors = [self.factor(i) for i in range(len(self.candidates))]
         choice = min(assigned, key=lambda i: (estimates[i] * factors[i] + switch[i], i))
         mbs, times = assigned[choice]
@@ -906,6 +913,15 @@ class Dispatcher:
         return Dispatch(choice, tuple(estimates), tuple(switch), tuple(tuple(tuple(mb) for mb in p) for p in mbs),
                         lengths, c.strategy, tuple(c.windows), c.max_seq_len, tuple(times), self.packing,
                         tuple(factors))
+
+    def _estimate(self, c: _Candidate, mbs: list[list[list[int]]], times: list[float],
+                  lengths: Sequence[int]) -> float:
+        """Candidate ``c``'s step seconds with these micro-batches: simulated where its ranks share cores, else
+        the slowest pipeline's estimate plus the gradient-sync tail."""
+        if c.shared:
+            return simulate_shapes(self.model, c.strategy, self.cluster, _cost_shapes(mbs, lengths, self.packing),
+                                   cost=self.cost, cache=self._costs).step_time
+        return max(times) + c.tail
 
     def observe(self, choice: int, estimate: float, measured: float) -> None:
         """A step dispatched to candidate ``choice`` with ``estimate`` seconds took ``measured`` (the job's launcher
@@ -1006,6 +1022,49 @@ def _assign(pipes: Sequence[PipelineCost], windows: Sequence[int], order: Sequen
             opened[p] = ((x, x * x) if packed else (1, x)) + (b, f)
         fill[p] = max(fill[p], f)
     return mbs, [t + f if t > 0 else 0.0 for t, f in zip(total, fill)]
+
+
+def _fewest_rows(pipes: Sequence[PipelineCost], windows: Sequence[int], order: Sequence[int],
+                 lengths: Sequence[int]) -> tuple[list[list[list[int]]], list[float]]:
+    """Packed rows, as few as the windows allow: sequences (``order``: longest first) one at a time to the pipeline
+    whose estimated time grows least, into the fullest of its rows that still holds it (best fit), a new row only
+    where none does.  Where ranks share cores a pipeline's bubbles are other ranks' compute, so fewer, fuller
+    micro-batches can beat :func:`_assign`'s, which opens a row wherever a dedicated device's bubble says so; the
+    dispatcher prices both and keeps the cheaper.  Returns what :func:`_assign` does."""
+    P = len(pipes)
+    mbs: list[list[list[int]]] = [[] for _ in range(P)]
+    rows: list[list[list[float]]] = [[] for _ in range(P)]  # per pipeline, per row: [tokens, sum of squares, b, f]
+    total = [0.0] * P
+
+    def time(p: int) -> float:
+        return total[p] + max((r[3] for r in rows[p]), default=0.0)
+
+    for idx in order:
+        x = lengths[idx]
+        best: tuple[float, int, int, float, float] | None = None
+        for p in range(P):
+            if x > windows[p]:
+                continue
+            fit = [k for k, r in enumerate(rows[p]) if r[0] + x <= windows[p]]
+            k = max(fit, key=lambda k: (rows[p][k][0], -k)) if fit else -1
+            row = rows[p][k] if k >= 0 else [0, 0, 0.0, 0.0]
+            b, f = pipes[p].parts(1, int(row[0]) + x, row[1] + x * x)
+            others = max((r[3] for j, r in enumerate(rows[p]) if j != k), default=0.0)
+            grown = total[p] - row[2] + b + max(f, others)
+            if best is None or (grown, p) < best[:2]:
+                best = (grown, p, k, b, f)
+        assert best is not None  # _check: every length fits the largest window of an eligible candidate
+        _, p, k, b, f = best
+        if k >= 0:
+            row = rows[p][k]
+            total[p] += b - row[2]
+            rows[p][k] = [row[0] + x, row[1] + x * x, b, f]
+            mbs[p][k].append(idx)
+        else:
+            total[p] += b
+            rows[p].append([x, x * x, b, f])
+            mbs[p].append([idx])
+    return mbs, [time(p) if mbs[p] else 0.0 for p in range(P)]
 
 
 def dispatch(candidates: "MixedPlan | Sequence[Any]", model: "ModelSpec | str", cluster: "Cluster",

@@ -46,18 +46,19 @@ Shape = tuple[int, ...]  # (rows, padded length) or (1, tokens, sum of squared l
 # ---- the simulation of one dispatched step ------------------------------------------------------------------------
 def simulate_shapes(model: "ModelSpec | str", strategy: "Strategy", cluster: "Cluster",
                     shapes: Sequence[Sequence[Shape]], *, cost: CostModel | None = None,
-                    label: str = "") -> SimResult:
+                    label: str = "", cache: dict | None = None) -> SimResult:
     """Simulate one step of ``strategy`` in which pipeline ``p`` runs micro-batches of ``shapes[p]`` (each
     ``(rows, padded length)``, or ``(1, tokens, sum of squared lengths)`` for a row packing sequences, in that
     order; an empty list: the pipeline computes nothing but takes part in the gradient synchronisation).  The strategy's own micro-batch fields are ignored.  Memory: the in-flight
-    micro-batches are counted at the largest activation among the pipeline's micro-batches (an upper bound)."""
+    micro-batches are counted at the largest activation among the pipeline's micro-batches (an upper bound).
+    ``cache``: stage costs kept across calls for one model and cost model (:meth:`PipelineCost.of`; a dispatcher
+    simulates every step)."""
     model = load_model_spec(model)
     cost = cost or CostModel()
     if len(shapes) != strategy.dp_degree:
         raise ValueError(f"shapes has {len(shapes)} pipelines; the strategy has {strategy.dp_degree}")
     ref = max((shape[1] for mbs in shapes for shape in mbs), default=1)
-    cache: dict = {}
-    pipes = [PipelineCost.of(model, p, cluster, cost, cache) for p in strategy.pipelines]
+    pipes = [PipelineCost.of(model, p, cluster, cost, {} if cache is None else cache) for p in strategy.pipelines]
     costs, devices, lines = {}, {}, {}
     for i, p in enumerate(strategy.pipelines):
         for j, st in enumerate(p.stages):
@@ -71,23 +72,29 @@ def simulate_shapes(model: "ModelSpec | str", strategy: "Strategy", cluster: "Cl
     counted = strategy.model_copy(update={"pipelines": [
         p.model_copy(update={"num_micro_batches": max(1, len(mbs))}) for p, mbs in zip(strategy.pipelines, shapes)]})
 
+    # every micro-batch's (forward, backward) seconds and their collectives' part, once: processor sharing
+    # replays the step several times
+    work = {k: [line.times(*shape) + line.comm(*shape) for shape in shapes[k[0]]] for k, line in lines.items()}
+
     def one(stretch: "Stretch | None") -> SimResult:
         return _simulate_step(strategy, cluster, cost, costs, devices, label=label, counted=counted, stretch=stretch,
-                              run=lambda start, events: _replay(model, strategy, cluster, shapes, cost, lines,
+                              run=lambda start, events: _replay(model, strategy, cluster, shapes, cost, work,
                                                                 devices, start, events, stretch))
     return _shared_cores(one, devices, cluster, cost)
 
 
 def _replay(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", shapes: Sequence[Sequence[Shape]],
-            cost: CostModel, lines: dict, devices: dict, start: dict, events: dict,
+            cost: CostModel, work: dict, devices: dict, start: dict, events: dict,
             stretch: "Stretch | None" = None) -> tuple[dict, list[Transfer]]:
     """Every stage's schedule replayed with each micro-batch timed at its own shape (as the simulator's
     ``_run_pipelines``: a send occupies its channel without blocking the sender, a receive waits for the data).
+    ``work[stage][mb]``: the micro-batch's forward and backward seconds and their collectives' part.
     ``stretch``: processor sharing (the lines' compute is at every rank of the node computing at once; their
     collectives are not stretched)."""
     clock = dict(start)
-    shares = {k: _core_share(cluster, devices[k], cost) for k in lines}
+    shares = {k: _core_share(cluster, devices[k], cost) for k in work}
     channel_free: dict = {}
+    links: dict = {}
     transfers: list[Transfer] = []
 
     def execute(key: object, a: Action, payload: object) -> object:
@@ -95,10 +102,9 @@ def _replay(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", shapes
         shape = shapes[k[0]][a.micro_batch] if a.micro_batch is not None else (0, 0)  # type: ignore[index]
         rows, length = shape[0], shape[1]
         if a.kind in ("F", "B"):
-            f, b = lines[k].times(*shape)
+            f, b, fc, bc = work[k][a.micro_batch]  # type: ignore[index]
             dur = f if a.kind == "F" else b
             if stretch is not None:
-                fc, bc = lines[k].comm(*shape)
                 comm = fc if a.kind == "F" else bc
                 dur = stretch(k, clock[k], (dur - comm) / shares[k]) + comm
             events[k].append(Event(clock[k], clock[k] + dur, a.kind, a.micro_batch))
@@ -107,7 +113,10 @@ def _replay(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", shapes
             dst = (k[0], a.peer)  # type: ignore[index]
             nbytes = rows * length * model.hidden_size * BF16
             t0 = max(clock[k], channel_free.get((k, dst), 0.0))
-            link = min((cluster.link(s, d) for s, d in zip(devices[k], devices[dst])), key=lambda l: l.bandwidth)
+            link = links.get((k, dst))
+            if link is None:
+                link = links[(k, dst)] = min((cluster.link(s, d) for s, d in zip(devices[k], devices[dst])),
+                                             key=lambda l: l.bandwidth)
             t1 = t0 + cost.p2p_time(nbytes, link)
             channel_free[(k, dst)] = t1
             transfers.append(Transfer(k[0], k[1], dst[1], a.kind[-1], a.micro_batch or 0, t0, t1, nbytes))
