@@ -294,3 +294,22 @@ def test_mixed_beats_packed_homogeneous(plan: MixedPlan, lengths: list[int]) -> 
         ours.append(r.step_time)
         base.append(packed_baseline(MODEL, PAPER, batch, context_len=CONTEXT)[1])
     assert sum(base) / sum(ours) > 1.3
+
+
+def test_candidates_alike_after_widening_are_kept_once() -> None:
+    """Widened windows can make candidates planned for different maximum lengths run the same strategy at the same
+    windows, not only neighbours (llama-7b, 8 H800 + 8 H20, packed rows: the 8K and the 32K plans came out alike,
+    with a 24K plan between them); each pair left is distinct, and a candidate is dropped only for a later one that
+    takes sequences at least as long."""
+    from hspmd_sdk.planner.mixed import _distinct, sample_lengths
+
+    plan = plan_mixed("llama-7b", Cluster.mixed({"H800": 8, "H20": 8}),
+                      sample_lengths(2000, CONTEXT, seed=2, median=2000), tokens_per_batch=131072, context_len=CONTEXT,
+                      packing=True)
+    key = [(e.windows, e.strategy.model_copy(update={"name": ""})) for e in plan.entries]
+    assert len(plan.entries) >= 2 and all(a != b for a, b in itertools.combinations(key, 2))
+    e = plan.entries[0]
+    longer, shorter = (e.model_copy(update={"max_seq_len": e.max_seq_len + d}) for d in (1, -1))
+    other = plan.entries[1]
+    assert _distinct([e, other, longer]) == [other, longer]
+    assert _distinct([e, other, shorter]) == [e, other, shorter]

@@ -630,12 +630,14 @@ def plan_mixed(model: "ModelSpec | str", cluster: "Cluster", lengths: Sequence[i
 
 
 def _distinct(entries: Sequence[MixedEntry]) -> list[MixedEntry]:
-    """``entries`` less each one that runs the same strategy (its name aside) with the same windows as the next
-    longer one: that one serves the same steps the same way, so the shorter candidate would only add a name."""
+    """``entries`` less each one that runs the same strategy (its name aside) with the same windows as a later one
+    taking sequences at least as long: that one serves the same steps the same way, so the other candidate would
+    only add a name (widened windows can make candidates planned for different maximum lengths alike)."""
     def same(a: MixedEntry, b: MixedEntry) -> bool:
         return a.windows == b.windows and a.strategy.model_copy(update={"name": ""}) == \
             b.strategy.model_copy(update={"name": ""})
-    return [e for e, nxt in zip(entries, list(entries[1:]) + [None]) if nxt is None or not same(e, nxt)]
+    return [e for i, e in enumerate(entries)
+            if not any(same(e, f) and f.max_seq_len >= e.max_seq_len for f in entries[i + 1:])]
 
 
 def _variants(todo: Sequence[Method], shared: bool) -> list[list[Method]]:
