@@ -88,6 +88,8 @@ def _pipe(stages: list[tuple], mbs: int, n: int) -> dict[str, Any]:
 ONE = {"one_rank": {"pipelines": [_pipe([([0], [0, 3])], 4, 2)]}}
 TWO = {
     "dp2": {"pipelines": [_pipe([([0], [0, 3])], 2, 2), _pipe([([1], [0, 3])], 2, 2)]},
+    # ZeRO-1: the parameters' gathers in buckets (broadcasts over NCCL), the gradients reduce-scattered
+    "dp2_zero1": {"pipelines": [_pipe([([0], [0, 3])], 2, 2), _pipe([([1], [0, 3])], 2, 2)], "zero1": True},
     "tp2": {"pipelines": [_pipe([([0, 1], [0, 3])], 4, 2)]},
     "cp2": {"pipelines": [_pipe([([0, 1], [0, 3], 2)], 4, 2)]},
     "pp2_1f1b": {"pipelines": [_pipe([([0], [0, 1]), ([1], [2, 3])], 2, 4)], "schedule": "1f1b"},
