@@ -38,6 +38,7 @@ class TensorBoardLogger:
         self.writer = SummaryWriter(log_dir=str(self.log_dir))
         self._lock = threading.Lock()
         self._slowest: dict[int, float] = {}  # step -> its slowest rank's time so far
+        self._reporters: dict[int, set[int]] = {}  # step -> the ranks whose step time arrived
         self._rated: set[int] = set()          # steps whose tokens/s is written
         self._losses: set[int] = set()         # steps whose loss is written
         self._told = 0  # events and failures written so far
@@ -61,13 +62,14 @@ class TensorBoardLogger:
             if m.step_time is not None:
                 w.add_scalar(f"step_time/rank{rank}", m.step_time, m.step)
                 self._slowest[m.step] = max(self._slowest.get(m.step, 0.0), float(m.step_time))
+                self._reporters.setdefault(m.step, set()).add(rank)
             if m.memory_mb is not None:
                 w.add_scalar(f"memory_mb/rank{rank}", m.memory_mb, m.step)
             want = self.job.spec.loss_rank  # by default every rank reports the step's agreed loss: the first one
             if m.loss is not None and m.step not in self._losses and (want is None or rank == want):
                 self._losses.add(m.step)
                 w.add_scalar("loss", m.loss, m.step)
-                self._write_throughput(before=m.step)  # every rank has reported the steps before this one
+            self._write_throughput(complete=True)
             self._write_events(m.step)
 
     def _step_tokens(self, step: int) -> int | None:
@@ -79,8 +81,22 @@ class TensorBoardLogger:
         ctl = getattr(self.job, "controller", None)
         return ctl.global_batch * ctl.seq_len if ctl is not None else None
 
-    def _write_throughput(self, before: int | None = None) -> None:
-        for step in sorted(k for k in self._slowest if (before is None or k < before) and k not in self._rated):
+    def _awaited(self, step: int) -> set[int]:
+        """The ranks whose time of ``step`` must arrive before its tokens/s is written: those that reported the step
+        before (every rank of the job for the first), less the ranks the job no longer runs (lost or retired).
+        Each rank's reports arrive in order, but not in step with the other ranks'."""
+        before = self._reporters.get(step - 1)
+        ranks = set(before) if before is not None else set(self.job.spec.ranks)
+        ctl = getattr(self.job, "controller", None)
+        alive = getattr(ctl, "alive", None) if ctl is not None else None
+        return ranks & set(alive) if alive is not None else ranks
+
+    def _write_throughput(self, complete: bool = False) -> None:
+        """Write tokens/s of the steps not yet rated, in step order; ``complete``: only while each step's awaited
+        ranks have all reported (the job's end writes the rest with what arrived)."""
+        for step in sorted(k for k in self._slowest if k not in self._rated):
+            if complete and not self._awaited(step) <= self._reporters.get(step, set()):
+                return  # later steps wait too: a step's awaited ranks are its predecessor's
             tokens = self._step_tokens(step)
             if tokens and self._slowest[step] > 0:
                 self.writer.add_scalar("tokens_per_s", tokens / self._slowest[step], step)
