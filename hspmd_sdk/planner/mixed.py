@@ -858,7 +858,7 @@ class Dispatcher:
         items = list(candidates.entries) if isinstance(candidates, MixedPlan) else list(candidates)
         if not items:
             raise PlanValidationError([("candidates", "no candidate strategy")], what="dispatch")
-        cache: dict = {}  # stage costs, shared by the candidates and every step's simulation
+        self._costs: dict = {}  # stage costs, shared by the candidates and every step's simulation
         self.candidates: list[_Candidate] = []
         for i, c in enumerate(items):
             strategy, windows, cap = _candidate_parts(i, c, self.model, cluster, self.cost)
@@ -866,12 +866,11 @@ class Dispatcher:
                 raise PlanValidationError([(f"candidates[{i}].windows", f"{windows} for {strategy.dp_degree} "
                                             f"pipelines: one window a pipeline, the largest at least max_seq_len "
                                             f"{cap}")], what="dispatch")
-            pipes = [PipelineCost.of(self.model, p, cluster, self.cost, cache) for p in strategy.pipelines]
+            pipes = [PipelineCost.of(self.model, p, cluster, self.cost, self._costs) for p in strategy.pipelines]
             tail = _overhead(simulate_shapes(self.model, strategy, cluster, [[(1, w)] for w in windows],
-                                             cost=self.cost, cache=cache))
+                                             cost=self.cost, cache=self._costs))
             shared = _oversubscribed(cluster, strategy.ranks, self.cost)
             self.candidates.append(_Candidate(strategy, windows, cap, pipes, tail, shared))
-        self._costs = cache
         self._switch: dict[tuple[int, int], float] = {}
         self._ratios: dict[int, list[float]] = {}  # candidate -> measured / estimated of its last steps (observe)
 

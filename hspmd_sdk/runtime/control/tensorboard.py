@@ -87,8 +87,7 @@ class TensorBoardLogger:
         Each rank's reports arrive in order, but not in step with the other ranks'."""
         before = self._reporters.get(step - 1)
         ranks = set(before) if before is not None else set(self.job.spec.ranks)
-        ctl = getattr(self.job, "controller", None)
-        alive = getattr(ctl, "alive", None) if ctl is not None else None
+        alive = getattr(getattr(self.job, "controller", None), "alive", None)
         return ranks & set(alive) if alive is not None else ranks
 
     def _write_throughput(self, complete: bool = False) -> None:

@@ -41,7 +41,8 @@ from ...core.comm_ops import SplitCollectiveOp
 from ...core.slices import box_numel, box_shape, relative
 from .comm import CommExecutionError, Pending, _collective, _Ctx, _piece, execute, group_lookup
 
-__all__ = ["SyncItem", "Bucket", "GradBuckets", "GatherBuckets", "plan_buckets", "bucketable", "BUCKET_BYTES", "FIRST_BUCKET_BYTES"]
+__all__ = ["SyncItem", "Bucket", "GradBuckets", "GatherBuckets", "plan_buckets", "bucketable", "BUCKET_BYTES",
+           "FIRST_BUCKET_BYTES"]
 
 #: Largest flat buffer of one bucket (DDP's ``bucket_cap_mb`` default, 25 MiB).
 BUCKET_BYTES = 25 * 2**20
@@ -239,8 +240,8 @@ class GradBuckets:
 
     def _post(self, b: Bucket) -> None:
         ctx, k = self.ctx, len(self._posted)
-        buf = self._buffers[k] = _fill(b, self._ops, self._wire_input, ctx, lambda i: f"gradient of {self.items[i].param!r}",
-                                       self._buffers.get(k))
+        buf = self._buffers[k] = _fill(b, self._ops, self._wire_input, ctx,
+                                       lambda i: f"gradient of {self.items[i].param!r}", self._buffers.get(k))
         what = f"a gradient bucket of {len(b.members)} slices over {list(b.ranks)}"
         work = _collective(buf, b.ranks, b.root, ctx, what) if len(b.ranks) > 1 else None
         if self.trace is not None:
