@@ -346,10 +346,11 @@ def _switch_tour(family: str, tour: list[dict], tmp_path: Path) -> None:
     cluster = Cluster.local(4)
     programs = [specialize(model, plan_from_strategy(model, Strategy.load(d), cluster), cluster,
                            bindings={"B": 8, "S": SEQ}) for d in tour]
-    steps = 2 * len(tour) + 1  # two steps after the last switch's request: it applies before the run ends
-    # compute stretched 3x (sleeping: no numeric change) leaves time to request each switch a step or two apart
+    steps = 2 * len(tour) + 3  # steps after the last switch's request: it applies before the run ends
+    # compute stretched 6x (sleeping: no numeric change) leaves time to request each switch a step or two apart
+    # (at 3x with one step to spare, a full suite once saw the run end before the last switch applied)
     job = launch_training(programs[0], cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=tmp_path,
-                          timeout_s=60, slowdown={r: 3.0 for r in cluster.ranks})
+                          timeout_s=60, slowdown={r: 6.0 for r in cluster.ranks})
     for k, program in enumerate(programs[1:], start=1):
         _wait(lambda: job.metrics.last_step() >= 2 * k - 2)
         event = job.switch(program)

@@ -115,11 +115,12 @@ def test_switching_through_many_plans_equals_the_run_that_never_switched(family:
     model = (LlamaConfig if family == "llama" else GPTConfig).preset("tiny")
     cluster = Cluster.local(4)
     programs = [_program(model, data, cluster) for _, data in TOUR]
-    steps = 2 * len(TOUR) + 2
-    # every rank's compute stretched 3x (sleeping: no numeric change) leaves the launcher and this loop time to
-    # request each switch a step or two apart, also on a loaded machine, before the job's last step
+    steps = 2 * len(TOUR) + 4
+    # every rank's compute stretched 6x (sleeping: no numeric change) leaves the launcher and this loop time to
+    # request each switch a step or two apart, also on a loaded machine, before the job's last step (at 3x, with
+    # two steps to spare, a full suite once saw the job end before the last switch was requested)
     job = launch_training(programs[0], cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=tmp_path,
-                          timeout_s=60, slowdown={r: 3.0 for r in cluster.ranks})
+                          timeout_s=60, slowdown={r: 6.0 for r in cluster.ranks})
     pids = job.pids()
     for k, program in enumerate(programs[1:], start=1):
         _wait(lambda: job.metrics.last_step() >= 2 * k - 2)   # a step or two under each plan
