@@ -152,12 +152,14 @@ def test_a_job_on_one_host_grows_onto_a_second_host_over_ssh(lab: LoopbackHosts,
     job = launch_training(program, host_a, steps=STEPS, seed=SEED, seq_len=SEQ, transport=transport, timeout_s=60,
                           heartbeat_s=0.5, slowdown={r: [(0, 4.0), (2, 200.0), (3, 4.0)] for r in (0, 1)})
     pids = job.pids()
-    _wait(lambda: job.metrics.last_step() >= 1)
+    # the grown program is made while the job starts, so that the grow is requested right after step 1, inside the
+    # stretched step 2 (made after step 1, under load, the request came at step 6 and the job ended before it)
     grown = extend_cluster(job.cluster, host_b)
     dp4 = Strategy.load({"pipelines": [{"stages": [{"devices": [r], "layers": [0, 3]}], "micro_batch_size": 2,
                                         "num_micro_batches": 1} for r in range(4)], "zero1": zero1})
-    event = job.grow(grown, specialize(model, plan_from_strategy(model, dp4, grown), grown,
-                                       bindings={"B": 8, "S": SEQ}))
+    bigger = specialize(model, plan_from_strategy(model, dp4, grown), grown, bindings={"B": 8, "S": SEQ})
+    _wait(lambda: job.metrics.last_step() >= 1)
+    event = job.grow(grown, bigger)
     result = job.wait(timeout=150)
     assert result.losses == pytest.approx(reference.losses, rel=1e-5, abs=0)
     assert [e.reason for e in result.events] == ["grow"] and event.done and event.bytes["inter"] > 0, job.notes
