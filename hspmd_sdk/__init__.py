@@ -33,6 +33,7 @@ _EXPORTS = {
     "to_hf": "hspmd_sdk.models",
     "from_hf": "hspmd_sdk.models",
     "launch": "hspmd_sdk.runtime.control.train",
+    "TrainConfig": "hspmd_sdk.runtime.train_config",
     "HSPMDError": "hspmd_sdk.errors",
     "PlanValidationError": "hspmd_sdk.errors",
 }

@@ -39,6 +39,8 @@ _EXPORTS = {
     "launch": ".control.launcher",
     "launch_training": ".control.train",
     "RunConfig": ".control.run_config",
+    "TrainConfig": ".train_config",
+    "Schedule": ".lr_schedule",
     "check_run_options": ".control.run_config",
     "SSHTransport": ".transports.ssh",
     "SSHHost": ".transports.hosts",

@@ -26,6 +26,9 @@ class StepMetrics:
     memory_mb: float | None = None
     emulated_slowdown: float | None = None
     emulated_s: float | None = None
+    grad_norm: float | None = None  # the gradient's global L2 norm, before clipping
+    lr: float | None = None         # the learning rate the step's update used
+    val_loss: float | None = None   # the validation loss at the end of the step (validation steps only)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_message(self) -> dict[str, Any]:
@@ -48,6 +51,8 @@ class StepMetrics:
             parts.append(f"{self.step_time:.2f} s")
         if self.tokens_per_s is not None:
             parts.append(f"{self.tokens_per_s / 1e3:.1f}k tok/s")
+        if self.val_loss is not None:
+            parts.append(f"val {self.val_loss:.4f}")
         text = parts[0] + (": " + ", ".join(parts[1:]) if len(parts) > 1 else "")
         if self.emulated_slowdown:
             text += f" (emulated {self.emulated_slowdown:g}x slower)"
@@ -105,24 +110,32 @@ class MetricsHistory:
             return min((r for r, ms in self._by_rank.items() if any(m.loss is not None for m in ms)),
                        default=None)
 
-    def losses(self, preferred: int | None = None) -> list[float]:
-        """Per-step losses, ordered by step.  With ``preferred``: that rank's reports (a later report of a step
-        replaces an earlier one).  Otherwise, for each step, the newest attempt of it — the most times any one
-        rank reported it: a step recomputed after a reconfiguration (a reload from a checkpoint redoes several)
-        counts, not what a rank that failed since reported — and among the ranks that reported that attempt,
-        the lowest one's (every rank of a training job reports the same global loss)."""
+    def series(self, what: str, preferred: int | None = None) -> dict[int, float]:
+        """Step -> the value of field ``what`` (``"loss"``, ``"grad_norm"``, ``"lr"``, ``"val_loss"``: what every
+        rank of a training job reports alike) by the same rule as :meth:`losses`: ``preferred``'s reports, else
+        each step's newest attempt, the lowest rank's among those that reported it."""
         if preferred is not None:
-            return [float(v) for _, v in sorted({m.step: m.loss for m in self.rank(preferred)
-                                                 if m.loss is not None}.items())]
-        best: dict[int, tuple[int, int, float]] = {}  # step -> (attempt, -rank, loss): the largest wins
+            return dict(sorted({m.step: float(getattr(m, what)) for m in self.rank(preferred)
+                                if getattr(m, what) is not None}.items()))
+        best: dict[int, tuple[int, int, float]] = {}  # step -> (attempt, -rank, value): the largest wins
         for r in self.ranks():
             attempt: dict[int, int] = {}
             for m in self.rank(r):
                 if m.loss is None:
                     continue
                 k = attempt[m.step] = attempt.get(m.step, -1) + 1
-                best[m.step] = max(best.get(m.step, (k, -r, m.loss)), (k, -r, m.loss))
-        return [float(best[s][2]) for s in sorted(best)]
+                value = getattr(m, what)
+                if value is not None:
+                    best[m.step] = max(best.get(m.step, (k, -r, value)), (k, -r, value))
+        return {s: float(best[s][2]) for s in sorted(best)}
+
+    def losses(self, preferred: int | None = None) -> list[float]:
+        """Per-step losses, ordered by step.  With ``preferred``: that rank's reports (a later report of a step
+        replaces an earlier one).  Otherwise, for each step, the newest attempt of it — the most times any one
+        rank reported it: a step recomputed after a reconfiguration (a reload from a checkpoint redoes several)
+        counts, not what a rank that failed since reported — and among the ranks that reported that attempt,
+        the lowest one's (every rank of a training job reports the same global loss)."""
+        return list(self.series("loss", preferred).values())
 
     def as_records(self) -> list[dict[str, Any]]:
         """Flat records (rank, step, ...), handy for a DataFrame."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .data import LengthBatches, dataset_for, documents_for, padded_rows
+from .lr_schedule import schedule_of
 from .spec import PRECISIONS
 from .workers.executor import AdamConfig
 from .workers.kernels import IGNORE_INDEX
@@ -34,14 +35,16 @@ def load_captured(capture_dir: str | Path, index: int = 0) -> list[dict[str, Any
 def assemble(captured: Sequence[Mapping[str, Any]], which: str, shapes: Mapping[str, Sequence[int]]
              ) -> tuple[dict[str, Any], float]:
     """Full tensors from the ranks' shards (``which``: ``"grads"``, ``"params"``, ``"exp_avg"`` or
-    ``"exp_avg_sq"``) and the largest difference
-    between two ranks' copies of the same element (replicas must agree)."""
+    ``"exp_avg_sq"``) of the tensors ``shapes`` names, and the largest difference between two ranks' copies of the
+    same element (replicas must agree)."""
     import torch
 
     full = {n: torch.full(tuple(s), float("nan")) for n, s in shapes.items()}
     worst = 0.0
     for cap in captured:
         for name, t in cap[which].items():
+            if name not in full:
+                continue
             idx = tuple(slice(a, b) for a, b in cap["boxes"][name])
             cur = full[name][idx]
             seen = ~torch.isnan(cur)
@@ -61,12 +64,18 @@ class ReferenceResult:
     params: dict[str, Any]
     exp_avg: dict[str, Any] = field(default_factory=dict)
     exp_avg_sq: dict[str, Any] = field(default_factory=dict)
+    grad_norms: list[float] = field(default_factory=list)  # per step, before clipping (clip_grad_norm_'s)
+    lrs: list[float] = field(default_factory=list)
+    val_losses: dict[int, float] = field(default_factory=dict)
 
 
-def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: int, seq_len: int | None = None,
+def reference_training(config: Any, *, steps: int | None = None, seed: int = 0, global_batch: int | None = None,
+                       seq_len: int | None = None,
                        data: str = "synthetic", lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
                        eps: float = 1e-8, weight_decay: float = 0.0,
-                       init: Mapping[str, Any] | None = None, precision: str = "fp32") -> ReferenceResult:
+                       init: Mapping[str, Any] | None = None, precision: str = "fp32", schedule: Any = None,
+                       max_norm: float | None = None, decay: str = "matrices", eval_every: int | None = None,
+                       eval_batches: int = 4, train_config: Any = None) -> ReferenceResult:
     """Train the model's single-device reference (``config.build_reference``) on one device with
     ``torch.optim.Adam`` (:meth:`~.executor.AdamConfig.build`: the ranks' kernel) on the same data (``config``
     is any :class:`~hspmd_sdk.models.ModelSpec`).
@@ -74,10 +83,30 @@ def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: 
 
     ``precision="bf16"``: the distributed runtime's recipe on one device — a bf16 copy of the fp32 master module
     computes the step (bf16 parameters, activations and gradients, the loss in fp32), its gradients become the
-    masters' (fp32) and Adam updates the masters with fp32 state.  ``grads`` and ``params`` are the masters'."""
+    masters' (fp32) and Adam updates the masters with fp32 state.  ``grads`` and ``params`` are the masters'.
+
+    ``schedule``, ``max_norm``, ``decay``, ``eval_every``/``eval_batches`` as for ``launch``: each step's learning
+    rate from the schedule, the gradients clipped by ``torch.nn.utils.clip_grad_norm_`` (its norm, before
+    clipping, is the step's ``grad_norms`` entry), weight decay on the parameter groups ``decay`` names, and the
+    validation loss of the data's validation split (forward only, in eval mode) after every ``eval_every``-th
+    step.
+
+    ``train_config``: a :class:`~.train_config.TrainConfig` whose run, data, optimizer, schedule, clip and eval
+    sections give those keywords instead (``global_batch`` from ``run.global_batch`` unless given)."""
     import copy
 
     import torch
+
+    if train_config is not None:
+        c = train_config
+        return reference_training(
+            config, steps=c.run.steps, seed=c.run.seed, global_batch=global_batch or c.run.global_batch,
+            seq_len=c.run.seq_len, data=c.data.source, lr=c.optimizer.lr, betas=c.optimizer.betas,
+            eps=c.optimizer.eps, weight_decay=c.optimizer.weight_decay, decay=c.optimizer.decay, init=init,
+            precision=c.run.precision, schedule=c.schedule, max_norm=c.clip.max_norm, eval_every=c.eval.every,
+            eval_batches=c.eval.batches)
+    if steps is None or global_batch is None:
+        raise ValueError("reference_training needs steps= and global_batch= (or a train_config= that has them)")
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, not {precision!r}")
@@ -87,10 +116,14 @@ def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: 
         model.load_state_dict({k: v.detach().clone() for k, v in init.items()})
     work = model if precision == "fp32" else copy.deepcopy(model).to(torch.bfloat16)
     masters, copies = list(model.parameters()), list(work.parameters())
-    opt = AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay).build(masters)
+    opt = AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decay=decay).build(masters)
+    sched = schedule_of(schedule)
     dataset = dataset_for(data, config.vocab_size)
-    losses, grads = [], {}
+    losses, grads, norms, lrs, vals = [], {}, [], [], {}
     for step in range(steps):
+        lrs.append(sched.lr(step, lr, steps))
+        for group in opt.param_groups:
+            group["lr"] = lrs[-1]
         feeds = config.feeds(dataset.global_batch(step, global_batch, seq_len, seed))
         opt.zero_grad(set_to_none=True)
         if work is not model:
@@ -105,9 +138,37 @@ def reference_training(config: Any, *, steps: int, seed: int = 0, global_batch: 
                 m.grad = c.grad.float() if c.grad is not None else torch.zeros_like(m)
         if step == 0:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        norms.append(_clip(masters, max_norm))
         opt.step()
         losses.append(float(loss.detach()))
-    return reference_result(model, opt, losses, grads)
+        if eval_every and (step + 1) % eval_every == 0:
+            vals[step] = _validation_loss(work, config, dataset, eval_batches, global_batch, seq_len)
+    out = reference_result(model, opt, losses, grads)
+    out.grad_norms, out.lrs, out.val_losses = norms, lrs, vals
+    return out
+
+
+def _clip(params: Sequence[Any], max_norm: float | None) -> float:
+    """``torch.nn.utils.clip_grad_norm_`` over ``params`` (only measuring the norm when ``max_norm`` is None);
+    returns the norm before clipping."""
+    import torch
+
+    grads = [p for p in params if p.grad is not None]
+    if max_norm is None:
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads])))
+    return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+
+
+def _validation_loss(model: Any, config: Any, dataset: Any, batches: int, global_batch: int, seq_len: int) -> float:
+    """The mean loss of the first ``batches`` validation batches, forward only."""
+    import torch
+
+    total = 0.0
+    with torch.no_grad():
+        for i in range(batches):
+            feeds = config.feeds(dataset.val_batch(i, global_batch, seq_len))
+            total += float(model.loss(feeds["tokens"], feeds["targets"]))
+    return total / batches
 
 
 def reference_result(model: Any, opt: Any, losses: list[float], grads: dict[str, Any]) -> "ReferenceResult":
@@ -123,7 +184,8 @@ def reference_result(model: Any, opt: Any, losses: list[float], grads: dict[str,
 def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any = "stdlib-docs",
                     context: int | None = None, seed: int = 0, lr: float = 1e-3,
                     betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                    init: Mapping[str, Any] | None = None) -> Any:
+                    init: Mapping[str, Any] | None = None, schedule: Any = None, max_norm: float | None = None,
+                    decay: str = "matrices") -> Any:
     """The model's single-device reference (``model.build_reference(seed)``, ``torch.optim.Adam``) on the same
     steps of mixed-length data: all of a step's sequences in one batch, padded on the right with target ``-100``
     (which the reference's ``loss`` ignores: the mean over the step's real target tokens; causal attention keeps
@@ -137,9 +199,14 @@ def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any =
     ref = model.build_reference(seed)
     if init is not None:
         ref.load_state_dict({k: v.detach().clone() for k, v in init.items()})
-    opt = AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay).build(list(ref.parameters()))
-    losses, grads = [], {}
+    params = list(ref.parameters())
+    opt = AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decay=decay).build(params)
+    sched = schedule_of(schedule)
+    losses, grads, norms, lrs = [], {}, [], []
     for step in range(steps):
+        lrs.append(sched.lr(step, lr, steps))
+        for group in opt.param_groups:
+            group["lr"] = lrs[-1]
         rows = padded_rows(batches.step_sequences(step), IGNORE_INDEX)
         tokens, targets = rows[:, :-1].clamp(min=0), rows[:, 1:]
         opt.zero_grad(set_to_none=True)
@@ -147,6 +214,9 @@ def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any =
         loss.backward()
         if step == 0:
             grads = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
+        norms.append(_clip(params, max_norm))
         opt.step()
         losses.append(float(loss.detach()))
-    return reference_result(ref, opt, losses, grads)
+    out = reference_result(ref, opt, losses, grads)
+    out.grad_norms, out.lrs = norms, lrs
+    return out

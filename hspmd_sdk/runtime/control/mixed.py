@@ -271,6 +271,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                  capture_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None,
                  checkpoint_every: int | None = None, keep: int = 3, checkpoint_async: bool = True,
                  resume_from: str | Path | None = None, packing: bool | None = None, init: Any = None,
+                 schedule: Any = None, max_norm: float | None = None, decay: str = "matrices",
                  _checked: bool = False, **launch_kwargs: Any) -> Any:
     """Train on mixed-length data, choosing per step among candidate ``programs`` (``launch(programs, ...)``;
     see the module docstring).  Returns the running :class:`~.job.Job`; ``job.wait().losses`` are the steps'
@@ -289,7 +290,8 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     of the workers; ``cost``: the :class:`~hspmd_sdk.planner.CostModel` of the dispatcher.  Checkpoints as for one
     Program (``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``checkpoint_async``; each saved under the
     candidate running at that step), and ``resume_from`` continues at the checkpoint's step with the same data,
-    seed, budget and context, under whichever candidate that step's dispatch picks.  ``packing``: micro-batches
+    seed, budget and context, under whichever candidate that step's dispatch picks.  ``schedule``, ``max_norm``
+    and ``decay``: the learning-rate schedule, clipping by global norm and weight-decay rule, as for one Program.  ``packing``: micro-batches
     are single rows packing whole sequences (no padding; attention within each sequence, positions restarting):
     default when every op of the model's graph has a packing rule (:func:`~.kernels.packing_problems`; both
     built-in families do), ``False`` pads them instead.  Everything is checked before any worker starts (a
@@ -310,7 +312,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                           lookahead=lookahead, cost=cost, capture_dir=capture_dir, checkpoint_dir=checkpoint_dir,
                           checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
                           resume_from=resume_from, packing=packing, init=init, straggler=straggler,
-                          **launch_kwargs)
+                          schedule=schedule, max_norm=max_norm, decay=decay, **launch_kwargs)
     if not programs:
         raise PlanValidationError([("programs", "no candidate program")], what=what)
     cluster = cluster if cluster is not None else next((p.cluster for p in programs if hasattr(p, "cluster")), None)
@@ -349,7 +351,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     for i, p in enumerate(programs):  # each candidate checked as the workers will rebuild it
         run = checked_training_run(p, steps=steps, seed=seed, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                            seq_len=context, cluster=cluster, capture_dir=capture_dir, precision=precision,
-                           init=init if i == first else None)
+                           init=init if i == first else None, schedule=schedule, max_norm=max_norm, decay=decay)
         again = program_of_run(run)
         if again.pipelines != p.pipelines:
             raise PlanValidationError([(f"programs[{i}]", "does not specialize to the same pipelines on the "

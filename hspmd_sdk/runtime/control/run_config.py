@@ -18,14 +18,12 @@ the launch cluster, a writable ``checkpoint_dir``, a checkpoint the run can resu
 """
 from __future__ import annotations
 
-import numbers
-from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Union
+from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, ValidationInfo, \
-    field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ...errors import PlanValidationError
+from ..config_types import Bool, Int, Number, PathLike
 from ..workers.devices import DEVICES
 from ..spec import PRECISIONS
 from ...core.strategy_plan import graph_of
@@ -43,24 +41,6 @@ MIXED_OPTIONS = frozenset({"tokens_per_step", "context", "lookahead", "packing"}
 
 #: Adam's defaults, to check one option of :func:`~.executor.adam_problems` at a time.
 _ADAM_DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
-
-
-def _integral(value: Any) -> Any:
-    """A numpy (or other ``numbers.Integral``) integer as an ``int``; anything else unchanged, for the strict check
-    (a ``bool`` stays a ``bool`` and is refused)."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
-        return int(value)
-    return value
-
-
-#: A whole number: ``int`` or a numpy integer; never a bool, a float or a string.
-Int = Annotated[int, BeforeValidator(_integral), Strict()]
-#: A flag: ``True`` or ``False`` only.
-Bool = Annotated[bool, Strict()]
-#: A finite real number (``int`` or ``float``; never a bool or a string).
-Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
-#: A path: ``str`` or ``pathlib.Path``.
-PathLike = Union[Annotated[str, Strict()], Path]
 
 
 class RunConfig(BaseModel):
@@ -92,6 +72,16 @@ class RunConfig(BaseModel):
     betas: tuple[Number, Number] = Field(default=(0.9, 0.999), description="two finite numbers in [0, 1)")
     eps: Number = Field(default=1e-8, description="a finite number > 0")
     weight_decay: Number = Field(default=0.0, description="a finite number >= 0")
+    decay: Literal["matrices", "all"] = Field(default="matrices", description="'matrices' (no weight decay on "
+                                                                            "norms and biases) or 'all'")
+    schedule: Any = Field(default=None, description="a learning-rate Schedule, its dict or its kind ('constant', "
+                                                    "'linear', 'cosine', 'wsd'), or None (constant)")
+    max_norm: Number | None = Field(default=None, gt=0, description="a finite number > 0 (clip the gradients to "
+                                                                     "this global norm), or None")
+    # ---- validation ------------------------------------------------------------------------------------------
+    eval_every: Int | None = Field(default=None, ge=1, description="a whole number of steps >= 1, or None (no "
+                                                                   "validation)")
+    eval_batches: Int = Field(default=4, ge=1, description="a whole number of batches >= 1")
     # ---- checkpoints ---------------------------------------------------------------------------------------
     checkpoint_dir: PathLike | None = Field(default=None, description="a directory (str or Path), or None")
     checkpoint_every: Int | None = Field(default=None, ge=1, description="a whole number of steps >= 1, or None "
@@ -168,6 +158,21 @@ class RunConfig(BaseModel):
         except ValueError as e:
             text = str(e)
             raise ValueError(text[len("data "):] if text.startswith("data must") else text) from None
+        return value
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: Any) -> Any:
+        """A :class:`~hspmd_sdk.runtime.lr_schedule.Schedule`, its dict or its kind name (checked as one)."""
+        if value is None:
+            return value
+        from ..lr_schedule import schedule_json
+
+        try:
+            schedule_json(value)
+        except ValidationError as e:
+            raise ValueError("; ".join(f"{'.'.join(map(str, err['loc'])) or 'kind'}: {err['msg']}"
+                                       for err in e.errors())) from None
         return value
 
     @field_validator("straggler")

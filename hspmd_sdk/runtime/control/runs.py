@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..lr_schedule import schedule_json
 from ..protocol import program_of_run
 from ...core.model_spec import model_json
 from ...errors import HSPMDError, PlanValidationError
@@ -35,7 +36,8 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
                  capture_dir: str | Path | None = None, cluster: Any = None, init: Any = None,
                  checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
                  checkpoint_async: bool = True, resume_from: str | Path | None = None,
-                 precision: str = "fp32") -> dict[str, Any]:
+                 precision: str = "fp32", schedule: Any = None, max_norm: float | None = None,
+                 eval_every: int | None = None, eval_batches: int = 4, decay: str = "matrices") -> dict[str, Any]:
     """The JSON description of one training run of ``program`` (what a worker needs to rebuild it).
 
     ``seq_len``: tokens per sample (default: the model's ``max_seq_len``); the global batch is the program's
@@ -47,6 +49,13 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
     reads only its own slices (:mod:`hspmd_sdk.models.hf`).  ``precision``: ``"fp32"`` (default) or ``"bf16"``
     (SPEC §8: bf16 parameters, activations, gradients and messages; fp32 master weights and Adam state; see
     :class:`~.executor.StepExecutor`).
+
+    The optimizer: ``schedule`` — the learning rate of each step (:class:`~hspmd_sdk.runtime.lr_schedule.Schedule`,
+    its dict or its ``kind``; default constant ``lr``); ``max_norm`` — clip the gradients by their global norm
+    (every element of the model counted once, whatever the plan; ``None``: no clipping); ``decay`` — which
+    parameters ``weight_decay`` applies to (``"matrices"``: none on norms and biases; ``"all"``).  Validation:
+    every ``eval_every`` steps, the mean loss of ``eval_batches`` batches of the data's validation split, forward
+    only under the running plan.
 
     Checkpoints (:mod:`.checkpoint`): ``checkpoint_dir`` saves the sharded parameters, Adam state, data position
     and RNG after every ``checkpoint_every``-th step and after the last (only after the last by default), keeping
@@ -66,12 +75,15 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
     check_run_options(_model_of(program), steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
                       weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
                       init=init, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
-                      checkpoint_async=checkpoint_async, resume_from=resume_from, precision=precision)
+                      checkpoint_async=checkpoint_async, resume_from=resume_from, precision=precision,
+                      schedule=schedule, max_norm=max_norm, eval_every=eval_every, eval_batches=eval_batches,
+                      decay=decay)
     return checked_training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
                                 weight_decay=weight_decay, seq_len=seq_len, recompute=recompute,
                                 capture_dir=capture_dir, cluster=cluster, init=init, checkpoint_dir=checkpoint_dir,
                                 checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
-                                resume_from=resume_from, precision=precision)
+                                resume_from=resume_from, precision=precision, schedule=schedule,
+                                max_norm=max_norm, eval_every=eval_every, eval_batches=eval_batches, decay=decay)
 
 
 def _model_of(program: Any) -> Any:
@@ -90,7 +102,9 @@ def checked_training_run(program: Any, *, steps: int, seed: int = 0, data: str =
                          capture_dir: str | Path | None = None, cluster: Any = None, init: Any = None,
                          checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None,
                          keep: int = 3, checkpoint_async: bool = True, resume_from: str | Path | None = None,
-                         precision: str = "fp32") -> dict[str, Any]:
+                         precision: str = "fp32", schedule: Any = None, max_norm: float | None = None,
+                         eval_every: int | None = None, eval_batches: int = 4,
+                         decay: str = "matrices") -> dict[str, Any]:
     """:func:`training_run` for options that :func:`~.run_config.check_run_options` has already checked (each
     launch checks them once, first): the checks that need the program and the cluster, then the run."""
 
@@ -111,7 +125,10 @@ def checked_training_run(program: Any, *, steps: int, seed: int = 0, data: str =
         "seq_len": int(config.max_seq_len if seq_len is None else seq_len),
         "global_batch": int(program.bindings["B"]),
         "adam": {"lr": lr, "betas": list(betas) if isinstance(betas, (list, tuple)) else betas, "eps": eps,
-                 "weight_decay": weight_decay},
+                 "weight_decay": weight_decay, "decay": decay},
+        "schedule": schedule_json(schedule),
+        "max_norm": None if max_norm is None else float(max_norm),
+        "eval": {"every": eval_every, "batches": int(eval_batches)} if eval_every else None,
         "recompute": rc,
         "capture_dir": str(capture_dir) if capture_dir is not None else None,
         "init": _init_source(init, config),

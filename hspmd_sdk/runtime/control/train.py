@@ -41,9 +41,19 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
                     checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
                     checkpoint_async: bool = True, resume_from: str | Path | None = None,
                     precision: str = "fp32", device: str | None = None,
-                    profile: int | Sequence[int] | None = None, **launch_kwargs: Any) -> Any:
+                    profile: int | Sequence[int] | None = None, schedule: Any = None,
+                    max_norm: float | None = None, eval_every: int | None = None, eval_batches: int = 4,
+                    decay: str = "matrices", **launch_kwargs: Any) -> Any:
     """Train ``program`` for ``steps`` steps on one worker process per rank of ``cluster``; returns the running
     :class:`~.job.Job` (``job.wait().losses``: the loss of each step's global batch).
+
+    The optimizer is Adam (``lr``, ``betas``, ``eps``, ``weight_decay`` on the parameters ``decay`` names:
+    ``"matrices"``, none on norms and biases, or ``"all"``), its learning rate by ``schedule`` (a
+    :class:`~hspmd_sdk.runtime.lr_schedule.Schedule`, its dict or kind; default constant), the gradients clipped
+    to the global norm ``max_norm`` (every element of the model counted once, whatever the plan; ``None``: no
+    clipping).  ``eval_every``: every that many steps, the validation loss of ``eval_batches`` batches of the
+    data's validation split, forward only under the running plan.  ``job.wait()`` has ``losses``, ``grad_norms``
+    (before clipping), ``lrs`` and ``val_losses``.
 
     ``precision``: ``"fp32"`` or ``"bf16"`` (see :func:`training_run`).  ``device``: ``"cpu"`` (gloo) or
     ``"cuda"`` (NCCL, one GPU per worker: ``torch.cuda.set_device`` to the worker's local rank on its host);
@@ -97,12 +107,14 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
                       recompute=recompute, capture_dir=capture_dir, init=init, elastic=elastic, straggler=straggler,
                       grow_back=grow_back, cost=cost, fault_injection=fault_injection, checkpoint_dir=checkpoint_dir,
                       checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
-                      resume_from=resume_from, precision=precision, device=device, **launch_kwargs)
+                      resume_from=resume_from, precision=precision, device=device, schedule=schedule,
+                      max_norm=max_norm, eval_every=eval_every, eval_batches=eval_batches, decay=decay,
+                      **launch_kwargs)
     if mixed:  # candidate Programs: mixed-length data (SPEC §7)
         from .mixed import launch_mixed  # lazy: mixed-length runs only (loads the mixed planner)
 
         given = {"data": data, "seq_len": seq_len, "recompute": recompute, "profile": profile,
-                 "grow_back": grow_back}
+                 "grow_back": grow_back, "eval_every": eval_every}
         default = {"data": "synthetic"}
         bad = [k for k, v in given.items() if k not in ("data",) and v not in (None, False, default.get(k))]
         if bad:
@@ -117,7 +129,7 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
                            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
                            checkpoint_async=checkpoint_async, resume_from=resume_from, init=init,
                            elastic=elastic, straggler=straggler, fault_injection=fault_injection, _checked=True,
-                           **launch_kwargs)
+                           schedule=schedule, max_norm=max_norm, decay=decay, **launch_kwargs)
         job.prepared_s = job._t0 - begun  # checks, dispatch of the first step, specialization, preflight
         return job
     cluster = cluster if cluster is not None else program.cluster
@@ -125,7 +137,8 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
                        weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
                        cluster=cluster, init=init, checkpoint_dir=checkpoint_dir,
                        checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
-                       resume_from=resume_from, precision=precision)
+                       resume_from=resume_from, precision=precision, schedule=schedule, max_norm=max_norm,
+                       eval_every=eval_every, eval_batches=eval_batches, decay=decay)
     if device is not None:
         launch_kwargs["backend"] = backend_for_device(device, cluster, launch_kwargs.get("backend"),
                                                       launch_kwargs.get("transport"))
@@ -149,5 +162,38 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     return job
 
 
-#: The public ``hspmd_sdk.launch`` (SPEC §3): train a specialized Program.
-launch = launch_training
+def launch(program: Any, cluster: Any = None, *, config: Any = None, **options: Any) -> Any:
+    """Train ``program`` (a Program, or a list of candidate Programs for mixed-length data) on ``cluster``: the
+    public ``hspmd_sdk.launch`` (SPEC §3, §13).  Returns the running :class:`~.job.Job`.
+
+    ``config``: a :class:`~hspmd_sdk.runtime.train_config.TrainConfig` (or the path of its TOML / JSON file): the
+    run in sections (run, data, optimizer, schedule, clip, eval, checkpoint, reconfigure, launcher).  ``options``:
+    the same settings as flat keywords (``steps=``, ``lr=``, ``max_norm=``, ... — see :func:`launch_training`, whose
+    defaults apply without a config), and what no file holds (a ``transport``, a ``policy``, a ``cost`` model, a
+    state dict as ``init``, token arrays as ``data``).  A keyword and a config field that set the same thing to
+    different values are an error naming it, before any worker starts."""
+    if config is None:
+        return launch_training(program, cluster, **options)
+    from ..train_config import FLAT_KEYWORDS, TrainConfig
+
+    cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_file(config)
+    plain = {k: v for k, v in options.items() if k in FLAT_KEYWORDS and _plain(v)}
+    others = {k: v for k, v in options.items() if k not in plain}
+    flat = cfg.merged(plain).launch_kwargs()
+    if not isinstance(program, (list, tuple)):  # one Program: the mixed-length options are not its
+        from .run_config import MIXED_OPTIONS
+
+        flat = {k: v for k, v in flat.items() if k not in MIXED_OPTIONS}
+    return launch_training(program, cluster, **{**flat, **others})
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is what a config file can hold (numbers, strings, paths, flags, lists and dicts of
+    them), not a runtime object (a Documents, a state dict of tensors, a StragglerWatch)."""
+    if value is None or isinstance(value, (str, int, float, bool, Path)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return hasattr(value, "model_dump") and type(value).__name__ == "Schedule"

@@ -102,11 +102,26 @@ class AdamConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
+    #: which parameters ``weight_decay`` applies to: ``"matrices"`` (those of 2 dimensions or more: none on norms
+    #: and biases, nanoGPT's and Megatron's rule) or ``"all"``
+    decay: str = "matrices"
 
     def __post_init__(self) -> None:
         problems = adam_problems(self.lr, self.betas, self.eps, self.weight_decay)
+        if self.decay not in DECAY_RULES:
+            problems.append(("decay", f"must be one of {list(DECAY_RULES)}, not {self.decay!r}"))
         if problems:
             raise PlanValidationError(problems, what="optimizer options")
+
+    def groups(self, params: Sequence[torch.Tensor]) -> list[dict[str, Any]]:
+        """The parameter groups: one, or with ``weight_decay`` under the ``"matrices"`` rule the parameters of 2
+        dimensions or more (decayed) and the rest (norms, biases: ``weight_decay=0``).  A shard has its tensor's
+        number of dimensions, so every rank splits its shards as the single-device model splits its tensors."""
+        params = list(params)
+        if self.weight_decay == 0.0 or self.decay == "all":
+            return [{"params": params}]
+        return [g for g in ({"params": [p for p in params if p.dim() >= 2]},
+                            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}) if g["params"]]
 
     def build(self, params: Sequence[torch.Tensor]) -> torch.optim.Adam:
         """``torch.optim.Adam`` over ``params`` (fp32, one device, contiguous) with these options, as every rank
@@ -118,9 +133,21 @@ class AdamConfig:
         ignores strides: parameters, gradients and state must be contiguous (the executor makes them so)."""
         params = list(params)
         kw = dict(lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
+        groups = self.groups(params)
         if params and all(fused_adam_available(p) for p in params):
-            return torch.optim.Adam(params, fused=True, **kw)
-        return torch.optim.Adam(params, foreach=False, **kw)
+            return torch.optim.Adam(groups, fused=True, **kw)
+        return torch.optim.Adam(groups, foreach=False, **kw)
+
+
+#: ``AdamConfig.decay``: which parameters weight decay applies to.
+DECAY_RULES = ("matrices", "all")
+
+
+def clip_coefficient(norm: float, max_norm: float) -> torch.Tensor:
+    """The factor gradients are scaled by for a global ``norm``: ``min(1, max_norm / (norm + 1e-6))``, in fp32
+    exactly as ``torch.nn.utils.clip_grad_norm_`` computes it (so a clipped step is the single-device one)."""
+    total = torch.tensor(norm, dtype=torch.float32)
+    return torch.clamp(torch.tensor(max_norm, dtype=torch.float32) / (total + 1e-6), max=1.0)
 
 
 def fused_adam_available(t: torch.Tensor) -> bool:
@@ -302,8 +329,14 @@ class StepExecutor:
                  bucket_bytes: int = BUCKET_BYTES, first_bucket_bytes: int | None = FIRST_BUCKET_BYTES,
                  trace: Callable[..., None] | None = None,
                  p2p_groups: Mapping[tuple[int, int, int], Any] | None = None,
-                 probe: Callable[[str], Any] | None = None) -> None:
+                 probe: Callable[[str], Any] | None = None, max_norm: float | None = None) -> None:
         self.program, self.rank, self.groups = program, rank, groups
+        # clipping by global norm: the gradients are scaled by clip_coefficient(norm, max_norm) before Adam, the
+        # norm being what ``before_update`` returns (the world's sum of every rank's grad_sq); None: no clipping
+        self.max_norm = max_norm
+        self.grad_sq = 0.0  # the last step's squared L2 norm of the gradient elements this rank owns
+        self.grad_norm: float | None = None  # the last step's global norm (before clipping), when agreed
+        self._owned: dict[str, tuple[tuple[slice, ...], ...]] | None = None
         # called with "forward", "backward", "grad_sync", "optimizer" as a step reaches them (fault-injection
         # tests kill the process there)
         self.probe = probe
@@ -468,6 +501,47 @@ class StepExecutor:
                 build_schedule(self.program.schedule_kind, stages, self.stage, num_micro)
         return got
 
+    # ---- the optimizer: learning rate, global norm ------------------------------------------------------------
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next update (every parameter group: a schedule's value for the step)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = float(lr)
+
+    def owned_slices(self) -> dict[str, tuple[tuple[slice, ...], ...]]:
+        """Parameter name -> the slices of this rank's shard whose elements it owns (each element of the model
+        is owned by exactly one rank: :func:`~hspmd_sdk.core.ownership.owned_boxes`), for sums that must count
+        every element once (the gradient's global norm)."""
+        if self._owned is None:
+            from ...core.ownership import owned_boxes
+
+            self._owned = {}
+            for name in self.params:
+                shape = tuple(int(d) for d in self.graph.tensors[name].shape)
+                boxes = owned_boxes(self.anns[name], shape, self.rank)
+                self._owned[name] = tuple(tuple(slice(a, b) for a, b in box) for box in boxes)
+        return self._owned
+
+    def owned_grad_sq(self) -> float:
+        """The squared L2 norm of the gradient elements this rank owns (fp64 sums of each shard's norms): summed
+        over the world, the squared global norm that ``clip_grad_norm_`` computes on the single-device model."""
+        total = 0.0
+        for name, slices in self.owned_slices().items():
+            g = self.params[name].grad
+            if g is None:
+                continue
+            for sl in slices:
+                total += float(torch.linalg.vector_norm(g[sl], dtype=torch.float64)) ** 2
+        return total
+
+    def _clip(self, norm: float | None) -> None:
+        """Scale every gradient by :func:`clip_coefficient` of the global ``norm`` (with ``max_norm`` set)."""
+        self.grad_norm = norm
+        if self.max_norm is None or norm is None:
+            return
+        grads = [p.grad for p in self.params.values() if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, clip_coefficient(norm, self.max_norm).to(grads[0].device))
+
     # ---- training state by name ----------------------------------------------------------------------------
     def optimizer_state(self) -> dict[str, dict[str, Any]]:
         """Adam's state of this rank's shards by parameter name: ``{"exp_avg", "exp_avg_sq"}`` (tensors of the
@@ -513,7 +587,9 @@ class StepExecutor:
 
         ``before_update(loss summand)`` runs after the gradient synchronisation and before Adam changes anything:
         the commit point of the step (the training loop agrees there, with every rank, that the step is whole;
-        if it raises, no parameter or optimizer state has changed).
+        if it raises, no parameter or optimizer state has changed).  It returns the gradient's global norm (the
+        square root of the world's sum of :attr:`grad_sq`) or ``None``; with ``max_norm`` the gradients are then
+        clipped by it (:meth:`_clip`).
 
         Overlap (results unchanged): receives are posted ahead (gloo; see the module docstring), ZeRO-1 gathers
         are waited for where the forward first reads them, and gradient buckets start during the last backward
@@ -576,6 +652,48 @@ class StepExecutor:
                 else:  # pragma: no cover - the schedule IR has exactly the kinds above
                     raise ExecutorError(f"rank {self.rank}: unknown schedule action {action}")
         return loss
+
+    #: The schedule actions a forward-only pass keeps (validation).
+    FORWARD_ACTIONS = frozenset({"PRE", "RECV_F", "F", "SEND_F"})
+
+    def evaluate(self, batch: Any) -> float:
+        """The forward pass of one global batch under the running plan, without gradients, synchronisation or an
+        update (validation): the stage's schedule with its backward actions left out (sends stay asynchronous,
+        receives blocking: the forward part of a deadlock-free schedule is deadlock-free).  ``batch`` as for
+        :meth:`step`, of the plan's shape.  Returns this rank's summand of the batch's mean loss (0 off the loss
+        contributors); the sum over the world is the loss of the batch, as :meth:`step` reports it."""
+        self._documents = [None] * self.num_micro
+        self._layout = [(self.bindings, self.micro_size)] * self.num_micro
+        self._feeds = self._local_feeds(self._full_feeds(batch))
+        actions = [a for a in self.program.schedule(self.rank) if a.kind in self.FORWARD_ACTIONS]
+        trained = self.trained_targets  # the training step's count stays what it was
+        self.records.clear()
+        self._posted.clear()
+        self._pending.clear()
+        ahead = _next_receives(actions) if self.post_ahead else None
+        loss = 0.0
+        with torch.no_grad():
+            for i, action in enumerate(actions):
+                kind, mb = action.kind, action.micro_batch
+                if ahead is not None:
+                    for j in ahead[i]:
+                        self._post_receives(actions[j].kind, actions[j].micro_batch)
+                with span(f"eval {kind}" if mb is None else f"eval {kind} mb{mb}"):
+                    if kind == "PRE":
+                        self.pre()
+                    elif kind == "RECV_F":
+                        self.recv_forward(mb)
+                    elif kind == "F":
+                        self.forward(mb)
+                        loss += self.records[mb].loss_value
+                    else:
+                        self.send_forward(mb)
+            self._resolve_all()
+            self._wait_sends()
+        self.records.clear()
+        self.step_values = {}
+        self.trained_targets = trained
+        return loss if self.loss_contributor() else 0.0
 
     @property
     def sequence_multiple(self) -> int:
@@ -967,8 +1085,9 @@ class StepExecutor:
         if capture_grads:
             self.captured_grads = {k: v.grad.detach().clone() for k, v in self.params.items()}
         self._wait_sends()  # every message of the step is out before the step commits
-        if self._before_update is not None:
-            self._before_update(self._step_loss if self.loss_contributor() else 0.0)
+        self.grad_sq = self.owned_grad_sq()
+        if self._before_update is not None:  # the commit: it agrees the global norm over the world
+            self._clip(self._before_update(self._step_loss if self.loss_contributor() else 0.0))
         if self.probe is not None:
             self.probe("optimizer")
         with span("optim"):

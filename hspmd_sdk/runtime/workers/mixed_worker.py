@@ -168,9 +168,6 @@ class MixedSession(TrainSession):
         return rank == min(r for r in last if ex.loss_contributor(r))
 
     def _step(self, step: int) -> float:
-        import torch
-        import torch.distributed as dist
-
         state, ex = self.state, self.ex
         state.step = self.offset + step
         state.begin_step()
@@ -178,17 +175,13 @@ class MixedSession(TrainSession):
         lengths = [int(self.batches.lengths[i]) for i in indices]
         total = sum(lengths)
         agreed: dict[str, float] = {}
+        lr = self._set_lr(step)
 
-        def commit(mine: float) -> None:
-            self._in_commit = step
-            self._collect()
+        def commit(mine: float) -> float:
             counted = float(ex.trained_targets) if ex is not None and ex.loss_contributor() else 0.0
-            mine_t = torch.tensor([mine, counted, float(self.stop_heard)], dtype=torch.float64, device=state.device)
-            everyone = torch.empty(state.world_size * 3, dtype=torch.float64, device=state.device)
-            dist.all_gather_into_tensor(everyone, mine_t)
-            rows = everyone.view(-1, 3)
-            agreed["loss"], agreed["tokens"] = float(rows[:, 0].sum()), float(rows[:, 1].sum())
-            agreed["stop"] = float(rows[:, 2].max())
+            agreed.update(self._agree(step, loss=(mine, "sum"), tokens=(counted, "sum"),
+                                      stop=(float(self.stop_heard), "max")))
+            return agreed["grad_norm"]
 
         tokens = None
         if ex is not None:
@@ -227,9 +220,11 @@ class MixedSession(TrainSession):
         if self.saver is not None:  # under the candidate running now (a checkpoint loads under any of them)
             self.saver.after_step(step + 1, last=step + 1 == self.steps, program=self.program, ex=ex,
                                   generation=self.reconfigured)
+        self._record(step, agreed, lr, None)
         state.report(self.offset + step, loss=agreed["loss"], tokens=tokens, run=self.index,
                      compute_s=round(ex.compute_s, 6) if ex is not None else None, choice=self.choice,
-                     dispatch_wait_s=round(self.waits[-1], 6) if self.waits else None)
+                     dispatch_wait_s=round(self.waits[-1], 6) if self.waits else None,
+                     grad_norm=agreed["grad_norm"], lr=lr)
         return agreed["loss"]
 
     def train(self) -> dict[str, Any]:

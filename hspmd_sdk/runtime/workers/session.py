@@ -30,6 +30,7 @@ Nothing here names a model; the session reads the Program.
 """
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -61,6 +62,9 @@ class TrainSession:
         self.faults = [f for f in run.get("faults") or () if int(f["rank"]) == state.launch_rank]
         self.B, self.S, self.seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
         self.steps = int(run["steps"])
+        self.total_steps = self.steps  # what the learning-rate schedule counts against (a stop does not change it)
+        self.schedule = _schedule_of(run)
+        self.evaluation = run.get("eval") or {}
         self.program = program_of_run(run)
         self.dataset = dataset_for(run["data"], self.program.model.vocab_size)
         self.capture = run.get("capture_dir")
@@ -105,7 +109,8 @@ class TrainSession:
         from .executor import AdamConfig  # lazy: torch (executor)
 
         a = self.run["adam"]
-        return AdamConfig(lr=a["lr"], betas=tuple(a["betas"]), eps=a["eps"], weight_decay=a["weight_decay"])
+        return AdamConfig(lr=a["lr"], betas=tuple(a["betas"]), eps=a["eps"], weight_decay=a["weight_decay"],
+                          decay=a.get("decay", "matrices"))
 
     def _make_groups(self, program: Any) -> None:
         from .comm import comm_groups  # lazy: torch (comm)
@@ -141,7 +146,7 @@ class TrainSession:
                                    device=self.state.device, params=params, optimizer_state=optimizer_state,
                                    emulate=self.state.emulate if self.state.launch_rank in self.state.spec.slowdown
                                    else None, precision=self.run.get("precision", "fp32"), p2p_groups=self.p2p,
-                                   probe=self._probe if self.faults else None)
+                                   probe=self._probe if self.faults else None, max_norm=self.run.get("max_norm"))
             self.state.params, self.state.optimizer = self.ex.params, self.ex.optimizer
         else:
             self.state.params, self.state.optimizer = {}, None
@@ -163,6 +168,9 @@ class TrainSession:
         started = time.perf_counter()
         self.state.channel.send("phase", name="built")  # the run's Program, executor and state are ready
         losses: dict[int, float] = {}
+        self.grad_norms: dict[int, float] = {}
+        self.lrs: dict[int, float] = {}
+        self.val_losses: dict[int, float] = {}
         step, reason = self.start, None
         if self.joining:
             try:
@@ -196,7 +204,11 @@ class TrainSession:
         # the end of training, which an elastic job does not recover from (there is nothing left to run)
         self.state.channel.send("trained", step=self.offset + self.steps - 1)
         self._probe("end")
-        out: dict[str, Any] = {"losses": [losses[s] for s in sorted(losses)], "rank": self.state.rank,
+        out: dict[str, Any] = {"losses": [losses[s] for s in sorted(losses)],
+                               "grad_norms": [self.grad_norms[s] for s in sorted(self.grad_norms)],
+                               "lrs": [self.lrs[s] for s in sorted(self.lrs)],
+                               "val_losses": {str(s): v for s, v in sorted(self.val_losses.items())},
+                               "rank": self.state.rank,
                                "launch_rank": self.state.launch_rank, "active": self.ex is not None,
                                "seconds": round(time.perf_counter() - started, 3),
                                "switches": self.switch_done, "reconfigurations": self.reconfigured,
@@ -219,24 +231,16 @@ class TrainSession:
         return out
 
     def _step(self, step: int) -> float:
-        import torch
-        import torch.distributed as dist
-
         state, ex = self.state, self.ex
         state.step = self.offset + step
         state.begin_step()
         agreed: dict[str, float] = {}
+        lr = self._set_lr(step)
 
-        def commit(mine: float) -> None:
-            self._in_commit = step  # this rank's gradients of the step are synchronised: it could finish it
-            self._collect()
-            mine_t = torch.tensor([mine, float(self.switch_heard), float(self.stop_heard)], dtype=torch.float64,
-                                  device=state.device)
-            everyone = torch.empty(state.world_size * 3, dtype=torch.float64, device=state.device)
-            dist.all_gather_into_tensor(everyone, mine_t)
-            rows = everyone.view(-1, 3)
-            agreed["loss"], agreed["switch"] = float(rows[:, 0].sum()), float(rows[:, 1].max())
-            agreed["stop"] = float(rows[:, 2].max())
+        def commit(mine: float) -> float:
+            agreed.update(self._agree(step, loss=(mine, "sum"), switch=(float(self.switch_heard), "max"),
+                                      stop=(float(self.stop_heard), "max")))
+            return agreed["grad_norm"]
 
         if ex is not None:
             batch = self.dataset.global_batch(step, self.B, self.S, self.seed) if ex.needs_data else None
@@ -250,7 +254,7 @@ class TrainSession:
             self.previous = None
         self._switch_agreed = int(agreed["switch"])
         self._maybe_stop(step, agreed)
-        cut: CommFailure | None = None
+        cut: Exception | None = None
         if self.saver is not None:  # before the report: the step's time includes what saving blocked
             try:
                 self.saver.after_step(step + 1, last=step + 1 == self.steps, program=self.program, ex=ex,
@@ -258,12 +262,79 @@ class TrainSession:
             except CommFailure as e:  # a peer died while a synchronous checkpoint waited for it
                 cut = e
         tokens = ex.micro_size * ex.num_micro * self.S if ex is not None and ex.stage == 0 else None
+        val = None
+        if cut is None:
+            try:
+                val = self._maybe_evaluate(step)
+            except Exception as e:  # noqa: BLE001 - a peer died during validation: the step itself is done
+                if not (self.elastic and _is_comm_failure(e)):
+                    raise
+                cut = e
+        self._record(step, agreed, lr, val)
         state.report(self.offset + step, loss=agreed["loss"], tokens=tokens, run=self.index,
-                     compute_s=round(ex.compute_s, 6) if ex is not None else None)
+                     compute_s=round(ex.compute_s, 6) if ex is not None else None, grad_norm=agreed["grad_norm"],
+                     lr=lr, val_loss=val)
         if cut is not None:
             cut.completed = (step, agreed["loss"])  # the step itself is done: the train loop keeps its loss
             raise cut
         return agreed["loss"]
+
+    # ---- the commit, the schedule, validation ---------------------------------------------------------------
+    def _agree(self, step: int, **columns: tuple[float, str]) -> dict[str, float]:
+        """The step's commit: one all-gather over the world of this rank's ``columns`` (name -> (value, ``"sum"``
+        or ``"max"``)) and of the squared norm of the gradient elements it owns; returns each column reduced over
+        the world, and ``grad_norm``, the global gradient norm (every element of the model counted once).  Only
+        after it does Adam change anything (see the module docstring)."""
+        import torch
+        import torch.distributed as dist
+
+        self._in_commit = step  # this rank's gradients of the step are synchronised: it could finish it
+        self._collect()
+        names = list(columns)
+        grad_sq = self.ex.grad_sq if self.ex is not None else 0.0
+        mine = torch.tensor([*(columns[n][0] for n in names), grad_sq], dtype=torch.float64,
+                            device=self.state.device)
+        everyone = torch.empty(self.state.world_size * mine.numel(), dtype=torch.float64, device=self.state.device)
+        dist.all_gather_into_tensor(everyone, mine)
+        rows = everyone.view(-1, mine.numel())
+        out = {n: float(rows[:, i].sum() if columns[n][1] == "sum" else rows[:, i].max())
+               for i, n in enumerate(names)}
+        out["grad_norm"] = math.sqrt(float(rows[:, -1].sum()))
+        return out
+
+    def _set_lr(self, step: int) -> float:
+        """The learning rate of ``step`` by the run's schedule (a pure function of the step: the same after a
+        switch, a recovery or a resume), set on this rank's optimizer."""
+        lr = self.schedule.lr(step, float(self.run["adam"]["lr"]), self.total_steps)
+        if self.ex is not None:
+            self.ex.set_lr(lr)
+        return lr
+
+    def _maybe_evaluate(self, step: int) -> float | None:
+        """The validation loss at the end of ``step`` when it is an ``eval.every``-th step: ``eval.batches``
+        batches of the data's validation split, forward only under the running plan (never training data), each
+        batch's loss summed over the world; their mean.  Every rank takes part (those without a stage add 0)."""
+        import torch
+        import torch.distributed as dist
+
+        every = self.evaluation.get("every")
+        if not every or (step + 1) % int(every):
+            return None
+        ex, total = self.ex, 0.0
+        batches = int(self.evaluation.get("batches", 1))
+        for i in range(batches):
+            if ex is not None:
+                batch = self.dataset.val_batch(i, self.B, self.S) if ex.needs_data else None
+                total += ex.evaluate(batch)
+        summed = torch.tensor([total], dtype=torch.float64, device=self.state.device)
+        dist.all_reduce(summed)
+        return float(summed[0]) / batches
+
+    def _record(self, step: int, agreed: Mapping[str, float], lr: float, val: float | None) -> None:
+        """Keep the step's agreed gradient norm, learning rate and validation loss for the run's result."""
+        self.grad_norms[step], self.lrs[step] = agreed["grad_norm"], lr
+        if val is not None:
+            self.val_losses[step] = val
 
     def _maybe_stop(self, step: int, agreed: Mapping[str, float]) -> None:
         """End the run after ``step`` when some rank had heard ``Job.stop()`` at its commit (all of them agree: the
@@ -594,6 +665,14 @@ class TrainSession:
         self.last_switch = {"groups_s": round(t1 - t0, 6), "load_s": round(t2 - t1, 6),
                             "build_s": round(time.perf_counter() - t2, 6)}
         return {"bytes_read": int(stats["bytes_read"]), "checkpoint_step": int(ck["step"])}
+
+
+def _schedule_of(run: Mapping[str, Any]) -> Any:
+    """The run's learning-rate schedule (:class:`~hspmd_sdk.runtime.lr_schedule.Schedule`; constant when the run
+    names none)."""
+    from ..lr_schedule import schedule_of
+
+    return schedule_of(run.get("schedule"))
 
 
 def _is_comm_failure(e: BaseException) -> bool:

@@ -217,8 +217,10 @@ class WorkerState:
         return extra
 
     def report(self, step: int, *, loss: float | None = None, tokens: int | None = None,
-               step_time: float | None = None, **extra: Any) -> StepMetrics:
-        """Send one step's metrics to the launcher (loss, tokens, time since ``begin_step``, memory).
+               step_time: float | None = None, grad_norm: float | None = None, lr: float | None = None,
+               val_loss: float | None = None, **extra: Any) -> StepMetrics:
+        """Send one step's metrics to the launcher (loss, tokens, time since ``begin_step``, memory; the gradient's
+        global norm before clipping, the learning rate and, on a validation step, the validation loss).
 
         The job's ``losses`` are the ``loss`` values that the loss rank (``spec.loss_rank``, else the lowest
         rank that reports a loss) reports, ordered by ``step``; report the *global-batch* loss there.
@@ -228,6 +230,8 @@ class WorkerState:
             step_time = self.clock.seconds() if self.clock is not None else now - self._step_start
         m = StepMetrics(rank=self.rank, step=int(step), step_time=step_time,
                         loss=None if loss is None else float(loss), tokens=tokens,
+                        grad_norm=None if grad_norm is None else float(grad_norm),
+                        lr=None if lr is None else float(lr), val_loss=None if val_loss is None else float(val_loss),
                         tokens_per_s=(tokens / step_time) if tokens and step_time else None,
                         memory_mb=round(memory_mb(self.device), 1),
                         emulated_slowdown=self.slowdown if self.slowdown != 1.0 else None,
