@@ -77,7 +77,8 @@ def trained(gpt: GPTConfig, tmp_path_factory: pytest.TempPathFactory) -> dict:
     runs = [training_run(_program(gpt, s, cluster), steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=out,
                          cluster=cluster, **RECIPE) for s in PLANS.values()]
     result = launch_runs(runs, cluster, timeout_s=120).wait()
-    return {"out": out, "runs": {n: result.results[0]["runs"][i] for i, n in enumerate(PLANS)}}
+    return {"out": out, "runs": {n: result.results[0]["runs"][i] for i, n in enumerate(PLANS)},
+            "results": result.results}
 
 
 @pytest.fixture(scope="module")
@@ -252,3 +253,24 @@ def test_a_config_file_runs_the_same_training_as_its_keywords(gpt: GPTConfig, tm
     assert sorted(result.val_losses) == sorted(ref.val_losses) == [1]
     with pytest.raises(PlanValidationError, match="max_norm"):
         launch(program, cluster, config=cfg, max_norm=1.0)
+
+
+def test_each_rank_reads_only_its_pipelines_rows_of_the_global_order(trained: dict, gpt: GPTConfig) -> None:
+    """Every rank that reads data read, at every step, exactly the rows of the global batch its pipeline trains
+    (``Program.batch_rows``), and the pipelines' rows cover the batch once: nobody reads the whole batch."""
+    cluster = Cluster.local(4)
+    for name in ("hetero_tp", "dp3_zero1_uneven", "cp2_beside_cp1"):
+        program = _program(gpt, PLANS[name], cluster)
+        runs = trained["results"]
+        seen: dict[int, set[tuple[int, int]]] = {}
+        for rank, res in runs.items():
+            got = res["runs"][list(PLANS).index(name)].get("data_rows") or {}
+            if rank not in program.ranks or not got:
+                continue
+            want = list(program.batch_rows(rank, program.bindings))
+            assert sorted(int(s) for s in got) == list(range(STEPS)), (name, rank)
+            assert all(v == want for v in got.values()), (name, rank, got, want)
+            seen.setdefault(program.executable_graph(rank).pipeline, set()).add(tuple(want))
+        spans = sorted(r for rows in seen.values() for r in rows)
+        assert all(len(rows) == 1 for rows in seen.values()), seen  # a pipeline's ranks read the same rows
+        assert spans[0][0] == 0 and spans[-1][1] == 8 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))

@@ -21,16 +21,34 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 import torch
 
+from ..data.order import sample_indices
+
 VOCAB_SIZE = 256
 _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
 
 class TokenDataset(Protocol):
-    """What the executor needs from a dataset."""
+    """What the executor needs from a dataset: its vocabulary and the global batch of a step,
+    ``(global_batch_size, seq_len + 1)`` int64 tokens, a pure function of ``(seed, step)``; ``rows=(a, b)`` gives
+    only rows ``a..b-1`` of it (the same rows as slicing the full batch), reading only those samples.  The
+    sources: :class:`SyntheticTokens`, :class:`StdlibBytes`, and a prepared corpus
+    (:class:`hspmd_sdk.data.TokenCorpus`, which adds validation batches)."""
 
     vocab_size: int
 
-    def global_batch(self, step: int, global_batch_size: int, seq_len: int, seed: int) -> torch.Tensor: ...
+    def global_batch(self, step: int, global_batch_size: int, seq_len: int, seed: int,
+                     rows: tuple[int, int] | None = None) -> torch.Tensor: ...
+
+
+def _rows(rows: tuple[int, int] | None, global_batch_size: int) -> slice:
+    """``rows=(a, b)`` of a global batch as a slice (checked)."""
+    if rows is None:
+        return slice(0, global_batch_size)
+    a, b = (int(x) for x in rows)
+    if not 0 <= a <= b <= global_batch_size:
+        raise ValueError(f"rows=({a}, {b}) is not a range of the global batch's {global_batch_size} rows "
+                         "(0 <= a <= b <= global_batch_size)")
+    return slice(a, b)
 
 
 # ---- the standard-library corpus ----------------------------------------------------------------------------
@@ -96,29 +114,19 @@ class StdlibBytes:
         start = index * (seq_len + 1)
         return self.tokens[start:start + seq_len + 1]
 
-    def global_batch(self, step: int, global_batch_size: int, seq_len: int, seed: int) -> torch.Tensor:
-        """``(global_batch_size, seq_len + 1)`` int64 tokens of step ``step`` (deterministic in seed, step)."""
+    def global_batch(self, step: int, global_batch_size: int, seq_len: int, seed: int,
+                     rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """``(global_batch_size, seq_len + 1)`` int64 tokens of step ``step`` (deterministic in seed, step);
+        ``rows=(a, b)``: only rows ``a..b-1``."""
         n = self.num_samples(seq_len)
         if n < 1:
             raise ValueError(f"the corpus ({len(self.tokens)} bytes) is shorter than one sample of "
                              f"seq_len + 1 = {seq_len + 1} tokens; use a smaller seq_len")
-        idx = sample_indices(step, global_batch_size, n, seed)
-        rows = np.stack([self.sample(int(i), seq_len) for i in idx])
-        return torch.from_numpy(rows.astype(np.int64))
-
-
-def sample_indices(step: int, global_batch_size: int, num_samples: int, seed: int) -> np.ndarray:
-    """Sample indices of a step: positions ``step*B ..`` of per-epoch permutations seeded by ``(seed, epoch)``."""
-    if step < 0 or global_batch_size < 1:
-        raise ValueError(f"step must be >= 0 and global_batch_size >= 1 (got {step}, {global_batch_size})")
-    positions = np.arange(step * global_batch_size, (step + 1) * global_batch_size, dtype=np.int64)
-    epochs, offsets = positions // num_samples, positions % num_samples
-    out = np.empty(global_batch_size, dtype=np.int64)
-    for epoch in np.unique(epochs):
-        perm = np.random.default_rng([seed, int(epoch)]).permutation(num_samples)
-        mask = epochs == epoch
-        out[mask] = perm[offsets[mask]]
-    return out
+        idx = sample_indices(step, global_batch_size, n, seed)[_rows(rows, global_batch_size)]
+        out = np.empty((idx.size, seq_len + 1), dtype=np.int64)
+        for r, i in enumerate(idx.tolist()):
+            out[r] = self.sample(i, seq_len)
+        return torch.from_numpy(out)
 
 
 def global_batch(step: int, global_batch_size: int, seq_len: int, seed: int, *,
@@ -135,10 +143,19 @@ class SyntheticTokens:
     def __init__(self, vocab_size: int = VOCAB_SIZE) -> None:
         self.vocab_size = vocab_size
 
-    def global_batch(self, step: int, global_batch_size: int, seq_len: int, seed: int) -> torch.Tensor:
+    def global_batch(self, step: int, global_batch_size: int, seq_len: int, seed: int,
+                     rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """``rows=(a, b)``: only rows ``a..b-1`` (the full batch's rows: the whole batch is drawn)."""
         rng = np.random.default_rng([seed, step, 0x5EED])
-        rows = rng.integers(0, self.vocab_size, size=(global_batch_size, seq_len + 1), dtype=np.int64)
-        return torch.from_numpy(rows)
+        out = rng.integers(0, self.vocab_size, size=(global_batch_size, seq_len + 1), dtype=np.int64)
+        return torch.from_numpy(np.ascontiguousarray(out[_rows(rows, global_batch_size)]))
+
+    def val_batch(self, index: int, global_batch_size: int, seq_len: int,
+                  rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """Validation batch ``index``: random tokens of a stream of their own (never a training batch's)."""
+        rng = np.random.default_rng([index, 0x7A1])
+        out = rng.integers(0, self.vocab_size, size=(global_batch_size, seq_len + 1), dtype=np.int64)
+        return torch.from_numpy(np.ascontiguousarray(out[_rows(rows, global_batch_size)]))
 
 
 # ---- batches -> inputs / targets / pipelines ----------------------------------------------------------------
@@ -330,16 +347,19 @@ def padded_rows(sequences: Sequence[np.ndarray], pad: int = -100) -> torch.Tenso
 
 def documents_for(data: Any, vocab_size: int | None = None) -> Any:
     """The :class:`~.data.Documents` of ``data=``: ``"stdlib-docs"`` (the standard library, one document per
-    file), a :class:`~.data.Documents`, a list of token arrays, or the path of a tokenized text file (one
-    document per line)."""
+    file), a :class:`~.data.Documents`, a list of token arrays, the path of a tokenized text file (one
+    document per line), or a prepared corpus directory (its train documents, memory-mapped views)."""
     if isinstance(data, Documents):
         docs = data
     elif isinstance(data, str) and data == STDLIB_DOCS:
         docs = Documents.stdlib()
+    elif isinstance(data, (str, Path)) and Path(data).expanduser().is_dir():
+        docs = _corpus_documents(str(Path(data).expanduser().resolve()))
     elif isinstance(data, (str, Path)):
         if not Path(data).is_file():
-            raise ValueError(f"data={str(data)!r}: not {STDLIB_DOCS!r} and no such file (a tokenized text file: "
-                             "one document per line, token ids separated by whitespace)")
+            raise ValueError(f"data={str(data)!r}: not {STDLIB_DOCS!r}, no such file (a tokenized text file: "
+                             "one document per line, token ids separated by whitespace) and no prepared corpus "
+                             "directory")
         docs = Documents.from_file(data)
     elif isinstance(data, Sequence):
         docs = Documents(data)
@@ -366,6 +386,8 @@ def data_spec(docs: Any, *, context: int, tokens_per_step: int, seed: int) -> di
                             "digest": digest.hexdigest()[:32]}
     if getattr(docs, "stdlib_files", None) is not None:
         spec["source"] = {"stdlib": docs.stdlib_files, "root": docs.stdlib_root}
+    elif getattr(docs, "corpus", None) is not None:  # a prepared corpus: each worker memory-maps it
+        spec["source"] = {"corpus": docs.corpus}
     else:
         path = Path(tempfile.mkdtemp(prefix="hspmd-docs-")) / "documents.npz"
         lengths = np.array([d.size for d in docs.docs], dtype=np.int64)
@@ -380,6 +402,8 @@ def batches_of(spec: Mapping[str, Any]) -> Any:
     if "stdlib" in src:
         n = int(src["stdlib"])
         docs = Documents.stdlib(src.get("root"), max_files=None if n < 0 else n)
+    elif "corpus" in src:
+        docs = _corpus_documents(src["corpus"])
     else:
         with np.load(src["npz"]) as z:
             tokens, lengths = z["tokens"], z["lengths"]
@@ -389,9 +413,20 @@ def batches_of(spec: Mapping[str, Any]) -> Any:
                          seed=int(spec["seed"]))
 
 
+def _corpus_documents(path: str) -> Documents:
+    """The train documents of the prepared corpus in ``path`` (memory-map views; workers re-open it)."""
+    from ..data.corpus import TokenCorpus
+
+    corpus = TokenCorpus(path)
+    docs = Documents(corpus.documents("train"), vocab_size=corpus.vocab_size, name=path)
+    docs.corpus = path  # type: ignore[attr-defined]  # data_spec sends the directory, not the tokens
+    return docs
+
+
 def dataset_for(data: Any, vocab_size: int) -> Any:
-    """The token source of a run: ``"synthetic"`` or ``"stdlib"`` (needs a vocabulary of at least 256), or a
-    mixed-length source (:func:`data_spec`: :class:`LengthBatches`)."""
+    """The token source of a run: ``"synthetic"`` or ``"stdlib"`` (needs a vocabulary of at least 256), a
+    prepared corpus directory (:class:`hspmd_sdk.data.TokenCorpus`, memory-mapped; its token ids must fit
+    ``vocab_size``), or a mixed-length source (:func:`data_spec`: :class:`LengthBatches`)."""
     if isinstance(data, Mapping) and data.get("kind") == "mixed":
         return batches_of(data)
     if data == "synthetic":
@@ -400,4 +435,16 @@ def dataset_for(data: Any, vocab_size: int) -> Any:
         if vocab_size < VOCAB_SIZE:
             raise ValueError(f"data='stdlib' is byte-level (256 tokens) but the model's vocabulary has {vocab_size}")
         return StdlibBytes()
-    raise ValueError(f"data must be 'synthetic' or 'stdlib', not {data!r}")
+    if isinstance(data, (str, Path)) and Path(data).expanduser().is_dir():
+        from ..data.corpus import TokenCorpus
+        from ..data.format import CorpusError
+
+        corpus = TokenCorpus(data)
+        if corpus.meta.max_token_id >= vocab_size:
+            raise CorpusError(f"{corpus.path / 'meta.json'}: token id {corpus.meta.max_token_id} is beyond the "
+                              f"model's vocabulary of {vocab_size}; use a model with vocab_size "
+                              f"{corpus.meta.tokenizer.vocab_size} or prepare the corpus with a tokenizer that fits")
+        return corpus
+    from ..data.format import LAYOUT
+
+    raise ValueError(f"data must be 'synthetic', 'stdlib' or a prepared corpus directory, not {data!r} ({LAYOUT})")

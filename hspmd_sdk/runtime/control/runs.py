@@ -173,6 +173,7 @@ def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: An
         problems.append(("cluster", f"the program uses ranks {outside} but the cluster has only "
                                     f"{cluster.num_ranks} (0..{cluster.num_ranks - 1}); launch it on the cluster it "
                                     "was specialized for"))
+    problems += _corpus_problems(run["data"], run["global_batch"], run["seq_len"], config.vocab_size)
     if problems:
         raise PlanValidationError(problems, what=what)
     if program.cluster is not None and program.cluster == cluster and program._resolver is None:
@@ -186,6 +187,16 @@ def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: An
                                                f"{sorted(again.ranks)}, not the program's {sorted(program.ranks)}")],
                                   what=what)
     return again
+
+
+def _corpus_problems(data: Any, global_batch: int, seq_len: int, vocab_size: int) -> list[tuple[str, str]]:
+    """A prepared corpus (``data=DIR``) that cannot feed this run: its tokenizer larger than the model's
+    vocabulary, a split shorter than one batch (:meth:`~hspmd_sdk.data.TokenCorpus.check`)."""
+    if not isinstance(data, (str, Path)) or not Path(data).expanduser().is_dir():
+        return []
+    from ...data.corpus import TokenCorpus
+
+    return [("data", p) for p in TokenCorpus(data).check(global_batch, seq_len, vocab_size)]
 
 
 def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs: Any) -> Any:

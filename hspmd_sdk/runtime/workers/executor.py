@@ -579,7 +579,8 @@ class StepExecutor:
 
     def step(self, batch: Any, *, capture_grads: bool = False,
              before_update: Callable[[float], Any] | None = None,
-             micro_batches: Any = None, loss_normalizer: int | None = None) -> float:
+             micro_batches: Any = None, loss_normalizer: int | None = None,
+             batch_rows: tuple[int, int] | None = None) -> float:
         """Run one training step on the global batch — token sequences ``[B, S+1]`` that the model's ``feeds``
         turns into the graph's placeholders, or a mapping placeholder -> full tensor (every rank that
         :attr:`needs_data` passes the same; others may pass ``None``); returns this rank's summand of the global
@@ -603,7 +604,10 @@ class StepExecutor:
         only).  ``documents``: the micro-batch is one row packing documents of these lengths (summing to
         ``seq_len``); the kernels keep them apart (:mod:`.kernels`, packing).  ``loss_normalizer``: the step's
         real target tokens over every pipeline (padding targets are ``-100``), so the summed loss is the mean
-        over the step's real targets."""
+        over the step's real targets.
+
+        ``batch_rows=(a, b)``: ``batch`` holds only rows ``a..b-1`` of the global batch — this pipeline's share
+        (:attr:`chunk`), all that a rank needs to read."""
         if micro_batches is not None:
             micro_batches = [self._sequence_padded(m) for m in micro_batches]
             self._layout = [(self.micro_bindings(int(m[0]), int(m[1])), int(m[0])) for m in micro_batches]
@@ -613,7 +617,7 @@ class StepExecutor:
             actions = self._schedule_of(len(self._layout))
         else:
             self._documents = [None] * self.num_micro
-            self._feeds = self._local_feeds(self._full_feeds(batch))
+            self._feeds = self._local_feeds(self._full_feeds(batch), batch_rows)
             actions = self.program.schedule(self.rank)
         self.trained_targets = 0
         self.records.clear()
@@ -656,15 +660,15 @@ class StepExecutor:
     #: The schedule actions a forward-only pass keeps (validation).
     FORWARD_ACTIONS = frozenset({"PRE", "RECV_F", "F", "SEND_F"})
 
-    def evaluate(self, batch: Any) -> float:
+    def evaluate(self, batch: Any, batch_rows: tuple[int, int] | None = None) -> float:
         """The forward pass of one global batch under the running plan, without gradients, synchronisation or an
         update (validation): the stage's schedule with its backward actions left out (sends stay asynchronous,
         receives blocking: the forward part of a deadlock-free schedule is deadlock-free).  ``batch`` as for
-        :meth:`step`, of the plan's shape.  Returns this rank's summand of the batch's mean loss (0 off the loss
+        :meth:`step`, of the plan's shape (``batch_rows`` too).  Returns this rank's summand of the batch's mean loss (0 off the loss
         contributors); the sum over the world is the loss of the batch, as :meth:`step` reports it."""
         self._documents = [None] * self.num_micro
         self._layout = [(self.bindings, self.micro_size)] * self.num_micro
-        self._feeds = self._local_feeds(self._full_feeds(batch))
+        self._feeds = self._local_feeds(self._full_feeds(batch), batch_rows)
         actions = [a for a in self.program.schedule(self.rank) if a.kind in self.FORWARD_ACTIONS]
         trained = self.trained_targets  # the training step's count stays what it was
         self.records.clear()
@@ -797,9 +801,11 @@ class StepExecutor:
                                 "mapping placeholder -> tensor")
         return model.feeds(batch)
 
-    def _local_feeds(self, full: Mapping[str, torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+    def _local_feeds(self, full: Mapping[str, torch.Tensor],
+                     rows: tuple[int, int] | None = None) -> dict[str, list[torch.Tensor]]:
         """Each placeholder leaf of this rank, cut to its box and split into the pipeline's micro-batches
-        (floating-point feeds in the run's dtype)."""
+        (floating-point feeds in the run's dtype).  ``rows=(a, b)``: ``full`` holds only rows ``a..b-1`` of the
+        global batch (this pipeline's share, :attr:`chunk`: all a rank reads), not all of it."""
         out: dict[str, list[torch.Tensor]] = {}
         for name in self.eg.leaves:
             if self.graph.producer(name).kind != "placeholder":
@@ -807,11 +813,20 @@ class StepExecutor:
             if name not in full:
                 raise ExecutorError(f"rank {self.rank}: the step has no {name!r} but this rank's graph reads it")
             t = self._reordered(name, full[name])
-            view = local_view(self.anns[name], tuple(t.shape), self.rank)
-            local = t[view.slices].to(self.device)
+            d = batch_dim(self.graph.tensors[name].shape)
+            shape = list(t.shape)
+            if rows is not None and d is not None:
+                shape[d] = self.bindings["B"]
+            slices = list(local_view(self.anns[name], tuple(shape), self.rank).slices)
+            if rows is not None and d is not None:
+                start, stop = slices[d].start - rows[0], slices[d].stop - rows[0]
+                if start < 0 or stop > t.shape[d]:
+                    raise ExecutorError(f"rank {self.rank}: {name!r} needs rows {slices[d].start}..{slices[d].stop - 1} "
+                                        f"of the batch, the step read rows {rows[0]}..{rows[1] - 1}")
+                slices[d] = slice(start, stop)
+            local = t[tuple(slices)].to(self.device)
             if local.is_floating_point():
                 local = local.to(self.dtype)
-            d = batch_dim(self.graph.tensors[name].shape)
             out[name] = list(torch.split(local, self.micro_size, dim=d)) if d is not None else [local] * self.num_micro
         return out
 

@@ -171,6 +171,7 @@ class TrainSession:
         self.grad_norms: dict[int, float] = {}
         self.lrs: dict[int, float] = {}
         self.val_losses: dict[int, float] = {}
+        self.data_rows: dict[int, list[int]] = {}  # step -> the rows [a, b) of its global batch this rank read
         step, reason = self.start, None
         if self.joining:
             try:
@@ -208,6 +209,7 @@ class TrainSession:
                                "grad_norms": [self.grad_norms[s] for s in sorted(self.grad_norms)],
                                "lrs": [self.lrs[s] for s in sorted(self.lrs)],
                                "val_losses": {str(s): v for s, v in sorted(self.val_losses.items())},
+                               "data_rows": {str(s): v for s, v in sorted(self.data_rows.items())},
                                "rank": self.state.rank,
                                "launch_rank": self.state.launch_rank, "active": self.ex is not None,
                                "seconds": round(time.perf_counter() - started, 3),
@@ -242,9 +244,13 @@ class TrainSession:
                                       stop=(float(self.stop_heard), "max")))
             return agreed["grad_norm"]
 
-        if ex is not None:
-            batch = self.dataset.global_batch(step, self.B, self.S, self.seed) if ex.needs_data else None
-            ex.step(batch, capture_grads=bool(self.capture) and step == 0, before_update=commit)
+        if ex is not None:  # a rank reads only its pipeline's rows of the step's samples
+            batch = self.dataset.global_batch(step, self.B, self.S, self.seed, rows=ex.chunk) \
+                if ex.needs_data else None
+            if batch is not None:
+                self.data_rows[step] = list(ex.chunk)
+            ex.step(batch, capture_grads=bool(self.capture) and step == 0, before_update=commit,
+                    batch_rows=ex.chunk)
         else:
             commit(0.0)
         self._in_commit = None
@@ -324,8 +330,8 @@ class TrainSession:
         batches = int(self.evaluation.get("batches", 1))
         for i in range(batches):
             if ex is not None:
-                batch = self.dataset.val_batch(i, self.B, self.S) if ex.needs_data else None
-                total += ex.evaluate(batch)
+                batch = self.dataset.val_batch(i, self.B, self.S, rows=ex.chunk) if ex.needs_data else None
+                total += ex.evaluate(batch, ex.chunk)
         summed = torch.tensor([total], dtype=torch.float64, device=self.state.device)
         dist.all_reduce(summed)
         return float(summed[0]) / batches
