@@ -274,3 +274,29 @@ def test_each_rank_reads_only_its_pipelines_rows_of_the_global_order(trained: di
         spans = sorted(r for rows in seen.values() for r in rows)
         assert all(len(rows) == 1 for rows in seen.values()), seen  # a pipeline's ranks read the same rows
         assert spans[0][0] == 0 and spans[-1][1] == 8 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_schedule_and_clipping_continue_across_a_failure_and_a_resume(trained: dict, gpt: GPTConfig,
+                                                                       tmp_path: Path) -> None:
+    """The schedule is a function of the step and the clipping of the step's gradient: a worker SIGKILLed in
+    step 2 (elastic: the survivors replan and redo the step) and a resume from the checkpoint of step 2 under
+    another plan on fewer ranks both give the uninterrupted run's losses, norms and learning rates."""
+    whole = trained["runs"]["hetero_tp"]
+    cluster = Cluster.local(4)
+    kw = dict(steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=120, **RECIPE)
+    failed = launch(_program(gpt, PLANS["hetero_tp"], cluster), cluster, elastic=True,
+                    fault_injection=[{"rank": 3, "step": 2, "at": "forward"}], **kw).wait()
+    assert [e.reason for e in failed.events] == ["failure"]
+    assert _rel(failed.losses, whole["losses"]) <= 1e-5 and _rel(failed.grad_norms, whole["grad_norms"]) <= 1e-6
+    assert failed.lrs == pytest.approx(whole["lrs"], rel=1e-12)
+
+    ck = tmp_path / "ck"
+    launch(_program(gpt, PLANS["hetero_tp"], cluster), cluster, checkpoint_dir=ck, checkpoint_every=2,
+           **{**kw, "steps": 2}).wait()
+    two = Cluster.local(2)
+    resumed = launch(_program(gpt, PLANS["tp2"], two), two, resume_from=ck, **kw).wait()
+    assert len(resumed.losses) == STEPS - 2
+    assert _rel(resumed.losses, whole["losses"][2:]) <= 1e-5
+    assert _rel(resumed.grad_norms, whole["grad_norms"][2:]) <= 1e-6
+    assert resumed.lrs == pytest.approx(whole["lrs"][2:], rel=1e-12)
+    assert sorted(resumed.val_losses) == [3]
