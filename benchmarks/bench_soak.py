@@ -11,9 +11,10 @@ slower so that faults land mid-step).  The driver is :func:`tests/test_chaos_soa
 
 Reported (and written to ``benchmarks/results/soak.json``):
 
-* **faults survived**: faults injected, each recovered (its ``failure`` event ``done``), the job ``succeeded``,
-  every loss any rank reported equal to the single-device model's (fp32, relative 1e-5), every fault and grow
-  exactly one event, nothing left on any node and no ``srun``/Slurm job left; per kind;
+* **faults survived**: faults injected, each recovered (its ``failure`` event ``done``), the job ``succeeded`` (or
+  ``stopped`` by ``job.stop()`` once the faults were over), every loss any rank reported equal to the
+  single-device model's (fp32, relative 1e-5), every fault and grow exactly one event, nothing left on any node and
+  no ``srun``/Slurm job left; per kind;
 * **recovery**: median and worst seconds from the injection to the recovery event seen ``done`` (wall clock,
   polled every 20 ms), per kind, and the event's own ``seconds["total"]`` (detect + plan + specialize +
   switch, from the first evidence of the failure: for SIGSTOP and a cut link it excludes the heartbeat silence
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                                 for a, b in zip(base.result.losses, reference.losses))
 
     faults = run.faults
-    survived = [f for f in faults if f.recovered_s is not None] if run.job.status.value == "succeeded" else []
+    survived = ([f for f in faults if f.recovered_s is not None] if run.job.status.value in ("succeeded", "stopped")
+                else [])  # stopped: ended by job.stop() once the faults were over (stop_when_done)
     out.update({
         "faults_injected": len(faults), "faults_survived": len(survived), "per_kind": run.counts(),
         "grows": len(run.grows), "job_status": run.job.status.value,

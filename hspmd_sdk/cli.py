@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from pydantic import ValidationError
+
 from .cli_inputs import (EXAMPLES, MAX_SAMPLES, MAX_SEED, MAX_STEPS, MAX_TOKENS, add_fault_arguments, example_context,
-                         int_in, number_above, read_json, resolve_file)
+                         int_in, load_cluster, number_above, read_json, resolve_file)
 from .errors import HSPMDError, PlanValidationError
 from .cli_checkpoint import add_training_checkpoint_arguments, training_checkpoint_options
 from .cli_plan import _cost
@@ -88,7 +90,7 @@ def load_context(args: argparse.Namespace, path: Path) -> tuple[Any, Any, int | 
     if batch is None:
         batch = ctx.get("global_batch")
     model = load_model_spec(model_name) if model_name else None
-    cluster = Cluster.load(resolve_file(cluster_file)) if cluster_file else None
+    cluster = load_cluster(cluster_file) if cluster_file else None
     return model, cluster, batch
 
 
@@ -118,7 +120,8 @@ def _context_args(p: argparse.ArgumentParser, *, batch: bool) -> None:
     p.add_argument("file", metavar="FILE", help="strategy, annotation plan or cluster JSON (or an example name)")
     p.add_argument("--model", metavar="PRESET", help="model preset (tiny, llama-7b, llama-32b, llama-70b) or "
                                                       "model-config JSON")
-    p.add_argument("--cluster", metavar="FILE", help="cluster JSON to check ranks against")
+    p.add_argument("--cluster", metavar="FILE|PRESET", help="cluster to check ranks against: JSON, packaged example "
+                                                             "name, or counts like H800:16,H20:16")
     if batch:
         p.add_argument("--global-batch", type=int_in(1, MAX_SAMPLES), metavar="N", help="required samples per step")
         p.add_argument("--no-memory-check", action="store_true",
@@ -142,7 +145,7 @@ def _validate(args: argparse.Namespace) -> int:
     if kind == "strategy":
         _validate_strategy(args, obj, path)
     elif kind == "plan":
-        cluster = Cluster.load(resolve_file(args.cluster)) if args.cluster else None
+        cluster = load_cluster(args.cluster) if args.cluster else None
         obj.check(cluster=cluster)
         what = f"annotation plan {path.name}: {len(obj.annotations)} tensors on {len(obj.ranks)} ranks"
         if cluster is not None:
@@ -477,18 +480,27 @@ def _resolve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", required=True, help="global tensor shape, comma separated (e.g. 64,64; each dim "
                                                    f"1..{MAX_DIM}, at most {MAX_ELEMENTS:.0e} elements)")
     p.add_argument("--dtype", default="float32", help="element type (float32, bfloat16, ...; default float32)")
-    p.add_argument("--cluster", help="cluster JSON (or packaged example) for link classes and time estimates")
+    p.add_argument("--cluster", help="cluster JSON, packaged example or counts like H800:16,H20:16, for link classes "
+                                     "and time estimates")
+
+
+def _annotation(text: str, which: str) -> Annotation:
+    """The annotation ``text`` (argument ``which``); its problems worded as every loader words them (no pydantic
+    boilerplate)."""
+    try:
+        return Annotation(text)
+    except ValidationError as e:
+        raise PlanValidationError.from_pydantic(e, what="annotation", prefix=which) from None
+    except (ValueError, TypeError) as e:  # the text itself cannot be read
+        raise PlanValidationError([(which, str(e).splitlines()[-1].strip())], what="annotation") from None
 
 
 @command("resolve", "resolve the communication that turns one annotation into another (§5)", _resolve_arguments)
 def _resolve(args: argparse.Namespace) -> int:
-    try:
-        src, dst = Annotation(args.src), Annotation(args.dst)
-    except (ValueError, TypeError) as e:
-        raise PlanValidationError([("annotation", str(e).splitlines()[-1].strip())], what="input") from None
+    src, dst = _annotation(args.src, "SRC"), _annotation(args.dst, "DST")
     shape = _shape(args.shape)
     _check_dtype(args.dtype)
-    cluster = Cluster.load(resolve_file(args.cluster)) if args.cluster else None
+    cluster = load_cluster(args.cluster) if args.cluster else None
     plan = resolve(src, dst, shape, dtype=args.dtype, cluster=cluster)
     print(plan.render())
     if cluster is not None:
@@ -554,6 +566,11 @@ COMMANDS["checkpoint"] = Command("show a sharded checkpoint (step, model, strate
                                  "it to Hugging Face", _lazy("hspmd_sdk.cli_checkpoint",
                                                              "add_checkpoint_arguments"),
                                  _lazy("hspmd_sdk.cli_checkpoint", "run_checkpoint"))
+COMMANDS["data"] = Command("prepare a token corpus from local text / JSON lines / parquet files, or show one",
+                           _lazy("hspmd_sdk.cli_data", "add_data_arguments"), _lazy("hspmd_sdk.cli_data", "run_data"))
+COMMANDS["train"] = Command("run a train config (TOML or JSON: the model, strategy and cluster, every option)",
+                            _lazy("hspmd_sdk.cli_train", "add_train_arguments"),
+                            _lazy("hspmd_sdk.cli_train", "run_train"))
 
 
 # ---- entry point ---------------------------------------------------------------------------------------------

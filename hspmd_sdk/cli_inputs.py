@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from .core.cluster import MAX_RANKS, Cluster
 from .errors import PlanValidationError
 
 EXAMPLES = Path(__file__).resolve().parent / "examples"
@@ -145,3 +146,21 @@ def example_context(path: Path) -> dict[str, Any]:
     except (OSError, ValueError, AttributeError):
         return {}
     return entry if isinstance(entry, dict) else {}
+
+
+def load_cluster(text: str) -> Any:
+    """A cluster from a JSON path, a packaged example name, or ``KIND:COUNT,...``."""
+    if ":" in text and not Path(text).exists() and "{" not in text:
+        counts: dict[str, int] = {}
+        for part in text.split(","):
+            kind, _, n = part.partition(":")
+            kind, n = kind.strip(), n.strip()
+            if not kind or not (n.isdigit() and len(n) <= 7):
+                raise PlanValidationError([("--cluster", f"cannot read {part[:60]!r}: write KIND:COUNT, e.g. "
+                                                         f"H800:16,H20:32 (a count 1..{MAX_RANKS})")],
+                                          what="arguments")
+            if kind in counts:
+                raise PlanValidationError([("--cluster", f"{kind} is given twice")], what="arguments")
+            counts[kind] = int(n)
+        return Cluster.mixed(counts)
+    return Cluster.load(resolve_file(text))

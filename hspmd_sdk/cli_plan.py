@@ -17,10 +17,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .cli_inputs import (MAX_SAMPLES, MAX_TOKENS, check_output, example_context, int_in, read_json, read_text,
-                         resolve_file, write_output)
+from .cli_inputs import (MAX_SAMPLES, MAX_TOKENS, check_output, example_context, int_in, load_cluster, read_json,
+                         read_text, resolve_file, write_output)
 from .core.annotation import parse_ranks as parse
-from .core.cluster import MAX_RANKS, Cluster
 from .errors import PlanValidationError
 from .models.registry import load_model_spec
 from .planner.cost import CostModel
@@ -51,24 +50,6 @@ def parse_ranks(text: str, cluster: Any = None) -> list[int]:
             raise PlanValidationError([("--failed", "every rank of the cluster failed: nothing to plan on")],
                                       what="arguments")
     return ranks
-
-
-def load_cluster(text: str) -> Any:
-    """A cluster from a JSON path, a packaged example name, or ``KIND:COUNT,...``."""
-    if ":" in text and not Path(text).exists() and "{" not in text:
-        counts: dict[str, int] = {}
-        for part in text.split(","):
-            kind, _, n = part.partition(":")
-            kind, n = kind.strip(), n.strip()
-            if not kind or not (n.isdigit() and len(n) <= 7):
-                raise PlanValidationError([("--cluster", f"cannot read {part[:60]!r}: write KIND:COUNT, e.g. "
-                                                         f"H800:16,H20:32 (a count 1..{MAX_RANKS})")],
-                                          what="arguments")
-            if kind in counts:
-                raise PlanValidationError([("--cluster", f"{kind} is given twice")], what="arguments")
-            counts[kind] = int(n)
-        return Cluster.mixed(counts)
-    return Cluster.load(resolve_file(text))
 
 
 def read_lengths(path: str) -> list[int]:

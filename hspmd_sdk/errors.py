@@ -14,8 +14,37 @@ from typing import Any, Iterable
 _HEAD = re.compile(r"^(?P<head>[A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*): (?P<rest>.*)$", re.S)
 
 
+#: The line under an SDK error in a notebook, saying where its traceback is.
+TRACEBACK_HINT = "(an hspmd_sdk error: its message says what to fix; %tb in a cell shows the full traceback)"
+
+
 class HSPMDError(Exception):
-    """Base class of every error raised by hspmd_sdk."""
+    """Base class of every error raised by hspmd_sdk.
+
+    In IPython and Jupyter (``_render_traceback_``, the hook IPython asks an exception for the lines to show) an SDK
+    error shows as its message, since that says what, where and what to do, with one line saying how to see the
+    full traceback: ``%tb`` (which shows it in full, as does any later rendering of the same error)."""
+
+    def _render_traceback_(self) -> list[str]:
+        if getattr(self, "_hspmd_shown", False):  # asked again (%tb, the history): the full traceback
+            return _full_traceback(self)
+        self._hspmd_shown = True
+        return [f"{type(self).__name__}: {self}", TRACEBACK_HINT]
+
+
+def _full_traceback(err: BaseException) -> list[str]:
+    """The traceback IPython would have shown (its own formatter, colours and all), else Python's."""
+    try:
+        from IPython import get_ipython  # lazy: only ever called from IPython
+
+        shell = get_ipython()
+        if shell is not None:
+            return list(shell.InteractiveTB.structured_traceback(type(err), err, err.__traceback__))
+    except Exception:  # noqa: BLE001 - no formatter: Python's own below
+        pass
+    import traceback
+
+    return traceback.format_exception(type(err), err, err.__traceback__)
 
 
 class PlanValidationError(HSPMDError, ValueError):

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The test command: installs the system tools the integration tests drive (Chromium for the editor's browser
 # test, OpenSSH's sshd for the SSH-launch tests, as root Slurm and munge for the Slurm tests' own small cluster,
-# which needs root and is skipped without), creates .venv with the SDK and its test extras, installs the widgets'
-# build tools (npm ci in widgets/, when Node is there), then runs the whole suite: unit, property and integration
-# tests (the widgets' JavaScript tests among them), and every tutorial notebook through nbval.
+# which needs root and is skipped without it, failed in CI), creates .venv with the SDK and its test extras,
+# installs the widgets' build tools (npm ci in widgets/, when Node is there), then runs the whole suite: unit,
+# property and integration tests (the widgets' JavaScript tests among them), and every tutorial notebook through
+# nbval.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()

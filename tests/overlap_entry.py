@@ -17,7 +17,7 @@ import torch.distributed as dist
 from hspmd_sdk.runtime.workers.comm import comm_groups
 from hspmd_sdk.runtime.workers.executor import AdamConfig, StepExecutor, pipeline_groups, program_comm_plans
 from hspmd_sdk.runtime.data import dataset_for
-from hspmd_sdk.runtime.protocol import program_of_run as _program_of
+from hspmd_sdk.runtime.protocol import program_of_run as _program_of, training_of
 from hspmd_sdk.runtime.workers.session import _save_capture
 
 
@@ -33,7 +33,7 @@ def entry(state: Any, spec: Any) -> dict[str, Any]:
         B, S, seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
         if state.rank in program.ranks:
             ex = StepExecutor(program, state.rank, state, seed=seed, global_batch=B, seq_len=S,
-                              adam=AdamConfig(lr=run["adam"]["lr"]), device=state.device,
+                              adam=AdamConfig(lr=training_of(run).optimizer.lr), device=state.device,
                               precision=run.get("precision", "fp32"), bucket_bytes=int(p["bucket_bytes"]),
                               first_bucket_bytes=int(p["first_bucket_bytes"]),
                               trace=lambda event, **info: events.append({"event": event, **info}),

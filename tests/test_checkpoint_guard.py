@@ -150,6 +150,13 @@ def test_a_dead_owners_lock_is_refused_then_taken_over_explicitly(tmp_path: Path
                                                rf"'{root}'\)") as refused:
         launch_training(program, cluster, steps=STEPS, checkpoint_dir=root, **KW)
     assert refused.value.alive is False and refused.value.owner.job_id == "093000-dead01"
+    # the message names the function by its public name, and that name is importable as written (issue 48 item 4)
+    said = str(refused.value).split("take it over with ", 1)[1].split("(", 1)[0]
+    assert said == "hspmd_sdk.runtime.break_checkpoint_lock", said
+    import importlib
+
+    module, _, name = said.rpartition(".")
+    assert getattr(importlib.import_module(module), name) is break_checkpoint_lock
     assert no_workers == []
     assert break_checkpoint_lock(root).job_id == "093000-dead01"
     assert not (root / LOCK_FILE).exists()

@@ -222,11 +222,10 @@ SLURM_DP2 = {"pipelines": [{"stages": [{"devices": [r], "layers": [0, 3]}], "mic
 
 @pytest.fixture(scope="module")
 def slurm_lab():  # type: ignore[no-untyped-def]
+    from _needs import skip_or_fail
     from hspmd_sdk.testing.slurm import LocalSlurm, SlurmNode, slurm_unavailable
 
-    why = slurm_unavailable()
-    if why:
-        pytest.skip(why)
+    skip_or_fail(slurm_unavailable(), "the Slurm tests (a local Slurm: root, slurm-wlm, munge)")
     with LocalSlurm([SlurmNode("n1", "H800", gpus=1, cpus=2, memory_mb=4000),
                      SlurmNode("n2", "H20", gpus=1, cpus=2, memory_mb=4000)], partition="lab") as lab:
         yield lab
@@ -259,3 +258,23 @@ def test_launch_slurm_trains_on_the_nodes_slurm_has(slurm_lab, capsys: pytest.Ca
     assert code == 1 and "error:" in err and "nosuch" in err and "Traceback" not in err, err
     squeue = subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=30)
     assert squeue.returncode == 0 and squeue.stdout == ""
+
+
+def test_validate_show_and_resolve_take_cluster_counts_as_plan_and_simulate_do(capsys) -> None:
+    """Issue 48 item 4: ``--cluster H800:16,H20:16`` (the form ``plan`` and ``simulate`` take) everywhere: the
+    counts make the cluster ``Cluster.mixed`` makes, and a bad count is one error line naming --cluster."""
+    from hspmd_sdk.core.cluster import Cluster
+
+    strategy = str(EXAMPLES / "table9_32b_16h800_16h20.json")
+    code, out, err = run(capsys, "validate", strategy, "--model", "llama-32b", "--cluster", "H800:16,H20:16",
+                         "--global-batch", "64")
+    assert code == 0 and out.startswith("OK: strategy") and err == "", err
+    assert str(Cluster.mixed({"H800": 16, "H20": 16})) in out
+    code, out, err = run(capsys, "show", strategy, "--model", "llama-32b", "--cluster", "H800:16,H20:16")
+    assert code == 0 and "[4xH800]" in out and "[4xH20]" in out and "GiB/rank" in out, (out, err)
+    code, out, err = run(capsys, "resolve", "[0,1] S0x2", "[0,1] D2", "--shape", "64,64", "--cluster", "H800:2")
+    assert code == 0 and "estimated time on Cluster(2 ranks" in out, (out, err)
+    code, out, err = run(capsys, "resolve", "[0,1] S0x3", "[0,1] D2", "--shape", "64,64")  # worded, no pydantic
+    assert code == 1 and "SRC: dg_union[0] has 2 devices" in err and "pydantic" not in err, err
+    code, out, err = run(capsys, "validate", strategy, "--cluster", "H800:lots")
+    assert code == 1 and err.startswith("error:") and "--cluster" in err and "KIND:COUNT" in err, err

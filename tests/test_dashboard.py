@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -188,3 +189,37 @@ def test_an_elastic_job_that_shrank_shows_its_current_world_and_plan() -> None:
     assert v["tokens_per_s"] == pytest.approx(tokens / statistics.median(slowest[-5:]), rel=1e-3)
     for r in (0, 1):
         assert _rank(v, r)["memory_mb"] == job.metrics.rank(r)[-1].memory_mb and _rank(v, r)["memory_mb"] > 50
+
+
+def test_the_progress_line_and_the_dashboard_show_one_tokens_per_s_computation() -> None:
+    """Issue 48 item 5 (tutorial 08's bar said 0.6k tok/s where its dashboard said 985): on the same metrics, the text
+    progress line and the dashboard show the same pace, the reference's: a step's global batch × sequence length
+    over the median of the newest steps' slowest rank — not the loss rank's own pipeline's tokens over its own time.
+
+    Two pipelines: rank 0 (loss rank, 6 of the 8 sequences of a step, fast) and rank 1 (2 sequences, slower)."""
+    from types import SimpleNamespace
+
+    from hspmd_sdk.runtime.control.job import Job
+    from hspmd_sdk.runtime.metrics import MetricsHistory, StepMetrics
+    from hspmd_sdk.viz._job import snapshot
+
+    batch, seq = 8, 16
+    times = {0: [0.10, 0.11, 0.12, 0.10, 0.13, 0.10], 1: [0.20, 0.25, 0.22, 0.30, 0.21, 0.24]}
+    metrics = MetricsHistory()
+    for step in range(6):
+        for r, own in ((0, 6), (1, 2)):  # each rank's reported tokens: its own pipeline's, over its own time
+            t = times[r][step]
+            metrics.add(StepMetrics(rank=r, step=step, step_time=t, loss=5.0 - step if r == 0 else None,
+                                    tokens=own * seq, tokens_per_s=own * seq / t))
+    slowest = [max(times[0][s], times[1][s]) for s in range(6)]
+    want = batch * seq / statistics.median(slowest[-5:])  # the reference, by hand
+    controller = SimpleNamespace(global_batch=batch, seq_len=seq, mixed=False)
+    job = SimpleNamespace(job_id="fake", status="running", metrics=metrics, controller=controller,
+                          spec=SimpleNamespace(steps=10, ranks=[0, 1], slowdown={}), events=[], failures=[],
+                          pids=lambda: {0: 1, 1: 2}, _lock=threading.RLock(), _absorbed=[], _failures=[],
+                          _ranks={0: SimpleNamespace(returncode=None), 1: SimpleNamespace(returncode=None)})
+    shown = snapshot(job).tokens_per_s
+    assert shown == pytest.approx(want, rel=1e-9)
+    line = Job._progress_text(job, metrics.rank(0)[-1])
+    assert f"{want:.0f} tok/s" in line, line  # 1,000 tok/s and more are written in k: this case stays below
+    assert want < 1e3 and "loss 0.0000" in line

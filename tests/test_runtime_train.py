@@ -362,5 +362,7 @@ def test_the_general_launcher_forwards_the_run_options(config: LlamaConfig, no_w
                        capture_dir="/tmp/x")
     (spec,) = no_workers
     (run,) = spec.payload["runs"]
-    assert (run["steps"], run["seq_len"], run["adam"]["lr"], run["data"], run["recompute"], run["capture_dir"]) == \
-        (2, SEQ, 0.5, "stdlib", [1], "/tmp/x")
+    from hspmd_sdk.runtime.protocol import training_of
+
+    assert (run["steps"], run["seq_len"], training_of(run).optimizer.lr, run["data"], run["recompute"],
+            run["capture_dir"]) == (2, SEQ, 0.5, "stdlib", [1], "/tmp/x")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _needs import skip_or_fail
 
 from hspmd_sdk.core.cluster import Cluster
 from hspmd_sdk.errors import PlanValidationError, RuntimeFailure
@@ -39,9 +40,7 @@ def where_am_i(state: Any, spec: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def slurm():  # type: ignore[no-untyped-def]
-    why = slurm_unavailable()
-    if why:
-        pytest.skip(why)
+    skip_or_fail(slurm_unavailable(), "the Slurm tests (a local Slurm: root, slurm-wlm, munge)")
     with LocalSlurm(NODES) as lab:
         yield lab
 

@@ -7,6 +7,7 @@ import socket
 import subprocess
 
 import pytest
+from _needs import skip_or_fail
 
 from hspmd_sdk.core.cluster import Cluster
 from hspmd_sdk.core.cluster import DEVICE_PRESETS
@@ -75,11 +76,35 @@ NODES = [SlurmNode("n1", "H800", gpus=2, cpus=4, memory_mb=1000), SlurmNode("n2"
          SlurmNode("n3", "cpu", cpus=3, memory_mb=500)]
 
 
+# What Slurm 22.05's scontrol prints (stderr, exit status 1) where it finds no configuration (it falls back to DNS SRV
+# records), and where its controller does not answer.
+NO_CONFIG = ("scontrol: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
+             "scontrol: error: fetch_config: DNS SRV lookup failed\n"
+             "scontrol: error: _establish_config_source: failed to fetch config\n"
+             "scontrol: fatal: Could not establish a configuration source\n")
+DOWN = "slurm_load_node error: Unable to contact slurm controller (connect failure)\n"
+
+
+@pytest.mark.parametrize("said", [NO_CONFIG, DOWN], ids=["no configuration", "controller down"])
+def test_from_slurm_without_a_controller_says_so(said: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 48 item 4: a stand-in scontrol on PATH that fails as the real one does without a reachable Slurm."""
+    from hspmd_sdk.core.slurm_nodes import SlurmError
+
+    (tmp_path / "said").write_text(said)
+    exe = tmp_path / "scontrol"
+    exe.write_text(f"#!/bin/sh\ncat {tmp_path / 'said'} >&2\nexit 1\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    with pytest.raises(SlurmError) as info:
+        Cluster.from_slurm()
+    text = str(info.value)
+    assert text.startswith("no Slurm controller found (is SLURM_CONF set / is slurmctld running?)"), text
+    assert "res_nsearch" not in text and text.count("\n") == 0, text
+
+
 @pytest.fixture(scope="module")
 def slurm():  # type: ignore[no-untyped-def]
-    why = slurm_unavailable()
-    if why:
-        pytest.skip(why)
+    skip_or_fail(slurm_unavailable(), "the Slurm tests (a local Slurm: root, slurm-wlm, munge)")
     with LocalSlurm(NODES) as lab:
         yield lab
 

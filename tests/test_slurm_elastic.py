@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.testing.slurm import LocalSlurm, SlurmNode, slurm_unavailable  # noqa: E402
+from _needs import skip_or_fail  # noqa: E402
 from test_slurm import assert_nothing_left  # noqa: E402
 
 NODES = [SlurmNode("n1", "H800", gpus=1, cpus=2, memory_mb=4000),
@@ -41,9 +42,7 @@ STRETCH = [(0, 1.0), (3, 60.0), (4, 1.0)]
 
 @pytest.fixture(scope="module")
 def slurm():  # type: ignore[no-untyped-def]
-    why = slurm_unavailable()
-    if why:
-        pytest.skip(why)
+    skip_or_fail(slurm_unavailable(), "the Slurm tests (a local Slurm: root, slurm-wlm, munge)")
     with LocalSlurm(NODES, slurmd_timeout_s=120) as lab:
         yield lab
 

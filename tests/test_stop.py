@@ -22,6 +22,23 @@ PLAN = {"pipelines": [{"stages": [{"devices": [0], "layers": [0, 1]}, {"devices"
                        "num_micro_batches": 1}]}
 
 
+def _dashboard(job):
+    """The job's dashboard state model (no front end), where the notebook extras are installed."""
+    try:
+        from hspmd_sdk.viz import JobDashboard
+    except ImportError:
+        return None
+    return JobDashboard(job, watch=False)
+
+
+def _tensorboard_texts(path, tag: str) -> list[str]:
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = accumulator.EventAccumulator(str(path), size_guidance={"tensors": 0})
+    acc.Reload()
+    name = f"{tag}/text_summary"
+    return [e.tensor_proto.string_val[0].decode() for e in acc.Tensors(name)] if name in acc.Tags()["tensors"] else []
+
+
 def _program(cluster: Cluster):
     model = LlamaConfig.preset("tiny")
     return specialize(model, plan_from_strategy(model, Strategy.load(PLAN), cluster), cluster,
@@ -29,18 +46,34 @@ def _program(cluster: Cluster):
 
 
 @pytest.mark.timeout(180)
-def test_stop_ends_a_training_job_at_a_step_boundary_and_it_resumes_from_there(tmp_path) -> None:
+def test_stop_ends_a_training_job_at_a_step_boundary_and_it_resumes_from_there(tmp_path, capsys) -> None:
+    """...and the job reads "stopped at step N" everywhere: its status and repr, the dashboard's badge (whose stop
+    button says it stops gracefully), the result, the progress line and TensorBoard's text (issue 48 item 2)."""
     cluster = Cluster.local(3)
     reference = reference_training(LlamaConfig.preset("tiny"), steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ,
                                    lr=LR)
     job = launch_training(_program(cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
-                          checkpoint_dir=tmp_path / "ck", checkpoint_every=100, slowdown={r: 4.0 for r in range(3)})
+                          checkpoint_dir=tmp_path / "ck", checkpoint_every=100, slowdown={r: 4.0 for r in range(3)},
+                          progress=True, tensorboard=tmp_path / "tb")
     pids = job.pids()
     wait_for(lambda: job.metrics.last_step() >= 2)
+    dash = _dashboard(job)
+    if dash is not None:
+        assert "job.stop()" in dash.state["stop_hint"] and "job.cancel()" not in dash.state["stop_hint"]
     job.stop()
     result = job.wait(timeout=120)
     done = result.stopped_at
-    assert job.status is JobStatus.SUCCEEDED and done is not None and 3 <= done < STEPS, done
+    assert job.status is JobStatus.STOPPED and done is not None and 3 <= done < STEPS, done
+    said = f"stopped at step {done}"
+    assert job.status_text == said and said in repr(job) and "succeeded" not in repr(job)
+    progress = capsys.readouterr().err.splitlines()
+    assert progress and progress[-1].endswith(f"[{said}]"), progress[-3:]
+    if dash is not None:
+        dash.refresh()
+        assert dash.state["status"] == "stopped" and dash.state["status_text"] == said
+        assert {x["state"] for x in dash.state["ranks"]} == {"done"}
+    texts = _tensorboard_texts(tmp_path / "tb", "job")
+    assert texts and texts[-1] == f"job {job.job_id}: {said}", texts
     assert len(result.losses) == done and result.losses == pytest.approx(reference.losses[:done], rel=1e-5, abs=0)
     for r in range(3):  # every rank stopped after the same step
         assert max(m.step for m in job.metrics.rank(r)) == done - 1, r

@@ -125,3 +125,26 @@ def _reader(path: Path) -> EventAccumulator:
     acc = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     return acc
+
+
+@pytest.mark.parametrize("where", ["under a file", "in /proc"])
+def test_an_unwritable_tensorboard_folder_is_refused_before_any_worker_starts(where: str, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 48 item 4: the folder is checked before the workers start, and the error names ``tensorboard``
+    (it was a bare FileNotFoundError from TensorBoard's writer, with the workers already running)."""
+    import hspmd_sdk.runtime.control.start as start
+
+    if where == "under a file":
+        (tmp_path / "a-file").write_text("not a folder")
+        folder = tmp_path / "a-file" / "tb"
+    else:
+        if not Path("/proc/self").exists():
+            pytest.skip("no /proc here")
+        folder = Path("/proc/hspmd-no-such/tb")
+    started = []
+    monkeypatch.setattr(start, "launch_spec", lambda *a, **k: started.append(a) or pytest.fail("a worker started"))
+    program, cluster = _program([[([0], [0, 1]), ([1], [2, 3])]])
+    with pytest.raises(HSPMDError, match=r"^tensorboard=.*cannot write TensorBoard's files there .*Nothing was "
+                                         r"started"):
+        launch(program, cluster, steps=1, seq_len=SEQ, tensorboard=folder)
+    assert started == []

@@ -300,3 +300,15 @@ def test_schedule_and_clipping_continue_across_a_failure_and_a_resume(trained: d
     assert _rel(resumed.grad_norms, whole["grad_norms"][2:]) <= 1e-6
     assert resumed.lrs == pytest.approx(whole["lrs"][2:], rel=1e-12)
     assert sorted(resumed.val_losses) == [3]
+
+
+def test_a_strategy_trains_with_its_model_and_without_one_says_so(gpt: GPTConfig, reference: Any) -> None:
+    """``launch(strategy, cluster, model=model)`` specializes the strategy for the model; without ``model=`` the
+    error says that a Strategy needs one, before any worker starts."""
+    cluster = Cluster.local(2)
+    strategy = Strategy.load(PLANS["dp2"])
+    with pytest.raises(PlanValidationError, match="a Strategy needs a model.*model=model"):
+        launch(strategy, cluster, steps=2)
+    got = launch(strategy, cluster, model=gpt, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=120,
+                 **RECIPE).wait()
+    assert _rel(got.losses, reference.losses) <= 1e-5 and _rel(got.grad_norms, reference.grad_norms) <= 1e-6

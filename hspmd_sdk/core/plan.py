@@ -24,7 +24,7 @@ __all__ = ["AnnotationPlan", "ExecutionSettings"]
 
 
 class ExecutionSettings(BaseModel):
-    """How a plan's Program runs, beside where its tensors live (SPEC §9).  Specialization reads the schedule,
+    """How a plan's Program runs, beside where its tensors live.  Specialization reads the schedule,
     micro-batching and recomputation; the runtime reads the strategy (to re-plan after a failure or a straggler)
     and a mixed-length candidate's ``max_seq_len`` and ``windows``.  :func:`~hspmd_sdk.core.strategy_plan.
     plan_from_strategy` fills every field from a :class:`~hspmd_sdk.core.strategy.Strategy`; a hand-written plan
@@ -92,7 +92,8 @@ class AnnotationPlan(BaseModel):
     format_version: Literal[1] = 1
     annotations: dict[str, Annotation] = Field(description="tensor name -> annotation")
     settings: ExecutionSettings = Field(default_factory=ExecutionSettings,
-                                        description="how the plan's Program runs (SPEC §9)")
+                                        description="how the plan's Program runs: schedule, micro-batching, "
+                                                    "recomputation, ZeRO-1")
     meta: dict[str, Any] = Field(default_factory=dict, description="free-form notes; nothing reads them")
 
     @model_validator(mode="before")

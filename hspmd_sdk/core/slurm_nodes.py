@@ -157,6 +157,12 @@ def device_kind(node: SlurmNodeInfo, known: Sequence[str]) -> str:
     return "cpu"
 
 
+#: What Slurm's clients print when they find no controller: no configuration (no ``SLURM_CONF``, no
+#: ``/etc/slurm/slurm.conf``: they fall back to DNS SRV records, which find none), or one that does not answer.
+NO_CONTROLLER = ("Could not establish a configuration source", "DNS SRV lookup failed",
+                 "Unable to contact slurm controller")
+
+
 def scontrol(*args: str, timeout_s: float = 30.0) -> str:
     """Run ``scontrol ARGS``; its stdout, or :class:`SlurmError` with what it said."""
     exe = shutil.which("scontrol")
@@ -168,8 +174,12 @@ def scontrol(*args: str, timeout_s: float = 30.0) -> str:
     except subprocess.TimeoutExpired:
         raise SlurmError(f"scontrol {' '.join(args)}: no answer from slurmctld in {timeout_s:g} s") from None
     if r.returncode != 0:
-        raise SlurmError(f"scontrol {' '.join(args)} failed (exit status {r.returncode}): "
-                         f"{(r.stderr or r.stdout).strip()[:500]}")
+        said = (r.stderr or r.stdout).strip()
+        if any(sign in said for sign in NO_CONTROLLER):
+            last = said.splitlines()[-1].strip()[:200] if said else ""
+            raise SlurmError(f"no Slurm controller found (is SLURM_CONF set / is slurmctld running?): "
+                             f"scontrol {' '.join(args)} said {last!r}")
+        raise SlurmError(f"scontrol {' '.join(args)} failed (exit status {r.returncode}): {said[:500]}")
     return r.stdout
 
 

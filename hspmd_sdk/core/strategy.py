@@ -18,9 +18,9 @@ Two kinds of checks:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
 from ..errors import PlanValidationError
 from .annotation import MAX_RANK, format_ranks
@@ -58,15 +58,34 @@ def parallel_text(devices: int, cp: int = 1) -> str:
     return f"CP{cp}×TP{tp}" if tp and tp > 1 else f"CP{cp}" if tp == 1 else f"CP{cp} of {devices} devices"
 
 
-class Stage(BaseModel):
+class _Worded(BaseModel):
+    """Built directly (``Stage(devices=..., layers=...)``), a model words its errors as :meth:`Strategy.load` does:
+    :class:`PlanValidationError` with ``(field path, reason)`` problems, not pydantic's text and links."""
+
+    _what: ClassVar[str] = "input"
+
+    def __init__(self, /, **data: Any) -> None:
+        __tracebackhide__ = True  # pytest: the error is the caller's, not this frame's
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise PlanValidationError.from_pydantic(e, what=self._what) from None
+
+    # pydantic calls a model's own __init__ for every nested value too (a Strategy's pipelines), which would turn a
+    # nested problem into one at its parent's path; marked as the base __init__, it runs only for a direct call
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+
+class Stage(_Worded):
     """A pipeline stage: a TP group of ranks (``devices``) holding layers ``first..last`` (inclusive).
 
-    ``ratios`` (SPEC §12, HAP): one positive integer per TP rank, in ``devices`` order; every TP-split tensor of
-    the stage is split in those proportions (the annotations' HDim ratios).  ``None`` or all equal: the even
-    split.  ``Stage(devices=[0, 1], layers=[0, 3], ratios=[3, 1])`` gives rank 0 three quarters of every
-    TP-split tensor (3 of 4 heads) and rank 1 one quarter."""
+    ``ratios`` (HAP's uneven TP, cited in the paper's §12.1): one positive integer per TP rank, in ``devices``
+    order; every TP-split tensor of the stage is split in those proportions (the annotations' HDim ratios).
+    ``None`` or all equal: the even split.  ``Stage(devices=[0, 1], layers=[0, 3], ratios=[3, 1])`` gives rank 0
+    three quarters of every TP-split tensor (3 of 4 heads) and rank 1 one quarter."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    _what: ClassVar[str] = "stage"
 
     devices: list[StrictInt] = Field(min_length=1, description="ranks of the stage's tensor-parallel group")
     layers: list[StrictInt] = Field(min_length=2, max_length=2, description="[first, last] layer, inclusive")
@@ -75,7 +94,7 @@ class Stage(BaseModel):
                                            description="uneven TP sharding (HAP): one positive integer per rank "
                                                        "of devices; None or all equal = even")
     cp: StrictInt = Field(default=1, ge=1, exclude_if=lambda v: v == 1,  # no CP: JSON unchanged
-                          description="context parallelism (SPEC §11): devices form cp groups of "
+                          description="context parallelism: devices form cp groups of "
                                       "len(devices) // cp TP ranks each (a cp x tp grid, TP fastest)")
 
     @model_validator(mode="after")
@@ -166,10 +185,11 @@ class Stage(BaseModel):
         return f"R{format_ranks(self.devices)} L{self.layers[0]}-{self.layers[1]}{cp}{rt}{rc}"
 
 
-class Pipeline(BaseModel):
+class Pipeline(_Worded):
     """Stages in pipeline order, and this pipeline's ``num_micro_batches`` micro-batches of ``micro_batch_size``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    _what: ClassVar[str] = "pipeline"
 
     stages: list[Stage] = Field(min_length=1)
     micro_batch_size: StrictInt = Field(ge=1)
@@ -219,7 +239,7 @@ class Pipeline(BaseModel):
         return f"{self.num_micro_batches} x bs{self.micro_batch_size}: " + " | ".join(map(str, self.stages))
 
 
-class Strategy(BaseModel):
+class Strategy(_Worded):
     """Data parallelism over heterogeneous pipelines; ``schedule`` and ``zero1`` apply to all of them.
 
     >>> s = Strategy.load({"pipelines": [{"stages": [{"devices": [0, 1], "layers": [0, 3]}],
@@ -229,6 +249,7 @@ class Strategy(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    _what: ClassVar[str] = "strategy"
 
     pipelines: list[Pipeline] = Field(min_length=1)
     schedule: Literal["gpipe", "1f1b"] = "1f1b"

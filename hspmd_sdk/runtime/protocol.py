@@ -246,3 +246,19 @@ def program_of_run(run: Mapping[str, Any]) -> Any:
     plan = AnnotationPlan.model_validate(run["plan"])
     cluster = Cluster.model_validate(run["cluster"])
     return specialize(config, plan, cluster, bindings=run.get("bindings"))
+
+
+def training_of(run: Mapping[str, Any]) -> Any:
+    """The run's training settings as the worker reads them: its :class:`~.train_config.TrainConfig` from the
+    JSON the launcher sent (``run["train"]``), validated again here (a bad or foreign value fails in the worker
+    with the field named, not deep in a step)."""
+    from .train_config import TrainConfig  # lazy: pydantic models, not needed by every reader of this module
+
+    return TrainConfig.from_json(run["train"])
+
+
+def adam_json(train: Any) -> dict[str, Any]:
+    """A :class:`~.train_config.TrainConfig`'s optimizer section as a checkpoint's manifest records it."""
+    o = train.optimizer
+    return {"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay, "decay": o.decay}
+

@@ -1,8 +1,8 @@
 """Reading a running job for the screen: a snapshot of its public state, and a thread that polls it.
 
-Only the job's public API is read, and only what it has: ``status``, ``job_id``, ``spec`` (``steps``,
-``ranks``), ``metrics`` (``last_step()``, ``losses()``, ``ranks()``, ``rank(r)``: step time, tokens, memory),
-``pids()``, ``failures`` (every failure, absorbed by an elastic job or not), ``first_failure()``, ``events``
+Only the job's public API is read, and only what it has: ``status`` (and ``status_text``), ``job_id``, ``spec``
+(``steps``, ``ranks``), ``metrics`` (``last_step()``, ``losses()``, ``ranks()``, ``rank(r)``: step time, tokens,
+memory), ``pids()``, ``failures`` (every failure, absorbed by an elastic job or not), ``first_failure()``, ``events``
 (reconfigurations: ``step``, ``reason``, ``failed_ranks``, ``strategy``, ``seconds``, ``bytes``, ``ranks``: launch
 rank -> rank in the new world, ``done``), ``program`` (the plan it runs now), ``controller`` (global batch and
 sequence length: the tokens of a step), ``elapsed_s``, ``log_dir`` and ``switch``.
@@ -14,12 +14,12 @@ the job runs now (in launch ranks).
 """
 from __future__ import annotations
 
-import statistics
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..core.strategy import Strategy
+from ..runtime.control.progress import step_rates, step_tokens
 from ._units import fmt_bytes
 
 __all__ = ["JobSnapshot", "JobEvent", "JobFailure", "RankView", "snapshot", "JobWatcher", "can_switch",
@@ -29,8 +29,12 @@ __all__ = ["JobSnapshot", "JobEvent", "JobFailure", "RankView", "snapshot", "Job
 SWITCH_NEEDS = ("switching needs a job launched from an SDK version with Job.switch (graph switching in a running "
                 "job); this job has no switch()")
 _RUNNING = {"starting", "running"}
-#: Steps the rates (tokens/s, ETA) are measured over: the newest ones.
-RATE_STEPS = 5
+#: Ended with every rank done: ran all its steps, or stopped gracefully at a step boundary (``Job.stop()``).
+_DONE = {"succeeded", "stopped"}
+#: The stop button's tooltip, by whether it stops the job gracefully (a training job) or at once (any other).
+STOP_HINTS = {True: "stop this job gracefully: every worker finishes the step it is in, then the job ends there "
+                    "(job.stop()); its result keeps the losses so far",
+              False: "stop every worker of this job now (job.cancel())"}
 
 
 def _get(obj: Any) -> Callable[..., Any]:
@@ -132,6 +136,8 @@ class JobSnapshot:
     # the clock moves on its own: not a reason to redraw (the front end ticks it between snapshots)
     elapsed_s: float | None = field(default=None, compare=False)
     eta_s: float | None = field(default=None, compare=False)
+    status_text: str = ""  #: the status for people (``Job.status_text``: ``stopped at step N``); "" = ``status``
+    graceful_stop: bool = False  #: the stop button ends the job at a step boundary (``job.stop()``), not at once
 
     @property
     def running(self) -> bool:
@@ -170,7 +176,8 @@ class JobSnapshot:
         live = {r.rank for r in self.ranks if r.state not in ("dead", "removed")} if self.ranks else set(times)
         shown = {r: t for r, t in times.items() if r in live}
         slow = max(shown, key=shown.get) if len(shown) > 1 else None
-        return {"job_id": self.job_id, "status": self.status, "step": self.step, "steps": self.steps,
+        return {"job_id": self.job_id, "status": self.status, "status_text": self.status_text or self.status,
+                "step": self.step, "steps": self.steps,
                 "losses": [round(x, 6) for x in self.losses],
                 "step_times": [[r, round(t, 4)] for r, t in sorted(times.items())], "slowest": slow,
                 "ranks": [{"rank": r.rank, "state": r.state, "time": None if r.step_time is None
@@ -184,7 +191,8 @@ class JobSnapshot:
                 "tokens_per_s": None if self.tokens_per_s is None else round(self.tokens_per_s, 1),
                 "step_s": None if self.step_s is None else round(self.step_s, 4),
                 "plan": self.plan, "log_dir": self.log_dir, "can_stop": self.can_stop and self.running,
-                "stopped_by_user": self.stopped_by_user, "starting": self.starting}
+                "stopped_by_user": self.stopped_by_user, "starting": self.starting,
+                "stop_hint": STOP_HINTS[self.graceful_stop]}
 
 
 def _failure_item(f: JobFailure) -> dict[str, Any]:
@@ -272,29 +280,12 @@ def _plan(job: Any, events: tuple[JobEvent, ...], to_launch: dict[int, int]) -> 
 
 
 def _rates(job: Any, metrics: Any, ranks: list[int], step: int, steps: int | None) -> tuple[float | None, ...]:
-    """(seconds a step takes, tokens/s, ETA): the median over the newest complete steps of each step's slowest
-    rank; tokens per step from the training run (global batch × sequence length), else what the loss rank
-    reports (what the CLI's bar shows)."""
-    per_step: dict[int, float] = {}
-    tokens_loss: list[float] = []
-    loss_rank = min((r for r in ranks if any(m.loss is not None for m in metrics.rank(r)[-3 * RATE_STEPS:])),
-                    default=None)
-    for r in ranks:
-        for m in metrics.rank(r)[-3 * RATE_STEPS:]:  # the newest reports suffice (a long job has many)
-            if m.step_time is not None:
-                per_step[m.step] = max(per_step.get(m.step, 0.0), float(m.step_time))
-            if r == loss_rank and m.tokens_per_s:
-                tokens_loss.append(float(m.tokens_per_s))
-    newest = [per_step[s] for s in sorted(per_step)[-RATE_STEPS:]]
-    if not newest:
+    """(seconds a step takes, tokens/s, ETA): the job's pace as every display computes it
+    (:func:`~hspmd_sdk.runtime.control.progress.step_rates`: the median over the newest steps of each step's slowest
+    rank; tokens per step from the training run, global batch × sequence length, else what the loss rank reports)."""
+    step_s, tps = step_rates(metrics, ranks, step_tokens(getattr(job, "controller", None)))
+    if step_s is None:
         return None, None, None
-    step_s = statistics.median(newest)
-    controller = getattr(job, "controller", None)
-    batch, seq = getattr(controller, "global_batch", None), getattr(controller, "seq_len", None)
-    if batch and seq and not getattr(controller, "mixed", False) and step_s > 0:
-        tps = float(batch) * float(seq) / step_s
-    else:
-        tps = statistics.median(tokens_loss[-RATE_STEPS:]) if tokens_loss else None
     eta = max(0, steps - step) * step_s if steps is not None else None
     return step_s, tps, eta
 
@@ -352,7 +343,7 @@ def snapshot(job: Any, *, stopped_by_user: bool = False) -> JobSnapshot:
             state, why = "dead", _kind(f)
         elif status in _RUNNING:
             state, why = ("running" if r in last else "starting"), ""
-        elif status == "succeeded":
+        elif status in _DONE:
             state, why = "done", ""
         else:
             consequence = next((g for g in failures if r in g.ranks), None)
@@ -373,12 +364,17 @@ def snapshot(job: Any, *, stopped_by_user: bool = False) -> JobSnapshot:
         except Exception:  # noqa: BLE001 - a display must not fail on it
             starting = ""
     log_dir = getattr(job, "log_dir", None)
+    try:
+        status_text = str(getattr(job, "status_text", "") or "")
+    except Exception:  # noqa: BLE001 - a display must not fail on it
+        status_text = ""
+    graceful = callable(getattr(job, "stop", None)) and getattr(job, "controller", None) is not None
     return JobSnapshot(str(getattr(job, "job_id", "")), status, step, steps, tuple(metrics.losses()), times,
                        events, can_switch(job), error, pids, tuple(ranks), failures, world, tps, step_s,
                        _plan(job, events, to_launch), str(log_dir) if log_dir else "",
                        callable(getattr(job, "cancel", None)), stopped_by_user, starting,
                        float(elapsed) if isinstance(elapsed, (int, float)) else None,
-                       eta if status in _RUNNING else None)
+                       eta if status in _RUNNING else None, status_text, graceful)
 
 
 def _kind(f: JobFailure) -> str:

@@ -889,7 +889,7 @@ class PlanEditor:
             return SWITCH_NEEDS
         snap = self._job_snapshot
         if snap is not None and not snap.running:
-            return f"job {snap.job_id} is {snap.status}"
+            return f"job {snap.job_id} is {snap.status_text or snap.status}"
         return ""
 
     def _on_job(self, snap: Any) -> None:

@@ -6,7 +6,7 @@ import { esc } from "../src/common/esc.js";
 import { clock, mem, rate, secs } from "../src/job_dashboard/format.js";
 import { lossCurve, lossScale } from "../src/job_dashboard/loss.js";
 import { barScale, barWidth, rankList, rankRows } from "../src/job_dashboard/ranks.js";
-import { logView, planView, pressStop, progress, settle, stopState } from "../src/job_dashboard/view.js";
+import { logView, planView, pressStop, progress, settle, statusBadge, stopButton, stopState } from "../src/job_dashboard/view.js";
 
 test("esc: the five HTML specials; null and undefined as nothing", () => {
   assert.equal(esc(`<a href="x">'&'</a>`), "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;");
@@ -136,4 +136,21 @@ test("plan and log panels: their texts", () => {
   const log = logView({ rank: 1, lines: 250, path: "/tmp/r1.log", text: "a<b>" });
   assert.ok(log.includes("(last 200 of 250 lines · whole log: /tmp/r1.log)"));
   assert.ok(log.includes("<pre>a&lt;b&gt;</pre>"));
+});
+
+test("status badge: a gracefully stopped job reads 'stopped at step N', coloured as stopped; others their status", () => {
+  assert.equal(statusBadge({ status: "stopped", status_text: "stopped at step 5" }),
+    `<span class="hd-status hd-stopped">stopped at step 5</span>`);
+  assert.equal(statusBadge({ status: "succeeded", status_text: "succeeded" }),
+    `<span class="hd-status hd-succeeded">succeeded</span>`);
+  assert.equal(statusBadge({ status: "running" }), `<span class="hd-status hd-running">running</span>`);
+});
+
+test("stop button: its tooltip says what it does to this job (graceful job.stop() or job.cancel())", () => {
+  const graceful = { stop_hint: "stop this job gracefully: every worker finishes the step it is in (job.stop())" };
+  assert.match(stopButton(graceful, "ready"), /title="stop this job gracefully: [^"]*\(job\.stop\(\)\)"/);
+  assert.doesNotMatch(stopButton(graceful, "ready"), /job\.cancel/);
+  assert.match(stopButton({}, "armed"), /title="stop every worker of this job now \(job\.cancel\(\)\)">click again/);
+  assert.equal(stopButton(graceful, "stopping"), `<button class="hd-stop" disabled>stopping…</button>`);
+  assert.equal(stopButton(graceful, null), "");
 });

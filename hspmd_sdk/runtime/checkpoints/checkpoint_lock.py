@@ -167,7 +167,7 @@ class CheckpointLock:
 
 
 def _refusal(root: Path, owner: LockOwner | None) -> CheckpointLocked:
-    fix = f"hspmd_sdk.runtime.checkpoints.checkpoint.break_checkpoint_lock({str(root)!r})"
+    fix = f"hspmd_sdk.runtime.break_checkpoint_lock({str(root)!r})"  # its public name
     if owner is None:
         return CheckpointLocked(f"checkpoint_dir {root}: another job is taking it right now (its {LOCK_FILE} is "
                                 "being written); pass another checkpoint_dir", root=root, owner=None, alive=None)

@@ -32,7 +32,7 @@ from typing import IO, Any, Callable, Sequence
 from ...errors import HSPMDError, RuntimeFailure, SwitchError
 from .faults import Failure, FailurePolicy, Reaction, StopOnFailure, describe_returncode
 from ..metrics import MetricsHistory, StepMetrics
-from .progress import Progress, in_notebook, make_progress
+from .progress import Progress, format_rate, in_notebook, make_progress, step_rates, step_tokens
 from ..protocol import decode
 from ..spec import LaunchSpec
 from ..transports.transport import Transport, WorkerGroup
@@ -49,9 +49,14 @@ DUMP_WAIT_S = 3.0
 
 
 class JobStatus(str, enum.Enum):
+    """Where a job is.  ``STOPPED``: :meth:`Job.stop` ended it early, gracefully, at a step boundary (its result has
+    the losses of the steps done, ``JobResult.stopped_at`` of them; :attr:`Job.status_text` says ``stopped at step
+    N``); a stop that came too late to end it early leaves it ``SUCCEEDED``."""
+
     STARTING = "starting"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
+    STOPPED = "stopped"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
@@ -68,7 +73,9 @@ class LogDirError(HSPMDError):
 class JobResult:
     """What a finished job returns.
 
-    ``losses``: per-step losses of the loss rank, ordered by step; ``results``: each rank's entry return value;
+    ``losses``: per-step losses of the loss rank, ordered by step; ``grad_norms`` and ``lrs``: per step, the
+    gradient's global norm before clipping and the learning rate (training jobs); ``val_losses``: step -> the
+    validation loss at its end (``eval_every``); ``results``: each rank's entry return value;
     ``metrics``: every rank's step metrics; ``emulation``: ranks whose speed was emulated (rank -> factor);
     ``failures``: failures the job's policy let it survive (empty under the default policy); ``events``: every
     reconfiguration (``Job.switch``, an elastic recovery, a straggler, a length switch; SPEC §6).
@@ -84,6 +91,9 @@ class JobResult:
     failures: list[Failure] = field(default_factory=list)
     events: list[Any] = field(default_factory=list)
     stopped_at: int | None = None  # the steps done when ``Job.stop()`` ended the job early
+    grad_norms: list[float] = field(default_factory=list)  # per step: the gradient's global norm before clipping
+    lrs: list[float] = field(default_factory=list)          # per step: the learning rate of its update
+    val_losses: dict[int, float] = field(default_factory=dict)  # validation step -> validation loss
 
     def step_times(self, rank: int) -> list[float]:
         return [m.step_time for m in self.metrics.get(rank, []) if m.step_time is not None]
@@ -265,6 +275,14 @@ class Job:
     @property
     def status(self) -> JobStatus:
         return self._status
+
+    @property
+    def status_text(self) -> str:
+        """The status for people: its value (``running``, ``succeeded``, ...), ``stopped at step N`` for a job that
+        :meth:`stop` ended after its N-th step."""
+        if self._status is JobStatus.STOPPED:
+            return f"stopped at step {self._stopped_at()}"
+        return self._status.value
 
     @property
     def job_id(self) -> str:
@@ -501,7 +519,7 @@ class Job:
         self.cancel()
 
     def __repr__(self) -> str:
-        return (f"Job({self.job_id}: {self.spec.world_size} ranks, {self.status.value}, "
+        return (f"Job({self.job_id}: {self.spec.world_size} ranks, {self.status_text}, "
                 f"step {self.metrics.last_step() + 1}/{self.spec.steps}, logs in {self.log_dir})")
 
     # ---- the launcher -> worker channel --------------------------------------------------------------------
@@ -662,7 +680,16 @@ class Job:
             self._progress.update(0, text)
 
     def _progress_text(self, m: StepMetrics) -> str:
-        text = m.describe().partition(": ")[2].split(" (emulated")[0]
+        """``loss 2.4130, 0.21 s/step, 985 tok/s``: the loss rank's loss, and the job's pace as the dashboard computes
+        it (:func:`.progress.step_rates` over the ranks still in the job: every step's tokens over its slowest rank's
+        time, not one rank's own tokens over its own time)."""
+        with self._lock:
+            failed = {r for f in (*self._absorbed, *self._failures) for r in f.ranks}
+            ranks = [r for r, rec in self._ranks.items() if rec.returncode in (None, 0) and r not in failed]
+        step_s, tps = step_rates(self.metrics, ranks, step_tokens(self.controller))
+        parts = ([f"loss {m.loss:.4f}"] if m.loss is not None else []) + (
+            [f"{step_s:.2f} s/step"] if step_s is not None else []) + ([format_rate(tps)] if tps else [])
+        text = ", ".join(parts)
         if self.spec.slowdown:
             text += " | EMULATED slowdown " + ", ".join(
                 f"rank {r}: {k:g}x" if isinstance(k, (int, float)) else f"rank {r}: " + ", ".join(
@@ -855,12 +882,12 @@ class Job:
             if self._done.is_set() or any(rec.returncode is None for rec in self._ranks.values()):
                 return
             self._status = (JobStatus.FAILED if self._failures else JobStatus.CANCELLED if self._cancelled
-                            else JobStatus.SUCCEEDED)
+                            else JobStatus.STOPPED if self._stopped_at() is not None else JobStatus.SUCCEEDED)
             self._t1 = time.monotonic()
             self._logs.close()
         if self._progress is not None:
             try:
-                self._progress.close(self._status.value)
+                self._progress.close(self.status_text)
             except Exception:  # noqa: BLE001 - a broken terminal must not keep the job open
                 pass
         atexit.unregister(self._atexit)
@@ -888,7 +915,10 @@ class Job:
                          wall_time=(self._t1 or time.monotonic()) - self._t0, log_dir=self.log_dir,
                          emulation={int(r): (float(k) if isinstance(k, (int, float)) else max(f for _, f in k))
                                     for r, k in self.spec.slowdown.items()},
-                         failures=list(self._absorbed), events=self.events, stopped_at=self._stopped_at())
+                         failures=list(self._absorbed), events=self.events, stopped_at=self._stopped_at(),
+                         grad_norms=list(self.metrics.series("grad_norm", self.spec.loss_rank).values()),
+                         lrs=list(self.metrics.series("lr", self.spec.loss_rank).values()),
+                         val_losses=self.metrics.series("val_loss", self.spec.loss_rank))
 
     def _stopped_at(self) -> int | None:
         """Steps done when ``stop()`` ended the job early (from the workers' results; ``None``: it was not)."""

@@ -1,11 +1,59 @@
 """A small progress display for jobs: an ipywidgets bar in a notebook, one updating stderr line in a terminal, and
-plain lines (no carriage returns) when stderr is a pipe or a file."""
+plain lines (no carriage returns) when stderr is a pipe or a file.
+
+:func:`step_rates` is the one computation of a job's pace (seconds a step, tokens/s) that every display shows: this
+progress line and the dashboard (:mod:`hspmd_sdk.viz._job`) alike."""
 from __future__ import annotations
 
+import statistics
 import sys
 import threading
 import time
-from typing import IO, Protocol
+from typing import IO, Any, Iterable, Protocol
+
+#: Steps a job's pace (seconds a step, tokens/s, ETA) is measured over: the newest ones.
+RATE_STEPS = 5
+
+
+def step_tokens(controller: Any) -> float | None:
+    """The tokens of one step of a training job: its global batch times its sequence length; ``None`` when the
+    job says none (another entry) or its steps differ (mixed-length data)."""
+    batch, seq = getattr(controller, "global_batch", None), getattr(controller, "seq_len", None)
+    if batch and seq and not getattr(controller, "mixed", False):
+        return float(batch) * float(seq)
+    return None
+
+
+def step_rates(metrics: Any, ranks: Iterable[int], tokens_per_step: float | None = None
+               ) -> tuple[float | None, float | None]:
+    """``(seconds a step takes, tokens/s)`` of a job now: the median, over the newest :data:`RATE_STEPS` steps, of
+    each step's slowest rank among ``ranks`` (the ranks still in the job); tokens/s is ``tokens_per_step`` (the whole
+    step's, :func:`step_tokens`) over it, else (no such figure) the median of what the lowest rank reporting losses
+    measured itself.  ``metrics``: a :class:`~hspmd_sdk.runtime.metrics.MetricsHistory` (``rank(r)``)."""
+    ranks = list(ranks)
+    per_step: dict[int, float] = {}
+    tokens_loss: list[float] = []
+    loss_rank = min((r for r in ranks if any(m.loss is not None for m in metrics.rank(r)[-3 * RATE_STEPS:])),
+                    default=None)
+    for r in ranks:
+        for m in metrics.rank(r)[-3 * RATE_STEPS:]:  # the newest reports suffice (a long job has many)
+            if m.step_time is not None:
+                per_step[m.step] = max(per_step.get(m.step, 0.0), float(m.step_time))
+            if r == loss_rank and m.tokens_per_s:
+                tokens_loss.append(float(m.tokens_per_s))
+    newest = [per_step[s] for s in sorted(per_step)[-RATE_STEPS:]]
+    if not newest:
+        return None, None
+    step_s = statistics.median(newest)
+    if tokens_per_step and step_s > 0:
+        return step_s, tokens_per_step / step_s
+    return step_s, statistics.median(tokens_loss[-RATE_STEPS:]) if tokens_loss else None
+
+
+def format_rate(tokens_per_s: float) -> str:
+    """``985 tok/s``, ``12.3k tok/s``, ``1.23M tok/s`` (as the dashboard writes it)."""
+    t = tokens_per_s
+    return f"{t / 1e6:.2f}M tok/s" if t >= 1e6 else f"{t / 1e3:.1f}k tok/s" if t >= 1e3 else f"{t:.0f} tok/s"
 
 
 class Progress(Protocol):
@@ -116,5 +164,6 @@ class WidgetProgress:
         self.label.value = f"{done}/{self.total} {text}".strip()
 
     def close(self, status: str = "done") -> None:
-        self.bar.bar_style = {"succeeded": "success", "failed": "danger", "cancelled": "warning"}.get(status, "")
+        self.bar.bar_style = {"succeeded": "success", "stopped": "info", "failed": "danger",
+                              "cancelled": "warning"}.get(status.split(" ", 1)[0], "")  # "stopped at step N"
         self.label.value = f"{self.label.value} [{status}]"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..lr_schedule import schedule_json
+from ..train_config import TrainConfig
 from ..protocol import program_of_run
 from ...core.model_spec import model_json
 from ...errors import HSPMDError, PlanValidationError
@@ -20,6 +21,7 @@ from ...models.registry import class_path
 from ..checkpoints.checkpoint import run_fields
 from ..checkpoints.checkpoint_io import WRITE_POINTS
 from ..checkpoints.checkpoint_lock import launch_holding_locks  # a checkpoint_dir is one job's at a time
+from .launch_errors import not_a_program
 from .preflight import training_memory  # what each rank will need, for the launcher's resource preflight
 from .start import start_workers
 
@@ -89,10 +91,7 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
 def _model_of(program: Any) -> Any:
     config = getattr(program, "model", None)
     if config is None:
-        raise PlanValidationError([("program", "was specialized from a bare graph; launch needs a Program "
-                                               "specialized from a model config (specialize(LlamaConfig..., plan, "
-                                               "cluster)) so that workers can rebuild the model")],
-                                  what="training run")
+        raise not_a_program(program, model_option=True)
     return config
 
 
@@ -124,11 +123,12 @@ def checked_training_run(program: Any, *, steps: int, seed: int = 0, data: str =
         "steps": int(steps), "seed": int(seed), "data": data,
         "seq_len": int(config.max_seq_len if seq_len is None else seq_len),
         "global_batch": int(program.bindings["B"]),
-        "adam": {"lr": lr, "betas": list(betas) if isinstance(betas, (list, tuple)) else betas, "eps": eps,
-                 "weight_decay": weight_decay, "decay": decay},
-        "schedule": schedule_json(schedule),
-        "max_norm": None if max_norm is None else float(max_norm),
-        "eval": {"every": eval_every, "batches": int(eval_batches)} if eval_every else None,
+        # the training settings in their typed sections (optimizer, schedule, clip, eval), as JSON: each worker
+        # reads them back with validation (protocol.training_of)
+        "train": TrainConfig.from_launch_kwargs(
+            steps=int(steps), seed=int(seed), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+            decay=decay, schedule=schedule_json(schedule), max_norm=max_norm, eval_every=eval_every,
+            eval_batches=eval_batches, precision=precision).to_json(),
         "recompute": rc,
         "capture_dir": str(capture_dir) if capture_dir is not None else None,
         "init": _init_source(init, config),

@@ -23,7 +23,7 @@ from .job import Job
 from ..spec import Backend, LaunchSpec, backend_for
 from ..transports.transport import LocalTransport, Transport, free_port, is_local_host
 from .preflight import check_resources
-from .tensorboard import TensorBoardLogger, check_tensorboard
+from .tensorboard import TensorBoardLogger, check_tensorboard, check_tensorboard_dir
 
 __all__ = ["start_workers", "build_spec", "launch_spec", "hosts_of"]
 
@@ -121,6 +121,7 @@ def start_workers(cluster: Any, *, entry: str, steps: int, seed: int = 0, payloa
         raise HSPMDError("launch() needs a cluster (e.g. Cluster.local(4))")
     if tensorboard is not None:
         check_tensorboard()
+        check_tensorboard_dir(tensorboard)
     if transport is None:
         remote = [n.host for n in cluster.nodes if not is_local_host(n.host)]
         if remote:

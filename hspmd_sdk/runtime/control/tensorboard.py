@@ -1,15 +1,18 @@
 """A running job's figures in TensorBoard (``launch(..., tensorboard=DIR)``), written by the launcher as the
 workers report them: no worker writes anything, and a job without TensorBoard pays nothing.
 
-Scalars, by step: ``loss`` (the step's loss, once), ``tokens_per_s`` (the step's tokens over its
-slowest rank's time: a training job's global batch times its sequence length, or the lengths dispatched), ``step_time/rank<r>`` and ``memory_mb/rank<r>`` (each rank's step time and peak memory);
-text ``events``: every failure and reconfiguration (``Job.failures``, ``Job.events``) as it is known.  Read them with
+Scalars, by step: ``loss`` (the step's loss, once), ``tokens_per_s`` (the step's tokens over its slowest rank's
+time: a training job's global batch times its sequence length, or the lengths dispatched), ``step_time/rank<r>``
+and ``memory_mb/rank<r>`` (each rank's step time and peak memory); text ``events``: every failure and
+reconfiguration (``Job.failures``, ``Job.events``) as it is known; text ``job``: the job at its start, and its
+outcome at its end (``Job.status_text``: ``succeeded``, ``stopped at step N``, ...).  Read them with
 ``tensorboard --logdir DIR`` or :class:`tensorboard.backend.event_processing.event_accumulator.EventAccumulator`.
 Needs the ``tensorboard`` package (``pip install tensorboard``); without it, ``launch`` refuses the option before
 any worker starts.
 """
 from __future__ import annotations
 
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,7 @@ from typing import Any
 from ...errors import HSPMDError
 from ..metrics import StepMetrics
 
-__all__ = ["TensorBoardLogger", "check_tensorboard"]
+__all__ = ["TensorBoardLogger", "check_tensorboard", "check_tensorboard_dir"]
 
 
 def check_tensorboard() -> None:
@@ -26,6 +29,22 @@ def check_tensorboard() -> None:
         from torch.utils.tensorboard import SummaryWriter  # noqa: F401
     except ImportError as e:
         raise HSPMDError(f"tensorboard=: TensorBoard's writer does not load ({e}); pip install tensorboard") from None
+
+
+def check_tensorboard_dir(path: str | Path) -> Path:
+    """The folder ``launch(..., tensorboard=path)`` writes to, created if need be and proven writable (a file
+    written and removed there); else :class:`~hspmd_sdk.errors.HSPMDError` naming ``tensorboard``, before any worker
+    starts (TensorBoard's writer would fail only once the workers run, with a bare ``FileNotFoundError``)."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".hspmd-write-check-"):
+            pass
+    except OSError as e:
+        raise HSPMDError(f"tensorboard={str(path)!r}: cannot write TensorBoard's files there "
+                         f"({e.strerror or type(e).__name__}: {e.filename or folder}); pass tensorboard= a writable "
+                         "folder. Nothing was started.") from None
+    return folder
 
 
 class TensorBoardLogger:
@@ -113,6 +132,10 @@ class TensorBoardLogger:
             if self._closed:
                 return
             self._write_throughput()
-            self._write_events(max(self._slowest, default=0))
+            last = max(self._slowest, default=0)
+            self._write_events(last)
+            status = getattr(self.job, "status_text", None)  # "succeeded", "stopped at step N", ...
+            if status is not None:
+                self.writer.add_text("job", f"job {self.job.job_id}: {status}", last)
             self._closed = True
             self.writer.close()

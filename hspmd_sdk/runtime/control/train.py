@@ -162,7 +162,7 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     return job
 
 
-def launch(program: Any, cluster: Any = None, *, config: Any = None, **options: Any) -> Any:
+def launch(program: Any, cluster: Any = None, *, config: Any = None, model: Any = None, **options: Any) -> Any:
     """Train ``program`` (a Program, or a list of candidate Programs for mixed-length data) on ``cluster``: the
     public ``hspmd_sdk.launch`` (SPEC §3, §13).  Returns the running :class:`~.job.Job`.
 
@@ -171,7 +171,12 @@ def launch(program: Any, cluster: Any = None, *, config: Any = None, **options: 
     the same settings as flat keywords (``steps=``, ``lr=``, ``max_norm=``, ... — see :func:`launch_training`, whose
     defaults apply without a config), and what no file holds (a ``transport``, a ``policy``, a ``cost`` model, a
     state dict as ``init``, token arrays as ``data``).  A keyword and a config field that set the same thing to
-    different values are an error naming it, before any worker starts."""
+    different values are an error naming it, before any worker starts.
+
+    ``model``: with a :class:`~hspmd_sdk.core.strategy.Strategy` (or a list of them) as ``program``, the model
+    config it splits: the strategy is specialized for it on ``cluster`` here."""
+    if model is not None:
+        program = _specialized(program, model, cluster)
     if config is None:
         return launch_training(program, cluster, **options)
     from ..train_config import FLAT_KEYWORDS, TrainConfig
@@ -185,6 +190,24 @@ def launch(program: Any, cluster: Any = None, *, config: Any = None, **options: 
 
         flat = {k: v for k, v in flat.items() if k not in MIXED_OPTIONS}
     return launch_training(program, cluster, **{**flat, **others})
+
+
+def _specialized(program: Any, model: Any, cluster: Any) -> Any:
+    """``program`` with every :class:`~hspmd_sdk.core.strategy.Strategy` in it specialized for ``model`` on
+    ``cluster`` (Programs stay as they are)."""
+    from ...core.specialize import specialize
+    from ...core.strategy import Strategy
+    from ...core.strategy_plan import plan_from_strategy
+
+    def one(p: Any) -> Any:
+        if not isinstance(p, Strategy):
+            return p
+        if cluster is None:
+            raise PlanValidationError([("cluster", "launch(strategy, model=...) needs the cluster to specialize the "
+                                                   "strategy on")], what="training run")
+        return specialize(model, plan_from_strategy(model, p, cluster), cluster)
+
+    return [one(p) for p in program] if isinstance(program, (list, tuple)) else one(program)
 
 
 def _plain(value: Any) -> bool:

@@ -38,6 +38,7 @@ from ..checkpoints.checkpoint_io import (WRITE_POINTS, CheckpointError, PieceRea
 from ..checkpoints.checkpoint_plan import layouts_of, read_plan, write_plan
 from .liveness import CommFailure, waits
 from ...core.model_spec import model_json
+from ..protocol import adam_json, training_of
 
 __all__ = ["CheckpointSaver", "load_resume", "restore_rng"]
 
@@ -362,7 +363,7 @@ class CheckpointSaver:
             model_class=run.get("model_class"), plan=program.plan.model_dump(mode="json"),
             cluster=program.cluster.model_dump(mode="json") if program.cluster is not None else run["cluster"],
             bindings={k: int(v) for k, v in run.get("bindings", {}).items()}, pipelines=program.pipelines,
-            adam=dict(run["adam"]), optimizer_step=steps.pop(),
+            adam=adam_json(training_of(run)), optimizer_step=steps.pop(),
             data=_position(run, completed),
             tensors=tensors, files={rec["file"]: FileEntry(rank=r, bytes=rec["bytes"]) for r, rec in records.items()},
             rng=rng))

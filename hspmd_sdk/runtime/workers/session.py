@@ -38,7 +38,7 @@ from typing import Any, Mapping
 from ...core.slices import box_numel
 from ...errors import HSPMDError
 from .liveness import CommFailure, waits
-from ..protocol import Reconfigure, pack_payload, program_of_run, unpack_payload
+from ..protocol import Reconfigure, pack_payload, program_of_run, training_of, unpack_payload
 from ...models.hf import shard_reader
 from ..trace import StepRecorder
 from .checkpoint_worker import CheckpointSaver, load_resume, restore_rng
@@ -63,8 +63,7 @@ class TrainSession:
         self.B, self.S, self.seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
         self.steps = int(run["steps"])
         self.total_steps = self.steps  # what the learning-rate schedule counts against (a stop does not change it)
-        self.schedule = _schedule_of(run)
-        self.evaluation = run.get("eval") or {}
+        self.train_config = training_of(run)  # the optimizer, schedule, clip and eval sections, validated
         self.program = program_of_run(run)
         self.dataset = dataset_for(run["data"], self.program.model.vocab_size)
         self.capture = run.get("capture_dir")
@@ -108,9 +107,8 @@ class TrainSession:
     def _adam(self) -> Any:
         from .executor import AdamConfig  # lazy: torch (executor)
 
-        a = self.run["adam"]
-        return AdamConfig(lr=a["lr"], betas=tuple(a["betas"]), eps=a["eps"], weight_decay=a["weight_decay"],
-                          decay=a.get("decay", "matrices"))
+        o = self.train_config.optimizer
+        return AdamConfig(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, decay=o.decay)
 
     def _make_groups(self, program: Any) -> None:
         from .comm import comm_groups  # lazy: torch (comm)
@@ -146,7 +144,8 @@ class TrainSession:
                                    device=self.state.device, params=params, optimizer_state=optimizer_state,
                                    emulate=self.state.emulate if self.state.launch_rank in self.state.spec.slowdown
                                    else None, precision=self.run.get("precision", "fp32"), p2p_groups=self.p2p,
-                                   probe=self._probe if self.faults else None, max_norm=self.run.get("max_norm"))
+                                   probe=self._probe if self.faults else None,
+                                   max_norm=self.train_config.clip.max_norm)
             self.state.params, self.state.optimizer = self.ex.params, self.ex.optimizer
         else:
             self.state.params, self.state.optimizer = {}, None
@@ -311,7 +310,7 @@ class TrainSession:
     def _set_lr(self, step: int) -> float:
         """The learning rate of ``step`` by the run's schedule (a pure function of the step: the same after a
         switch, a recovery or a resume), set on this rank's optimizer."""
-        lr = self.schedule.lr(step, float(self.run["adam"]["lr"]), self.total_steps)
+        lr = self.train_config.schedule.lr(step, self.train_config.optimizer.lr, self.total_steps)
         if self.ex is not None:
             self.ex.set_lr(lr)
         return lr
@@ -323,11 +322,11 @@ class TrainSession:
         import torch
         import torch.distributed as dist
 
-        every = self.evaluation.get("every")
-        if not every or (step + 1) % int(every):
+        every = self.train_config.eval.every
+        if not every or (step + 1) % every:
             return None
         ex, total = self.ex, 0.0
-        batches = int(self.evaluation.get("batches", 1))
+        batches = self.train_config.eval.batches
         for i in range(batches):
             if ex is not None:
                 batch = self.dataset.val_batch(i, self.B, self.S, rows=ex.chunk) if ex.needs_data else None
@@ -671,14 +670,6 @@ class TrainSession:
         self.last_switch = {"groups_s": round(t1 - t0, 6), "load_s": round(t2 - t1, 6),
                             "build_s": round(time.perf_counter() - t2, 6)}
         return {"bytes_read": int(stats["bytes_read"]), "checkpoint_step": int(ck["step"])}
-
-
-def _schedule_of(run: Mapping[str, Any]) -> Any:
-    """The run's learning-rate schedule (:class:`~hspmd_sdk.runtime.lr_schedule.Schedule`; constant when the run
-    names none)."""
-    from ..lr_schedule import schedule_of
-
-    return schedule_of(run.get("schedule"))
 
 
 def _is_comm_failure(e: BaseException) -> bool:

@@ -48,17 +48,29 @@ export function logView(log) {
     <button class="hd-close" title="hide the log">×</button></div><pre>${esc(log.text)}</pre></div>`;
 }
 
+// The status badge: what the job's status reads for people ("stopped at step 5" for a job stopped gracefully),
+// coloured by its status.
+export function statusBadge(s) {
+  return `<span class="hd-status hd-${esc(s.status)}">${esc(s.status_text || s.status)}</span>`;
+}
+
+// The stop button in state st (stopState); its tooltip says what it does to this job (Python's stop_hint).
+export function stopButton(s, st) {
+  if (st === "stopping") return `<button class="hd-stop" disabled>stopping…</button>`;
+  if (!st) return "";
+  const hint = s.stop_hint || "stop every worker of this job now (job.cancel())";
+  return `<button class="hd-stop${st === "armed" ? " hd-armed" : ""}" title="${esc(hint)}">${st === "armed" ? "click again to stop" : "■ stop"}</button>`;
+}
+
 // Draws state s (and the rank log shown) into el.
 export function render(el, s, log, ui) {
   if (!s || !s.job_id) { el.innerHTML = `<div class="hspmd-dashboard"><i>no job</i></div>`; return; }
   const frac = progress(s);
   const events = (s.events || []).map((e) => `<li class="hd-ev hd-${esc(e.reason)}" data-reason="${esc(e.reason)}"${e.detail ? ` title="${esc(e.detail)}"` : ""}>${esc(e.text)}</li>`).join("");
   const none = s.running ? "none yet" : "none";
-  const st = stopState(s, ui);
-  const stop = st === "stopping" ? `<button class="hd-stop" disabled>stopping…</button>`
-    : st ? `<button class="hd-stop${st === "armed" ? " hd-armed" : ""}" title="stop every worker of this job now (job.cancel())">${st === "armed" ? "click again to stop" : "■ stop"}</button>` : "";
+  const stop = stopButton(s, stopState(s, ui));
   el.innerHTML = `<div class="hspmd-dashboard" data-status="${esc(s.status)}" data-step="${s.step}">
-    <div class="hd-head"><b>job ${esc(s.job_id)}</b> <span class="hd-status hd-${esc(s.status)}">${esc(s.status)}</span>
+    <div class="hd-head"><b>job ${esc(s.job_id)}</b> ${statusBadge(s)}
       <span class="hd-progress" title="steps done"><span style="width:${(frac * 100).toFixed(0)}%"></span></span> step ${s.step}${s.steps ? " / " + s.steps : ""}
       ${s.starting ? `<span class="hd-phase">${esc(s.starting)}</span>` : ""}
       <span class="hd-clock">elapsed <b class="hd-elapsed">${clock(s.elapsed_s)}</b>${s.running && s.eta_s != null ? ` · ETA <b class="hd-eta">${clock(s.eta_s)}</b>` : ""}</span>
