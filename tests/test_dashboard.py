@@ -223,3 +223,25 @@ def test_the_progress_line_and_the_dashboard_show_one_tokens_per_s_computation()
     line = Job._progress_text(job, metrics.rank(0)[-1])
     assert f"{want:.0f} tok/s" in line, line  # 1,000 tok/s and more are written in k: this case stays below
     assert want < 1e3 and "loss 0.0000" in line
+
+
+def test_the_dashboard_shows_validation_losses_the_learning_rate_and_the_gradient_norm() -> None:
+    """A training job's ranks report each step's learning rate and gradient norm, and on validation steps the
+    validation loss: the snapshot carries them to the front end (squares on the loss curve, figures beside it)."""
+    from types import SimpleNamespace
+
+    from hspmd_sdk.runtime.metrics import MetricsHistory, StepMetrics
+    from hspmd_sdk.viz._job import snapshot
+
+    metrics = MetricsHistory()
+    for step in range(4):
+        for r in (0, 1):
+            metrics.add(StepMetrics(rank=r, step=step, step_time=0.1, loss=5.0 - step, lr=1e-3 * (step + 1),
+                                    grad_norm=2.0 - 0.1 * step, val_loss=4.6 - step if step % 2 else None))
+    job = SimpleNamespace(job_id="fake", status="running", metrics=metrics, controller=None,
+                          spec=SimpleNamespace(steps=10, ranks=[0, 1], slowdown={}), events=[], failures=[],
+                          pids=lambda: {0: 1, 1: 2}, _lock=threading.RLock(), _absorbed=[], _failures=[],
+                          _ranks={0: SimpleNamespace(returncode=None), 1: SimpleNamespace(returncode=None)})
+    view = snapshot(job).to_view()
+    assert view["val_losses"] == [[1, 3.6], [3, 1.6]]
+    assert view["lr"] == pytest.approx(4e-3) and view["grad_norm"] == pytest.approx(1.7)

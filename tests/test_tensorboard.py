@@ -32,7 +32,8 @@ def _program(pipes):
 def test_tensorboard_has_the_jobs_losses_step_times_memory_throughput_and_events(tmp_path: Path) -> None:
     pp2, cluster = _program([[([0], [0, 1]), ([1], [2, 3])]])
     dp2, _ = _program([[([0], [0, 3])], [([1], [0, 3])]])
-    job = launch(pp2, cluster, steps=STEPS, seq_len=SEQ, tensorboard=tmp_path / "tb", log_dir=tmp_path / "logs")
+    job = launch(pp2, cluster, steps=STEPS, seq_len=SEQ, tensorboard=tmp_path / "tb", log_dir=tmp_path / "logs",
+                 schedule={"kind": "linear", "warmup_steps": 1}, max_norm=0.5, eval_every=2, eval_batches=1)
     job.switch(dp2)  # a reconfiguration for the events
     result = job.wait()
     acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0, "tensors": 0})
@@ -41,6 +42,13 @@ def test_tensorboard_has_the_jobs_losses_step_times_memory_throughput_and_events
     loss = acc.Scalars("loss")
     assert [e.step for e in loss] == list(range(STEPS))
     assert all(e.value == pytest.approx(x, rel=1e-6) for e, x in zip(loss, result.losses))  # float32 in the file
+    for tag, want in (("grad_norm", result.grad_norms), ("lr", result.lrs)):  # the training recipe's figures
+        got = acc.Scalars(tag)
+        assert [e.step for e in got] == list(range(STEPS)) and len(want) == STEPS
+        assert all(e.value == pytest.approx(x, rel=1e-6) for e, x in zip(got, want))
+    val = acc.Scalars("val_loss")
+    assert {e.step: pytest.approx(v, rel=1e-6) for e, v in zip(val, result.val_losses.values())} == \
+        {s: v for s, v in result.val_losses.items()} and sorted(result.val_losses) == list(range(1, STEPS, 2))
     slowest = {}
     for rank in (0, 1):
         times = {e.step: e.value for e in acc.Scalars(f"step_time/rank{rank}")}

@@ -138,6 +138,9 @@ class JobSnapshot:
     eta_s: float | None = field(default=None, compare=False)
     status_text: str = ""  #: the status for people (``Job.status_text``: ``stopped at step N``); "" = ``status``
     graceful_stop: bool = False  #: the stop button ends the job at a step boundary (``job.stop()``), not at once
+    val_losses: tuple[tuple[int, float], ...] = ()  #: (step, validation loss) of the validation steps so far
+    lr: float | None = None         #: the learning rate of the last step
+    grad_norm: float | None = None  #: the gradient's global norm of the last step, before clipping
 
     @property
     def running(self) -> bool:
@@ -179,6 +182,8 @@ class JobSnapshot:
         return {"job_id": self.job_id, "status": self.status, "status_text": self.status_text or self.status,
                 "step": self.step, "steps": self.steps,
                 "losses": [round(x, 6) for x in self.losses],
+                "val_losses": [[k, round(v, 6)] for k, v in self.val_losses], "lr": self.lr,
+                "grad_norm": None if self.grad_norm is None else round(self.grad_norm, 6),
                 "step_times": [[r, round(t, 4)] for r, t in sorted(times.items())], "slowest": slow,
                 "ranks": [{"rank": r.rank, "state": r.state, "time": None if r.step_time is None
                            else round(r.step_time, 4), "step": r.last_step, "memory_mb": r.memory_mb,
@@ -374,7 +379,19 @@ def snapshot(job: Any, *, stopped_by_user: bool = False) -> JobSnapshot:
                        _plan(job, events, to_launch), str(log_dir) if log_dir else "",
                        callable(getattr(job, "cancel", None)), stopped_by_user, starting,
                        float(elapsed) if isinstance(elapsed, (int, float)) else None,
-                       eta if status in _RUNNING else None, status_text, graceful)
+                       eta if status in _RUNNING else None, status_text, graceful, *_recipe(metrics))
+
+
+def _recipe(metrics: Any) -> tuple[tuple[tuple[int, float], ...], float | None, float | None]:
+    """The validation losses so far, and the last step's learning rate and gradient norm, where the job's metrics
+    have them (a training job's ranks report them; others do not)."""
+    series = getattr(metrics, "series", None)
+    if not callable(series):
+        return (), None, None
+    val, lrs, norms = series("val_loss"), series("lr"), series("grad_norm")
+    last = max(lrs, default=None)
+    return (tuple(val.items()), lrs[last] if last is not None else None,
+            norms.get(last) if last is not None else None)
 
 
 def _kind(f: JobFailure) -> str:

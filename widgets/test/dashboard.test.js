@@ -6,7 +6,7 @@ import { esc } from "../src/common/esc.js";
 import { clock, mem, rate, secs } from "../src/job_dashboard/format.js";
 import { lossCurve, lossScale } from "../src/job_dashboard/loss.js";
 import { barScale, barWidth, rankList, rankRows } from "../src/job_dashboard/ranks.js";
-import { logView, planView, pressStop, progress, settle, statusBadge, stopButton, stopState } from "../src/job_dashboard/view.js";
+import { logView, planView, pressStop, progress, settle, statusBadge, stopButton, stopState, trainingFigures } from "../src/job_dashboard/view.js";
 
 test("esc: the five HTML specials; null and undefined as nothing", () => {
   assert.equal(esc(`<a href="x">'&'</a>`), "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;");
@@ -63,6 +63,21 @@ test("loss curve markup: the polyline's points, a dot per step below 60 steps, t
   assert.ok(svg.includes('>5.000</text>') && svg.includes('>3.000</text>') && svg.includes('>step 2</text>'));
   assert.equal((lossCurve(Array.from({ length: 60 }, (_, i) => i), 300, 120).match(/<circle /g) || []).length, 0);
   assert.equal(lossCurve([], 300, 120), '<div class="hd-empty">no loss reported yet</div>');
+});
+
+test("validation losses: a square at each validation step, inside the scale; none past the last step", () => {
+  const svg = lossCurve([5, 3, 4], 300, 120, [[1, 2], [7, 9]]);
+  assert.equal((svg.match(/<rect class="hd-val"/g) || []).length, 1);  // step 7 is not trained yet
+  assert.ok(svg.includes("<title>step 1: validation 2.0000</title>"));
+  assert.ok(svg.includes(">2.000</text>") && svg.includes(">5.000</text>"));  // the range takes the val loss in
+  const { lo } = lossScale([5, 3, 4], 300, 120, [[1, 2]]);
+  assert.equal(lo, 2);
+});
+
+test("training figures: the last validation loss, the learning rate and the gradient norm, where reported", () => {
+  const t = trainingFigures({ val_losses: [[1, 4.5], [3, 4.25]], lr: 0.003, grad_norm: 1.23456 });
+  assert.ok(t.includes("val 4.2500") && t.includes("step 3") && t.includes("lr 3.00e-3") && t.includes("1.235"));
+  assert.equal(trainingFigures({}), "");
 });
 
 const RANKS = [{ rank: 0, state: "running", time: 0.5, memory_mb: 2048 }, { rank: 1, state: "running", time: 0.8 },

@@ -1,7 +1,8 @@
 """A running job's figures in TensorBoard (``launch(..., tensorboard=DIR)``), written by the launcher as the
 workers report them: no worker writes anything, and a job without TensorBoard pays nothing.
 
-Scalars, by step: ``loss`` (the step's loss, once), ``tokens_per_s`` (the step's tokens over its slowest rank's
+Scalars, by step: ``loss`` (the step's loss, once; with it ``grad_norm`` — the global norm before clipping —,
+``lr`` and, on validation steps, ``val_loss``), ``tokens_per_s`` (the step's tokens over its slowest rank's
 time: a training job's global batch times its sequence length, or the lengths dispatched), ``step_time/rank<r>``
 and ``memory_mb/rank<r>`` (each rank's step time and peak memory); text ``events``: every failure and
 reconfiguration (``Job.failures``, ``Job.events``) as it is known; text ``job``: the job at its start, and its
@@ -88,6 +89,9 @@ class TensorBoardLogger:
             if m.loss is not None and m.step not in self._losses and (want is None or rank == want):
                 self._losses.add(m.step)
                 w.add_scalar("loss", m.loss, m.step)
+                for tag, value in (("grad_norm", m.grad_norm), ("lr", m.lr), ("val_loss", m.val_loss)):
+                    if value is not None:  # what every rank reports alike, written with the step's loss
+                        w.add_scalar(tag, value, m.step)
             self._write_throughput(complete=True)
             self._write_events(m.step)
 

@@ -25,22 +25,25 @@ function esc(s) {
 }
 
 // src/job_dashboard/loss.js
-function lossScale(losses, w, h) {
-  const lo = Math.min(...losses), hi = Math.max(...losses);
+function lossScale(losses, w, h, val = []) {
+  const all = losses.concat(val.map((p) => p[1]));
+  const lo = Math.min(...all), hi = Math.max(...all);
   const span = hi - lo || 1;
   const x = (i) => 46 + (losses.length === 1 ? 0 : i / (losses.length - 1) * (w - 54));
   const y = (v) => 6 + (1 - (v - lo) / span) * (h - 22);
   return { lo, hi, x, y };
 }
-function lossCurve(losses, w, h) {
+function lossCurve(losses, w, h, val = []) {
   if (!losses.length) return `<div class="hd-empty">no loss reported yet</div>`;
-  const { lo, hi, x, y } = lossScale(losses, w, h);
+  val = val.filter((p) => p[0] < losses.length);
+  const { lo, hi, x, y } = lossScale(losses, w, h, val);
+  const squares = val.map(([i, v]) => `<rect class="hd-val" x="${(x(i) - 3).toFixed(1)}" y="${(y(v) - 3).toFixed(1)}" width="6" height="6"><title>step ${i}: validation ${v.toFixed(4)}</title></rect>`).join("");
   const pts = losses.map((v, i) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
   return `<svg class="hd-loss" width="${w}" height="${h}" role="img" aria-label="loss curve">
     <line x1="46" y1="${h - 16}" x2="${w - 4}" y2="${h - 16}" class="hd-axis"/><line x1="46" y1="4" x2="46" y2="${h - 16}" class="hd-axis"/>
     <text x="42" y="${y(hi) + 4}" text-anchor="end">${hi.toFixed(3)}</text><text x="42" y="${y(lo) + 4}" text-anchor="end">${lo.toFixed(3)}</text>
     <text x="46" y="${h - 3}">step 0</text><text x="${w - 4}" y="${h - 3}" text-anchor="end">step ${losses.length - 1}</text>
-    <polyline points="${pts}" class="hd-line"/>${losses.length < 60 ? losses.map((v, i) => `<circle cx="${x(i).toFixed(1)}" cy="${y(v).toFixed(1)}" r="2.2"><title>step ${i}: ${v.toFixed(4)}</title></circle>`).join("") : ""}</svg>`;
+    <polyline points="${pts}" class="hd-line"/>${losses.length < 60 ? losses.map((v, i) => `<circle cx="${x(i).toFixed(1)}" cy="${y(v).toFixed(1)}" r="2.2"><title>step ${i}: ${v.toFixed(4)}</title></circle>`).join("") : ""}${squares}</svg>`;
 }
 
 // src/job_dashboard/ranks.js
@@ -135,10 +138,18 @@ function render(el, s, log, ui) {
       ${s.step_s != null ? `<span class="hd-steps" title="median time of the newest steps (their slowest rank)">${secs(s.step_s)}/step</span>` : ""}
       ${stop}
       ${s.error ? `<span class="hd-error">${esc(s.error.split("\n")[0])}</span>` : ""}</div>
-    <div class="hd-body"><div class="hd-panel"><div class="hd-title">loss</div>${lossCurve(s.losses || [], 300, 120)}</div>
+    <div class="hd-body"><div class="hd-panel"><div class="hd-title">loss${trainingFigures(s)}</div>${lossCurve(s.losses || [], 300, 120, s.val_losses || [])}</div>
       <div class="hd-panel hd-ranks"><div class="hd-title">last step time per rank${s.slowest != null ? ` <small>(slowest R${s.slowest})</small>` : ""} <small>· click a rank for its log</small></div>${rankRows(s)}</div>
       <div class="hd-panel"><div class="hd-title">events <small>(failures and reconfigurations)</small></div>${events ? `<ul class="hd-events">${events}</ul>` : `<div class="hd-empty hd-noevents">${none}${s.can_switch ? "" : " — this job cannot switch plans"}</div>`}</div>
       ${planView(s.plan)}</div>${logView(log)}</div>`;
+}
+function trainingFigures(s) {
+  const parts = [];
+  const val = s.val_losses || [];
+  if (val.length) parts.push(`<span class="hd-valtext" title="validation loss at step ${val[val.length - 1][0]}">val ${val[val.length - 1][1].toFixed(4)}</span>`);
+  if (s.lr != null) parts.push(`<span class="hd-lr" title="learning rate of the last step">lr ${s.lr.toExponential(2)}</span>`);
+  if (s.grad_norm != null) parts.push(`<span class="hd-gnorm" title="gradient norm of the last step, before clipping">‖g‖ ${s.grad_norm.toFixed(3)}</span>`);
+  return parts.length ? ` <small>· ${parts.join(" · ")}</small>` : "";
 }
 
 // src/job_dashboard/index.js

@@ -78,8 +78,20 @@ export function render(el, s, log, ui) {
       ${s.step_s != null ? `<span class="hd-steps" title="median time of the newest steps (their slowest rank)">${secs(s.step_s)}/step</span>` : ""}
       ${stop}
       ${s.error ? `<span class="hd-error">${esc(s.error.split("\n")[0])}</span>` : ""}</div>
-    <div class="hd-body"><div class="hd-panel"><div class="hd-title">loss</div>${lossCurve(s.losses || [], 300, 120)}</div>
+    <div class="hd-body"><div class="hd-panel"><div class="hd-title">loss${trainingFigures(s)}</div>${lossCurve(s.losses || [], 300, 120, s.val_losses || [])}</div>
       <div class="hd-panel hd-ranks"><div class="hd-title">last step time per rank${s.slowest != null ? ` <small>(slowest R${s.slowest})</small>` : ""} <small>· click a rank for its log</small></div>${rankRows(s)}</div>
       <div class="hd-panel"><div class="hd-title">events <small>(failures and reconfigurations)</small></div>${events ? `<ul class="hd-events">${events}</ul>` : `<div class="hd-empty hd-noevents">${none}${s.can_switch ? "" : " — this job cannot switch plans"}</div>`}</div>
       ${planView(s.plan)}</div>${logView(log)}</div>`;
 }
+
+// The training recipe's figures beside the loss: the last validation loss, learning rate and gradient norm (before
+// clipping), each where the job reports it.
+export function trainingFigures(s) {
+  const parts = [];
+  const val = s.val_losses || [];
+  if (val.length) parts.push(`<span class="hd-valtext" title="validation loss at step ${val[val.length - 1][0]}">val ${val[val.length - 1][1].toFixed(4)}</span>`);
+  if (s.lr != null) parts.push(`<span class="hd-lr" title="learning rate of the last step">lr ${s.lr.toExponential(2)}</span>`);
+  if (s.grad_norm != null) parts.push(`<span class="hd-gnorm" title="gradient norm of the last step, before clipping">‖g‖ ${s.grad_norm.toFixed(3)}</span>`);
+  return parts.length ? ` <small>· ${parts.join(" · ")}</small>` : "";
+}
+
