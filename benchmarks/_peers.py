@@ -1,7 +1,7 @@
 """Worker entries for the runtime benchmarks: our executor and a torch-only peer, interleaved in one job.
 
 :func:`bench_entry` runs inside the SDK's own worker processes (started by
-:func:`hspmd_sdk.runtime.control.launcher.launch`, gloo already initialised), so process setup, thread count and data are
+:func:`hspmd_sdk.runtime.control.launcher.launch_entry`, gloo already initialised), so process setup, thread count and data are
 identical for both contestants.  Per round it runs ``steps`` training steps of HSPMD's
 :class:`~hspmd_sdk.runtime.workers.executor.StepExecutor` and ``steps`` of the peer (the order alternates between rounds so
 that a slow patch of background load hits both alike; with ``steps=1`` the two alternate step by step, and the

@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.bench_runtime import (BENCH_MODEL, RESULTS, SEED, SEQ, LR, load, median, pipe,  # noqa: E402
                                       program_of, strategy)
 from hspmd_sdk.core.cluster import Cluster  # noqa: E402
-from hspmd_sdk.runtime.control.launcher import launch  # noqa: E402
+from hspmd_sdk.runtime import launch  # noqa: E402
 from hspmd_sdk.runtime.control.train import training_run  # noqa: E402
 from hspmd_sdk.runtime.transports.transport import LocalTransport  # noqa: E402
 

@@ -57,8 +57,8 @@ from hspmd_sdk.core.specialize import specialize  # noqa: E402
 from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.runtime.checkpoints.checkpoint import list_checkpoints  # noqa: E402
-from hspmd_sdk.runtime.control.launcher import launch  # noqa: E402
-from hspmd_sdk.runtime.control.train import launch_runs, training_run  # noqa: E402
+from hspmd_sdk.runtime import launch  # noqa: E402
+from hspmd_sdk.runtime.control.train import _launch_runs, training_run  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 IO_ENTRY = "benchmarks.bench_checkpoint:io_entry"
@@ -316,7 +316,7 @@ def stall_part(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                                            "keep": 1, "checkpoint_async": mode == "background"}
         runs.append(training_run(prog, steps=steps, seed=SEED, seq_len=SEQ, cluster=cluster, **extra))
     before = load()
-    res = launch_runs(runs, cluster, timeout_s=900).wait()
+    res = _launch_runs(runs, cluster, timeout_s=900).wait()
     step_times: dict[str, list[float]] = {m: [] for m in modes}
     blocked: dict[str, list[float]] = {m: [] for m in modes}
     written: dict[str, list[float]] = {m: [] for m in modes}
@@ -349,10 +349,10 @@ def restart(program_a: Any, cluster_a: Any, program_b: Any, cluster_b: Any, root
     until the first step began), ``load`` (the slowest rank reading its shards), ``first_step`` (its step time),
     ``total`` (relaunch to first step done; ``kill`` not included).  ``transport``: a factory of the transport
     of both launches (default: local processes, forked from the fork server)."""
-    from hspmd_sdk.runtime.control.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch
 
     extra = {} if transport is None else {"transport": transport()}
-    job = launch_training(program_a, cluster_a, steps=save_at + 1000, seed=seed, seq_len=seq_len,
+    job = launch(program_a, cluster_a, steps=save_at + 1000, seed=seed, seq_len=seq_len,
                           checkpoint_dir=root, checkpoint_every=save_at, timeout_s=timeout_s, **extra)
     deadline = time.monotonic() + timeout_s
     while not any(s >= save_at for s, _ in list_checkpoints(root)):
@@ -367,7 +367,7 @@ def restart(program_a: Any, cluster_a: Any, program_b: Any, cluster_b: Any, root
     run = training_run(program_b, steps=save_at + 1, seed=seed, seq_len=seq_len, cluster=cluster_b,
                        resume_from=root)
     check = time.perf_counter() - t0
-    job = launch_runs([run], cluster_b, timeout_s=timeout_s,
+    job = _launch_runs([run], cluster_b, timeout_s=timeout_s,
                       **({} if transport is None else {"transport": transport()}))
     while job.metrics.last_step() < 0:
         time.sleep(0.002)
@@ -381,10 +381,10 @@ def restart(program_a: Any, cluster_a: Any, program_b: Any, cluster_b: Any, root
 
 def fresh_start(program: Any, cluster: Any, *, seed: int = SEED, seq_len: int = SEQ) -> float:
     """Seconds from launching ``program`` (no checkpoint) until its first step is done."""
-    from hspmd_sdk.runtime.control.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch
 
     t0 = time.perf_counter()
-    job = launch_training(program, cluster, steps=1, seed=seed, seq_len=seq_len)
+    job = launch(program, cluster, steps=1, seed=seed, seq_len=seq_len)
     while job.metrics.last_step() < 0:
         time.sleep(0.002)
     total = time.perf_counter() - t0

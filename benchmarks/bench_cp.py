@@ -70,14 +70,14 @@ def strategy(model: LlamaConfig, stage: dict[str, Any]) -> Strategy:
 
 def train(model: LlamaConfig, ranks: int, stage: dict[str, Any], env: dict[str, str], seq: int,
           steps: int) -> dict[str, Any]:
-    from hspmd_sdk.runtime.control.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch
 
     cluster = Cluster.local(ranks)
     program = specialize(model, plan_from_strategy(model, strategy(model, stage), cluster), cluster)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        result = launch_training(program, cluster, steps=steps, seq_len=seq, seed=0, transport=OneThread(),
+        result = launch(program, cluster, steps=steps, seq_len=seq, seed=0, transport=OneThread(),
                                  timeout_s=1800).wait()
     finally:
         for k, v in saved.items():

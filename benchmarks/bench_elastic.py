@@ -149,7 +149,7 @@ def paper_c1_c2() -> dict[str, Any]:
 
 # ---- 2. the switch on real processes ----------------------------------------------------------------------------
 def switch_methods(repeats: int) -> dict[str, Any]:
-    from hspmd_sdk.runtime.control.launcher import LocalTransport, launch
+    from hspmd_sdk.runtime import LocalTransport, launch
 
     model, world = SMALL, 8
     cluster = Cluster.local(world)
@@ -206,10 +206,10 @@ SIX_SMALL = {"pipelines": [pipe([([0], [0, 1]), ([1], [2, 3]), ([2], [4, 5])], 2
 
 
 def elastic_recovery(model: Any, data: dict, steps: int = 5, kill: int = 4, at_step: int = 2) -> dict[str, Any]:
-    from hspmd_sdk.runtime.control.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch
 
     cluster = Cluster.local(6)
-    job = launch_training(program_of(model, data, cluster), cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(program_of(model, data, cluster), cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
                           elastic=True, fault_injection=[{"rank": kill, "step": at_step, "at": "backward"}],
                           heartbeat_s=0.5, timeout_s=300)
     res = job.wait(timeout=900)
@@ -270,10 +270,10 @@ def grow_back(model: Any, data: dict, fork: bool, kill: int = 4) -> dict[str, An
     every worker switched (the newcomer started, joined the larger world and received its state).  The job has
     steps enough to train on while a fresh newcomer starts (it is cancelled once the grow is measured): nearer its
     end a grow waits for its newcomers at the boundary (``grow.NEAR_THE_END``)."""
-    from hspmd_sdk.runtime.control.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch
 
     six = Cluster.local(6)
-    job = launch_training(program_of(model, data, six), six, steps=400, seed=SEED, seq_len=SEQ, lr=LR, elastic=True,
+    job = launch(program_of(model, data, six), six, steps=400, seed=SEED, seq_len=SEQ, lr=LR, elastic=True,
                           fault_injection=[{"rank": kill, "step": 2, "at": "backward"}], heartbeat_s=0.5,
                           timeout_s=300, transport=_transport(fork)())
     try:
@@ -349,12 +349,12 @@ def grow_vs_restart(rounds: int) -> dict[str, Any]:
 def straggler(steps: int = 24, at: int = 6, factor: float = 4.0) -> dict[str, Any]:
     from hspmd_sdk.planner import simulate
     from hspmd_sdk.runtime.control.controller import StragglerWatch
-    from hspmd_sdk.runtime.control.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch
 
     model, cluster = SMALL, Cluster.local(2)
     data = {"pipelines": [pipe([([0], [0, 5])], 1, 4), pipe([([1], [0, 5])], 1, 4)]}
     old = Strategy.load(data, model=model, cluster=cluster)
-    job = launch_training(program_of(model, data, cluster), cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(program_of(model, data, cluster), cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
                           slowdown={1: [(at, factor)]}, straggler=StragglerWatch(margin=2.0, steps=3, warmup=2),
                           timeout_s=300)
     res = job.wait(timeout=900)

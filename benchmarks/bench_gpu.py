@@ -200,7 +200,7 @@ def versus_ddp(world: int, precision: str, device: str, args: argparse.Namespace
     from hspmd_sdk.core.specialize import specialize
     from hspmd_sdk.core.strategy_plan import plan_from_strategy
     from hspmd_sdk.runtime.workers.devices import backend_for_device
-    from hspmd_sdk.runtime.control.launcher import launch
+    from hspmd_sdk.runtime import launch
     from hspmd_sdk.runtime.control.train import training_run
     from hspmd_sdk.runtime.transports.transport import LocalTransport
 

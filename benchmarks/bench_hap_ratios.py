@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.planner.ratios import solve_ratios, split_units  # noqa: E402
-from hspmd_sdk.runtime.control.train import launch_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 #: matmuls dominate on a CPU core (fp32): 4 layers, hidden 256, 8 heads, ffn 768, seq 128
@@ -51,7 +51,7 @@ def _dp(shares: list[int]) -> dict:
 def _run(data: dict, slow: float, steps: int) -> dict:
     cluster = Cluster.local(2)
     program = specialize(MODEL, plan_from_strategy(MODEL, Strategy.load(data), cluster), cluster)
-    job = launch_training(program, cluster, steps=steps, seed=0, seq_len=SEQ, timeout_s=120, slowdown={1: slow})
+    job = launch(program, cluster, steps=steps, seed=0, seq_len=SEQ, timeout_s=120, slowdown={1: slow})
     job.wait(timeout=600)
     step = [m.step_time for m in job.metrics.rank(0)[2:]]
     compute = {r: statistics.median(m.extra["compute_s"] for m in job.metrics.rank(r)[2:]) for r in (0, 1)}

@@ -47,8 +47,8 @@ from hspmd_sdk import LlamaConfig  # noqa: E402
 from hspmd_sdk.core.specialize import specialize  # noqa: E402
 from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
-from hspmd_sdk.runtime.control.launcher import launch  # noqa: E402
-from hspmd_sdk.runtime.control.train import launch_training, training_run  # noqa: E402
+from hspmd_sdk.runtime import launch  # noqa: E402
+from hspmd_sdk.runtime.control.train import training_run  # noqa: E402
 from hspmd_sdk.runtime.transports.transport import LocalTransport  # noqa: E402
 
 EXAMPLES = REPO / "hspmd_sdk" / "examples"
@@ -161,7 +161,7 @@ def measured_step(strat: Strategy, args: argparse.Namespace, slowdown: dict[int,
     """Median over steps (after warm-up) of the slowest rank's reported step time."""
     cluster = Cluster.local(world)
     steps = args.warmup + args.rounds * args.steps
-    res = launch_training(program_of(BENCH_MODEL, strat, cluster), cluster, steps=steps, seed=SEED, seq_len=SEQ,
+    res = launch(program_of(BENCH_MODEL, strat, cluster), cluster, steps=steps, seed=SEED, seq_len=SEQ,
                           lr=LR, slowdown=slowdown, timeout_s=600, transport=LocalTransport(cwd=str(REPO))).wait()
     per_step = [max(res.step_times(r)[s] for r in range(world)) for s in range(args.warmup, steps)]
     return median(per_step)
@@ -249,7 +249,7 @@ def hetero_part(args: argparse.Namespace, world: int) -> dict:
 # ---- (e): training quality ------------------------------------------------------------------------------------
 def quality(args: argparse.Namespace) -> dict:
     """Loss curves of a homogeneous and a heterogeneous plan; written next to ``--json`` as ``quality.json``."""
-    from hspmd_sdk.runtime.control.train import launch_runs
+    from hspmd_sdk.runtime.control.train import _launch_runs
 
     tiny = LlamaConfig.preset("tiny")
     cluster = Cluster.local(4)
@@ -257,7 +257,7 @@ def quality(args: argparse.Namespace) -> dict:
     homo = Strategy.load({"pipelines": [pipe([([r], [0, 3])], 2, 1) for r in range(4)], "name": "dp4"})
     runs = [training_run(program_of(tiny, s, cluster), steps=args.quality_steps, seed=SEED, data="stdlib", lr=3e-3,
                          cluster=cluster) for s in (homo, hetero)]
-    res = launch_runs(runs, cluster, timeout_s=1200, transport=LocalTransport(cwd=str(REPO))).wait()
+    res = _launch_runs(runs, cluster, timeout_s=1200, transport=LocalTransport(cwd=str(REPO))).wait()
     curves = {"homogeneous_dp4": res.results[0]["runs"][0]["losses"],
               "heterogeneous_example_hetero_tiny": res.results[0]["runs"][1]["losses"]}
     target = Path(args.json).parent / "quality.json"

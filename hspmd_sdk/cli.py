@@ -293,7 +293,7 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
 @command("run", "train a strategy on N local worker processes and print its losses next to the single-device "
                 "model's", _run_arguments)
 def _run(args: argparse.Namespace) -> int:
-    from .runtime.control.train import launch_training, reference_training  # lazy: torch (train)
+    from .runtime.control.train import launch, reference_training  # lazy: torch (train)
 
     model, cluster = load_model_spec(args.model), Cluster.local(args.local)
     if args.stall < 2 * args.heartbeat:
@@ -313,7 +313,7 @@ def _run(args: argparse.Namespace) -> int:
     strategy = Strategy.load(path)
     _check_run_context(strategy, model, cluster, args, path)
     program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster)
-    job = launch_training(program, cluster, steps=args.steps, seed=args.seed, data=args.data, lr=args.lr,
+    job = launch(program, cluster, steps=args.steps, seed=args.seed, data=args.data, lr=args.lr,
                           seq_len=args.seq_len, progress=True,
                           timeout_s=args.timeout, stall_s=args.stall, heartbeat_s=args.heartbeat,
                           log_dir=args.log_dir, resource_check=not args.no_resource_check,

@@ -40,7 +40,7 @@ def add_training_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def training_checkpoint_options(args: argparse.Namespace) -> dict[str, object]:
-    """The ``launch_training`` keywords of :func:`add_training_checkpoint_arguments`."""
+    """The ``launch`` keywords of :func:`add_training_checkpoint_arguments`."""
     return {"checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
             "resume_from": args.resume_from}
 

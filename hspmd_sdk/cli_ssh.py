@@ -131,7 +131,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
 def run_launch(args: argparse.Namespace) -> int:
     """Run ``hspmd launch``; :class:`~hspmd_sdk.errors.HSPMDError` propagates (the CLI prints it, status 1)."""
     # lazy: launcher/transports, not loaded at `hspmd --help`
-    from .runtime.control.launcher import launch_remote
+    from .runtime.control.train import launch
 
     _check_arguments(args)
     if args.slurm:
@@ -147,7 +147,7 @@ def run_launch(args: argparse.Namespace) -> int:
                 print("\npreflight failed, nothing was started:\n" + report.problems_text(), file=sys.stderr)
             return 0 if report.ok else 1
         common = _common(args, transport, preflight=False)
-        job = (launch_remote(cluster, entry=args.entry, **common) if args.entry
+        job = (launch(None, cluster, entry=args.entry, **common) if args.entry
                else _launch_training(args, cluster, common))
     except BaseException:
         transport.close()
@@ -164,7 +164,7 @@ def _common(args: argparse.Namespace, transport: Any, *, preflight: bool) -> dic
 def _run_slurm(args: argparse.Namespace) -> int:
     """``hspmd launch ... --slurm``: the cluster read from Slurm, every rank a job step on its node."""
     # lazy: launcher/transports, not loaded at `hspmd --help`
-    from .runtime.control.launcher import launch
+    from .runtime.control.train import launch
     from .runtime.transports.slurm import SlurmTransport
 
     cluster = Cluster.from_slurm(args.partition, args.nodes)
@@ -206,13 +206,13 @@ def _follow(job: Any, cluster: Any) -> int:
 
 
 def _launch_training(args: argparse.Namespace, cluster: Any, common: dict[str, Any]) -> Any:
-    from .runtime.control.train import launch_training  # lazy: torch (train)
+    from .runtime.control.train import launch  # lazy: torch (train)
 
     config = load_model_spec(args.model)
     strategy = Strategy.load(resolve_file(args.file))
     program = specialize(config, plan_from_strategy(config, strategy, cluster), cluster)
     options = {k: v for k, v in common.items() if k != "preflight"}  # the one training path checks the hosts itself
-    return launch_training(program, cluster, data=args.data, lr=args.lr, seq_len=args.seq_len,
+    return launch(program, cluster, data=args.data, lr=args.lr, seq_len=args.seq_len,
                            elastic=args.elastic, straggler=args.straggler, **training_checkpoint_options(args),
                            **options)
 

@@ -131,9 +131,9 @@ def plan_summary(cfg: Any, plan: TrainPlan) -> str:
 def _train(cfg: Any, plan: TrainPlan) -> int:
     """Launch the Program with the config, wait, print the steps."""
     from .cli import EXIT_INTERRUPTED
-    from .runtime.control.train import launch_training  # lazy: torch
+    from .runtime.control.train import launch  # lazy: torch
 
-    job = launch_training(plan.program, plan.cluster, config=cfg)
+    job = launch(plan.program, plan.cluster, config=cfg)
     print(f"training {cfg.run.steps} steps on {plan.cluster.num_ranks} worker processes; logs in "
           f"{getattr(job, 'log_dir', '?')}", file=sys.stderr, flush=True)
     try:

@@ -20,7 +20,7 @@ def run_demo(steps: int = 10, *, seed: int = 0, data: str = "stdlib", lr: float 
     """Train the example heterogeneous plan (``examples/example_hetero_tiny.json``: a TP2 -> TP1 pipeline with 3
     micro-batches beside a 1-rank pipeline with 1) on 4 local processes, train the single-device reference on the
     same data, and print both loss curves side by side.  Returns ``{"hspmd": [...], "reference": [...]}``."""
-    from .runtime.control.train import launch_training, reference_training  # lazy: torch (train)
+    from .runtime.control.train import launch, reference_training  # lazy: torch (train)
 
     examples = Path(__file__).resolve().parent / "examples"
     config = LlamaConfig.preset("tiny")
@@ -29,7 +29,7 @@ def run_demo(steps: int = 10, *, seed: int = 0, data: str = "stdlib", lr: float 
     program = specialize(config, plan_from_strategy(config, strategy, cluster), cluster)
     print(program.describe())
     t0 = time.perf_counter()
-    result = launch_training(program, cluster, steps=steps, seed=seed, data=data, lr=lr, progress=progress,
+    result = launch(program, cluster, steps=steps, seed=seed, data=data, lr=lr, progress=progress,
                              echo=echo).wait()
     wall = time.perf_counter() - t0
     ref = reference_training(config, steps=steps, seed=seed, global_batch=program.bindings["B"], data=data, lr=lr)

@@ -112,14 +112,14 @@ def launch_job(steps: int, *, checkpoint_dir: Path | None = None, checkpoint_eve
                heartbeat_s: float = 0.3, pace: float = PACE):
     """The job on n1-n3 (HETERO, elastic, every rank ``pace`` times slower); returns it and its transport."""
     from hspmd_sdk.runtime import SlurmTransport
-    from hspmd_sdk.runtime.control.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch
 
     cluster = Cluster.from_slurm(nodes=HOSTS)
     transport = SlurmTransport()
     options: dict[str, Any] = {}
     if checkpoint_dir is not None:
         options.update(checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=3)
-    job = launch_training(_program(cluster, HETERO), cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(cluster, HETERO), cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
                           transport=transport, device="cpu", timeout_s=60, heartbeat_s=heartbeat_s, elastic=True,
                           progress=False, slowdown={r: pace for r in cluster.ranks}, grow_back=False, **options)
     return job, transport  # (grow_back=False: the soak grows back itself, at random, and checks each grow)

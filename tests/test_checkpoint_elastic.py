@@ -23,7 +23,7 @@ from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
 from hspmd_sdk.runtime import load_checkpoint  # noqa: E402
 from hspmd_sdk.runtime.checkpoints.checkpoint import list_checkpoints  # noqa: E402
-from hspmd_sdk.runtime.control.train import assemble, launch_training, load_captured, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import assemble, launch, load_captured, reference_training  # noqa: E402
 
 SEED, SEQ, LR, STEPS = 3, 16, 1e-3, 6
 
@@ -42,7 +42,7 @@ def test_checkpoints_follow_an_elastic_reconfiguration(tmp_path: Path) -> None:
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(6)
     program = specialize(model, plan_from_strategy(model, Strategy.load(SIX), cluster), cluster)
     root, capture = tmp_path / "ckpt", tmp_path / "capture"
-    job = launch_training(program, cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, elastic=True,
+    job = launch(program, cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, elastic=True,
                           fault_injection=[{"rank": 4, "step": 2, "at": "backward"}], capture_dir=capture,
                           checkpoint_dir=root, checkpoint_every=1, keep=STEPS, timeout_s=60, heartbeat_s=0.5)
     result = job.wait(timeout=200)

@@ -39,7 +39,7 @@ from hspmd_sdk.runtime.checkpoints.checkpoint import (MANIFEST, CheckpointLocked
                                           list_checkpoints, step_dir_name)
 from hspmd_sdk.runtime.checkpoints.checkpoint_lock import (LOCK_FILE, acquire_checkpoint_lock, owner_alive,  # noqa: E402
                                                read_checkpoint_lock, LockOwner)
-from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch, reference_training  # noqa: E402
 
 SEED, SEQ, LR, STEPS = 5, 16, 1e-3, 3
 MODEL = LlamaConfig.preset("tiny")
@@ -90,7 +90,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A root with one 1-rank job's checkpoints of steps 1..3 (sealed, untouched)."""
     root = tmp_path_factory.mktemp("saved") / "root"
     program, cluster = _program(ONE, 1)
-    launch_training(program, cluster, steps=STEPS, checkpoint_dir=root, checkpoint_every=1, keep=STEPS,
+    launch(program, cluster, steps=STEPS, checkpoint_dir=root, checkpoint_every=1, keep=STEPS,
                     **KW).wait(timeout=90)
     return root
 
@@ -103,14 +103,14 @@ def test_a_second_job_on_the_same_root_is_refused_and_the_first_keeps_every_chec
 
     root = tmp_path / "ckpt"
     program, cluster = _program(TP2, 2)
-    first = launch_training(program, cluster, steps=STEPS, checkpoint_dir=root, checkpoint_every=1, keep=STEPS, **KW)
+    first = launch(program, cluster, steps=STEPS, checkpoint_dir=root, checkpoint_every=1, keep=STEPS, **KW)
     try:
         owner = read_checkpoint_lock(root)
         assert owner is not None and (owner.job_id, owner.host, owner.pid) == (first.job_id, socket.gethostname(),
                                                                               os.getpid())
         calls = _no_workers(monkeypatch)
         one, one_cluster = _program(ONE, 1)
-        for fn in (launch, launch_training):
+        for fn in (launch, launch):
             with pytest.raises(CheckpointLocked, match=rf"checkpoint_dir {root}: in use by job {first.job_id} "
                                                        rf"\(host {socket.gethostname()}, pid {os.getpid()}, since "):
                 fn(one, one_cluster, steps=STEPS, checkpoint_dir=root, **KW)
@@ -129,7 +129,7 @@ def test_a_second_job_on_the_same_root_is_refused_and_the_first_keeps_every_chec
 
     # the first job ended: a job resuming from the root (and saving into it) starts; it trains on exactly as the
     # uninterrupted single-device model, and its keep=1 prunes the training it continues (the first job's)
-    again = launch_training(one, one_cluster, steps=STEPS + 1, resume_from=root, checkpoint_dir=root,
+    again = launch(one, one_cluster, steps=STEPS + 1, resume_from=root, checkpoint_dir=root,
                             checkpoint_every=1, keep=1, **KW)
     assert read_checkpoint_lock(root).job_id == again.job_id
     losses = again.wait(timeout=90).losses
@@ -148,7 +148,7 @@ def test_a_dead_owners_lock_is_refused_then_taken_over_explicitly(tmp_path: Path
     with pytest.raises(CheckpointLocked, match=rf"in use by job 093000-dead01 \(host {socket.gethostname()}, pid "
                                                rf"{pid}, .*whose process is gone .*break_checkpoint_lock\("
                                                rf"'{root}'\)") as refused:
-        launch_training(program, cluster, steps=STEPS, checkpoint_dir=root, **KW)
+        launch(program, cluster, steps=STEPS, checkpoint_dir=root, **KW)
     assert refused.value.alive is False and refused.value.owner.job_id == "093000-dead01"
     # the message names the function by its public name, and that name is importable as written (issue 48 item 4)
     said = str(refused.value).split("take it over with ", 1)[1].split("(", 1)[0]
@@ -162,7 +162,7 @@ def test_a_dead_owners_lock_is_refused_then_taken_over_explicitly(tmp_path: Path
     assert not (root / LOCK_FILE).exists()
     # taken over: the launch gets as far as starting the workers (the stub refuses), and its lock is released
     with pytest.raises(RuntimeError, match="a worker would have started"):
-        launch_training(program, cluster, steps=STEPS, checkpoint_dir=root, **KW)
+        launch(program, cluster, steps=STEPS, checkpoint_dir=root, **KW)
     assert len(no_workers) == 1 and not (root / LOCK_FILE).exists()
     assert break_checkpoint_lock(root) is None  # nothing to take over
 
@@ -192,7 +192,7 @@ def test_pruning_touches_only_the_jobs_own_checkpoints(saved: Path, tmp_path: Pa
     root = Path(shutil.copytree(saved, tmp_path / "root"))
     other = load_checkpoint(root / step_dir_name(STEPS)).manifest.job_id
     program, cluster = _program(ONE, 1)
-    job = launch_training(program, cluster, steps=2, checkpoint_dir=root, checkpoint_every=1, keep=1, **KW)
+    job = launch(program, cluster, steps=2, checkpoint_dir=root, checkpoint_every=1, keep=1, **KW)
     job.wait(timeout=90)
     found = {s: load_checkpoint(p).manifest.job_id for s, p in list_checkpoints(root)}
     # its own step 1 pruned (keep=1), its step 2 kept; the other job's newer step 3 untouched
@@ -217,7 +217,7 @@ def _refused(ck: Path, match: str, no_workers: list) -> None:
         with pytest.raises(CheckpointError, match=match):
             fn()
     program, cluster = _program(ONE, 1)
-    for fn in (launch, launch_training):
+    for fn in (launch, launch):
         with pytest.raises(CheckpointError, match=match):
             fn(program, cluster, steps=STEPS + 1, resume_from=ck, **KW)
     assert no_workers == []

@@ -35,7 +35,7 @@ from hspmd_sdk.planner.mixed import MixedEntry, MixedPlan  # noqa: E402
 from hspmd_sdk.runtime.data import Documents, LengthBatches  # noqa: E402
 from hspmd_sdk.runtime.workers.executor import sequence_balance  # noqa: E402
 from hspmd_sdk.runtime.control.mixed import reference_mixed  # noqa: E402
-from hspmd_sdk.runtime.control.train import assemble, launch_training, load_captured, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import assemble, load_captured, reference_training  # noqa: E402
 
 SEQ, SEED, LR, STEPS = 16, 3, 1e-3, 5
 TOL = 1e-5
@@ -79,7 +79,7 @@ def test_switching_into_and_out_of_cp_plans(reference: Any) -> None:
     stretched 10x so that the first request lands inside it): both applied, parameters and Adam moments moved by
     BSR (some megabytes: ranks 2 and 3 start empty), losses equal to the single-device model's."""
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(4)
-    job = launch_training(_program(model, TP2_ZERO1, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(model, TP2_ZERO1, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
                           timeout_s=110, slowdown={r: [(0, 1.0), (1, 10.0), (2, 1.0)] for r in cluster.ranks})
     pids = job.pids()
     wait_for(lambda: job.metrics.last_step() >= 0, timeout=60)
@@ -102,7 +102,7 @@ def test_a_sigkilled_cp_rank_is_recovered_elastically(reference: Any) -> None:
     inside it; its CP peer is then inside the ring or the gradient synchronisation): one failure event naming
     rank 1, the survivors finish on a replanned strategy without rank 1, losses equal to the failure-free ones."""
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(3)
-    job = launch_training(_program(model, CP2_BESIDE_ONE, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ,
+    job = launch(_program(model, CP2_BESIDE_ONE, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ,
                           lr=LR, elastic=True, timeout_s=110, heartbeat_s=0.5,
                           slowdown={r: [(0, 1.0), (2, 4.0), (3, 1.0)] for r in cluster.ranks})
     pids = job.pids()

@@ -29,7 +29,6 @@ from hspmd_sdk.errors import RuntimeFailure  # noqa: E402
 from hspmd_sdk.runtime import JobStatus, launch  # noqa: E402
 from hspmd_sdk.runtime.control.faults import Reaction  # noqa: E402
 from hspmd_sdk.runtime.control.job import JobCancelled  # noqa: E402
-from hspmd_sdk.runtime.control.train import launch_training  # noqa: E402
 from hspmd_sdk.viz import JobDashboard  # noqa: E402
 
 SELFTEST = "hspmd_sdk.testing.entries"
@@ -155,7 +154,7 @@ def test_an_elastic_job_that_shrank_shows_its_current_world_and_plan() -> None:
     data = {"pipelines": [_pipe([0], 2, 1), _pipe([1], 2, 1), _pipe([2], 2, 2)]}
     program = specialize(model, plan_from_strategy(model, Strategy.load(data), cluster), cluster,
                          bindings={"B": 8, "S": 16})
-    job = launch_training(program, cluster, steps=3, seed=0, seq_len=16, elastic=True, timeout_s=60,
+    job = launch(program, cluster, steps=3, seed=0, seq_len=16, elastic=True, timeout_s=60,
                           heartbeat_s=0.5, fault_injection=[{"rank": 2, "step": 1, "at": "forward"}])
     try:
         dash = JobDashboard(job, watch=False)

@@ -51,11 +51,11 @@ local"""
 LIVE = """from hspmd_sdk import Strategy, specialize
 from hspmd_sdk.core.strategy_plan import plan_from_strategy
 from hspmd_sdk.models.registry import load_model_spec
-from hspmd_sdk.runtime.control.train import launch_training
+from hspmd_sdk.runtime.control.train import launch
 tiny, two = load_model_spec("tiny"), Cluster.local(2)
 dp2 = Strategy.load({"pipelines": [{"stages": [{"devices": [r], "layers": [0, 3]}], "micro_batch_size": 1,
                                     "num_micro_batches": 2} for r in (0, 1)]})
-running = launch_training(specialize(tiny, plan_from_strategy(tiny, dp2, two), two), two, steps=80, seq_len=16)
+running = launch(specialize(tiny, plan_from_strategy(tiny, dp2, two), two), two, steps=80, seq_len=16)
 live = PlanEditor(two, tiny, {"pipelines": [{"stages": [{"devices": [1], "layers": [0, 1]},
     {"devices": [0], "layers": [2, 3]}], "micro_batch_size": 1, "num_micro_batches": 4}]}, seq_len=16, job=running)
 live"""

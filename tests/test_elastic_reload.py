@@ -24,7 +24,7 @@ from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import RuntimeFailure  # noqa: E402
 from hspmd_sdk.runtime.checkpoints.checkpoint import list_checkpoints  # noqa: E402
-from hspmd_sdk.runtime.control.train import assemble, launch_training, load_captured, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import assemble, launch, load_captured, reference_training  # noqa: E402
 
 SEED, SEQ, LR, STEPS = 3, 16, 1e-3, 6
 
@@ -43,7 +43,7 @@ def _launch(tmp_path: Path, faults: list[dict], every: int):
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(6)
     program = specialize(model, plan_from_strategy(model, Strategy.load(SIX_ZERO1), cluster), cluster,
                          bindings={"B": 8, "S": SEQ})
-    job = launch_training(program, cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, elastic=True,
+    job = launch(program, cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, elastic=True,
                           fault_injection=faults, capture_dir=tmp_path / "capture", checkpoint_dir=tmp_path / "ckpt",
                           checkpoint_every=every, checkpoint_async=False, keep=STEPS, timeout_s=60, heartbeat_s=0.5)
     return model, job, job.pids()

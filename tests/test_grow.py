@@ -21,7 +21,7 @@ from _procs import assert_no_workers_left, wait_for  # noqa: E402
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.runtime.control.controller import SwitchError  # noqa: E402
-from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch, reference_training  # noqa: E402
 
 SEQ, SEED, LR, STEPS = 16, 5, 1e-3, 6
 TOL = 1e-5
@@ -58,7 +58,7 @@ def reference() -> object:
 def _grow_run(reference, grown: dict | None, *, zero1: bool = False, elastic: bool = False, kill_after: bool = False,
               **options):
     model, small, big = LlamaConfig.preset("tiny"), Cluster.local(2), Cluster.local(4)
-    job = launch_training(_program(model, DP2, small, zero1), small, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(model, DP2, small, zero1), small, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
                           timeout_s=60, heartbeat_s=0.5, elastic=elastic, **options,
                           slowdown={r: STRETCH for r in small.ranks})
     old = job.pids()
@@ -122,7 +122,7 @@ def test_a_newcomer_lost_in_the_first_step_after_the_grow_is_named_by_the_failur
     # steps from 2 on stretched 20x (~0.5 s): the grow, requested after step 1 and ready ~0.5 s later, lands by
     # step 3 or 4, and the kill after its switch lands inside a step (at 6x, steps of 0.14 s, it was late: the
     # grow landed on the last step and the job could end before the kill)
-    job = launch_training(_program(model, DP2, small), small, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
+    job = launch(_program(model, DP2, small), small, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
                           heartbeat_s=0.3, elastic=True, slowdown={r: [(0, 6.0), (2, 20.0)] for r in small.ranks})
     wait_for(lambda: job.metrics.last_step() >= 1)
     with job._lock:  # the newcomers' steps are stretched like the others' (emulation), so the kill lands mid-step
@@ -145,7 +145,7 @@ def test_the_job_trains_on_while_its_newcomers_start() -> None:
     from hspmd_sdk.runtime.transports.transport import LocalTransport
 
     model, small, big = LlamaConfig.preset("tiny"), Cluster.local(2), Cluster.local(4)
-    job = launch_training(_program(model, DP2, small), small, steps=5000, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(model, DP2, small), small, steps=5000, seed=SEED, seq_len=SEQ, lr=LR,
                           timeout_s=120, heartbeat_s=0.5, transport=LocalTransport(fork=False),
                           slowdown={r: 20.0 for r in small.ranks})  # ~0.5 s a step: tens of steps, not hundreds
     try:
@@ -177,7 +177,7 @@ def test_a_newcomer_lost_while_it_starts_gives_the_grow_up_and_the_job_goes_on()
 
     model, small, big = LlamaConfig.preset("tiny"), Cluster.local(2), Cluster.local(4)
     steps = 24
-    job = launch_training(_program(model, DP2, small), small, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(model, DP2, small), small, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
                           timeout_s=120, heartbeat_s=0.5, elastic=True, transport=LocalTransport(fork=False),
                           slowdown={r: 20.0 for r in small.ranks})
     try:
@@ -204,7 +204,7 @@ def test_grow_refuses_a_cluster_that_is_not_the_running_one_plus_new_ranks() -> 
     """Bad input is refused before any worker starts: a smaller cluster, a cluster whose first ranks are other
     devices, something that is not a Cluster."""
     model, small = LlamaConfig.preset("tiny"), Cluster.local(2)
-    job = launch_training(_program(model, DP2, small), small, steps=2, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
+    job = launch(_program(model, DP2, small), small, steps=2, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
                           slowdown={0: [(0, 1.0), (1, 200.0)], 1: [(0, 1.0), (1, 200.0)]})
     try:
         with pytest.raises(SwitchError, match="larger cluster"):
@@ -227,7 +227,7 @@ def test_a_rank_lost_during_the_grows_switch(reference, killed: int) -> None:
     before the grow, newcomer 2 maybe the grown one).  The survivors agree on a state they hold (the newcomers that
     hold nothing of it only receive: they stay in the job) and the losses stay equal."""
     model, small, big = LlamaConfig.preset("tiny"), Cluster.local(2), Cluster.local(4)
-    job = launch_training(_program(model, DP2, small), small, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
+    job = launch(_program(model, DP2, small), small, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
                           heartbeat_s=0.3, elastic=True, slowdown={r: STRETCH for r in small.ranks},
                           fault_injection=[{"rank": killed, "at": "switch"}])
     wait_for(lambda: job.metrics.last_step() >= 1)
@@ -247,7 +247,7 @@ def test_a_rank_lost_while_the_grow_waits_for_its_boundary(reference) -> None:
     survivors recover instead of waiting out the rendezvous: the job finishes with the losses of the single-device
     run."""
     model, small, big = LlamaConfig.preset("tiny"), Cluster.local(2), Cluster.local(4)
-    job = launch_training(_program(model, DP2, small), small, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
+    job = launch(_program(model, DP2, small), small, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
                           heartbeat_s=0.3, elastic=True, slowdown={r: STRETCH for r in small.ranks})
     wait_for(lambda: job.metrics.last_step() >= 1)
     pids = job.pids()
@@ -272,7 +272,7 @@ def test_an_elastic_job_grows_back_by_itself_after_it_recovered(reference) -> No
     from hspmd_sdk.runtime.control.growback import GrowBack
 
     model, big = LlamaConfig.preset("tiny"), Cluster.local(4)
-    job = launch_training(_program(model, DP4, big), big, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
+    job = launch(_program(model, DP4, big), big, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
                           heartbeat_s=0.3, elastic=True, grow_back=GrowBack(after_s=0.2),
                           slowdown={r: STRETCH for r in big.ranks})
     wait_for(lambda: job.metrics.last_step() >= 0)
@@ -291,7 +291,7 @@ def test_grow_back_is_refused_without_elastic_and_for_a_bad_value() -> None:
     model, small = LlamaConfig.preset("tiny"), Cluster.local(2)
     for bad, said in ((True, "needs elastic=True"), ("yes", "must be True, False, None or a GrowBack")):
         with pytest.raises(PlanValidationError, match=said):
-            launch_training(_program(model, DP2, small), small, steps=2, seed=SEED, seq_len=SEQ, lr=LR,
+            launch(_program(model, DP2, small), small, steps=2, seed=SEED, seq_len=SEQ, lr=LR,
                             elastic=bad is not True, grow_back=bad)
 
 

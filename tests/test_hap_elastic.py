@@ -28,7 +28,7 @@ from hspmd_sdk import Cluster, GPTConfig, LlamaConfig, Strategy, specialize  # n
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.planner import replan_elastic  # noqa: E402
 from _procs import assert_no_workers_left  # noqa: E402
-from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch, reference_training  # noqa: E402
 from test_switching import LR, SEED, SEQ, STATE_TOL, TOL, _state_err  # noqa: E402  (its comparison, its settings)
 
 STEPS = 4
@@ -116,7 +116,7 @@ def _run(family: str, data: dict, n: int, kill: int, tmp_path: Path, checkpoint:
     model, cluster = FAMILIES[family].preset("tiny"), Cluster.local(n)
     kw = dict(checkpoint_dir=tmp_path / "ckpt", checkpoint_every=2, checkpoint_async=False, keep=STEPS) \
         if checkpoint else {}
-    job = launch_training(_program(model, data, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(model, data, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
                           elastic=True, fault_injection=[{"rank": kill, "step": 3, "at": "backward"}],
                           capture_dir=tmp_path / "capture", timeout_s=60, heartbeat_s=0.5, **kw)
     pids = job.pids()

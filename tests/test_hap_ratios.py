@@ -34,7 +34,7 @@ from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.core.tp_ratios import feasible_ratios  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
-from hspmd_sdk.runtime.control.train import (assemble, launch_runs, load_captured, reference_training,  # noqa: E402
+from hspmd_sdk.runtime.control.train import (assemble, _launch_runs, load_captured, reference_training,  # noqa: E402
                                      training_run)
 
 STEPS, SEED, SEQ, LR = 3, 1, 16, 1e-3
@@ -231,7 +231,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
         keys.append((family, "saved_even"))
         runs.append(training_run(even, **common, checkpoint_dir=out / f"ckpt_{family}", checkpoint_every=1,
                                  checkpoint_async=False))
-    results = [launch_runs(runs, cluster, timeout_s=300).wait()]
+    results = [_launch_runs(runs, cluster, timeout_s=300).wait()]
     # a second job (a run checks its checkpoint exists when it is built): resume under the uneven plan
     resumed = []
     for family in FAMILIES:
@@ -239,7 +239,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
         programs[family, "resumed_uneven"] = programs[family, "tp2_3to1"]
         resumed.append(training_run(programs[family, "tp2_3to1"], **{**common, "capture_dir": out / "resumed"},
                                     resume_from=out / f"ckpt_{family}" / f"step-{RESUME_STEP:08d}"))
-    results.append(launch_runs(resumed, cluster, timeout_s=300).wait())
+    results.append(_launch_runs(resumed, cluster, timeout_s=300).wait())
     got = {}
     for i, key in enumerate(keys):
         job, index = (0, i) if i < len(runs) else (1, i - len(runs))
@@ -340,7 +340,7 @@ def _state_err(run_dir: Path, model, ref) -> dict[str, float]:
 
 
 def _switch_tour(family: str, tour: list[dict], tmp_path: Path) -> None:
-    from hspmd_sdk.runtime.control.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch
 
     model = FAMILIES[family].preset("tiny")
     cluster = Cluster.local(4)
@@ -349,7 +349,7 @@ def _switch_tour(family: str, tour: list[dict], tmp_path: Path) -> None:
     steps = 2 * len(tour) + 3  # steps after the last switch's request: it applies before the run ends
     # compute stretched 6x (sleeping: no numeric change) leaves time to request each switch a step or two apart
     # (at 3x with one step to spare, a full suite once saw the run end before the last switch applied)
-    job = launch_training(programs[0], cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=tmp_path,
+    job = launch(programs[0], cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=tmp_path,
                           timeout_s=60, slowdown={r: 6.0 for r in cluster.ranks})
     for k, program in enumerate(programs[1:], start=1):
         _wait(lambda: job.metrics.last_step() >= 2 * k - 2)
@@ -409,11 +409,11 @@ def test_the_ratio_lp_matches_the_measured_speed_of_an_emulated_slow_rank() -> N
     for the same work; the LP's shares are the measured speeds normalised and its ratios their rounding to the
     model's 4 heads (3:1)."""
     from hspmd_sdk.planner.ratios import solve_ratios, split_units
-    from hspmd_sdk.runtime.control.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch
 
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
     program = specialize(model, plan_from_strategy(model, Strategy.load(EVEN_TP2), cluster), cluster)
-    job = launch_training(program, cluster, steps=4, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
+    job = launch(program, cluster, steps=4, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
                           slowdown={1: 3.0})
     job.wait(timeout=150)
     compute = {r: sorted(m.extra["compute_s"] for m in job.metrics.rank(r)[1:])[1] for r in (0, 1)}  # median
@@ -449,7 +449,7 @@ def test_uneven_stages_beside_even_ones_in_pipelines_and_data_parallel(family: s
                 for n, d in SLOW_RUNS.items()}
     runs = [training_run(programs[n], steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=tmp_path,
                          cluster=cluster) for n in SLOW_RUNS]
-    result = launch_runs(runs, cluster, timeout_s=300).wait()
+    result = _launch_runs(runs, cluster, timeout_s=300).wait()
     shapes = param_shapes(config)
     for i, name in enumerate(SLOW_RUNS):
         captured = load_captured(tmp_path, i)

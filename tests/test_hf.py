@@ -17,7 +17,7 @@ from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.models import from_hf, to_hf  # noqa: E402
 from hspmd_sdk.models.hf import HFError, shard_reader  # noqa: E402
 from hspmd_sdk.runtime.workers.params import load_local_parameters, shard_box  # noqa: E402
-from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch, reference_training  # noqa: E402
 
 CONFIGS = {
     "llama-gqa": LlamaConfig(name="gqa", vocab_size=97, hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -184,7 +184,7 @@ def test_launch_from_hf_weights_trains_like_the_reference_from_them(tmp_path) ->
     program = specialize(config, plan_from_strategy(config, strategy, cluster), cluster)
     ref = reference_training(config, steps=2, seed=0, global_batch=4, seq_len=16, init=state)
     for init in (tmp_path, state):   # a directory, and a state dict in memory
-        result = launch_training(program, cluster, steps=2, seq_len=16, init=init).wait()
+        result = launch(program, cluster, steps=2, seq_len=16, init=init).wait()
         assert max(abs(a - b) / b for a, b in zip(result.losses, ref.losses)) <= 1e-5
 
 
@@ -197,7 +197,7 @@ def test_a_checkpoint_of_another_model_or_a_broken_file_is_refused_before_launch
     other = config.model_copy(update={"hidden_size": 32, "ffn_hidden_size": 128})
     program = specialize(other, plan_from_strategy(other, strategy, cluster), cluster)
     with pytest.raises(HFError, match=r"config.json: the checkpoint's model differs.*hidden_size 64"):
-        launch_training(program, cluster, steps=1, init=tmp_path)
+        launch(program, cluster, steps=1, init=tmp_path)
     from safetensors.torch import load_file, save_file
 
     weights = load_file(tmp_path / "model.safetensors")
@@ -205,6 +205,6 @@ def test_a_checkpoint_of_another_model_or_a_broken_file_is_refused_before_launch
     save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
     program = specialize(config, plan_from_strategy(config, strategy, cluster), cluster)
     with pytest.raises(HFError, match=r"model.safetensors: tensor 'transformer.h.1.mlp.c_fc.bias' is missing"):
-        launch_training(program, cluster, steps=1, init=tmp_path)
+        launch(program, cluster, steps=1, init=tmp_path)
     with pytest.raises(HFError, match="no safetensors weights"):
         shard_reader(tmp_path / "nowhere", config)

@@ -111,7 +111,7 @@ def _top(module: str) -> str:
 
 def test_the_graph_reader_sees_imports_inside_functions() -> None:
     edges = import_graph()
-    # runtime/control/train.py imports .mixed inside launch_training only
+    # runtime/control/train.py imports .mixed inside launch only
     assert "hspmd_sdk.runtime.control.mixed" in edges["hspmd_sdk.runtime.control.train"]
     # a cycle through a function-level import is a cycle
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {("a", "b", "c")}

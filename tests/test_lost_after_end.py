@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.runtime.checkpoints.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
-from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch, reference_training  # noqa: E402
 from _procs import assert_no_workers_left  # noqa: E402
 
 SEED, SEQ, LR, STEPS = 5, 16, 1e-3, 4
@@ -33,7 +33,7 @@ def test_a_worker_lost_after_the_last_step_leaves_a_finished_job(tmp_path: Path,
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(4)
     program = specialize(model, plan_from_strategy(model, Strategy.load(DP2_PP2), cluster), cluster,
                          bindings={"B": 8, "S": SEQ})
-    job = launch_training(program, cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, elastic=True,
+    job = launch(program, cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, elastic=True,
                           fault_injection=[{"rank": rank, "step": STEPS - 1, "at": "end"}],
                           checkpoint_dir=tmp_path / "ckpt", checkpoint_every=2, checkpoint_async=False, keep=STEPS,
                           timeout_s=60, heartbeat_s=0.5)

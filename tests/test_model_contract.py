@@ -98,7 +98,7 @@ def test_a_users_model_with_its_own_op_trains_like_its_reference(monkeypatch: py
                                                                   tmp_path: Path) -> None:
     """A heterogeneous plan (a TP2 -> TP1 pipeline beside a one-rank pipeline) of the user's model, on real
     worker processes that import the model's module (and with it the custom op and kernel)."""
-    from hspmd_sdk.runtime.control.train import launch_training, reference_training
+    from hspmd_sdk.runtime.control.train import launch, reference_training
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     model = MODELS["user"]
@@ -107,7 +107,7 @@ def test_a_users_model_with_its_own_op_trains_like_its_reference(monkeypatch: py
                                             _pipe([([3], [0, 3])], 2, 1)]})
     program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster)
     assert program.comm_plans["layers.2.in"].kinds == ["BSR"]
-    result = launch_training(program, cluster, steps=3, seq_len=16, seed=2, capture_dir=tmp_path).wait()
+    result = launch(program, cluster, steps=3, seq_len=16, seed=2, capture_dir=tmp_path).wait()
     ref = reference_training(model, steps=3, seed=2, global_batch=8, seq_len=16)
     captured_close_to_reference(tmp_path, result.losses, model, ref, seed=2, steps=3, lr=1e-3)
 
@@ -120,7 +120,7 @@ def test_a_parameter_read_through_an_op_trains_like_the_reference_across_data_pa
     gradients found a second bug: the TP2 stage's LM head reads a Reshard's output (``head.in``) through a
     column-split weight, and the executor skipped the gradient reduction (Megatron's f) of a Reshard's output,
     which halved every gradient below the head."""
-    from hspmd_sdk.runtime.control.train import launch_training, reference_training
+    from hspmd_sdk.runtime.control.train import launch, reference_training
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     model = user_model.ReparamMLPLM()
@@ -128,7 +128,7 @@ def test_a_parameter_read_through_an_op_trains_like_the_reference_across_data_pa
     strategy = Strategy.load({"pipelines": [_pipe([([0, 1], [0, 3])], 2, 2), _pipe([([2], [0, 3])], 2, 2)]})
     program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster)
     assert program.grad_sync_plans["layers.0.w2.grad_sync"].kinds != ["Identity"]
-    result = launch_training(program, cluster, steps=3, seq_len=16, seed=2, capture_dir=tmp_path).wait()
+    result = launch(program, cluster, steps=3, seq_len=16, seed=2, capture_dir=tmp_path).wait()
     ref = reference_training(model, steps=3, seed=2, global_batch=8, seq_len=16)
     # unsynchronised, w2 differed by 6e-3
     captured_close_to_reference(tmp_path, result.losses, model, ref, seed=2, steps=3, lr=1e-3)

@@ -85,7 +85,7 @@ def _predict(strategy: Strategy) -> float:
 
 def _measure(strategies: dict[str, Strategy], rounds: int = 3, warmup: int = 1) -> dict[str, float]:
     """Median measured step seconds of each strategy (one job, stepped in turn, rank 1 emulated 3x slower)."""
-    from hspmd_sdk.runtime.control.launcher import launch
+    from hspmd_sdk.runtime import launch
     from hspmd_sdk.runtime.control.train import training_run
     from hspmd_sdk.runtime.transports.transport import LocalTransport
 

@@ -17,7 +17,6 @@ from hspmd_sdk.errors import PlanValidationError
 from hspmd_sdk.runtime import launch
 from hspmd_sdk.runtime.control import preflight
 from hspmd_sdk.runtime.control.preflight import HostFacts, ResourceError, resource_problems, training_memory
-from hspmd_sdk.runtime.control.train import launch_training
 
 SELFTEST = "hspmd_sdk.testing.entries"
 PP2 = {"pipelines": [{"stages": [{"devices": [0], "layers": [0, 1]}, {"devices": [1], "layers": [2, 3]}],
@@ -56,7 +55,7 @@ def test_a_70b_plan_on_two_local_ranks_is_refused_before_any_worker() -> None:
     prog, cluster = program(model, BIG, 2)
     before = set(os.listdir("/proc"))
     with pytest.raises(ResourceError) as info:
-        launch_training(prog, cluster, steps=1, seq_len=128)
+        launch(prog, cluster, steps=1, seq_len=128)
     text = str(info.value)
     assert "host localhost" in text and "GB of RAM" in text and "resource_check=False" in text
     assert no_workers_started(before)
@@ -70,7 +69,7 @@ def test_a_huge_sequence_is_refused_by_its_activations() -> None:
     huge = training_memory(prog, global_batch=4, seq_len=100_000_000)
     assert all(huge[r] > 1000 * small[r] for r in small)  # activations grow with the tokens
     with pytest.raises(ResourceError, match="GB of RAM"):
-        launch_training(prog, cluster, steps=1, seq_len=100_000_000)
+        launch(prog, cluster, steps=1, seq_len=100_000_000)
 
 
 @pytest.mark.timeout(60)
@@ -116,7 +115,7 @@ def test_training_options_are_checked_before_launch(option: str, value, fragment
     prog, cluster = program(model, PP2, 2)
     before = set(os.listdir("/proc"))
     with pytest.raises(PlanValidationError) as info:
-        launch_training(prog, cluster, steps=1, **{option: value})
+        launch(prog, cluster, steps=1, **{option: value})
     assert fragment in str(info.value)
     assert no_workers_started(before)
 

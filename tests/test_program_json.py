@@ -137,10 +137,10 @@ def test_a_program_written_here_trains_in_another_process(tmp_path: Path) -> Non
         from pathlib import Path
         from hspmd_sdk import Cluster
         from hspmd_sdk.core.specialize import Program
-        from hspmd_sdk.runtime.control.train import launch_training
+        from hspmd_sdk.runtime.control.train import launch
 
         program = Program.from_json(Path({str(path)!r}).read_text())
-        job = launch_training(program, Cluster.local(4), steps=3, seed=5, seq_len=16, timeout_s=60)
+        job = launch(program, Cluster.local(4), steps=3, seed=5, seq_len=16, timeout_s=60)
         print(json.dumps(job.wait(timeout=100).losses))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=110)

@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 from _procs import assert_no_workers_left, wait_for  # noqa: E402
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
-from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch, reference_training  # noqa: E402
 
 SEQ, SEED, LR, STEPS = 16, 3, 1e-3, 6
 TOL = 1e-5
@@ -79,7 +79,7 @@ def test_a_worker_killed_while_a_user_switch_is_pending(tmp_path: Path, referenc
     ~1 s: the kill comes long before the next step boundary).  The recovery plans from SIX (what the survivors
     hold), the pending switch is superseded, and the job trains on to the failure-free losses."""
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(6)
-    job = launch_training(_program(model, SIX, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(model, SIX, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
                           elastic=True, timeout_s=60, heartbeat_s=0.5, slowdown={r: 8.0 for r in cluster.ranks})
     pids = job.pids()
     wait_for(lambda: job.metrics.last_step() >= 1)
@@ -102,7 +102,7 @@ def test_switches_requested_back_to_back_are_applied_in_order(elastic: bool, ref
     from the one before it; the workers apply all three at the next boundary, in order (none is dropped, none
     planned from a layout nobody holds)."""
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(4)
-    job = launch_training(_program(model, DP2, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(model, DP2, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
                           elastic=elastic, timeout_s=60, heartbeat_s=0.5, stall_s=None,  # see STRETCHED
                           slowdown={r: [(0, 1.0), (1, 300.0), (2, 1.0)] for r in cluster.ranks})
     pids = job.pids()
@@ -122,7 +122,7 @@ def test_a_worker_killed_during_a_synchronous_checkpoint(tmp_path: Path, referen
     halts with the others (the launcher tells it a peer died), nobody healthy is blamed or killed, the recovery
     takes well under the 30 s stall limit, and ``job.pids()`` lists exactly the survivors."""
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(6)
-    job = launch_training(_program(model, SIX, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(model, SIX, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
                           elastic=True, timeout_s=60, heartbeat_s=0.5, stall_s=8.0,
                           checkpoint_dir=tmp_path / "ckpt", checkpoint_every=1, keep=STEPS, checkpoint_async=False,
                           fault_injection=[{"rank": 4, "step": 2, "at": "shard-partial"}])
@@ -146,7 +146,7 @@ def test_a_checkpoint_a_failure_interrupted_is_retaken_after_the_next_step(tmp_p
 
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(6)
     root = tmp_path / "ckpt"
-    job = launch_training(_program(model, SIX, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(model, SIX, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
                           elastic=True, timeout_s=60, heartbeat_s=0.5, stall_s=8.0, checkpoint_dir=root,
                           checkpoint_every=3, keep=STEPS, checkpoint_async=asynchronous,
                           fault_injection=[{"rank": 4, "step": 3, "at": "shard-partial"}])
@@ -167,7 +167,7 @@ def test_the_nth_failure_is_detected_as_fast_as_the_first(tmp_path: Path, refere
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(6)
     faults = [{"rank": 4, "step": 1, "at": "backward"}, {"rank": 1, "step": 2, "at": "forward"},
               {"rank": 5, "step": 3, "at": "optimizer"}]
-    job = launch_training(_program(model, SIX, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(model, SIX, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
                           elastic=True, timeout_s=60, heartbeat_s=0.5, fault_injection=faults)
     pids = job.pids()
     result = job.wait(timeout=50)
@@ -221,7 +221,7 @@ def test_a_failure_in_the_first_step_after_a_switch_that_leaves_ranks_without_st
     switch, the others only the latter.  Nobody completed the commit, so everyone recovers from the state from
     before the switch (a recovery that once failed with "the survivors disagree on their state")."""
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(6)
-    job = launch_training(_program(model, SIX, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(model, SIX, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
                           elastic=True, timeout_s=60, heartbeat_s=0.5, stall_s=None,  # see STRETCHED
                           slowdown={r: [(0, 1.0), (1, 300.0), (2, 1.0)] for r in cluster.ranks},
                           fault_injection=[{"rank": 4, "step": 2, "at": "forward"}])

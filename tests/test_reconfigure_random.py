@@ -30,7 +30,7 @@ from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import SwitchError  # noqa: E402
 from hspmd_sdk.runtime.checkpoints.checkpoint import list_checkpoints  # noqa: E402
-from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch, reference_training  # noqa: E402
 
 SEQ, SEED, LR, STEPS = 16, 3, 1e-3, 6
 TOL = 1e-5
@@ -100,7 +100,7 @@ def run_sequence(case: dict, ref, tmp_path: Path) -> None:
         "checkpoint_async": case["checkpoint"] == "async"}
     faults = [{k: kill[k] for k in ("rank", "step", "at")}] if kill["how"] == "injected" else []
     # stretched steps (sleeping: no numeric change) leave the test time to request switches within one step
-    job = launch_training(_program(model, PLANS[case["base"]], cluster, zero1), cluster, steps=STEPS, seed=SEED,
+    job = launch(_program(model, PLANS[case["base"]], cluster, zero1), cluster, steps=STEPS, seed=SEED,
                           seq_len=SEQ, lr=LR, elastic=True, timeout_s=60, heartbeat_s=0.5, stall_s=10.0,
                           fault_injection=faults, slowdown={r: 3.0 for r in cluster.ranks},
                           capture_dir=tmp_path / "capture", **ck)

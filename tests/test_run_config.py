@@ -30,7 +30,7 @@ from hspmd_sdk.errors import PlanValidationError  # noqa: E402
 from hspmd_sdk.runtime.control.controller import SwitchError  # noqa: E402
 from hspmd_sdk.runtime.control.mixed import launch_mixed  # noqa: E402
 from hspmd_sdk.runtime.control.run_config import RunConfig, check_run_options, position_limit  # noqa: E402
-from hspmd_sdk.runtime.control.train import launch_training, reference_training, training_run  # noqa: E402
+from hspmd_sdk.runtime.control.train import reference_training, training_run  # noqa: E402
 from test_switching import LR, SEED, SEQ, TOL, _close, _pipe, _program, _wait  # noqa: E402
 
 DP2 = {"pipelines": [_pipe([([0], [0, 3])], 4, 1), _pipe([([1], [0, 3])], 4, 1)]}
@@ -235,7 +235,7 @@ def test_switching_to_a_strategy_trains_on_with_the_losses_of_the_run_that_never
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
     steps = 6
     # step 2 stretched (a few seconds): the switch, asked for after step 1, reaches a boundary before the job ends
-    job = launch_training(_program(model, DP2, cluster), cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(model, DP2, cluster), cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
                           timeout_s=60, slowdown={r: [(0, 3.0), (2, 100.0), (3, 3.0)] for r in cluster.ranks})
     try:
         with pytest.raises(SwitchError, match=r"Program or a Strategy, not int"):
@@ -264,7 +264,7 @@ def test_a_switch_the_job_ends_before_is_marked_superseded() -> None:
     """Asked for in the job's last step (no step boundary left), the switch is never applied: once the job ended
     its event says so (``superseded``, not ``done``) instead of staying open."""
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
-    job = launch_training(_program(model, DP2, cluster), cluster, steps=3, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(model, DP2, cluster), cluster, steps=3, seed=SEED, seq_len=SEQ, lr=LR,
                           timeout_s=60, slowdown={r: [(0, 1.0), (2, 100.0)] for r in cluster.ranks})
     _wait(lambda: job.metrics.last_step() >= 1, timeout=60)
     event = job.switch(Strategy(pipelines=[Pipeline(stages=[Stage(devices=[0, 1], layers=[0, 3])],

@@ -105,14 +105,14 @@ def test_heterogeneous_plan_on_slurm_trains_like_the_single_device_model(on_slur
     from hspmd_sdk import LlamaConfig, Strategy, specialize
     from hspmd_sdk.core.strategy_plan import plan_from_strategy
     from hspmd_sdk.runtime import SlurmTransport
-    from hspmd_sdk.runtime.control.train import launch_training, reference_training
+    from hspmd_sdk.runtime.control.train import launch, reference_training
 
     cluster = Cluster.from_slurm()  # TP2 on the H800 node, then one H20; beside it a 1-rank pipeline on the other H20
     model = LlamaConfig.preset("tiny")
     program = specialize(model, plan_from_strategy(model, Strategy.load(HETERO), cluster), cluster,
                          bindings={"B": 8, "S": 16})
     transport = SlurmTransport(time="10:00")
-    job = launch_training(program, cluster, steps=2, seed=1, seq_len=16, lr=1e-3, transport=transport,
+    job = launch(program, cluster, steps=2, seed=1, seq_len=16, lr=1e-3, transport=transport,
                           device="cpu", timeout_s=90, progress=False)
     assert sorted(transport.allocations) == ["n1", "n2"]
     result = job.wait(timeout=130)

@@ -82,10 +82,10 @@ def _program(cluster: Cluster, data: dict):
 
 def _launch(cluster: Cluster, stretch=STRETCH, **options):
     from hspmd_sdk.runtime import SlurmTransport
-    from hspmd_sdk.runtime.control.train import launch_training
+    from hspmd_sdk.runtime.control.train import launch
 
     transport = SlurmTransport()
-    job = launch_training(_program(cluster, HETERO), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(cluster, HETERO), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
                           transport=transport, device="cpu", timeout_s=60, heartbeat_s=0.5, elastic=True,
                           progress=False, slowdown={r: stretch for r in cluster.ranks},
                           **{"grow_back": False, **options})  # (these tests grow back themselves, but one)

@@ -22,7 +22,7 @@ from hspmd_sdk.core.cluster import Cluster
 from hspmd_sdk.errors import RuntimeFailure
 from hspmd_sdk.runtime import JobCancelled, JobStatus
 from hspmd_sdk.runtime.transports.hosts import SSHHost, remote_command
-from hspmd_sdk.runtime.control.launcher import launch_remote
+from hspmd_sdk.runtime import launch
 from hspmd_sdk.runtime.transports.ssh import PreflightError, SSHError, SSHTransport, check_hosts
 from hspmd_sdk.testing.sshd import LoopbackHosts, NetnsHosts, netns_available, sshd_available
 
@@ -112,7 +112,7 @@ def test_check_hosts_reports_every_host_and_refuses_an_unreachable_one(lab: Loop
                                       {"host": "127.0.0.3", "kind": "H100", "ranks": [1]},
                                       {"host": "127.0.0.9", "kind": "cpu", "ranks": [2]}]})
     with pytest.raises(PreflightError) as info:
-        launch_remote(cluster, hosts={**lab.hosts, "127.0.0.9": {"port": lab.servers[0].port}}, entry=f"{SELFTEST}:"
+        launch(None, cluster, hosts={**lab.hosts, "127.0.0.9": {"port": lab.servers[0].port}}, entry=f"{SELFTEST}:"
                       "allreduce_check", steps=1, connect_retries=2, backoff_s=0.05, log_dir=tmp_path,
                       **lab.ssh_options)
     text = str(info.value)
@@ -125,7 +125,7 @@ def test_check_hosts_reports_every_host_and_refuses_an_unreachable_one(lab: Loop
 # ---- jobs -----------------------------------------------------------------------------------------------------
 def test_four_rank_collectives_on_two_hosts(lab: LoopbackHosts, tmp_path: Path) -> None:
     world, steps = 4, 2
-    job = launch_remote(lab.cluster, hosts=lab.hosts, entry=f"{SELFTEST}:allreduce_check", steps=steps, seed=3,
+    job = launch(None, lab.cluster, hosts=lab.hosts, entry=f"{SELFTEST}:allreduce_check", steps=steps, seed=3,
                         timeout_s=60, log_dir=tmp_path, payload={"blob": "x" * 100_000}, **lab.ssh_options)
     assert sorted(job.pids()) == [0, 1, 2, 3]
     result = job.wait(timeout=90)
@@ -152,8 +152,8 @@ def test_training_on_two_hosts_equals_the_local_run_and_the_reference(lab: Loopb
     from hspmd_sdk.core.specialize import specialize
     from hspmd_sdk.core.strategy import Strategy
     from hspmd_sdk.core.strategy_plan import plan_from_strategy
-    from hspmd_sdk.runtime.control.launcher import launch_training_remote
-    from hspmd_sdk.runtime.control.train import launch_training, reference_training
+    from hspmd_sdk.runtime import launch
+    from hspmd_sdk.runtime.control.train import reference_training
 
     config, steps, seed, seq = LlamaConfig.preset("tiny"), 3, 1, 16
     strategy = Strategy.load(EXAMPLES / "example_hetero_tiny.json")  # TP2 -> TP1 pipeline beside a 1-rank one
@@ -161,9 +161,9 @@ def test_training_on_two_hosts_equals_the_local_run_and_the_reference(lab: Loopb
     def program(cluster: Cluster):
         return specialize(config, plan_from_strategy(config, strategy, cluster), cluster)
 
-    remote = launch_training_remote(program(lab.cluster), lab.cluster, steps=steps, seed=seed, hosts=lab.hosts,
-                                    run_options={"seq_len": seq}, timeout_s=120, **lab.ssh_options)
-    local = launch_training(program(Cluster.local(4)), Cluster.local(4), steps=steps, seed=seed, seq_len=seq,
+    remote = launch(program(lab.cluster), lab.cluster, steps=steps, seed=seed, hosts=lab.hosts,
+                                    seq_len=seq, timeout_s=120, **lab.ssh_options)
+    local = launch(program(Cluster.local(4)), Cluster.local(4), steps=steps, seed=seed, seq_len=seq,
                             timeout_s=120)
     remote_losses, local_losses = remote.wait(timeout=150).losses, local.wait(timeout=150).losses
     ref = reference_training(config, steps=steps, seed=seed, global_batch=program(lab.cluster).bindings["B"],
@@ -175,7 +175,7 @@ def test_training_on_two_hosts_equals_the_local_run_and_the_reference(lab: Loopb
 
 
 def test_interrupt_in_wait_stops_every_worker_on_every_host(lab: LoopbackHosts) -> None:
-    job = launch_remote(one_rank_per_host(lab), hosts=lab.hosts, entry=f"{SELFTEST}:sleep_forever", steps=1,
+    job = launch(None, one_rank_per_host(lab), hosts=lab.hosts, entry=f"{SELFTEST}:sleep_forever", steps=1,
                         payload={"child": True}, **lab.ssh_options)
     wait_for(lambda: all(job.metrics.rank(r) for r in range(2)) and "child pid" in job.logs(1))
     child = int(job.logs(1).split("child pid ")[1].split()[0])
@@ -193,7 +193,7 @@ def test_interrupt_in_wait_stops_every_worker_on_every_host(lab: LoopbackHosts) 
 
 
 def test_sigkill_of_a_remote_worker_fails_the_job_naming_that_rank(lab: LoopbackHosts) -> None:
-    job = launch_remote(one_rank_per_host(lab), hosts=lab.hosts, entry=f"{SELFTEST}:sleep_forever", steps=1,
+    job = launch(None, one_rank_per_host(lab), hosts=lab.hosts, entry=f"{SELFTEST}:sleep_forever", steps=1,
                         **lab.ssh_options)
     wait_for(lambda: all(job.metrics.rank(r) for r in range(2)))
     os.kill(job.pids()[1], signal.SIGKILL)  # rank 1 runs on 127.0.0.3 (the same machine: the pid is local)
@@ -207,7 +207,7 @@ def test_sigkill_of_a_remote_worker_fails_the_job_naming_that_rank(lab: Loopback
 
 def test_cancel_kills_over_a_fresh_connection_when_an_agent_hangs(lab: LoopbackHosts) -> None:
     transport = SSHTransport(lab.hosts, kill_timeout_s=1.0, **lab.ssh_options)
-    job = launch_remote(one_rank_per_host(lab), transport=transport, entry=f"{SELFTEST}:sleep_forever", steps=1)
+    job = launch(None, one_rank_per_host(lab), transport=transport, entry=f"{SELFTEST}:sleep_forever", steps=1)
     wait_for(lambda: all(job.metrics.rank(r) for r in range(2)))
     hung = next(g for g in transport.groups if g.host == "127.0.0.3")
     os.kill(hung.agent_pid, signal.SIGSTOP)  # the agent no longer answers; its workers keep running
@@ -229,7 +229,7 @@ def test_unknown_or_changed_host_keys_are_refused(lab: LoopbackHosts, tmp_path: 
     for h in report.hosts:
         assert "host key not verified" in h.error and "is not in" in h.error and "accept_new_host_keys" in h.error
     with pytest.raises(PreflightError, match="host key not verified"):
-        launch_remote(cluster, hosts=lab.hosts, known_hosts=empty, entry=f"{SELFTEST}:allreduce_check", steps=1,
+        launch(None, cluster, hosts=lab.hosts, known_hosts=empty, entry=f"{SELFTEST}:allreduce_check", steps=1,
                       **opts)
 
     # accept new keys: added to the file, and the file then verifies them
@@ -294,7 +294,7 @@ def test_an_agent_that_cannot_start_fails_the_launch_naming_the_host(lab: Loopba
     b = lab.servers[1]
     hosts = {**lab.hosts, b.address: {**lab.hosts[b.address], "workdir": "/nonexistent/dir"}}
     with pytest.raises(SSHError, match=r"127\.0\.0\.3 .*could not start the workers") as info:
-        launch_remote(one_rank_per_host(lab), hosts=hosts, preflight=False, entry=f"{SELFTEST}:sleep_forever",
+        launch(None, one_rank_per_host(lab), hosts=hosts, preflight=False, entry=f"{SELFTEST}:sleep_forever",
                       steps=1, **lab.ssh_options)
     assert "/nonexistent/dir" in str(info.value)  # the remote shell's complaint is quoted
     deadline = time.monotonic() + 10
@@ -339,7 +339,7 @@ def test_hosts_in_separate_network_namespaces() -> None:
     """Two hosts with network stacks of their own (joined by veth pairs and a bridge): the rendezvous and the
     collectives really go over the hosts' addresses, not over a loopback that they share."""
     with NetnsHosts(2, ranks_per_host=1) as lab:
-        job = launch_remote(lab.cluster, hosts=lab.hosts, entry=f"{SELFTEST}:allreduce_check", steps=1,
+        job = launch(None, lab.cluster, hosts=lab.hosts, entry=f"{SELFTEST}:allreduce_check", steps=1,
                             timeout_s=60, **lab.ssh_options)
         result = job.wait(timeout=90)
         assert job.spec.master_addr == lab.servers[0].address
@@ -355,7 +355,7 @@ FAST = {"heartbeat_s": 0.2, "stall_s": 2.0}
 
 @pytest.mark.timeout(90)
 def test_control_messages_are_relayed_by_the_agents(lab: LoopbackHosts) -> None:
-    job = launch_remote(one_rank_per_host(lab), hosts=lab.hosts, entry=f"{SELFTEST}:echo_control", steps=1,
+    job = launch(None, one_rank_per_host(lab), hosts=lab.hosts, entry=f"{SELFTEST}:echo_control", steps=1,
                         **FAST, **lab.ssh_options)
     wait_for(lambda: all(job.metrics.rank(r) for r in range(2)))
     job._send_control({"n": 1})
@@ -369,7 +369,7 @@ def test_control_messages_are_relayed_by_the_agents(lab: LoopbackHosts) -> None:
 
 @pytest.mark.timeout(90)
 def test_a_stopped_remote_worker_is_named_with_its_stack(lab: LoopbackHosts) -> None:
-    job = launch_remote(one_rank_per_host(lab), hosts=lab.hosts, entry=f"{SELFTEST}:hang_on_rank", steps=100_000,
+    job = launch(None, one_rank_per_host(lab), hosts=lab.hosts, entry=f"{SELFTEST}:hang_on_rank", steps=100_000,
                         payload={"rank": -1}, **FAST, **lab.ssh_options)
     wait_for(lambda: job.metrics.last_step() >= 5)
     os.kill(job.pids()[1], signal.SIGSTOP)  # rank 1 on 127.0.0.3; its agent and the connection stay alive
@@ -386,7 +386,7 @@ def test_a_stopped_remote_worker_is_named_with_its_stack(lab: LoopbackHosts) -> 
 @pytest.mark.timeout(90)
 def test_a_killed_agent_is_a_lost_connection_naming_its_ranks(lab: LoopbackHosts) -> None:
     transport = SSHTransport(lab.hosts, kill_timeout_s=1.0, **lab.ssh_options)
-    job = launch_remote(lab.cluster, transport=transport, entry=f"{SELFTEST}:sleep_forever", steps=1, **FAST)
+    job = launch(None, lab.cluster, transport=transport, entry=f"{SELFTEST}:sleep_forever", steps=1, **FAST)
     wait_for(lambda: all(job.metrics.rank(r) for r in range(4)))
     agent = next(g for g in transport.groups if g.host == "127.0.0.3")
     os.kill(agent.agent_pid, signal.SIGKILL)
@@ -403,7 +403,7 @@ def test_a_killed_agent_is_a_lost_connection_naming_its_ranks(lab: LoopbackHosts
 @pytest.mark.timeout(90)
 def test_a_dropped_connection_is_reported_as_such(lab: LoopbackHosts) -> None:
     transport = SSHTransport(lab.hosts, kill_timeout_s=1.0, **lab.ssh_options)
-    job = launch_remote(one_rank_per_host(lab), transport=transport, entry=f"{SELFTEST}:sleep_forever", steps=1,
+    job = launch(None, one_rank_per_host(lab), transport=transport, entry=f"{SELFTEST}:sleep_forever", steps=1,
                         **FAST)
     wait_for(lambda: all(job.metrics.rank(r) for r in range(2)))
     b = lab.servers[1]
@@ -427,7 +427,7 @@ def test_a_partition_stops_the_cut_off_workers_within_seconds() -> None:
     with NetnsHosts(2, ranks_per_host=1) as lab:
         transport = SSHTransport(lab.hosts, kill_timeout_s=1.0, connect_timeout_s=2.0, connect_retries=1,
                                  **lab.ssh_options)
-        job = launch_remote(lab.cluster, transport=transport, entry=f"{SELFTEST}:sleep_forever", steps=1,
+        job = launch(None, lab.cluster, transport=transport, entry=f"{SELFTEST}:sleep_forever", steps=1,
                             heartbeat_s=0.3, stall_s=3.0)
         wait_for(lambda: all(job.metrics.rank(r) for r in range(2)))
         cut_off = job.pids()[1]
@@ -457,7 +457,7 @@ def test_a_host_name_starting_with_a_dash_is_never_an_option(lab: LoopbackHosts,
     a = lab.servers[0]
     name = "-h"  # read as an option, the agent's help: it would exit 0 and start nothing
     cluster = Cluster.load({"nodes": [{"host": name, "kind": "cpu", "ranks": [0]}]})
-    job = launch_remote(cluster, hosts={name: {**lab.hosts[a.address], "address": a.address}},
+    job = launch(None, cluster, hosts={name: {**lab.hosts[a.address], "address": a.address}},
                         entry=f"{SELFTEST}:allreduce_check", steps=1, **FAST, **lab.ssh_options)
     result = job.wait(timeout=45)
     assert result.results[0]["world_sum"] == 1.0
@@ -491,7 +491,7 @@ def test_twenty_ssh_launches_leave_fds_and_threads_where_they_started(lab: Loopb
     def one(ok: bool = True) -> None:
         """A job that succeeds, or one whose entry fails at once (the failure path releases everything too)."""
         entry = f"{SELFTEST}:fail_alone" if ok else "no_such_module_hspmd:entry"
-        job = launch_remote(cluster, hosts=lab.hosts, entry=entry, steps=1,
+        job = launch(None, cluster, hosts=lab.hosts, entry=entry, steps=1,
                             payload={"rank": -1, "steps_each": 1, "pause": 0.0}, **FAST, **lab.ssh_options)
         if ok:
             assert job.wait(timeout=90).results[0] == {"done": True}
@@ -539,7 +539,7 @@ def test_more_ranks_than_a_host_can_run_are_refused_before_any_worker(lab: Loopb
     n = MAX_RANKS_PER_CORE * cpus + 1
     cluster = Cluster.load({"nodes": [{"host": a.address, "kind": "cpu", "ranks": list(range(n))}]})
     with pytest.raises(ResourceError, match=f"runs {n} CPU ranks on {cpus} cores"):
-        launch_remote(cluster, hosts=lab.hosts, entry=f"{SELFTEST}:allreduce_check", steps=1, **lab.ssh_options)
+        launch(None, cluster, hosts=lab.hosts, entry=f"{SELFTEST}:allreduce_check", steps=1, **lab.ssh_options)
     assert lab_agents(lab) == []
 
 

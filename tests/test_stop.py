@@ -11,8 +11,8 @@ from _procs import assert_no_workers_left, wait_for  # noqa: E402
 from hspmd_sdk import Cluster, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.runtime.control.job import JobCancelled, JobStatus  # noqa: E402
-from hspmd_sdk.runtime.control.launcher import launch  # noqa: E402
-from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime import launch  # noqa: E402
+from hspmd_sdk.runtime.control.train import reference_training  # noqa: E402
 
 SEQ, SEED, LR, STEPS = 16, 5, 1e-3, 40
 #: pipeline (two stages) beside a replica: the stop must reach every stage of every pipeline at one boundary
@@ -52,7 +52,7 @@ def test_stop_ends_a_training_job_at_a_step_boundary_and_it_resumes_from_there(t
     cluster = Cluster.local(3)
     reference = reference_training(LlamaConfig.preset("tiny"), steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ,
                                    lr=LR)
-    job = launch_training(_program(cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
+    job = launch(_program(cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
                           checkpoint_dir=tmp_path / "ck", checkpoint_every=100, slowdown={r: 4.0 for r in range(3)},
                           progress=True, tensorboard=tmp_path / "tb")
     pids = job.pids()
@@ -82,7 +82,7 @@ def test_stop_ends_a_training_job_at_a_step_boundary_and_it_resumes_from_there(t
     saved = list_checkpoints(tmp_path / "ck")
     assert [s for s, _ in saved] == [done]  # every 100 steps, and the step it stopped at (the run's last)
     assert_no_workers_left(list(pids.values()), within=10)
-    again = launch_training(_program(cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
+    again = launch(_program(cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
                             resume_from=saved[0][1]).wait(timeout=120)
     assert again.losses == pytest.approx(reference.losses[done:], rel=1e-5, abs=0)
 

@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 from hspmd_sdk import Cluster, GPTConfig, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import RuntimeFailure  # noqa: E402
-from hspmd_sdk.runtime.control.train import assemble, launch_training, load_captured, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import assemble, launch, load_captured, reference_training  # noqa: E402
 
 SEQ, SEED, LR = 16, 3, 1e-3
 TOL, STATE_TOL = 1e-5, 5e-5
@@ -119,7 +119,7 @@ def test_switching_through_many_plans_equals_the_run_that_never_switched(family:
     # every rank's compute stretched 6x (sleeping: no numeric change) leaves the launcher and this loop time to
     # request each switch a step or two apart, also on a loaded machine, before the job's last step (at 3x, with
     # two steps to spare, a full suite once saw the job end before the last switch was requested)
-    job = launch_training(programs[0], cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=tmp_path,
+    job = launch(programs[0], cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=tmp_path,
                           timeout_s=60, slowdown={r: 6.0 for r in cluster.ranks})
     pids = job.pids()
     for k, program in enumerate(programs[1:], start=1):
@@ -143,7 +143,7 @@ def test_a_switch_to_another_model_or_missing_ranks_is_refused() -> None:
     from hspmd_sdk.runtime.control.controller import SwitchError
 
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
-    job = launch_training(_program(model, TOUR[0][1], cluster), cluster, steps=1000, seq_len=SEQ, timeout_s=60)
+    job = launch(_program(model, TOUR[0][1], cluster), cluster, steps=1000, seq_len=SEQ, timeout_s=60)
     try:
         gpt = GPTConfig.preset("tiny")
         with pytest.raises(SwitchError, match="keeps the model"):
@@ -170,7 +170,7 @@ def six_reference() -> object:
 def _elastic(faults: list[dict], tmp_path: Path, model=None, data: dict = SIX, **kw):
     model = model or LlamaConfig.preset("tiny")
     cluster = Cluster.local(6)
-    job = launch_training(_program(model, data, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(model, data, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
                           elastic=True, fault_injection=faults, capture_dir=tmp_path, timeout_s=60,
                           heartbeat_s=0.5, **kw)
     pids = job.pids()
@@ -280,7 +280,7 @@ def test_a_straggler_appearing_mid_run_is_replanned_around() -> None:
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
     data = {"pipelines": [_pipe([([0], [0, 3])], 1, 4), _pipe([([1], [0, 3])], 1, 4)]}
     steps = 20  # room after the slow-down (step 4) for a late detection under load: it came at step 11 once
-    job = launch_training(_program(model, data, cluster), cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(model, data, cluster), cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
                           slowdown={1: [(4, 4.0)]}, straggler=StragglerWatch(margin=2.0, steps=3, warmup=2),
                           timeout_s=60)
     result = job.wait(timeout=170)

@@ -15,7 +15,7 @@ from hspmd_sdk import LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.runtime.transports.ssh import SSHTransport  # noqa: E402
 from hspmd_sdk.testing.sshd import LoopbackHosts, sshd_available  # noqa: E402
-from hspmd_sdk.runtime.control.train import launch_training, reference_training  # noqa: E402
+from hspmd_sdk.runtime.control.train import launch, reference_training  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not sshd_available() and not os.environ.get("CI"),
                                 reason="needs /usr/sbin/sshd (apt-get install openssh-server); required in CI")
@@ -44,7 +44,7 @@ def _launch(lab: LoopbackHosts, **kw):
     program = specialize(model, plan_from_strategy(model, Strategy.load(PER_HOST), lab.cluster), lab.cluster,
                          bindings={"B": 8, "S": SEQ})
     transport = SSHTransport(lab.hosts, kill_timeout_s=2.0, **lab.ssh_options)
-    return launch_training(program, lab.cluster, steps=STEPS, seed=SEED, seq_len=SEQ, elastic=True,
+    return launch(program, lab.cluster, steps=STEPS, seed=SEED, seq_len=SEQ, elastic=True,
                            transport=transport, timeout_s=60, heartbeat_s=0.5, **kw)
 
 
@@ -108,8 +108,8 @@ def test_hspmd_launch_elastic_survives_a_killed_remote_worker(lab: LoopbackHosts
     from hspmd_sdk.runtime.control import train
 
     jobs = []
-    real = train.launch_training
-    monkeypatch.setattr(train, "launch_training", lambda *a, **k: jobs.append(real(*a, **k)) or jobs[-1])
+    real = train._launch_training
+    monkeypatch.setattr(train, "_launch_training", lambda *a, **k: jobs.append(real(*a, **k)) or jobs[-1])
     (tmp_path / "hosts.txt").write_text("".join(f"{s.address} slots=2\n" for s in lab.servers))
     (tmp_path / "ssh.json").write_text(json.dumps(lab.hosts))
     (tmp_path / "s.json").write_text(json.dumps(PER_HOST))
@@ -149,7 +149,7 @@ def test_a_job_on_one_host_grows_onto_a_second_host_over_ssh(lab: LoopbackHosts,
                                         "num_micro_batches": 1} for r in (0, 1)], "zero1": zero1})
     program = specialize(model, plan_from_strategy(model, dp2, host_a), host_a, bindings={"B": 8, "S": SEQ})
     transport = SSHTransport(lab.hosts, kill_timeout_s=2.0, **lab.ssh_options)
-    job = launch_training(program, host_a, steps=STEPS, seed=SEED, seq_len=SEQ, transport=transport, timeout_s=60,
+    job = launch(program, host_a, steps=STEPS, seed=SEED, seq_len=SEQ, transport=transport, timeout_s=60,
                           heartbeat_s=0.5, slowdown={r: [(0, 4.0), (2, 200.0), (3, 4.0)] for r in (0, 1)})
     pids = job.pids()
     # the grown program is made while the job starts, so that the grow is requested right after step 1, inside the

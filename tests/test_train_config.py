@@ -329,7 +329,7 @@ def test_cli_launches_the_program_with_the_config_and_prints_each_step(
                                  val_losses={2: 4.75}, events=[])
         return SimpleNamespace(log_dir=str(tmp_path), wait=lambda: result)
 
-    monkeypatch.setattr(train, "launch_training", fake_launch)
+    monkeypatch.setattr(train, "launch", fake_launch)
     path = tmp_path / "run.toml"
     path.write_text("[plan]\ncluster = 'local:2'\n[eval]\nevery = 2\n", encoding="utf-8")
     assert main(["train", str(path), "--steps", "4"]) == 0

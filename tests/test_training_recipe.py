@@ -30,7 +30,7 @@ from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
 from hspmd_sdk.planner.mixed import MixedEntry, MixedPlan  # noqa: E402
 from hspmd_sdk.runtime.control.mixed import reference_mixed  # noqa: E402
-from hspmd_sdk.runtime.control.train import launch_runs, reference_training, training_run  # noqa: E402
+from hspmd_sdk.runtime.control.train import _launch_runs, reference_training, training_run  # noqa: E402
 
 from _equivalence import final_state_matches  # noqa: E402
 
@@ -76,7 +76,7 @@ def trained(gpt: GPTConfig, tmp_path_factory: pytest.TempPathFactory) -> dict:
     cluster, out = Cluster.local(4), tmp_path_factory.mktemp("recipe")
     runs = [training_run(_program(gpt, s, cluster), steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=out,
                          cluster=cluster, **RECIPE) for s in PLANS.values()]
-    result = launch_runs(runs, cluster, timeout_s=120).wait()
+    result = _launch_runs(runs, cluster, timeout_s=120).wait()
     return {"out": out, "runs": {n: result.results[0]["runs"][i] for i, n in enumerate(PLANS)},
             "results": result.results}
 
@@ -138,7 +138,7 @@ def test_a_norm_that_counts_duplicates_twice_fails_the_comparison(gpt: GPTConfig
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The comparison above can fail: the same DP2 run whose workers sum every rank's whole shards (each
     replicated element counted twice, ``double_count_entry``) gets a norm sqrt(2) too large."""
-    from hspmd_sdk.runtime.control.launcher import launch as start
+    from hspmd_sdk.runtime import launch as start
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     cluster = Cluster.local(2)
@@ -157,7 +157,7 @@ def test_llama_clipped_with_weight_decay_equals_the_reference(tmp_path: Path) ->
     names = ["tp2", "pp2_1f1b"]
     runs = [training_run(_program(model, PLANS[n], cluster), steps=3, seed=SEED, seq_len=SEQ, lr=LR,
                          capture_dir=tmp_path, cluster=cluster, **RECIPE) for n in names]
-    result = launch_runs(runs, cluster, timeout_s=120).wait()
+    result = _launch_runs(runs, cluster, timeout_s=120).wait()
     ref = reference_training(model, steps=3, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR, **RECIPE)
     for i, _ in enumerate(names):
         run = result.results[0]["runs"][i]

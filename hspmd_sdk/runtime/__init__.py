@@ -36,8 +36,7 @@ from __future__ import annotations
 from .._lazy import lazy_exports
 
 _EXPORTS = {
-    "launch": ".control.launcher",
-    "launch_training": ".control.train",
+    "launch": ".control.train",
     "RunConfig": ".control.run_config",
     "TrainConfig": ".train_config",
     "Schedule": ".lr_schedule",
@@ -45,8 +44,6 @@ _EXPORTS = {
     "SSHTransport": ".transports.ssh",
     "SSHHost": ".transports.hosts",
     "check_hosts": ".transports.ssh",
-    "launch_remote": ".control.launcher",
-    "launch_training_remote": ".control.launcher",
     "PreflightError": ".transports.ssh_probe",
     "SSHError": ".transports.hosts",
     "SlurmTransport": ".transports.slurm",

@@ -1,7 +1,7 @@
 """The independent references a distributed run must match, and the captured shards it is compared by.
 
 * :func:`reference_training` — the plain single-device model (:func:`hspmd_sdk.models.build_reference`) trained
-  with ``torch.optim.Adam`` on the same data as a run of :func:`~.train.launch_training`;
+  with ``torch.optim.Adam`` on the same data as a run of :func:`~.train.launch`;
 * :func:`reference_mixed` — the same on mixed-length data, a step in one padded batch of its own (whatever the
   dispatch), with the run's loss normalisation;
 * :func:`load_captured` / :func:`assemble` — the shards each rank saved with ``capture_dir=``, as full tensors.

@@ -8,7 +8,7 @@ gives what :func:`~hspmd_sdk.runtime.control.launcher.launch_remote` needs: a cl
 per-host settings (Python = this interpreter), the client key and a known_hosts file with their host keys::
 
     with LoopbackHosts(2, ranks_per_host=2) as lab:
-        job = launch_remote(lab.cluster, hosts=lab.hosts, **lab.ssh_options, entry=..., steps=2)
+        job = launch(None, lab.cluster, hosts=lab.hosts, **lab.ssh_options, entry=..., steps=2)
 
 Nothing listens beyond loopback.  Needs ``openssh-server`` (``apt-get install openssh-server``); sshd is started
 by this helper, never as a system service.

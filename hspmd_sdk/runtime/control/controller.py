@@ -172,7 +172,7 @@ def _median(values: Sequence[float]) -> float:
 
 
 class TrainingController:
-    """See the module docstring.  Made by :func:`~hspmd_sdk.runtime.control.train.launch_training`."""
+    """See the module docstring.  Made by :func:`~hspmd_sdk.runtime.control.train.launch`."""
 
     def __init__(self, program: "Program", cluster: "Cluster", *, global_batch: int, seq_len: int,
                  elastic: bool = False, straggler: StragglerWatch | None = None, cost: Any = None,

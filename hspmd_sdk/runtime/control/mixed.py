@@ -74,7 +74,7 @@ from ..checkpoints.checkpoint import load_checkpoint, run_fields
 from ..workers.kernels import packing_problems
 from .controller import Event, StragglerWatch, TrainingController, _bytes, _strategy_of
 from .faults import Failure
-from .runs import checked_faults, checked_training_run, launch_runs
+from .runs import checked_faults, checked_training_run, _launch_runs
 
 __all__ = ["launch_mixed", "LengthPlanner", "reference_mixed", "documents_for", "data_spec", "planning_summary"]
 
@@ -376,7 +376,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     controller.use_candidates(programs, first, planner)
     if elastic and launch_kwargs.get("policy") is None:
         launch_kwargs["policy"] = controller
-    job = launch_runs([run], cluster, **launch_kwargs)
+    job = _launch_runs([run], cluster, **launch_kwargs)
     job.controller = controller
     controller.attach(job)
     job.length_planner = planner

@@ -1,9 +1,9 @@
 """The typed run configuration of ``launch``: every training option checked by type and range in one place, before
 anything else happens (SPEC §9: before the plan is specialized on the launch cluster, before any worker starts).
 
-* :class:`RunConfig` — a strict Pydantic model of the options of :func:`~.train.launch_training` (the public
+* :class:`RunConfig` — a strict Pydantic model of the options of :func:`~.train.launch` (the public
   ``hspmd_sdk.launch``), of :func:`~.mixed.launch_mixed` (a list of candidate Programs) and of the launcher they
-  pass on (:func:`~.launcher.launch`): integers are integers (``steps=2.5``, ``steps="3"`` and ``steps=True`` are
+  pass on (:func:`~hspmd_sdk.runtime.control.launcher.launch_entry`): integers are integers (``steps=2.5``, ``steps="3"`` and ``steps=True`` are
   refused, never rounded or parsed), flags are ``bool``, numbers are finite and in range.  Options that depend on
   the model are checked against it (``model=`` in the validation context): ``seq_len`` / ``context`` against the
   longest sequence a model with a learned position table can embed (:func:`position_limit`: GPT-2's
@@ -111,6 +111,7 @@ class RunConfig(BaseModel):
     progress: Bool | None = Field(default=None, description="True, False or None (a notebook or a terminal)")
     echo: Bool = Field(default=False, description="True or False")
     resource_check: Bool = Field(default=True, description="True or False")
+    preflight: Bool = Field(default=True, description="True or False (check the hosts before starting workers)")
     log_dir: PathLike | None = Field(default=None, description="a directory (str or Path), or None")
     tensorboard: PathLike | None = Field(default=None, description="a directory (str or Path), or None")
     transport: Any = Field(default=None, description="a Transport, or None")

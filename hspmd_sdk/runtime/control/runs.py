@@ -3,7 +3,7 @@ starts, and the start of a job that executes runs one after the other (launcher 
 
 * :func:`training_run` -- one run of a Program (options checked by :func:`~.run_config.check_run_options`, then
   what needs the Program and the cluster); :func:`checked_training_run` for options a launch checked already;
-* :func:`launch_runs` -- one job executing runs in order in the same processes (tests train several plans while
+* :func:`_launch_runs` -- one job executing runs in order in the same processes (tests train several plans while
   paying process start-up once), through the one worker entry :data:`ENTRY`.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .launch_errors import not_a_program
 from .preflight import training_memory  # what each rank will need, for the launcher's resource preflight
 from .start import start_workers
 
-__all__ = ["ENTRY", "training_run", "checked_training_run", "launch_runs", "checked_faults", "checked_profile",
+__all__ = ["ENTRY", "training_run", "checked_training_run", "checked_faults", "checked_profile",
            "recompute_ranks"]
 
 #: The worker entry of every training job (:func:`~.worker_entry.train_entry`).
@@ -199,7 +199,7 @@ def _corpus_problems(data: Any, global_batch: int, seq_len: int, vocab_size: int
     return [("data", p) for p in TokenCorpus(data).check(global_batch, seq_len, vocab_size)]
 
 
-def launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs: Any) -> Any:
+def _launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs: Any) -> Any:
     """Start one job that executes ``runs`` (from :func:`training_run`) one after the other on ``cluster``'s
     ranks (ranks a run's program does not use sit it out).  Each rank's result is ``{"runs": [...]}``.
 

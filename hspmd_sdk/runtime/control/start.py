@@ -2,7 +2,7 @@
 per rank through a :class:`~.transport.Transport`, return the running :class:`~.job.Job`.
 
 :func:`start_workers` is the one function that starts workers, for every kind of job and every transport (local
-processes, SSH, Slurm): :func:`hspmd_sdk.runtime.control.launcher.launch`, training (:func:`~.runs.launch_runs`) and the
+processes, SSH, Slurm): :func:`hspmd_sdk.runtime.control.launcher.launch_entry`, training (:func:`~.runs._launch_runs`) and the
 SSH and mixed-length paths all end here.
 """
 from __future__ import annotations
@@ -114,7 +114,7 @@ def start_workers(cluster: Any, *, entry: str, steps: int, seed: int = 0, payloa
                   resource_check: bool = True, memory_per_rank: Mapping[int, float] | None = None,
                   preflight: bool = True, tensorboard: str | Path | None = None) -> Job:
     """Run ``entry`` (``"module:function"``) on one worker process per rank of ``cluster``; the running
-    :class:`Job`.  The options are :func:`hspmd_sdk.runtime.control.launcher.launch`'s (which documents them): every
+    :class:`Job`.  The options are :func:`hspmd_sdk.runtime.control.launcher.launch_entry`'s (which documents them): every
     transport goes the same way -- its hosts checked (``preflight``), the rendezvous where rank 0 runs, the
     resources each host reports against ``memory_per_rank``, then the workers (:func:`launch_spec`)."""
     if cluster is None:

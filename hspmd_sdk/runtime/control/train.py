@@ -1,11 +1,12 @@
 """Training a specialized Program on worker processes: the public ``launch`` (launcher side).
 
-* :func:`launch_training` ``(program, cluster, *, steps, seed=0, data="synthetic", lr=...) -> Job`` — the public
-  ``launch``: one worker per rank; each worker receives the Program as JSON (SPEC §9), creates the process groups
+* :func:`launch` ``(program, cluster, *, steps, seed=0, data="synthetic", lr=..., config=None) -> Job`` — the
+  one public ``launch`` (``hspmd_sdk.launch`` and ``hspmd_sdk.runtime.launch``; with ``entry=`` it runs any worker
+  entry, with ``hosts=`` on SSH hosts): one worker per rank; each worker receives the Program as JSON (SPEC §9), creates the process groups
   the plan's communication needs, builds its parameter shards and runs :class:`~.executor.StepExecutor` for
   ``steps`` steps.  ``Job.wait().losses`` are the per-step losses of the global batch.  A list of candidate
   Programs trains on mixed-length data (:func:`~.mixed.launch_mixed`).
-* The runs a job executes (:func:`~.runs.training_run`, :func:`~.runs.launch_runs`) and the worker entry
+* The runs a job executes (:func:`~.runs.training_run`, ``runs._launch_runs``) and the worker entry
   (:func:`~.worker_entry.train_entry`) have modules of their own; :func:`~.reference.reference_training` is the
   plain single-device model trained with ``torch.optim.Adam`` on the same data: the independent reference.  The
   names stay importable from here.
@@ -21,18 +22,18 @@ from typing import Any, Mapping, Sequence
 
 from ..data import dataset_for
 from ..reference import ReferenceResult, assemble, load_captured, reference_training
-from .runs import (checked_faults, checked_profile, checked_training_run, launch_runs, recompute_ranks,
+from .runs import (checked_faults, checked_profile, checked_training_run, _launch_runs, recompute_ranks,
                    training_run)
 from ...errors import PlanValidationError
 from ..workers.devices import backend_for_device
 from .controller import StragglerWatch, TrainingController
 from .growback import GrowBack
 
-__all__ = ["launch", "launch_training", "launch_runs", "recompute_ranks", "training_run", "reference_training",
+__all__ = ["launch", "recompute_ranks", "training_run", "reference_training",
            "ReferenceResult", "dataset_for", "load_captured", "assemble"]
 
 
-def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int = 0, data: str = "synthetic",
+def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int = 0, data: str = "synthetic",
                     lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
                     weight_decay: float = 0.0, seq_len: int | None = None, recompute: Sequence[int] | None = None,
                     capture_dir: str | Path | None = None, init: Any = None, elastic: bool = False,
@@ -87,7 +88,7 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
     ``profile``: steps (an index or a list) every rank records with the torch profiler; ``job.trace()`` merges
     them into one Chrome/Perfetto trace and ``job.timeline()`` draws each rank's measured phases beside the
     simulator's prediction (:mod:`.trace`, :mod:`.timeline`).  ``launch_kwargs`` go to
-    :func:`hspmd_sdk.runtime.control.launcher.launch` (``progress``, ``echo``, ``slowdown`` — a factor or a schedule
+    :func:`hspmd_sdk.runtime.control.launcher.launch_entry` (``progress``, ``echo``, ``slowdown`` — a factor or a schedule
     ``{rank: [(step, factor), ...]}`` —, ``timeout_s``, ``transport``, ``log_dir``, ...).
 
     Mixed-length data (SPEC §7): ``program`` may be a list of candidate Programs (``MixedPlan.programs``) with
@@ -155,20 +156,20 @@ def launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int 
                                     resumed_from=(run.get("resume") or {}).get("dir"))
     if elastic and launch_kwargs.get("policy") is None:
         launch_kwargs["policy"] = controller
-    job = launch_runs([run], cluster, **launch_kwargs)
+    job = _launch_runs([run], cluster, **launch_kwargs)
     job.prepared_s = job._t0 - begun  # option checks, specialization on the launch cluster, preflight
     job.controller = controller
     controller.attach(job)
     return job
 
 
-def launch(program: Any, cluster: Any = None, *, config: Any = None, model: Any = None, **options: Any) -> Any:
+def launch(program: Any = None, cluster: Any = None, *, config: Any = None, model: Any = None, **options: Any) -> Any:
     """Train ``program`` (a Program, or a list of candidate Programs for mixed-length data) on ``cluster``: the
     public ``hspmd_sdk.launch`` (SPEC §3, §13).  Returns the running :class:`~.job.Job`.
 
     ``config``: a :class:`~hspmd_sdk.runtime.train_config.TrainConfig` (or the path of its TOML / JSON file): the
     run in sections (run, data, optimizer, schedule, clip, eval, checkpoint, reconfigure, launcher).  ``options``:
-    the same settings as flat keywords (``steps=``, ``lr=``, ``max_norm=``, ... — see :func:`launch_training`, whose
+    the same settings as flat keywords (``steps=``, ``lr=``, ``max_norm=``, ... — see :func:`_launch_training`, whose
     defaults apply without a config), and what no file holds (a ``transport``, a ``policy``, a ``cost`` model, a
     state dict as ``init``, token arrays as ``data``).  A keyword and a config field that set the same thing to
     different values are an error naming it, before any worker starts.
@@ -178,7 +179,7 @@ def launch(program: Any, cluster: Any = None, *, config: Any = None, model: Any 
     if model is not None:
         program = _specialized(program, model, cluster)
     if config is None:
-        return launch_training(program, cluster, **options)
+        return _launch(program, cluster, options)
     from ..train_config import FLAT_KEYWORDS, TrainConfig
 
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_file(config)
@@ -189,7 +190,35 @@ def launch(program: Any, cluster: Any = None, *, config: Any = None, model: Any 
         from .run_config import MIXED_OPTIONS
 
         flat = {k: v for k, v in flat.items() if k not in MIXED_OPTIONS}
-    return launch_training(program, cluster, **{**flat, **others})
+    return _launch(program, cluster, {**flat, **others})
+
+
+def _launch(program: Any, cluster: Any, options: dict[str, Any]) -> Any:
+    """Start the job: a worker entry's (``entry=``: the general launcher, :mod:`.launcher`), else the training
+    run's; ``hosts=`` (with the SSH settings of :class:`~..transports.ssh.SSHTransport`) reaches remote hosts."""
+    import inspect
+
+    from ..transports.ssh import SSHTransport
+
+    ssh_names = set(inspect.signature(SSHTransport.__init__).parameters) - {"self", "hosts"}
+    ssh = {k: options.pop(k) for k in list(options) if k in ssh_names}
+    hosts = options.pop("hosts", None)
+    made = None
+    if hosts is not None or ssh:
+        if options.get("transport") is not None:
+            raise PlanValidationError([("hosts", "give the SSH hosts and settings or a transport=, not both")],
+                                      what="launch")
+        made = options["transport"] = SSHTransport(hosts, **ssh)
+    try:
+        if program is None or options.get("entry") is not None:
+            from .launcher import launch_entry
+
+            return launch_entry(program, cluster, **options)
+        return _launch_training(program, cluster, **options)
+    except BaseException:
+        if made is not None:  # nothing started: the connections go
+            made.close()
+        raise
 
 
 def _specialized(program: Any, model: Any, cluster: Any) -> Any:

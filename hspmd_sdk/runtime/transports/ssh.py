@@ -50,7 +50,7 @@ def _asyncssh() -> Any:
 class SSHTransport(Transport):
     """Starts each host's workers through one SSH connection and a per-host agent.
 
-    For :func:`~.launcher.launch` (:class:`~.transport.Transport`): ``preflight`` probes every host
+    For :func:`~hspmd_sdk.runtime.control.launcher.launch_entry` (:class:`~.transport.Transport`): ``preflight`` probes every host
     (:meth:`check`), the rendezvous is on rank 0's host at a port free there, resources and threads come from the
     probes.
 

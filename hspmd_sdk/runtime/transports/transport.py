@@ -95,7 +95,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class Transport(ABC):
-    """Starts workers on hosts, and says what :func:`~.launcher.launch` needs before it does: the hosts checked,
+    """Starts workers on hosts, and says what :func:`~hspmd_sdk.runtime.control.launcher.launch_entry` needs before it does: the hosts checked,
     where a world meets (rendezvous), each host's resources and threads.  The defaults are this machine's
     (:class:`LocalTransport`); :class:`~.ssh.SSHTransport` asks the hosts over SSH."""
 
