@@ -165,12 +165,35 @@ def test_llama_clipped_with_weight_decay_equals_the_reference(tmp_path: Path) ->
         _state_matches(tmp_path, ref, i)
 
 
+def _corpus(root: Path, docs: list[np.ndarray], val_docs: list[np.ndarray]) -> Path:
+    """A prepared corpus (SPEC §14) of these documents, byte tokens (vocabulary 256), written field by field."""
+    import hashlib
+
+    root.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    meta = {"format_version": 1, "vocab_size": 256, "dtype": "uint16", "splits": {},
+            "tokenizer": {"source": "bytes", "vocab_size": 256, "eot_token": "<eot>", "eot_id": 0}}
+    for split, ds in (("train", docs), ("val", val_docs)):
+        tokens = np.concatenate(ds).astype("<u2")
+        starts = np.concatenate([[0], np.cumsum([d.size for d in ds])[:-1]]).astype("<i8")
+        (root / f"{split}.bin").write_bytes(tokens.tobytes())
+        (root / f"{split}.idx").write_bytes(starts.tobytes())
+        h.update(tokens.tobytes())
+        meta["splits"][split] = {"tokens": int(tokens.size), "documents": len(ds), "max_token_id": int(tokens.max())}
+    meta["digest"] = h.hexdigest()[:32]
+    (root / "meta.json").write_text(json.dumps(meta))
+    return root
+
+
 def test_mixed_length_candidates_clip_by_the_same_global_norm(tmp_path: Path) -> None:
-    """Candidates chosen per step by length (DP4 with ZeRO-1, TP2 + PP2): the norm of each step's gradient and
-    the clipped updates equal the single-device run on the same sequences."""
+    """Candidates chosen per step by length (DP4 with ZeRO-1, TP2 + PP2) on a prepared corpus: the norm of each
+    step's gradient and the clipped updates equal the single-device run on the same sequences, and so does the
+    validation loss of the corpus's validation split, evaluated under whichever candidate runs."""
     model = LlamaConfig.preset("tiny")
     rng = np.random.default_rng(0)
-    docs = [rng.integers(0, 256, int(n)) for n in np.clip(np.exp(rng.normal(np.log(7), 0.8, 60)), 2, 60)]
+    lengths = np.clip(np.exp(rng.normal(np.log(7), 0.8, 80)), 2, 60).astype(int)
+    corpus = _corpus(tmp_path / "corpus", [rng.integers(1, 256, n) for n in lengths[:60]],
+                     [rng.integers(1, 256, n) for n in lengths[60:]])
 
     def strategy(pipes: list, name: str, zero1: bool = False) -> Strategy:
         return Strategy.load({"pipelines": [{"stages": [{"devices": d, "layers": l} for d, l in p],
@@ -182,10 +205,16 @@ def test_mixed_length_candidates_clip_by_the_same_global_norm(tmp_path: Path) ->
                MixedEntry(max_seq_len=64, windows=[64] * 4,
                           strategy=strategy([[([r], [0, 3])] for r in range(4)], "dp4", zero1=True))]
     programs = MixedPlan(context_len=64, tokens_per_batch=128, entries=entries).programs(model, Cluster.local(4))
-    kw = dict(steps=4, seed=SEED, data=docs, tokens_per_step=128, context=64, lr=LR,
-              max_norm=RECIPE["max_norm"], schedule=RECIPE["schedule"], weight_decay=0.1)
+    kw = dict(steps=4, seed=SEED, data=str(corpus), tokens_per_step=128, context=64, lr=LR,
+              max_norm=RECIPE["max_norm"], schedule=RECIPE["schedule"], weight_decay=0.1, eval_every=2,
+              eval_batches=2)
     result = launch(programs, Cluster.local(4), capture_dir=tmp_path, timeout_s=120, **kw).wait()
-    ref = reference_mixed(model, **kw)
+    ref = reference_mixed(model, eval_context=32, **kw)  # the shortest window: TP2 + PP2's 32 tokens
+    assert sorted(result.val_losses) == sorted(ref.val_losses) == [1, 3]
+    assert _rel([result.val_losses[k] for k in (1, 3)], [ref.val_losses[k] for k in (1, 3)]) <= 1e-5
+    in_memory = [rng.integers(1, 256, n) for n in lengths]  # documents without a validation split: refused
+    with pytest.raises(PlanValidationError, match="eval_every.*needs a validation split"):
+        launch(programs, Cluster.local(4), **{**kw, "data": in_memory})
     assert min(ref.grad_norms) > 4 * RECIPE["max_norm"]
     assert _rel(result.losses, ref.losses) <= 1e-5
     assert _rel(result.grad_norms, ref.grad_norms) <= 1e-6, (result.grad_norms, ref.grad_norms)

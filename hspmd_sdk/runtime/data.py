@@ -413,6 +413,41 @@ def batches_of(spec: Mapping[str, Any]) -> Any:
                          seed=int(spec["seed"]))
 
 
+class ValidationSequences:
+    """The validation batches of a mixed-length run (SPEC §13 ``eval``): the validation split's documents cut into
+    sequences of at most ``context`` tokens (:func:`chunk_documents`), in document order (no shuffling: every
+    evaluation reads the same batches); batch ``b`` is the ``per_batch`` sequences from position
+    ``b * per_batch`` of that stream (wrapping around).  Never training data: only a source with a validation split
+    (a prepared corpus) has them."""
+
+    def __init__(self, docs: Documents, *, context: int, per_batch: int) -> None:
+        self.sequences = chunk_documents(docs, int(context))
+        if not self.sequences:
+            raise ValueError(f"{docs.name}: the validation split has no document of two tokens or more")
+        self.context, self.per_batch = int(context), max(1, int(per_batch))
+
+    def batch(self, index: int) -> list[np.ndarray]:
+        """Validation batch ``index``: ``per_batch`` sequences (``length + 1`` tokens each)."""
+        n = len(self.sequences)
+        return [self.sequences[(index * self.per_batch + j) % n] for j in range(self.per_batch)]
+
+
+def validation_of(spec: Mapping[str, Any], context: int) -> ValidationSequences:
+    """The validation batches of a mixed-length source (:func:`data_spec`): its prepared corpus's ``val`` split
+    cut at ``context`` tokens, ``tokens_per_step // context`` sequences a batch.  A source without a validation
+    split raises ``ValueError`` saying which sources have one."""
+    src = spec["source"]
+    if "corpus" not in src:
+        raise ValueError("validation (eval_every=) of mixed-length data needs a validation split: train on a "
+                         "prepared corpus (data='DIR', hspmd data prepare), not on documents given in memory, a "
+                         "token file or 'stdlib-docs'")
+    from ..data.corpus import TokenCorpus
+
+    corpus = TokenCorpus(src["corpus"])
+    docs = Documents(corpus.documents("val"), vocab_size=corpus.vocab_size, name=f"{src['corpus']} (val)")
+    return ValidationSequences(docs, context=context, per_batch=int(spec["tokens_per_step"]) // int(context))
+
+
 def _corpus_documents(path: str) -> Documents:
     """The train documents of the prepared corpus in ``path`` (memory-map views; workers re-open it)."""
     from ..data.corpus import TokenCorpus

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .data import LengthBatches, dataset_for, documents_for, padded_rows
+from .data import LengthBatches, dataset_for, documents_for, padded_rows, validation_of
 from .lr_schedule import schedule_of
 from .spec import PRECISIONS
 from .workers.executor import AdamConfig
@@ -185,12 +185,16 @@ def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any =
                     context: int | None = None, seed: int = 0, lr: float = 1e-3,
                     betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                     init: Mapping[str, Any] | None = None, schedule: Any = None, max_norm: float | None = None,
-                    decay: str = "matrices") -> Any:
+                    decay: str = "matrices", eval_every: int | None = None, eval_batches: int = 4,
+                    eval_context: int | None = None) -> Any:
     """The model's single-device reference (``model.build_reference(seed)``, ``torch.optim.Adam``) on the same
     steps of mixed-length data: all of a step's sequences in one batch, padded on the right with target ``-100``
     (which the reference's ``loss`` ignores: the mean over the step's real target tokens; causal attention keeps
     padding out of real positions) — independent of how the dispatcher cut the step into micro-batches; ``init``: a
-    state dict to start from instead of the seeded initialisation.  Returns
+    state dict to start from instead of the seeded initialisation; ``eval_every`` / ``eval_batches`` /
+    ``eval_context``: the validation loss of a prepared corpus's validation split cut at ``eval_context`` tokens
+    (:class:`~.data.ValidationSequences`, what the distributed run reads), each batch padded, after every
+    ``eval_every``-th step.  Returns
     a :class:`ReferenceResult` (``grads`` of step 0, final ``params`` and Adam moments)."""
 
     context = int(model.max_seq_len if context is None else context)
@@ -202,7 +206,7 @@ def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any =
     params = list(ref.parameters())
     opt = AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decay=decay).build(params)
     sched = schedule_of(schedule)
-    losses, grads, norms, lrs = [], {}, [], []
+    losses, grads, norms, lrs, vals = [], {}, [], [], {}
     for step in range(steps):
         lrs.append(sched.lr(step, lr, steps))
         for group in opt.param_groups:
@@ -217,6 +221,23 @@ def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any =
         norms.append(_clip(params, max_norm))
         opt.step()
         losses.append(float(loss.detach()))
+        if eval_every and (step + 1) % eval_every == 0:
+            vals[step] = _mixed_validation_loss(ref, data, eval_context or context, tokens_per_step, eval_batches)
     out = reference_result(ref, opt, losses, grads)
-    out.grad_norms, out.lrs = norms, lrs
+    out.grad_norms, out.lrs, out.val_losses = norms, lrs, vals
     return out
+
+
+def _mixed_validation_loss(model: Any, data: Any, context: int, tokens_per_step: int, batches: int) -> float:
+    """The mean over ``batches`` validation batches (:func:`~.data.validation_of` of ``data``, a prepared corpus)
+    of each batch's loss, its sequences in one padded batch."""
+    import torch
+
+    spec = {"source": {"corpus": str(Path(data).expanduser().resolve())}, "tokens_per_step": tokens_per_step}
+    val = validation_of(spec, context)
+    total = 0.0
+    with torch.no_grad():
+        for i in range(batches):
+            rows = padded_rows(val.batch(i), IGNORE_INDEX)
+            total += float(model.loss(rows[:, :-1].clamp(min=0), rows[:, 1:]))
+    return total / batches

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ...errors import HSPMDError, PlanValidationError
-from ..data import LengthBatches, data_spec, documents_for
+from ..data import LengthBatches, data_spec, documents_for, validation_of
 from ..protocol import pack_payload, program_of_run
 from ..reference import reference_mixed
 from ...core.reconfigure import plan_program_switch
@@ -272,6 +272,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                  checkpoint_every: int | None = None, keep: int = 3, checkpoint_async: bool = True,
                  resume_from: str | Path | None = None, packing: bool | None = None, init: Any = None,
                  schedule: Any = None, max_norm: float | None = None, decay: str = "matrices",
+                 eval_every: int | None = None, eval_batches: int = 4,
                  _checked: bool = False, **launch_kwargs: Any) -> Any:
     """Train on mixed-length data, choosing per step among candidate ``programs`` (``launch(programs, ...)``;
     see the module docstring).  Returns the running :class:`~.job.Job`; ``job.wait().losses`` are the steps'
@@ -291,7 +292,10 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     Program (``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``checkpoint_async``; each saved under the
     candidate running at that step), and ``resume_from`` continues at the checkpoint's step with the same data,
     seed, budget and context, under whichever candidate that step's dispatch picks.  ``schedule``, ``max_norm``
-    and ``decay``: the learning-rate schedule, clipping by global norm and weight-decay rule, as for one Program.  ``packing``: micro-batches
+    and ``decay``: the learning-rate schedule, clipping by global norm and weight-decay rule, as for one Program.
+    ``eval_every`` / ``eval_batches``: the validation loss of a prepared corpus's validation split (``data=DIR``),
+    its documents cut at the shortest window of every candidate's pipelines (so that any candidate runs any of
+    its sequences; :class:`~..data.ValidationSequences`), forward only under the running candidate.  ``packing``: micro-batches
     are single rows packing whole sequences (no padding; attention within each sequence, positions restarting):
     default when every op of the model's graph has a packing rule (:func:`~.kernels.packing_problems`; both
     built-in families do), ``False`` pads them instead.  Everything is checked before any worker starts (a
@@ -312,7 +316,8 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                           lookahead=lookahead, cost=cost, capture_dir=capture_dir, checkpoint_dir=checkpoint_dir,
                           checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
                           resume_from=resume_from, packing=packing, init=init, straggler=straggler,
-                          schedule=schedule, max_norm=max_norm, decay=decay, **launch_kwargs)
+                          schedule=schedule, max_norm=max_norm, decay=decay, eval_every=eval_every,
+                          eval_batches=eval_batches, **launch_kwargs)
     if not programs:
         raise PlanValidationError([("programs", "no candidate program")], what=what)
     cluster = cluster if cluster is not None else next((p.cluster for p in programs if hasattr(p, "cluster")), None)
@@ -351,7 +356,8 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     for i, p in enumerate(programs):  # each candidate checked as the workers will rebuild it
         run = checked_training_run(p, steps=steps, seed=seed, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                            seq_len=context, cluster=cluster, capture_dir=capture_dir, precision=precision,
-                           init=init if i == first else None, schedule=schedule, max_norm=max_norm, decay=decay)
+                           init=init if i == first else None, schedule=schedule, max_norm=max_norm, decay=decay,
+                           eval_every=eval_every, eval_batches=eval_batches)
         again = program_of_run(run)
         if again.pipelines != p.pipelines:
             raise PlanValidationError([(f"programs[{i}]", "does not specialize to the same pipelines on the "
@@ -359,6 +365,12 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
         runs.append(run)
     run = dict(runs[first])  # init= (a Hugging Face directory) read once, by the first candidate's run
     run["data"] = data
+    if eval_every:  # validation sequences every pipeline of every candidate takes
+        run["eval_context"] = min(min(c.windows) for c in dispatcher.candidates)
+        try:
+            validation_of(data, run["eval_context"])
+        except ValueError as e:
+            raise PlanValidationError([("eval_every", str(e))], what=what) from e
     run["mixed"] = {"candidates": [{"plan": r["plan"], "bindings": r["bindings"], "recompute": r["recompute"],
                                     "program": r["program"]} for r in runs], "first": first}
 

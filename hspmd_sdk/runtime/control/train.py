@@ -115,7 +115,7 @@ def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int
         from .mixed import launch_mixed  # lazy: mixed-length runs only (loads the mixed planner)
 
         given = {"data": data, "seq_len": seq_len, "recompute": recompute, "profile": profile,
-                 "grow_back": grow_back, "eval_every": eval_every}
+                 "grow_back": grow_back}
         default = {"data": "synthetic"}
         bad = [k for k, v in given.items() if k not in ("data",) and v not in (None, False, default.get(k))]
         if bad:
@@ -130,7 +130,8 @@ def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int
                            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
                            checkpoint_async=checkpoint_async, resume_from=resume_from, init=init,
                            elastic=elastic, straggler=straggler, fault_injection=fault_injection, _checked=True,
-                           schedule=schedule, max_norm=max_norm, decay=decay, **launch_kwargs)
+                           schedule=schedule, max_norm=max_norm, decay=decay, eval_every=eval_every,
+                           eval_batches=eval_batches, **launch_kwargs)
         job.prepared_s = job._t0 - begun  # checks, dispatch of the first step, specialization, preflight
         return job
     cluster = cluster if cluster is not None else program.cluster

@@ -608,17 +608,7 @@ class StepExecutor:
 
         ``batch_rows=(a, b)``: ``batch`` holds only rows ``a..b-1`` of the global batch — this pipeline's share
         (:attr:`chunk`), all that a rank needs to read."""
-        if micro_batches is not None:
-            micro_batches = [self._sequence_padded(m) for m in micro_batches]
-            self._layout = [(self.micro_bindings(int(m[0]), int(m[1])), int(m[0])) for m in micro_batches]
-            self._documents = [self._packed(i, m) for i, m in enumerate(micro_batches)]
-            self.loss_normalizer = int(loss_normalizer) if loss_normalizer is not None else None
-            self._feeds = self._micro_feeds([m[2] for m in micro_batches])
-            actions = self._schedule_of(len(self._layout))
-        else:
-            self._documents = [None] * self.num_micro
-            self._feeds = self._local_feeds(self._full_feeds(batch), batch_rows)
-            actions = self.program.schedule(self.rank)
+        actions = self._prepare(batch, batch_rows, micro_batches, loss_normalizer)
         self.trained_targets = 0
         self.records.clear()
         self._posted.clear()  # nothing of an interrupted step is left in flight for this one
@@ -657,19 +647,35 @@ class StepExecutor:
                     raise ExecutorError(f"rank {self.rank}: unknown schedule action {action}")
         return loss
 
-    #: The schedule actions a forward-only pass keeps (validation).
-    FORWARD_ACTIONS = frozenset({"PRE", "RECV_F", "F", "SEND_F"})
-
-    def evaluate(self, batch: Any, batch_rows: tuple[int, int] | None = None) -> float:
-        """The forward pass of one global batch under the running plan, without gradients, synchronisation or an
-        update (validation): the stage's schedule with its backward actions left out (sends stay asynchronous,
-        receives blocking: the forward part of a deadlock-free schedule is deadlock-free).  ``batch`` as for
-        :meth:`step`, of the plan's shape (``batch_rows`` too).  Returns this rank's summand of the batch's mean loss (0 off the loss
-        contributors); the sum over the world is the loss of the batch, as :meth:`step` reports it."""
+    def _prepare(self, batch: Any, batch_rows: tuple[int, int] | None, micro_batches: Any,
+                 loss_normalizer: int | None) -> list[Any]:
+        """Set up a pass over one batch (the feeds, each micro-batch's shape; see :meth:`step`); returns the
+        stage's schedule actions for it."""
+        if micro_batches is not None:
+            micro_batches = [self._sequence_padded(m) for m in micro_batches]
+            self._layout = [(self.micro_bindings(int(m[0]), int(m[1])), int(m[0])) for m in micro_batches]
+            self._documents = [self._packed(i, m) for i, m in enumerate(micro_batches)]
+            self.loss_normalizer = int(loss_normalizer) if loss_normalizer is not None else None
+            self._feeds = self._micro_feeds([m[2] for m in micro_batches])
+            return self._schedule_of(len(self._layout))
         self._documents = [None] * self.num_micro
         self._layout = [(self.bindings, self.micro_size)] * self.num_micro
         self._feeds = self._local_feeds(self._full_feeds(batch), batch_rows)
-        actions = [a for a in self.program.schedule(self.rank) if a.kind in self.FORWARD_ACTIONS]
+        return self.program.schedule(self.rank)
+
+    #: The schedule actions a forward-only pass keeps (validation).
+    FORWARD_ACTIONS = frozenset({"PRE", "RECV_F", "F", "SEND_F"})
+
+    def evaluate(self, batch: Any = None, batch_rows: tuple[int, int] | None = None, *,
+                 micro_batches: Any = None, loss_normalizer: int | None = None) -> float:
+        """The forward pass of one batch under the running plan, without gradients, synchronisation or an update
+        (validation): the stage's schedule with its backward actions left out (sends stay asynchronous, receives
+        blocking: the forward part of a deadlock-free schedule is deadlock-free).  ``batch``, ``batch_rows``,
+        ``micro_batches`` and ``loss_normalizer`` as for :meth:`step`.  Returns this rank's summand of the batch's
+        mean loss (0 off the loss contributors); the sum over the world is the loss of the batch, as :meth:`step`
+        reports it."""
+        actions = [a for a in self._prepare(batch, batch_rows, micro_batches, loss_normalizer)
+                   if a.kind in self.FORWARD_ACTIONS]
         trained = self.trained_targets  # the training step's count stays what it was
         self.records.clear()
         self._posted.clear()

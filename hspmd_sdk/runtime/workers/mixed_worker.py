@@ -79,6 +79,7 @@ class MixedSession(TrainSession):
         self.trained: dict[int, list[int]] = {}
         self.length_switches: list[dict[str, Any]] = []
         self._targets = target_placeholders(self.program.graph)
+        self.validation: Any = None  # the validation batches, read at the first validation
 
     def _candidate(self, i: int) -> Any:
         got = self.candidates.get(i)
@@ -217,15 +218,36 @@ class MixedSession(TrainSession):
         self.adam_steps += 1
         self.previous = None
         self._maybe_stop(step, agreed)
-        if self.saver is not None:  # under the candidate running now (a checkpoint loads under any of them)
-            self.saver.after_step(step + 1, last=step + 1 == self.steps, program=self.program, ex=ex,
-                                  generation=self.reconfigured)
-        self._record(step, agreed, lr, None)
+        val, cut = self._after_commit(step)  # a checkpoint under the candidate running now (any loads it)
+        self._record(step, agreed, lr, val)
         state.report(self.offset + step, loss=agreed["loss"], tokens=tokens, run=self.index,
                      compute_s=round(ex.compute_s, 6) if ex is not None else None, choice=self.choice,
                      dispatch_wait_s=round(self.waits[-1], 6) if self.waits else None,
-                     grad_norm=agreed["grad_norm"], lr=lr)
+                     grad_norm=agreed["grad_norm"], lr=lr, val_loss=val)
+        if cut is not None:
+            cut.completed = (step, agreed["loss"])  # the step itself is done: the train loop keeps its loss
+            raise cut
         return agreed["loss"]
+
+    def _validation_summand(self, index: int) -> float:
+        """Validation batch ``index`` of the validation split (:class:`~..data.ValidationSequences`, cut at the
+        run's ``eval_context``: a length every candidate's every pipeline takes) under the running candidate:
+        sequence ``j`` of the batch goes to pipeline ``j mod P``, one micro-batch each, forward only; the loss is
+        the mean over the batch's real target tokens, as the single-device reference computes it."""
+        ex = self.ex
+        if ex is None:
+            return 0.0
+        if self.validation is None:
+            from ..data import validation_of  # lazy: numpy (data)
+
+            self.validation = validation_of(self.run["data"], int(self.run["eval_context"]))
+        sequences = self.validation.batch(index)
+        total = sum(int(q.size) - 1 for q in sequences)
+        pipelines = len(self.program.pipelines)
+        micro = [(1, int(q.size) - 1, micro_batch_feeds(self.program.model, self.program.graph, [q], packed=False)
+                  if ex.needs_data else None)
+                 for j, q in enumerate(sequences) if j % pipelines == ex.pipeline]
+        return ex.evaluate(micro_batches=micro, loss_normalizer=total)
 
     def train(self) -> dict[str, Any]:
         self._grad_boxes: dict[str, Any] | None = None

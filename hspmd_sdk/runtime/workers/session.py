@@ -259,22 +259,8 @@ class TrainSession:
             self.previous = None
         self._switch_agreed = int(agreed["switch"])
         self._maybe_stop(step, agreed)
-        cut: Exception | None = None
-        if self.saver is not None:  # before the report: the step's time includes what saving blocked
-            try:
-                self.saver.after_step(step + 1, last=step + 1 == self.steps, program=self.program, ex=ex,
-                                      generation=self.reconfigured)
-            except CommFailure as e:  # a peer died while a synchronous checkpoint waited for it
-                cut = e
+        val, cut = self._after_commit(step)
         tokens = ex.micro_size * ex.num_micro * self.S if ex is not None and ex.stage == 0 else None
-        val = None
-        if cut is None:
-            try:
-                val = self._maybe_evaluate(step)
-            except Exception as e:  # noqa: BLE001 - a peer died during validation: the step itself is done
-                if not (self.elastic and _is_comm_failure(e)):
-                    raise
-                cut = e
         self._record(step, agreed, lr, val)
         state.report(self.offset + step, loss=agreed["loss"], tokens=tokens, run=self.index,
                      compute_s=round(ex.compute_s, 6) if ex is not None else None, grad_norm=agreed["grad_norm"],
@@ -283,6 +269,27 @@ class TrainSession:
             cut.completed = (step, agreed["loss"])  # the step itself is done: the train loop keeps its loss
             raise cut
         return agreed["loss"]
+
+    def _after_commit(self, step: int) -> tuple[float | None, Exception | None]:
+        """What follows a committed step, before its report: its checkpoint (if one is due) and its validation (if
+        due).  Returns the validation loss and, when a peer died meanwhile (elastic), the failure to raise after
+        the report: the step itself is done, so the train loop keeps its loss (``completed``) and recovers."""
+        cut: Exception | None = None
+        if self.saver is not None:  # before the report: the step's time includes what saving blocked
+            try:
+                self.saver.after_step(step + 1, last=step + 1 == self.steps, program=self.program, ex=self.ex,
+                                      generation=self.reconfigured)
+            except CommFailure as e:  # a peer died while a synchronous checkpoint waited for it
+                cut = e
+        val = None
+        if cut is None:
+            try:
+                val = self._maybe_evaluate(step)
+            except Exception as e:  # noqa: BLE001 - a peer died during validation: the step itself is done
+                if not (self.elastic and _is_comm_failure(e)):
+                    raise
+                cut = e
+        return val, cut
 
     # ---- the commit, the schedule, validation ---------------------------------------------------------------
     def _agree(self, step: int, **columns: tuple[float, str]) -> dict[str, float]:
@@ -325,15 +332,20 @@ class TrainSession:
         every = self.train_config.eval.every
         if not every or (step + 1) % every:
             return None
-        ex, total = self.ex, 0.0
         batches = self.train_config.eval.batches
-        for i in range(batches):
-            if ex is not None:
-                batch = self.dataset.val_batch(i, self.B, self.S, rows=ex.chunk) if ex.needs_data else None
-                total += ex.evaluate(batch, ex.chunk)
+        total = sum(self._validation_summand(i) for i in range(batches))
         summed = torch.tensor([total], dtype=torch.float64, device=self.state.device)
         dist.all_reduce(summed)
         return float(summed[0]) / batches
+
+    def _validation_summand(self, index: int) -> float:
+        """This rank's summand of validation batch ``index``'s loss: the batch's rows its pipeline takes, forward
+        only (0 on a rank without a stage)."""
+        ex = self.ex
+        if ex is None:
+            return 0.0
+        batch = self.dataset.val_batch(index, self.B, self.S, rows=ex.chunk) if ex.needs_data else None
+        return ex.evaluate(batch, ex.chunk)
 
     def _record(self, step: int, agreed: Mapping[str, float], lr: float, val: float | None) -> None:
         """Keep the step's agreed gradient norm, learning rate and validation loss for the run's result."""
