@@ -341,3 +341,25 @@ def test_a_strategy_trains_with_its_model_and_without_one_says_so(gpt: GPTConfig
     got = launch(strategy, cluster, model=gpt, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=120,
                  **RECIPE).wait()
     assert _rel(got.losses, reference.losses) <= 1e-5 and _rel(got.grad_norms, reference.grad_norms) <= 1e-6
+
+
+def test_a_corpus_run_resumes_under_another_plan_with_the_next_samples(gpt: GPTConfig, tmp_path: Path) -> None:
+    """A prepared corpus (SPEC §14): 2 steps on 4 ranks (the heterogeneous plan) with a checkpoint, resumed on 2
+    ranks under TP2, trains steps 2..3 on the samples an uninterrupted DP2 run trains there (equal losses and
+    norms: the data position is the step, the order a function of (seed, step) alone), and validates on the
+    corpus's validation split."""
+    rng = np.random.default_rng(1)
+    corpus = _corpus(tmp_path / "corpus", [rng.integers(1, 256, int(n)) for n in rng.integers(20, 200, 40)],
+                     [rng.integers(1, 256, int(n)) for n in rng.integers(20, 200, 8)])
+    kw = dict(steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, data=str(corpus), timeout_s=120, **RECIPE)
+    two, four = Cluster.local(2), Cluster.local(4)
+    whole = launch(_program(gpt, PLANS["dp2"], two), two, **kw).wait()
+    ref = reference_training(gpt, global_batch=8, **{k: v for k, v in kw.items() if k != "timeout_s"})
+    assert _rel(whole.losses, ref.losses) <= 1e-5 and _rel(whole.grad_norms, ref.grad_norms) <= 1e-6
+    assert _rel([whole.val_losses[k] for k in (1, 3)], [ref.val_losses[k] for k in (1, 3)]) <= 1e-5
+    ck = tmp_path / "ck"
+    # a 2-step run: its steps 0 and 1 have the 4-step run's learning rates (warmup 1, then the decay's first step
+    # at the peak either way), so its checkpoint is the 4-step run's state after step 1
+    launch(_program(gpt, PLANS["hetero_tp"], four), four, checkpoint_dir=ck, **{**kw, "steps": 2}).wait()
+    resumed = launch(_program(gpt, PLANS["tp2"], two), two, resume_from=ck, **kw).wait()
+    assert _rel(resumed.losses, whole.losses[2:]) <= 1e-5 and _rel(resumed.grad_norms, whole.grad_norms[2:]) <= 1e-6
