@@ -152,16 +152,23 @@ def test_a_norm_that_counts_duplicates_twice_fails_the_comparison(gpt: GPTConfig
 
 
 def test_llama_clipped_with_weight_decay_equals_the_reference(tmp_path: Path) -> None:
-    """The other family: TP2 and PP2 with clipping and decay only on matrices (Llama's norms have none)."""
+    """The other family: TP2 and PP2 with clipping and AdamW's decoupled decay only on matrices (Llama's norms have
+    none)."""
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
     names = ["tp2", "pp2_1f1b"]
+    recipe = {**RECIPE, "optimizer": "adamw"}
     runs = [training_run(_program(model, PLANS[n], cluster), steps=3, seed=SEED, seq_len=SEQ, lr=LR,
-                         capture_dir=tmp_path, cluster=cluster, **RECIPE) for n in names]
+                         capture_dir=tmp_path, cluster=cluster, **recipe) for n in names]
     result = _launch_runs(runs, cluster, timeout_s=120).wait()
-    ref = reference_training(model, steps=3, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR, **RECIPE)
+    ref = reference_training(model, steps=3, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR, **recipe)
+    adam = reference_training(model, steps=3, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR, **RECIPE)
+    assert any(float((ref.params[k] - adam.params[k]).abs().max()) > 1e-6 for k in ref.params)  # not Adam's
     for i, _ in enumerate(names):
         run = result.results[0]["runs"][i]
-        assert _rel(run["losses"], ref.losses) <= 1e-5 and _rel(run["grad_norms"], ref.grad_norms) <= 1e-6
+        # step 0's norm to 1e-6; later ones 1e-4: decoupled decay gives elements whose gradient is (almost) zero
+        # lr-sized updates of rounding-noise sign (Adam's L2 decay, in RECIPE, gives them a deterministic one)
+        assert _rel(run["losses"], ref.losses) <= 1e-5 and _rel(run["grad_norms"][:1], ref.grad_norms[:1]) <= 1e-6
+        assert _rel(run["grad_norms"], ref.grad_norms) <= 1e-4
         _state_matches(tmp_path, ref, i)
 
 
@@ -258,7 +265,7 @@ def test_bad_recipe_options_start_no_worker(gpt: GPTConfig) -> None:
     for bad, field in ((dict(max_norm=0.0), "max_norm"), (dict(max_norm=float("nan")), "max_norm"),
                        (dict(schedule={"kind": "cosine", "warmup": 2}), "schedule"),
                        (dict(schedule="exponential"), "schedule"), (dict(eval_every=0), "eval_every"),
-                       (dict(decay="biases"), "decay")):
+                       (dict(decay="biases"), "decay"), (dict(optimizer="sgd"), "optimizer")):
         with pytest.raises(PlanValidationError, match=field):
             launch(program, cluster, steps=2, **bad)
 

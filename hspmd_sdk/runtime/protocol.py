@@ -260,5 +260,6 @@ def training_of(run: Mapping[str, Any]) -> Any:
 def adam_json(train: Any) -> dict[str, Any]:
     """A :class:`~.train_config.TrainConfig`'s optimizer section as a checkpoint's manifest records it."""
     o = train.optimizer
-    return {"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay, "decay": o.decay}
+    return {"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay, "decay": o.decay,
+            "kind": o.kind}
 

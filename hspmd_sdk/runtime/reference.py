@@ -74,7 +74,8 @@ def reference_training(config: Any, *, steps: int | None = None, seed: int = 0, 
                        data: str = "synthetic", lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
                        eps: float = 1e-8, weight_decay: float = 0.0,
                        init: Mapping[str, Any] | None = None, precision: str = "fp32", schedule: Any = None,
-                       max_norm: float | None = None, decay: str = "matrices", eval_every: int | None = None,
+                       max_norm: float | None = None, decay: str = "matrices", optimizer: str = "adam",
+                       eval_every: int | None = None,
                        eval_batches: int = 4, train_config: Any = None) -> ReferenceResult:
     """Train the model's single-device reference (``config.build_reference``) on one device with
     ``torch.optim.Adam`` (:meth:`~.executor.AdamConfig.build`: the ranks' kernel) on the same data (``config``
@@ -85,7 +86,7 @@ def reference_training(config: Any, *, steps: int | None = None, seed: int = 0, 
     computes the step (bf16 parameters, activations and gradients, the loss in fp32), its gradients become the
     masters' (fp32) and Adam updates the masters with fp32 state.  ``grads`` and ``params`` are the masters'.
 
-    ``schedule``, ``max_norm``, ``decay``, ``eval_every``/``eval_batches`` as for ``launch``: each step's learning
+    ``schedule``, ``max_norm``, ``decay``, ``optimizer``, ``eval_every``/``eval_batches`` as for ``launch``: each step's learning
     rate from the schedule, the gradients clipped by ``torch.nn.utils.clip_grad_norm_`` (its norm, before
     clipping, is the step's ``grad_norms`` entry), weight decay on the parameter groups ``decay`` names, and the
     validation loss of the data's validation split (forward only, in eval mode) after every ``eval_every``-th
@@ -102,7 +103,8 @@ def reference_training(config: Any, *, steps: int | None = None, seed: int = 0, 
         return reference_training(
             config, steps=c.run.steps, seed=c.run.seed, global_batch=global_batch or c.run.global_batch,
             seq_len=c.run.seq_len, data=c.data.source, lr=c.optimizer.lr, betas=c.optimizer.betas,
-            eps=c.optimizer.eps, weight_decay=c.optimizer.weight_decay, decay=c.optimizer.decay, init=init,
+            eps=c.optimizer.eps, weight_decay=c.optimizer.weight_decay, decay=c.optimizer.decay,
+            optimizer=c.optimizer.kind, init=init,
             precision=c.run.precision, schedule=c.schedule, max_norm=c.clip.max_norm, eval_every=c.eval.every,
             eval_batches=c.eval.batches)
     if steps is None or global_batch is None:
@@ -116,7 +118,8 @@ def reference_training(config: Any, *, steps: int | None = None, seed: int = 0, 
         model.load_state_dict({k: v.detach().clone() for k, v in init.items()})
     work = model if precision == "fp32" else copy.deepcopy(model).to(torch.bfloat16)
     masters, copies = list(model.parameters()), list(work.parameters())
-    opt = AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decay=decay).build(masters)
+    opt = AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decay=decay,
+                     kind=optimizer).build(masters)
     sched = schedule_of(schedule)
     dataset = dataset_for(data, config.vocab_size)
     losses, grads, norms, lrs, vals = [], {}, [], [], {}
@@ -185,7 +188,8 @@ def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any =
                     context: int | None = None, seed: int = 0, lr: float = 1e-3,
                     betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                     init: Mapping[str, Any] | None = None, schedule: Any = None, max_norm: float | None = None,
-                    decay: str = "matrices", eval_every: int | None = None, eval_batches: int = 4,
+                    decay: str = "matrices", optimizer: str = "adam", eval_every: int | None = None,
+                    eval_batches: int = 4,
                     eval_context: int | None = None) -> Any:
     """The model's single-device reference (``model.build_reference(seed)``, ``torch.optim.Adam``) on the same
     steps of mixed-length data: all of a step's sequences in one batch, padded on the right with target ``-100``
@@ -204,7 +208,8 @@ def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any =
     if init is not None:
         ref.load_state_dict({k: v.detach().clone() for k, v in init.items()})
     params = list(ref.parameters())
-    opt = AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decay=decay).build(params)
+    opt = AdamConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decay=decay,
+                     kind=optimizer).build(params)
     sched = schedule_of(schedule)
     losses, grads, norms, lrs, vals = [], {}, [], [], {}
     for step in range(steps):

@@ -6,7 +6,7 @@ section                   fields
 ``run``                   ``steps``, ``seed``, ``seq_len``, ``global_batch``, ``precision``, ``device``, ``recompute``,
                           ``init``
 ``data``                  ``source``, ``tokens_per_step``, ``context``, ``lookahead``, ``packing``
-``optimizer``             ``lr``, ``betas``, ``eps``, ``weight_decay``, ``decay`` (which parameters weight decay
+``optimizer``             ``kind`` (adam, adamw), ``lr``, ``betas``, ``eps``, ``weight_decay``, ``decay`` (which parameters weight decay
                           applies to: ``"matrices"``, those of 2+ dimensions, or ``"all"``)
 ``schedule``              a :class:`~.lr_schedule.Schedule` (``kind``, ``warmup_steps``, ``decay_steps``,
                           ``stable_steps``, ``min_lr_factor``)
@@ -134,7 +134,12 @@ class OptimizerSection(_Section):
     betas: tuple[_Beta, _Beta] = Field(default=(0.9, 0.999), title="Adam's betas",
                                        description="two finite numbers in [0, 1)")
     eps: Number = Field(default=1e-8, gt=0, title="Adam's epsilon", description="a finite number > 0")
-    weight_decay: Number = Field(default=0.0, ge=0, title="weight decay (torch.optim.Adam's: added to the gradients)",
+    kind: Literal["adam", "adamw"] = Field(default="adam", title="'adam' (torch.optim.Adam: weight decay added to "
+                                                                 "the gradients) or 'adamw' (decoupled weight decay, "
+                                                                 "torch.optim.AdamW)",
+                                           description="'adam' or 'adamw'")
+    weight_decay: Number = Field(default=0.0, ge=0, title="weight decay (Adam's: added to the gradients; AdamW's: "
+                                                          "decoupled, the parameters shrunk by lr * weight_decay)",
                                  description="a finite number >= 0")
     decay: Literal["matrices", "all"] = Field(default="matrices", title="the parameters weight decay applies to: "
                                                                         "'matrices' (2+ dimensions: none on norms "
@@ -263,7 +268,7 @@ FLAT_KEYWORDS: Mapping[str, str] = MappingProxyType({
     "data": "data.source", "tokens_per_step": "data.tokens_per_step", "context": "data.context",
     "lookahead": "data.lookahead", "packing": "data.packing",
     "lr": "optimizer.lr", "betas": "optimizer.betas", "eps": "optimizer.eps",
-    "weight_decay": "optimizer.weight_decay", "decay": "optimizer.decay",
+    "weight_decay": "optimizer.weight_decay", "decay": "optimizer.decay", "optimizer": "optimizer.kind",
     "schedule": "schedule", "max_norm": "clip.max_norm", "eval_every": "eval.every", "eval_batches": "eval.batches",
     "checkpoint_dir": "checkpoint.dir", "checkpoint_every": "checkpoint.every", "keep": "checkpoint.keep",
     "checkpoint_async": "checkpoint.async", "resume_from": "checkpoint.resume_from",
@@ -676,7 +681,7 @@ def template_toml() -> str:
 _HEADINGS = MappingProxyType({
     "run": "the run: its length, seed, shapes, precision and device",
     "data": "the training data (tokens_per_step, context, lookahead, packing: mixed-length data)",
-    "optimizer": "Adam (torch.optim.Adam) and which parameters weight decay applies to",
+    "optimizer": "Adam or AdamW (torch.optim) and which parameters weight decay applies to",
     "schedule": "the learning-rate schedule: warmup step s < W at (s+1)/(W+1), then 'constant' 1, or a stable phase "
                 "('wsd') and a 'linear'/'cosine'/'wsd' decay to min_lr_factor (hspmd_sdk.runtime.lr_schedule)",
     "clip": "gradient clipping by the global L2 norm",

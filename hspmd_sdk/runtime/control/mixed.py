@@ -271,7 +271,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                  capture_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None,
                  checkpoint_every: int | None = None, keep: int = 3, checkpoint_async: bool = True,
                  resume_from: str | Path | None = None, packing: bool | None = None, init: Any = None,
-                 schedule: Any = None, max_norm: float | None = None, decay: str = "matrices",
+                 schedule: Any = None, max_norm: float | None = None, decay: str = "matrices", optimizer: str = "adam",
                  eval_every: int | None = None, eval_batches: int = 4,
                  _checked: bool = False, **launch_kwargs: Any) -> Any:
     """Train on mixed-length data, choosing per step among candidate ``programs`` (``launch(programs, ...)``;
@@ -316,7 +316,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                           lookahead=lookahead, cost=cost, capture_dir=capture_dir, checkpoint_dir=checkpoint_dir,
                           checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
                           resume_from=resume_from, packing=packing, init=init, straggler=straggler,
-                          schedule=schedule, max_norm=max_norm, decay=decay, eval_every=eval_every,
+                          schedule=schedule, max_norm=max_norm, decay=decay, optimizer=optimizer, eval_every=eval_every,
                           eval_batches=eval_batches, **launch_kwargs)
     if not programs:
         raise PlanValidationError([("programs", "no candidate program")], what=what)
@@ -357,6 +357,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
         run = checked_training_run(p, steps=steps, seed=seed, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                            seq_len=context, cluster=cluster, capture_dir=capture_dir, precision=precision,
                            init=init if i == first else None, schedule=schedule, max_norm=max_norm, decay=decay,
+                           optimizer=optimizer,
                            eval_every=eval_every, eval_batches=eval_batches)
         again = program_of_run(run)
         if again.pipelines != p.pipelines:

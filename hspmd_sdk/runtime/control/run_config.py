@@ -72,6 +72,8 @@ class RunConfig(BaseModel):
     betas: tuple[Number, Number] = Field(default=(0.9, 0.999), description="two finite numbers in [0, 1)")
     eps: Number = Field(default=1e-8, description="a finite number > 0")
     weight_decay: Number = Field(default=0.0, description="a finite number >= 0")
+    optimizer: Literal["adam", "adamw"] = Field(default="adam", description="'adam' or 'adamw' (decoupled weight "
+                                                                          "decay)")
     decay: Literal["matrices", "all"] = Field(default="matrices", description="'matrices' (no weight decay on "
                                                                             "norms and biases) or 'all'")
     schedule: Any = Field(default=None, description="a learning-rate Schedule, its dict or its kind ('constant', "

@@ -39,7 +39,7 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
                  checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
                  checkpoint_async: bool = True, resume_from: str | Path | None = None,
                  precision: str = "fp32", schedule: Any = None, max_norm: float | None = None,
-                 eval_every: int | None = None, eval_batches: int = 4, decay: str = "matrices") -> dict[str, Any]:
+                 eval_every: int | None = None, eval_batches: int = 4, decay: str = "matrices", optimizer: str = "adam") -> dict[str, Any]:
     """The JSON description of one training run of ``program`` (what a worker needs to rebuild it).
 
     ``seq_len``: tokens per sample (default: the model's ``max_seq_len``); the global batch is the program's
@@ -79,13 +79,15 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthe
                       init=init, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
                       checkpoint_async=checkpoint_async, resume_from=resume_from, precision=precision,
                       schedule=schedule, max_norm=max_norm, eval_every=eval_every, eval_batches=eval_batches,
-                      decay=decay)
+                      decay=decay,
+                                optimizer=optimizer)
     return checked_training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
                                 weight_decay=weight_decay, seq_len=seq_len, recompute=recompute,
                                 capture_dir=capture_dir, cluster=cluster, init=init, checkpoint_dir=checkpoint_dir,
                                 checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
                                 resume_from=resume_from, precision=precision, schedule=schedule,
-                                max_norm=max_norm, eval_every=eval_every, eval_batches=eval_batches, decay=decay)
+                                max_norm=max_norm, eval_every=eval_every, eval_batches=eval_batches, decay=decay,
+                                optimizer=optimizer)
 
 
 def _model_of(program: Any) -> Any:
@@ -103,7 +105,7 @@ def checked_training_run(program: Any, *, steps: int, seed: int = 0, data: str =
                          keep: int = 3, checkpoint_async: bool = True, resume_from: str | Path | None = None,
                          precision: str = "fp32", schedule: Any = None, max_norm: float | None = None,
                          eval_every: int | None = None, eval_batches: int = 4,
-                         decay: str = "matrices") -> dict[str, Any]:
+                         decay: str = "matrices", optimizer: str = "adam") -> dict[str, Any]:
     """:func:`training_run` for options that :func:`~.run_config.check_run_options` has already checked (each
     launch checks them once, first): the checks that need the program and the cluster, then the run."""
 
@@ -127,8 +129,8 @@ def checked_training_run(program: Any, *, steps: int, seed: int = 0, data: str =
         # reads them back with validation (protocol.training_of)
         "train": TrainConfig.from_launch_kwargs(
             steps=int(steps), seed=int(seed), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-            decay=decay, schedule=schedule_json(schedule), max_norm=max_norm, eval_every=eval_every,
-            eval_batches=eval_batches, precision=precision).to_json(),
+            decay=decay, optimizer=optimizer, schedule=schedule_json(schedule), max_norm=max_norm,
+            eval_every=eval_every, eval_batches=eval_batches, precision=precision).to_json(),
         "recompute": rc,
         "capture_dir": str(capture_dir) if capture_dir is not None else None,
         "init": _init_source(init, config),

@@ -44,12 +44,12 @@ def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int
                     precision: str = "fp32", device: str | None = None,
                     profile: int | Sequence[int] | None = None, schedule: Any = None,
                     max_norm: float | None = None, eval_every: int | None = None, eval_batches: int = 4,
-                    decay: str = "matrices", **launch_kwargs: Any) -> Any:
+                    decay: str = "matrices", optimizer: str = "adam", **launch_kwargs: Any) -> Any:
     """Train ``program`` for ``steps`` steps on one worker process per rank of ``cluster``; returns the running
     :class:`~.job.Job` (``job.wait().losses``: the loss of each step's global batch).
 
     The optimizer is Adam (``lr``, ``betas``, ``eps``, ``weight_decay`` on the parameters ``decay`` names:
-    ``"matrices"``, none on norms and biases, or ``"all"``), its learning rate by ``schedule`` (a
+    ``"matrices"``, none on norms and biases, or ``"all"``; ``optimizer="adamw"``: decoupled weight decay), its learning rate by ``schedule`` (a
     :class:`~hspmd_sdk.runtime.lr_schedule.Schedule`, its dict or kind; default constant), the gradients clipped
     to the global norm ``max_norm`` (every element of the model counted once, whatever the plan; ``None``: no
     clipping).  ``eval_every``: every that many steps, the validation loss of ``eval_batches`` batches of the
@@ -110,6 +110,7 @@ def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int
                       checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
                       resume_from=resume_from, precision=precision, device=device, schedule=schedule,
                       max_norm=max_norm, eval_every=eval_every, eval_batches=eval_batches, decay=decay,
+                      optimizer=optimizer,
                       **launch_kwargs)
     if mixed:  # candidate Programs: mixed-length data (SPEC §7)
         from .mixed import launch_mixed  # lazy: mixed-length runs only (loads the mixed planner)
@@ -130,7 +131,8 @@ def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int
                            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
                            checkpoint_async=checkpoint_async, resume_from=resume_from, init=init,
                            elastic=elastic, straggler=straggler, fault_injection=fault_injection, _checked=True,
-                           schedule=schedule, max_norm=max_norm, decay=decay, eval_every=eval_every,
+                           schedule=schedule, max_norm=max_norm, decay=decay,
+                           optimizer=optimizer, eval_every=eval_every,
                            eval_batches=eval_batches, **launch_kwargs)
         job.prepared_s = job._t0 - begun  # checks, dispatch of the first step, specialization, preflight
         return job
@@ -140,7 +142,8 @@ def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int
                        cluster=cluster, init=init, checkpoint_dir=checkpoint_dir,
                        checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
                        resume_from=resume_from, precision=precision, schedule=schedule, max_norm=max_norm,
-                       eval_every=eval_every, eval_batches=eval_batches, decay=decay)
+                       eval_every=eval_every, eval_batches=eval_batches, decay=decay,
+                                optimizer=optimizer)
     if device is not None:
         launch_kwargs["backend"] = backend_for_device(device, cluster, launch_kwargs.get("backend"),
                                                       launch_kwargs.get("transport"))

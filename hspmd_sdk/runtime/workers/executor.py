@@ -105,11 +105,16 @@ class AdamConfig:
     #: which parameters ``weight_decay`` applies to: ``"matrices"`` (those of 2 dimensions or more: none on norms
     #: and biases, nanoGPT's and Megatron's rule) or ``"all"``
     decay: str = "matrices"
+    #: ``"adam"`` (``torch.optim.Adam``: weight decay added to the gradients) or ``"adamw"`` (``torch.optim.AdamW``:
+    #: decoupled weight decay, what GPT training usually means by it)
+    kind: str = "adam"
 
     def __post_init__(self) -> None:
         problems = adam_problems(self.lr, self.betas, self.eps, self.weight_decay)
         if self.decay not in DECAY_RULES:
             problems.append(("decay", f"must be one of {list(DECAY_RULES)}, not {self.decay!r}"))
+        if self.kind not in OPTIMIZERS:
+            problems.append(("optimizer", f"must be one of {list(OPTIMIZERS)}, not {self.kind!r}"))
         if problems:
             raise PlanValidationError(problems, what="optimizer options")
 
@@ -134,13 +139,16 @@ class AdamConfig:
         params = list(params)
         kw = dict(lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
         groups = self.groups(params)
+        cls = torch.optim.AdamW if self.kind == "adamw" else torch.optim.Adam
         if params and all(fused_adam_available(p) for p in params):
-            return torch.optim.Adam(groups, fused=True, **kw)
-        return torch.optim.Adam(groups, foreach=False, **kw)
+            return cls(groups, fused=True, **kw)
+        return cls(groups, foreach=False, **kw)
 
 
 #: ``AdamConfig.decay``: which parameters weight decay applies to.
 DECAY_RULES = ("matrices", "all")
+#: ``AdamConfig.kind``: the optimizers.
+OPTIMIZERS = ("adam", "adamw")
 
 
 def clip_coefficient(norm: float, max_norm: float) -> torch.Tensor:

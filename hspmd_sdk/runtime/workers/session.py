@@ -108,7 +108,8 @@ class TrainSession:
         from .executor import AdamConfig  # lazy: torch (executor)
 
         o = self.train_config.optimizer
-        return AdamConfig(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, decay=o.decay)
+        return AdamConfig(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, decay=o.decay,
+                          kind=o.kind)
 
     def _make_groups(self, program: Any) -> None:
         from .comm import comm_groups  # lazy: torch (comm)
