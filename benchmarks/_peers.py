@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hspmd_sdk.models import build_reference
+from hspmd_sdk.runtime.protocol import training_of
 from hspmd_sdk.models.llama.reference import LlamaReference
 from hspmd_sdk.models.llama.reference import rmsnorm as _rmsnorm, rope as _rope
 
@@ -50,8 +51,8 @@ def peer_adam(params: Any, run: Mapping[str, Any], conf: Mapping[str, Any]) -> t
     for-loop implementation: what a user of ``torch.optim.Adam(params, lr)`` gets)."""
     params = list(params)
     if conf.get("adam", "default") == "fused":
-        return torch.optim.Adam(params, lr=run["adam"]["lr"], fused=True)
-    return torch.optim.Adam(params, lr=run["adam"]["lr"])
+        return torch.optim.Adam(params, lr=training_of(run).optimizer.lr, fused=True)
+    return torch.optim.Adam(params, lr=training_of(run).optimizer.lr)
 
 
 class _Ours:
@@ -64,13 +65,13 @@ class _Ours:
 
         program = _program_of(run)
         state.create_groups(comm_groups(program_comm_plans(program)))
-        a = run["adam"]
+        a = training_of(run).optimizer
         self.ex = None
         if state.rank in program.ranks:
             self.ex = StepExecutor(program, state.rank, state, seed=int(run["seed"]),
                                    global_batch=int(run["global_batch"]), seq_len=int(run["seq_len"]),
-                                   adam=AdamConfig(lr=a["lr"], betas=tuple(a["betas"]), eps=a["eps"],
-                                                   weight_decay=a["weight_decay"]), device=state.device,
+                                   adam=AdamConfig(lr=a.lr, betas=tuple(a.betas), eps=a.eps,
+                                                   weight_decay=a.weight_decay), device=state.device,
                                    precision=run.get("precision", "fp32"), **dict(options or {}))
 
     def step(self, batch: torch.Tensor) -> float:
@@ -390,7 +391,8 @@ def emulated_entry(state: Any, spec: Any) -> dict[str, Any]:
         program = _program_of(run)
         state.create_groups(comm_groups(program_comm_plans(program)))
         ex = cls(program, state.rank, state, seed=int(run["seed"]), global_batch=int(run["global_batch"]),
-                 seq_len=int(run["seq_len"]), adam=AdamConfig(lr=run["adam"]["lr"]), device=state.device)
+                 seq_len=int(run["seq_len"]), adam=AdamConfig(lr=training_of(run).optimizer.lr),
+                 device=state.device)
         opt_step = ex.optimizer.step
         if factor == 1.0:
             ex.emulated_s = 0.0

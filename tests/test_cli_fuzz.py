@@ -130,8 +130,15 @@ CASES: list[tuple[list[str], str]] = [
     (["resolve", "[0,1] P2", "[0,1] S0x2", "--shape", "4,4", "--cluster", "{BINARY_BIN}"], "cluster"),
     (["resolve", "[0,99999999999] P2", "[0,1] S0x2", "--shape", "4,4"], "out of range"),
     (["resolve", "[0-99999999] D1", "[0] R", "--shape", "4"], "out of range"),
-    (["resolve", "[0,1] P2", "[0,1] S0x3", "--shape", "4"], "4"),
+    (["resolve", "[0,1] P2", "[0,1] S0x3", "--shape", "4"], "spans 3"),
     (["resolve", "[0,1] P2", "[0,1] S0x2"], "--shape"),
+    # ---- data / train
+    (["data", "show", "{MISSING}"], "not a prepared corpus"),
+    (["data", "prepare", "{MISSING}", "--out", "{MISSING}", "--train-tokenizer", "300"], "no such input file"),
+    (["data", "prepare", "{MISSING}", "--out", "{MISSING}", "--train-tokenizer", "300", "--val-fraction", "2"],
+     "--val-fraction"),
+    (["train", "{MISSING}"], "cannot be read"),
+    (["train", "{BINARY_BIN}"], "train config"),
     # ---- plan
     (["plan", "--cluster", "H800:abc", "--model", "tiny"], "KIND:COUNT"),
     (["plan", "--cluster", "H800:0", "--model", "tiny"], "counts"),

@@ -223,7 +223,7 @@ def test_a_model_that_does_not_fit_is_named(trained: Path) -> None:
     assert corpus.check(2, 8, vocab) == []
     problems = corpus.check(2, 8, 300)
     assert any("beyond the model's vocabulary of 300" in p for p in problems)
-    assert any(f"has {vocab} tokens but the model's vocabulary has 300" in p for p in problems)
+    assert any(f"has {vocab} tokens but the model's vocabulary has only 300" in p for p in problems)
     assert any("fewer than the 100000 of one training step" in p for p in corpus.check(100_000, 8, vocab))
 
 
