@@ -324,6 +324,8 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"\ninterrupted: every worker was stopped; logs in {job.log_dir}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    if not args.no_reference:
+        print("computing the single-device reference (one process, the same data) ...", file=sys.stderr, flush=True)
     ref = None if args.no_reference else reference_training(
         model, steps=args.steps, seed=args.seed, global_batch=program.bindings["B"], seq_len=args.seq_len,
         data=args.data, lr=args.lr)

@@ -29,9 +29,11 @@ def run_demo(steps: int = 10, *, seed: int = 0, data: str = "stdlib", lr: float 
     program = specialize(config, plan_from_strategy(config, strategy, cluster), cluster)
     print(program.describe())
     t0 = time.perf_counter()
+    print(f"training on {len(program.ranks)} local worker processes ...", flush=True)
     result = launch(program, cluster, steps=steps, seed=seed, data=data, lr=lr, progress=progress,
-                             echo=echo).wait()
+                    echo=echo).wait()
     wall = time.perf_counter() - t0
+    print("computing the single-device reference (one process, the same data) ...", flush=True)
     ref = reference_training(config, steps=steps, seed=seed, global_batch=program.bindings["B"], data=data, lr=lr)
     print(f"\n{len(program.ranks)} worker processes, {wall:.1f} s; single-device reference on the same data")
     print(f"{'step':>4}  {'HSPMD (4 ranks)':>16}  {'single device':>14}  {'rel. diff':>9}")
