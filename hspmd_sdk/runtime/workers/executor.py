@@ -530,16 +530,19 @@ class StepExecutor:
         return self._owned
 
     def owned_grad_sq(self) -> float:
-        """The squared L2 norm of the gradient elements this rank owns (fp64 sums of each shard's norms): summed
-        over the world, the squared global norm that ``clip_grad_norm_`` computes on the single-device model."""
-        total = 0.0
+        """The squared L2 norm of the gradient elements this rank owns: the norm of each owned part (a whole
+        shard, or a slice of one) in the gradient's dtype as ``clip_grad_norm_`` computes a tensor's, their
+        squares summed in fp64.  Summed over the world, the squared global norm of the single-device model."""
+        parts = []
         for name, slices in self.owned_slices().items():
             g = self.params[name].grad
             if g is None:
                 continue
-            for sl in slices:
-                total += float(torch.linalg.vector_norm(g[sl], dtype=torch.float64)) ** 2
-        return total
+            parts.extend(g if _whole(sl, g) else g[sl] for sl in slices)
+        if not parts:
+            return 0.0
+        norms = torch._foreach_norm(parts)  # one kernel launch for all of them
+        return float(torch.stack(norms).to(torch.float64).pow(2).sum())
 
     def _clip(self, norm: float | None) -> None:
         """Scale every gradient by :func:`clip_coefficient` of the global ``norm`` (with ``max_norm`` set)."""
@@ -1201,6 +1204,11 @@ class StepExecutor:
         mine = local_view(ann, (), rank).partial_index
         first = next(r for r in ann.ranks if local_view(ann, (), r).partial_index == mine)
         return first == rank
+
+
+def _whole(slices: tuple[slice, ...], t: torch.Tensor) -> bool:
+    """Whether ``slices`` select all of ``t``."""
+    return all(sl.start in (0, None) and sl.stop in (n, None) for sl, n in zip(slices, t.shape))
 
 
 def pipeline_pairs(program: Any) -> list[tuple[int, int, int]]:
