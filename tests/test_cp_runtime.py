@@ -75,20 +75,24 @@ def reference() -> Any:
 # ---- switching into and out of CP plans --------------------------------------------------------------------------
 @pytest.mark.timeout(120)
 def test_switching_into_and_out_of_cp_plans(reference: Any) -> None:
-    """TP2 (ZeRO-1) -> CP2 x TP2 -> CP2 beside DP (ZeRO-1), each requested by ``job.switch`` during a step (step 1
-    stretched 10x so that the first request lands inside it): both applied, parameters and Adam moments moved by
-    BSR (some megabytes: ranks 2 and 3 start empty), losses equal to the single-device model's."""
+    """TP2 (ZeRO-1) -> CP2 x TP2 -> CP2 beside DP (ZeRO-1), each requested by ``job.switch`` while every worker is
+    held at the start of a step (1, then 3): both applied at the next boundary (before steps 2 and 4), parameters
+    and Adam moments moved by BSR (some megabytes: ranks 2 and 3 start empty), losses equal to the single-device
+    model's."""
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(4)
     job = launch(_program(model, TP2_ZERO1, cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
-                          timeout_s=110, slowdown={r: [(0, 1.0), (1, 10.0), (2, 1.0)] for r in cluster.ranks})
+                          timeout_s=110, hold_at=[1, 3])
     pids = job.pids()
-    wait_for(lambda: job.metrics.last_step() >= 0, timeout=60)
+    job.wait_held(1)
     into = job.switch(_program(model, CP2XTP2, cluster))
-    wait_for(lambda: into.done or job.status.value != "running", timeout=60)
+    job.release(1)
+    job.wait_held(3)
+    assert into.done  # every rank switched before step 2, so before it got to step 3
     out = job.switch(_program(model, CP2_BESIDE_DP_ZERO1, cluster))
+    job.release(3)
     result = job.wait(timeout=100)
     assert into.done and out.done and not into.superseded and not out.superseded, (str(into), str(out))
-    assert into.step < out.step < STEPS, (into.step, out.step)
+    assert (into.step, out.step) == (2, 4), (into.step, out.step)
     assert all(sum(e.bytes.values()) > 0 for e in (into, out)), (str(into), str(out))
     assert len(result.losses) == STEPS and _rel(result.losses, reference.losses) <= TOL, \
         (result.losses, reference.losses)

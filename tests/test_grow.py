@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
@@ -241,21 +240,22 @@ def test_a_rank_lost_during_the_grows_switch(reference, killed: int) -> None:
 
 @pytest.mark.timeout(180)
 def test_a_rank_lost_while_the_grow_waits_for_its_boundary(reference) -> None:
-    """DP2 grows to DP4, requested during step 2 (stretched): the newcomers start and wait at once for the grown
-    world, whose host (rank 0) comes only at the boundary; original rank 1 is SIGKILLed before it.  Rank 0 halts in
-    its step, the newcomers give the grown world's rendezvous up on the launcher's halt (they hold nothing), and the
-    survivors recover instead of waiting out the rendezvous: the job finishes with the losses of the single-device
-    run."""
+    """DP2 grows to DP4, requested while the running ranks are held at the start of step 2: once the newcomers are
+    ready the launcher sends them and the running ranks the grow's switch (every running rank has heard it, none
+    has reached the boundary where it applies it), and the newcomers go to wait for the grown world, whose host
+    (rank 0) comes only at that boundary; original rank 1 is SIGKILLed there.  Rank 0 halts, the newcomers give the
+    grown world's rendezvous up on the launcher's halt (they hold nothing), and the survivors recover instead of
+    waiting out the rendezvous: the job finishes with the losses of the single-device run."""
     model, small, big = LlamaConfig.preset("tiny"), Cluster.local(2), Cluster.local(4)
     job = launch(_program(model, DP2, small), small, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
-                          heartbeat_s=0.3, elastic=True, slowdown={r: STRETCH for r in small.ranks})
-    wait_for(lambda: job.metrics.last_step() >= 1)
+                          heartbeat_s=0.3, elastic=True, hold_at=[2])
+    assert job.wait_held(2) == [0, 1]
     pids = job.pids()
-    job.grow(big, _program(model, DP4, big))
-    wait_for(lambda: len(job.pids()) == 4, timeout=60)
-    time.sleep(2.0)  # the newcomers are in the grown world's rendezvous; the running ranks still in step 2
-    assert job.metrics.last_step() == 1
+    event = job.grow(big, _program(model, DP4, big))
+    job.wait_held(2, heard=event)  # the grow's switch is out: the newcomers head for the grown world's rendezvous
+    assert job.metrics.last_step() == 1 and not event.done
     os.kill(pids[1], signal.SIGKILL)
+    job.release(2)  # rank 0 halts at once (it heard of the death) or in step 2's first collective
     result = job.wait(timeout=150)
     assert len(result.losses) == STEPS and _close(result.losses, reference.losses) <= TOL
     failures = [e for e in result.events if e.reason == "failure"]

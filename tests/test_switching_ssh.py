@@ -135,8 +135,10 @@ def test_hspmd_launch_elastic_survives_a_killed_remote_worker(lab: LoopbackHosts
 def test_a_job_on_one_host_grows_onto_a_second_host_over_ssh(lab: LoopbackHosts, reference, zero1: bool) -> None:
     """A DP2 job on host A (ranks 0, 1) grows onto host B (a new loopback sshd host, two new ranks): the SSH agent
     of B starts the newcomers, every worker meets at a fresh rendezvous on A, and one fused BSR gives the newcomers
-    their shards (with ZeRO-1, Adam moments sharded over the replicas).  The losses equal the single-device run's;
-    the running workers keep their processes; nothing is left behind."""
+    their shards (with ZeRO-1, Adam moments sharded over the replicas).  The grow is requested while the running
+    workers are held at the start of step 2 and they are released once its switch reached them (the newcomers are
+    ready): it lands at the boundary before step 3, whatever the machine's load.  The losses equal the
+    single-device run's; the running workers keep their processes; nothing is left behind."""
     from hspmd_sdk import Cluster
     from hspmd_sdk.runtime.control.grow import extend_cluster
 
@@ -150,19 +152,20 @@ def test_a_job_on_one_host_grows_onto_a_second_host_over_ssh(lab: LoopbackHosts,
     program = specialize(model, plan_from_strategy(model, dp2, host_a), host_a, bindings={"B": 8, "S": SEQ})
     transport = SSHTransport(lab.hosts, kill_timeout_s=2.0, **lab.ssh_options)
     job = launch(program, host_a, steps=STEPS, seed=SEED, seq_len=SEQ, transport=transport, timeout_s=60,
-                          heartbeat_s=0.5, slowdown={r: [(0, 4.0), (2, 200.0), (3, 4.0)] for r in (0, 1)})
+                          heartbeat_s=0.5, hold_at=[2])
     pids = job.pids()
-    # the grown program is made while the job starts, so that the grow is requested right after step 1, inside the
-    # stretched step 2 (made after step 1, under load, the request came at step 6 and the job ended before it)
     grown = extend_cluster(job.cluster, host_b)
     dp4 = Strategy.load({"pipelines": [{"stages": [{"devices": [r], "layers": [0, 3]}], "micro_batch_size": 2,
                                         "num_micro_batches": 1} for r in range(4)], "zero1": zero1})
     bigger = specialize(model, plan_from_strategy(model, dp4, grown), grown, bindings={"B": 8, "S": SEQ})
-    _wait(lambda: job.metrics.last_step() >= 1)
+    assert job.wait_held(2) == [0, 1]
     event = job.grow(grown, bigger)
+    job.wait_held(2, heard=event)  # the newcomers are ready and the grow's switch reached both running workers
+    job.release(2)
     result = job.wait(timeout=150)
     assert result.losses == pytest.approx(reference.losses, rel=1e-5, abs=0)
     assert [e.reason for e in result.events] == ["grow"] and event.done and event.bytes["inter"] > 0, job.notes
+    assert event.step == 3, str(event)
     assert {r: job.pids()[r] for r in (0, 1)} == pids
     assert {g.host for g in job.transport.groups} == {s.address for s in lab.servers}
     every = job.pids()

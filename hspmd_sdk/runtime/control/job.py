@@ -231,7 +231,9 @@ class Job:
     """Workers running one :class:`LaunchSpec`; create with :func:`hspmd_sdk.runtime.launch_spec`.
 
     ``status``, ``logs(rank)``, ``metrics``, ``log_dir``, ``failures``, ``wait(timeout)``, ``cancel()``,
-    ``stop_ranks(ranks)``.  Usable as a context manager: leaving the block cancels a job that is still running.
+    ``stop_ranks(ranks)``; for tests that race a request against the running job, ``wait_held(step)`` and
+    ``release(step)`` (``hold_at=``: every worker waits at the start of those steps until released).  Usable as a
+    context manager: leaving the block cancels a job that is still running.
     ``policy``: what to do about a failure (:mod:`.faults`; default :class:`~.faults.StopOnFailure`).
     """
 
@@ -267,6 +269,10 @@ class Job:
         self._finish_hooks: list[Callable[["Job"], None]] | None = []  # None once they ran (on_finish)
         self.notes: list[str] = []  #: the job's own messages (reconfigurations), also in job.log
         self.controller: Any = None  #: the :class:`~.controller.TrainingController` of a training job
+        # holds at step boundaries (hold_at=, a test hook): step -> launch rank -> what it reported heard there
+        self._held: dict[int, dict[int, dict[str, Any]]] = {}
+        self._released: set[int] = set()
+        self._newcomers: set[int] = set()  # started by a grow, not in the world yet (until they report switched)
         self._watch = threading.Thread(target=self._watchdog, name=f"hspmd-watch-{spec.job_id}", daemon=True)
         self._atexit = self._kill_at_exit
         atexit.register(self._atexit)
@@ -359,6 +365,81 @@ class Job:
         self._note("stop requested: the job ends after the step in progress")
         self._send_control({"type": "stop"}, ranks)
 
+    # ---- holds at step boundaries (hold_at=, a test hook) -----------------------------------------------------
+    def release(self, step: int) -> None:
+        """End the hold at the start of job step ``step`` (``hold_at=[step, ...]``, a test hook): every worker
+        waiting there goes on, and a worker that reaches ``step`` later (a newcomer, or again after a recovery)
+        does not wait there.  A request made while every rank was held (``switch``, ``grow`` once
+        :meth:`wait_held` ``(heard=event)`` returned, ``stop``; in the order they were made, each before this call)
+        is heard by every rank at step ``step``'s commit: a switch or grow then lands at the boundary before step
+        ``step + 1``, a stop ends the job after step ``step``.  Idempotent; never blocks.  ``ValueError`` for a step
+        the job does not hold at."""
+        step = self._hold_step(step)
+        with self._lock:
+            self._released.add(step)
+            ranks = [r for r, rec in self._ranks.items() if rec.returncode is None]
+        self._send_control({"type": "release", "step": step}, ranks)
+
+    def held(self, step: int) -> list[int]:
+        """The launch ranks waiting now at the start of job step ``step`` (``hold_at=``; empty once released)."""
+        step = self._hold_step(step)
+        with self._lock:
+            if step in self._released:
+                return []
+            return sorted(r for r in self._held.get(step, {}) if self._ranks[r].returncode is None)
+
+    def wait_held(self, step: int, timeout: float | None = None, *, heard: Any = None) -> list[int]:
+        """Block until every rank of the running world (the job's current world less its lost ranks and the
+        newcomers of a grow that have not joined it yet) waits at the start of job step ``step`` (``hold_at=``);
+        returns those launch ranks.  ``heard``: an :class:`~.controller.Event` of ``switch`` or ``grow``: wait also
+        until every one of them has received its switch message (a grow sends it once its newcomers are ready).
+
+        ``timeout`` seconds (default: the job's ``timeout_s``): ``TimeoutError`` naming the ranks not held.
+        :class:`~hspmd_sdk.errors.RuntimeFailure` when the job ends first, the hold was already released, or the
+        event was given up (``superseded``; :attr:`notes` says why)."""
+        step = self._hold_step(step)
+        limit = float(self.spec.timeout_s if timeout is None else timeout)
+        deadline = time.monotonic() + limit
+        while True:
+            if heard is not None and heard.superseded:
+                raise RuntimeFailure(f"job {self.job_id}: the {heard.reason} awaited at step {step} was given up: "
+                                     + "; ".join(self.notes[-2:]))
+            ident = None if heard is None or heard.version is None else int(heard.version[1])
+            world = self._world()
+            with self._lock:
+                got = dict(self._held.get(step, {}))
+                released = step in self._released
+            waiting = [r for r in world if r not in got or (heard is not None and (
+                ident is None or int(got[r].get("switch", 0)) < ident))]
+            if world and not waiting:
+                return world
+            if released:
+                raise RuntimeFailure(f"job {self.job_id}: the hold at step {step} was released already")
+            if self._done.is_set():
+                raise RuntimeFailure(f"job {self.job_id} ended ({self.status_text}) before every rank was held at "
+                                     f"step {step} (ranks {waiting} were not); logs in {self.log_dir}")
+            if time.monotonic() > deadline:
+                what = "" if heard is None else f" having heard the {heard.reason} of step {heard.step}"
+                raise TimeoutError(f"job {self.job_id}: ranks {waiting} were not held at step {step}{what} within "
+                                   f"{limit:g} s (held: {sorted(got)})")
+            time.sleep(0.01)
+
+    def _hold_step(self, step: int) -> int:
+        """``step`` if the job holds at it (``hold_at=``), else ``ValueError``."""
+        holds = {int(s) for run in self.spec.payload.get("runs") or () if isinstance(run, dict)
+                 for s in run.get("holds") or ()}
+        if isinstance(step, bool) or not isinstance(step, int) or step not in holds:
+            raise ValueError(f"job {self.job_id} holds at steps {sorted(holds)} (hold_at=), not at {step!r}")
+        return step
+
+    def _world(self) -> list[int]:
+        """The launch ranks that run the job's steps now: the controller's current world less its lost ranks
+        (without a controller: every running rank), less the newcomers of a grow that have not joined yet."""
+        alive = set(self.controller.alive) if self.controller is not None else None
+        with self._lock:
+            running = {r for r, rec in self._ranks.items() if rec.returncode is None}
+            return sorted((running if alive is None else running & alive) - self._newcomers)
+
     def stop_ranks(self, ranks: Sequence[int], grace_s: float = 0.5) -> None:
         """Stop the workers of ``ranks`` only (for a policy that lets the others go on); their exits are not
         failures."""
@@ -430,11 +511,15 @@ class Job:
                 self._ranks[r].phases["spawned"] = now
                 self._hosts.setdefault(spec.hosts[r], []).append(r)
             self._logs.add(new)
+            self._newcomers.update(new)
+            released = sorted(self._released)
         joining = spec.model_copy(update={"joining": True})
         for host, ranks in hosts.items():
             group = self.transport.start(host, ranks, joining, self._on_line, self._on_exit)
             with self._lock:
                 self._groups.append(group)
+        for step in released:  # the holds released before they came: a newcomer never waits at one
+            self._send_control({"type": "release", "step": step}, new)
 
     @property
     def events(self) -> list[Any]:
@@ -608,6 +693,15 @@ class Job:
                 rec.result = dict(msg.get("value") or {})
         elif kind == "error":
             self._on_error(rank, msg)
+        elif kind == "held":  # hold_at=: the rank waits at the start of a step (and what it heard meanwhile)
+            with self._lock:
+                self._held.setdefault(int(msg.get("step", -1)), {})[rank] = msg
+        elif kind == "unheld":  # it left the hold without a release (a peer died)
+            with self._lock:
+                self._held.get(int(msg.get("step", -1)), {}).pop(rank, None)
+        elif kind == "switched":
+            with self._lock:
+                self._newcomers.discard(rank)  # a newcomer is in the world once it switched into it
         elif kind == "trace":
             with self._lock:
                 self._recorded.setdefault(rank, {})[int(msg.get("step", -1))] = {

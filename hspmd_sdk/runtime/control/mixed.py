@@ -306,6 +306,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     straggler = launch_kwargs.pop("straggler", None)
     elastic = bool(launch_kwargs.pop("elastic", False))
     faults = [dict(f) for f in launch_kwargs.pop("fault_injection", None) or ()]
+    holds = launch_kwargs.pop("hold_at", None) or []
     # lazy: tests patch run_config.check_run_options
     from .run_config import check_run_options  # the same typed options as one Program's (SPEC §9)
 
@@ -317,7 +318,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                           checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
                           resume_from=resume_from, packing=packing, init=init, straggler=straggler,
                           schedule=schedule, max_norm=max_norm, decay=decay, optimizer=optimizer, eval_every=eval_every,
-                          eval_batches=eval_batches, **launch_kwargs)
+                          eval_batches=eval_batches, hold_at=holds, **launch_kwargs)
     if not programs:
         raise PlanValidationError([("programs", "no candidate program")], what=what)
     cluster = cluster if cluster is not None else next((p.cluster for p in programs if hasattr(p, "cluster")), None)
@@ -379,6 +380,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
                           keep=keep, checkpoint_async=checkpoint_async, resume_from=resume_from))
     run["elastic"] = elastic
     run["faults"] = checked_faults(faults, range(cluster.num_ranks), "the cluster", what)
+    run["holds"] = sorted({int(s) for s in holds})  # hold_at= (a test hook): as for one Program
 
     watch = StragglerWatch() if straggler is True else (straggler or None)
     controller = TrainingController(programs[first], cluster, global_batch=run["global_batch"], seq_len=context,

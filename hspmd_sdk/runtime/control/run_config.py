@@ -99,6 +99,9 @@ class RunConfig(BaseModel):
     cost: Any = Field(default=None, description="a planner CostModel, or None")
     fault_injection: list[dict[str, Any]] = Field(default_factory=list, description="a list of {'rank', 'step', "
                                                                                     "'at'} dicts")
+    #: a test hook: every worker waits at the start of each of these steps until ``job.release(step)``
+    hold_at: list[Annotated[Int, Field(ge=0)]] = Field(
+        default_factory=list, description="a list of steps (whole numbers >= 0, each below steps)")
     # ---- mixed-length data (a list of candidate Programs) ----------------------------------------------------
     tokens_per_step: Int | None = Field(default=None, ge=1, description="a whole number of tokens >= 1")
     context: Int | None = Field(default=None, ge=1, description="a whole number of tokens >= 1, or None (the "
@@ -176,6 +179,16 @@ class RunConfig(BaseModel):
         except ValidationError as e:
             raise ValueError("; ".join(f"{'.'.join(map(str, err['loc'])) or 'kind'}: {err['msg']}"
                                        for err in e.errors())) from None
+        return value
+
+    @field_validator("hold_at")
+    @classmethod
+    def _holds(cls, value: list[int], info: ValidationInfo) -> list[int]:
+        """A hold is at a step the run has (``0 <= step < steps``)."""
+        steps = info.data.get("steps")
+        late = [s for s in value if steps is not None and s >= steps]
+        if late:
+            raise ValueError(f"must be steps of this run (0..{steps - 1}), not {late[0]}")
         return value
 
     @field_validator("straggler")

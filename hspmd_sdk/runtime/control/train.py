@@ -38,7 +38,7 @@ def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int
                     weight_decay: float = 0.0, seq_len: int | None = None, recompute: Sequence[int] | None = None,
                     capture_dir: str | Path | None = None, init: Any = None, elastic: bool = False,
                     straggler: Any = None, grow_back: Any = None, cost: Any = None,
-                    fault_injection: Sequence[Mapping[str, Any]] = (),
+                    fault_injection: Sequence[Mapping[str, Any]] = (), hold_at: Sequence[int] = (),
                     checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
                     checkpoint_async: bool = True, resume_from: str | Path | None = None,
                     precision: str = "fp32", device: str | None = None,
@@ -85,6 +85,11 @@ def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int
     (``"forward"``, ``"backward"``, ``"grad_sync"``, ``"optimizer"``, ``"switch"`` during a switch, or ``"end"``
     after the last step, where an elastic job's survivors finish without recovering: every step is done), or at a
     point of the write of the checkpoint of step ``s`` (steps completed; :data:`~.checkpoint_io.WRITE_POINTS`).
+    ``hold_at`` (a test hook, for tests that race a request against the running job): ``[s, ...]`` makes every
+    worker wait at the start of step ``s``, before any of its work, until ``job.release(s)``; ``job.wait_held(s)``
+    returns once every rank of the running world waits there.  A switch, grow or stop made meanwhile is heard by
+    every rank at step ``s``'s commit (so it lands at a known boundary, deterministically); a kill made meanwhile
+    lands between two steps.  A hold nobody releases fails the job after ``timeout_s``, naming it.
     ``profile``: steps (an index or a list) every rank records with the torch profiler; ``job.trace()`` merges
     them into one Chrome/Perfetto trace and ``job.timeline()`` draws each rank's measured phases beside the
     simulator's prediction (:mod:`.trace`, :mod:`.timeline`).  ``launch_kwargs`` go to
@@ -106,7 +111,8 @@ def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int
                       what="mixed-length training run" if mixed else "training run", steps=steps, seed=seed,
                       data=data, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, seq_len=seq_len,
                       recompute=recompute, capture_dir=capture_dir, init=init, elastic=elastic, straggler=straggler,
-                      grow_back=grow_back, cost=cost, fault_injection=fault_injection, checkpoint_dir=checkpoint_dir,
+                      grow_back=grow_back, cost=cost, fault_injection=fault_injection, hold_at=hold_at,
+                      checkpoint_dir=checkpoint_dir,
                       checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
                       resume_from=resume_from, precision=precision, device=device, schedule=schedule,
                       max_norm=max_norm, eval_every=eval_every, eval_batches=eval_batches, decay=decay,
@@ -130,7 +136,8 @@ def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int
                            weight_decay=weight_decay, precision=precision, cost=cost, capture_dir=capture_dir,
                            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
                            checkpoint_async=checkpoint_async, resume_from=resume_from, init=init,
-                           elastic=elastic, straggler=straggler, fault_injection=fault_injection, _checked=True,
+                           elastic=elastic, straggler=straggler, fault_injection=fault_injection,
+                           hold_at=hold_at, _checked=True,
                            schedule=schedule, max_norm=max_norm, decay=decay,
                            optimizer=optimizer, eval_every=eval_every,
                            eval_batches=eval_batches, **launch_kwargs)
@@ -149,6 +156,7 @@ def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int
                                                       launch_kwargs.get("transport"))
     run["elastic"] = bool(elastic)
     run["faults"] = checked_faults(fault_injection, program.ranks, "the program", "training run")
+    run["holds"] = sorted({int(s) for s in hold_at})
     run["profile"] = checked_profile(profile, steps)
     watch = StragglerWatch() if straggler is True else (straggler or None)
     controller = TrainingController(program, cluster, global_batch=run["global_batch"], seq_len=run["seq_len"],

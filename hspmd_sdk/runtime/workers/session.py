@@ -26,6 +26,10 @@ has no surviving copy the message says ``source="checkpoint"``: the worker drops
 the new Program from that checkpoint (the reader a resumed run uses), and the run goes on from the checkpoint's
 step.
 
+**Holds** (``hold_at=``, a test hook): every rank waits at the start of a held step, before any of its work, until
+``Job.release``; a request made meanwhile is heard by every rank at that step's commit, so a test races a switch,
+a grow, a stop or a kill against a known step boundary instead of stretched compute (:meth:`TrainSession._hold`).
+
 Nothing here names a model; the session reads the Program.
 """
 from __future__ import annotations
@@ -60,6 +64,9 @@ class TrainSession:
         self.elastic = bool(run.get("elastic"))
         # fault injection (tests): [{"rank": launch rank, "step": s, "at": point}] -> a real SIGKILL there
         self.faults = [f for f in run.get("faults") or () if int(f["rank"]) == state.launch_rank]
+        # holds (tests, ``hold_at=``): job steps at whose start every rank waits for the launcher's ``release``
+        self.holds = {int(s) for s in run.get("holds") or ()}
+        self.released: set[int] = set()  # the holds the launcher released (a rank reaching one later goes on)
         self.B, self.S, self.seed = int(run["global_batch"]), int(run["seq_len"]), int(run["seed"])
         self.steps = int(run["steps"])
         self.total_steps = self.steps  # what the learning-rate schedule counts against (a stop does not change it)
@@ -185,6 +192,7 @@ class TrainSession:
                 if reason is not None:  # outside the handler: its traceback (whose frames hold the broken world's
                     step, reason = self._recover(reason), None  # process groups) is gone, so destroying them
                     continue                                     # closes them
+                self._hold(step)
                 self._maybe_switch(step)
                 with self.recorder.step(step) as spans:  # the torch profiler on a chosen step (:mod:`.trace`)
                     losses[step] = self._step(step)
@@ -366,11 +374,45 @@ class TrainSession:
             if msg.get("type") == "stop":
                 self.stop_heard = True
                 continue
+            if msg.get("type") == "release":  # Job.release(step): the hold at that step is over
+                self.released.add(int(msg["step"]))
+                continue
             if msg.get("type") == "switch":
                 if int(msg["id"]) <= self.switch_done:
                     continue  # cancelled by a reconfiguration that came first
                 self.switch_heard = max(self.switch_heard, int(msg["id"]))
             self._messages.append(msg)
+
+    @waits
+    def _hold(self, step: int) -> None:
+        """``hold_at=`` (a test hook): wait at the start of ``step``, before any of its work and so before its
+        commit, until the launcher releases it (``Job.release``).  The rank reports ``held`` when it gets here and
+        again whenever it hears a request meanwhile (``switch``: the newest switch id heard; ``stop``), so that the
+        launcher knows every rank will agree that request at this step's commit (``Job.wait_held``).  Heartbeats go
+        on (their own thread) and the wait is marked :func:`waits` (never taken for a hang).  A peer's death
+        (``halt``) ends the wait as a peer's failure (an elastic job recovers, then holds here again until
+        released); no release within the job's ``timeout_s`` fails the rank with a message saying so."""
+        at = self.offset + step
+        if at not in self.holds or at in self.released:
+            return
+        me, limit = self.state.launch_rank, float(self.state.spec.timeout_s)
+        end, said = time.monotonic() + limit, None
+        while True:
+            self._collect()
+            if at in self.released:
+                return
+            heard = (self.switch_heard, self.stop_heard)
+            if heard != said:
+                self.state.channel.send("held", step=at, switch=heard[0], stop=heard[1])
+                said = heard
+            if self.state.peer_failed():
+                self.state.channel.send("unheld", step=at)
+                raise CommFailure(f"rank {me}: a peer died while this rank was held at step {at}")
+            if time.monotonic() > end:
+                raise HSPMDError(f"rank {me}: held at the start of step {at} (hold_at=, a test hook) and not "
+                                 f"released within the job's timeout_s={limit:g} s: call job.release({at}) once "
+                                 "the request the hold is for was made")
+            time.sleep(0.005)
 
     @waits
     def _take(self, kind: str, ident: int, timeout: float) -> dict[str, Any]:
