@@ -38,7 +38,8 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int_in(1, MAX_STEPS), default=10, help="training steps (default 10)")
     p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0)
     p.add_argument("--model", default="tiny", metavar="PRESET", help="model preset or config JSON (default tiny)")
-    p.add_argument("--data", default="synthetic", choices=["synthetic", "stdlib"])
+    p.add_argument("--data", default="stdlib", choices=["stdlib", "synthetic"],
+                   help="stdlib (default: the standard library's source, real text) or synthetic (random tokens)")
     p.add_argument("--lr", type=number_above(0), default=1e-3)
     p.add_argument("--seq-len", type=int_in(1, MAX_TOKENS), default=None, metavar="N")
     p.add_argument("--backend", choices=["gloo", "nccl"], default=None,

@@ -53,10 +53,33 @@ def test_shape_dtype_vocab(ds: data.StdlibBytes) -> None:
 def test_rows_are_packed_windows_of_the_corpus(ds: data.StdlibBytes, reference_corpus: bytes) -> None:
     idx = data.sample_indices(3, 4, ds.num_samples(SEQ), seed=7)
     b = ds.global_batch(3, 4, SEQ, seed=7)
-    assert ds.num_samples(SEQ) == len(reference_corpus) // (SEQ + 1)
+    train = len(reference_corpus) - len(reference_corpus) // 100  # the last 1% is validation's
+    assert ds.num_samples(SEQ) == train // (SEQ + 1)
     for row, i in zip(b.tolist(), idx.tolist()):
         start = i * (SEQ + 1)
         assert bytes(row) == reference_corpus[start:start + SEQ + 1]
+
+
+def test_validation_reads_the_held_out_tail_only(ds: data.StdlibBytes, reference_corpus: bytes) -> None:
+    """Validation batches are consecutive windows of the corpus's last 1%; no training sample reaches it."""
+    train = len(reference_corpus) - len(reference_corpus) // 100
+    n_val = (len(reference_corpus) - train) // (SEQ + 1)
+    assert ds.num_val_samples(SEQ) == n_val > 8
+    for index in (0, 1, n_val // 4 + 1):  # the last wraps around
+        v = ds.val_batch(index, 4, SEQ)
+        for r, row in enumerate(v.tolist()):
+            start = train + ((index * 4 + r) % n_val) * (SEQ + 1)
+            assert bytes(row) == reference_corpus[start:start + SEQ + 1]
+    assert torch.equal(ds.val_batch(1, 4, SEQ, rows=(1, 3)), ds.val_batch(1, 4, SEQ)[1:3])
+    last_train_end = (ds.num_samples(SEQ)) * (SEQ + 1)
+    assert last_train_end <= train
+
+
+def test_a_sample_across_two_files_is_read_whole(reference_corpus: bytes) -> None:
+    """Windows that span a file boundary equal the concatenation (the reader crosses files)."""
+    first = data.stdlib_files()[0].stat().st_size
+    ds = data.StdlibBytes(max_bytes=MAX_BYTES)
+    assert bytes(ds.read(first - 5, 40)) == reference_corpus[first - 5:first + 35]
 
 
 def test_an_epoch_visits_every_sample_once() -> None:

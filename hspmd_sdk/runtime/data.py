@@ -1,9 +1,10 @@
-"""Training data without downloads: bytes of the Python standard library's own source files.
+"""Training data without downloads: bytes of the Python standard library's own source files (the default).
 
 The corpus is every ``*.py`` file under ``sysconfig.get_paths()["stdlib"]`` (excluding ``site-packages`` and
 ``dist-packages``), sorted by relative path and concatenated; a token is a byte (vocabulary 256, no tokenizer).
 It is packed into non-overlapping samples of ``seq_len + 1`` tokens (inputs are ``[:, :-1]``, targets
-``[:, 1:]``).  ``global_batch(step, ...)`` depends only on ``(seed, step)`` (and the machine's Python version), so
+``[:, 1:]``); the last 1% of its bytes is the validation split (:meth:`StdlibBytes.val_batch`), never
+trained on.  ``global_batch(step, ...)`` depends only on ``(seed, step)`` (and the machine's Python version), so
 every plan, on every rank, sees the same data: step ``s`` takes samples ``s*B .. s*B+B-1`` of a seeded
 per-epoch permutation.  ``split_batch`` cuts a global batch into per-pipeline slices (the top-tier split).
 
@@ -24,6 +25,10 @@ import torch
 from ..data.order import sample_indices
 
 VOCAB_SIZE = 256
+#: The data a run trains on when it names none: the standard library's source, real text on any machine.
+DEFAULT_DATA = "stdlib"
+#: The share of the standard-library bytes held out for validation: the corpus's last bytes, never trained on.
+STDLIB_VAL_FRACTION = 0.01
 _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
 
@@ -92,8 +97,18 @@ def file_lengths(root: Path | None = None) -> list[int]:
     return [p.stat().st_size for p in stdlib_files(root)]
 
 
+@functools.lru_cache(maxsize=4)
+def _offsets(root: str) -> tuple[tuple[Path, ...], np.ndarray]:
+    """The corpus files and where each starts in their concatenation (the last entry: the total length)."""
+    files = stdlib_files(Path(root))
+    return tuple(files), np.concatenate([[0], np.cumsum([f.stat().st_size for f in files])]).astype(np.int64)
+
+
 class StdlibBytes:
-    """The byte-level standard-library corpus.  ``max_bytes`` keeps only its first bytes (faster tests)."""
+    """The byte-level standard-library corpus.  ``max_bytes`` keeps only its first bytes (faster tests).
+
+    A batch reads only its own bytes from the files (``os.pread`` over the files a sample spans): a worker never
+    loads the 30 MB corpus.  :attr:`tokens` is the whole corpus in memory, for tools."""
 
     vocab_size = VOCAB_SIZE
 
@@ -103,16 +118,59 @@ class StdlibBytes:
 
     @property
     def tokens(self) -> np.ndarray:
-        """The whole corpus, one uint8 token a byte."""
+        """The whole corpus, one uint8 token a byte (read into memory once; batches do not need it)."""
         return _load(str(self.root), self.max_bytes)
 
+    @property
+    def size(self) -> int:
+        """The corpus's length in bytes (tokens)."""
+        total = int(_offsets(str(self.root))[1][-1])
+        return total if self.max_bytes is None else min(total, int(self.max_bytes))
+
+    @property
+    def train_bytes(self) -> int:
+        """The bytes training samples come from: all but the last :data:`STDLIB_VAL_FRACTION` (validation's)."""
+        return self.size - int(self.size * STDLIB_VAL_FRACTION)
+
     def num_samples(self, seq_len: int) -> int:
-        """How many packed samples of ``seq_len + 1`` tokens the corpus holds."""
-        return len(self.tokens) // (seq_len + 1)
+        """How many packed training samples of ``seq_len + 1`` tokens the corpus holds."""
+        return self.train_bytes // (seq_len + 1)
+
+    def num_val_samples(self, seq_len: int) -> int:
+        """How many packed validation samples of ``seq_len + 1`` tokens the held-out tail holds."""
+        return (self.size - self.train_bytes) // (seq_len + 1)
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        """Bytes ``start .. start+length-1`` of the corpus, read from the files they lie in."""
+        files, offsets = _offsets(str(self.root))
+        out = bytearray()
+        i = int(np.searchsorted(offsets, start, side="right")) - 1
+        pos, stop = start, start + length
+        while pos < stop and i < len(files):
+            with open(files[i], "rb") as f:
+                chunk = os.pread(f.fileno(), min(stop, int(offsets[i + 1])) - pos, pos - int(offsets[i]))
+            out += chunk
+            pos += len(chunk)
+            i += 1
+        return np.frombuffer(bytes(out), dtype=np.uint8)
 
     def sample(self, index: int, seq_len: int) -> np.ndarray:
-        start = index * (seq_len + 1)
-        return self.tokens[start:start + seq_len + 1]
+        return self.read(index * (seq_len + 1), seq_len + 1)
+
+    def val_batch(self, index: int, global_batch_size: int, seq_len: int,
+                  rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """Validation batch ``index``: consecutive samples of the held-out tail (batch ``i`` takes samples
+        ``i*B .. i*B+B-1``, wrapping around), which no training batch reads."""
+        n = self.num_val_samples(seq_len)
+        if n < 1:
+            raise ValueError(f"the corpus's validation tail ({self.size - self.train_bytes} bytes) is shorter than "
+                             f"one sample of seq_len + 1 = {seq_len + 1} tokens; use a smaller seq_len or a larger "
+                             "corpus")
+        idx = ((index * global_batch_size + np.arange(global_batch_size)) % n)[_rows(rows, global_batch_size)]
+        out = np.empty((idx.size, seq_len + 1), dtype=np.int64)
+        for r, i in enumerate(idx.tolist()):
+            out[r] = self.read(self.train_bytes + i * (seq_len + 1), seq_len + 1)
+        return torch.from_numpy(out)
 
     def global_batch(self, step: int, global_batch_size: int, seq_len: int, seed: int,
                      rows: tuple[int, int] | None = None) -> torch.Tensor:
@@ -120,7 +178,7 @@ class StdlibBytes:
         ``rows=(a, b)``: only rows ``a..b-1``."""
         n = self.num_samples(seq_len)
         if n < 1:
-            raise ValueError(f"the corpus ({len(self.tokens)} bytes) is shorter than one sample of "
+            raise ValueError(f"the corpus ({self.size} bytes) is shorter than one sample of "
                              f"seq_len + 1 = {seq_len + 1} tokens; use a smaller seq_len")
         idx = sample_indices(step, global_batch_size, n, seed)[_rows(rows, global_batch_size)]
         out = np.empty((idx.size, seq_len + 1), dtype=np.int64)
@@ -458,6 +516,29 @@ def _corpus_documents(path: str) -> Documents:
     return docs
 
 
+def describe_data(data: Any) -> str:
+    """What a run trains on, in a few words, for progress lines and the dashboard: ``"stdlib source (bytes)"``,
+    ``"synthetic random tokens"`` (which the loss cannot learn below ln(vocabulary)), a corpus directory's name,
+    ``"documents (N)"``."""
+    if data is None or data == "stdlib":
+        return "stdlib source (bytes)"
+    if data == "synthetic":
+        return "synthetic random tokens (loss stays at ln V)"
+    if data == "stdlib-docs":
+        return "stdlib files as documents (bytes)"
+    if isinstance(data, Mapping):  # a mixed-length source (:func:`data_spec`)
+        src = data.get("source") or {}
+        if src.get("corpus"):
+            return f"corpus {Path(str(src['corpus'])).name}"
+        return "stdlib files as documents (bytes)" if src.get("stdlib") is not None else "mixed-length documents"
+    if isinstance(data, (str, Path)):
+        return f"corpus {Path(data).expanduser().name}" if Path(data).expanduser().is_dir() else f"{data}"
+    try:
+        return f"documents ({len(data)})"
+    except TypeError:
+        return type(data).__name__
+
+
 def dataset_for(data: Any, vocab_size: int) -> Any:
     """The token source of a run: ``"synthetic"`` or ``"stdlib"`` (needs a vocabulary of at least 256), a
     prepared corpus directory (:class:`hspmd_sdk.data.TokenCorpus`, memory-mapped; its token ids must fit
@@ -468,7 +549,9 @@ def dataset_for(data: Any, vocab_size: int) -> Any:
         return SyntheticTokens(vocab_size)
     if data == "stdlib":
         if vocab_size < VOCAB_SIZE:
-            raise ValueError(f"data='stdlib' is byte-level (256 tokens) but the model's vocabulary has {vocab_size}")
+            raise ValueError(f"data='stdlib' (the default: the standard library's source, byte-level, 256 tokens) "
+                             f"needs a vocabulary of at least 256 but the model's has {vocab_size}; pass "
+                             "data='synthetic' (random tokens) or a prepared corpus that fits")
         return StdlibBytes()
     if isinstance(data, (str, Path)) and Path(data).expanduser().is_dir():
         from ..data.corpus import TokenCorpus

@@ -71,7 +71,7 @@ class ReferenceResult:
 
 def reference_training(config: Any, *, steps: int | None = None, seed: int = 0, global_batch: int | None = None,
                        seq_len: int | None = None,
-                       data: str = "synthetic", lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
+                       data: str = "stdlib", lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
                        eps: float = 1e-8, weight_decay: float = 0.0,
                        init: Mapping[str, Any] | None = None, precision: str = "fp32", schedule: Any = None,
                        max_norm: float | None = None, decay: str = "matrices", optimizer: str = "adam",

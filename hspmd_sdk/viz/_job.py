@@ -141,6 +141,7 @@ class JobSnapshot:
     val_losses: tuple[tuple[int, float], ...] = ()  #: (step, validation loss) of the validation steps so far
     lr: float | None = None         #: the learning rate of the last step
     grad_norm: float | None = None  #: the gradient's global norm of the last step, before clipping
+    data: str = ""  #: what the job trains on (``Job.data``: ``"stdlib source (bytes)"``, ``"synthetic random ..."``)
 
     @property
     def running(self) -> bool:
@@ -196,7 +197,7 @@ class JobSnapshot:
                 "tokens_per_s": None if self.tokens_per_s is None else round(self.tokens_per_s, 1),
                 "step_s": None if self.step_s is None else round(self.step_s, 4),
                 "plan": self.plan, "log_dir": self.log_dir, "can_stop": self.can_stop and self.running,
-                "stopped_by_user": self.stopped_by_user, "starting": self.starting,
+                "stopped_by_user": self.stopped_by_user, "starting": self.starting, "data": self.data,
                 "stop_hint": STOP_HINTS[self.graceful_stop]}
 
 
@@ -379,7 +380,16 @@ def snapshot(job: Any, *, stopped_by_user: bool = False) -> JobSnapshot:
                        _plan(job, events, to_launch), str(log_dir) if log_dir else "",
                        callable(getattr(job, "cancel", None)), stopped_by_user, starting,
                        float(elapsed) if isinstance(elapsed, (int, float)) else None,
-                       eta if status in _RUNNING else None, status_text, graceful, *_recipe(metrics))
+                       eta if status in _RUNNING else None, status_text, graceful, *_recipe(metrics),
+                       data=_data_of(job))
+
+
+def _data_of(job: Any) -> str:
+    """``Job.data`` (what the job trains on), ``""`` where the job says nothing."""
+    try:
+        return str(getattr(job, "data", None) or "")
+    except Exception:  # noqa: BLE001 - a display must not fail on it
+        return ""
 
 
 def _recipe(metrics: Any) -> tuple[tuple[tuple[int, float], ...], float | None, float | None]:

@@ -241,6 +241,7 @@ class Job:
                  log_dir: str | Path | None = None, progress: bool | None = None,
                  echo: Callable[[str], None] | None = None, policy: FailurePolicy | None = None) -> None:
         self.spec = spec
+        self._data_label = self.data  # named on every progress line: random tokens must not pass for a trainer
         self.transport = transport
         self.policy: FailurePolicy = policy or StopOnFailure()
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix=f"hspmd-{spec.job_id}-"))
@@ -536,6 +537,17 @@ class Job:
         """The cluster the job runs on now (after an elastic recovery: the survivors, renumbered)."""
         return self.controller.cluster if self.controller is not None else None
 
+    @property
+    def data(self) -> str | None:
+        """What the job trains on, in a few words (``"stdlib source (bytes)"``, ``"synthetic random tokens ..."``,
+        ``"corpus NAME"``): shown by the progress line and the dashboard; ``None`` for a job that does not train."""
+        runs = [r for r in self.spec.payload.get("runs") or () if isinstance(r, dict) and "data" in r]
+        if not runs:
+            return None
+        from ..data import describe_data  # lazy: numpy/torch (data); the launcher imports job without them
+
+        return describe_data(runs[0]["data"])
+
     # ---- measured timelines (launch(..., profile=[steps])) ---------------------------------------------------
     def trace(self, path: str | Path | None = None) -> Path:
         """Write the profiled steps of every rank as one Chrome/Perfetto trace (a track per rank; the plan's
@@ -784,6 +796,8 @@ class Job:
         parts = ([f"loss {m.loss:.4f}"] if m.loss is not None else []) + (
             [f"{step_s:.2f} s/step"] if step_s is not None else []) + ([format_rate(tps)] if tps else [])
         text = ", ".join(parts)
+        if self._data_label:
+            text += f" | {self._data_label}"
         if self.spec.slowdown:
             text += " | EMULATED slowdown " + ", ".join(
                 f"rank {r}: {k:g}x" if isinstance(k, (int, float)) else f"rank {r}: " + ", ".join(

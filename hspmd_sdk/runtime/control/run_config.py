@@ -55,7 +55,7 @@ class RunConfig(BaseModel):
     # ---- the run --------------------------------------------------------------------------------------------
     steps: Int = Field(ge=1, description="a whole number of steps >= 1")
     seed: Int = Field(default=0, ge=0, lt=SEED_LIMIT, description="a whole number in [0, 2**32) (numpy seeds)")
-    data: Any = Field(default="synthetic", description="'synthetic' or 'stdlib' (a list of Programs: "
+    data: Any = Field(default="stdlib", description="'stdlib', 'synthetic' or a prepared corpus directory (a list of Programs: "
                                                        "'stdlib-docs', token arrays, Documents or a file)")
     seq_len: Int | None = Field(default=None, ge=1, description="a whole number of tokens >= 1, or None (the "
                                                                 "model's max_seq_len)")

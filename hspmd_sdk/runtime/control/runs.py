@@ -32,7 +32,7 @@ __all__ = ["ENTRY", "training_run", "checked_training_run", "checked_faults", "c
 ENTRY = "hspmd_sdk.runtime.workers.worker_entry:train_entry"
 
 
-def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthetic", lr: float = 1e-3,
+def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "stdlib", lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  seq_len: int | None = None, recompute: Sequence[int] | None = None,
                  capture_dir: str | Path | None = None, cluster: Any = None, init: Any = None,
@@ -97,7 +97,7 @@ def _model_of(program: Any) -> Any:
     return config
 
 
-def checked_training_run(program: Any, *, steps: int, seed: int = 0, data: str = "synthetic", lr: float = 1e-3,
+def checked_training_run(program: Any, *, steps: int, seed: int = 0, data: str = "stdlib", lr: float = 1e-3,
                          betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                          seq_len: int | None = None, recompute: Sequence[int] | None = None,
                          capture_dir: str | Path | None = None, cluster: Any = None, init: Any = None,

@@ -1,6 +1,6 @@
 """Training a specialized Program on worker processes: the public ``launch`` (launcher side).
 
-* :func:`launch` ``(program, cluster, *, steps, seed=0, data="synthetic", lr=..., config=None) -> Job`` — the
+* :func:`launch` ``(program, cluster, *, steps, seed=0, data="stdlib", lr=..., config=None) -> Job`` — the
   one public ``launch`` (``hspmd_sdk.launch`` and ``hspmd_sdk.runtime.launch``; with ``entry=`` it runs any worker
   entry, with ``hosts=`` on SSH hosts): one worker per rank; each worker receives the Program as JSON (SPEC §9), creates the process groups
   the plan's communication needs, builds its parameter shards and runs :class:`~.executor.StepExecutor` for
@@ -11,16 +11,17 @@
   plain single-device model trained with ``torch.optim.Adam`` on the same data: the independent reference.  The
   names stay importable from here.
 
-Data: ``"synthetic"`` (uniform random tokens of the model's vocabulary) or ``"stdlib"`` (bytes of the Python
-standard library, vocabulary 256); step ``s`` always reads ``global_batch(s, ...)`` of the same seed, so every plan
-sees the same samples (:func:`~.data.dataset_for`).
+Data: ``"stdlib"`` by default (the Python standard library's source, byte-level: real text on any machine,
+vocabulary 256, a held-out validation split), a prepared corpus directory (``hspmd data prepare``), or
+``"synthetic"`` (uniform random tokens: the loss cannot fall below ln(vocabulary); for tests); step ``s`` always
+reads ``global_batch(s, ...)`` of the same seed, so every plan sees the same samples (:func:`~.data.dataset_for`).
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..data import dataset_for
+from ..data import DEFAULT_DATA, dataset_for
 from ..reference import ReferenceResult, assemble, load_captured, reference_training
 from .runs import (checked_faults, checked_profile, checked_training_run, _launch_runs, recompute_ranks,
                    training_run)
@@ -33,7 +34,7 @@ __all__ = ["launch", "recompute_ranks", "training_run", "reference_training",
            "ReferenceResult", "dataset_for", "load_captured", "assemble"]
 
 
-def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int = 0, data: str = "synthetic",
+def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int = 0, data: Any = None,
                     lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
                     weight_decay: float = 0.0, seq_len: int | None = None, recompute: Sequence[int] | None = None,
                     capture_dir: str | Path | None = None, init: Any = None, elastic: bool = False,
@@ -107,6 +108,8 @@ def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int
 
     # every option, by type and range, before anything else (SPEC §9): one RunConfig for both forms
     mixed = isinstance(program, (list, tuple))
+    if data is None and not mixed:
+        data = DEFAULT_DATA
     check_run_options(getattr(program[0] if mixed and program else program, "model", None), mixed=mixed,
                       what="mixed-length training run" if mixed else "training run", steps=steps, seed=seed,
                       data=data, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, seq_len=seq_len,
@@ -123,8 +126,7 @@ def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int
 
         given = {"data": data, "seq_len": seq_len, "recompute": recompute, "profile": profile,
                  "grow_back": grow_back}
-        default = {"data": "synthetic"}
-        bad = [k for k, v in given.items() if k not in ("data",) and v not in (None, False, default.get(k))]
+        bad = [k for k, v in given.items() if k not in ("data",) and v not in (None, False)]
         if bad:
             raise PlanValidationError([(bad[0], "is not supported with a list of candidate programs (mixed-length "
                                                 "training) yet")], what="mixed-length training run")
@@ -132,7 +134,7 @@ def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int
             launch_kwargs["backend"] = backend_for_device(device, cluster or program[0].cluster,
                                                           launch_kwargs.get("backend"), launch_kwargs.get("transport"))
         job = launch_mixed(program, cluster, steps=steps, seed=seed,
-                           data="stdlib-docs" if data == "synthetic" else data, lr=lr, betas=betas, eps=eps,
+                           data="stdlib-docs" if data in (None, "synthetic") else data, lr=lr, betas=betas, eps=eps,
                            weight_decay=weight_decay, precision=precision, cost=cost, capture_dir=capture_dir,
                            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
                            checkpoint_async=checkpoint_async, resume_from=resume_from, init=init,

@@ -133,6 +133,7 @@ function render(el, s, log, ui) {
     <div class="hd-head"><b>job ${esc(s.job_id)}</b> ${statusBadge(s)}
       <span class="hd-progress" title="steps done"><span style="width:${(frac * 100).toFixed(0)}%"></span></span> step ${s.step}${s.steps ? " / " + s.steps : ""}
       ${s.starting ? `<span class="hd-phase">${esc(s.starting)}</span>` : ""}
+      ${s.data ? `<span class="hd-data" title="what the job trains on">data: ${esc(s.data)}</span>` : ""}
       <span class="hd-clock">elapsed <b class="hd-elapsed">${clock(s.elapsed_s)}</b>${s.running && s.eta_s != null ? ` · ETA <b class="hd-eta">${clock(s.eta_s)}</b>` : ""}</span>
       ${s.tokens_per_s != null ? `<span class="hd-tps" title="tokens of a step over the median time of the newest steps">${rate(s.tokens_per_s)}</span>` : ""}
       ${s.step_s != null ? `<span class="hd-steps" title="median time of the newest steps (their slowest rank)">${secs(s.step_s)}/step</span>` : ""}
