@@ -26,7 +26,7 @@ else:  # pragma: no cover - Python 3.10
 DEFAULTS = {
     "run": {"steps": 100, "seed": 0, "seq_len": None, "global_batch": None, "precision": "fp32", "device": None,
             "recompute": None, "init": None},
-    "data": {"source": "stdlib", "tokens_per_step": None, "context": None, "lookahead": 2, "packing": None},
+    "data": {"path": "stdlib", "tokens_per_step": None, "context": None, "lookahead": 2, "packing": None},
     "optimizer": {"kind": "adam", "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
                   "decay": "matrices"},
     "schedule": {"kind": "constant", "warmup_steps": 0, "decay_steps": None, "stable_steps": None,
@@ -43,7 +43,7 @@ DEFAULTS = {
 #: The flat keywords of ``launch`` (today's, and the new ones of SPEC §13) and the field each fills.
 FLAT = {
     "steps": "run.steps", "seed": "run.seed", "seq_len": "run.seq_len", "recompute": "run.recompute",
-    "init": "run.init", "precision": "run.precision", "device": "run.device", "data": "data.source",
+    "init": "run.init", "precision": "run.precision", "device": "run.device", "data": "data.path",
     "tokens_per_step": "data.tokens_per_step", "context": "data.context", "lookahead": "data.lookahead",
     "packing": "data.packing", "lr": "optimizer.lr", "betas": "optimizer.betas", "eps": "optimizer.eps",
     "weight_decay": "optimizer.weight_decay", "decay": "optimizer.decay", "optimizer": "optimizer.kind",
@@ -97,7 +97,7 @@ def configs(draw: st.DrawFn, *, plan: bool = True) -> TrainConfig:
                 "device": draw(st.sampled_from([None, "cpu", "cuda"])),
                 "recompute": draw(st.none() | st.lists(st.integers(0, 10 ** 5), max_size=4)),
                 "init": draw(st.none() | TEXT)},
-        "data": {"source": draw(TEXT), "tokens_per_step": draw(OPT_INT), "context": draw(OPT_INT),
+        "data": {"path": draw(TEXT), "tokens_per_step": draw(OPT_INT), "context": draw(OPT_INT),
                  "lookahead": draw(st.integers(0, 100)), "packing": draw(st.sampled_from([None, True, False]))},
         "optimizer": {"lr": draw(POSITIVE), "betas": draw(st.tuples(*[st.floats(0, 1, exclude_max=True)] * 2)),
                       "eps": draw(POSITIVE), "weight_decay": draw(st.just(0.0) | POSITIVE),
@@ -174,7 +174,8 @@ def test_an_unknown_key_is_named_by_its_dotted_path(toml: str, path: str, hint: 
     ({"run": {"precision": "fp16"}}, "run.precision", "'bf16'"),
     ({"run": {"recompute": [0, -1]}}, "run.recompute[1]", "ranks"),
     ({"run": {"init": ""}}, "run.init", "non-empty"),
-    ({"data": {"source": 3}}, "data.source", "corpus directory"),
+    ({"data": {"path": 3}}, "data.path", "corpus directory"),
+    ({"data": {"source": "stdlib"}}, "data.source", "renamed: write 'path'"),
     ({"optimizer": {"lr": 0}}, "optimizer.lr", "> 0"),
     ({"optimizer": {"lr": math.inf}}, "optimizer.lr", "finite"),
     ({"optimizer": {"betas": [0.9, 1.0]}}, "optimizer.betas[1]", "[0, 1)"),
@@ -212,7 +213,7 @@ def test_the_flat_keywords_fill_their_fields() -> None:
     assert (cfg.run.steps, cfg.optimizer.lr, cfg.optimizer.betas, cfg.optimizer.decay) == (12, 3e-3, (0.8, 0.9), "all")
     assert (cfg.checkpoint.dir, cfg.checkpoint.async_, cfg.schedule, cfg.launcher.profile) == \
         ("ck", False, Schedule(kind="cosine"), [4])
-    assert (cfg.clip.max_norm, cfg.eval.every, cfg.eval.batches, cfg.data.source) == (1.0, 5, 2, "synthetic")
+    assert (cfg.clip.max_norm, cfg.eval.every, cfg.eval.batches, cfg.data.path) == (1.0, 5, 2, "synthetic")
     assert cfg.launcher.stall_s is None
     schedule = Schedule(kind="wsd", warmup_steps=2, decay_steps=3)
     assert TrainConfig.from_launch_kwargs(schedule=schedule).schedule == schedule

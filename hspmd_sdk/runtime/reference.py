@@ -102,7 +102,7 @@ def reference_training(config: Any, *, steps: int | None = None, seed: int = 0, 
         c = train_config
         return reference_training(
             config, steps=c.run.steps, seed=c.run.seed, global_batch=global_batch or c.run.global_batch,
-            seq_len=c.run.seq_len, data=c.data.source, lr=c.optimizer.lr, betas=c.optimizer.betas,
+            seq_len=c.run.seq_len, data=c.data.path, lr=c.optimizer.lr, betas=c.optimizer.betas,
             eps=c.optimizer.eps, weight_decay=c.optimizer.weight_decay, decay=c.optimizer.decay,
             optimizer=c.optimizer.kind, init=init,
             precision=c.run.precision, schedule=c.schedule, max_norm=c.clip.max_norm, eval_every=c.eval.every,

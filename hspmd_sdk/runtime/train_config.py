@@ -5,7 +5,7 @@ section                   fields
 ========================  ===========================================================================================
 ``run``                   ``steps``, ``seed``, ``seq_len``, ``global_batch``, ``precision``, ``device``, ``recompute``,
                           ``init``
-``data``                  ``source``, ``tokens_per_step``, ``context``, ``lookahead``, ``packing``
+``data``                  ``path``, ``tokens_per_step``, ``context``, ``lookahead``, ``packing``
 ``optimizer``             ``kind`` (adam, adamw), ``lr``, ``betas``, ``eps``, ``weight_decay``, ``decay`` (which parameters weight decay
                           applies to: ``"matrices"``, those of 2+ dimensions, or ``"all"``)
 ``schedule``              a :class:`~.lr_schedule.Schedule` (``kind``, ``warmup_steps``, ``decay_steps``,
@@ -105,11 +105,11 @@ class RunSection(_Section):
 
 
 class DataSection(_Section):
-    """The training data: a source, and for mixed-length data the token budget of a step."""
+    """The training data: where it is, and for mixed-length data the token budget of a step."""
 
-    source: PathText = Field(default="stdlib", title="the training data",
-                             description="'stdlib', 'synthetic', 'stdlib-docs' or a prepared corpus directory (str or "
-                                         "Path); token arrays and Documents stay a keyword of launch")
+    path: PathText = Field(default="stdlib", title="the training data",
+                           description="'stdlib', 'synthetic', 'stdlib-docs' or a prepared corpus directory (str or "
+                                       "Path); token arrays and Documents stay a keyword of launch")
     tokens_per_step: Int | None = Field(default=None, ge=1, title="mixed-length data: the token budget of a step",
                                         description="a whole number of tokens >= 1, or None")
     context: Int | None = Field(default=None, ge=1, title="mixed-length data: the longest sequence",
@@ -265,7 +265,7 @@ SECTIONS: Mapping[str, type[BaseModel]] = MappingProxyType({
 FLAT_KEYWORDS: Mapping[str, str] = MappingProxyType({
     "steps": "run.steps", "seed": "run.seed", "seq_len": "run.seq_len", "precision": "run.precision",
     "device": "run.device", "recompute": "run.recompute", "init": "run.init",
-    "data": "data.source", "tokens_per_step": "data.tokens_per_step", "context": "data.context",
+    "data": "data.path", "tokens_per_step": "data.tokens_per_step", "context": "data.context",
     "lookahead": "data.lookahead", "packing": "data.packing",
     "lr": "optimizer.lr", "betas": "optimizer.betas", "eps": "optimizer.eps",
     "weight_decay": "optimizer.weight_decay", "decay": "optimizer.decay", "optimizer": "optimizer.kind",
@@ -597,9 +597,15 @@ def _locate(loc: tuple[Any, ...]) -> tuple[str, Any, type[BaseModel] | None]:
     return format_path(parts), info, owner
 
 
+#: Keys of earlier versions, and what they are called now.
+RENAMED = {"data.source": "path"}
+
+
 def _unknown_key(path: str, section: type[BaseModel] | None) -> str:
     """Why ``path`` is not a key, with the nearest one."""
     key = path.rpartition(".")[2]
+    if path in RENAMED:
+        return f"was renamed: write {RENAMED[path]!r} (the same value)"
     if section is None or section is TrainConfig:
         names = list(SECTIONS)
         near = difflib.get_close_matches(key, names, n=1)
