@@ -23,6 +23,7 @@ num_micro_batches)``.
 from __future__ import annotations
 
 import functools
+import re
 
 from collections import deque
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ _COMPUTE = ("F", "B")
 _SENDS = {"SEND_F": "RECV_F", "SEND_B": "RECV_B"}
 _SHORT = {"PRE": "Pre", "POST": "Post", "F": "F", "B": "B", "SEND_F": "sF", "RECV_F": "rF", "SEND_B": "sB",
           "RECV_B": "rB"}
+_LONG = {v: k for k, v in _SHORT.items()}
+_ACTION_RE = re.compile(r"(?P<kind>Pre|Post|[sr]?[FB])(?P<mb>\d+)?(?:@(?P<peer>\d+))?")
 
 
 class ScheduleError(HSPMDError, ValueError):
@@ -65,6 +68,19 @@ class Action:
         if self.peer is not None:
             s += f"@{self.peer}"
         return s
+
+    @classmethod
+    def from_str(cls, text: str) -> "Action":
+        """The action ``str(action)`` printed: ``Pre``, ``Post``, ``F3``, ``B0``, ``sF2@1``, ``rB0@2``, ...
+        (``Action.from_str(str(a)) == a``; torch pipelining's ``_Action.from_str`` is the model).  A text of no
+        action is a :class:`ScheduleError` naming it."""
+        m = _ACTION_RE.fullmatch(text.strip())
+        kind = _LONG.get(m.group("kind")) if m else None
+        if m is None or kind is None:
+            raise ScheduleError(f"{text!r} is not a schedule action (one of Pre, Post, F<mb>, B<mb>, "
+                                "sF<mb>@<peer>, rF<mb>@<peer>, sB<mb>@<peer>, rB<mb>@<peer>)")
+        mb, peer = m.group("mb"), m.group("peer")
+        return cls(kind, int(mb) if mb else None, int(peer) if peer else None)
 
     @property
     def is_compute(self) -> bool:
