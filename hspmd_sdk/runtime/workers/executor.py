@@ -625,38 +625,8 @@ class StepExecutor:
         self._posted.clear()  # nothing of an interrupted step is left in flight for this one
         self._pending.clear()
         self._before_update = before_update
-        self._step_loss = 0.0
         self.compute_s = 0.0  # this step's compute seconds (kernels, backward, Adam; never waiting for peers)
-        last_b = max((i for i, a in enumerate(actions) if a.kind == "B"), default=-1)
-        ahead = _next_receives(actions) if self.post_ahead else None
-        loss = 0.0
-        for i, action in enumerate(actions):
-            kind, mb = action.kind, action.micro_batch
-            self._event("action", kind=kind, mb=mb)
-            if ahead is not None:
-                for j in ahead[i]:
-                    self._post_receives(actions[j].kind, actions[j].micro_batch)
-            with span(kind if mb is None else f"{kind} mb{mb}"):  # the profiler's name for it (:mod:`.trace`)
-                if kind == "PRE":
-                    self.pre()
-                elif kind == "RECV_F":
-                    self.recv_forward(mb)
-                elif kind == "F":
-                    self.forward(mb)
-                elif kind == "SEND_F":
-                    self.send_forward(mb)
-                elif kind == "RECV_B":
-                    self.recv_backward(mb)
-                elif kind == "B":
-                    loss += self.backward(mb, last=i == last_b)
-                    self._step_loss = loss
-                elif kind == "SEND_B":
-                    self.send_backward(mb)
-                elif kind == "POST":
-                    self.post(capture_grads=capture_grads)
-                else:  # pragma: no cover - the schedule IR has exactly the kinds above
-                    raise ExecutorError(f"rank {self.rank}: unknown schedule action {action}")
-        return loss
+        return self._interpret(actions, self._TRAIN, capture_grads=capture_grads)
 
     def _prepare(self, batch: Any, batch_rows: tuple[int, int] | None, micro_batches: Any,
                  loss_normalizer: int | None) -> list[Any]:
@@ -691,30 +661,60 @@ class StepExecutor:
         self.records.clear()
         self._posted.clear()
         self._pending.clear()
-        ahead = _next_receives(actions) if self.post_ahead else None
-        loss = 0.0
         with torch.no_grad():
-            for i, action in enumerate(actions):
-                kind, mb = action.kind, action.micro_batch
-                if ahead is not None:
-                    for j in ahead[i]:
-                        self._post_receives(actions[j].kind, actions[j].micro_batch)
-                with span(f"eval {kind}" if mb is None else f"eval {kind} mb{mb}"):
-                    if kind == "PRE":
-                        self.pre()
-                    elif kind == "RECV_F":
-                        self.recv_forward(mb)
-                    elif kind == "F":
-                        self.forward(mb)
-                        loss += self.records[mb].loss_value
-                    else:
-                        self.send_forward(mb)
+            loss = self._interpret(actions, self._EVAL, span_prefix="eval ")
             self._resolve_all()
             self._wait_sends()
         self.records.clear()
         self.step_values = {}
         self.trained_targets = trained
         return loss if self.loss_contributor() else 0.0
+
+    def _interpret(self, actions: Sequence[Any], handlers: Mapping[str, Callable[..., None]], *,
+                   capture_grads: bool = False, span_prefix: str = "") -> float:
+        """Run ``actions`` (a stage's schedule) in order, each by its kind's handler in ``handlers`` (:attr:`_TRAIN`
+        for a training step, :attr:`_EVAL` for a forward-only pass); the receives of the next actions are posted
+        ahead where the backend allows.  Returns the pass's loss summand (:attr:`_step_loss`)."""
+        last_b = max((i for i, a in enumerate(actions) if a.kind == "B"), default=-1)
+        ahead = _next_receives(actions) if self.post_ahead else None
+        self._step_loss = 0.0
+        for i, action in enumerate(actions):
+            kind, mb = action.kind, action.micro_batch
+            handler = handlers.get(kind)
+            if handler is None:  # the schedule IR has exactly the kinds of the tables
+                raise ExecutorError(f"rank {self.rank}: schedule action {action} has no handler in this pass")
+            if not span_prefix:
+                self._event("action", kind=kind, mb=mb)
+            if ahead is not None:
+                for j in ahead[i]:
+                    self._post_receives(actions[j].kind, actions[j].micro_batch)
+            with span(span_prefix + (kind if mb is None else f"{kind} mb{mb}")):  # the profiler's name (.trace)
+                handler(self, mb, i == last_b, capture_grads)
+        return self._step_loss
+
+    def _backward_summed(self, mb: int, last: bool) -> None:
+        self._step_loss += self.backward(mb, last=last)
+
+    def _forward_summed(self, mb: int) -> None:
+        self.forward(mb)
+        self._step_loss += self.records[mb].loss_value
+
+    #: What each schedule action does in a training step: ``handler(executor, micro_batch, is_last_B, capture)``.
+    _TRAIN: Mapping[str, Callable[..., None]] = {
+        "PRE": lambda ex, mb, last, cap: ex.pre(),
+        "RECV_F": lambda ex, mb, last, cap: ex.recv_forward(mb),
+        "F": lambda ex, mb, last, cap: ex.forward(mb),
+        "SEND_F": lambda ex, mb, last, cap: ex.send_forward(mb),
+        "RECV_B": lambda ex, mb, last, cap: ex.recv_backward(mb),
+        "B": lambda ex, mb, last, cap: ex._backward_summed(mb, last),
+        "SEND_B": lambda ex, mb, last, cap: ex.send_backward(mb),
+        "POST": lambda ex, mb, last, cap: ex.post(capture_grads=cap),
+    }
+    #: A forward-only pass (validation): the forward actions, each forward's loss summed.
+    _EVAL: Mapping[str, Callable[..., None]] = {
+        "PRE": _TRAIN["PRE"], "RECV_F": _TRAIN["RECV_F"], "SEND_F": _TRAIN["SEND_F"],
+        "F": lambda ex, mb, last, cap: ex._forward_summed(mb),
+    }
 
     @property
     def sequence_multiple(self) -> int:
