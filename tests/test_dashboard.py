@@ -216,12 +216,14 @@ def test_the_progress_line_and_the_dashboard_show_one_tokens_per_s_computation()
     job = SimpleNamespace(job_id="fake", status="running", metrics=metrics, controller=controller,
                           spec=SimpleNamespace(steps=10, ranks=[0, 1], slowdown={}), events=[], failures=[],
                           pids=lambda: {0: 1, 1: 2}, _lock=threading.RLock(), _absorbed=[], _failures=[],
-                          _ranks={0: SimpleNamespace(returncode=None), 1: SimpleNamespace(returncode=None)})
+                          _ranks={0: SimpleNamespace(returncode=None), 1: SimpleNamespace(returncode=None)},
+                          _data_label="stdlib source (bytes)")
     shown = snapshot(job).tokens_per_s
     assert shown == pytest.approx(want, rel=1e-9)
     line = Job._progress_text(job, metrics.rank(0)[-1])
     assert f"{want:.0f} tok/s" in line, line  # 1,000 tok/s and more are written in k: this case stays below
     assert want < 1e3 and "loss 0.0000" in line
+    assert line.endswith(" | stdlib source (bytes)"), line  # the data it trains on, named on every line
 
 
 def test_the_dashboard_shows_validation_losses_the_learning_rate_and_the_gradient_norm() -> None:
