@@ -1,15 +1,17 @@
 """Growing a running job in memory (issue 25 item 4, SPEC §10 ``job.grow``), against the single-device reference.
 
-A job trains on 2 local ranks; after step 1, ``job.grow(Cluster.local(4), ...)`` starts two new workers; at the
-next step boundary all four meet in a larger world and one fused BSR gives the newcomers their parameters and Adam
-moments.  The losses of every step (before, at and after the grow) equal the single-device run's; the running
-workers are the same processes; nothing is left behind.  With ZeRO-1 on and off, to the planner's own plan, and a
-grown job that then loses a worker (``elastic=True``) and recovers.
+A job trains on 2 local ranks; held at the start of step 2 (``hold_at=``), ``job.grow(Cluster.local(4), ...)``
+starts two new workers; once they are ready and both running ranks heard the grow's switch the hold is released,
+and at the boundary before step 3 all four meet in a larger world and one fused BSR gives the newcomers their
+parameters and Adam moments.  The losses of every step (before, at and after the grow) equal the single-device
+run's; the running workers are the same processes; nothing is left behind.  With ZeRO-1 on and off, to the
+planner's own plan, and a grown job that then loses a worker (``elastic=True``) and recovers.
 """
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -24,9 +26,6 @@ from hspmd_sdk.runtime.control.train import launch, reference_training  # noqa: 
 
 SEQ, SEED, LR, STEPS = 16, 5, 1e-3, 6
 TOL = 1e-5
-#: every step of the running ranks emulated 4x slower, step 2 200x (a few seconds): the grow, requested after
-#: step 1, is planned (the planner's own plan takes ~2 s on a loaded machine) while the job still runs
-STRETCH = [(0, 4.0), (2, 200.0), (3, 4.0)]
 
 
 def _pipe(stages, mbs: int, n: int) -> dict:
@@ -56,21 +55,32 @@ def reference() -> object:
 
 def _grow_run(reference, grown: dict | None, *, zero1: bool = False, elastic: bool = False, kill_after: bool = False,
               **options):
+    """Grow DP2 onto four ranks, requested while both ranks are held at the start of step 2 (the planner's own plan,
+    ``grown=None``, takes seconds on a loaded machine: the hold waits for it, whatever the load); released once both
+    heard the grow's switch, it lands at the boundary before step 3.  ``kill_after``: newcomer 3 is SIGKILLed while
+    the four are held at the start of step 4 (after the first grown step), and released once the survivors
+    recovered."""
     model, small, big = LlamaConfig.preset("tiny"), Cluster.local(2), Cluster.local(4)
     job = launch(_program(model, DP2, small, zero1), small, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
                           timeout_s=60, heartbeat_s=0.5, elastic=elastic, **options,
-                          slowdown={r: STRETCH for r in small.ranks})
+                          hold_at=[2, 4] if kill_after else [2])
     old = job.pids()
-    wait_for(lambda: job.metrics.last_step() >= 1)
+    assert job.wait_held(2) == [0, 1]
     event = job.grow(big, None if grown is None else _program(model, grown, big, zero1))
+    job.wait_held(2, heard=event)  # the newcomers are ready and both running ranks heard the grow's switch
+    assert job.metrics.last_step() == 1 and not event.done
+    job.release(2)
     wait_for(lambda: event.done or job.status.value != "running")
     assert event.done and event.reason == "grow", event
-    assert event.ranks == {0: 0, 1: 1, 2: 2, 3: 3} and event.step >= 2
+    assert event.ranks == {0: 0, 1: 1, 2: 2, 3: 3} and event.step == 3, str(event)
     pids = job.pids()
     assert {r: pids[r] for r in old} == old and set(pids) == {0, 1, 2, 3}  # the running workers stay
     if kill_after:
-        wait_for(lambda: job.metrics.last_step() >= event.step)
-        os.kill(pids[3], signal.SIGKILL)
+        assert job.wait_held(4) == [0, 1, 2, 3]  # the first grown step (3) committed on all four
+        os.kill(pids[3], signal.SIGKILL)  # heard by the held survivors: they recover, then hold at step 4 again
+        wait_for(lambda: len(job.events) == 2 and job.events[1].done or job.status.value != "running")
+        assert job.wait_held(4) == [0, 1, 2]
+        job.release(4)
     result = job.wait(timeout=150)
     assert len(result.losses) == STEPS and _close(result.losses, reference.losses) <= TOL, \
         (result.losses, reference.losses)
@@ -111,82 +121,92 @@ def test_a_grown_job_to_the_planners_plan_then_loses_a_newcomer(reference, tmp_p
 
 @pytest.mark.timeout(180)
 def test_a_newcomer_lost_in_the_first_step_after_the_grow_is_named_by_the_failure(reference) -> None:
-    """DP2 grows to DP4; a newcomer is SIGKILLed as soon as every worker switched, inside the first grown step.  The
+    """DP2 grows to DP4 at the boundary before step 3 (requested while the job is held at the start of step 2,
+    released once both running ranks heard the grow's switch); newcomer 3 SIGKILLs itself in the forward of step 3
+    (an injected fault), once every worker switched, inside the first grown step, which so never commits.  The
     original ranks still keep the state from before the grow, the surviving newcomer holds only the grown one (the
     job failed here: "the survivors disagree on their state"); every survivor completed the grow's switch, so the
     job recovers from the grown state onto the three survivors, newcomer included.  The failure event names the
     newcomer (it named nobody: found by the chaos soak's reproduction), and the losses stay equal."""
     model, small, big = LlamaConfig.preset("tiny"), Cluster.local(2), Cluster.local(4)
-    grown = _program(model, DP4, big)  # made before the job starts: the grow lands steps before the last one
-    # steps from 2 on stretched 20x (~0.5 s): the grow, requested after step 1 and ready ~0.5 s later, lands by
-    # step 3 or 4, and the kill after its switch lands inside a step (at 6x, steps of 0.14 s, it was late: the
-    # grow landed on the last step and the job could end before the kill)
     job = launch(_program(model, DP2, small), small, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
-                          heartbeat_s=0.3, elastic=True, slowdown={r: [(0, 6.0), (2, 20.0)] for r in small.ranks})
-    wait_for(lambda: job.metrics.last_step() >= 1)
-    with job._lock:  # the newcomers' steps are stretched like the others' (emulation), so the kill lands mid-step
-        job.spec = job.spec.model_copy(update={"slowdown": {**job.spec.slowdown, 2: 20.0, 3: 20.0}})
-    event = job.grow(big, grown)
-    wait_for(lambda: event.done or job.status.value != "running")
-    os.kill(job.pids()[3], signal.SIGKILL)
+                          heartbeat_s=0.3, elastic=True, hold_at=[2])
+    assert job.wait_held(2) == [0, 1]
+    with job._lock:  # the newcomers start with the job's spec: newcomer 3's fault goes in it (launch checks a fault
+        runs = [dict(run) for run in job.spec.payload["runs"]]  # of a rank it does not start at "switch" only)
+        runs[0]["faults"] = [*runs[0].get("faults", ()), {"rank": 3, "step": 3, "at": "forward"}]
+        job.spec = job.spec.model_copy(update={"payload": {**job.spec.payload, "runs": runs}})
+    event = job.grow(big, _program(model, DP4, big))
+    job.wait_held(2, heard=event)
+    job.release(2)
     result = job.wait(timeout=150)
     assert len(result.losses) == STEPS and _close(result.losses, reference.losses) <= TOL
     assert [(e.reason, e.failed_ranks) for e in result.events] == [("grow", []), ("failure", [3])], \
         [str(e) for e in result.events]
     assert sorted(result.events[1].ranks) == [0, 1, 2] and result.events[1].source == "memory"
+    assert [e.step for e in result.events] == [3, 3], [str(e) for e in result.events]  # step 3 never committed
 
 
 @pytest.mark.timeout(240)
-def test_the_job_trains_on_while_its_newcomers_start() -> None:
+def test_the_job_trains_on_while_its_newcomers_start(reference) -> None:
     """The newcomers are fresh processes (no fork server: seconds of imports, as on an SSH host or a Slurm node);
-    the running ranks do not wait for them at the next step boundary but train on, and the switch comes at the
-    first boundary after both are ready.  Then the job is stopped; its losses equal the single-device run's."""
+    the grow is requested while the two running ranks are held at the start of step 1 and the hold is released at
+    once: the running ranks do not wait for the newcomers at the next step boundary but train on, and reach the
+    hold at the start of step 5 (steps 1-4 take a fraction of a second, the newcomers' imports seconds) before
+    either newcomer is built.  Released there once both heard the grow's switch, the grow lands at the boundary
+    before step 6; the losses equal the single-device run's."""
     from hspmd_sdk.runtime.transports.transport import LocalTransport
 
     model, small, big = LlamaConfig.preset("tiny"), Cluster.local(2), Cluster.local(4)
-    job = launch(_program(model, DP2, small), small, steps=5000, seed=SEED, seq_len=SEQ, lr=LR,
-                          timeout_s=120, heartbeat_s=0.5, transport=LocalTransport(fork=False),
-                          slowdown={r: 20.0 for r in small.ranks})  # ~0.5 s a step: tens of steps, not hundreds
+    job = launch(_program(model, DP2, small), small, steps=STEPS + 2, seed=SEED, seq_len=SEQ, lr=LR,
+                          timeout_s=120, heartbeat_s=0.5, transport=LocalTransport(fork=False), hold_at=[1, 5])
     try:
-        wait_for(lambda: job.metrics.last_step() >= 1, timeout=120)
-        asked = job.metrics.last_step()
+        assert job.wait_held(1, timeout=120) == [0, 1]
         event = job.grow(big, _program(model, DP4, big))
+        job.release(1)
+        assert job.wait_held(5) == [0, 1]  # steps 1-4 done on the two running ranks
+        reached = time.monotonic()
+        job.wait_held(5, heard=event)  # the newcomers are ready and both running ranks heard the grow's switch
+        job.release(5)
         wait_for(lambda: event.done or event.superseded or job.status.value != "running", timeout=150)
-        job.stop()
         result = job.wait(timeout=150)
     finally:
         job.cancel()
     assert event.done and not event.superseded, [str(e) for e in job.events]
     with job._lock:
         built = {r: job._ranks[r].phases.get("built") for r in (2, 3)}
+    # steps 1..4 ran on the two original ranks after the grow was asked for, while the newcomers were starting
+    assert all(b is not None and b > reached for b in built.values()), (reached, built)
+    assert event.step == 6, str(event)
     started = [m.step for m in job.metrics.rank(0) if m.loss is not None]
-    # steps 0..event.step-1 ran on the two original ranks, many of them while the newcomers were starting
-    assert event.step >= asked + 3 and all(built.values()), (asked, event.step, built)
-    assert sorted(set(started)) == list(range(len(result.losses)))
-    reference = reference_training(model, steps=len(result.losses), seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
-    assert _close(result.losses, reference.losses) <= TOL
+    assert sorted(set(started)) == list(range(STEPS + 2)) and len(result.losses) == STEPS + 2
+    longer = reference_training(model, steps=STEPS + 2, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
+    assert _close(result.losses, longer.losses) <= TOL
 
 
 @pytest.mark.timeout(240)
-def test_a_newcomer_lost_while_it_starts_gives_the_grow_up_and_the_job_goes_on() -> None:
-    """A newcomer (a fresh process, seconds of imports) is SIGKILLed before it is ready: the grow is given up
-    (its event ``superseded``, the other newcomer stopped, a note says why) and the running job, which was never
-    told of the grow, trains on untouched to the end, with no failure event and the single-device losses."""
+def test_a_newcomer_lost_while_it_starts_gives_the_grow_up_and_the_job_goes_on(reference) -> None:
+    """A newcomer (a fresh process, seconds of imports) is SIGKILLed before it is ready, while the running ranks
+    are held at the start of step 2: the grow is given up (its event ``superseded``, the other newcomer stopped, a
+    note says why) and the running job, which was never told of the grow, is released and trains on untouched to
+    the end, with no failure event and the single-device losses."""
     from hspmd_sdk.runtime.transports.transport import LocalTransport
 
     model, small, big = LlamaConfig.preset("tiny"), Cluster.local(2), Cluster.local(4)
-    steps = 24
-    job = launch(_program(model, DP2, small), small, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
+    job = launch(_program(model, DP2, small), small, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR,
                           timeout_s=120, heartbeat_s=0.5, elastic=True, transport=LocalTransport(fork=False),
-                          slowdown={r: 20.0 for r in small.ranks})
+                          hold_at=[2])
     try:
-        wait_for(lambda: job.metrics.last_step() >= 1, timeout=120)
+        assert job.wait_held(2, timeout=120) == [0, 1]
         old = job.pids()
         event = job.grow(big, _program(model, DP4, big))
         wait_for(lambda: len(job.pids()) == 4, timeout=30)
         with job._lock:
             assert "built" not in job._ranks[3].phases  # still importing
         os.kill(job.pids()[3], signal.SIGKILL)
+        wait_for(lambda: event.superseded or event.done or job.status.value != "running", timeout=60)
+        assert job.held(2) == [0, 1] and job.metrics.last_step() == 1  # given up while the job waited at step 2
+        job.release(2)
         result = job.wait(timeout=150)
     finally:
         job.cancel()
@@ -194,8 +214,7 @@ def test_a_newcomer_lost_while_it_starts_gives_the_grow_up_and_the_job_goes_on()
     assert [e.reason for e in result.events] == ["grow"] and job.cluster.num_ranks == 2
     assert any("given up" in n and "[2, 3]" in n for n in job.notes), job.notes
     assert [f.rank for f in result.failures] == [3]
-    reference = reference_training(model, steps=steps, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
-    assert len(result.losses) == steps and _close(result.losses, reference.losses) <= TOL
+    assert len(result.losses) == STEPS and _close(result.losses, reference.losses) <= TOL
     assert_no_workers_left(list(old.values()) + [job._ranks[r].pid for r in (2, 3) if job._ranks[r].pid], within=10)
 
 
@@ -204,7 +223,7 @@ def test_grow_refuses_a_cluster_that_is_not_the_running_one_plus_new_ranks() -> 
     devices, something that is not a Cluster."""
     model, small = LlamaConfig.preset("tiny"), Cluster.local(2)
     job = launch(_program(model, DP2, small), small, steps=2, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
-                          slowdown={0: [(0, 1.0), (1, 200.0)], 1: [(0, 1.0), (1, 200.0)]})
+                          hold_at=[1])  # never released: the job runs while grow is refused, then is cancelled
     try:
         with pytest.raises(SwitchError, match="larger cluster"):
             job.grow(Cluster.local(2))
@@ -220,17 +239,21 @@ def test_grow_refuses_a_cluster_that_is_not_the_running_one_plus_new_ranks() -> 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("killed", [1, 3], ids=["original", "newcomer"])
 def test_a_rank_lost_during_the_grows_switch(reference, killed: int) -> None:
-    """DP2 grows to DP4, and a rank is SIGKILLed inside the grow's switch, after the grown world formed and before
-    its BSR: original rank 1 (the newcomer it was to send to never gets its shards: it holds nothing, the others
-    may have completed the switch) or newcomer 3 (the originals' sends to it fail: they still hold the state from
-    before the grow, newcomer 2 maybe the grown one).  The survivors agree on a state they hold (the newcomers that
-    hold nothing of it only receive: they stay in the job) and the losses stay equal."""
+    """DP2 grows to DP4 (requested while the job is held at the start of step 2, released once both running ranks
+    heard the grow's switch: it comes at the boundary before step 3), and a rank is SIGKILLed inside the grow's
+    switch, after the grown world formed and before its BSR: original rank 1 (the newcomer it was to send to never
+    gets its shards: it holds nothing, the others may have completed the switch) or newcomer 3 (the originals'
+    sends to it fail: they still hold the state from before the grow, newcomer 2 maybe the grown one).  The
+    survivors agree on a state they hold (the newcomers that hold nothing of it only receive: they stay in the job)
+    and the losses stay equal."""
     model, small, big = LlamaConfig.preset("tiny"), Cluster.local(2), Cluster.local(4)
     job = launch(_program(model, DP2, small), small, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
-                          heartbeat_s=0.3, elastic=True, slowdown={r: STRETCH for r in small.ranks},
+                          heartbeat_s=0.3, elastic=True, hold_at=[2],
                           fault_injection=[{"rank": killed, "at": "switch"}])
-    wait_for(lambda: job.metrics.last_step() >= 1)
-    job.grow(big, _program(model, DP4, big))
+    assert job.wait_held(2) == [0, 1]
+    event = job.grow(big, _program(model, DP4, big))
+    job.wait_held(2, heard=event)
+    job.release(2)
     result = job.wait(timeout=150)
     assert len(result.losses) == STEPS and _close(result.losses, reference.losses) <= TOL
     assert [(e.reason, e.failed_ranks) for e in result.events] == [("grow", []), ("failure", [killed])], \
@@ -266,22 +289,29 @@ def test_a_rank_lost_while_the_grow_waits_for_its_boundary(reference) -> None:
 
 @pytest.mark.timeout(180)
 def test_an_elastic_job_grows_back_by_itself_after_it_recovered(reference) -> None:
-    """``grow_back=True``: a rank of a DP4 job is SIGKILLed; the job recovers on three ranks, then (this machine can
-    take workers again at once) grows back onto four by itself: a ``failure`` then a ``grow`` event, the job ends on
-    the cluster it was launched on, and the losses equal the single-device run's throughout."""
+    """``grow_back=True``: a rank of a DP4 job is SIGKILLed while the job is held at the start of step 1; the job
+    recovers on three ranks (held there again), then (this machine can take workers again at once) grows back onto
+    four by itself; released once the three heard the grow's switch, it lands at the boundary before step 2: a
+    ``failure`` then a ``grow`` event, the job ends on the cluster it was launched on, and the losses equal the
+    single-device run's throughout."""
     from hspmd_sdk.runtime.control.growback import GrowBack
 
     model, big = LlamaConfig.preset("tiny"), Cluster.local(4)
     job = launch(_program(model, DP4, big), big, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
-                          heartbeat_s=0.3, elastic=True, grow_back=GrowBack(after_s=0.2),
-                          slowdown={r: STRETCH for r in big.ranks})
-    wait_for(lambda: job.metrics.last_step() >= 0)
+                          heartbeat_s=0.3, elastic=True, grow_back=GrowBack(after_s=0.2), hold_at=[1])
+    assert job.wait_held(1) == [0, 1, 2, 3]
     os.kill(job.pids()[2], signal.SIGKILL)
+    wait_for(lambda: len(job.events) == 2 or job.status.value != "running")  # recovered, and growing back
+    assert [e.reason for e in job.events] == ["failure", "grow"], (job.status_text, [str(e) for e in job.events])
+    job.wait_held(1, heard=job.events[1])
+    assert job.metrics.last_step() == 0
+    job.release(1)
     result = job.wait(timeout=150)
     assert len(result.losses) == STEPS and _close(result.losses, reference.losses) <= TOL
     assert [(e.reason, e.failed_ranks) for e in result.events] == [("failure", [2]), ("grow", [])], \
         [str(e) for e in result.events]
     assert all(e.done for e in result.events) and job.cluster.num_ranks == 4
+    assert [e.step for e in result.events] == [1, 2], [str(e) for e in result.events]
     assert sorted(result.events[1].ranks) == [0, 1, 3, 4]  # the newcomer is launch rank 4, on the lost capacity
 
 
