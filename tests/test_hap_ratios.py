@@ -352,14 +352,18 @@ def _switch_tour(family: str, tour: list[dict], tmp_path: Path) -> None:
     programs = [specialize(model, plan_from_strategy(model, Strategy.load(d), cluster), cluster,
                            bindings={"B": 8, "S": SEQ}) for d in tour]
     steps = 2 * len(tour) + 3  # steps after the last switch's request: it applies before the run ends
-    # compute stretched 6x (sleeping: no numeric change) leaves time to request each switch a step or two apart
-    # (at 3x with one step to spare, a full suite once saw the run end before the last switch applied)
+    # switch k is requested while every rank is held at the start of step 2k - 1 and released once all heard it:
+    # it lands at the boundary before step 2k, whatever the machine's load
+    holds = [2 * k - 1 for k in range(1, len(tour))]
     job = launch(programs[0], cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=tmp_path,
-                          timeout_s=60, slowdown={r: 6.0 for r in cluster.ranks})
-    for k, program in enumerate(programs[1:], start=1):
-        _wait(lambda: job.metrics.last_step() >= 2 * k - 2)
+                 timeout_s=60, hold_at=holds)
+    for step, program in zip(holds, programs[1:]):
+        assert job.wait_held(step) == [0, 1, 2, 3]
         event = job.switch(program)
+        job.wait_held(step, heard=event)
+        job.release(step)
         _wait(lambda: event.done or job.status.value != "running")
+        assert event.done and event.step == step + 1, str(event)
     result = job.wait(timeout=120)
     ref = reference_training(model, steps=steps, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
     assert [e.reason for e in result.events] == ["user"] * (len(tour) - 1)

@@ -234,9 +234,9 @@ def test_run_config_is_a_typed_model() -> None:
 def test_switching_to_a_strategy_trains_on_with_the_losses_of_the_run_that_never_switched() -> None:
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
     steps = 6
-    # step 2 stretched (a few seconds): the switch, asked for after step 1, reaches a boundary before the job ends
+    # held at the start of step 2 until the switch, asked for there, is heard by both ranks
     job = launch(_program(model, DP2, cluster), cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
-                          timeout_s=60, slowdown={r: [(0, 3.0), (2, 100.0), (3, 3.0)] for r in cluster.ranks})
+                 timeout_s=60, hold_at=[2])
     try:
         with pytest.raises(SwitchError, match=r"Program or a Strategy, not int"):
             job.switch(42)
@@ -246,9 +246,12 @@ def test_switching_to_a_strategy_trains_on_with_the_losses_of_the_run_that_never
         tp2 = Strategy(pipelines=[Pipeline(stages=[Stage(devices=[0, 1], layers=[0, 3])], micro_batch_size=4,
                                            num_micro_batches=2)])
         assert tp2.name is None
-        _wait(lambda: job.metrics.last_step() >= 1, timeout=60)
+        assert job.wait_held(2) == [0, 1]
         event = job.switch(tp2)
+        job.wait_held(2, heard=event)
+        job.release(2)
         _wait(lambda: event.done or job.status.value != "running", timeout=60)
+        assert event.step == 3, str(event)
         result = job.wait(timeout=60)
     finally:
         job.cancel()
@@ -265,10 +268,11 @@ def test_a_switch_the_job_ends_before_is_marked_superseded() -> None:
     its event says so (``superseded``, not ``done``) instead of staying open."""
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
     job = launch(_program(model, DP2, cluster), cluster, steps=3, seed=SEED, seq_len=SEQ, lr=LR,
-                          timeout_s=60, slowdown={r: [(0, 1.0), (2, 100.0)] for r in cluster.ranks})
-    _wait(lambda: job.metrics.last_step() >= 1, timeout=60)
+                 timeout_s=60, hold_at=[2])
+    assert job.wait_held(2) == [0, 1]  # held at the start of the last step: no boundary is left after it
     event = job.switch(Strategy(pipelines=[Pipeline(stages=[Stage(devices=[0, 1], layers=[0, 3])],
                                                     micro_batch_size=4, num_micro_batches=2)]))
+    job.release(2)
     result = job.wait(timeout=60)
     assert len(result.losses) == 3 and event.superseded and not event.done, event
 

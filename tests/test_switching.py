@@ -116,16 +116,19 @@ def test_switching_through_many_plans_equals_the_run_that_never_switched(family:
     cluster = Cluster.local(4)
     programs = [_program(model, data, cluster) for _, data in TOUR]
     steps = 2 * len(TOUR) + 4
-    # every rank's compute stretched 6x (sleeping: no numeric change) leaves the launcher and this loop time to
-    # request each switch a step or two apart, also on a loaded machine, before the job's last step (at 3x, with
-    # two steps to spare, a full suite once saw the job end before the last switch was requested)
+    # switch k is requested while every rank is held at the start of step 2k - 1 and released once all heard it:
+    # it lands at the boundary before step 2k, a step or two under each plan, whatever the machine's load
+    holds = [2 * k - 1 for k in range(1, len(TOUR))]
     job = launch(programs[0], cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=tmp_path,
-                          timeout_s=60, slowdown={r: 6.0 for r in cluster.ranks})
+                 timeout_s=60, hold_at=holds)
     pids = job.pids()
-    for k, program in enumerate(programs[1:], start=1):
-        _wait(lambda: job.metrics.last_step() >= 2 * k - 2)   # a step or two under each plan
+    for step, program in zip(holds, programs[1:]):
+        assert job.wait_held(step) == [0, 1, 2, 3]
         event = job.switch(program)
+        job.wait_held(step, heard=event)
+        job.release(step)
         _wait(lambda: event.done or job.status.value != "running")
+        assert event.done and event.step == step + 1, str(event)
     result = job.wait(timeout=120)
     ref = reference_training(model, steps=steps, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
     assert [e.reason for e in result.events] == ["user"] * (len(TOUR) - 1)
