@@ -375,7 +375,8 @@ def emulated_entry(state: Any, spec: Any) -> dict[str, Any]:
     :func:`hspmd_sdk.runtime.control.profile.collective_sweep` back to back and in context;
     ``time_comm``: also return each step's seconds and calls inside collectives): build every
     run's executor with compute-only emulation, then step the runs in turn (one step each per round, so load
-    affects all alike); returns each run's per-step times (barrier to barrier) after warm-up."""
+    affects all alike); returns each run's per-step times (barrier to barrier) after warm-up, and the rank's peak
+    memory (``memory_mb``: :func:`hspmd_sdk.runtime.metrics.memory_mb`, peak RSS on a CPU)."""
     from hspmd_sdk.runtime.workers.comm import comm_groups
     from hspmd_sdk.runtime.workers.executor import AdamConfig, StepExecutor, program_comm_plans
     from hspmd_sdk.runtime.data import dataset_for
@@ -443,8 +444,11 @@ def emulated_entry(state: Any, spec: Any) -> dict[str, Any]:
     finally:
         if clock is not None:
             clock.uninstall()
+    from hspmd_sdk.runtime.metrics import memory_mb
+
     return {"runs": [{"times": t, "emulated_s": ex.emulated_s, "collectives": c}
-                     for t, c, (ex, _) in zip(times, comm, contestants)], "link": link}
+                     for t, c, (ex, _) in zip(times, comm, contestants)], "link": link,
+            "memory_mb": memory_mb(state.device)}  # this rank's peak: every run's tensors held at once
 
 
 class _CommClock:

@@ -37,6 +37,11 @@ with its own profile and in-job link -- so a burst of background load in one rep
 is a further prediction.  The load average is recorded per job.  Rank 0's seconds inside collectives per step are
 printed beside the simulated communication.
 
+Memory (issue 48): each job's ranks report their peak resident memory (RSS); the simulator's estimate of a rank
+(:func:`hspmd_sdk.core.memory.device_memory`, what ``hspmd show``, the editor and the dashboard show) is the CPU
+worker's process baseline once plus the tensors of every strategy the job holds on that rank at once (all its
+strategies are built before the first step).  Reported: estimated / measured per rank.
+
 Run: ``python benchmarks/bench_calibration.py`` (about 3 min with ``--repeat 3``); ``--quiet-below 1.0`` waits
 before each repetition for the 1-minute load average to drop below 1 (a shared machine); ``--quick`` for a smoke
 run.
@@ -75,10 +80,11 @@ SKEW_COMPUTE_S = 8e-3
 
 
 def measure(world: int, strats: dict[str, Any], args: argparse.Namespace) -> tuple[dict[str, list[float]], dict,
-                                                                                 dict[str, list[float]], dict]:
+                                                                                 dict[str, list[float]], dict,
+                                                                                 dict[int, float]]:
     """One job: every strategy of ``world`` stepped in turn, the link probed after every round.  Returns step
     times, the link sweeps, rank 0's seconds inside collectives per step and its last step's collectives per op
-    (calls, bytes, seconds)."""
+    (calls, bytes, seconds), and each rank's peak memory (MiB, RSS)."""
     from hspmd_sdk.runtime.control.profile import LINK_SIZES
 
     cluster = Cluster.local(world)
@@ -92,7 +98,8 @@ def measure(world: int, strats: dict[str, Any], args: argparse.Namespace) -> tup
     out = res.results[0]
     return ({n: r["times"] for n, r in zip(strats, out["runs"])}, out.get("link") or {},
             {n: [c[0] for c in r["collectives"]] for n, r in zip(strats, out["runs"])},
-            {n: r["collectives"][-1][2] if r["collectives"] else {} for n, r in zip(strats, out["runs"])})
+            {n: r["collectives"][-1][2] if r["collectives"] else {} for n, r in zip(strats, out["runs"])},
+            {int(r): float(v["memory_mb"]) for r, v in res.results.items() if v.get("memory_mb") is not None})
 
 
 def link_models(parent: Any, samples: dict) -> tuple[Any, Any, dict]:
@@ -216,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict:
         rec: dict[str, Any] = {"profile": json.loads(compute.model_dump_json()), "worlds": {}}
         for world, strats in STRATEGIES.items():
             before, alone = load(), parent_burst()
-            times, link, comm, ops = measure(world, strats, args)
+            times, link, comm, ops, rss = measure(world, strats, args)
             share = median(link["burst_s"]) / alone
             models, links = job_models(compute, parent, link, world, share)
             rec["worlds"][world] = {"links": links, "load": f"{before} -> {load()}", "core_share": share,
@@ -225,7 +232,11 @@ def main(argv: list[str] | None = None) -> dict:
                 b2b, run = (models[k].link_overrides["intra"] for k in ("back_to_back", "as_run"))
                 print(f"  in-job link, {world} ranks: back-to-back {describe(b2b)}; as run {describe(run)}", flush=True)
             cluster = Cluster.local(world)
+            held: dict[int, float] = {r: 0.0 for r in range(world)}  # tensors of every strategy, bytes a rank
             for name, strat in strats.items():
+                sim = simulate(BENCH_MODEL, strat, cluster, seq_len=SEQ, cost=models["as_run"])
+                for r, parts in sim.memory.items():
+                    held[r] += sim.peak_memory[r] - parts["reserve"]
                 m = median(times[name])
                 sims = {k: simulate(BENCH_MODEL, strat, cluster, seq_len=SEQ, cost=c).step_time
                         for k, c in models.items()}
@@ -241,6 +252,14 @@ def main(argv: list[str] | None = None) -> dict:
                       f"measured core share {share:.2f} x{m / sims['as_run_share']:.2f}; in collectives "
                       f"{mc * 1e3:.1f} ms (rank 0), simulated comm {(sims['as_run'] - no_comm) * 1e3:.1f} ms; "
                       f"load {rec['worlds'][world]['load']}", flush=True)
+            base = models["as_run"].runtime_bytes("cpu")
+            rec["worlds"][world]["memory"] = mem = {
+                r: {"measured_mb": rss[r], "estimated_mb": (base + held[r]) / 2**20,
+                    "tensors_mb": held[r] / 2**20, "ratio": (base + held[r]) / 2**20 / rss[r]}
+                for r in sorted(rss) if rss[r] > 0}
+            print(f"  memory, {world} ranks (estimated / measured peak RSS): " + ", ".join(
+                f"rank {r} {v['estimated_mb']:.0f} / {v['measured_mb']:.0f} MiB = {v['ratio']:.2f}"
+                for r, v in mem.items()), flush=True)
         out["repetitions"].append(rec)
     print(f"\n{'strategy':<27} {'ranks':>5} {'measured ms':>11} {'meas/back-to-back':>17} {'meas/as run':>11} "
           f"{'meas/as run+share':>17} {'meas/profile_link':>17}  per repetition meas/as run")
@@ -255,6 +274,18 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{strat.name:<27} {world:>5} {row['measured_s'] * 1e3:11.1f} {ratio['back_to_back']:17.2f} "
                   f"{ratio['as_run']:11.2f} {ratio['as_run_share']:17.2f} {ratio['profile_link']:17.2f}  "
                   + " ".join(f"{r['ratio']['as_run']:.2f}" for r in reps))
+    print(f"\n{'memory':<27} {'ranks':>5} {'rank':>4} {'est. MiB':>8} {'meas. MiB':>9} {'est/meas':>8}  "
+          "(estimate: process baseline + the tensors of every strategy the job holds; measured: peak RSS)")
+    out["memory"] = []
+    for world in STRATEGIES:
+        for r in sorted({r for rec in out["repetitions"] for r in rec["worlds"][world]["memory"]}):
+            got = [rec["worlds"][world]["memory"][r] for rec in out["repetitions"]
+                   if r in rec["worlds"][world]["memory"]]
+            row = {"ranks": world, "rank": r, **{k: median([g[k] for g in got])
+                                                 for k in ("estimated_mb", "measured_mb", "tensors_mb", "ratio")}}
+            out["memory"].append(row)
+            print(f"{'job of ' + ', '.join(STRATEGIES[world]):<27.27} {world:>5} {r:>4} {row['estimated_mb']:8.0f} "
+                  f"{row['measured_mb']:9.0f} {row['ratio']:8.2f}")
     out["load_end"] = load()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1))

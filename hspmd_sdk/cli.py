@@ -183,15 +183,17 @@ def _validate_strategy(args: argparse.Namespace, strategy: Any, path: Path) -> N
     if missing:
         print(f"schema OK: {what}\nnot checked: " + "; ".join(missing))
     else:
-        peak = max(strategy.memory_estimate(model).values())
-        print(f"OK: {what}; memory estimate at most {format_memory(peak)}/rank, within each rank's device")
+        peak = max(m.total for m in strategy.device_memory(model, cluster).values())
+        print(f"OK: {what}; memory estimate at most {format_memory(peak)}/rank (with each device's runtime), "
+              "within each rank's device")
 
 
 def _memory_problems(strategy: Any, model: Any, cluster: Any) -> list[tuple[str, str]]:
-    """Each stage whose memory estimate (bf16 mixed precision) exceeds its devices' memory, as ``(field path,
-    reason)``; ranks outside the cluster are skipped (placement reports them)."""
+    """Each stage whose memory estimate (bf16 mixed precision, plus each device's runtime: the figure ``hspmd show``
+    prints, :meth:`Strategy.device_memory`) exceeds its devices' memory, as ``(field path, reason)``; ranks outside
+    the cluster are skipped (placement reports them)."""
 
-    mem = strategy.memory_estimate(model)
+    mem = {r: m.total for r, m in strategy.device_memory(model, cluster).items()}
     problems = []
     for i, p in enumerate(strategy.pipelines):
         for j, s in enumerate(p.stages):
@@ -203,7 +205,8 @@ def _memory_problems(strategy: Any, model: Any, cluster: Any) -> list[tuple[str,
             if mem[worst] > cap:
                 problems.append((f"pipelines[{i}].stages[{j}]", f"needs ~{format_memory(mem[worst])}/rank (estimate: "
                                  f"bf16 parameters and gradients, fp32 Adam, activations at seq_len "
-                                 f"{model.max_seq_len}) but {cluster.kind(worst)} devices have {format_memory(cap)}; "
+                                 f"{model.max_seq_len}, the device's runtime) but {cluster.kind(worst)} devices "
+                                 f"have {format_memory(cap)}; "
                                  "shard it over more ranks (TP, more stages, ZeRO-1), or pass --no-memory-check"))
     return problems
 
@@ -293,7 +296,7 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
 @command("run", "train a strategy on N local worker processes and print its losses next to the single-device "
                 "model's", _run_arguments)
 def _run(args: argparse.Namespace) -> int:
-    from .runtime.control.train import launch, reference_training  # lazy: torch (train)
+    from .runtime.control.progress import Phase
 
     model, cluster = load_model_spec(args.model), Cluster.local(args.local)
     if args.stall < 2 * args.heartbeat:
@@ -313,6 +316,8 @@ def _run(args: argparse.Namespace) -> int:
     strategy = Strategy.load(path)
     _check_run_context(strategy, model, cluster, args, path)
     program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster)
+    with Phase("loading PyTorch"):
+        from .runtime.control.train import launch, reference_training  # lazy: torch (train)
     job = launch(program, cluster, steps=args.steps, seed=args.seed, data=args.data, lr=args.lr,
                           seq_len=args.seq_len, progress=True,
                           timeout_s=args.timeout, stall_s=args.stall, heartbeat_s=args.heartbeat,
@@ -324,11 +329,11 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"\ninterrupted: every worker was stopped; logs in {job.log_dir}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    ref = None
     if not args.no_reference:
-        print("computing the single-device reference (one process, the same data) ...", file=sys.stderr, flush=True)
-    ref = None if args.no_reference else reference_training(
-        model, steps=args.steps, seed=args.seed, global_batch=program.bindings["B"], seq_len=args.seq_len,
-        data=args.data, lr=args.lr)
+        with Phase("computing the single-device reference (one process, the same data)"):
+            ref = reference_training(model, steps=args.steps, seed=args.seed, global_batch=program.bindings["B"],
+                                     seq_len=args.seq_len, data=args.data, lr=args.lr)
     _print_losses(result.losses, args.steps, ref)
     for event in result.events:
         print(f"reconfigured at {event}\n  -> {event.strategy}")
@@ -436,7 +441,7 @@ def _run_mixed(args: argparse.Namespace, model: Any, cluster: Any) -> int:
     single-device model's on the same sequences."""
     import os
 
-    from .runtime.control.mixed import launch_mixed, planning_summary, reference_mixed  # lazy: torch (mixed)
+    from .runtime.control.progress import Phase
 
     if args.file is not None:
         raise PlanValidationError([("STRATEGY", "give a STRATEGY or --programs, not both")], what="arguments")
@@ -452,6 +457,8 @@ def _run_mixed(args: argparse.Namespace, model: Any, cluster: Any) -> int:
                                               "tokenized text file")], what="arguments")
     programs = _candidate_programs(args.programs, model, cluster)
     cost = _cost(args.cost) or CostModel(cores=os.cpu_count() or 1)
+    with Phase("loading PyTorch"):
+        from .runtime.control.mixed import launch_mixed, planning_summary, reference_mixed  # lazy: torch (mixed)
     job = launch_mixed(programs, cluster, steps=args.steps, seed=args.seed, data=data, lr=args.lr,
                        tokens_per_step=args.tokens_per_step, context=args.context, cost=cost,
                        progress=True,
@@ -465,9 +472,11 @@ def _run_mixed(args: argparse.Namespace, model: Any, cluster: Any) -> int:
         print(f"\ninterrupted: every worker was stopped; logs in {job.log_dir}", file=sys.stderr)
         return EXIT_INTERRUPTED
     summary = planning_summary(job, result)
-    ref = None if args.no_reference else reference_mixed(
-        model, steps=args.steps, seed=args.seed, data=data, tokens_per_step=args.tokens_per_step,
-        context=args.context, lr=args.lr)
+    ref = None
+    if not args.no_reference:
+        with Phase("computing the single-device reference (one process, the same sequences)"):
+            ref = reference_mixed(model, steps=args.steps, seed=args.seed, data=data,
+                                  tokens_per_step=args.tokens_per_step, context=args.context, lr=args.lr)
     _print_losses(result.losses, args.steps, ref, {"candidate": summary["choices"]})
     for event in result.events:
         print(f"switched at {event}")
@@ -591,7 +600,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``hspmd``; returns the exit status (0 ok, 1 invalid input or error, 2 usage, 130 interrupted).
 
     Usage errors exit through argparse (``SystemExit(2)``, with its ``error:`` line); every other error is printed
-    as ``error: ...`` on stderr, without a traceback unless ``--debug`` is given."""
+    as ``error: ...`` on stderr, without a traceback unless ``--debug`` is given.  Run as the program itself
+    (``argv`` None: the ``hspmd`` script, ``python -m hspmd_sdk.cli``) a command that loaded PyTorch leaves
+    without PyTorch's teardown (:func:`leave_now`)."""
+    status = _main(argv)
+    if argv is None:
+        leave_now(status)
+    return status
+
+
+def leave_now(status: int) -> None:
+    """End this process with ``status`` at once when PyTorch is loaded and nothing else still runs: the exit
+    handlers run (a job's kill-at-exit, a checkpoint lock's release, logging's flush), the streams are flushed,
+    then ``os._exit``.  PyTorch's own teardown at interpreter exit takes 1-4 s on a busy CPU machine, a silence
+    after the last line before the prompt returns.  Otherwise (no PyTorch, or a non-daemon thread that the
+    interpreter would wait for) it returns and the ordinary exit follows."""
+    import atexit
+    import os
+    import threading
+
+    if "torch" not in sys.modules or any(t is not threading.main_thread() and t.is_alive() and not t.daemon
+                                         for t in threading.enumerate()):
+        return
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "_run", None) is None:

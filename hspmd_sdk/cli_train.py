@@ -131,17 +131,23 @@ def plan_summary(cfg: Any, plan: TrainPlan) -> str:
 def _train(cfg: Any, plan: TrainPlan) -> int:
     """Launch the Program with the config, wait, print the steps."""
     from .cli import EXIT_INTERRUPTED
-    from .runtime.control.train import launch  # lazy: torch
+    from .runtime.control.progress import Phase
 
+    with Phase("loading PyTorch"):
+        from .runtime.control.train import launch  # lazy: torch
+
+    # said before the launch: on a terminal the job's bar then redraws its own line, which a line printed after
+    # the launch (while the bar counts the workers' start) would be written into
+    print(f"training {cfg.run.steps} steps on {plan.cluster.num_ranks} worker processes", file=sys.stderr,
+          flush=True)
     job = launch(plan.program, plan.cluster, config=cfg)
-    print(f"training {cfg.run.steps} steps on {plan.cluster.num_ranks} worker processes; logs in "
-          f"{getattr(job, 'log_dir', '?')}", file=sys.stderr, flush=True)
     try:
         result = job.wait()
     except KeyboardInterrupt:
         print(f"\ninterrupted: every worker was stopped; logs in {getattr(job, 'log_dir', '?')}", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(step_table(result, cfg.run.steps))
+    print(f"logs in {getattr(job, 'log_dir', '?')}", file=sys.stderr, flush=True)
     for event in getattr(result, "events", ()):
         print(f"reconfigured at {event}")
     return 0

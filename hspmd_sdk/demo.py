@@ -2,6 +2,7 @@
 local worker processes and print its loss curve next to the single-device model's.  No cluster needed."""
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Sequence
@@ -20,21 +21,25 @@ def run_demo(steps: int = 10, *, seed: int = 0, data: str = "stdlib", lr: float 
     """Train the example heterogeneous plan (``examples/example_hetero_tiny.json``: a TP2 -> TP1 pipeline with 3
     micro-batches beside a 1-rank pipeline with 1) on 4 local processes, train the single-device reference on the
     same data, and print both loss curves side by side.  Returns ``{"hspmd": [...], "reference": [...]}``."""
-    from .runtime.control.train import launch, reference_training  # lazy: torch (train)
+    from .runtime.control.progress import TICK_S, Phase
 
     examples = Path(__file__).resolve().parent / "examples"
     config = LlamaConfig.preset("tiny")
     strategy = Strategy.load(examples / "example_hetero_tiny.json")
     cluster = Cluster.local(4)
     program = specialize(config, plan_from_strategy(config, strategy, cluster), cluster)
-    print(program.describe())
-    t0 = time.perf_counter()
+    print(program.describe(), flush=True)
     print(f"training on {len(program.ranks)} local worker processes ...", flush=True)
+    with Phase("loading PyTorch", stream=sys.stdout, tick_s=TICK_S if progress else None):
+        from .runtime.control.train import launch, reference_training  # lazy: torch (train)
+    t0 = time.perf_counter()
     result = launch(program, cluster, steps=steps, seed=seed, data=data, lr=lr, progress=progress,
                     echo=echo).wait()
     wall = time.perf_counter() - t0
-    print("computing the single-device reference (one process, the same data) ...", flush=True)
-    ref = reference_training(config, steps=steps, seed=seed, global_batch=program.bindings["B"], data=data, lr=lr)
+    with Phase("computing the single-device reference (one process, the same data)", stream=sys.stdout,
+               tick_s=TICK_S if progress else None):
+        ref = reference_training(config, steps=steps, seed=seed, global_batch=program.bindings["B"], data=data,
+                                 lr=lr)
     print(f"\n{len(program.ranks)} worker processes, {wall:.1f} s; single-device reference on the same data")
     print(f"{'step':>4}  {'HSPMD (4 ranks)':>16}  {'single device':>14}  {'rel. diff':>9}")
     for i, (a, b) in enumerate(zip(result.losses, ref.losses)):

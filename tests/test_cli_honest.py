@@ -43,18 +43,25 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+#: What a GPU holds besides the plan's tensors (CUDA context and allocator slack), which every display adds.
+GPU_RUNTIME = 2 * 2**30
+
+
 def llama_stage_bytes(m: dict[str, int], layers: int, *, first: bool, last: bool, tp: int, mbs: int,
-                      in_flight: int, zero1_dp: int = 1) -> float:
+                      in_flight: int, zero1_dp: int = 1, runtime: float = GPU_RUNTIME) -> float:
     """Bytes a rank of a Llama stage needs, from the model's shapes (MHA, SwiGLU, RMSNorm, untied head):
-    16 bytes a parameter (bf16 weight and gradient, fp32 master, m, v; ZeRO-1 divides the 12 fp32 bytes), and
-    bf16 activations of ``6h + 2h + 3 ffn`` values a token and layer for ``in_flight`` micro-batches."""
+    16 bytes a parameter (bf16 weight and gradient, fp32 master, m, v; ZeRO-1 divides the 12 fp32 bytes),
+    bf16 activations of ``6h + 2h + 3 ffn`` values a token and layer for ``in_flight`` micro-batches, on a last
+    stage the head's bf16 input (``h`` values a token, in flight) and the fp32 logits and their gradient
+    (``2 vocab`` values a token over TP, one micro-batch at a time), and the device's ``runtime``."""
     h, f, v = m["hidden"], m["ffn"], m["vocab"]
     per_layer = 4 * h * h + 3 * h * f + 2 * h
     params = layers * per_layer + (v * h if first else 0) + (v * h + h if last else 0)
     states = params / tp * (4 + 12 / zero1_dp)
     tokens = mbs * m["seq"]
     acts = layers * tokens * (6 * h + 2 * h + 3 * f) * 2 / tp * in_flight
-    return states + acts
+    head = tokens * h * 2 * in_flight + 2 * tokens * v * 4 / tp if last else 0
+    return states + acts + head + runtime
 
 
 def write(tmp_path: Path, name: str, data: dict) -> str:
@@ -155,8 +162,11 @@ def test_show_marks_a_stage_that_exceeds_its_device(capsys, tmp_path) -> None:
     [s1] = [line for line in out.splitlines() if "stage 1:" in line]
     want0 = llama_stage_bytes(LLAMA_32B, 30, first=True, last=False, tp=1, mbs=1, in_flight=2)
     want1 = llama_stage_bytes(LLAMA_32B, 29, first=False, last=True, tp=3, mbs=1, in_flight=1)
-    assert s0.endswith(f"~{want0 / 2**30:.1f} GiB/rank — exceeds H800's {gib(H800_MIB)}")
-    assert want1 < H20_MIB * 2**20 and s1.endswith(f"~{want1 / 2**30:.1f} GiB/rank")  # fits: no mark
+    # the estimate (tensors and the GPU's runtime), the tensors beside it
+    assert s0.endswith(f"~{want0 / 2**30:.1f} GiB/rank (tensors {(want0 - GPU_RUNTIME) / 2**30:.1f} GiB) — "
+                       f"exceeds H800's {gib(H800_MIB)}")
+    assert want1 < H20_MIB * 2**20  # fits: no mark
+    assert s1.endswith(f"~{want1 / 2**30:.1f} GiB/rank (tensors {(want1 - GPU_RUNTIME) / 2**30:.1f} GiB)")
     assert "1 stage exceeds its devices' memory" in out
 
 

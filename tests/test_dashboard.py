@@ -131,7 +131,7 @@ def test_a_failed_job_lists_its_failure_in_events_and_marks_the_rank() -> None:
     assert v["status"] == "failed" and "rank 1" in v["error"] and not v["can_stop"]
     assert _rank(v, 1) | {"time": None, "memory_mb": None} == {
         "rank": 1, "state": "dead", "time": None, "step": 1, "memory_mb": None, "why": "killed (SIGKILL)",
-        "died_step": 2}
+        "died_step": 2, "memory_estimate_mb": None}  # an entry job trains no plan: no memory estimate
     assert _rank(v, 0)["state"] == "stopped"
     first = v["events"][0]
     assert first["reason"] == "failure" and first["failed"] == [1] and first["step"] == 2

@@ -117,7 +117,7 @@ def test_hover_and_summary_describe_the_draft_shown_not_the_last_valid_plan():
     want = Strategy.load(ed.draft.to_dict()).memory_estimate(LlamaConfig.preset("tiny"), 16)
     reserve = CostModel().memory_reserve_mb * 2**20  # the simulator's runtime reserve, added to compare
     tile = canvas_view(ed)["tiles"][0]
-    assert "estimate: Strategy.memory_estimate + the runtime reserve" in tile["title"]
+    assert "estimate: Strategy.device_memory, the device's runtime included" in tile["title"]
     assert f"needs ~{(want[0] + reserve) / 2**30:.1f} GiB" in tile["title"]  # the draft's, not the old sim's
     assert ed._memory[0] == pytest.approx(want[0] + reserve)
     assert "estimate, not simulated" in ed.summary()

@@ -226,8 +226,9 @@ def test_apply_to_running_job_switches_the_live_job(session):
     assert not apply.is_disabled(), apply.get_attribute("title")
     apply.click()
     dash = page.locator(".hspmd-dashboard").last
-    dash.locator("li.hd-ev[data-reason='user']").wait_for(timeout=90_000)
-    assert "user" in dash.locator(".hd-events").inner_text()
+    dash.locator("li.hd-ev[data-reason='user']").first.wait_for(timeout=90_000)
+    dash.scroll_into_view_if_needed()  # JupyterLab skips drawing cells off screen: their innerText reads ''
+    assert "user" in (dash.locator(".hd-events").text_content() or "")
     for attempt in range(5):  # the dashboard redraws itself at every poll (0.5 s) while the job runs: an element
         try:  # screenshot that took longer (scroll, wait for the element to hold still) finds it replaced
             dash.screenshot(path=str(ARTIFACTS / "editor_apply_to_job.png"), timeout=10_000)

@@ -60,7 +60,7 @@ def test_memory_windows_are_the_longest_micro_batch_every_stage_holds() -> None:
     """Against the stage memory model directly: the window fits, one token more does not (a device small enough
     that the window lies below the model's max_seq_len), and the window never exceeds max_seq_len."""
     model = LlamaConfig.preset("tiny").model_copy(update={"max_seq_len": 4096})
-    cost = CostModel(memory_reserve_mb=0.0)
+    cost = CostModel(memory_reserve_mb=0.0, cpu_baseline_mb=0.0)  # tensors only: no CUDA context, no process
     big = Cluster.local(4)
     assert memory_windows(model, TP2_PP2, big, cost) == [4096, 4096]
     small = _cluster_of(4)

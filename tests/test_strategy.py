@@ -203,16 +203,19 @@ def test_python_construction_and_helpers() -> None:
 def test_memory_estimate_by_hand() -> None:
     # One pipeline, one TP2 stage, tiny model, bs1, seq 64, GPipe with 2 micro-batches, no ZeRO:
     # params = 197184 (all layers + embedding + head) / 2 ranks x 16 bytes;
-    # activations = 4 layers x 64 tokens x 896 values x 2 bytes / 2 x 2 in flight.
+    # activations = 4 layers x 64 tokens x 896 values x 2 bytes / 2 x 2 in flight, plus the head's input
+    # (64 tokens x 64 hidden x 2 bytes, whole on each rank) x 2 in flight, plus the largest transient buffer:
+    # the fp32 logits and their gradient, 2 x 64 tokens x 256 vocab x 4 bytes / 2.
     m = LlamaConfig.preset("tiny")
     s = Strategy.load({"pipelines": [{"stages": [{"devices": [0, 1], "layers": [0, 3]}], "micro_batch_size": 1,
                                       "num_micro_batches": 2}], "schedule": "gpipe"})
-    expected = 197184 / 2 * 16 + 4 * 64 * 896 * 2 / 2 * 2
+    expected = 197184 / 2 * 16 + 4 * 64 * 896 * 2 / 2 * 2 + 64 * 64 * 2 * 2 + 2 * 64 * 256 * 4 / 2
     assert memory_estimate(s, m) == {0: pytest.approx(expected), 1: pytest.approx(expected)}
     # ZeRO-1 over 2 pipelines divides the 12 optimizer bytes by 2.
     z = Strategy.load({"pipelines": [{"stages": [{"devices": [r], "layers": [0, 3]}], "micro_batch_size": 1,
                                       "num_micro_batches": 1} for r in (0, 1)], "zero1": True})
-    assert memory_estimate(z, m)[0] == pytest.approx(197184 * (4 + 6) + 4 * 64 * 896 * 2)
+    assert memory_estimate(z, m)[0] == pytest.approx(197184 * (4 + 6) + 4 * 64 * 896 * 2 + 64 * 64 * 2
+                                                     + 2 * 64 * 256 * 4)
 
 
 # ---- the annotation plan container ---------------------------------------------------------------------------

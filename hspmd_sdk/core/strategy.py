@@ -25,6 +25,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 from ..errors import PlanValidationError
 from .annotation import MAX_RANK, format_ranks
 from .cluster import format_memory
+from .memory import OPTIMIZER_BYTES, PARAM_GRAD_BYTES, DeviceMemory, device_memory
 from .loading import load_model
 from .tp_ratios import ratio_problem
 
@@ -45,8 +46,8 @@ StrictInt = Annotated[int, BeforeValidator(_no_bool_or_text)]
 
 #: Bytes per parameter in the paper's mixed precision with Adam: bf16 parameter and gradient (2 + 2), and the
 #: fp32 master copy, first and second moments (4 + 4 + 4), which ZeRO-1 shards across data-parallel replicas.
-BF16_PARAM_GRAD_BYTES = 4
-FP32_OPTIMIZER_BYTES = 12
+BF16_PARAM_GRAD_BYTES = PARAM_GRAD_BYTES
+FP32_OPTIMIZER_BYTES = OPTIMIZER_BYTES
 
 
 def parallel_text(devices: int, cp: int = 1) -> str:
@@ -393,16 +394,25 @@ class Strategy(_Worded):
 
     # ---- reporting -----------------------------------------------------------------------------------------
     def memory_estimate(self, model: "ModelSpec", seq_len: int | None = None) -> dict[int, float]:
-        """Estimated bytes per rank (see :func:`memory_estimate`)."""
+        """Estimated bytes of the plan's tensors per rank, no runtime (see :func:`memory_estimate`)."""
         return memory_estimate(self, model, seq_len=seq_len)
+
+    def device_memory(self, model: "ModelSpec", cluster: "Cluster | None" = None, *,
+                      seq_len: int | None = None, **options: Any) -> dict[int, DeviceMemory]:
+        """The estimated memory of each rank on its device, runtime included: the one estimate every display shows
+        (:func:`hspmd_sdk.core.memory.device_memory`; ``options``: its keywords)."""
+        return device_memory(self, model, cluster, seq_len=seq_len, **options)
 
     def summary(self, model: "ModelSpec | None" = None, cluster: "Cluster | None" = None) -> str:
         """A readable description: pipelines, stages (ranks, device kinds, layers, TP), micro-batches and,
-        when ``model`` is given, an estimate of the memory each rank needs."""
+        when ``model`` is given, the estimated memory each rank needs on its device (:meth:`device_memory`: the
+        plan's tensors, plus with ``cluster`` the device's runtime -- a GPU's CUDA context, a CPU worker's process
+        baseline -- the figure the plan editor and the job dashboard show too)."""
         head = f"Strategy {self.name!r}" if self.name else "Strategy"
         lines = [f"{head}: {_n(self.dp_degree, 'pipeline')}, {_n(self.num_ranks, 'rank')}, schedule {self.schedule}, "
                  f"ZeRO-1 {'on' if self.zero1 else 'off'}, global batch {self.global_batch}"]
-        mem = memory_estimate(self, model) if model is not None else {}
+        est = device_memory(self, model, cluster) if model is not None else {}
+        mem = {r: m.total for r, m in est.items()}
         for i, p in enumerate(self.pipelines):
             lines.append(f"  pipeline {i}: {_n(p.num_micro_batches, 'micro-batch', 'micro-batches')} x "
                          f"bs{p.micro_batch_size} ({_n(p.batch, 'sample')}), {_n(p.num_stages, 'stage')}")
@@ -417,13 +427,16 @@ class Strategy(_Worded):
                 if s.recompute:
                     line += "  recompute"
                 if mem:
-                    line += f"  ~{_gb(max(mem[r] for r in s.devices))}/rank{_over_memory(s.devices, mem, cluster)}"
+                    worst = max(s.devices, key=lambda r: mem[r])
+                    tensors = f" (tensors {_gb(est[worst].tensors)})" if est[worst].runtime else ""
+                    line += f"  ~{_gb(mem[worst])}/rank{tensors}{_over_memory(s.devices, mem, cluster)}"
                 lines.append(line)
         if mem:
             seq = model.max_seq_len if model is not None else 0
             lines.append(f"  memory: estimate of bf16 params+grads, fp32 Adam states"
                          f"{' (ZeRO-1 over DP)' if self.zero1 else ''} and in-flight activations at "
-                         f"seq_len {seq}; peak {_gb(max(mem.values()))}" + _over_footer(self, mem, cluster))
+                         f"seq_len {seq}{_runtime_text(est)}; peak {_gb(max(mem.values()))}"
+                         + _over_footer(self, mem, cluster))
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -437,6 +450,20 @@ def _n(count: int, one: str, many: str | None = None) -> str:
 
 def _gb(nbytes: float) -> str:
     return format_memory(nbytes)
+
+
+def _runtime_text(est: dict[int, DeviceMemory]) -> str:
+    """``, plus each device's runtime (CUDA context 2.0 GiB a GPU; process baseline 280.0 MiB a CPU worker)``;
+    ``(no cluster: tensors only)`` without device kinds."""
+    seen: dict[str, float] = {}
+    for m in est.values():
+        if m.kind:
+            seen.setdefault("process baseline" if m.on_cpu else "CUDA context", m.runtime)
+    if not seen:
+        return " (no cluster given: tensors only, no device runtime)"
+    what = "; ".join(f"{k} {_gb(b)}{' a CPU worker' if k == 'process baseline' else ' a GPU'}"
+                     for k, b in sorted(seen.items()))
+    return f", plus each device's runtime ({what})"
 
 
 def _over_footer(strategy: Strategy, mem: dict[int, float], cluster: "Cluster | None") -> str:
@@ -572,50 +599,20 @@ def _cluster_problems(strategy: Strategy, cluster: "Cluster") -> list[tuple[str,
     return out
 
 
-def _in_flight(strategy: Strategy, p: Pipeline, j: int) -> int:
-    """Micro-batches whose activations stage ``j`` holds at its peak: all under GPipe; under 1F1B the
-    warm-up depth ``num_stages - j`` (capped by the number of micro-batches)."""
-    if strategy.schedule == "gpipe":
-        return p.num_micro_batches
-    return min(p.num_stages - j, p.num_micro_batches)
-
-
 def memory_estimate(strategy: Strategy, model: "ModelSpec", *, seq_len: int | None = None) -> dict[int, float]:
-    """Estimated bytes each rank needs for training: an *estimate*, not a measurement.
+    """Estimated bytes of the plan's tensors each rank holds for training: an *estimate*, not a measurement, and
+    without the device's runtime (the CUDA context of a GPU, a CPU worker's process baseline), which
+    :func:`~hspmd_sdk.core.memory.device_memory` adds -- this is its :attr:`~.memory.DeviceMemory.tensors`.
 
     * Model states, the paper's mixed precision: bf16 parameters and gradients (2 + 2 bytes per parameter) and
       fp32 master weights, Adam m and v (12 bytes).  The stage's parameters (its layers, plus the embedding on
       the first stage and the final norm and LM head on the last) are divided by its TP degree.  With ZeRO-1
-      the 12 bytes are divided by the DP degree (the number of pipelines); for heterogeneous pipelines, whose
-      stages hold different layer ranges, the real shards are uneven and this is only approximate.
+      a unit's 12 bytes are divided by the number of stages holding it (the DP degree for homogeneous pipelines).
       A stage with ``ratios`` gives each rank its share (:meth:`Stage.share`) instead of ``1 / TP degree``.
     * Activations: the model's ``layer_activation_bytes`` (bf16) for ``micro_batch_size * seq_len`` tokens
-      per layer divided by the TP degree (sequence parallel), times the micro-batches in flight
-      (:func:`_in_flight`).  With ``recompute`` a layer keeps only its input (``hidden`` values a token) and one
-      layer's full activations are rebuilt at a time.  ``seq_len`` defaults to ``model.max_seq_len``.
+      per layer divided by the TP degree (sequence parallel), and the head's input on a last stage, times the
+      micro-batches in flight (:func:`~hspmd_sdk.core.schedule.in_flight`); plus the largest transient buffer
+      (the fp32 logits and their gradient on a last stage).  With ``recompute`` a layer keeps only its input
+      (``hidden`` values a token) and one layer's full activations are rebuilt at a time.  ``seq_len`` defaults to ``model.max_seq_len``.
     """
-    seq = model.max_seq_len if seq_len is None else seq_len
-    dp = strategy.dp_degree
-    opt_bytes = FP32_OPTIMIZER_BYTES / dp if strategy.zero1 else FP32_OPTIMIZER_BYTES
-    out: dict[int, float] = {}
-    for p in strategy.pipelines:
-        for j, s in enumerate(p.stages):
-            t = s.tp_degree
-            params = s.num_layers * model.layer_param_count()
-            if j == 0:
-                params += model.embedding_param_count()
-            if j == p.num_stages - 1:
-                params += model.head_param_count()
-            tokens = p.micro_batch_size * seq
-            for r in s.devices:
-                # an uneven stage (ratios) gives each rank its share instead of 1 / TP degree
-                t = s.tp_degree if not s.is_uneven else 1 / s.share(r)
-                states = params / t * (BF16_PARAM_GRAD_BYTES + opt_bytes)
-                full_layer = model.layer_activation_bytes(tokens, 2) / t
-                if s.recompute:
-                    per_mb = s.num_layers * tokens * model.hidden_size * 2 / t
-                    acts = per_mb * _in_flight(strategy, p, j) + full_layer
-                else:
-                    acts = s.num_layers * full_layer * _in_flight(strategy, p, j)
-                out[r] = states + acts
-    return out
+    return {r: m.tensors for r, m in device_memory(strategy, model, seq_len=seq_len).items()}

@@ -16,7 +16,9 @@ Every estimate is built from a few operators, each costed on one hardware resour
   gradient (``tokens x hidden x 2`` bytes), data-parallel gradient synchronisation (ring all-reduce, or
   reduce-scatter + all-gather under ZeRO-1) over the slowest link of the group;
 * memory: bf16 parameters and gradients, fp32 master weights and Adam ``m``/``v`` (ZeRO-1 divides these across
-  the replicas holding the same layer), activations of the micro-batches in flight;
+  the replicas holding the same layer), activations of the micro-batches in flight, and the device's runtime (a
+  GPU's CUDA context, a CPU worker's process baseline) -- the core's one estimate,
+  :mod:`hspmd_sdk.core.memory`, whose per-unit activation figures the operators below carry;
 * context parallelism (a stage's ``cp``, SPEC §11): every rank of a CP group holds ``S / cp`` tokens of each
   sequence, so its linear layers, norms, embedding and LM head work on those tokens and keep their activations;
   its attention computes its query chunk against every key block its mask does not hide wholly, a chunk against
@@ -51,6 +53,8 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.comm_ops import OpKind
+from ..core.memory import (BF16_BYTES, CPU_PROCESS_BASELINE_MB, CUDA_CONTEXT_RESERVE_MB, FP32_BYTES,
+                           OPTIMIZER_BYTES as _OPTIMIZER_BYTES, head_activations, layer_activations, runtime_bytes)
 from .tp_comm import Collective, UnitCollectives, unit_collectives
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,10 +65,10 @@ __all__ = ["CostModel", "ComputeFit", "OperatorProfile", "LinkOverride", "fit_li
            "layer_cost",
            "head_cost", "embedding_cost", "static_memory", "activation_memory", "cp_attention_share", "cp_ring_bytes"]
 
-BF16 = 2
-FP32 = 4
+BF16 = BF16_BYTES
+FP32 = FP32_BYTES
 #: bytes per parameter of the fp32 optimizer part: master weight, Adam m, Adam v.
-OPTIMIZER_BYTES = 3 * FP32
+OPTIMIZER_BYTES = _OPTIMIZER_BYTES
 
 #: HBM bandwidth (GB/s) of the preset device kinds, for the memory-bound optimizer step (vendor figures).
 DEFAULT_HBM_GBS: dict[str, float] = {"H800": 3350.0, "H20": 4000.0, "A100": 2039.0, "H100": 3350.0,
@@ -152,6 +156,9 @@ class LinkOverride(BaseModel):
                                 "on top of its ring steps (see profile_link)")
     skew: float = Field(default=0.0, ge=0, description="seconds a blocking collective waits for its slowest member "
                         "per second of compute before it (see profile_link)")
+    send_overhead: float = Field(default=0.0, ge=0, description="seconds a point-to-point send keeps its sender busy "
+                                 "posting it (copies, the transport's bookkeeping: milliseconds for gloo on loaded "
+                                 "CPU ranks; fitted by planner.calibrate); 0: a send does not occupy its sender")
     backend: str = ""
 
 
@@ -171,7 +178,10 @@ class CostModel(BaseModel):
       by the TP degree); ``False``: the ``4 * hidden`` values a token around the norms stay replicated.
     * ``optimizer_bytes_per_param`` and ``hbm_gbs``/``hbm_efficiency``: the memory-bound Adam step reads and
       writes that many bytes per parameter it owns.
-    * ``memory_reserve_mb``: per device memory the framework holds besides tensors (CUDA context, allocator).
+    * ``memory_reserve_mb``: memory a GPU holds besides tensors (CUDA context, allocator), MiB a device;
+      ``cpu_baseline_mb``: what a CPU worker process (device kind ``"cpu"``) holds before any tensor (the
+      interpreter, torch, gloo), MiB a process.  Which one a device gets is :meth:`runtime_bytes`
+      (:func:`hspmd_sdk.core.memory.runtime_bytes`: by its kind).
     * ``profiles``: per device kind, an :class:`OperatorProfile` (from ``runtime.profile_model``); when present it is
       the source of layer / head / embedding compute and of the optimizer time for that kind (it takes precedence
       over ``compute_fits``, ``mfu`` and ``backward_factor``).
@@ -201,7 +211,8 @@ class CostModel(BaseModel):
     hbm_gbs: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_HBM_GBS))
     default_hbm_gbs: float = Field(default=2000.0, gt=0)
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
-    memory_reserve_mb: float = Field(default=2048.0, ge=0)
+    memory_reserve_mb: float = Field(default=CUDA_CONTEXT_RESERVE_MB, ge=0)
+    cpu_baseline_mb: float = Field(default=CPU_PROCESS_BASELINE_MB, ge=0)
     profiles: dict[str, OperatorProfile] = Field(default_factory=dict)
     link_overrides: dict[str, LinkOverride] = Field(default_factory=dict)
     comm_bytes_factor: float = Field(default=1.0, gt=0)
@@ -216,6 +227,18 @@ class CostModel(BaseModel):
     def load(cls, path: str | Path) -> "CostModel":
         """Read a cost model written by :meth:`save`."""
         return cls.model_validate_json(Path(path).read_text())
+
+    # ---- memory --------------------------------------------------------------------------------------------
+    def runtime_bytes(self, kind: str) -> float:
+        """Bytes a device of ``kind`` holds besides the plan's tensors: ``cpu_baseline_mb`` for a CPU worker
+        process, ``memory_reserve_mb`` for a GPU (:func:`hspmd_sdk.core.memory.runtime_bytes`)."""
+        return runtime_bytes(kind, gpu_reserve_mb=self.memory_reserve_mb, cpu_baseline_mb=self.cpu_baseline_mb)
+
+    def memory_options(self) -> dict[str, float | bool]:
+        """This cost model's keywords of :func:`hspmd_sdk.core.memory.device_memory`: the runtime parts and the
+        sequence-parallel and embedding switches, so that an estimate made with them is the simulator's."""
+        return {"gpu_reserve_mb": self.memory_reserve_mb, "cpu_baseline_mb": self.cpu_baseline_mb,
+                "sequence_parallel": self.sequence_parallel, "include_embedding": self.include_embedding}
 
     # ---- operators -----------------------------------------------------------------------------------------
     def compute_time(self, flops: float, spec: "DeviceSpec") -> float:
@@ -251,6 +274,12 @@ class CostModel(BaseModel):
             bw = o.bandwidth if o.collective_bandwidth is None else o.collective_bandwidth
             return self.comm_scale * (o.call_latency + steps * lat + volume / bw)
         return self.comm_scale * (steps * link.latency + volume / (link.bandwidth * self.collective_efficiency))
+
+    def send_time(self, link: "Link") -> float:
+        """Seconds a point-to-point send over ``link`` keeps its sender busy before the transfer goes on without it
+        (:attr:`LinkOverride.send_overhead`; 0 without a measured link)."""
+        o = self.link_overrides.get(link.cls)
+        return 0.0 if o is None or link.cls == "self" else self.comm_scale * o.send_overhead
 
     def collective_skew(self, n: int, link: "Link") -> float:
         """Seconds a blocking collective over ``n`` devices whose slowest link is ``link`` waits for its slowest
@@ -386,7 +415,8 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
         att_b = cost.backward_factor * att_f
     tpc = _collectives(model, tp, ratios)
     comm_f, comm_b = _tp_seconds(tpc.layer_fwd, tokens, tp_link, cost), _tp_seconds(tpc.layer_bwd, tokens, tp_link, cost)
-    full_act = _layer_activation_bytes(model, tokens, tp, cost.sequence_parallel)
+    kept, transient = layer_activations(model, tokens, tp, recompute=recompute,
+                                        sequence_parallel=cost.sequence_parallel)
     gap_f, gap_b = _cp_ring_gap(model, micro_batch, seq_len, tp, cp, cp_link, cost, att_f, att_b)
     ring_f, ring_b = max(0.0, gap_f), max(0.0, gap_b)
     bwd += fwd if recompute else 0.0
@@ -395,9 +425,7 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
     return LayerCost(
         fwd_compute=fwd, bwd_compute=bwd, fwd_comm=comm_f + skew * fwd + ring_f,
         bwd_comm=comm_b + (comm_f if recompute else 0.0) + skew * bwd + ring_b,
-        act_bytes=tokens * model.hidden_size * BF16 / (tp if cost.sequence_parallel else 1) if recompute
-        else full_act,
-        transient_bytes=full_act if recompute else 0.0,
+        act_bytes=kept, transient_bytes=transient,
         params=model.layer_param_count() / tp, ring_gap_fwd=gap_f, ring_gap_bwd=gap_b)
 
 
@@ -438,14 +466,6 @@ def _layer_line(fit: ComputeFit, matmul: float, attention: float) -> float:
     if matmul + attention <= 0:
         return 0.0
     return fit.a * matmul + (fit.a if fit.c is None else fit.c) * attention + fit.b
-
-
-def _layer_activation_bytes(model: "ModelSpec", tokens: int, tp: int, sequence_parallel: bool) -> float:
-    total = model.layer_activation_bytes(tokens)  # no TP
-    if sequence_parallel:
-        return total / tp
-    replicated = tokens * 4 * model.hidden_size * BF16
-    return replicated + (total - replicated) / tp
 
 
 def embedding_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
@@ -491,9 +511,9 @@ def head_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", 
     tpc = _collectives(model, tp, ratios)
     fwd_comm = _tp_seconds(tpc.head_fwd, tokens, tp_link, cost) + skew * fwd
     bwd_comm = _tp_seconds(tpc.head_bwd, tokens, tp_link, cost) + skew * bwd
+    kept, transient = head_activations(model, tokens, tp)
     return LayerCost(fwd_compute=fwd, bwd_compute=bwd, fwd_comm=fwd_comm, bwd_comm=bwd_comm,
-                     act_bytes=tokens * model.hidden_size * BF16,
-                     transient_bytes=2 * tokens * model.vocab_size * FP32 / tp,
+                     act_bytes=kept, transient_bytes=transient,
                      params=model.head_param_count() / tp)
 
 

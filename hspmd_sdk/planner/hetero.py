@@ -187,7 +187,7 @@ class PlanContext:
             emb_static=_static_bytes(emb.params, z), emb_act=emb.act_bytes,
             head_static=_static_bytes(head.params, z), head_act=head.act_bytes,
             head_transient=head.transient_bytes,
-            capacity=spec.memory_mb * 2.0**20 - self.cost.memory_reserve_mb * 2.0**20)
+            capacity=spec.memory_mb * 2.0**20 - self.cost.runtime_bytes(kind))
 
     def p2p_time(self, a: TPGroup, b: TPGroup, micro_batch: int) -> float:
         """One activation (or gradient) between neighbouring stages."""

@@ -276,7 +276,7 @@ class _Methods:
             per = [b - a for a, b in zip(t1, t2)]
             splits.insert(0, split_layers(L, per, [a - p for a, p in zip(t1, per)]))
         spec = self.cluster.devices[m.kind]
-        capacity = spec.memory_mb * 2.0**20 - self.cost.memory_reserve_mb * 2.0**20
+        capacity = spec.memory_mb * 2.0**20 - self.cost.runtime_bytes(m.kind)
         for layers in splits:
             pc = PipelineCost.of(self.model, self.pipeline(m, layers), self.cluster, self.cost, self._stages)
             if all(st.fits(window, in_flight(self.schedule, S, s, S), self.z, capacity)
@@ -791,7 +791,7 @@ def memory_windows(model: "ModelSpec", strategy: Strategy, cluster: "Cluster",
     for k, p in enumerate(strategy.pipelines):
         pc = PipelineCost.of(model, p, cluster, cost, cache)
         S = len(p.stages)
-        capacity = [(min(cluster.spec(d).memory_mb for d in st.devices) - cost.memory_reserve_mb) * 2.0**20
+        capacity = [min(cluster.spec(d).memory_bytes - cost.runtime_bytes(cluster.kind(d)) for d in st.devices)
                     for st in p.stages]
 
         def fits(w: int) -> bool:

@@ -30,8 +30,8 @@ from ..models.registry import load_model_spec
 from .cost import BF16, CostModel
 from .hetero import tp_degrees
 from .mixed_cost import PipelineCost, switch_estimate
-from .simulator import (Event, SimResult, Stretch, Transfer, _core_share, _shared_cores, _simulate_step, _stage_cost,
-                        simulate)
+from .simulator import (Event, SimResult, Stretch, Transfer, _core_share, _post_send, _shared_cores, _simulate_step,
+                        _stage_cost, simulate)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
@@ -87,7 +87,8 @@ def _replay(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", shapes
             cost: CostModel, work: dict, devices: dict, start: dict, events: dict,
             stretch: "Stretch | None" = None) -> tuple[dict, list[Transfer]]:
     """Every stage's schedule replayed with each micro-batch timed at its own shape (as the simulator's
-    ``_run_pipelines``: a send occupies its channel without blocking the sender, a receive waits for the data).
+    ``_run_pipelines``: a send occupies its channel without blocking the sender beyond posting it, a receive waits
+    for the data).
     ``work[stage][mb]``: the micro-batch's forward and backward seconds and their collectives' part.
     ``stretch``: processor sharing (the lines' compute is at every rank of the node computing at once; their
     collectives are not stretched)."""
@@ -112,11 +113,12 @@ def _replay(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", shapes
         elif a.kind in ("SEND_F", "SEND_B"):
             dst = (k[0], a.peer)  # type: ignore[index]
             nbytes = rows * length * model.hidden_size * BF16
-            t0 = max(clock[k], channel_free.get((k, dst), 0.0))
             link = links.get((k, dst))
             if link is None:
                 link = links[(k, dst)] = min((cluster.link(s, d) for s, d in zip(devices[k], devices[dst])),
                                              key=lambda l: l.bandwidth)
+            _post_send(cost, link, k, a, clock, events)
+            t0 = max(clock[k], channel_free.get((k, dst), 0.0))
             t1 = t0 + cost.p2p_time(nbytes, link)
             channel_free[(k, dst)] = t1
             transfers.append(Transfer(k[0], k[1], dst[1], a.kind[-1], a.micro_batch or 0, t0, t1, nbytes))

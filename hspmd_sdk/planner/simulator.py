@@ -8,7 +8,8 @@ together by :func:`hspmd_sdk.core.schedule.replay` with a timing callback:
    time plus its TP collectives, those of the model's own specialized Program (:mod:`.tp_comm`), priced as ring
    collectives (the slowest device kind of the TP group sets the pace); activations and
    gradients move between neighbouring stages point-to-point over :meth:`Cluster.link`, one transfer at a time
-   per direction, without blocking the sender; a receive waits for its data;
+   per direction, without blocking the sender beyond posting it (:meth:`CostModel.send_time`, a ``comm`` event;
+   0 unless a measured link says otherwise); a receive waits for its data;
 3. ``POST``: gradient synchronisation after each stage's last backward (ring all-reduce, or reduce-scatter with
    ZeRO-1) in *buckets*: runs of layers held by the same set of stages (for heterogeneous pipelines whose stages
    hold different layer ranges, HSPMD's SplitAllReduce/SplitReduceScatter); a bucket starts when all its holders
@@ -26,9 +27,12 @@ the unshared compute).  With ``CostModel.cores`` set and a node holding more ran
 ``max(1, ranks of its node computing at that moment / cores)`` over its own compute, found as a fixed point of
 the simulated timeline (a rank waiting in a bubble or a collective frees its core).
 
-Memory per device: bf16 parameters and gradients, the fp32 optimizer part (divided by the number of replicas
-holding each layer under ZeRO-1), activations of the micro-batches in flight (:func:`in_flight`), the largest
-transient buffer, and ``CostModel.memory_reserve_mb``.
+Memory per device is the core's one estimate (:func:`hspmd_sdk.core.memory.device_memory`, with the cost model's
+switches and runtime parts, :meth:`CostModel.memory_options`): bf16 parameters and gradients, the fp32 optimizer
+part (divided by the number of replicas holding each layer under ZeRO-1), activations of the micro-batches in flight
+(:func:`in_flight`), the largest transient buffer, and the device's runtime (:meth:`CostModel.runtime_bytes`: a
+GPU's CUDA context reserve, a CPU worker's process baseline) -- the figure ``Strategy.summary`` and the job
+dashboard show.  A mixed-length step (:func:`~.mixed_sim.simulate_shapes`) counts its own micro-batch shapes.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 from ..core.comm_ops import OpKind
+from ..core.memory import device_memory
 from ..core.schedule import Action, build_schedule, in_flight, replay
 from ..core.strategy import Strategy
 from ..models.registry import load_model_spec
@@ -284,6 +289,8 @@ def simulate(model: "ModelSpec | str", strategy: "Strategy | str | dict", cluste
     strategy = Strategy.load(strategy, model=model, cluster=cluster, global_batch=global_batch)
     cost = cost or CostModel()
     devices = {(i, j): list(st.devices) for i, p in enumerate(strategy.pipelines) for j, st in enumerate(p.stages)}
+    memory = {r: m.parts() for r, m in device_memory(strategy, model, cluster, seq_len=seq_len,
+                                                       **cost.memory_options()).items()}
 
     def one(stretch: "Stretch | None") -> SimResult:
         costs = {(i, j): _stage_cost(model, st, j == 0, j == p.num_stages - 1, cluster, p.micro_batch_size, seq_len,
@@ -291,7 +298,8 @@ def simulate(model: "ModelSpec | str", strategy: "Strategy | str | dict", cluste
                  for i, p in enumerate(strategy.pipelines) for j, st in enumerate(p.stages)}
         run = functools.partial(_run_pipelines, model, strategy, cluster, seq_len, cost, costs, devices,
                                 stretch=stretch)
-        return _simulate_step(strategy, cluster, cost, costs, devices, label=label, run=run, stretch=stretch)
+        return _simulate_step(strategy, cluster, cost, costs, devices, label=label, run=run, stretch=stretch,
+                              memory=memory)
 
     return _shared_cores(one, devices, cluster, cost)
 
@@ -320,10 +328,11 @@ def _shared_cores(one: "Callable[[Stretch | None], SimResult]", devices: dict[St
 def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, costs: dict[StageKey, _StageCost],
                    devices: dict[StageKey, list[int]], *, run: Callable[..., tuple[dict, list[Transfer]]],
                    label: str = "", counted: "Strategy | None" = None,
-                   stretch: "Stretch | None" = None) -> SimResult:
+                   stretch: "Stretch | None" = None, memory: dict[int, dict[str, float]] | None = None) -> SimResult:
     """One step from the stages' costs: ZeRO-1's parameter all-gather, the pipelines (``run(start, events)``:
     every stage's clock at its end and the transfers), the gradient synchronisation (last layers first), the
-    optimizer; memory of ``counted`` (default: ``strategy``)."""
+    optimizer; ``memory`` per device (breakdown), default: counted from the stage costs of ``counted`` (default:
+    ``strategy``)."""
     buckets = _buckets(costs)
     events: dict[StageKey, list[Event]] = {k: [] for k in costs}
 
@@ -341,7 +350,8 @@ def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, co
     op = OpKind.REDUCE_SCATTER if strategy.zero1 else OpKind.ALL_REDUCE
     cps = {(i, j): st.cp for i, p in enumerate(strategy.pipelines) for j, st in enumerate(p.stages)}
     clock = _run_collectives(op, buckets[::-1], clock, devices, cluster, cost, events, "sync", cps)
-    memory = _memory(counted or strategy, cluster, costs, buckets, devices, cost)
+    if memory is None:
+        memory = _memory(counted or strategy, cluster, costs, buckets, devices, cost)
     for k in costs:
         owned = sum(params / (len(h) if strategy.zero1 else 1) for h, ps in buckets for kk, params in ps.items()
                     if kk == k)
@@ -399,8 +409,9 @@ def _run_pipelines(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster",
         elif a.kind in ("SEND_F", "SEND_B"):
             dst = (k[0], a.peer)
             nbytes = p.micro_batch_size * seq_len * model.hidden_size * BF16
-            t0 = max(clock[k], channel_free.get((k, dst), 0.0))
             link = link_of(k, dst)
+            _post_send(cost, link, k, a, clock, events)
+            t0 = max(clock[k], channel_free.get((k, dst), 0.0))
             t1 = t0 + cost.p2p_time(nbytes, link)
             channel_free[(k, dst)] = t1
             transfers.append(Transfer(k[0], k[1], dst[1], a.kind[-1], a.micro_batch or 0, t0, t1, nbytes))
@@ -412,6 +423,14 @@ def _run_pipelines(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster",
     replay({k: build_schedule(strategy.schedule, strategy.pipelines[k[0]].num_stages, k[1],
                               strategy.pipelines[k[0]].num_micro_batches) for k in costs}, execute)
     return clock, transfers
+
+
+def _post_send(cost: CostModel, link: "Link", k: Hashable, a: Action, clock: dict, events: dict) -> None:
+    """Posting a send keeps the sender busy for :meth:`CostModel.send_time` (a ``comm`` event; none at 0)."""
+    busy = cost.send_time(link)
+    if busy > 0:
+        events[k].append(Event(clock[k], clock[k] + busy, "comm", a.micro_batch))
+        clock[k] += busy
 
 
 def _core_share(cluster: "Cluster", devices: list[int], cost: CostModel) -> float:
@@ -486,8 +505,10 @@ def _slowest_spec(cluster: "Cluster", devices: list[int], time_of: Callable[["De
 def _memory(strategy: "Strategy", cluster: "Cluster", costs: dict[StageKey, _StageCost],
             buckets: list[tuple[tuple[StageKey, ...], dict[StageKey, float]]], devices: dict[StageKey, list[int]],
             cost: CostModel) -> dict[int, dict[str, float]]:
-    """Per-device bytes: params, grads, optimizer (ZeRO-1: divided by the holders of each unit), activations,
-    reserve.  A device of an uneven stage (``ratios``) counts its own share (:attr:`_StageCost.memory_of`)."""
+    """Per-device bytes from the stages' costs (a mixed-length step's shapes): params, grads, optimizer (ZeRO-1:
+    divided by the holders of each unit), activations, reserve (the device's runtime,
+    :meth:`CostModel.runtime_bytes`).  A device of an uneven stage (``ratios``) counts its own share
+    (:attr:`_StageCost.memory_of`).  For fixed shapes it is :func:`~hspmd_sdk.core.memory.device_memory`'s."""
     holders_of: dict[Hashable, int] = {}
     for sc in costs.values():
         for unit, _ in sc.units:
@@ -504,7 +525,7 @@ def _memory(strategy: "Strategy", cluster: "Cluster", costs: dict[StageKey, _Sta
                 for name, b in static_memory(params, holders_of[unit] if strategy.zero1 else 1).items():
                     parts[name] += b
             parts["activations"] = act * held + transient
-            parts["reserve"] = cost.memory_reserve_mb * 2.0**20
+            parts["reserve"] = cost.runtime_bytes(cluster.kind(d))
             out[d] = parts
     return out
 

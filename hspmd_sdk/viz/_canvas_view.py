@@ -61,7 +61,7 @@ def _tiles(ed: Any, flagged: dict[int, str]) -> list[dict[str, Any]]:
                 where[r] = (i, j)
             places.update(stage_places(s.devices, s.ratios, s.cp))
     kind = ("simulated" if ed._memory_kind == "simulated"
-            else "estimate: Strategy.memory_estimate + the runtime reserve (not simulated: the plan has errors)")
+            else "estimate: Strategy.device_memory, the device's runtime included (not simulated: the plan has errors)")
     out = []
     for r in range(c.num_ranks):
         spec = c.spec(r)
@@ -254,7 +254,8 @@ def shard_grid(ann: Any, shape: tuple[int, ...]) -> dict[str, Any]:
 
 
 def _can(ed: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"undo": ed.can_undo, "redo": ed.can_redo, "job": ed._job is not None}
+    out: dict[str, Any] = {"undo": ed.can_undo, "redo": ed.can_redo, "job": ed._job is not None,
+                           "launching": ed.launching}
     for action in ("save", "launch", "apply"):
         why = ed._blocked_now(action)
         out[action], out[f"{action}_why"] = not why, why

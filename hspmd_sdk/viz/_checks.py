@@ -7,7 +7,8 @@
 * warnings are named as such: a TP group spread over several nodes (its all-reduces cross the network), and,
   once communication is resolved, a stage boundary that sends redundant bytes across nodes;
 * memory per device always describes the draft shown: simulated when the draft simulates, else the core's
-  estimate (:meth:`Strategy.memory_estimate`) of the stages that have devices.
+  estimate (:meth:`Strategy.device_memory`) of the stages that have devices -- the same estimate either way (the
+  simulator's memory is :func:`hspmd_sdk.core.memory.device_memory`), runtime of each device included.
 """
 from __future__ import annotations
 
@@ -197,15 +198,18 @@ def draft_strategy(draft: Draft) -> "Strategy | None":
         return None
 
 
-def draft_memory(draft: Draft, model: Any, seq_len: int | None, cost: Any = None) -> dict[int, float]:
-    """The core's memory estimate (bytes per rank) of the draft's stages that have devices, plus the cost
-    model's per-device runtime reserve (what the simulator adds too), so that it compares with simulated peaks."""
+def draft_memory(draft: Draft, model: Any, seq_len: int | None, cost: Any = None,
+                 cluster: "Cluster | None" = None) -> dict[int, float]:
+    """The one memory estimate (:func:`hspmd_sdk.core.memory.device_memory`, with the cost model's runtime parts
+    and switches: what the simulator counts) of the draft's stages that have devices, in bytes per rank: the
+    plan's tensors plus each device's runtime (a GPU's CUDA context, a CPU worker's process baseline, by its kind
+    on ``cluster``)."""
     s = draft_strategy(draft)
     if s is None:
         return {}
-    reserve = (cost or CostModel()).memory_reserve_mb * 2.0**20
+    options = (cost or CostModel()).memory_options()
     try:
-        return {r: b + reserve for r, b in s.memory_estimate(model, seq_len).items()}
+        return {r: m.total for r, m in s.device_memory(model, cluster, seq_len=seq_len, **options).items()}
     except Exception:  # noqa: BLE001 - an estimate that cannot be made is simply not shown
         return {}
 

@@ -4,13 +4,19 @@ Only the job's public API is read, and only what it has: ``status`` (and ``statu
 (``steps``, ``ranks``), ``metrics`` (``last_step()``, ``losses()``, ``ranks()``, ``rank(r)``: step time, tokens,
 memory), ``pids()``, ``failures`` (every failure, absorbed by an elastic job or not), ``first_failure()``, ``events``
 (reconfigurations: ``step``, ``reason``, ``failed_ranks``, ``strategy``, ``seconds``, ``bytes``, ``ranks``: launch
-rank -> rank in the new world, ``done``), ``program`` (the plan it runs now), ``controller`` (global batch and
-sequence length: the tokens of a step), ``elapsed_s``, ``log_dir`` and ``switch``.
+rank -> rank in the new world, ``done``), ``program`` (the plan it runs now, and the model it trains),
+``controller`` (global batch and sequence length: the tokens of a step; its cost model), ``cluster``, ``spec.backend``
+(``nccl``: GPU workers), ``elapsed_s``, ``log_dir`` and ``switch``.
 
 What the dashboard draws is :meth:`JobSnapshot.to_view`: each rank of the job's *current world* with its state
 (running, done, dead with the reason and the step it died in, stopped), the ranks an elastic job removed when it
 shrank, every failure and reconfiguration in the order they happened, elapsed time, ETA and tokens/s, and the plan
 the job runs now (in launch ranks).
+
+Each rank's memory is shown as measured beside the one estimate (:func:`memory_estimates`:
+:func:`hspmd_sdk.core.memory.device_memory`, the figure ``hspmd show``, ``Strategy.summary`` and the plan editor
+show), the part of it that the measurement holds: a CPU worker's peak RSS holds everything (the process baseline
+too), a GPU worker's peak CUDA allocated bytes the tensors only.
 """
 from __future__ import annotations
 
@@ -18,12 +24,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..core.memory import device_memory
 from ..core.strategy import Strategy
 from ..runtime.control.progress import step_rates, step_tokens
-from ._units import fmt_bytes
+from ._units import fmt_bytes, fmt_memory
 
 __all__ = ["JobSnapshot", "JobEvent", "JobFailure", "RankView", "snapshot", "JobWatcher", "can_switch",
-           "SWITCH_NEEDS"]
+           "SWITCH_NEEDS", "memory_estimates"]
 
 #: Why "Apply to running job" is disabled for a job without ``switch``.
 SWITCH_NEEDS = ("switching needs a job launched from an SDK version with Job.switch (graph switching in a running "
@@ -106,6 +113,7 @@ class RankView:
     memory_mb: float | None = None
     why: str = ""
     died_step: int | None = None
+    memory_estimate_mb: float | None = None  #: the estimate comparable with ``memory_mb`` (:func:`memory_estimates`)
 
 
 @dataclass(frozen=True)
@@ -142,6 +150,7 @@ class JobSnapshot:
     lr: float | None = None         #: the learning rate of the last step
     grad_norm: float | None = None  #: the gradient's global norm of the last step, before clipping
     data: str = ""  #: what the job trains on (``Job.data``: ``"stdlib source (bytes)"``, ``"synthetic random ..."``)
+    memory_note: str = ""  #: what the measured and the estimated memory of a rank are (:func:`memory_estimates`)
 
     @property
     def running(self) -> bool:
@@ -188,6 +197,7 @@ class JobSnapshot:
                 "step_times": [[r, round(t, 4)] for r, t in sorted(times.items())], "slowest": slow,
                 "ranks": [{"rank": r.rank, "state": r.state, "time": None if r.step_time is None
                            else round(r.step_time, 4), "step": r.last_step, "memory_mb": r.memory_mb,
+                           "memory_estimate_mb": r.memory_estimate_mb,
                            "why": r.why, "died_step": r.died_step} for r in self.ranks],
                 "world": list(self.world), "removed": self.removed,
                 "events": self.timeline(),
@@ -198,7 +208,7 @@ class JobSnapshot:
                 "step_s": None if self.step_s is None else round(self.step_s, 4),
                 "plan": self.plan, "log_dir": self.log_dir, "can_stop": self.can_stop and self.running,
                 "stopped_by_user": self.stopped_by_user, "starting": self.starting, "data": self.data,
-                "stop_hint": STOP_HINTS[self.graceful_stop]}
+                "stop_hint": STOP_HINTS[self.graceful_stop], "memory_note": self.memory_note}
 
 
 def _failure_item(f: JobFailure) -> dict[str, Any]:
@@ -252,24 +262,30 @@ def _world(job: Any, events: tuple[JobEvent, ...], launch: list[int]) -> tuple[t
     return tuple(launch), {r: r for r in launch}
 
 
-def _plan(job: Any, events: tuple[JobEvent, ...], to_launch: dict[int, int]) -> dict[str, Any] | None:
-    """The plan the job runs now, in launch ranks: pipelines of stages (ranks, layers), micro-batching."""
+def _running(job: Any) -> tuple[Any, "Strategy | None"]:
+    """The Program the job runs now and the Strategy it realises (``None`` where it has none)."""
     try:
         program = getattr(job, "program", None)
     except Exception:  # noqa: BLE001
         program = None
-    pipelines = getattr(program, "pipelines", None)
-    if not pipelines:
-        return None
-    layers: list[list[str]] = []
-    strategy = None
     settings = getattr(getattr(program, "plan", None), "settings", None)
+    strategy = None
     if getattr(settings, "strategy", None):
         try:
             strategy = Strategy.load(settings.strategy)
-            layers = [[f"{s.layers[0]}-{s.layers[1]}" for s in p.stages] for p in strategy.pipelines]
-        except Exception:  # noqa: BLE001 - drawn without layers
+        except Exception:  # noqa: BLE001 - drawn without layers, no memory estimate
             strategy = None
+    return program, strategy
+
+
+def _plan(program: Any, strategy: "Strategy | None", events: tuple[JobEvent, ...],
+          to_launch: dict[int, int]) -> dict[str, Any] | None:
+    """The plan the job runs now, in launch ranks: pipelines of stages (ranks, layers), micro-batching."""
+    pipelines = getattr(program, "pipelines", None)
+    if not pipelines:
+        return None
+    layers = ([[f"{s.layers[0]}-{s.layers[1]}" for s in p.stages] for p in strategy.pipelines]
+              if strategy is not None else [])
     micro = list(getattr(program, "micro_batches", ()) or ())
     sizes = list(getattr(program, "micro_batch_sizes", ()) or ())
     out = []
@@ -283,6 +299,40 @@ def _plan(job: Any, events: tuple[JobEvent, ...], to_launch: dict[int, int]) -> 
     since = next((e for e in reversed(events) if e.ranks or e.strategy is not None), None)
     return {"pipelines": out, "since": ("the start" if since is None else f"step {since.step} ({since.reason})"),
             "text": str(strategy) if strategy is not None else ""}
+
+
+def memory_estimates(job: Any, program: Any = None, strategy: "Strategy | None" = None,
+                     to_launch: dict[int, int] | None = None) -> tuple[dict[int, float], str]:
+    """``({launch rank: MiB}, note)``: the one estimate (:func:`hspmd_sdk.core.memory.device_memory`) of the plan
+    the job runs now, for the model it trains at its sequence length, with its controller's cost model (its runtime
+    parts), on the device its workers use (``spec.backend`` ``nccl``: GPUs, else CPU processes) -- the part that
+    the rank's measured figure holds (:meth:`~hspmd_sdk.core.memory.DeviceMemory.comparable`); and a note that says
+    what both are.  ``({}, "")`` for a job without a plan, a model or a sequence length (not a training job)."""
+    if program is None and strategy is None:
+        program, strategy = _running(job)
+    model = getattr(program, "model", None)
+    controller = getattr(job, "controller", None)
+    seq_len = getattr(controller, "seq_len", None)
+    if strategy is None or model is None or not isinstance(seq_len, int):
+        return {}, ""
+    gpu = str(getattr(getattr(job, "spec", None), "backend", "") or "") == "nccl"
+    options = getattr(getattr(controller, "cost", None), "memory_options", None)
+    try:
+        est = device_memory(strategy, model, getattr(job, "cluster", None), seq_len=seq_len,
+                            device="cuda" if gpu else "cpu", **(options() if callable(options) else {}))
+    except Exception:  # noqa: BLE001 - a display must not fail on an estimate it cannot make
+        return {}, ""
+    to_launch = to_launch or {}
+    out = {to_launch.get(r, r): round(m.comparable(measured_on_gpu=gpu) / 2**20, 1) for r, m in est.items()}
+    any_rank = next(iter(est.values()), None)
+    runtime = fmt_memory(any_rank.runtime) if any_rank is not None else ""
+    note = ("measured: each worker's peak CUDA memory allocated by torch (tensors only: the CUDA context is not in "
+            f"torch's count); estimated: the plan's tensors (Strategy.device_memory, seq_len {seq_len}; the "
+            f"{runtime} CUDA context reserve it adds on top is not measured)" if gpu else
+            "measured: each worker process's peak resident memory (RSS: Python, torch, gloo and the tensors); "
+            f"estimated: Strategy.device_memory at seq_len {seq_len}, the plan's tensors plus the {runtime} "
+            "process baseline of a CPU worker")
+    return out, note
 
 
 def _rates(job: Any, metrics: Any, ranks: list[int], step: int, steps: int | None) -> tuple[float | None, ...]:
@@ -334,6 +384,8 @@ def snapshot(job: Any, *, stopped_by_user: bool = False) -> JobSnapshot:
     launch = [int(r) for r in (getattr(spec, "ranks", None) or ())] or sorted(set(metrics.ranks()) | set(pids))
     failures = _failures(job, status, last)
     world, to_launch = _world(job, events, launch)
+    program, strategy = _running(job)
+    estimates, memory_note = memory_estimates(job, program, strategy, to_launch)
     dead: dict[int, JobFailure] = {}
     for f in failures:
         if not f.consequence:
@@ -358,7 +410,7 @@ def snapshot(job: Any, *, stopped_by_user: bool = False) -> JobSnapshot:
                    "cancelled" if status == "cancelled" else
                    "failed after the first failure" if consequence is not None else "stopped by the launcher")
         ranks.append(RankView(r, state, times.get(r), last.get(r, -1), memory.get(r), why,
-                              f.step if f is not None else None))
+                              f.step if f is not None else None, estimates.get(r) if r in world else None))
     step = metrics.last_step() + 1
     step_s, tps, eta = _rates(job, metrics, [r for r in world if r not in dead], step, steps)
     elapsed = getattr(job, "elapsed_s", None)
@@ -377,11 +429,11 @@ def snapshot(job: Any, *, stopped_by_user: bool = False) -> JobSnapshot:
     graceful = callable(getattr(job, "stop", None)) and getattr(job, "controller", None) is not None
     return JobSnapshot(str(getattr(job, "job_id", "")), status, step, steps, tuple(metrics.losses()), times,
                        events, can_switch(job), error, pids, tuple(ranks), failures, world, tps, step_s,
-                       _plan(job, events, to_launch), str(log_dir) if log_dir else "",
+                       _plan(program, strategy, events, to_launch), str(log_dir) if log_dir else "",
                        callable(getattr(job, "cancel", None)), stopped_by_user, starting,
                        float(elapsed) if isinstance(elapsed, (int, float)) else None,
                        eta if status in _RUNNING else None, status_text, graceful, *_recipe(metrics),
-                       data=_data_of(job))
+                       data=_data_of(job), memory_note=memory_note if estimates else "")
 
 
 def _data_of(job: Any) -> str:

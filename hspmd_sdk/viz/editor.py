@@ -8,7 +8,8 @@ Every edit -- a drag on the canvas, a key, a button, or a call from Python (``mo
    they concern.  **Errors** (layers not covered, a rank in two stages, out of memory, ...) block Save, Launch and
    Apply; **warnings** (a TP group across nodes, redundant boundary traffic) are named as such;
 2. a valid strategy is simulated (:func:`hspmd_sdk.planner.simulate`): step time, memory per rank vs capacity;
-   memory of an invalid draft is the core's estimate (:meth:`Strategy.memory_estimate`), marked as such;
+   memory of an invalid draft is the core's estimate (:meth:`Strategy.device_memory`, the one the simulator
+   counts too: tensors plus each device's runtime), marked as such;
 3. communication is resolved by the core -- ``plan_from_strategy`` then ``specialize`` -- on a
    background thread; the canvas then draws every stage boundary as arrows with operators and bytes per step.
    Simulations and resolutions are cached per strategy, so undo, redo and a return to an earlier plan are instant.
@@ -170,6 +171,7 @@ class PlanEditor:
         self._lock = threading.RLock()
         self._tensor: str | None = None
         self._message = ""
+        self._launching = False
         self._ui: Any = None
         self._job: Any = None
         self._job_snapshot: Any = None
@@ -541,6 +543,8 @@ class PlanEditor:
             return f"the plan shown has {len(errors)} error(s): {first}{more}"
         if self._current is None:
             return "there is no plan yet"
+        if action == "launch" and self._launching:
+            return "a launch is starting"
         if action in ("launch", "apply"):
             if self._valid is None or self._valid.strategy != self._current or self._valid.program is None:
                 return ("its communication is being resolved" if self.resolving
@@ -578,18 +582,40 @@ class PlanEditor:
     def launch(self, *, steps: int | None = None, **kw: Any) -> Any:
         """Train the draft shown with ``hspmd_sdk.runtime.launch(program, cluster, steps=...)`` (its ``seq_len``
         is the editor's unless given) and attach the job; refused while the draft has errors, its communication
-        is unresolved, or the cluster is not this machine (:func:`training_runtime`)."""
+        is unresolved, or the cluster is not this machine (:func:`training_runtime`).
+
+        Until the workers are started (the first launch loads PyTorch too: seconds) the canvas says "starting
+        workers…" and its Launch button is disabled (:attr:`launching`)."""
         why = self.blocked("launch")
         if why:
             raise HSPMDError(f"cannot launch: {why}")
-        from ..runtime import launch  # lazy: the runtime (~150 ms) loads only when a job is launched
+        from ..runtime.control.progress import TICK_S, Ticker
 
-        kw.setdefault("seq_len", self.seq_len)
-        job = launch(self.program, self.cluster, steps=steps or self.launch_steps, **kw)
+        self._launching, before = True, self._message
+        clock = _LaunchClock(self, f"starting {self.cluster.num_ranks} workers…")
+        ticker = Ticker(clock, TICK_S)
+        ticker.start()
+        try:
+            from ..runtime import launch  # lazy: the runtime (PyTorch: seconds, the first time) loads only here
+
+            kw.setdefault("seq_len", self.seq_len)
+            job = launch(self.program, self.cluster, steps=steps or self.launch_steps, **kw)
+        except BaseException:
+            self._message = before
+            raise
+        finally:
+            clock.stop()
+            ticker.stop()
+            self._launching = False
         self.attach(job)
         self._message = f"launched job {getattr(job, 'job_id', '')}"
         self._redraw()
         return job
+
+    @property
+    def launching(self) -> bool:
+        """Whether :meth:`launch` is starting a job now (the canvas's Launch button is disabled meanwhile)."""
+        return self._launching
 
     def attach(self, job: Any) -> None:
         """Show ``job`` (a running :class:`~hspmd_sdk.runtime.Job`) with the plan: its step, loss curve,
@@ -820,7 +846,7 @@ class PlanEditor:
         if strategy is not None and self.global_batch is None:
             self.global_batch, self.batch_source = strategy.global_batch, "the first valid plan"
         memory, kind = (dict(sim.peak_memory), "simulated") if sim is not None else (
-            draft_memory(self._draft, self.model, self.seq_len, self.cost), "estimated")
+            draft_memory(self._draft, self.model, self.seq_len, self.cost, self.cluster), "estimated")
         if sim is None:  # out of memory is an error beside the others, not hidden behind them
             problems += estimated_memory_errors(self._draft, memory, self.model, self.seq_len, self.cluster)
         with self._lock:
@@ -917,6 +943,31 @@ class PlanEditor:
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------
+class _LaunchClock:
+    """The editor's message while :meth:`PlanEditor.launch` starts a job: ``text`` at once, then with the
+    seconds it has taken (``starting 4 workers… 3 s``), redrawn by a :class:`~..runtime.control.progress.Ticker`
+    while the launch loads the runtime and starts the processes."""
+
+    def __init__(self, editor: PlanEditor, text: str) -> None:
+        self.editor, self.text, self.t0 = editor, text, time.monotonic()
+        self._lock, self._running = threading.Lock(), True
+        editor._message = f"{text} (the first launch also loads PyTorch: a few seconds)"
+        editor._redraw()
+
+    def tick(self) -> None:
+        with self._lock:
+            took = int(time.monotonic() - self.t0)
+            message = f"{self.text} {took} s (the first launch also loads PyTorch)"
+            if took >= 1 and self._running and self.editor._message != message:
+                self.editor._message = message
+                self.editor._redraw()
+
+    def stop(self) -> None:
+        """No tick changes the message after this returns."""
+        with self._lock:
+            self._running = False
+
+
 def _take(d: Draft, ranks: Iterable[int], target: StageDraft) -> None:
     """Move ``ranks`` into ``target`` (appended in the order given), out of any other stage."""
     for r in ranks:

@@ -3,9 +3,9 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { esc } from "../src/common/esc.js";
-import { clock, mem, rate, secs } from "../src/job_dashboard/format.js";
+import { clock, mem, memPair, rate, secs } from "../src/job_dashboard/format.js";
 import { lossCurve, lossScale } from "../src/job_dashboard/loss.js";
-import { barScale, barWidth, rankList, rankRows } from "../src/job_dashboard/ranks.js";
+import { barScale, barWidth, memCell, rankList, rankRows } from "../src/job_dashboard/ranks.js";
 import { logView, planView, pressStop, progress, settle, statusBadge, stopButton, stopState, trainingFigures } from "../src/job_dashboard/view.js";
 
 test("esc: the five HTML specials; null and undefined as nothing", () => {
@@ -112,6 +112,20 @@ test("rank rows markup: state, time or what happened, memory, the slowest marked
   assert.ok(html.includes('title="peak memory of this rank\'s process">2.0 GiB</span>'));
   assert.ok(html.includes('removed from the job (3 ranks now): <button class="hd-rl hd-gone" data-rank="3" title="host gone · show its log">R3</button>'));
   assert.equal(rankRows({}), '<div class="hd-empty">no rank reported yet</div>');
+});
+
+test("memory: measured beside the estimate in one unit, the ratio and what each holds in the tooltip", () => {
+  assert.equal(memPair(284.8, 281.2), "0.28 GiB measured / 0.27 GiB est.");
+  assert.equal(memPair(60, 80), "60.0 MiB measured / 80.0 MiB est.");
+  assert.equal(memPair(60, 2100), "0.06 GiB measured / 2.05 GiB est.");  // the larger chooses the unit
+  assert.equal(memPair(2048, null), "2.0 GiB");
+  assert.equal(memPair(null, 3), "");
+  const cell = memCell({ memory_mb: 400, memory_estimate_mb: 300 }, "measured: RSS & more");
+  assert.ok(cell.includes('title="measured: RSS &amp; more · estimate/measured 0.75">0.39 GiB measured / 0.29 GiB est.</span>'), cell);
+  assert.equal(memCell({ memory_mb: null, memory_estimate_mb: 300 }), "");
+  const html = rankRows({ ranks: [{ rank: 0, state: "running", time: 0.5, memory_mb: 284.8, memory_estimate_mb: 281.2 }],
+    memory_note: "n" });
+  assert.ok(html.includes(">0.28 GiB measured / 0.27 GiB est.</span>"), html);
 });
 
 test("progress: steps done over steps, at most 1, 0 without a step count", () => {

@@ -48,6 +48,22 @@ START_GRACE_S = 60.0
 DUMP_WAIT_S = 3.0
 
 
+class TraceFile(type(Path())):  # type: ignore[misc]
+    """The path :meth:`Job.trace` wrote (a :class:`~pathlib.Path`), whose repr says how to open it."""
+
+    HOW = "open it in https://ui.perfetto.dev (Open trace file) or in Chrome at chrome://tracing (Load)"
+
+    @classmethod
+    def written(cls, path: Path) -> "TraceFile":
+        out = cls(path)
+        out._written = True
+        return out
+
+    def __repr__(self) -> str:  # only the written file itself: a path derived from it is a plain path
+        base = f"{type(Path()).__name__}({str(self)!r})"
+        return f"{base}  # {self.HOW}" if getattr(self, "_written", False) else base
+
+
 class JobStatus(str, enum.Enum):
     """Where a job is.  ``STOPPED``: :meth:`Job.stop` ended it early, gracefully, at a step boundary (its result has
     the losses of the steps done, ``JobResult.stopped_at`` of them; :attr:`Job.status_text` says ``stopped at step
@@ -552,8 +568,9 @@ class Job:
     def trace(self, path: str | Path | None = None) -> Path:
         """Write the profiled steps of every rank as one Chrome/Perfetto trace (a track per rank; the plan's
         actions, its communication operators by their SPEC names and the process group's collectives; see
-        :mod:`.trace`) to ``path`` (default ``<log_dir>/trace.json``) and return the path: open it in
-        https://ui.perfetto.dev or ``chrome://tracing``.  Raises ``ValueError`` when no step was recorded."""
+        :mod:`.trace`) to ``path`` (default ``<log_dir>/trace.json``) and return the path, whose repr says how to
+        open it: in https://ui.perfetto.dev ("Open trace file") or in Chrome at ``chrome://tracing`` ("Load").
+        Raises ``ValueError`` when no step was recorded."""
 
         with self._lock:
             recorded = {r: {s: list(v["spans"]) for s, v in per.items()} for r, per in self._recorded.items()}
@@ -561,17 +578,19 @@ class Job:
             raise ValueError("no step was recorded: launch with profile=[step, ...] (steps to record)")
         out = Path(path) if path is not None else self.log_dir / "trace.json"
         out.write_text(json.dumps(merge(recorded, self._rank_labels())))
-        return out
+        return TraceFile.written(out)
 
-    def timeline(self, step: int | None = None) -> Any:
+    def timeline(self, step: int | None = None, *, calibrate: bool = True) -> Any:
         """Each rank's measured phases of a profiled ``step`` (default: the last recorded) beside the simulator's
         prediction for the Program that ran it: a :class:`~.timeline.Timeline` (``figure()``, ``gaps``,
-        ``table()``; a notebook shows both)."""
+        ``by_phase()``, ``table()``; a notebook shows both).  ``calibrate`` (default): the prediction is priced
+        with this machine's figures, fitted to the job's other recorded steps (record a few: ``profile=[1, 2, 3,
+        4]``); ``False``: with the launch's ``cost=`` or the nominal defaults.  ``Timeline.calibration`` says which."""
         from .timeline import build_timeline  # lazy: core (timeline): the launcher imports job without loading core
 
         with self._lock:
             recorded = {r: dict(per) for r, per in self._recorded.items()}
-        return build_timeline(recorded, self.controller, step, self._rank_labels())
+        return build_timeline(recorded, self.controller, step, self._rank_labels(), calibrate=calibrate)
 
     def _rank_labels(self) -> dict[int, str]:
         with self._lock:

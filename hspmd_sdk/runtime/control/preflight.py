@@ -20,10 +20,12 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from ...core.memory import CPU_PROCESS_BASELINE_MB
 from ...errors import PlanValidationError
 
-#: Resident memory of one worker process before any tensor (Python, torch, gloo; measured ~235 MB on Linux).
-WORKER_BASE_BYTES = 256 * 2**20
+#: Resident memory of one worker process before any tensor (Python, torch, gloo): the core's measured CPU process
+#: baseline (:data:`hspmd_sdk.core.memory.CPU_PROCESS_BASELINE_MB`), the same figure the memory estimates add.
+WORKER_BASE_BYTES = int(CPU_PROCESS_BASELINE_MB * 2**20)
 #: CPU ranks allowed per core of a host (oversubscription is fine for CPU tests and demos, up to a point).
 MAX_RANKS_PER_CORE = 8
 #: Bytes per parameter element in fp32 training: the value, its gradient, Adam's two moments.

@@ -18,6 +18,13 @@ function mem(mb) {
   if (mb == null) return "";
   return mb >= 102.4 ? `${(mb / 1024).toFixed(mb >= 10240 ? 0 : 1)} GiB` : `${mb.toFixed(1)} MiB`;
 }
+function memPair(measured, estimated) {
+  if (measured == null) return "";
+  if (estimated == null) return mem(measured);
+  const gib = Math.max(measured, estimated) >= 102.4;
+  const f = (mb) => gib ? `${(mb / 1024).toFixed(2)} GiB` : `${mb.toFixed(1)} MiB`;
+  return `${f(measured)} measured / ${f(estimated)} est.`;
+}
 
 // src/common/esc.js
 function esc(s) {
@@ -59,6 +66,14 @@ function barWidth(r, hi) {
   const dead = r.state === "dead";
   return r.time != null ? dead ? 100 : r.time / hi * 100 : 0;
 }
+function memCell(r, note) {
+  if (r.memory_mb == null) return "";
+  if (r.memory_estimate_mb == null) {
+    return `<span class="hd-mem" title="peak memory of this rank's process">${mem(r.memory_mb)}</span>`;
+  }
+  const ratio = r.memory_mb > 0 ? ` · estimate/measured ${(r.memory_estimate_mb / r.memory_mb).toFixed(2)}` : "";
+  return `<span class="hd-mem" title="${esc((note || "measured vs the plan's estimate") + ratio)}">${memPair(r.memory_mb, r.memory_estimate_mb)}</span>`;
+}
 function rankRows(s) {
   const { shown, removed } = rankList(s);
   if (!shown.length && !removed.length) return `<div class="hd-empty">no rank reported yet</div>`;
@@ -71,7 +86,7 @@ function rankRows(s) {
     return `<div class="hd-rank hd-${esc(r.state)} ${r.rank === s.slowest ? "hd-slow" : ""}" data-rank="${r.rank}" data-state="${esc(r.state)}">
       <button class="hd-rl" data-rank="${r.rank}" title="show rank ${r.rank}'s log">R${r.rank}</button>
       <span class="hd-bar"><span style="width:${width.toFixed(0)}%"></span></span>${what}${extra}
-      ${r.memory_mb != null ? `<span class="hd-mem" title="peak memory of this rank's process">${mem(r.memory_mb)}</span>` : ""}</div>`;
+      ${memCell(r, s.memory_note)}</div>`;
   }).join("");
   const gone = removed.length ? `<div class="hd-removed">removed from the job (${s.world.length} ranks now): ${removed.map((r) => `<button class="hd-rl hd-gone" data-rank="${r.rank}" title="${esc(r.why)} · show its log">R${r.rank}</button> <small>${esc(r.why)}</small>`).join(" ")}</div>` : "";
   return rows + gone;

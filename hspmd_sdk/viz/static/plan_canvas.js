@@ -557,7 +557,13 @@ var Canvas = class {
     this.root.addEventListener("keydown", (e) => this.onKey(e));
     this.gesture = false;
     this.pending = false;
-    this.onView = () => this.gesture ? this.pending = true : this.render();
+    this.launch = { at: 0, acked: false };
+    this.onView = () => {
+      const can = (this.model.get("view") || {}).can || {};
+      if (this.launch.at && can.launching) this.launch.acked = true;
+      else if (this.launch.acked) this.launch = { at: 0, acked: false };
+      return this.gesture ? this.pending = true : this.render();
+    };
     this.names = document.createElement("datalist");
     this.names.id = `hc-tensors-${this.uid()}`;
     el.appendChild(this.names);
@@ -676,8 +682,15 @@ var Canvas = class {
     return `<div class="hc-toolbar" role="toolbar" aria-label="plan editor">${this.toolbarParts(v).map((p) => p[1]).join("")}</div>`;
   }
   // The toolbar's groups, keyed (undo/redo, select mode, settings, tensor picker, file, run).
+  // Whether a click on Launch waits for the kernel's answer (at most a minute: a kernel that never answers
+  // gives the button back).
+  launchPending() {
+    const l = this.launch;
+    return !!l && l.at > 0 && Date.now() - l.at < 6e4;
+  }
   toolbarParts(v) {
     const can = v.can || {};
+    const launching = can.launching || this.launchPending();
     const btn = (op, text, ok, tip, extra = "") => `<button class="hc-btn" data-op="${op}" data-key="btn-${op}" ${ok ? "" : "disabled"} title="${esc(tip)}" ${extra}>${text}</button>`;
     const groups = this.model.get("tensors") || [];
     const gsel = this.group || (v.tensor_name ? groupOf(groups, v.tensor_name) : "");
@@ -691,7 +704,7 @@ var Canvas = class {
     const picker = `<span class="hc-group hc-picker"><label>tensor <select data-op="tgroup" data-key="tgroup" aria-label="tensor group"><option value="">—</option>${groups.map((g) => `<option value="${esc(g[0])}" ${g[0] === gsel ? "selected" : ""}>${esc(g[0])} (${g[1].length})</option>`).join("")}</select></label><select data-op="tname" data-key="tname" aria-label="tensor">${names.length ? `<option value="">pick…</option>` : ""}${names.map((n) => `<option ${n === v.tensor_name ? "selected" : ""} value="${esc(n)}">${esc(gsel && n.startsWith(gsel + ".") ? n.slice(gsel.length + 1) : n)}</option>`).join("")}</select>
         <input class="hc-text" list="hc-tensors-${this.uid()}" placeholder="or type a name" data-op="tensor" data-key="tensor" value="${esc(v.tensor_name)}" size="18">${v.tensor_name ? btn("untensor", "✕", true, "clear the tensor") : ""}</span>`;
     const file = `<span class="hc-group"><input class="hc-text" data-key="path" data-role="path" value="${esc(this.path || "strategy.json")}" size="14" title="file for Save / Load">${btn("save", "Save", can.save, can.save ? "save the plan shown as strategy JSON" : "blocked: " + can.save_why)}${btn("load", "Load", true, "load a strategy JSON")}</span>`;
-    const run = `<span class="hc-group">${btn("timeline", "Timeline", can.timeline, can.timeline ? "draw the simulated timeline of the plan shown" : "the plan shown does not simulate")}${btn("launch", "▶ Launch locally", can.launch, can.launch ? "train the plan shown on this machine (hspmd_sdk.launch)" : "blocked: " + can.launch_why)}${can.job ? btn("apply", "⇄ Apply to running job", can.apply, can.apply ? "job.switch(editor.program) at the job's next step boundary" : "blocked: " + can.apply_why) : ""}</span>`;
+    const run = `<span class="hc-group">${btn("timeline", "Timeline", can.timeline, can.timeline ? "draw the simulated timeline of the plan shown" : "the plan shown does not simulate")}${launching ? btn("launch", "⏳ starting workers…", false, "the workers of this plan are starting") : btn("launch", "▶ Launch locally", can.launch, can.launch ? "train the plan shown on this machine (hspmd_sdk.launch)" : "blocked: " + can.launch_why)}${can.job ? btn("apply", "⇄ Apply to running job", can.apply, can.apply ? "job.switch(editor.program) at the job's next step boundary" : "blocked: " + can.apply_why) : ""}</span>`;
     return [["history", history], ["mode", mode], ["settings", settings], ["tensor", picker], ["file", file], ["run", run]];
   }
   uid() {
@@ -704,7 +717,8 @@ var Canvas = class {
     const c = v.counts || {};
     const parts = [["toolbar", `<div class="hc-toolbar" role="toolbar" aria-label="plan editor"></div>`], ["verdict", `<div class="hc-verdict hc-${vd.level}" role="status" aria-live="polite"><span class="hc-headline">${esc(vd.text)}</span>
       <span class="hc-counts">${c.errors ? `<b class="hc-e">${c.errors} error(s)</b>` : ""} ${c.warnings ? `<b class="hc-w">${c.warnings} warning(s)</b>` : ""}</span></div>`]];
-    if (v.message) parts.push(["message", `<div class="hc-message" role="status">${esc(v.message)}</div>`]);
+    const message = this.launchPending() && !(v.can || {}).launching ? "starting workers…" : v.message;
+    if (message) parts.push(["message", `<div class="hc-message" role="status">${esc(message)}</div>`]);
     if (v.timeline_stale) parts.push(["stale", `<div class="hc-stale">⚠ the timeline below is of an earlier plan: press Timeline to redraw it</div>`]);
     return parts;
   }
@@ -1091,10 +1105,14 @@ ${esc(terms.HDim)}"><b>DG Union</b>: ${esc(t.words)}</div><div><code>${esc(t.ann
         this.path = path();
         this.send({ op, path: this.path });
         return;
+      case "launch":
+        this.launch = { at: Date.now(), acked: false };
+        this.render();
+        this.send({ op });
+        return;
       case "undo":
       case "redo":
       case "timeline":
-      case "launch":
       case "apply":
         this.send({ op });
         return;

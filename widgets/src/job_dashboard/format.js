@@ -24,3 +24,14 @@ export function mem(mb) {
   if (mb == null) return "";
   return mb >= 102.4 ? `${(mb / 1024).toFixed(mb >= 10240 ? 0 : 1)} GiB` : `${mb.toFixed(1)} MiB`;
 }
+
+// A measured memory beside its estimate, in one unit chosen by the larger (GiB with two decimals from 102.4 MiB,
+// else MiB with one): "0.28 GiB measured / 0.27 GiB est."; the measured figure alone without an estimate; "" when
+// nothing was measured.
+export function memPair(measured, estimated) {
+  if (measured == null) return "";
+  if (estimated == null) return mem(measured);
+  const gib = Math.max(measured, estimated) >= 102.4;
+  const f = (mb) => (gib ? `${(mb / 1024).toFixed(2)} GiB` : `${mb.toFixed(1)} MiB`);
+  return `${f(measured)} measured / ${f(estimated)} est.`;
+}

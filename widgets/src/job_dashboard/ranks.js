@@ -2,7 +2,7 @@
 // happened instead of a time); the ranks an elastic job removed, apart.
 
 import { esc } from "../common/esc.js";
-import { secs, mem } from "./format.js";
+import { secs, mem, memPair } from "./format.js";
 
 // The ranks of a state: `shown` (the current world, in order) and `removed` (those an elastic job removed).  Without
 // s.ranks, one rank per s.step_times entry [rank, time], running or done as the job is.
@@ -25,6 +25,17 @@ export function barWidth(r, hi) {
   return r.time != null ? (dead ? 100 : (r.time / hi) * 100) : 0;
 }
 
+// A rank's memory: what it measured, beside the plan's estimate for its device where the job has one
+// (r.memory_estimate_mb; s.memory_note says what each figure holds), with estimate/measured in the tooltip.
+export function memCell(r, note) {
+  if (r.memory_mb == null) return "";
+  if (r.memory_estimate_mb == null) {
+    return `<span class="hd-mem" title="peak memory of this rank's process">${mem(r.memory_mb)}</span>`;
+  }
+  const ratio = r.memory_mb > 0 ? ` · estimate/measured ${(r.memory_estimate_mb / r.memory_mb).toFixed(2)}` : "";
+  return `<span class="hd-mem" title="${esc((note || "measured vs the plan's estimate") + ratio)}">${memPair(r.memory_mb, r.memory_estimate_mb)}</span>`;
+}
+
 export function rankRows(s) {
   const { shown, removed } = rankList(s);
   if (!shown.length && !removed.length) return `<div class="hd-empty">no rank reported yet</div>`;
@@ -39,7 +50,7 @@ export function rankRows(s) {
     return `<div class="hd-rank hd-${esc(r.state)} ${r.rank === s.slowest ? "hd-slow" : ""}" data-rank="${r.rank}" data-state="${esc(r.state)}">
       <button class="hd-rl" data-rank="${r.rank}" title="show rank ${r.rank}'s log">R${r.rank}</button>
       <span class="hd-bar"><span style="width:${width.toFixed(0)}%"></span></span>${what}${extra}
-      ${r.memory_mb != null ? `<span class="hd-mem" title="peak memory of this rank's process">${mem(r.memory_mb)}</span>` : ""}</div>`;
+      ${memCell(r, s.memory_note)}</div>`;
   }).join("");
   const gone = removed.length ? `<div class="hd-removed">removed from the job (${s.world.length} ranks now): ${removed.map((r) =>
     `<button class="hd-rl hd-gone" data-rank="${r.rank}" title="${esc(r.why)} · show its log">R${r.rank}</button> <small>${esc(r.why)}</small>`).join(" ")}</div>` : "";
