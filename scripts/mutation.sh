@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Mutation testing of the core (annotation, resolve, BSR, deduction, switch planning, specialization) and of the
-# planners' cost functions (issue 29, item 5), with mutmut 3.8.1.  NOT part of the test command (scripts/test.sh).
+# Mutation testing of core/, planner/ and the runtime's pure parts (issues 29 and 49), with mutmut 3.8.1.  NOT part
+# of the test command (scripts/test.sh).
 #
-#   scripts/mutation.sh                 # every module, one after the other
-#   scripts/mutation.sh bsr cost        # a subset (names: the files under scripts/mutation/*.cfg)
+#   scripts/mutation.sh                 # every module (the files scripts/mutation/*.cfg), one after the other
+#   scripts/mutation.sh bsr cost        # a subset: rerun one module after editing its file or its tests
 #
 # Each module is mutated in a copy of the project under $MUTATION_WORKDIR (default /tmp/hspmd_mutation/<module>),
 # never in this working tree.  Its config, scripts/mutation/<module>.cfg, becomes that copy's setup.cfg: the
 # [mutmut] section names the one file to mutate and the test files that cover it (mutmut then runs, for each
 # mutant, only the tests that called the mutated function, in a process forked from a warm one), and the per-mutant
-# CPU-time limit; an optional [select] section restricts the run to some functions.  Mutants judged equivalent are
-# listed, each with its reason, in scripts/mutation/equivalent.txt.  The table of every module run so far (mutants,
-# killed, survived, equivalent, timeouts, time) is printed and written to benchmarks/results/mutation.md; the diffs
-# of the surviving non-equivalent mutants go to benchmarks/results/mutation-survivors/<module>.diff.
+# CPU-time limit; an optional [select] section restricts the run to some functions.  In the copy, the file's
+# decorated functions are rewritten so that mutmut mutates them too (scripts/mutation/undecorate.py), and every
+# test starts with the SDK's lru_caches empty (a mutant behind a cache filled by the warm process is reached).
+# A surviving mutant counts as equivalent only when a rule of scripts/mutation/equivalent.toml matches what it
+# changes.  The table of every module run so far (mutants, killed, survived, equivalent, timeouts, time, the hash
+# of the file mutated: a module whose file changed since is marked stale) is printed and written to
+# benchmarks/results/mutation.md.
 #
 # Environment: MUTATION_WORKDIR (see above), MUTATION_JOBS (parallel mutants, default 1: a shared machine),
 # MUTATION_KEEP=1 keeps the work copies; MUTATION_RESUME=1 reuses a kept copy (its verdicts stand, its tests are
@@ -29,7 +32,7 @@ fi
 WORK="${MUTATION_WORKDIR:-/tmp/hspmd_mutation}"
 JOBS="${MUTATION_JOBS:-1}"
 if [ $# -gt 0 ]; then modules=("$@"); else
-  modules=(annotation resolve bsr deduction switch specialize cost mixed_cost)
+  mapfile -t modules < <(cd scripts/mutation && ls *.cfg | sed 's/\.cfg$//')
 fi
 for m in "${modules[@]}"; do
   [ -f "scripts/mutation/$m.cfg" ] || { echo "unknown module '$m': no scripts/mutation/$m.cfg" >&2; exit 2; }
@@ -52,7 +55,13 @@ for m in "${modules[@]}"; do
     rm -rf "$dir" && mkdir -p "$dir"
     # the package, the tests, pytest's config; no caches
     tar -C "$ROOT" --exclude=__pycache__ --exclude='*.pyc' -cf - hspmd_sdk tests pyproject.toml | tar -C "$dir" -xf -
+    only=$(sed -n 's/^only_mutate *= *//p' "scripts/mutation/$m.cfg")
+    sha256sum "$only" | cut -d' ' -f1 > "$dir/source.sha256"  # the file as written, before undecorating
+    "$PY" scripts/mutation/undecorate.py "$dir/$only"
   fi
+  for d in "$dir" "$dir/mutants"; do
+    if [ -d "$d/tests" ]; then cat scripts/mutation/conftest_addition.py >> "$d/tests/conftest.py"; fi
+  done
   cp "scripts/mutation/$m.cfg" "$dir/setup.cfg"
   mapfile -t select < <("$PY" scripts/mutation/summarize.py select "$dir/setup.cfg")
   echo "== $m: mutmut run ${select[*]:-(all functions)}$([ $resume = 1 ] && echo ' (resumed)')"

@@ -10,11 +10,13 @@ from __future__ import annotations
 import itertools
 import pickle
 import random
+import re
 
 import pytest
 
 import layout_oracle as oracle
-from hspmd_sdk.core.annotation import DS, Annotation, format_ranks, local_view, local_views, parse_ranks
+from hspmd_sdk.core.annotation import (MAX_RANK, DS, Annotation, format_ranks, local_view, local_views,
+                                       parse_ranks)
 from hspmd_sdk.errors import ShapeError
 
 from resolve_reference import annotation_of, fitting_shape, plain
@@ -169,3 +171,116 @@ def test_subgroup_sizes_not_offsets_are_checked() -> None:
     a.check_shape((10,))
     assert [local_view(a, (10,), r).box for r in (0, 1, 2, 3, 4)] == [((0, 2),), ((2, 4),), ((4, 6),), ((6, 8),),
                                                                    ((8, 10),)]
+
+
+def test_ds_normalises_missing_states_and_the_order_given() -> None:
+    assert DS().states == {} and DS().order == [] and DS.model_validate({}) == DS("R")
+    assert DS(order=[]) == DS({})
+    assert DS("S0x2 D2", [-1, 0]).order == [-1, 0]  # an explicit order beats the notation's
+    assert DS("S0x2 D2").order == [0, -1]
+    assert DS({0: 2, 1: 1}, [1, 0]).order == [0]  # a degree-1 key of the order is dropped with its state
+    assert DS({0: 2, 1: 1, -1: 3}, [1, -1, 0]).order == [-1, 0]
+    with pytest.raises(ValueError, match=r"order \[0, 5\] must be a permutation of the keys of degree > 1 \[0\]"):
+        DS({0: 2}, [0, 5])  # a key absent from the states is not dropped
+    for degree in (2.0, True, "2"):
+        with pytest.raises(ValueError, match=re.escape(f"degree of key 0 must be an integer, got {degree!r}")):
+            DS({0: degree})
+    for order in ({0}, [True], ["0"], "0"):  # a set of ints; a list of a bool, of a str; a str
+        with pytest.raises(ValueError, match="order must be a list of integer keys"):
+            DS({0: 2}, order)
+
+
+def test_shape_errors_say_where() -> None:
+    with pytest.raises(ShapeError, match=r"^DS S0x4 splits dim 0 of size 6 into 4 chunks, which does not divide it"):
+        DS({0: 4}).check_shape([6, 3])
+    with pytest.raises(ShapeError, match=r"^DS S2x2 splits dim 2 but the tensor has 2 dims \(4, 4\)$"):
+        DS({2: 2}).check_shape([4, 4])
+    a = Annotation.parse("[0,3] S1x2 | [5-7] D3 ; hdim=0 ratios=1:2")
+    msg = "subgroup 0 (0,3): DS S1x2 splits dim 1 of size 3 into 2 chunks, which does not divide it (HSPMD never pads)"
+    with pytest.raises(ShapeError) as e:
+        a.check_shape((12, 3))
+    assert str(e.value) == msg
+    with pytest.raises(ShapeError) as e:
+        a.check_shape((12, 3), "w")
+    assert str(e.value) == "tensor 'w': " + msg
+    ratio = f"annotation {a}: dim 0 of size 10 cannot be split in ratios [1, 2] into integral chunks"
+    with pytest.raises(ShapeError) as e:
+        a.check_shape((10, 4))
+    assert str(e.value) == ratio
+    with pytest.raises(ShapeError) as e:
+        a.check_shape((10, 4), "w")
+    assert str(e.value) == "tensor 'w': " + ratio
+    b = Annotation.parse("[0] R | [1] R | [2] R ; hdim=0")
+    with pytest.raises(ShapeError) as e:
+        b.subgroup_box((10,), 2)
+    assert str(e.value) == f"annotation {b}: dim 0 of size 10 cannot be split in ratios [1, 1, 1] into integral chunks"
+    with pytest.raises(ShapeError) as e:
+        b.check_shape((4, 4), "x")
+    assert str(e.value).startswith(f"tensor 'x': annotation {b}: dim 0 of size 4 cannot be split in ratios [1, 1, 1]")
+    c = Annotation.parse("[0,1] S0x2 | [2,3] S0x2 ; hdim=0")
+    with pytest.raises(ShapeError) as e:
+        local_view(c, (6,), 3)  # 3 rows in subgroup 1, split in 2
+    assert str(e.value) == ("subgroup 1: DS S0x2 splits dim 0 of size 3 into 2 chunks, which does not divide it "
+                            "(HSPMD never pads)")
+
+
+def test_rank_list_bounds() -> None:
+    assert parse_ranks(" " * 8 + "7" + " " * 8 + ",8") == [7, 8]  # spaces are dropped before the length check
+    assert parse_ranks("0000005") == [5] and parse_ranks("0-0000002") == [0, 1, 2]  # 7 digits are read
+    assert parse_ranks("0000002-3") == [2, 3]
+    for text, part in [("00000001", "00000001"), ("0-00000002", "0-00000002"), ("00000001-2", "00000001-2"),
+                       ("9" * 5000, "9" * 40)]:  # 8 digits or more are refused before int() reads them
+        with pytest.raises(ValueError) as e:
+            parse_ranks(text)
+        assert str(e.value) == f"rank {part!r} is out of range (0..{MAX_RANK})"
+    for text in ["131072", "131070-131072", "0-131071,5", "0-131071,0-1"]:
+        with pytest.raises(ValueError) as e:
+            parse_ranks(text)
+        assert str(e.value).startswith(f"rank {text.rpartition(',')[2]!r} is out of range (0..131071, at most 131072 ")
+    assert len(parse_ranks("0-131071")) == MAX_RANK + 1 and parse_ranks(str(MAX_RANK)) == [MAX_RANK]
+    assert len(parse_ranks("0-131070,5")) == MAX_RANK + 1  # at most MAX_RANK + 1 ranks, repeats counted
+    for bad in ["-1", "a", "1-", "3-x"]:
+        with pytest.raises(ValueError) as e:
+            parse_ranks(bad)
+        assert str(e.value) == f"cannot read rank {bad!r}: write a rank as 5, a range as 0-3"
+    with pytest.raises(ValueError, match=r"^rank range '3-1' is empty$"):
+        parse_ranks("3-1")
+
+
+def test_annotation_options_and_text_validation() -> None:
+    for opt in ["hdim=0=1", "ratios=1:2=3", "hdim=x", "ratios="]:
+        with pytest.raises(ValueError) as e:
+            Annotation.parse(f"[0] R | [1] R ; {opt}")
+        assert str(e.value) == f"cannot read annotation option {opt!r}: expected hdim=<d> or ratios=a:b"
+    with pytest.raises(ValueError) as e:
+        Annotation.parse("[0] R | [1] R ; hdims=0")
+    assert str(e.value) == "unknown annotation option 'hdims=0' (expected hdim=<d> or ratios=a:b)"
+    assert Annotation.model_validate("[0,1] D2") == Annotation.spmd([0, 1])  # text through pydantic's validation
+    assert Annotation.model_validate("[0] R | [1] R ; hdim=0").hdim == 0
+
+
+def test_negative_and_repeated_ranks_are_named() -> None:
+    for dg, msg in [([[0, 1], [-3, 2]], "dg_union[1] has negative rank -3"),
+                    ([[0, -1]], "dg_union[0] has negative rank -1"),
+                    ([[1, 0], [2, 0]], "rank 0 appears in dg_union[0] and dg_union[1]; device groups must be disjoint"),
+                    ([[0, 0]], "rank 0 appears in dg_union[0] and dg_union[0]; device groups must be disjoint")]:
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            Annotation(dg, [DS({-1: len(g)}) for g in dg], 0)
+    assert Annotation([[0, 1], [2, 3]], [DS({-1: 2})] * 2, 0).ranks == [0, 1, 2, 3]  # rank 0 is a rank
+
+
+def test_single_subgroup_prints_and_boxes_whole() -> None:
+    one = Annotation.parse("[0,1] S0x2 ; hdim=0")
+    assert one.hdim == -1 and str(one) == "[0,1] S0x2" and one.subgroup_box((4, 6), 0) == ((0, 4), (0, 6))
+    two = Annotation.parse("[0] R | [1] R ; hdim=1")
+    assert str(two) == "[0] R | [1] R ; hdim=1" and two.subgroup_box((4, 6), 1) == ((0, 4), (3, 6))
+    ratios = Annotation.parse("[0] R | [1] R | [2] R ; hdim=0 ratios=1:2:3")
+    assert [ratios.subgroup_box((12,), k) for k in range(3)] == [((0, 2),), ((2, 6),), ((6, 12),)]
+
+
+def test_model_copy_is_always_independent() -> None:
+    a = Annotation.parse("[0,1] S0x2 | [2,3] S0x2 ; hdim=0 ratios=1:3")
+    for c in (a.model_copy(), a.model_copy(deep=False), a.model_copy(deep=True)):
+        assert c == a and c is not a and c.dg_union is not a.dg_union and c.dg_union[0] is not a.dg_union[0]
+        assert c.hratios is not a.hratios and c.hratios == [1, 3]
+    assert a.model_copy(update={"hratios": [2, 2]}).hratios is None

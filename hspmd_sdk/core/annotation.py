@@ -237,11 +237,14 @@ def parse_ranks(text: str) -> list[int]:
         a, dash, b = part.partition("-")
         if len(a) > 7 or len(b) > 7:
             raise ValueError(f"rank {part[:40]!r} is out of range (0..{MAX_RANK})")
-        lo = int(a)
-        hi = int(b) if dash else lo
+        try:
+            lo = int(a)
+            hi = int(b) if dash else lo
+        except ValueError:
+            raise ValueError(f"cannot read rank {part!r}: write a rank as 5, a range as 0-3") from None
         if hi < lo:
             raise ValueError(f"rank range {part!r} is empty")
-        if lo < 0 or hi > MAX_RANK or len(out) + hi - lo >= MAX_RANK + 1:
+        if hi > MAX_RANK or len(out) + hi - lo >= MAX_RANK + 1:  # a and b have no sign: lo >= 0
             raise ValueError(f"rank {part!r} is out of range (0..{MAX_RANK}, at most {MAX_RANK + 1} ranks)")
         out.extend(range(lo, hi + 1))
     return out
@@ -281,12 +284,15 @@ def _parse_annotation_text(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {"dg_union": dg_union, "ds_union": ds_union}
     for opt in opts.split():
         key, _, val = opt.partition("=")
-        if key == "hdim":
-            out["hdim"] = int(val)
-        elif key == "ratios":
-            out["hratios"] = [int(v) for v in val.split(":")]
-        else:
+        if key not in ("hdim", "ratios"):
             raise ValueError(f"unknown annotation option {opt!r} (expected hdim=<d> or ratios=a:b)")
+        try:
+            if key == "hdim":
+                out["hdim"] = int(val)
+            else:
+                out["hratios"] = [int(v) for v in val.split(":")]
+        except ValueError:
+            raise ValueError(f"cannot read annotation option {opt!r}: expected hdim=<d> or ratios=a:b") from None
     return out
 
 
@@ -343,12 +349,13 @@ class Annotation(BaseModel):
                 raise ValueError(f"dg_union[{k}] has {len(dg)} devices but ds_union[{k}] = {ds} spans "
                                  f"{ds.device_num}")
         flat = [r for dg in self.dg_union for r in dg]
-        if min(flat) < 0 or len(set(flat)) != len(flat):  # the common case costs one set; find the culprit
+        if min(flat) < 0:  # the common case costs a min and a set; then find the culprit
+            k, r = next((k, r) for k, dg in enumerate(self.dg_union) for r in dg if r < 0)
+            raise ValueError(f"dg_union[{k}] has negative rank {r}")
+        if len(set(flat)) != len(flat):
             seen: dict[int, int] = {}
             for k, dg in enumerate(self.dg_union):
                 for r in dg:
-                    if r < 0:
-                        raise ValueError(f"dg_union[{k}] has negative rank {r}")
                     if r in seen:
                         raise ValueError(f"rank {r} appears in dg_union[{seen[r]}] and dg_union[{k}]; "
                                          "device groups must be disjoint")
@@ -428,7 +435,7 @@ class Annotation(BaseModel):
     def subgroup_box(self, shape: Sequence[int], k: int) -> tuple[tuple[int, int], ...]:
         """The box ``T_k`` of the global tensor held by subgroup ``k`` (whole tensor unless hdim >= 0)."""
         box = [(0, n) for n in shape]
-        if is_split(self.hdim) and self.hsize > 1:
+        if is_split(self.hdim):  # (HSize 1 has hdim -1)
             d = self.hdim
             if d >= len(shape):
                 raise ShapeError(f"annotation {self} has hdim={d} but the tensor has {len(shape)} dims "
@@ -436,8 +443,9 @@ class Annotation(BaseModel):
             offsets = self._ratio_offsets
             total, ratio = offsets[-1], offsets[k + 1] - offsets[k]
             if (shape[d] * ratio) % total:
+                ratios = [offsets[i + 1] - offsets[i] for i in range(self.hsize)]
                 raise ShapeError(f"annotation {self}: dim {d} of size {shape[d]} cannot be split in ratios "
-                                 f"{self.hratios or [1] * self.hsize} into integral chunks")
+                                 f"{ratios} into integral chunks")
             start = shape[d] * offsets[k] // total
             box[d] = (start, start + shape[d] * ratio // total)
         return tuple(box)
@@ -464,7 +472,7 @@ class Annotation(BaseModel):
     def __str__(self) -> str:
         subs = " | ".join(f"[{format_ranks(dg)}] {ds}" for dg, ds in zip(self.dg_union, self.ds_union))
         opts = []
-        if self.hsize > 1 and self.hdim != DUPLICATE:
+        if self.hdim != DUPLICATE:  # (HSize 1 has hdim -1)
             opts.append(f"hdim={self.hdim}")
         if self.hratios is not None:
             opts.append("ratios=" + ":".join(map(str, self.hratios)))

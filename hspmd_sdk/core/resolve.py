@@ -109,18 +109,18 @@ def _classify(src: Annotation, dst: Annotation, ctx: _Ctx) -> list[CommOp]:
         ops = _top_tier(src, dst, sv, dv, ctx)
         if ops is not None:
             return ops
-    return _bsr_whole(src, dst, sv, dv, ctx)
+    return _bsr_whole(src, sv, dv, ctx)
 
 
 def _same_views(src: Annotation, dst: Annotation, sv: dict[int, LocalView], dv: dict[int, LocalView]) -> bool:
-    if set(sv) != set(dv):
+    """Whether every rank holds the same box and summand under both: then nothing moves.  With Partial, the summands
+    must also add up within the same ranks: the same top-tier Partial or none, and without it the same subgroups
+    holding summands (each subgroup's summands add up to the value on their own)."""
+    if set(sv) != set(dv) or (src.hdim == PARTIAL) != (dst.hdim == PARTIAL):
         return False
-    if any(v.partial_count > 1 for v in sv.values()):  # summands must also add up within the same ranks
-        if (src.hdim == PARTIAL) != (dst.hdim == PARTIAL):
-            return False
-        if src.hdim != PARTIAL and {frozenset(g) for g, d in zip(src.dg_union, src.ds_union) if d.partial > 1} \
-                != {frozenset(g) for g, d in zip(dst.dg_union, dst.ds_union) if d.partial > 1}:
-            return False
+    if src.hdim != PARTIAL and {frozenset(g) for g, d in zip(src.dg_union, src.ds_union) if d.partial > 1} \
+            != {frozenset(g) for g, d in zip(dst.dg_union, dst.ds_union) if d.partial > 1}:
+        return False
     return all((sv[r].box, sv[r].partial_index, sv[r].partial_count)
                == (dv[r].box, dv[r].partial_index, dv[r].partial_count) for r in sv)
 
@@ -137,8 +137,10 @@ def _bottom_tier(src: Annotation, dst: Annotation, sv: dict[int, LocalView], dv:
     return _merge_stages(per_subgroup)
 
 
-def _merge_stages(per_subgroup: list[list[CommOp]]) -> list[CommOp]:
-    n = max((len(ops) for ops in per_subgroup), default=0)
+def _merge_stages(per_subgroup: list[list[CollectiveOp | PointToPointOp]]) -> list[CommOp]:
+    """One operator per kind and stage; ``per_subgroup`` has a list for each of the HSize >= 1 subgroups (the
+    shorter ones aligned to the last stage)."""
+    n = max(len(ops) for ops in per_subgroup)
     out: list[CommOp] = []
     for i in range(n):
         stage = [ops[i - (n - len(ops))] for ops in per_subgroup if i >= n - len(ops)]
@@ -147,10 +149,8 @@ def _merge_stages(per_subgroup: list[list[CommOp]]) -> list[CommOp]:
         for op in stage:
             if isinstance(op, CollectiveOp):
                 collectives.setdefault((op.kind, op.dim, op.src_dim), []).append(op)
-            elif isinstance(op, PointToPointOp):
-                p2p.append(op)
             else:
-                out.append(op)
+                p2p.append(op)
         for (kind, dim, src_dim), ops in collectives.items():
             out.append(CollectiveOp(kind, tuple(g for o in ops for g in o.groups), ops[0].itemsize, dim, src_dim))
         if p2p:
@@ -159,18 +159,18 @@ def _merge_stages(per_subgroup: list[list[CommOp]]) -> list[CommOp]:
 
 
 def _bottom_subgroup(k: int, src: Annotation, dst: Annotation, sv: dict[int, LocalView],
-                     dv: dict[int, LocalView], ctx: _Ctx) -> list[CommOp]:
+                     dv: dict[int, LocalView], ctx: _Ctx) -> list[CollectiveOp | PointToPointOp]:
     s, t = src.ds_union[k], dst.ds_union[k]
     a, b = src.dg_union[k], dst.dg_union[k]
     if s == t:
-        return [] if a == b else [_with_bytes(_send_recv(a, b, sv, dv), ctx.itemsize)]
+        return [] if a == b else [_send_recv(a, b, sv, dv, ctx.itemsize)]
     if a == b:
         if all((sv[r].box, _bottom_partial(s, i)) == (dv[r].box, _bottom_partial(t, i)) for i, r in enumerate(a)):
             return []
         op = _local_split(s, t, a, sv, dv, ctx) or _bottom_collective(s, t, a, sv, dv, ctx)
         if op is not None:
             return [op]
-    ops: list[CommOp] = []
+    ops: list[CollectiveOp | PointToPointOp] = []
     if s.partial > 1:
         ops.append(_partial_allreduce([(s, a)], sv, ctx))
     receivers = [(r, dv[r].box) for i, r in enumerate(b) if _bottom_partial(t, i) == 0]
@@ -179,7 +179,8 @@ def _bottom_subgroup(k: int, src: Annotation, dst: Annotation, sv: dict[int, Loc
     return ops
 
 
-def _send_recv(a: list[int], b: list[int], sv: dict[int, LocalView], dv: dict[int, LocalView]) -> PointToPointOp:
+def _send_recv(a: list[int], b: list[int], sv: dict[int, LocalView], dv: dict[int, LocalView],
+               itemsize: int) -> PointToPointOp:
     """Same DS, different DG: position ``i`` of the source group sends its shard to position ``i`` of the
     destination group."""
     msgs, copies = [], []
@@ -188,21 +189,17 @@ def _send_recv(a: list[int], b: list[int], sv: dict[int, LocalView], dv: dict[in
         if r == q:
             copies.append((r, box))
         else:
-            msgs.append(Message(r, q, box, 0))
+            msgs.append(Message(r, q, box, box_numel(box) * itemsize))
     return PointToPointOp(OpKind.SEND_RECV, tuple(msgs), tuple(copies), tuple((r, sv[r].box) for r in a),
                           tuple((q, dv[q].box) for q in b))
 
 
-def _with_bytes(op: PointToPointOp, itemsize: int) -> PointToPointOp:
-    msgs = tuple(Message(m.src, m.dst, m.box, box_numel(m.box) * itemsize) for m in op.messages)
-    return PointToPointOp(op.kind, msgs, op.copies, op.in_boxes, op.out_boxes, op.zero_fill)
-
-
 def _local_split(s: DS, t: DS, ranks: list[int], sv: dict[int, LocalView], dv: dict[int, LocalView],
                  ctx: _Ctx) -> CollectiveOp | None:
-    """Dup -> split on the same devices: every destination box lies in the rank's source box."""
+    """Dup -> split on the same devices: every destination box lies in the rank's source box, and every rank keeps
+    its summand (so the Partial degrees agree too: each digit value occurs at some position)."""
     for i, r in enumerate(ranks):
-        if _bottom_partial(s, i) != _bottom_partial(t, i) or s.partial != t.partial:
+        if _bottom_partial(s, i) != _bottom_partial(t, i):
             return None
         sb, db = sv[r].box, dv[r].box
         if not all(a <= c and d <= e for (a, e), (c, d) in zip(sb, db)):
@@ -222,13 +219,12 @@ def _bottom_collective(s: DS, t: DS, ranks: list[int], sv: dict[int, LocalView],
     diff = [k for k in keys if s.degree(k) != t.degree(k)]
     if len(diff) != 2:
         return None
-    a = next((k for k in diff if s.degree(k) > t.degree(k)), None)
-    b = next((k for k in diff if t.degree(k) > s.degree(k)), None)
-    if a is None or b is None or s.degree(a) % t.degree(a):
-        return None
+    # The same devices: s.degree(a) * s.degree(b) == t.degree(a) * t.degree(b), so one key loses and the other gains.
+    a = next(k for k in diff if s.degree(k) > t.degree(k))
+    b = next(k for k in diff if t.degree(k) > s.degree(k))
+    # When t.degree(a) does not divide s.degree(a), the position whose a-digit is the last, s.degree(a) - 1 >=
+    # t.degree(a) * f, fails the digit check below: no other test of divisibility is needed.
     f = s.degree(a) // t.degree(a)
-    if t.degree(b) != s.degree(b) * f:
-        return None
     if a == PARTIAL and b == DUPLICATE:
         kind = OpKind.ALL_REDUCE
     elif a == PARTIAL and is_split(b):
@@ -242,21 +238,20 @@ def _bottom_collective(s: DS, t: DS, ranks: list[int], sv: dict[int, LocalView],
     others = sorted(keys - {a, b})
     groups: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}
     for pos, r in enumerate(ranks):
-        cs, ct = s.coords(pos), t.coords(pos)
-        if any(cs.get(k, 0) != ct.get(k, 0) for k in others):
+        cs, ct = s.coords(pos), t.coords(pos)  # a is a key of s, b of t, and the others (degree > 1) of both
+        a_outer, a_inner = divmod(cs[a], f)
+        b_outer, b_inner = divmod(ct[b], f)
+        if any(cs[k] != ct[k] for k in others):
             return None
-        if cs.get(a, 0) // f != ct.get(a, 0):
+        if a_outer != ct.get(a, 0):
             return None
-        if b != DUPLICATE and ct.get(b, 0) // f != cs.get(b, 0):
+        if b != DUPLICATE and b_outer != cs.get(b, 0):
             return None
-        key = (tuple(cs.get(k, 0) for k in others), cs.get(a, 0) // f, cs.get(b, 0))
-        groups.setdefault(key, []).append((r, cs.get(a, 0) % f, ct.get(b, 0) % f))
+        groups.setdefault((tuple(cs[k] for k in others), a_outer, cs.get(b)), []).append((r, a_inner, b_inner))
+    # Each group is keyed by every source digit but a's inner one: f members, one for each inner digit of a; and for a
+    # split b (b's outer digit checked above) one for each inner digit of b, as their destination digits all differ.
     out = []
     for members in groups.values():
-        if len(members) != f or len({g for _, g, _ in members}) != f:
-            return None
-        if b != DUPLICATE and len({g for _, _, g in members}) != f:
-            return None
         order = 1 if kind is OpKind.ALL_GATHER else 2  # AG: source chunk order; RS/A2A/AR: destination chunk order
         members.sort(key=lambda m: m[order])
         rs = tuple(m[0] for m in members)
@@ -273,7 +268,7 @@ def _partial_allreduce(subgroups: list[tuple[DS, list[int]]], sv: dict[int, Loca
         for pos, r in enumerate(ranks):
             c = ds.coords(pos)
             rest = tuple(sorted((k, v) for k, v in c.items() if k != PARTIAL))
-            by_rest.setdefault(rest, []).append((c.get(PARTIAL, 0), r))
+            by_rest.setdefault(rest, []).append((c[PARTIAL], r))  # ds.partial > 1: a digit of every position
         for members in by_rest.values():
             rs = tuple(r for _, r in sorted(members))
             groups.append(CollectiveGroup(rs, tuple(sv[r].box for r in rs), tuple(sv[r].box for r in rs)))
@@ -284,7 +279,7 @@ def _partial_allreduce(subgroups: list[tuple[DS, list[int]]], sv: dict[int, Loca
 def _bsr_op(owners: list[tuple[int, Box]], receivers: list[tuple[int, Box]], zeros: list[tuple[int, Box]],
             ctx: _Ctx, *, kind: OpKind = OpKind.BSR) -> PointToPointOp:
     """A BSR operator from owner and receiver boxes: table, scheme, messages merged per sender/receiver."""
-    entries = bsr_table(owners, receivers, ctx.shape, ctx.itemsize) if receivers else []
+    entries = bsr_table(owners, receivers, ctx.shape, ctx.itemsize)
     assigns = bsr_scheme(entries, ctx.links, {})
     copies = [(a.dst, a.box) for a in assigns if a.src == a.dst]
     moves = [((a.src, a.dst), a.box) for a in assigns if a.src != a.dst]
@@ -295,17 +290,16 @@ def _bsr_op(owners: list[tuple[int, Box]], receivers: list[tuple[int, Box]], zer
                           tuple(r for r, _ in zeros))
 
 
-def _bsr_whole(src: Annotation, dst: Annotation, sv: dict[int, LocalView], dv: dict[int, LocalView],
-               ctx: _Ctx) -> list[CommOp]:
+def _bsr_whole(src: Annotation, sv: dict[int, LocalView], dv: dict[int, LocalView], ctx: _Ctx) -> list[CommOp]:
     """BSR over the whole tensor, after reducing a Partial source (bottom AllReduce, then SplitAllReduce)."""
     ops: list[CommOp] = []
     partial = [(ds, dg) for ds, dg in zip(src.ds_union, src.dg_union) if ds.partial > 1]
     if partial:
         ops.append(_partial_allreduce(partial, sv, ctx))
-    if src.hdim == PARTIAL and src.hsize > 1:
-        held = [_Held(r, v.subgroup, v.box, v.subgroup, src.hsize) for r, v in sv.items()]
+    if src.hdim == PARTIAL:  # (HSize > 1: with one subgroup the HDim is Duplicate)
+        held = [_Held(r, v.box, v.subgroup) for r, v in sv.items()]
         boxes = [(r, v.box) for r, v in sv.items()]
-        ops.append(_split_op(OpKind.SPLIT_ALL_REDUCE, PARTIAL, DUPLICATE, held, True, boxes, [], ctx))
+        ops.append(_split_op(OpKind.SPLIT_ALL_REDUCE, PARTIAL, DUPLICATE, held, boxes, [], ctx))
     receivers = [(r, v.box) for r, v in dv.items() if v.partial_index == 0]
     zeros = [(r, v.box) for r, v in dv.items() if v.partial_index != 0]
     ops.append(_bsr_op([(r, v.box) for r, v in sv.items()], receivers, zeros, ctx))
@@ -316,34 +310,25 @@ def _bsr_whole(src: Annotation, dst: Annotation, sv: dict[int, LocalView], dv: d
 @dataclass(frozen=True)
 class _Held:
     rank: int
-    subgroup: int
     box: Box
     pidx: int
-    pcount: int
 
 
-def _contributors(holders: list[_Held], top_partial: bool) -> tuple[int, ...] | None:
-    """Ranks whose parts sum to the slice's value: one per summand (of all subgroups when HDim is -2, else of
-    the first subgroup that holds every summand)."""
-    if top_partial:
-        pick: dict[int, int] = {}
-        for h in holders:
-            pick.setdefault(h.pidx, h.rank)
-        return tuple(sorted(pick.values())) if holders and len(pick) == holders[0].pcount else None
-    by_sub: dict[int, dict[int, int]] = {}
+def _contributors(holders: list[_Held]) -> tuple[int, ...]:
+    """Ranks whose parts sum to the slice's value: the first holder (by rank) of each summand.  The holders of a
+    slice hold every summand: with HDim -2 every subgroup holds the whole tensor, each summand of the Partial
+    (the subgroups' bottom summands, or after a bottom AllReduce the subgroups themselves) somewhere; with a split
+    HDim (SplitAllGather) the slice lies in one subgroup's part, where the subgroup's DS covers it."""
+    pick: dict[int, int] = {}
     for h in holders:
-        by_sub.setdefault(h.subgroup, {}).setdefault(h.pidx, h.rank)
-    for sub in sorted(by_sub):
-        got = by_sub[sub]
-        first = next(h for h in holders if h.subgroup == sub)
-        if len(got) == first.pcount:
-            return tuple(sorted(got.values()))
-    return None
+        pick.setdefault(h.pidx, h.rank)
+    return tuple(sorted(pick.values()))
 
 
-def _split_op(kind: OpKind, src_hdim: int, dst_hdim: int, held: list[_Held], top_partial: bool,
-              targets: list[tuple[int, Box]], zeros: list[tuple[int, Box]], ctx: _Ctx) -> SplitCollectiveOp:
-    """One collective per finest-grained slice: the contributors' parts summed, written to every receiver."""
+def _split_op(kind: OpKind, src_hdim: int, dst_hdim: int, held: list[_Held], targets: list[tuple[int, Box]],
+              zeros: list[tuple[int, Box]], ctx: _Ctx) -> SplitCollectiveOp:
+    """One collective per finest-grained slice (in the order of the slices' boxes): the contributors' parts summed,
+    written to every receiver."""
     grid = Grid(ctx.shape, [h.box for h in held] + [b for _, b in targets])
     holders: dict[tuple[int, ...], list[_Held]] = {}
     for h in sorted(held, key=lambda h: h.rank):
@@ -353,28 +338,23 @@ def _split_op(kind: OpKind, src_hdim: int, dst_hdim: int, held: list[_Held], top
     for r, box in sorted(targets):
         for cell in grid.cells_of(box):
             need.setdefault(cell, []).append(r)
-    sig = []
-    for cell, recv in need.items():
-        contrib = _contributors(holders.get(cell, []), top_partial)
-        if contrib is None:  # pragma: no cover - annotations always cover the tensor
-            raise ResolutionError(f"{kind}: slice {grid.box(cell)} is not held completely by any subgroup")
-        sig.append(((contrib, tuple(recv)), grid.box(cell)))
+    sig = [((_contributors(holders[cell]), tuple(recv)), grid.box(cell)) for cell, recv in need.items()]
     slices = tuple(SliceCollective(box, tuple(sorted(set(c) | set(rs))), c, rs)
-                   for (c, rs), box in coalesce(sig, order=lambda s: 0))
+                   for (c, rs), box in sorted(coalesce(sig), key=lambda kb: kb[1]))
     return SplitCollectiveOp(kind, int(src_hdim), int(dst_hdim), slices, tuple((h.rank, h.box) for h in held),
                              tuple(targets) + tuple(zeros), ctx.itemsize)
 
 
-def _top_op(a: Annotation, b: Annotation, ctx: _Ctx, av: dict[int, LocalView] | None = None,
-            bv_: dict[int, LocalView] | None = None) -> SplitCollectiveOp:
+def _top_op(a: Annotation, b: Annotation, ctx: _Ctx, av: dict[int, LocalView],
+            bv_: dict[int, LocalView]) -> SplitCollectiveOp:
+    """The top-tier collective from ``a`` to ``b`` (the same DS Union), given both annotations' local views."""
     kind = split_kind(a.hdim, b.hdim)
     assert kind is not None
-    av = av if av is not None else _views(a, ctx.shape)
-    held = [_Held(v.rank, v.subgroup, v.box, v.partial_index, v.partial_count) for v in av.values()]
-    bv = list((bv_ if bv_ is not None else _views(b, ctx.shape)).values())
+    held = [_Held(v.rank, v.box, v.partial_index) for v in av.values()]
+    bv = list(bv_.values())
     targets = [(v.rank, v.box) for v in bv if v.partial_index == 0]
     zeros = [(v.rank, v.box) for v in bv if v.partial_index != 0]
-    return _split_op(kind, a.hdim, b.hdim, held, a.hdim == PARTIAL, targets, zeros, ctx)
+    return _split_op(kind, a.hdim, b.hdim, held, targets, zeros, ctx)
 
 
 def _annotation_or_none(dg: list[list[int]], ds: list[DS], hdim: int, hratios: list[int] | None,

@@ -6,35 +6,101 @@
   summarize.py table ROOT              print the table of every recorded module (and rewrite mutation.md)
 
 The figures of every module run so far live in mutation.md itself (a JSON comment at its end), so a run of a
-subset updates only its own rows.  A survivor listed in scripts/mutation/equivalent.txt (``name  reason``) counts
-as equivalent; the score is killed / (mutants - equivalent), timeouts counting as killed (a mutant that loops is
-detected).
+subset updates only its own rows.  Each row records the SHA-256 of the file it mutated: a module whose file has
+changed since is marked stale in the table.  A survivor counts as equivalent only when a rule of
+scripts/mutation/equivalent/*.toml matches it -- by where it is (file and function) and what it changes (its removed
+and added lines), never by its number; the table says how many survivors each rule excused, and a rule that
+excused none is listed as unused.  The score is killed / (mutants - equivalent), timeouts counting as killed (a
+mutant that loops is detected).
 """
 from __future__ import annotations
 
 import configparser
+import fnmatch
+import hashlib
 import json
 import re
 import sys
+import tomllib
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
           -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout", 37: "type check", -11: "killed",
           -9: "timeout", None: "not checked"}  # -9: the runner's SIGKILL after the CPU limit; -11: a crash
 DATA_RE = re.compile(r"<!-- mutation-data (.*?) -->", re.S)
-ORDER = ["annotation", "resolve", "bsr", "deduction", "switch", "specialize", "cost", "mixed_cost"]
+ORDER = ["annotation", "resolve", "bsr", "deduction", "switch", "specialize", "graph", "comm_ops", "program_json",
+         "schedule", "cluster", "strategy", "strategy_plan", "memory", "cost", "mixed_cost", "simulator", "tp_comm",
+         "run_config"]
 
 
-def _equivalent(root: Path) -> dict[str, str]:
-    out = {}
-    path = root / "scripts" / "mutation" / "equivalent.txt"
-    for line in path.read_text().splitlines() if path.exists() else []:
-        line = line.strip()
-        if line and not line.startswith("#"):
-            name, _, why = line.partition(" ")
-            out[name] = why.strip()
+RULES = Path("scripts") / "mutation" / "equivalent"  # *.toml: the rules, a file a module (common.toml: any)
+DERIVED = ("survivors", "excused", "survived", "equivalent", "no_tests")  # judged anew from "lived" at each write
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A shape of mutant that cannot change behaviour, and why.  ``where``: ``FILE:FUNCTION`` globs (``FILE``
+    relative to ``hspmd_sdk/``, ``FUNCTION`` as ``name`` or ``Class.name``); ``removed`` / ``added``: regular
+    expressions one of the mutant's removed / added lines must contain (either may be left out, not both)."""
+
+    id: str
+    why: str
+    where: tuple[str, ...]
+    removed: str = ""
+    added: str = ""
+
+    def matches(self, file: str, function: str, diff: list[str]) -> bool:
+        here = file.removeprefix("hspmd_sdk/") + ":" + function
+        if not any(fnmatch.fnmatchcase(here, w) for w in self.where):
+            return False
+        gone = [ln[1:] for ln in diff if ln.startswith("-")]
+        new = [ln[1:] for ln in diff if ln.startswith("+")]
+        return ((not self.removed or any(re.search(self.removed, ln) for ln in gone))
+                and (not self.added or any(re.search(self.added, ln) for ln in new)))
+
+
+def rules(root: Path) -> list[Rule]:
+    """The rules of ``scripts/mutation/equivalent/*.toml`` (``[[rule]]`` tables: id, why, where, removed, added)."""
+    out = []
+    for path in sorted((root / RULES).glob("*.toml")):
+        for i, r in enumerate(tomllib.loads(path.read_text()).get("rule", [])):
+            where = r.get("where")
+            if not r.get("id") or not r.get("why") or not where or not (r.get("removed") or r.get("added")):
+                raise SystemExit(f"{path}: rule {i + 1} ({r.get('id', 'no id')}) needs id, why, where and removed "
+                                 "and/or added")
+            out.append(Rule(r["id"], " ".join(r["why"].split()), tuple([where] if isinstance(where, str) else where),
+                            r.get("removed", ""), r.get("added", "")))
+    ids = [r.id for r in out]
+    if len(set(ids)) != len(ids):
+        raise SystemExit(f"{root / RULES}: rule ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")
     return out
+
+
+def function_of(key: str) -> str:
+    """The function a mutant of mutmut 3.8.1 is in: ``pkg.mod.x__top_op__mutmut_8`` -> ``_top_op``,
+    ``pkg.mod.xǁCostModelǁsend_time__mutmut_3`` -> ``CostModel.send_time`` (an undecorated body,
+    ``name__undecorated``, is the function ``name``)."""
+    local = key.rpartition("__mutmut_")[0]
+    local = local[local.index("xǁ"):] if "xǁ" in local else local.rpartition(".")[2]
+    name = ".".join(local[2:].split("ǁ")) if local.startswith("xǁ") else local.removeprefix("x_")
+    return re.sub(r"__undecorated\d*$", "", name)
+
+
+def judge(rule_list: list[Rule], file: str, diffs: dict[str, list[str]]) -> dict[str, str]:
+    """The id of the first rule that matches each mutant, for the mutants some rule matches."""
+    out = {}
+    for key, diff in diffs.items():
+        for r in rule_list:
+            if r.matches(file, function_of(key), diff):
+                out[key] = r.id
+                break
+    return out
+
+
+def file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _load(root: Path) -> dict:
@@ -100,81 +166,141 @@ def record(module: str, seconds: int, root: Path) -> None:
         import fnmatch
         codes = {k: v for k, v in codes.items() if any(fnmatch.fnmatch(k, g) for g in globs)}
     status = {k: STATUS.get(v, "suspicious") for k, v in codes.items()}
-    eq = _equivalent(root)
     survivors = sorted(k for k, s in status.items() if s in ("survived", "no tests", "suspicious"))
-    changed = _diffs(target, [k for k in survivors if k not in eq])
-    diffs = {k: [status[k]] + v[:6] for k, v in changed.items()}
+    changed = _diffs(target, survivors)
     c = Counter(status.values())
+    with _locked(root):
+        _record(root, module, target, status, survivors, changed, c, seconds, globs)
+
+
+def _record(root: Path, module: str, target: str, status: dict, survivors: list, changed: dict, c: Counter,
+            seconds: int, globs: list) -> None:
     data = _load(root)
-    data[module] = {"file": target, "mutants": len(status), "killed": c["killed"], "timeout": c["timeout"],
-                    "survived": sum(1 for k in survivors if k not in eq),
-                    "equivalent": sum(1 for k in survivors if k in eq),
-                    "no_tests": sum(1 for k in survivors if status[k] == "no tests" and k not in eq),
-                    "untested": c["not checked"],
+    sha = Path("source.sha256").read_text().strip() if Path("source.sha256").exists() else ""
+    data[module] = {"file": target, "sha256": sha, "mutants": len(status),
+                    "killed": c["killed"], "timeout": c["timeout"], "untested": c["not checked"],
                     "other": sum(n for s, n in c.items() if s not in ("killed", "timeout", "survived", "no tests",
                                                                         "suspicious", "not checked")),
-                    "seconds": seconds, "selected": globs, "survivors": diffs,
-                    "stale_equivalents": []}
+                    "seconds": seconds, "selected": globs,
+                    "lived": {k: [status[k]] + changed[k][:8] for k in survivors}}
     _write(root, data)
-    print(f"{module}: {len(status)} mutants, {c['killed']} killed, {c['timeout']} timeouts, "
-          f"{data[module]['survived']} survived ({data[module]['no_tests']} of them with no covering test), "
-          f"{data[module]['equivalent']} equivalent, {seconds} s")
+    d = judged(root, data[module])
+    print(f"{module}: {d['mutants']} mutants, {c['killed']} killed, {c['timeout']} timeouts, "
+          f"{d['survived']} survived ({d['no_tests']} of them with no covering test), "
+          f"{d['equivalent']} equivalent by rule, {seconds} s")
 
 
-def _row(name: str, d: dict) -> str:
+def judged(root: Path, d: dict, rule_list: list[Rule] | None = None) -> dict:
+    """A module's record with its survivors judged by the current rules: ``survivors`` (not excused), ``excused``
+    (name -> [rule id, the diff]) and the counts."""
+    lived = d.get("lived", {})
+    eq = judge(rules(root) if rule_list is None else rule_list, d["file"],
+               {k: [ln for ln in v[1:]] for k, v in lived.items()})
+    return dict(d, survivors={k: v for k, v in lived.items() if k not in eq},
+                excused={k: [eq[k]] + v[1:] for k, v in lived.items() if k in eq},
+                survived=len(lived) - len(eq), equivalent=len(eq),
+                no_tests=sum(1 for k, v in lived.items() if v[0] == "no tests" and k not in eq))
+
+
+def _row(name: str, d: dict, stale: bool = False) -> str:
     live = d["mutants"] - d["equivalent"] - d.get("untested", 0)
     score = (d["killed"] + d["timeout"]) / live * 100 if live else 100.0
     strict = d["killed"] / live * 100 if live else 100.0
-    return (f"| {name} | `{d['file']}` | {d['mutants']} | {d.get('untested', 0)} | {d['killed']} | {d['timeout']} | "
-            f"{d['survived']} | {d['equivalent']} | {score:.1f}% | {strict:.1f}% | {d['seconds']} s |")
+    mark = " **stale**" if stale else ""
+    return (f"| {name}{mark} | `{d['file']}` | {d['mutants']} | {d.get('untested', 0)} | {d['killed']} | "
+            f"{d['timeout']} | {d['survived']} | {d['equivalent']} | {score:.1f}% | {strict:.1f}% | {d['seconds']} s |")
+
+
+def is_stale(root: Path, d: dict) -> bool:
+    """Whether the module's file changed since its run (or the run recorded no hash, or the file is gone)."""
+    path = root / d["file"]
+    return not d.get("sha256") or not path.exists() or file_hash(path) != d["sha256"]
 
 
 def _write(root: Path, data: dict) -> None:
-    eq = _equivalent(root)
+    rule_list = rules(root)
     notes = (root / "scripts" / "mutation" / "notes.md")
-    out = ["# Mutation testing: core and the planners' cost functions", "",
+    out = ["# Mutation testing: core, planner and the runtime's pure parts", "",
            "Generated by `scripts/mutation.sh` (mutmut 3.8.1); the text between the table and the lists is "
-           "`scripts/mutation/notes.md`.", "",
-           "| module | file | mutants | not run | killed | timeouts | survived | equivalent | score | score, timeouts not counted | time |",
+           "`scripts/mutation/notes.md`.  Rerun one module: `scripts/mutation.sh MODULE` (the names: "
+           "`scripts/mutation/*.cfg`).", "",
+           "| module | file | mutants | not run | killed | timeouts | survived | equivalent | score "
+           "| score, timeouts not counted | time |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     names = [n for n in ORDER if n in data] + sorted(n for n in data if n not in ORDER)
+    data = {n: judged(root, data[n], rule_list) if "lived" in data[n] else data[n] for n in names}
+    stale = [n for n in names if is_stale(root, data[n])]
     tot = {"mutants": 0, "untested": 0, "killed": 0, "timeout": 0, "survived": 0, "equivalent": 0, "seconds": 0}
     for n in names:
-        out.append(_row(n, data[n]))
+        out.append(_row(n, data[n], n in stale))
         for k in tot:
             tot[k] += data[n].get(k, 0)
     out.append(_row("**all**", dict(tot, file="")))
     out += ["", "score = (killed + timeouts) / (mutants - not run - equivalent); the next column counts killed "
-            "only; *not run*: mutants a run stopped before testing (see the notes).", ""]
+            "only; *not run*: mutants a run stopped before testing (see the notes).  "
+            + (f"**Stale** ({len(stale)}): the file changed after the module's run (its SHA-256 differs from the "
+               f"one recorded): {', '.join(stale)}; rerun them." if stale else
+               "No module is stale: every file is as it was when its row was measured (SHA-256 recorded)."), ""]
     if notes.exists():
         out += [notes.read_text().rstrip(), ""]
     for n in names:
         d = data[n]
         if d.get("selected"):
             out.append(f"- `{n}`: only the functions {', '.join('`' + g + '`' for g in d['selected'])} were mutated.")
-    out += ["", "## Surviving mutants judged equivalent", ""]
+    used = Counter(v[0] for n in names for v in data[n].get("excused", {}).values())
+    out += ["", "## Equivalent mutants, by rule", "",
+            "A survivor is excused only by a rule of `scripts/mutation/equivalent/*.toml`, matched by where it is "
+            "and what it changes.", "", "| rule | where | mutants excused | why |", "|---|---|---|---|"]
+    for r in rule_list:
+        out.append(f"| `{r.id}` | {', '.join('`' + w + '`' for w in r.where)} | {used.get(r.id, 0)} | {r.why} |")
+    unused = [r.id for r in rule_list if not used.get(r.id)]
+    if unused:
+        out += ["", f"Rules that excused no mutant in the recorded runs: {', '.join('`' + u + '`' for u in unused)}."]
+    out.append("")
     for n in names:
-        mod = d_mod = data[n]["file"].removesuffix(".py").replace("/", ".")
-        mine = [(k, v) for k, v in eq.items() if k.startswith(d_mod + ".")]
-        if mine:
-            out.append(f"### {n} ({len(mine)})")
-            out += [f"- `{k.removeprefix(mod + '.')}`: {v}" for k, v in mine]
+        ex = data[n].get("excused", {})
+        if ex:
+            out.append(f"### {n} ({len(ex)})")
+            for k, v in ex.items():
+                out.append(f"- `{k.rpartition('.')[2]}` by `{v[0]}`: " + " / ".join(f"`{ln.strip()}`" for ln in v[1:7]))
             out.append("")
-    out += ["## Surviving mutants not judged equivalent", ""]
+    out += ["## Surviving mutants", ""]
     for n in names:
         sv = data[n]["survivors"]
         if sv:
             out.append(f"### {n} ({len(sv)})")
             for k, v in sv.items():
-                out.append(f"- `{k}` ({v[0]}): " + " / ".join(f"`{ln.strip()}`" for ln in v[1:]))
+                out.append(f"- `{k.rpartition('.')[2]}` ({v[0]}): " + " / ".join(f"`{ln.strip()}`" for ln in v[1:7]))
             out.append("")
-    out += ["", "<!-- mutation-data " + json.dumps(data, sort_keys=True) + " -->", ""]
+    raw = {n: {k: v for k, v in d.items() if k not in DERIVED} if "lived" in d else d for n, d in data.items()}
+    out += ["", "<!-- mutation-data " + json.dumps(raw, sort_keys=True) + " -->", ""]
     md = root / "benchmarks" / "results" / "mutation.md"
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text("\n".join(out))
 
 
+class _locked:
+    """Holds ``benchmarks/results/mutation.lock`` (flock): runs of several modules at once record one at a time."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / "benchmarks" / "results" / "mutation.lock"
+
+    def __enter__(self) -> None:
+        import fcntl
+
+        self.f = open(self.path, "w")
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        self.f.close()
+
+
 def table(root: Path) -> None:
+    with _locked(root):
+        _table(root)
+
+
+def _table(root: Path) -> None:
     data = _load(root)
     if not data:
         print("no results yet")
@@ -194,10 +320,11 @@ if __name__ == "__main__":
         cfg.read("setup.cfg")
         t = cfg.get("mutmut", "only_mutate").strip()
         codes = json.loads((Path("mutants") / (t + ".meta")).read_text())["exit_code_by_key"]
-        eqv = _equivalent(Path(sys.argv[2])) if len(sys.argv) > 2 else {}
-        names = [k for k, v in codes.items() if STATUS.get(v, "suspicious") in ("survived", "no tests") and k not in eqv]
-        for k, v in _diffs(t, names).items():
-            print(f"## {k} ({STATUS.get(codes[k])})")
+        names = [k for k, v in codes.items() if STATUS.get(v, "suspicious") in ("survived", "no tests")]
+        diffs = _diffs(t, names)
+        eqv = judge(rules(Path(sys.argv[2])), t, diffs) if len(sys.argv) > 2 else {}
+        for k, v in diffs.items():
+            print(f"## {k} ({STATUS.get(codes[k])}{', equivalent by ' + eqv[k] if k in eqv else ''})")
             print("\n".join(v))
     elif cmd == "pending":
         pending()

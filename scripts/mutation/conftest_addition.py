@@ -1,0 +1,20 @@
+
+
+# ---- added by scripts/mutation.sh in its work copy only ------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _mutation_empty_caches():
+    """Every test starts with the SDK's lru_caches empty: mutmut forks each mutant from a process whose first pass
+    filled them, and a cached answer would keep the mutated code from running."""
+    import functools
+    import sys
+
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("hspmd_sdk"):
+            continue
+        for value in list(vars(module).values()):
+            targets = [value] + (list(vars(value).values()) if isinstance(value, type) else [])
+            for t in targets:
+                t = getattr(t, "__func__", t)
+                if isinstance(t, functools._lru_cache_wrapper):
+                    t.cache_clear()
+    yield
