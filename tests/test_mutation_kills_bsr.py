@@ -150,3 +150,59 @@ def test_link_model_answers_as_the_cluster() -> None:
         lm.node(cluster.num_ranks)
     none = LinkModel(None)
     assert none.node(7) == 0 and none.node_kind(0) == "" and none.bandwidth(0, 5) == 1.0
+
+
+def _hosted_cluster(rng):
+    """A cluster of boxes: hosts holding one to three nodes of random kinds (a box of mixed kinds), with or
+    without a host link, whose bandwidth falls below, between or above the kinds' NVLink and the network."""
+    nodes, rank = [], 0
+    for h in range(rng.randint(1, 4)):
+        for _ in range(rng.randint(1, 3)):
+            size = rng.randint(1, 3)
+            nodes.append({"host": f"box{h}", "kind": rng.choice(["H800", "H20", "cpu"]),
+                          "ranks": list(range(rank, rank + size))})
+            rank += size
+    rng.shuffle(nodes)  # hosts interleave in node order
+    return Cluster.load({"nodes": nodes, "host_bandwidth_gbs": rng.choice([None, 3.0, 64.0, 1000.0]),
+                         "inter_bandwidth_gbs": rng.choice([2.0, 25.0, 100.0])})
+
+
+def test_scheme_prefers_the_owner_on_the_receivers_host() -> None:
+    """Rule (ii) across boxes: two hosts, each an H800 node and an H20 node, joined by a 64 GB/s host link and a
+    25 GB/s network.  Each H20 receiver gets the slice from the H800 owner on its own host, whatever the order of
+    the receivers and the load (a link memo keyed without the host gave the first answer, 25 GB/s, to both)."""
+    c = Cluster.load({"nodes": [{"host": "A", "kind": "H800", "ranks": [0]}, {"host": "A", "kind": "H20", "ranks": [1]},
+                                {"host": "B", "kind": "H800", "ranks": [2]}, {"host": "B", "kind": "H20", "ranks": [3]}],
+                      "host_bandwidth_gbs": 64})
+    for receivers in ((1, 3), (3, 1)):
+        for load in ({}, {0: 100}, {2: 100}):
+            got = bsr_scheme([BSREntry("w", ((0, 1),), (0, 2), receivers, 4)], LinkModel(c), dict(load))
+            assert sorted((a.src, a.dst) for a in got) == [(0, 1), (2, 3)], (receivers, load)
+    lm = LinkModel(c)
+    assert [lm.node_host(i) for i in range(4)] == [0, 0, 1, 1]
+    assert [lm.host_nodes(h) for h in range(2)] == [[0, 1], [2, 3]]
+    none = LinkModel(None)  # one node (0), of no kind, on one host (0)
+    assert (none.node(9), none.node_kind(0), none.node_host(0), none.host_nodes(0)) == (0, "", 0, [0])
+    assert (lm.bandwidth(0, 1), lm.bandwidth(2, 1), lm.bandwidth(2, 3), lm.bandwidth(0, 3)) == (64e9, 25e9, 64e9, 25e9)
+
+
+def test_bsr_scheme_on_boxes_equals_the_rules_in_order() -> None:
+    """The per-node, per-(host, kind) and per-kind heaps pick the sender of the scan over every owner
+    (``_scan``: ``Cluster.link``, load, rank) on clusters of boxes (hosts of several nodes), load carried over
+    entries; and LinkModel's memoised bandwidth is ``Cluster.link``'s for every pair, asked in any order."""
+    rng = random.Random(7)
+    for trial in range(60):
+        cluster = _hosted_cluster(rng)
+        n = cluster.num_ranks
+        pairs = [(a, b) for a in range(n) for b in range(n) if a != b]
+        rng.shuffle(pairs)
+        lm = LinkModel(cluster)
+        assert [lm.bandwidth(a, b) for a, b in pairs] == [cluster.link(a, b).bandwidth for a, b in pairs], trial
+        entries = [BSREntry(i, ((0, 1),), tuple(sorted(rng.sample(range(n), rng.randint(1, n)))),
+                            tuple(rng.sample(range(n), rng.randint(1, n))), rng.choice([1, 2, 64]))
+                   for i in range(rng.randint(1, 6))]
+        start = {r: rng.randint(0, 8) for r in rng.sample(range(n), n // 2)}
+        load_a, load_b = dict(start), dict(start)
+        got = bsr_scheme(entries, LinkModel(cluster), load_a)
+        assert [(a.key, a.src, a.dst) for a in got] == _scan(entries, cluster, load_b), trial
+        assert load_a == load_b

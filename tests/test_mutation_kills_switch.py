@@ -119,3 +119,10 @@ def test_the_table_gives_the_method_the_totals_the_failures_and_the_estimate() -
     near = plan_switch({"w": (Annotation("[0] R"), (2 ** 20,))}, {"w": (Annotation("[1] R"), (2 ** 20,))}, TWO_BY_TWO)
     assert str(near).split("\n")[0].startswith("Fused BSR with heuristics: 1 tensors, 1 messages in 1 step(s); total "
                                                "4 MB intra-node + 0 MB inter-node; est. ")
+
+
+def test_a_plan_names_one_bsr_operator_per_step() -> None:
+    """``SwitchPlan.kinds`` (what ``viz.comm_figure`` puts in the title, as for a ``CommPlan``): one ``BSR`` per
+    step -- one for a fused plan, one per tensor unfused."""
+    assert plan_switch(SRC, DST, TWO_BY_TWO).kinds == ["BSR"]
+    assert plan_switch(SRC, DST, TWO_BY_TWO, fused=False).kinds == ["BSR", "BSR"]

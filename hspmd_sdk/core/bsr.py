@@ -5,8 +5,8 @@ ranks that own it and the ranks that need it; cells with the same owners and rec
 larger slices.  *Scheme*: one scan of the table; for each (slice, receiver):
 
 (i) the receiver already owns the slice -> a local copy, no traffic;
-(ii) otherwise the owner over the highest-bandwidth link (``Cluster.link``: same node beats another node --
-     topology, not host names);
+(ii) otherwise the owner over the highest-bandwidth link (``Cluster.link``: a node's own link, the link between
+     the nodes of one host where the cluster gives one, the inter-node network);
 (iii) at equal bandwidth, the owner with the least cumulative send bytes so far (``load``, shared by every
       table scanned with it: that is how the fused BSR of §7 balances all GPUs); ties go to the lowest rank.
 
@@ -56,16 +56,28 @@ class LinkModel:
 
     def __init__(self, cluster: "Cluster | None") -> None:
         self.cluster = cluster
-        self._node: dict[int, int] = {}
-        self._kind: list[str] = []
-        if cluster is not None:
-            self._node = {r: i for i, n in enumerate(cluster.nodes) for r in n.ranks}
-            self._kind = [n.kind for n in cluster.nodes]
-        self._bw: dict[tuple[str, str, bool], float] = {}
+        nodes = cluster.nodes if cluster is not None else ()  # (a cluster has a node at least)
+        self._node: dict[int, int] = {r: i for i, n in enumerate(nodes) for r in n.ranks}
+        hosts: dict[str, list[int]] = {}
+        for i, n in enumerate(nodes):
+            hosts.setdefault(n.host, []).append(i)
+        # without a cluster: one node (0), of no kind, on one host (0); hosts in order of first appearance
+        self._kind: list[str] = [n.kind for n in nodes] or [""]
+        self._host_nodes: list[list[int]] = list(hosts.values()) or [[0]]
+        self._host: dict[int, int] = {i: h for h, on in enumerate(self._host_nodes) for i in on}
+        self._bw: dict[tuple[str, str, bool, bool], float] = {}
 
     def node_kind(self, node: int) -> str:
         """Device kind of node ``node`` (``""`` without a cluster)."""
-        return self._kind[node] if self.cluster is not None else ""
+        return self._kind[node]
+
+    def node_host(self, node: int) -> int:
+        """Index (in order of first appearance) of the host of node ``node`` (0 without a cluster)."""
+        return self._host[node]
+
+    def host_nodes(self, host: int) -> list[int]:
+        """The nodes of host ``host`` (``[0]`` without a cluster)."""
+        return self._host_nodes[host]
 
     def node(self, rank: int) -> int:
         """Index of the node holding ``rank`` (0 without a cluster)."""
@@ -79,13 +91,13 @@ class LinkModel:
     def bandwidth(self, src: int, dst: int) -> float:
         """Bytes/s from ``src`` to ``dst`` (two different ranks).
 
-        ``Cluster.link`` depends only on the two nodes' device kinds and whether the nodes are the same, so it is
-        asked once per such key.
+        ``Cluster.link`` depends only on the two nodes' device kinds, whether the nodes are the same and whether
+        they are on the same host, so it is asked once per such key.
         """
         if self.cluster is None:
             return 1.0
         a, b = self.node(src), self.node(dst)
-        key = (self._kind[a], self._kind[b], a == b)
+        key = (self._kind[a], self._kind[b], a == b, self._host[a] == self._host[b])
         bw = self._bw.get(key)
         if bw is None:
             bw = self._bw[key] = self.cluster.link(src, dst).bandwidth
@@ -110,7 +122,7 @@ def bsr_table(owners: Sequence[tuple[int, Box]], receivers: Sequence[tuple[int, 
             need.setdefault(cell, []).append(r)
     sig = [((tuple(own.get(c, ())), tuple(rs)), grid.box(c)) for c, rs in need.items()]
     return [BSREntry(key, box, o, rs, box_numel(box) * itemsize)
-            for (o, rs), box in coalesce(sig, order=lambda s: 0)]
+            for (o, rs), box in sorted(coalesce(sig), key=lambda kb: kb[1])]  # in box order
 
 
 def bsr_scheme(entries: Iterable[BSREntry], links: LinkModel, load: dict[int, int], *, heuristics: bool = True,
@@ -120,11 +132,11 @@ def bsr_scheme(entries: Iterable[BSREntry], links: LinkModel, load: dict[int, in
     ``load`` (rank -> bytes sent so far) is updated in place.  Raises :class:`ResolutionError` for a slice that
     only failed ranks (or no rank) hold.
 
-    Complexity O(p·(o + q·k·(c + log o))) for p entries, o owners and q receivers per entry, k device kinds among
-    the owners and at most c owners on one node: a receiver's candidates are the least-loaded owner on its own node
-    and, per device kind, the least-loaded owner on the other nodes (every such owner is over the same link), so
-    the scan no longer visits every owning node -- the paper's O(p·q) when, as in a data-parallel layout at 10k
-    ranks, a slice has an owner on every one of 1,280 nodes.
+    Complexity O(p·(o + q·(h + k)·(c + log o))) for p entries, o owners and q receivers per entry, at most h nodes
+    on one host, k device kinds among the owners and at most c owners on one host: a receiver's candidates are the
+    least-loaded owner on each node of its host and, per device kind, the least-loaded owner on the other hosts
+    (each such group of owners is over one link), so the scan no longer visits every owning node -- the paper's
+    O(p·q) when, as in a data-parallel layout at 10k ranks, a slice has an owner on every one of 1,280 nodes.
     """
     dead = frozenset(failed)
     out: list[Assignment] = []
@@ -163,6 +175,7 @@ class _OwnerPool:
         self.load = {o: load.get(o, 0) for o in owners}
         self.node_of = {o: links.node(o) for o in owners}
         self.kind_of = {o: links.node_kind(self.node_of[o]) for o in owners}
+        self.host_of = {o: links.node_host(self.node_of[o]) for o in owners}
         self.by_node: dict[int, list[tuple[int, int]]] = {}
         self.by_kind: dict[str, list[tuple[int, int]]] = {}
         for o in owners:
@@ -171,15 +184,15 @@ class _OwnerPool:
         for h in list(self.by_node.values()) + list(self.by_kind.values()):
             heapq.heapify(h)
 
-    def _top(self, heap: list[tuple[int, int]], skip_node: int | None = None) -> tuple[int, int] | None:
-        """The least ``(load, rank)`` of ``heap`` that is current and not on ``skip_node``."""
+    def _top(self, heap: list[tuple[int, int]], skip_host: int | None = None) -> tuple[int, int] | None:
+        """The least ``(load, rank)`` of ``heap`` that is current and not on host ``skip_host``."""
         held = []
         top = None
         while heap:
             load, o = heap[0]
             if load != self.load[o]:
                 heapq.heappop(heap)  # stale
-            elif self.node_of[o] == skip_node:
+            elif self.host_of[o] == skip_host:
                 held.append(heapq.heappop(heap))
             else:
                 top = heap[0]
@@ -191,17 +204,10 @@ class _OwnerPool:
     def take(self, receiver: int, nbytes: int) -> int:
         """The owner the scheme picks for ``receiver`` (highest bandwidth, then least load, then lowest rank);
         its load grows by ``nbytes``."""
-        node = self.links.node(receiver)
-        cands = []
-        here = self.by_node.get(node)
-        if here:
-            top = self._top(here)
-            if top is not None:
-                cands.append(top)
-        for heap in self.by_kind.values():
-            top = self._top(heap, skip_node=node)
-            if top is not None:
-                cands.append(top)
+        host = self.links.node_host(self.links.node(receiver))
+        tops = [self._top(self.by_node[n]) for n in self.links.host_nodes(host) if n in self.by_node]
+        tops += [self._top(heap, skip_host=host) for heap in self.by_kind.values()]
+        cands = [top for top in tops if top is not None]  # (None: a heap with no owner to offer)
         load, src = min((-self.links.bandwidth(o, receiver), ld, o) for ld, o in cands)[1:]
         self.load[src] = load + nbytes
         entry = (load + nbytes, src)

@@ -29,26 +29,23 @@ def refine_axes(ds_list: Sequence[DS]) -> list[tuple[tuple[int, ...], int]]:
     """The common refinement of several DS over the same devices: a list of ``(keys, degree)`` axes, slowest
     first, where ``keys[i]`` is input ``i``'s key on that axis.  An axis of degree ``n`` splits into an outer
     ``m`` and inner ``n/m`` axis with the same key (mixed-radix digits stay consistent)."""
-    queues = [[(k, ds.states[k]) for k in ds.order] for ds in ds_list]
-    heads = [0] * len(queues)
-    rest = [q[0][1] if q else 1 for q in queues]
+    # each DS's axes still to place, slowest last (popped first); the top of a stack is what remains of its axis
+    stacks = [[(k, ds.states[k]) for k in reversed(ds.order)] for ds in ds_list]
     out: list[tuple[tuple[int, ...], int]] = []
-    while True:
-        live = [i for i, q in enumerate(queues) if heads[i] < len(q)]
-        if not live:
-            return out
-        if len(live) != len(queues):
+    while any(stacks):
+        if not all(stacks):
             raise RuleError(f"DS {', '.join(map(str, ds_list))} span different numbers of devices")
+        rest = [s[-1][1] for s in stacks]
         m = min(rest)
         if any(r % m for r in rest):
             raise RuleError(f"DS {', '.join(map(str, ds_list))} have device axes that do not nest "
                             f"(degrees {rest}); align them with a Reshard")
-        out.append((tuple(queues[i][heads[i]][0] for i in range(len(queues))), m))
-        for i in range(len(queues)):
-            rest[i] //= m
-            if rest[i] == 1:
-                heads[i] += 1
-                rest[i] = queues[i][heads[i]][1] if heads[i] < len(queues[i]) else 1
+        out.append((tuple(s[-1][0] for s in stacks), m))
+        for s in stacks:
+            key, deg = s.pop()
+            if deg > m:
+                s.append((key, deg // m))
+    return out
 
 
 def _assemble(axes: list[tuple[int, int]]) -> DS:
@@ -83,14 +80,14 @@ def deduce_ds(op: OpDef, ds_list: Sequence[DS], shapes: Sequence[tuple[Dim, ...]
             per_out[i].append((k, deg))
     if per_out is None:  # no device axes: every input is whole on one device
         n_out = len(op.axis((DUPLICATE,) * len(ds_list), shapes, attrs))
-        return [DS({}) for _ in range(n_out)]
+        return [DS() for _ in range(n_out)]
     return [_assemble(a) for a in per_out]
 
 
 # ---- top tier and the whole annotation ------------------------------------------------------------------------
 @lru_cache(maxsize=1024)
 def _hdim_ds_cached(hdim: int, hsize: int) -> DS:
-    return DS({hdim: hsize}) if hsize > 1 else DS({})
+    return DS({hdim: hsize})  # HSize 1: a degree-1 key, which DS drops (the empty DS)
 
 
 def _hdim_ds(ann: Annotation) -> DS:
@@ -112,13 +109,19 @@ def _deduce_cached(kind: str, attrs: tuple[tuple[str, Any], ...], anns: tuple[An
             got = memo[ds_in] = deduce_ds(op, ds_in, shapes, ad)
         per_sub.append(got)
     top = deduce_ds(op, [_hdim_ds(a) for a in anns], shapes, ad)
+    # the inputs split across subgroups (HDim) must be split in the same ratios: subgroup k computes on the k-th
+    # chunk of each, and chunks of different sizes do not meet
+    split = [a for a in anns if is_split(a.hdim)]
+    if len({tuple(a.hratios or ()) for a in split}) > 1:
+        raise RuleError("the inputs split across subgroups (HDim) are split in different ratios ("
+                        + ", ".join(":".join(map(str, a.hratios)) if a.hratios else "even" for a in split)
+                        + "); give them the same hratios or insert a Reshard")
+    ratios = split[0].hratios if split else None
     outs: list[Annotation] = []
     for i in range(len(per_sub[0])):
         hd = top[i].order[0] if top[i].order else DUPLICATE
-        ratios = None
-        if is_split(hd):
-            ratios = next((a.hratios for a in anns if is_split(a.hdim) and a.hratios), None)
-        outs.append(Annotation([list(dg) for dg in first.dg_union], [p[i] for p in per_sub], hd, ratios))
+        outs.append(Annotation([list(dg) for dg in first.dg_union], [p[i] for p in per_sub], hd,
+                               ratios if is_split(hd) else None))
     return tuple(outs)
 
 
@@ -181,9 +184,9 @@ def partial_as_duplicate(ann: Annotation) -> Annotation:
     subs = []
     for ds in ann.ds_union:
         axes = [(DUPLICATE if k == PARTIAL else k, ds.states[k]) for k in ds.order]
-        subs.append(_assemble(axes) if axes else ds)
+        subs.append(_assemble(axes))
     hd = DUPLICATE if ann.hdim == PARTIAL else ann.hdim
-    return Annotation([list(dg) for dg in ann.dg_union], subs, hd, ann.hratios if is_split(hd) else None)
+    return Annotation([list(dg) for dg in ann.dg_union], subs, hd, ann.hratios)  # hd is split iff ann.hdim is
 
 
 @lru_cache(maxsize=4096)
@@ -202,9 +205,10 @@ def weight_grad_annotation(kind: str, act: Annotation, weight: Annotation, act_s
     subs = []
     for a_ds, w_ds in zip(act.ds_union, weight.ds_union):
         axes = refine_axes([a_ds, w_ds])
-        subs.append(_assemble([(grad_key(keys[0], keys[1]), deg) for keys, deg in axes]) if axes else w_ds)
-    hd = grad_key(act.hdim, weight.hdim) if weight.hsize > 1 else DUPLICATE
-    return Annotation([list(dg) for dg in weight.dg_union], subs, hd, weight.hratios if is_split(hd) else None)
+        subs.append(_assemble([(grad_key(keys[0], keys[1]), deg) for keys, deg in axes]))
+    # (HSize 1: Annotation makes the HDim Duplicate; grad_key keeps a split key, so hd is split iff weight.hdim is)
+    hd = grad_key(act.hdim, weight.hdim)
+    return Annotation([list(dg) for dg in weight.dg_union], subs, hd, weight.hratios)
 
 
 # ---- local shapes ----------------------------------------------------------------------------------------------
@@ -257,12 +261,11 @@ def activation_grad_annotation(kind: str, anns: Sequence[Annotation], shapes: Se
     whose Duplicate input meets a column-split (or Partial) weight gives a Partial input gradient on that axis
     (Megatron's "f": identity forward, all-reduce backward; the op's ``input_grad`` rule); the specializer inserts
     that reduction."""
-    return _activation_grad(kind, tuple(anns), tuple(tuple(s) for s in shapes), index)
+    return _activation_grad(kind, tuple(anns), index)  # (the input_grad rules read keys, not shapes)
 
 
 @lru_cache(maxsize=4096)
-def _activation_grad(kind: str, anns: tuple[Annotation, ...], shapes: tuple[tuple[Dim, ...], ...],
-                     index: int) -> Annotation:
+def _activation_grad(kind: str, anns: tuple[Annotation, ...], index: int) -> Annotation:
     base = partial_as_duplicate(anns[index])
     rule = OPS[kind].input_grad
     if rule is None or index != 0:
@@ -271,8 +274,8 @@ def _activation_grad(kind: str, anns: tuple[Annotation, ...], shapes: tuple[tupl
     subs = []
     for x_ds, w_ds in zip(x.ds_union, w.ds_union):
         axes = refine_axes([x_ds, w_ds])
-        subs.append(_assemble([(rule(k[0], k[1]), d) for k, d in axes]) if axes else DS({}))
-    hd = rule(x.hdim, w.hdim) if x.hsize > 1 else DUPLICATE
+        subs.append(_assemble([(rule(k[0], k[1]), d) for k, d in axes]))
+    hd = rule(x.hdim, w.hdim)  # (HSize 1: Annotation makes it Duplicate)
     return Annotation([list(dg) for dg in x.dg_union], subs, hd, x.hratios if is_split(hd) else None)
 
 
