@@ -75,12 +75,11 @@ class Action:
         (``Action.from_str(str(a)) == a``; torch pipelining's ``_Action.from_str`` is the model).  A text of no
         action is a :class:`ScheduleError` naming it."""
         m = _ACTION_RE.fullmatch(text.strip())
-        kind = _LONG.get(m.group("kind")) if m else None
-        if m is None or kind is None:
+        if m is None:  # (every kind the pattern matches is one of _LONG's)
             raise ScheduleError(f"{text!r} is not a schedule action (one of Pre, Post, F<mb>, B<mb>, "
                                 "sF<mb>@<peer>, rF<mb>@<peer>, sB<mb>@<peer>, rB<mb>@<peer>)")
         mb, peer = m.group("mb"), m.group("peer")
-        return cls(kind, int(mb) if mb else None, int(peer) if peer else None)
+        return cls(_LONG[m.group("kind")], int(mb) if mb else None, int(peer) if peer else None)
 
     @property
     def is_compute(self) -> bool:
