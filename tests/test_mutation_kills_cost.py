@@ -306,3 +306,249 @@ def test_cost_model_file_round_trip(tmp_path) -> None:
     cm.save(tmp_path / "c.json")
     assert CostModel.load(tmp_path / "c.json") == cm
     assert '"default_mfu": 0.3' in (tmp_path / "c.json").read_text()
+
+
+# ---- the survivors of the run of 2026-12-04 (cost.py with send_time, runtime_bytes) -------------------------------
+def test_runtime_bytes_reads_both_of_the_models_runtime_figures() -> None:
+    """Pins CostModel.runtime_bytes: a GPU kind holds ``memory_reserve_mb``, the CPU kind ``cpu_baseline_mb`` (both
+    in MiB), each the cost model's own figure rather than the core's default; no kind: nothing."""
+    cm = CostModel(memory_reserve_mb=100.0, cpu_baseline_mb=30.0)
+    assert cm.runtime_bytes("H100") == 100.0 * 2**20
+    assert cm.runtime_bytes("cpu") == 30.0 * 2**20
+    assert cm.runtime_bytes("") == 0.0
+
+
+def test_send_time_is_the_measured_send_overhead_on_an_overridden_link() -> None:
+    """Pins CostModel.send_time: the sender is busy ``comm_scale * send_overhead`` on a link class with a measured
+    override, and 0 without one or on a rank's link to itself (even with a "self" override)."""
+    o = LinkOverride(latency=1.0, bandwidth=1.0, send_overhead=0.25)
+    cm = CostModel(comm_scale=2.0, link_overrides={"inter": o, "self": o})
+    assert cm.send_time(Link("inter", 100.0, 0.1)) == 0.5
+    assert cm.send_time(Link("intra", 100.0, 0.1)) == 0.0  # no override of that class
+    assert cm.send_time(Link("self", 100.0, 0.1)) == 0.0
+    assert CostModel().send_time(Link("inter", 100.0, 0.1)) == 0.0
+
+
+def test_cp_ring_bytes_use_the_key_value_width() -> None:
+    """Pins cp_ring_bytes: grouped-query attention rings its keys and values, ``kv_dim`` wide (not ``hidden``); a
+    model without ``kv_dim`` (GPT) rings ``hidden``."""
+    from hspmd_sdk import GPTConfig
+    from hspmd_sdk.planner.cost import cp_ring_bytes
+
+    gqa = LlamaConfig.preset("tiny").model_copy(update={"num_kv_heads": 1})  # hidden 64, kv_dim 16
+    assert gqa.kv_dim == 16
+    block = 2 * 2 * (8 / 2) * 16 / 1 * 2  # K and V, 2 rows x 4 tokens, kv_dim 16, bf16
+    assert cp_ring_bytes(gqa, 2, 8, 1, 2) == (block, 3 * block)
+    gpt = GPTConfig.preset("tiny")
+    assert not hasattr(gpt, "kv_dim")
+    assert cp_ring_bytes(gpt, 2, 8, 1, 2)[0] == 2 * 2 * 4 * gpt.hidden_size * 2
+
+
+def test_layer_cost_balanced_cp_halves_the_attention_of_the_busiest_rank() -> None:
+    """Pins layer_cost's ``balanced``: CP 2 contiguous, the last rank computes 3/4 of the causal attention; balanced,
+    every rank 1/2.  Fake: 8 tokens, linear 800/2 = 400 FLOPs a rank, attention 320 x 3/4 or 1/2, at 1000 FLOP/s."""
+    m = Fake()
+    contiguous = layer_cost(m, SPEC, 1, LINK, 2, 4, _cm(), cp=2)
+    balanced = layer_cost(m, SPEC, 1, LINK, 2, 4, _cm(), cp=2, balanced=True)
+    assert contiguous.fwd_compute == close((400 + 240) / 1000)
+    assert balanced.fwd_compute == close((400 + 160) / 1000)
+
+
+def test_layer_cost_measured_cp_ring_gap_is_the_ring_less_the_attention_seconds() -> None:
+    """Pins the profiled attention seconds layer_cost gives the CP ring to hide behind: the layer line's
+    ``c * attention FLOPs`` (its ``a * matmul + b`` taken off), forward and backward; the gap is the ring's
+    point-to-point seconds less them.  Fake at CP 2: matmul 400, attention 240 FLOPs; the ring: one hop of 128 bytes
+    forward, three backward, 0.01 + 128 / (64 x 0.8) s a hop."""
+    m = Fake()
+    prof = OperatorProfile(layer_fwd=ComputeFit(a=1e-3, b=0.1, c=2e-3), layer_bwd=ComputeFit(a=2e-3, b=0.2),
+                           head_fwd=ComputeFit(a=0, b=0), head_bwd=ComputeFit(a=0, b=0))
+    c = layer_cost(m, SPEC, 1, LINK, 2, 4, _cm(profiles={"k": prof}), cp=2, cp_link=LINK)
+    hop = 0.01 + 128 / (64.0 * 0.8)
+    att_f, att_b = 2e-3 * 240, 2e-3 * 240  # the backward line has no c: attention at a
+    assert c.fwd_compute == close(1e-3 * 400 + 2e-3 * 240 + 0.1)
+    assert (c.ring_gap_fwd, c.ring_gap_bwd) == (close(hop - att_f), close(3 * hop - att_b))
+    assert c.fwd_comm == close(hop - att_f) and c.bwd_comm == close(3 * hop - att_b)
+    hidden = layer_cost(m, SPEC, 1, Link("intra", 1e9, 0.0), 2, 4, _cm(profiles={"k": prof}), cp=2,
+                        cp_link=Link("intra", 1e9, 0.0))
+    assert hidden.ring_gap_fwd == close(128 / 0.8e9 - att_f) and hidden.fwd_comm == 0.0  # fully overlapped
+
+
+def test_measured_lines_cost_nothing_without_work_and_their_intercept_with_any() -> None:
+    """Pins _line (the profiled embedding, head and replicated-norm lines): no tokens cost 0 (not the intercept),
+    the least work costs ``a x + b``; through head_cost and embedding_cost with zero tokens."""
+    from hspmd_sdk.planner.cost import _line
+
+    assert _line(ComputeFit(a=1.0, b=0.5), 0.5) == 1.0
+    assert _line(ComputeFit(a=1.0, b=0.5), 0.0) == 0.0
+    line = ComputeFit(a=1e-3, b=0.5)
+    prof = OperatorProfile(layer_fwd=line, layer_bwd=line, head_fwd=line, head_bwd=line, embed=line,
+                           layer_replicated_fwd=line, layer_replicated_bwd=line)
+    cm = _cm(profiles={"k": prof}, sequence_parallel=False)
+    h = head_cost(Fake(), SPEC, 2, LINK, 0, 4, cm)
+    assert (h.fwd_compute, h.bwd_compute) == (0.0, 0.0)
+    assert embedding_cost(Fake(), SPEC, 2, LINK, 0, 4, cm).bwd_compute == 0.0
+    assert layer_cost(Fake(), SPEC, 2, LINK, 0, 4, cm).fwd_compute == 0.0  # nor the replicated norms' line
+
+
+def test_embedding_cost_under_cp_gathers_each_ranks_share_of_the_tokens() -> None:
+    """Pins embedding_cost's ``cp``: each rank of a CP 2 group embeds and gathers 8 / 2 = 4 tokens."""
+    e = embedding_cost(Fake(), SPEC, 2, LINK, 2, 4, _cm(), cp=2)
+    assert e.fwd_comm == close(_ag(4 * H * 2, 2))
+
+
+def test_embedding_cost_prices_the_embeddings_backward_collectives(monkeypatch) -> None:
+    """Pins embedding_cost's backward communication: whatever collectives the Program's embedding runs in the
+    backward (none for the shipped Llama and GPT: a stub of the reader gives it an all-reduce of the hidden state)
+    are priced on the stage's TP link for its tokens."""
+    import hspmd_sdk.planner.cost as cost_mod
+    from hspmd_sdk.core.comm_ops import OpKind
+    from hspmd_sdk.planner.tp_comm import Collective, UnitCollectives
+
+    ar = (Collective(OpKind.ALL_REDUCE, 2, float(H)),)
+    monkeypatch.setattr(cost_mod, "unit_collectives",
+                        lambda model, tp, ratios=None: UnitCollectives((), ar, (), (), (), ()))
+    e = embedding_cost(Fake(), SPEC, 2, LINK, 2, 4, _cm(), cp=2)
+    assert e.bwd_comm == close(_ar(4 * H * 2, 2)) and e.fwd_comm == 0.0
+
+
+def test_embedding_and_head_of_an_uneven_group_read_its_ratios() -> None:
+    """Pins embedding_cost's and head_cost's ``ratios``: tiny Llama (4 heads) in a TP 3 group split 2:1:1 has the
+    gathers of a 3-rank group; without the ratios TP 3 cannot split 4 heads at all."""
+    from hspmd_sdk.planner.tp_comm import TPCommError
+
+    m = LlamaConfig.preset("tiny")
+    e = embedding_cost(m, SPEC, 3, LINK, 2, 4, _cm(), ratios=[2, 1, 1])
+    h = head_cost(m, SPEC, 3, LINK, 2, 4, _cm(), ratios=[2, 1, 1])
+    assert e.fwd_comm == close(_ag(8 * 64 * 2, 3))
+    assert h.fwd_comm == close(_ag(8 * 256 * 2, 3)) and h.bwd_comm == close(_ar(8 * 64 * 2, 3))
+    with pytest.raises(TPCommError):
+        embedding_cost(m, SPEC, 3, LINK, 2, 4, _cm())
+    with pytest.raises(TPCommError):
+        head_cost(m, SPEC, 3, LINK, 2, 4, _cm())
+
+
+def test_fit_line_is_centred_small_spread_flat_and_clamped() -> None:
+    """Pins _fit_line: the slope from centred sums (sizes far from 0 with a small spread still give the line,
+    where uncentred sums lose every digit); x with a spread below 1; x that does not vary gives a flat line at the
+    mean with slope exactly 0 (not rounding noise), all-zero x too, at 0 for a mean below 0; a negative intercept
+    under a slope below 1 is clamped to 0 and the slope refit through the origin."""
+    xs = [3e9 + i for i in range(4)]  # y = 0.3 x + 5
+    far = _fit_line(xs, [0.3 * x + 5 for x in xs])
+    assert far.a == close(0.3, rel=1e-9) and far.b == close(5.0, rel=1e-6)
+    small = _fit_line([0.1, 0.2, 0.3], [1.0, 2.0, 3.0])
+    assert small.a == close(10.0) and small.b == close(0.0, abs=1e-12)
+    flat = _fit_line([3.0] * 4, [0.1, 0.7, 0.2, 0.9])
+    assert (flat.a, flat.b) == (0.0, close(0.475))
+    zero = _fit_line([0.0, 0.0], [1.0, 2.0])
+    assert (zero.a, zero.b) == (0.0, 1.5)
+    assert (_fit_line([0.0, 0.0], [-1.0, -2.0]).b, _fit_line([2.0, 2.0], [-1.0, -2.0]).b) == (0.0, 0.0)  # below 0
+    g = _fit_line([2, 4, 6], [0.0, 1.1, 2.0])  # y ~ 0.5x - 0.97: through the origin, 16.4 / 56
+    assert g.b == 0.0 and g.a == close(16.4 / 56)
+    h = _fit_line([1, 2, 3], [1.5, 2.5, 3.6])  # y ~ 1.05x + 0.43: a small slope with its intercept kept
+    assert h.a == close(1.05) and h.b == close(2.5333333333333 - 1.05 * 2)
+    k = _fit_line([1, 2, 3], [0.5, 0.9, 1.2])  # a slope of 0.35 and an intercept of 0.17, both kept
+    assert k.a == close(0.35) and k.b == close(0.8666666666666667 - 0.7)
+
+
+def test_fit_plane_drops_the_most_negative_coefficient_first() -> None:
+    """Pins _fit_plane's order of refits: y = -0.5 x1 - 2 x2 + 12 with x2 falling as x1 rises: the x2 term (the
+    most negative) goes first, after which y rises with x1 alone (the intercept then goes too); dropping x1 first
+    would leave a flat line."""
+    import numpy as np
+
+    x1, x2 = [1.0, 2, 3, 4, 5, 6], [6.0, 4, 5, 2, 3, 1]
+    ys = [-0.5 * a - 2 * b + 12 for a, b in zip(x1, x2)]
+    p = _fit_plane(x1, x2, ys)
+    a = float(np.dot(x1, ys) / np.dot(x1, x1))
+    assert (p.a, p.c, p.b) == (close(a), 0.0, 0.0) and a > 0.9
+
+
+def test_fit_plane_of_negative_measurements_is_the_zero_plane() -> None:
+    """Pins _fit_plane when every coefficient comes out negative in turn: all are dropped and the fit is 0."""
+    p = _fit_plane([1.0, 2, 3, 4], [4.0, 1, 3, 2], [-1.0] * 4)
+    assert (p.a, p.c, p.b, p.r2) == (0.0, 0.0, 0.0, None)
+
+
+def test_fit_plane_of_seconds_reports_r2_and_computes_in_float64() -> None:
+    """Pins _fit_plane's r2 for measurements in seconds (total variance far below 1), and that float32 inputs are
+    fitted in float64: the same fit as the same values given as Python floats."""
+    import numpy as np
+
+    x1, x2 = np.array([1.0, 2, 3, 1, 5, 4]), np.array([0.0, 1, 5, 2, 2, 3])
+    y = 2e-3 * x1 + 5e-4 * x2 + 4e-3 + np.array([1e-4, -2e-4, 5e-5, 0.0, 1e-4, -5e-5])
+    p = _fit_plane(x1, x2, y)
+    X = np.column_stack([x1, x2, np.ones(6)])
+    coef = np.linalg.lstsq(X, y, rcond=None)[0]
+    assert p.r2 == close(1 - ((X @ coef - y) ** 2).sum() / ((y - y.mean()) ** 2).sum())
+    y32 = y.astype(np.float32)
+    assert _fit_plane(x1.astype(np.float32), x2.astype(np.float32), y32) == \
+        _fit_plane(list(map(float, x1)), list(map(float, x2)), [float(v) for v in y32])
+
+
+def test_fit_link_defaults_backend_and_flat_all_reduce() -> None:
+    """Pins fit_link: no backend named gives ``""``; an all-reduce that does not grow with size (and no in-context
+    sweep) gives the 1e12 bytes/s sentinel for the collective bandwidth, as for p2p."""
+    sizes = [0, 100, 200, 400]
+    lo = fit_link(sizes, [1 + s / 50 for s in sizes], [2.0] * 4)
+    assert lo.backend == "" and lo.collective_bandwidth == 1e12 and lo.collective_latency == 1.0
+
+
+def test_cost_model_file_is_two_space_indented_json(tmp_path) -> None:
+    """Pins CostModel.save's file: the model's JSON indented by two spaces (as the calibration files hold it)."""
+    cm = CostModel(default_mfu=0.3)
+    cm.save(tmp_path / "c.json")
+    assert (tmp_path / "c.json").read_text() == cm.model_dump_json(indent=2)
+    assert '\n  "default_mfu": 0.3,' in (tmp_path / "c.json").read_text()
+
+
+def test_fit_line_of_an_exact_line_through_the_origin_keeps_its_slope() -> None:
+    """Pins _fit_line at an intercept of exactly 0: the centred least-squares slope stands (1 ns a byte, exactly);
+    refitting it through the origin (sum x y / sum x x) would round it to 1.0000000000000003e-09."""
+    sizes = [41.0, 46e6]
+    f = _fit_line(sizes, [s * 1e-9 for s in sizes])
+    assert (f.a, f.b) == (1e-9, 0.0)
+
+
+def test_optimizer_time_memory_bound_exactly() -> None:
+    """Pins CostModel.optimizer_time's memory-bound figure to the bit: params x bytes / (GB/s x 1e9 x efficiency)."""
+    cm = CostModel(hbm_gbs={"k": 100.0}, hbm_efficiency=0.5, optimizer_bytes_per_param=28.0)
+    assert cm.optimizer_time(1e9, SPEC) == 1e9 * 28.0 / (100.0 * 1e9 * 0.5)
+
+
+def test_cp_attention_share_is_contiguous_by_default() -> None:
+    """Pins cp_attention_share's default layout: contiguous chunks, the last rank's (2cp - 1) / cp**2."""
+    from hspmd_sdk.planner.cost import cp_attention_share
+
+    assert (cp_attention_share(2), cp_attention_share(2, True), cp_attention_share(1)) == (0.75, 0.5, 1.0)
+
+
+def test_layer_cost_of_an_uneven_group_reads_its_ratios_and_leaves_a_share_to_the_caller() -> None:
+    """Pins layer_cost's ``ratios`` and _collectives: tiny Llama (4 heads) in a TP 3 group split 2:1:1 has two
+    all-reduces of the hidden state each way over 3 ranks (without the ratios 4 heads cannot split 3 ways); a
+    device's compute share (degree 4 / 2 = 2.0, not the group's 3 ranks) carries no collectives: the simulator
+    prices those at the group's degree."""
+    from hspmd_sdk.planner.tp_comm import TPCommError
+
+    m = LlamaConfig.preset("tiny")
+    c = layer_cost(m, SPEC, 3, LINK, 2, 4, _cm(), ratios=[2, 1, 1])
+    assert (c.fwd_comm, c.bwd_comm) == (close(2 * _ar(8 * 64 * 2, 3)), close(2 * _ar(8 * 64 * 2, 3)))
+    with pytest.raises(TPCommError):
+        layer_cost(m, SPEC, 3, LINK, 2, 4, _cm())
+    share = layer_cost(m, SPEC, 2.0, LINK, 2, 4, _cm(), ratios=[2, 1, 1])
+    assert (share.fwd_comm, share.bwd_comm) == (0.0, 0.0) and share.params == close(m.layer_param_count() / 2)
+
+
+def test_layer_cost_cp_ring_hops_recompute_and_no_ring_at_cp1() -> None:
+    """Pins layer_cost's CP ring (analytic Fake, 1000 FLOP/s): CP 3 over 12 tokens rings 2 forward hops of one
+    128-byte block each (0.01 + 128 / 51.2 s a hop) against 400 x ... attention FLOPs; with recompute the backward
+    pays the forward's ring again; at CP 1 a given link carries no ring."""
+    m = Fake()
+    hop = 0.01 + 128 / (64.0 * 0.8)
+    c3 = layer_cost(m, SPEC, 1, LINK, 2, 6, _cm(), cp=3, cp_link=LINK)
+    att = 10 * 12 * 6 * 5 / 9  # the last of 3 chunks: 5/9 of the causal attention
+    assert c3.ring_gap_fwd == close(2 * hop - att / 1000) and c3.ring_gap_bwd == close(5 * hop - 2 * att / 1000)
+    m2 = layer_cost(m, SPEC, 1, LINK, 2, 4, _cm(), cp=2, cp_link=LINK)
+    r2 = layer_cost(m, SPEC, 1, LINK, 2, 4, _cm(), cp=2, cp_link=LINK, recompute=True)
+    assert m2.bwd_comm == close(3 * hop - 2 * 0.24) and r2.bwd_comm == close(3 * hop - 2 * 0.24 + hop - 0.24)
+    one = layer_cost(m, SPEC, 1, LINK, 2, 4, _cm(), cp=1, cp_link=LINK)
+    assert (one.ring_gap_fwd, one.ring_gap_bwd, one.fwd_comm) == (0.0, 0.0, 0.0)

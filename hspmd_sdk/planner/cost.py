@@ -402,8 +402,8 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
     prof = cost.profiles.get(spec.kind)
     if prof is not None:  # profiled whole-layer lines (attention's FLOPs at their own rate where fitted)
         fwd, bwd = _layer_line(prof.layer_fwd, lin, att), _layer_line(prof.layer_bwd, lin, att)
-        att_f = fwd - _layer_line(prof.layer_fwd, lin, 0.0) if lin > 0 else fwd  # the attention's seconds
-        att_b = bwd - _layer_line(prof.layer_bwd, lin, 0.0) if lin > 0 else bwd
+        att_f = fwd - _layer_line(prof.layer_fwd, lin, 0.0)  # the attention's seconds (no tokens: 0 - 0)
+        att_b = bwd - _layer_line(prof.layer_bwd, lin, 0.0)
         if tp > 1 and not cost.sequence_parallel:  # norms and residuals stay whole on every device of the group
             x, share = tokens * model.hidden_size, 1.0 - 1.0 / tp
             fwd += share * _line(prof.layer_replicated_fwd, x)
@@ -531,16 +531,19 @@ def activation_memory(per_micro_batch: float, in_flight: int, transient: float) 
 
 # ---- fitting measurements (the measuring is the runtime's: :mod:`hspmd_sdk.runtime.control.profile`) -------------------
 def _fit_line(xs: Iterable[float], ys: Iterable[float]) -> ComputeFit:
-    """Least squares ``y = a x + b`` with ``a, b >= 0`` (a negative intercept is clamped to 0 and ``a`` refit)."""
+    """Least squares ``y = a x + b`` with ``a, b >= 0``: a line that does not rise (or ``x`` that does not vary) is
+    flat at the mean (or 0), ``a = 0``; a negative intercept is clamped to 0 and ``a`` refit through the origin."""
     xs, ys = list(xs), list(ys)
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
     a = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
     b = my - a * mx
-    if b < 0 or a <= 0:
-        b = max(b, 0.0) if a > 0 else my
-        a = max(sum(x * (y - b) for x, y in zip(xs, ys)) / sum(x * x for x in xs), 0.0)
+    if a <= 0:  # not rising: a flat line at the mean (0 for measurements below 0)
+        a, b = 0.0, max(my, 0.0)
+    elif b < 0:  # a negative intercept: clamped to 0, the slope refit through the origin
+        b = 0.0
+        a = max(sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs), 0.0)
     ss_tot = sum((y - my) ** 2 for y in ys)
     ss_res = sum((y - (a * x + b)) ** 2 for x, y in zip(xs, ys))
     return ComputeFit(a=a, b=b, r2=1 - ss_res / ss_tot if ss_tot > 0 else None)
@@ -563,9 +566,7 @@ def _fit_plane(x1: Sequence[float], x2: Sequence[float], ys: Sequence[float]) ->
         bad = [k for k in keep if coef[k] < 0]
         if not bad:
             break
-        keep.remove(min(bad, key=lambda k: coef[k]))
-        if not keep:
-            break
+        keep.remove(min(bad, key=lambda k: coef[k]))  # none left: lstsq of no columns, nothing bad, done
     a, c, b = (float(max(v, 0.0)) for v in coef)
     res, tot = float(((X @ np.array([a, c, b]) - y) ** 2).sum()), float(((y - y.mean()) ** 2).sum())
     return ComputeFit(a=a, b=b, c=c, r2=1 - res / tot if tot > 0 else None)
