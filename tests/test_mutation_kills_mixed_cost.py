@@ -343,3 +343,127 @@ def test_the_stage_cache_keeps_nodes_of_different_occupancy_apart() -> None:
     shared = [PipelineCost.of(tiny, p, cl, cost, cache).stages[0].time(1, 64) for p in s.pipelines]
     alone = [StageCost(tiny, p.stages[0], True, True, cl, cost).time(1, 64) for p in s.pipelines]
     assert shared == alone and alone[0] > alone[1] and len(cache) == 2
+
+
+# ---- stand-in cost models: StageCost over a stage cost of a known form ------------------------------------------
+def _fake_stage_cost(monkeypatch, *, fwd=None, bwd=None, act=None, transient=None, gap_f=None, gap_b=None,
+                     comm_f=None, comm_b=None):
+    """Replace the simulator's stage cost (what StageCost samples) by one whose quantities are the given functions of
+    ``(tokens, rows * length**2)`` (default 0; the forward and backward seconds include ``max(0, gap)`` as the
+    simulator's do).  Returns a middle stage of 4 layers (TP2 on H20) to build a StageCost of."""
+    from hspmd_sdk.planner import mixed_cost
+    from hspmd_sdk.planner.simulator import _StageCost
+
+    zero = lambda x1, x2: 0.0  # noqa: E731
+    fwd, bwd, act, transient = fwd or zero, bwd or zero, act or zero, transient or zero
+    gap_f, gap_b, comm_f, comm_b = gap_f or zero, gap_b or zero, comm_f or zero, comm_b or zero
+
+    def stage_cost(model, stage, first, last, cluster, rows, length, cost, share=None, *, balanced=False):
+        x1, x2 = float(rows * length), float(rows) * length * length
+        gf, gb = gap_f(x1, x2), gap_b(x1, x2)
+        return _StageCost(fwd=fwd(x1, x2) + max(0.0, gf), bwd=bwd(x1, x2) + max(0.0, gb), act_per_mb=act(x1, x2),
+                          transient=transient(x1, x2), units=((("layer", 0), 100.0),), fwd_comm=comm_f(x1, x2),
+                          bwd_comm=comm_b(x1, x2), ring_gap_fwd=gf, ring_gap_bwd=gb, recompute=False)
+
+    monkeypatch.setattr(mixed_cost, "_stage_cost", stage_cost)
+    return _strategy([[8, 9]], [(0, 3)]).pipelines[0].stages[0]
+
+
+def test_a_forward_only_ring_gap_makes_the_stage_no_single_line(monkeypatch) -> None:
+    """Pins StageCost._gaps over BOTH ring gaps: a stage whose forward ring gap is a non-zero line and whose backward
+    gap is 0 is still lines plus a maximum, so time_line() is None (a line would miss max(0, gap))."""
+    st = _fake_stage_cost(monkeypatch, fwd=lambda x1, x2: 1e-6 * x1, bwd=lambda x1, x2: 2e-6 * x1,
+                          gap_f=lambda x1, x2: 1e-3 - 1e-6 * x1)
+    sc = StageCost(MODEL, st, False, False, CLUSTER, CostModel())
+    assert sc.exact and sc.time_line() is None
+    for r, s in [(1, 256), (1, 4096)]:                   # gap 0.744e-3 > 0, then -3.1e-3 < 0
+        x1 = r * s
+        assert sc.time(r, s) == close(3e-6 * x1 + max(0.0, 1e-3 - 1e-6 * x1), rel=1e-9)
+
+
+_COMM_F = lambda x1, x2: 1e-4 + 1e-8 * x1 + 1e-11 * x2   # noqa: E731  an affine collective with an attention term
+_COMM_B = lambda x1, x2: 2 * _COMM_F(x1, x2)             # noqa: E731  the backward's: twice the forward's
+
+
+def test_comm_of_a_packed_row_uses_its_attention_term(monkeypatch) -> None:
+    """Pins StageCost.comm on an exact stage: the collectives' lines (forward and backward checked each against its
+    own figure) evaluated with a packed row's ``sq`` -- not the padded row's cost (attention over the whole row)."""
+    st = _fake_stage_cost(monkeypatch, fwd=lambda x1, x2: 1e-6 * x1 + 1e-9 * x2, comm_f=_COMM_F, comm_b=_COMM_B)
+    sc = StageCost(MODEL, st, False, False, CLUSTER, CostModel())
+    assert sc.exact
+    sq = 2 * 300.0 ** 2                                       # two 300-token documents in one 600-token row
+    assert sc.comm(1, 600, sq) == (close(_COMM_F(600, sq), rel=1e-9), close(_COMM_B(600, sq), rel=1e-9))
+    assert sc.comm(1, 600) == (close(_COMM_F(600, 360000.0), rel=1e-9), close(_COMM_B(600, 360000.0), rel=1e-9))
+    assert sc.comm(1, 600, sq)[0] < sc.comm(1, 600)[0] * 0.99  # the two differ by far more than the tolerance
+
+
+def test_comm_of_a_stage_whose_collectives_are_no_line_is_evaluated_per_shape(monkeypatch) -> None:
+    """Pins StageCost.comm's fallback: collectives that are not affine (here ~ sqrt(tokens)) are the cost model's
+    own figures at each shape, not the fitted line."""
+    import math
+
+    st = _fake_stage_cost(monkeypatch, fwd=lambda x1, x2: 1e-6 * x1, comm_f=lambda x1, x2: 1e-4 * math.sqrt(x1),
+                          comm_b=lambda x1, x2: 3e-4 * math.sqrt(x1))
+    sc = StageCost(MODEL, st, False, False, CLUSTER, CostModel())
+    assert sc.exact                                           # the times are lines; the collectives are not
+    assert sc.comm(3, 1000) == (close(1e-4 * math.sqrt(3000), rel=1e-12), close(3e-4 * math.sqrt(3000), rel=1e-12))
+
+
+def test_comm_of_a_stage_whose_times_are_no_line_is_evaluated_per_shape(monkeypatch) -> None:
+    """Pins that the collectives' lines are used only when the times' lines are exact too: with non-affine times
+    (~ tokens**1.5) but affine collectives, a packed row's comm is the padded row's evaluated cost (as its times)."""
+    st = _fake_stage_cost(monkeypatch, fwd=lambda x1, x2: 1e-9 * x1 ** 1.5, comm_f=_COMM_F, comm_b=_COMM_B)
+    sc = StageCost(MODEL, st, False, False, CLUSTER, CostModel())
+    assert not sc.exact
+    sq = 2 * 300.0 ** 2
+    assert sc.comm(1, 600, sq) == (close(_COMM_F(600, 360000.0), rel=1e-12), close(_COMM_B(600, 360000.0), rel=1e-12))
+
+
+def test_memory_and_time_of_a_packed_row_use_its_attention_term(monkeypatch) -> None:
+    """Pins that StageCost.memory and StageCost.time pass a packed row's ``sq`` on: with kept bytes that grow with
+    the attention term (scores kept, as without flash attention) and times with an attention term, a row packing
+    two 300-token documents costs the sum of its documents' attention, not 600**2."""
+    st = _fake_stage_cost(monkeypatch, fwd=lambda x1, x2: 1e-6 * x1 + 1e-9 * x2, bwd=lambda x1, x2: 2e-9 * x2,
+                          act=lambda x1, x2: 1000.0 * x1 + 2.0 * x2, transient=lambda x1, x2: 5.0 * x2)
+    sc = StageCost(MODEL, st, False, False, CLUSTER, CostModel())
+    assert sc.exact
+    sq = 2 * 300.0 ** 2
+    act, transient = sc.memory(1, 600, sq)
+    assert act == close(1000.0 * 600 + 2.0 * sq, rel=1e-9) and transient == close(5.0 * sq, rel=1e-9)
+    assert sc.memory(1, 600)[0] == close(1000.0 * 600 + 2.0 * 360000, rel=1e-9)
+    assert sc.time(1, 600, sq) == close(1e-6 * 600 + 3e-9 * sq, rel=1e-9)
+    assert sc.time(1, 600, sq) == close(sum(sc.times(1, 600, sq)), rel=1e-12)
+    assert sc.time(1, 600) == close(1e-6 * 600 + 3e-9 * 360000, rel=1e-9)
+
+
+class _Counting(_Stage):
+    """A stand-in stage that counts its per-shape evaluations (``time``); ``vec``: it also has ``time_vec`` (a
+    CP stage: no single line, but vectorised lines plus maxima -- here the same line)."""
+
+    def __init__(self, c0: float, c1: float, c2: float, exact: bool, vec: bool) -> None:
+        super().__init__(c0, c1, c2, exact)
+        self.calls = 0
+        if vec:
+            self.time_vec = lambda tokens, attention: self.c[0] + self.c[1] * tokens + self.c[2] * attention
+
+    def time(self, rows: int, length: int, sq: float | None = None) -> float:
+        self.calls += 1
+        return super().time(rows, length, sq)
+
+
+@pytest.mark.parametrize("exact, vec", [(True, False), (False, True)])
+def test_totals_are_vectorised_over_the_micro_batches(exact: bool, vec: bool) -> None:
+    """Pins PipelineCost.totals' vectorised paths: stages with time lines (stacked once), or with time_vec (CP
+    stages), are evaluated for all micro-batches at once -- each stage's per-shape ``time`` runs only for the one
+    fill micro-batch (through ``parts``), not once per micro-batch as for stages with neither -- and the figures
+    are the per-shape ones."""
+    stages = [_Counting(1.0, 0.01, 1e-5, exact, vec), _Counting(0.5, 0.02, 0.0, exact, vec)]
+    pc = PipelineCost(stages, [], 4, CostModel())
+    rows, lengths = [1, 2, 1, 3, 1], [100, 50, 400, 30, 10]
+    want = [max(st.c[0] + st.c[1] * r * s + st.c[2] * r * s * s for st in stages) for r, s in zip(rows, lengths)]
+    total, top, _ = pc.totals(rows, lengths)
+    assert (total, top) == (close(sum(want)), close(max(want)))
+    assert [st.calls for st in stages] == [1, 1]
+    plain = [_Counting(1.0, 0.01, 1e-5, False, False), _Counting(0.5, 0.02, 0.0, False, False)]
+    assert PipelineCost(plain, [], 4, CostModel()).totals(rows, lengths)[:2] == (close(sum(want)), close(max(want)))
+    assert [st.calls for st in plain] == [len(rows) + 1] * 2     # the fallback: every shape, and the fill
