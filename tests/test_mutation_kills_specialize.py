@@ -653,3 +653,112 @@ def test_describe_a_rank() -> None:
         "  Post: 2 ops, 0 communicating",
         "    OptimizerStep optimizer",
         "  bytes sent per step: 256 B (activations at the step's shapes B=2, S=4)"]
+
+
+# ---- issue 49: survivors of the second run ---------------------------------------------------------------------
+_DP = {"X": Annotation("[0] R | [1] R ; hdim=0"), "W": Annotation("[0] R | [1] R"), "V": Annotation("[0] R | [1] R")}
+
+
+def test_a_parameter_reparametrised_twice_is_synchronised_across_data_parallel_pipelines() -> None:
+    """V -> gelu -> gelu -> dot's weight: the second gelu reads a tensor computed from parameters alone (not V
+    itself), so its gradient is passed on through both ops: Partial across the pipelines like W's, not read as laid
+    out like V (pins _of_parameters' "computed from parameters alone" and the recursion of _use_grad)."""
+    g = GraphBuilder("twice_through")
+    x = g.placeholder("X", ("B", 4))
+    v = ops.gelu(ops.gelu(g.parameter("V", (4, 4)), name="Vg"), name="Vgg")
+    ops.dot(ops.dot(x, g.parameter("W", (4, 4)), name="Y"), v, name="O")
+    prog = specialize(g.build(), _DP, Cluster.local(2))
+    assert prog.grad_sync_plans["W.grad_sync"].kinds == ["SplitAllReduce"]
+    assert prog.grad_sync_plans["V.grad_sync"].kinds == ["SplitAllReduce"]
+
+
+def test_a_parameter_reshaped_into_a_weight_without_data_parallelism_is_not_refused() -> None:
+    """V (2, 2) reshaped into a bias on one rank: the bias's gradient is laid out like the bias (no Partial), so V's
+    gradient is V's own layout although the reshape changes the shape -- only a gradient unlike its output's layout
+    is refused (pins the early return of _use_grad)."""
+    g = GraphBuilder("reshaped1")
+    x = g.placeholder("X", ("B", 4))
+    b = ops.reshape(g.parameter("V", (2, 2)), (4,), name="Vflat")
+    ops.bias_add(ops.dot(x, g.parameter("W", (4, 4)), name="Y"), b, name="O")
+    prog = specialize(g.build(), {"X": Annotation("[0] R"), "W": Annotation("[0] R"), "V": Annotation("[0] R")},
+                      Cluster.local(1))
+    plan = prog.grad_sync_plans["V.grad_sync"]
+    assert plan.kinds == ["Identity"] and plan.src == plan.dst == Annotation("[0] R")
+
+
+def _register(monkeypatch: pytest.MonkeyPatch, op) -> None:
+    from hspmd_sdk.core.op_registry import OPS
+
+    monkeypatch.setitem(OPS, op.kind, op)
+
+
+def _wux_rule(keys, shapes, attrs):
+    wk, uk, xk = keys
+    if wk != -1 or uk != -1:  # DUPLICATE
+        raise ops.RuleError("W and U must be Duplicate")
+    return (xk,)
+
+
+def test_a_user_op_whose_weight_is_its_first_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    """register_op: "wux"(W, U, X) = X @ W with its weight at input 0 and its activation last.  The weight's
+    gradient faces the activation X (inputs[-1]), not the weight itself nor U (inputs[1], inputs[-2]): X's batch
+    split across the pipelines makes W's gradient Partial (SplitAllReduce), while U, read at no weight input, keeps
+    its own layout.  Its batch_dims reads both shapes, the activation's and the weight's: they must both arrive."""
+    from hspmd_sdk.core.op_registry import OpDef
+
+    seen = []
+
+    def batch_dims(shapes):
+        seen.append(tuple(tuple(s) for s in shapes))
+        return tuple(range(len(shapes[0]) - len(shapes[1]) + 1))
+
+    _register(monkeypatch, OpDef("wux", lambda shapes, attrs, node: [tuple(shapes[2])], _wux_rule,
+                                 weight_inputs=(0,), batch_dims=batch_dims))
+    g = GraphBuilder("wux")
+    x = g.placeholder("X", ("B", 4))
+    g.add("wux", [g.parameter("W", (4, 4)), g.parameter("U", (4, 4)), x], {}, name="O")
+    prog = specialize(g.build(), {"X": Annotation("[0] R | [1] R ; hdim=0"), "W": Annotation("[0] R | [1] R"),
+                                  "U": Annotation("[0] R | [1] R")}, Cluster.local(2))
+    assert prog.grad_sync_plans["W.grad_sync"].kinds == ["SplitAllReduce"]
+    assert prog.grad_sync_plans["U.grad_sync"].kinds == ["Identity"]
+    assert seen and all(len(s) == 2 and s[1] == (4, 4) and len(s[0]) == 2 for s in seen)
+
+
+def test_a_user_op_of_one_input_that_mixes_a_split_dim_is_one_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registered op with ``mixes`` and a single input: the ranks holding the chunks of its mixed dim of input 0
+    run one kernel together, one stage (the kernel groups come from input 0)."""
+    _register(monkeypatch, dataclasses.replace(ops.OPS["gelu"], kind="mix1", mixes=(1,)))
+    g = GraphBuilder("mix1")
+    g.add("mix1", [g.placeholder("X", ("B", "S", 4))], {}, name="O")
+    prog = specialize(g.build(), {"X": Annotation("[0,1] S1x2")}, Cluster.local(2))
+    assert prog.pipelines == [[[0, 1]]]
+
+
+def test_local_shape_errors_name_the_tensor() -> None:
+    """Program.local_shape passes the tensor's name to the local-shape derivation: a Program whose annotation
+    splits a concrete dim that does not divide (here 3 rows over 2 ranks, set by hand) names the tensor."""
+    g = GraphBuilder("odd")
+    ops.gelu(g.placeholder("X", (4, 4)), name="Y")
+    prog = specialize(g.build(), {"X": Annotation("[0,1] D2")}, Cluster.local(2))
+    g2 = GraphBuilder("odd")
+    ops.gelu(g2.placeholder("X", (3, 4)), name="Y")
+    bad = dataclasses.replace(prog, graph=g2.build(), annotations={**prog.annotations, "X": Annotation("[0,1] S0x2")})
+    with pytest.raises(ShapeError, match="'X'"):
+        bad.local_shape("X", 0)
+
+
+def test_a_bound_symbol_that_is_not_positive_names_the_tensor_whose_plan_needs_it() -> None:
+    """bindings B=0: the first shape evaluated at the bindings names its tensor -- the Reshard's input when
+    communication is planned, the input of a mixing op (attention) when the kernel groups are derived."""
+    g = GraphBuilder("r")
+    ops.gelu(g.reshard(g.placeholder("X", ("B", 4)), "Z"), name="O")
+    with pytest.raises(ShapeError) as e:
+        specialize(g.build(), {"X": Annotation("[0] R"), "Z": Annotation("[0] R")}, Cluster.local(1),
+                   bindings={"B": 0})
+    assert str(e.value) == "tensor 'X' dim 0: symbol 'B' must be bound to a positive int, got 0"
+    g = GraphBuilder("cp0")
+    q = g.placeholder("Q", ("B", "S", 2, 4))
+    ops.attention(q, q, q, name="O")
+    with pytest.raises(ShapeError) as e:
+        specialize(g.build(), {"Q": Annotation("[0,1] S1x2")}, Cluster.local(2), bindings={"B": 0, "S": 2})
+    assert str(e.value) == "tensor 'Q' dim 0: symbol 'B' must be bound to a positive int, got 0"
