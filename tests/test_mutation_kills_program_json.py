@@ -162,7 +162,8 @@ def test_pydantic_core_model_read_by_model_construct_not_validated() -> None:
 # ---- writer errors ----------------------------------------------------------------------------------------------
 def test_foreign_objects_are_refused_with_their_class() -> None:
     """Pins the 'cannot write' message naming the foreign class (also for one with `placements` that is not a
-    Pydantic model, one with only `keys`, and a non-core dataclass with a mapping interface)."""
+    Pydantic model, one with only `keys`, a non-core dataclass with a mapping interface, and a non-core dataclass
+    with `placements`: only a Pydantic model with `placements` is a model config)."""
     import dataclasses
 
     @dataclasses.dataclass
@@ -179,7 +180,12 @@ def test_foreign_objects_are_refused_with_their_class() -> None:
         def keys(self):
             return []
 
-    cases = [(SimpleNamespace(placements=1), "types.SimpleNamespace"), (KeysOnly(), "KeysOnly"), (DC(), "DC")]
+    @dataclasses.dataclass
+    class Placed:  # a dataclass outside the core with a model config's `placements`: still not a model config
+        placements: int = 1
+
+    cases = [(SimpleNamespace(placements=1), "types.SimpleNamespace"), (KeysOnly(), "KeysOnly"), (DC(), "DC"),
+             (Placed(), "Placed")]
     for obj, name in cases:
         with pytest.raises(ProgramJSONError, match=r"cannot write a .*" + name + r" into a Program's JSON: only "
                            r"hspmd_sdk.core value types and model configs travel"):

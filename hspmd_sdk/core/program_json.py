@@ -52,6 +52,12 @@ def _is_core(cls: type) -> bool:
 _PRIMITIVE = (type(None), bool, int, str)
 
 
+def _cannot_write(cls: type) -> "ProgramJSONError":
+    """The error for a value of a type a Program's JSON does not carry."""
+    return ProgramJSONError(f"cannot write a {cls.__module__}.{cls.__qualname__} into a Program's JSON: "
+                            "only hspmd_sdk.core value types and model configs travel")
+
+
 class _Writer:
     def __init__(self) -> None:
         self.objects: list[Any] = []
@@ -88,7 +94,7 @@ class _Writer:
             return {"$ref": self._object(x)}
         if hasattr(x, "keys") and hasattr(x, "items"):  # a read-only mapping
             return self.value(dict(x.items()))
-        return {"$ref": self._object(x)}
+        raise _cannot_write(t)
 
     def _kind(self, cls: type, x: Any) -> tuple[str, str, tuple[str, ...]]:
         got = self._kinds.get(cls)
@@ -105,8 +111,7 @@ class _Writer:
                                            "module")
                 got = ("$model", path, ())
             else:
-                raise ProgramJSONError(f"cannot write a {cls.__module__}.{cls.__qualname__} into a Program's JSON: "
-                                       "only hspmd_sdk.core value types and model configs travel")
+                raise _cannot_write(cls)
             self._kinds[cls] = got
         return got
 
