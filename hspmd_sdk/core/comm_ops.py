@@ -89,8 +89,7 @@ class _Kinded:
     kind: OpKind
 
     def __post_init__(self) -> None:
-        if type(self.kind) is not OpKind:
-            object.__setattr__(self, "kind", OpKind(self.kind))
+        object.__setattr__(self, "kind", OpKind(self.kind))  # a member reads back as itself
 
 
 def ring_numel(kind: OpKind, in_boxes: "tuple[Box, ...]") -> int:

@@ -69,9 +69,8 @@ class Node:
         return self.kind == RESHARD
 
     def __str__(self) -> str:
-        args = ", ".join(self.inputs)
-        extra = "".join(f", {k}={v}" for k, v in self.attrs if k not in ("shape",))
-        return f"{', '.join(self.outputs)} = {self.kind}({args}{extra})"
+        args = ", ".join([*self.inputs, *(f"{k}={v}" for k, v in self.attrs if k != "shape")])
+        return f"{', '.join(self.outputs)} = {self.kind}({args})"
 
 
 @dataclass(frozen=True)
@@ -220,7 +219,7 @@ class GraphBuilder:
         return _Scope(self, prefix)
 
     def _fresh(self, base: str) -> str:
-        full = ".".join(self._scope + [base]) if self._scope else base
+        full = ".".join([*self._scope, base])
         if full not in self._tensors:
             return full
         i = 1
@@ -229,7 +228,7 @@ class GraphBuilder:
         return f"{full}_{i}"
 
     def _explicit(self, name: str) -> str:
-        full = ".".join(self._scope + [name]) if self._scope else name
+        full = ".".join([*self._scope, name])
         if full in self._tensors:
             raise SpecializationError(f"graph {self.name!r}: tensor name {full!r} is already used")
         return full

@@ -178,7 +178,7 @@ def _units(model: "ModelSpec", num_stages: int, j: int, stage: "Stage",
         out.insert(0, (("embedding",), float(model.embedding_param_count())))
     if include_embedding and j == num_stages - 1:
         out.append((("head",), float(model.head_param_count())))
-    return [(u, c) for u, c in out if c > 0]
+    return out
 
 
 def layer_activations(model: "ModelSpec", tokens: float, split: float, *, recompute: bool = False,
@@ -217,8 +217,8 @@ def _activations(model: "ModelSpec", stage: "Stage", tokens: float, split: float
 def _kind_of(rank: int, cluster: "Cluster | None", device: str | None) -> str:
     """The device kind whose runtime part a rank gets: ``device`` when given (``"cpu"``/``"cuda"``), else the
     cluster's kind of the rank, ``""`` when unknown."""
-    if device is not None:
-        return LOCAL_KIND if device == "cpu" else device
+    if device is not None:  # "cpu" is LOCAL_KIND itself
+        return device
     if cluster is None or not 0 <= rank < cluster.num_ranks:
         return ""
     return cluster.kind(rank)
