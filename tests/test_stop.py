@@ -53,17 +53,18 @@ def test_stop_ends_a_training_job_at_a_step_boundary_and_it_resumes_from_there(t
     reference = reference_training(LlamaConfig.preset("tiny"), steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ,
                                    lr=LR)
     job = launch(_program(cluster), cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, timeout_s=60,
-                          checkpoint_dir=tmp_path / "ck", checkpoint_every=100, slowdown={r: 4.0 for r in range(3)},
-                          progress=True, tensorboard=tmp_path / "tb")
+                 checkpoint_dir=tmp_path / "ck", checkpoint_every=100, progress=True, tensorboard=tmp_path / "tb",
+                 hold_at=[2])
     pids = job.pids()
-    wait_for(lambda: job.metrics.last_step() >= 2)
+    job.wait_held(2)  # every rank waits at the start of step 2: the stop is requested while the job runs
     dash = _dashboard(job)
     if dash is not None:
         assert "job.stop()" in dash.state["stop_hint"] and "job.cancel()" not in dash.state["stop_hint"]
     job.stop()
+    job.release(2)  # the stop is heard at step 2's commit: the job ends after it, 3 steps done
     result = job.wait(timeout=120)
     done = result.stopped_at
-    assert job.status is JobStatus.STOPPED and done is not None and 3 <= done < STEPS, done
+    assert job.status is JobStatus.STOPPED and done == 3, done
     said = f"stopped at step {done}"
     assert job.status_text == said and said in repr(job) and "succeeded" not in repr(job)
     progress = capsys.readouterr().err.splitlines()
