@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ResolutionError
-from .annotation import DS, DUPLICATE, PARTIAL, Annotation, is_split
+from .annotation import DS, DUPLICATE, PARTIAL, Annotation
 from .resolve import resolve
 
 if TYPE_CHECKING:
@@ -41,9 +41,10 @@ def gradient_layout(ann: Annotation, consumed: str = "redundant") -> Annotation:
         raise ValueError(f"consumed must be 'redundant' or 'divergent', not {consumed!r}")
     ds = [_grad_ds(d, consumed) for d in ann.ds_union]
     hdim = ann.hdim
-    if hdim == PARTIAL or (consumed == "divergent" and hdim == DUPLICATE and ann.hsize > 1):
+    if hdim == PARTIAL or (consumed == "divergent" and hdim == DUPLICATE):
         hdim = DUPLICATE if hdim == PARTIAL else PARTIAL
-    return Annotation(ann.dg_union, ds, hdim, ann.hratios if is_split(hdim) else None)
+    # With HSize 1 the Annotation normalises HDim to Duplicate; hratios come only with a split HDim, which stays.
+    return Annotation(ann.dg_union, ds, hdim, ann.hratios)
 
 
 def _grad_ds(ds: DS, consumed: str) -> DS:

@@ -115,4 +115,4 @@ def concat(xs: Sequence[Tensor], dim: int, *, name: str | None = None) -> Tensor
 
 def cross_entropy(logits: Tensor, targets: Tensor, *, name: str | None = None) -> Tensor:
     """Mean cross-entropy over all tokens: ``logits[..., V]``, ``targets[...]`` (int64) -> scalar."""
-    return _b(logits).add("cross_entropy", [logits, targets], {}, name=name, dtype=logits.dtype)[0]
+    return _b(logits).add("cross_entropy", [logits, targets], {}, name=name)[0]

@@ -57,7 +57,7 @@ def owned_boxes(annotation: Annotation, shape: Sequence[int], rank: int) -> tupl
     """The parts of ``rank``'s box that ``rank`` owns (:func:`owned_boxes_by_rank`), each as a box *relative to
     the rank's local tensor* (``local[tuple(slice(a, b) for a, b in box)]``); ``()`` when it owns nothing or holds
     nothing."""
-    mine = owned_boxes_by_rank(annotation, shape).get(rank, ())
+    mine = owned_boxes_by_rank(annotation, shape).get(rank)  # None: rank holds nothing
     if not mine:
         return ()
     held = next(v.box for v in local_views(annotation, shape) if v.rank == rank)

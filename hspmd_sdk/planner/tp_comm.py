@@ -78,10 +78,7 @@ def unit_collectives(model: "ModelSpec", tp: int, ratios: Sequence[int] | None =
     if tp <= 1:
         return UnitCollectives((), (), (), (), (), ())
     key = None if ratios is None or len(set(ratios)) <= 1 else tuple(int(r) for r in ratios)
-    try:
-        return _cached(model, tp, key)
-    except TypeError:  # a config that is not hashable: specialize every time
-        return _read(model, tp, key)
+    return _cached(model, tp, key)  # configs are hashable values: specialize() caches their graphs alike
 
 
 @functools.lru_cache(maxsize=256)
@@ -96,7 +93,7 @@ def _three_layers(model: "ModelSpec") -> "ModelSpec":
         return model
     if hasattr(model, "model_copy"):
         return model.model_copy(update={"num_layers": 3})
-    if dataclasses.is_dataclass(model) and not isinstance(model, type):
+    if dataclasses.is_dataclass(model):
         return dataclasses.replace(model, num_layers=3)
     return model
 
@@ -158,7 +155,7 @@ def _rings(op: Any) -> list[tuple[OpKind, tuple[int, ...], int]]:
     """``(ring kind, ranks, buffer elements)`` of each collective ``op`` runs over two or more ranks: a bottom-tier
     group's (:func:`ring_numel`), or an uneven group's split collective (SPEC §12), whose slices partition the
     tensor reduced or the one gathered, as the ring collective of that buffer."""
-    if isinstance(op, SplitCollectiveOp) and op.kind in _SPLIT:
+    if isinstance(op, SplitCollectiveOp):  # resolve makes them of the three kinds of _SPLIT only
         ranks = tuple(sorted(op.ranks()))
         return [(_SPLIT[op.kind], ranks, sum(box_numel(sl.box) for sl in op.slices))] if len(ranks) > 1 else []
     if isinstance(op, CollectiveOp) and op.kind in _RING:
@@ -167,4 +164,4 @@ def _rings(op: Any) -> list[tuple[OpKind, tuple[int, ...], int]]:
 
 
 def _items(c: Counter) -> tuple[Collective, ...]:
-    return tuple(sorted(k for k, n in c.items() for _ in range(max(0, n))))
+    return tuple(sorted(c.elements()))  # Counter.elements: each key its count times, none below one

@@ -135,15 +135,15 @@ class RunConfig(BaseModel):
         found = [r for f, r in adam_problems(**{**_ADAM_DEFAULTS, info.field_name: value}) if f == info.field_name]
         if found:
             raise ValueError(found[0])
-        return tuple(value) if info.field_name == "betas" else value
+        return value  # betas: a list or tuple (adam_problems takes no other), a tuple once the type is checked
 
     @field_validator("seq_len", "context")
     @classmethod
     def _positions(cls, value: int | None, info: ValidationInfo) -> int | None:
         """At most the longest sequence the model's learned position table embeds."""
-        limit = position_limit((info.context or {}).get("model"))
+        model = (info.context or {}).get("model")
+        limit = position_limit(model)
         if value is not None and limit is not None and value > limit:
-            model = (info.context or {}).get("model")
             raise ValueError(f"must be at most {limit} for {type(model).__name__} {getattr(model, 'name', '')!r} "
                              f"(its learned position embedding has max_seq_len={limit} positions), not {value}")
         return value
@@ -261,34 +261,31 @@ def check_run_options(model: Any = None, *, mixed: bool = False, what: str = "tr
         config = RunConfig.model_validate(options, context={"model": model, "mixed": mixed})
     except ValidationError as e:
         problems += _problems(e, options, fields)
-        config = None
     if problems:
         raise PlanValidationError(_dedupe(problems), what=what)
-    assert config is not None
     return config
 
 
 def _problems(err: ValidationError, options: Mapping[str, Any], fields: Mapping[str, Any]
               ) -> list[tuple[str, str]]:
-    """``(option path, reason)`` of each pydantic error: the value given and what the option allows."""
+    """``(option path, reason)`` of each pydantic error of validating a mapping of options (each error is at an
+    option: ``RunConfig`` has no model-wide validator): the value given and what the option allows."""
     import difflib
 
     out = []
     for e in err.errors(include_url=False):
-        loc = e.get("loc", ())
-        name = str(loc[0]) if loc else ""
+        loc = e["loc"]
+        name = str(loc[0])
         path = name + "".join(f"[{p}]" for p in loc[1:] if isinstance(p, int))
         if e["type"] == "extra_forbidden":
             near = difflib.get_close_matches(name, list(fields), n=1)
             hint = f"; did you mean {near[0]!r}?" if near else f"; the options are {sorted(fields)}"
             out.append((name, f"is not an option of launch{hint}"))
-        elif e["type"] == "value_error":
-            msg = str(e.get("msg", "invalid"))
-            out.append((path, msg[len("Value error, "):] if msg.startswith("Value error, ") else msg))
-        else:
-            allowed = fields[name].description if name in fields else "valid"
-            value = options.get(name, e.get("input")) if path == name else e.get("input")
-            out.append((path, f"must be {allowed}, not {value!r}"))
+        elif e["type"] == "value_error":  # a validator's ValueError: its message, which says what is allowed
+            out.append((path, e["msg"].removeprefix("Value error, ")))
+        else:  # the option's value as given (pydantic's input may be converted: Int's numpy integer to int)
+            value = options.get(name, e["input"]) if path == name else e["input"]
+            out.append((path, f"must be {fields[name].description}, not {value!r}"))
     return out
 
 
