@@ -94,7 +94,7 @@ def _json_default(obj: Any) -> Any:
     tolist = getattr(obj, "tolist", None)
     if callable(tolist):  # torch.Tensor, numpy arrays and scalars
         return tolist()
-    if isinstance(obj, (set, frozenset, tuple)):
+    if isinstance(obj, (set, frozenset)):  # tuples never get here: json writes them as lists itself
         return list(obj)
     return repr(obj)
 
@@ -108,7 +108,7 @@ class Channel:
         self._lock = threading.Lock()
 
     def send(self, kind: str, **fields: Any) -> None:
-        data = encode(kind, self.rank, **fields).encode("utf-8", "replace")
+        data = encode(kind, self.rank, **fields).encode("utf-8")  # ASCII: json.dumps escapes the rest
         with self._lock:
             view = memoryview(data)
             while view:
