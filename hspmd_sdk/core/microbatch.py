@@ -44,10 +44,10 @@ def micro_batch_plan(plan: Any, dim: int, chunk: tuple[int, int], size: int) -> 
     if size > b - a or size < 1:
         raise MicroBatchError(f"micro-batch of {size} rows does not fit the pipeline's chunk [{a}, {b})")
 
-    def fix(box: Box) -> Box:
-        if len(box) <= dim or box[dim] != (a, b):
-            lo, hi = box[dim] if len(box) > dim else (0, 0)
-            if len(box) > dim and lo < b and a < hi:
+    def fix(box: Box) -> Box:  # every box of a plan is a box of its tensor: it has the batch dim
+        if box[dim] != (a, b):
+            lo, hi = box[dim]
+            if lo < b and a < hi:
                 raise MicroBatchError(f"box {box} covers part of the pipeline's batch chunk [{a}, {b}) along dim "
                                       f"{dim}: a plan that splits the batch inside a pipeline cannot be "
                                       "micro-batched")

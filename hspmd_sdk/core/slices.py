@@ -77,10 +77,6 @@ class Grid:
                 cuts[d].add(b)
         self.cuts: list[list[int]] = [sorted(c) for c in cuts]
 
-    @property
-    def num_cells(self) -> int:
-        return math.prod(len(c) - 1 for c in self.cuts)
-
     def cells_of(self, box: Box) -> Iterator[tuple[int, ...]]:
         """Indices of the cells inside ``box``."""
         ranges = []
@@ -114,7 +110,7 @@ def coalesce(items: Iterable[tuple[K, Box]], order: Callable[[K], object] | None
                     last = merged[-1]
                     if (last[d][1] == bx[d][0]
                             and all(last[i] == bx[i] for i in range(ndim) if i != d)):
-                        merged[-1] = tuple((last[i][0], bx[i][1]) if i == d else last[i] for i in range(ndim))
+                        merged[-1] = tuple((lo, hi) for (lo, _), (_, hi) in zip(last, bx))  # equal off dim d
                         continue
                 merged.append(bx)
             boxes = merged

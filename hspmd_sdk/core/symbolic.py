@@ -23,9 +23,8 @@ from typing import Mapping, Sequence, Union
 
 from ..errors import ShapeError
 
-__all__ = ["Sym", "Dim", "Shape", "sym", "dim_mul", "dim_div", "dim_prod", "dims_equal", "is_concrete",
-           "evaluate_dim", "evaluate_shape", "shape_str", "divides", "symbols_of", "Constraint", "dim_frac",
-           "representative_value"]
+__all__ = ["Sym", "Dim", "Shape", "sym", "dim_mul", "dim_div", "dim_prod", "dims_equal", "evaluate_dim",
+           "evaluate_shape", "shape_str", "divides", "symbols_of", "Constraint", "dim_frac", "representative_value"]
 
 
 @dataclass(frozen=True)
@@ -103,10 +102,6 @@ def sym(name: str) -> Sym:
     return Sym(Fraction(1), (name,))
 
 
-def is_concrete(d: Dim) -> bool:
-    return isinstance(d, int)
-
-
 def _as_sym(d: Dim) -> Sym:
     return d if isinstance(d, Sym) else Sym(Fraction(d), ())
 
@@ -167,8 +162,7 @@ def divides(small: Dim, big: Dim) -> bool:
         if f not in rest:
             return False
         rest.remove(f)
-    q = sb.coef / sa.coef if sa.coef else Fraction(0)
-    return q.denominator == 1 or bool(rest)
+    return not sa.coef or (sb.coef / sa.coef).denominator == 1 or bool(rest)
 
 
 def symbols_of(d: Dim) -> set[str]:
@@ -213,14 +207,8 @@ def shape_str(shape: Sequence[Dim]) -> str:
 
 def representative_value(name: str, constraints: Sequence[Sym], hint: int | None = None) -> int:
     """A value for symbol ``name`` that satisfies every single-symbol constraint in ``constraints``: ``hint`` when
-    it does, else the least common multiple of the moduli (at least 1)."""
-    mods = [c.modulus // math.gcd(c.modulus, c.coef.numerator) for c in constraints
-            if c.factors == (name,) and not c.is_integral]
-    lcm = 1
-    for m in mods:
-        lcm = lcm * m // math.gcd(lcm, m)
-    if hint is not None and hint % lcm == 0:
-        return hint
-    if hint is not None:
-        return max(lcm, (hint // lcm) * lcm) or lcm
-    return lcm
+    it does, else the largest multiple of the least common multiple of the moduli not above ``hint`` but at least
+    that lcm (without a hint: the lcm; with no constraint it is 1).  A constraint ``coef * name`` is integral
+    exactly when ``name`` is a multiple of ``coef``'s denominator (a ``Fraction`` is in lowest terms): its modulus."""
+    lcm = math.lcm(*(c.modulus for c in constraints if c.factors == (name,) and not c.is_integral))
+    return lcm if hint is None else max(lcm, hint // lcm * lcm)

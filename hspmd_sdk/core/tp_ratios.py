@@ -11,11 +11,12 @@ modules (the strategy's checks call it).
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import HSPMDError
-from .annotation import DS, DUPLICATE, Annotation, is_split
+from .annotation import DS, Annotation, is_split
 from .deduction import deduce
 from .model_spec import placements_by_tensor
 
@@ -29,8 +30,8 @@ __all__ = ["ratio_units", "stage_units", "feasible_ratios", "ratio_problem"]
 
 
 @lru_cache(maxsize=64)
-def _probe(hdim: int) -> Annotation:
-    """A tensor at HDim ``hdim`` (-1: duplicated) over two one-device subgroups."""
+def _probe(hdim: int | None) -> Annotation:
+    """A tensor at HDim ``hdim`` (``None``: the annotation's default, duplicated) over two one-device subgroups."""
     return Annotation([[0], [1]], [DS({}), DS({})], hdim)
 
 
@@ -43,13 +44,12 @@ def ratio_units(model: "ModelSpec") -> dict[str, tuple[Any, int, int]]:
     GQA's KV heads) all appear: ratios are feasible for a stage when every such size splits integrally."""
     graph = model.build_graph()
     table = placements_by_tensor(model)
-    given = {name: _probe(DUPLICATE if p.tp_split is None else p.tp_split)
-             for name, p in table.items() if name in graph.tensors}
-    anns = deduce(graph, given)
+    given = {name: _probe(p.tp_split) for name, p in table.items() if name in graph.tensors}
+    anns = deduce(graph, given)  # refuses a placed tensor that is neither a leaf nor a Reshard, and an unplaced leaf
     where: dict[str, Any] = {}
-    for node in graph.nodes:
-        place = table.get(node.outputs[0]) if (node.is_leaf or node.is_reshard) else None
-        at = place.where if place is not None else next((where[t] for t in node.inputs if t in where), None)
+    for node in graph.nodes:  # in graph order: a node's inputs are earlier nodes' outputs
+        place = table.get(node.outputs[0])  # placed: a leaf or a Reshard; otherwise where its first input is
+        at = place.where if place is not None else where[node.inputs[0]]
         for t in node.outputs:
             where[t] = at
     out: dict[str, tuple[Any, int, int]] = {}
@@ -75,11 +75,11 @@ def feasible_ratios(ratios: Sequence[int], unit: int) -> list[int] | None:
     one part per rank, or ``None`` when ``unit`` has fewer parts than ranks.  Every size that a stage's split
     reaches must be a multiple of ``sum(ratios)`` in lowest terms, so ``unit`` is the gcd of those sizes."""
     n, total = len(ratios), sum(ratios)
-    best: tuple[float, list[int]] | None = None
+    best: tuple[Fraction, list[int]] | None = None
     for parts in range(n, unit + 1):
         if unit % parts:
             continue
-        exact = [r * parts / total for r in ratios]
+        exact = [Fraction(r * parts, total) for r in ratios]  # exact: equal remainders and errors tie exactly
         got = [max(1, int(x)) for x in exact]
         while sum(got) < parts:  # largest remainder
             i = max(range(n), key=lambda i: exact[i] - got[i])
@@ -87,9 +87,9 @@ def feasible_ratios(ratios: Sequence[int], unit: int) -> list[int] | None:
         while sum(got) > parts:
             i = max((i for i in range(n) if got[i] > 1), key=lambda i: got[i] - exact[i])
             got[i] -= 1
-        err = max(abs(g / parts - r / total) for g, r in zip(got, ratios))
+        err = max(abs(Fraction(g, parts) - Fraction(r, total)) for g, r in zip(got, ratios))
         g = math.gcd(*got)
-        if best is None or err <= best[0] + 1e-12:  # ties: the finer split, nearer the ask
+        if best is None or err <= best[0]:  # ties: the finer split, nearer the ask
             best = (err, [x // g for x in got])
     return None if best is None else best[1]
 
