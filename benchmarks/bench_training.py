@@ -24,7 +24,9 @@ repeats, so a patch of background load hits all alike); the figure of a job is i
 Step by step in one job (:func:`interleaved_entry`, the house's interleaved method of ``benchmarks._peers``): our
 DP4 executor with the step's commit, without and with clipping, and the DDP step without and with
 ``clip_grad_norm_``, one step each in rotating order per round: the ratio ours / DDP and the cost of clipping as
-medians of ratios of adjacent steps, which background load disturbs far less than whole jobs in turns.
+medians of ratios of adjacent steps, which background load disturbs far less than whole jobs in turns.  There each
+rank also counts its process's CPU seconds per step (every thread: compute and gloo's): with 4 ranks on 2 cores a
+step's wall time is about the ranks' CPU time over the cores, so the CPU ratio says where the time goes.
 
 The data path: ``TokenCorpus.global_batch`` timed directly in this process for the same steps' batches (the whole
 batch, and one DP4 rank's 2 rows, what a rank reads per step), against the DP4 step.
@@ -191,13 +193,16 @@ def interleaved_entry(state: Any, spec: Any) -> dict[str, Any]:
     data = dataset_for(run["data"], model.vocab_size)
     batches = [data.global_batch(s, B_, S_, seed) for s in range(8)]
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     for rnd in range(int(p["warmup"]) + int(p["rounds"])):
         k = rnd % len(names)
         for name in names[k:] + names[:k]:
-            dt, _ = _timed(lambda: steps[name](batches[rnd % len(batches)]))
+            used: list[float] = []
+            dt, _ = _timed(lambda: steps[name](batches[rnd % len(batches)]), used)
             if rnd >= int(p["warmup"]):
                 times[name].append(dt)
-    return {"times": times}
+                cpu[name].append(used[0])
+    return {"times": times, "cpu": cpu}
 
 
 # ---- the launcher side -------------------------------------------------------------------------------------------
@@ -268,14 +273,19 @@ def interleaved(args: argparse.Namespace, corpus: str, program: Any, cluster: Cl
                                 "max_norm": RECIPE["max_norm"]},
                        transport=LocalTransport(cwd=str(REPO)), progress=False, timeout_s=900).wait()
     t = res.results[0]["times"]
+    cpu = {n: [statistics.median(v) for v in zip(*(res.results[r]["cpu"][n] for r in sorted(res.results)))]
+           for n in t}  # per round, the median rank's CPU seconds (this process, every thread)
 
-    def pairwise(a: str, b: str) -> float:
-        return statistics.median(x / y for x, y in zip(t[a], t[b]))
+    def pairwise(a: str, b: str, of: Mapping[str, list[float]] = t) -> float:
+        return statistics.median(x / y for x, y in zip(of[a], of[b]))
 
     out = {"median_s": {n: statistics.median(v) for n, v in t.items()}, "min_s": {n: min(v) for n, v in t.items()},
            "ours_over_ddp_tokens_per_s": pairwise("ddp", "ours"),
            "ours_over_ddp_tokens_per_s_clipped": pairwise("ddp_clip", "ours_clip"),
            "clip_cost_ours": pairwise("ours_clip", "ours") - 1, "clip_cost_ddp": pairwise("ddp_clip", "ddp") - 1,
+           "cpu_s": {n: statistics.median(v) for n, v in cpu.items()},
+           "ours_over_ddp_cpu_per_step": pairwise("ours", "ddp", cpu),
+           "ours_over_ddp_cpu_per_step_clipped": pairwise("ours_clip", "ddp_clip", cpu),
            "n": len(t["ours"]), "times": t, "load_before": before, "load_after": load()}
     m = out["median_s"]
     print("  " + ", ".join(f"{n} {v * 1e3:.1f} ms" for n, v in m.items())
@@ -283,6 +293,10 @@ def interleaved(args: argparse.Namespace, corpus: str, program: Any, cluster: Cl
     print(f"  ours tokens/s over DDP's (pairwise): {out['ours_over_ddp_tokens_per_s']:.3f} without clipping, "
           f"{out['ours_over_ddp_tokens_per_s_clipped']:.3f} with; clipping costs ours "
           f"{out['clip_cost_ours'] * 100:+.1f}%, DDP {out['clip_cost_ddp'] * 100:+.1f}% of a step", flush=True)
+    print(f"  CPU seconds of a step per rank (every thread), ours over DDP's: "
+          f"{out['ours_over_ddp_cpu_per_step']:.3f} without clipping, "
+          f"{out['ours_over_ddp_cpu_per_step_clipped']:.3f} with (" + ", ".join(
+              f"{n} {v * 1e3:.1f} ms" for n, v in out["cpu_s"].items()) + ")", flush=True)
     return out
 
 

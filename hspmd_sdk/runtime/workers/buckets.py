@@ -149,6 +149,29 @@ class GradBuckets:
         # one flat buffer per bucket, kept across steps (DDP keeps its buckets too): a fresh multi-MB tensor a
         # step is fresh pages from the OS to fault in, every step
         self._buffers: dict[int, torch.Tensor] = {}
+        self._kept: dict[int, tuple[torch.Tensor, Any]] = {}  # id -> a tensor watched step after step, its hook
+        # readiness by counting (a hook's check is O(its use's items), not a scan of the next bucket's items)
+        self._items_of_use: dict[str, list[int]] = {}
+        for i, it in enumerate(self.items):
+            for u in dict.fromkeys(it.uses):
+                self._items_of_use.setdefault(u, []).append(i)
+        self._buckets_of_item: dict[int, list[int]] = {}
+        for k, b in enumerate(self.buckets):
+            for i in b.items:
+                self._buckets_of_item.setdefault(i, []).append(k)
+        # per bucket, where each slice this rank receives lands: (item, offset, numel, shape, None when the slice
+        # is the item's whole output on this rank, else (that output's box, the slice's place in it))
+        self._unpack: list[list[tuple[int, int, int, tuple[int, ...], Any]]] = []
+        for b in self.buckets:
+            at, places = 0, []
+            for i, sl in b.members:
+                n = box_numel(sl.box)
+                if self.rank in sl.receivers:
+                    mine = dict(self._ops[i].out_boxes)[self.rank]  # type: ignore[union-attr]
+                    places.append((i, at, n, box_shape(sl.box),
+                                   None if sl.box == mine else (mine, relative(sl.box, mine))))
+                at += n
+            self._unpack.append(places)
         self._reset()
 
     # ---- per step ---------------------------------------------------------------------------------------------
@@ -161,6 +184,8 @@ class GradBuckets:
         self._names: dict[int, list[str]] = {}           # id(tensor) -> its use names
         self._held: set[str] = set()
         self._final: set[str] = set()
+        self._waiting = [0] * len(self.items)      # per item: its held uses not final yet
+        self._unready = [0] * len(self.buckets)    # per bucket: its items with a use waiting
         self._all_final = False
         self._last = False
         self._next = 0
@@ -170,17 +195,50 @@ class GradBuckets:
     def begin(self, held: Iterable[str]) -> None:
         """A new step: ``held`` are the use tensors this rank holds (they will be :meth:`watch` ed)."""
         self._reset()
-        self._held = set(held)
+        for use in held:
+            self._hold(use)
 
-    def watch(self, use: str, tensor: torch.Tensor) -> None:
-        """Collect the gradients of ``tensor`` (the use ``use``, a leaf) from now on."""
+    def _hold(self, use: str) -> None:
+        """``use`` is held by this rank: its items wait for it until it is final."""
+        if use in self._held:
+            return
+        self._held.add(use)
+        if use in self._final:
+            return
+        for i in self._items_of_use.get(use, ()):
+            self._waiting[i] += 1
+            if self._waiting[i] == 1:
+                for k in self._buckets_of_item.get(i, ()):
+                    self._unready[k] += 1
+
+    def _finalize(self, use: str) -> None:
+        """``use``'s gradient is final: its items wait for it no more."""
+        if use in self._final:
+            return
+        self._final.add(use)
+        if use not in self._held:
+            return
+        for i in self._items_of_use.get(use, ()):
+            self._waiting[i] -= 1
+            if self._waiting[i] == 0:
+                for k in self._buckets_of_item.get(i, ()):
+                    self._unready[k] -= 1
+
+    def watch(self, use: str, tensor: torch.Tensor, *, keep: bool = False) -> None:
+        """Collect the gradients of ``tensor`` (the use ``use``, a leaf) in this step.  ``keep``: the same
+        tensor is watched again in the next steps (a parameter's leaf): its hook stays registered."""
         key = id(tensor)
         self._tensor[use] = tensor
-        self._held.add(use)
+        self._hold(use)
         if key in self._names:  # one tensor under two names: autograd already sums its uses
             self._names[key].append(use)
             return
         self._names[key] = [use]
+        if keep:  # holding the tensor keeps its id unique
+            kept = self._kept.get(key)
+            if kept is None or kept[0] is not tensor:
+                self._kept[key] = (tensor, tensor.register_post_accumulate_grad_hook(partial(self._on_grad, key)))
+            return
         self._handles.append(tensor.register_post_accumulate_grad_hook(partial(self._on_grad, key)))
 
     def last_backward(self, flag: bool) -> None:
@@ -188,6 +246,9 @@ class GradBuckets:
         self._last = bool(flag)
 
     def _on_grad(self, key: int, tensor: torch.Tensor) -> None:
+        names = self._names.get(key)
+        if names is None:  # a kept tensor that this step does not watch
+            return
         g = tensor.grad
         if g is not None:
             if g.dtype == torch.float32:  # autograd sums the micro-batches into .grad itself, in place
@@ -197,8 +258,8 @@ class GradBuckets:
                 acc = self._grad.get(key)
                 self._grad[key] = g.float() if acc is None else acc.add_(g)
         if self._last:
-            names = self._names[key]
-            self._final.update(names)
+            for name in names:
+                self._finalize(name)
             if self.trace is not None:
                 self.trace("grad_final", uses=list(names))
             self._post_ready()
@@ -210,26 +271,28 @@ class GradBuckets:
         self._post_ready()
 
     # ---- buckets ----------------------------------------------------------------------------------------------
-    def _ready(self, i: int) -> bool:
-        return self._all_final or all(u in self._final for u in self.items[i].uses if u in self._held)
-
     def _post_ready(self) -> None:
-        while self._next < len(self.buckets) and all(self._ready(i) for i in self.buckets[self._next].items):
+        """Post the next buckets in order whose items are ready: every use of theirs this rank holds is final."""
+        while self._next < len(self.buckets) and (self._all_final or not self._unready[self._next]):
             self._post(self.buckets[self._next])
             self._next += 1
 
     def _local(self, i: int) -> torch.Tensor | None:
-        """Item ``i``'s local sum (fp32): the gradients of the uses this rank holds, zeros for one that got none;
+        """Item ``i``'s local sum (fp32): the gradients of the uses this rank holds (zeros if none got one);
         ``None`` if it holds none."""
-        total, seen = None, set()
+        total, held = None, None
+        seen: set[int] = set()
         for u in self.items[i].uses:
             t = self._tensor.get(u)
             if t is None or id(t) in seen:
                 continue
             seen.add(id(t))
+            held = t
             g = self._grad.get(id(t))
-            g = g if g is not None else torch.zeros(t.shape, dtype=torch.float32, device=t.device)
-            total = g if total is None else total + g
+            if g is not None:
+                total = g if total is None else total + g
+        if total is None and held is not None:
+            return torch.zeros(held.shape, dtype=torch.float32, device=held.device)
         return total
 
     def _wire_input(self, i: int) -> torch.Tensor | None:
@@ -262,19 +325,15 @@ class GradBuckets:
                     work.wait()
                 except RuntimeError as e:  # a peer failed or timed out: say which collective
                     raise CommExecutionError(f"rank {me}, gradient bucket {k} over {list(b.ranks)}: {e}") from e
-            at = 0
-            for i, s in b.members:
-                n = box_numel(s.box)
-                if me in s.receivers:
-                    mine = dict(self.items[i].plan.ops[0].out_boxes)[me]
-                    piece = buf[at:at + n].view(box_shape(s.box))
-                    if s.box == mine:  # the slice is this rank's whole gradient: a view of the bucket, no copy
-                        out[i] = piece
-                    else:
-                        if out.get(i) is None:
-                            out[i] = ctx.zeros(mine)
-                        out[i][relative(s.box, mine)] = piece  # type: ignore[index]
-                at += n
+            for i, at, n, shape, part in self._unpack[k]:
+                piece = buf[at:at + n].view(shape)
+                if part is None:  # the slice is this rank's whole gradient: a view of the bucket, no copy
+                    out[i] = piece
+                else:
+                    mine, where = part
+                    if out.get(i) is None:
+                        out[i] = ctx.zeros(mine)
+                    out[i][where] = piece  # type: ignore[index]
         for i in self.bucketed:
             if out.get(i) is None:  # no slice for this rank: zeros of its box (or it holds no destination)
                 outb = dict(self.items[i].plan.ops[0].out_boxes)
