@@ -97,6 +97,29 @@ def test_undecorated_functions_behave_as_decorated_ones_and_carry_a_plain_name()
         space["check"]()
 
 
+def test_a_protocols_decorated_members_are_left_as_they_are() -> None:
+    """A runtime-checkable Protocol checks every member in isinstance: a renamed ``family__undecorated`` would be a
+    member no implementation has (seen: ModelSpec), so a Protocol's body is not rewritten; other classes still are."""
+    source = textwrap.dedent('''
+        import typing
+
+        @typing.runtime_checkable
+        class Spec(typing.Protocol):
+            @property
+            def family(self) -> str: ...
+
+        class Impl:
+            @property
+            def family(self) -> str:
+                return "gpt"
+    ''')
+    text, n = undecorate.undecorate(source)
+    assert n == 1 and "def family__undecorated(self)" in text and text.count("@property") == 1
+    space: dict = {}
+    exec(compile(text, "<sample>", "exec"), space)  # noqa: S102 - the sample above
+    assert isinstance(space["Impl"](), space["Spec"]) and space["Impl"]().family == "gpt"
+
+
 def test_a_rule_matches_by_file_function_and_change_not_by_number() -> None:
     rule = summarize.Rule("memo", "a miss recomputes", ("core/annotation.py:local_views",),
                           removed=r"boxes\.get\(\(ds, sub\)\)", added=r"= None$")

@@ -32,7 +32,8 @@ def _targets(tree: ast.Module) -> list[tuple[ast.FunctionDef | ast.AsyncFunction
         seen: dict[str, int] = {}
         for node in body:
             if isinstance(node, ast.ClassDef):
-                visit(node.body)
+                if not _is_protocol(node):  # a Protocol's members are its interface: a renamed body is a member
+                    visit(node.body)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.decorator_list:
                 lone = node.decorator_list[0] if len(node.decorator_list) == 1 else None
                 if not (isinstance(lone, ast.Name) and lone.id in NATIVE):
@@ -42,6 +43,16 @@ def _targets(tree: ast.Module) -> list[tuple[ast.FunctionDef | ast.AsyncFunction
 
     visit(tree.body)
     return out
+
+
+def _is_protocol(node: ast.ClassDef) -> bool:
+    """Whether the class derives from ``Protocol`` (``typing.Protocol`` / ``Protocol[...]``): its bodies are stubs,
+    and ``isinstance`` against a runtime-checkable one checks every member, so ``name__undecorated`` would be a
+    member no implementation has."""
+    def named(b: ast.expr) -> str:
+        b = b.value if isinstance(b, ast.Subscript) else b
+        return b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "")
+    return any(named(b) == "Protocol" for b in node.bases)
 
 
 def undecorate(source: str) -> tuple[str, int]:
