@@ -235,11 +235,11 @@ def _buckets(costs: dict[StageKey, _StageCost]) -> list[tuple[tuple[StageKey, ..
 
 
 def _group_link(cluster: "Cluster", stages: list[list[int]]) -> "Link":
-    """The slowest link between position-aligned devices of the holder stages (the DP ring)."""
+    """The slowest link between position-aligned devices of the holder stages (the DP ring; two or more stages)."""
     width = max(len(s) for s in stages)
     links = [cluster.link(a[k % len(a)], b[k % len(b)]) for k in range(width)
-             for a, b in zip(stages, stages[1:] + stages[:1]) if a is not b]
-    return min(links, key=lambda l: l.bandwidth) if links else cluster.link(stages[0][0], stages[0][0])
+             for a, b in zip(stages, stages[1:] + stages[:1])]
+    return min(links, key=lambda l: l.bandwidth)
 
 
 def _run_collectives(op: OpKind, buckets: list[tuple[tuple[StageKey, ...], dict[StageKey, float]]],
@@ -327,7 +327,7 @@ def _shared_cores(one: "Callable[[Stretch | None], SimResult]", devices: dict[St
 
 def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, costs: dict[StageKey, _StageCost],
                    devices: dict[StageKey, list[int]], *, run: Callable[..., tuple[dict, list[Transfer]]],
-                   label: str = "", counted: "Strategy | None" = None,
+                   label: str, counted: "Strategy | None" = None,
                    stretch: "Stretch | None" = None, memory: dict[int, dict[str, float]] | None = None) -> SimResult:
     """One step from the stages' costs: ZeRO-1's parameter all-gather, the pipelines (``run(start, events)``:
     every stage's clock at its end and the transfers), the gradient synchronisation (last layers first), the
@@ -351,7 +351,7 @@ def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, co
     cps = {(i, j): st.cp for i, p in enumerate(strategy.pipelines) for j, st in enumerate(p.stages)}
     clock = _run_collectives(op, buckets[::-1], clock, devices, cluster, cost, events, "sync", cps)
     if memory is None:
-        memory = _memory(counted or strategy, cluster, costs, buckets, devices, cost)
+        memory = _memory(counted or strategy, cluster, costs, devices, cost)
     for k in costs:
         owned = sum(params / (len(h) if strategy.zero1 else 1) for h, ps in buckets for kk, params in ps.items()
                     if kk == k)
@@ -503,8 +503,7 @@ def _slowest_spec(cluster: "Cluster", devices: list[int], time_of: Callable[["De
 
 
 def _memory(strategy: "Strategy", cluster: "Cluster", costs: dict[StageKey, _StageCost],
-            buckets: list[tuple[tuple[StageKey, ...], dict[StageKey, float]]], devices: dict[StageKey, list[int]],
-            cost: CostModel) -> dict[int, dict[str, float]]:
+            devices: dict[StageKey, list[int]], cost: CostModel) -> dict[int, dict[str, float]]:
     """Per-device bytes from the stages' costs (a mixed-length step's shapes): params, grads, optimizer (ZeRO-1:
     divided by the holders of each unit), activations, reserve (the device's runtime,
     :meth:`CostModel.runtime_bytes`).  A device of an uneven stage (``ratios``) counts its own share

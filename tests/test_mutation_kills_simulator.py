@@ -1,0 +1,432 @@
+"""Tests written to kill the surviving mutants of mutation testing (scripts/mutation.sh) of planner/simulator.py.
+
+Each figure is worked out by hand from what the module's docstrings state: the summary's text, processor sharing
+over a timeline (a rank's work progresses at ``min(1, cores / n)`` with ``n`` the ranks of its node computing), the
+per-device memory parts (bf16 params and grads, 12 B of fp32 optimizer state a parameter divided by the holders
+under ZeRO-1, activations of the micro-batches in flight plus the transient, the device's runtime), the buckets of
+the gradient synchronisation (runs of model units held by the same stages, in model order) and the fixed point of
+:func:`_shared_cores`.  Nothing is compared with another output of the simulator.
+"""
+from __future__ import annotations
+
+import pytest
+
+from hspmd_sdk.core.cluster import Cluster, Link
+from hspmd_sdk.core.comm_ops import OpKind
+from hspmd_sdk.core.schedule import Action
+from hspmd_sdk.core.strategy import Strategy
+from hspmd_sdk.planner import simulate
+from hspmd_sdk.planner.cost import CostModel, LinkOverride
+from hspmd_sdk.planner.simulator import (Event, SimResult, _buckets, _group_link, _memory, _post_send,
+                                         _processor_sharing, _run_collectives, _shared_cores, _StageCost,
+                                         _with_idle)
+
+GiB = 2**30
+close = pytest.approx
+
+
+def _result(step: float = 1.0, timeline: dict | None = None, **kw) -> SimResult:
+    base = dict(step_time=step, timeline=timeline or {}, bubble_fraction=0.0, peak_memory={0: 1.0},
+                memory={}, capacity={0: 2.0}, oom=[])
+    return SimResult(**{**base, **kw})
+
+
+# ---- SimResult --------------------------------------------------------------------------------------------------
+def test_summary_text_with_label_pipelines_and_fit() -> None:
+    """The summary's exact lines: label prefix, step/bubble/sync figures, one line a pipeline, the peak in GiB
+    (2**30 B) and the fullest device by peak / capacity (device 0 at 2.0 of 1.0, not device 1 with the larger
+    peak), and 'fits in memory' when nothing is OOM."""
+    r = _result(1.23456, bubble_fraction=0.125, peak_memory={0: 2 * GiB, 1: 3 * GiB},
+                capacity={0: 1 * GiB, 1: 4 * GiB}, pipeline_end=[0.5, 0.75], sync_time=0.25, label="x")
+    assert r.summary() == ("x: step 1.235 s, bubble 12.5%, gradient sync + optimizer 0.250 s\n"
+                           "  pipeline 0: last backward at 0.500 s\n"
+                           "  pipeline 1: last backward at 0.750 s\n"
+                           "  peak memory 3.0 GiB; fullest device 0: 2.0 / 1.0 GiB\n"
+                           "  fits in memory")
+
+
+def test_summary_text_without_label_and_with_oom() -> None:
+    """No label: no prefix; an OOM list is printed as such."""
+    r = _result(1.0, bubble_fraction=0.5, peak_memory={0: 1 * GiB, 1: 3 * GiB},
+                capacity={0: 4 * GiB, 1: 2 * GiB}, oom=[1])
+    assert r.summary() == ("step 1.000 s, bubble 50.0%, gradient sync + optimizer 0.000 s\n"
+                           "  peak memory 3.0 GiB; fullest device 1: 3.0 / 2.0 GiB\n"
+                           "  OOM on devices [1]")
+
+
+def test_busy_sums_the_durations_of_the_kinds_asked() -> None:
+    """busy(): the seconds of F and B events by default, of the kinds given otherwise."""
+    r = _result(timeline={0: [Event(0.0, 1.0, "F", 0), Event(1.0, 1.5, "idle"), Event(1.5, 3.5, "B", 0),
+                              Event(3.5, 3.75, "optim")]})
+    assert r.busy(0) == 3.0
+    assert r.busy(0, ("idle", "optim")) == 0.75
+
+
+def test_with_idle_fills_the_gaps_and_sorts() -> None:
+    """_with_idle: events sorted by start, idle events in the gaps of [0, end] (none for a gap of rounding size)."""
+    evs = [Event(2.0, 3.0, "B", 0), Event(0.5, 1.0, "F", 0), Event(1.0, 2.0, "comm")]
+    assert _with_idle(evs, 4.0) == [Event(0.0, 0.5, "idle"), Event(0.5, 1.0, "F", 0), Event(1.0, 2.0, "comm"),
+                                    Event(2.0, 3.0, "B", 0), Event(3.0, 4.0, "idle")]
+    assert _with_idle([Event(1e-13, 1.0, "F")], 1.0 + 1e-13) == [Event(1e-13, 1.0, "F")]
+
+
+# ---- processor sharing --------------------------------------------------------------------------------------------
+# node 0 holds ranks 0, 1, 2; node 1 rank 3.  Computing intervals (F, B, optim) of the others on rank 0's node:
+# rank 1 [1, 3] (its comm [0, 1] does not compute), rank 2 [0.5, 1] (and a zero-length F at 1.0); rank 3 computes
+# all the time on its own node.
+SHARED = Cluster.load({"nodes": [{"host": "a", "kind": "cpu", "ranks": [0, 1, 2]},
+                                 {"host": "b", "kind": "cpu", "ranks": [3]}]})
+TIMELINE = {0: [Event(0.0, 2.0, "F", 0), Event(2.0, 4.0, "idle")],
+            1: [Event(0.0, 1.0, "comm"), Event(1.0, 3.0, "B", 0), Event(3.0, 4.0, "idle")],
+            2: [Event(0.0, 0.5, "idle"), Event(0.5, 1.0, "optim"), Event(1.0, 1.0, "F", 1),
+                Event(1.0, 4.0, "idle")],
+            3: [Event(0.0, 4.0, "F", 0)]}
+STAGES = {(0, 0): [3, 0], (0, 1): [1], (0, 2): [2]}
+
+
+def test_processor_sharing_on_one_core_by_hand() -> None:
+    """One core: rank 0's others compute [0.5, 1] (one), [1, 3] (one): 2 s of work from t=0 run at 1 until 0.5,
+    at 1/2 until 3 (1.25 s done), then 0.25 s at 1: 3.25 s; rank 3 (alone on its node) takes 2 s; the stage
+    takes its slowest device.  Zero work takes 0."""
+    s = _processor_sharing(_result(4.0, TIMELINE), STAGES, SHARED, CostModel(cores=1))
+    assert s((0, 0), 0.0, 2.0) == close(3.25)
+    assert s((0, 0), 0.0, 0.25) == close(0.25)  # ends before anyone else computes
+    assert s((0, 0), 0.0, 0.5) == close(0.5)  # ends exactly where rank 2 starts
+    assert s((0, 0), 2.0, 1.0) == close(1.5)  # 0.5 done at 1/2 by t=3, 0.5 alone
+    assert s((0, 0), 0.0, 0.0) == 0.0
+    # rank 1: the others compute [0, 2] (rank 0) and [0.5, 1] (rank 2): counts 1, 2, 1, 0 from 0, 0.5, 1, 2
+    assert s((0, 1), 1.0, 1.0) == close(1.5)  # t on a cut: from 1 at 1/2 until 2 (0.5), then 0.5 alone
+    assert s((0, 1), 0.5, 1.0) == close(0.5 + 1.0 + 1 / 3)  # 1/3 until 1, 1/2 until 2, then alone
+    # rank 2: the others compute [0, 2] and [1, 3]: counts 1, 2, 1, 0 from 0, 1, 2, 3
+    # 2 s from 0: 1/2 until 1 (0.5), 1/3 until 2, 1/2 until 3 (0.5), the remaining 2/3 alone
+    assert s((0, 2), 0.0, 2.0) == close(3.0 + 2 / 3)
+
+
+def test_processor_sharing_with_two_cores_by_hand() -> None:
+    """Two cores: rank 1 from t=0 runs at 1 while at most one other computes, at 2/3 in [0.5, 1] (three ranks):
+    1 s of work ends at 1 + 1/6; rank 3 alone runs at 1 (not 2: the rate is at most 1)."""
+    s = _processor_sharing(_result(4.0, TIMELINE), STAGES, SHARED, CostModel(cores=2))
+    assert s((0, 1), 0.0, 1.0) == close(1.0 + 1 / 6)
+    assert s((0, 0), 0.0, 2.0) == close(2.0)
+
+
+def test_processor_sharing_counts_after_every_change_at_one_instant() -> None:
+    """Rank 1 computes [0, 1] and [2, 3], rank 2 [1, 2]: one other rank computes all of [0, 3] on rank 0's node
+    (an end and a start at t=1 and at t=2 leave the count at 1), so 2 s of work on one core from t=0 get 1.5 s
+    done by t=3 and end at 3.5."""
+    timeline = {0: [Event(0.0, 4.0, "idle")], 1: [Event(0.0, 1.0, "F", 0), Event(2.0, 3.0, "B", 0)],
+                2: [Event(1.0, 2.0, "F", 0)]}
+    s = _processor_sharing(_result(4.0, timeline), {(0, 0): [0]}, Cluster.local(3), CostModel(cores=1))
+    assert s((0, 0), 0.0, 2.0) == close(3.5)
+
+
+# ---- _shared_cores: the fixed point ------------------------------------------------------------------------------
+def _rounds(steps: list[float]):
+    """A fake one(stretch): the i-th call returns a result of step time steps[i] whose timeline has rank 1 computing
+    for its whole step; records what its stretch makes of 1 s of work on stage (0, 0) (rank 0) from t=0."""
+    seen: list = []
+
+    def one(stretch):
+        i = len(seen)
+        seen.append(None if stretch is None else stretch((0, 0), 0.0, 1.0))
+        t = steps[i]
+        return _result(t, {0: [Event(0.0, t, "idle")], 1: [Event(0.0, t / 2, "F", 0), Event(t / 2, t, "idle")]},
+                       label=f"round {i}")
+    return one, seen
+
+
+TWO = {(0, 0): [0], (0, 1): [1]}
+
+
+def test_shared_cores_stops_at_the_fixed_point() -> None:
+    """First the bound (stretch None), then replays with processor sharing against the previous round's timeline,
+    until a round moves the step time by at most 0.1% of the previous round (not of the one before)."""
+    one, seen = _rounds([100.0, 50.0, 50.01, 7.0])
+    r = _shared_cores(one, TWO, Cluster.local(2), CostModel(cores=1))
+    assert r.label == "round 2"
+    # round 1 replays against round 0 (rank 1 computing until 50: 1 s takes 2), round 2 against round 1 (until 25)
+    assert seen == [None, 2.0, 2.0]
+
+
+def test_shared_cores_a_change_of_exactly_the_tolerance_has_converged() -> None:
+    """|1001 - 1000| = 1e-3 x 1000: converged (<=)."""
+    one, seen = _rounds([1000.0, 1001.0, 5.0])
+    assert _shared_cores(one, TWO, Cluster.local(2), CostModel(cores=1)).label == "round 1"
+    assert len(seen) == 2
+
+
+def test_shared_cores_not_oversubscribed_runs_once() -> None:
+    """No node with more ranks than cores: the bound is the answer, one round."""
+    for cost in (CostModel(cores=2), CostModel()):
+        one, seen = _rounds([3.0, 2.0])
+        assert _shared_cores(one, TWO, Cluster.local(2), cost).label == "round 0"
+        assert seen == [None]
+
+
+def test_shared_cores_not_converging_returns_the_slower_of_the_last_two() -> None:
+    """20 rounds without converging: the slower of the last two rounds (not of the last three, nor of all)."""
+    steps = [10.0 + 5.0 * (i % 2) for i in range(18)] + [1.0, 2.0]
+    one, seen = _rounds(steps)
+    r = _shared_cores(one, TWO, Cluster.local(2), CostModel(cores=1))
+    assert r.label == "round 19" and len(seen) == 20
+
+
+# ---- sends and memory ------------------------------------------------------------------------------------------
+def test_post_send_keeps_the_sender_busy_for_the_send_overhead() -> None:
+    """A measured send overhead (0.5 s x comm_scale 1) is a 'comm' event of the micro-batch on the sender and
+    advances its clock; without one (0 s) nothing is added."""
+    link = Link("intra", 1e9, 1e-6)
+    cost = CostModel(link_overrides={"intra": LinkOverride(latency=0.0, bandwidth=1e9, send_overhead=0.5)})
+    clock, events = {(0, 0): 2.0}, {(0, 0): []}
+    _post_send(cost, link, (0, 0), Action("SEND_F", 3, 1), clock, events)
+    assert events[(0, 0)] == [Event(2.0, 2.5, "comm", 3)] and clock[(0, 0)] == 2.5
+    clock, events = {(0, 0): 2.0}, {(0, 0): []}
+    _post_send(CostModel(), link, (0, 0), Action("SEND_F", 3, 1), clock, events)
+    assert events[(0, 0)] == [] and clock[(0, 0)] == 2.0
+
+
+def _sc(act: float, transient: float, units: tuple, memory_of: tuple = ()) -> _StageCost:
+    return _StageCost(fwd=0.0, bwd=0.0, act_per_mb=act, transient=transient, units=units, memory_of=memory_of)
+
+
+@pytest.mark.parametrize("zero1", [False, True])
+def test_memory_counts_each_part_by_hand(zero1: bool) -> None:
+    """_memory: params and grads 2 B and optimizer 12 B a parameter (divided by the number of stages holding the
+    unit under ZeRO-1), activations = per micro-batch x in flight (1F1B: min(m, stages - s)) + transient, the
+    runtime of the device's kind; a device of an uneven stage counts its own share (memory_of)."""
+    cluster = Cluster.load({"nodes": [{"host": "a", "kind": "cpu", "ranks": [0, 1]},
+                                      {"host": "b", "kind": "H20", "ranks": [2, 3]}]})
+    strategy = Strategy.load({"zero1": zero1, "pipelines": [
+        {"micro_batch_size": 1, "num_micro_batches": 4,
+         "stages": [{"devices": [0], "layers": [0, 1]}, {"devices": [1], "layers": [2, 3]}]},
+        {"micro_batch_size": 1, "num_micro_batches": 4,
+         "stages": [{"devices": [2, 3], "layers": [0, 3]}]}]})
+    emb, l0, head = ("embedding",), ("layer", 0), ("head",)
+    costs = {(0, 0): _sc(10.0, 3.0, ((emb, 100.0), (l0, 50.0))),
+             (0, 1): _sc(20.0, 5.0, ((head, 30.0),)),
+             (1, 0): _sc(7.0, 1.0, ((emb, 25.0), (l0, 25.0), (head, 40.0)),
+                         memory_of=((3, 4.0, 2.0, ((emb, 75.0), (l0, 75.0), (head, 8.0))),))}
+    devices = {(0, 0): [0], (0, 1): [1], (1, 0): [2, 3]}
+    cost = CostModel(cpu_baseline_mb=1.0, memory_reserve_mb=2.0)
+    got = _memory(strategy, cluster, costs, devices, cost)
+    z = 2.0 if zero1 else 1.0  # every unit is held by two stages
+
+    def want(params: float, act: float, reserve_mb: float) -> dict:
+        return {"params": 2 * params, "grads": 2 * params, "optimizer": 12 * params / z, "activations": act,
+                "reserve": reserve_mb * 2**20}
+    assert got == {0: want(150.0, 10.0 * 2 + 3.0, 1.0),  # stage 0 of 2, 4 micro-batches: 2 in flight
+                   1: want(30.0, 20.0 * 1 + 5.0, 1.0),
+                   2: want(90.0, 7.0 * 1 + 1.0, 2.0),  # a one-stage pipeline: one in flight
+                   3: want(158.0, 4.0 * 1 + 2.0, 2.0)}
+    assert list(got) == [0, 1, 2, 3] and all(list(p) == ["params", "grads", "optimizer", "activations", "reserve"]
+                                             for p in got.values())
+
+
+# ---- gradient synchronisation ----------------------------------------------------------------------------------
+def test_buckets_are_runs_of_units_in_model_order() -> None:
+    """Units sorted embedding, layers by index (also past 90), head -- whatever order the stages list them in --
+    and merged into runs held by the same stages, params summed per holder."""
+    emb, head = ("embedding",), ("head",)
+    L = lambda i: ("layer", i)  # noqa: E731
+    costs = {(0, 1): _sc(0, 0, ((L(100), 4.0), (L(101), 4.0), (head, 9.0))),
+             (1, 1): _sc(0, 0, ((L(99), 2.0), (L(100), 2.0), (L(101), 2.0), (head, 5.0))),
+             (0, 0): _sc(0, 0, ((emb, 7.0), (L(98), 1.0), (L(99), 1.0))),
+             (1, 0): _sc(0, 0, ((emb, 3.0), (L(98), 6.0)))}
+    assert _buckets(costs) == [
+        (((0, 0), (1, 0)), {(0, 0): 8.0, (1, 0): 9.0}),
+        (((0, 0), (1, 1)), {(0, 0): 1.0, (1, 1): 2.0}),
+        (((0, 1), (1, 1)), {(0, 1): 17.0, (1, 1): 9.0})]
+
+
+def _cluster3() -> Cluster:
+    """Ranks 0 and 2 on host a (two nodes linked at 64 GB/s), rank 1 alone on host b (25 GB/s network), 3 and 4
+    on a node of their own (NVLink)."""
+    return Cluster.load({"nodes": [{"host": "a", "kind": "H800", "ranks": [0]},
+                                   {"host": "b", "kind": "H800", "ranks": [1]},
+                                   {"host": "a", "kind": "H800", "ranks": [2]},
+                                   {"host": "c", "kind": "H800", "ranks": [3, 4]}],
+                        "host_bandwidth_gbs": 64.0, "inter_bandwidth_gbs": 10.0})
+
+
+def test_group_link_is_the_slowest_of_the_ring_of_holders() -> None:
+    """_group_link: the ring s0 -> s1 -> ... -> s0 over position-aligned devices (a narrower stage wraps)."""
+    c = _cluster3()
+    of = lambda link: (link.cls, link.bandwidth)  # noqa: E731
+    assert of(_group_link(c, [[0], [2]])) == ("intra", 64e9)
+    assert of(_group_link(c, [[0], [2], [1]])) == ("inter", 10e9)  # 2 -> 1 is the slow hop
+    assert of(_group_link(c, [[3, 4], [0]])) == ("inter", 10e9)
+
+
+# Overrides that make a ring collective's seconds its bytes on the wire / bandwidth: 2 B/s within a host, 1 B/s
+# between hosts, no latency.
+FLAT = CostModel(link_overrides={"intra": LinkOverride(latency=0.0, bandwidth=2.0),
+                                 "inter": LinkOverride(latency=0.0, bandwidth=1.0)})
+
+
+def _two_hosts() -> Cluster:
+    """Ranks 0 and 2 on host a, 1 and 3 on host b, each rank a node of its own (a host link: 'intra')."""
+    return Cluster.load({"nodes": [{"host": "a", "kind": "H800", "ranks": [0]},
+                                   {"host": "b", "kind": "H800", "ranks": [1]},
+                                   {"host": "a", "kind": "H800", "ranks": [2]},
+                                   {"host": "b", "kind": "H800", "ranks": [3]}],
+                        "host_bandwidth_gbs": 64.0})
+
+
+def test_run_collectives_skips_lone_holders_and_prices_the_dp_ring() -> None:
+    """A bucket held by one stage (no CP) has no collective; the next bucket still runs: an all-reduce of 2 B a
+    parameter over the 2 holders, whose ring is the DP link (A = [0, 1] and B = [2, 3] align 0-2 and 1-3, both
+    within a host at 2 B/s, though A's own devices are hosts apart): 2(n-1)/n x bytes / 2 per holder, the slowest
+    holder's (20 params: 40 B -> 20 s), from when both are free."""
+    A, B = (0, 0), (1, 0)
+    events = {A: [], B: []}
+    clock = _run_collectives(OpKind.ALL_REDUCE, [((A,), {A: 100.0}), ((A, B), {A: 10.0, B: 20.0})],
+                             {A: 1.0, B: 3.0}, {A: [0, 1], B: [2, 3]}, _two_hosts(), FLAT, events, "sync")
+    assert clock == {A: 23.0, B: 23.0}
+    assert events == {A: [Event(3.0, 23.0, "sync")], B: [Event(3.0, 23.0, "sync")]}
+
+
+def test_run_collectives_counts_cp_replicas_and_their_ring() -> None:
+    """A CP stage (cp 2) holds 2 replicas: a lone one synchronises over its own ring (A = [0, 2], within host a:
+    2 B/s; n = 2), and beside a stage B = [1, 3] the ring spans 3 replicas at the slower of A's ring and the DP
+    link (0-1, 2-3: between hosts, 1 B/s): 2(3-1)/3 x 2 B x 20 params = 53.33 s."""
+    A, B = (0, 0), (1, 0)
+    events = {A: [], B: []}
+    clock = _run_collectives(OpKind.ALL_REDUCE, [((A,), {A: 30.0}), ((A, B), {A: 10.0, B: 20.0})],
+                             {A: 0.0, B: 0.0}, {A: [0, 2], B: [1, 3]}, _two_hosts(), FLAT, events, "sync",
+                             {A: 2, B: 1})
+    assert events[A] == [Event(0.0, 30.0, "sync"), Event(30.0, close(30.0 + 160 / 3), "sync")]
+    assert clock[B] == close(30.0 + 160 / 3)
+
+
+# ---- whole steps -------------------------------------------------------------------------------------------------
+def _dp2(zero1: bool = False, **stage) -> Strategy:
+    """Two pipelines of one stage each (ranks 0 and 1), the tiny model's 4 layers, 2 micro-batches."""
+    return Strategy.load({"zero1": zero1, "pipelines": [
+        {"micro_batch_size": 1, "num_micro_batches": 2, "stages": [{"devices": [d], "layers": [0, 3], **stage}]}
+        for d in (0, 1)]})
+
+
+def test_zero1_gathers_before_and_reduce_scatters_after() -> None:
+    """ZeRO-1: the step starts with a 'comm' all-gather of the parameters and synchronises by reduce-scatter, the
+    same bytes on the wire over the same ring ((n-1)/n of the buffer each) -- so its sync takes as long as the
+    gather, where an all-reduce would take twice as long."""
+    r = simulate("tiny", _dp2(zero1=True), Cluster.local(2), seq_len=16, cost=FLAT)
+    for d in (0, 1):
+        tl = r.timeline[d]
+        assert tl[0].kind == "comm" and tl[0].start == 0.0 and tl[1].kind == "F" and tl[1].start == tl[0].end
+        gather = sum(e.duration for e in tl if e.kind == "comm")
+        sync = sum(e.duration for e in tl if e.kind == "sync")
+        assert gather > 0 and sync == close(gather)
+    plain = simulate("tiny", _dp2(), Cluster.local(2), seq_len=16, cost=FLAT)
+    assert sum(e.duration for e in plain.timeline[0] if e.kind == "sync") == close(2 * gather)
+
+
+def test_gradient_sync_runs_the_last_layers_first() -> None:
+    """Pipeline 0 splits the layers over ranks 0 (embedding, 0-1) and 1 (2-3, head), pipeline 1 holds all on rank 2:
+    two buckets, both held by rank 2, which synchronises the head side (with rank 1) first, then the embedding side
+    (with rank 0)."""
+    strategy = Strategy.load({"pipelines": [
+        {"micro_batch_size": 1, "num_micro_batches": 2, "stages": [{"devices": [0], "layers": [0, 1]},
+                                                                   {"devices": [1], "layers": [2, 3]}]},
+        {"micro_batch_size": 1, "num_micro_batches": 2, "stages": [{"devices": [2], "layers": [0, 3]}]}]})
+    r = simulate("tiny", strategy, Cluster.local(3), seq_len=16, cost=FLAT)
+    syncs = {d: [(e.start, e.end) for e in r.timeline[d] if e.kind == "sync"] for d in (0, 1, 2)}
+    assert len(syncs[2]) == 2 and syncs[2][0] == syncs[1][0] and syncs[2][1] == syncs[0][0], syncs
+
+
+def test_shared_cores_in_a_step_slow_the_compute_of_ranks_computing_at_once() -> None:
+    """cores=1 with two ranks on one node that compute at the same moments all step (two pipelines, one stage
+    each, no communication): every compute interval takes twice as long (the bound and the fixed point agree);
+    with a core each, or with each rank on a node of its own, nothing changes."""
+    cost = CostModel(comm_scale=0.0)
+    base = simulate("tiny", _dp2(), Cluster.local(2), seq_len=16, cost=cost)
+    shared = simulate("tiny", _dp2(), Cluster.local(2), seq_len=16, cost=cost.model_copy(update={"cores": 1}))
+    assert shared.step_time == close(2 * base.step_time)
+    assert shared.busy(0) == close(2 * base.busy(0))
+    assert simulate("tiny", _dp2(), Cluster.local(2), seq_len=16,
+                    cost=cost.model_copy(update={"cores": 2})).step_time == close(base.step_time)
+    apart = Cluster.load({"nodes": [{"host": "a", "kind": "cpu", "ranks": [0]}, {"host": "b", "kind": "cpu",
+                                                                                "ranks": [1]}]})
+    assert simulate("tiny", _dp2(), apart, seq_len=16, cost=cost.model_copy(update={"cores": 1})).step_time == \
+        close(simulate("tiny", _dp2(), apart, seq_len=16, cost=cost).step_time)
+
+
+def test_a_mixed_length_step_counts_memory_from_its_stage_costs() -> None:
+    """simulate_shapes (memory=None: counted from the stage costs of the step's own micro-batches): with the
+    strategy's own shapes its parameter, gradient and optimizer bytes are the core estimate's (simulate's)."""
+    from hspmd_sdk.planner.mixed_sim import simulate_shapes
+
+    strategy = _dp2(zero1=True)
+    fixed = simulate("tiny", strategy, Cluster.local(2), seq_len=16)
+    mixed = simulate_shapes("tiny", strategy, Cluster.local(2), [[(1, 16), (1, 16)], [(1, 16), (1, 16)]])
+    for d in (0, 1):
+        for part in ("params", "grads", "optimizer", "reserve"):
+            assert mixed.memory[d][part] == close(fixed.memory[d][part]), (d, part)
+
+
+def test_a_mixed_length_step_counts_the_micro_batches_it_runs() -> None:
+    """simulate_shapes counts activations for the micro-batches the step runs (one, here), not the strategy's
+    own count (4): the first of two 1F1B stages holds one in flight, as the core estimate of a 1-micro-batch
+    strategy says."""
+    from hspmd_sdk.planner.mixed_sim import simulate_shapes
+
+    def two_stages(m: int) -> Strategy:
+        return Strategy.load({"pipelines": [{"micro_batch_size": 1, "num_micro_batches": m, "stages": [
+            {"devices": [0], "layers": [0, 1]}, {"devices": [1], "layers": [2, 3]}]}]})
+    one = simulate("tiny", two_stages(1), Cluster.local(2), seq_len=16)
+    four = simulate("tiny", two_stages(4), Cluster.local(2), seq_len=16)
+    assert four.memory[0]["activations"] > one.memory[0]["activations"]  # the reference differs
+    mixed = simulate_shapes("tiny", two_stages(4), Cluster.local(2), [[(1, 16)]])
+    assert mixed.memory[0]["activations"] == close(one.memory[0]["activations"])
+
+
+def test_a_strategy_that_does_not_fit_the_model_is_refused() -> None:
+    """simulate checks the strategy against the model: layers 0..5 of a 4-layer model are refused, saying so."""
+    from hspmd_sdk.errors import PlanValidationError
+
+    with pytest.raises(PlanValidationError, match=r"pipelines\[0\]: layers cover 0\.\.5 but the model has 4 layers"):
+        simulate("tiny", {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 2, "stages": [
+            {"devices": [0], "layers": [0, 5]}]}]}, Cluster.local(1), seq_len=16)
+
+
+def test_a_cp_stage_pays_its_slowest_cp_ring_and_is_unbalanced_by_default() -> None:
+    """A CP2 x TP2 stage (TP groups [0, 1] and [2, 3]; CP rings [0, 2] and [1, 3]) of the tiny model at length
+    4096: its ring transfers outlast the attention they overlap, so the stage is slower where the CP ring [1, 3]
+    runs between hosts than where both CP rings stay within a host -- the slowest of the rings sets the pace,
+    whichever comes first; the TP links are the same in both clusters.  Without `balanced` the stage is priced
+    with the plain chunk layout (balanced=False)."""
+    from hspmd_sdk import LlamaConfig
+    from hspmd_sdk.core.strategy import Stage
+    from hspmd_sdk.planner.simulator import _stage_cost
+
+    model = LlamaConfig.preset("tiny").model_copy(update={"max_seq_len": 4096})
+    stage = Stage(devices=[0, 1, 2, 3], layers=[0, 3], cp=2)
+    slow_ring = Cluster.load({"nodes": [{"host": "a", "kind": "H800", "ranks": [0, 2]},
+                                        {"host": "b", "kind": "H800", "ranks": [1]},
+                                        {"host": "c", "kind": "H800", "ranks": [3]}]})
+    fast_rings = Cluster.load({"nodes": [{"host": "a", "kind": "H800", "ranks": [0, 2]},
+                                         {"host": "b", "kind": "H800", "ranks": [1, 3]}]})
+    cost = CostModel(include_embedding=False)
+    slow = _stage_cost(model, stage, False, False, slow_ring, 1, 4096, cost, share=1.0)
+    fast = _stage_cost(model, stage, False, False, fast_rings, 1, 4096, cost, share=1.0)
+    assert slow.ring_gap_fwd > fast.ring_gap_fwd and slow.fwd > fast.fwd
+    plain = _stage_cost(model, stage, False, False, fast_rings, 1, 4096, cost, share=1.0, balanced=False)
+    balanced = _stage_cost(model, stage, False, False, fast_rings, 1, 4096, cost, share=1.0, balanced=True)
+    assert plain.fwd != balanced.fwd and fast == plain
+
+
+def test_the_slowest_kind_of_a_mixed_tp_group_sets_the_pace_whatever_its_place() -> None:
+    """A TP2 group of an H800 and an H20 runs at the H20's pace whether the H20 is listed first or second."""
+    from hspmd_sdk import LlamaConfig
+    from hspmd_sdk.core.strategy import Stage
+    from hspmd_sdk.planner.simulator import _stage_cost
+
+    box = Cluster.load({"nodes": [{"host": "a", "kind": "H800", "ranks": [0]}, {"host": "b", "kind": "H20",
+                                                                                 "ranks": [1]}]})
+    model, cost = LlamaConfig.preset("tiny"), CostModel()
+    fast_first = _stage_cost(model, Stage(devices=[0, 1], layers=[0, 3]), False, False, box, 1, 64, cost, share=1.0)
+    slow_first = _stage_cost(model, Stage(devices=[1, 0], layers=[0, 3]), False, False, box, 1, 64, cost, share=1.0)
+    h800 = _stage_cost(model, Stage(devices=[0, 1], layers=[0, 3]), False, False,
+                       Cluster.load({"nodes": [{"host": "a", "kind": "H800", "ranks": [0]},
+                                               {"host": "b", "kind": "H800", "ranks": [1]}]}), 1, 64, cost, share=1.0)
+    assert slow_first.fwd == fast_first.fwd > h800.fwd and slow_first.bwd == fast_first.bwd
