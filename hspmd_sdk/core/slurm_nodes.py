@@ -95,8 +95,8 @@ def parse_gres(text: str) -> tuple[tuple[str, str | None, int], ...]:
     """``gpu:h800:8(S:0-1),nic:2`` -> ``(("gpu", "h800", 8), ("nic", None, 2))``; ``(null)`` -> ``()``."""
     out = []
     for item in re.split(r",(?![^(]*\))", text.strip()):
-        item = re.sub(r"\(.*\)$", "", item.strip())
-        if not item or item in ("(null)", "N/A"):
+        item = re.sub(r"\(.*\)$", "", item.strip())  # bindings; "(null)" becomes "" here
+        if not item or item == "N/A":
             continue
         parts = item.split(":")
         count = 1
@@ -176,7 +176,7 @@ def scontrol(*args: str, timeout_s: float = 30.0) -> str:
     if r.returncode != 0:
         said = (r.stderr or r.stdout).strip()
         if any(sign in said for sign in NO_CONTROLLER):
-            last = said.splitlines()[-1].strip()[:200] if said else ""
+            last = said.splitlines()[-1].strip()[:200]  # said holds a sign: not empty
             raise SlurmError(f"no Slurm controller found (is SLURM_CONF set / is slurmctld running?): "
                              f"scontrol {' '.join(args)} said {last!r}")
         raise SlurmError(f"scontrol {' '.join(args)} failed (exit status {r.returncode}): {said[:500]}")

@@ -53,9 +53,9 @@ FP32_OPTIMIZER_BYTES = OPTIMIZER_BYTES
 def parallel_text(devices: int, cp: int = 1) -> str:
     """A stage of ``devices`` devices in ``cp`` context-parallel groups, for people: ``TP2``, ``CP2`` or
     ``CP2×TP2`` (``cp`` groups of TP ranks)."""
-    tp = devices // cp if cp > 0 and devices % cp == 0 else None
     if cp <= 1:
         return f"TP{devices}"
+    tp = devices // cp if devices % cp == 0 else None
     return f"CP{cp}×TP{tp}" if tp and tp > 1 else f"CP{cp}" if tp == 1 else f"CP{cp} of {devices} devices"
 
 
@@ -431,11 +431,10 @@ class Strategy(_Worded):
                     tensors = f" (tensors {_gb(est[worst].tensors)})" if est[worst].runtime else ""
                     line += f"  ~{_gb(mem[worst])}/rank{tensors}{_over_memory(s.devices, mem, cluster)}"
                 lines.append(line)
-        if mem:
-            seq = model.max_seq_len if model is not None else 0
+        if model is not None:  # (mem then has every rank)
             lines.append(f"  memory: estimate of bf16 params+grads, fp32 Adam states"
                          f"{' (ZeRO-1 over DP)' if self.zero1 else ''} and in-flight activations at "
-                         f"seq_len {seq}{_runtime_text(est)}; peak {_gb(max(mem.values()))}"
+                         f"seq_len {model.max_seq_len}{_runtime_text(est)}; peak {_gb(max(mem.values()))}"
                          + _over_footer(self, mem, cluster))
         return "\n".join(lines)
 
@@ -518,13 +517,9 @@ def _kinds(ranks: list[int], cluster: "Cluster | None") -> str:
     return ", ".join(f"{n}x{k}" for k, n in counts.items())
 
 
-def _stages_at(p: Pipeline, where: int | str) -> tuple[int, Stage]:
-    """``(index, stage)`` of pipeline ``p`` holding layer ``where`` (``"first"``/``"last"``: the end stages)."""
-    if where == "first":
-        return 0, p.stages[0]
-    if where == "last":
-        return len(p.stages) - 1, p.stages[-1]
-    return next((j, s) for j, s in enumerate(p.stages) if s.layers[0] <= where <= s.layers[1])
+def _stages_at(p: Pipeline, layer: int) -> tuple[int, Stage]:
+    """``(index, stage)`` of pipeline ``p`` holding ``layer``."""
+    return next((j, s) for j, s in enumerate(p.stages) if s.layers[0] <= layer <= s.layers[1])
 
 
 def _uneven_pipelines_problem(strategy: Strategy) -> str | None:

@@ -78,7 +78,7 @@ def _stages(strategy: "Strategy", layer: int | str) -> list["Stage"]:
 
 def _ann(groups: Sequence[Sequence[int]], split: int | None, hdim: int = DUPLICATE,
          hratios: Sequence[int] | None = None) -> Annotation:
-    key = (tuple(map(tuple, groups)), split, hdim, tuple(hratios or ()) if is_split(hdim) else ())
+    key = (tuple(map(tuple, groups)), split, hdim, tuple(hratios or ()))  # (hratios only with a split hdim)
     return _ann_cached(*key)
 
 
@@ -135,7 +135,7 @@ def _uneven_ann(groups: tuple[tuple[int, ...], ...], ds_key: int, hdim: int, hra
     """Subgroup ``k`` = ``groups[k]`` (the ``k``-th TP rank of every pipeline), each laid out by ``DS {ds_key: P}``
     over its ``P`` pipelines; top tier ``hdim`` in ``hratios``."""
     ds = _ds(ds_key, len(groups[0]))
-    ratios = list(hratios) if is_split(hdim) and hratios else None
+    ratios = list(hratios) if is_split(hdim) else None  # (hratios: an uneven stage's, never empty)
     return Annotation([list(g) for g in groups], [ds] * len(groups), hdim, ratios)
 
 
@@ -151,10 +151,11 @@ def _zero_dim_uneven(shape: Sequence[int], split: int | None, ratios: Sequence[i
     return min(options)[1] if options else None
 
 
-def _uneven_annotation(place: Any, stages: Sequence["Stage"], shape: Sequence[int], zero1: bool
-                       ) -> tuple[Annotation, Annotation | None]:
+def _uneven_annotation(name: str, place: Any, stages: Sequence["Stage"], shape: Sequence[int], zero1: bool,
+                       replicated: list[str]) -> tuple[Annotation, Annotation | None]:
     """The annotation of a tensor placed on uneven stages (see the module docstring) and, for a parameter under
-    ZeRO-1 over several pipelines, its sharded layout (``None`` when no dim divides)."""
+    ZeRO-1 over several pipelines, its sharded layout (``None`` when no dim divides: ``name`` is then appended to
+    ``replicated``)."""
     ratios = stages[0].tp_ratios
     assert ratios is not None
     groups = tuple(tuple(st.devices[k] for st in stages) for k in range(len(ratios)))
@@ -165,7 +166,10 @@ def _uneven_annotation(place: Any, stages: Sequence["Stage"], shape: Sequence[in
     if not zero1 or len(stages) < 2:
         return full, None
     d = _zero_dim_uneven(shape, place.tp_split, ratios, len(stages))
-    return full, (None if d is None else _uneven_ann(groups, d, hdim, ratios))
+    if d is None:
+        replicated.append(name)
+        return full, None
+    return full, _uneven_ann(groups, d, hdim, ratios)
 
 
 # ---- context-parallel stages (SPEC §11) -----------------------------------------------------------------------
@@ -195,28 +199,29 @@ def _stage_ds(stage: "Stage", split: int | None, kind: str, name: str) -> DS:
 
 def _cp_annotation(anns: dict[str, Annotation], replicated: list[str], node: Any, place: Any,
                    stages: Sequence["Stage"], shape: Sequence[Any], strategy: "Strategy",
-                   ratios: Sequence[int]) -> bool:
+                   ratios: Sequence[int]) -> None:
     """Annotate a tensor placed on stages of which one at least has ``cp > 1`` (the even plan otherwise, with
-    each stage's DS from :func:`_stage_ds`); ``True`` when done."""
+    each stage's DS from :func:`_stage_ds`)."""
     name = node.outputs[0]
     groups = [list(st.devices) for st in stages]
     ds = [_stage_ds(st, place.tp_split, place.kind, name) for st in stages]
     if place.kind != "parameter":
         anns[name] = Annotation(groups, ds, 0, list(ratios))
-        return True
+        return
     full = Annotation(groups, ds, DUPLICATE)
     if node.is_reshard:
         if full != anns.get(node.inputs[0]):
             anns[name] = full
-        return True
+        return
     hsize = len(stages)
     tp_only = [list(range(st.tp_degree)) for st in stages]  # zero_shard counts TP ranks only
-    shard = zero_shard(shape, place.tp_split, tp_only) if strategy.zero1 and hsize > 1 else None
-    if strategy.zero1 and hsize > 1 and shard is None:
-        replicated.append(name)
+    shard = None
+    if strategy.zero1 and hsize > 1:
+        shard = zero_shard(shape, place.tp_split, tp_only)
+        if shard is None:
+            replicated.append(name)
     anns[name] = full if shard is None else Annotation(groups, ds, shard[0], shard[1])
     anns[f"{name}.grad_sync"] = anns[name]
-    return True
 
 
 def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster") -> AnnotationPlan:
@@ -249,14 +254,14 @@ def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Clust
             continue
         stages = _stages(strategy, place.where)
         if any(st.is_uneven for st in stages):
-            full, shard = _uneven_annotation(place, stages, graph.tensors[name].shape, strategy.zero1)
+            full, shard = _uneven_annotation(name, place, stages, graph.tensors[name].shape,
+                                             strategy.zero1 and place.kind == "parameter" and not node.is_reshard,
+                                             replicated)
             if node.is_reshard:
                 if place.kind != "parameter" or full != anns.get(node.inputs[0]):
                     anns[name] = full
                 continue
             if place.kind == "parameter":
-                if strategy.zero1 and hsize > 1 and shard is None:
-                    replicated.append(name)
                 anns[name] = shard or full
                 anns[f"{name}.grad_sync"] = anns[name]
             else:
@@ -264,8 +269,8 @@ def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Clust
             continue
         groups = [list(st.devices) for st in stages]
         if any(st.cp > 1 for st in stages):
-            if _cp_annotation(anns, replicated, node, place, stages, graph.tensors[name].shape, strategy, ratios):
-                continue
+            _cp_annotation(anns, replicated, node, place, stages, graph.tensors[name].shape, strategy, ratios)
+            continue
         if place.kind != "parameter":
             anns[name] = _ann(groups, place.tp_split, 0, ratios)
             continue
@@ -274,10 +279,11 @@ def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Clust
             if full != anns.get(node.inputs[0]):
                 anns[name] = full
             continue
-        shard = zero_shard(graph.tensors[name].shape, place.tp_split, groups) \
-            if strategy.zero1 and hsize > 1 else None
-        if strategy.zero1 and hsize > 1 and shard is None:
-            replicated.append(name)
+        shard = None
+        if strategy.zero1 and hsize > 1:
+            shard = zero_shard(graph.tensors[name].shape, place.tp_split, groups)
+            if shard is None:
+                replicated.append(name)
         anns[name] = full if shard is None else _ann(groups, place.tp_split, shard[0], shard[1])
         anns[f"{name}.grad_sync"] = anns[name]
     settings = ExecutionSettings(
