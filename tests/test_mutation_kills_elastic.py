@@ -6,8 +6,6 @@ an uneven stage passes on.
 """
 from __future__ import annotations
 
-import logging
-import sys
 
 import pytest
 
@@ -18,14 +16,6 @@ from hspmd_sdk.planner.elastic import renumber, slowed_cluster, survivor_cluster
 
 pytest.importorskip("pulp")
 pytest.importorskip("pyomo")
-
-# mutmut runs pytest several times in one process: pyomo's logger keeps a handler on the stdout of the run that
-# imported it, closed by the next run (its solver then fails on ``fileno()``).  Point it at the process's own.
-import pyomo.common.log  # noqa: E402
-
-for _h in logging.getLogger("pyomo").handlers:
-    if isinstance(_h, logging.StreamHandler):
-        _h.setStream(sys.__stdout__)
 
 
 def _cluster() -> Cluster:

@@ -5,9 +5,7 @@ groups, hand-made :class:`PipelinePlan` stage times), so that every test runs in
 """
 from __future__ import annotations
 
-import logging
 import math
-import sys
 
 import pytest
 
@@ -19,14 +17,6 @@ from hspmd_sdk.planner.hetero import (Candidate, PipelinePlan, PlanContext, Stag
 
 pytest.importorskip("pulp")
 pytest.importorskip("pyomo")
-
-# mutmut runs pytest several times in one process: pyomo's logger keeps a handler on the stdout of the run that
-# imported it, closed by the next run (its solver then fails on ``fileno()``).  Point it at the process's own.
-import pyomo.common.log  # noqa: E402,F401
-
-for _h in logging.getLogger("pyomo").handlers:
-    if isinstance(_h, logging.StreamHandler):
-        _h.setStream(sys.__stdout__)
 
 
 def test_split_node_cuts_a_remainder_into_the_largest_allowed_sizes() -> None:

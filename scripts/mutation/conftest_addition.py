@@ -18,3 +18,18 @@ def _mutation_empty_caches():
                 if isinstance(t, functools._lru_cache_wrapper):
                     t.cache_clear()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _mutation_pyomo_log_stream():
+    """mutmut runs pytest several times in one process: pyomo's log handler keeps the stdout of the run that
+    imported pyomo, which the next run closes (its solvers then fail on ``fileno()``).  Point it at the process's
+    own stdout before each test, once pyomo is loaded."""
+    import logging
+    import sys
+
+    if "pyomo.common.log" in sys.modules:
+        for handler in logging.getLogger("pyomo").handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.setStream(sys.__stdout__)
+    yield
