@@ -39,7 +39,7 @@ import torch
 
 from ...core.comm_ops import SplitCollectiveOp
 from ...core.slices import box_numel, box_shape, relative
-from .comm import CommExecutionError, Pending, _collective, _Ctx, _piece, execute, group_lookup
+from .comm import CommExecutionError, Pending, _collective, _Ctx, execute, group_lookup
 
 __all__ = ["SyncItem", "Bucket", "GradBuckets", "GatherBuckets", "plan_buckets", "bucketable", "BUCKET_BYTES",
            "FIRST_BUCKET_BYTES"]
@@ -107,18 +107,39 @@ def plan_buckets(plans: Sequence[tuple[int, Any]], rank: int, *, bucket_bytes: i
     return out
 
 
-def _fill(b: Bucket, ops: Sequence[SplitCollectiveOp], local: Callable[[int], torch.Tensor | None], ctx: _Ctx,
-          what: Callable[[int], str], buf: torch.Tensor | None) -> torch.Tensor:
-    """Bucket ``b``'s flat buffer (``buf`` reused when it fits): per member slice, this rank's part of item ``i``'s
-    input (``local(i)``, the box ``ops[i]`` expects) where it contributes, else zeros."""
-    parts = []
-    for i, s in b.members:  # views of the inputs (or zeros where this rank adds nothing): one copy, the cat
-        if ctx.rank in s.contributors:
-            inb = dict(ops[i].in_boxes)[ctx.rank]
-            parts.append(_piece(ctx.check(local(i), inb, what(i)), s.box, inb))
+#: how one member slice of a bucket is filled on this rank: (item, the input box this rank holds -- ``None`` when
+#: it contributes nothing --, that box's shape, where the slice lies in it -- ``None``: the whole box --, numel)
+FillStep = tuple[int, Any, "tuple[int, ...] | None", Any, int]
+
+
+def _fill_plan(b: Bucket, ops: Sequence[SplitCollectiveOp], rank: int) -> list[FillStep]:
+    """How ``rank`` fills bucket ``b``'s flat buffer, worked out once (the boxes are a function of the Program)."""
+    out: list[FillStep] = []
+    for i, s in b.members:
+        n = box_numel(s.box)
+        if rank in s.contributors:
+            inb = dict(ops[i].in_boxes)[rank]
+            out.append((i, inb, box_shape(inb), None if s.box == inb else relative(s.box, inb), n))
         else:
-            parts.append(torch.zeros(box_numel(s.box), dtype=ctx.dtype, device=ctx.device))
-    n = sum(int(x.numel()) for x in parts)
+            out.append((i, None, None, None, n))
+    return out
+
+
+def _fill(plan: Sequence[FillStep], local: Callable[[int], torch.Tensor | None], ctx: _Ctx,
+          what: Callable[[int], str], buf: torch.Tensor | None) -> torch.Tensor:
+    """A bucket's flat buffer (``buf`` reused when it fits) by its :func:`_fill_plan`: per member slice, this
+    rank's part of item ``i``'s input (``local(i)``, the box the operator expects) where it contributes, else
+    zeros."""
+    parts = []
+    for i, inb, shape, where, n in plan:  # views of the inputs (or zeros where this rank adds nothing): one copy
+        if inb is None:
+            parts.append(torch.zeros(n, dtype=ctx.dtype, device=ctx.device))
+            continue
+        t = local(i)
+        if t is None or t.shape != shape:
+            ctx.check(t, inb, what(i))  # raises, naming the item and the boxes
+        parts.append((t if where is None else t[where]).reshape(-1))  # type: ignore[index, union-attr]
+    n = sum(step[4] for step in plan)
     if buf is None or buf.numel() != n or buf.dtype != ctx.dtype:
         buf = torch.empty(n, dtype=ctx.dtype, device=ctx.device)
     torch.cat(parts, out=buf)  # the parts are flat
@@ -146,6 +167,7 @@ class GradBuckets:
         self._ops = [it.plan.ops[0] if i in self.bucketed else None for i, it in enumerate(self.items)]
         self.buckets = plan_buckets(order, self.rank, bucket_bytes=bucket_bytes,
                                     first_bucket_bytes=first_bucket_bytes)
+        self._fills = [_fill_plan(b, self._ops, self.rank) for b in self.buckets]  # type: ignore[arg-type]
         # one flat buffer per bucket, kept across steps (DDP keeps its buckets too): a fresh multi-MB tensor a
         # step is fresh pages from the OS to fault in, every step
         self._buffers: dict[int, torch.Tensor] = {}
@@ -241,6 +263,23 @@ class GradBuckets:
             return
         self._handles.append(tensor.register_post_accumulate_grad_hook(partial(self._on_grad, key)))
 
+    def remember(self) -> None:
+        """The uses watched so far this step are watched the same way every step (kept leaves only, no gathered
+        tensor): :meth:`rewatch` starts the next steps with them at once."""
+        if self._handles:
+            raise RuntimeError("GradBuckets.remember: a tensor of this step is not kept across steps")
+        self._remembered = (dict(self._tensor), {k: tuple(v) for k, v in self._names.items()}, frozenset(self._held),
+                            tuple(self._waiting), tuple(self._unready))
+
+    def rewatch(self) -> None:
+        """A new step that holds and watches exactly what the step of :meth:`remember` had watched by then:
+        :meth:`begin` plus every :meth:`watch`, without redoing them one by one."""
+        self._reset()
+        tensors, names, held, waiting, unready = self._remembered
+        self._tensor, self._held = dict(tensors), set(held)
+        self._names = {k: list(v) for k, v in names.items()}
+        self._waiting, self._unready = list(waiting), list(unready)
+
     def last_backward(self, flag: bool) -> None:
         """Whether the backward about to run (or running) is the step's last: its hooks finalise the uses."""
         self._last = bool(flag)
@@ -280,9 +319,16 @@ class GradBuckets:
     def _local(self, i: int) -> torch.Tensor | None:
         """Item ``i``'s local sum (fp32): the gradients of the uses this rank holds (zeros if none got one);
         ``None`` if it holds none."""
+        uses = self.items[i].uses
+        if len(uses) == 1:  # the common case: one use, its tensor's gradient as it is
+            t = self._tensor.get(uses[0])
+            if t is None:
+                return None
+            g = self._grad.get(id(t))
+            return g if g is not None else torch.zeros(t.shape, dtype=torch.float32, device=t.device)
         total, held = None, None
         seen: set[int] = set()
-        for u in self.items[i].uses:
+        for u in uses:
             t = self._tensor.get(u)
             if t is None or id(t) in seen:
                 continue
@@ -303,7 +349,7 @@ class GradBuckets:
 
     def _post(self, b: Bucket) -> None:
         ctx, k = self.ctx, len(self._posted)
-        buf = self._buffers[k] = _fill(b, self._ops, self._wire_input, ctx,
+        buf = self._buffers[k] = _fill(self._fills[k], self._wire_input, ctx,
                                        lambda i: f"gradient of {self.items[i].param!r}", self._buffers.get(k))
         what = f"a gradient bucket of {len(b.members)} slices over {list(b.ranks)}"
         work = _collective(buf, b.ranks, b.root, ctx, what) if len(b.ranks) > 1 else None
@@ -348,7 +394,8 @@ class GradBuckets:
                 got = execute(item.plan, self._wire_input(i), self.ctx.lookup, rank=me, device=ctx.device,
                               tag_base=self.tag_base)
             if got is not None:
-                got = got.float()
+                if got.dtype != torch.float32:
+                    got = got.float()
                 synced[item.param] = got if item.param not in synced else synced[item.param] + got
         self._reset()
         return synced
@@ -375,6 +422,7 @@ class GatherBuckets:
         self.ctx = _Ctx(self.rank, group_lookup(groups), dtype, torch.device(device))
         self.buckets = plan_buckets(list(enumerate(self.plans)), self.rank, bucket_bytes=bucket_bytes,
                                     first_bucket_bytes=first_bucket_bytes)
+        self._fills = [_fill_plan(b, self.ops, self.rank) for b in self.buckets]
         self._where: dict[int, list[tuple[int, int, Any]]] = {}  # item -> (bucket, offset, slice) of its slices
         for k, b in enumerate(self.buckets):
             at = 0
@@ -391,7 +439,8 @@ class GatherBuckets:
         ctx = self.ctx
         works: list[Any] = []
         for k, b in enumerate(self.buckets):
-            buf = self._buffers[k] = _fill(b, self.ops, inputs.__getitem__, ctx, self._what, self._buffers.get(k))
+            buf = self._buffers[k] = _fill(self._fills[k], inputs.__getitem__, ctx, self._what,
+                                           self._buffers.get(k))
             what = f"a parameter-gather bucket of {len(b.members)} slices over {list(b.ranks)}"
             try:
                 works.append(_collective(buf, b.ranks, b.root, ctx, what) if len(b.ranks) > 1 else None)

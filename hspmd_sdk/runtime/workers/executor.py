@@ -345,6 +345,7 @@ class StepExecutor:
         self.grad_sq = 0.0  # the last step's squared L2 norm of the gradient elements this rank owns
         self.grad_norm: float | None = None  # the last step's global norm (before clipping), when agreed
         self._owned: dict[str, tuple[tuple[slice, ...], ...]] | None = None
+        self._owned_parts: list[tuple[torch.Tensor, tuple[slice, ...] | None]] | None = None
         # called with "forward", "backward", "grad_sync", "optimizer" as a step reaches them (fault-injection
         # tests kill the process there)
         self.probe = probe
@@ -426,6 +427,7 @@ class StepExecutor:
                                      first_bucket_bytes=first_bucket_bytes, trace=trace)
         self.step_values: dict[str, torch.Tensor] = {}
         self._leaves: dict[str, torch.Tensor] = {}  # the parameters' leaves, step after step (_parameter_leaves)
+        self._pre_kept: dict[str, torch.Tensor] | None = None  # PRE's outputs when they are kept leaves (pre)
         self._drops: list[tuple[str, ...]] | None = None  # per forward operator, what to let go after it
         self._prepared: dict[tuple[Any, ...], list[Any]] = {}  # micro-batch shape -> _forward_prepared
         self.records: dict[int, _MicroBatch] = {}
@@ -536,25 +538,25 @@ class StepExecutor:
         """The squared L2 norm of the gradient elements this rank owns: the norm of each owned part (a whole
         shard, or a slice of one) in the gradient's dtype as ``clip_grad_norm_`` computes a tensor's, their
         squares summed in fp64.  Summed over the world, the squared global norm of the single-device model."""
-        parts = []
-        for name, slices in self.owned_slices().items():
-            g = self.params[name].grad
-            if g is None:
-                continue
-            parts.extend(g if _whole(sl, g) else g[sl] for sl in slices)
+        if self._owned_parts is None:  # (parameter, slice or None for its whole shard), worked out once
+            self._owned_parts = [(self.params[name], None if _whole(sl, self.params[name]) else sl)
+                                 for name, slices in self.owned_slices().items() for sl in slices]
+        parts = [g if sl is None else g[sl] for p, sl in self._owned_parts if (g := p.grad) is not None]
         if not parts:
             return 0.0
         norms = torch._foreach_norm(parts)  # one kernel launch for all of them
         return float(torch.stack(norms).to(torch.float64).pow(2).sum())
 
     def _clip(self, norm: float | None) -> None:
-        """Scale every gradient by :func:`clip_coefficient` of the global ``norm`` (with ``max_norm`` set)."""
+        """Scale every gradient by :func:`clip_coefficient` of the global ``norm`` (with ``max_norm`` set); a
+        coefficient of exactly 1 (a norm within ``max_norm``) leaves them as they are, as a product by 1 would."""
         self.grad_norm = norm
         if self.max_norm is None or norm is None:
             return
+        coefficient = clip_coefficient(norm, self.max_norm)
         grads = [p.grad for p in self.params.values() if p.grad is not None]
-        if grads:
-            torch._foreach_mul_(grads, clip_coefficient(norm, self.max_norm).to(grads[0].device))
+        if grads and float(coefficient) < 1.0:
+            torch._foreach_mul_(grads, coefficient.to(grads[0].device))
 
     # ---- training state by name ----------------------------------------------------------------------------
     def optimizer_state(self) -> dict[str, dict[str, Any]]:
@@ -890,6 +892,10 @@ class StepExecutor:
         buckets (:class:`~.buckets.GatherBuckets`): the forward waits for each where it first reads it."""
         vals = self.step_values = self._parameter_leaves()
         self._gathers, self._inflight = {}, []
+        if self._pre_kept is not None:  # every PRE op leaves a kept leaf: the same leaves and watches every step
+            vals.update(self._pre_kept)
+            self.grad_sync.rewatch()
+            return
         with torch.no_grad():  # the parameters' gathers, coalesced in buckets, all posted first (every rank alike)
             started = self.gathers.start([vals[o.inputs[0]].detach() if o.inputs[0] in vals else None
                                           for o in self.eg.pre if o.name in self._coalesced])
@@ -917,6 +923,9 @@ class StepExecutor:
         self.grad_sync.begin(set(vals) | set(self._gathers))
         for name, t in vals.items():
             self.grad_sync.watch(name, t, keep=name in self._leaves)
+        if not self._gathers and not self._inflight and all(name in self._leaves for name in vals):
+            self._pre_kept = {k: v for k, v in vals.items() if k not in self.params}
+            self.grad_sync.remember()
 
     def _parameter_leaves(self) -> dict[str, torch.Tensor]:
         """The step's leaves of the parameters (and of their unmoved copies, :meth:`pre`), made once and kept,
