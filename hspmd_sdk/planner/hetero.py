@@ -32,6 +32,7 @@ batch's micro-batches over the pipelines to minimise the slowest pipeline.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
@@ -385,7 +386,6 @@ class _Type:
 
 def _pipeline_types(ctx: PlanContext, groups: dict[str, list[TPGroup]], D: int, b: int) -> tuple[
         dict[str, int], dict[str, int], list[_Type]]:
-    import itertools
 
     kinds = list(groups)
     L, z = ctx.model.num_layers, ctx.zero_shards(D)
@@ -546,13 +546,8 @@ def _sync_estimate(ctx: PlanContext, i: int, pipes: Sequence[PipelinePlan]) -> f
         return 0.0
     ops = (OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER) if ctx.zero1 else (OpKind.ALL_REDUCE,)
 
-    def holder(pipe: PipelinePlan, layer: int) -> TPGroup:
-        first = 0
-        for n, g in zip(pipe.layers, pipe.groups):
-            if layer < first + n:
-                return g
-            first += n
-        return pipe.groups[-1]
+    def holder(pipe: PipelinePlan, layer: int) -> TPGroup:  # every pipeline holds every layer once
+        return next(g for g, end in zip(pipe.groups, itertools.accumulate(pipe.layers)) if layer < end)
 
     worst, first = 0.0, 0
     for n, g in zip(pipes[i].layers, pipes[i].groups):
@@ -613,7 +608,6 @@ def enumerate_candidates(ctx: PlanContext, ranks: Sequence[int], *, max_pipeline
                          micro_batches: Sequence[int] = (1, 2, 4)) -> list[tuple[Candidate, dict[str, list[TPGroup]]]]:
     """The heuristic-guided search space: every TP degree per kind, number of pipelines and micro-batch size,
     with its closed-form bound, best first (infeasible ones dropped)."""
-    import itertools
 
     cl = ctx.cluster
     kinds = sorted({cl.kind(r) for r in ranks})
