@@ -299,10 +299,11 @@ class Cluster(BaseModel):
         if a == b:
             self.check_rank(a)
             return Link("self", math.inf, 0.0)
-        if self.node_index(a) == self.node_index(b):
-            bw = min(self.spec(a).intra_bandwidth_gbs, self.spec(b).intra_bandwidth_gbs)
+        na, nb = self.node_index(a), self.node_index(b)
+        if na == nb:  # one node: one kind, its own bandwidth
+            bw = self.devices[self.nodes[na].kind].intra_bandwidth_gbs
             return Link("intra", bw * 1e9, self.intra_latency_us * 1e-6)
-        if self.host_bandwidth_gbs is not None and self.node_of(a).host == self.node_of(b).host:
+        if self.host_bandwidth_gbs is not None and self.nodes[na].host == self.nodes[nb].host:
             return Link("intra", self.host_bandwidth_gbs * 1e9, self.intra_latency_us * 1e-6)
         return Link("inter", self.inter_bandwidth_gbs * 1e9, self.inter_latency_us * 1e-6)
 

@@ -152,15 +152,20 @@ def device_memory(strategy: "Strategy", model: "ModelSpec", cluster: "Cluster | 
             held = in_flight(strategy.schedule, p.num_stages, j, p.num_micro_batches)
             tokens = p.micro_batch_size * seq / s.cp
             last = j == p.num_stages - 1 and include_embedding
+            of_split: dict[float, tuple[float, float, float, float, float]] = {}  # a stage's ranks share most
             for r in s.devices:
                 split = s.tp_degree if not s.is_uneven else 1 / s.share(r)
-                params = grads = optimizer = 0.0
-                for unit, count in units_of[(i, j)]:
-                    mine = count / split
-                    params += mine * BF16_BYTES
-                    grads += mine * BF16_BYTES
-                    optimizer += mine * OPTIMIZER_BYTES / (holders[unit] if strategy.zero1 else 1)
-                kept, transient = _activations(model, s, tokens, split, last, sequence_parallel)
+                got = of_split.get(split)
+                if got is None:
+                    params = grads = optimizer = 0.0
+                    for unit, count in units_of[(i, j)]:
+                        mine = count / split
+                        params += mine * BF16_BYTES
+                        grads += mine * BF16_BYTES
+                        optimizer += mine * OPTIMIZER_BYTES / (holders[unit] if strategy.zero1 else 1)
+                    got = of_split[split] = (params, grads, optimizer,
+                                             *_activations(model, s, tokens, split, last, sequence_parallel))
+                params, grads, optimizer, kept, transient = got
                 kind = _kind_of(r, cluster, device)
                 out[r] = DeviceMemory(params, grads, optimizer, kept * held + transient,
                                       runtime_bytes(kind, gpu_reserve_mb=gpu_reserve_mb,

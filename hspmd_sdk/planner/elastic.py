@@ -34,8 +34,8 @@ from ..errors import PlanValidationError
 from ..models.registry import load_model_spec
 from .cost import CostModel
 from .hetero import (Candidate, PipelinePlan, PlanContext, TPGroup, configure_pipelines, make_groups, pick,
-                     solve_candidate, solve_layers, solve_micro_batches, split_node, tp_degrees, _stage_parts,
-                     _sync_estimate)
+                     solve_candidate, solve_layers, solve_micro_batches, split_node, sync_estimates, tp_degrees,
+                     _stage_parts)
 from .ratios import split_units
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -88,7 +88,7 @@ def _keep_templates(ctx: PlanContext, strategy: "Strategy", failed: set[int], b:
         if plan is None:
             return None
         pipes.append(plan)
-    sol = solve_micro_batches(pipes, M, extra=[_sync_estimate(ctx, i, pipes) for i in range(len(pipes))])
+    sol = solve_micro_batches(pipes, M, extra=sync_estimates(ctx, pipes))
     if sol is None:
         return None
     degree = {ctx.cluster.kind(s.devices[0]): s.tp_degree for p in kept for s in p.stages}

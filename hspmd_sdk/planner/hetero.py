@@ -32,10 +32,11 @@ batch's micro-batches over the pipelines to minimise the slowest pipeline.
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ..core.comm_ops import OpKind
 from ..core.schedule import in_flight
@@ -509,7 +510,7 @@ def solve_candidate(ctx: PlanContext, cand: Candidate, *,
         pipes = solve_pipelines(ctx, ordered, b, M, z)
         if pipes is None:
             continue
-        sol = solve_micro_batches(pipes, M, extra=[_sync_estimate(ctx, i, pipes) for i in range(len(pipes))])
+        sol = solve_micro_batches(pipes, M, extra=sync_estimates(ctx, pipes))
         if sol is None:
             continue
         out.append(Candidate(cand.degree, D, b, cand.bound, cand.compositions, order, pipes, sol[0], sol[1]))
@@ -557,6 +558,60 @@ def _sync_estimate(ctx: PlanContext, i: int, pipes: Sequence[PipelinePlan]) -> f
         worst = max(worst, sum(ctx.cost.collective_time(op, size, D, link) for op in ops))
         first += n
     return worst
+
+
+def sync_estimates(ctx: PlanContext, pipes: Sequence[PipelinePlan]) -> list[float]:
+    """:func:`_sync_estimate` of every pipeline of ``pipes`` (the same figures), without its quadratic work.
+
+    A link depends only on where its far end is relative to the near one (the same rank, node, host, or else
+    where: :meth:`Cluster.link`), so the slowest link from a stage to the holders of its first layer is the slowest
+    of at most four, each taken at the *first* holder of its place (``min`` keeps the first of equal links, as the
+    one-by-one form does): the holders of each layer are listed once for all pipelines."""
+    D = len(pipes)
+    if D <= 1:
+        return [0.0] * D
+    cl = ctx.cluster
+    ops = (OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER) if ctx.zero1 else (OpKind.ALL_REDUCE,)
+    ends = [list(itertools.accumulate(p.layers)) for p in pipes]
+    tables: dict[int, tuple[list[int], dict[tuple[str, Any], list[int]]]] = {}
+
+    def holders(first: int) -> tuple[list[int], dict[tuple[str, Any], list[int]]]:
+        """The first rank of the stage holding layer ``first`` in each pipeline, and where each place's holders
+        are in that list (by rank, node and host)."""
+        got = tables.get(first)
+        if got is None:
+            ranks = [p.groups[bisect.bisect_right(e, first)].ranks[0] for p, e in zip(pipes, ends)]
+            at: dict[tuple[str, Any], list[int]] = {}
+            for q, r in enumerate(ranks):
+                for key in (("rank", r), ("node", cl.node_index(r)), ("host", cl.node_of(r).host)):
+                    at.setdefault(key, []).append(q)
+            got = tables[first] = (ranks, at)
+        return got
+
+    def slowest(i: int, a: int, first: int) -> Any:
+        ranks, at = holders(first)
+        node, host = cl.node_index(a), cl.node_of(a).host
+        by_host = cl.host_bandwidth_gbs is not None
+        places = [next((q for q in at.get(("rank", a), ()) if q != i), None),
+                  next((q for q in at[("node", node)] if q != i and ranks[q] != a), None) if ("node", node) in at
+                  else None,
+                  next((q for q in at[("host", host)] if q != i and cl.node_index(ranks[q]) != node), None)
+                  if by_host and ("host", host) in at else None,
+                  next((q for q, r in enumerate(ranks) if q != i and cl.node_index(r) != node
+                        and not (by_host and cl.node_of(r).host == host)), None)]
+        firsts = sorted(q for q in places if q is not None)
+        return min((ctx.link(a, ranks[q]) for q in firsts), key=lambda l: l.bandwidth)
+
+    out = []
+    for i, pipe in enumerate(pipes):
+        worst, first = 0.0, 0
+        for n, g in zip(pipe.layers, pipe.groups):
+            link = slowest(i, g.ranks[0], first)
+            size = n * ctx.model.layer_param_count() / g.tp * BF16
+            worst = max(worst, sum(ctx.cost.collective_time(op, size, D, link) for op in ops))
+            first += n
+        out.append(worst)
+    return out
 
 
 def build_strategy(cand: Candidate, *, schedule: str = "1f1b", zero1: bool = True,

@@ -237,9 +237,14 @@ def _buckets(costs: dict[StageKey, _StageCost]) -> list[tuple[tuple[StageKey, ..
 def _group_link(cluster: "Cluster", stages: list[list[int]]) -> "Link":
     """The slowest link between position-aligned devices of the holder stages (the DP ring; two or more stages)."""
     width = max(len(s) for s in stages)
-    links = [cluster.link(a[k % len(a)], b[k % len(b)]) for k in range(width)
-             for a, b in zip(stages, stages[1:] + stages[:1])]
-    return min(links, key=lambda l: l.bandwidth)
+    # a link is a function of its ends' nodes (and whether they are one rank): each such place asked once, at its
+    # first pair (of equal links, min keeps the first, as over every pair)
+    first: dict[tuple[int, int, bool], tuple[int, int]] = {}
+    for k in range(width):
+        for a, b in zip(stages, stages[1:] + stages[:1]):
+            x, y = a[k % len(a)], b[k % len(b)]
+            first.setdefault((cluster.node_index(x), cluster.node_index(y), x == y), (x, y))
+    return min((cluster.link(x, y) for x, y in first.values()), key=lambda l: l.bandwidth)
 
 
 def _run_collectives(op: OpKind, buckets: list[tuple[tuple[StageKey, ...], dict[StageKey, float]]],
@@ -352,9 +357,12 @@ def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, co
     clock = _run_collectives(op, buckets[::-1], clock, devices, cluster, cost, events, "sync", cps)
     if memory is None:
         memory = _memory(counted or strategy, cluster, costs, devices, cost)
+    owned_by: dict[StageKey, float] = {k: 0 for k in costs}  # the parameters each stage updates, bucket order
+    for h, ps in buckets:
+        for kk, params in ps.items():
+            owned_by[kk] += params / (len(h) if strategy.zero1 else 1)
     for k in costs:
-        owned = sum(params / (len(h) if strategy.zero1 else 1) for h, ps in buckets for kk, params in ps.items()
-                    if kk == k)
+        owned = owned_by[k]
         spec = _slowest_spec(cluster, devices[k], lambda s: cost.optimizer_time(1.0, s))
         dur = cost.optimizer_time(owned, spec)
         dur = dur * _core_share(cluster, devices[k], cost) if stretch is None else stretch(k, clock[k], dur)
