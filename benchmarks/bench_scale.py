@@ -26,7 +26,10 @@ without it), with the memory the executable graphs of up to 1,024 ranks add, per
 every rank's graph is not how a job runs: each worker instantiates its own).  Each
 case starts cold (``clear_caches``).  The load average is printed with the figures.
 
-Run: ``python benchmarks/bench_scale.py`` (about 3-5 min here); ``--quick`` stops the curve at 2,048 ranks.
+``replan_elastic`` after one lost node (issue 45: < 5 s at 10,240 ranks) at 1,024, 4,096 and 10,240 ranks.
+
+Run: ``python benchmarks/bench_scale.py`` (about 4-6 min here); ``--quick`` stops the curve at 2,048 ranks;
+``--only replan`` (or ``specialize``, ``switch``, ``resolve``) runs those parts and keeps the others' figures.
 Figures: ``benchmarks/results/scale.json``.
 """
 from __future__ import annotations
@@ -226,19 +229,67 @@ def resolve_cases(ranks: int) -> list[dict[str, Any]]:
     return out
 
 
+def replan_case(ranks: int) -> dict[str, Any]:
+    """``replan_elastic`` of the 70B plan at ``ranks`` after one node (8 H800 ranks of a 4-stage pipeline) is lost:
+    the decision a recovery waits for (issue 45's goal at 10,240 ranks: < 5 s)."""
+    from hspmd_sdk.planner.elastic import replan_elastic
+
+    strategy, cluster = scale_strategy(ranks)
+    failed = list(cluster.nodes[3].ranks)
+    cold()
+    cpu, wall, new = timed(lambda: replan_elastic(MODEL, cluster, strategy, failed, seq_len=4096))
+    return {"ranks": ranks, "failed": failed, "pipelines_before": len(strategy.pipelines),
+            "pipelines_after": len(new.pipelines), "replan_cpu_s": cpu, "replan_wall_s": wall, "load": load()}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="curve up to 2,048 ranks only")
     p.add_argument("--json", default=str(RESULTS / "scale.json"))
+    p.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS),
+                   help="run these parts only; the other parts' figures in --json are kept")
     args = p.parse_args(argv)
     curve = [256, 512, 1024, 2048] if args.quick else [256, 512, 1024, 2048, 4096, 10240]
-    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "load_start": load(),
-                           "specialize": [], "switch": [], "resolve": []}
+    old = json.loads(Path(args.json).read_text()) if Path(args.json).exists() else {}
+    out: dict[str, Any] = {**old, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "load_start": load()}
+    for part in args.only:
+        out[part] = []
     print(f"bench_scale: Llama-70B ({MODEL.num_layers} layers), load {load()}")
+    if "specialize" in args.only:
+        _specialize_curve(out, curve, args.quick)
+    if "switch" in args.only:
+        _switch_curve(out, args.quick)
+    if "resolve" in args.only:
+        for n in ([1024, 2048] if args.quick else [1024, 4096, 10240]):
+            for r in resolve_cases(n):
+                out["resolve"].append(r)
+                print(f"resolve at {n} ranks, {r['case']} {tuple(r['shape'])}: {'+'.join(r['kinds'])}, "
+                      f"{r['cpu_s']:.3f} s CPU, {r['wall_s']:.3f} s wall; load {r['load']}", flush=True)
+    if "replan" in args.only:
+        for n in ([1024, 2048] if args.quick else [1024, 4096, 10240]):
+            r = replan_case(n)
+            out["replan"].append(r)
+            print(f"replan_elastic 70B at {n} ranks, one node lost: {r['replan_cpu_s']:.2f} s CPU, "
+                  f"{r['replan_wall_s']:.2f} s wall, {r['pipelines_before']} -> {r['pipelines_after']} pipelines; "
+                  f"load {r['load']}", flush=True)
+        out["replan_exponent"] = fit_exponent([r["ranks"] for r in out["replan"]],
+                                              [r["replan_cpu_s"] for r in out["replan"]])
+        print(f"fitted exponent: replan_elastic k = {out['replan_exponent']:.2f}")
+    out["load_end"] = load()
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(out, indent=1))
+    print(f"figures in {args.json}")
+    return out
+
+
+PARTS = ("specialize", "switch", "resolve", "replan")
+
+
+def _specialize_curve(out: dict[str, Any], curve: list[int], quick: bool) -> None:
     print(f"{'ranks':>6} {'pipes':>5} {'specialize CPU s':>16} {'wall s':>7} {'peak MB':>8} "
           f"{'graphs ms/rank':>14} {'graph MB/rank':>13} {'resolves':>8} {'max resolve s':>13}  load")
     for n in curve:
-        r = specialize_case(n, "all" if n <= 2048 or not args.quick else "sample")
+        r = specialize_case(n, "all" if n <= 2048 or not quick else "sample")
         out["specialize"].append(r)
         print(f"{n:>6} {r['pipelines']:>5} {r['specialize_cpu_s']:>16.2f} {r['specialize_wall_s']:>7.2f} "
               f"{r['specialize_peak_mb']:>8.0f} {r['graphs_ms_per_rank']:>14.2f} {r['graph_mb_per_rank']:>13.3f} "
@@ -251,7 +302,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"fitted exponent (seconds ~ ranks^k): specialize k = {out['specialize_exponent']:.2f}, peak memory "
           f"k = {out['specialize_memory_exponent']:.2f}, executable graphs of all ranks k = "
           f"{out['graphs_exponent']:.2f}")
-    for n in ([256, 512, 1024] if args.quick else [256, 512, 1024, 2048]):
+
+
+def _switch_curve(out: dict[str, Any], quick: bool) -> None:
+    for n in ([256, 512, 1024] if quick else [256, 512, 1024, 2048]):
         r = switch_case(n)
         out["switch"].append(r)
         print(f"plan_switch 70B ({r['tensors']} tensors) at {n} ranks: {r['switch_cpu_s']:.2f} s CPU, "
@@ -260,16 +314,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out["switch_exponent"] = fit_exponent([r["ranks"] for r in out["switch"]],
                                           [r["switch_cpu_s"] for r in out["switch"]])
     print(f"fitted exponent: plan_switch k = {out['switch_exponent']:.2f}")
-    for n in ([1024, 2048] if args.quick else [1024, 4096, 10240]):
-        for r in resolve_cases(n):
-            out["resolve"].append(r)
-            print(f"resolve at {n} ranks, {r['case']} {tuple(r['shape'])}: {'+'.join(r['kinds'])}, "
-                  f"{r['cpu_s']:.3f} s CPU, {r['wall_s']:.3f} s wall; load {r['load']}", flush=True)
-    out["load_end"] = load()
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=1))
-    print(f"figures in {args.json}")
-    return out
 
 
 if __name__ == "__main__":
