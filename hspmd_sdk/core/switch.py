@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from ..errors import ResolutionError
 from .annotation import PARTIAL, Annotation, local_views
-from .bsr import Assignment, LinkModel, bsr_scheme, bsr_table
+from .bsr import Assignment, BSREntry, LinkModel, bsr_scheme, bsr_table
 from .comm_ops import OpKind
 from .comm_plan import pick_unit, time_of, volume_by_rank, volume_table
 from .resolve import itemsize_of
@@ -199,6 +199,8 @@ def plan_switch(src_plan: Any, dst_plan: Any, cluster: "Cluster | None" = None, 
     dead = tuple(sorted(set(failed)))
     silent = tuple(sorted({*dead, *empty}))  # ranks that never send
     moves, tables, zeros = [], [], []
+    # tensors of one shape laid out alike both sides (the same layer kind on the same stages) have one table
+    same: dict[tuple[Annotation, Annotation, tuple[int, ...], int], tuple[list[BSREntry], list[int]]] = {}
     for name, (dann, shape) in dst.items():
         if name not in src:
             raise ResolutionError(f"plan_switch: tensor {name!r} of dst_plan is not in src_plan")
@@ -206,39 +208,46 @@ def plan_switch(src_plan: Any, dst_plan: Any, cluster: "Cluster | None" = None, 
         if sshape != shape:
             raise ResolutionError(f"plan_switch: tensor {name!r} has shape {sshape} in src_plan but {shape} in "
                                   "dst_plan")
-        for ann in (sann, dann):
-            ann.check_shape(shape, name)
-        if any(ds.partial > 1 for ds in sann.ds_union) or sann.hdim == PARTIAL:  # (HSize 1 is never PARTIAL)
-            raise ResolutionError(f"plan_switch: tensor {name!r} is Partial in src_plan ({sann}); switching moves "
-                                  "parameters, reduce it first (resolve() handles Partial Reshards)")
-        lost = sorted(set(dead) & set(dann.ranks))
-        if lost:
-            raise ResolutionError(f"plan_switch: tensor {name!r} is placed on failed rank(s) {lost} in dst_plan "
-                                  f"({dann}); plan around the failed ranks")
         dt = dtype[name] if isinstance(dtype, Mapping) else dtype
         move = TensorMove(name, sann, dann, shape, itemsize_of(dt))
+        got = same.get((sann, dann, tuple(shape), move.itemsize))
+        if got is None:
+            for ann in (sann, dann):
+                ann.check_shape(shape, name)
+            if any(ds.partial > 1 for ds in sann.ds_union) or sann.hdim == PARTIAL:  # (HSize 1 is never PARTIAL)
+                raise ResolutionError(f"plan_switch: tensor {name!r} is Partial in src_plan ({sann}); switching "
+                                      "moves parameters, reduce it first (resolve() handles Partial Reshards)")
+            lost = sorted(set(dead) & set(dann.ranks))
+            if lost:
+                raise ResolutionError(f"plan_switch: tensor {name!r} is placed on failed rank(s) {lost} in "
+                                      f"dst_plan ({dann}); plan around the failed ranks")
+            owners = [(v.rank, v.box) for v in local_views(sann, shape)]
+            dviews = list(local_views(dann, shape))
+            receivers = [(v.rank, v.box) for v in dviews if v.partial_index == 0]
+            got = same[(sann, dann, tuple(shape), move.itemsize)] = (
+                bsr_table(owners, receivers, shape, move.itemsize),
+                [v.rank for v in dviews if v.partial_index != 0])
+        table, zero_ranks = got
         moves.append(move)
-        owners = [(v.rank, v.box) for v in local_views(sann, shape)]
-        dviews = list(local_views(dann, shape))
-        receivers = [(v.rank, v.box) for v in dviews if v.partial_index == 0]
-        zeros.extend((name, v.rank) for v in dviews if v.partial_index != 0)
-        tables.append(bsr_table(owners, receivers, shape, move.itemsize, key=name))
+        zeros.extend((name, r) for r in zero_ranks)
+        tables.append([BSREntry(name, e.box, e.owners, e.receivers, e.nbytes) for e in table])
     links = LinkModel(cluster)
+    itemsizes = {m.name: m.itemsize for m in moves}
     if fused:
         load: dict[int, int] = {}
         assigns = bsr_scheme([e for t in tables for e in t], links, load, heuristics=heuristics, failed=silent)
-        steps = [_step(assigns, zeros)]
+        steps = [_step(assigns, zeros, itemsizes)]
     else:
         steps = [_step(bsr_scheme(t, links, {}, heuristics=heuristics, failed=silent),
-                       [z for z in zeros if z[0] == m.name]) for t, m in zip(tables, moves)]
+                       [z for z in zeros if z[0] == m.name], itemsizes) for t, m in zip(tables, moves)]
     return SwitchPlan(tuple(moves), tuple(steps), fused, heuristics, dead, cluster, tuple(sorted(set(empty))))
 
 
-def _step(assigns: list[Assignment], zeros: list[tuple[str, int]]) -> SwitchStep:
-    """Group the scheme's decisions into one packed message per (sender, receiver) and local copies."""
+def _step(assigns: list[Assignment], zeros: list[tuple[str, int]], itemsize: Mapping[str, int]) -> SwitchStep:
+    """Group the scheme's decisions into one packed message per (sender, receiver) and local copies
+    (``itemsize``: bytes an element of each tensor)."""
     copies = [((a.key, a.dst), a.box) for a in assigns if a.src == a.dst]
     moves = [((a.src, a.dst, a.key), a.box) for a in assigns if a.src != a.dst]
-    itemsize = {a.key: a.nbytes // max(1, box_numel(a.box)) for a in assigns}
     per_pair: dict[tuple[int, int], list[tuple[str, Box]]] = {}
     for (s, d, name), box in coalesce(moves):
         per_pair.setdefault((s, d), []).append((name, box))
