@@ -260,13 +260,13 @@ def test_run_piped_prints_no_carriage_return_progress(tmp_path: Path) -> None:
 
 
 def test_the_live_bar_is_kept_on_a_terminal(monkeypatch) -> None:
-    from hspmd_sdk import cli
+    from hspmd_sdk.cli import run as cli_run
 
     class Tty:
         def isatty(self) -> bool:
             return True
 
     monkeypatch.setattr(sys, "stderr", Tty())
-    assert cli._live_progress()
+    assert cli_run._live_progress()
     monkeypatch.undo()
-    assert not cli._live_progress() or sys.stderr.isatty()
+    assert not cli_run._live_progress() or sys.stderr.isatty()

@@ -74,7 +74,7 @@ def test_failed_rank_outside_the_cluster_is_an_error(c1: tuple[Cluster, Strategy
 def test_cli_plan_elastic_and_simulate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from hspmd_sdk.cli_plan import (add_plan_arguments, add_simulate_arguments, parse_ranks, run_plan,
+    from hspmd_sdk.cli.plan import (add_plan_arguments, add_simulate_arguments, parse_ranks, run_plan,
                                        run_simulate)
 
     assert parse_ranks("5,7,24-26") == [5, 7, 24, 25, 26]

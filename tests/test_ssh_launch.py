@@ -321,11 +321,11 @@ def test_cli_launch_counts_hosts_not_hostfile_lines(lab: LoopbackHosts, tmp_path
 def test_cli_check_passes_and_refuses_unverified_hosts(lab: LoopbackHosts, tmp_path: Path, capsys) -> None:
     import json
 
-    from hspmd_sdk.cli_ssh import main
+    from hspmd_sdk.cli import main
 
     (tmp_path / "hosts.txt").write_text("127.0.0.2 slots=2\n127.0.0.3 slots=2\n")
     (tmp_path / "ssh.json").write_text(json.dumps(lab.hosts))
-    base = ["--hostfile", str(tmp_path / "hosts.txt"), "--ssh-hosts", str(tmp_path / "ssh.json"), "-i",
+    base = ["launch", "--hostfile", str(tmp_path / "hosts.txt"), "--ssh-hosts", str(tmp_path / "ssh.json"), "-i",
             str(lab.client_key), "--check"]
     assert main([*base, "--known-hosts", str(lab.known_hosts)]) == 0
     assert "127.0.0.3" in capsys.readouterr().out

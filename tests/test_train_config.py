@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hspmd_sdk.cli import main
-from hspmd_sdk.cli_train import data_parallel_strategy
+from hspmd_sdk.cli.train import data_parallel_strategy
 from hspmd_sdk.errors import PlanValidationError
 from hspmd_sdk.runtime.lr_schedule import Schedule
 from hspmd_sdk.runtime.train_config import FLAT_KEYWORDS, SECTIONS, TrainConfig, template_toml

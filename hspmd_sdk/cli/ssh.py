@@ -20,15 +20,15 @@ import argparse
 import sys
 from typing import Any
 
-from .cli import main as hspmd
-from .cli_checkpoint import add_training_checkpoint_arguments, training_checkpoint_options
-from .cli_inputs import MAX_SEED, MAX_STEPS, MAX_TOKENS, add_fault_arguments, int_in, number_above, resolve_file
-from .core.cluster import Cluster
-from .core.specialize import specialize
-from .core.strategy import Strategy
-from .core.strategy_plan import plan_from_strategy
-from .errors import PlanValidationError
-from .models.registry import load_model_spec
+from .checkpoint import add_training_checkpoint_arguments, training_checkpoint_options
+from .command import EXIT_INTERRUPTED, Command
+from .inputs import MAX_SEED, MAX_STEPS, MAX_TOKENS, add_fault_arguments, int_in, number_above, resolve_file
+from ..core.cluster import Cluster
+from ..core.specialize import specialize
+from ..core.strategy import Strategy
+from ..core.strategy_plan import plan_from_strategy
+from ..errors import PlanValidationError
+from ..models.registry import load_model_spec
 
 
 def add_launch_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,8 +79,8 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
 
 def _transport(args: argparse.Namespace) -> Any:
     # lazy: launcher/transports, not loaded at `hspmd --help`
-    from .runtime.transports.hosts import read_hosts_file
-    from .runtime.transports.ssh import SSHTransport
+    from ..runtime.transports.hosts import read_hosts_file
+    from ..runtime.transports.ssh import SSHTransport
 
     default: dict[str, Any] = {}
     for key, value in (("python", args.python), ("workdir", args.workdir), ("port", args.ssh_port),
@@ -94,7 +94,7 @@ def _transport(args: argparse.Namespace) -> Any:
 
 def _check_arguments(args: argparse.Namespace) -> None:
     """What can be checked before any host is contacted."""
-    from .runtime.spec import ENTRY_PATTERN  # lazy: the runtime's launch spec, not loaded at `hspmd --help`
+    from ..runtime.spec import ENTRY_PATTERN  # lazy: the runtime's launch spec, not loaded at `hspmd --help`
 
     problems = []
     if args.entry is not None and not ENTRY_PATTERN.fullmatch(args.entry):
@@ -132,7 +132,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
 def run_launch(args: argparse.Namespace) -> int:
     """Run ``hspmd launch``; :class:`~hspmd_sdk.errors.HSPMDError` propagates (the CLI prints it, status 1)."""
     # lazy: launcher/transports, not loaded at `hspmd --help`
-    from .runtime.control.train import launch
+    from ..runtime.control.train import launch
 
     _check_arguments(args)
     if args.slurm:
@@ -165,8 +165,8 @@ def _common(args: argparse.Namespace, transport: Any, *, preflight: bool) -> dic
 def _run_slurm(args: argparse.Namespace) -> int:
     """``hspmd launch ... --slurm``: the cluster read from Slurm, every rank a job step on its node."""
     # lazy: launcher/transports, not loaded at `hspmd --help`
-    from .runtime.control.train import launch
-    from .runtime.transports.slurm import SlurmTransport
+    from ..runtime.control.train import launch
+    from ..runtime.transports.slurm import SlurmTransport
 
     cluster = Cluster.from_slurm(args.partition, args.nodes)
     print(f"Slurm: {cluster}: " + ", ".join(f"{n.host} ({len(n.ranks)} {n.kind})" for n in cluster.nodes))
@@ -197,7 +197,7 @@ def _follow(job: Any, cluster: Any) -> int:
         result = job.wait()
     except KeyboardInterrupt:
         print(f"\ninterrupted: every worker was stopped; logs in {job.log_dir}", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     if result.losses:
         print("losses: " + " ".join(f"{x:.6f}" for x in result.losses))
     for event in result.events:
@@ -207,7 +207,7 @@ def _follow(job: Any, cluster: Any) -> int:
 
 
 def _launch_training(args: argparse.Namespace, cluster: Any, common: dict[str, Any]) -> Any:
-    from .runtime.control.train import launch  # lazy: torch (train)
+    from ..runtime.control.train import launch  # lazy: torch (train)
 
     config = load_model_spec(args.model)
     strategy = Strategy.load(resolve_file(args.file))
@@ -218,12 +218,5 @@ def _launch_training(args: argparse.Namespace, cluster: Any, common: dict[str, A
                            **options)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone use: ``python -m hspmd_sdk.cli_ssh FILE --hostfile hosts.txt`` (the same as
-    ``hspmd launch ...``, with the same error handling)."""
-
-    return hspmd(["launch", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+LAUNCH = Command("train a strategy (or run an entry) on remote hosts over SSH or on a Slurm cluster",
+                 add_launch_arguments, run_launch)

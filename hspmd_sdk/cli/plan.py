@@ -1,4 +1,4 @@
-"""The planner's subcommands, for :mod:`hspmd_sdk.cli` to register::
+"""The planner's subcommands (:data:`PLAN`, :data:`SIMULATE`, listed by :mod:`hspmd_sdk.cli.entry`)::
 
     hspmd plan --cluster FILE|PRESET --model PRESET --scenario hetero|elastic|mixed
                [--strategy FILE --failed RANKS] [--lengths FILE [--programs DIR]] -o strategy.json
@@ -17,16 +17,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .cli_inputs import (MAX_SAMPLES, MAX_TOKENS, check_output, example_context, int_in, load_cluster, read_json,
+from .command import Command
+from .inputs import (MAX_SAMPLES, MAX_TOKENS, check_output, example_context, int_in, load_cluster, read_json,
                          read_text, resolve_file, write_output)
-from .core.annotation import parse_ranks as parse
-from .errors import PlanValidationError
-from .models.registry import load_model_spec
-from .planner.cost import CostModel
-from .planner.simulator import simulate
+from ..core.annotation import parse_ranks as parse
+from ..errors import PlanValidationError
+from ..models.registry import load_model_spec
+from ..planner.cost import CostModel
+from ..planner.simulator import simulate
 
-__all__ = ["add_plan_arguments", "run_plan", "add_simulate_arguments", "run_simulate", "parse_ranks",
-           "load_cluster", "read_lengths"]
+__all__ = ["PLAN", "SIMULATE", "add_plan_arguments", "run_plan", "add_simulate_arguments", "run_simulate",
+           "parse_ranks", "load_cluster", "read_lengths", "read_cost"]
 
 
 # ---- argument helpers -----------------------------------------------------------------------------------------
@@ -79,7 +80,7 @@ def _no_int(x: Any) -> int:
     raise ValueError(f"{str(x)[:40]!r} is not an integer")
 
 
-def _cost(path: str | None) -> Any:
+def read_cost(path: str | None) -> Any:
 
 
     if not path:
@@ -125,14 +126,14 @@ def run_plan(args: argparse.Namespace) -> int:
     model = load_model_spec(args.model)
     cluster = load_cluster(args.cluster)
     seq = args.seq_len or model.max_seq_len
-    cost = _cost(args.cost)
+    cost = read_cost(args.cost)
     t0 = time.perf_counter()
     if args.scenario == "mixed":
         if not args.lengths:
             raise PlanValidationError([("--lengths", "the mixed scenario needs a file of sequence lengths")],
                                       what="arguments")
         # lazy: a planner is loaded only to plan (this module loads at `hspmd --help`)
-        from .planner.mixed import plan_mixed
+        from ..planner.mixed import plan_mixed
 
         plan = plan_mixed(model, cluster, read_lengths(args.lengths), tokens_per_batch=args.tokens_per_batch,
                           context_len=args.context_len, cost=cost, packing=args.packing)
@@ -153,13 +154,13 @@ def run_plan(args: argparse.Namespace) -> int:
             raise PlanValidationError([("--strategy/--failed", "the elastic scenario needs the running strategy "
                                                                "and the failed ranks")], what="arguments")
         # lazy: a planner is loaded only to plan (this module loads at `hspmd --help`)
-        from .planner.elastic import replan_elastic
+        from ..planner.elastic import replan_elastic
 
         strategy = replan_elastic(model, cluster, resolve_file(args.strategy), parse_ranks(args.failed, cluster),
                                   seq_len=seq, global_batch=args.global_batch, cost=cost)
     else:
         # lazy: a planner is loaded only to plan (this module loads at `hspmd --help`)
-        from .planner.hetero import plan_hetero
+        from ..planner.hetero import plan_hetero
 
         strategy = plan_hetero(model, cluster, global_batch=args.global_batch or 64, seq_len=seq, cost=cost,
                                zero1=not args.no_zero1)
@@ -206,7 +207,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     cluster = load_cluster(cluster_name)
     batch = args.global_batch if args.global_batch is not None else ctx.get("global_batch")
     res = simulate(model, path, cluster, global_batch=batch, seq_len=args.seq_len or model.max_seq_len,
-                   cost=_cost(args.cost))
+                   cost=read_cost(args.cost))
     print(res.summary())
     if args.timeline:
         kinds = ("F", "B", "comm", "sync", "optim", "idle")
@@ -218,3 +219,9 @@ def run_simulate(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+PLAN = Command("plan a strategy for a cluster and model (--scenario hetero|elastic|mixed)", add_plan_arguments,
+               run_plan)
+SIMULATE = Command("estimate one training step of a strategy (step time, bubble, peak memory)",
+                   add_simulate_arguments, run_simulate)

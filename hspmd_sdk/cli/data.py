@@ -1,4 +1,4 @@
-"""``hspmd data prepare INPUT... --out DIR`` and ``hspmd data show DIR`` (registered in :mod:`hspmd_sdk.cli`).
+"""``hspmd data prepare INPUT... --out DIR`` and ``hspmd data show DIR`` (:data:`DATA`).
 
 ``prepare`` turns local text / JSON lines / parquet files into a prepared token corpus (SPEC §14,
 :func:`hspmd_sdk.data.prepare`), with a given tokenizer (``--tokenizer``) or a byte-level BPE trained on the
@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from .cli_inputs import MAX_SEED, int_in, number_above
+from .command import Command
+from .inputs import MAX_SEED, int_in, number_above
 
 #: Largest vocabulary ``--train-tokenizer`` accepts (uint32 ids).
 MAX_VOCAB = 1 << 31
 
 if TYPE_CHECKING:
-    from .data.corpus import TokenCorpus
+    from ..data.corpus import TokenCorpus
 
 
 def add_data_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,8 +56,8 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
 def run_data(args: argparse.Namespace) -> int:
     # lazy: datasets / tokenizers are loaded only by the subcommand that needs them
     if args.data_command == "prepare":
-        from .data.corpus import TokenCorpus
-        from .data.pipeline import prepare
+        from ..data.corpus import TokenCorpus
+        from ..data.pipeline import prepare
 
         out = prepare(args.inputs, args.out, tokenizer=args.tokenizer, train_tokenizer_vocab=args.train_tokenizer,
                       eot_token=args.eot_token, val_fraction=args.val_fraction, seed=args.seed,
@@ -64,7 +65,7 @@ def run_data(args: argparse.Namespace) -> int:
         print(f"wrote {out}")
         print(summary(TokenCorpus(out), first_tokens=0))
         return 0
-    from .data.corpus import TokenCorpus
+    from ..data.corpus import TokenCorpus
 
     print(summary(TokenCorpus(args.directory), first_tokens=args.tokens))
     return 0
@@ -88,3 +89,7 @@ def summary(corpus: "TokenCorpus", *, first_tokens: int = 48) -> str:
         else:
             lines.append(f"  decoded: (not shown: no tokenizer.json in {corpus.path})")
     return "\n".join(lines)
+
+
+DATA = Command("prepare a token corpus from local text / JSON lines / parquet files, or show one", add_data_arguments,
+               run_data)

@@ -1,4 +1,4 @@
-"""``hspmd checkpoint show DIR`` and ``hspmd checkpoint export DIR --hf OUT`` (registered in :mod:`hspmd_sdk.cli`).
+"""``hspmd checkpoint show DIR`` and ``hspmd checkpoint export DIR --hf OUT`` (:data:`CHECKPOINT`).
 
 ``DIR`` is a checkpoint root (its latest complete checkpoint) or one ``step-NNNNNNNN`` directory.  ``show`` prints
 the step, the model, the strategy it was saved under, the data position, the bytes each rank wrote and the
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from .cli_inputs import int_in
+from .command import Command
+from .inputs import int_in
 
 
 def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,7 +48,7 @@ def training_checkpoint_options(args: argparse.Namespace) -> dict[str, object]:
 
 def run_checkpoint(args: argparse.Namespace) -> int:
     # lazy: the checkpoint reader, not loaded at `hspmd --help`
-    from .runtime.checkpoints.checkpoint import load_checkpoint
+    from ..runtime.checkpoints.checkpoint import load_checkpoint
 
     if args.checkpoint_command == "show":
         verify = not args.no_verify
@@ -58,3 +59,7 @@ def run_checkpoint(args: argparse.Namespace) -> int:
     out = ck.to_hf(args.hf)
     print(f"wrote {out} (Hugging Face {ck.model.family} model, step {ck.step} of {ck.path})")
     return 0
+
+
+CHECKPOINT = Command("show a sharded checkpoint (step, model, strategy, sizes, integrity) or export it to Hugging "
+                     "Face", add_checkpoint_arguments, run_checkpoint)

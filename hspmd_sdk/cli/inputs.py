@@ -1,9 +1,9 @@
-"""Reading the command line's inputs: argument types with bounds, files, output paths.
+"""Reading the command line's inputs: argument types with bounds, files, output paths; and the one-line model
+description every command prints.
 
 Every reader turns bad input into :class:`~hspmd_sdk.errors.PlanValidationError` (files) or
 ``argparse.ArgumentTypeError`` (argument values), naming what and where, so that the CLI prints one ``error:``
-line and never a traceback.  Shared by :mod:`hspmd_sdk.cli`, :mod:`hspmd_sdk.cli_plan` and
-:mod:`hspmd_sdk.cli_ssh`.
+line and never a traceback.  Shared by the subcommands of :mod:`hspmd_sdk.cli`.
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from .core.cluster import MAX_RANKS, Cluster
-from .errors import PlanValidationError
+from ..core.cluster import MAX_RANKS, Cluster, format_count
+from ..errors import PlanValidationError
 
-EXAMPLES = Path(__file__).resolve().parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 #: Bounds of the sizes the CLI accepts (far above any real run; they keep a typo from running for hours).
 MAX_STEPS = 10**9
@@ -164,3 +164,11 @@ def load_cluster(text: str) -> Any:
             counts[kind] = int(n)
         return Cluster.mixed(counts)
     return Cluster.load(resolve_file(text))
+
+
+def describe_model(model: Any) -> str:
+    """``tiny: 4 layers, hidden 64, 197K parameters`` (parameter counts in K/M/B, as every display writes them)."""
+
+    hidden = getattr(model, "hidden_size", None)
+    return (f"{getattr(model, 'name', type(model).__name__)}: {model.num_layers} layers"
+            + (f", hidden {hidden}" if hidden else "") + f", {format_count(model.param_count())} parameters")

@@ -1,4 +1,4 @@
-"""``hspmd train FILE.toml``: run a training config (SPEC §13), registered in :mod:`hspmd_sdk.cli`.
+"""``hspmd train FILE.toml``: run a training config (SPEC §13), :data:`TRAIN`.
 
 ``FILE`` is a :class:`~hspmd_sdk.runtime.train_config.TrainConfig` in TOML or JSON.  Its ``[plan]`` section names
 what to train and where: ``model`` (a preset such as ``llama:tiny`` or ``gpt:tiny``, or a model-config JSON),
@@ -20,10 +20,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .cli_inputs import MAX_STEPS, int_in, resolve_file
-from .errors import PlanValidationError
+from .command import EXIT_INTERRUPTED, Command
+from .inputs import MAX_STEPS, describe_model, int_in, resolve_file
+from ..errors import PlanValidationError
 
-__all__ = ["add_train_arguments", "run_train", "TrainPlan", "resolve_plan", "data_parallel_strategy",
+__all__ = ["TRAIN", "add_train_arguments", "run_train", "TrainPlan", "resolve_plan", "data_parallel_strategy",
            "SAMPLES_PER_RANK"]
 
 #: The default strategy's samples per rank and step when ``run.global_batch`` is not given (the packaged tiny
@@ -53,7 +54,7 @@ class TrainPlan:
 
 def run_train(args: argparse.Namespace) -> int:
     """``hspmd train``: the template, a dry run, or a training run; returns the exit status."""
-    from .runtime.train_config import TrainConfig, template_toml
+    from ..runtime.train_config import TrainConfig, template_toml
 
     if args.template:
         if args.file is not None or args.steps is not None or args.dry_run:
@@ -79,10 +80,10 @@ def run_train(args: argparse.Namespace) -> int:
 def resolve_plan(cfg: Any) -> TrainPlan:
     """The model, cluster and strategy ``cfg.plan`` names, checked together, and the Program specialized from
     them.  Problems are :class:`~hspmd_sdk.errors.PlanValidationError` naming the ``plan.*`` field they come from."""
-    from .core.specialize import specialize
-    from .core.strategy import Strategy
-    from .core.strategy_plan import plan_from_strategy
-    from .models.registry import load_model_spec
+    from ..core.specialize import specialize
+    from ..core.strategy import Strategy
+    from ..core.strategy_plan import plan_from_strategy
+    from ..models.registry import load_model_spec
 
     model = _under("plan.model", lambda: load_model_spec(cfg.plan.model))
     cluster = _under("plan.cluster", lambda: _cluster(cfg.plan.cluster))
@@ -101,7 +102,7 @@ def data_parallel_strategy(num_layers: int, num_ranks: int, global_batch: int | 
     each (pure data parallelism), one micro-batch each.  ``global_batch`` samples a step are shared as evenly as
     whole samples allow (the first ``global_batch % num_ranks`` ranks take one more); ``None``:
     :data:`SAMPLES_PER_RANK` samples per rank."""
-    from .core.strategy import Strategy
+    from ..core.strategy import Strategy
 
     batch = SAMPLES_PER_RANK * num_ranks if global_batch is None else global_batch
     if batch < num_ranks:
@@ -116,8 +117,6 @@ def data_parallel_strategy(num_layers: int, num_ranks: int, global_batch: int | 
 
 def plan_summary(cfg: Any, plan: TrainPlan) -> str:
     """What will run: the model, the cluster, the strategy, the global batch and the learning-rate schedule."""
-    from .cli import describe_model
-
     steps = cfg.run.steps
     return "\n".join([f"model:    {describe_model(plan.model)}",
                       f"cluster:  {plan.cluster}",
@@ -130,11 +129,10 @@ def plan_summary(cfg: Any, plan: TrainPlan) -> str:
 
 def _train(cfg: Any, plan: TrainPlan) -> int:
     """Launch the Program with the config, wait, print the steps."""
-    from .cli import EXIT_INTERRUPTED
-    from .runtime.control.progress import Phase
+    from ..runtime.control.progress import Phase
 
     with Phase("loading PyTorch"):
-        from .runtime.control.train import launch  # lazy: torch
+        from ..runtime.control.train import launch  # lazy: torch
 
     # said before the launch: on a terminal the job's bar then redraws its own line, which a line printed after
     # the launch (while the bar counts the workers' start) would be written into
@@ -180,7 +178,7 @@ def step_table(result: Any, steps: int) -> str:
 # ---- helpers -----------------------------------------------------------------------------------------------------
 def _cluster(text: str) -> Any:
     """``local:N``: N local worker processes (CPU); else a cluster JSON file or packaged example."""
-    from .core.cluster import Cluster
+    from ..core.cluster import Cluster
 
     if text.startswith("local:"):
         return Cluster.local(int(text.partition(":")[2]))  # the config checked N
@@ -197,3 +195,8 @@ def _under(field: str, make: Any) -> Any:
         problems = [(field if p in ("<root>", leaf) else p if p.startswith(field) else f"{field}: {p}", r)
                     for p, r in e.problems]
         raise PlanValidationError(problems, what=e.what) from None
+
+
+TRAIN = Command("run a train config (TOML or JSON: the model, strategy and cluster, every option)",
+                add_train_arguments, run_train)
+
