@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from .comm_plan import CommPlan
     from .model_spec import ModelSpec
 
-__all__ = ["specialize", "Program", "ExecutableGraph", "ExecOp", "GradSync", "StateLayout", "PHASES",
+__all__ = ["specialize", "Program", "ProgramPart", "ExecutableGraph", "ExecOp", "GradSync", "StateLayout", "PHASES",
            "OPTIMIZER_STATES"]
 
 #: Adam's per-parameter state tensors, laid out like the parameter (ZeRO-1 shards them with it).
@@ -341,6 +341,23 @@ class Program:
             raise ProgramJSONError(f"the JSON holds a {type(out).__name__}, not a Program")
         return out
 
+    # ---- what a worker receives (SPEC §16) ---------------------------------------------------------------------
+    def part(self, rank: int, *, version: int = 0) -> "ProgramPart":
+        """What rank ``rank`` executes: its executable graph's inputs, its stage's schedule, the communication
+        plans it runs (restricted to its own groups and messages) and state layouts, plus this Program's
+        :meth:`digest` and ``version`` (:class:`ProgramPart`).  For a fixed model and stage shape its JSON does
+        not grow with the number of ranks.  Raises ``ProgramPartError`` naming the rank if it takes part in no
+        operator."""
+        from .program_part import make_part
+
+        return make_part(self, rank, ProgramPart, version=version)
+
+    def digest(self) -> str:
+        """SHA-256 (hex) of this Program's JSON: what every rank's part carries to agree on the Program."""
+        from .program_part import program_digest
+
+        return program_digest(self)
+
     # ---- printing ------------------------------------------------------------------------------------------
     def describe(self, rank: int | None = None) -> str:
         """A readable account of the whole program (``rank=None``) or of one rank's executable graph."""
@@ -348,6 +365,107 @@ class Program:
 
     def __str__(self) -> str:
         return _describe_program(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProgramPart(Program):
+    """Rank :attr:`rank`'s part of a Program (SPEC §16; :mod:`.program_part` says what it holds and how it
+    travels): a :class:`Program` that answers for that rank only, and raises ``ProgramPartError`` naming both
+    ranks when asked about another.  ``program_digest``: the whole Program's digest (also :meth:`digest`, as on
+    the Program); ``world_ranks``: how many ranks run a stage of the whole Program; ``version``: the launcher's
+    version of the Program (0 at launch); :attr:`world_groups`: every process group of the whole Program (torch
+    creates each group with every rank of the job, so every rank lists them all; stored by shape, compact in the
+    JSON); :attr:`world_pipeline_pairs`: the whole Program's stage-boundary rank pairs (the NCCL point-to-point
+    groups).
+
+    Made by :meth:`Program.part`; travels as :meth:`to_json` / :meth:`from_json`."""
+
+    rank: int
+    program_digest: str
+    world_ranks: int
+    version: int = 0
+    #: the whole Program's groups by shape: (offsets from the first rank, first ranks) — compact in the JSON
+    _group_families: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    #: the whole Program's stage-boundary pairs: (direction, high - low, low ranks)
+    _pair_families: tuple[tuple[int, int, tuple[int, ...]], ...] = ()
+
+    @property
+    def world_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Every process group of the whole Program, sorted (:func:`~.program_part.world_groups`)."""
+        from .program_part import world_groups_of
+
+        return world_groups_of(self._group_families)
+
+    @property
+    def world_pipeline_pairs(self) -> tuple[tuple[int, int, int], ...]:
+        """The whole Program's stage-boundary pairs ``(direction, low, high)``, sorted
+        (:func:`~.program_part.world_pipeline_pairs`)."""
+        from .program_part import world_pairs_of
+
+        return world_pairs_of(self._pair_families)
+
+    def digest(self) -> str:
+        """The whole Program's digest (:meth:`Program.digest`): peers with equal digests run one Program."""
+        return self.program_digest
+
+    # ---- the rank guard ------------------------------------------------------------------------------------
+    def _own(self, rank: int, what: str) -> None:
+        from .program_part import rank_guard
+
+        rank_guard(self, rank, what)
+
+    def executable_graph(self, rank: int) -> "ExecutableGraph":
+        """Rank :attr:`rank`'s executable graph (the whole Program's, with its plans restricted to the rank)."""
+        self._own(rank, "executable_graph")
+        return super().executable_graph(rank)
+
+    def schedule(self, rank: int) -> "list[Action]":
+        """The actions rank :attr:`rank` replays every step (as :meth:`Program.schedule`)."""
+        self._own(rank, "schedule")
+        return super().schedule(rank)
+
+    def stage_of(self, rank: int) -> tuple[int, int]:
+        """``(pipeline, stage)`` of rank :attr:`rank`."""
+        self._own(rank, "stage_of")
+        return super().stage_of(rank)
+
+    def batch_rows(self, rank: int, bindings: Mapping[str, int]) -> tuple[int, int]:
+        """The rows of the global batch rank :attr:`rank`'s pipeline trains (as :meth:`Program.batch_rows`)."""
+        self._own(rank, "batch_rows")
+        return super().batch_rows(rank, bindings)
+
+    def micro_batch_plan(self, name: str, rank: int, bindings: Mapping[str, int], micro_size: int) -> "CommPlan":
+        """As :meth:`Program.micro_batch_plan`, for rank :attr:`rank` only."""
+        self._own(rank, "micro_batch_plan")
+        return super().micro_batch_plan(name, rank, bindings, micro_size)
+
+    def local_shape(self, tensor: str, rank: int, bindings: Mapping[str, int] | None = None) -> Any:
+        """As :meth:`Program.local_shape`, for rank :attr:`rank` only."""
+        self._own(rank, "local_shape")
+        return super().local_shape(tensor, rank, bindings)
+
+    def part(self, rank: int, *, version: int | None = None) -> "ProgramPart":
+        """A part of a part is itself (for its own rank; with ``version``, a copy of that version)."""
+        import dataclasses
+
+        self._own(rank, "part")
+        return self if version is None or version == self.version else dataclasses.replace(self, version=version)
+
+    # ---- travelling ------------------------------------------------------------------------------------------
+    def to_json(self) -> str:
+        """This part as JSON text (the Program form, equal objects once, runs compact:
+        :func:`~.program_part.part_to_json`); :meth:`from_json` reads it back equal (``==``).  Its size does not
+        grow with the world for a fixed model and stage shape."""
+        from .program_part import part_to_json
+
+        return part_to_json(self)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "ProgramPart":
+        """The part written by :meth:`to_json`: constructs only hspmd_sdk.core value types and the model config."""
+        from .program_part import part_from_json
+
+        return part_from_json(text, cls)
 
 
 # ---- specialization --------------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ control message, plain JSON (:func:`control_line`):
 
 The values inside control messages: a Program (or a switch plan) travels as its JSON (:func:`pack_payload`,
 :func:`unpack_payload`); a ``reconfigure`` message decodes to :class:`Reconfigure`; a run (the dict a launcher
-sends each worker) carries its Program as JSON (:func:`program_of_run`).
+sends each worker) carries its Program as JSON, or that worker's part of it (SPEC §16: :class:`PartPayloads`,
+:func:`program_of_run`).
 """
 from __future__ import annotations
 
@@ -232,13 +233,19 @@ class Reconfigure:
 
 
 def program_of_run(run: Mapping[str, Any]) -> Any:
-    """The run's Program: read from its JSON (``run["program"]``, how a launcher sends it), or specialized from
-    the run's model, plan and cluster (a run built without one)."""
+    """The run's Program as this worker runs it: its own part (``run["program_part"]``, a
+    :class:`~hspmd_sdk.core.specialize.ProgramPart`'s JSON, how a launcher sends it where it can), the whole
+    Program (``run["program"]``), or specialized from the run's model, plan and cluster (a run built without
+    either)."""
     # lazy: core; agents, workers and the launcher import this module without loading core
     from ..core.cluster import Cluster
     from ..core.plan import AnnotationPlan
     from ..core.specialize import Program, specialize
 
+    if run.get("program_part") is not None:
+        from ..core.specialize import ProgramPart
+
+        return ProgramPart.from_json(run["program_part"])
     if run.get("program") is not None:
         return Program.from_json(run["program"])
 
@@ -246,6 +253,54 @@ def program_of_run(run: Mapping[str, Any]) -> Any:
     plan = AnnotationPlan.model_validate(run["plan"])
     cluster = Cluster.model_validate(run["cluster"])
     return specialize(config, plan, cluster, bindings=run.get("bindings"))
+
+
+#: Run keys whose features need the whole Program on every worker (checkpoints write and read by the whole
+#: Program's layouts; a recovery re-plans from what every rank holds; a mixed-length run switches candidates).
+WHOLE_PROGRAM_FEATURES = ("checkpoint", "resume", "elastic", "mixed")
+
+
+def sends_parts(run: Mapping[str, Any]) -> bool:
+    """Whether a worker of ``run`` can be launched with its own part of the Program (SPEC §16) instead of the
+    whole: a training run with a Program and none of :data:`WHOLE_PROGRAM_FEATURES`."""
+    return run.get("program") is not None and not any(run.get(k) for k in WHOLE_PROGRAM_FEATURES)
+
+
+class PartPayloads:
+    """``payload`` (``{"runs": [...]}``, as the launcher sends it) for each rank: in every run that
+    :func:`sends_parts`, ``"program"`` replaced by ``"program_part"``, that rank's part's JSON (a rank that takes
+    part in no operator of the Program gets the whole).  Each run's Program is read from its JSON once, on the
+    first call.  The callable :meth:`~.spec.LaunchSpec.with_rank_payload` takes."""
+
+    def __init__(self, payload: Mapping[str, Any]) -> None:
+        self.payload = payload
+        self._programs: dict[int, Any] = {}
+
+    @classmethod
+    def of(cls, payload: Mapping[str, Any]) -> "PartPayloads | None":
+        """The per-rank payloads of ``payload``, or ``None`` when no run of it can send parts."""
+        runs = payload.get("runs") or ()
+        return cls(payload) if any(isinstance(r, Mapping) and sends_parts(r) for r in runs) else None
+
+    def __call__(self, rank: int) -> dict[str, Any]:
+        from ..core.program_part import ProgramPartError, part_json  # lazy: core
+        from ..core.specialize import Program
+
+        runs = []
+        for i, run in enumerate(self.payload["runs"]):
+            if not sends_parts(run):
+                runs.append(run)
+                continue
+            program = self._programs.get(i)
+            if program is None:
+                program = self._programs[i] = Program.from_json(run["program"])
+            try:
+                part = part_json(program, rank)  # what every part holds alike is written once
+            except ProgramPartError:  # a rank outside the Program: the whole (it only sits the run out)
+                runs.append(run)
+                continue
+            runs.append({**run, "program": None, "program_part": part})
+        return {**self.payload, "runs": runs}
 
 
 def training_of(run: Mapping[str, Any]) -> Any:

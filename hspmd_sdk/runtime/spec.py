@@ -1,7 +1,9 @@
 """The launch spec: everything one worker process needs, in one JSON-serializable value.
 
 The spec travels *with* the launch (a worker reads it as the first line of its stdin), so nothing has to exist on a
-remote host beforehand.  Every worker of a job receives the same spec; its own rank comes from its command line.
+remote host beforehand.  Every worker of a job receives the same spec, but for its payload where the launcher set a
+per-rank payload (:meth:`LaunchSpec.with_rank_payload`: each worker's own part of the Program, SPEC §16); its own
+rank comes from its command line.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import re
 import secrets
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 Backend = Literal["gloo", "nccl"]
 
@@ -74,6 +76,9 @@ class LaunchSpec(BaseModel):
                                                      "joins the job's world where the launcher tells it, at a "
                                                      "step boundary, instead of forming the world of this spec")
 
+    # rank -> that rank's payload (the launcher's side only: never serialized, see with_rank_payload)
+    _rank_payload: Callable[[int], dict[str, Any]] | None = PrivateAttr(default=None)
+
     @property
     def silent_s(self) -> float:
         """Seconds without a word after which a worker, an agent or the launcher counts as lost."""
@@ -104,6 +109,22 @@ class LaunchSpec(BaseModel):
     def to_line(self) -> str:
         """The spec as one line of JSON (what a worker reads from stdin)."""
         return self.model_dump_json() + "\n"
+
+    def with_rank_payload(self, payload_of: Callable[[int], dict[str, Any]] | None) -> "LaunchSpec":
+        """This spec, whose worker ``r`` receives ``payload_of(r)`` instead of :attr:`payload` (:meth:`line_for`);
+        :attr:`payload` stays what the launcher reads (e.g. the whole Program, while each worker gets its part)."""
+        out = self.model_copy()
+        out._rank_payload = payload_of
+        return out
+
+    def line_for(self, rank: int) -> str:
+        """The line worker ``rank`` reads from stdin: :meth:`to_line` with that rank's payload where one is set
+        (:meth:`with_rank_payload`)."""
+        if self._rank_payload is None:
+            return self.to_line()
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"line_for: rank {rank} is not in the job (0..{self.world_size - 1})")
+        return self.model_copy(update={"payload": self._rank_payload(rank)}).model_dump_json() + "\n"
 
     @classmethod
     def from_line(cls, line: str) -> "LaunchSpec":

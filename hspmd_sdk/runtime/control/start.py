@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from ...errors import HSPMDError, PlanValidationError
 from .faults import FailurePolicy
 from .job import Job
+from ..protocol import PartPayloads
 from ..spec import Backend, LaunchSpec, backend_for
 from ..transports.transport import LocalTransport, Transport, free_port, is_local_host
 from .preflight import check_resources
@@ -136,6 +137,8 @@ def start_workers(cluster: Any, *, entry: str, steps: int, seed: int = 0, payloa
                           slowdown=slowdown, loss_rank=loss_rank, backend=backend, local=transport.local,
                           master_port=port, num_threads=transport.threads_per_worker(cluster),
                           heartbeat_s=heartbeat_s, stall_s=stall_s).model_copy(update={"master_addr": addr})
+        # each worker of a training run gets its own part of the Program (SPEC §16); the launcher keeps the whole
+        spec = spec.with_rank_payload(PartPayloads.of(spec.payload))
         if resource_check:
             gpu = spec.backend == "nccl"
             hosts = hosts_of(spec)

@@ -340,7 +340,7 @@ class SlurmTransport(Transport):
                 self._release(group)
         try:
             for r in ranks:
-                group.add(r, self._srun(alloc, r, spec), on_line, exited, spec.to_line())
+                group.add(r, self._srun(alloc, r, spec), on_line, exited, spec.line_for(r))
         except BaseException:
             group.kill(grace_s=0)
             raise

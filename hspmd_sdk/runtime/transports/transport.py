@@ -165,7 +165,7 @@ class LocalTransport(Transport):
         group = LocalWorkers(host, list(ranks), heartbeat_s=spec.heartbeat_s)
         try:
             for r in ranks:
-                group.add(r, self._popen(r, spec), on_line, on_exit, spec.to_line())
+                group.add(r, self._popen(r, spec), on_line, on_exit, spec.line_for(r))  # its own part
         except BaseException:
             group.kill(grace_s=0)
             raise

@@ -119,21 +119,22 @@ class TrainSession:
                           kind=o.kind)
 
     def _make_groups(self, program: Any) -> None:
-        from .comm import comm_groups  # lazy: torch (comm)
-        from .executor import pipeline_groups, program_comm_plans  # lazy: torch (executor)
+        from .executor import pipeline_groups  # lazy: torch (executor)
 
-        self.state.create_groups(comm_groups(program_comm_plans(program)))
+        self.state.create_groups(_groups_of(program))
         # NCCL: stage-boundary messages on a group per rank pair and direction (executor.pipeline_groups)
-        self.p2p = pipeline_groups(program, self.state.spec.timeout_s) if self.state.spec.backend == "nccl" else None
+        if self.state.spec.backend != "nccl":
+            self.p2p = None
+        elif getattr(program, "world_pipeline_pairs", None) is not None:  # a part (SPEC §16): the world's pairs
+            self.p2p = _pair_groups(program.world_pipeline_pairs, self.state.spec.timeout_s)
+        else:
+            self.p2p = pipeline_groups(program, self.state.spec.timeout_s)
 
     def _drop_unused_groups(self, program: Any) -> None:
         """Destroy the process groups the running Program does not use (every rank does the same)."""
         import torch.distributed as dist
 
-        from .comm import comm_groups  # lazy: torch (comm)
-        from .executor import program_comm_plans  # lazy: torch (executor)
-
-        keep = set(comm_groups(program_comm_plans(program)))
+        keep = set(_groups_of(program))
         for key in sorted(set(self.state.groups) - keep):
             g = self.state.groups.pop(key)
             if g is not dist.group.WORLD and g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
@@ -777,6 +778,28 @@ def _checkpoint_saver(state: Any, run: Mapping[str, Any], index: int) -> Any:
         return None
 
     return CheckpointSaver(state, run, index)
+
+
+def _groups_of(program: Any) -> list[tuple[int, ...]]:
+    """The process groups every rank creates for ``program``: a part's (SPEC §16) are the whole Program's, which
+    the part carries (:attr:`~hspmd_sdk.core.specialize.ProgramPart.world_groups`: torch creates a group with
+    every rank of the job), a whole Program's come from its plans."""
+    from .comm import comm_groups  # lazy: torch (comm)
+    from .executor import program_comm_plans  # lazy: torch (executor)
+
+    world = getattr(program, "world_groups", None)
+    return list(world) if world is not None else comm_groups(program_comm_plans(program))
+
+
+def _pair_groups(pairs: Any, timeout_s: float) -> dict[tuple[int, int, int], Any]:
+    """:func:`~.executor.pipeline_groups` from the ``(direction, low, high)`` pairs a part carries (the whole
+    Program's), created in their sorted order on every rank."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    return {tuple(key): dist.new_group(list(key[1:]), timeout=timedelta(seconds=timeout_s))
+            for key in sorted(tuple(k) for k in pairs)}
 
 
 def _memory_summary(ex: Any, program: Any, rank: int) -> dict[str, Any]:
