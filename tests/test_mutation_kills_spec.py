@@ -111,3 +111,24 @@ def test_spec_resolve_entry_imports_and_names_what_failed() -> None:
     assert str(e.value) == "entry 'os.path:no_such_fn': module 'os.path' has no function 'no_such_fn'"
     with pytest.raises(AttributeError, match="module 'os' has no function 'sep'"):
         resolve_entry("os:sep")  # an attribute, but not callable
+
+
+def test_spec_rank_payloads_go_to_their_ranks_only() -> None:
+    """``with_rank_payload``: worker ``r``'s line carries ``payload_of(r)``, the spec itself (and its JSON line)
+    keeps the launcher's payload, the original spec is not changed; without one every line is ``to_line()``; a rank
+    outside the job is refused naming the range."""
+    spec = _spec(payload={"runs": ["whole"]})
+    assert spec.line_for(1) == spec.to_line()
+    parts = spec.with_rank_payload(lambda r: {"runs": [f"part {r}"]})
+    assert parts is not spec and parts.payload == {"runs": ["whole"]} and parts.to_line() == spec.to_line()
+    for r in range(3):
+        line = parts.line_for(r)
+        assert line.endswith("\n") and line.count("\n") == 1
+        got = LaunchSpec.from_line(line)
+        assert got.payload == {"runs": [f"part {r}"]}
+        assert got.model_copy(update={"payload": spec.payload}) == spec
+    assert spec.line_for(2) == spec.to_line()  # the original keeps no per-rank payload
+    for bad in (-1, 3):
+        with pytest.raises(ValueError, match=rf"line_for: rank {bad} is not in the job \(0\.\.2\)"):
+            parts.line_for(bad)
+    assert spec.with_rank_payload(None).line_for(0) == spec.to_line()
