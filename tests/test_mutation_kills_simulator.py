@@ -430,3 +430,47 @@ def test_the_slowest_kind_of_a_mixed_tp_group_sets_the_pace_whatever_its_place()
                        Cluster.load({"nodes": [{"host": "a", "kind": "H800", "ranks": [0]},
                                                {"host": "b", "kind": "H800", "ranks": [1]}]}), 1, 64, cost, share=1.0)
     assert slow_first.fwd == fast_first.fwd > h800.fwd and slow_first.bwd == fast_first.bwd
+
+
+# ---- the step's end: the optimizer, the bubble, the sync time, the label ---------------------------------------
+def _two_by_two(zero1: bool, name: str | None = "dp2pp2") -> Strategy:
+    return Strategy.load({"pipelines": [{"stages": [{"devices": [2 * i], "layers": [0, 1]},
+                                                    {"devices": [2 * i + 1], "layers": [2, 3]}],
+                                         "micro_batch_size": 1, "num_micro_batches": 2} for i in range(2)],
+                          "zero1": zero1, "name": name})
+
+
+@pytest.mark.parametrize("zero1", [False, True])
+def test_each_stage_updates_the_parameters_it_owns(zero1: bool) -> None:
+    """``tiny`` (Llama: embedding 16,384, a layer 41,088, head 16,448 parameters) as two pipelines of two
+    stages: the first stage holds the embedding and layers 0-1, the second layers 2-3 and the head; under ZeRO-1
+    each of the two replicas updates half of them.  A stage's optimizer event lasts ``optimizer_time`` of those
+    parameters on its device (one H800 node, no core sharing)."""
+    cl = Cluster.mixed({"H800": 4})
+    cost = CostModel()
+    r = simulate("tiny", _two_by_two(zero1), cl, seq_len=16, cost=cost)
+    share = 2 if zero1 else 1
+    held = {0: 16384 + 2 * 41088, 1: 2 * 41088 + 16448}
+    for d in range(4):
+        (optim,) = [e for e in r.timeline[d] if e.kind == "optim"]
+        want = cost.optimizer_time(held[d % 2] / share, cl.spec(d))
+        assert optim.end - optim.start == close(want, rel=1e-12)
+
+
+def test_bubble_sync_time_and_label_follow_their_definitions() -> None:
+    """``bubble_fraction``: the idle share of the devices' time between the first forward and the last backward;
+    ``sync_time``: the step after the last backward; the label: the one given, else the strategy's name (an
+    unnamed strategy is named after its shape)."""
+    cl = Cluster.mixed({"H800": 4})
+    r = simulate("tiny", _two_by_two(False), cl, seq_len=16)
+    events = [e for evs in r.timeline.values() for e in evs]
+    first_f = min(e.start for e in events if e.kind == "F")
+    last_b = max(e.end for e in events if e.kind == "B")
+    busy = sum(e.end - e.start for e in events if e.kind in ("F", "B"))
+    assert first_f == 0.0 and 0.0 < busy < (last_b - first_f) * 4
+    assert r.bubble_fraction == close(1.0 - busy / ((last_b - first_f) * 4), rel=1e-12)
+    assert r.sync_time == close(r.step_time - last_b, rel=1e-12) and r.sync_time > 0
+    assert r.label == "dp2pp2"
+    assert simulate("tiny", _two_by_two(False), cl, seq_len=16, label="mine").label == "mine"
+    unnamed = _two_by_two(False, None)
+    assert unnamed.name and simulate("tiny", unnamed, cl, seq_len=16).label == unnamed.name
