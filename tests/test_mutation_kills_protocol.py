@@ -306,3 +306,35 @@ def test_protocol_adam_json_records_the_optimizer_section() -> None:
                                          decay="all", optimizer="adam")
     assert adam_json(cfg) == {"lr": 0.125, "betas": [0.5, 0.75], "eps": 1e-6, "weight_decay": 0.25, "decay": "all",
                               "kind": "adam"}
+
+
+def test_protocol_part_payloads_give_each_rank_its_part() -> None:
+    """``PartPayloads``: each run that can send parts gets ``"program": None`` and that rank's part's JSON
+    (``part_json``); a run with a whole-Program feature, and a rank outside the Program, keep the run as it was;
+    other keys of the payload and of the run travel unchanged; ``program_of_run`` reads a part back for its rank."""
+    from hspmd_sdk import Cluster, GPTConfig, Strategy
+    from hspmd_sdk.core.program_part import part_json
+    from hspmd_sdk.core.specialize import ProgramPart, specialize
+    from hspmd_sdk.core.strategy_plan import plan_from_strategy
+    from hspmd_sdk.runtime.protocol import PartPayloads, program_of_run
+
+    model, cluster = GPTConfig.preset("tiny"), Cluster.local(3)
+    strategy = Strategy.load({"pipelines": [{"stages": [{"devices": [r], "layers": [0, 3]}], "micro_batch_size": 1,
+                                             "num_micro_batches": 1} for r in range(2)]})
+    program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster)
+    text = program.to_json()
+    plain = {"program": text, "steps": 2, "seed": 5}
+    whole = {"program": text, "steps": 2, "elastic": True}
+    payload = {"runs": [plain, whole], "extra": [1, 2]}
+    parts = PartPayloads.of(payload)
+    assert parts is not None and parts.payload is payload
+    for rank in (0, 1):
+        got = parts(rank)
+        assert got["extra"] == [1, 2] and len(got["runs"]) == 2
+        run, kept = got["runs"]
+        assert kept is whole
+        assert run == {"program": None, "program_part": part_json(program, rank), "steps": 2, "seed": 5}
+        part = program_of_run(run)
+        assert isinstance(part, ProgramPart) and part.rank == rank and part.digest() == program.digest()
+    assert parts(2)["runs"] == [plain, whole]  # rank 2 runs nothing of the Program: the whole run
+    assert payload["runs"][0] is plain and plain["program"] == text  # the launcher's payload is untouched
