@@ -325,16 +325,16 @@ def test_protocol_part_payloads_give_each_rank_its_part() -> None:
     text = program.to_json()
     plain = {"program": text, "steps": 2, "seed": 5}
     whole = {"program": text, "steps": 2, "elastic": True}
-    payload = {"runs": [plain, whole], "extra": [1, 2]}
+    payload = {"runs": [whole, plain], "extra": [1, 2]}  # a whole run first: the next run still gets its part
     parts = PartPayloads.of(payload)
     assert parts is not None and parts.payload is payload
     for rank in (0, 1):
         got = parts(rank)
         assert got["extra"] == [1, 2] and len(got["runs"]) == 2
-        run, kept = got["runs"]
+        kept, run = got["runs"]
         assert kept is whole
         assert run == {"program": None, "program_part": part_json(program, rank), "steps": 2, "seed": 5}
         part = program_of_run(run)
         assert isinstance(part, ProgramPart) and part.rank == rank and part.digest() == program.digest()
-    assert parts(2)["runs"] == [plain, whole]  # rank 2 runs nothing of the Program: the whole run
-    assert payload["runs"][0] is plain and plain["program"] == text  # the launcher's payload is untouched
+    assert parts(2)["runs"] == [whole, plain]  # rank 2 runs nothing of the Program: the whole run
+    assert payload["runs"][1] is plain and plain["program"] == text  # the launcher's payload is untouched
