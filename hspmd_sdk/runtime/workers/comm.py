@@ -495,6 +495,72 @@ def post_sends(op: PointToPointOp, x: torch.Tensor | None, rank: int, in_box: Bo
     return pending
 
 
+class SendWaiter:
+    """Waits for posted sends (:func:`post_sends`' pairs) on a daemon thread of its own, while the caller's thread
+    watches ``halted`` (a peer of this world died: ``WorkerState.peer_failed``) every ``poll_s`` seconds.
+
+    Why a thread: gloo (torch 2.13) does not fail a send whose bytes were still queued on a connection when that
+    connection broke (its ``Pair::signalException`` signals queued sends of bound buffers only, not ``isend``'s
+    unbound ones).  A rank whose send to a peer that had just died lost that race waited in ``Work.wait()`` until
+    the process group's timeout, and the whole recovery with it.  Waited for here, the caller stops at the halt
+    and raises :class:`~.liveness.CommFailure`; the stuck wait is left on its thread, with the process groups it
+    may touch when it times out, and later waits get a fresh thread.  The exception a send's wait raised reaches
+    the caller unchanged."""
+
+    def __init__(self, halted: Callable[[], bool] | None, *, rank: int = -1, keep: Sequence[Any] = (),
+                 poll_s: float = 0.02) -> None:
+        self.halted, self.rank, self.keep, self.poll_s = halted, rank, tuple(keep), poll_s
+        self._jobs: Any = None
+
+    def wait(self, pending: list[tuple[Any, torch.Tensor]]) -> None:
+        """Wait until every send of ``pending`` completed; raises what a wait raised, or ``CommFailure`` when
+        ``halted()`` turns true first."""
+        if not pending:
+            return
+        if self.halted is None:  # no one to say that a peer died: wait here
+            for work, _ in pending:
+                work.wait()
+            return
+        import threading
+
+        if self._jobs is None:
+            import queue
+            import weakref
+
+            self._jobs = queue.SimpleQueue()
+            threading.Thread(target=_wait_sends_loop, args=(self._jobs,), name="hspmd-sends", daemon=True).start()
+            weakref.finalize(self, self._jobs.put, None)  # the thread ends with its waiter
+        done, failed = threading.Event(), []
+        self._jobs.put((pending, self.keep, done, failed))
+        while not done.wait(self.poll_s):
+            if self.halted():
+                self._jobs.put(None)  # its thread ends if its wait ever returns; the next wait starts another
+                self._jobs = None
+                from .liveness import CommFailure  # lazy: liveness is the worker's, comm also runs in tests
+
+                raise CommFailure(f"rank {self.rank}: a peer died while this rank waited for {len(pending)} "
+                                  "send(s) to complete")
+        if failed:
+            raise failed[0]
+
+
+def _wait_sends_loop(jobs: Any) -> None:
+    """A :class:`SendWaiter`'s thread: waits for each job's sends in turn, until it gets ``None``.  A job holds
+    the process groups its sends travel on (``keep``) until its wait returns."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        pending, keep, done, failed = job
+        try:
+            for work, _ in pending:
+                work.wait()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread, which raises it
+            failed.append(e)
+        done.set()
+        del job, pending, keep
+
+
 def post_receives(op: PointToPointOp, rank: int, dtype: torch.dtype, device: torch.device,
                   tag_base: int = 0, group: P2PGroup | None = None) -> Pending:
     """Post this rank's receives of ``op`` (``irecv``; message ``i`` tagged ``tag_base + i``) and return at once;

@@ -67,7 +67,8 @@ from ...core.slices import Box, box_shape
 from ...core.symbolic import Sym, evaluate_shape
 from ...errors import HSPMDError, PlanValidationError
 from .buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, GatherBuckets, GradBuckets, SyncItem, bucketable
-from .comm import Pending, execute, execute_async, execute_op, post_receives, post_sends, reshard, with_dtype
+from .comm import (Pending, SendWaiter, execute, execute_async, execute_op, post_receives, post_sends, reshard,
+                   with_dtype)
 from .cp_attention import balanced_order
 from .kernels import IGNORE_INDEX, kernel_for, packing_problems, reorder_problems
 from .params import check_local_parameters, init_local_parameters
@@ -410,6 +411,9 @@ class StepExecutor:
         self._attrs: dict[str, dict[str, Any]] = {}
         self._plans: dict[str, Any] = {}
         self._pending: list[Any] = []
+        # the step's sends are waited for while watching for a peer's death (gloo may never fail them)
+        self._sends = SendWaiter(getattr(groups, "peer_failed", None), rank=rank,
+                                 keep=tuple((p2p_groups or {}).values()))
         self._gathers: dict[str, Pending] = {}             # PRE outputs still in flight (ZeRO-1 gathers)
         self._inflight: list[Pending] = []                  # PRE communication this rank only sends in
         self._posted: dict[tuple[str, int, str], Pending] = {}   # receives posted ahead: (kind, mb, op)
@@ -1286,9 +1290,9 @@ class StepExecutor:
         return cur
 
     def _wait_sends(self) -> None:
-        for work, _ in self._pending:
-            work.wait()
-        self._pending.clear()
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self._sends.wait(pending)
 
     # ---- reporting -----------------------------------------------------------------------------------------------
     def _real_targets(self, mb: int) -> int:
