@@ -445,10 +445,16 @@ def _pack_list(items: list[Any]) -> list[Any]:
         j, deltas = _linear_run(items, i, skeletons)
         if j - i >= 2:
             out.append({"$R": [x, j - i]} if not any(deltas) else {"$L": [x, deltas, j - i]})
+        elif type(x) is dict and len(x) == 1 and next(iter(x)) in _MARKERS:
+            out.append({"$R": [x, 1]})  # a value that reads as a run: written as a run of itself
         else:
             out.append(x)
         i = j
     return out
+
+
+#: the keys of a one-key object that :func:`unpack_json` reads as a run inside a list
+_MARKERS = frozenset({"$A", "$P", "$L", "$R"})
 
 
 def _linear_run(items: list[Any], i: int, skeletons: dict[int, tuple[str, list[int]]]) -> tuple[int, list[int]]:

@@ -63,6 +63,7 @@ import torch.distributed as dist
 from ...core.annotation import local_view
 from ...core.comm_ops import CollectiveOp, IdentityOp, PointToPointOp, SplitCollectiveOp
 from ...core.microbatch import batch_dim
+from ...core.program_part import world_pipeline_pairs
 from ...core.slices import Box, box_shape
 from ...core.symbolic import Sym, evaluate_shape
 from ...errors import HSPMDError, PlanValidationError
@@ -1325,23 +1326,11 @@ def _whole(slices: tuple[slice, ...], t: torch.Tensor) -> bool:
 def pipeline_pairs(program: Any) -> list[tuple[int, int, int]]:
     """``(direction, low rank, high rank)`` of every pair of ranks that exchanges stage-boundary messages — a
     rank holding only the source of a Reshard with one holding only its destination (direction 0: activations,
-    the Reshard's plan; 1: gradients, its backward plan) — sorted, the same on every rank.  Messages of ranks that
-    hold both ends run inside :func:`~.comm.reshard` on the job's group."""
-    out: set[tuple[int, int, int]] = set()
-    for op in program.graph.nodes:
-        if op.kind != "Reshard" or op.name not in program.comm_plans:
-            continue
-        if program.graph.producer(op.inputs[0]).kind == "parameter":
-            continue  # a parameter's Reshard runs in PRE (its gradient in POST) through execute, on the job's group
-        src, dst = set(program.annotations[op.inputs[0]].ranks), set(program.annotations[op.outputs[0]].ranks)
-        only = (src - dst, dst - src)
-        for direction, plan in ((0, program.comm_plans[op.name]), (1, program.backward_plans.get(op.name))):
-            senders, receivers = only if direction == 0 else only[::-1]
-            for o in plan.ops if plan is not None else ():
-                if isinstance(o, PointToPointOp):
-                    out.update((direction, min(m.src, m.dst), max(m.src, m.dst)) for m in o.messages
-                               if m.src in senders and m.dst in receivers)
-    return sorted(out)
+    the Reshard's plan; 1: gradients, its backward plan) — sorted, the same on every rank: the core's
+    :func:`~hspmd_sdk.core.program_part.world_pipeline_pairs`, which a Program part carries.  Messages of ranks
+    that hold both ends run inside :func:`~.comm.reshard` on the job's group."""
+    pairs = getattr(program, "world_pipeline_pairs", None)  # a part carries them; a whole Program's are worked out
+    return sorted(tuple(k) for k in (world_pipeline_pairs(program) if pairs is None else pairs))
 
 
 def pipeline_groups(program: Any, timeout_s: float = 120.0) -> dict[tuple[int, int, int], Any]:

@@ -123,12 +123,8 @@ class TrainSession:
 
         self.state.create_groups(_groups_of(program))
         # NCCL: stage-boundary messages on a group per rank pair and direction (executor.pipeline_groups)
-        if self.state.spec.backend != "nccl":
-            self.p2p = None
-        elif getattr(program, "world_pipeline_pairs", None) is not None:  # a part (SPEC §16): the world's pairs
-            self.p2p = _pair_groups(program.world_pipeline_pairs, self.state.spec.timeout_s)
-        else:
-            self.p2p = pipeline_groups(program, self.state.spec.timeout_s)
+        # (a part, SPEC §16, carries the whole Program's pairs)
+        self.p2p = pipeline_groups(program, self.state.spec.timeout_s) if self.state.spec.backend == "nccl" else None
 
     def _drop_unused_groups(self, program: Any) -> None:
         """Destroy the process groups the running Program does not use (every rank does the same)."""
@@ -789,17 +785,6 @@ def _groups_of(program: Any) -> list[tuple[int, ...]]:
 
     world = getattr(program, "world_groups", None)
     return list(world) if world is not None else comm_groups(program_comm_plans(program))
-
-
-def _pair_groups(pairs: Any, timeout_s: float) -> dict[tuple[int, int, int], Any]:
-    """:func:`~.executor.pipeline_groups` from the ``(direction, low, high)`` pairs a part carries (the whole
-    Program's), created in their sorted order on every rank."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    return {tuple(key): dist.new_group(list(key[1:]), timeout=timedelta(seconds=timeout_s))
-            for key in sorted(tuple(k) for k in pairs)}
 
 
 def _memory_summary(ex: Any, program: Any, rank: int) -> dict[str, Any]:
