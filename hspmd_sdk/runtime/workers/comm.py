@@ -503,13 +503,12 @@ class SendWaiter:
     connection broke (its ``Pair::signalException`` signals queued sends of bound buffers only, not ``isend``'s
     unbound ones).  A rank whose send to a peer that had just died lost that race waited in ``Work.wait()`` until
     the process group's timeout, and the whole recovery with it.  Waited for here, the caller stops at the halt
-    and raises :class:`~.liveness.CommFailure`; the stuck wait is left on its thread, with the process groups it
-    may touch when it times out, and later waits get a fresh thread.  The exception a send's wait raised reaches
-    the caller unchanged."""
+    and raises :class:`~.liveness.CommFailure`; the stuck wait is left on its thread (it ends at the group's
+    timeout, also after the group was destroyed: checked), and later waits get a fresh thread.  The exception a
+    send's wait raised reaches the caller unchanged."""
 
-    def __init__(self, halted: Callable[[], bool] | None, *, rank: int = -1, keep: Sequence[Any] = (),
-                 poll_s: float = 0.02) -> None:
-        self.halted, self.rank, self.keep, self.poll_s = halted, rank, tuple(keep), poll_s
+    def __init__(self, halted: Callable[[], bool] | None, *, rank: int = -1, poll_s: float = 0.02) -> None:
+        self.halted, self.rank, self.poll_s = halted, rank, poll_s
         self._jobs: Any = None
 
     def wait(self, pending: list[tuple[Any, torch.Tensor]]) -> None:
@@ -531,7 +530,7 @@ class SendWaiter:
             threading.Thread(target=_wait_sends_loop, args=(self._jobs,), name="hspmd-sends", daemon=True).start()
             weakref.finalize(self, self._jobs.put, None)  # the thread ends with its waiter
         done, failed = threading.Event(), []
-        self._jobs.put((pending, self.keep, done, failed))
+        self._jobs.put((pending, done, failed))
         while not done.wait(self.poll_s):
             if self.halted():
                 self._jobs.put(None)  # its thread ends if its wait ever returns; the next wait starts another
@@ -545,20 +544,19 @@ class SendWaiter:
 
 
 def _wait_sends_loop(jobs: Any) -> None:
-    """A :class:`SendWaiter`'s thread: waits for each job's sends in turn, until it gets ``None``.  A job holds
-    the process groups its sends travel on (``keep``) until its wait returns."""
+    """A :class:`SendWaiter`'s thread: waits for each job's sends in turn, until it gets ``None``."""
     while True:
         job = jobs.get()
         if job is None:
             return
-        pending, keep, done, failed = job
+        pending, done, failed = job
         try:
             for work, _ in pending:
                 work.wait()
         except BaseException as e:  # noqa: BLE001 - handed to the waiting thread, which raises it
             failed.append(e)
         done.set()
-        del job, pending, keep
+        del job, pending
 
 
 def post_receives(op: PointToPointOp, rank: int, dtype: torch.dtype, device: torch.device,

@@ -413,8 +413,7 @@ class StepExecutor:
         self._plans: dict[str, Any] = {}
         self._pending: list[Any] = []
         # the step's sends are waited for while watching for a peer's death (gloo may never fail them)
-        self._sends = SendWaiter(getattr(groups, "peer_failed", None), rank=rank,
-                                 keep=tuple((p2p_groups or {}).values()))
+        self._sends = SendWaiter(getattr(groups, "peer_failed", None), rank=rank)
         self._gathers: dict[str, Pending] = {}             # PRE outputs still in flight (ZeRO-1 gathers)
         self._inflight: list[Pending] = []                  # PRE communication this rank only sends in
         self._posted: dict[tuple[str, int, str], Pending] = {}   # receives posted ahead: (kind, mb, op)
