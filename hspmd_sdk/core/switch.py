@@ -17,6 +17,7 @@ tensors steers the choice of senders for later ones.
 """
 from __future__ import annotations
 
+import dataclasses
 import html
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
@@ -53,6 +54,9 @@ class PackedMessage:
     dst: int
     items: tuple[PackedItem, ...]
     nbytes: int
+    #: its tag on the wire: its index in its step's messages (``None``: its position there; a rank's part of a
+    #: plan, :meth:`SwitchPlan.part`, keeps only some messages and gives each its index in the whole step)
+    tag: int | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,18 @@ class SwitchPlan:
     @property
     def kinds(self) -> list[str]:
         return [OpKind.BSR] * len(self.steps)
+
+    def part(self, rank: int) -> "SwitchPlan":
+        """What rank ``rank`` executes of this plan (SPEC §16: a switch sends each worker its part): each step's
+        messages that ``rank`` sends or receives, its local copies and zero fills; the tensors' layouts and
+        everything else as they are.  The runtime's :func:`~hspmd_sdk.runtime.workers.switch_exec.execute_switch`
+        on ``rank`` does the same with the part as with the whole plan (each message keeps its tag)."""
+        def mine(s: SwitchStep) -> SwitchStep:
+            return SwitchStep(tuple(dataclasses.replace(m, tag=i) for i, m in enumerate(s.messages)
+                                    if rank in (m.src, m.dst)),
+                              tuple(c for c in s.copies if c[1] == rank), tuple(z for z in s.zero_fill if z[1] == rank))
+
+        return dataclasses.replace(self, steps=tuple(mine(s) for s in self.steps))
 
     def transfers(self) -> list[list[tuple[int, int, int, int]]]:
         """Per step, ``(sender, receiver, bytes, 1)`` for each packed message."""
@@ -245,22 +261,35 @@ def plan_switch(src_plan: Any, dst_plan: Any, cluster: "Cluster | None" = None, 
 
 def _step(assigns: list[Assignment], zeros: list[tuple[str, int]], itemsize: Mapping[str, int]) -> SwitchStep:
     """Group the scheme's decisions into one packed message per (sender, receiver) and local copies
-    (``itemsize``: bytes an element of each tensor)."""
-    copies = [((a.key, a.dst), a.box) for a in assigns if a.src == a.dst]
-    moves = [((a.src, a.dst, a.key), a.box) for a in assigns if a.src != a.dst]
-    per_pair: dict[tuple[int, int], list[tuple[str, Box]]] = {}
-    for (s, d, name), box in coalesce(moves):
-        per_pair.setdefault((s, d), []).append((name, box))
+    (``itemsize``: bytes an element of each tensor).  A tensor's boxes between two ranks are coalesced; items
+    and copies keep the order of their first decision."""
+    copies: dict[tuple[str, int], list[Box]] = {}
+    per_pair: dict[tuple[int, int], dict[str, list[Box]]] = {}
+    for a in assigns:
+        if a.src == a.dst:
+            copies.setdefault((a.key, a.dst), []).append(a.box)
+        else:
+            per_pair.setdefault((a.src, a.dst), {}).setdefault(a.key, []).append(a.box)
+    numel: dict[Box, int] = {}  # the same boxes recur for every tensor of a layout
     msgs = []
-    for (s, d), items in sorted(per_pair.items()):
+    for (s, d), by_name in sorted(per_pair.items()):
         packed, off = [], 0
-        for name, box in items:
-            n = box_numel(box) * itemsize[name]
-            packed.append(PackedItem(name, box, off, n))
-            off += n
+        for name, boxes in by_name.items():
+            for box in _merged(boxes):
+                n = numel.get(box)
+                if n is None:
+                    n = numel[box] = box_numel(box)
+                n *= itemsize[name]
+                packed.append(PackedItem(name, box, off, n))
+                off += n
         msgs.append(PackedMessage(s, d, tuple(packed), off))
-    cps = tuple((name, r, box) for (name, r), box in coalesce(copies))
+    cps = tuple((name, r, box) for (name, r), boxes in copies.items() for box in _merged(boxes))
     return SwitchStep(tuple(msgs), cps, tuple(zeros))
+
+
+def _merged(boxes: list[Box]) -> list[Box]:
+    """``boxes`` (of one tensor, between two ranks) coalesced, sorted."""
+    return boxes if len(boxes) == 1 else [b for _, b in coalesce([(0, b) for b in boxes])]
 
 
 # ---- array helpers -----------------------------------------------------------------------------------------

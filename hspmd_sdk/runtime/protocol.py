@@ -175,16 +175,22 @@ class LineReader:
         return line + b"\n"
 
 
-def pack_payload(obj: Any) -> str:
+def pack_payload(obj: Any, *, compact: bool = False) -> str:
     """Core values (a Program, a SwitchPlan, a tuple of them) as JSON text for a control message: the Program's
     own JSON form (:mod:`hspmd_sdk.core.program_json`; no pickle: reading it constructs only core value types),
-    per-process caches left out.  Text, so that the message around it is encoded in one pass."""
+    per-process caches left out.  Text, so that the message around it is encoded in one pass.  ``compact``: its
+    lists' runs written compactly (:func:`~hspmd_sdk.core.program_part.pack_json`, as a Program part's are): a
+    rank's part of a switch plan then does not grow with the world."""
     import json
 
     # lazy: core; agents, workers and the launcher import this module without loading core
     from ..core.program_json import FORMAT, to_json_value
+    from ..core.program_part import pack_json
 
-    return json.dumps({"format": FORMAT, **to_json_value(obj)}, separators=(",", ":"))
+    value = to_json_value(obj)
+    if compact:
+        value = {"packed": pack_json(value)}
+    return json.dumps({"format": FORMAT, **value}, separators=(",", ":"))
 
 
 def unpack_payload(text: str) -> Any:
@@ -193,11 +199,37 @@ def unpack_payload(text: str) -> Any:
 
     # lazy: core; agents, workers and the launcher import this module without loading core
     from ..core.program_json import FORMAT, ProgramJSONError, from_json_value
+    from ..core.program_part import unpack_json
 
     data = json.loads(text)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ProgramJSONError(f"a control message's payload is not of format {FORMAT!r}")
-    return from_json_value(data)
+    return from_json_value(unpack_json(data["packed"]) if "packed" in data else data)
+
+
+def switch_message(ident: int, program: Any, plan: Any, rank: int | None = None) -> dict[str, Any]:
+    """The ``switch`` control message to the new ``program`` by ``plan``: the whole of both, or for a run whose
+    workers hold their parts (SPEC §16; ``rank``: the worker's rank in the plan's numbering) that rank's part of
+    each -- its size does not grow with the world.  A rank outside the new Program gets the whole (it only sits
+    the run out).  :func:`switch_of` reads either."""
+    if rank is not None:
+        from ..core.program_part import ProgramPartError, part_json  # lazy: core
+
+        try:
+            return {"type": "switch", "id": ident, "program_part": part_json(program, rank, version=ident),
+                    "plan_part": pack_payload(plan.part(rank), compact=True)}
+        except ProgramPartError:
+            pass
+    return {"type": "switch", "id": ident, "payload": pack_payload((program, plan))}
+
+
+def switch_of(msg: Mapping[str, Any]) -> tuple[Any, Any]:
+    """``(program, plan)`` of a ``switch`` message (:func:`switch_message`): parts or the whole."""
+    if msg.get("program_part") is not None:
+        from ..core.specialize import ProgramPart  # lazy: core
+
+        return ProgramPart.from_json(msg["program_part"]), unpack_payload(msg["plan_part"])
+    return unpack_payload(msg["payload"])
 
 
 @dataclass

@@ -52,7 +52,7 @@ from ...core.specialize import specialize
 from ...core.strategy_plan import plan_from_strategy, strategy_of
 from ..checkpoints.checkpoint import list_checkpoints, load_checkpoint, resume_payload
 from ..checkpoints.checkpoint_io import CheckpointError
-from ..protocol import pack_payload
+from ..protocol import pack_payload, switch_message
 from ..transports.transport import LocalTransport, is_local_host
 from .growback import GrowBack
 
@@ -186,6 +186,9 @@ class TrainingController:
         self._acked: tuple[tuple[int, int], int] | None = None  # (the newest version all applied, its first step)
         self.global_batch, self.seq_len = int(global_batch), int(seq_len)
         self.elastic, self.straggler, self.cost = elastic, straggler, cost
+        #: the workers hold their parts of the Program (SPEC §16; ``protocol.sends_parts`` of the run): a switch
+        #: sends each its part of the new one; set by ``launch``
+        self.parts = False
         self.grow_back, self.launched = grow_back, cluster  # (:mod:`.growback`: after a recovery, towards this)
         self.launch_program = program  # the plan the job was launched with (growing back returns to it)
         self.grow_back_default = grow_back_default  # none chosen: the transport's own (``Transport.grows_back``)
@@ -284,8 +287,11 @@ class TrainingController:
             ident = self._open_switch(event, _Numbering(program, cur.cluster, dict(cur.to_launch)))
         finally:
             self._lock.release()
-        self._send({"type": "switch", "id": ident, "payload": pack_payload((program, plan))},
-                   self.alive)
+        if self.parts:  # each worker holds its part: it gets its part of the new Program and of the plan
+            rank_of = cur.of_launch  # (the new Program keeps the running numbering)
+            self._send_each(lambda l: switch_message(ident, program, plan, rank_of[l]), self.alive)
+        else:
+            self._send(switch_message(ident, program, plan), self.alive)
         return event
 
     def _open_switch(self, event: Event, numbering: _Numbering) -> int:
@@ -942,6 +948,13 @@ class TrainingController:
     def _send(self, msg: dict[str, Any], ranks: Sequence[int]) -> None:
         if self.job is not None:
             self.job._send_control(msg, [r for r in ranks if r not in self._dead])
+
+    def _send_each(self, msg_of: Callable[[int], dict[str, Any]], ranks: Sequence[int]) -> None:
+        """:meth:`_send` of a message of each rank's own (``msg_of(launch rank)``)."""
+        if self.job is not None:
+            for r in ranks:
+                if r not in self._dead:
+                    self.job._send_control(msg_of(r), [r])
 
 
 def _warm_planners() -> None:

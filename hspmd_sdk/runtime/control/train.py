@@ -27,6 +27,7 @@ from .runs import (checked_faults, checked_profile, checked_training_run, _launc
                    training_run)
 from ...errors import PlanValidationError
 from ..workers.devices import backend_for_device
+from ..protocol import sends_parts
 from .controller import StragglerWatch, TrainingController
 from .growback import GrowBack
 
@@ -168,6 +169,7 @@ def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int
                                     checkpoint_dir=(run.get("checkpoint") or {}).get("dir"),
                                     checkpoint_every=(run.get("checkpoint") or {}).get("every"),
                                     resumed_from=(run.get("resume") or {}).get("dir"))
+    controller.parts = sends_parts(run)  # the workers get their parts (SPEC §16): switches send parts too
     if elastic and launch_kwargs.get("policy") is None:
         launch_kwargs["policy"] = controller
     job = _launch_runs([run], cluster, **launch_kwargs)

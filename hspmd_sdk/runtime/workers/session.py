@@ -42,7 +42,7 @@ from typing import Any, Mapping
 from ...core.slices import box_numel
 from ...errors import HSPMDError
 from .liveness import CommFailure, waits
-from ..protocol import Reconfigure, pack_payload, program_of_run, training_of, unpack_payload
+from ..protocol import Reconfigure, pack_payload, program_of_run, switch_of, training_of, unpack_payload
 from ...models.hf import shard_reader
 from ..trace import StepRecorder
 from .checkpoint_worker import CheckpointSaver, load_resume, restore_rng
@@ -454,7 +454,7 @@ class TrainSession:
         self._keep_previous()
         for ident in range(self.switch_done + 1, target + 1):
             msg = self._take("switch", ident, self.state.spec.timeout_s)
-            program, plan = unpack_payload(msg["payload"])
+            program, plan = switch_of(msg)  # parts, or the whole (SPEC §16)
             t0 = time.perf_counter()
             if msg.get("grow") is not None:  # the job grows: new workers join the world, then the same BSR
                 tensors = self._state_by_name()
@@ -513,7 +513,7 @@ class TrainSession:
         grow's fused BSR (it sends nothing: it holds nothing), Adam's step count; returns the step to go on
         from."""
         msg = self._grow_message(self.state.spec.timeout_s)
-        program, plan = unpack_payload(msg["payload"])
+        program, plan = switch_of(msg)
         grow, ident = msg["grow"], int(msg["id"])
         t0 = time.perf_counter()
         # a failure from here on is one of the grown world (the launcher's reconfiguration after it answers this

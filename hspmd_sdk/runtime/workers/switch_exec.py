@@ -115,7 +115,8 @@ def _exchange(messages: tuple["PackedMessage", ...], me: int, to_proc: Any, grou
               dtypes: dict[str, torch.dtype], out: dict[str, torch.Tensor], dev: torch.device) -> None:
     """One ``batch_isend_irecv`` with every packed message this rank sends or receives, then unpack."""
     ops, recvs = [], []
-    for tag, m in enumerate(messages):
+    for i, m in enumerate(messages):
+        tag = i if m.tag is None else m.tag  # (a part's messages carry their index in the whole step)
         if m.src == me:
             buf = _pack(m, mine, sboxes, dev)
             ops.append(dist.P2POp(dist.isend, buf, to_proc(m.dst), group=group, tag=tag))
