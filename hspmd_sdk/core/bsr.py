@@ -66,6 +66,8 @@ class LinkModel:
         self._host_nodes: list[list[int]] = list(hosts.values()) or [[0]]
         self._host: dict[int, int] = {i: h for h, on in enumerate(self._host_nodes) for i in on}
         self._bw: dict[tuple[str, str, bool, bool], float] = {}
+        self._pair_bw: dict[tuple[int, int], float] = {}  # by (node, node): the same figure, looked up once
+        self._placement: dict[tuple[int, ...], tuple[dict[int, int], dict[int, str], dict[int, int]]] = {}
 
     def node_kind(self, node: int) -> str:
         """Device kind of node ``node`` (``""`` without a cluster)."""
@@ -96,12 +98,30 @@ class LinkModel:
         """
         if self.cluster is None:
             return 1.0
-        a, b = self.node(src), self.node(dst)
-        key = (self._kind[a], self._kind[b], a == b, self._host[a] == self._host[b])
-        bw = self._bw.get(key)
+        return self.node_bandwidth(self.node(src), self.node(dst), src, dst)
+
+    def node_bandwidth(self, a: int, b: int, src: int, dst: int) -> float:
+        """:meth:`bandwidth` of ``src`` on node ``a`` to ``dst`` on node ``b`` (their nodes already known)."""
+        bw = self._pair_bw.get((a, b))
         if bw is None:
-            bw = self._bw[key] = self.cluster.link(src, dst).bandwidth
+            if self.cluster is None:
+                return 1.0
+            key = (self._kind[a], self._kind[b], a == b, self._host[a] == self._host[b])
+            bw = self._bw.get(key)
+            if bw is None:
+                bw = self._bw[key] = self.cluster.link(src, dst).bandwidth
+            self._pair_bw[(a, b)] = bw
         return bw
+
+    def placement(self, ranks: tuple[int, ...]) -> tuple[dict[int, int], dict[int, str], dict[int, int]]:
+        """Node, device kind and host of each of ``ranks``, worked out once per tuple of ranks (the owners of
+        every slice of a layout are the same tuple)."""
+        got = self._placement.get(ranks)
+        if got is None:
+            node = {r: self.node(r) for r in ranks}
+            got = self._placement[ranks] = (node, {r: self._kind[n] for r, n in node.items()},
+                                            {r: self._host[n] for r, n in node.items()})
+        return got
 
 
 def bsr_table(owners: Sequence[tuple[int, Box]], receivers: Sequence[tuple[int, Box]], shape: Sequence[int],
@@ -173,9 +193,7 @@ class _OwnerPool:
     def __init__(self, owners: Sequence[int], links: LinkModel, load: dict[int, int]) -> None:
         self.links = links
         self.load = {o: load.get(o, 0) for o in owners}
-        self.node_of = {o: links.node(o) for o in owners}
-        self.kind_of = {o: links.node_kind(self.node_of[o]) for o in owners}
-        self.host_of = {o: links.node_host(self.node_of[o]) for o in owners}
+        self.node_of, self.kind_of, self.host_of = links.placement(tuple(owners))
         self.by_node: dict[int, list[tuple[int, int]]] = {}
         self.by_kind: dict[str, list[tuple[int, int]]] = {}
         for o in owners:
@@ -204,11 +222,14 @@ class _OwnerPool:
     def take(self, receiver: int, nbytes: int) -> int:
         """The owner the scheme picks for ``receiver`` (highest bandwidth, then least load, then lowest rank);
         its load grows by ``nbytes``."""
-        host = self.links.node_host(self.links.node(receiver))
-        tops = [self._top(self.by_node[n]) for n in self.links.host_nodes(host) if n in self.by_node]
+        links, by_node, node_of = self.links, self.by_node, self.node_of
+        rnode = links.node(receiver)
+        host = links.node_host(rnode)
+        tops = [self._top(by_node[n]) for n in links.host_nodes(host) if n in by_node]
         tops += [self._top(heap, skip_host=host) for heap in self.by_kind.values()]
-        cands = [top for top in tops if top is not None]  # (None: a heap with no owner to offer)
-        load, src = min((-self.links.bandwidth(o, receiver), ld, o) for ld, o in cands)[1:]
+        bandwidth = links.node_bandwidth  # (a top of None: a heap with no owner to offer)
+        load, src = min([(-bandwidth(node_of[t[1]], rnode, t[1], receiver), t[0], t[1])
+                         for t in tops if t is not None])[1:]
         self.load[src] = load + nbytes
         entry = (load + nbytes, src)
         heapq.heappush(self.by_node[self.node_of[src]], entry)

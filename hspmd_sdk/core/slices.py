@@ -101,15 +101,18 @@ def coalesce(items: Iterable[tuple[K, Box]], order: Callable[[K], object] | None
         by_key.setdefault(key, []).append(box)
     out: list[tuple[K, Box]] = []
     for key, boxes in by_key.items():
+        if len(boxes) == 1:  # nothing to merge (most keys of a switch's messages)
+            out.append((key, boxes[0]))
+            continue
         ndim = len(boxes[0])
         for d in reversed(range(ndim)):
-            boxes.sort(key=lambda bx: (tuple(bx[i] for i in range(ndim) if i != d), bx[d]))
+            off = [i for i in range(ndim) if i != d]
+            boxes.sort(key=lambda bx: ([bx[i] for i in off], bx[d]))
             merged: list[Box] = []
             for bx in boxes:
                 if merged:
                     last = merged[-1]
-                    if (last[d][1] == bx[d][0]
-                            and all(last[i] == bx[i] for i in range(ndim) if i != d)):
+                    if last[d][1] == bx[d][0] and all(last[i] == bx[i] for i in off):
                         merged[-1] = tuple((lo, hi) for (lo, _), (_, hi) in zip(last, bx))  # equal off dim d
                         continue
                 merged.append(bx)

@@ -27,6 +27,7 @@ from .annotation import PARTIAL, Annotation, local_views
 from .bsr import Assignment, BSREntry, LinkModel, bsr_scheme, bsr_table
 from .comm_ops import OpKind
 from .comm_plan import pick_unit, time_of, volume_by_rank, volume_table
+from .gc_pause import gc_paused
 from .resolve import itemsize_of
 from .slices import Box, box_numel, box_shape, coalesce, relative, zeros
 
@@ -202,6 +203,7 @@ def _layouts(plan: Any, shapes: Mapping[str, Sequence[int]] | None, what: str) -
     return out
 
 
+@gc_paused
 def plan_switch(src_plan: Any, dst_plan: Any, cluster: "Cluster | None" = None, *,
                 shapes: Mapping[str, Sequence[int]] | None = None, dtype: Any = "float32", fused: bool = True,
                 heuristics: bool = True, failed: Iterable[int] = (), empty: Iterable[int] = ()) -> SwitchPlan:
