@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..errors import SpecializationError
+from .gc_pause import gc_paused
 from .model_spec import model_json
 
 __all__ = ["FORMAT", "ProgramJSONError", "to_json_value", "from_json_value", "program_to_json", "program_from_json"]
@@ -219,6 +220,7 @@ def _model_config(path: str, data: Any) -> Any:
     return cls.load(data) if hasattr(cls, "load") else cls.model_validate(data)
 
 
+@gc_paused
 def to_json_value(obj: Any) -> dict[str, Any]:
     """``obj`` (a tree of core value types) as a JSON-ready value: ``{"objects": [...], "root": ...}``."""
     w = _Writer()
@@ -226,6 +228,7 @@ def to_json_value(obj: Any) -> dict[str, Any]:
     return {"objects": w.objects, "root": root}
 
 
+@gc_paused
 def from_json_value(data: Any) -> Any:
     """The inverse of :func:`to_json_value`."""
     if not isinstance(data, dict) or "objects" not in data or "root" not in data:
@@ -233,6 +236,7 @@ def from_json_value(data: Any) -> Any:
     return _Reader(list(data["objects"])).value(data["root"])
 
 
+@gc_paused
 def program_to_json(program: Any) -> str:
     """The JSON text of ``program`` (:meth:`Program.to_json`)."""
     if getattr(program, "_resolver", None) is not None:
@@ -241,6 +245,7 @@ def program_to_json(program: Any) -> str:
     return json.dumps({"format": FORMAT, **to_json_value(program)}, separators=(",", ":"))
 
 
+@gc_paused
 def program_from_json(text: str | bytes) -> Any:
     """The value written by :func:`program_to_json` (:meth:`Program.from_json` checks that it is a Program)."""
     try:

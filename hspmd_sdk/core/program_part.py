@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import SpecializationError
 from .comm_ops import CollectiveOp, Message, PointToPointOp, SplitCollectiveOp
+from .gc_pause import gc_paused
 
 if TYPE_CHECKING:
     from .comm_plan import CommPlan
@@ -72,6 +73,7 @@ class ProgramPartError(SpecializationError):
 
 
 # ---- the part's JSON ---------------------------------------------------------------------------------------------
+@gc_paused
 def part_to_json(part: Any) -> str:
     """The JSON text of ``part`` (:meth:`ProgramPart.to_json <hspmd_sdk.core.specialize.ProgramPart.to_json>`):
     the Program form, equal objects once, runs compact."""
@@ -84,6 +86,7 @@ def part_to_json(part: Any) -> str:
     return json.dumps(body, separators=(",", ":"))
 
 
+@gc_paused
 def part_json(program: Any, rank: int, *, version: int = 0) -> str:
     """Rank ``rank``'s part of ``program`` as JSON text, for a launcher that writes every rank's: read back by
     ``ProgramPart.from_json`` it equals ``program.part(rank)``, but what every part holds alike (the defined
@@ -121,6 +124,7 @@ def _shared_section(program: Any) -> tuple[int, dict[int, int], str, list[Any]]:
     return len(objects), ids, json.dumps(pack_json(objects), separators=(",", ":"))[1:-1], w._keep
 
 
+@gc_paused
 def part_from_json(text: str | bytes, cls: type) -> Any:
     """The part (of class ``cls``) that :func:`part_to_json` wrote."""
     from .program_json import from_json_value
@@ -246,6 +250,7 @@ def _restrict_op(op: Any, rank: int, filler: Message) -> Any:
     return op  # Identity: nothing moves, nothing to restrict
 
 
+@gc_paused
 def make_part(program: Any, rank: int, cls: type, *, version: int = 0) -> Any:
     """Rank ``rank``'s part of ``program`` (:meth:`Program.part`), of class ``cls`` (``ProgramPart``)."""
     from .plan import AnnotationPlan, ExecutionSettings

@@ -26,6 +26,7 @@ from .annotation import Annotation, format_ranks, local_view, local_views
 from .comm_ops import OpKind
 from .deduction import (activation_grad_annotation, deduce, local_constraints, local_shape, partial_as_duplicate,
                         weight_grad_annotation)
+from .gc_pause import gc_paused
 from .graph import Graph, Node
 from .microbatch import batch_dim, micro_batch_plan
 from .ops import op_def
@@ -469,6 +470,7 @@ class ProgramPart(Program):
 
 
 # ---- specialization --------------------------------------------------------------------------------------------
+@gc_paused
 def specialize(model: Any, plan: Any, cluster: "Cluster | None" = None, *, bindings: Mapping[str, int] | None = None,
                resolver: Callable[..., Any] | None = None) -> Program:
     """Specialize ``model`` (a :class:`~hspmd_sdk.core.model_spec.ModelSpec` such as ``LlamaConfig`` or

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import PlanValidationError, SpecializationError
 from .annotation import DS, DUPLICATE, Annotation, is_split
+from .gc_pause import gc_paused
 from .model_spec import placements_by_tensor
 from .plan import AnnotationPlan, ExecutionSettings
 from .strategy import Strategy
@@ -224,6 +225,7 @@ def _cp_annotation(anns: dict[str, Annotation], replicated: list[str], node: Any
     anns[f"{name}.grad_sync"] = anns[name]
 
 
+@gc_paused
 def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster") -> AnnotationPlan:
     """The annotation plan of ``model``'s defined graph under ``strategy`` on ``cluster``, built from the model's
     :meth:`~hspmd_sdk.core.model_spec.ModelSpec.placements` (see the module docstring).
