@@ -28,6 +28,7 @@ import math
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ..core.cluster import Cluster, DeviceSpec
+from ..core.gc_pause import gc_paused
 from ..core.strategy import Strategy
 from ..core.tp_ratios import feasible_ratios
 from ..errors import PlanValidationError
@@ -114,6 +115,7 @@ def _regroup(ctx: PlanContext, strategy: "Strategy", survivors: Sequence[int], D
     return solve_candidate(ctx, Candidate(degree, D, b, 0.0, comps))
 
 
+@gc_paused
 def replan_elastic(model: "ModelSpec | str", cluster: "Cluster", strategy: "Strategy | str | dict",
                    failed: Iterable[int], *, seq_len: int, global_batch: int | None = None,
                    cost: CostModel | None = None, min_pipelines: int | None = None, simulate_top: int = 4,
