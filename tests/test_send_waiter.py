@@ -72,7 +72,7 @@ def test_a_send_that_never_completes_ends_at_the_halt() -> None:
     waiter = SendWaiter(halted.is_set, rank=5, poll_s=0.01)
     threading.Timer(0.2, halted.set).start()
     t0 = time.monotonic()
-    with pytest.raises(CommFailure, match="rank 5: a peer died while this rank waited for 1 send"):
+    with pytest.raises(CommFailure, match="rank 5: a peer died while this rank waited for 1 message"):
         waiter.wait(_pending(_Work(release=stuck)))
     assert 0.2 <= time.monotonic() - t0 < 2.0
     first = _threads() - before

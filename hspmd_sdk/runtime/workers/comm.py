@@ -496,8 +496,9 @@ def post_sends(op: PointToPointOp, x: torch.Tensor | None, rank: int, in_box: Bo
 
 
 class SendWaiter:
-    """Waits for posted sends (:func:`post_sends`' pairs) on a daemon thread of its own, while the caller's thread
-    watches ``halted`` (a peer of this world died: ``WorkerState.peer_failed``) every ``poll_s`` seconds.
+    """Waits for posted messages (:func:`post_sends`' pairs; a switch's ``batch_isend_irecv``) on a daemon thread
+    of its own, while the caller's thread watches ``halted`` (a peer of this world died:
+    ``WorkerState.peer_failed``) every ``poll_s`` seconds.
 
     Why a thread: gloo (torch 2.13) does not fail a send whose bytes were still queued on a connection when that
     connection broke (its ``Pair::signalException`` signals queued sends of bound buffers only, not ``isend``'s
@@ -505,7 +506,7 @@ class SendWaiter:
     the process group's timeout, and the whole recovery with it.  Waited for here, the caller stops at the halt
     and raises :class:`~.liveness.CommFailure`; the stuck wait is left on its thread (it ends at the group's
     timeout, also after the group was destroyed: checked), and later waits get a fresh thread.  The exception a
-    send's wait raised reaches the caller unchanged."""
+    message's wait raised reaches the caller unchanged."""
 
     def __init__(self, halted: Callable[[], bool] | None, *, rank: int = -1, poll_s: float = 0.02) -> None:
         self.halted, self.rank, self.poll_s = halted, rank, poll_s
@@ -538,7 +539,7 @@ class SendWaiter:
                 from .liveness import CommFailure  # lazy: liveness is the worker's, comm also runs in tests
 
                 raise CommFailure(f"rank {self.rank}: a peer died while this rank waited for {len(pending)} "
-                                  "send(s) to complete")
+                                  "message(s) to complete")
         if failed:
             raise failed[0]
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ...core.annotation import local_views
 from ...core.slices import Box, box_numel, box_shape, format_box, relative
-from .comm import CommExecutionError, default_device
+from .comm import CommExecutionError, SendWaiter, default_device
 
 if TYPE_CHECKING:
     from ...core.switch import PackedMessage, SwitchPlan
@@ -51,11 +51,13 @@ def execute_switch(plan: "SwitchPlan", tensors: Mapping[str, torch.Tensor], stat
     dtypes = {t.name: (dtypes or {}).get(t.name) or _dtype_of(t.name, tensors, t.itemsize) for t in plan.tensors}
     out = {name: torch.zeros(box_shape(b[me]), dtype=dtypes[name], device=dev)
            for name, b in dboxes.items() if me in b}
+    # a peer lost mid-switch must not hold this rank for the group's timeout (gloo may never fail its sends)
+    waiter = SendWaiter(getattr(state, "peer_failed", None), rank=me)
     for step in plan.steps:
         for name, r, box in step.copies:
             if r == me:
                 out[name][relative(box, dboxes[name][me])] = mine[name][relative(box, sboxes[name][me])]
-        _exchange(step.messages, me, to_proc, group, mine, sboxes, dboxes, dtypes, out, dev)
+        _exchange(step.messages, me, to_proc, group, mine, sboxes, dboxes, dtypes, out, dev, waiter)
     return out
 
 
@@ -112,8 +114,10 @@ def _pack(m: "PackedMessage", mine: dict[str, torch.Tensor], sboxes: dict[str, d
 
 def _exchange(messages: tuple["PackedMessage", ...], me: int, to_proc: Any, group: Any,
               mine: dict[str, torch.Tensor], sboxes: dict[str, dict[int, Box]], dboxes: dict[str, dict[int, Box]],
-              dtypes: dict[str, torch.dtype], out: dict[str, torch.Tensor], dev: torch.device) -> None:
-    """One ``batch_isend_irecv`` with every packed message this rank sends or receives, then unpack."""
+              dtypes: dict[str, torch.dtype], out: dict[str, torch.Tensor], dev: torch.device,
+              waiter: SendWaiter) -> None:
+    """One ``batch_isend_irecv`` with every packed message this rank sends or receives, waited for by ``waiter``
+    (it stops when a peer of the world died), then unpack."""
     ops, recvs = [], []
     for i, m in enumerate(messages):
         tag = i if m.tag is None else m.tag  # (a part's messages carry their index in the whole step)
@@ -126,8 +130,7 @@ def _exchange(messages: tuple["PackedMessage", ...], me: int, to_proc: Any, grou
             recvs.append((m, buf))
     if ops:
         try:
-            for req in dist.batch_isend_irecv(ops):
-                req.wait()
+            waiter.wait([(req, None) for req in dist.batch_isend_irecv(ops)])
         except RuntimeError as e:
             raise CommExecutionError(f"rank {me}, switch: fused BSR failed: {e}") from e
     for m, buf in recvs:
