@@ -324,7 +324,7 @@ def test_protocol_part_payloads_give_each_rank_its_part() -> None:
     program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster)
     text = program.to_json()
     plain = {"program": text, "steps": 2, "seed": 5}
-    whole = {"program": text, "steps": 2, "elastic": True}
+    whole = {"program": text, "steps": 2, "checkpoint": {"dir": "x"}}
     payload = {"runs": [whole, plain], "extra": [1, 2]}  # a whole run first: the next run still gets its part
     parts = PartPayloads.of(payload)
     assert parts is not None and parts.payload is payload

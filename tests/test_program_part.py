@@ -289,10 +289,11 @@ def test_runs_whose_features_need_the_whole_program_send_it_whole() -> None:
 
     plain = {"program": "{}", "steps": 1}
     assert sends_parts(plain) and PartPayloads.of({"runs": [plain]}) is not None
-    for key, value in (("checkpoint", {"dir": "x"}), ("resume", {"dir": "x"}), ("elastic", True),
-                       ("mixed", {"kind": "mixed"})):
+    for key, value in (("checkpoint", {"dir": "x"}), ("resume", {"dir": "x"}), ("mixed", {"kind": "mixed"})):
         assert not sends_parts({**plain, key: value}), key
         assert PartPayloads.of({"runs": [{**plain, key: value}]}) is None
+    # an elastic run's recoveries and grows send parts too (the launcher re-plans from the versions it keeps)
+    assert sends_parts({**plain, "elastic": True})
     assert PartPayloads.of({"program": "{}"}) is None  # an entry's own payload: untouched
 
 
@@ -356,6 +357,28 @@ def test_a_plans_parts_keep_every_message_once_with_its_tag() -> None:
     assert all(p.tensors == plan.tensors and p.failed == plan.failed for p in parts.values())
 
 
+def test_a_plans_parts_are_written_with_what_they_share_written_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``plan_part_json`` (what a launcher sends each worker of a switch or recovery): read back by
+    ``unpack_payload`` it is the rank's part, as ``pack_payload(plan.part(rank), compact=True)`` is; the tensors'
+    layouts and the cluster, alike in every part, are written once per plan, whatever the number of parts."""
+    import hspmd_sdk.core.program_part as pp
+    from hspmd_sdk.core.reconfigure import plan_program_switch
+    from hspmd_sdk.runtime.protocol import pack_payload, unpack_payload
+
+    cluster = Cluster.local(8)
+    model = GPTConfig.preset("tiny")
+    plan = plan_program_switch(_program(model, _grid(8), cluster), _program(model, _grid_b(8), cluster), cluster)
+    calls: list[int] = []
+    real = pp._shared_records
+    monkeypatch.setattr(pp, "_shared_records", lambda v: calls.append(1) or real(v))
+    for r in range(8):
+        text = pp.plan_part_json(plan, r)
+        assert unpack_payload(text) == plan.part(r) == unpack_payload(pack_payload(plan.part(r), compact=True))
+    assert calls == [1]
+    other = plan_program_switch(_program(model, _grid_b(8), cluster), _program(model, _grid(8), cluster), cluster)
+    assert unpack_payload(pp.plan_part_json(other, 3)) == other.part(3) and calls == [1, 1]  # its own records
+
+
 def test_a_switched_job_sends_each_worker_its_part_and_trains_equal_to_the_single_device_model(
         tmp_path: Path) -> None:
     """A job launched with parts (hetero_bsr: a TP2 -> TP1 pipeline beside a one-rank pipeline) switches to DP4
@@ -386,6 +409,45 @@ def test_a_switched_job_sends_each_worker_its_part_and_trains_equal_to_the_singl
     assert len(switches) == 8 and all(len(rs) == 1 and "payload" not in m for m, rs in switches)
     assert all(ProgramPart.from_json(m["program_part"]).rank == rs[0] for m, rs in switches)
     assert [e.done for e in result.events] == [True, True]
+    ref = reference_training(GPT, steps=5, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
+    assert _close(result.losses, ref.losses) <= TOL, (result.losses, ref.losses)
+    _state_ok(tmp_path, GPT, ref)  # parameters and both Adam moments
+
+
+def test_an_elastic_job_recovers_by_parts_and_trains_equal_to_the_single_device_model(tmp_path: Path) -> None:
+    """An elastic job launched with parts (hetero_bsr) loses rank 3 (SIGKILL, every worker held at step 2): the
+    reconfigure message each survivor gets carries its own part of the new Program (by its new rank) and of the
+    switch plan (none carries the whole), and the training equals the single-device reference (losses,
+    parameters and both Adam moments)."""
+    import os
+    import signal
+
+    from hspmd_sdk.runtime.control.train import launch, reference_training
+
+    from test_switching import LR, SEED, SEQ, TOL, _close, _state_ok
+
+    cluster = Cluster.local(4)
+    job = launch(_gpt("hetero_bsr"), cluster, steps=5, seq_len=SEQ, seed=SEED, lr=LR, capture_dir=tmp_path,
+                 hold_at=[2], elastic=True, timeout_s=60, heartbeat_s=0.5)
+    assert json.loads(job.spec.line_for(0))["payload"]["runs"][0]["program"] is None  # launched with parts
+    sent: list[tuple[dict[str, Any], list[int]]] = []
+    send = job._send_control
+
+    def spy(msg: dict[str, Any], ranks: Any = None) -> None:
+        sent.append((msg, list(ranks or [])))
+        send(msg, ranks)
+
+    job._send_control = spy
+    job.wait_held(2)
+    os.kill(job.pids()[3], signal.SIGKILL)
+    job.release(2)
+    result = job.wait(timeout=120)
+    [event] = result.events
+    assert event.reason == "failure" and event.failed_ranks == [3] and event.done
+    recon = [(m, rs) for m, rs in sent if m.get("type") == "reconfigure"]
+    assert sorted(rs[0] for _, rs in recon) == [0, 1, 2] and all(len(rs) == 1 for _, rs in recon)
+    assert all("payload" not in m for m, _ in recon)
+    assert all(ProgramPart.from_json(m["program_part"]).rank == m["ranks"][rs[0]] for m, rs in recon)
     ref = reference_training(GPT, steps=5, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
     assert _close(result.losses, ref.losses) <= TOL, (result.losses, ref.losses)
     _state_ok(tmp_path, GPT, ref)  # parameters and both Adam moments

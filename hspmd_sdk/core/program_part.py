@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from .comm_plan import CommPlan
 
 __all__ = ["ProgramPartError", "PART_FORMAT", "no_message", "make_part", "restrict_plan", "program_digest",
+           "plan_part_json",
            "world_groups", "world_pipeline_pairs", "part_to_json", "part_json", "part_from_json", "pack_json",
            "unpack_json"]
 
@@ -92,36 +93,76 @@ def part_json(program: Any, rank: int, *, version: int = 0) -> str:
     ``ProgramPart.from_json`` it equals ``program.part(rank)``, but what every part holds alike (the defined
     graph, the model config, the annotations, the gradient synchronisations, the shape constraints) is written
     once per Program (cached on it) and reused; each rank's own objects follow."""
-    from .program_json import _Writer
-
     part = program.part(rank, version=version)
     key = ("part_shared",)
     shared = program._micro.get(key)
     if shared is None:
         shared = program._micro[key] = _shared_section(program)
-    count, ids, text, _ = shared
-    w = _Writer()
-    w.objects, w._ids = [None] * count, dict(ids)
-    root = w.value(part)
-    objects, root, _ = _dedup(w.objects, root, fixed=count)
-    own = json.dumps(pack_json(objects[count:]), separators=(",", ":"))[1:-1]
+    objects, root = _section_text(shared, part)
     head = json.dumps({"format": PART_FORMAT, "rank": part.rank, "digest": part.program_digest,
                        "version": part.version}, separators=(",", ":"))[:-1]
-    return (head + ',"objects":[' + ",".join(t for t in (text, own) if t) + '],"root":'
-            + json.dumps(root, separators=(",", ":")) + "}")
+    return head + ',"objects":[' + objects + '],"root":' + json.dumps(root, separators=(",", ":")) + "}"
 
 
 def _shared_section(program: Any) -> tuple[int, dict[int, int], str, list[Any]]:
     """What every part of ``program`` holds alike, written once: ``(records, id -> index, the records' packed
     JSON text without its brackets, the objects kept alive)``."""
+    # every annotation any part may hold: the tensors', and the ends of every communication plan (a part keeps a
+    # plan's annotations as they are while it restricts the plan's operators to its rank)
+    plans = (*program.comm_plans.values(), *program.backward_plans.values(), *program.grad_reduce_plans.values(),
+             *program.grad_sync_plans.values())
+    ends = [a for p in plans for a in (p.src, p.dst)]
+    distinct = list({id(a): a for a in (*program.annotations.values(), *ends)}.values())
+    return _shared_records((program.graph, program.model, tuple(distinct), program.grad_syncs, program.constraints))
+
+
+def _shared_records(value: Any) -> tuple[int, dict[int, int], str, list[Any]]:
+    """The object records of ``value``, written once for many texts that refer to them (:func:`_section_text`):
+    ``(records, id -> index, the records' packed JSON text without its brackets, the objects kept alive)``."""
     from .program_json import _Writer
 
     w = _Writer()
-    distinct = list({id(a): a for a in program.annotations.values()}.values())
-    w.value((program.graph, program.model, tuple(distinct), program.grad_syncs, program.constraints))
+    w.value(value)
     objects, _, index = _dedup(w.objects, [{"$ref": k} for k in range(len(w.objects))])  # every record
     ids = {oid: index[i] for oid, i in w._ids.items()}
     return len(objects), ids, json.dumps(pack_json(objects), separators=(",", ":"))[1:-1], w._keep
+
+
+def _section_text(shared: tuple[int, dict[int, int], str, list[Any]], value: Any) -> tuple[str, Any]:
+    """``value``'s object records after the ``shared`` ones (:func:`_shared_records`), which it refers to by
+    index: ``(the records' text, the shared ones first, without brackets; the root)``, packed compact."""
+    from .program_json import _Writer
+
+    count, ids, text, _ = shared
+    w = _Writer()
+    w.objects, w._ids = [None] * count, dict(ids)
+    root = w.value(value)
+    objects, root, _ = _dedup(w.objects, root, fixed=count)
+    own = json.dumps(pack_json(objects[count:]), separators=(",", ":"))[1:-1]
+    return ",".join(t for t in (text, own) if t), root
+
+
+#: the shared records of the switch plans whose parts are being written, by ``id`` (dropped with the plan)
+_PLAN_SHARED: dict[int, tuple[int, dict[int, int], str, list[Any]]] = {}
+
+
+@gc_paused
+def plan_part_json(plan: Any, rank: int) -> str:
+    """Rank ``rank``'s part of the switch ``plan`` (``plan.part(rank)``) as the compact payload text of
+    :func:`hspmd_sdk.runtime.protocol.pack_payload` (``compact=True``), which ``unpack_payload`` reads back
+    equal; what every part holds alike (the tensors' layouts, the cluster) is written once per plan and reused,
+    so that writing every rank's part costs the launcher the world once, not once a rank."""
+    import weakref
+
+    from .program_json import FORMAT
+
+    shared = _PLAN_SHARED.get(id(plan))
+    if shared is None:
+        shared = _PLAN_SHARED[id(plan)] = _shared_records((plan.tensors, plan.cluster))
+        weakref.finalize(plan, _PLAN_SHARED.pop, id(plan), None)
+    objects, root = _section_text(shared, plan.part(rank))
+    return ('{"format":' + json.dumps(FORMAT) + ',"packed":{"objects":[' + objects + '],"root":'
+            + json.dumps(pack_json(root), separators=(",", ":")) + "}}")
 
 
 @gc_paused

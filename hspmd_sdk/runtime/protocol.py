@@ -208,20 +208,29 @@ def unpack_payload(text: str) -> Any:
     return from_json_value(unpack_json(data["packed"]) if "packed" in data else data)
 
 
-def switch_message(ident: int, program: Any, plan: Any, rank: int | None = None) -> dict[str, Any]:
-    """The ``switch`` control message to the new ``program`` by ``plan``: the whole of both, or for a run whose
-    workers hold their parts (SPEC §16; ``rank``: the worker's rank in the plan's numbering) that rank's part of
-    each -- its size does not grow with the world.  A rank outside the new Program gets the whole (it only sits
-    the run out).  :func:`switch_of` reads either."""
-    if rank is not None:
-        from ..core.program_part import ProgramPartError, part_json  # lazy: core
+def program_fields(program: Any, plan: Any, rank: int | None = None, plan_rank: int | None = None, *,
+                   version: int = 0) -> dict[str, Any]:
+    """The fields of a control message that carry a new Program and the switch plan to it (a ``switch``, a grow's
+    ``switch``, a ``reconfigure``): ``payload``, the whole of both; or, for a run whose workers hold their parts
+    (SPEC §16; ``rank``: the worker's rank in the new Program, ``plan_rank``: its rank in the plan's numbering,
+    default ``rank``), ``program_part`` and ``plan_part``, that worker's part of each -- their size does not grow
+    with the world.  A rank outside the new Program, and a change without a plan (a reload from a checkpoint), get
+    the whole.  :func:`switch_of` reads either."""
+    if rank is not None and plan is not None:
+        from ..core.program_part import ProgramPartError, part_json, plan_part_json  # lazy: core
 
         try:
-            return {"type": "switch", "id": ident, "program_part": part_json(program, rank, version=ident),
-                    "plan_part": pack_payload(plan.part(rank), compact=True)}
+            return {"program_part": part_json(program, rank, version=version),
+                    "plan_part": plan_part_json(plan, rank if plan_rank is None else plan_rank)}
         except ProgramPartError:
             pass
-    return {"type": "switch", "id": ident, "payload": pack_payload((program, plan))}
+    return {"payload": pack_payload((program, plan))}
+
+
+def switch_message(ident: int, program: Any, plan: Any, rank: int | None = None) -> dict[str, Any]:
+    """The ``switch`` control message to the new ``program`` by ``plan``: the whole of both, or that rank's part of
+    each (``rank``: the worker's rank in the plan's numbering, which a switch keeps; :func:`program_fields`)."""
+    return {"type": "switch", "id": ident, **program_fields(program, plan, rank, version=ident)}
 
 
 def switch_of(msg: Mapping[str, Any]) -> tuple[Any, Any]:
@@ -257,7 +266,7 @@ class Reconfigure:
 
     @classmethod
     def decode(cls, msg: Mapping[str, Any]) -> "Reconfigure":
-        program, plan = unpack_payload(msg["payload"])
+        program, plan = switch_of(msg)  # parts, or the whole (:func:`program_fields`)
         return cls(int(msg["id"]), int(msg["world"]), {int(k): int(v) for k, v in msg["ranks"].items()},
                    {int(k): int(v) for k, v in msg["src_ranks"].items()}, str(msg["master_addr"]),
                    int(msg["master_port"]), int(msg["resume_step"]), program, plan, str(msg["source"]),
@@ -289,8 +298,9 @@ def program_of_run(run: Mapping[str, Any]) -> Any:
 
 
 #: Run keys whose features need the whole Program on every worker (checkpoints write and read by the whole
-#: Program's layouts; a recovery re-plans from what every rank holds; a mixed-length run switches candidates).
-WHOLE_PROGRAM_FEATURES = ("checkpoint", "resume", "elastic", "mixed")
+#: Program's layouts; a mixed-length run switches candidates).  An elastic run's recovery, grow and straggler
+#: switches send each worker its parts (the launcher re-plans from the versions it keeps).
+WHOLE_PROGRAM_FEATURES = ("checkpoint", "resume", "mixed")
 
 
 def sends_parts(run: Mapping[str, Any]) -> bool:

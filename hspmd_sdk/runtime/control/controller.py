@@ -52,9 +52,10 @@ from ...core.specialize import specialize
 from ...core.strategy_plan import plan_from_strategy, strategy_of
 from ..checkpoints.checkpoint import list_checkpoints, load_checkpoint, resume_payload
 from ..checkpoints.checkpoint_io import CheckpointError
-from ..protocol import pack_payload, switch_message
+from ..protocol import pack_payload, program_fields, switch_message
 from ..transports.transport import LocalTransport, is_local_host
 from .growback import GrowBack
+from .versions import Numbering, Versions, common_previous, with_newcomers
 
 if TYPE_CHECKING:
     from ...core.cluster import Cluster
@@ -107,19 +108,6 @@ class Event:
             moved = (f"reloaded from the checkpoint of step {self.checkpoint_step}, "
                      f"{self.bytes.get('read', 0) / 1e6:.2f} MB read")
         return f"step {self.step}: {self.reason}{lost}; {parts}; {moved}"
-
-
-@dataclass
-class _Numbering:
-    """A Program and how its ranks map to launch ranks."""
-
-    program: Any
-    cluster: Any
-    to_launch: dict[int, int]  # program rank -> launch rank
-
-    @property
-    def of_launch(self) -> dict[int, int]:
-        return {l: r for r, l in self.to_launch.items()}
 
 
 class StragglerWatch:
@@ -179,11 +167,8 @@ class TrainingController:
                  checkpoint_dir: str | None = None, resumed_from: str | None = None,
                  checkpoint_every: int | None = None, debounce_s: float = 0.3, halt_timeout_s: float = 60.0, grow_back: Any = None,
                  grow_back_default: bool = False) -> None:
-        self.current = _Numbering(program, cluster, {r: r for r in cluster.ranks})  # the newest version requested
-        # every version workers may still hold, by (reconfiguration, switch) id: lexicographic order is the order
-        # they were made in; the ones no worker can offer any more are dropped (:meth:`_prune_versions`)
-        self._versions: dict[tuple[int, int], _Numbering] = {(0, 0): self.current}
-        self._acked: tuple[tuple[int, int], int] | None = None  # (the newest version all applied, its first step)
+        #: every version the workers may still hold, the newest requested as its ``current`` (:mod:`.versions`)
+        self.versions = Versions(Numbering(program, cluster, {r: r for r in cluster.ranks}))
         self.global_batch, self.seq_len = int(global_batch), int(seq_len)
         self.elastic, self.straggler, self.cost = elastic, straggler, cost
         #: the workers hold their parts of the Program (SPEC §16; ``protocol.sends_parts`` of the run): a switch
@@ -199,8 +184,6 @@ class TrainingController:
         self.events: list[Event] = []
         self.job: "Job | None" = None
         self._lock = threading.RLock()
-        self._switch_id = 0
-        self._reconf_id = 0
         self._dead: set[int] = set()          # launch ranks lost so far
         self._pending_dead: set[int] = set()  # lost, not yet planned around
         self._evidence: float | None = None
@@ -216,22 +199,19 @@ class TrainingController:
         self._after_end = False  # a recovery found every survivor past the last step: there was nothing to recover
         self.mixed = False  # a mixed-length job (:mod:`.mixed`): its plan changes per step, by length
         self.length_planner: Any = None  # its dispatch (:class:`~.mixed.LengthPlanner`)
-        self._candidates: dict[int, int] = {}  # mixed: reconfiguration id -> how many candidates it has
         #: newcomers of an announced grow that are still starting: launch rank -> (its event, the world it grows)
         self._joining: dict[int, tuple[Event, int]] = {}
-        #: an announced grow's switch, ready to send: id(event) -> (the grown numbering, payload, rendezvous)
-        self._prepared: dict[int, tuple[_Numbering, str, dict[str, Any]]] = {}
+        #: an announced grow's switch, ready to send: id(event) -> (the grown numbering, its plan, its payload
+        #: when the workers hold the whole Program, rendezvous)
+        self._prepared: dict[int, tuple[Numbering, Any, dict[str, Any] | None, dict[str, Any]]] = {}
 
     def use_candidates(self, programs: Sequence["Program"], first: int, planner: Any) -> None:
         """Make this the controller of a mixed-length job choosing per step among ``programs`` (``first`` runs
         first), dispatched by ``planner``.  Its versions are ``(reconfiguration id, candidate)``: a worker holds
         the state of the candidate it last switched to, and an elastic recovery replans every candidate on the
         survivors (:meth:`_replan_candidates`)."""
-        ident = {r: r for r in self.current.to_launch}
         self.mixed, self.length_planner = True, planner
-        self._versions = {(0, i): _Numbering(p, self.current.cluster, dict(ident)) for i, p in enumerate(programs)}
-        self._candidates = {0: len(programs)}
-        self.current = self._versions[(0, first)]
+        self.versions.use_candidates(programs, first)
 
     # ---- wiring ---------------------------------------------------------------------------------------------
     def attach(self, job: "Job") -> None:
@@ -251,6 +231,11 @@ class TrainingController:
             event.superseded = True
             job._note(f"the job ended before the step boundary of the {event.reason} requested at step {event.step}: "
                       "it was not applied")
+
+    @property
+    def current(self) -> Numbering:
+        """The newest version requested: its Program, cluster and launch ranks."""
+        return self.versions.current
 
     @property
     def program(self) -> "Program":
@@ -284,7 +269,7 @@ class TrainingController:
                           "specialize": 0.0}, _bytes(plan, cur.cluster), dict(cur.of_launch), program=program)
             self.events.append(event)
             # planned from the newest version requested: the workers apply the switches in order
-            ident = self._open_switch(event, _Numbering(program, cur.cluster, dict(cur.to_launch)))
+            ident = self._open_switch(event, Numbering(program, cur.cluster, dict(cur.to_launch)))
         finally:
             self._lock.release()
         if self.parts:  # each worker holds its part: it gets its part of the new Program and of the plan
@@ -294,15 +279,11 @@ class TrainingController:
             self._send(switch_message(ident, program, plan), self.alive)
         return event
 
-    def _open_switch(self, event: Event, numbering: _Numbering) -> int:
+    def _open_switch(self, event: Event, numbering: Numbering) -> int:
         """Under the lock: a new switch id for ``event``, awaited until every worker switched, and ``numbering``
         the job's current version from now on; returns the id."""
-        self._switch_id += 1
-        ident = self._switch_id
+        ident, event.version = self.versions.open_switch(numbering)
         self._open[("switch", ident)] = event
-        self.current = numbering
-        event.version = (self._reconf_id, ident)
-        self._versions[event.version] = self.current
         if self.straggler is not None:
             self.straggler.reset()
         return ident
@@ -327,7 +308,8 @@ class TrainingController:
     def announce_grow(self, program: "Program", cluster: "Cluster", joiners: Mapping[int, int]) -> Event:
         """The event of a grow onto ``cluster`` and ``program`` whose newcomers are starting (``joiners``: rank of
         ``cluster`` -> launch rank; :mod:`.grow`).  It is in :attr:`events` at once, and the switch is prepared
-        now (its BSR planned, its payload packed, the grown world's rendezvous chosen); :meth:`grow` sends it once
+        now (its BSR planned, its payload packed unless each worker gets its parts, the grown world's rendezvous
+        chosen); :meth:`grow` sends it once
         every newcomer is ready, so the job trains on while they start.  A newcomer lost before then gives the grow
         up (:meth:`give_up_grow`): the running job is untouched.  Refuses a mixed-length job, another model, another
         global batch, and a cluster that is not the running one plus new ranks."""
@@ -335,7 +317,7 @@ class TrainingController:
             raise SwitchError("growing a mixed-length job (per-step candidates) is not supported yet; grow a job "
                               "that trains one Program")
         with self._lock:
-            cur, reconf = self.current, self._reconf_id
+            cur, reconf = self.current, self.versions.world
             dead = sorted(l for l in cur.to_launch.values() if l in self._dead)
         if dead:
             raise SwitchError(f"launch ranks {dead} of the job failed and are not replanned yet; grow once the job "
@@ -353,7 +335,8 @@ class TrainingController:
                               f"0..{n - 1} and new workers are to start for {sorted(joiners)}")
         t0 = time.perf_counter()
         plan = plan_program_switch(cur.program, program, cluster)  # cur's ranks keep their numbers
-        payload = pack_payload((program, plan))
+        # packed now (each worker's parts are written when it is sent: they depend on the rank)
+        whole = None if self.parts else program_fields(program, plan)
         launch_of = {l: r for r, l in to_launch.items()}
         event = Event(self._next_step(), "grow", [], _strategy_of(program),
                       {"detect": 0.0, "plan": time.perf_counter() - t0, "specialize": 0.0}, _bytes(plan, cluster),
@@ -365,7 +348,7 @@ class TrainingController:
             self.events.append(event)
             for launch in joiners.values():
                 self._joining[int(launch)] = (event, reconf)
-            self._prepared[id(event)] = (_Numbering(program, cluster, to_launch), payload, grow)
+            self._prepared[id(event)] = (Numbering(program, cluster, to_launch), plan, whole, grow)
         return event
 
     def give_up_grow(self, event: Event, why: str) -> list[int]:
@@ -392,10 +375,10 @@ class TrainingController:
         try:
             prepared = self._prepared.pop(id(event), None)
             joining = {l: reconf for l, (e, reconf) in self._joining.items() if e is event}
-            if event.superseded or prepared is None or set(joining.values()) != {self._reconf_id}:
+            if event.superseded or prepared is None or set(joining.values()) != {self.versions.world}:
                 raise SwitchError("the job reconfigured after a failure while the newcomers started: grow it again "
                                   "onto job.cluster plus new ranks")
-            numbering, payload, grow = prepared
+            numbering, plan, whole, grow = prepared
             dead = sorted(l for l in self.current.to_launch.values() if l in self._dead)
             if dead:
                 raise SwitchError(f"launch ranks {dead} of the job failed and are not replanned yet; grow once the "
@@ -406,7 +389,13 @@ class TrainingController:
             ident = self._open_switch(event, numbering)
         finally:
             self._lock.release()
-        self._send({"type": "switch", "id": ident, "payload": payload, "grow": grow}, self.alive)
+        if self.parts:  # each its parts, by its rank in the grown Program (the running ranks keep theirs)
+            rank_of = numbering.of_launch
+            self._send_each(lambda l: {"type": "switch", "id": ident, "grow": grow,
+                                       **program_fields(numbering.program, plan, rank_of[l], version=ident)},
+                            self.alive)
+        else:
+            self._send({"type": "switch", "id": ident, "grow": grow, **(whole or {})}, self.alive)
         return event
 
     def record_event(self, key: tuple[str, int], event: Event) -> None:
@@ -420,7 +409,7 @@ class TrainingController:
             for rank, msg in list(got.items()):
                 self._on_switched(rank, msg)
 
-    def _check_switchable(self, program: "Program", cur: _Numbering) -> None:
+    def _check_switchable(self, program: "Program", cur: Numbering) -> None:
         if program.model != cur.program.model:
             raise SwitchError(f"the new program trains {program.model!r}, the job {cur.program.model!r}: a switch "
                               "keeps the model")
@@ -466,7 +455,7 @@ class TrainingController:
             self._dead |= fresh
             self._pending_dead |= fresh
             self._evidence = min(self._evidence or failure.time, failure.time)
-            world = self._reconf_id
+            world = self.versions.world
         # every survivor learns it now: one waiting for the dead rank outside a collective stops waiting and halts
         self._send({"type": "halt", "after": world, "ranks": sorted(fresh)}, self.alive)
         with self._lock:
@@ -489,13 +478,13 @@ class TrainingController:
     def _on_halted(self, rank: int, msg: dict[str, Any]) -> None:
         with self._lock:
             self._halted[rank] = {**msg, "at": time.time()}
-            if int(msg.get("after", -1)) != self._reconf_id:
+            if int(msg.get("after", -1)) != self.versions.world:
                 return  # about a world already replaced
             if self._evidence is None:
                 self._evidence = time.time()
             unexplained = self.elastic and not self._busy and not self._pending_dead
         if unexplained:
-            threading.Thread(target=self._answer_halt, args=(rank, msg, self._reconf_id), name="hspmd-halt",
+            threading.Thread(target=self._answer_halt, args=(rank, msg, self.versions.world), name="hspmd-halt",
                              daemon=True).start()
 
     def _answer_halt(self, rank: int, msg: dict[str, Any], reconf_id: int) -> None:
@@ -510,7 +499,7 @@ class TrainingController:
         cap = end + self.halt_timeout_s
         while True:
             with self._lock:
-                if self._busy or self._pending_dead or self._reconf_id != reconf_id:
+                if self._busy or self._pending_dead or self.versions.world != reconf_id:
                     return  # a failure explains it: the recovery answers
                 now = time.monotonic()
                 waiting = now < end or (now < cap and job is not None and _investigating(job, self._dead))
@@ -545,8 +534,7 @@ class TrainingController:
             event.bytes["read"] = sum(int(m.get("bytes_read", 0)) for m in got.values())
         event.done = True
         del self._open[key]
-        if event.version is not None and (self._acked is None or event.version > self._acked[0]):
-            self._acked = (event.version, event.step)
+        self.versions.applied(event.version, event.step)
         if self.job is not None:
             self.job._note(f"reconfigured ({event.reason}): {event}")
             if event.reason == "failure" and self.elastic:
@@ -556,18 +544,9 @@ class TrainingController:
                 if policy is not None:
                     policy.watch(self.job, self.launched)
 
-    def _prune_versions(self, step: int) -> None:
-        """Drop the versions no worker can offer any more: once a step run under a version every worker applied
-        has committed, nobody holds (or keeps as ``previous``) anything older."""
-        if self._acked is None or step < self._acked[1]:
-            return
-        newest = self._acked[0]
-        for key in [k for k in self._versions if k < newest]:
-            del self._versions[key]
-
     def _on_metric(self, rank: int, msg: dict[str, Any]) -> None:
         with self._lock:
-            self._prune_versions(int(msg.get("step", -1)))
+            self.versions.prune(int(msg.get("step", -1)))
             warm, self._warmed = not self._warmed and (self.elastic or self.straggler is not None), True
         if warm:  # once the job trains (not while its workers start): the first replan finds its solvers loaded
             threading.Thread(target=_warm_planners, name="hspmd-warm-planners", daemon=True).start()
@@ -592,7 +571,7 @@ class TrainingController:
         if found is not None:
             threading.Thread(target=self._straggler, args=found, name="hspmd-straggler", daemon=True).start()
 
-    def _measured_share(self, rank: int, compute: float, step: int, cur: "_Numbering"
+    def _measured_share(self, rank: int, compute: float, step: int, cur: Numbering
                         ) -> tuple[StragglerWatch, float, list[int]] | None:
         """A mixed-length step's compute seconds of launch rank ``rank`` as a multiple of what the dispatch
         estimated for it (each step gives each pipeline other sequences), the candidate's own watch (its stages'
@@ -639,7 +618,7 @@ class TrainingController:
         while True:
             with self._lock:
                 got = {r: m for r, m in self._halted.items()
-                       if r in survivors and int(m.get("after", -1)) == self._reconf_id}
+                       if r in survivors and int(m.get("after", -1)) == self.versions.world}
                 if set(survivors) - self._dead <= set(got):
                     return {r: got[r] for r in survivors if r not in self._dead}
                 if self._pending_dead:
@@ -679,7 +658,7 @@ class TrainingController:
         sources = {m.get("source") for m in halted.values()}
         steps = {int(m.get("step", -1)) for m in halted.values()}
         held = {tuple(int(x) for x in m.get("held", (0, 0))) for m in halted.values()}
-        before = _common_previous(halted)
+        before = common_previous(halted)
         if sources == {"live", "previous"} and before is not None:
             # some ranks were inside the first commit after a switch (a rank with no state there gets there at
             # once), none completed it: everyone still holds the state from before the switch; recover from it
@@ -695,7 +674,7 @@ class TrainingController:
             # around a grow, the running ranks and the newcomers offer different versions: one that every running
             # rank offers, whose ranks the others are not among (they take part holding nothing)
             with self._lock:
-                found = _version_for_all(halted, self._versions)
+                found = self.versions.for_all(halted)
             if found is not None:
                 version, offer = found
                 sources, held = set(offer.values()) - {"nothing"}, {version}
@@ -707,13 +686,13 @@ class TrainingController:
         offer = {**{r: next(iter(sources)) for r in halted}, **offer, **{r: "nothing" for r in joining}}
         empty = {r for r, kind in offer.items() if kind == "nothing"}
         with self._lock:
-            src = self._versions.get(version)
+            src = self.versions.get(version)
         if src is None:
             raise HSPMDError(f"the survivors hold the state of plan version {version}, which the launcher no longer "
                              "has")
         replan = src
         if empty - set(src.to_launch.values()):  # the state is from before the grow those ranks came with:
-            src, replan = _with_newcomers(src, base), base  # replan the grown one, they hold nothing
+            src, replan = with_newcomers(src, base), base  # replan the grown one, they hold nothing
         dead_src = sorted(r for r, l in src.to_launch.items() if l in self._dead)
         model = src.program.model
         strategy = _strategy_of(replan.program)
@@ -750,9 +729,6 @@ class TrainingController:
             for key in list(self._open):
                 if key[0] in ("reconfigure", "switch"):
                     self._open.pop(key).superseded = True
-            self._reconf_id += 1
-            ident = self._reconf_id
-            floor = self._switch_id
             ranks = {l: n for n, l in launch_of_new.items()}
             resume = steps.pop() + 1 if checkpoint is None else checkpoint.step
             src_ranks = {l: r for r, l in src.to_launch.items() if l in ranks}
@@ -768,17 +744,13 @@ class TrainingController:
             if checkpoint is not None:
                 event.seconds["verify"] = t_verified - t3
                 finish = []  # the running state is given up: nothing from before this can be replanned
+            # the new world's version (mixed: one per candidate, each replanned on the survivors)
+            ident, floor, event.version = self.versions.open_reconfiguration(
+                Numbering(program, cluster, launch_of_new), candidates if self.mixed else None)
             self._open[("reconfigure", ident)] = event
             self.events.append(event)
-            self.current = _Numbering(program, cluster, launch_of_new)
-            if self.mixed:  # the versions of the new world: each candidate replanned on the survivors
-                for j, p in enumerate(candidates):
-                    self._versions[(ident, j)] = _Numbering(p, cluster, dict(launch_of_new))
-                self._candidates[ident] = len(candidates)
+            if self.mixed:
                 self._switched = {k: v for k, v in self._switched.items() if k[0] != "length"}
-            else:
-                event.version = (ident, floor)
-                self._versions[event.version] = self.current
             if self.straggler is not None:
                 self.straggler.reset()
             self._watches.clear()
@@ -788,11 +760,16 @@ class TrainingController:
                "source": "memory" if checkpoint is None else "checkpoint", "finish": finish,
                "offer": {str(l): kind for l, kind in offer.items()},
                "checkpoint": None if checkpoint is None else resume_payload(checkpoint),
-               "switch_floor": floor, "retake_checkpoint": self._checkpoint_missed(resume),
-               "payload": pack_payload((program, plan))}
-        if self.mixed:
-            msg.update({"candidates": pack_payload(candidates), "choice": choice})
-        self._send(msg, sorted(ranks))
+               "switch_floor": floor, "retake_checkpoint": self._checkpoint_missed(resume)}
+        if self.parts and not self.mixed:  # each survivor its parts: of the new Program by its new rank, of the
+            # plan by its rank in the numbering of the state it switches from
+            self._send_each(lambda l: {**msg, **program_fields(program, plan, ranks[l], src_ranks[l], version=ident)},
+                            sorted(ranks))
+        else:
+            msg.update(program_fields(program, plan))
+            if self.mixed:
+                msg.update({"candidates": pack_payload(candidates), "choice": choice})
+            self._send(msg, sorted(ranks))
         if self.mixed:  # dispatch again from the step the survivors go on from, among the new candidates
             self.length_planner.restart(candidates, cluster, start=resume, current=choice, generation=ident)
         if self.job is not None:
@@ -815,12 +792,12 @@ class TrainingController:
 
         out: list["Program"] = []
         choice = 0
-        for j in range(self._candidates.get(version[0], 0)):
+        for j in range(self.versions.candidate_count(version[0])):
             if j == version[1]:
                 choice = len(out)
                 out.append(held)
                 continue
-            src = self._versions.get((version[0], j))
+            src = self.versions.get((version[0], j))
             if src is None:
                 continue
             model = src.program.model
@@ -975,65 +952,7 @@ _REPLAN_MODULES = ("hspmd_sdk.core.reconfigure", "hspmd_sdk.core.specialize", "h
                    "pyomo.environ", "pyomo.contrib.appsi")
 
 
-def _common_previous(halted: dict[int, dict[str, Any]]) -> tuple[int, int] | None:
-    """The version every survivor can still offer from before the last switch, when the survivors report the
-    running state (``live``, from inside the first commit after the switch, with ``previous_held``) and the state
-    from before it (``previous``) at one step; ``None`` when some survivor has only its running state (it completed
-    that commit: the others must finish it)."""
-    versions: set[tuple[int, int]] = set()
-    for m in halted.values():
-        kept = m.get("held") if m.get("source") == "previous" else m.get("previous_held")
-        if kept is None:
-            return None
-        versions.add(tuple(int(x) for x in kept))
-    steps = {int(m.get("step", -1)) for m in halted.values()}
-    return versions.pop() if len(versions) == 1 and len(steps) == 1 else None
 
-
-def _with_newcomers(src: _Numbering, grown: _Numbering) -> _Numbering:
-    """``src``'s Program on the ``grown`` cluster and numbering (a grow keeps the running ranks' numbers and adds
-    new ones): the source of a reconfiguration in which the grow's newcomers take part holding nothing."""
-    if any(grown.to_launch.get(r) != l for r, l in src.to_launch.items()):
-        raise HSPMDError(f"the survivors hold the state of a plan whose ranks {src.to_launch} are not the first "
-                         f"ranks of the newest one {grown.to_launch}: its newcomers cannot join a switch from it")
-    return _Numbering(src.program, grown.cluster, dict(grown.to_launch))
-
-
-def _version_for_all(halted: dict[int, dict[str, Any]], versions: Mapping[tuple[int, int], _Numbering]
-                     ) -> tuple[tuple[int, int], dict[int, str]] | None:
-    """A plan version to recover from when the survivors (at one step) hold different ones, and what each offers
-    of it (``"live"``: its running state, ``"previous"``: the state it kept from before the last switch,
-    ``"nothing"``: it is not among that version's ranks, and takes part holding nothing).  Every survivor among the
-    version's ranks must offer it; the one fewest survivors give up their state for wins, then the older one.
-    ``None`` when there is none."""
-    offers: dict[int, dict[tuple[int, int], str]] = {}
-    for r, m in halted.items():
-        mine: dict[tuple[int, int], str] = {}
-        held = tuple(int(x) for x in m.get("held", (0, 0)))
-        whole = m.get("whole")
-        if m.get("source") == "previous":
-            mine[held] = "previous"
-            if whole is not None:
-                mine[tuple(int(x) for x in whole)] = "live"
-        else:
-            if whole is not None and tuple(int(x) for x in whole) == held:
-                mine[held] = "live"
-            if m.get("previous_held") is not None:
-                mine[tuple(int(x) for x in m["previous_held"])] = "previous"
-        offers[r] = mine
-    best: tuple[int, tuple[int, int], dict[int, str]] | None = None
-    for v in sorted({v for mine in offers.values() for v in mine}):
-        numbering = versions.get(v)
-        if numbering is None:
-            continue
-        members = set(numbering.to_launch.values())
-        if any(v not in offers[r] for r in halted if r in members) or not any(r in members for r in halted):
-            continue
-        offer = {r: offers[r].get(v, "nothing") for r in halted}
-        given_up = sum(kind == "nothing" for kind in offer.values())
-        if best is None or given_up < best[0]:
-            best = (given_up, v, offer)
-    return None if best is None else (best[1], best[2])
 
 
 def _investigating(job: "Job", dead: set[int]) -> bool:

@@ -250,7 +250,7 @@ def _predict(tl: Timeline, controller: Any, version: tuple, calibration: dict | 
     ``calibration`` (step -> rank -> seconds per phase) when it has a step, else the launch's cost model."""
     from ...planner.simulator import simulate  # lazy: planner, loaded only to simulate a timeline
 
-    numbering = controller._versions.get(version)
+    numbering = controller.versions.get(version)
     if numbering is None:
         tl.why = f"the Program of version {version} is not known to the launcher"
         return
