@@ -132,3 +132,22 @@ def test_spec_rank_payloads_go_to_their_ranks_only() -> None:
         with pytest.raises(ValueError, match=rf"line_for: rank {bad} is not in the job \(0\.\.2\)"):
             parts.line_for(bad)
     assert spec.with_rank_payload(None).line_for(0) == spec.to_line()
+
+
+def test_spec_line_writes_per_rank_lists_as_runs() -> None:
+    """On the wire the per-rank lists do not grow with the world: hosts and devices as runs of equal neighbours,
+    ranks as their count; read back, the lists themselves (a plain list is read as it is)."""
+    import json
+
+    spec = _spec(world_size=6, ranks=list(range(6)), hosts=["a", "a", "b", "b", "b", "a"],
+                 devices=["H800", "H800", "H800", "H20", "H20", "H20"])
+    raw = json.loads(spec.to_line())
+    assert raw["hosts"] == {"runs": [["a", 2], ["b", 3], ["a", 1]]}
+    assert raw["devices"] == {"runs": [["H800", 3], ["H20", 3]]} and raw["ranks"] == {"count": 6}
+    back = LaunchSpec.from_line(spec.to_line())
+    assert (back.hosts, back.devices, back.ranks) == (spec.hosts, spec.devices, spec.ranks)
+    assert spec.model_dump()["hosts"] == spec.hosts  # in Python the lists as they are
+    plain = json.dumps({**raw, "hosts": spec.hosts, "devices": spec.devices, "ranks": spec.ranks})
+    assert LaunchSpec.from_line(plain) == back
+    one = json.loads(_spec(world_size=1, ranks=[0], hosts=["h"], devices=["cpu"]).to_line())
+    assert (one["hosts"], one["ranks"]) == ({"runs": [["h", 1]]}, {"count": 1})

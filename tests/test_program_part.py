@@ -284,6 +284,36 @@ def test_workers_launched_with_their_parts_train_equal_to_the_single_device_mode
     captured_close_to_reference(tmp_path, result.losses, GPT, ref, seed=2, steps=3, lr=1e-3)
 
 
+def test_a_ranks_launch_line_is_the_same_size_at_64_256_and_1024_ranks() -> None:
+    """The whole launch line a worker of an elastic training run reads (the spec with its run and its part, as
+    ``LaunchSpec.line_for`` writes it), for a rank of the same stage shape (TP2 pipelines of Llama tiny, hosts of
+    8): within 5% at 64, 256 and 1,024 ranks (the run's launcher-only keys and the spec's per-rank lists do not
+    travel whole), and it reads back as the spec, with the rank's part."""
+    from hspmd_sdk.runtime.control.runs import checked_training_run
+    from hspmd_sdk.runtime.control.start import build_spec
+    from hspmd_sdk.runtime.protocol import LAUNCHER_ONLY, PartPayloads, program_of_run
+    from hspmd_sdk.runtime.spec import LaunchSpec
+
+    model, sizes = LlamaConfig.preset("tiny"), {}
+    for world in (64, 256, 1024):
+        cluster = Cluster.mixed({"H800": world // 2, "H20": world // 2})
+        pipes = [_pipe([([2 * i, 2 * i + 1], [0, 3])], 1, 1) for i in range(world // 2)]
+        program = specialize(model, plan_from_strategy(model, Strategy.load({"pipelines": pipes}), cluster), cluster,
+                             bindings={"B": world // 2, "S": 16})
+        run = {**checked_training_run(program, steps=3, cluster=cluster, seq_len=16), "elastic": True}
+        spec = build_spec(cluster, entry="hspmd_sdk.runtime.workers.worker_entry:train_entry", steps=3,
+                          payload={"runs": [run]}, local=False)
+        spec = spec.with_rank_payload(PartPayloads.of(spec.payload))
+        line = spec.line_for(5)
+        back = LaunchSpec.from_line(line)
+        assert (back.hosts, back.devices, back.ranks) == (spec.hosts, spec.devices, spec.ranks)
+        assert back.hosts[8] == "node1" and back.devices[-1] == "H20"
+        got = back.payload["runs"][0]
+        assert not set(LAUNCHER_ONLY) & set(got) and program_of_run(got).rank == 5
+        sizes[world] = len(line)
+    assert max(sizes.values()) <= 1.05 * min(sizes.values()), sizes
+
+
 def test_runs_whose_features_need_the_whole_program_send_it_whole() -> None:
     from hspmd_sdk.runtime.protocol import PartPayloads, sends_parts
 

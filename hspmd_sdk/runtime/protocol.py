@@ -309,10 +309,16 @@ def sends_parts(run: Mapping[str, Any]) -> bool:
     return run.get("program") is not None and not any(run.get(k) for k in WHOLE_PROGRAM_FEATURES)
 
 
+#: Run keys that a worker holding its part never reads, each as large as the world (the whole plan's annotations,
+#: the cluster's nodes, the launcher's memory estimate of every rank): left out of the part's launch line.
+LAUNCHER_ONLY = ("plan", "cluster", "memory_estimate")
+
+
 class PartPayloads:
     """``payload`` (``{"runs": [...]}``, as the launcher sends it) for each rank: in every run that
-    :func:`sends_parts`, ``"program"`` replaced by ``"program_part"``, that rank's part's JSON (a rank that takes
-    part in no operator of the Program gets the whole).  Each run's Program is read from its JSON once, on the
+    :func:`sends_parts`, ``"program"`` replaced by ``"program_part"``, that rank's part's JSON, and the keys of
+    :data:`LAUNCHER_ONLY` left out, so that the line does not grow with the world (a rank that takes part in no
+    operator of the Program gets the whole run).  Each run's Program is read from its JSON once, on the
     first call.  The callable :meth:`~.spec.LaunchSpec.with_rank_payload` takes."""
 
     def __init__(self, payload: Mapping[str, Any]) -> None:
@@ -345,7 +351,8 @@ class PartPayloads:
             except ProgramPartError:  # a rank outside the Program: the whole (it only sits the run out)
                 runs.append(run)
                 continue
-            runs.append({**run, "program": None, "program_part": part})
+            runs.append({**{k: v for k, v in run.items() if k not in LAUNCHER_ONLY}, "program": None,
+                         "program_part": part})
         return {**self.payload, "runs": runs}
 
 

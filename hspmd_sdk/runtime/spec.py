@@ -12,7 +12,7 @@ import re
 import secrets
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_serializer, field_validator, model_validator
 
 Backend = Literal["gloo", "nccl"]
 
@@ -75,6 +75,33 @@ class LaunchSpec(BaseModel):
     joining: bool = Field(default=False, description="a worker started to grow a running job (Job.grow): it "
                                                      "joins the job's world where the launcher tells it, at a "
                                                      "step boundary, instead of forming the world of this spec")
+
+    # ---- the per-rank lists on the wire: runs, so that a launch line does not grow with the world --------------
+    @field_serializer("hosts", "devices", when_used="json")
+    def _write_runs(self, values: list[str]) -> Any:
+        """``[[value, count], ...]`` of equal neighbours (a host's ranks, a kind's devices) under ``"runs"``."""
+        runs: list[list[Any]] = []
+        for v in values:
+            if runs and runs[-1][0] == v:
+                runs[-1][1] += 1
+            else:
+                runs.append([v, 1])
+        return {"runs": runs}
+
+    @field_serializer("ranks", when_used="json")
+    def _write_ranks(self, ranks: list[int]) -> Any:
+        """``{"count": n}``: a job's ranks are ``0..n-1`` (checked when the spec is made and read)."""
+        return {"count": len(ranks)}
+
+    @field_validator("hosts", "devices", "ranks", mode="before")
+    @classmethod
+    def _read_runs(cls, value: Any) -> Any:
+        """The lists :meth:`_write_runs` and :meth:`_write_ranks` wrote, expanded (a plain list as it is)."""
+        if isinstance(value, dict) and set(value) == {"runs"}:
+            return [v for v, n in value["runs"] for _ in range(int(n))]
+        if isinstance(value, dict) and set(value) == {"count"}:
+            return list(range(int(value["count"])))
+        return value
 
     # rank -> that rank's payload (the launcher's side only: never serialized, see with_rank_payload)
     _rank_payload: Callable[[int], dict[str, Any]] | None = PrivateAttr(default=None)

@@ -8,6 +8,7 @@ SSH and mixed-length paths all end here.
 from __future__ import annotations
 
 import os
+from collections import Counter
 import random
 import secrets
 import sys
@@ -58,7 +59,7 @@ def build_spec(cluster: Any, *, entry: str, steps: int = 1, seed: int = 0,
         master_addr, port = "127.0.0.1", master_port or free_port()
     else:
         master_addr, port = hosts[0], master_port or random.randint(20000, 40000)
-    per_host = n if local else max(hosts.count(h) for h in set(hosts))
+    per_host = n if local else max(Counter(hosts).values())
     try:
         return LaunchSpec(
             job_id=job_id or f"{time.strftime('%H%M%S')}-{secrets.token_hex(3)}", world_size=n,
