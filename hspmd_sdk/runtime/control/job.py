@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Sequence
@@ -168,8 +169,17 @@ class _Rank:
     phases: dict[str, float] = field(default_factory=dict)  # start-up milestone -> monotonic receipt time
 
 
+#: Rank log files a job keeps open at once (:class:`_Logs`).
+OPEN_RANK_LOGS = 64
+
+
 class _Logs:
     """The job's log files; a failed write (disk full, read-only) warns once and the logs stay in memory.
+
+    Every rank has its file (``rank<r>.log``, made at the start), but at most :data:`OPEN_RANK_LOGS` of them are
+    open at once (the most recently written; another is reopened to append): a job of thousands of ranks holds
+    a bounded number of file descriptors (with one open file a rank, 1,024 ranks put the launcher's descriptors
+    past what ``select()`` takes, which the planners' solvers use while a recovery replans).
 
     Reader threads of every rank write here at once: one lock, so a failure closing the files never meets a
     write in progress (and warns once)."""
@@ -178,16 +188,20 @@ class _Logs:
         self.dir, self.job_id = log_dir, job_id
         self.broken: str | None = None
         self._files: dict[int | str | None, IO[str]] = {}
+        self._open: OrderedDict[int, IO[str]] = OrderedDict()  # the rank logs open now, least recent first
         self._lock = threading.RLock()
         try:
             log_dir.mkdir(parents=True, exist_ok=True)
-            for r in ranks:
-                self._files[r] = open(log_dir / f"rank{r}.log", "w", buffering=1)
             self._files[None] = open(log_dir / "job.log", "w", buffering=1)
+            self._create(ranks)
         except OSError as e:
             self.close()
             raise LogDirError(f"cannot write the job's logs in {log_dir}: {e.strerror or e}; pass log_dir= (CLI: "
                               "--log-dir) a writable folder. Nothing was started.") from None
+
+    def _create(self, ranks: Sequence[int]) -> None:
+        for r in ranks:
+            (self.dir / f"rank{r}.log").write_text("")
 
     def add(self, ranks: Sequence[int]) -> None:
         """Log files for ranks that joined the job (``Job.grow``)."""
@@ -195,10 +209,19 @@ class _Logs:
             if self.broken is not None or not self._files:
                 return
             try:
-                for r in ranks:
-                    self._files[r] = open(self.dir / f"rank{r}.log", "w", buffering=1)
+                self._create(ranks)
             except OSError as e:
                 self._fail(e)
+
+    def _rank_file(self, rank: int) -> IO[str]:
+        f = self._open.get(rank)
+        if f is not None:
+            self._open.move_to_end(rank)
+            return f
+        if len(self._open) >= OPEN_RANK_LOGS:
+            self._open.popitem(last=False)[1].close()
+        f = self._open[rank] = open(self.dir / f"rank{rank}.log", "a", buffering=1)
+        return f
 
     def write(self, rank: int | None, text: str) -> None:
         """A line of ``rank``'s log (and the job's); ``rank=None``: the job's own line, in job.log only."""
@@ -209,7 +232,7 @@ class _Logs:
                 if rank is None:
                     self._files[None].write(f"[job] {text}\n")
                     return
-                self._files[rank].write(text + "\n")
+                self._rank_file(rank).write(text + "\n")
                 self._files[None].write(f"[rank {rank}] {text}\n")
             except (OSError, ValueError) as e:  # ValueError: written after close
                 self._fail(e)
@@ -235,7 +258,8 @@ class _Logs:
 
     def close(self) -> None:
         with self._lock:
-            files, self._files = list(self._files.values()), {}
+            files, self._files = [*self._files.values(), *self._open.values()], {}
+            self._open.clear()
         for f in files:
             try:
                 f.close()
