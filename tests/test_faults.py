@@ -348,9 +348,9 @@ def test_beats_are_protocol_messages() -> None:
 def test_a_jobs_logs_hold_a_bounded_number_of_files_open(tmp_path: Path) -> None:
     """Thousands of ranks, a bounded number of open files (1,024 open rank logs put the launcher's descriptors
     past select()'s limit: the planners' solvers failed while an elastic job of 1,024 ranks replanned): every rank
-    has its log file from the start, at most OPEN_RANK_LOGS are open, and a rank's lines land in its file in order
-    however often it was closed between them."""
-    from hspmd_sdk.runtime.control.job import OPEN_RANK_LOGS, _Logs
+    has its log file from the start, at most OPEN_RANK_LOGS are open, a rank's lines land in its file in order
+    however often it was closed between them, in batches (every FLUSH_S, and at the end)."""
+    from hspmd_sdk.runtime.control.job import FLUSH_S, OPEN_RANK_LOGS, _Logs
 
     before = len(os.listdir("/proc/self/fd"))
     logs = _Logs(tmp_path, range(300), "j")
@@ -358,12 +358,17 @@ def test_a_jobs_logs_hold_a_bounded_number_of_files_open(tmp_path: Path) -> None
     for rnd in range(2):
         for r in range(300):
             logs.write(r, f"line {rnd} of {r}")
+        logs.flush()  # (also done every FLUSH_S by a thread of its own)
         assert len(os.listdir("/proc/self/fd")) - before <= OPEN_RANK_LOGS + 1  # + job.log
+    logs.write(7, "not yet in the file")
+    assert (tmp_path / "rank7.log").read_text() == "line 0 of 7\nline 1 of 7\n"  # 7 was closed, written out
+    time.sleep(3 * FLUSH_S)
+    assert (tmp_path / "rank7.log").read_text().endswith("not yet in the file\n")  # the thread wrote it
     logs.write(None, "done")
     logs.add([300])
     logs.write(300, "a newcomer")
     logs.close()
     assert len(os.listdir("/proc/self/fd")) <= before
-    assert (tmp_path / "rank7.log").read_text() == "line 0 of 7\nline 1 of 7\n"
+    assert (tmp_path / "rank7.log").read_text() == "line 0 of 7\nline 1 of 7\nnot yet in the file\n"
     assert (tmp_path / "rank300.log").read_text() == "a newcomer\n"
     assert (tmp_path / "job.log").read_text().splitlines()[-2:] == ["[job] done", "[rank 300] a newcomer"]

@@ -9,7 +9,8 @@ from __future__ import annotations
 import resource
 import sys
 import threading
-from dataclasses import asdict, dataclass, field
+import copy
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -32,9 +33,12 @@ class StepMetrics:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_message(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("rank")
-        return {k: v for k, v in d.items() if v is not None and v != {}}
+        """The fields a ``metric`` message carries: every set one but ``rank`` (``extra`` copied, not shared).
+        Read field by field: the launcher makes one for every rank's every step."""
+        out = {k: v for k in _MESSAGE_FIELDS if (v := getattr(self, k)) is not None}
+        if self.extra:
+            out["extra"] = copy.deepcopy(self.extra)
+        return out
 
     @classmethod
     def from_message(cls, msg: dict[str, Any]) -> "StepMetrics":
@@ -57,6 +61,10 @@ class StepMetrics:
         if self.emulated_slowdown:
             text += f" (emulated {self.emulated_slowdown:g}x slower)"
         return text
+
+
+#: :meth:`StepMetrics.to_message`'s fields, in order
+_MESSAGE_FIELDS = tuple(f.name for f in fields(StepMetrics) if f.name not in ("rank", "extra"))
 
 
 def memory_mb(device: Any = None) -> float:

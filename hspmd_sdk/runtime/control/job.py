@@ -169,17 +169,20 @@ class _Rank:
     phases: dict[str, float] = field(default_factory=dict)  # start-up milestone -> monotonic receipt time
 
 
-#: Rank log files a job keeps open at once (:class:`_Logs`).
+#: Rank log files a job keeps open at once, and how often a rank's lines are written to its file (:class:`_Logs`).
 OPEN_RANK_LOGS = 64
+FLUSH_S = 0.5
 
 
 class _Logs:
     """The job's log files; a failed write (disk full, read-only) warns once and the logs stay in memory.
 
-    Every rank has its file (``rank<r>.log``, made at the start), but at most :data:`OPEN_RANK_LOGS` of them are
-    open at once (the most recently written; another is reopened to append): a job of thousands of ranks holds
-    a bounded number of file descriptors (with one open file a rank, 1,024 ranks put the launcher's descriptors
-    past what ``select()`` takes, which the planners' solvers use while a recovery replans).
+    Every rank has its file (``rank<r>.log``, made at the start).  A rank's lines are written to it in batches,
+    every :data:`FLUSH_S` seconds (by a thread of its own) and when the logs close, and at most
+    :data:`OPEN_RANK_LOGS` rank files are open at once (the most recently written; another is reopened to
+    append): a job of thousands of ranks holds a bounded number of file descriptors (with one open file a rank,
+    1,024 ranks put the launcher's descriptors past what ``select()`` takes, which the planners' solvers use while
+    a recovery replans) and opens each file at most once a batch, not once a line.  ``job.log`` is written at once.
 
     Reader threads of every rank write here at once: one lock, so a failure closing the files never meets a
     write in progress (and warns once)."""
@@ -189,7 +192,9 @@ class _Logs:
         self.broken: str | None = None
         self._files: dict[int | str | None, IO[str]] = {}
         self._open: OrderedDict[int, IO[str]] = OrderedDict()  # the rank logs open now, least recent first
+        self._pending: dict[int, list[str]] = {}  # rank -> lines not written to its file yet
         self._lock = threading.RLock()
+        self._closed = threading.Event()
         try:
             log_dir.mkdir(parents=True, exist_ok=True)
             self._files[None] = open(log_dir / "job.log", "w", buffering=1)
@@ -198,6 +203,7 @@ class _Logs:
             self.close()
             raise LogDirError(f"cannot write the job's logs in {log_dir}: {e.strerror or e}; pass log_dir= (CLI: "
                               "--log-dir) a writable folder. Nothing was started.") from None
+        threading.Thread(target=self._flusher, name=f"hspmd-logs-{job_id}", daemon=True).start()
 
     def _create(self, ranks: Sequence[int]) -> None:
         for r in ranks:
@@ -213,16 +219,6 @@ class _Logs:
             except OSError as e:
                 self._fail(e)
 
-    def _rank_file(self, rank: int) -> IO[str]:
-        f = self._open.get(rank)
-        if f is not None:
-            self._open.move_to_end(rank)
-            return f
-        if len(self._open) >= OPEN_RANK_LOGS:
-            self._open.popitem(last=False)[1].close()
-        f = self._open[rank] = open(self.dir / f"rank{rank}.log", "a", buffering=1)
-        return f
-
     def write(self, rank: int | None, text: str) -> None:
         """A line of ``rank``'s log (and the job's); ``rank=None``: the job's own line, in job.log only."""
         with self._lock:
@@ -232,10 +228,38 @@ class _Logs:
                 if rank is None:
                     self._files[None].write(f"[job] {text}\n")
                     return
-                self._rank_file(rank).write(text + "\n")
+                self._pending.setdefault(rank, []).append(text + "\n")
                 self._files[None].write(f"[rank {rank}] {text}\n")
             except (OSError, ValueError) as e:  # ValueError: written after close
                 self._fail(e)
+
+    def flush(self) -> None:
+        """Write every rank's pending lines to its file."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            if self.broken is not None or not self._files:
+                return
+            try:
+                for rank, lines in pending.items():
+                    f = self._rank_file(rank)
+                    f.write("".join(lines))
+                    f.flush()  # on disk now (a full disk fails here, not silently at close)
+            except (OSError, ValueError) as e:
+                self._fail(e)
+
+    def _rank_file(self, rank: int) -> IO[str]:
+        f = self._open.get(rank)
+        if f is not None:
+            self._open.move_to_end(rank)
+            return f
+        if len(self._open) >= OPEN_RANK_LOGS:
+            self._open.popitem(last=False)[1].close()
+        f = self._open[rank] = open(self.dir / f"rank{rank}.log", "a")
+        return f
+
+    def _flusher(self) -> None:
+        while not self._closed.wait(FLUSH_S):
+            self.flush()
 
     def metric(self, record: dict[str, Any]) -> None:
         """One step's metrics of one rank as a line of ``metrics.jsonl`` (every job keeps one)."""
@@ -257,6 +281,8 @@ class _Logs:
         self.close()
 
     def close(self) -> None:
+        self.flush()
+        self._closed.set()
         with self._lock:
             files, self._files = [*self._files.values(), *self._open.values()], {}
             self._open.clear()
