@@ -342,3 +342,228 @@ def test_tp_degrees_refuse_two_where_the_heads_are_odd() -> None:
     """3 heads: no TP degree but 1 divides them."""
     m = LlamaConfig(vocab_size=64, hidden_size=24, num_layers=2, num_heads=3, ffn_hidden_size=48)
     assert m.tp_problems(2) and tp_degrees(m, 8) == [1]
+
+
+# ---- the layer ILP on hand-made profiles (issue 49, second round) -------------------------------------------------
+class _LayerCtx(PlanContext):
+    """A context whose group profiles are given by hand (by the group's first rank), with a fixed boundary time
+    of 0.25 s; the model has ``layers`` decoder layers."""
+
+    def __init__(self, layers: int, profiles: dict[int, StageProfile]) -> None:
+        model = LlamaConfig(vocab_size=64, hidden_size=64, num_layers=layers, num_heads=8, ffn_hidden_size=128)
+        super().__init__(model, Cluster.mixed({"H20": 8}), global_batch=8, seq_len=16)
+        self.profiles = profiles
+        self.asked: list[tuple] = []
+
+    def profile(self, group, micro_batch, zero_shards, recompute=False):
+        self.asked.append((group.ranks, micro_batch, zero_shards, recompute))
+        return self.profiles[group.ranks[0]]
+
+    def p2p_time(self, a, b, micro_batch):
+        return 0.25
+
+
+def _flat(**kw: float) -> StageProfile:
+    """No embedding or head time, no memory but what ``kw`` says; 1 GB of capacity."""
+    base = dict(layer_time=1.0, emb_time=0.0, head_time=0.0, layer_static=0.0, layer_act=0.0, layer_transient=0.0,
+                emb_static=0.0, emb_act=0.0, head_static=0.0, head_act=0.0, head_transient=0.0, capacity=1e9)
+    base.update(kw)
+    return StageProfile(**base)
+
+
+_G0, _G1 = TPGroup((0,), "H20", 0), TPGroup((1,), "H20", 0)
+
+
+def test_solve_layers_one_micro_batch_minimises_the_sum_of_stage_times() -> None:
+    """m = 1 (also for 0 micro-batches): the objective is the sum of the stage times alone, so the faster stage
+    takes all layers but one (3 + 1 at 1.0 s and 1.1 s a layer: 4.1 s; 2 + 2 would be 4.2 s).  With 8
+    micro-batches the bottleneck counts 7 more times: 2 + 2 (tau 2.2 s) beats 3 + 1 (tau 3 s)."""
+    ctx = _LayerCtx(4, {0: _flat(layer_time=1.0), 1: _flat(layer_time=1.1)})
+    for m in (1, 0):
+        plan = solve_layers(ctx, [_G0, _G1], 2, m, 1, recompute=True)
+        assert plan == PipelinePlan((_G0, _G1), (3, 1), (3.0, 1.1), 0.5, True)
+    assert ctx.asked == [((0,), 2, 1, True), ((1,), 2, 1, True)] * 2
+    assert solve_layers(ctx, [_G0, _G1], 2, 8, 1).layers == (2, 2)
+    slow_first = _LayerCtx(4, {0: _flat(layer_time=1.1), 1: _flat(layer_time=1.0)})
+    assert solve_layers(slow_first, [_G0, _G1], 2, 1, 1).layers == (1, 3)  # the sum, not a layer bound, decides
+
+
+def test_solve_layers_adds_the_embedding_time_to_the_first_stage() -> None:
+    """Stage 0 also runs the embedding (2 s); 6 layers at 1 s each over 8 micro-batches: 2 + 4 layers (stage
+    times 4 s and 4 s), not 4 + 2."""
+    ctx = _LayerCtx(6, {0: _flat(emb_time=2.0), 1: _flat(emb_time=2.0)})
+    plan = solve_layers(ctx, [_G0, _G1], 1, 8, 1)
+    assert plan.layers == (2, 4) and plan.stage_times == (4.0, 4.0)
+
+
+def test_solve_layers_memory_bound_subtracts_the_transient() -> None:
+    """Stage 0 is ten times faster but holds 30 B: 5 B of transient leave 25 B, two layers of 10 B; so 2 + 2."""
+    ctx = _LayerCtx(4, {0: _flat(layer_time=0.1, layer_static=10.0, layer_transient=5.0, capacity=30.0),
+                        1: _flat()})
+    assert solve_layers(ctx, [_G0, _G1], 1, 1, 1).layers == (2, 2)
+    roomy = _LayerCtx(4, {0: _flat(layer_time=0.1, layer_static=10.0, layer_transient=5.0, capacity=35.0),
+                          1: _flat()})
+    assert solve_layers(roomy, [_G0, _G1], 1, 1, 1).layers == (3, 1)
+
+
+def test_solve_layers_memory_bound_is_a_floor_division() -> None:
+    """1 B of room at 0.1 B a layer: 1.0 // 0.1 is 9 layers (1.0 / 0.1 rounds to 10.0), below 1 B a layer too."""
+    ctx = _LayerCtx(12, {0: _flat(layer_time=0.1, layer_static=0.1, capacity=1.0), 1: _flat()})
+    assert solve_layers(ctx, [_G0, _G1], 1, 1, 1).layers == (9, 3)
+    small = _LayerCtx(4, {0: _flat(layer_time=0.1, layer_static=0.5, capacity=1.0), 1: _flat()})
+    assert solve_layers(small, [_G0, _G1], 1, 1, 1).layers == (2, 2)
+
+
+def test_solve_layers_without_bytes_per_layer_has_no_memory_bound() -> None:
+    """A stage with no bytes per layer is bounded by the layers only (no division by zero)."""
+    ctx = _LayerCtx(4, {0: _flat(layer_time=0.1), 1: _flat()})
+    assert solve_layers(ctx, [_G0, _G1], 1, 1, 1).layers == (3, 1)
+
+
+def test_stage_parts_middle_stage_transient_is_the_layers_own() -> None:
+    assert _stage_parts(_prof(layer_transient=0.25, head_transient=9.0), False, False, 1)[3] == 0.25
+    assert _stage_parts(_prof(layer_transient=0.25, head_transient=0.5), True, True, 1)[3] == 0.5
+
+
+def test_the_ilps_are_quiet(capfd) -> None:
+    """CBC runs without printing (its log would flood a notebook)."""
+    ctx = _LayerCtx(4, {0: _flat(), 1: _flat()})
+    capfd.readouterr()
+    assert solve_layers(ctx, [_G0, _G1], 1, 2, 1) is not None
+    g = TPGroup((0,), "H20", 0)
+    assert solve_micro_batches([PipelinePlan((g,), (1,), (1.0,), 0.0)] * 2, 4) is not None
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+# ---- the micro-batch ILP: boundary time, extras of a class, small times ------------------------------------------
+def test_micro_batch_ilp_counts_the_boundary_time() -> None:
+    """A pipeline with 5 s of boundary transfers beside one without (1 s a micro-batch each), 4 micro-batches:
+    1 and 3 (6 s and 3 s), not 2 and 2 (7 s)."""
+    g = TPGroup((0,), "H20", 0)
+    slow, fast = PipelinePlan((g,), (1,), (1.0,), 5.0), PipelinePlan((g,), (1,), (1.0,), 0.0)
+    counts, span = solve_micro_batches([slow, fast], 4)
+    assert counts == [1, 3] and span == 6.0
+
+
+def test_micro_batch_ilp_prices_a_class_extra_as_a_whole_bottleneck() -> None:
+    """Three alike pipelines (1 s a micro-batch) and one at 0.6 s, 6 micro-batches: 1, 1, 1 and 3 (1.8 s);
+    giving one of the three a second micro-batch costs it a whole second (2 s), not a third of one."""
+    g = TPGroup((0,), "H20", 0)
+    alike, quick = PipelinePlan((g,), (1,), (1.0,), 0.0), PipelinePlan((g,), (1,), (0.6,), 0.0)
+    counts, span = solve_micro_batches([alike, alike, alike, quick], 6)
+    assert counts == [1, 1, 1, 3] and span == pytest.approx(1.8)
+
+
+def test_micro_batch_ilp_balances_times_below_a_second() -> None:
+    """Stage times of 10 and 30 ms, 8 micro-batches: 6 and 2 (60 ms each); the makespan has no floor."""
+    g = TPGroup((0,), "H20", 0)
+    fast, slow = PipelinePlan((g,), (1,), (0.01,), 0.0), PipelinePlan((g,), (1,), (0.03,), 0.0)
+    counts, span = solve_micro_batches([fast, slow], 8)
+    assert counts == [6, 2] and span == pytest.approx(0.06)
+
+
+# ---- a group's profile: the slowest link of its ring, the embedding and head times, the capacity --------------------
+def test_profile_prices_a_group_over_the_slowest_link_of_its_ring() -> None:
+    """A group across two nodes is priced over the network whichever of its ranks crosses; a two-rank group on one
+    node over NVLink; a one-rank group over its own device's link."""
+    model, cl = _small()
+    ctx = PlanContext(model, cl, global_batch=8, seq_len=128)
+    net, nvl, own = cl.link(0, 8), cl.link(0, 1), cl.link(0, 0)
+    assert net.cls != nvl.cls and nvl.cls != own.cls and net.bandwidth < nvl.bandwidth
+
+    def want(g: TPGroup, link) -> StageProfile:
+        return ctx._make_profile(g.kind, ctx._operator_costs(g, link, 1, False), 1)
+
+    for ranks, link in (((0, 8), net), ((0, 1, 2, 8), net), ((0, 8, 1, 2), net), ((0, 1), nvl), ((3,), own)):
+        g = TPGroup(ranks, "H800", 0)
+        assert ctx.profile(g, 1, 1) == want(g, link), ranks
+
+
+def test_make_profile_sums_forward_and_backward_and_takes_the_runtime_off() -> None:
+    """With a profile of the kind (so that the embedding's backward costs something), each time of a stage
+    profile is its operator's forward plus backward; the capacity is the device's memory less the runtime's."""
+    from hspmd_sdk.planner.cost import (ComputeFit, CostModel, OperatorProfile, embedding_cost, head_cost,
+                                        layer_cost)
+
+    model, cl = _small()
+    fit = ComputeFit(a=1e-12, b=1e-4)
+    cost = CostModel(profiles={"H20": OperatorProfile(layer_fwd=fit, layer_bwd=fit, head_fwd=fit, head_bwd=fit,
+                                                      embed=fit)})
+    ctx = PlanContext(model, cl, global_batch=8, seq_len=128, cost=cost)
+    g = TPGroup((8, 9), "H20", 1)
+    spec, link = cl.devices["H20"], cl.link(8, 9)
+    lay = layer_cost(model, spec, 2, link, 2, 128, cost)
+    emb, head = embedding_cost(model, spec, 2, link, 2, 128, cost), head_cost(model, spec, 2, link, 2, 128, cost)
+    p = ctx.profile(g, 2, 3)
+    assert emb.bwd > 0 and head.bwd > 0 and cost.runtime_bytes("H20") > 0
+    assert p.layer_time == lay.fwd + lay.bwd and p.emb_time == emb.fwd + emb.bwd and p.head_time == head.fwd + head.bwd
+    assert p.capacity == spec.memory_mb * 2.0**20 - cost.runtime_bytes("H20")
+    assert p.layer_static == _static_bytes(lay.params, 3) and p.head_transient == head.transient_bytes
+
+
+def test_the_ilps_pass_their_time_limit_to_cbc(monkeypatch) -> None:
+    """Each ILP runs PuLP's CBC with the caller's time limit, 10 s unless given."""
+    from hspmd_sdk.planner import hetero
+
+    asked: list[float] = []
+    real = hetero._cbc
+    monkeypatch.setattr(hetero, "_cbc", lambda limit: asked.append(limit) or real(limit))
+    ctx = _LayerCtx(4, {0: _flat(), 1: _flat()})
+    g = TPGroup((0,), "H20", 0)
+    pipes = [PipelinePlan((g,), (1,), (1.0,), 0.0)] * 2
+    assert solve_layers(ctx, [_G0, _G1], 1, 2, 1) is not None
+    assert solve_layers(ctx, [_G0, _G1], 1, 2, 1, time_limit=3.5) is not None
+    assert solve_micro_batches(pipes, 4) is not None and solve_micro_batches(pipes, 4, time_limit=2.5) is not None
+    assert asked == [10.0, 3.5, 10.0, 2.5]
+
+
+def test_profile_cache_tells_a_host_link_from_nvlink() -> None:
+    """Two nodes of H20 in one box (16 GB/s between them, 900 GB/s NVLink inside each): a TP2 group across the two
+    nodes and one inside a node both have an ``intra`` link, but the one across is priced at 16 GB/s whichever
+    was profiled first (the cache used to key by the link's class only and gave it the NVLink group's costs)."""
+    cl = Cluster.load({"nodes": [{"host": "box", "kind": "H20", "ranks": [0, 1]},
+                                 {"host": "box", "kind": "H20", "ranks": [2, 3]}], "host_bandwidth_gbs": 16})
+    model = LlamaConfig(vocab_size=32000, hidden_size=4096, num_layers=4, num_heads=32, ffn_hidden_size=11008)
+    inside, across = TPGroup((0, 1), "H20", 0), TPGroup((1, 2), "H20", 0)
+    assert cl.link(0, 1).cls == cl.link(1, 2).cls == "intra" and cl.link(1, 2).bandwidth == 16e9
+    alone = PlanContext(model, cl, global_batch=8, seq_len=128)
+    want = alone._make_profile("H20", alone._operator_costs(across, cl.link(1, 2), 1, False), 1)
+    assert alone.profile(across, 1, 1) == want
+    ctx = PlanContext(model, cl, global_batch=8, seq_len=128)
+    first = ctx.profile(inside, 1, 1)
+    assert ctx.profile(across, 1, 1) == want and want.layer_time > first.layer_time
+    assert ctx.profile(inside, 1, 1) is first  # cached
+
+
+def test_split_node_takes_the_degree_even_where_it_is_not_an_allowed_size() -> None:
+    """A degree outside ``allowed`` (an elastic replan keeps a stage's TP3, say): whole groups of that degree, also
+    when exactly one group's worth is left; only a smaller remainder is cut into allowed sizes."""
+    assert split_node([0, 1, 2, 3, 4, 5], 4, [1, 2]) == [[0, 1, 2, 3], [4, 5]]
+    assert split_node([0, 1, 2, 3], 4, [1, 2]) == [[0, 1, 2, 3]]
+    assert split_node([0, 1, 2, 3, 4, 5, 6], 3, [1, 2, 4]) == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_profile_prices_a_group_over_every_link_of_its_ring() -> None:
+    """A TP4 group over three nodes, (4, 0, 1, 2): nodes 0 and 1 share a box whose link (10 GB/s) is slower than
+    the network (25 GB/s) to node 2.  The ring 4-0-1-2-4 crosses the box link between ranks 1 and 2, so the group
+    is priced over it -- not over the links of its first rank alone (4-0 and 4-2, both the network)."""
+    cl = Cluster.load({"nodes": [{"host": "box", "kind": "H20", "ranks": [0, 1]},
+                                 {"host": "box", "kind": "H20", "ranks": [2, 3]},
+                                 {"host": "other", "kind": "H20", "ranks": [4, 5]}],
+                       "host_bandwidth_gbs": 10, "inter_bandwidth_gbs": 25})
+    model = LlamaConfig(vocab_size=32000, hidden_size=4096, num_layers=4, num_heads=32, ffn_hidden_size=11008)
+    ctx = PlanContext(model, cl, global_batch=8, seq_len=128)
+    g = TPGroup((4, 0, 1, 2), "H20", 2)
+    box = cl.link(1, 2)
+    assert box.bandwidth == 10e9 and cl.link(4, 0).bandwidth == cl.link(4, 2).bandwidth == 25e9
+    assert ctx.profile(g, 1, 1) == ctx._make_profile("H20", ctx._operator_costs(g, box, 1, False), 1)
+    assert ctx._group_links[g.ranks] == box
+
+
+def test_solve_layers_a_stage_that_holds_one_layer_takes_one() -> None:
+    """15 B of room at 10 B a layer: the first stage fits exactly one layer (a plan, not a refusal); 9 B: none."""
+    ctx = _LayerCtx(4, {0: _flat(layer_time=0.1, layer_static=10.0, capacity=15.0), 1: _flat()})
+    assert solve_layers(ctx, [_G0, _G1], 1, 1, 1).layers == (1, 3)
+    none = _LayerCtx(4, {0: _flat(layer_static=10.0, capacity=9.0), 1: _flat()})
+    assert solve_layers(none, [_G0, _G1], 1, 1, 1) is None

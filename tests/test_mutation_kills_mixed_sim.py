@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hspmd_sdk import Cluster, LlamaConfig
+from hspmd_sdk import Cluster, LlamaConfig, Strategy
 from hspmd_sdk.errors import PlanValidationError
 from hspmd_sdk.planner import mixed_sim
 from hspmd_sdk.planner.mixed_sim import HotSPaPlan, _bucketed, _default_buckets, pack, plan_hotspa
@@ -258,3 +258,106 @@ def test_homogeneous_pipelines_go_up_to_eight_stages() -> None:
 
 def test_sample_batch_draws_at_least_one_for_a_positive_token_count() -> None:
     assert mixed_sim.sample_batch([10], 1) == [10] and mixed_sim.sample_batch([10], 10) == [10]
+
+
+def test_the_baselines_plan_with_the_callers_cost_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """packed_baseline and plan_hotspa hand the caller's cost model (not the default) to the search of symmetric
+    strategies, with the windows, the window length, the schedule, ZeRO-1 and the label; plan_hotspa per bucket,
+    each bucket's window counts at least one."""
+    from hspmd_sdk.planner.cost import CostModel
+
+    calls: list = []
+    strategy = _strategy("S", [0, 1], 1)
+
+    def spy(model, cluster, windows, window, cost, *, schedule, zero1, label):  # type: ignore[no-untyped-def]
+        calls.append((list(windows), window, cost, schedule, zero1, label))
+        return strategy, 2.5
+
+    monkeypatch.setattr(mixed_sim, "_best_homogeneous", spy)
+    cost = CostModel()
+    assert mixed_sim.packed_baseline(TINY, TWO, [10, 20, 60, 64, 100], context_len=64, cost=cost,
+                                     schedule="gpipe", zero1=False) == (strategy, 2.5)
+    assert calls == [([4], 64, cost, "gpipe", False, "packed baseline")] and calls[0][2] is cost
+    calls.clear()
+    hp = plan_hotspa(TINY, TWO, [40], tokens_per_batch=40, context_len=64, buckets=[16, 64], steps=1, cost=cost)
+    assert calls == [([1], 16, cost, "1f1b", True, "HotSPa bucket 0"), ([1], 64, cost, "1f1b", True, "HotSPa bucket 1")]
+    assert all(c[2] is cost for c in calls) and hp.strategies == [strategy, strategy]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_simulate_shapes_transfers_are_the_simulators_at_fixed_shapes_and_sized_by_each_micro_batch(
+        schedule: str) -> None:
+    """Every point-to-point transfer (pipeline, stages, direction, micro-batch, start, end, bytes): at one fixed
+    shape those of the fixed-shape simulator (a slow link, so a send waits for the one before it on its channel);
+    with micro-batches of their own shapes, each sized rows x length x hidden x 2 bytes and lasting the link's time
+    for those bytes, one after another on each channel."""
+    from hspmd_sdk.planner import simulate
+    from hspmd_sdk.planner.cost import CostModel
+
+    slow = Cluster.load({"nodes": [{"host": "a", "kind": "H20", "ranks": [0]},
+                                   {"host": "b", "kind": "H20", "ranks": [1]}],
+                         "inter_bandwidth_gbs": 0.001})
+    s = Strategy.load({"pipelines": [{"micro_batch_size": 2, "num_micro_batches": 3, "stages": [
+        {"devices": [0], "layers": [0, 1]}, {"devices": [1], "layers": [2, 3]}]}], "schedule": schedule})
+    want = simulate(TINY, s, slow, seq_len=16).transfers
+    got = mixed_sim.simulate_shapes(TINY, s, slow, [[(2, 16)] * 3]).transfers
+    assert [(t.pipeline, t.src_stage, t.dst_stage, t.kind, t.micro_batch, t.nbytes) for t in got] == \
+        [(t.pipeline, t.src_stage, t.dst_stage, t.kind, t.micro_batch, t.nbytes) for t in want]
+    assert sorted((t.kind, t.micro_batch) for t in got) == [("B", 0), ("B", 1), ("B", 2), ("F", 0), ("F", 1), ("F", 2)]
+    assert all(g.start == pytest.approx(w.start, rel=1e-9, abs=1e-15) and g.end == pytest.approx(w.end, rel=1e-9)
+               for g, w in zip(got, want))
+    shapes = [(2, 16), (1, 8), (4, 16)]
+    got = mixed_sim.simulate_shapes(TINY, s, slow, [shapes]).transfers
+    link = slow.link(0, 1)
+    assert {(t.kind, t.micro_batch): t.nbytes for t in got} == {
+        (k, mb): shapes[mb][0] * shapes[mb][1] * 64 * 2 for k in "FB" for mb in range(3)}
+    assert all(t.end - t.start == pytest.approx(CostModel().p2p_time(t.nbytes, link), rel=1e-12) for t in got)
+    for src in (0, 1):
+        chan = [t for t in got if t.src_stage == src]
+        assert all(b.start >= a.end for a, b in zip(chan, chan[1:])) and chan[0].dst_stage == 1 - src
+
+
+def test_simulate_shapes_pipelines_without_micro_batches_hold_no_activations_and_the_label_is_kept() -> None:
+    """A pipeline given no micro-batches computes nothing and holds no activations (its devices: the static state
+    only); every pipeline empty still simulates (the gradient sync and optimizer).  The result's label is the
+    caller's, by default the strategy's name."""
+    s = _strategy("A", [0, 1], 1)
+    one = mixed_sim.simulate_shapes(TINY, s, TWO, [[], [(2, 16)]], label="step 3")
+    assert one.label == "step 3" and one.memory[0]["activations"] == 0.0 and one.memory[1]["activations"] > 0
+    assert one.timeline[0] == [] or all(e.kind not in ("F", "B") for e in one.timeline[0])
+    none = mixed_sim.simulate_shapes(TINY, s, TWO, [[], []])
+    assert none.label == "A" and [none.memory[d]["activations"] for d in (0, 1)] == [0.0, 0.0]
+    assert none.step_time >= none.sync_time > 0
+
+
+def test_simulate_shapes_keeps_stage_costs_in_the_callers_cache() -> None:
+    """``cache``: the stage costs are kept there (a dispatcher simulates every step with one), and a second call
+    gives the same result from them."""
+    s = _strategy("A", [0, 1], 1)
+    cache: dict = {}
+    first = mixed_sim.simulate_shapes(TINY, s, TWO, [[(2, 16)], [(1, 32)]], cache=cache)
+    assert cache and len(cache) == 1                      # both pipelines' one stage: the same kind, link and layers
+    kept = dict(cache)
+    again = mixed_sim.simulate_shapes(TINY, s, TWO, [[(2, 16)], [(1, 32)]], cache=cache)
+    assert again.step_time == first.step_time and cache == kept and all(cache[k] is kept[k] for k in kept)
+
+
+def test_simulate_shapes_counts_an_uneven_stages_activations_at_its_micro_batches_shapes() -> None:
+    """An uneven TP stage (3:1): each device's activations at the pipeline's largest micro-batch, as the fixed-shape
+    simulator counts them at that shape (this was each device's share of one row of the longest length: 4 rows
+    of 16 tokens counted as 1); a pipeline without micro-batches holds none."""
+    from hspmd_sdk.planner import simulate
+
+    three = Cluster.local(4)
+    pipe = {"micro_batch_size": 4, "num_micro_batches": 2, "stages": [{"devices": [0, 1], "layers": [0, 3],
+                                                                       "ratios": [3, 1]}]}
+    s = Strategy.load({"pipelines": [pipe]}, model=TINY)
+    want = simulate(TINY, s, three, seq_len=16).memory
+    got = mixed_sim.simulate_shapes(TINY, s, three, [[(4, 16), (1, 8)]]).memory
+    assert [got[d]["activations"] for d in (0, 1)] == [want[d]["activations"] for d in (0, 1)]
+    assert got[0]["activations"] > got[1]["activations"] > 0
+    two = Strategy.load({"pipelines": [pipe, {**pipe, "stages": [{**pipe["stages"][0], "devices": [2, 3]}]}]},
+                        model=TINY)
+    got = mixed_sim.simulate_shapes(TINY, two, three, [[], [(4, 16)]]).memory
+    assert [got[d]["activations"] for d in (0, 1)] == [0.0, 0.0]
+    assert [got[d]["activations"] for d in (2, 3)] == [want[d]["activations"] for d in (0, 1)]

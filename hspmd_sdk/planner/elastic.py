@@ -66,8 +66,7 @@ def _keep_templates(ctx: PlanContext, strategy: "Strategy", failed: set[int], b:
     """Unaffected pipelines as they are; affected ones with their surviving ranks regrouped stage by stage and
     their layers re-solved."""
     M = ctx.global_batch // b
-    affected = [any(r in failed for r in p.ranks) for p in strategy.pipelines]
-    kept = [p for p, hit in zip(strategy.pipelines, affected) if not hit or any(r not in failed for r in p.ranks)]
+    kept = [p for p in strategy.pipelines if any(r not in failed for r in p.ranks)]  # those with a survivor
     D = len(kept)
     if D == 0:
         return None

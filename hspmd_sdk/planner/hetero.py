@@ -86,7 +86,7 @@ def split_node(ranks: Sequence[int], degree: int, allowed: Sequence[int]) -> lis
     """Cut one node's ``ranks`` (in order) into TP groups of ``degree``; a remainder is cut into the largest
     ``allowed`` degrees that fit (7 ranks at degree 4: groups of 4, 2 and 1, as the paper's C2)."""
     out, i = [], 0
-    sizes = sorted((a for a in allowed if a <= degree), reverse=True)
+    sizes = sorted(allowed, reverse=True)  # a remainder (left < degree) takes only sizes <= left
     while i < len(ranks):
         left = len(ranks) - i
         take = degree if left >= degree else next(a for a in sizes if a <= left)
@@ -158,14 +158,15 @@ class PlanContext:
         return num_pipelines if self.zero1 else 1
 
     def profile(self, group: TPGroup, micro_batch: int, zero_shards: int, recompute: bool = False) -> StageProfile:
-        """The :class:`StageProfile` of ``group`` (operator costs cached by kind, TP degree and link class)."""
+        """The :class:`StageProfile` of ``group`` (operator costs cached by kind, TP degree and link: its class,
+        bandwidth and latency -- an ``intra`` link is NVLink inside a node or the host's link between its nodes)."""
         link = self._group_links.get(group.ranks)
         if link is None:
-            r = group.ranks  # the slowest link of the ring: a group may span nodes (mixed-length plans)
-            link = min((self.link(r[0], r[1]), self.link(r[0], r[-1])), key=lambda l: l.bandwidth) \
-                if len(r) > 1 else self.link(r[0], r[0])
+            # the slowest link of the ring (a group may span nodes: mixed-length plans); one rank: its own link
+            r = group.ranks
+            link = min((self.link(a, b) for a, b in zip(r, r[1:] + r[:1])), key=lambda l: l.bandwidth)
             self._group_links[group.ranks] = link
-        key = (group.kind, group.tp, link.cls, micro_batch, zero_shards, recompute)
+        key = (group.kind, group.tp, link, micro_batch, zero_shards, recompute)
         hit = self._profiles.get(key)
         if hit is None:
             base = self._costs.get(key[:4] + key[5:])
@@ -252,7 +253,7 @@ def solve_layers(ctx: PlanContext, groups: Sequence[TPGroup], micro_batch: int, 
     ub = []
     for (ft, fb, per, tr), p in zip(parts, profs):
         room = p.capacity - fb - tr
-        ub.append(min(L - (S - 1), int(room // per)) if per > 0 else L)
+        ub.append(int(room // per) if per > 0 else L)  # (x_s <= L - (S - 1) follows from the other x >= 1)
         if ub[-1] < 1:
             return None
     prob = pulp.LpProblem("layers", pulp.LpMinimize)
@@ -297,7 +298,7 @@ def solve_micro_batches(pipes: Sequence[PipelinePlan], total: int, *, extra: Seq
     parts, var = [], {}
     for c, members in enumerate(classes.values()):
         n, pipe, e = len(members), pipes[members[0]], extra[members[0]]
-        m = _variable(prob, f"m{c}", 1, total, "Integer")
+        m = _variable(prob, f"m{c}", 1, None, "Integer")  # (m <= total follows from the sum)
         more = _variable(prob, f"e{c}", 0, n - 1, "Integer")
         z = _variable(prob, f"z{c}", 0, 1, "Binary")
         prob += n * z >= more

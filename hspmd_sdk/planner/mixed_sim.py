@@ -36,6 +36,7 @@ from .simulator import (Event, SimResult, Stretch, Transfer, _core_share, _post_
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
     from ..core.model_spec import ModelSpec
+    from ..core.strategy import Pipeline, Stage
 
 __all__ = ["simulate_shapes", "sample_batch", "pack", "packed_baseline", "HotSPaPlan", "plan_hotspa",
            "simulate_hotspa", "HotSPaStep"]
@@ -50,7 +51,8 @@ def simulate_shapes(model: "ModelSpec | str", strategy: "Strategy", cluster: "Cl
     """Simulate one step of ``strategy`` in which pipeline ``p`` runs micro-batches of ``shapes[p]`` (each
     ``(rows, padded length)``, or ``(1, tokens, sum of squared lengths)`` for a row packing sequences, in that
     order; an empty list: the pipeline computes nothing but takes part in the gradient synchronisation).  The strategy's own micro-batch fields are ignored.  Memory: the in-flight
-    micro-batches are counted at the largest activation among the pipeline's micro-batches (an upper bound).
+    micro-batches are counted at the largest activation among the pipeline's micro-batches (an upper bound; on an
+    uneven stage each device's own share, :func:`_own_memory`).
     ``cache``: stage costs kept across calls for one model and cost model (:meth:`PipelineCost.of`; a dispatcher
     simulates every step)."""
     model = load_model_spec(model)
@@ -62,11 +64,13 @@ def simulate_shapes(model: "ModelSpec | str", strategy: "Strategy", cluster: "Cl
     costs, devices, lines = {}, {}, {}
     for i, p in enumerate(strategy.pipelines):
         for j, st in enumerate(p.stages):
-            sc = _stage_cost(model, st, j == 0, j == p.num_stages - 1, cluster, 1, ref, cost,
-                             balanced=p.cp_balance > 1)
+            ends = (j == 0, j == p.num_stages - 1)
+            sc = _stage_cost(model, st, *ends, cluster, 1, ref, cost, balanced=p.cp_balance > 1)
             mem = [pipes[i].stages[j].memory(*shape) for shape in shapes[i]] or [(0.0, 0.0)]
             costs[(i, j)] = dataclasses.replace(sc, act_per_mb=max(a for a, _ in mem),
-                                                transient=max(t for _, t in mem))
+                                                transient=max(t for _, t in mem),
+                                                memory_of=_own_memory(model, st, ends, cluster, cost, p, shapes[i],
+                                                                      sc.memory_of))
             devices[(i, j)] = list(st.devices)
             lines[(i, j)] = pipes[i].stages[j]
     counted = strategy.model_copy(update={"pipelines": [
@@ -81,6 +85,21 @@ def simulate_shapes(model: "ModelSpec | str", strategy: "Strategy", cluster: "Cl
                               run=lambda start, events: _replay(model, strategy, cluster, shapes, cost, work,
                                                                 devices, start, events, stretch))
     return _shared_cores(one, devices, cluster, cost)
+
+
+def _own_memory(model: "ModelSpec", stage: "Stage", ends: tuple[bool, bool], cluster: "Cluster", cost: CostModel,
+                pipe: "Pipeline", shapes: Sequence[Shape], own: tuple) -> tuple:
+    """An uneven stage's (``ratios``) per-device memory (:attr:`~.simulator._StageCost.memory_of`: device,
+    activation bytes per micro-batch, transient bytes, units) at the largest of its pipeline's micro-batches, each
+    device's own share priced at each micro-batch's rows and length (a packed row ``(1, tokens, sum of squares)``
+    as one row of ``tokens``: an upper bound); no activations where the pipeline has no micro-batches.  ``()`` (an
+    even stage) stays ``()``."""
+    if not own:
+        return own
+    at = [_stage_cost(model, stage, *ends, cluster, rows, length, cost, balanced=pipe.cp_balance > 1).memory_of
+          for rows, length in dict.fromkeys((shape[0], shape[1]) for shape in shapes)]
+    return tuple((d, max((m[n][1] for m in at), default=0.0), max((m[n][2] for m in at), default=0.0), units)
+                 for n, (d, _, _, units) in enumerate(own))
 
 
 def _replay(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", shapes: Sequence[Sequence[Shape]],
@@ -100,8 +119,6 @@ def _replay(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", shapes
 
     def execute(key: object, a: Action, payload: object) -> object:
         k = key  # (pipeline, stage)
-        shape = shapes[k[0]][a.micro_batch] if a.micro_batch is not None else (0, 0)  # type: ignore[index]
-        rows, length = shape[0], shape[1]
         if a.kind in ("F", "B"):
             f, b, fc, bc = work[k][a.micro_batch]  # type: ignore[index]
             dur = f if a.kind == "F" else b
@@ -112,7 +129,8 @@ def _replay(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", shapes
             clock[k] += dur
         elif a.kind in ("SEND_F", "SEND_B"):
             dst = (k[0], a.peer)  # type: ignore[index]
-            nbytes = rows * length * model.hidden_size * BF16
+            shape = shapes[k[0]][a.micro_batch]  # type: ignore[index]
+            nbytes = shape[0] * shape[1] * model.hidden_size * BF16  # rows x (padded) length
             link = links.get((k, dst))
             if link is None:
                 link = links[(k, dst)] = min((cluster.link(s, d) for s, d in zip(devices[k], devices[dst])),
