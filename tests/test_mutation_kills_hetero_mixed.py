@@ -45,7 +45,7 @@ def test_mixed_arrangements_every_group_count_and_stage_count_within_the_bounds(
     assert mixed_arrangements(CTX, range(8), degrees=[4], max_pipelines=1) == [[[(0, 1, 2, 3), (4, 5, 6, 7)]]]
 
 
-def test_even_layers_extra_ones_in_the_middle_then_last_then_first() -> None:
+def test_even_layers_extra_ones_in_the_middle_then_the_last_never_the_first() -> None:
     assert _even_layers(9, 4) == [2, 3, 2, 2] and _even_layers(11, 4) == [2, 3, 3, 3]
     assert _even_layers(5, 2) == [2, 3] and _even_layers(3, 1) == [3] and _even_layers(4, 4) == [1, 1, 1, 1]
 

@@ -409,6 +409,19 @@ def test_a_plans_parts_are_written_with_what_they_share_written_once(monkeypatch
     assert unpack_payload(pp.plan_part_json(other, 3)) == other.part(3) and calls == [1, 1]  # its own records
 
 
+def _record_control(job: Any) -> list[tuple[dict[str, Any], list[int]]]:
+    """Every control message the launcher sends ``job``'s workers from now on, with the ranks it goes to."""
+    sent: list[tuple[dict[str, Any], list[int]]] = []
+    send = job._send_control
+
+    def spy(msg: dict[str, Any], ranks: Any = None) -> None:
+        sent.append((msg, list(ranks or [])))
+        send(msg, ranks)
+
+    job._send_control = spy
+    return sent
+
+
 def test_a_switched_job_sends_each_worker_its_part_and_trains_equal_to_the_single_device_model(
         tmp_path: Path) -> None:
     """A job launched with parts (hetero_bsr: a TP2 -> TP1 pipeline beside a one-rank pipeline) switches to DP4
@@ -421,14 +434,7 @@ def test_a_switched_job_sends_each_worker_its_part_and_trains_equal_to_the_singl
     first, other, cluster = _gpt("hetero_bsr"), _gpt("dp4"), Cluster.local(4)
     job = launch(first, cluster, steps=5, seq_len=SEQ, seed=SEED, lr=LR, capture_dir=tmp_path, hold_at=[1, 3],
                  timeout_s=60)
-    sent: list[tuple[dict[str, Any], list[int]]] = []
-    send = job._send_control
-
-    def spy(msg: dict[str, Any], ranks: Any = None) -> None:
-        sent.append((msg, list(ranks or [])))
-        send(msg, ranks)
-
-    job._send_control = spy
+    sent = _record_control(job)
     for step, program in ((1, other), (3, first)):
         job.wait_held(step)
         event = job.switch(program)
@@ -460,14 +466,7 @@ def test_an_elastic_job_recovers_by_parts_and_trains_equal_to_the_single_device_
     job = launch(_gpt("hetero_bsr"), cluster, steps=5, seq_len=SEQ, seed=SEED, lr=LR, capture_dir=tmp_path,
                  hold_at=[2], elastic=True, timeout_s=60, heartbeat_s=0.5)
     assert json.loads(job.spec.line_for(0))["payload"]["runs"][0]["program"] is None  # launched with parts
-    sent: list[tuple[dict[str, Any], list[int]]] = []
-    send = job._send_control
-
-    def spy(msg: dict[str, Any], ranks: Any = None) -> None:
-        sent.append((msg, list(ranks or [])))
-        send(msg, ranks)
-
-    job._send_control = spy
+    sent = _record_control(job)
     job.wait_held(2)
     os.kill(job.pids()[3], signal.SIGKILL)
     job.release(2)

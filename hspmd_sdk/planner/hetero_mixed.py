@@ -136,13 +136,13 @@ def pipeline_layout(ctx: Any, pipe: Sequence[Group], micro_batch: int, cache: di
 
 
 def _even_layers(layers: int, stages: int) -> list[int] | None:
-    """``layers`` over ``stages`` alike stages as evenly as possible, the layers left over on the middle stages
-    first, then the last, then the first: the first holds the embedding and the most micro-batches in flight
-    (1F1B), the last the LM head.  ``None`` when there are fewer layers than stages."""
+    """``layers`` over ``stages`` alike stages as evenly as possible, the layers left over (fewer than ``stages``)
+    on the middle stages first, then the last, never the first: the first holds the embedding and the most
+    micro-batches in flight (1F1B), the last the LM head.  ``None`` when there are fewer layers than stages."""
     if layers < stages:
         return None
     counts = [layers // stages] * stages
-    for i in ([*range(1, stages - 1), stages - 1, 0])[:layers % stages]:
+    for i in range(1, 1 + layers % stages):  # stages 1 .. stages - 2 (the middle), then stages - 1 (the last)
         counts[i] += 1
     return counts
 
