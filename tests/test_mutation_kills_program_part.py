@@ -450,11 +450,12 @@ def test_program_part_rank_guard_message_exactly() -> None:
 
 
 # ---- a switch plan's part -------------------------------------------------------------------------------------------
-def test_program_part_plan_part_json_reads_back_as_the_ranks_part() -> None:
-    """``plan_part_json``: the compact payload text of ``plan.part(rank)`` (its format, then the packed objects and
-    root), which ``unpack_payload`` reads back equal; the records every part holds alike are written once per
-    plan (cached while the plan lives) and lead each rank's text."""
+def test_program_part_plan_parts_json_reads_back_as_the_ranks_part() -> None:
+    """``PlanParts(plan).json(rank)``: the compact payload text of ``plan.part(rank)`` (its format, then the packed
+    objects and root), which ``unpack_payload`` reads back equal; the records every part holds alike are written
+    once per ``PlanParts`` (kept by it, for as long as its owner keeps it) and lead each rank's text."""
     import gc
+    import weakref
 
     from hspmd_sdk import Cluster
     from hspmd_sdk.core.program_json import FORMAT
@@ -462,8 +463,10 @@ def test_program_part_plan_part_json_reads_back_as_the_ranks_part() -> None:
     from hspmd_sdk.runtime.protocol import unpack_payload
 
     plan = plan_program_switch(_gpt("hetero_bsr"), _gpt("tp4"), Cluster.local(4))
-    texts = {r: pp.plan_part_json(plan, r) for r in range(4)}
-    shared = pp._PLAN_SHARED[id(plan)]
+    parts = pp.PlanParts(plan)
+    assert parts.plan is plan
+    texts = {r: parts.json(r) for r in range(4)}
+    shared = parts.shared
     count, ids, text, _ = shared
     # the shared records are the plan's tensor layouts and its cluster: what every rank's part holds alike
     assert count > 0 and id(plan.cluster) in ids and text
@@ -474,11 +477,15 @@ def test_program_part_plan_part_json_reads_back_as_the_ranks_part() -> None:
         assert list(data) == ["format", "packed"] and list(data["packed"]) == ["objects", "root"]
         assert json.dumps(data, separators=(",", ":")) == t
         assert unpack_payload(t) == plan.part(r)
-    assert texts[0] != texts[3] and pp.plan_part_json(plan, 2) == texts[2] and pp._PLAN_SHARED[id(plan)] is shared
-    key = id(plan)
-    del plan
+    assert texts[0] != texts[3] and parts.json(2) == texts[2] and parts.shared is shared
+    # another owner of the same plan writes the same texts from records of its own
+    again = pp.PlanParts(plan)
+    assert again.json(3) == texts[3] and again.shared is not shared
+    # nothing but the owner keeps the records (which keep the plan's cluster alive): they go with it and the plan
+    gone = (weakref.ref(plan), weakref.ref(plan.cluster))
+    del plan, parts, shared, again, ids, _
     gc.collect()
-    assert key not in pp._PLAN_SHARED
+    assert [g() for g in gone] == [None, None]
 
 
 # ---- seeded samples of the compact JSON's property test (test_program_part's, without hypothesis) --------------------

@@ -388,7 +388,7 @@ def test_a_plans_parts_keep_every_message_once_with_its_tag() -> None:
 
 
 def test_a_plans_parts_are_written_with_what_they_share_written_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``plan_part_json`` (what a launcher sends each worker of a switch or recovery): read back by
+    """``PlanParts(plan).json(rank)`` (what a launcher sends each worker of a switch or recovery): read back by
     ``unpack_payload`` it is the rank's part, as ``pack_payload(plan.part(rank), compact=True)`` is; the tensors'
     layouts and the cluster, alike in every part, are written once per plan, whatever the number of parts."""
     import hspmd_sdk.core.program_part as pp
@@ -401,12 +401,14 @@ def test_a_plans_parts_are_written_with_what_they_share_written_once(monkeypatch
     calls: list[int] = []
     real = pp._shared_records
     monkeypatch.setattr(pp, "_shared_records", lambda v: calls.append(1) or real(v))
+    parts = pp.PlanParts(plan)
+    assert calls == []  # written when the first part is asked for
     for r in range(8):
-        text = pp.plan_part_json(plan, r)
+        text = parts.json(r)
         assert unpack_payload(text) == plan.part(r) == unpack_payload(pack_payload(plan.part(r), compact=True))
     assert calls == [1]
     other = plan_program_switch(_program(model, _grid_b(8), cluster), _program(model, _grid(8), cluster), cluster)
-    assert unpack_payload(pp.plan_part_json(other, 3)) == other.part(3) and calls == [1, 1]  # its own records
+    assert unpack_payload(pp.PlanParts(other).json(3)) == other.part(3) and calls == [1, 1]  # its own records
 
 
 def _record_control(job: Any) -> list[tuple[dict[str, Any], list[int]]]:

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from .comm_plan import CommPlan
 
 __all__ = ["ProgramPartError", "PART_FORMAT", "no_message", "make_part", "restrict_plan", "program_digest",
-           "plan_part_json",
+           "PlanParts",
            "world_groups", "world_pipeline_pairs", "part_to_json", "part_json", "part_from_json", "pack_json",
            "unpack_json"]
 
@@ -142,27 +142,35 @@ def _section_text(shared: tuple[int, dict[int, int], str, list[Any]], value: Any
     return ",".join(t for t in (text, own) if t), root
 
 
-#: the shared records of the switch plans whose parts are being written, by ``id`` (dropped with the plan)
-_PLAN_SHARED: dict[int, tuple[int, dict[int, int], str, list[Any]]] = {}
+class PlanParts:
+    """Every rank's part of the switch ``plan`` (``plan.part(rank)``), each as the compact payload text of
+    :func:`hspmd_sdk.runtime.protocol.pack_payload` (``compact=True``), which ``unpack_payload`` reads back equal.
+    What every part holds alike (the tensors' layouts, the cluster) is written once, at the first part asked, and
+    reused, so that writing every rank's part costs the launcher the world once, not once a rank: whoever sends a
+    plan's parts makes one of these for the plan and asks it for each rank's (it lives as long as they keep it)."""
 
+    __slots__ = ("plan", "_shared")
 
-@gc_paused
-def plan_part_json(plan: Any, rank: int) -> str:
-    """Rank ``rank``'s part of the switch ``plan`` (``plan.part(rank)``) as the compact payload text of
-    :func:`hspmd_sdk.runtime.protocol.pack_payload` (``compact=True``), which ``unpack_payload`` reads back
-    equal; what every part holds alike (the tensors' layouts, the cluster) is written once per plan and reused,
-    so that writing every rank's part costs the launcher the world once, not once a rank."""
-    import weakref
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+        self._shared: tuple[int, dict[int, int], str, list[Any]] | None = None
 
-    from .program_json import FORMAT
+    @property
+    def shared(self) -> tuple[int, dict[int, int], str, list[Any]]:
+        """The records every part holds alike (:func:`_shared_records` of the plan's tensors and cluster), written
+        the first time they are asked for."""
+        if self._shared is None:
+            self._shared = _shared_records((self.plan.tensors, self.plan.cluster))
+        return self._shared
 
-    shared = _PLAN_SHARED.get(id(plan))
-    if shared is None:
-        shared = _PLAN_SHARED[id(plan)] = _shared_records((plan.tensors, plan.cluster))
-        weakref.finalize(plan, _PLAN_SHARED.pop, id(plan), None)
-    objects, root = _section_text(shared, plan.part(rank))
-    return ('{"format":' + json.dumps(FORMAT) + ',"packed":{"objects":[' + objects + '],"root":'
-            + json.dumps(pack_json(root), separators=(",", ":")) + "}}")
+    @gc_paused
+    def json(self, rank: int) -> str:
+        """Rank ``rank``'s part of the plan as compact payload text: the shared records, then its own."""
+        from .program_json import FORMAT
+
+        objects, root = _section_text(self.shared, self.plan.part(rank))
+        return ('{"format":' + json.dumps(FORMAT) + ',"packed":{"objects":[' + objects + '],"root":'
+                + json.dumps(pack_json(root), separators=(",", ":")) + "}}")
 
 
 @gc_paused

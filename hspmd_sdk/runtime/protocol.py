@@ -40,9 +40,12 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..models.registry import model_from_class
+
+if TYPE_CHECKING:
+    from ..core.program_part import PlanParts
 
 PREFIX = "@hspmd "
 
@@ -209,19 +212,22 @@ def unpack_payload(text: str) -> Any:
 
 
 def program_fields(program: Any, plan: Any, rank: int | None = None, plan_rank: int | None = None, *,
-                   version: int = 0) -> dict[str, Any]:
+                   version: int = 0, plan_parts: PlanParts | None = None) -> dict[str, Any]:
     """The fields of a control message that carry a new Program and the switch plan to it (a ``switch``, a grow's
     ``switch``, a ``reconfigure``): ``payload``, the whole of both; or, for a run whose workers hold their parts
     (SPEC §16; ``rank``: the worker's rank in the new Program, ``plan_rank``: its rank in the plan's numbering,
     default ``rank``), ``program_part`` and ``plan_part``, that worker's part of each -- their size does not grow
     with the world.  A rank outside the new Program, and a change without a plan (a reload from a checkpoint), get
-    the whole.  :func:`switch_of` reads either."""
+    the whole.  ``plan_parts``: the :class:`~hspmd_sdk.core.program_part.PlanParts` of ``plan`` that writes its
+    part, for a launcher that writes every worker's (what the parts share is written once); one for this call
+    alone when not given.  :func:`switch_of` reads either."""
     if rank is not None and plan is not None:
-        from ..core.program_part import ProgramPartError, part_json, plan_part_json  # lazy: core
+        from ..core.program_part import PlanParts, ProgramPartError, part_json  # lazy: core
 
+        parts = plan_parts if plan_parts is not None else PlanParts(plan)
         try:
             return {"program_part": part_json(program, rank, version=version),
-                    "plan_part": plan_part_json(plan, rank if plan_rank is None else plan_rank)}
+                    "plan_part": parts.json(rank if plan_rank is None else plan_rank)}
         except ProgramPartError:
             pass
     return {"payload": pack_payload((program, plan))}

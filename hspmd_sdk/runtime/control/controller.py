@@ -47,12 +47,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Seq
 
 from ...errors import HSPMDError, SwitchError
 from .faults import Failure, Reaction
+from ...core.program_part import PlanParts
 from ...core.reconfigure import LostStateError, plan_program_switch
 from ...core.specialize import specialize
 from ...core.strategy_plan import plan_from_strategy, strategy_of
 from ..checkpoints.checkpoint import list_checkpoints, load_checkpoint, resume_payload
 from ..checkpoints.checkpoint_io import CheckpointError
-from ..protocol import pack_payload, program_fields, switch_message
+from ..protocol import pack_payload, program_fields
 from ..transports.transport import LocalTransport, is_local_host
 from .growback import GrowBack
 from .versions import Numbering, Versions, common_previous, with_newcomers
@@ -272,11 +273,9 @@ class TrainingController:
             ident = self._open_switch(event, Numbering(program, cur.cluster, dict(cur.to_launch)))
         finally:
             self._lock.release()
-        if self.parts:  # each worker holds its part: it gets its part of the new Program and of the plan
-            rank_of = cur.of_launch  # (the new Program keeps the running numbering)
-            self._send_each(lambda l: switch_message(ident, program, plan, rank_of[l]), self.alive)
-        else:
-            self._send(switch_message(ident, program, plan), self.alive)
+        # each its parts by its rank, which the new Program keeps, or the whole
+        self._send_program({"type": "switch", "id": ident}, program, plan, self.alive, version=ident,
+                           rank_of=cur.of_launch)
         return event
 
     def _open_switch(self, event: Event, numbering: Numbering) -> int:
@@ -336,7 +335,7 @@ class TrainingController:
         t0 = time.perf_counter()
         plan = plan_program_switch(cur.program, program, cluster)  # cur's ranks keep their numbers
         # packed now (each worker's parts are written when it is sent: they depend on the rank)
-        whole = None if self.parts else program_fields(program, plan)
+        whole = None if self._each_part else program_fields(program, plan)
         launch_of = {l: r for r, l in to_launch.items()}
         event = Event(self._next_step(), "grow", [], _strategy_of(program),
                       {"detect": 0.0, "plan": time.perf_counter() - t0, "specialize": 0.0}, _bytes(plan, cluster),
@@ -389,13 +388,9 @@ class TrainingController:
             ident = self._open_switch(event, numbering)
         finally:
             self._lock.release()
-        if self.parts:  # each its parts, by its rank in the grown Program (the running ranks keep theirs)
-            rank_of = numbering.of_launch
-            self._send_each(lambda l: {"type": "switch", "id": ident, "grow": grow,
-                                       **program_fields(numbering.program, plan, rank_of[l], version=ident)},
-                            self.alive)
-        else:
-            self._send({"type": "switch", "id": ident, "grow": grow, **(whole or {})}, self.alive)
+        # each its parts by its rank in the grown Program (the running ranks keep theirs), or the whole packed before
+        self._send_program({"type": "switch", "id": ident, "grow": grow}, numbering.program, plan, self.alive,
+                           version=ident, rank_of=numbering.of_launch, whole=whole)
         return event
 
     def record_event(self, key: tuple[str, int], event: Event) -> None:
@@ -761,15 +756,10 @@ class TrainingController:
                "offer": {str(l): kind for l, kind in offer.items()},
                "checkpoint": None if checkpoint is None else resume_payload(checkpoint),
                "switch_floor": floor, "retake_checkpoint": self._checkpoint_missed(resume)}
-        if self.parts and not self.mixed:  # each survivor its parts: of the new Program by its new rank, of the
-            # plan by its rank in the numbering of the state it switches from
-            self._send_each(lambda l: {**msg, **program_fields(program, plan, ranks[l], src_ranks[l], version=ident)},
-                            sorted(ranks))
-        else:
-            msg.update(program_fields(program, plan))
-            if self.mixed:
-                msg.update({"candidates": pack_payload(candidates), "choice": choice})
-            self._send(msg, sorted(ranks))
+        # each survivor its parts: of the new Program by its new rank, of the plan by its rank in the numbering of
+        # the state it switches from; a mixed-length job's candidates follow the whole
+        self._send_program(msg, program, plan, sorted(ranks), version=ident, rank_of=ranks, plan_rank_of=src_ranks,
+                           after={"candidates": pack_payload(candidates), "choice": choice} if self.mixed else None)
         if self.mixed:  # dispatch again from the step the survivors go on from, among the new candidates
             self.length_planner.restart(candidates, cluster, start=resume, current=choice, generation=ident)
         if self.job is not None:
@@ -922,6 +912,30 @@ class TrainingController:
                            f"{self._slow[launch_rank]:.2f}x slower)")
 
     # ---- sending --------------------------------------------------------------------------------------------
+    @property
+    def _each_part(self) -> bool:
+        """Whether each worker gets its own parts of a new Program and of the switch plan to it (SPEC §16) rather
+        than the whole: a run whose workers hold their parts, unless it trains on mixed-length data."""
+        return self.parts and not self.mixed
+
+    def _send_program(self, msg: Mapping[str, Any], program: "Program", plan: Any, to: Sequence[int], *,
+                      version: int, rank_of: Mapping[int, int], plan_rank_of: Mapping[int, int] | None = None,
+                      whole: Mapping[str, Any] | None = None, after: Mapping[str, Any] | None = None) -> None:
+        """Send the launch ranks ``to`` ``msg`` with ``program`` and the switch ``plan`` to it (``None``: a reload
+        from a checkpoint) in :func:`~..protocol.program_fields`, then ``after``'s fields.  When
+        :attr:`_each_part`, each worker its own part of each, numbered ``version`` (``rank_of``: launch rank -> its
+        rank in ``program``; ``plan_rank_of``: -> its rank in the plan's numbering, default ``rank_of``), what the
+        plan's parts share written once for all (:class:`~hspmd_sdk.core.program_part.PlanParts`); otherwise the
+        whole of both to all (``whole``: their fields, if packed before)."""
+        tail = after or {}
+        if not self._each_part:
+            self._send({**msg, **(program_fields(program, plan) if whole is None else whole), **tail}, to)
+            return
+        parts = None if plan is None else PlanParts(plan)
+        of_plan = rank_of if plan_rank_of is None else plan_rank_of
+        self._send_each(lambda l: {**msg, **program_fields(program, plan, rank_of[l], of_plan[l], version=version,
+                                                           plan_parts=parts), **tail}, to)
+
     def _send(self, msg: dict[str, Any], ranks: Sequence[int]) -> None:
         if self.job is not None:
             self.job._send_control(msg, [r for r in ranks if r not in self._dead])
