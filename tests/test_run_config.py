@@ -278,12 +278,12 @@ def test_a_switch_the_job_ends_before_is_marked_superseded() -> None:
 
 
 def test_every_strategy_the_sdk_reports_has_a_name() -> None:
-    from hspmd_sdk.runtime.control.controller import _strategy_of
+    from hspmd_sdk.core.strategy_plan import strategy_of
 
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
     bare = Strategy(pipelines=[Pipeline(stages=[Stage(devices=[0], layers=[0, 1]), Stage(devices=[1], layers=[2, 3])],
                                         micro_batch_size=2, num_micro_batches=4)], schedule="gpipe")
     program = specialize(model, plan_from_strategy(model, bare, cluster), cluster)
-    assert _strategy_of(program).name == "pp2-gpipe" == program.plan.meta["strategy_name"]
+    assert strategy_of(program).name == "pp2-gpipe" == program.plan.meta["strategy_name"]
     assert Strategy.load(DP2).name == "dp2" and Strategy.load({**DP2, "name": "mine"}).name == "mine"
     assert Strategy.load(DP2).model_dump(exclude={"name"}) == Strategy.model_validate(DP2).model_dump(exclude={"name"})

@@ -230,7 +230,7 @@ class TrainingController:
             self._open.clear()
         for event in never:
             event.superseded = True
-            job._note(f"the job ended before the step boundary of the {event.reason} requested at step {event.step}: "
+            job.note(f"the job ended before the step boundary of the {event.reason} requested at step {event.step}: "
                       "it was not applied")
 
     @property
@@ -266,7 +266,7 @@ class TrainingController:
             t0 = time.perf_counter()
             plan = plan_program_switch(cur.program, program, cur.cluster)
             t_plan = time.perf_counter() - t0
-            event = Event(self._next_step(), reason, [], _strategy_of(program), {"detect": 0.0, "plan": t_plan,
+            event = Event(self._next_step(), reason, [], strategy_of(program), {"detect": 0.0, "plan": t_plan,
                           "specialize": 0.0}, _bytes(plan, cur.cluster), dict(cur.of_launch), program=program)
             self.events.append(event)
             # planned from the newest version requested: the workers apply the switches in order
@@ -295,7 +295,7 @@ class TrainingController:
             if not self._busy and not any(k[0] == "reconfigure" for k in self._open):
                 return
             self._lock.release()
-            if self.job is not None and self.job._done.is_set():
+            if self.job is not None and self.job.ended:
                 raise SwitchError(f"job {self.job.job_id} ended while reconfiguring after a failure; there is "
                                   f"nothing to {what}")
             if time.monotonic() > deadline:
@@ -337,7 +337,7 @@ class TrainingController:
         # packed now (each worker's parts are written when it is sent: they depend on the rank)
         whole = None if self._each_part else program_fields(program, plan)
         launch_of = {l: r for r, l in to_launch.items()}
-        event = Event(self._next_step(), "grow", [], _strategy_of(program),
+        event = Event(self._next_step(), "grow", [], strategy_of(program),
                       {"detect": 0.0, "plan": time.perf_counter() - t0, "specialize": 0.0}, _bytes(plan, cluster),
                       launch_of, program=program)
         addr, port = self._rendezvous(to_launch[0])
@@ -360,7 +360,7 @@ class TrainingController:
             self._prepared.pop(id(event), None)
             event.superseded = True
         if self.job is not None:
-            self.job._note(f"the grow onto launch ranks {new} was given up: {why}")
+            self.job.note(f"the grow onto launch ranks {new} was given up: {why}")
         return new
 
     def grow(self, event: Event) -> Event:
@@ -463,7 +463,7 @@ class TrainingController:
 
     def _note_after_end(self, lost: Iterable[int], why: str = "") -> None:
         if self.job is not None:
-            self.job._note(f"ranks {sorted(lost)} lost after the last step{why}: every step was done; the other "
+            self.job.note(f"ranks {sorted(lost)} lost after the last step{why}: every step was done; the other "
                            "ranks finish without them")
 
     def _on_trained(self, rank: int, msg: dict[str, Any]) -> None:
@@ -498,7 +498,7 @@ class TrainingController:
                     return  # a failure explains it: the recovery answers
                 now = time.monotonic()
                 waiting = now < end or (now < cap and job is not None and _investigating(job, self._dead))
-            if job is not None and job._done.is_set():
+            if job is not None and job.ended:
                 return
             if not waiting:
                 break
@@ -531,7 +531,7 @@ class TrainingController:
         del self._open[key]
         self.versions.applied(event.version, event.step)
         if self.job is not None:
-            self.job._note(f"reconfigured ({event.reason}): {event}")
+            self.job.note(f"reconfigured ({event.reason}): {event}")
             if event.reason == "failure" and self.elastic:
                 policy = self.grow_back
                 if policy is None and self.grow_back_default and getattr(self.job.transport, "grows_back", False):
@@ -690,7 +690,7 @@ class TrainingController:
             src, replan = with_newcomers(src, base), base  # replan the grown one, they hold nothing
         dead_src = sorted(r for r, l in src.to_launch.items() if l in self._dead)
         model = src.program.model
-        strategy = _strategy_of(replan.program)
+        strategy = strategy_of(replan.program)
         t0 = time.perf_counter()
         # a single survivor runs a single pipeline (the planner's default keeps two replicas when the running
         # strategy had them, which one device cannot hold)
@@ -731,7 +731,7 @@ class TrainingController:
             # step after a grow is only in the latter: the survivors went back to the state from before it)
             lost = sorted(l for l in set(src.to_launch.values()) | set(base.to_launch.values()) if l in self._dead)
             event = Event(resume, "failure", lost,
-                          _strategy_of(program), {"detect": max(0.0, t_start - evidence), "plan": t1 - t0,
+                          strategy_of(program), {"detect": max(0.0, t_start - evidence), "plan": t1 - t0,
                                                  "specialize": t2 - t1 + (t3 - t2)},
                           _bytes(plan, src.cluster) if plan is not None else {"intra": 0, "inter": 0},
                           ranks, program=program, source="memory" if checkpoint is None else "checkpoint",
@@ -764,7 +764,7 @@ class TrainingController:
             self.length_planner.restart(candidates, cluster, start=resume, current=choice, generation=ident)
         if self.job is not None:
             how = "switching" if checkpoint is None else f"reloading the checkpoint of step {resume} under"
-            self.job._note(f"ranks {event.failed_ranks} lost: {how} {new_strategy}")
+            self.job.note(f"ranks {event.failed_ranks} lost: {how} {new_strategy}")
 
     def _replan_batch(self, cluster: "Cluster", dead: Sequence[int]) -> int:
         """The global batch a replan after a failure keeps: the job's; for mixed-length data, whose steps the
@@ -792,7 +792,7 @@ class TrainingController:
                 continue
             model = src.program.model
             try:
-                strategy = replan_elastic(model, src.cluster, _strategy_of(src.program), list(dead),
+                strategy = replan_elastic(model, src.cluster, strategy_of(src.program), list(dead),
                                           seq_len=self.seq_len, global_batch=self._replan_batch(src.cluster, dead), cost=self.cost)
                 out.append(specialize(model, plan_from_strategy(model, renumber(strategy, dict(mapping)), cluster),
                                       cluster))  # the dispatch gives each step's micro-batches
@@ -849,9 +849,9 @@ class TrainingController:
             return
         lost = sorted(self._dead)
         if rank is not None:
-            job._fail(Failure(rank, str(error), kind="error"))
+            job.report_failure(Failure(rank, str(error), kind="error"))
             return
-        job._fail(Failure(lost[0] if lost else 0, f"elastic recovery after the failure of ranks {lost} failed: "
+        job.report_failure(Failure(lost[0] if lost else 0, f"elastic recovery after the failure of ranks {lost} failed: "
                                                   f"{error}", kind="error"))
 
     # ---- stragglers -----------------------------------------------------------------------------------------
@@ -870,7 +870,7 @@ class TrainingController:
             return
         model = cur.program.model
         t0 = time.perf_counter()
-        strategy = replan_straggler(model, cur.cluster, _strategy_of(cur.program), {rank: factor},
+        strategy = replan_straggler(model, cur.cluster, strategy_of(cur.program), {rank: factor},
                                     seq_len=self.seq_len, global_batch=self.global_batch, cost=self.cost)
         t1 = time.perf_counter()
         program = specialize(model, plan_from_strategy(model, strategy, cur.cluster), cur.cluster,
@@ -883,7 +883,7 @@ class TrainingController:
         event.seconds.update({"plan": t1 - t0 + event.seconds["plan"], "specialize": t2 - t1})
         event.failed_ranks = []
         if self.job is not None:
-            self.job._note(f"rank {launch_rank} is {factor:.2f}x slower than under its plan: switching to {strategy}")
+            self.job.note(f"rank {launch_rank} is {factor:.2f}x slower than under its plan: switching to {strategy}")
 
     def _reprice(self, launch_rank: int, factor: float) -> None:
         """A straggler in a mixed-length job: its candidates stay, and the dispatch prices them from the next
@@ -900,14 +900,14 @@ class TrainingController:
             slow = {cur.of_launch[l]: k for l, k in self._slow.items() if l in cur.of_launch}
             t0 = time.perf_counter()
             step = self.length_planner.reprice(slow)
-            event = Event(step, "straggler", [], _strategy_of(cur.program), {"detect": 0.0,
+            event = Event(step, "straggler", [], strategy_of(cur.program), {"detect": 0.0,
                           "plan": time.perf_counter() - t0, "specialize": 0.0, "switch": 0.0},
                           {"intra": 0, "inter": 0}, dict(cur.of_launch), done=True, program=cur.program)
             event.seconds["total"] = event.seconds["plan"]
             self.events.append(event)
             self._watches.clear()
         if self.job is not None:
-            self.job._note(f"rank {launch_rank} is {factor:.2f}x slower than the dispatch estimated: from step {step} "
+            self.job.note(f"rank {launch_rank} is {factor:.2f}x slower than the dispatch estimated: from step {step} "
                            f"each step's sequences are shared by the measured speeds (rank {launch_rank} priced "
                            f"{self._slow[launch_rank]:.2f}x slower)")
 
@@ -938,14 +938,14 @@ class TrainingController:
 
     def _send(self, msg: dict[str, Any], ranks: Sequence[int]) -> None:
         if self.job is not None:
-            self.job._send_control(msg, [r for r in ranks if r not in self._dead])
+            self.job.send_control(msg, [r for r in ranks if r not in self._dead])
 
     def _send_each(self, msg_of: Callable[[int], dict[str, Any]], ranks: Sequence[int]) -> None:
         """:meth:`_send` of a message of each rank's own (``msg_of(launch rank)``)."""
         if self.job is not None:
             for r in ranks:
                 if r not in self._dead:
-                    self.job._send_control(msg_of(r), [r])
+                    self.job.send_control(msg_of(r), [r])
 
 
 def _warm_planners() -> None:
@@ -977,10 +977,6 @@ def _investigating(job: "Job", dead: set[int]) -> bool:
         return False
     with lock:
         return any(rec.suspect and r not in dead for r, rec in ranks.items())
-
-
-def _strategy_of(program: "Program") -> "Strategy | None":
-    return strategy_of(program)
 
 
 def _bytes(plan: Any, cluster: Any) -> dict[str, int]:

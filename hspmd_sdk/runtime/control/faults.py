@@ -18,7 +18,7 @@ Then it asks its :class:`FailurePolicy`.  The default, :class:`StopOnFailure`, i
 worker and fail the job naming the culprit (a genuine failure wins over the connection errors its peers raise
 afterwards, then the earliest).  Another policy can let the job go on -- the hook an elastic job plugs into: it
 returns :attr:`Reaction.CONTINUE`, may stop ranks itself (``job.stop_ranks``) and tell the survivors
-(``job._send_control``); the failure is then kept in ``job.failures`` / ``JobResult.failures`` and does not fail
+(``job.send_control``); the failure is then kept in ``job.failures`` / ``JobResult.failures`` and does not fail
 the job.  ``on_failure`` runs on the thread that detected the failure (a reader or the watchdog): keep it short.
 """
 from __future__ import annotations

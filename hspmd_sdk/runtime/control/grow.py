@@ -58,7 +58,7 @@ def grow_job(job: Job, cluster: "Cluster", program: Any = None) -> Event:
     if ctl is None:
         raise RuntimeFailure(f"job {job.job_id} runs an entry that cannot grow (only training jobs launched with "
                              "hspmd_sdk.launch can)")
-    if job._done.is_set():
+    if job.ended:
         raise RuntimeFailure(f"job {job.job_id} has finished ({job.status.value}); there is nothing to grow")
     if len(job.spec.payload.get("runs", ())) != 1:
         raise SwitchError("only a job of one run can grow (this one runs several in sequence)")
@@ -118,10 +118,10 @@ def _grow_when_ready(job: Job, event: Event, joiners: dict[int, int], running: l
     except BaseException as e:  # noqa: BLE001 - refused or failed: the running job goes on as it was
         return _stop(job, event, new, f"{type(e).__name__}: {e}")
     # the running workers may end (their last step came before the boundary) while the newcomers wait to join
-    while not event.done and not job._done.is_set():
+    while not event.done and not job.ended:
         if _ended(job, running):
             event.superseded = True
-            job._note(f"the job ended before the step boundary where it would grow onto ranks {new}: stopped them")
+            job.note(f"the job ended before the step boundary where it would grow onto ranks {new}: stopped them")
             job.stop_ranks(new)
             return
         time.sleep(0.05)
@@ -129,7 +129,7 @@ def _grow_when_ready(job: Job, event: Event, joiners: dict[int, int], running: l
 
 def _ended(job: Job, running: list[int]) -> bool:
     with job._lock:
-        return job._done.is_set() or all(job._ranks[r].returncode is not None for r in running)
+        return job.ended or all(job._ranks[r].returncode is not None for r in running)
 
 
 def _stop(job: Job, event: Event, new: list[int], why: str) -> None:

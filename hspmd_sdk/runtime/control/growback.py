@@ -73,9 +73,9 @@ class GrowBack:
 
     def _run(self, job: Any, launched: "Cluster") -> None:
         try:
-            if job._done.wait(self.after_s):
+            if job.wait_ended(self.after_s):
                 return
-            while not job._done.is_set():
+            while not job.ended:
                 current = job.cluster
                 missing = lost_capacity(launched, current)
                 if missing is None:
@@ -87,16 +87,16 @@ class GrowBack:
                         grown = extend_cluster(current, more)
                         event = job.grow(grown, plan_back(job.controller, launched, grown))
                     except Exception as e:  # noqa: BLE001 - a daemon thread: said in the job's log, never raised
-                        if not (isinstance(e, HSPMDError) and _busy(e)) or job._done.is_set():  # its last steps,
+                        if not (isinstance(e, HSPMDError) and _busy(e)) or job.ended:  # its last steps,
                             # no plan fits, the host refused the workers: give up
-                            job._note(f"grow_back: not growing back onto {ready}: {e}")
+                            job.note(f"grow_back: not growing back onto {ready}: {e}")
                             return
                     else:
-                        job._note(f"grew back onto {ready} (grow_back)")
-                        while not (event.done or event.superseded or job._done.is_set()):
+                        job.note(f"grew back onto {ready} (grow_back)")
+                        while not (event.done or event.superseded or job.ended):
                             time.sleep(0.05)
                         continue
-                if job._done.wait(self.poll_s):
+                if job.wait_ended(self.poll_s):
                     return
         finally:
             with _lock:

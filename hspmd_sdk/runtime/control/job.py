@@ -5,15 +5,20 @@ logs (in memory and in ``log_dir/rank{R}.log``, plus ``log_dir/job.log`` with ev
 metrics and results.  Writing the log files is a convenience: when the disk fails (full, read-only) the job warns
 once and keeps the logs in memory, and its outcome is the true one.
 
-A watchdog thread turns silence into failures (:mod:`.faults`): a rank not heard for ``spec.silent_s`` seconds
-(stopped, frozen), a rank that stayed out of communication for ``spec.stall_s`` seconds while peers waited in
-communication for it (both ``hung``, with the rank's stack from faulthandler), a host whose agent or connection
-went quiet (``connection lost``, with the ranks it carried).  Each failure goes to the job's policy; the default
-stops every worker at once and :meth:`Job.wait` raises :class:`~hspmd_sdk.errors.RuntimeFailure` for the *first*
-failing rank: a genuine error wins over the connection errors its peers raise afterwards, then the earliest.
+A watchdog thread (:mod:`.watchdog`) turns silence into failures (:mod:`.faults`): a rank not heard for
+``spec.silent_s`` seconds (stopped, frozen), a rank that stayed out of communication for ``spec.stall_s`` seconds
+while peers waited in communication for it (both ``hung``, with the rank's stack from faulthandler), a host whose
+agent or connection went quiet (``connection lost``, with the ranks it carried).  Each failure goes to the job's
+policy; the default stops every worker at once and :meth:`Job.wait` raises :class:`~hspmd_sdk.errors.RuntimeFailure`
+for the *first* failing rank: a genuine error wins over the connection errors its peers raise afterwards, then the
+earliest.
 
-The launcher -> worker direction is a channel too: :meth:`Job._send_control` queues a JSON message for all or some
+The launcher -> worker direction is a channel too: :meth:`Job.send_control` queues a JSON message for all or some
 ranks (``WorkerState.poll_control()`` on the worker side), relayed by the agent over SSH.
+
+What the launcher's other modules use of a job is public (issue 47): :attr:`Job.ended` / :meth:`Job.wait_ended`,
+:meth:`Job.note`, :meth:`Job.send_control`, :meth:`Job.report_failure`, and :meth:`Job.use_controller` to hand a
+training job its controller (and a mixed-length job its dispatch).
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from ...errors import HSPMDError, RuntimeFailure, SwitchError
 from .faults import Failure, FailurePolicy, Reaction, StopOnFailure, describe_returncode
 from ..metrics import MetricsHistory, StepMetrics
 from .progress import Progress, format_rate, in_notebook, make_progress, step_rates, step_tokens
+from .watchdog import Liveness, Watchdog
 from ..protocol import decode
 from ..spec import LaunchSpec
 from ..transports.transport import Transport, WorkerGroup
@@ -43,10 +49,6 @@ __all__ = ["Job", "JobResult", "JobStatus", "JobCancelled", "Failure", "LogDirEr
 
 #: How many stderr lines of a rank that died without a traceback are quoted in the error.
 TAIL_LINES = 30
-#: Seconds a rank may take to send its first line (Python start-up, imports on a loaded machine).
-START_GRACE_S = 60.0
-#: Seconds to wait for a hung rank's stack after asking for it.
-DUMP_WAIT_S = 3.0
 
 
 class TraceFile(type(Path())):  # type: ignore[misc]
@@ -150,22 +152,15 @@ class StartupTimes:
 
 
 @dataclass
-class _Rank:
+class _Rank(Liveness):
+    """What the job keeps of a rank: its lines, result, start-up phases, and its life (:class:`~.watchdog.Liveness`:
+    what the watchdog reads)."""
+
     lines: list[str] = field(default_factory=list)
     stderr_tail: list[str] = field(default_factory=list)
     pid: int | None = None
     host: str | None = None
     result: dict[str, Any] | None = None
-    returncode: int | None = None
-    # liveness, as the launcher saw it (monotonic receipt times: no clock of another host is trusted)
-    started: float = 0.0
-    heard: float | None = None
-    ready: bool = False
-    beat: dict[str, Any] = field(default_factory=dict)
-    beat_at: float = 0.0
-    progress_at: float = 0.0
-    suspect: bool = False
-    capture: list[str] | None = None
     phases: dict[str, float] = field(default_factory=dict)  # start-up milestone -> monotonic receipt time
 
 
@@ -336,11 +331,13 @@ class Job:
         self._finish_hooks: list[Callable[["Job"], None]] | None = []  # None once they ran (on_finish)
         self.notes: list[str] = []  #: the job's own messages (reconfigurations), also in job.log
         self.controller: Any = None  #: the :class:`~.controller.TrainingController` of a training job
+        self.length_planner: Any = None  #: the :class:`~.mixed.LengthPlanner` of a mixed-length job (its dispatch)
         # holds at step boundaries (hold_at=, a test hook): step -> launch rank -> what it reported heard there
         self._held: dict[int, dict[int, dict[str, Any]]] = {}
         self._released: set[int] = set()
         self._newcomers: set[int] = set()  # started by a grow, not in the world yet (until they report switched)
-        self._watch = threading.Thread(target=self._watchdog, name=f"hspmd-watch-{spec.job_id}", daemon=True)
+        self._watchdog = Watchdog(lambda: self.spec, self._ranks, self._lock, self._groups, ended=self._done,
+                                  stopping=lambda: self._stopping, host_lost=self._host_lost, hung=self._hung)
         self._atexit = self._kill_at_exit
         atexit.register(self._atexit)
 
@@ -371,6 +368,36 @@ class Job:
         """Every failure detected so far (those the policy let the job survive, then those that failed it)."""
         with self._lock:
             return [*self._absorbed, *self._failures]
+
+    @property
+    def ended(self) -> bool:
+        """Whether the job has ended: every worker exited and its outcome is decided (:meth:`wait` returns at
+        once)."""
+        return self._done.is_set()
+
+    def wait_ended(self, timeout: float | None = None) -> bool:
+        """Block until the job ends or ``timeout`` seconds pass; returns :attr:`ended`.  Unlike :meth:`wait` it
+        neither raises nor cancels: for the launcher's own threads that pace themselves on the job."""
+        return self._done.wait(timeout)
+
+    def note(self, text: str) -> None:
+        """A line of the job's own (a reconfiguration, a grow back): ``job.log``, :attr:`notes`, the echo and the
+        progress line."""
+        self._note(text)
+
+    def report_failure(self, failure: Failure) -> None:
+        """A failure found by the launcher's own machinery (the mixed-length dispatch, an elastic recovery): it
+        goes to the job's policy as one the job detected itself."""
+        self._fail(failure)
+
+    def use_controller(self, controller: Any, *, length_planner: Any = None) -> None:
+        """Hand a training job its :class:`~.controller.TrainingController` (and a mixed-length job its
+        :class:`~.mixed.LengthPlanner`), once, right after its workers started; the controller attaches itself
+        to the job's messages (``controller.attach(job)``).  ``RuntimeError`` for a second controller."""
+        if self.controller is not None:
+            raise RuntimeError(f"job {self.job_id} has a controller already")
+        self.controller, self.length_planner = controller, length_planner
+        controller.attach(self)
 
     def logs(self, rank: int) -> str:
         """Everything rank ``rank`` printed or logged so far, one line a line."""
@@ -689,9 +716,14 @@ class Job:
                 f"step {self.metrics.last_step() + 1}/{self.spec.steps}, logs in {self.log_dir})")
 
     # ---- the launcher -> worker channel --------------------------------------------------------------------
-    def _send_control(self, msg: dict[str, Any], ranks: Sequence[int] | None = None) -> None:
+    def send_control(self, msg: dict[str, Any], ranks: Sequence[int] | None = None) -> None:
         """Queue the JSON object ``msg`` for ``ranks`` (default: every rank); each worker receives it, in the
-        order sent, from ``state.poll_control()``.  Never blocks; ranks that exited are skipped."""
+        order sent, from ``state.poll_control()``.  Never blocks; ranks that exited are skipped.  ``TypeError``
+        for a message that is not a dict, ``KeyError`` for a rank not in the job."""
+        self._send_control(msg, ranks)
+
+    def _send_control(self, msg: dict[str, Any], ranks: Sequence[int] | None = None) -> None:
+        """:meth:`send_control` (every message of the job goes through here: the job's own, the controller's)."""
         if not isinstance(msg, dict):
             raise TypeError(f"a control message is a dict (a JSON object), not {type(msg).__name__}")
         json.dumps(msg)  # not JSON-able: the caller hears it now, not a worker later
@@ -733,7 +765,7 @@ class Job:
         with self._lock:
             if self._status is JobStatus.STARTING:
                 self._status = JobStatus.RUNNING
-        self._watch.start()
+        self._watchdog.start()
         return self
 
     # ---- stream handling (reader threads) ------------------------------------------------------------------
@@ -950,108 +982,11 @@ class Job:
         self._fail(Failure(min(ranks), f"host {group.host}: connection lost: {why}; it carried ranks {ranks}",
                            kind="connection lost", ranks=tuple(ranks), host=group.host))
 
-    # ---- the watchdog --------------------------------------------------------------------------------------
-    def _watchdog(self) -> None:
-        """Every tick: hosts gone quiet, ranks gone quiet, ranks that others wait for in communication."""
-        tick = min(0.25, self.spec.heartbeat_s / 2)
-        while not self._done.wait(tick):
-            if self._stopping:
-                continue
-            now = time.monotonic()
-            for g in list(self._groups):
-                if g.link_silence() > self.spec.silent_s and self._running(g.ranks):
-                    self._host_lost(g, f"no word from its agent for {g.link_silence():.1f} s (network "
-                                       "partition, host down, or agent frozen)")
-            for r in self._silent_ranks(now):
-                self._investigate([r], f"rank {r} hung: no heartbeat for {now - self._last_word(r):.1f} s (the "
-                                       "process is stopped, frozen or starved of CPU)")
-            if self.spec.stall_s is not None:
-                self._check_stall(now)
-
-    def _running(self, ranks: Sequence[int]) -> list[int]:
-        with self._lock:
-            return [r for r in ranks if self._ranks[r].returncode is None]
-
-    def _last_word(self, rank: int) -> float:
-        rec = self._ranks[rank]
-        return rec.heard if rec.heard is not None else rec.started
-
-    def _silent_ranks(self, now: float) -> list[int]:
-        out = []
-        quiet_links = {r for g in list(self._groups) if g.link_silence() > self.spec.heartbeat_s * 2
-                       for r in g.ranks}  # the host link is quiet: that is the host's failure, not the rank's
-        with self._lock:
-            for r, rec in self._ranks.items():
-                if rec.returncode is not None or rec.suspect or r in quiet_links or self._group_of(r) is None:
-                    continue
-                limit = self.spec.silent_s if rec.heard is not None else max(self.spec.silent_s, START_GRACE_S)
-                if now - self._last_word(r) > limit:
-                    out.append(r)
-        return out
-
-    def _check_stall(self, now: float) -> None:
-        """Ranks continuously out of communication for ``stall_s`` while peers waited in it as long, and no rank
-        reported a step meanwhile: the ones out of communication hang."""
-        stall = self.spec.stall_s
-        assert stall is not None
-        with self._lock:
-            live = {r: rec for r, rec in self._ranks.items() if rec.returncode is None}
-            if not live or not all(rec.ready and rec.beat for rec in live.values()):
-                return
-            if any(rec.suspect for rec in live.values()):
-                return
-            if now - max(rec.progress_at for rec in self._ranks.values()) < stall:
-                return
-
-            def held(rec: _Rank, key: str) -> float:
-                value = rec.beat.get(key)
-                return -1.0 if value is None else float(value) + (now - rec.beat_at)
-            waiting = {r: held(rec, "comm_s") for r, rec in live.items() if held(rec, "comm_s") >= 0}
-            busy = {r: held(rec, "busy_s") for r, rec in live.items() if held(rec, "busy_s") >= stall}
-        if busy and waiting and max(waiting.values()) >= stall:
-            for r in sorted(busy):
-                self._investigate([r], f"rank {r} hung: it has not entered communication for {busy[r]:.1f} s "
-                                       f"while ranks {sorted(waiting)} have waited in communication for "
-                                       f"{max(waiting.values()):.1f} s (stall_s={stall:g})")
-
-    def _investigate(self, ranks: list[int], why: str) -> None:
-        """Ask the hung ranks for their stacks, then report them (on a thread: the watchdog goes on)."""
-        with self._lock:
-            for r in ranks:
-                self._ranks[r].suspect = True
-                self._ranks[r].capture = []
-        threading.Thread(target=self._report_hung, args=(ranks, why), name="hspmd-hung", daemon=True).start()
-
-    def _report_hung(self, ranks: list[int], why: str) -> None:
-        for r in ranks:
-            g = self._group_of(r)
-            if g is not None:
-                try:
-                    g.dump_stack(r)
-                except Exception:  # noqa: BLE001 - no stack is no reason not to report the rank
-                    pass
-        stacks = {r: self._collect_stack(r) for r in ranks}
-        for r in ranks:
-            rec = self._ranks[r]
-            stack = stacks[r] or "(no stack arrived within {:g} s)".format(DUMP_WAIT_S)
-            self._append(r, why)
-            self._fail(Failure(r, why, stack, False, time.time(), kind="hung", host=rec.host))
-
-    def _collect_stack(self, rank: int) -> str:
-        """The stderr lines the rank wrote after the dump request: until 0.3 s pass without one."""
-        rec = self._ranks[rank]
-        deadline, last_len, last_change = time.monotonic() + DUMP_WAIT_S, 0, time.monotonic()
-        while time.monotonic() < deadline and not self._done.is_set():
-            time.sleep(0.05)
-            with self._lock:
-                n = len(rec.capture or [])
-            if n != last_len:
-                last_len, last_change = n, time.monotonic()
-            elif n and time.monotonic() - last_change > 0.3:
-                break
-        with self._lock:
-            lines, rec.capture = rec.capture or [], None
-        return "\n".join(lines)
+    # ---- what the watchdog reports (:mod:`.watchdog`) ------------------------------------------------------
+    def _hung(self, rank: int, why: str, stack: str) -> None:
+        """A rank the watchdog found hung, with its stack (or why there is none)."""
+        self._append(rank, why)
+        self._fail(Failure(rank, why, stack, False, time.time(), kind="hung", host=self._ranks[rank].host))
 
     # ---- the end -------------------------------------------------------------------------------------------
     def _maybe_finish(self) -> None:

@@ -68,11 +68,11 @@ from ..reference import reference_mixed
 from ...core.reconfigure import plan_program_switch
 from ...core.specialize import specialize
 from ...core.strategy import Strategy
-from ...core.strategy_plan import plan_from_strategy
+from ...core.strategy_plan import plan_from_strategy, strategy_of
 from ...planner.mixed import Dispatcher
 from ..checkpoints.checkpoint import load_checkpoint, run_fields
 from ..workers.kernels import packing_problems
-from .controller import Event, StragglerWatch, TrainingController, _bytes, _strategy_of
+from .controller import Event, StragglerWatch, TrainingController, _bytes
 from .faults import Failure
 from .runs import checked_faults, checked_training_run, _launch_runs
 
@@ -229,7 +229,7 @@ class LengthPlanner:
         try:
             for step in range(self.start_step + 1, self.steps):
                 while not self._stop.is_set() and step > self.job.metrics.last_step() + 1 + self.lookahead:
-                    if self.job._done.is_set():
+                    if self.job.ended:
                         return
                     time.sleep(0.002)
                 if self._stop.is_set():
@@ -238,7 +238,7 @@ class LengthPlanner:
         except Exception as e:  # noqa: BLE001 - the job must end with the reason, not hang
             self.error = e
 
-            self.job._fail(Failure(0, f"length dispatch failed: {type(e).__name__}: {e}", kind="error"))
+            self.job.report_failure(Failure(0, f"length dispatch failed: {type(e).__name__}: {e}", kind="error"))
 
     def _send(self, rec: dict[str, Any]) -> None:
         msg: dict[str, Any] = {"type": "dispatch", "id": rec["step"], "gen": self.generation, "choice": rec["choice"],
@@ -256,12 +256,12 @@ class LengthPlanner:
                 msg["plan"] = pack_payload(self._plans[key])
             msg["from"] = src
             program = self.programs[rec["choice"]]
-            event = Event(rec["step"], "length", [], _strategy_of(program),
+            event = Event(rec["step"], "length", [], strategy_of(program),
                           {"detect": 0.0, "plan": rec["plan_s"], "specialize": rec["switch_plan_s"]},
                           _bytes(self._plans[key], self.cluster),
                           {l: r for r, l in self.controller.current.to_launch.items()}, program=program)
             self.controller.record_event(("length", rec["step"]), event)
-        self.job._send_control(msg)
+        self.job.send_control(msg)
 
 
 def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, tokens_per_step: int,
@@ -392,9 +392,7 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     if elastic and launch_kwargs.get("policy") is None:
         launch_kwargs["policy"] = controller
     job = _launch_runs([run], cluster, **launch_kwargs)
-    job.controller = controller
-    controller.attach(job)
-    job.length_planner = planner
+    job.use_controller(controller, length_planner=planner)
     planner.start(job, controller)
     return job
 

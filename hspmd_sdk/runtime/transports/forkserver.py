@@ -35,8 +35,8 @@ from typing import IO, Any, Callable, NoReturn, Sequence
 
 #: Modules the server imports before it forks: torch, what ``torch.optim`` imports on first use, the worker side.
 PRELOAD = ("torch", "torch.distributed", "torch.optim", "torch._dynamo", "hspmd_sdk.runtime.workers.worker",
-           "hspmd_sdk.runtime.control.train", "hspmd_sdk.runtime.workers.session", "hspmd_sdk.runtime.workers.executor",
-           "hspmd_sdk.runtime.workers.kernels", "hspmd_sdk.runtime.workers.comm")
+           "hspmd_sdk.runtime.workers.worker_entry", "hspmd_sdk.runtime.workers.session",
+           "hspmd_sdk.runtime.workers.executor", "hspmd_sdk.runtime.workers.kernels", "hspmd_sdk.runtime.workers.comm")
 #: Exit status reported when the server went away before the worker's exit could be read.
 EXIT_UNKNOWN = 255
 _MSG_MAX = 1 << 20
