@@ -7,7 +7,8 @@
   fp32 optimizer part (master weights, Adam m and v: 12 bytes).  A stage holds its layers, plus the embedding on its
   pipeline's first stage and the final norm and LM head on its last; each rank holds ``1 / TP degree`` of them (an
   uneven stage, ``ratios``: its own share, :meth:`Stage.share`).  With ZeRO-1 a unit's 12 optimizer bytes are
-  divided by the number of stages (over all pipelines) that hold it;
+  divided by the number of stages (over all pipelines) that hold it, and with ZeRO-2 (``Strategy.zero >= 2``) its 2
+  gradient bytes too (each rank keeps its shard of the reduce-scattered gradient);
 * **activations**: what a layer keeps for its backward (:meth:`ModelSpec.layer_activation_bytes`, divided by the
   TP degree with sequence parallelism) for the micro-batches in flight at the stage's peak
   (:func:`~hspmd_sdk.core.schedule.in_flight`), the head's input on a last stage, plus the largest transient
@@ -162,7 +163,7 @@ def device_memory(strategy: "Strategy", model: "ModelSpec", cluster: "Cluster | 
                     for unit, count in units_of[(i, j)]:
                         mine = count / split
                         params += mine * BF16_BYTES
-                        grads += mine * BF16_BYTES
+                        grads += mine * BF16_BYTES / (holders[unit] if strategy.zero >= 2 else 1)
                         optimizer += mine * OPTIMIZER_BYTES / (holders[unit] if strategy.zero1 else 1)
                     got = of_split[split] = (params, grads, optimizer,
                                              *_activations(model, s, tokens, split, last, sequence_parallel))

@@ -8,9 +8,9 @@ candidate's longest sequence and windows) is :class:`ExecutionSettings`, a typed
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
 from ..errors import PlanValidationError
 from .annotation import Annotation, format_ranks
@@ -21,6 +21,34 @@ if TYPE_CHECKING:
     from .cluster import Cluster
 
 __all__ = ["AnnotationPlan", "ExecutionSettings"]
+
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"a ZeRO level is 0, 1, 2 or 3, not {value!r}")
+    return value
+
+
+#: what a strategy shards over each layer's data-parallel replicas (SPEC §15): 0 nothing, 1 optimizer states and fp32
+#: masters (ZeRO-1), 2 also gradients (ZeRO-2), 3 also parameters (ZeRO-3)
+ZeroLevel = Annotated[Literal[0, 1, 2, 3], BeforeValidator(_no_bool)]
+
+
+def agree_zero(data: Any) -> Any:
+    """A model's input with ``zero`` and its alias ``zero1`` in agreement (a before-validator of
+    :class:`~hspmd_sdk.core.strategy.Strategy` and :class:`ExecutionSettings`): ``zero1=True`` alone is ``zero=1``;
+    ``zero >= 1`` alone sets ``zero1``; both given must agree (``ValueError`` naming both otherwise)."""
+    if not isinstance(data, dict) or ("zero" not in data and "zero1" not in data):
+        return data
+    data = dict(data)
+    level, flag = data.get("zero"), data.get("zero1")
+    if "zero" not in data:
+        data["zero"] = 1 if flag is True else 0
+    elif "zero1" not in data:
+        data["zero1"] = type(level) is int and level >= 1
+    elif type(level) is int and type(flag) is bool and (level >= 1) != flag:
+        raise ValueError(f"zero1: {flag} contradicts zero: {level} (zero1 means zero >= 1): give one of them")
+    return data
 
 
 class ExecutionSettings(BaseModel):
@@ -42,7 +70,11 @@ class ExecutionSettings(BaseModel):
     num_micro_batches: tuple[PositiveInt, ...] | PositiveInt = Field(
         1, description="micro-batches per step, one per pipeline (or one number for all)")
     recompute: tuple[NonNegativeInt, ...] = Field((), description="ranks that recompute activations in backward")
-    zero1: bool = Field(False, description="optimizer states sharded over each parameter's replicas (ZeRO-1)")
+    zero: ZeroLevel = Field(  # 0 and 1 are in zero1: the JSON of a plan without ZeRO-2 is unchanged
+        0, exclude_if=lambda v: v <= 1,
+        description="what is sharded over each parameter's replicas (SPEC §15): 1 optimizer states, 2 also "
+                    "gradients, 3 also parameters")
+    zero1: bool = Field(False, description="optimizer states sharded over each parameter's replicas (zero >= 1)")
     zero1_replicated: tuple[str, ...] = Field(
         (), description="parameters ZeRO-1 could not shard (their dims do not divide): kept replicated")
     strategy: dict[str, Any] | None = Field(None, description="the Strategy (its JSON) this plan realises")
@@ -50,6 +82,8 @@ class ExecutionSettings(BaseModel):
         None, description="a mixed-length candidate: the longest sequence it is planned for")
     windows: tuple[PositiveInt, ...] | None = Field(
         None, description="a mixed-length candidate: the tokens one micro-batch may hold, per pipeline")
+
+    _zero_level = model_validator(mode="before")(classmethod(lambda cls, data: agree_zero(data)))
 
     @property
     def batch(self) -> int | None:

@@ -334,7 +334,7 @@ def make_part(program: Any, rank: int, cls: type, *, version: int = 0) -> Any:
     sizes = tuple(m if i == own_p else 0 for i, m in enumerate(program.micro_batch_sizes))
     mine, none = frozenset({rank}), frozenset()
     s = program.plan.settings
-    settings = ExecutionSettings(schedule=s.schedule, zero1=s.zero1, zero1_replicated=s.zero1_replicated,
+    settings = ExecutionSettings(schedule=s.schedule, zero=s.zero, zero1=s.zero1, zero1_replicated=s.zero1_replicated,
                                  max_seq_len=s.max_seq_len)
     return cls(
         graph=program.graph, plan=AnnotationPlan(annotations={}, settings=settings), cluster=None,

@@ -25,6 +25,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 from ..errors import PlanValidationError
 from .annotation import MAX_RANK, format_ranks
 from .cluster import format_memory
+from .plan import ZeroLevel, agree_zero
 from .memory import OPTIMIZER_BYTES, PARAM_GRAD_BYTES, DeviceMemory, device_memory
 from .loading import load_model
 from .tp_ratios import ratio_problem
@@ -254,12 +255,23 @@ class Strategy(_Worded):
 
     pipelines: list[Pipeline] = Field(min_length=1)
     schedule: Literal["gpipe", "1f1b"] = "1f1b"
-    zero1: StrictBool = Field(default=False, description="ZeRO-1: shard fp32 master weights and Adam states over DP")
+    zero: ZeroLevel = Field(  # 0 and 1 are in zero1: the JSON of a strategy without ZeRO-2 is unchanged
+        default=0, exclude_if=lambda v: v <= 1,
+        description="sharding over each layer's data-parallel replicas (SPEC §15): 1 the fp32 master weights and "
+                    "Adam states (ZeRO-1), 2 also the gradients (ZeRO-2), 3 also the parameters (not implemented "
+                    "yet)")
+    zero1: StrictBool = Field(default=False, description="ZeRO-1 or more: the same as zero >= 1 (zero1=True given "
+                                                         "alone is zero=1)")
     name: str | None = Field(default=None, description="free text; Strategy.load gives a strategy without one the "
                                                      "name of its shape (shape_name)")
 
+    _zero_level = model_validator(mode="before")(classmethod(lambda cls, data: agree_zero(data)))
+
     @model_validator(mode="after")
     def _check(self) -> "Strategy":
+        if self.zero == 3:
+            raise ValueError("zero: 3 (ZeRO-3, parameters sharded and gathered before use) is not implemented "
+                             "yet; zero=2 shards optimizer states and gradients")
         owner: dict[int, tuple[int, int]] = {}
         for i, p in enumerate(self.pipelines):
             for j, s in enumerate(p.stages):
@@ -288,6 +300,15 @@ class Strategy(_Worded):
         strategy = load_model(cls, data, what="strategy").named()
         strategy.check(model=model, cluster=cluster, global_batch=global_batch)
         return strategy
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "Strategy":
+        """A copy with ``update``'s fields; when it changes ``zero`` or ``zero1`` (pydantic's copy would not validate),
+        the copy is validated, the level given winning over the other field: ``{"zero1": False}`` turns sharding
+        off, ``{"zero1": True}`` is ``zero=1``, ``{"zero": 2}`` sets ``zero1`` too."""
+        if not update or not {"zero", "zero1"} & update.keys():
+            return super().model_copy(update=update, deep=deep)
+        data = {k: v for k, v in self.model_dump().items() if k not in ("zero", "zero1")}
+        return type(self).model_validate({**data, **update})
 
     def named(self) -> "Strategy":
         """This strategy if it has a ``name``, else a copy named by :meth:`shape_name`."""
@@ -320,7 +341,7 @@ class Strategy(_Worded):
         if self.schedule == "gpipe" and any(len(f) > 1 for f in forms):
             head += "-gpipe"
         if self.zero1 and len(forms) > 1:
-            head += "-zero1"
+            head += f"-zero{max(self.zero, 1)}"
         return head
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -410,7 +431,7 @@ class Strategy(_Worded):
         baseline -- the figure the plan editor and the job dashboard show too)."""
         head = f"Strategy {self.name!r}" if self.name else "Strategy"
         lines = [f"{head}: {_n(self.dp_degree, 'pipeline')}, {_n(self.num_ranks, 'rank')}, schedule {self.schedule}, "
-                 f"ZeRO-1 {'on' if self.zero1 else 'off'}, global batch {self.global_batch}"]
+                 f"ZeRO-{max(self.zero, 1)} {'on' if self.zero1 else 'off'}, global batch {self.global_batch}"]
         est = device_memory(self, model, cluster) if model is not None else {}
         mem = {r: m.total for r, m in est.items()}
         for i, p in enumerate(self.pipelines):
@@ -433,7 +454,7 @@ class Strategy(_Worded):
                 lines.append(line)
         if model is not None:  # (mem then has every rank)
             lines.append(f"  memory: estimate of bf16 params+grads, fp32 Adam states"
-                         f"{' (ZeRO-1 over DP)' if self.zero1 else ''} and in-flight activations at "
+                         f"{f' (ZeRO-{max(self.zero, 1)} over DP)' if self.zero1 else ''} and in-flight activations at "
                          f"seq_len {model.max_seq_len}{_runtime_text(est)}; peak {_gb(max(mem.values()))}"
                          + _over_footer(self, mem, cluster))
         return "\n".join(lines)

@@ -289,7 +289,7 @@ def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Clust
         anns[name] = full if shard is None else _ann(groups, place.tp_split, shard[0], shard[1])
         anns[f"{name}.grad_sync"] = anns[name]
     settings = ExecutionSettings(
-        schedule=strategy.schedule, zero1=strategy.zero1,
+        schedule=strategy.schedule, zero=strategy.zero, zero1=strategy.zero1,
         micro_batch_size=[p.micro_batch_size for p in strategy.pipelines],
         num_micro_batches=[p.num_micro_batches for p in strategy.pipelines],
         recompute=sorted(r for p in strategy.pipelines for s in p.stages if s.recompute for r in s.devices),

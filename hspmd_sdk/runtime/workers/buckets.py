@@ -26,6 +26,12 @@ first bucket of each rank set small so the first forward can start), every bucke
 each parameter waited for where the forward first reads it -- one broadcast per bucket and owner instead of one per
 parameter and owner (on gloo, 160 small broadcasts a step cost a 4-layer Llama's DP4 step 70%).
 
+**ZeRO-2** (``release=True``, the Program's ``settings.zero >= 2``).  Once a bucket is filled, the full-size
+gradients of the items whose last slice it carries are let go (the use tensors' ``.grad``, their fp32 sums), a
+bucket's buffer lives only until its collective is waited for (it is not kept for the next step), and each item
+keeps only its own slices, copied out of the buffer: between steps a rank holds just its gradient shards.
+:meth:`GradBuckets.held_bytes` counts what the gradient synchronisation holds at a moment (tests measure with it).
+
 **Precision.**  Each use's gradient (bf16 in a bf16 run) is accumulated over the micro-batches in fp32; the sums
 travel in the wire dtype (the run's precision), and come back as fp32: the master weights' gradients.
 """
@@ -107,6 +113,10 @@ def plan_buckets(plans: Sequence[tuple[int, Any]], rank: int, *, bucket_bytes: i
     return out
 
 
+#: ZeRO-2: the most gradient buckets in flight at once (each posted one beyond waits for the oldest)
+IN_FLIGHT = 2
+_SPENT = torch.empty(0)  # a landed ZeRO-2 bucket's buffer, let go
+
 #: how one member slice of a bucket is filled on this rank: (item, the input box this rank holds -- ``None`` when
 #: it contributes nothing --, that box's shape, where the slice lies in it -- ``None``: the whole box --, numel)
 FillStep = tuple[int, Any, "tuple[int, ...] | None", Any, int]
@@ -158,8 +168,9 @@ class GradBuckets:
     def __init__(self, items: Sequence[SyncItem], groups: Any, *, rank: int, device: torch.device,
                  dtype: torch.dtype, bucket_bytes: int = BUCKET_BYTES,
                  first_bucket_bytes: int | None = FIRST_BUCKET_BYTES, trace: Trace | None = None,
-                 tag_base: int = 0) -> None:
+                 tag_base: int = 0, release: bool = False) -> None:
         self.items, self.rank, self.dtype, self.tag_base = list(items), int(rank), dtype, int(tag_base)
+        self.release = bool(release)
         self.ctx = _Ctx(self.rank, group_lookup(groups), dtype, torch.device(device))
         self.trace = trace
         order = [(i, it.plan) for i, it in reversed(list(enumerate(self.items))) if bucketable(it.plan)]
@@ -181,6 +192,10 @@ class GradBuckets:
         for k, b in enumerate(self.buckets):
             for i in b.items:
                 self._buckets_of_item.setdefault(i, []).append(k)
+        # ZeRO-2: per bucket, the items whose last slice it carries (their local sums can go once it is filled)
+        self._done_at: list[list[int]] = [[] for _ in self.buckets]
+        for i, ks in self._buckets_of_item.items():
+            self._done_at[max(ks)].append(i)
         # per bucket, where each slice this rank receives lands: (item, offset, numel, shape, None when the slice
         # is the item's whole output on this rank, else (that output's box, the slice's place in it))
         self._unpack: list[list[tuple[int, int, int, tuple[int, ...], Any]]] = []
@@ -213,6 +228,9 @@ class GradBuckets:
         self._next = 0
         self._posted: list[tuple[Any, torch.Tensor]] = []
         self._wire: dict[int, torch.Tensor | None] = {}
+        self._sent: set[int] = set()               # ZeRO-2: items whose every slice is in a posted bucket
+        self._landed = 0                           # buckets waited for, their slices in _out
+        self._out: dict[int, torch.Tensor | None] = {}  # bucketed item -> this rank's synchronised slices
 
     def begin(self, held: Iterable[str]) -> None:
         """A new step: ``held`` are the use tensors this rank holds (they will be :meth:`watch` ed)."""
@@ -349,14 +367,75 @@ class GradBuckets:
 
     def _post(self, b: Bucket) -> None:
         ctx, k = self.ctx, len(self._posted)
-        buf = self._buffers[k] = _fill(self._fills[k], self._wire_input, ctx,
-                                       lambda i: f"gradient of {self.items[i].param!r}", self._buffers.get(k))
+        buf = _fill(self._fills[k], self._wire_input, ctx, lambda i: f"gradient of {self.items[i].param!r}",
+                    None if self.release else self._buffers.get(k))
+        if not self.release:  # kept for the next step (fresh pages a step cost time); ZeRO-2 lets it go after use
+            self._buffers[k] = buf
         what = f"a gradient bucket of {len(b.members)} slices over {list(b.ranks)}"
         work = _collective(buf, b.ranks, b.root, ctx, what) if len(b.ranks) > 1 else None
-        if self.trace is not None:
-            self.trace("bucket_start", index=len(self._posted), ranks=list(b.ranks),
-                       params=[self.items[i].param for i in b.items], bytes=b.nbytes)
         self._posted.append((work, buf))
+        if self.release:  # at most IN_FLIGHT buckets' buffers at once: wait for the older ones, keep their slices
+            self._let_go(k)
+            self._land(k + 1 - IN_FLIGHT)
+        if self.trace is not None:
+            self.trace("bucket_start", index=k, ranks=list(b.ranks),
+                       params=[self.items[i].param for i in b.items], bytes=b.nbytes)
+
+    def _let_go(self, k: int) -> None:
+        """ZeRO-2: bucket ``k`` is filled; the full-size gradients no item still needs go (a use tensor's ``.grad``
+        and fp32 sum once every item reading it is in a posted bucket; items synchronised after backward, outside
+        the buckets, keep theirs)."""
+        for i in self._done_at[k]:
+            self._sent.add(i)
+            self._wire.pop(i, None)
+            for u in self.items[i].uses:
+                t = self._tensor.get(u)
+                if t is None or id(t) not in self._grad:
+                    continue
+                readers = (j for name in self._names.get(id(t), (u,)) for j in self._items_of_use.get(name, ()))
+                if all(j in self._sent for j in readers):
+                    t.grad = None
+                    del self._grad[id(t)]
+
+    def _land(self, upto: int) -> None:
+        """Wait for the posted buckets before index ``upto`` not waited for yet, and place the slices this rank
+        receives into :attr:`_out` (item -> its destination tensor).  ZeRO-2 copies them out and drops the buffer."""
+        ctx, me = self.ctx, self.rank
+        out = self._out
+        while self._landed < upto:
+            k = self._landed
+            work, buf = self._posted[k]
+            if work is not None:
+                try:
+                    work.wait()
+                except RuntimeError as e:  # a peer failed or timed out: say which collective
+                    raise CommExecutionError(f"rank {me}, gradient bucket {k} over {list(self.buckets[k].ranks)}: "
+                                             f"{e}") from e
+            for i, at, n, shape, part in self._unpack[k]:
+                piece = buf[at:at + n].view(shape)
+                if part is None:  # the slice is this rank's whole gradient: a view of the bucket, no copy
+                    out[i] = piece.clone() if self.release else piece  # ZeRO-2: the buffer goes
+                else:
+                    mine, where = part
+                    if out.get(i) is None:
+                        out[i] = ctx.zeros(mine)
+                    out[i][where] = piece  # type: ignore[index]
+            if self.release:
+                self._posted[k] = (None, _SPENT)
+            self._landed += 1
+
+    def held_bytes(self) -> int:
+        """Bytes of the distinct storages the gradient synchronisation holds now: the uses' gradients and fp32
+        sums, the items' wire inputs, the buckets' buffers (posted this step, or kept from the last)."""
+        seen: dict[int, int] = {}
+        tensors = [*self._grad.values(), *(w for w in self._wire.values() if w is not None),
+                   *(buf for _, buf in self._posted), *self._buffers.values(),
+                   *(t for t in self._out.values() if t is not None),
+                   *(t.grad for t in self._tensor.values() if t.grad is not None)]
+        for t in tensors:
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+        return sum(seen.values())
 
     # ---- the end of the step ----------------------------------------------------------------------------------
     def finish(self) -> dict[str, torch.Tensor]:
@@ -364,22 +443,8 @@ class GradBuckets:
         the fp32 sum over its items."""
         self.backward_done()
         ctx, me = self.ctx, self.rank
-        out: dict[int, torch.Tensor | None] = {}
-        for k, (b, (work, buf)) in enumerate(zip(self.buckets, self._posted)):
-            if work is not None:
-                try:
-                    work.wait()
-                except RuntimeError as e:  # a peer failed or timed out: say which collective
-                    raise CommExecutionError(f"rank {me}, gradient bucket {k} over {list(b.ranks)}: {e}") from e
-            for i, at, n, shape, part in self._unpack[k]:
-                piece = buf[at:at + n].view(shape)
-                if part is None:  # the slice is this rank's whole gradient: a view of the bucket, no copy
-                    out[i] = piece
-                else:
-                    mine, where = part
-                    if out.get(i) is None:
-                        out[i] = ctx.zeros(mine)
-                    out[i][where] = piece  # type: ignore[index]
+        self._land(len(self._posted))
+        out = self._out
         for i in self.bucketed:
             if out.get(i) is None:  # no slice for this rank: zeros of its box (or it holds no destination)
                 outb = dict(self.items[i].plan.ops[0].out_boxes)

@@ -422,7 +422,7 @@ class StepExecutor:
         self.post_ahead = dist.is_initialized() and dist.get_backend() == "gloo"
         self.grad_sync = GradBuckets(self._sync_items(), groups, rank=rank, device=self.device, dtype=self.dtype,
                                      bucket_bytes=bucket_bytes, first_bucket_bytes=first_bucket_bytes, trace=trace,
-                                     tag_base=POST_TAG)
+                                     tag_base=POST_TAG, release=program.plan.settings.zero >= 2)
         made = {o.outputs[0] for o in self.eg.pre}
         coalesced = [o for o in self.eg.pre if o.inputs[0] not in made and bucketable(self._pre_plan(o.name))]
         self._coalesced = {o.name: k for k, o in enumerate(coalesced)}

@@ -1,0 +1,182 @@
+"""ZeRO-2 (``Strategy.zero = 2``, SPEC §15): gradients sharded over each layer's data-parallel replicas as well as the
+optimizer states, under DP, uneven DP shares, DP x TP and heterogeneous pipelines, against the single-device model.
+
+One 4-rank job trains the tiny GPT-2 (tied embeddings) under each plan for 4 steps with clipping active, a warmup +
+cosine schedule and weight decay (the recipe of ``test_training_recipe.py``); the losses (1e-5 relative), the global
+norms before clipping (1e-6) and the final parameters and Adam moments (assembled from the shards) equal the
+reference's.  The memory: with small bucket caps (several buckets), what the gradient synchronisation of a DP2 rank
+holds, measured from its tensors (:meth:`GradBuckets.held_bytes`) at every event of the last backward, with ZeRO 0, 1
+and 2: ZeRO-2's gradients Adam reads are the rank's shard, which is the estimate's gradient bytes (at fp32), its
+peak is below ZeRO-1's, and nothing of the gradients is left between steps.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hspmd_sdk import Cluster, GPTConfig, launch, specialize  # noqa: E402
+from hspmd_sdk.core.memory import BF16_BYTES  # noqa: E402
+from hspmd_sdk.core.strategy import Strategy  # noqa: E402
+from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
+from hspmd_sdk.errors import PlanValidationError  # noqa: E402
+from hspmd_sdk.runtime.control.train import _launch_runs, reference_training, training_run  # noqa: E402
+
+from test_training_recipe import RECIPE, _pipe, _rel, _state_matches  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+EXAMPLES = TESTS.parent / "hspmd_sdk" / "examples"
+STEPS, SEED, SEQ, LR = 4, 1, 16, 1e-2
+_HETERO = {k: v for k, v in json.loads((EXAMPLES / "example_hetero_tiny.json").read_text()).items() if k != "zero1"}
+
+PLANS = {
+    "dp2_zero2": {"pipelines": [_pipe([([0], [0, 3])], 2, 2), _pipe([([1], [0, 3])], 2, 2)], "zero": 2},
+    "dp3_zero2_uneven": {"pipelines": [_pipe([([0], [0, 3])], 4, 1), _pipe([([1], [0, 3])], 2, 1),
+                                       _pipe([([2], [0, 3])], 2, 1)], "zero": 2},
+    "dp2xtp2_zero2": {"pipelines": [_pipe([([0, 1], [0, 3])], 2, 2), _pipe([([2, 3], [0, 3])], 2, 2)], "zero": 2},
+    "hetero_zero2": {**_HETERO, "zero": 2},
+}
+
+
+def _program(model: Any, strategy: dict, cluster: Cluster) -> Any:
+    return specialize(model, plan_from_strategy(model, Strategy.load(strategy), cluster), cluster)
+
+
+@pytest.fixture(scope="module")
+def gpt() -> GPTConfig:
+    return GPTConfig.preset("tiny")
+
+
+@pytest.fixture(scope="module")
+def trained(gpt: GPTConfig, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    cluster, out = Cluster.local(4), tmp_path_factory.mktemp("zero2")
+    runs = [training_run(_program(gpt, s, cluster), steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=out,
+                         cluster=cluster, **RECIPE) for s in PLANS.values()]
+    result = _launch_runs(runs, cluster, timeout_s=120).wait()
+    return {"out": out, "runs": {n: result.results[0]["runs"][i] for i, n in enumerate(PLANS)}}
+
+
+@pytest.fixture(scope="module")
+def reference(gpt: GPTConfig) -> Any:
+    return reference_training(gpt, steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR, **RECIPE)
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_zero2_trains_equal_to_the_single_device_reference(name: str, trained: dict, reference: Any) -> None:
+    run = trained["runs"][name]
+    assert _rel(run["losses"], reference.losses) <= 1e-5
+    assert _rel(run["grad_norms"], reference.grad_norms) <= 1e-6, (run["grad_norms"], reference.grad_norms)
+    _state_matches(trained["out"], reference, list(PLANS).index(name))
+
+
+def test_zero_levels_and_the_zero1_alias() -> None:
+    base = PLANS["dp2_zero2"]
+    pipes = {"pipelines": base["pipelines"]}
+    assert Strategy.load({**pipes, "zero1": True}).zero == 1
+    two = Strategy.load(base)
+    assert (two.zero, two.zero1, two.name) == (2, True, "dp2-zero2")
+    assert Strategy.load(json.loads(two.to_json())) == two
+    assert "zero" not in json.loads(Strategy.load({**pipes, "zero1": True}).to_json())  # levels 0-1: JSON unchanged
+    # a copy that changes the level is validated: the field given wins, the other follows
+    assert [(c.zero, c.zero1) for c in (two.model_copy(update={"zero1": False}), two.model_copy(update={"zero1": True}),
+                                        Strategy.load(pipes).model_copy(update={"zero": 2}))] == \
+        [(0, False), (1, True), (2, True)]
+    for bad, words in (({"zero": 2, "zero1": False}, "zero1: False contradicts zero: 2"),
+                       ({"zero": 3}, "ZeRO-3"), ({"zero": True}, "not True"), ({"zero": 4}, "zero")):
+        with pytest.raises(PlanValidationError, match=words):
+            Strategy.load({**pipes, **bad})
+
+
+def test_a_workers_part_carries_the_level(gpt: GPTConfig) -> None:
+    """A worker launched with its part (SPEC §16) reads the level from it: it decides whether the buckets let go."""
+    from hspmd_sdk.core.specialize import ProgramPart
+
+    program = _program(gpt, PLANS["hetero_zero2"], Cluster.local(4))
+    for rank in program.ranks:
+        part = ProgramPart.from_json(program.part(rank).to_json())
+        assert (part.plan.settings.zero, part.plan.settings.zero1) == (2, True)
+
+
+# ---- memory ------------------------------------------------------------------------------------------------------
+#: one micro-batch a step: with several, every full gradient accumulates until the step's last backward (ZeRO-2
+#: here reduces once a step, not once a micro-batch), so the peak would be the full gradient whatever the level
+MEMORY = {f"dp2_zero{z}": {"pipelines": [_pipe([([0], [0, 3])], 4, 1), _pipe([([1], [0, 3])], 4, 1)], "zero": z}
+          for z in (0, 1, 2)}
+
+
+@pytest.fixture(scope="module")
+def measured(gpt: GPTConfig) -> dict:
+    cluster = Cluster.local(2)
+    runs = {n: training_run(_program(gpt, s, cluster), steps=2, seed=SEED, seq_len=SEQ, lr=LR, cluster=cluster)
+            for n, s in MEMORY.items()}
+    payload = {"runs": runs, "bucket_bytes": 64 * 1024, "first_bucket_bytes": 16 * 1024}
+    old = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS), old])  # the workers import zero_entry from here
+    try:
+        result = launch(None, cluster, steps=1, entry="zero_entry:entry", payload=payload, timeout_s=180).wait()
+    finally:
+        os.environ["PYTHONPATH"] = old
+    return result.results
+
+
+def test_zero2_holds_the_gradient_shard_and_less_at_its_peak(gpt: GPTConfig, measured: dict) -> None:
+    full = 4 * gpt.param_count()  # fp32 bytes of every gradient
+    for rank in (0, 1):
+        none, one, two = (measured[rank][f"dp2_zero{z}"] for z in (0, 1, 2))
+        assert none["losses"] == one["losses"] == two["losses"]  # the same training (fp32, the same sums)
+        # what Adam reads: the whole gradient without ZeRO, the rank's shard with ZeRO-1 and -2
+        assert none["synced"] == full
+        shard = 4 * sum(two["params"].values())
+        assert one["synced"] == two["synced"] == shard and shard < 0.6 * full
+        # ZeRO-1 and no ZeRO keep their bucket buffers (the whole gradient) for the next step; ZeRO-2 nothing
+        assert none["after"] == one["after"] == full and two["after"] == 0
+        # at the peak: ZeRO-1 holds every full gradient and the buckets; ZeRO-2 lets each bucket's go once filled
+        # (measured: 2.15 and 0.70 of the full gradient; ZeRO-2's is its shard, the tied embedding's full gradient
+        # held from the LM head's backward to the embedding's, and at most two buckets in flight)
+        assert one["peak"] >= 2 * full and shard < two["peak"] <= 0.75 * full, (one["peak"], two["peak"], full)
+
+
+def test_the_estimate_of_zero2_gradients_is_the_measured_shard(gpt: GPTConfig, measured: dict) -> None:
+    """``device_memory``'s gradient bytes (bf16 in the estimate: 2 a parameter) with ZeRO-2 are the rank's shard:
+    measured at fp32, twice them.  Within 5%: the estimate counts parameters by model unit, evenly split."""
+    est = Strategy.load(MEMORY["dp2_zero2"]).device_memory(gpt)
+    est0 = Strategy.load(MEMORY["dp2_zero0"]).device_memory(gpt)
+    for rank in (0, 1):
+        measured_grads = measured[rank]["dp2_zero2"]["synced"] * BF16_BYTES / 4
+        assert abs(est[rank].grads - measured_grads) <= 0.05 * measured_grads, (est[rank].grads, measured_grads)
+        assert est[rank].grads == pytest.approx(est0[rank].grads / 2)
+
+
+# ---- switching between levels in a running job --------------------------------------------------------------------
+def test_switching_between_zero_levels_equals_the_run_that_never_switched(gpt: GPTConfig, tmp_path: Path) -> None:
+    """ZeRO-2 -> heterogeneous ZeRO-2 -> DP4 ZeRO-1 -> DP2 without ZeRO -> ZeRO-2 again, in one job: each switch
+    lands at the step boundary after it was heard (every rank held until then), the losses and the final parameters
+    and Adam moments equal the single-device run's."""
+    from test_switching import LR as SLR, SEED as SSEED, SEQ as SSEQ, TOL, _close, _state_ok, _wait
+
+    tour = [PLANS["dp2_zero2"], PLANS["hetero_zero2"],
+            {"pipelines": [_pipe([([r], [0, 3])], 2, 1) for r in range(4)], "zero": 1},
+            {"pipelines": PLANS["dp2_zero2"]["pipelines"]}, PLANS["dp3_zero2_uneven"]]
+    cluster = Cluster.local(4)
+    programs = [_program(gpt, s, cluster) for s in tour]
+    steps = 2 * len(tour) + 1
+    holds = [2 * k - 1 for k in range(1, len(tour))]
+    job = launch(programs[0], cluster, steps=steps, seed=SSEED, seq_len=SSEQ, lr=SLR, capture_dir=tmp_path,
+                 timeout_s=60, hold_at=holds)
+    for step, program in zip(holds, programs[1:]):
+        assert job.wait_held(step) == [0, 1, 2, 3]
+        event = job.switch(program)
+        job.wait_held(step, heard=event)
+        job.release(step)
+        _wait(lambda: event.done or job.status.value != "running")
+        assert event.done and event.step == step + 1, str(event)
+    result = job.wait(timeout=120)
+    assert [e.strategy.zero for e in result.events] == [2, 1, 0, 2]
+    ref = reference_training(gpt, steps=steps, seed=SSEED, global_batch=8, seq_len=SSEQ, lr=SLR)
+    assert _close(result.losses, ref.losses) <= TOL, (result.losses, ref.losses)
+    _state_ok(tmp_path, gpt, ref)
