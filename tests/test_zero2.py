@@ -40,6 +40,9 @@ PLANS = {
                                        _pipe([([2], [0, 3])], 2, 1)], "zero": 2},
     "dp2xtp2_zero2": {"pipelines": [_pipe([([0, 1], [0, 3])], 2, 2), _pipe([([2, 3], [0, 3])], 2, 2)], "zero": 2},
     "hetero_zero2": {**_HETERO, "zero": 2},
+    # uneven shares (SPEC §15): pipeline 0's rank holds 3/4 of every sharded tensor, pipeline 1's 1/4
+    "dp2_zero2_share3to1": {"pipelines": [{**_pipe([([0], [0, 3])], 2, 2), "zero_share": 3.0},
+                                          _pipe([([1], [0, 3])], 2, 2)], "zero": 2},
 }
 
 
@@ -58,7 +61,8 @@ def trained(gpt: GPTConfig, tmp_path_factory: pytest.TempPathFactory) -> dict:
     runs = [training_run(_program(gpt, s, cluster), steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=out,
                          cluster=cluster, **RECIPE) for s in PLANS.values()]
     result = _launch_runs(runs, cluster, timeout_s=120).wait()
-    return {"out": out, "runs": {n: result.results[0]["runs"][i] for i, n in enumerate(PLANS)}}
+    return {"out": out, "runs": {n: result.results[0]["runs"][i] for i, n in enumerate(PLANS)},
+            "by_rank": {n: {r: result.results[r]["runs"][i] for r in result.results} for i, n in enumerate(PLANS)}}
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +104,32 @@ def test_a_workers_part_carries_the_level(gpt: GPTConfig) -> None:
     for rank in program.ranks:
         part = ProgramPart.from_json(program.part(rank).to_json())
         assert (part.plan.settings.zero, part.plan.settings.zero1) == (2, True)
+
+
+def test_uneven_zero_shares_hold_the_state_in_proportion(gpt: GPTConfig, trained: dict) -> None:
+    """``zero_share`` 3 : 1: rank 0 holds three times rank 1's fp32 masters and Adam moments (measured from the
+    tensors each holds), each within 5% of the estimate's optimizer bytes (12 a parameter: master + m + v); the
+    training equals the reference (above)."""
+    est = Strategy.load(PLANS["dp2_zero2_share3to1"]).device_memory(gpt)
+    held = {r: trained["by_rank"]["dp2_zero2_share3to1"][r] for r in (0, 1)}
+    state = {r: held[r]["param_bytes"] + held[r]["optimizer_bytes"] for r in (0, 1)}  # fp32: 4 + 8 a parameter
+    assert 2.8 <= state[0] / state[1] <= 3.2, state
+    for r in (0, 1):
+        assert abs(est[r].optimizer - state[r]) <= 0.05 * state[r], (r, est[r].optimizer, state[r])
+    assert est[0].grads == pytest.approx(3 * est[1].grads)
+    assert ", ZeRO share 3\n" in Strategy.load(PLANS["dp2_zero2_share3to1"]).summary()
+
+
+def test_zero_share_errors_name_the_pipeline() -> None:
+    pipes = PLANS["dp2_zero2_share3to1"]["pipelines"]
+    for bad, words in (({"pipelines": pipes}, r"pipelines\[0\].zero_share: .*needs ZeRO"),
+                       ({"pipelines": [{**pipes[0], "zero_share": 0}, pipes[1]], "zero": 1}, "greater than 0"),
+                       ({"pipelines": [{**pipes[0], "zero_share": True}, pipes[1]], "zero": 1}, "expected a number"),
+                       ({"pipelines": [{**pipes[0], "stages": [{"devices": [0, 2], "layers": [0, 3], "ratios": [3, 1]}]},
+                                       pipes[1]], "zero": 1}, "uneven TP ratios")):
+        with pytest.raises(PlanValidationError, match=words):
+            Strategy.load(bad)
+    assert "zero_share" not in json.loads(Strategy.load(PLANS["dp2_zero2"]).to_json())["pipelines"][0]
 
 
 # ---- memory ------------------------------------------------------------------------------------------------------
@@ -154,14 +184,15 @@ def test_the_estimate_of_zero2_gradients_is_the_measured_shard(gpt: GPTConfig, m
 
 # ---- switching between levels in a running job --------------------------------------------------------------------
 def test_switching_between_zero_levels_equals_the_run_that_never_switched(gpt: GPTConfig, tmp_path: Path) -> None:
-    """ZeRO-2 -> heterogeneous ZeRO-2 -> DP4 ZeRO-1 -> DP2 without ZeRO -> ZeRO-2 again, in one job: each switch
+    """ZeRO-2 -> heterogeneous ZeRO-2 -> DP4 ZeRO-1 -> DP2 without ZeRO -> DP3 ZeRO-2 -> ZeRO-2 with 3 : 1 shares,
+    in one job: each switch
     lands at the step boundary after it was heard (every rank held until then), the losses and the final parameters
     and Adam moments equal the single-device run's."""
     from test_switching import LR as SLR, SEED as SSEED, SEQ as SSEQ, TOL, _close, _state_ok, _wait
 
     tour = [PLANS["dp2_zero2"], PLANS["hetero_zero2"],
             {"pipelines": [_pipe([([r], [0, 3])], 2, 1) for r in range(4)], "zero": 1},
-            {"pipelines": PLANS["dp2_zero2"]["pipelines"]}, PLANS["dp3_zero2_uneven"]]
+            {"pipelines": PLANS["dp2_zero2"]["pipelines"]}, PLANS["dp3_zero2_uneven"], PLANS["dp2_zero2_share3to1"]]
     cluster = Cluster.local(4)
     programs = [_program(gpt, s, cluster) for s in tour]
     steps = 2 * len(tour) + 1
@@ -176,7 +207,7 @@ def test_switching_between_zero_levels_equals_the_run_that_never_switched(gpt: G
         _wait(lambda: event.done or job.status.value != "running")
         assert event.done and event.step == step + 1, str(event)
     result = job.wait(timeout=120)
-    assert [e.strategy.zero for e in result.events] == [2, 1, 0, 2]
+    assert [e.strategy.zero for e in result.events] == [2, 1, 0, 2, 2]
     ref = reference_training(gpt, steps=steps, seed=SSEED, global_batch=8, seq_len=SSEQ, lr=SLR)
     assert _close(result.losses, ref.losses) <= TOL, (result.losses, ref.losses)
     _state_ok(tmp_path, gpt, ref)

@@ -7,8 +7,9 @@
   fp32 optimizer part (master weights, Adam m and v: 12 bytes).  A stage holds its layers, plus the embedding on its
   pipeline's first stage and the final norm and LM head on its last; each rank holds ``1 / TP degree`` of them (an
   uneven stage, ``ratios``: its own share, :meth:`Stage.share`).  With ZeRO-1 a unit's 12 optimizer bytes are
-  divided by the number of stages (over all pipelines) that hold it, and with ZeRO-2 (``Strategy.zero >= 2``) its 2
-  gradient bytes too (each rank keeps its shard of the reduce-scattered gradient);
+  divided by the number of stages (over all pipelines) that hold it (uneven ``Pipeline.zero_share``: in proportion to
+  the shares), and with ZeRO-2 (``Strategy.zero >= 2``) its 2 gradient bytes too (each rank keeps its shard of the
+  reduce-scattered gradient);
 * **activations**: what a layer keeps for its backward (:meth:`ModelSpec.layer_activation_bytes`, divided by the
   TP degree with sequence parallelism) for the micro-batches in flight at the stage's peak
   (:func:`~hspmd_sdk.core.schedule.in_flight`), the head's input on a last stage, plus the largest transient
@@ -144,10 +145,11 @@ def device_memory(strategy: "Strategy", model: "ModelSpec", cluster: "Cluster | 
     seq = model.max_seq_len if seq_len is None else seq_len
     units_of = {(i, j): _units(model, p.num_stages, j, s, include_embedding)
                 for i, p in enumerate(strategy.pipelines) for j, s in enumerate(p.stages)}
-    holders: dict[Hashable, int] = {}
-    for units in units_of.values():
+    shares = strategy.zero_shares() or [1.0] * len(strategy.pipelines)  # ZeRO's share of each pipeline
+    holders: dict[Hashable, float] = {}  # per unit, the shares of the stages holding it (their count if even)
+    for (i, _), units in units_of.items():
         for unit, _ in units:
-            holders[unit] = holders.get(unit, 0) + 1
+            holders[unit] = holders.get(unit, 0.0) + shares[i]
     out: dict[int, DeviceMemory] = {}
     for i, p in enumerate(strategy.pipelines):
         for j, s in enumerate(p.stages):
@@ -162,9 +164,10 @@ def device_memory(strategy: "Strategy", model: "ModelSpec", cluster: "Cluster | 
                     params = grads = optimizer = 0.0
                     for unit, count in units_of[(i, j)]:
                         mine = count / split
+                        ways = holders[unit] / shares[i]  # ZeRO divides this rank's part by it (even: holders)
                         params += mine * BF16_BYTES
-                        grads += mine * BF16_BYTES / (holders[unit] if strategy.zero >= 2 else 1)
-                        optimizer += mine * OPTIMIZER_BYTES / (holders[unit] if strategy.zero1 else 1)
+                        grads += mine * BF16_BYTES / (ways if strategy.zero >= 2 else 1)
+                        optimizer += mine * OPTIMIZER_BYTES / (ways if strategy.zero1 else 1)
                     got = of_split[split] = (params, grads, optimizer,
                                              *_activations(model, s, tokens, split, last, sequence_parallel))
                 params, grads, optimizer, kept, transient = got

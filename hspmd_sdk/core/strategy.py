@@ -45,6 +45,12 @@ def _no_bool_or_text(value: Any) -> Any:
 #: An integer that is not spelled as a bool or a string (numpy integers and 2.0 are accepted).
 StrictInt = Annotated[int, BeforeValidator(_no_bool_or_text)]
 
+
+def _no_bool_or_text_number(value: Any) -> Any:
+    if isinstance(value, (bool, str, bytes)):
+        raise ValueError(f"expected a number, got {value!r}")
+    return value
+
 #: Bytes per parameter in the paper's mixed precision with Adam: bf16 parameter and gradient (2 + 2), and the
 #: fp32 master copy, first and second moments (4 + 4 + 4), which ZeRO-1 shards across data-parallel replicas.
 BF16_PARAM_GRAD_BYTES = PARAM_GRAD_BYTES
@@ -196,6 +202,10 @@ class Pipeline(_Worded):
     stages: list[Stage] = Field(min_length=1)
     micro_batch_size: StrictInt = Field(ge=1)
     num_micro_batches: StrictInt = Field(ge=1)
+    zero_share: Annotated[float, BeforeValidator(_no_bool_or_text_number)] | None = Field(
+        default=None, gt=0, exclude_if=lambda v: v is None,  # not given: JSON unchanged
+        description="with ZeRO (Strategy.zero >= 1): this pipeline's share of each sharded tensor relative to the "
+                    "other pipelines' (SPEC §15; a pipeline without one counts 1; none given: even shares)")
 
     @model_validator(mode="after")
     def _check(self) -> "Pipeline":
@@ -272,6 +282,13 @@ class Strategy(_Worded):
         if self.zero == 3:
             raise ValueError("zero: 3 (ZeRO-3, parameters sharded and gathered before use) is not implemented "
                              "yet; zero=2 shards optimizer states and gradients")
+        shared = [i for i, p in enumerate(self.pipelines) if p.zero_share is not None]
+        if shared and not self.zero1:
+            raise ValueError(f"pipelines[{shared[0]}].zero_share: a share of the sharded state needs ZeRO "
+                             "(zero >= 1; it is 0)")
+        if shared and any(s.is_uneven for p in self.pipelines for s in p.stages):
+            raise ValueError(f"pipelines[{shared[0]}].zero_share: uneven ZeRO shares beside uneven TP ratios are "
+                             "not supported yet (their ZeRO split stays even): leave zero_share out")
         owner: dict[int, tuple[int, int]] = {}
         for i, p in enumerate(self.pipelines):
             for j, s in enumerate(p.stages):
@@ -309,6 +326,13 @@ class Strategy(_Worded):
             return super().model_copy(update=update, deep=deep)
         data = {k: v for k, v in self.model_dump().items() if k not in ("zero", "zero1")}
         return type(self).model_validate({**data, **update})
+
+    def zero_shares(self) -> list[float] | None:
+        """Per pipeline, its share of each ZeRO-sharded tensor (``Pipeline.zero_share``; 1 where not given), or
+        ``None`` when no pipeline gives one (even shares)."""
+        if all(p.zero_share is None for p in self.pipelines):
+            return None
+        return [1.0 if p.zero_share is None else p.zero_share for p in self.pipelines]
 
     def named(self) -> "Strategy":
         """This strategy if it has a ``name``, else a copy named by :meth:`shape_name`."""
@@ -436,7 +460,8 @@ class Strategy(_Worded):
         mem = {r: m.total for r, m in est.items()}
         for i, p in enumerate(self.pipelines):
             lines.append(f"  pipeline {i}: {_n(p.num_micro_batches, 'micro-batch', 'micro-batches')} x "
-                         f"bs{p.micro_batch_size} ({_n(p.batch, 'sample')}), {_n(p.num_stages, 'stage')}")
+                         f"bs{p.micro_batch_size} ({_n(p.batch, 'sample')}), {_n(p.num_stages, 'stage')}"
+                         + (f", ZeRO share {p.zero_share:g}" if p.zero_share is not None else ""))
             for j, s in enumerate(p.stages):
                 kinds = _kinds(s.devices, cluster)
                 line = (f"    stage {j}: ranks {format_ranks(s.devices):<10} TP{s.tp_degree:<2} "

@@ -95,8 +95,8 @@ def _ds(key: int, degree: int) -> DS:
     return DS({key: degree})
 
 
-def zero_shard(shape: Sequence[int], split: int | None, groups: Sequence[Sequence[int]]
-               ) -> tuple[int, list[int] | None] | None:
+def zero_shard(shape: Sequence[int], split: int | None, groups: Sequence[Sequence[int]],
+               shares: Sequence[float] | None = None) -> tuple[int, list[int] | None] | None:
     """ZeRO-1's top-tier split of a parameter of ``shape`` over the pipelines' subgroups ``groups``:
     ``(hdim, hratios)``, or ``None`` when no dim has at least one element per pipeline (the parameter then stays
     replicated, and the plan's ``settings.zero1_replicated`` names it).
@@ -104,9 +104,21 @@ def zero_shard(shape: Sequence[int], split: int | None, groups: Sequence[Sequenc
     Preference: a dim that TP does not split and that the number of pipelines divides (equal chunks); then the
     TP-split dim if its chunks still divide by every subgroup's TP degree; then uneven chunks (HAP-style
     ``hratios``, sizes differing by at most one unit) over the largest such dim — so 3 pipelines shard a
-    ``[64, 64]`` weight as 22 / 21 / 21 rows instead of not at all."""
+    ``[64, 64]`` weight as 22 / 21 / 21 rows instead of not at all.
+
+    ``shares`` (``Pipeline.zero_share`` per pipeline, SPEC §15), not all equal: chunks in proportion to them
+    (:func:`share_chunks`, at least one unit each) over the largest dim that TP does not split, else the TP-split
+    one."""
     hsize = len(groups)
     tp_unit = math.lcm(*(len(g) for g in groups))
+    if shares is not None and len(set(shares)) > 1:
+        fits = [(d == split, -size, d) for d, size in enumerate(shape)
+                if not size % (tp_unit if d == split else 1) and size // (tp_unit if d == split else 1) >= hsize]
+        if not fits:
+            return None
+        d = min(fits)[2]
+        unit = tp_unit if d == split else 1
+        return d, [c * unit for c in share_chunks(shape[d] // unit, shares)]
     even, uneven = [], []
     for d, size in enumerate(shape):
         unit = tp_unit if d == split else 1
@@ -127,6 +139,21 @@ def zero_shard(shape: Sequence[int], split: int | None, groups: Sequence[Sequenc
             _, d, ratios = min(options, key=lambda o: o[0])
             return d, ratios
     return None
+
+
+def share_chunks(units: int, shares: Sequence[float]) -> list[int]:
+    """``units`` cut in proportion to ``shares`` (largest remainders, the earlier first on a tie), each at least 1
+    (``units >= len(shares)``).
+
+    >>> share_chunks(64, [3, 1]), share_chunks(10, [1, 1, 1]), share_chunks(3, [100, 1, 1])
+    ([48, 16], [4, 3, 3], [1, 1, 1])
+    """
+    n, total = len(shares), float(sum(shares))
+    exact = [(units - n) * s / total for s in shares]  # one unit each first, the rest by share
+    chunks = [1 + int(math.floor(e)) for e in exact]
+    for k in sorted(range(n), key=lambda k: (-(exact[k] - math.floor(exact[k])), k))[:units - sum(chunks)]:
+        chunks[k] += 1
+    return chunks
 
 
 # ---- uneven TP stages (HAP ratios) ----------------------------------------------------------------------------
@@ -218,7 +245,7 @@ def _cp_annotation(anns: dict[str, Annotation], replicated: list[str], node: Any
     tp_only = [list(range(st.tp_degree)) for st in stages]  # zero_shard counts TP ranks only
     shard = None
     if strategy.zero1 and hsize > 1:
-        shard = zero_shard(shape, place.tp_split, tp_only)
+        shard = zero_shard(shape, place.tp_split, tp_only, strategy.zero_shares())
         if shard is None:
             replicated.append(name)
     anns[name] = full if shard is None else Annotation(groups, ds, shard[0], shard[1])
@@ -283,7 +310,7 @@ def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Clust
             continue
         shard = None
         if strategy.zero1 and hsize > 1:
-            shard = zero_shard(graph.tensors[name].shape, place.tp_split, groups)
+            shard = zero_shard(graph.tensors[name].shape, place.tp_split, groups, strategy.zero_shares())
             if shard is None:
                 replicated.append(name)
         anns[name] = full if shard is None else _ann(groups, place.tp_split, shard[0], shard[1])
