@@ -47,6 +47,7 @@ import json
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import SpecializationError
+from .annotation import Annotation
 from .comm_ops import CollectiveOp, Message, PointToPointOp, SplitCollectiveOp
 from .gc_pause import gc_paused
 
@@ -112,7 +113,9 @@ def _shared_section(program: Any) -> tuple[int, dict[int, int], str, list[Any]]:
     plans = (*program.comm_plans.values(), *program.backward_plans.values(), *program.grad_reduce_plans.values(),
              *program.grad_sync_plans.values())
     ends = [a for p in plans for a in (p.src, p.dst)]
-    distinct = list({id(a): a for a in (*program.annotations.values(), *ends)}.values())
+    # and the annotations in the plans' keys (the layouts a micro-batch plan is looked up by)
+    keyed = [a for key in program._plan_keys.values() for a in key if isinstance(a, Annotation)]
+    distinct = list({id(a): a for a in (*program.annotations.values(), *ends, *keyed)}.values())
     return _shared_records((program.graph, program.model, tuple(distinct), program.grad_syncs, program.constraints))
 
 
