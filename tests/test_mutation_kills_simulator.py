@@ -17,8 +17,8 @@ from hspmd_sdk.core.schedule import Action
 from hspmd_sdk.core.strategy import Strategy
 from hspmd_sdk.planner import simulate
 from hspmd_sdk.planner.cost import CostModel, LinkOverride
-from hspmd_sdk.planner.simulator import (Event, SimResult, _buckets, _group_link, _memory, _post_send,
-                                         _processor_sharing, _run_collectives, _shared_cores, _StageCost,
+from hspmd_sdk.planner.simulator import (Event, SimResult, _buckets, _formula_syncs, _group_link, _memory,
+                                         _post_send, _processor_sharing, _run_syncs, _shared_cores, _StageCost,
                                          _with_idle)
 
 GiB = 2**30
@@ -272,6 +272,12 @@ def _two_hosts() -> Cluster:
                         "host_bandwidth_gbs": 64.0})
 
 
+def _run_collectives(op: OpKind, buckets: list, ready: dict, devices: dict, cluster: Cluster, cost: CostModel,
+                     events: dict, kind: str, cps: dict | None = None) -> dict:
+    """The strategy form's collectives of ``buckets`` (:func:`_formula_syncs`), list-scheduled (:func:`_run_syncs`)."""
+    return _run_syncs(_formula_syncs(op, buckets, devices, cluster, cost, cps), ready, events, kind)
+
+
 def test_run_collectives_skips_lone_holders_and_prices_the_dp_ring() -> None:
     """A bucket held by one stage (no CP) has no collective; the next bucket still runs: an all-reduce of 2 B a
     parameter over the 2 holders, whose ring is the DP link (A = [0, 1] and B = [2, 3] align 0-2 and 1-3, both
@@ -288,14 +294,17 @@ def test_run_collectives_skips_lone_holders_and_prices_the_dp_ring() -> None:
 def test_run_collectives_counts_cp_replicas_and_their_ring() -> None:
     """A CP stage (cp 2) holds 2 replicas: a lone one synchronises over its own ring (A = [0, 2], within host a:
     2 B/s; n = 2), and beside a stage B = [1, 3] the ring spans 3 replicas at the slower of A's ring and the DP
-    link (0-1, 2-3: between hosts, 1 B/s): 2(3-1)/3 x 2 B x 20 params = 53.33 s."""
+    link (0-1, 2-3: between hosts, 1 B/s): 2(3-1)/3 x 2 B x 20 params = 53.33 s; then A's CP group all-reduces
+    what reached one of its ranks (the Program's SplitAllReduce, then AllReduce), over its own ring:
+    2(2-1)/2 x 2 B x 10 params / 2 B/s = 10 s, B not taking part."""
     A, B = (0, 0), (1, 0)
     events = {A: [], B: []}
     clock = _run_collectives(OpKind.ALL_REDUCE, [((A,), {A: 30.0}), ((A, B), {A: 10.0, B: 20.0})],
                              {A: 0.0, B: 0.0}, {A: [0, 2], B: [1, 3]}, _two_hosts(), FLAT, events, "sync",
                              {A: 2, B: 1})
-    assert events[A] == [Event(0.0, 30.0, "sync"), Event(30.0, close(30.0 + 160 / 3), "sync")]
-    assert clock[B] == close(30.0 + 160 / 3)
+    assert events[A] == [Event(0.0, 30.0, "sync"), Event(30.0, close(30.0 + 160 / 3), "sync"),
+                         Event(close(30.0 + 160 / 3), close(40.0 + 160 / 3), "sync")]
+    assert clock[B] == close(30.0 + 160 / 3) and clock[A] == close(40.0 + 160 / 3)
 
 
 # ---- whole steps -------------------------------------------------------------------------------------------------

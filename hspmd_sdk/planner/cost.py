@@ -55,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..core.comm_ops import OpKind
 from ..core.memory import (BF16_BYTES, CPU_PROCESS_BASELINE_MB, CUDA_CONTEXT_RESERVE_MB, FP32_BYTES,
                            OPTIMIZER_BYTES as _OPTIMIZER_BYTES, head_activations, layer_activations, runtime_bytes)
+from ..core.resolve import itemsize_of as _itemsize
 from .tp_comm import Collective, UnitCollectives, unit_collectives
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -187,8 +188,9 @@ class CostModel(BaseModel):
       over ``compute_fits``, ``mfu`` and ``backward_factor``).
     * ``link_overrides``: link class (``"intra"``, ``"inter"``) -> :class:`LinkOverride`, measured latency and
       bandwidth that replace the :class:`Cluster`'s for every link of that class.
-    * ``comm_bytes_factor``: bytes on the wire per byte the model counts (the model counts bf16; ``2.0`` for a
-      run that communicates fp32).
+    * ``comm_bytes_factor``: bytes on the wire per byte the model counts where it counts without a dtype (bf16;
+      ``2.0`` for a run that communicates fp32).  A count at a known dtype (``simulate(..., dtype=)``, a
+      Program's own) is already the wire's: :meth:`wire_bytes`.
     * ``cores``: CPU cores per node, for local simulations with more ranks on a node than cores.  When set, the
       compute and optimizer time of a device is slowed by the ranks of its node computing at the same time
       (:func:`hspmd_sdk.planner.simulate`: processor sharing over the simulated timeline, so ranks waiting in a
@@ -250,11 +252,28 @@ class CostModel(BaseModel):
             return fit.a * flops + fit.b
         return flops / (spec.bf16_tflops * 1e12 * self.mfu.get(spec.kind, self.default_mfu))
 
+    def wire_bytes(self, elements: float, dtype: str | None = None) -> float:
+        """Bytes on the wire for ``elements`` values: at ``dtype``'s item size where the count knows its dtype (a
+        Program's plans, a run's precision: ``"float32"``, ``"bfloat16"``), else the cost model's own count, bf16
+        times :attr:`comm_bytes_factor`.  The one place that turns a count of values into bytes on the wire."""
+        if dtype is None:
+            return elements * BF16 * self.comm_bytes_factor
+        return elements * _itemsize(dtype)
+
     def p2p_time(self, nbytes: float, link: "Link") -> float:
-        """Seconds to send ``nbytes`` point-to-point over ``link``."""
+        """Seconds to send ``nbytes`` (counted at bf16, times :attr:`comm_bytes_factor` on the wire)
+        point-to-point over ``link``."""
         if link.cls == "self" or nbytes <= 0:
             return 0.0
-        nbytes *= self.comm_bytes_factor
+        return self._p2p_wire(nbytes * self.comm_bytes_factor, link)
+
+    def p2p_seconds(self, elements: float, link: "Link", dtype: str | None = None) -> float:
+        """Seconds to send ``elements`` values point-to-point over ``link``, bytes by :meth:`wire_bytes`."""
+        if link.cls == "self" or elements <= 0:
+            return 0.0
+        return self._p2p_wire(self.wire_bytes(elements, dtype), link)
+
+    def _p2p_wire(self, nbytes: float, link: "Link") -> float:
         o = self.link_overrides.get(link.cls)
         if o is not None:
             return self.comm_scale * (o.latency + nbytes / o.bandwidth)
@@ -263,11 +282,22 @@ class CostModel(BaseModel):
     def collective_time(self, op: "OpKind | str", nbytes: float, n: int, link: "Link") -> float:
         """Seconds for a ring ``op`` (``AllReduce``, ``ReduceScatter``, ``AllGather``; :class:`~hspmd_sdk.core.
         comm_ops.OpKind` or its older spelling ``"all_reduce"``, ...) of ``nbytes`` per device (the whole buffer:
-        the gathered one for ``AllGather``) over ``n`` devices whose slowest link is ``link``.  The ring's bytes and
-        steps are :meth:`OpKind.ring`'s, the ones a Program's ``CollectiveOp.transfers`` counts."""
+        the gathered one for ``AllGather``; counted at bf16, times :attr:`comm_bytes_factor` on the wire) over ``n``
+        devices whose slowest link is ``link``.  The ring's bytes and steps are :meth:`OpKind.ring`'s, the ones a
+        Program's ``CollectiveOp.transfers`` counts."""
         if n <= 1 or nbytes <= 0 or link.cls == "self":
             return 0.0
-        volume, steps = OpKind(op).ring(n, nbytes * self.comm_bytes_factor)
+        return self._collective_wire(op, nbytes * self.comm_bytes_factor, n, link)
+
+    def collective_seconds(self, op: "OpKind | str", elements: float, n: int, link: "Link",
+                           dtype: str | None = None) -> float:
+        """:meth:`collective_time` of a buffer of ``elements`` values, bytes by :meth:`wire_bytes`."""
+        if n <= 1 or elements <= 0 or link.cls == "self":
+            return 0.0
+        return self._collective_wire(op, self.wire_bytes(elements, dtype), n, link)
+
+    def _collective_wire(self, op: "OpKind | str", nbytes: float, n: int, link: "Link") -> float:
+        volume, steps = OpKind(op).ring(n, nbytes)
         o = self.link_overrides.get(link.cls)
         if o is not None:
             lat = o.latency if o.collective_latency is None else o.collective_latency
@@ -364,17 +394,23 @@ def cp_ring_bytes(model: "ModelSpec", micro_batch: int, seq_len: int, tp: int, c
     backward)``: its keys and values (``2 x tokens / cp x kv_dim / tp``, bf16 as the model counts) travel ``cp - 1``
     hops in the forward; the backward rings them again (``cp - 1`` hops) and sends the key/value gradient
     accumulators ``cp`` hops (home to their owner), about twice the forward."""
+    fwd, bwd = _cp_ring_elements(model, micro_batch, seq_len, tp, cp)
+    return fwd * BF16, bwd * BF16
+
+
+def _cp_ring_elements(model: "ModelSpec", micro_batch: int, seq_len: int, tp: int, cp: int) -> tuple[float, float]:
+    """:func:`cp_ring_bytes` in values (a rank's keys and values, ``cp - 1`` hops forward, ``2cp - 1`` back)."""
     if cp <= 1:
         return 0.0, 0.0
     kv_dim = getattr(model, "kv_dim", model.hidden_size)
-    block = 2 * micro_batch * (seq_len / cp) * kv_dim / tp * BF16
+    block = 2 * micro_batch * (seq_len / cp) * kv_dim / tp
     return (cp - 1) * block, (2 * cp - 1) * block
 
 
 def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
                seq_len: int, cost: CostModel, *, recompute: bool = False, cp: int = 1,
                cp_link: "Link | None" = None, balanced: bool = False,
-               ratios: "Sequence[int] | None" = None) -> LayerCost:
+               ratios: "Sequence[int] | None" = None, dtype: str | None = None) -> LayerCost:
     """One decoder layer on one device of a TP group of ``tp`` devices whose slowest link is ``tp_link``.
 
     Compute: ``layer_flops / tp``; with a profile and without ``cost.sequence_parallel``, plus ``1 - 1/tp`` of the
@@ -388,6 +424,7 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
     is kept and one layer's full activations are transient.
 
     ``ratios``: an uneven TP group's shares (SPEC §12), whose collectives are read off a Program split so.
+    ``dtype``: the values' type on the wire (:meth:`CostModel.wire_bytes`; ``None``: the cost model's bf16 count).
 
     Context parallelism (``cp > 1``, the group's slowest ring link ``cp_link``): the linear part, the
     activations and the TP collectives are those of ``tokens / cp`` tokens; the attention FLOPs are the busiest
@@ -414,10 +451,11 @@ def layer_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link",
         att_f = fwd - cost.compute_time(lin, spec)
         att_b = cost.backward_factor * att_f
     tpc = _collectives(model, tp, ratios)
-    comm_f, comm_b = _tp_seconds(tpc.layer_fwd, tokens, tp_link, cost), _tp_seconds(tpc.layer_bwd, tokens, tp_link, cost)
+    comm_f = _tp_seconds(tpc.layer_fwd, tokens, tp_link, cost, dtype)
+    comm_b = _tp_seconds(tpc.layer_bwd, tokens, tp_link, cost, dtype)
     kept, transient = layer_activations(model, tokens, tp, recompute=recompute,
                                         sequence_parallel=cost.sequence_parallel)
-    gap_f, gap_b = _cp_ring_gap(model, micro_batch, seq_len, tp, cp, cp_link, cost, att_f, att_b)
+    gap_f, gap_b = _cp_ring_gap(model, micro_batch, seq_len, tp, cp, cp_link, cost, att_f, att_b, dtype)
     ring_f, ring_b = max(0.0, gap_f), max(0.0, gap_b)
     bwd += fwd if recompute else 0.0
     ring_b += ring_f if recompute else 0.0
@@ -438,22 +476,23 @@ def _collectives(model: "ModelSpec", tp: float, ratios: "Sequence[int] | None" =
     return unit_collectives(model, int(tp), ratios)
 
 
-def _tp_seconds(collectives: tuple[Collective, ...], tokens: float, link: "Link", cost: CostModel) -> float:
-    """Seconds of ``collectives`` (one after another, blocking) for ``tokens`` tokens in bf16 over ``link``."""
-    return sum(cost.collective_time(c.kind, c.per_token * tokens * BF16, c.members, link) for c in collectives)
+def _tp_seconds(collectives: tuple[Collective, ...], tokens: float, link: "Link", cost: CostModel,
+                dtype: str | None = None) -> float:
+    """Seconds of ``collectives`` (one after another, blocking) for ``tokens`` tokens of ``dtype`` over ``link``."""
+    return sum(cost.collective_seconds(c.kind, c.per_token * tokens, c.members, link, dtype) for c in collectives)
 
 
 def _cp_ring_gap(model: "ModelSpec", micro_batch: int, seq_len: int, tp: int, cp: int, link: "Link | None",
-                 cost: CostModel, att_f: float, att_b: float) -> tuple[float, float]:
+                 cost: CostModel, att_f: float, att_b: float, dtype: str | None = None) -> tuple[float, float]:
     """The CP ring's transfer seconds less the attention compute they overlap, forward and backward: each hop's
     transfer (one batched send/receive, priced point-to-point) overlaps the attention compute of a block, so a layer
     pays ``max(0, gap)`` (``att_f`` / ``att_b``: the attention's seconds, the layer's less its matmuls')."""
     if cp <= 1 or link is None:
         return 0.0, 0.0
-    fb, bb = cp_ring_bytes(model, micro_batch, seq_len, tp, cp)
-    hop_f, hop_b = fb / (cp - 1), bb / (2 * cp - 1)
-    ring_f = (cp - 1) * cost.p2p_time(hop_f, link)
-    ring_b = (2 * cp - 1) * cost.p2p_time(hop_b, link)
+    fe, be = _cp_ring_elements(model, micro_batch, seq_len, tp, cp)
+    hop_f, hop_b = fe / (cp - 1), be / (2 * cp - 1)
+    ring_f = (cp - 1) * cost.p2p_seconds(hop_f, link, dtype)
+    ring_b = (2 * cp - 1) * cost.p2p_seconds(hop_b, link, dtype)
     return ring_f - att_f, ring_b - att_b
 
 
@@ -470,7 +509,7 @@ def _layer_line(fit: ComputeFit, matmul: float, attention: float) -> float:
 
 def embedding_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
                    seq_len: int, cost: CostModel, *, cp: int = 1,
-                   ratios: "Sequence[int] | None" = None) -> LayerCost:
+                   ratios: "Sequence[int] | None" = None, dtype: str | None = None) -> LayerCost:
     """The token embedding, split along hidden in a TP group (as :func:`~hspmd_sdk.core.strategy_plan.
     plan_from_strategy` lays it out): no FLOPs to speak of, one all-gather of its ``tokens x hidden`` output in the
     forward (its backward is a local split).  ``cp``: each rank embeds its ``tokens / cp``."""
@@ -481,14 +520,14 @@ def embedding_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Li
     prof = cost.profiles.get(spec.kind)
     # profiled: the embedding's forward + backward, put in the backward (the forward is a gather)
     bwd = _line(prof.embed, tokens * model.hidden_size / tp) if prof is not None else 0.0
-    return LayerCost(fwd_comm=_tp_seconds(tpc.embedding_fwd, tokens, tp_link, cost), bwd_compute=bwd,
-                     bwd_comm=_tp_seconds(tpc.embedding_bwd, tokens, tp_link, cost),
+    return LayerCost(fwd_comm=_tp_seconds(tpc.embedding_fwd, tokens, tp_link, cost, dtype), bwd_compute=bwd,
+                     bwd_comm=_tp_seconds(tpc.embedding_bwd, tokens, tp_link, cost, dtype),
                      params=model.embedding_param_count() / tp)
 
 
 def head_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", micro_batch: int,
               seq_len: int, cost: CostModel, *, cp: int = 1,
-              ratios: "Sequence[int] | None" = None) -> LayerCost:
+              ratios: "Sequence[int] | None" = None, dtype: str | None = None) -> LayerCost:
     """Final RMSNorm, the vocab-parallel LM head and the cross-entropy loss.
 
     The fp32 logits (``tokens x vocab / tp``) are transient: the loss and its gradient are computed right
@@ -509,8 +548,8 @@ def head_cost(model: "ModelSpec", spec: "DeviceSpec", tp: int, tp_link: "Link", 
         bwd = cost.backward_factor * fwd
     skew = cost.collective_skew(tp, tp_link)  # the logits' gather waits for the head, the input's all-reduce too
     tpc = _collectives(model, tp, ratios)
-    fwd_comm = _tp_seconds(tpc.head_fwd, tokens, tp_link, cost) + skew * fwd
-    bwd_comm = _tp_seconds(tpc.head_bwd, tokens, tp_link, cost) + skew * bwd
+    fwd_comm = _tp_seconds(tpc.head_fwd, tokens, tp_link, cost, dtype) + skew * fwd
+    bwd_comm = _tp_seconds(tpc.head_bwd, tokens, tp_link, cost, dtype) + skew * bwd
     kept, transient = head_activations(model, tokens, tp)
     return LayerCost(fwd_compute=fwd, bwd_compute=bwd, fwd_comm=fwd_comm, bwd_comm=bwd_comm,
                      act_bytes=kept, transient_bytes=transient,

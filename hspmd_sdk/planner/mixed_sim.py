@@ -27,11 +27,11 @@ from ..core.schedule import Action, build_schedule, replay
 from ..core.strategy import Strategy
 from ..errors import PlanValidationError
 from ..models.registry import load_model_spec
-from .cost import BF16, CostModel
+from .cost import CostModel
 from .hetero import tp_degrees
 from .mixed_cost import PipelineCost, switch_estimate
-from .simulator import (Event, SimResult, Stretch, Transfer, _core_share, _post_send, _shared_cores, _simulate_step,
-                        _stage_cost, simulate)
+from .simulator import (Event, SimResult, Stretch, Transfer, _boundary_messages, _core_share, _post_send, _send_of,
+                        _shared_cores, _simulate_step, _stage_cost, simulate)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
@@ -114,7 +114,7 @@ def _replay(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", shapes
     clock = dict(start)
     shares = {k: _core_share(cluster, devices[k], cost) for k in work}
     channel_free: dict = {}
-    links: dict = {}
+    sends: dict = {}  # (stage, peer, rows x length) -> the simulator's priced transfer (_send_of)
     transfers: list[Transfer] = []
 
     def execute(key: object, a: Action, payload: object) -> object:
@@ -130,16 +130,17 @@ def _replay(model: "ModelSpec", strategy: "Strategy", cluster: "Cluster", shapes
         elif a.kind in ("SEND_F", "SEND_B"):
             dst = (k[0], a.peer)  # type: ignore[index]
             shape = shapes[k[0]][a.micro_batch]  # type: ignore[index]
-            nbytes = shape[0] * shape[1] * model.hidden_size * BF16  # rows x (padded) length
-            link = links.get((k, dst))
-            if link is None:
-                link = links[(k, dst)] = min((cluster.link(s, d) for s, d in zip(devices[k], devices[dst])),
-                                             key=lambda l: l.bandwidth)
-            _post_send(cost, link, k, a, clock, events)
+            values = shape[0] * shape[1] * model.hidden_size  # rows x (padded) length
+            send = sends.get((k, dst, values))
+            if send is None:
+                stages = strategy.pipelines[k[0]].stages
+                send = sends[(k, dst, values)] = _send_of(_boundary_messages(stages[k[1]], stages[dst[1]], values),
+                                                          cluster, cost, None)
+            _post_send(cost, send.link, k, a, clock, events)
             t0 = max(clock[k], channel_free.get((k, dst), 0.0))
-            t1 = t0 + cost.p2p_time(nbytes, link)
+            t1 = t0 + send.seconds
             channel_free[(k, dst)] = t1
-            transfers.append(Transfer(k[0], k[1], dst[1], a.kind[-1], a.micro_batch or 0, t0, t1, nbytes))
+            transfers.append(Transfer(k[0], k[1], dst[1], a.kind[-1], a.micro_batch or 0, t0, t1, send.nbytes))
             return t1
         elif a.kind in ("RECV_F", "RECV_B"):
             clock[k] = max(clock[k], float(payload))  # type: ignore[arg-type]
