@@ -175,7 +175,7 @@ def test_arrangement_strategies_build_one_strategy_per_recompute_checked_against
         return layout
 
     monkeypatch.setattr(hetero_mixed, "pipeline_layout", fake_layout)
-    ctx = SimpleNamespace(cluster=TWO_HOSTS, model=TINY, global_batch=8, schedule="gpipe", zero1=True)
+    ctx = SimpleNamespace(cluster=TWO_HOSTS, model=TINY, global_batch=8, schedule="gpipe", zero1=True, zero=1)
     pipes = [[(0, 1), (2, 3)], [(4, 5), (6, 7)]]
     cache: dict = {}
     got = arrangement_strategies(ctx, pipes, 2, name="n", cache=cache)

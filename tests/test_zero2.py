@@ -211,3 +211,27 @@ def test_switching_between_zero_levels_equals_the_run_that_never_switched(gpt: G
     ref = reference_training(gpt, steps=steps, seed=SSEED, global_batch=8, seq_len=SSEQ, lr=SLR)
     assert _close(result.losses, ref.losses) <= TOL, (result.losses, ref.losses)
     _state_ok(tmp_path, gpt, ref)
+
+
+# ---- the planner ---------------------------------------------------------------------------------------------------
+def test_plan_hetero_shards_gradients_when_zero1_does_not_fit() -> None:
+    """Llama-7B on 8 devices of 32 GiB as 8 replicas: with ZeRO-1 no plan fits (each rank holds the bf16 weights and
+    gradients whole, 28 GB of them); ``plan_hetero`` plans again with ZeRO-2, says so in the name, and the plan it
+    returns fits by the estimate while the same plan at ZeRO-1 does not.  Where ZeRO-1 fits it stays the choice."""
+    from hspmd_sdk import Cluster as C, LlamaConfig
+    from hspmd_sdk.planner.hetero import plan_hetero
+
+    devices = {"G32": {"kind": "G32", "memory_mb": 32768, "bf16_tflops": 300, "intra_bandwidth_gbs": 300}}
+    cluster = C.load({"devices": devices, "nodes": [{"host": "n0", "kind": "G32", "ranks": list(range(8))}]})
+    model = LlamaConfig.preset("llama-7b")
+    with pytest.raises(PlanValidationError, match="no strategy for llama-7b fits 8 devices"):
+        plan_hetero(model, cluster, global_batch=16, seq_len=2048, zero=1, min_pipelines=8, mixed_groups=False)
+    chosen = plan_hetero(model, cluster, global_batch=16, seq_len=2048, min_pipelines=8, mixed_groups=False)
+    assert chosen.zero == 2 and chosen.name.endswith(" (ZeRO-2: with ZeRO-1, no strategy for llama-7b fits 8 devices "
+                                                     "at global batch 16, seq_len 2048)"), chosen.name
+    capacity = 32768 * 2**20
+    two = chosen.device_memory(model, cluster, seq_len=2048)
+    one = chosen.model_copy(update={"zero": 1}).device_memory(model, cluster, seq_len=2048)
+    assert max(m.total for m in two.values()) <= capacity < max(m.total for m in one.values())
+    roomy = C.mixed({"H800": 8})
+    assert plan_hetero(model, roomy, global_batch=16, seq_len=2048, min_pipelines=8, mixed_groups=False).zero == 1

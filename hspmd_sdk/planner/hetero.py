@@ -130,18 +130,24 @@ class StageProfile:
     capacity: float
 
 
-def _static_bytes(params: float, zero_shards: float) -> float:
-    return params * (2 * BF16 + 3 * FP32 / max(zero_shards, 1.0))
+def _static_bytes(params: float, zero_shards: float, zero: int = 1) -> float:
+    """Model-state bytes of ``params`` parameters: bf16 weights and gradients, fp32 master and Adam moments; the
+    optimizer part over ``zero_shards`` replicas, and from ZeRO level 2 the gradients too."""
+    z = max(zero_shards, 1.0)
+    return params * (BF16 + BF16 / (z if zero >= 2 else 1.0) + 3 * FP32 / z)
 
 
 class PlanContext:
     """The model, cluster, workload and cost model a planning run shares, with a cache of group profiles."""
 
     def __init__(self, model: "ModelSpec", cluster: "Cluster", *, global_batch: int, seq_len: int,
-                 cost: CostModel | None = None, schedule: str = "1f1b", zero1: bool = True) -> None:
+                 cost: CostModel | None = None, schedule: str = "1f1b", zero1: bool = True,
+                 zero: int | None = None) -> None:
         self.model, self.cluster, self.global_batch, self.seq_len = model, cluster, global_batch, seq_len
         self.cost = cost or CostModel()
-        self.schedule, self.zero1 = schedule, zero1
+        # the ZeRO level of the strategies planned (SPEC §15); zero1 is its alias for levels 0 and 1
+        self.zero = (1 if zero1 else 0) if zero is None else int(zero)
+        self.schedule, self.zero1 = schedule, self.zero >= 1
         self._profiles: dict[tuple, StageProfile] = {}
         self._links: dict[tuple, object] = {}
         self._group_links: dict[tuple, object] = {}
@@ -186,9 +192,10 @@ class PlanContext:
         spec = self.cluster.devices[kind]
         return StageProfile(
             layer_time=lay.fwd + lay.bwd, emb_time=emb.fwd + emb.bwd, head_time=head.fwd + head.bwd,
-            layer_static=_static_bytes(lay.params, z), layer_act=lay.act_bytes, layer_transient=lay.transient_bytes,
-            emb_static=_static_bytes(emb.params, z), emb_act=emb.act_bytes,
-            head_static=_static_bytes(head.params, z), head_act=head.act_bytes,
+            layer_static=_static_bytes(lay.params, z, self.zero), layer_act=lay.act_bytes,
+            layer_transient=lay.transient_bytes,
+            emb_static=_static_bytes(emb.params, z, self.zero), emb_act=emb.act_bytes,
+            head_static=_static_bytes(head.params, z, self.zero), head_act=head.act_bytes,
             head_transient=head.transient_bytes,
             capacity=spec.memory_mb * 2.0**20 - self.cost.runtime_bytes(kind))
 
@@ -341,7 +348,7 @@ class Candidate:
 def _model_static_total(ctx: PlanContext, zero_shards: int) -> float:
     m = ctx.model
     params = m.num_layers * m.layer_param_count() + m.embedding_param_count() + m.head_param_count()
-    return _static_bytes(params, zero_shards)
+    return _static_bytes(params, zero_shards, ctx.zero)
 
 
 def _classes(ctx: PlanContext, groups: dict[str, list[TPGroup]]) -> list[tuple[TPGroup, int]]:
@@ -615,7 +622,7 @@ def sync_estimates(ctx: PlanContext, pipes: Sequence[PipelinePlan]) -> list[floa
     return out
 
 
-def build_strategy(cand: Candidate, *, schedule: str = "1f1b", zero1: bool = True,
+def build_strategy(cand: Candidate, *, schedule: str = "1f1b", zero1: bool = True, zero: int | None = None,
                    name: str | None = None) -> "Strategy":
     """The :class:`Strategy` of a solved candidate."""
     pipelines = []
@@ -625,7 +632,8 @@ def build_strategy(cand: Candidate, *, schedule: str = "1f1b", zero1: bool = Tru
             stages.append({"devices": list(g.ranks), "layers": [first, first + n - 1], "recompute": pipe.recompute})
             first += n
         pipelines.append({"stages": stages, "micro_batch_size": cand.micro_batch, "num_micro_batches": m})
-    return Strategy.load({"pipelines": pipelines, "schedule": schedule, "zero1": zero1, "name": name})
+    level = {"zero1": zero1} if zero is None else {"zero": zero}
+    return Strategy.load({"pipelines": pipelines, "schedule": schedule, **level, "name": name})
 
 
 def rank_by_simulation(ctx: PlanContext, strategies: Sequence["Strategy"]) -> list[tuple["Strategy", "SimResult"]]:
@@ -692,7 +700,8 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
                 cost: CostModel | None = None, ranks: Sequence[int] | None = None, schedule: str = "1f1b",
                 zero1: bool = True, candidates: int | None = None, simulate_top: int | None = None,
                 min_pipelines: int = 1, max_pipelines: int | None = None, micro_batches: Sequence[int] = (1, 2, 4),
-                refine: bool = True, name: str | None = None, mixed_groups: bool = True) -> "Strategy":
+                refine: bool = True, name: str | None = None, mixed_groups: bool = True,
+                zero: int | None = None) -> "Strategy":
     """Plan a heterogeneous strategy for ``model`` on ``cluster`` (the paper's scenario (a), Appendix A.1).
 
     Searches TP degrees per device kind, numbers of pipelines and micro-batch sizes (pruned by a closed-form
@@ -702,6 +711,10 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
     simulated time improves).  ``ranks`` restricts the plan to a subset of the cluster (default: all);
     ``min_pipelines``/``max_pipelines`` bound the data-parallel degree (an elastic job wants at least two
     replicas, and ``zero1=False``, so that a failure loses no state).
+
+    ``zero``: the ZeRO level of the plans (SPEC §15; ``zero1`` is the alias of levels 0 and 1).  Not given and
+    ``zero1``: when no plan fits the devices' memory with ZeRO-1, the planner plans again with ZeRO-2 (gradients
+    sharded too) and says so in the strategy's ``name``.
 
     ``mixed_groups``: where every host holds devices of several kinds (a node of mixed GPU generations), also
     simulate TP groups that mix them with HAP's uneven ratios (:mod:`.hetero_mixed`, SPEC §12) and return them
@@ -713,8 +726,30 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
     16
     """
     model = load_model_spec(model)
+    kw = dict(cost=cost, ranks=ranks, schedule=schedule, candidates=candidates, simulate_top=simulate_top,
+              min_pipelines=min_pipelines, max_pipelines=max_pipelines, micro_batches=micro_batches, refine=refine,
+              name=name, mixed_groups=mixed_groups)
+    if zero is not None or not zero1:
+        return _plan_hetero(model, cluster, global_batch, seq_len, zero=0 if zero is None else zero, **kw)
+    try:
+        return _plan_hetero(model, cluster, global_batch, seq_len, zero=1, **kw)
+    except PlanValidationError as e:  # memory binds: shard the gradients too
+        first = e
+    try:
+        plan = _plan_hetero(model, cluster, global_batch, seq_len, zero=2, **kw)
+    except PlanValidationError:
+        raise first from None
+    why = first.problems[-1][1] if first.problems else str(first)
+    return plan.model_copy(update={"name": f"{plan.name} (ZeRO-2: with ZeRO-1, {why})"})
+
+
+def _plan_hetero(model: "ModelSpec", cluster: "Cluster", global_batch: int, seq_len: int, *, zero: int,
+                 cost: CostModel | None, ranks: Sequence[int] | None, schedule: str, candidates: int | None,
+                 simulate_top: int | None, min_pipelines: int, max_pipelines: int | None,
+                 micro_batches: Sequence[int], refine: bool, name: str | None, mixed_groups: bool) -> "Strategy":
+    """:func:`plan_hetero` at ZeRO level ``zero``."""
     ctx = PlanContext(model, cluster, global_batch=global_batch, seq_len=seq_len, cost=cost, schedule=schedule,
-                      zero1=zero1)
+                      zero=zero)
     ranks = list(range(cluster.num_ranks)) if ranks is None else sorted(ranks)
     large = len(ranks) > 256  # each candidate costs more to solve and to simulate
     candidates = candidates if candidates is not None else (8 if large else 16)
@@ -809,7 +844,7 @@ def pick(ctx: PlanContext, solved: Sequence[Candidate], *, simulate_top: int = 6
     the simulator ranks it (e.g. the elastic replanner's inherited TP ratios); a refinement the adjusted strategy
     cannot take (it no longer validates) is then not taken."""
     for start in range(0, len(solved), max(simulate_top, 1)):
-        strategies = [build_strategy(c, schedule=ctx.schedule, zero1=ctx.zero1, name=name)
+        strategies = [build_strategy(c, schedule=ctx.schedule, zero=ctx.zero, name=name)
                       for c in solved[start:start + max(simulate_top, 1)]]
         if adjust is not None:
             strategies = [adjust(s) for s in strategies]

@@ -208,7 +208,7 @@ def arrangement_strategies(ctx: Any, pipes: Sequence[Sequence[Group]], micro_bat
         try:  # the model's checks (whole heads...) of one pipeline: the others are alike, recompute aside
             if not out:
                 Strategy.load({"pipelines": pipelines[:1]}, model=ctx.model)
-            out.append(Strategy.load({"pipelines": pipelines, "schedule": ctx.schedule, "zero1": ctx.zero1,
+            out.append(Strategy.load({"pipelines": pipelines, "schedule": ctx.schedule, "zero": ctx.zero,
                                       "name": name}))
         except PlanValidationError:
             return None
