@@ -235,3 +235,27 @@ def test_plan_hetero_shards_gradients_when_zero1_does_not_fit() -> None:
     assert max(m.total for m in two.values()) <= capacity < max(m.total for m in one.values())
     roomy = C.mixed({"H800": 8})
     assert plan_hetero(model, roomy, global_batch=16, seq_len=2048, min_pipelines=8, mixed_groups=False).zero == 1
+
+
+# ---- the plan editor -----------------------------------------------------------------------------------------------
+def test_the_editor_keeps_the_level_and_the_shares() -> None:
+    """A ZeRO-2 strategy with a ZeRO share loaded into the plan editor comes back out the same (level and shares
+    are not lost on the way through the draft); ``set_zero`` / ``set_zero1`` change the level, and a strategy at
+    ZeRO-1 whose stage runs out of memory is offered ZeRO-2 among its fixes."""
+    from hspmd_sdk.viz import PlanEditor
+    from hspmd_sdk.viz._checks import _changes
+
+    shared = PLANS["dp2_zero2_share3to1"]
+    ed = PlanEditor(Cluster.local(2), "tiny", shared, seq_len=16, background=False)
+    assert ed.is_valid and ed.strategy == Strategy.load(shared).model_copy(update={"name": ed.strategy.name})
+    assert ed.strategy.zero == 2 and ed.strategy.pipelines[0].zero_share == 3.0
+    ed.set_zero1(False)  # a share without sharding: the editor names it, the draft keeps both
+    assert not ed.is_valid and [p.path for p in ed.problems] == ["pipelines[0].zero_share"], ed.problems
+    assert (ed.draft.zero, ed.draft.zero1, ed.draft.pipelines[0].zero_share) == (0, False, 3.0)
+    ed.set_zero(2)
+    assert ed.strategy.zero == 2
+    ed.set_zero(1)
+    one = ed.strategy
+    assert one.zero == 1 and "zero" not in json.loads(ed.to_json())
+    kinds = [kind for kind, _ in _changes(one, 0, 0, GPTConfig.preset("tiny"), None)]
+    assert "zero2" in kinds and "zero1" not in kinds

@@ -103,7 +103,7 @@ def oom_advice(strategy: "Strategy", i: int, j: int, rank: int, memory: Any, cap
     Each change is priced as the core's estimate (:meth:`Strategy.memory_estimate`) of the changed strategy,
     offset by what ``memory`` (simulated or estimated) adds to the estimate of the unchanged one on ``rank``."""
     p, s = strategy.pipelines[i], strategy.pipelines[i].stages[j]
-    on = [w for w, yes in (("recompute", s.recompute), ("ZeRO-1", strategy.zero1)) if yes]
+    on = [w for w, yes in (("recompute", s.recompute), (f"ZeRO-{max(strategy.zero, 1)}", strategy.zero1)) if yes]
     already = f" ({' and '.join(on)} {'is' if len(on) == 1 else 'are'} on already)" if on else ""
     if model is None:
         return "give it more devices (TP) or fewer layers" + already
@@ -154,6 +154,8 @@ def _changes(strategy: "Strategy", i: int, j: int, model: Any, cluster: "Cluster
                                    s.devices)]))
     if not strategy.zero1 and strategy.dp_degree > 1:
         out.append(("zero1", [("ZeRO-1", strategy.model_copy(update={"zero1": True}), s.devices)]))
+    elif strategy.zero == 1 and strategy.dp_degree > 1:  # the gradients too
+        out.append(("zero2", [("ZeRO-2", strategy.model_copy(update={"zero": 2}), s.devices)]))
     if p.micro_batch_size > 1:
         n = p.num_micro_batches * p.micro_batch_size
         out.append(("mbs", [(f"micro-batch size 1 ({n} micro-batches)",

@@ -54,6 +54,7 @@ class PipelineDraft:
     stages: list[StageDraft]
     micro_batch_size: int = 1
     num_micro_batches: int = 1
+    zero_share: float | None = None  #: this pipeline's share of the ZeRO-sharded state (SPEC §15; None: even)
 
 
 @dataclass
@@ -64,19 +65,25 @@ class Draft:
     schedule: str = "1f1b"
     zero1: bool = False
     name: str | None = None
+    zero: int = 0  #: the ZeRO level (SPEC §15); ``zero1`` is ``zero >= 1``
 
     @classmethod
     def from_strategy(cls, strategy: "Strategy") -> "Draft":
         return cls([PipelineDraft([StageDraft(list(s.devices), list(s.layers), s.recompute,
                                               list(s.ratios) if s.ratios is not None else None, s.cp)
                                    for s in p.stages],
-                                  p.micro_batch_size, p.num_micro_batches) for p in strategy.pipelines],
-                   strategy.schedule, strategy.zero1, strategy.name)
+                                  p.micro_batch_size, p.num_micro_batches, p.zero_share) for p in strategy.pipelines],
+                   strategy.schedule, strategy.zero1, strategy.name, strategy.zero)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form :meth:`Strategy.load` reads (``ratios`` and ``cp`` only where a stage has them)."""
+        """The JSON form :meth:`Strategy.load` reads (``ratios`` and ``cp`` only where a stage has them, a
+        pipeline's ``zero_share`` where it has one, ``zero`` from level 2: levels 0 and 1 are ``zero1``)."""
         out = asdict(self)
+        if out["zero"] <= 1 or not out["zero1"]:
+            del out["zero"]
         for p in out["pipelines"]:
+            if p["zero_share"] is None:
+                del p["zero_share"]
             for st in p["stages"]:
                 if st["ratios"] is None:
                     del st["ratios"]

@@ -436,9 +436,13 @@ class PlanEditor:
         self._edit(edit)
 
     def set_zero1(self, on: bool = True) -> None:
-        """ZeRO-1 (fp32 master weights and Adam states sharded over the pipelines)."""
+        """ZeRO-1 (fp32 master weights and Adam states sharded over the pipelines); off turns every level off."""
+        self.set_zero(max(self._draft.zero, 1) if on else 0)
+
+    def set_zero(self, level: int) -> None:
+        """The ZeRO level (SPEC §15): 0 none, 1 optimizer states, 2 also gradients, sharded over the pipelines."""
         def edit(d: Draft) -> None:
-            d.zero1 = bool(on)
+            d.zero, d.zero1 = int(level), int(level) >= 1
         self._edit(edit)
 
     def set_name(self, name: str | None) -> None:
@@ -494,7 +498,8 @@ class PlanEditor:
 
         def edit(d: Draft) -> None:
             new = Draft.from_strategy(strategy)
-            d.pipelines, d.schedule, d.zero1, d.name = new.pipelines, new.schedule, new.zero1, new.name
+            d.pipelines, d.schedule, d.zero1, d.zero, d.name = (new.pipelines, new.schedule, new.zero1, new.zero,
+                                                                new.name)
         self._edit(edit, select=lambda d: (0, 0))
         self._message = note
 
