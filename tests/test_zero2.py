@@ -259,3 +259,11 @@ def test_the_editor_keeps_the_level_and_the_shares() -> None:
     assert one.zero == 1 and "zero" not in json.loads(ed.to_json())
     kinds = [kind for kind, _ in _changes(one, 0, 0, GPTConfig.preset("tiny"), None)]
     assert "zero2" in kinds and "zero1" not in kinds
+
+
+def test_an_elastic_replan_keeps_the_level() -> None:
+    """A ZeRO-2 job that loses a rank is replanned at ZeRO-2 (the controller's ``replan_elastic``)."""
+    from hspmd_sdk.planner.elastic import replan_elastic
+
+    dp4 = {"pipelines": [_pipe([([r], [0, 3])], 2, 1) for r in range(4)], "zero": 2}
+    assert replan_elastic("tiny", Cluster.local(4), Strategy.load(dp4), [3], seq_len=16).zero == 2

@@ -141,7 +141,7 @@ def replan_elastic(model: "ModelSpec | str", cluster: "Cluster", strategy: "Stra
     survivors = [r for r in cluster.ranks if r not in failed]
     gb = global_batch or strategy.global_batch
     ctx = PlanContext(model, cluster, global_batch=gb, seq_len=seq_len, cost=cost, schedule=strategy.schedule,
-                      zero1=strategy.zero1)
+                      zero=strategy.zero)
     max_node = max(len(n.ranks) for n in cluster.nodes)
     allowed = tp_degrees(model, max_node)
     sizes = sorted({1, strategy.pipelines[0].micro_batch_size} & {b for b in (1, 2, 4) if gb % b == 0})
@@ -297,7 +297,7 @@ def replan_straggler(model: "ModelSpec | str", cluster: "Cluster", strategy: "St
     slow, slow_cost = slowed_cluster(cluster, speeds, cost)
     gb = global_batch or strategy.global_batch
     ctx = PlanContext(model, slow, global_batch=gb, seq_len=seq_len, cost=slow_cost, schedule=strategy.schedule,
-                      zero1=strategy.zero1)
+                      zero=strategy.zero)
     allowed = tp_degrees(model, max(len(n.ranks) for n in cluster.nodes))
     sizes = sorted({1, strategy.pipelines[0].micro_batch_size} & {b for b in (1, 2, 4) if gb % b == 0})
     cands = [c for b in sizes for c in [_keep_templates(ctx, strategy, set(), b, allowed)] if c is not None]
