@@ -39,9 +39,10 @@ SIX_ZERO1 = {"pipelines": [_pipe([([0], [0, 0]), ([1], [1, 2]), ([2], [3, 3])], 
                            _pipe([([3], [0, 1]), ([4], [2, 2]), ([5], [3, 3])], 2, 2)], "zero1": True}
 
 
-def _launch(tmp_path: Path, faults: list[dict], every: int):
+def _launch(tmp_path: Path, faults: list[dict], every: int, zero: int = 1):
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(6)
-    program = specialize(model, plan_from_strategy(model, Strategy.load(SIX_ZERO1), cluster), cluster,
+    strategy = Strategy.load({**SIX_ZERO1, "zero": zero})
+    program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster,
                          bindings={"B": 8, "S": SEQ})
     job = launch(program, cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, elastic=True,
                           fault_injection=faults, capture_dir=tmp_path / "capture", checkpoint_dir=tmp_path / "ckpt",
@@ -67,10 +68,12 @@ def _gone(pids: dict[int, int], timeout: float = 10.0) -> bool:
 
 
 @pytest.mark.timeout(150)
-def test_lost_state_is_reloaded_from_the_checkpoint_in_the_running_survivors(tmp_path: Path) -> None:
+@pytest.mark.parametrize("zero", [1, 2])
+def test_lost_state_is_reloaded_from_the_checkpoint_in_the_running_survivors(tmp_path: Path, zero: int) -> None:
     """Checkpoints after steps 2, 4, 6 (synchronous, so the one of step 2 is committed before step 3 can start);
-    rank 2 dies in step 3's backward (0-based), taking its ZeRO-1 shards of layer 3 and the head."""
-    model, job, pids = _launch(tmp_path, [{"rank": 2, "step": 3, "at": "backward"}], every=2)
+    rank 2 dies in step 3's backward (0-based), taking its ZeRO shards of layer 3 and the head (ZeRO-2: its
+    gradient shards too, rebuilt by the redone steps)."""
+    model, job, pids = _launch(tmp_path, [{"rank": 2, "step": 3, "at": "backward"}], every=2, zero=zero)
     result = job.wait(timeout=130)
     ref = reference_training(model, steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
 
@@ -90,6 +93,7 @@ def test_lost_state_is_reloaded_from_the_checkpoint_in_the_running_survivors(tmp
     assert event.bytes["intra"] == event.bytes["inter"] == 0
     assert event.bytes["read"] > 0 and "reloaded from the checkpoint of step 2" in str(event)
     assert sorted(d for p in event.strategy.pipelines for s in p.stages for d in s.devices) == list(range(5))
+    assert event.strategy.zero == zero
 
     # the final state (assembled from the survivors' shards) is the reference's, and so is the last checkpoint,
     # written by the new 5-rank world after the reload
