@@ -267,3 +267,26 @@ def test_an_elastic_replan_keeps_the_level() -> None:
 
     dp4 = {"pipelines": [_pipe([([r], [0, 3])], 2, 1) for r in range(4)], "zero": 2}
     assert replan_elastic("tiny", Cluster.local(4), Strategy.load(dp4), [3], seq_len=16).zero == 2
+
+
+# ---- ZeRO-2 changes what a rank keeps, not a number ----------------------------------------------------------------
+#: plan classes run at ZeRO-1 and ZeRO-2 side by side: context parallelism beside a CP1 pipeline, and bf16
+PAIRS = {
+    "cp2_beside_cp1": ({"pipelines": [_pipe([([0, 1], [0, 1], {"cp": 2}), ([2], [2, 3])], 2, 2),
+                                      _pipe([([3], [0, 3])], 2, 2)]}, "fp32"),
+    "hetero_bf16": ({k: v for k, v in _HETERO.items() if k != "name"}, "bf16"),
+}
+
+
+def test_zero2_runs_bit_for_bit_like_zero1(gpt: GPTConfig) -> None:
+    """The same collectives on the same buffers in the same order: a ZeRO-2 run's losses and gradient norms are
+    ZeRO-1's exactly, under CP beside a CP1 pipeline and under bf16 (where each gradient's fp32 sum is the one let
+    go)."""
+    cluster = Cluster.local(4)
+    runs = [training_run(_program(gpt, {**s, "zero": z}, cluster), steps=3, seed=SEED, seq_len=SEQ, lr=LR,
+                         cluster=cluster, precision=precision, **RECIPE)
+            for s, precision in PAIRS.values() for z in (1, 2)]
+    got = _launch_runs(runs, cluster, timeout_s=120).wait().results[0]["runs"]
+    for k, name in enumerate(PAIRS):
+        one, two = got[2 * k], got[2 * k + 1]
+        assert one["losses"] == two["losses"] and one["grad_norms"] == two["grad_norms"], name
