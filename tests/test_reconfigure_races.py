@@ -191,9 +191,14 @@ def test_a_halt_no_failure_explains_ends_the_job_with_its_reason() -> None:
     controller = TrainingController(_program(model, DP4, cluster), cluster, global_batch=8, seq_len=SEQ,
                                     elastic=True)
     failed: list = []
-    job = SimpleNamespace(spec=SimpleNamespace(silent_s=0.3, job_id="j"), _done=threading.Event(),
-                          _fail=failed.append, on_message=lambda kind, fn: None, on_finish=lambda fn: None,
-                          metrics=None)
+    done = threading.Event()
+
+    class StandIn(SimpleNamespace):  # the job's public interface the controller uses (Job.ended, ...)
+        ended = property(lambda self: done.is_set())
+
+    job = StandIn(spec=SimpleNamespace(silent_s=0.3, job_id="j"), wait_ended=done.wait,
+                  report_failure=failed.append, note=lambda text: None, on_message=lambda kind, fn: None,
+                  on_finish=lambda fn: None, metrics=None)
     controller.attach(job)
     controller._on_halted(2, {"after": 0, "step": 1, "source": "live", "held": [0, 0],
                               "error": "CommExecutionError: a broken plan"})

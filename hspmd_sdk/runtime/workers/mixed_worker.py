@@ -61,7 +61,7 @@ class MixedSession(TrainSession):
 
     Elastic (``elastic=True``): the version a worker holds is ``(reconfiguration id, candidate)``; the state from
     before a length switch is kept until the next commit, as for a user's switch, and a recovery brings the
-    candidates replanned on the survivors (:meth:`~.controller.TrainingController._replan_candidates`), among
+    candidates replanned on the survivors (:meth:`~..control.recovery.Recovery.replan_candidates`), among
     which the dispatch goes on."""
 
     def __init__(self, state: Any, run: Mapping[str, Any], index: int, offset: int) -> None:
