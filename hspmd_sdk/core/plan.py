@@ -72,7 +72,7 @@ class ExecutionSettings(BaseModel):
     recompute: tuple[NonNegativeInt, ...] = Field((), description="ranks that recompute activations in backward")
     zero: ZeroLevel = Field(  # 0 and 1 are in zero1: the JSON of a plan without ZeRO-2 is unchanged
         0, exclude_if=lambda v: v <= 1,
-        description="what is sharded over each parameter's replicas (SPEC §15): 1 optimizer states, 2 also "
+        description="what is sharded over each parameter's replicas: 1 optimizer states, 2 also "
                     "gradients, 3 also parameters")
     zero1: bool = Field(False, description="optimizer states sharded over each parameter's replicas (zero >= 1)")
     zero1_replicated: tuple[str, ...] = Field(

@@ -205,7 +205,7 @@ class Pipeline(_Worded):
     zero_share: Annotated[float, BeforeValidator(_no_bool_or_text_number)] | None = Field(
         default=None, gt=0, exclude_if=lambda v: v is None,  # not given: JSON unchanged
         description="with ZeRO (Strategy.zero >= 1): this pipeline's share of each sharded tensor relative to the "
-                    "other pipelines' (SPEC §15; a pipeline without one counts 1; none given: even shares)")
+                    "other pipelines' (a pipeline without one counts 1; none given: even shares)")
 
     @model_validator(mode="after")
     def _check(self) -> "Pipeline":
@@ -267,7 +267,7 @@ class Strategy(_Worded):
     schedule: Literal["gpipe", "1f1b"] = "1f1b"
     zero: ZeroLevel = Field(  # 0 and 1 are in zero1: the JSON of a strategy without ZeRO-2 is unchanged
         default=0, exclude_if=lambda v: v <= 1,
-        description="sharding over each layer's data-parallel replicas (SPEC §15): 1 the fp32 master weights and "
+        description="sharding over each layer's data-parallel replicas: 1 the fp32 master weights and "
                     "Adam states (ZeRO-1), 2 also the gradients (ZeRO-2), 3 also the parameters (not implemented "
                     "yet)")
     zero1: StrictBool = Field(default=False, description="ZeRO-1 or more: the same as zero >= 1 (zero1=True given "
