@@ -206,3 +206,14 @@ def test_bsr_scheme_on_boxes_equals_the_rules_in_order() -> None:
         got = bsr_scheme(entries, LinkModel(cluster), load_a)
         assert [(a.key, a.src, a.dst) for a in got] == _scan(entries, cluster, load_b), trial
         assert load_a == load_b
+
+
+def test_link_model_without_a_cluster_gives_every_pair_of_nodes_bandwidth_one() -> None:
+    """Without a cluster every link is alike: 1.0, by ranks (``bandwidth``) and by their nodes (``node_bandwidth``,
+    what the scheme's owner pool asks), asked again or not; and the placement of a tuple of ranks is node 0, of no
+    kind, on host 0, the same answer when asked again."""
+    none = LinkModel(None)
+    assert [none.node_bandwidth(0, 0, 0, 1), none.node_bandwidth(0, 0, 3, 2), none.node_bandwidth(0, 0, 0, 1)] == \
+        [1.0, 1.0, 1.0]
+    assert none.bandwidth(0, 1) == 1.0
+    assert none.placement((0, 2)) == ({0: 0, 2: 0}, {0: "", 2: ""}, {0: 0, 2: 0}) == none.placement((0, 2))

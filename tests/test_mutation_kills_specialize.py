@@ -762,3 +762,51 @@ def test_a_bound_symbol_that_is_not_positive_names_the_tensor_whose_plan_needs_i
     with pytest.raises(ShapeError) as e:
         specialize(g.build(), {"Q": Annotation("[0,1] S1x2")}, Cluster.local(2), bindings={"B": 0, "S": 2})
     assert str(e.value) == "tensor 'Q' dim 0: symbol 'B' must be bound to a positive int, got 0"
+
+
+# ---- issue 49: survivors of the run after Program.part ---------------------------------------------------------
+@pytest.mark.parametrize("what, call", [
+    ("executable_graph", lambda part: part.executable_graph(1)),
+    ("schedule", lambda part: part.schedule(1)),
+    ("stage_of", lambda part: part.stage_of(1)),
+    ("batch_rows", lambda part: part.batch_rows(1, {"B": 2})),
+    ("micro_batch_plan", lambda part: part.micro_batch_plan("X", 1, {"B": 2}, 1)),
+    ("local_shape", lambda part: part.local_shape("X", 1)),
+    ("part", lambda part: part.part(1)),
+])
+def test_a_part_asked_about_another_rank_names_the_method(what, call) -> None:
+    """Rank 0's part of the two-rank MLP, made at version 3 (Program.part passes the version on), refuses rank 1
+    with a message that starts with the method asked."""
+    from hspmd_sdk.core.program_part import ProgramPartError
+
+    prog = mlp()
+    part = prog.part(0, version=3)
+    assert part.version == 3 and prog.part(0).version == 0
+    with pytest.raises(ProgramPartError) as e:
+        call(part)
+    assert str(e.value) == (f"{what}: this is rank 0's part of Program {prog.digest()[:12]} (version 3); rank 1 is "
+                            "not in it — ask the whole Program, or that rank's part")
+
+
+def test_the_planner_keeps_the_annotations_whose_ids_it_remembers_alive() -> None:
+    """The planner's fast path keys plans by the annotation objects' ids: it keeps every pair it was asked about
+    alive, even one whose plan it found by value (equal annotations, other objects) and whose name was asked again
+    since, so that no later annotation can take such an id and get another layout's plan."""
+    import gc
+    import weakref
+
+    from hspmd_sdk.core.specialize import _Planner
+
+    g = GraphBuilder("one")
+    g.placeholder("X", (4, 4))
+    planner = _Planner(g.build(), {}, lambda src, dst, shape, dtype, cluster: (str(src), str(dst)), None)
+    a, b = Annotation("[0,1] D2"), Annotation("[0,1] S0x2")
+    assert planner.plan(a, b, "X", name="n") == ("[0,1] D2", "[0,1] S0x2")
+    a2, b2 = Annotation("[0,1] D2"), Annotation("[0,1] S0x2")
+    refs = [weakref.ref(a2), weakref.ref(b2)]
+    assert planner.plan(a2, b2, "X", name="m") == ("[0,1] D2", "[0,1] S0x2")  # found by value
+    assert planner.plan(a, b, "X", name="m") == ("[0,1] D2", "[0,1] S0x2")  # "m" names the first pair now
+    del a2, b2
+    gc.collect()
+    assert all(r() is not None for r in refs)
+    assert planner.keys == {"n": (a, b, "X"), "m": (a, b, "X")}

@@ -126,3 +126,31 @@ def test_a_plan_names_one_bsr_operator_per_step() -> None:
     step -- one for a fused plan, one per tensor unfused."""
     assert plan_switch(SRC, DST, TWO_BY_TWO).kinds == ["BSR"]
     assert plan_switch(SRC, DST, TWO_BY_TWO, fused=False).kinds == ["BSR", "BSR"]
+
+
+def test_a_rank_s_part_keeps_its_messages_with_their_tags_its_copies_and_zero_fills() -> None:
+    """``SwitchPlan.part(rank)``: per step, the messages ``rank`` sends or receives, each tagged with its index in the
+    whole step (the whole plan's messages have no tag), the copies and zero fills on ``rank``; all else as the
+    whole plan.  One step: v's four pieces 0->2, 0->3, 1->2, 1->3 (indices 0-3), w whole 2->3 (index 4), z copied on
+    rank 1 and zero-filled on rank 2 (its Partial destination)."""
+    import dataclasses
+
+    src = dict(SRC, z=(Annotation("[0,1] D2"), (2, 2)))
+    dst = dict(DST, z=(Annotation("[1,2] P2"), (2, 2)))
+    plan = plan_switch(src, dst, TWO_BY_TWO)
+    (whole,) = plan.steps
+    assert [(m.src, m.dst, m.tag) for m in whole.messages] == [(0, 2, None), (0, 3, None), (1, 2, None),
+                                                               (1, 3, None), (2, 3, None)]
+    want = {0: ([0, 1], (), ()), 1: ([2, 3], (("z", 1, ((0, 2), (0, 2))),), ()), 2: ([0, 2, 4], (), (("z", 2),)),
+            3: ([1, 3, 4], (), ())}
+    for rank, (tags, copies, zero_fill) in want.items():
+        part = plan.part(rank)
+        (step,) = part.steps
+        assert [m.tag for m in step.messages] == tags, rank
+        assert list(step.messages) == [dataclasses.replace(whole.messages[i], tag=i) for i in tags], rank
+        assert (step.copies, step.zero_fill) == (copies, zero_fill), rank
+        assert dataclasses.replace(part, steps=plan.steps) == plan
+    unfused = plan_switch(src, dst, TWO_BY_TWO, fused=False)
+    assert len(unfused.steps) > 1
+    assert [[(m.src, m.dst, m.tag) for m in s.messages] for s in unfused.part(3).steps] == \
+        [[(m.src, m.dst, i) for i, m in enumerate(s.messages) if 3 in (m.src, m.dst)] for s in unfused.steps]

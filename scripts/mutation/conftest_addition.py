@@ -24,12 +24,13 @@ def _mutation_empty_caches():
 def _mutation_pyomo_log_stream():
     """mutmut runs pytest several times in one process: pyomo's log handler keeps the stdout of the run that
     imported pyomo, which the next run closes (its solvers then fail on ``fileno()``).  Point it at the process's
-    own stdout before each test, once pyomo is loaded."""
+    own stdout before each test, once pyomo is loaded (without flushing the closed one)."""
     import logging
     import sys
 
     if "pyomo.common.log" in sys.modules:
         for handler in logging.getLogger("pyomo").handlers:
-            if isinstance(handler, logging.StreamHandler):
-                handler.setStream(sys.__stdout__)
+            if isinstance(handler, logging.StreamHandler) and handler.stream is not sys.__stdout__:
+                with handler.lock:  # not setStream: it flushes the old stream first, which may be closed
+                    handler.stream = sys.__stdout__
     yield
