@@ -18,7 +18,6 @@ A stage with ``ratios`` splits every TP-split tensor in those proportions throug
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from _equivalence import close_to_reference  # noqa: E402
+from test_switching import switch_at_holds  # noqa: E402
 
 from hspmd_sdk import Cluster, GPTConfig, LlamaConfig, Strategy, specialize  # noqa: E402
 from hspmd_sdk.core.annotation import Annotation  # noqa: E402
@@ -317,14 +317,6 @@ SWITCH_TOUR = [EVEN_TP2, RUNS["tp2_3to1"], RUNS["dp2_uneven_zero1"], EVEN_TP2]
 STATE_TOL = 5e-5
 
 
-def _wait(cond, timeout: float = 90.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.01)
-
-
 def _state_err(run_dir: Path, model, ref) -> dict[str, float]:
     """Largest norm-relative difference of the final parameters and of each Adam moment (as
     tests/test_switching.py: GPT-2's gradient-free key bias and zero-initialised biases measured apart)."""
@@ -357,13 +349,7 @@ def _switch_tour(family: str, tour: list[dict], tmp_path: Path) -> None:
     holds = [2 * k - 1 for k in range(1, len(tour))]
     job = launch(programs[0], cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=tmp_path,
                  timeout_s=60, hold_at=holds)
-    for step, program in zip(holds, programs[1:]):
-        assert job.wait_held(step) == [0, 1, 2, 3]
-        event = job.switch(program)
-        job.wait_held(step, heard=event)
-        job.release(step)
-        _wait(lambda: event.done or job.status.value != "running")
-        assert event.done and event.step == step + 1, str(event)
+    switch_at_holds(job, holds, programs[1:])
     result = job.wait(timeout=120)
     ref = reference_training(model, steps=steps, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
     assert [e.reason for e in result.events] == ["user"] * (len(tour) - 1)

@@ -50,6 +50,18 @@ def _wait(cond, timeout: float = 90.0) -> None:
         time.sleep(0.01)
 
 
+def switch_at_holds(job, holds, programs) -> None:
+    """Switch ``job`` to ``programs[k]`` while every rank is held at step ``holds[k]``, released once all heard it:
+    each switch lands at the boundary after its step, whatever the machine's load (shared by the switching tours)."""
+    for step, program in zip(holds, programs):
+        assert job.wait_held(step) == [0, 1, 2, 3]
+        event = job.switch(program)
+        job.wait_held(step, heard=event)
+        job.release(step)
+        _wait(lambda: event.done or job.status.value != "running")
+        assert event.done and event.step == step + 1, str(event)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -122,13 +134,7 @@ def test_switching_through_many_plans_equals_the_run_that_never_switched(family:
     job = launch(programs[0], cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=tmp_path,
                  timeout_s=60, hold_at=holds)
     pids = job.pids()
-    for step, program in zip(holds, programs[1:]):
-        assert job.wait_held(step) == [0, 1, 2, 3]
-        event = job.switch(program)
-        job.wait_held(step, heard=event)
-        job.release(step)
-        _wait(lambda: event.done or job.status.value != "running")
-        assert event.done and event.step == step + 1, str(event)
+    switch_at_holds(job, holds, programs[1:])
     result = job.wait(timeout=120)
     ref = reference_training(model, steps=steps, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
     assert [e.reason for e in result.events] == ["user"] * (len(TOUR) - 1)

@@ -71,14 +71,20 @@ def gpt() -> GPTConfig:
     return GPTConfig.preset("tiny")
 
 
+def train_plans(gpt: GPTConfig, plans: dict[str, dict], out: Path) -> dict:
+    """One 4-rank job training ``plans`` (name -> strategy) one after the other with the recipe, capturing into
+    ``out``: ``{"out", "runs": name -> rank 0's run, "results": every rank's}`` (shared with test_zero2.py)."""
+    cluster = Cluster.local(4)
+    runs = [training_run(_program(gpt, s, cluster), steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=out,
+                         cluster=cluster, **RECIPE) for s in plans.values()]
+    result = _launch_runs(runs, cluster, timeout_s=120).wait()
+    return {"out": out, "runs": {n: result.results[0]["runs"][i] for i, n in enumerate(plans)},
+            "results": result.results}
+
+
 @pytest.fixture(scope="module")
 def trained(gpt: GPTConfig, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    cluster, out = Cluster.local(4), tmp_path_factory.mktemp("recipe")
-    runs = [training_run(_program(gpt, s, cluster), steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=out,
-                         cluster=cluster, **RECIPE) for s in PLANS.values()]
-    result = _launch_runs(runs, cluster, timeout_s=120).wait()
-    return {"out": out, "runs": {n: result.results[0]["runs"][i] for i, n in enumerate(PLANS)},
-            "results": result.results}
+    return train_plans(gpt, PLANS, tmp_path_factory.mktemp("recipe"))
 
 
 @pytest.fixture(scope="module")

@@ -20,18 +20,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hspmd_sdk import Cluster, GPTConfig, launch, specialize  # noqa: E402
+from hspmd_sdk import Cluster, GPTConfig, launch  # noqa: E402
 from hspmd_sdk.core.memory import BF16_BYTES  # noqa: E402
 from hspmd_sdk.core.strategy import Strategy  # noqa: E402
-from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
 from hspmd_sdk.runtime.control.train import _launch_runs, reference_training, training_run  # noqa: E402
 
-from test_training_recipe import RECIPE, _pipe, _rel, _state_matches  # noqa: E402
+from test_training_recipe import (RECIPE, _pipe, _program, _rel, _state_matches, gpt, reference,  # noqa: E402,F401
+                                  train_plans)
 
 TESTS = Path(__file__).resolve().parent
 EXAMPLES = TESTS.parent / "hspmd_sdk" / "examples"
-STEPS, SEED, SEQ, LR = 4, 1, 16, 1e-2
+SEED, SEQ, LR = 1, 16, 1e-2  # the recipe test's: its fixtures and helpers are shared
 _HETERO = {k: v for k, v in json.loads((EXAMPLES / "example_hetero_tiny.json").read_text()).items() if k != "zero1"}
 
 PLANS = {
@@ -46,28 +46,11 @@ PLANS = {
 }
 
 
-def _program(model: Any, strategy: dict, cluster: Cluster) -> Any:
-    return specialize(model, plan_from_strategy(model, Strategy.load(strategy), cluster), cluster)
-
-
-@pytest.fixture(scope="module")
-def gpt() -> GPTConfig:
-    return GPTConfig.preset("tiny")
-
-
 @pytest.fixture(scope="module")
 def trained(gpt: GPTConfig, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    cluster, out = Cluster.local(4), tmp_path_factory.mktemp("zero2")
-    runs = [training_run(_program(gpt, s, cluster), steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=out,
-                         cluster=cluster, **RECIPE) for s in PLANS.values()]
-    result = _launch_runs(runs, cluster, timeout_s=120).wait()
-    return {"out": out, "runs": {n: result.results[0]["runs"][i] for i, n in enumerate(PLANS)},
-            "by_rank": {n: {r: result.results[r]["runs"][i] for r in result.results} for i, n in enumerate(PLANS)}}
-
-
-@pytest.fixture(scope="module")
-def reference(gpt: GPTConfig) -> Any:
-    return reference_training(gpt, steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR, **RECIPE)
+    got = train_plans(gpt, PLANS, tmp_path_factory.mktemp("zero2"))
+    results = got["results"]
+    return {**got, "by_rank": {n: {r: results[r]["runs"][i] for r in results} for i, n in enumerate(PLANS)}}
 
 
 @pytest.mark.parametrize("name", list(PLANS))
@@ -188,7 +171,7 @@ def test_switching_between_zero_levels_equals_the_run_that_never_switched(gpt: G
     in one job: each switch
     lands at the step boundary after it was heard (every rank held until then), the losses and the final parameters
     and Adam moments equal the single-device run's."""
-    from test_switching import LR as SLR, SEED as SSEED, SEQ as SSEQ, TOL, _close, _state_ok, _wait
+    from test_switching import LR as SLR, SEED as SSEED, SEQ as SSEQ, TOL, _close, _state_ok, switch_at_holds
 
     tour = [PLANS["dp2_zero2"], PLANS["hetero_zero2"],
             {"pipelines": [_pipe([([r], [0, 3])], 2, 1) for r in range(4)], "zero": 1},
@@ -199,13 +182,7 @@ def test_switching_between_zero_levels_equals_the_run_that_never_switched(gpt: G
     holds = [2 * k - 1 for k in range(1, len(tour))]
     job = launch(programs[0], cluster, steps=steps, seed=SSEED, seq_len=SSEQ, lr=SLR, capture_dir=tmp_path,
                  timeout_s=60, hold_at=holds)
-    for step, program in zip(holds, programs[1:]):
-        assert job.wait_held(step) == [0, 1, 2, 3]
-        event = job.switch(program)
-        job.wait_held(step, heard=event)
-        job.release(step)
-        _wait(lambda: event.done or job.status.value != "running")
-        assert event.done and event.step == step + 1, str(event)
+    switch_at_holds(job, holds, programs[1:])
     result = job.wait(timeout=120)
     assert [e.strategy.zero for e in result.events] == [2, 1, 0, 2, 2]
     ref = reference_training(gpt, steps=steps, seed=SSEED, global_batch=8, seq_len=SSEQ, lr=SLR)
