@@ -74,15 +74,9 @@ def ddp_entry(state: Any, spec: Any) -> dict[str, Any]:
     decayed (>= 2 dims) and undecayed groups, the run's schedule and ``clip_grad_norm_``.  Each step is timed by
     ``state.begin_step`` / ``state.report`` as our workers time theirs; returns this rank's losses."""
     import torch
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from hspmd_sdk.runtime.data import dataset_for
-
-    p = spec.payload
-    model = GPTConfig.model_validate(p["model"])
-    run = p["recipe"]
-    B_, S_, seed, steps = int(p["global_batch"]), int(p["seq_len"]), int(p["seed"]), int(spec.steps)
+    model = GPTConfig.model_validate(spec.payload["model"])
 
     class Loss(torch.nn.Module):
         def __init__(self, m: torch.nn.Module) -> None:
@@ -92,12 +86,30 @@ def ddp_entry(state: Any, spec: Any) -> dict[str, Any]:
         def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             return self.m.loss(tokens, targets)
 
-    module = DDP(Loss(model.build_reference(seed)))
-    params = list(module.parameters())
+    module = DDP(Loss(model.build_reference(int(spec.payload["seed"]))))
+    return peer_steps(state, spec, module, module.parameters(), fused=True)
+
+
+def peer_steps(state: Any, spec: Any, loss_of: Any, parameters: Any, **adam: Any) -> dict[str, Any]:
+    """A peer's training loop (DDP's, FSDP2's): torch's Adam (``adam``: ``fused=`` / ``foreach=``) on the decayed
+    (>= 2 dims) and undecayed groups, the run's schedule and ``clip_grad_norm_``; ``loss_of(tokens, targets)``
+    the step's loss on this rank's rows ``[r*B/W, (r+1)*B/W)`` of each global batch (read with ``rows=``, as our
+    ranks read theirs).  Each step is timed by ``state.begin_step`` / ``state.report`` as our workers time theirs;
+    returns this rank's losses."""
+    import torch
+    import torch.distributed as dist
+
+    from hspmd_sdk.runtime.data import dataset_for
+
+    p = spec.payload
+    model = GPTConfig.model_validate(p["model"])
+    run = p["recipe"]
+    B_, S_, seed, steps = int(p["global_batch"]), int(p["seq_len"]), int(p["seed"]), int(spec.steps)
+    params = list(parameters)
     groups = [{"params": [q for q in params if q.dim() >= 2]},
               {"params": [q for q in params if q.dim() < 2], "weight_decay": 0.0}]
     opt = torch.optim.Adam(groups, lr=run["lr"], betas=tuple(run["betas"]), eps=run["eps"],
-                           weight_decay=run["weight_decay"], fused=True)
+                           weight_decay=run["weight_decay"], **adam)
     sched: Schedule = schedule_of(run["schedule"])
     max_norm = run["max_norm"]
     data = dataset_for(p["data"], model.vocab_size)
@@ -112,11 +124,13 @@ def ddp_entry(state: Any, spec: Any) -> dict[str, Any]:
             g["lr"] = lr
         batch = data.global_batch(step, B_, S_, seed, rows=rows)
         opt.zero_grad(set_to_none=True)
-        loss = module(batch[:, :-1], batch[:, 1:])
+        loss = loss_of(batch[:, :-1], batch[:, 1:])
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if max_norm is not None else None
         opt.step()
         losses.append(float(loss.detach()))
+        if norm is not None and hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
+            norm = norm.full_tensor()
         state.report(step, loss=losses[-1], tokens=(rows[1] - rows[0]) * S_, lr=lr,
                      grad_norm=None if norm is None else float(norm))
     return {"losses": losses}

@@ -10,8 +10,8 @@ Adam 0.9/0.95 with weight decay on matrices, warmup + cosine, clipping at 1.0). 
   (parameters stay gathered from forward to backward, gradients reduce-scattered: FSDP2's ZeRO-2), the peer of
   ``dp4_zero2``; ``fsdp2_zero3``: the default ``reshard_after_forward=True`` (ZeRO-3), for reference.
 
-FSDP2 runs torch's Adam with ``foreach`` (its ``fused`` needs plain tensors), the same groups, schedule and
-``clip_grad_norm_``.  A job's figure is its median step after ``--warmup`` steps (the slowest rank's
+FSDP2 runs torch's Adam with ``foreach`` (its ``fused`` needs plain tensors); both peers train in
+``bench_training.peer_steps`` (the same groups, schedule and ``clip_grad_norm_``).  A job's figure is its median step after ``--warmup`` steps (the slowest rank's
 ``begin_step`` -> ``report``), a contestant's the median over rounds.  Also checked: every contestant's losses equal
 DP4's (the same training).  Run: ``python benchmarks/bench_zero.py [--steps 30] [--repeats 3]``; figures:
 ``benchmarks/results/zero.json``.
@@ -29,11 +29,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_training import (B, DP4, ENTRY, MODEL, RECIPE, S, SEED, load, program_of,  # noqa: E402
-                                       step_times)
+from benchmarks.bench_training import (B, DP4, ENTRY, MODEL, RECIPE, S, SEED, load, peer_steps,  # noqa: E402
+                                       program_of, step_times)
 from hspmd_sdk import Cluster, GPTConfig, launch  # noqa: E402
 from hspmd_sdk.runtime.control.launcher import launch_entry  # noqa: E402
-from hspmd_sdk.runtime.lr_schedule import Schedule, schedule_of  # noqa: E402
 from hspmd_sdk.runtime.transports.transport import LocalTransport  # noqa: E402
 
 NAMES = ["dp4", "dp4_zero1", "dp4_zero2", "ddp", "fsdp2_zero2", "fsdp2_zero3"]
@@ -42,48 +41,18 @@ NAMES = ["dp4", "dp4_zero1", "dp4_zero2", "ddp", "fsdp2_zero2", "fsdp2_zero3"]
 def fsdp_entry(state: Any, spec: Any) -> dict[str, Any]:
     """FSDP2 (``fully_shard``) on the model's single-device module, rank ``r`` training rows ``[r*B/W, (r+1)*B/W)``
     of each global batch; ``reshard_after_forward`` from the payload; each step timed as our workers time theirs."""
-    import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from hspmd_sdk.runtime.data import dataset_for
-
     p = spec.payload
-    model = GPTConfig.model_validate(p["model"])
-    run, reshard = p["recipe"], bool(p["reshard_after_forward"])
-    B_, S_, seed, steps = int(p["global_batch"]), int(p["seq_len"]), int(p["seed"]), int(spec.steps)
-    module = model.build_reference(seed)
+    reshard = bool(p["reshard_after_forward"])
+    module = GPTConfig.model_validate(p["model"]).build_reference(int(p["seed"]))
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     # one FSDP unit, the whole model: the reference model runs its blocks as methods of the root, not as calls of
     # submodules, so a unit per block would never see its forward hooks
     fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
-    params = list(module.parameters())
-    opt = torch.optim.Adam([{"params": [q for q in params if q.dim() >= 2]},
-                            {"params": [q for q in params if q.dim() < 2], "weight_decay": 0.0}],
-                           lr=run["lr"], betas=tuple(run["betas"]), eps=run["eps"], weight_decay=run["weight_decay"],
-                           foreach=True)
-    sched: Schedule = schedule_of(run["schedule"])
-    data = dataset_for(p["data"], model.vocab_size)
-    w, r = dist.get_world_size(), dist.get_rank()
-    rows = (r * B_ // w, (r + 1) * B_ // w)
-    losses = []
-    dist.barrier()
-    for step in range(steps):
-        state.begin_step()
-        lr = sched.lr(step, run["lr"], steps)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        batch = data.global_batch(step, B_, S_, seed, rows=rows)
-        opt.zero_grad(set_to_none=True)
-        loss = module.loss(batch[:, :-1], batch[:, 1:])
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(params, run["max_norm"])
-        opt.step()
-        losses.append(float(loss.detach()))
-        state.report(step, loss=losses[-1], tokens=(rows[1] - rows[0]) * S_, lr=lr,
-                     grad_norm=float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
-    return {"losses": losses}
+    return peer_steps(state, spec, module.loss, module.parameters(), foreach=True)
 
 
 def run_contestant(name: str, args: argparse.Namespace, corpus: str, programs: dict[str, Any],
