@@ -701,9 +701,11 @@ def _wux_rule(keys, shapes, attrs):
 
 def test_a_user_op_whose_weight_is_its_first_input(monkeypatch: pytest.MonkeyPatch) -> None:
     """register_op: "wux"(W, U, X) = X @ W with its weight at input 0 and its activation last.  The weight's
-    gradient faces the activation X (inputs[-1]), not the weight itself nor U (inputs[1], inputs[-2]): X's batch
-    split across the pipelines makes W's gradient Partial (SplitAllReduce), while U, read at no weight input, keeps
-    its own layout.  Its batch_dims reads both shapes, the activation's and the weight's: they must both arrive."""
+    gradient faces the activation X (inputs[-1]), not the weight itself nor U (inputs[1], inputs[-2], here data laid
+    out Duplicate in both pipelines): X's batch split across the pipelines makes W's gradient Partial
+    (SplitAllReduce).  Its batch_dims reads both shapes, the activation's and the weight's: they must both arrive.
+    A parameter at U's place (no weight input, beside X) is refused: nothing says which gradients to sum (before
+    stop 56 it kept its own layout, an Identity synchronisation, and the pipelines trained apart)."""
     from hspmd_sdk.core.op_registry import OpDef
 
     seen = []
@@ -714,14 +716,54 @@ def test_a_user_op_whose_weight_is_its_first_input(monkeypatch: pytest.MonkeyPat
 
     _register(monkeypatch, OpDef("wux", lambda shapes, attrs, node: [tuple(shapes[2])], _wux_rule,
                                  weight_inputs=(0,), batch_dims=batch_dims))
+    plan = {"X": Annotation("[0] R | [1] R ; hdim=0"), "W": Annotation("[0] R | [1] R"),
+            "U": Annotation("[0] R | [1] R")}
     g = GraphBuilder("wux")
     x = g.placeholder("X", ("B", 4))
-    g.add("wux", [g.parameter("W", (4, 4)), g.parameter("U", (4, 4)), x], {}, name="O")
-    prog = specialize(g.build(), {"X": Annotation("[0] R | [1] R ; hdim=0"), "W": Annotation("[0] R | [1] R"),
-                                  "U": Annotation("[0] R | [1] R")}, Cluster.local(2))
+    g.add("wux", [g.parameter("W", (4, 4)), g.placeholder("U", (4, 4)), x], {}, name="O")
+    prog = specialize(g.build(), plan, Cluster.local(2))
     assert prog.grad_sync_plans["W.grad_sync"].kinds == ["SplitAllReduce"]
-    assert prog.grad_sync_plans["U.grad_sync"].kinds == ["Identity"]
     assert seen and all(len(s) == 2 and s[1] == (4, 4) and len(s[0]) == 2 for s in seen)
+    g = GraphBuilder("wux")
+    g.add("wux", [g.parameter("W", (4, 4)), g.parameter("U", (4, 4)), g.placeholder("X", ("B", 4))], {}, name="O")
+    with pytest.raises(SpecializationError, match=r"^parameter tensor 'U' is input 1 of op 'O' \(wux\) beside "
+                                                  r"activations, which is not one of the op's weight inputs"):
+        specialize(g.build(), plan, Cluster.local(2))
+
+
+def test_a_fused_weight_split_in_two_is_synchronised_across_data_parallel_pipelines() -> None:
+    """V (4, 8) split into two Dot weights (a fused gate/up weight): V's gradient is the concatenation of both
+    halves' gradients, each Partial across the pipelines, so V's is too (before stop 56 a parameter read through an
+    op with several outputs kept an Identity synchronisation).  Split along a dim the plan splits (TP on dim 1):
+    refused by the op's rule; on one rank the layout passes through unchanged."""
+    def graph():
+        g = GraphBuilder("fused")
+        x = g.placeholder("X", ("B", 4))
+        a, b = ops.split(g.parameter("V", (4, 8)), 1, 2, name="Vs")
+        ops.add(ops.dot(x, a, name="Ya"), ops.dot(x, b, name="Yb"), name="O")
+        return g.build()
+
+    prog = specialize(graph(), {k: v for k, v in _DP.items() if k != "W"}, Cluster.local(2))
+    assert prog.grad_sync_plans["V.grad_sync"].kinds == ["SplitAllReduce"]
+    one = specialize(graph(), {"X": Annotation("[0] R"), "V": Annotation("[0] R")}, Cluster.local(1))
+    assert one.grad_sync_plans["V.grad_sync"].kinds == ["Identity"]
+
+
+def test_a_parameter_beside_activations_keeps_its_layout_only_where_all_are_laid_out_alike() -> None:
+    """P (4, 4) multiplied into a data tensor of its shape, every tensor laid out alike (Duplicate on both ranks of
+    one stage): every holder computes the same gradient, P's layout is its gradient's.  P as a Dot's first input
+    (not its weight input) facing data X (4, B) whose columns (the batch) are split across two pipelines: P's
+    gradient would be Partial across them, and is refused rather than left unsynchronised."""
+    g = GraphBuilder("scale")
+    ops.mul(g.placeholder("X", (4, 4)), g.parameter("P", (4, 4)), name="O")
+    prog = specialize(g.build(), {"X": Annotation("[0,1] D2"), "P": Annotation("[0,1] D2")}, Cluster.local(2))
+    assert prog.grad_sync_plans["P.grad_sync"].kinds == ["Identity"]
+    g = GraphBuilder("left")
+    ops.dot(g.parameter("P", (4, 4)), g.placeholder("X", (4, "B")), name="O")
+    with pytest.raises(SpecializationError, match=r"^parameter tensor 'P' is input 0 of op 'O' \(dot\) beside "
+                                                  r"activations.*Read the parameter through a weight input"):
+        specialize(g.build(), {"X": Annotation("[0] R | [1] R ; hdim=1"), "P": Annotation("[0] R | [1] R")},
+                   Cluster.local(2))
 
 
 def test_a_user_op_of_one_input_that_mixes_a_split_dim_is_one_stage(monkeypatch: pytest.MonkeyPatch) -> None:

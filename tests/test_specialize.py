@@ -339,14 +339,22 @@ def test_a_parameter_used_through_an_op_is_synchronised_across_data_parallel_pip
     assert alone.grad_sync_plans["V.grad_sync"].kinds == alone.grad_sync_plans["W.grad_sync"].kinds == ["Identity"]
 
 
-def test_a_parameter_read_through_an_op_that_changes_its_layout_is_refused_under_data_parallelism() -> None:
-    """V (2, 2) reshaped into a bias: its gradient is Partial across the pipelines, and the reshape's output is not
-    laid out like V; the specializer names the op instead of leaving V's gradient unsynchronised."""
-    g = GraphBuilder("reshaped")
-    x = g.placeholder("X", ("B", 4))
-    b = ops.reshape(g.parameter("V", (2, 2)), (4,), name="Vflat")
-    ops.bias_add(ops.dot(x, g.parameter("W", (4, 4)), name="Y"), b, name="O")
+def test_a_parameter_reshaped_under_data_parallelism_is_passed_on_unless_a_dim_is_split() -> None:
+    """V (2, 2) reshaped into a bias: its gradient is Partial across the pipelines.  A reshape's backward is linear,
+    so while no plan splits V its gradient is Partial like the bias's (SplitAllReduce; before stop 56 this was
+    refused).  Split by TP inside each pipeline (V's rows, the bias's halves) the reshape moves elements between
+    the shards: the specializer names the op instead of guessing V's synchronisation."""
+    def graph():
+        g = GraphBuilder("reshaped")
+        x = g.placeholder("X", ("B", 4))
+        b = ops.reshape(g.parameter("V", (2, 2)), (4,), name="Vflat")
+        ops.bias_add(ops.dot(x, g.parameter("W", (4, 4)), name="Y"), b, name="O")
+        return g.build()
+
     anns = {"X": Annotation("[0] R | [1] R ; hdim=0"), "W": Annotation("[0] R | [1] R"),
             "V": Annotation("[0] R | [1] R")}
+    assert specialize(graph(), anns, Cluster.local(2)).grad_sync_plans["V.grad_sync"].kinds == ["SplitAllReduce"]
+    tp = {"X": Annotation("[0,1] D2 | [2,3] D2 ; hdim=0"), "W": Annotation("[0,1] S1x2 | [2,3] S1x2"),
+          "V": Annotation("[0,1] S0x2 | [2,3] S0x2")}
     with pytest.raises(SpecializationError, match=r"'V' is read through op 'Vflat' \(reshape\)"):
-        specialize(g.build(), anns, Cluster.local(2))
+        specialize(graph(), tp, Cluster.local(4))

@@ -29,6 +29,7 @@ class MLPLM(ModelBase):
     TP_SPLIT: ClassVar[dict[str, int | None]] = {"embed.weight": 1, "norm.weight": None, "norm.bias": None,
                                                  "w1": 1, "w2": 0, "head.weight": 1}
     W2_THROUGH_GELU: ClassVar[bool] = False  # see ReparamMLPLM
+    FUSED_W1: ClassVar[bool] = False  # see FusedMLPLM
     family: Literal["mlp-lm"] = "mlp-lm"
     name: str = "mlp-lm"
     vocab_size: int = Field(default=256, gt=0)
@@ -52,7 +53,13 @@ class MLPLM(ModelBase):
             p = f"layers.{i}"
             h = g.reshard(h, f"{p}.in")
             x = ops.layernorm(h, param(f"{p}.norm.weight", (h_,)), param(f"{p}.norm.bias", (h_,)), name=f"{p}.norm")
-            u = g.add("square_relu", [ops.dot(x, param(f"{p}.w1", (h_, f)), name=f"{p}.fc")], {}, name=f"{p}.act")[0]
+            if self.FUSED_W1:  # u = sq(x a) + sq(x b), [a | b] = w1
+                a, b = ops.split(param(f"{p}.w1", (h_, 2 * f)), 1, 2, name=f"{p}.w1.split")
+                u = ops.add(*(g.add("square_relu", [ops.dot(x, w, name=f"{p}.fc{k}")], {}, name=f"{p}.act{k}")[0]
+                              for k, w in enumerate((a, b))), name=f"{p}.act")
+            else:
+                u = g.add("square_relu", [ops.dot(x, param(f"{p}.w1", (h_, f)), name=f"{p}.fc")], {},
+                          name=f"{p}.act")[0]
             w2 = param(f"{p}.w2", (f, h_))
             if self.W2_THROUGH_GELU:
                 w2 = ops.gelu(w2, name=f"{p}.w2.gelu")
@@ -76,6 +83,17 @@ class ReparamMLPLM(MLPLM):
     name: str = "mlp-lm-reparam"
 
 
+class FusedMLPLM(MLPLM):
+    """:class:`MLPLM` with a fused input weight ``w1 = [a | b]`` (``[hidden, 2 * inner]``) that the graph splits in
+    two, each half a Dot's weight: ``u = sq(x a) + sq(x b)`` (a fused gate/up or QKV weight).  No TP plan splits
+    ``w1`` (a split along a split dim is refused)."""
+
+    TP_SPLIT: ClassVar[dict[str, int | None]] = {**MLPLM.TP_SPLIT, "w1": None, "w2": None}
+    FUSED_W1: ClassVar[bool] = True
+    family: Literal["mlp-lm-fused"] = "mlp-lm-fused"  # type: ignore[assignment]
+    name: str = "mlp-lm-fused"
+
+
 class MLPLMReference(torch.nn.Module):
     """The same model in plain torch (the independent reference); ``state_dict()`` keys = ``param_shapes()``."""
 
@@ -97,7 +115,12 @@ class MLPLMReference(torch.nn.Module):
         for layer in self.layers:
             x = F.layer_norm(h, (h.shape[-1],), layer.norm.weight, layer.norm.bias)
             w2 = F.gelu(layer.w2) if self.config.W2_THROUGH_GELU else layer.w2
-            h = h + torch.relu(x @ layer.w1) ** 2 @ w2
+            if self.config.FUSED_W1:
+                a, b = layer.w1.chunk(2, dim=1)
+                u = torch.relu(x @ a) ** 2 + torch.relu(x @ b) ** 2
+            else:
+                u = torch.relu(x @ layer.w1) ** 2
+            h = h + u @ w2
         return h @ self.head.weight
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from ..errors import ResolutionError, ShapeError, SpecializationError
-from .annotation import Annotation, format_ranks, local_view, local_views
+from .annotation import Annotation, format_ranks, is_split, local_view, local_views
 from .comm_ops import OpKind
 from .deduction import (activation_grad_annotation, deduce, local_constraints, local_shape, partial_as_duplicate,
                         weight_grad_annotation)
@@ -726,32 +726,50 @@ def _use_grad(graph: Graph, anns: Mapping[str, Annotation], used: str, consumer:
               of_parameters: frozenset[str]) -> Annotation:
     """The deduced layout of the gradient that ``consumer``'s backward gives the parameter tensor ``used``.
 
-    A parameter read through an op of parameters only (a reparametrised weight: ``V -> gelu -> a dot's weight``)
-    gets, through that op's backward, its output's gradient: Partial wherever the output's use makes it so (data
-    parallelism), since every holder computes the op on the same values.  Such an op whose output is laid out
-    like ``used`` passes the layout on; one that changes it (a transpose) is refused where the gradient of its
-    output is not laid out like the output, rather than left unsynchronised."""
+    A weight input (a Dot's, a norm's) gets :func:`weight_grad_annotation`.  A parameter read through an op of
+    parameters only (a reparametrised weight: ``V -> gelu -> a dot's weight``; a fused weight ``split`` into two)
+    gets, through that op's backward (linear in its outputs' gradients), its outputs' gradient layout: Partial
+    wherever their uses make it so (data parallelism), since every holder computes the op on the same values.
+    Such an op passes the layout on where its outputs are laid out like ``used`` (and, if it changes the shape,
+    ``used`` splits no dim); otherwise it is refused where a gradient is not laid out like its output, rather
+    than left unsynchronised.  Any other input beside activations keeps its own layout only where the op's
+    inputs and outputs are all laid out like it (every holder then computes the same gradient), and is refused
+    otherwise: the specializer cannot tell which devices' gradients must be summed."""
     idx = consumer.inputs.index(used)
     if idx in _weight_inputs(consumer.kind):
         act = consumer.inputs[0] if idx != 0 else consumer.inputs[-1]
         return weight_grad_annotation(consumer.kind, anns[act], anns[used], graph.tensors[act].shape,
                                       graph.tensors[used].shape)
     own = partial_as_duplicate(anns[used])
-    if len(consumer.outputs) != 1 or not all(t in of_parameters for t in consumer.inputs):
+    shape = graph.tensors[used].shape
+    if not all(t in of_parameters for t in consumer.inputs):
+        if all(anns[t] == anns[used] and graph.tensors[t].shape == shape
+               for t in (*consumer.inputs, *consumer.outputs)):
+            return own
+        raise SpecializationError(
+            f"parameter tensor {used!r} is input {idx} of op {consumer.name!r} ({consumer.kind}) beside "
+            "activations, which is not one of the op's weight inputs, and the op's tensors are not all laid out "
+            f"like it: the specializer cannot tell how {used!r}'s gradient must be synchronised.  Read the "
+            "parameter through a weight input (dot, linear, embedding, bias_add, a norm's weight), or register "
+            "the op with weight_inputs")
+    uses = [(out, _use_grad(graph, anns, t, c, of_parameters))
+            for out in consumer.outputs for t, c in _parameter_uses(graph, out)]
+    if all(g == partial_as_duplicate(anns[out]) for out, g in uses):
         return own
-    out = consumer.outputs[0]
-    grads = [_use_grad(graph, anns, t, c, of_parameters) for t, c in _parameter_uses(graph, out)]
-    if not grads or all(g == partial_as_duplicate(anns[out]) for g in grads):
-        return own
-    if anns[out] == anns[used] and graph.tensors[out].shape == graph.tensors[used].shape \
+    grads = [g for _, g in uses]
+    splits = is_split(anns[used].hdim) or any(ds.split_dims for ds in anns[used].ds_union)
+    if all(anns[out] == anns[used] and (graph.tensors[out].shape == shape or not splits) for out, _ in uses) \
             and all(g == grads[0] for g in grads):
         return grads[0]
+    outs = sorted({out for out, _ in uses})
+    alike = all(anns[out] == anns[used] for out in outs)
     raise SpecializationError(
-        f"parameter tensor {used!r} is read through op {consumer.name!r} ({consumer.kind}), whose output {out!r} "
-        f"is laid out {'unlike the input' if anns[out] != anns[used] else 'like it'} and whose uses give its "
-        f"gradient the layouts {sorted({str(g) for g in grads})}: the specializer cannot tell how {used!r}'s "
-        "gradient must be synchronised.  Annotate the op's output like its input (an elementwise op with one use "
-        "as a weight), or apply the op to the weight inside the consuming op's kernel")
+        f"parameter tensor {used!r} is read through op {consumer.name!r} ({consumer.kind}), whose output(s) "
+        f"{outs} are laid out {'like it' if alike else 'unlike the input'} and whose uses give their gradients the "
+        f"layouts {sorted({str(g) for g in grads})}: the specializer cannot tell how {used!r}'s gradient must be "
+        "synchronised.  Annotate the op's outputs like its input (an elementwise op or a split of a weight no "
+        "plan splits, each output used as a weight), or apply the op to the weight inside the consuming op's "
+        "kernel")
 
 
 def _of_parameters(graph: Graph) -> frozenset[str]:
