@@ -46,6 +46,9 @@ from ..models.registry import model_from_class
 
 if TYPE_CHECKING:
     from ..core.program_part import PlanParts
+    from ..core.specialize import Program
+    from ..core.switch import SwitchPlan
+    from .train_config import TrainConfig
 
 PREFIX = "@hspmd "
 
@@ -211,8 +214,8 @@ def unpack_payload(text: str) -> Any:
     return from_json_value(unpack_json(data["packed"]) if "packed" in data else data)
 
 
-def program_fields(program: Any, plan: Any, rank: int | None = None, plan_rank: int | None = None, *,
-                   version: int = 0, plan_parts: PlanParts | None = None) -> dict[str, Any]:
+def program_fields(program: "Program", plan: "SwitchPlan | None", rank: int | None = None,
+                   plan_rank: int | None = None, *, version: int = 0, plan_parts: PlanParts | None = None) -> dict[str, Any]:
     """The fields of a control message that carry a new Program and the switch plan to it (a ``switch``, a grow's
     ``switch``, a ``reconfigure``): ``payload``, the whole of both; or, for a run whose workers hold their parts
     (SPEC §16; ``rank``: the worker's rank in the new Program, ``plan_rank``: its rank in the plan's numbering,
@@ -233,13 +236,14 @@ def program_fields(program: Any, plan: Any, rank: int | None = None, plan_rank: 
     return {"payload": pack_payload((program, plan))}
 
 
-def switch_message(ident: int, program: Any, plan: Any, rank: int | None = None) -> dict[str, Any]:
+def switch_message(ident: int, program: "Program", plan: "SwitchPlan | None", rank: int | None = None
+                   ) -> dict[str, Any]:
     """The ``switch`` control message to the new ``program`` by ``plan``: the whole of both, or that rank's part of
     each (``rank``: the worker's rank in the plan's numbering, which a switch keeps; :func:`program_fields`)."""
     return {"type": "switch", "id": ident, **program_fields(program, plan, rank, version=ident)}
 
 
-def switch_of(msg: Mapping[str, Any]) -> tuple[Any, Any]:
+def switch_of(msg: Mapping[str, Any]) -> tuple["Program", "SwitchPlan | None"]:
     """``(program, plan)`` of a ``switch`` message (:func:`switch_message`): parts or the whole."""
     if msg.get("program_part") is not None:
         from ..core.specialize import ProgramPart  # lazy: core
@@ -280,7 +284,7 @@ class Reconfigure:
                    bool(msg.get("retake_checkpoint", False)))
 
 
-def program_of_run(run: Mapping[str, Any]) -> Any:
+def program_of_run(run: Mapping[str, Any]) -> "Program":
     """The run's Program as this worker runs it: its own part (``run["program_part"]``, a
     :class:`~hspmd_sdk.core.specialize.ProgramPart`'s JSON, how a launcher sends it where it can), the whole
     Program (``run["program"]``), or specialized from the run's model, plan and cluster (a run built without
@@ -362,7 +366,7 @@ class PartPayloads:
         return {**self.payload, "runs": runs}
 
 
-def training_of(run: Mapping[str, Any]) -> Any:
+def training_of(run: Mapping[str, Any]) -> "TrainConfig":
     """The run's training settings as the worker reads them: its :class:`~.train_config.TrainConfig` from the
     JSON the launcher sent (``run["train"]``), validated again here (a bad or foreign value fails in the worker
     with the field named, not deep in a step)."""
@@ -371,7 +375,7 @@ def training_of(run: Mapping[str, Any]) -> Any:
     return TrainConfig.from_json(run["train"])
 
 
-def adam_json(train: Any) -> dict[str, Any]:
+def adam_json(train: "TrainConfig") -> dict[str, Any]:
     """A :class:`~.train_config.TrainConfig`'s optimizer section as a checkpoint's manifest records it."""
     o = train.optimizer
     return {"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay, "decay": o.decay,

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .data import LengthBatches, dataset_for, documents_for, padded_rows, validation_of
 from .lr_schedule import schedule_of
 from .spec import PRECISIONS
 from .workers.executor import AdamConfig
 from .workers.kernels import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from ..core.model_spec import ModelSpec
+    from .lr_schedule import Schedule
+    from .train_config import TrainConfig
 
 __all__ = ["ReferenceResult", "reference_training", "reference_mixed", "reference_result", "load_captured",
            "assemble"]
@@ -69,14 +74,15 @@ class ReferenceResult:
     val_losses: dict[int, float] = field(default_factory=dict)
 
 
-def reference_training(config: Any, *, steps: int | None = None, seed: int = 0, global_batch: int | None = None,
+def reference_training(config: "ModelSpec", *, steps: int | None = None, seed: int = 0, global_batch: int | None = None,
                        seq_len: int | None = None,
                        data: str = "stdlib", lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
                        eps: float = 1e-8, weight_decay: float = 0.0,
-                       init: Mapping[str, Any] | None = None, precision: str = "fp32", schedule: Any = None,
+                       init: Mapping[str, Any] | None = None, precision: str = "fp32",
+                       schedule: "Schedule | dict | str | None" = None,
                        max_norm: float | None = None, decay: str = "matrices", optimizer: str = "adam",
                        eval_every: int | None = None,
-                       eval_batches: int = 4, train_config: Any = None) -> ReferenceResult:
+                       eval_batches: int = 4, train_config: "TrainConfig | None" = None) -> ReferenceResult:
     """Train the model's single-device reference (``config.build_reference``) on one device with
     ``torch.optim.Adam`` (:meth:`~.executor.AdamConfig.build`: the ranks' kernel) on the same data (``config``
     is any :class:`~hspmd_sdk.models.ModelSpec`).
@@ -162,7 +168,7 @@ def _clip(params: Sequence[Any], max_norm: float | None) -> float:
     return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
 
 
-def _validation_loss(model: Any, config: Any, dataset: Any, batches: int, global_batch: int, seq_len: int) -> float:
+def _validation_loss(model: Any, config: "ModelSpec", dataset: Any, batches: int, global_batch: int, seq_len: int) -> float:
     """The mean loss of the first ``batches`` validation batches, forward only."""
     import torch
 
@@ -184,13 +190,14 @@ def reference_result(model: Any, opt: Any, losses: list[float], grads: dict[str,
                            {n: s["exp_avg_sq"].clone() for n, s in state.items() if "exp_avg_sq" in s})
 
 
-def reference_mixed(model: Any, *, steps: int, tokens_per_step: int, data: Any = "stdlib-docs",
+def reference_mixed(model: "ModelSpec", *, steps: int, tokens_per_step: int, data: Any = "stdlib-docs",
                     context: int | None = None, seed: int = 0, lr: float = 1e-3,
                     betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                    init: Mapping[str, Any] | None = None, schedule: Any = None, max_norm: float | None = None,
+                    init: Mapping[str, Any] | None = None, schedule: "Schedule | dict | str | None" = None,
+                    max_norm: float | None = None,
                     decay: str = "matrices", optimizer: str = "adam", eval_every: int | None = None,
                     eval_batches: int = 4,
-                    eval_context: int | None = None) -> Any:
+                    eval_context: int | None = None) -> "ReferenceResult":
     """The model's single-device reference (``model.build_reference(seed)``, ``torch.optim.Adam``) on the same
     steps of mixed-length data: all of a step's sequences in one batch, padded on the right with target ``-100``
     (which the reference's ``loss`` ignores: the mean over the step's real target tokens; causal attention keeps

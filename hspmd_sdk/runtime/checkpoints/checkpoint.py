@@ -53,7 +53,7 @@ import math
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -66,6 +66,10 @@ from ...core.model_spec import model_json
 from ...errors import PlanValidationError
 from ...models.hf import to_hf
 from ...models.registry import model_from_class
+
+if TYPE_CHECKING:
+    from ...core.model_spec import ModelSpec
+    from ...core.specialize import Program
 
 __all__ = ["load_checkpoint", "Checkpoint", "CheckpointError", "Manifest", "list_checkpoints", "resolve_checkpoint",
            "MANIFEST", "step_dir_name", "shard_file_name", "manifest_digests", "seal_manifest",
@@ -239,13 +243,13 @@ class Checkpoint:
         return self.manifest.step
 
     @cached_property
-    def model(self) -> Any:
+    def model(self) -> "ModelSpec":
         """The model config (a :class:`~hspmd_sdk.models.ModelSpec`), rebuilt from its JSON and class path."""
 
         return model_from_class(self.manifest.model_class, self.manifest.model)
 
     @cached_property
-    def plan(self) -> Any:
+    def plan(self) -> AnnotationPlan:
         """The :class:`~hspmd_sdk.core.plan.AnnotationPlan` it was saved under."""
 
         return AnnotationPlan.model_validate(self.manifest.plan)
@@ -480,7 +484,7 @@ def data_identity(run: Mapping[str, Any]) -> tuple[str, int, int]:
     return str(d), int(run["global_batch"]), int(run["seq_len"])
 
 
-def resume_problems(ck: Checkpoint, program: Any, run: Mapping[str, Any]) -> list[tuple[str, str]]:
+def resume_problems(ck: Checkpoint, program: "Program", run: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Why ``run`` (a :func:`~.runs.training_run` of ``program``) cannot continue from ``ck``: ``(field,
     reason)`` pairs naming the tensor or setting (empty: it can).  The model (its config, the name aside, and
     class), the data source, seed, global batch and sequence length must be the checkpoint's, ``steps`` beyond its
@@ -574,8 +578,8 @@ def checkpoint_options(directory: Any, every: Any, keep: Any, async_: Any, steps
 
 
 
-def run_fields(run: Mapping[str, Any], program: Any, *, checkpoint_dir: Any = None, checkpoint_every: Any = None,
-               keep: Any = 3, checkpoint_async: bool = True, resume_from: Any = None) -> dict[str, Any]:
+def run_fields(run: Mapping[str, Any], program: "Program", *, checkpoint_dir: Any = None, checkpoint_every: Any = None,
+               keep: Any = 3, checkpoint_async: bool = True, resume_from: str | Path | None = None) -> dict[str, Any]:
     """The ``checkpoint`` and ``resume`` entries of a training run, checked before any worker starts.
 
     Raises :class:`~hspmd_sdk.errors.PlanValidationError` for bad options or a checkpoint the run cannot continue

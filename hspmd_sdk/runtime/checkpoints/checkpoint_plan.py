@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from ...core.annotation import Annotation, local_view
 from ...core.bsr import LinkModel, bsr_scheme, bsr_table
 from ...core.slices import Box, box_intersect, box_numel, coalesce, format_box
+
+if TYPE_CHECKING:
+    from ...core.specialize import Program
 
 __all__ = ["Layout", "layouts_of", "write_plan", "read_plan", "tiling_problems", "ReadItem", "DTYPE_BYTES"]
 
@@ -47,7 +50,7 @@ class Layout:
     dtype: str
 
 
-def layouts_of(program: Any) -> dict[str, Layout]:
+def layouts_of(program: "Program") -> dict[str, Layout]:
     """:class:`Layout` of every tensor in ``program.state_layouts()`` (parameters and Adam moments)."""
     return {n: Layout(n, l.annotation, tuple(int(d) for d in l.shape), l.dtype)
             for n, l in program.state_layouts().items()}

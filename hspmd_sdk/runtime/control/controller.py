@@ -64,6 +64,8 @@ from .versions import Numbering, Versions
 if TYPE_CHECKING:
     from ...core.cluster import Cluster
     from ...core.specialize import Program
+    from ...core.switch import SwitchPlan
+    from ...planner.cost import CostModel
     from .job import Job
 
 __all__ = ["Event", "TrainingController", "SwitchError", "StragglerWatch"]
@@ -76,10 +78,10 @@ class TrainingController:
     """See the module docstring.  Made by :func:`~hspmd_sdk.runtime.control.train.launch`."""
 
     def __init__(self, program: "Program", cluster: "Cluster", *, global_batch: int, seq_len: int,
-                 elastic: bool = False, straggler: StragglerWatch | None = None, cost: Any = None,
+                 elastic: bool = False, straggler: StragglerWatch | None = None, cost: "CostModel | None" = None,
                  checkpoint_dir: str | None = None, resumed_from: str | None = None,
-                 checkpoint_every: int | None = None, debounce_s: float = 0.3, halt_timeout_s: float = 60.0, grow_back: Any = None,
-                 grow_back_default: bool = False) -> None:
+                 checkpoint_every: int | None = None, debounce_s: float = 0.3, halt_timeout_s: float = 60.0,
+                 grow_back: GrowBack | None = None, grow_back_default: bool = False) -> None:
         #: every version the workers may still hold, the newest requested as its ``current`` (:mod:`.versions`)
         self.versions = Versions(Numbering(program, cluster, {r: r for r in cluster.ranks}))
         self.global_batch, self.seq_len = int(global_batch), int(seq_len)
@@ -478,8 +480,9 @@ class TrainingController:
         than the whole: a run whose workers hold their parts, unless it trains on mixed-length data."""
         return self.parts and not self.mixed
 
-    def send_program(self, msg: Mapping[str, Any], program: "Program", plan: Any, to: Sequence[int], *,
-                     version: int, rank_of: Mapping[int, int], plan_rank_of: Mapping[int, int] | None = None,
+    def send_program(self, msg: Mapping[str, Any], program: "Program", plan: "SwitchPlan | None",
+                     to: Sequence[int], *, version: int, rank_of: Mapping[int, int],
+                     plan_rank_of: Mapping[int, int] | None = None,
                      whole: Mapping[str, Any] | None = None, after: Mapping[str, Any] | None = None) -> None:
         """Send the launch ranks ``to`` ``msg`` with ``program`` and the switch ``plan`` to it (``None``: a reload
         from a checkpoint) in :func:`~..protocol.program_fields`, then ``after``'s fields.  When

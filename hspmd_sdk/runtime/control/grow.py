@@ -52,7 +52,7 @@ def extend_cluster(cluster: "Cluster", more: "Cluster") -> "Cluster":
     return Cluster.load({**base, "nodes": nodes, "devices": {**extra.get("devices", {}), **base.get("devices", {})}})
 
 
-def grow_job(job: Job, cluster: "Cluster", program: Any = None) -> Event:
+def grow_job(job: Job, cluster: "Cluster", program: "Program | Strategy | None" = None) -> Event:
     """See :meth:`Job.grow`."""
     ctl = job.controller
     if ctl is None:
@@ -136,7 +136,7 @@ def _stop(job: Job, event: Event, new: list[int], why: str) -> None:
     job.stop_ranks(job.controller.give_up_grow(event, why) or new)
 
 
-def _program_for(ctl: Any, cluster: "Cluster", target: Any) -> Any:
+def _program_for(ctl: Any, cluster: "Cluster", target: "Program | Strategy | None") -> "Program":
     """The Program to grow onto: ``target`` (a Program on ``cluster``, or a Strategy specialized here), or the
     planner's plan for the larger cluster (:func:`~hspmd_sdk.planner.plan_hetero`) for the job's model, global
     batch and sequence length."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...core.cluster import Cluster
 from ...core.specialize import specialize
@@ -25,10 +25,16 @@ from ...core.strategy_plan import plan_from_strategy, strategy_of
 from ...errors import HSPMDError, SwitchError
 from .grow import extend_cluster
 
+if TYPE_CHECKING:
+    from collections.abc import Container
+
+    from ...core.specialize import Program
+    from .job import Job
+
 __all__ = ["GrowBack", "lost_capacity", "plan_back"]
 
 
-def lost_capacity(launched: "Cluster", current: "Cluster", hosts: Any = None) -> "Cluster | None":
+def lost_capacity(launched: "Cluster", current: "Cluster", hosts: Container[str] | None = None) -> "Cluster | None":
     """The ranks ``current`` lacks of ``launched``, per host (each host's first nodes as ``launched`` lists them;
     the device kind and spec of ``launched``), as a Cluster to extend ``current`` by; only on ``hosts`` when given;
     ``None`` when nothing is missing."""
@@ -62,7 +68,7 @@ class GrowBack:
         if not (self.after_s >= 0 and self.poll_s > 0):
             raise ValueError(f"GrowBack needs after_s >= 0 and poll_s > 0 (got {self.after_s}, {self.poll_s})")
 
-    def watch(self, job: Any, launched: "Cluster") -> None:
+    def watch(self, job: "Job", launched: "Cluster") -> None:
         """Start growing ``job`` back towards ``launched`` (a thread; one at a time per job)."""
         with _lock:
             if _watching.get(id(job)):
@@ -71,7 +77,7 @@ class GrowBack:
         threading.Thread(target=self._run, args=(job, launched), name=f"hspmd-grow-back-{job.job_id}",
                          daemon=True).start()
 
-    def _run(self, job: Any, launched: "Cluster") -> None:
+    def _run(self, job: "Job", launched: "Cluster") -> None:
         try:
             if job.wait_ended(self.after_s):
                 return
@@ -103,7 +109,7 @@ class GrowBack:
                 _watching.pop(id(job), None)
 
 
-def plan_back(ctl: Any, launched: "Cluster", grown: "Cluster") -> Any:
+def plan_back(ctl: Any, launched: "Cluster", grown: "Cluster") -> "Program":
     """The Program a job grows back under: the one it was launched with (``ctl.launch_program`` on ``launched``),
     its devices matched to ``grown``'s: a launch rank still running keeps its process (``ctl.current``: the running
     numbering), the others take the new ranks host by host (same host and kind, in rank order); launched devices that
@@ -146,7 +152,7 @@ def _busy(error: Exception) -> bool:
     return any(s in text for s in ("still reconfiguring", "not replanned yet", "is in progress", "pending"))
 
 
-def _available(job: Any, host: str) -> bool:
+def _available(job: "Job", host: str) -> bool:
     check = getattr(job.transport, "available", None)
     try:
         return bool(check(host)) if check is not None else True

@@ -33,7 +33,7 @@ import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, Sequence
 
 from ...errors import HSPMDError, RuntimeFailure, SwitchError
 from .faults import Failure, FailurePolicy, Reaction, StopOnFailure, describe_returncode
@@ -44,6 +44,13 @@ from ..protocol import decode
 from ..spec import LaunchSpec
 from ..transports.transport import Transport, WorkerGroup
 from ..trace import merge
+
+if TYPE_CHECKING:
+    from ...core.cluster import Cluster
+    from ...core.specialize import Program
+    from ...core.strategy import Strategy
+    from .state import Event
+    from .timeline import Timeline
 
 __all__ = ["Job", "JobResult", "JobStatus", "JobCancelled", "Failure", "LogDirError"]
 
@@ -482,7 +489,7 @@ class Job:
                 return []
             return sorted(r for r in self._held.get(step, {}) if self._ranks[r].returncode is None)
 
-    def wait_held(self, step: int, timeout: float | None = None, *, heard: Any = None) -> list[int]:
+    def wait_held(self, step: int, timeout: float | None = None, *, heard: "Event | None" = None) -> list[int]:
         """Block until every rank of the running world (the job's current world less its lost ranks and the
         newcomers of a grow that have not joined it yet) waits at the start of job step ``step`` (``hold_at=``);
         returns those launch ranks.  ``heard``: an :class:`~.controller.Event` of ``switch`` or ``grow``: wait also
@@ -544,7 +551,7 @@ class Job:
                 g.kill(grace_s, ranks=mine)
 
     # ---- graph switching (a training job's controller) -----------------------------------------------------
-    def switch(self, program_or_strategy: Any) -> Any:
+    def switch(self, program_or_strategy: "Program | Strategy") -> "Event":
         """Move the running job to a Program or a Strategy at the next step boundary (SPEC §6, §9): every
         parameter and Adam moment moves by one fused BSR, no process restarts, training goes on at the same step.
 
@@ -577,7 +584,7 @@ class Job:
                                 bindings=dict(running.bindings))
         return self.controller.switch(target)
 
-    def grow(self, cluster: Any, program: Any = None) -> Any:
+    def grow(self, cluster: "Cluster", program: "Program | Strategy | None" = None) -> "Event":
         """Grow the running job onto ``cluster`` in memory (SPEC §10): ``cluster`` is ``job.cluster`` (the ranks
         it runs on now, in the same order) plus new ranks; one worker is started per new rank, the job trains on
         while they start, and at the first step boundary after every one is ready all workers meet in the larger
@@ -616,17 +623,17 @@ class Job:
             self._send_control({"type": "release", "step": step}, new)
 
     @property
-    def events(self) -> list[Any]:
+    def events(self) -> list["Event"]:
         """Every reconfiguration so far (:class:`~.controller.Event`; live)."""
         return list(self.controller.events) if self.controller is not None else []
 
     @property
-    def program(self) -> Any:
+    def program(self) -> "Program | None":
         """The Program the job runs now (``None`` for a job that does not train one)."""
         return self.controller.program if self.controller is not None else None
 
     @property
-    def cluster(self) -> Any:
+    def cluster(self) -> "Cluster | None":
         """The cluster the job runs on now (after an elastic recovery: the survivors, renumbered)."""
         return self.controller.cluster if self.controller is not None else None
 
@@ -657,7 +664,7 @@ class Job:
         out.write_text(json.dumps(merge(recorded, self._rank_labels())))
         return TraceFile.written(out)
 
-    def timeline(self, step: int | None = None, *, calibrate: bool = True) -> Any:
+    def timeline(self, step: int | None = None, *, calibrate: bool = True) -> "Timeline":
         """Each rank's measured phases of a profiled ``step`` (default: the last recorded) beside the simulator's
         prediction for the Program that ran it: a :class:`~.timeline.Timeline` (``figure()``, ``gaps``,
         ``by_phase()``, ``table()``; a notebook shows both).  ``calibrate`` (default): the prediction is priced

@@ -4,7 +4,7 @@ through any transport; users reach it through the one public ``launch`` (:func:`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ...errors import HSPMDError
 from .faults import FailurePolicy
@@ -13,11 +13,15 @@ from ..spec import Backend
 from .start import build_spec, hosts_of, launch_spec, start_workers
 from ..transports.transport import LOCAL_NAMES, LocalTransport, Transport, free_port, is_local_host
 
+if TYPE_CHECKING:
+    from ...core.cluster import Cluster
+    from ...core.specialize import Program
+
 __all__ = ["launch_entry", "build_spec", "launch_spec", "hosts_of",
            "is_local_host", "LOCAL_NAMES", "LocalTransport", "Transport", "free_port"]
 
 
-def launch_entry(program: Any = None, cluster: Any = None, *, steps: int, seed: int = 0, entry: str | None = None,
+def launch_entry(program: "Program | None" = None, cluster: "Cluster | None" = None, *, steps: int, seed: int = 0, entry: str | None = None,
                  payload: Mapping[str, Any] | None = None, transport: Transport | None = None,
                  slowdown: Mapping[int, float] | None = None, timeout_s: float = 120.0, loss_rank: int | None = None,
                  backend: Backend | None = None, progress: bool | None = None, echo: bool = False,

@@ -59,7 +59,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ...errors import HSPMDError, PlanValidationError
 from ..data import LengthBatches, data_spec, documents_for, validation_of
@@ -76,10 +76,19 @@ from .controller import Event, StragglerWatch, TrainingController, _bytes
 from .faults import Failure
 from .runs import checked_faults, checked_training_run, _launch_runs
 
+if TYPE_CHECKING:
+    from ...core.cluster import Cluster
+    from ...core.model_spec import ModelSpec
+    from ...core.specialize import Program
+    from ...planner.cost import CostModel
+    from ...planner.mixed import Dispatch
+    from ..lr_schedule import Schedule
+    from .job import Job, JobResult
+
 __all__ = ["launch_mixed", "LengthPlanner", "reference_mixed", "documents_for", "data_spec", "planning_summary"]
 
 
-def same_layouts(programs: Sequence[Any]) -> list[int]:
+def same_layouts(programs: Sequence["Program"]) -> list[int]:
     """For each candidate, the first candidate that runs the same Program (the same annotation plan, pipelines,
     recomputation and bindings; only the windows, maximum length and strategy name of ``plan.settings`` differ):
     moving between such candidates changes only the dispatch, not the plan, so nothing is switched."""
@@ -111,7 +120,8 @@ class LengthPlanner:
     candidates replanned on the survivors, from the step they resume at; its messages carry the recovery's id
     (``generation``), so a worker never applies a dispatch made for a world that is gone."""
 
-    def __init__(self, programs: Sequence[Any], cluster: Any, batches: Any, dispatcher: Any, *, steps: int,
+    def __init__(self, programs: Sequence["Program"], cluster: "Cluster", batches: LengthBatches,
+                 dispatcher: Dispatcher, *, steps: int,
                  lookahead: int = 2, start: int = 0) -> None:
         self.programs, self.cluster, self.batches, self.dispatcher = list(programs), cluster, batches, dispatcher
         self.layouts = same_layouts(self.programs)
@@ -132,7 +142,8 @@ class LengthPlanner:
         self._learned = 0  # records[:_learned] were measured against their estimates (_learn)
         self.first = self._plan_step(self.start_step)  # before any worker starts: the Program it runs under
 
-    def restart(self, programs: Sequence[Any], cluster: Any, *, start: int, current: int, generation: int) -> None:
+    def restart(self, programs: Sequence["Program"], cluster: "Cluster", *, start: int, current: int,
+                generation: int) -> None:
         """Dispatch again, from step ``start``, among ``programs`` on ``cluster`` (an elastic recovery's
         candidates, numbered on the survivors; ``current``: the one they hold)."""
 
@@ -173,7 +184,7 @@ class LengthPlanner:
         with self._lock:
             return next((r for r in reversed(self.records) if r["step"] == step), None)
 
-    def _rank_seconds(self, d: Any) -> dict[int, float]:
+    def _rank_seconds(self, d: "Dispatch") -> dict[int, float]:
         """Each rank's estimated compute seconds of a dispatch: its stage's cost of its pipeline's micro-batches."""
         cand = self.dispatcher.candidates[d.choice]
         out: dict[int, float] = {}
@@ -216,7 +227,7 @@ class LengthPlanner:
         self.records.append(rec)
         return rec
 
-    def start(self, job: Any, controller: Any) -> None:
+    def start(self, job: "Job", controller: TrainingController) -> None:
         self.job, self.controller = job, controller
         self._send(self.first)
         self._thread = threading.Thread(target=self._loop, name="hspmd-length-dispatch", daemon=True)
@@ -264,16 +275,18 @@ class LengthPlanner:
         self.job.send_control(msg)
 
 
-def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, tokens_per_step: int,
+def launch_mixed(programs: Sequence["Program | Strategy"], cluster: "Cluster | None" = None, *, steps: int,
+                 tokens_per_step: int,
                  data: Any = "stdlib-docs", context: int | None = None, seed: int = 0, lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 precision: str = "fp32", lookahead: int = 2, cost: Any = None,
+                 precision: str = "fp32", lookahead: int = 2, cost: "CostModel | None" = None,
                  capture_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None,
                  checkpoint_every: int | None = None, keep: int = 3, checkpoint_async: bool = True,
-                 resume_from: str | Path | None = None, packing: bool | None = None, init: Any = None,
-                 schedule: Any = None, max_norm: float | None = None, decay: str = "matrices", optimizer: str = "adam",
+                 resume_from: str | Path | None = None, packing: bool | None = None,
+                 init: str | Path | Mapping[str, Any] | None = None, schedule: "Schedule | dict | str | None" = None,
+                 max_norm: float | None = None, decay: str = "matrices", optimizer: str = "adam",
                  eval_every: int | None = None, eval_batches: int = 4,
-                 _checked: bool = False, **launch_kwargs: Any) -> Any:
+                 _checked: bool = False, **launch_kwargs: Any) -> "Job":
     """Train on mixed-length data, choosing per step among candidate ``programs`` (``launch(programs, ...)``;
     see the module docstring).  Returns the running :class:`~.job.Job`; ``job.wait().losses`` are the steps'
     losses (mean over each step's real target tokens), ``job.events`` the length switches, and
@@ -397,7 +410,8 @@ def launch_mixed(programs: Sequence[Any], cluster: Any = None, *, steps: int, to
     return job
 
 
-def _candidate_programs(candidates: Sequence[Any], cluster: Any, what: str) -> tuple[Any, list[Any]]:
+def _candidate_programs(candidates: Sequence["Program | Strategy"], cluster: "Cluster", what: str
+                        ) -> tuple["ModelSpec", list["Program"]]:
     """``(model, Programs)`` of a list of candidates: Programs of one model (from :meth:`MixedPlan.programs` or
     any other), and Strategies, specialized here on ``cluster`` for the model of the Programs."""
 
@@ -428,7 +442,7 @@ def _candidate_programs(candidates: Sequence[Any], cluster: Any, what: str) -> t
     return model, out
 
 
-def _resume_step(resume_from: Any, steps: int, what: str) -> int:
+def _resume_step(resume_from: str | Path | None, steps: int, what: str) -> int:
     """The step a resumed mixed-length run starts at (its checkpoint's), checked against ``steps``; 0 without one
     (the checkpoint itself is checked against the run by :func:`~.checkpoint.run_fields`)."""
     if resume_from is None:
@@ -441,7 +455,7 @@ def _resume_step(resume_from: Any, steps: int, what: str) -> int:
     return step
 
 
-def planning_summary(job: Any, result: Any) -> dict[str, Any]:
+def planning_summary(job: "Job", result: "JobResult") -> dict[str, Any]:
     """How much of the per-step planning the workers waited for, from a finished mixed-length job.
 
     ``plan_s[k]``: the launcher's seconds for step ``k`` (dispatch over every candidate, and the switch's BSR plan

@@ -22,11 +22,14 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from ...core.cluster import Cluster
 from ...core.specialize import specialize
 from ...core.strategy import Strategy
 from ...core.strategy_plan import plan_from_strategy
+
+if TYPE_CHECKING:
+    from ...planner.cost import CostModel
 
 __all__ = ["ExecutorOverhead", "executor_overhead", "with_executor_overhead"]
 
@@ -128,8 +131,8 @@ def executor_overhead(model: Any, *, device: str = "cpu", threads: int | None = 
                             rows=rows, seq=seq)
 
 
-def with_executor_overhead(cost: Any, model: Any, kind: str = "cpu", overhead: ExecutorOverhead | None = None,
-                           **kw: Any) -> Any:
+def with_executor_overhead(cost: "CostModel", model: Any, kind: str = "cpu", overhead: ExecutorOverhead | None = None,
+                           **kw: Any) -> "CostModel":
     """``cost`` (a :class:`~hspmd_sdk.planner.CostModel` with a profile of ``kind`` from
     :func:`~hspmd_sdk.runtime.profile_model`) with the profile's intercepts set to the executor's measured fixed
     cost per micro-batch (:func:`executor_overhead`; ``kw`` goes to it): ``layer_fwd.b``/``layer_bwd.b`` per

@@ -18,10 +18,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ...core.memory import CPU_PROCESS_BASELINE_MB
 from ...errors import PlanValidationError
+
+if TYPE_CHECKING:
+    from ...core.cluster import Cluster
+    from ...core.specialize import Program
 
 #: Resident memory of one worker process before any tensor (Python, torch, gloo): the core's measured CPU process
 #: baseline (:data:`hspmd_sdk.core.memory.CPU_PROCESS_BASELINE_MB`), the same figure the memory estimates add.
@@ -76,7 +80,7 @@ def mem_available(meminfo: str = "/proc/meminfo") -> int | None:
     return None
 
 
-def training_memory(program: Any, *, global_batch: int, seq_len: int,
+def training_memory(program: "Program", *, global_batch: int, seq_len: int,
                     recompute: Sequence[int] = ()) -> dict[int, float]:
     """Estimated bytes each rank of ``program`` needs to train in fp32 (see the module docstring).
 
@@ -96,7 +100,7 @@ def training_memory(program: Any, *, global_batch: int, seq_len: int,
     return out
 
 
-def _rank_bytes(program: Any, rank: int, bindings: Mapping[str, int], n_micro: int, in_flight: int,
+def _rank_bytes(program: "Program", rank: int, bindings: Mapping[str, int], n_micro: int, in_flight: int,
                 recompute: bool) -> float:
     eg = program.executable_graph(rank)
     params = set(eg.parameters)
@@ -108,14 +112,14 @@ def _rank_bytes(program: Any, rank: int, bindings: Mapping[str, int], n_micro: i
     return float(states + acts)
 
 
-def _numel(program: Any, tensor: str, rank: int, bindings: Mapping[str, int]) -> int:
+def _numel(program: "Program", tensor: str, rank: int, bindings: Mapping[str, int]) -> int:
     try:
         return math.prod(int(d) for d in program.local_shape(tensor, rank, bindings))
     except KeyError:  # the rank holds no shard of it (e.g. the receiving side of a Reshard)
         return 0
 
 
-def resource_problems(cluster: Any, facts: Mapping[str, HostFacts], memory: Mapping[int, float] | None = None,
+def resource_problems(cluster: "Cluster", facts: Mapping[str, HostFacts], memory: Mapping[int, float] | None = None,
                       *, hosts: Mapping[str, Sequence[int]] | None = None, gpu: bool | None = None
                       ) -> list[tuple[str, str]]:
     """Every way the job does not fit (see the module docstring).  ``hosts``: host -> ranks it will run (default:
@@ -155,7 +159,7 @@ def resource_problems(cluster: Any, facts: Mapping[str, HostFacts], memory: Mapp
     return out
 
 
-def check_resources(cluster: Any, facts: Mapping[str, HostFacts], memory: Mapping[int, float] | None = None,
+def check_resources(cluster: "Cluster", facts: Mapping[str, HostFacts], memory: Mapping[int, float] | None = None,
                     *, hosts: Mapping[str, Sequence[int]] | None = None, gpu: bool | None = None) -> None:
     """Raise :class:`ResourceError` if the job does not fit (:func:`resource_problems`)."""
     found = resource_problems(cluster, facts, memory, hosts=hosts, gpu=gpu)

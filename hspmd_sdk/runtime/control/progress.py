@@ -10,7 +10,10 @@ import sys
 import threading
 import time
 import weakref
-from typing import IO, Any, Iterable, Protocol
+from typing import IO, TYPE_CHECKING, Any, Iterable, Protocol
+
+if TYPE_CHECKING:
+    from ..metrics import MetricsHistory
 
 #: Steps a job's pace (seconds a step, tokens/s, ETA) is measured over: the newest ones.
 RATE_STEPS = 5
@@ -27,7 +30,7 @@ def step_tokens(controller: Any) -> float | None:
     return None
 
 
-def step_rates(metrics: Any, ranks: Iterable[int], tokens_per_step: float | None = None
+def step_rates(metrics: "MetricsHistory", ranks: Iterable[int], tokens_per_step: float | None = None
                ) -> tuple[float | None, float | None]:
     """``(seconds a step takes, tokens/s)`` of a job now: the median, over the newest :data:`RATE_STEPS` steps, of
     each step's slowest rank among ``ranks`` (the ranks still in the job); tokens/s is ``tokens_per_step`` (the whole

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from ...core.cluster import Cluster
     from ...core.specialize import Program
     from ...core.strategy import Strategy
+    from ...core.switch import SwitchPlan
+    from ..checkpoints.checkpoint import Checkpoint
     from .job import Job
     from .stragglers import StragglerPolicy
 
@@ -68,8 +70,9 @@ class RecoveryHost(Protocol):
 
     def rendezvous(self, launch_rank: int) -> tuple[str, int]: ...
 
-    def send_program(self, msg: Mapping[str, Any], program: Any, plan: Any, to: Sequence[int], *, version: int,
-                     rank_of: Mapping[int, int], plan_rank_of: Mapping[int, int] | None = None,
+    def send_program(self, msg: Mapping[str, Any], program: "Program", plan: "SwitchPlan | None",
+                     to: Sequence[int], *, version: int, rank_of: Mapping[int, int],
+                     plan_rank_of: Mapping[int, int] | None = None,
                      whole: Mapping[str, Any] | None = None, after: Mapping[str, Any] | None = None) -> None: ...
 
 
@@ -384,7 +387,7 @@ class Recovery:
         due = resume // every * every
         return due > 0 and due not in {s for s, _ in list_checkpoints(directory)}
 
-    def checkpoint_for(self, lost: Any, before: int) -> Any:
+    def checkpoint_for(self, lost: LostStateError, before: int) -> "Checkpoint":
         """The newest complete (verified) checkpoint of this job at a step up to ``before`` to reload the state
         ``lost`` (a :class:`~hspmd_sdk.core.reconfigure.LostStateError`) from; without one, the error naming the
         tensors and ranks."""

@@ -18,7 +18,7 @@ the launch cluster, a writable ``checkpoint_dir``, a checkpoint the run can resu
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -30,6 +30,9 @@ from ...core.strategy_plan import graph_of
 from ...planner.cost import CostModel
 from .controller import StragglerWatch
 from .growback import GrowBack
+
+if TYPE_CHECKING:
+    from ...core.model_spec import ModelSpec
 
 __all__ = ["RunConfig", "check_run_options", "position_limit", "SEED_LIMIT", "MIXED_OPTIONS"]
 
@@ -217,7 +220,7 @@ class RunConfig(BaseModel):
         raise ValueError(f"must be a hspmd_sdk.planner.CostModel or None, not {type(value).__name__}")
 
 
-def position_limit(model: Any) -> int | None:
+def position_limit(model: "ModelSpec | None") -> int | None:
     """The longest sequence ``model`` can embed: the rows of the position table that a learned position embedding
     (``embedding(positions(x), table)`` in its defined graph) reads, or ``None`` when positions are computed
     (RoPE: Llama takes sequences longer than its ``max_seq_len``) or the model has no graph."""
@@ -243,7 +246,7 @@ def position_limit(model: Any) -> int | None:
     return min(limits) if limits else None
 
 
-def check_run_options(model: Any = None, *, mixed: bool = False, what: str = "training run",
+def check_run_options(model: "ModelSpec | None" = None, *, mixed: bool = False, what: str = "training run",
                       **options: Any) -> RunConfig:
     """Validate the launch options ``options`` (keywords of ``launch``) as a :class:`RunConfig` for ``model`` (a
     model config, or ``None`` to skip the model's checks); ``mixed``: for a list of candidate Programs.

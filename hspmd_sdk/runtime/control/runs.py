@@ -9,7 +9,7 @@ starts, and the start of a job that executes runs one after the other (launcher 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..lr_schedule import schedule_json
 from ..train_config import TrainConfig
@@ -25,6 +25,14 @@ from .launch_errors import not_a_program
 from .preflight import training_memory  # what each rank will need, for the launcher's resource preflight
 from .start import start_workers
 
+if TYPE_CHECKING:
+    from ...core.cluster import Cluster
+    from ...core.model_spec import ModelSpec
+    from ...core.specialize import Program
+    from ...core.strategy import Strategy
+    from ..lr_schedule import Schedule
+    from .job import Job
+
 __all__ = ["ENTRY", "training_run", "checked_training_run", "checked_faults", "checked_profile",
            "recompute_ranks"]
 
@@ -32,13 +40,15 @@ __all__ = ["ENTRY", "training_run", "checked_training_run", "checked_faults", "c
 ENTRY = "hspmd_sdk.runtime.workers.worker_entry:train_entry"
 
 
-def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "stdlib", lr: float = 1e-3,
+def training_run(program: "Program", *, steps: int, seed: int = 0, data: str = "stdlib", lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  seq_len: int | None = None, recompute: Sequence[int] | None = None,
-                 capture_dir: str | Path | None = None, cluster: Any = None, init: Any = None,
+                 capture_dir: str | Path | None = None, cluster: "Cluster | None" = None,
+                 init: str | Path | Mapping[str, Any] | None = None,
                  checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
                  checkpoint_async: bool = True, resume_from: str | Path | None = None,
-                 precision: str = "fp32", schedule: Any = None, max_norm: float | None = None,
+                 precision: str = "fp32", schedule: "Schedule | dict | str | None" = None,
+                 max_norm: float | None = None,
                  eval_every: int | None = None, eval_batches: int = 4, decay: str = "matrices", optimizer: str = "adam") -> dict[str, Any]:
     """The JSON description of one training run of ``program`` (what a worker needs to rebuild it).
 
@@ -90,20 +100,22 @@ def training_run(program: Any, *, steps: int, seed: int = 0, data: str = "stdlib
                                 optimizer=optimizer)
 
 
-def _model_of(program: Any) -> Any:
+def _model_of(program: "Program") -> "ModelSpec":
     config = getattr(program, "model", None)
     if config is None:
         raise not_a_program(program, model_option=True)
     return config
 
 
-def checked_training_run(program: Any, *, steps: int, seed: int = 0, data: str = "stdlib", lr: float = 1e-3,
+def checked_training_run(program: "Program", *, steps: int, seed: int = 0, data: str = "stdlib", lr: float = 1e-3,
                          betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                          seq_len: int | None = None, recompute: Sequence[int] | None = None,
-                         capture_dir: str | Path | None = None, cluster: Any = None, init: Any = None,
+                         capture_dir: str | Path | None = None, cluster: "Cluster | None" = None,
+                         init: str | Path | Mapping[str, Any] | None = None,
                          checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None,
                          keep: int = 3, checkpoint_async: bool = True, resume_from: str | Path | None = None,
-                         precision: str = "fp32", schedule: Any = None, max_norm: float | None = None,
+                         precision: str = "fp32", schedule: "Schedule | dict | str | None" = None,
+                         max_norm: float | None = None,
                          eval_every: int | None = None, eval_batches: int = 4,
                          decay: str = "matrices", optimizer: str = "adam") -> dict[str, Any]:
     """:func:`training_run` for options that :func:`~.run_config.check_run_options` has already checked (each
@@ -150,7 +162,7 @@ def checked_training_run(program: Any, *, steps: int, seed: int = 0, data: str =
     return run
 
 
-def _init_source(init: Any, config: Any) -> dict[str, Any] | None:
+def _init_source(init: str | Path | Mapping[str, Any] | None, config: "ModelSpec") -> dict[str, Any] | None:
     """The JSON form of ``init=`` for the workers: a Hugging Face directory, checked against the model here (a
     state dict is written to a temporary safetensors file first, so that no worker ever receives it whole)."""
     if init is None:
@@ -159,7 +171,8 @@ def _init_source(init: Any, config: Any) -> dict[str, Any] | None:
     return {"hf": str(init_directory(init, config))}
 
 
-def _validate_run(run: Mapping[str, Any], program: Any, cluster: Any, config: Any) -> Any:
+def _validate_run(run: Mapping[str, Any], program: "Program", cluster: "Cluster", config: "ModelSpec"
+                  ) -> "Program":
     """Raise :class:`~hspmd_sdk.errors.PlanValidationError` for a run that would fail only in the workers: what
     needs the program and the cluster (each option's type and range, the data source and the model's position
     limit were checked first, by :func:`~.run_config.check_run_options`).  Returns the Program the workers run:
@@ -201,7 +214,7 @@ def _corpus_problems(data: Any, global_batch: int, seq_len: int, vocab_size: int
     return [("data", p) for p in TokenCorpus(data).check(global_batch, seq_len, vocab_size)]
 
 
-def _launch_runs(runs: Sequence[Mapping[str, Any]], cluster: Any, **launch_kwargs: Any) -> Any:
+def _launch_runs(runs: Sequence[Mapping[str, Any]], cluster: "Cluster", **launch_kwargs: Any) -> "Job":
     """Start one job that executes ``runs`` (from :func:`training_run`) one after the other on ``cluster``'s
     ranks (ranks a run's program does not use sit it out).  Each rank's result is ``{"runs": [...]}``.
 
@@ -266,6 +279,6 @@ def checked_profile(profile: int | Sequence[int] | None, steps: int) -> list[int
     return sorted(set(chosen))
 
 
-def recompute_ranks(strategy: Any) -> list[int]:
+def recompute_ranks(strategy: "Strategy") -> list[int]:
     """Ranks of the stages a :class:`~hspmd_sdk.core.strategy.Strategy` marks ``recompute`` (for ``recompute=``)."""
     return sorted(r for p in strategy.pipelines for s in p.stages if s.recompute for r in s.devices)

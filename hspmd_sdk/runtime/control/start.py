@@ -14,7 +14,7 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pydantic import ValidationError
 
@@ -27,6 +27,9 @@ from ..transports.transport import LocalTransport, Transport, free_port, is_loca
 from .preflight import check_resources
 from .tensorboard import TensorBoardLogger, check_tensorboard, check_tensorboard_dir
 
+if TYPE_CHECKING:
+    from ...core.cluster import Cluster
+
 __all__ = ["start_workers", "build_spec", "launch_spec", "hosts_of"]
 
 
@@ -38,7 +41,7 @@ def hosts_of(spec: LaunchSpec) -> dict[str, list[int]]:
     return out
 
 
-def build_spec(cluster: Any, *, entry: str, steps: int = 1, seed: int = 0,
+def build_spec(cluster: "Cluster", *, entry: str, steps: int = 1, seed: int = 0,
                payload: Mapping[str, Any] | None = None, timeout_s: float = 120.0,
                slowdown: Mapping[int, float] | None = None, loss_rank: int | None = None,
                backend: Backend | None = None, local: bool = True, master_port: int | None = None,
@@ -74,7 +77,7 @@ def build_spec(cluster: Any, *, entry: str, steps: int = 1, seed: int = 0,
         raise PlanValidationError.from_pydantic(e, what="launch") from None
 
 
-def launch_spec(spec: LaunchSpec, cluster: Any = None, transport: Transport | None = None, *,
+def launch_spec(spec: LaunchSpec, cluster: "Cluster | None" = None, transport: Transport | None = None, *,
                 log_dir: str | Path | None = None, progress: bool | None = None, echo: bool = False,
                 policy: FailurePolicy | None = None) -> Job:
     """Start the workers of ``spec`` and return the running :class:`Job`.
@@ -108,7 +111,7 @@ def launch_spec(spec: LaunchSpec, cluster: Any = None, transport: Transport | No
     return job.start()
 
 
-def start_workers(cluster: Any, *, entry: str, steps: int, seed: int = 0, payload: Mapping[str, Any] | None = None,
+def start_workers(cluster: "Cluster | None", *, entry: str, steps: int, seed: int = 0, payload: Mapping[str, Any] | None = None,
                   transport: Transport | None = None, slowdown: Mapping[int, Any] | None = None,
                   timeout_s: float = 120.0, loss_rank: int | None = None, backend: Backend | None = None,
                   progress: bool | None = None, echo: bool = False, log_dir: str | Path | None = None,

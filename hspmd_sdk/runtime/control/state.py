@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from ...core.cluster import Cluster
     from ...core.strategy import Strategy
+    from ...core.switch import SwitchPlan
 
 __all__ = ["Event", "Reason", "ControlState", "switch_bytes"]
 
@@ -81,7 +83,7 @@ class ControlState:
         return self.busy or any(k[0] != "length" for k in self.open)
 
 
-def switch_bytes(plan: Any, cluster: Any) -> dict[str, int]:
+def switch_bytes(plan: "SwitchPlan", cluster: "Cluster | None") -> dict[str, int]:
     """The bytes a switch ``plan`` moves, ``{"intra": ..., "inter": ...}`` node (an :class:`Event`'s ``bytes``)."""
     vol = plan.volume()
     return {"intra": int(sum(v.get("intra", 0) for v in vol.values())),

@@ -18,7 +18,9 @@ from ...errors import SwitchError
 from .state import ControlState, Event
 
 if TYPE_CHECKING:
+    from ...core.specialize import Program
     from .job import Job
+    from .state import Reason
     from .versions import Numbering
 
 __all__ = ["StragglerWatch", "StragglerPolicy"]
@@ -88,7 +90,7 @@ class StragglerHost(Protocol):
     @property
     def current(self) -> "Numbering": ...
 
-    def switch(self, program: Any, *, reason: Any = "user") -> Event: ...
+    def switch(self, program: "Program", *, reason: "Reason" = "user") -> Event: ...
 
 
 class StragglerPolicy:

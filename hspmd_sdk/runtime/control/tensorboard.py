@@ -16,10 +16,13 @@ from __future__ import annotations
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import HSPMDError
 from ..metrics import StepMetrics
+
+if TYPE_CHECKING:
+    from .job import Job
 
 __all__ = ["TensorBoardLogger", "check_tensorboard", "check_tensorboard_dir"]
 
@@ -51,7 +54,7 @@ def check_tensorboard_dir(path: str | Path) -> Path:
 class TensorBoardLogger:
     """Writes ``job``'s metrics and events under ``log_dir`` (see the module docstring); closes with the job."""
 
-    def __init__(self, job: Any, log_dir: str | Path) -> None:
+    def __init__(self, job: "Job", log_dir: str | Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.job, self.log_dir = job, Path(log_dir)

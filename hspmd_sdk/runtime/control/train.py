@@ -19,7 +19,7 @@ reads ``global_batch(s, ...)`` of the same seed, so every plan sees the same sam
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..data import DEFAULT_DATA, dataset_for
 from ..reference import ReferenceResult, assemble, load_captured, reference_training
@@ -31,22 +31,34 @@ from ..protocol import sends_parts
 from .controller import StragglerWatch, TrainingController
 from .growback import GrowBack
 
+if TYPE_CHECKING:
+    from ...core.cluster import Cluster
+    from ...core.model_spec import ModelSpec
+    from ...core.specialize import Program
+    from ...core.strategy import Strategy
+    from ...planner.cost import CostModel
+    from ..lr_schedule import Schedule
+    from ..train_config import TrainConfig
+    from .job import Job
+
 __all__ = ["launch", "recompute_ranks", "training_run", "reference_training",
            "ReferenceResult", "dataset_for", "load_captured", "assemble"]
 
 
-def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int = 0, data: Any = None,
+def _launch_training(program: "Program | Strategy | Sequence[Program | Strategy]", cluster: "Cluster | None" = None,
+                    *, steps: int, seed: int = 0, data: Any = None,
                     lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
                     weight_decay: float = 0.0, seq_len: int | None = None, recompute: Sequence[int] | None = None,
-                    capture_dir: str | Path | None = None, init: Any = None, elastic: bool = False,
-                    straggler: Any = None, grow_back: Any = None, cost: Any = None,
+                    capture_dir: str | Path | None = None, init: str | Path | Mapping[str, Any] | None = None,
+                    elastic: bool = False, straggler: bool | StragglerWatch | None = None,
+                    grow_back: bool | GrowBack | None = None, cost: "CostModel | None" = None,
                     fault_injection: Sequence[Mapping[str, Any]] = (), hold_at: Sequence[int] = (),
                     checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep: int = 3,
                     checkpoint_async: bool = True, resume_from: str | Path | None = None,
                     precision: str = "fp32", device: str | None = None,
-                    profile: int | Sequence[int] | None = None, schedule: Any = None,
+                    profile: int | Sequence[int] | None = None, schedule: "Schedule | dict | str | None" = None,
                     max_norm: float | None = None, eval_every: int | None = None, eval_batches: int = 4,
-                    decay: str = "matrices", optimizer: str = "adam", **launch_kwargs: Any) -> Any:
+                    decay: str = "matrices", optimizer: str = "adam", **launch_kwargs: Any) -> "Job":
     """Train ``program`` for ``steps`` steps on one worker process per rank of ``cluster``; returns the running
     :class:`~.job.Job` (``job.wait().losses``: the loss of each step's global batch).
 
@@ -179,7 +191,9 @@ def _launch_training(program: Any, cluster: Any = None, *, steps: int, seed: int
     return job
 
 
-def launch(program: Any = None, cluster: Any = None, *, config: Any = None, model: Any = None, **options: Any) -> Any:
+def launch(program: "Program | Strategy | Sequence[Program | Strategy] | None" = None, cluster: "Cluster | None" = None,
+           *, config: "TrainConfig | str | Path | None" = None, model: "ModelSpec | None" = None,
+           **options: Any) -> "Job":
     """Train ``program`` (a Program, or a list of candidate Programs for mixed-length data) on ``cluster``: the
     public ``hspmd_sdk.launch`` (SPEC §3, §13).  Returns the running :class:`~.job.Job`.
 
@@ -209,7 +223,8 @@ def launch(program: Any = None, cluster: Any = None, *, config: Any = None, mode
     return _launch(program, cluster, {**flat, **others})
 
 
-def _launch(program: Any, cluster: Any, options: dict[str, Any]) -> Any:
+def _launch(program: "Program | Strategy | Sequence[Program | Strategy] | None", cluster: "Cluster | None",
+            options: dict[str, Any]) -> "Job":
     """Start the job: a worker entry's (``entry=``: the general launcher, :mod:`.launcher`), else the training
     run's; ``hosts=`` (with the SSH settings of :class:`~..transports.ssh.SSHTransport`) reaches remote hosts."""
     import inspect
@@ -237,14 +252,15 @@ def _launch(program: Any, cluster: Any, options: dict[str, Any]) -> Any:
         raise
 
 
-def _specialized(program: Any, model: Any, cluster: Any) -> Any:
+def _specialized(program: "Program | Strategy | Sequence[Program | Strategy] | None", model: "ModelSpec",
+                 cluster: "Cluster | None") -> "Program | list[Program] | None":
     """``program`` with every :class:`~hspmd_sdk.core.strategy.Strategy` in it specialized for ``model`` on
     ``cluster`` (Programs stay as they are)."""
     from ...core.specialize import specialize
     from ...core.strategy import Strategy
     from ...core.strategy_plan import plan_from_strategy
 
-    def one(p: Any) -> Any:
+    def one(p: "Program | Strategy | None") -> "Program | None":
         if not isinstance(p, Strategy):
             return p
         if cluster is None:

@@ -19,9 +19,12 @@ holds the state of the candidate it last switched to, and every candidate of a w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ...errors import HSPMDError
+
+if TYPE_CHECKING:
+    from ...core.specialize import Program
 
 __all__ = ["Version", "Numbering", "Versions", "common_previous", "version_for_all", "with_newcomers"]
 
@@ -70,7 +73,7 @@ class Versions:
         """The versions kept, oldest first."""
         return sorted(self._held)
 
-    def use_candidates(self, programs: Sequence[Any], first: int) -> None:
+    def use_candidates(self, programs: Sequence["Program"], first: int) -> None:
         """Make this a mixed-length job's: the world's versions are ``(0, i)`` for each of ``programs`` on the
         current numbering, and ``(0, first)`` is current."""
         cur = self.current
@@ -91,7 +94,7 @@ class Versions:
         self._held[version] = numbering
         return self.switches, version
 
-    def open_reconfiguration(self, numbering: Numbering, candidates: Sequence[Any] | None = None
+    def open_reconfiguration(self, numbering: Numbering, candidates: Sequence["Program"] | None = None
                              ) -> tuple[int, int, Version | None]:
         """A new world after a failure, running ``numbering``: its reconfiguration id, the switch floor (the
         switches requested before it, which the workers skip) and its version ``(id, floor)``.  For a mixed-length

@@ -68,7 +68,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ...core.slurm_nodes import SlurmError, SlurmNodeInfo, read_slurm_nodes
 from ...errors import PlanValidationError
@@ -76,6 +76,9 @@ from ..workers.devices import CUDA_INDEX_ENV
 from ..spec import LaunchSpec
 from .transport import WORKER_MODULE, ExitSink, LineSink, LocalWorkers, Transport, worker_env
 from ..control.preflight import HostFacts
+
+if TYPE_CHECKING:
+    from ...core.cluster import Cluster
 
 __all__ = ["SlurmTransport", "SlurmWorkers", "SlurmError", "srun_status"]
 
@@ -214,7 +217,7 @@ class SlurmTransport(Transport):
         with self._lock:
             return {h: a.job_id for h, a in self._allocs.items()}
 
-    def preflight(self, cluster: Any) -> None:
+    def preflight(self, cluster: "Cluster") -> None:
         """Every host a usable Slurm node (of ``partition``) with enough GPUs for its ranks; then allocate them
         all (raises :class:`SlurmError` or :class:`~hspmd_sdk.errors.PlanValidationError` naming the node)."""
         for name in ("salloc", "srun", "scancel", "squeue", "scontrol"):
@@ -311,13 +314,13 @@ class SlurmTransport(Transport):
                              f"{r.returncode}): {(r.stderr or r.stdout).strip()[-400:]}")
         return address, int(m[1])
 
-    def host_facts(self, host: str, *, cuda: bool = False) -> Any:
+    def host_facts(self, host: str, *, cuda: bool = False) -> HostFacts:
         """The node as the scheduler declares it: CPUs, memory (``RealMemory``) and GPUs (its GRES)."""
 
         info = self._node(host)
         return HostFacts(cpus=info.cpus, mem_available=info.memory_mb * 2**20, gpus=info.gpus)
 
-    def threads_per_worker(self, cluster: Any) -> int | None:
+    def threads_per_worker(self, cluster: "Cluster") -> int | None:
         return self.cpus_per_rank
 
     # ---- workers ---------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import json
 import shlex
 import threading
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..spec import LaunchSpec
 from .hosts import HostsArg, HostTable, SSHError, SSHHost, load_hosts, remote_command
@@ -35,6 +35,9 @@ from .ssh_probe import PreflightError, PreflightReport, HostReport, check_cluste
 from .ssh_workers import LoopThread, RemoteWorkers
 from .transport import ExitSink, LineSink, Transport
 from ..control.preflight import HostFacts
+
+if TYPE_CHECKING:
+    from ...core.cluster import Cluster
 
 __all__ = ["SSHTransport", "check_hosts", "SSHError", "PreflightError", "PreflightReport", "RemoteWorkers"]
 
@@ -230,7 +233,7 @@ class SSHTransport(Transport):
         return self.loop.run(go(), timeout=timeout_s + 5)
 
     # ---- preflight ---------------------------------------------------------------------------------------------
-    def check(self, cluster: Any, timeout_s: float = 60.0) -> PreflightReport:
+    def check(self, cluster: "Cluster", timeout_s: float = 60.0) -> PreflightReport:
         """Probe every host of ``cluster`` (in parallel): reachable, Python, torch, hspmd_sdk, devices
         (:func:`~.ssh_probe.check_cluster`)."""
         return check_cluster(self, cluster, timeout_s)
@@ -246,14 +249,14 @@ class SSHTransport(Transport):
 
     local = False
 
-    def preflight(self, cluster: Any) -> None:
+    def preflight(self, cluster: "Cluster") -> None:
         """Every host reachable, with the launcher's Python, torch and hspmd_sdk (:meth:`check`), or raise."""
         self.check(cluster).raise_if_failed()
 
-    def threads_per_worker(self, cluster: Any) -> int | None:
+    def threads_per_worker(self, cluster: "Cluster") -> int | None:
         return threads_per_worker(self.probes, cluster)
 
-    def host_facts(self, host: str, *, cuda: bool = False) -> Any:
+    def host_facts(self, host: str, *, cuda: bool = False) -> HostFacts:
         """Cores, available RAM and CUDA devices of ``host``, from its preflight probe (empty if not probed)."""
 
         info = self.probes.get(host, {})
@@ -328,7 +331,7 @@ async def _close_conn(conn: Any) -> None:
         pass
 
 
-def check_hosts(cluster: Any, hosts: HostsArg = None, *, transport: SSHTransport | None = None,
+def check_hosts(cluster: "Cluster", hosts: HostsArg = None, *, transport: SSHTransport | None = None,
                 **ssh_options: Any) -> PreflightReport:
     """Check every host of ``cluster`` before starting anything: reachable over SSH (key verified), Python and
     torch versions, hspmd_sdk version equal to this kernel's, CUDA device count and names.

@@ -12,11 +12,14 @@ import json
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import hspmd_sdk
 
 from .hosts import SSHError, SSHHost, remote_command
+
+if TYPE_CHECKING:
+    from ...core.cluster import Cluster
 
 __all__ = ["PROBE_SCRIPT", "HostReport", "PreflightReport", "PreflightError", "SSHCommands", "check_cluster",
            "probe_into", "merge_nodes", "threads_per_worker"]
@@ -158,7 +161,7 @@ class PreflightReport:
 
 
 
-def check_cluster(transport: SSHCommands, cluster: Any, timeout_s: float = 60.0) -> PreflightReport:
+def check_cluster(transport: SSHCommands, cluster: "Cluster", timeout_s: float = 60.0) -> PreflightReport:
     """Probe every host of ``cluster`` (in parallel): reachable, Python, torch, hspmd_sdk, devices."""
     reports = [HostReport(host=n.host, address=transport.settings(n.host).address_of(n.host),
                           port=transport.settings(n.host).port, ranks=list(n.ranks), kind=n.kind)
@@ -234,7 +237,7 @@ def merge_nodes(reports: list[HostReport]) -> list[HostReport]:
     return list(out.values())
 
 
-def threads_per_worker(probes: Mapping[str, Mapping[str, Any]], cluster: Any) -> int:
+def threads_per_worker(probes: Mapping[str, Mapping[str, Any]], cluster: "Cluster") -> int:
     """Threads per worker: the fewest cores per rank over the cluster's hosts (from their probes)."""
     counts: dict[str, int] = {}
     for n in cluster.nodes:

@@ -25,12 +25,16 @@ import threading
 import time
 import traceback
 from abc import ABC, abstractmethod
-from typing import IO, Any, Callable, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, Sequence
 
 from . import forkserver
 from .forkserver import ForkedProcess, ForkServer
 from ..protocol import EXIT_ORPHANED, control_line
 from ..spec import LaunchSpec
+
+if TYPE_CHECKING:
+    from ...core.cluster import Cluster
+    from ..control.preflight import HostFacts
 
 LineSink = Callable[[int, str, str], None]
 """``on_line(rank, stream, text)``: ``stream`` is ``"out"`` (protocol channel) or ``"err"`` (raw stderr)."""
@@ -105,7 +109,7 @@ class Transport(ABC):
     #: grows back onto it unless told otherwise (``launch(..., grow_back=False)``, :mod:`.growback`).
     grows_back: bool = False
 
-    def preflight(self, cluster: Any) -> None:
+    def preflight(self, cluster: "Cluster") -> None:
         """Check every host of ``cluster`` before anything starts; raise naming what is wrong (this machine:
         nothing to check)."""
 
@@ -114,13 +118,13 @@ class Transport(ABC):
         a re-formed world, whose first store may still hold its port."""
         return "127.0.0.1", free_port()
 
-    def host_facts(self, host: str, *, cuda: bool = False) -> Any:
+    def host_facts(self, host: str, *, cuda: bool = False) -> "HostFacts":
         """Cores, available RAM and (``cuda``) CUDA devices of ``host``, for the resource preflight."""
         from ..control.preflight import local_facts  # lazy: tests patch preflight.local_facts
 
         return local_facts(cuda=cuda)
 
-    def threads_per_worker(self, cluster: Any) -> int | None:
+    def threads_per_worker(self, cluster: "Cluster") -> int | None:
         """torch threads each worker of ``cluster`` may use (``None``: the cores here over the ranks)."""
         return None
 
