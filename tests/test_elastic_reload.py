@@ -41,7 +41,7 @@ SIX_ZERO1 = {"pipelines": [_pipe([([0], [0, 0]), ([1], [1, 2]), ([2], [3, 3])], 
 
 def _launch(tmp_path: Path, faults: list[dict], every: int, zero: int = 1):
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(6)
-    strategy = Strategy.load({**SIX_ZERO1, "zero": zero})
+    strategy = Strategy.load({**SIX_ZERO1, "zero": zero, **({"schedule": "gpipe"} if zero == 3 else {})})
     program = specialize(model, plan_from_strategy(model, strategy, cluster), cluster,
                          bindings={"B": 8, "S": SEQ})
     job = launch(program, cluster, steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, elastic=True,
@@ -68,11 +68,12 @@ def _gone(pids: dict[int, int], timeout: float = 10.0) -> bool:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("zero", [1, 2])
+@pytest.mark.parametrize("zero", [1, 2, 3])
 def test_lost_state_is_reloaded_from_the_checkpoint_in_the_running_survivors(tmp_path: Path, zero: int) -> None:
     """Checkpoints after steps 2, 4, 6 (synchronous, so the one of step 2 is committed before step 3 can start);
     rank 2 dies in step 3's backward (0-based), taking its ZeRO shards of layer 3 and the head (ZeRO-2: its
-    gradient shards too, rebuilt by the redone steps)."""
+    gradient shards too, rebuilt by the redone steps; ZeRO-3 under GPipe, whose pipelines may split the layers
+    differently, its gathered parameters too)."""
     model, job, pids = _launch(tmp_path, [{"rank": 2, "step": 3, "at": "backward"}], every=2, zero=zero)
     result = job.wait(timeout=130)
     ref = reference_training(model, steps=STEPS, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)

@@ -268,8 +268,8 @@ class Strategy(_Worded):
     zero: ZeroLevel = Field(  # 0 and 1 are in zero1: the JSON of a strategy without ZeRO-2 is unchanged
         default=0, exclude_if=lambda v: v <= 1,
         description="sharding over each layer's data-parallel replicas: 1 the fp32 master weights and "
-                    "Adam states (ZeRO-1), 2 also the gradients (ZeRO-2), 3 also the parameters (not implemented "
-                    "yet)")
+                    "Adam states (ZeRO-1), 2 also the gradients (ZeRO-2), 3 also the parameters, gathered "
+                    "around each use (ZeRO-3)")
     zero1: StrictBool = Field(default=False, description="ZeRO-1 or more: the same as zero >= 1 (zero1=True given "
                                                          "alone is zero=1)")
     name: str | None = Field(default=None, description="free text; Strategy.load gives a strategy without one the "
@@ -280,8 +280,9 @@ class Strategy(_Worded):
     @model_validator(mode="after")
     def _check(self) -> "Strategy":
         if self.zero == 3:
-            raise ValueError("zero: 3 (ZeRO-3, parameters sharded and gathered before use) is not implemented "
-                             "yet; zero=2 shards optimizer states and gradients")
+            problem = self._zero3_problem()
+            if problem:
+                raise ValueError(problem)
         shared = [i for i, p in enumerate(self.pipelines) if p.zero_share is not None]
         if shared and not self.zero1:
             raise ValueError(f"pipelines[{shared[0]}].zero_share: a share of the sharded state needs ZeRO "
@@ -326,6 +327,34 @@ class Strategy(_Worded):
             return super().model_copy(update=update, deep=deep)
         data = {k: v for k, v in self.model_dump().items() if k not in ("zero", "zero1")}
         return type(self).model_validate({**data, **update})
+
+    def _zero3_problem(self) -> str | None:
+        """Why ZeRO-3 cannot run this strategy, or ``None``.  ZeRO-3 gathers a layer's parameters for every
+        forward and backward of every micro-batch, with collectives over the layer's replicas: every replica must
+        gather in the same order — as many micro-batches, and under 1F1B the same split of the layers into stages
+        (GPipe runs every forward, then every backward, whatever the stages) — and no recomputed forward may gather
+        inside a backward."""
+        for i, p in enumerate(self.pipelines):
+            for j, st in enumerate(p.stages):
+                if st.recompute:
+                    return (f"pipelines[{i}].stages[{j}].recompute: activation recomputation under ZeRO-3 (zero: 3) "
+                            "is not supported yet (the recomputed forward would gather its parameters again "
+                            "inside the backward); leave recompute out or use zero: 2")
+        first = self.pipelines[0]
+        for i, p in enumerate(self.pipelines[1:], 1):
+            if p.num_micro_batches != first.num_micro_batches:
+                return (f"pipelines[{i}].num_micro_batches: ZeRO-3 (zero: 3) gathers each layer's parameters for "
+                        "every micro-batch, over the layer's replicas, so every pipeline must run as many "
+                        f"micro-batches: pipelines[0] runs {first.num_micro_batches}, pipelines[{i}] "
+                        f"{p.num_micro_batches} (uneven batches: give the pipelines different micro_batch_size)")
+            split = [tuple(s.layers) for s in p.stages]
+            if self.schedule == "1f1b" and split != [tuple(s.layers) for s in first.stages]:
+                return (f"pipelines[{i}].stages: under 1F1B, ZeRO-3 (zero: 3) needs every pipeline to split the "
+                        f"layers into the same stages (pipelines[0]: {[list(s.layers) for s in first.stages]}, "
+                        f"pipelines[{i}]: {[list(x) for x in split]}), so that the replicas of a layer run its "
+                        "forwards and backwards in the same order; use schedule: gpipe for pipelines of different "
+                        "shapes")
+        return None
 
     def zero_shares(self) -> list[float] | None:
         """Per pipeline, its share of each ZeRO-sharded tensor (``Pipeline.zero_share``; 1 where not given), or

@@ -440,7 +440,8 @@ class PlanEditor:
         self.set_zero(max(self._draft.zero, 1) if on else 0)
 
     def set_zero(self, level: int) -> None:
-        """The ZeRO level (SPEC §15): 0 none, 1 optimizer states, 2 also gradients, sharded over the pipelines."""
+        """The ZeRO level (SPEC §15): 0 none, 1 optimizer states, 2 also gradients, 3 also parameters (gathered
+        around each use), sharded over the pipelines."""
         def edit(d: Draft) -> None:
             d.zero, d.zero1 = int(level), int(level) >= 1
         self._edit(edit)

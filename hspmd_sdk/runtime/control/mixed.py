@@ -438,6 +438,10 @@ def _candidate_programs(candidates: Sequence["Program | Strategy"], cluster: "Cl
             except HSPMDError as e:
                 raise PlanValidationError([(f"programs[{i}]", f"the strategy does not specialize on the launch "
                                                               f"cluster: {e}")], what=what) from e
+        if c.plan.settings.zero >= 3:  # each pipeline's micro-batches per step vary with the data
+            raise PlanValidationError([(f"programs[{i}]", "is at ZeRO-3 (zero: 3), which needs every replica of a "
+                                                          "layer to run as many micro-batches a step; mixed-length "
+                                                          "data changes them step by step: use zero: 2")], what=what)
         out.append(c)
     return model, out
 

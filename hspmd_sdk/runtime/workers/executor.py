@@ -49,7 +49,7 @@ from ...core.annotation import local_view
 from ...core.schedule import Action, build_schedule
 from ...core.symbolic import evaluate_shape
 from .buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, GatherBuckets, GradBuckets, SyncItem, bucketable
-from .comm import Pending, with_dtype
+from .comm import Pending, execute_async, with_dtype
 from .errors import ExecutorError
 from .feeds import Feeder, sequence_balance
 from .interpreter import StepInterpreter
@@ -57,10 +57,11 @@ from .kernels import IGNORE_INDEX
 from .optimizer import (AdamConfig, clip_gradients, load_state_by_name, owned_grad_sq, owned_parts, owned_slices,
                         state_by_name)
 from .optimizer import adam_problems, adam_step_state, fused_adam_available  # noqa: F401 (re-exported)
-from .p2p import POST_TAG, StageTransfers, identity_for, next_receives, pipeline_groups, pipeline_pairs
+from .p2p import POST_TAG, PRE_TAG, StageTransfers, identity_for, next_receives, pipeline_groups, pipeline_pairs
 from .parameter_leaves import ParameterLeaves
 from .params import check_local_parameters, init_local_parameters
 from .stage_forward import LocalContext, MicroBatchRecord, StageForward
+from .zero3 import Zero3Params
 from ..trace import span
 
 __all__ = ["StepExecutor", "ExecutorError", "program_comm_plans", "AdamConfig", "PRECISIONS", "precision_dtype",
@@ -228,11 +229,37 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
                                      release=self.program.plan.settings.zero >= 2)
         made = {o.outputs[0] for o in self.eg.pre}
         coalesced = [o for o in self.eg.pre if o.inputs[0] not in made and bucketable(self._pre_plan(o.name))]
+        self.zero3 = self._zero3_params(coalesced) if self.program.plan.settings.zero >= 3 else None
+        if self.zero3 is not None:
+            coalesced = [o for o in coalesced if o.outputs[0] not in self.zero3]
         self._coalesced = {o.name: k for k, o in enumerate(coalesced)}
         self.gathers = GatherBuckets([self._pre_plan(o.name) for o in coalesced], [o.outputs[0] for o in coalesced],
                                      self.groups, rank=self.rank, device=self.device, dtype=self.dtype,
                                      bucket_bytes=bucket_bytes, first_bucket_bytes=first_bucket_bytes,
                                      trace=self.trace)
+
+    def _zero3_params(self, gathers: list[Any]) -> Zero3Params | None:
+        """ZeRO-3: of the parameters' top-tier gathers, those this rank receives and its forward reads (and no
+        other ``PRE`` operator: a tied weight moved on is held for the step), in the order the forward first reads
+        them (:mod:`.zero3`); ``None`` if there are none."""
+        pre_read = {t for o in self.eg.pre for t in o.inputs}
+        first: dict[str, int] = {}
+        for i, op in enumerate(self.eg.forward):
+            for t in (op.inputs if op.kind == "Reshard" else self.nodes[op.name].inputs):
+                first.setdefault(t, i)
+        plans = {o.outputs[0]: (self._pre_plan(o.name), o.inputs[0]) for o in gathers
+                 if o.outputs[0] in first and o.outputs[0] not in pre_read
+                 and self.rank in self._pre_plan(o.name).dst.ranks}
+        if not plans:
+            return None
+        ordered = dict(sorted(plans.items(), key=lambda kv: first[kv[0]]))
+
+        def gather(plan: Any, src: str) -> Pending:
+            with torch.no_grad():
+                return execute_async(plan, self.step_values[src].detach(), self.groups, rank=self.rank,
+                                     device=self.device, tag_base=PRE_TAG)
+
+        return Zero3Params(ordered, gather, lambda name, leaf: self.grad_sync.watch(name, leaf))
 
     def _sync_items(self) -> list[SyncItem]:
         """One item per ``GradSync`` of this rank (Program order), its plan at the wire dtype; ``None`` where
@@ -557,6 +584,15 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
         self.step_values = {}
 
     # ---- reporting -----------------------------------------------------------------------------------------------
+    def gathered_bytes(self) -> int:
+        """Bytes of gathered parameters this rank holds now (ZeRO: the outputs of ``PRE``'s gathers, whole for the
+        step at levels 1-2; at ZeRO-3 only those being read, :mod:`.zero3`)."""
+        held = 0 if self.zero3 is None else self.zero3.held_bytes
+        for name, t in self.step_values.items():
+            if name not in self._leaves and name not in self.params:
+                held += t.untyped_storage().nbytes()
+        return held
+
     def _real_targets(self, mb: int) -> int:
         """Real (non-padding) targets of micro-batch ``mb`` in the placeholders the loss operator reads."""
 

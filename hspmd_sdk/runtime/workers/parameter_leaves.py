@@ -14,6 +14,7 @@ import torch
 
 from .comm import Pending, execute_async, with_dtype
 from .p2p import PRE_TAG, identity_for
+from .zero3 import Zero3Params
 
 __all__ = ["ParameterLeaves"]
 
@@ -42,6 +43,7 @@ class ParameterLeaves:
     _pre_kept: dict[str, torch.Tensor] | None
     _plans: dict[Any, Any]
     _event: Callable[..., None]
+    zero3: Zero3Params | None
 
     def pre(self) -> None:
         """``Pre``: parameter leaves (working copies of the master weights in the run's dtype), and the Reshards of
@@ -50,6 +52,9 @@ class ParameterLeaves:
         buckets (:class:`~.buckets.GatherBuckets`): the forward waits for each where it first reads it."""
         vals = self.step_values = self._parameter_leaves()
         self._gathers, self._inflight = {}, []
+        zero3 = self.zero3
+        if zero3 is not None:  # ZeRO-3: gathered where the forward reads them (.zero3), new leaves each step
+            zero3.begin_step()
         if self._pre_kept is not None:  # every PRE op leaves a kept leaf: the same leaves and watches every step
             vals.update(self._pre_kept)
             self.grad_sync.rewatch()
@@ -59,6 +64,8 @@ class ParameterLeaves:
                                           for o in self.eg.pre if o.name in self._coalesced])
         for op in self.eg.pre:
             src, dst = op.inputs[0], op.outputs[0]
+            if zero3 is not None and dst in zero3:
+                continue
             plan = self._pre_plan(op.name)
             if src in self._gathers:
                 self._resolve(src)
@@ -78,10 +85,10 @@ class ParameterLeaves:
                 self._gathers[dst] = pending
             else:
                 self._inflight.append(pending)
-        self.grad_sync.begin(set(vals) | set(self._gathers))
+        self.grad_sync.begin(set(vals) | set(self._gathers) | (set(zero3.plans) if zero3 is not None else set()))
         for name, t in vals.items():
             self.grad_sync.watch(name, t, keep=name in self._leaves)
-        if not self._gathers and not self._inflight and all(name in self._leaves for name in vals):
+        if not self._gathers and not self._inflight and zero3 is None and all(name in self._leaves for name in vals):
             self._pre_kept = {k: v for k, v in vals.items() if k not in self.params}
             self.grad_sync.remember()
 
@@ -126,4 +133,6 @@ class ParameterLeaves:
         got = vals.get(name)
         if got is None and name in self._gathers:
             got = vals[name] = self._resolve(name)
+        elif got is None and self.zero3 is not None and name in self.zero3:
+            got = vals[name] = self.zero3.read(name)
         return vals[name] if got is None else got

@@ -23,6 +23,7 @@ from .comm import execute, reshard
 from .errors import ExecutorError
 from .kernels import kernel_for
 from .p2p import identity_for, tag
+from .zero3 import Zero3Params
 from ..trace import comm_seconds
 
 __all__ = ["MicroBatchRecord", "LocalContext", "StageForward"]
@@ -145,6 +146,7 @@ class StageForward:
     _prepared: dict[tuple[Any, ...], list[Any]]
     _plan: Callable[..., Any]
     _get: Callable[[dict[str, torch.Tensor], str], torch.Tensor]
+    zero3: Zero3Params | None
 
     def _node_attrs(self, node: Any) -> dict[str, Any]:
         """A node's kernel attributes at the current micro-batch's shape (the loss operator's also at the step's
@@ -178,11 +180,10 @@ class StageForward:
                     self._forward_reshard(op, mb, vals, rec)
                 else:
                     self._compute(op, vals)
-                for name in drop:
-                    vals.pop(name, None)
+                self._drop(vals, drop)
             return
         prepared = self._forward_prepared()
-        documents = self._cur_documents
+        documents, zero3 = self._cur_documents, self.zero3
         clock, t0, c0 = time.perf_counter, time.perf_counter(), comm_seconds()
         for op, drop, (node, kernel, attrs, reduced) in zip(ops, drops, prepared):
             if node is None:  # a Reshard: communication, timed apart
@@ -203,9 +204,25 @@ class StageForward:
                 else:
                     name = node.outputs[0]
                     vals[name] = self._reduced(name, out) if reduced else out
-            for name in drop:
-                vals.pop(name, None)
+                if zero3 is not None:
+                    self._zero3_produced(node.inputs, node.outputs, vals)
+            self._drop(vals, drop)
         self.compute_s += max(0.0, clock() - t0 - (comm_seconds() - c0))
+
+    def _drop(self, vals: dict[str, torch.Tensor], names: tuple[str, ...]) -> None:
+        """Let the values go whose last forward reader has run (a ZeRO-3 parameter's storage with its last name)."""
+        zero3 = self.zero3
+        for name in names:
+            vals.pop(name, None)
+            if zero3 is not None:
+                zero3.dropped(name)
+
+    def _zero3_produced(self, inputs: Any, outputs: Any, vals: dict[str, torch.Tensor]) -> None:
+        """ZeRO-3: an operator that read gathered parameters made ``outputs`` (:meth:`.zero3.Zero3Params.produced`:
+        aliases kept live, the backward refilling them first)."""
+        owners = self.zero3.owners(inputs)  # type: ignore[union-attr]
+        if owners:
+            vals.update(self.zero3.produced(owners, {n: vals[n] for n in outputs if n in vals}))  # type: ignore[union-attr]
 
     def _forward_prepared(self) -> list[tuple[Any, Any, dict[str, Any] | None, bool]]:
         """Per forward operator at the current micro-batch shape: ``(node, kernel, attributes, reduced)``
@@ -286,6 +303,8 @@ class StageForward:
         outs = out if isinstance(out, tuple) else (out,)
         for name, v in zip(node.outputs, outs):
             vals[name] = self._reduced(name, v)
+        if self.zero3 is not None:
+            self._zero3_produced(node.inputs, node.outputs, vals)
 
     def _reduced(self, name: str, v: torch.Tensor) -> torch.Tensor:
         """Tensor ``name`` (a compute op's or a Reshard's output), wrapped so that its accumulated gradient runs
@@ -316,3 +335,5 @@ class StageForward:
             rec.inputs.append((op.name, x))
         if dst in vals:
             vals[dst] = self._reduced(dst, vals[dst])
+            if self.zero3 is not None:
+                self._zero3_produced((src,), (dst,), vals)

@@ -1,0 +1,167 @@
+"""ZeRO-3 (``settings.zero == 3``, SPEC §15): a gathered parameter lives only around its use.
+
+At ZeRO-1 and -2 a rank's parameters are already sharded at rest (the fp32 masters are its shards); ``PRE``
+gathers each one once per step and holds it through every forward and backward of the step.  At ZeRO-3 the
+gathered tensor of each parameter is one leaf per step whose *storage* is filled only while it is read:
+
+* forward: gathered just before the first operator of the micro-batch that reads it (the next one posted while
+  it computes: prefetch), freed after the last (aliases — a ``split`` or ``reshape`` of it, views of its storage
+  — keep it until their own last reader);
+* backward: the outputs of every operator that read it pass through :class:`_Regather`, whose backward gathers
+  it again before that operator's backward needs it; it is freed once autograd has accumulated its gradient.
+
+Freeing resizes the storage to 0 (FSDP2's approach): the tensor object, the one autograd saved, stays; refilling
+it keeps its version counter, so autograd accepts it.  The gather itself is the parameter's own ``PRE`` plan
+(``SplitAllGather`` from the resolution), so nothing new is resolved and the collectives per group are issued in
+the order of the operators — the same on every replica whose schedule runs the layer's forwards and backwards
+in the same order (:func:`hspmd_sdk.core.strategy.zero3_problems` checks that before launch).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .comm import Pending, execute_async
+
+__all__ = ["Zero3Params"]
+
+
+class _Regather(torch.autograd.Function):
+    """Identity forward; backward first fills the storage of the parameters the producing operator read."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, owner: "Zero3Params", names: tuple[str, ...]) -> torch.Tensor:  # type: ignore[override]
+        ctx.owner, ctx.names = owner, names
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        for name in ctx.names:
+            ctx.owner.fill(name)
+        return grad, None, None
+
+
+class Zero3Params:
+    """The ZeRO-3 parameters of one rank's stage: which they are, their step leaves, when each is filled.
+
+    ``plans``: gathered tensor name -> ``(its PRE plan, its source's name)``, in the order the forward first reads
+    them; ``gather(plan, source_name) -> Pending`` starts one gather; ``on_leaf(name, leaf)`` is called once per
+    step for each leaf made (the gradient synchronisation watches it)."""
+
+    def __init__(self, plans: dict[str, tuple[Any, str]], gather: Callable[[Any, str], Pending],
+                 on_leaf: Callable[[str, torch.Tensor], None]) -> None:
+        self.plans = plans
+        self.order = list(plans)
+        self._gather, self._on_leaf = gather, on_leaf
+        self.begin_step()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.plans
+
+    def begin_step(self) -> None:
+        """A new step: new leaves (the gradient synchronisation watches each step's own), nothing filled."""
+        self.leaves: dict[str, torch.Tensor] = {}
+        self._full: set[str] = set()
+        self._prefetched: dict[str, Pending] = {}
+        self._alias: dict[str, str] = {}      # a value sharing a parameter's storage -> the parameter
+        self._live: dict[str, set[str]] = {}  # parameter -> the names of this micro-batch still reading it
+        self.held_bytes = 0
+        self.peak_bytes = 0
+        self.gathers = 0
+
+    # ---- filling and freeing --------------------------------------------------------------------------------
+    def _start(self, name: str) -> Pending:
+        got = self._prefetched.pop(name, None)
+        if got is None:
+            plan, src = self.plans[name]
+            got = self._gather(plan, src)
+            self.gathers += 1
+        return got
+
+    def fill(self, name: str) -> torch.Tensor:
+        """The leaf of ``name`` with its storage filled (gathered now unless it is)."""
+        leaf = self.leaves.get(name)
+        if leaf is not None and name in self._full:
+            return leaf
+        value = self._start(name).wait()
+        nbytes = value.numel() * value.element_size()
+        if leaf is None:
+            if not value.is_contiguous() or value.untyped_storage().nbytes() != nbytes:
+                value = value.clone()  # a storage of its own, exactly its size: freeing it frees nothing else
+            leaf = self.leaves[name] = value.requires_grad_(True)
+            leaf.register_post_accumulate_grad_hook(lambda _t, n=name: self.free(n))
+            self._on_leaf(name, leaf)
+        else:
+            storage = leaf.untyped_storage()
+            with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(leaf):
+                storage.resize_(nbytes)
+                leaf.copy_(value)
+        self._full.add(name)
+        self.held_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+        return leaf
+
+    def free(self, name: str) -> None:
+        """Let ``name``'s gathered storage go (the leaf stays, empty)."""
+        if name not in self._full:
+            return
+        storage = self.leaves[name].untyped_storage()
+        self.held_bytes -= storage.nbytes()
+        storage.resize_(0)
+        self._full.discard(name)
+
+    def prefetch_after(self, name: str) -> None:
+        """Post the gather of the parameter the forward reads after ``name`` (overlap), unless it is filled."""
+        i = self.order.index(name) + 1
+        if i < len(self.order):
+            nxt = self.order[i]
+            if nxt not in self._full and nxt not in self._prefetched:
+                plan, src = self.plans[nxt]
+                self._prefetched[nxt] = self._gather(plan, src)
+                self.gathers += 1
+
+    # ---- one micro-batch's forward ------------------------------------------------------------------------
+    def read(self, name: str) -> torch.Tensor:
+        """``name`` for an operator of the forward: filled, and live until :meth:`dropped`."""
+        leaf = self.fill(name)
+        self._live.setdefault(name, set()).add(name)
+        self.prefetch_after(name)
+        return leaf
+
+    def owners(self, names: Any) -> tuple[str, ...]:
+        """The ZeRO-3 parameters among ``names`` (directly or through an alias)."""
+        out = []
+        for n in names:
+            p = n if n in self.plans else self._alias.get(n)
+            if p is not None and p not in out:
+                out.append(p)
+        return tuple(out)
+
+    def produced(self, owners: tuple[str, ...], outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """An operator that read ``owners`` made ``outputs``: those that are views of an owner's storage become its
+        aliases; every differentiable output is wrapped so that its backward refills the owners first."""
+        out = {}
+        for name, v in outputs.items():
+            if not isinstance(v, torch.Tensor):
+                out[name] = v
+                continue
+            ptr = v.untyped_storage().data_ptr()
+            for p in owners:
+                if self.leaves[p].untyped_storage().data_ptr() == ptr:
+                    self._alias[name] = p
+                    self._live[p].add(name)
+            out[name] = _Regather.apply(v, self, owners) if v.requires_grad else v
+        return out
+
+    def dropped(self, name: str) -> None:
+        """The forward has no reader of ``name`` left: a parameter none of whose names is live is freed."""
+        p = name if name in self.plans else self._alias.get(name)
+        if p is None:
+            return
+        live = self._live.get(p)
+        if live is not None:
+            live.discard(name)
+            if not live:
+                del self._live[p]
+                self.free(p)
