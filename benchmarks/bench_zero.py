@@ -1,14 +1,15 @@
-"""ZeRO levels on 4 local ranks: our DP4 with ZeRO 0, 1 and 2 against torch DDP and FSDP2 (issue 46).
+"""ZeRO levels on 4 local ranks: our DP4 with ZeRO 0, 1, 2 and 3 against torch DDP and FSDP2 (issue 46).
 
 The model, corpus, batch and recipe are ``bench_training.py``'s (the tutorial's ~0.9 M GPT-2, 8 x 256 tokens a step,
 Adam 0.9/0.95 with weight decay on matrices, warmup + cosine, clipping at 1.0).  Contestants, each a job of
 ``--steps`` steps on the same 4 gloo worker processes' machine, in rotating order over ``--repeats`` rounds:
 
-* ``dp4``, ``dp4_zero1``, ``dp4_zero2``: ``launch`` of the DP4 strategy with ``zero`` 0, 1, 2;
+* ``dp4``, ``dp4_zero1``, ``dp4_zero2``, ``dp4_zero3``: ``launch`` of the DP4 strategy with ``zero`` 0, 1, 2, 3;
 * ``ddp``: ``DistributedDataParallel`` (``bench_training.ddp_entry``): the peer of ZeRO-0;
 * ``fsdp2_zero2``: torch's ``fully_shard`` on the model (one unit) with ``reshard_after_forward=False``
   (parameters stay gathered from forward to backward, gradients reduce-scattered: FSDP2's ZeRO-2), the peer of
-  ``dp4_zero2``; ``fsdp2_zero3``: the default ``reshard_after_forward=True`` (ZeRO-3), for reference.
+  ``dp4_zero2``; ``fsdp2_zero3``: the default ``reshard_after_forward=True`` (ZeRO-3), the peer of ``dp4_zero3``
+  (FSDP2 on one unit regathers the whole model for the backward; ours regathers parameter by parameter).
 
 FSDP2 runs torch's Adam with ``foreach`` (its ``fused`` needs plain tensors); both peers train in
 ``bench_training.peer_steps`` (the same groups, schedule and ``clip_grad_norm_``).  A job's figure is its median step after ``--warmup`` steps (the slowest rank's
@@ -35,7 +36,7 @@ from hspmd_sdk import Cluster, GPTConfig, launch  # noqa: E402
 from hspmd_sdk.runtime.control.launcher import launch_entry  # noqa: E402
 from hspmd_sdk.runtime.transports.transport import LocalTransport  # noqa: E402
 
-NAMES = ["dp4", "dp4_zero1", "dp4_zero2", "ddp", "fsdp2_zero2", "fsdp2_zero3"]
+NAMES = ["dp4", "dp4_zero1", "dp4_zero2", "dp4_zero3", "ddp", "fsdp2_zero2", "fsdp2_zero3"]
 
 
 def fsdp_entry(state: Any, spec: Any) -> dict[str, Any]:
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     corpus, cluster = str(stdlib_corpus(MODEL.vocab_size)), Cluster.local(4)
     programs = {"dp4": program_of(DP4, cluster), "dp4_zero1": program_of({**DP4, "zero": 1}, cluster),
-                "dp4_zero2": program_of({**DP4, "zero": 2}, cluster)}
+                "dp4_zero2": program_of({**DP4, "zero": 2}, cluster),
+                "dp4_zero3": program_of({**DP4, "zero": 3}, cluster)}
     names = args.only.split(",")
     print(f"bench_zero: {MODEL}, batch {B} x {S}, 4 local ranks, load {load()}", flush=True)
     rounds = []
@@ -101,7 +103,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     med = {n: statistics.median(r[n]["median_s"] for r in rounds) for n in names}
     ratios = {f"{a}_over_{b}": med[b] / med[a] for a, b in (("dp4_zero2", "fsdp2_zero2"), ("dp4", "ddp"),
                                                             ("dp4_zero2", "dp4"), ("fsdp2_zero2", "ddp"),
-                                                            ("dp4_zero1", "dp4"), ("fsdp2_zero3", "fsdp2_zero2"))
+                                                            ("dp4_zero1", "dp4"), ("fsdp2_zero3", "fsdp2_zero2"),
+                                                            ("dp4_zero3", "fsdp2_zero3"), ("dp4_zero3", "dp4"))
               if a in med and b in med}  # throughput of a over b (> 1: a is faster)
     base = rounds[0][names[0]]["losses"]
     same = {n: max(abs(a - b) / abs(b) for a, b in zip(rounds[0][n]["losses"], base)) for n in names}

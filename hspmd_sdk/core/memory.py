@@ -9,9 +9,9 @@
   uneven stage, ``ratios``: its own share, :meth:`Stage.share`).  With ZeRO-1 a unit's 12 optimizer bytes are
   divided by the number of stages (over all pipelines) that hold it (uneven ``Pipeline.zero_share``: in proportion to
   the shares), and with ZeRO-2 (``Strategy.zero >= 2``) its 2 gradient bytes too (each rank keeps its shard of the
-  reduce-scattered gradient); with ZeRO-3 its 2 parameter bytes too, plus the largest sharded unit whole (a bound
-  on what is gathered at once: the runtime holds a few parameter tensors at a time, :mod:`~hspmd_sdk.runtime.
-  workers.zero3`);
+  reduce-scattered gradient); with ZeRO-3 its 2 parameter bytes too, plus twice the largest sharded unit whole
+  (what is gathered at once: the unit being read and the next one prefetched, :mod:`~hspmd_sdk.runtime.workers.
+  zero3`);
 * **activations**: what a layer keeps for its backward (:meth:`ModelSpec.layer_activation_bytes`, divided by the
   TP degree with sequence parallelism) for the micro-batches in flight at the stage's peak
   (:func:`~hspmd_sdk.core.schedule.in_flight`), the head's input on a last stage, plus the largest transient
@@ -172,7 +172,7 @@ def device_memory(strategy: "Strategy", model: "ModelSpec", cluster: "Cluster | 
                         optimizer += mine * OPTIMIZER_BYTES / (ways if strategy.zero1 else 1)
                         if ways > 1:
                             gathered = max(gathered, mine * BF16_BYTES)
-                    params += gathered if strategy.zero >= 3 else 0.0
+                    params += 2 * gathered if strategy.zero >= 3 else 0.0  # one unit read, the next prefetched
                     got = of_split[split] = (params, grads, optimizer,
                                              *_activations(model, s, tokens, split, last, sequence_parallel))
                 params, grads, optimizer, kept, transient = got

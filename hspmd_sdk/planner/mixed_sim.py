@@ -82,7 +82,7 @@ def simulate_shapes(model: "ModelSpec | str", strategy: "Strategy", cluster: "Cl
 
     def one(stretch: "Stretch | None") -> SimResult:
         return _simulate_step(strategy, cluster, cost, costs, devices, label=label, counted=counted, stretch=stretch,
-                              run=lambda start, events: _replay(model, strategy, cluster, shapes, cost, work,
+                              run=lambda start, events, **_: _replay(model, strategy, cluster, shapes, cost, work,
                                                                 devices, start, events, stretch))
     return _shared_cores(one, devices, cluster, cost)
 

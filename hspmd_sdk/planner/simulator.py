@@ -726,7 +726,8 @@ def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, co
                    label: str, counted: "Strategy | None" = None,
                    stretch: "Stretch | None" = None, memory: dict[int, dict[str, float]] | None = None,
                    phases: tuple[list[_Sync], list[_Sync]] | None = None, dtype: str | None = None) -> SimResult:
-    """One step from the stages' costs: ZeRO-1's parameter all-gather, the pipelines (``run(start, events)``:
+    """One step from the stages' costs: ZeRO-1's parameter all-gather, the pipelines (``run(start, events,
+    regather=...)``:
     every stage's clock at its end and the transfers), the gradient synchronisation (last layers first), the
     optimizer; ``memory`` per device (breakdown), default: counted from the stage costs of ``counted`` (default:
     ``strategy``).  ``phases``: the ``PRE`` and ``POST`` collectives (a Program's own), default: the stage
@@ -741,11 +742,15 @@ def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, co
                                  dtype) if strategy.zero1 else [],
                   _formula_syncs(post, syncs[::-1], devices, cluster, cost, cps, dtype))
 
-    # 1. PRE: ZeRO-1 parameter all-gather.
+    # 1. PRE: ZeRO-1 parameter all-gather; at ZeRO-3 none, but every F and B gathers its stage's parameters again.
+    regather: dict[StageKey, float] = {}
+    if strategy.zero >= 3:
+        regather = {k: sum(s.seconds for s in phases[0] if k in s.holders) for k in costs}
+        phases = ([], phases[1])
     start = _run_syncs(phases[0], {k: 0.0 for k in costs}, events, "comm")
 
     # 2. The pipelines, replayed with timing.
-    clock, transfers = run(start, events)
+    clock, transfers = run(start, events, regather=regather)
     pipe_end = [max(clock[(i, j)] for j in range(p.num_stages)) for i, p in enumerate(strategy.pipelines)]
     compute_end = dict(clock)
 
@@ -785,10 +790,14 @@ def _simulate_step(strategy: "Strategy", cluster: "Cluster", cost: CostModel, co
 def _run_pipelines(strategy: "Strategy", costs: dict[StageKey, _StageCost],
                    sends: dict[tuple[StageKey, StageKey], _Send], cost: CostModel,
                    start: dict[StageKey, float], events: dict[StageKey, list[Event]], *,
-                   stretch: "Stretch | None" = None) -> tuple[dict[StageKey, float], list[Transfer]]:
+                   stretch: "Stretch | None" = None,
+                   regather: dict[StageKey, float] | None = None) -> tuple[dict[StageKey, float], list[Transfer]]:
     """Replay every stage's schedule with timing: compute advances the stage's clock, a send occupies its
     (sender, receiver) channel for the transfer time (``sends``) without blocking the sender, a receive waits for
-    the data.  Returns each stage's clock after its last action and the transfers."""
+    the data.  ``regather``: ZeRO-3's gather seconds of a stage's parameters, paid by each of its F and B before
+    the compute (a ``comm`` event: the prefetch's overlap is not counted).  Returns each stage's clock after its
+    last action and the transfers."""
+    regather = regather or {}
     clock = dict(start)
     channel_free: dict[tuple[StageKey, StageKey], float] = {}
     transfers: list[Transfer] = []
@@ -797,6 +806,10 @@ def _run_pipelines(strategy: "Strategy", costs: dict[StageKey, _StageCost],
         k: StageKey = key  # type: ignore[assignment]
         sc = costs[k]
         if a.kind in ("F", "B"):
+            gather = regather.get(k, 0.0)
+            if gather > 0:
+                events[k].append(Event(clock[k], clock[k] + gather, "comm", a.micro_batch))
+                clock[k] += gather
             dur = sc.fwd if a.kind == "F" else sc.bwd
             if stretch is not None:  # processor sharing slows the compute, not the TP collectives' wait
                 comm = sc.fwd_comm if a.kind == "F" else sc.bwd_comm

@@ -475,14 +475,17 @@ class GatherBuckets:
     (``async_op=True``) and returns one :class:`~.comm.Pending` per item; its ``wait()`` waits for the buckets that
     hold the item's slices and gives what :func:`~.comm.execute` would: the rank's destination tensor (zeros
     where it receives no slice), ``None`` outside the destination.  ``names`` name the items in errors and in the
-    ``trace`` event ``gather_start`` (a bucket posted)."""
+    ``trace`` event ``gather_start`` (a bucket posted).  The flat buffers are kept for the next :meth:`start`
+    unless ``keep_buffers=False`` (ZeRO-3's units: they go once the values are unpacked)."""
 
     def __init__(self, plans: Sequence[Any], names: Sequence[str], groups: Any, *, rank: int,
                  device: torch.device, dtype: torch.dtype, bucket_bytes: int = BUCKET_BYTES,
-                 first_bucket_bytes: int | None = FIRST_BUCKET_BYTES, trace: Trace | None = None) -> None:
+                 first_bucket_bytes: int | None = FIRST_BUCKET_BYTES, trace: Trace | None = None,
+                 keep_buffers: bool = True) -> None:
         if not all(bucketable(p) for p in plans):
             raise ValueError("GatherBuckets takes plans of one top-tier operator each")
         self.plans, self.names, self.rank, self.trace = list(plans), list(names), int(rank), trace
+        self.keep_buffers = bool(keep_buffers)  # ZeRO-3 gathers again and again: its buffers go with the values
         self.ops: list[SplitCollectiveOp] = [p.ops[0] for p in self.plans]
         self.ctx = _Ctx(self.rank, group_lookup(groups), dtype, torch.device(device))
         self.buckets = plan_buckets(list(enumerate(self.plans)), self.rank, bucket_bytes=bucket_bytes,
@@ -503,9 +506,11 @@ class GatherBuckets:
         """Post every bucket now, in bucket order; one :class:`~.comm.Pending` per item."""
         ctx = self.ctx
         works: list[Any] = []
+        bufs: dict[int, torch.Tensor] = {}
         for k, b in enumerate(self.buckets):
-            buf = self._buffers[k] = _fill(self._fills[k], inputs.__getitem__, ctx, self._what,
-                                           self._buffers.get(k))
+            buf = bufs[k] = _fill(self._fills[k], inputs.__getitem__, ctx, self._what, self._buffers.get(k))
+            if self.keep_buffers:
+                self._buffers[k] = buf
             what = f"a parameter-gather bucket of {len(b.members)} slices over {list(b.ranks)}"
             try:
                 works.append(_collective(buf, b.ranks, b.root, ctx, what) if len(b.ranks) > 1 else None)
@@ -514,7 +519,6 @@ class GatherBuckets:
             if self.trace is not None:
                 self.trace("gather_start", index=k, ranks=list(b.ranks), root=b.root,
                            params=[self.names[i] for i in b.items], bytes=b.nbytes)
-        bufs = dict(self._buffers)
         out = []
         for i in range(len(self.plans)):
             mine = self._where.get(i, [])

@@ -49,7 +49,7 @@ from ...core.annotation import local_view
 from ...core.schedule import Action, build_schedule
 from ...core.symbolic import evaluate_shape
 from .buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, GatherBuckets, GradBuckets, SyncItem, bucketable
-from .comm import Pending, execute_async, with_dtype
+from .comm import Pending, with_dtype
 from .errors import ExecutorError
 from .feeds import Feeder, sequence_balance
 from .interpreter import StepInterpreter
@@ -57,7 +57,7 @@ from .kernels import IGNORE_INDEX
 from .optimizer import (AdamConfig, clip_gradients, load_state_by_name, owned_grad_sq, owned_parts, owned_slices,
                         state_by_name)
 from .optimizer import adam_problems, adam_step_state, fused_adam_available  # noqa: F401 (re-exported)
-from .p2p import POST_TAG, PRE_TAG, StageTransfers, identity_for, next_receives, pipeline_groups, pipeline_pairs
+from .p2p import POST_TAG, StageTransfers, identity_for, next_receives, pipeline_groups, pipeline_pairs
 from .parameter_leaves import ParameterLeaves
 from .params import check_local_parameters, init_local_parameters
 from .stage_forward import LocalContext, MicroBatchRecord, StageForward
@@ -240,26 +240,37 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
 
     def _zero3_params(self, gathers: list[Any]) -> Zero3Params | None:
         """ZeRO-3: of the parameters' top-tier gathers, those this rank receives and its forward reads (and no
-        other ``PRE`` operator: a tied weight moved on is held for the step), in the order the forward first reads
-        them (:mod:`.zero3`); ``None`` if there are none."""
+        other ``PRE`` operator: a tied weight moved on is held for the step), in units -- the parameters of one
+        layer (the model's placements; one unit without a model) over one set of ranks, the same on every rank
+        of the set --, units and members in the order the forward first reads them (:mod:`.zero3`); ``None`` if
+        there are none."""
         pre_read = {t for o in self.eg.pre for t in o.inputs}
         first: dict[str, int] = {}
         for i, op in enumerate(self.eg.forward):
             for t in (op.inputs if op.kind == "Reshard" else self.nodes[op.name].inputs):
                 first.setdefault(t, i)
-        plans = {o.outputs[0]: (self._pre_plan(o.name), o.inputs[0]) for o in gathers
-                 if o.outputs[0] in first and o.outputs[0] not in pre_read
-                 and self.rank in self._pre_plan(o.name).dst.ranks}
-        if not plans:
+        ops = sorted((o for o in gathers if o.outputs[0] in first and o.outputs[0] not in pre_read
+                      and self.rank in self._pre_plan(o.name).dst.ranks), key=lambda o: first[o.outputs[0]])
+        if not ops:
             return None
-        ordered = dict(sorted(plans.items(), key=lambda kv: first[kv[0]]))
+        model = self.program.model
+        where = {p.tensor: p.where for p in model.placements()} if model is not None else {}
+        units: dict[Any, list[Any]] = {}
+        for o in ops:
+            plan = self._pre_plan(o.name)
+            key = (tuple(sorted(set(plan.src.ranks) | set(plan.dst.ranks))), where.get(o.inputs[0]))
+            units.setdefault(key, []).append(o)
+        members = list(units.values())
+        buckets = [GatherBuckets([self._pre_plan(o.name) for o in us], [o.outputs[0] for o in us], self.groups,
+                                 rank=self.rank, device=self.device, dtype=self.dtype, bucket_bytes=2**62,
+                                 first_bucket_bytes=None, trace=self.trace, keep_buffers=False) for us in members]
 
-        def gather(plan: Any, src: str) -> Pending:
+        def start(k: int) -> list[Pending]:
             with torch.no_grad():
-                return execute_async(plan, self.step_values[src].detach(), self.groups, rank=self.rank,
-                                     device=self.device, tag_base=PRE_TAG)
+                return buckets[k].start([self.step_values[o.inputs[0]].detach() for o in members[k]])
 
-        return Zero3Params(ordered, gather, lambda name, leaf: self.grad_sync.watch(name, leaf))
+        return Zero3Params([[o.outputs[0] for o in us] for us in members], start,
+                           lambda name, leaf: self.grad_sync.watch(name, leaf))
 
     def _sync_items(self) -> list[SyncItem]:
         """One item per ``GradSync`` of this rank (Program order), its plan at the wire dtype; ``None`` where

@@ -85,7 +85,7 @@ class ParameterLeaves:
                 self._gathers[dst] = pending
             else:
                 self._inflight.append(pending)
-        self.grad_sync.begin(set(vals) | set(self._gathers) | (set(zero3.plans) if zero3 is not None else set()))
+        self.grad_sync.begin(set(vals) | set(self._gathers) | (set(zero3.names) if zero3 is not None else set()))
         for name, t in vals.items():
             self.grad_sync.watch(name, t, keep=name in self._leaves)
         if not self._gathers and not self._inflight and zero3 is None and all(name in self._leaves for name in vals):

@@ -4,14 +4,15 @@ At ZeRO-1 and -2 a rank's parameters are already sharded at rest (the fp32 maste
 gathers each one once per step and holds it through every forward and backward of the step.  At ZeRO-3 the
 gathered tensor of each parameter is one leaf per step whose *storage* is filled only while it is read:
 
-* forward: gathered just before the first operator of the micro-batch that reads it (the next one posted while
-  it computes: prefetch), freed after the last (aliases — a ``split`` or ``reshape`` of it, views of its storage
-  — keep it until their own last reader);
+* forward: gathered with its *unit* (FSDP's: the parameters of one layer over one set of ranks, coalesced into one
+  collective per owner) just before the first operator of the micro-batch that reads one of them (the next unit
+  posted while it computes: prefetch), each freed after its last reader (aliases — a ``split`` or ``reshape`` of
+  it, views of its storage — keep it until their own last reader);
 * backward: the outputs of every operator that read it pass through :class:`_Regather`, whose backward gathers
   it again before that operator's backward needs it; it is freed once autograd has accumulated its gradient.
 
 Freeing resizes the storage to 0 (FSDP2's approach): the tensor object, the one autograd saved, stays; refilling
-it keeps its version counter, so autograd accepts it.  The gather itself is the parameter's own ``PRE`` plan
+it keeps its version counter, so autograd accepts it.  The gather itself is the parameters' own ``PRE`` plans
 (``SplitAllGather`` from the resolution), so nothing new is resolved and the collectives per group are issued in
 the order of the operators — the same on every replica whose schedule runs the layer's forwards and backwards
 in the same order (:func:`hspmd_sdk.core.strategy.zero3_problems` checks that before launch).
@@ -22,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from .comm import Pending, execute_async
+from .comm import Pending
 
 __all__ = ["Zero3Params"]
 
@@ -45,47 +46,58 @@ class _Regather(torch.autograd.Function):
 class Zero3Params:
     """The ZeRO-3 parameters of one rank's stage: which they are, their step leaves, when each is filled.
 
-    ``plans``: gathered tensor name -> ``(its PRE plan, its source's name)``, in the order the forward first reads
-    them; ``gather(plan, source_name) -> Pending`` starts one gather; ``on_leaf(name, leaf)`` is called once per
-    step for each leaf made (the gradient synchronisation watches it)."""
+    ``units``: the gathered tensors' names in units (FSDP's: a layer's parameters over one set of ranks), units
+    and members in the order the forward first reads them; ``start(k)`` posts unit ``k``'s gathers at once
+    (coalesced: one collective per owner, :class:`~.buckets.GatherBuckets`) and returns one :class:`~.comm.Pending`
+    per member; ``on_leaf(name, leaf)`` is called once per step for each leaf made (the gradient synchronisation
+    watches it).  A member read while empty fills its unit (only the empty members are copied into); after a unit
+    is filled in the forward, the next one is posted (prefetch)."""
 
-    def __init__(self, plans: dict[str, tuple[Any, str]], gather: Callable[[Any, str], Pending],
+    def __init__(self, units: list[list[str]], start: Callable[[int], list[Pending]],
                  on_leaf: Callable[[str, torch.Tensor], None]) -> None:
-        self.plans = plans
-        self.order = list(plans)
-        self._gather, self._on_leaf = gather, on_leaf
+        self.units = units
+        self.unit_of = {name: k for k, members in enumerate(units) for name in members}
+        self._start_unit, self._on_leaf = start, on_leaf
         self.begin_step()
 
     def __contains__(self, name: str) -> bool:
-        return name in self.plans
+        return name in self.unit_of
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.unit_of)
 
     def begin_step(self) -> None:
         """A new step: new leaves (the gradient synchronisation watches each step's own), nothing filled."""
         self.leaves: dict[str, torch.Tensor] = {}
         self._full: set[str] = set()
-        self._prefetched: dict[str, Pending] = {}
+        self._prefetched: dict[int, list[Pending]] = {}
         self._alias: dict[str, str] = {}      # a value sharing a parameter's storage -> the parameter
         self._live: dict[str, set[str]] = {}  # parameter -> the names of this micro-batch still reading it
         self.held_bytes = 0
         self.peak_bytes = 0
-        self.gathers = 0
+        self.gathers = 0  # units gathered this step
 
     # ---- filling and freeing --------------------------------------------------------------------------------
-    def _start(self, name: str) -> Pending:
-        got = self._prefetched.pop(name, None)
-        if got is None:
-            plan, src = self.plans[name]
-            got = self._gather(plan, src)
-            self.gathers += 1
-        return got
+    def _post(self, k: int) -> list[Pending]:
+        self.gathers += 1
+        return self._start_unit(k)
 
     def fill(self, name: str) -> torch.Tensor:
-        """The leaf of ``name`` with its storage filled (gathered now unless it is)."""
-        leaf = self.leaves.get(name)
-        if leaf is not None and name in self._full:
-            return leaf
-        value = self._start(name).wait()
+        """The leaf of ``name`` with its storage filled (its unit gathered now unless it is)."""
+        if name in self._full:
+            return self.leaves[name]
+        k = self.unit_of[name]
+        pending = self._prefetched.pop(k, None) or self._post(k)
+        for member, got in zip(self.units[k], pending):
+            value = got.wait()
+            if member not in self._full:
+                self._place(member, value)
+        return self.leaves[name]
+
+    def _place(self, name: str, value: torch.Tensor) -> None:
         nbytes = value.numel() * value.element_size()
+        leaf = self.leaves.get(name)
         if leaf is None:
             if not value.is_contiguous() or value.untyped_storage().nbytes() != nbytes:
                 value = value.clone()  # a storage of its own, exactly its size: freeing it frees nothing else
@@ -93,14 +105,12 @@ class Zero3Params:
             leaf.register_post_accumulate_grad_hook(lambda _t, n=name: self.free(n))
             self._on_leaf(name, leaf)
         else:
-            storage = leaf.untyped_storage()
             with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(leaf):
-                storage.resize_(nbytes)
+                leaf.untyped_storage().resize_(nbytes)
                 leaf.copy_(value)
         self._full.add(name)
         self.held_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.held_bytes)
-        return leaf
 
     def free(self, name: str) -> None:
         """Let ``name``'s gathered storage go (the leaf stays, empty)."""
@@ -111,29 +121,28 @@ class Zero3Params:
         storage.resize_(0)
         self._full.discard(name)
 
-    def prefetch_after(self, name: str) -> None:
-        """Post the gather of the parameter the forward reads after ``name`` (overlap), unless it is filled."""
-        i = self.order.index(name) + 1
-        if i < len(self.order):
-            nxt = self.order[i]
-            if nxt not in self._full and nxt not in self._prefetched:
-                plan, src = self.plans[nxt]
-                self._prefetched[nxt] = self._gather(plan, src)
-                self.gathers += 1
+    def _prefetch_after(self, k: int) -> None:
+        """Post the gathers of the unit after ``k`` (overlap), unless it is full or posted."""
+        nxt = k + 1
+        if nxt < len(self.units) and nxt not in self._prefetched \
+                and any(m not in self._full for m in self.units[nxt]):
+            self._prefetched[nxt] = self._post(nxt)
 
     # ---- one micro-batch's forward ------------------------------------------------------------------------
     def read(self, name: str) -> torch.Tensor:
         """``name`` for an operator of the forward: filled, and live until :meth:`dropped`."""
+        filled = name not in self._full
         leaf = self.fill(name)
         self._live.setdefault(name, set()).add(name)
-        self.prefetch_after(name)
+        if filled:
+            self._prefetch_after(self.unit_of[name])
         return leaf
 
     def owners(self, names: Any) -> tuple[str, ...]:
         """The ZeRO-3 parameters among ``names`` (directly or through an alias)."""
         out = []
         for n in names:
-            p = n if n in self.plans else self._alias.get(n)
+            p = n if n in self.unit_of else self._alias.get(n)
             if p is not None and p not in out:
                 out.append(p)
         return tuple(out)
@@ -156,7 +165,7 @@ class Zero3Params:
 
     def dropped(self, name: str) -> None:
         """The forward has no reader of ``name`` left: a parameter none of whose names is live is freed."""
-        p = name if name in self.plans else self._alias.get(name)
+        p = name if name in self.unit_of else self._alias.get(name)
         if p is None:
             return
         live = self._live.get(p)
