@@ -244,23 +244,24 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
         layer (the model's placements; one unit without a model) over one set of ranks, the same on every rank
         of the set --, units and members in the order the forward first reads them (:mod:`.zero3`); ``None`` if
         there are none."""
-        pre_read = {t for o in self.eg.pre for t in o.inputs}
         first: dict[str, int] = {}
         for i, op in enumerate(self.eg.forward):
             for t in (op.inputs if op.kind == "Reshard" else self.nodes[op.name].inputs):
                 first.setdefault(t, i)
-        ops = sorted((o for o in gathers if o.outputs[0] in first and o.outputs[0] not in pre_read
-                      and self.rank in self._pre_plan(o.name).dst.ranks), key=lambda o: first[o.outputs[0]])
+        # what every rank of a gather's group decides alike, from the graph: a gathered tensor that a Reshard reads
+        # (a tied weight's move, on whichever ranks it runs) is held for the step
+        ops = [o for o in gathers if o.outputs[0] in first and self.rank in self._pre_plan(o.name).dst.ranks
+               and not any(c.is_reshard for c in self.graph.consumers(o.outputs[0]))]
         if not ops:
             return None
         model = self.program.model
         where = {p.tensor: p.where for p in model.placements()} if model is not None else {}
-        units: dict[Any, list[Any]] = {}
+        units: dict[Any, list[Any]] = {}  # members in Program order (every rank's buffers alike), units by first read
         for o in ops:
             plan = self._pre_plan(o.name)
             key = (tuple(sorted(set(plan.src.ranks) | set(plan.dst.ranks))), where.get(o.inputs[0]))
             units.setdefault(key, []).append(o)
-        members = list(units.values())
+        members = sorted(units.values(), key=lambda us: min(first[o.outputs[0]] for o in us))
         buckets = [GatherBuckets([self._pre_plan(o.name) for o in us], [o.outputs[0] for o in us], self.groups,
                                  rank=self.rank, device=self.device, dtype=self.dtype, bucket_bytes=2**62,
                                  first_bucket_bytes=None, trace=self.trace, keep_buffers=False) for us in members]
