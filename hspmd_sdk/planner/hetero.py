@@ -29,6 +29,12 @@ pipeline's total memory.
 ``sum_s t_s + (m - 1) max_s t_s`` under each stage's memory (parameters, gradients, optimizer states divided by
 ZeRO-1, in-flight activations, LM-head logits); then one ILP (:func:`solve_micro_batches`) splits the global
 batch's micro-batches over the pipelines to minimise the slowest pipeline.
+
+**ZeRO shares** (:mod:`.zero_shares`), where the devices differ in memory: a pipeline type needs room only beyond
+the states ZeRO does not shard, the pipelines together holding the sharded part (a pooled constraint of the first
+level); a pipeline whose layer ILP has no solution at even shares is solved again at its share by free memory
+(:func:`share_shards`); every candidate strategy then gets its shares from the memory estimate before the
+simulator ranks it.
 """
 from __future__ import annotations
 
@@ -47,6 +53,7 @@ from ._pulp import _cbc, _variable
 from .cost import BF16, FP32, CostModel, embedding_cost, head_cost, layer_cost
 from .hetero_mixed import arrangement_strategies, mixed_arrangements, recomputing
 from .simulator import SimResult, simulate
+from .zero_shares import shares_note, with_memory_shares
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
@@ -55,7 +62,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["plan_hetero", "TPGroup", "StageProfile", "PipelinePlan", "Candidate", "PlanContext", "tp_degrees",
            "split_node", "make_groups", "configure_pipelines", "solve_layers", "solve_micro_batches",
            "build_strategy", "rank_by_simulation", "refine_micro_batches", "enumerate_candidates", "search",
-           "solve_candidate", "solve_pipelines", "pick"]
+           "solve_candidate", "solve_pipelines", "share_shards", "pick"]
 
 
 # ---- TP groups ------------------------------------------------------------------------------------------------
@@ -142,12 +149,15 @@ class PlanContext:
 
     def __init__(self, model: "ModelSpec", cluster: "Cluster", *, global_batch: int, seq_len: int,
                  cost: CostModel | None = None, schedule: str = "1f1b", zero1: bool = True,
-                 zero: int | None = None) -> None:
+                 zero: int | None = None, zero_shares: bool = False) -> None:
         self.model, self.cluster, self.global_batch, self.seq_len = model, cluster, global_batch, seq_len
         self.cost = cost or CostModel()
         # the ZeRO level of the strategies planned (SPEC §15); zero1 is its alias for levels 0 and 1
         self.zero = (1 if zero1 else 0) if zero is None else int(zero)
         self.schedule, self.zero1 = schedule, self.zero >= 1
+        # uneven ZeRO shares by free memory (:mod:`.zero_shares`): plan_hetero's, where the devices' memory differs
+        # (levels 1 and 2: what this planner prices; ZeRO-3's gathered parameters are not a share)
+        self.zero_shares = zero_shares and self.zero in (1, 2)
         self._profiles: dict[tuple, StageProfile] = {}
         self._links: dict[tuple, object] = {}
         self._group_links: dict[tuple, object] = {}
@@ -162,6 +172,13 @@ class PlanContext:
 
     def zero_shards(self, num_pipelines: int) -> int:
         return num_pipelines if self.zero1 else 1
+
+    def state_bytes(self) -> tuple[float, float]:
+        """The whole model's state bytes that ZeRO does not shard and those it does, at this level."""
+        m = self.model
+        params = m.num_layers * m.layer_param_count() + m.embedding_param_count() + m.head_param_count()
+        sharded = params * (3 * FP32 + (BF16 if self.zero >= 2 else 0.0)) if self.zero1 else 0.0
+        return params * (2 * BF16 + 3 * FP32) - sharded, sharded
 
     def profile(self, group: TPGroup, micro_batch: int, zero_shards: int, recompute: bool = False) -> StageProfile:
         """The :class:`StageProfile` of ``group`` (operator costs cached by kind, TP degree and link: its class,
@@ -391,6 +408,7 @@ class _Type:
     stages: int
     capacity: float  # layers per second (per micro-batch)
     feasible: bool
+    headroom: float = 0.0  # with ZeRO shares: the fraction of the sharded model state its memory can hold
 
 
 def _pipeline_types(ctx: PlanContext, groups: dict[str, list[TPGroup]], D: int, b: int) -> tuple[
@@ -405,6 +423,7 @@ def _pipeline_types(ctx: PlanContext, groups: dict[str, list[TPGroup]], D: int, 
     cap = {k: prof[False][k].capacity * groups[k][0].tp for k in kinds}
     act = {rc: prof[rc][kinds[0]].layer_act * groups[kinds[0]][0].tp * L for rc in (False, True)}
     static = _model_static_total(ctx, z)
+    unsharded, sharded = ctx.state_bytes()
     spare = [k for k in kinds if r[k]]
     types = []
     for n in range(len(spare) + 1):
@@ -412,10 +431,15 @@ def _pipeline_types(ctx: PlanContext, groups: dict[str, list[TPGroup]], D: int, 
             cnt = {k: f[k] + (k in extra) for k in kinds}
             S = sum(cnt.values())
             memory = sum(cnt[k] * cap[k] for k in kinds)
-            fits = [rc for rc in (False, True) if memory >= static + act[rc] * (S + 1) / 2]
-            rc = fits[0] if fits else False
+            need = {rc: act[rc] * (S + 1) / 2 for rc in (False, True)}
+            fits = [rc for rc in (False, True) if memory >= static + need[rc]]
+            # with ZeRO shares: a type with room beyond what ZeRO does not shard may take a smaller share (the
+            # pipelines together hold the sharded part: configure_pipelines' pooled constraint)
+            room = [rc for rc in (False, True) if memory > unsharded + need[rc]] if ctx.zero_shares else []
+            rc = fits[0] if fits else (room[0] if room else False)
+            headroom = (memory - unsharded - need[rc]) / sharded if ctx.zero_shares and sharded else 0.0
             types.append(_Type(frozenset(extra), S, sum(cnt[k] / prof[rc][k].layer_time for k in kinds),
-                               1 <= S <= L and bool(fits)))
+                               1 <= S <= L and bool(fits or room), headroom))
     return f, r, types
 
 
@@ -439,6 +463,9 @@ def configure_pipelines(ctx: PlanContext, groups: dict[str, list[TPGroup]], D: i
     digits ``beta_tj`` and each product ``T beta_tj`` is replaced by ``v_tj`` with McCormick's (here exact)
     constraints, giving a MILP for HiGHS.  Types whose total memory cannot hold the model states and about
     half the in-flight activations, even with recomputation (priced at its own layer times), are excluded.
+    With ZeRO shares (``ctx.zero_shares``, :mod:`.zero_shares`) a type needs room only beyond the states ZeRO does
+    not shard, and the pipelines together must hold the sharded part: ``sum_t n_t h_t >= 1`` (``h_t``: the
+    fraction of it a type's memory can hold).
     """
     import pyomo.environ as pyo
     from pyomo.contrib import appsi
@@ -468,6 +495,8 @@ def configure_pipelines(ctx: PlanContext, groups: dict[str, list[TPGroup]], D: i
             mdl.rem.add(sum(n(t) for t in having) == r[k])
         elif r[k]:
             return None
+    if ctx.zero_shares:
+        mdl.pool = pyo.Constraint(expr=sum(types[t].headroom * n(t) for t in usable) >= 1)
     mdl.batch = pyo.Constraint(expr=sum(types[t].capacity / L * sum(2**j * mdl.v[t, j] for j in bits)
                                         - (types[t].stages - 1) * n(t) for t in usable) >= M)
     mdl.mc = pyo.ConstraintList()
@@ -516,6 +545,9 @@ def solve_candidate(ctx: PlanContext, cand: Candidate, *,
     for order in orders:
         ordered = [_order(ctx, comp, order) for comp in cand.compositions]
         pipes = solve_pipelines(ctx, ordered, b, M, z)
+        if pipes is None and ctx.zero_shares:  # the memory-poor pipelines may hold a smaller share
+            shards = share_shards(ctx, ordered, b)
+            pipes = None if shards is None else solve_pipelines(ctx, ordered, b, M, shards)
         if pipes is None:
             continue
         sol = solve_micro_batches(pipes, M, extra=sync_estimates(ctx, pipes))
@@ -525,15 +557,38 @@ def solve_candidate(ctx: PlanContext, cand: Candidate, *,
     return out
 
 
+def share_shards(ctx: PlanContext, ordered: Sequence[Sequence[TPGroup]], b: int) -> list[float] | None:
+    """Per pipeline, the number of ways ZeRO divides its sharded state with shares by free memory, as the layer
+    ILPs price it (:func:`_static_bytes`): ``sum(h) / h_p``, where ``h_p`` is pipeline ``p``'s memory less the
+    states ZeRO does not shard and about half its in-flight activations (with recomputation where it has no room
+    without): the first level's measure, before the layers are placed (the strategy's shares are then the
+    estimate's, :mod:`.zero_shares`).  ``None`` where some pipeline has no room or all together cannot hold the
+    sharded state."""
+    unsharded, sharded = ctx.state_bytes()
+    L, z = ctx.model.num_layers, ctx.zero_shards(len(ordered))
+    room = []
+    for comp in ordered:
+        memory = sum(ctx.profile(g, b, z).capacity * g.tp for g in comp)
+        acts = [ctx.profile(comp[0], b, z, rc).layer_act * comp[0].tp * L * (len(comp) + 1) / 2
+                for rc in (False, True)]
+        left = [memory - unsharded - a for a in acts]
+        room.append(next((h for h in left if h > 0), 0.0))
+    if min(room) <= 0 or sum(room) < sharded:
+        return None
+    return [sum(room) / h for h in room]
+
+
 def solve_pipelines(ctx: PlanContext, ordered: Sequence[Sequence[TPGroup]], b: int, M: int,
-                    z: int) -> list[PipelinePlan] | None:
+                    z: float | Sequence[float]) -> list[PipelinePlan] | None:
     """Layer ILPs for pipelines given in stage order (identical kinds/TP/links solved once); a pipeline that does
-    not fit is retried with activation recomputation.  ``None`` if some pipeline fits neither way."""
+    not fit is retried with activation recomputation.  ``None`` if some pipeline fits neither way.  ``z``: the ways
+    ZeRO divides the sharded state, for all pipelines or per pipeline (uneven shares: :func:`share_shards`)."""
     D = len(ordered)
+    zs = [z] * D if isinstance(z, (int, float)) else list(z)
     cache: dict[tuple, PipelinePlan | None] = {}
     pipes = []
-    for comp in ordered:
-        sig = tuple((g.kind, g.tp, ctx.link(g.ranks[0], g.ranks[-1]).cls) for g in comp)
+    for comp, z in zip(ordered, zs):
+        sig = (tuple((g.kind, g.tp, ctx.link(g.ranks[0], g.ranks[-1]).cls) for g in comp), z)
         if sig not in cache:
             m_guess = max(1, M // D)
             plan = solve_layers(ctx, comp, b, m_guess, z) or solve_layers(ctx, comp, b, m_guess, z, recompute=True)
@@ -716,6 +771,15 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
     ``zero1``: when no plan fits the devices' memory with ZeRO-1, the planner plans again with ZeRO-2 (gradients
     sharded too) and says so in the strategy's ``name``.
 
+    ZeRO shares: where the devices planned differ in memory (an H20 beside an H800, a 24 GB card beside an 80 GB
+    one) and the plan shards (ZeRO-1 or 2), each pipeline gets a ``zero_share`` in proportion to the memory its
+    devices have free for the sharded state, after what ZeRO does not shard (weights, activations, the runtime):
+    :mod:`hspmd_sdk.planner.zero_shares`.  The planner sets them where they lower the fullest device's fraction of
+    its memory (by a percent or more) or make a plan fit that even shares do not (its layer and pipeline solvers
+    then let a memory-poor pipeline take a smaller share), and the strategy's ``name`` says them and what they
+    change.  Devices all of one memory keep even shares (``zero_share`` left out), as do plans with uneven TP
+    ``ratios``.
+
     ``mixed_groups``: where every host holds devices of several kinds (a node of mixed GPU generations), also
     simulate TP groups that mix them with HAP's uneven ratios (:mod:`.hetero_mixed`, SPEC §12) and return them
     when faster; the returned strategy's ``name`` then says which kind of plan won, by how much, and against what.
@@ -748,9 +812,10 @@ def _plan_hetero(model: "ModelSpec", cluster: "Cluster", global_batch: int, seq_
                  simulate_top: int | None, min_pipelines: int, max_pipelines: int | None,
                  micro_batches: Sequence[int], refine: bool, name: str | None, mixed_groups: bool) -> "Strategy":
     """:func:`plan_hetero` at ZeRO level ``zero``."""
-    ctx = PlanContext(model, cluster, global_batch=global_batch, seq_len=seq_len, cost=cost, schedule=schedule,
-                      zero=zero)
     ranks = list(range(cluster.num_ranks)) if ranks is None else sorted(ranks)
+    uneven_memory = len({cluster.spec(r).memory_mb for r in ranks}) > 1
+    ctx = PlanContext(model, cluster, global_batch=global_batch, seq_len=seq_len, cost=cost, schedule=schedule,
+                      zero=zero, zero_shares=uneven_memory)
     large = len(ranks) > 256  # each candidate costs more to solve and to simulate
     candidates = candidates if candidates is not None else (8 if large else 16)
     simulate_top = simulate_top if simulate_top is not None else (2 if large else 6)
@@ -769,6 +834,9 @@ def _plan_hetero(model: "ModelSpec", cluster: "Cluster", global_batch: int, seq_
         except PlanValidationError:
             if mixed is None:
                 raise
+    if plain is not None and plain.zero_shares() is not None:
+        note = shares_note(plain, model, cluster, seq_len=seq_len, cost=ctx.cost)
+        plain = plain.model_copy(update={"name": f"{plain.name} ({note})"})
     if mixed is None:
         return plain
     if plain is None:
@@ -842,12 +910,16 @@ def pick(ctx: PlanContext, solved: Sequence[Candidate], *, simulate_top: int = 6
     micro-batch refinement); if none fits, the next ``simulate_top``, and so on.  Raises
     :class:`PlanValidationError` when no candidate fits.  ``adjust``: applied to each candidate's strategy before
     the simulator ranks it (e.g. the elastic replanner's inherited TP ratios); a refinement the adjusted strategy
-    cannot take (it no longer validates) is then not taken."""
+    cannot take (it no longer validates) is then not taken.  Without ``adjust`` and with ``ctx.zero_shares``, each
+    candidate first gets its ZeRO shares by free memory (:func:`.zero_shares.with_memory_shares`)."""
     for start in range(0, len(solved), max(simulate_top, 1)):
         strategies = [build_strategy(c, schedule=ctx.schedule, zero=ctx.zero, name=name)
                       for c in solved[start:start + max(simulate_top, 1)]]
         if adjust is not None:
             strategies = [adjust(s) for s in strategies]
+        elif ctx.zero_shares:
+            strategies = [with_memory_shares(s, ctx.model, ctx.cluster, seq_len=ctx.seq_len, cost=ctx.cost)
+                          for s in strategies]
         best, res = rank_by_simulation(ctx, strategies)[0]
         if res.oom:
             continue

@@ -1,0 +1,123 @@
+"""The heterogeneous planner chooses ZeRO shares (``Pipeline.zero_share``) by the memory its devices have free.
+
+A Llama of 2.7B parameters as two replicas, one on an 80 GB card and one on a 24 GB card: with even ZeRO-1 shares
+the 24 GB card's estimate is above its memory (and ZeRO-2 does not save it: its activations and bf16 weights leave
+too little), so until now ``plan_hetero`` found no data-parallel plan; with shares by free memory every device's
+estimate is within its memory, and both pipelines' fullest devices fill the same fraction of the memory they have
+free for the sharded state (the rule's promise).  Devices of one memory keep even shares (the JSON unchanged); a
+strategy with uneven TP ratios gets none.  The tiny GPT planned the same way on fake small devices specializes and
+trains like the single-device model on local CPU workers (the recipe test's job and reference).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hspmd_sdk import Cluster, GPTConfig, LlamaConfig  # noqa: E402
+from hspmd_sdk.core.strategy import Strategy  # noqa: E402
+from hspmd_sdk.planner.cost import CostModel  # noqa: E402
+from hspmd_sdk.planner.hetero import plan_hetero  # noqa: E402
+from hspmd_sdk.planner.zero_shares import memory_shares, with_memory_shares  # noqa: E402
+
+from test_training_recipe import (SEQ, _pipe, _program, _rel, _state_matches, gpt, reference,  # noqa: E402,F401
+                                  train_plans)
+
+LLAMA_2_7B = LlamaConfig(name="llama-2.7b", vocab_size=32000, hidden_size=2560, num_layers=32, num_heads=32,
+                         num_kv_heads=32, ffn_hidden_size=6912, max_seq_len=2048)
+
+
+def _pair(big: dict, small: dict, smalls: int = 1) -> Cluster:
+    """Two hosts: rank 0 of ``big``, ranks 1.. (``smalls`` of them) of ``small`` (device specs)."""
+    return Cluster.load({"devices": {big["kind"]: big, small["kind"]: small},
+                         "nodes": [{"host": "a", "kind": big["kind"], "ranks": [0]},
+                                   {"host": "b", "kind": small["kind"], "ranks": list(range(1, 1 + smalls))}]})
+
+
+G80 = {"kind": "G80", "memory_mb": 81920, "bf16_tflops": 312, "intra_bandwidth_gbs": 300}
+G24 = {"kind": "G24", "memory_mb": 24576, "bf16_tflops": 165, "intra_bandwidth_gbs": 32}
+
+
+def _even(strategy: Strategy) -> Strategy:
+    data = strategy.model_dump()
+    for p in data["pipelines"]:
+        p.pop("zero_share", None)
+    return Strategy.model_validate(data)
+
+
+def _memory(strategy: Strategy, model: Any, cluster: Cluster, seq_len: int, cost: CostModel) -> dict:
+    return strategy.device_memory(model, cluster, seq_len=seq_len, **cost.memory_options())
+
+
+def test_the_24gb_card_holds_a_smaller_share_and_fits() -> None:
+    cluster, cost = _pair(G80, G24), CostModel()
+    got = plan_hetero(LLAMA_2_7B, cluster, global_batch=8, seq_len=2048, min_pipelines=2)
+    assert [p.ranks for p in got.pipelines] == [[0], [1]] and got.zero == 1
+    shares = got.zero_shares()
+    assert shares is not None and shares[0] == 1.0 and 0 < shares[1] < 0.5, shares
+    assert float(f"{shares[1]:.3g}") == shares[1]  # three significant digits
+    capacity = {r: cluster.spec(r).memory_bytes for r in (0, 1)}
+    planned = _memory(got, LLAMA_2_7B, cluster, 2048, cost)
+    even = _memory(_even(got), LLAMA_2_7B, cluster, 2048, cost)
+    assert all(planned[r].total <= capacity[r] for r in (0, 1)), planned
+    assert even[1].total > capacity[1] >= planned[1].total  # the 24 GB card: over with even shares, within now
+    assert even[1].total / capacity[1] > 1.3 and planned[1].total / capacity[1] < 0.9
+    # at ZeRO-2 with even shares it would not fit either
+    assert _memory(_even(got).model_copy(update={"zero": 2}), LLAMA_2_7B, cluster, 2048, cost)[1].total > capacity[1]
+    # the rule's promise: each pipeline's device fills the same fraction of what it has free for the sharded state
+    used = []
+    for r in (0, 1):
+        sharded = planned[r].optimizer
+        unsharded = planned[r].total - sharded
+        used.append(sharded / (capacity[r] - unsharded))
+    assert used[0] == pytest.approx(used[1], rel=5e-3), used
+    assert "(ZeRO shares 1:" in got.name and "by free memory: the fullest device (rank 1) at 85% of its memory, " \
+        "136% (rank 1) with even shares)" in got.name, got.name
+
+
+def test_devices_of_one_memory_keep_even_shares() -> None:
+    """A fast and a slow card of the same memory: the same plan shape, no share set, no ``zero_share`` in the JSON
+    and nothing about shares in the name."""
+    slow = {**G80, "kind": "G80slow", "bf16_tflops": 120}
+    got = plan_hetero(LLAMA_2_7B, _pair(G80, slow), global_batch=8, seq_len=2048, min_pipelines=2)
+    assert got.zero1 and len(got.pipelines) == 2 and got.zero_shares() is None
+    assert "zero_share" not in got.model_dump_json() and "ZeRO shares" not in got.name
+    one = plan_hetero(LLAMA_2_7B, Cluster.mixed({"H800": 8}), global_batch=16, seq_len=2048, min_pipelines=2)
+    assert one.zero_shares() is None and "ZeRO shares" not in one.name
+
+
+def test_no_shares_beside_ratios_or_without_zero() -> None:
+    cluster, cost = _pair(G80, G24, smalls=3), CostModel()
+    kw = dict(seq_len=2048, cost=cost)
+    ratios = Strategy.load({"pipelines": [_pipe([([0, 1], [0, 31], {"ratios": [3, 1]})], 1, 4),
+                                          _pipe([([2, 3], [0, 31], {"ratios": [3, 1]})], 1, 4)], "zero1": True})
+    assert memory_shares(ratios, LLAMA_2_7B, cluster, **kw) is None
+    plain = Strategy.load({"pipelines": [_pipe([([0], [0, 31])], 1, 4), _pipe([([1], [0, 31])], 1, 4)]})
+    assert memory_shares(plain, LLAMA_2_7B, cluster, **kw) is None
+    zero1 = plain.model_copy(update={"zero1": True})
+    assert with_memory_shares(zero1, LLAMA_2_7B, cluster, **kw).zero_shares() is not None
+
+
+def test_planned_shares_specialize_and_train_like_the_reference(gpt: GPTConfig, reference: Any,
+                                                                tmp_path: Any) -> None:
+    """The tiny GPT on fake devices of 4 MiB and 2 MiB (no runtime reserve): even shares put the small one at 113%
+    of its memory, the planner's shares 1:0.333 at 82%; the strategy specializes on that cluster and, run on local
+    CPU workers, trains like the single-device model (losses, norms, final parameters and Adam moments)."""
+    big = {"kind": "BIG", "memory_mb": 4, "bf16_tflops": 1, "intra_bandwidth_gbs": 5}
+    small = {"kind": "SMALL", "memory_mb": 2, "bf16_tflops": 0.5, "intra_bandwidth_gbs": 5}
+    cluster, cost = _pair(big, small), CostModel(memory_reserve_mb=0)
+    got = plan_hetero(gpt, cluster, global_batch=8, seq_len=SEQ, min_pipelines=2, cost=cost)
+    assert got.zero_shares() == [1.0, 0.333] and got.zero == 1, got
+    planned, even = _memory(got, gpt, cluster, SEQ, cost), _memory(_even(got), gpt, cluster, SEQ, cost)
+    assert planned[1].total <= 2 * 2**20 < even[1].total and planned[0].total <= 4 * 2**20
+    program = _program(gpt, got.model_dump(), cluster)
+    assert program.pipelines == [[[0]], [[1]]]
+    # the Adam moments of the embedding (256 rows) in the shares' proportions: 192 rows on rank 0, 64 on rank 1
+    assert "hdim=0 ratios=192:64" in str(program.state_layouts()["wte.weight.exp_avg"].annotation)
+    trained = train_plans(gpt, {"planned": got.model_dump()}, tmp_path)
+    run = trained["runs"]["planned"]
+    assert _rel(run["losses"], reference.losses) <= 1e-5
+    assert _rel(run["grad_norms"], reference.grad_norms) <= 1e-6, (run["grad_norms"], reference.grad_norms)
+    _state_matches(trained["out"], reference, 0)
