@@ -55,8 +55,8 @@ def is_split(key: int) -> bool:
     return key >= 0
 
 
-__all__ = ["DS", "Annotation", "LocalView", "local_view", "local_views", "DSKey", "PARTIAL", "DUPLICATE",
-           "is_split", "parse_ranks", "format_ranks"]
+__all__ = ["DS", "Annotation", "LocalView", "local_view", "local_views", "SubgroupViews", "subgroup_views", "DSKey",
+           "PARTIAL", "DUPLICATE", "is_split", "parse_ranks", "format_ranks"]
 
 
 def _key_token(key: int, degree: int) -> str:
@@ -224,6 +224,21 @@ class DS(BaseModel):
         return hash((tuple(self.states.items()), tuple(self.order)))
 
 
+def _same_ds(a: list[DS], b: list[DS]) -> bool:
+    """``a == b``, comparing each distinct pair of DS objects once: the subgroups of a large annotation share a few
+    DS objects, and two equal annotations made apart (a deduced one and a planned one) hold equal, not the same,
+    objects."""
+    if len(a) != len(b):
+        return False
+    equal: set[tuple[int, int]] = set()  # ids of pairs found equal (both lists keep their objects alive)
+    for x, y in zip(a, b):
+        if x is not y and (id(x), id(y)) not in equal:
+            if x != y:
+                return False
+            equal.add((id(x), id(y)))
+    return True
+
+
 #: The largest rank number the notation accepts (the cluster bound: :data:`hspmd_sdk.core.cluster.MAX_RANKS`).
 MAX_RANK = (1 << 17) - 1
 
@@ -376,6 +391,16 @@ class Annotation(BaseModel):
                 object.__setattr__(self, "hratios", None)
         return self
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _checked_once(cls, data: Any, handler: Any) -> Any:
+        """An Annotation given where one is expected (a field of another model) was checked when it was made and
+        is frozen: pydantic would run :meth:`_check` again, in time linear in its ranks (defined after
+        :meth:`_check`, so it wraps it)."""
+        if isinstance(data, Annotation):
+            return data
+        return handler(data)
+
     # ---- structure -----------------------------------------------------------------------------------------
     @property
     def hsize(self) -> int:
@@ -452,16 +477,31 @@ class Annotation(BaseModel):
 
     def check_shape(self, shape: Sequence[int], name: str = "") -> None:
         """Raise ``ShapeError`` (naming ``name``) if ``shape`` does not fit this annotation."""
+        self.subgroup_boxes(shape, name)
+
+    def subgroup_boxes(self, shape: Sequence[int], name: str = "") -> list[tuple[tuple[int, int], ...]]:
+        """Every subgroup's box (:meth:`subgroup_box`), once ``shape`` is checked to fit: raises ``ShapeError``
+        (naming ``name``) for the first subgroup it does not fit.  Linear in HSize, not in the ranks: subgroups
+        that share a DS object and an extent are checked once."""
         where = f"tensor {name!r}: " if name else ""
+        whole = tuple((0, n) for n in shape)
+        split = is_split(self.hdim)  # otherwise every subgroup holds the whole tensor
+        fits: set[tuple[int, tuple[int, ...]]] = set()  # (id of a DS of this annotation, extent) checked
+        out = []
         for k, ds in enumerate(self.ds_union):
             try:
-                box = self.subgroup_box(shape, k)
+                box = self.subgroup_box(shape, k) if split else whole
             except ShapeError as e:
                 raise ShapeError(where + str(e)) from None
-            try:
-                ds.check_shape([b - a for a, b in box])
-            except ShapeError as e:
-                raise ShapeError(f"{where}subgroup {k} ({format_ranks(self.dg_union[k])}): {e}") from None
+            extent = tuple(b - a for a, b in box) if split else tuple(shape)
+            if (id(ds), extent) not in fits:
+                try:
+                    ds.check_shape(extent)
+                except ShapeError as e:
+                    raise ShapeError(f"{where}subgroup {k} ({format_ranks(self.dg_union[k])}): {e}") from None
+                fits.add((id(ds), extent))
+            out.append(box)
+        return out
 
     # ---- notation ------------------------------------------------------------------------------------------
     @classmethod
@@ -490,7 +530,7 @@ class Annotation(BaseModel):
         if not isinstance(other, Annotation):
             return NotImplemented
         return (self._hash == other._hash and self.hdim == other.hdim and self.hratios == other.hratios
-                and self.ds_union == other.ds_union and self.dg_union == other.dg_union)
+                and _same_ds(self.ds_union, other.ds_union) and self.dg_union == other.dg_union)
 
     def __getstate__(self) -> dict[Any, Any]:
         state = super().__getstate__()
@@ -502,6 +542,9 @@ class Annotation(BaseModel):
         data = {"dg_union": [list(g) for g in self.dg_union], "ds_union": list(self.ds_union), "hdim": self.hdim,
                 "hratios": list(self.hratios) if self.hratios is not None else None, **(update or {})}
         return Annotation(**data)
+
+
+_Box = tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -561,30 +604,71 @@ def _position_box(ds: DS, sub: tuple[tuple[int, int], ...], pos: int) -> tuple[t
     return tuple(box), coords.get(PARTIAL, 0)
 
 
-def _view(annotation: Annotation, rank: int, k: int, pos: int, box: tuple[tuple[int, int], ...],
-          p_index: int) -> LocalView:
-    """A rank's view from its bottom-tier box and partial index (the top tier numbers the summands when HDim is
-    -2)."""
-    p_count = annotation.ds_union[k].partial
+def _summands(annotation: Annotation, k: int) -> tuple[int, int]:
+    """How subgroup ``k`` numbers its summands: ``(offset, count)``, a position's bottom-tier partial index plus
+    ``offset`` of ``count`` (the top tier numbers them across subgroups when HDim is -2)."""
     if annotation.hdim == PARTIAL:
         offsets = annotation.partial_offsets
-        p_index, p_count = offsets[k] + p_index, offsets[-1]
-    return LocalView(rank, k, pos, box, p_index, p_count)
+        return offsets[k], offsets[-1]
+    return 0, annotation.ds_union[k].partial
+
+
+def _view(annotation: Annotation, rank: int, k: int, pos: int, box: tuple[tuple[int, int], ...],
+          p_index: int) -> LocalView:
+    """A rank's view from its bottom-tier box and partial index."""
+    offset, p_count = _summands(annotation, k)
+    return LocalView(rank, k, pos, box, offset + p_index, p_count)
+
+
+@dataclass(frozen=True)
+class SubgroupViews:
+    """The local views of an annotation's ranks, subgroup by subgroup (:func:`local_views` without an object per
+    rank): position ``i`` of subgroup ``k`` (rank ``dg_union[k][i]``) holds ``boxes[k][i]``, summand
+    ``partial_indices[k][i]`` of ``partial_counts[k]`` (as :class:`LocalView` says), inside the subgroup's box
+    ``subgroup_boxes[k]`` (:meth:`Annotation.subgroup_box`).  Subgroups of one layout share their lists: read them,
+    never change them."""
+
+    subgroup_boxes: list[_Box]
+    boxes: list[list[_Box]]
+    partial_indices: list[list[int]]
+    partial_counts: list[int]
+
+
+def subgroup_views(annotation: Annotation, shape: Sequence[int]) -> SubgroupViews:
+    """The local views of every subgroup of ``annotation`` (:class:`SubgroupViews`).
+
+    The boxes of a subgroup's positions are worked out once per distinct DS and subgroup extent and offset to each
+    subgroup's box; subgroups with the same DS and subgroup box (the replicas of a parameter across pipelines)
+    share them.  Raises ``ShapeError`` when the shape does not fit."""
+    subs = annotation.subgroup_boxes(shape)
+    layouts: dict[tuple[int, tuple[int, ...]], tuple[list[_Box], list[int]]] = {}  # (id of a DS, extent) -> at 0
+    placed: dict[tuple[int, _Box], tuple[list[_Box], list[int]]] = {}  # (id of a DS, subgroup box) -> placed
+    out = SubgroupViews(subs, [], [], [])
+    for k, (ds, sub) in enumerate(zip(annotation.ds_union, subs)):
+        got = placed.get((id(ds), sub))
+        if got is None:
+            extent = tuple(b - a for a, b in sub)
+            layout = layouts.get((id(ds), extent))
+            if layout is None:
+                origin = tuple((0, n) for n in extent)
+                per_pos = [_position_box(ds, origin, pos) for pos in range(ds.device_num)]
+                layout = layouts[(id(ds), extent)] = ([b for b, _ in per_pos], [p for _, p in per_pos])
+            boxes, indices = layout
+            for d, (o, _) in enumerate(sub):  # offset to the subgroup's box (along a split HDim)
+                if o:
+                    boxes = [box[:d] + ((box[d][0] + o, box[d][1] + o),) + box[d + 1:] for box in boxes]
+            got = placed[(id(ds), sub)] = (boxes, indices)
+        offset, count = _summands(annotation, k)
+        out.boxes.append(got[0])
+        out.partial_indices.append([p + offset for p in got[1]] if offset else got[1])
+        out.partial_counts.append(count)
+    return out
 
 
 def local_views(annotation: Annotation, shape: Sequence[int]) -> Iterator[LocalView]:
-    """``local_view`` of every rank of the DG Union, in DG Union order.
-
-    Linear in the number of ranks: subgroups with the same DS and subgroup box (e.g. the replicas of a
-    parameter across pipelines) share the boxes of their positions, computed once."""
-    annotation.check_shape(shape)
-    shape = tuple(shape)
-    boxes: dict[tuple[DS, tuple[tuple[int, int], ...]], list[tuple[tuple[tuple[int, int], ...], int]]] = {}
-    for k, (dg, ds) in enumerate(zip(annotation.dg_union, annotation.ds_union)):
-        sub = annotation.subgroup_box(shape, k)
-        per_pos = boxes.get((ds, sub))
-        if per_pos is None:
-            per_pos = boxes[(ds, sub)] = [_position_box(ds, sub, pos) for pos in range(len(dg))]
+    """``local_view`` of every rank of the DG Union, in DG Union order (from :func:`subgroup_views`)."""
+    views = subgroup_views(annotation, shape)
+    for k, dg in enumerate(annotation.dg_union):
+        boxes, indices, count = views.boxes[k], views.partial_indices[k], views.partial_counts[k]
         for pos, r in enumerate(dg):
-            box, p_index = per_pos[pos]
-            yield _view(annotation, r, k, pos, box, p_index)
+            yield LocalView(r, k, pos, boxes[pos], indices[pos], count)

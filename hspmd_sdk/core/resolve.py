@@ -19,10 +19,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ResolutionError, ShapeError
-from .annotation import PARTIAL, DUPLICATE, DS, Annotation, LocalView, is_split, local_views
+from .annotation import PARTIAL, DUPLICATE, DS, Annotation, SubgroupViews, is_split, subgroup_views
 from .bsr import LinkModel, bsr_scheme, bsr_table
 from .comm_plan import CommPlan
 from .comm_ops import (CollectiveGroup, CollectiveOp, CommOp, IdentityOp, Message, OpKind, PointToPointOp,
@@ -77,33 +79,57 @@ def resolve(src: Annotation, dst: Annotation, shape: Sequence[int], dtype: Any =
     :class:`ResolutionError` when the Reshard cannot be planned.
     """
     shape = tuple(int(n) for n in shape)
+    views = []
     for which, ann in (("source", src), ("destination", dst)):
         try:
-            ann.check_shape(shape)
+            views.append(_views(ann, shape))
         except ShapeError as e:
             raise ShapeError(f"resolve({src} -> {dst}): the {which} annotation does not fit shape {shape}: {e}") \
                 from None
-    if cluster is not None:
+    if cluster is not None and max(max(src.ranks), max(dst.ranks)) >= cluster.num_ranks:
         bad = sorted(r for r in set(src.ranks) | set(dst.ranks) if r >= cluster.num_ranks)
         if bad:
             raise ResolutionError(f"resolve({src} -> {dst}): rank(s) {bad} are not in {cluster}")
     ctx = _Ctx(shape, itemsize_of(dtype), LinkModel(cluster))
-    ops = _classify(src, dst, ctx)
+    ops = _classify(src, dst, views[0], views[1], ctx)
     return CommPlan(src=src, dst=dst, shape=shape, dtype=str(dtype), itemsize=ctx.itemsize, ops=tuple(ops),
                     cluster=cluster)
 
 
 # ---- classification ----------------------------------------------------------------------------------------
-def _views(ann: Annotation, shape: tuple[int, ...]) -> dict[int, LocalView]:
-    return {v.rank: v for v in local_views(ann, shape)}
+@dataclass(frozen=True)
+class _Views:
+    """An annotation's local views (:class:`~.annotation.LocalView`) from :func:`~.annotation.subgroup_views`,
+    without an object per rank: one mapping rank -> field per field, each in DG Union order."""
+
+    ann: Annotation
+    of_subgroups: SubgroupViews
+    box: dict[int, Box]
+    partial_index: dict[int, int]
+
+    @cached_property
+    def partial_count(self) -> dict[int, int]:
+        sizes = map(len, self.ann.dg_union)
+        return dict(zip(self.ann.ranks, chain.from_iterable(map(repeat, self.of_subgroups.partial_counts, sizes))))
+
+    @cached_property
+    def subgroup(self) -> dict[int, int]:
+        return {r: k for k, g in enumerate(self.ann.dg_union) for r in g}
 
 
-def _classify(src: Annotation, dst: Annotation, ctx: _Ctx) -> list[CommOp]:
-    sv, dv = _views(src, ctx.shape), _views(dst, ctx.shape)
+def _views(ann: Annotation, shape: tuple[int, ...]) -> _Views:
+    """The local views of ``ann`` (``ShapeError`` when ``shape`` does not fit it)."""
+    views = subgroup_views(ann, shape)
+    ranks = ann.ranks
+    return _Views(ann, views, dict(zip(ranks, chain.from_iterable(views.boxes))),
+                  dict(zip(ranks, chain.from_iterable(views.partial_indices))))
+
+
+def _classify(src: Annotation, dst: Annotation, sv: _Views, dv: _Views, ctx: _Ctx) -> list[CommOp]:
     if _same_views(src, dst, sv, dv):
         return [IdentityOp()]
-    if src.hsize == dst.hsize and src.hdim == dst.hdim and all(
-            src.subgroup_box(ctx.shape, k) == dst.subgroup_box(ctx.shape, k) for k in range(src.hsize)):
+    if src.hsize == dst.hsize and src.hdim == dst.hdim and \
+            sv.of_subgroups.subgroup_boxes == dv.of_subgroups.subgroup_boxes:
         return _bottom_tier(src, dst, sv, dv, ctx) or [IdentityOp()]
     if src.hsize == dst.hsize and src.dg_union == dst.dg_union and split_kind(src.hdim, dst.hdim):
         ops = _top_tier(src, dst, sv, dv, ctx)
@@ -112,17 +138,16 @@ def _classify(src: Annotation, dst: Annotation, ctx: _Ctx) -> list[CommOp]:
     return _bsr_whole(src, sv, dv, ctx)
 
 
-def _same_views(src: Annotation, dst: Annotation, sv: dict[int, LocalView], dv: dict[int, LocalView]) -> bool:
+def _same_views(src: Annotation, dst: Annotation, sv: _Views, dv: _Views) -> bool:
     """Whether every rank holds the same box and summand under both: then nothing moves.  With Partial, the summands
     must also add up within the same ranks: the same top-tier Partial or none, and without it the same subgroups
     holding summands (each subgroup's summands add up to the value on their own)."""
-    if set(sv) != set(dv) or (src.hdim == PARTIAL) != (dst.hdim == PARTIAL):
+    if sv.box.keys() != dv.box.keys() or (src.hdim == PARTIAL) != (dst.hdim == PARTIAL):
         return False
     if src.hdim != PARTIAL and {frozenset(g) for g, d in zip(src.dg_union, src.ds_union) if d.partial > 1} \
             != {frozenset(g) for g, d in zip(dst.dg_union, dst.ds_union) if d.partial > 1}:
         return False
-    return all((sv[r].box, sv[r].partial_index, sv[r].partial_count)
-               == (dv[r].box, dv[r].partial_index, dv[r].partial_count) for r in sv)
+    return sv.box == dv.box and sv.partial_index == dv.partial_index and sv.partial_count == dv.partial_count
 
 
 def _bottom_partial(ds: DS, position: int) -> int:
@@ -130,7 +155,7 @@ def _bottom_partial(ds: DS, position: int) -> int:
 
 
 # ---- bottom tier (§5.1) ------------------------------------------------------------------------------------
-def _bottom_tier(src: Annotation, dst: Annotation, sv: dict[int, LocalView], dv: dict[int, LocalView],
+def _bottom_tier(src: Annotation, dst: Annotation, sv: _Views, dv: _Views,
                  ctx: _Ctx) -> list[CommOp]:
     """Each subgroup's own operators, merged stage by stage (final transfers aligned to the last stage)."""
     per_subgroup = [_bottom_subgroup(k, src, dst, sv, dv, ctx) for k in range(src.hsize)]
@@ -158,14 +183,14 @@ def _merge_stages(per_subgroup: list[list[CollectiveOp | PointToPointOp]]) -> li
     return out
 
 
-def _bottom_subgroup(k: int, src: Annotation, dst: Annotation, sv: dict[int, LocalView],
-                     dv: dict[int, LocalView], ctx: _Ctx) -> list[CollectiveOp | PointToPointOp]:
+def _bottom_subgroup(k: int, src: Annotation, dst: Annotation, sv: _Views, dv: _Views,
+                     ctx: _Ctx) -> list[CollectiveOp | PointToPointOp]:
     s, t = src.ds_union[k], dst.ds_union[k]
     a, b = src.dg_union[k], dst.dg_union[k]
     if s == t:
         return [] if a == b else [_send_recv(a, b, sv, dv, ctx.itemsize)]
     if a == b:
-        if all((sv[r].box, _bottom_partial(s, i)) == (dv[r].box, _bottom_partial(t, i)) for i, r in enumerate(a)):
+        if all((sv.box[r], _bottom_partial(s, i)) == (dv.box[r], _bottom_partial(t, i)) for i, r in enumerate(a)):
             return []
         op = _local_split(s, t, a, sv, dv, ctx) or _bottom_collective(s, t, a, sv, dv, ctx)
         if op is not None:
@@ -173,42 +198,42 @@ def _bottom_subgroup(k: int, src: Annotation, dst: Annotation, sv: dict[int, Loc
     ops: list[CollectiveOp | PointToPointOp] = []
     if s.partial > 1:
         ops.append(_partial_allreduce([(s, a)], sv, ctx))
-    receivers = [(r, dv[r].box) for i, r in enumerate(b) if _bottom_partial(t, i) == 0]
-    zeros = [(r, dv[r].box) for i, r in enumerate(b) if _bottom_partial(t, i) != 0]
-    ops.append(_bsr_op([(r, sv[r].box) for r in a], receivers, zeros, ctx))
+    receivers = [(r, dv.box[r]) for i, r in enumerate(b) if _bottom_partial(t, i) == 0]
+    zeros = [(r, dv.box[r]) for i, r in enumerate(b) if _bottom_partial(t, i) != 0]
+    ops.append(_bsr_op([(r, sv.box[r]) for r in a], receivers, zeros, ctx))
     return ops
 
 
-def _send_recv(a: list[int], b: list[int], sv: dict[int, LocalView], dv: dict[int, LocalView],
+def _send_recv(a: list[int], b: list[int], sv: _Views, dv: _Views,
                itemsize: int) -> PointToPointOp:
     """Same DS, different DG: position ``i`` of the source group sends its shard to position ``i`` of the
     destination group."""
     msgs, copies = [], []
     for r, q in zip(a, b):
-        box = sv[r].box
+        box = sv.box[r]
         if r == q:
             copies.append((r, box))
         else:
             msgs.append(Message(r, q, box, box_numel(box) * itemsize))
-    return PointToPointOp(OpKind.SEND_RECV, tuple(msgs), tuple(copies), tuple((r, sv[r].box) for r in a),
-                          tuple((q, dv[q].box) for q in b))
+    return PointToPointOp(OpKind.SEND_RECV, tuple(msgs), tuple(copies), tuple((r, sv.box[r]) for r in a),
+                          tuple((q, dv.box[q]) for q in b))
 
 
-def _local_split(s: DS, t: DS, ranks: list[int], sv: dict[int, LocalView], dv: dict[int, LocalView],
+def _local_split(s: DS, t: DS, ranks: list[int], sv: _Views, dv: _Views,
                  ctx: _Ctx) -> CollectiveOp | None:
     """Dup -> split on the same devices: every destination box lies in the rank's source box, and every rank keeps
     its summand (so the Partial degrees agree too: each digit value occurs at some position)."""
     for i, r in enumerate(ranks):
         if _bottom_partial(s, i) != _bottom_partial(t, i):
             return None
-        sb, db = sv[r].box, dv[r].box
+        sb, db = sv.box[r], dv.box[r]
         if not all(a <= c and d <= e for (a, e), (c, d) in zip(sb, db)):
             return None
-    groups = tuple(CollectiveGroup((r,), (sv[r].box,), (dv[r].box,)) for r in ranks)
+    groups = tuple(CollectiveGroup((r,), (sv.box[r],), (dv.box[r],)) for r in ranks)
     return CollectiveOp(OpKind.LOCAL_SPLIT, groups, ctx.itemsize)
 
 
-def _bottom_collective(s: DS, t: DS, ranks: list[int], sv: dict[int, LocalView], dv: dict[int, LocalView],
+def _bottom_collective(s: DS, t: DS, ranks: list[int], sv: _Views, dv: _Views,
                        ctx: _Ctx) -> CollectiveOp | None:
     """A single-key transition: key ``a`` loses a factor ``f`` that key ``b`` gains, other coordinates equal.
 
@@ -255,12 +280,12 @@ def _bottom_collective(s: DS, t: DS, ranks: list[int], sv: dict[int, LocalView],
         order = 1 if kind is OpKind.ALL_GATHER else 2  # AG: source chunk order; RS/A2A/AR: destination chunk order
         members.sort(key=lambda m: m[order])
         rs = tuple(m[0] for m in members)
-        out.append(CollectiveGroup(rs, tuple(sv[r].box for r in rs), tuple(dv[r].box for r in rs)))
+        out.append(CollectiveGroup(rs, tuple(sv.box[r] for r in rs), tuple(dv.box[r] for r in rs)))
     dim = a if kind is OpKind.ALL_GATHER else (b if is_split(b) else None)
     return CollectiveOp(kind, tuple(out), ctx.itemsize, dim, a if kind is OpKind.ALL_TO_ALL else None)
 
 
-def _partial_allreduce(subgroups: list[tuple[DS, list[int]]], sv: dict[int, LocalView], ctx: _Ctx) -> CollectiveOp:
+def _partial_allreduce(subgroups: list[tuple[DS, list[int]]], sv: _Views, ctx: _Ctx) -> CollectiveOp:
     """``AllReduce`` over each partial group: the devices that differ only in the Partial coordinate."""
     groups = []
     for ds, ranks in subgroups:
@@ -271,7 +296,7 @@ def _partial_allreduce(subgroups: list[tuple[DS, list[int]]], sv: dict[int, Loca
             by_rest.setdefault(rest, []).append((c[PARTIAL], r))  # ds.partial > 1: a digit of every position
         for members in by_rest.values():
             rs = tuple(r for _, r in sorted(members))
-            groups.append(CollectiveGroup(rs, tuple(sv[r].box for r in rs), tuple(sv[r].box for r in rs)))
+            groups.append(CollectiveGroup(rs, tuple(sv.box[r] for r in rs), tuple(sv.box[r] for r in rs)))
     return CollectiveOp(OpKind.ALL_REDUCE, tuple(groups), ctx.itemsize)
 
 
@@ -290,38 +315,35 @@ def _bsr_op(owners: list[tuple[int, Box]], receivers: list[tuple[int, Box]], zer
                           tuple(r for r, _ in zeros))
 
 
-def _bsr_whole(src: Annotation, sv: dict[int, LocalView], dv: dict[int, LocalView], ctx: _Ctx) -> list[CommOp]:
+def _bsr_whole(src: Annotation, sv: _Views, dv: _Views, ctx: _Ctx) -> list[CommOp]:
     """BSR over the whole tensor, after reducing a Partial source (bottom AllReduce, then SplitAllReduce)."""
     ops: list[CommOp] = []
     partial = [(ds, dg) for ds, dg in zip(src.ds_union, src.dg_union) if ds.partial > 1]
     if partial:
         ops.append(_partial_allreduce(partial, sv, ctx))
     if src.hdim == PARTIAL:  # (HSize > 1: with one subgroup the HDim is Duplicate)
-        held = [_Held(r, v.box, v.subgroup) for r, v in sv.items()]
-        boxes = [(r, v.box) for r, v in sv.items()]
-        ops.append(_split_op(OpKind.SPLIT_ALL_REDUCE, PARTIAL, DUPLICATE, held, boxes, [], ctx))
-    receivers = [(r, v.box) for r, v in dv.items() if v.partial_index == 0]
-    zeros = [(r, v.box) for r, v in dv.items() if v.partial_index != 0]
-    ops.append(_bsr_op([(r, v.box) for r, v in sv.items()], receivers, zeros, ctx))
+        held = list(zip(sv.box, sv.box.values(), sv.subgroup.values()))
+        ops.append(_split_op(OpKind.SPLIT_ALL_REDUCE, PARTIAL, DUPLICATE, held, list(sv.box.items()), [], ctx))
+    receivers = [(r, box) for r, box in dv.box.items() if dv.partial_index[r] == 0]
+    zeros = [(r, box) for r, box in dv.box.items() if dv.partial_index[r] != 0]
+    ops.append(_bsr_op(list(sv.box.items()), receivers, zeros, ctx))
     return ops
 
 
 # ---- top tier (§5.2) ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Held:
-    rank: int
-    box: Box
-    pidx: int
+#: a holder of a top-tier collective's input: (rank, box, the index of the summand it holds)
+_Held = tuple[int, Box, int]
 
 
-def _contributors(holders: list[_Held]) -> tuple[int, ...]:
-    """Ranks whose parts sum to the slice's value: the first holder (by rank) of each summand.  The holders of a
-    slice hold every summand: with HDim -2 every subgroup holds the whole tensor, each summand of the Partial
-    (the subgroups' bottom summands, or after a bottom AllReduce the subgroups themselves) somewhere; with a split
-    HDim (SplitAllGather) the slice lies in one subgroup's part, where the subgroup's DS covers it."""
+def _contributors(holders: list[tuple[int, int]]) -> tuple[int, ...]:
+    """Ranks whose parts sum to the slice's value: the first holder (by rank) of each summand; ``holders``:
+    ``(rank, summand)`` by rank.  The holders of a slice hold every summand: with HDim -2 every subgroup holds the
+    whole tensor, each summand of the Partial (the subgroups' bottom summands, or after a bottom AllReduce the
+    subgroups themselves) somewhere; with a split HDim (SplitAllGather) the slice lies in one subgroup's part, where
+    the subgroup's DS covers it."""
     pick: dict[int, int] = {}
-    for h in holders:
-        pick.setdefault(h.pidx, h.rank)
+    for rank, pidx in holders:
+        pick.setdefault(pidx, rank)
     return tuple(sorted(pick.values()))
 
 
@@ -329,58 +351,58 @@ def _split_op(kind: OpKind, src_hdim: int, dst_hdim: int, held: list[_Held], tar
               zeros: list[tuple[int, Box]], ctx: _Ctx) -> SplitCollectiveOp:
     """One collective per finest-grained slice (in the order of the slices' boxes): the contributors' parts summed,
     written to every receiver."""
-    grid = Grid(ctx.shape, [h.box for h in held] + [b for _, b in targets])
-    holders: dict[tuple[int, ...], list[_Held]] = {}
-    for h in sorted(held, key=lambda h: h.rank):
-        for cell in grid.cells_of(h.box):
-            holders.setdefault(cell, []).append(h)
+    grid = Grid(ctx.shape, {box for _, box, _ in held} | {box for _, box in targets})
+    cells: dict[Box, list[tuple[int, ...]]] = {}  # the cells of each distinct box (ranks share a few boxes)
+    holders: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+    for r, box, pidx in sorted(held):  # (by rank: ranks are distinct)
+        if box not in cells:
+            cells[box] = list(grid.cells_of(box))
+        for cell in cells[box]:
+            holders.setdefault(cell, []).append((r, pidx))
     need: dict[tuple[int, ...], list[int]] = {}
     for r, box in sorted(targets):
-        for cell in grid.cells_of(box):
+        if box not in cells:
+            cells[box] = list(grid.cells_of(box))
+        for cell in cells[box]:
             need.setdefault(cell, []).append(r)
     sig = [((_contributors(holders[cell]), tuple(recv)), grid.box(cell)) for cell, recv in need.items()]
     slices = tuple(SliceCollective(box, tuple(sorted(set(c) | set(rs))), c, rs)
                    for (c, rs), box in sorted(coalesce(sig), key=lambda kb: kb[1]))
-    return SplitCollectiveOp(kind, int(src_hdim), int(dst_hdim), slices, tuple((h.rank, h.box) for h in held),
+    return SplitCollectiveOp(kind, int(src_hdim), int(dst_hdim), slices, tuple((r, box) for r, box, _ in held),
                              tuple(targets) + tuple(zeros), ctx.itemsize)
 
 
-def _top_op(a: Annotation, b: Annotation, ctx: _Ctx, av: dict[int, LocalView],
-            bv_: dict[int, LocalView]) -> SplitCollectiveOp:
+def _top_op(a: Annotation, b: Annotation, ctx: _Ctx, av: _Views, bv: _Views) -> SplitCollectiveOp:
     """The top-tier collective from ``a`` to ``b`` (the same DS Union), given both annotations' local views."""
     kind = split_kind(a.hdim, b.hdim)
     assert kind is not None
-    held = [_Held(v.rank, v.box, v.partial_index) for v in av.values()]
-    bv = list(bv_.values())
-    targets = [(v.rank, v.box) for v in bv if v.partial_index == 0]
-    zeros = [(v.rank, v.box) for v in bv if v.partial_index != 0]
+    held = list(zip(av.box, av.box.values(), av.partial_index.values()))
+    targets = [(r, box) for r, box in bv.box.items() if bv.partial_index[r] == 0]
+    zeros = [(r, box) for r, box in bv.box.items() if bv.partial_index[r] != 0]
     return _split_op(kind, a.hdim, b.hdim, held, targets, zeros, ctx)
 
 
-def _annotation_or_none(dg: list[list[int]], ds: list[DS], hdim: int, hratios: list[int] | None,
-                        shape: tuple[int, ...]) -> Annotation | None:
+def _fitting(dg: list[list[int]], ds: list[DS], hdim: int, hratios: list[int] | None,
+             shape: tuple[int, ...]) -> _Views | None:
+    """The views of the annotation ``(dg, ds, hdim, hratios)``, or ``None`` when it is not one or does not fit."""
     try:
-        ann = Annotation(dg, ds, hdim, hratios)
-        ann.check_shape(shape)
-        return ann
+        return _views(Annotation(dg, ds, hdim, hratios), shape)
     except (ValueError, ShapeError):
         return None
 
 
-def _top_tier(src: Annotation, dst: Annotation, sv: dict[int, LocalView], dv: dict[int, LocalView],
+def _top_tier(src: Annotation, dst: Annotation, sv: _Views, dv: _Views,
               ctx: _Ctx) -> list[CommOp] | None:
     """Top-tier collectives; a bottom-tier step aligns differing DS Unions before (or after) them."""
     if src.ds_union == dst.ds_union:
         return [_top_op(src, dst, ctx, sv, dv)]
     candidates: list[list[CommOp]] = []
-    mid = _annotation_or_none(src.dg_union, dst.ds_union, src.hdim, src.hratios, ctx.shape)
-    if mid is not None:  # Figure 10: align the DS Union, then the HDim
-        mv = _views(mid, ctx.shape)
-        candidates.append(_bottom_tier(src, mid, sv, mv, ctx) + [_top_op(mid, dst, ctx, mv, dv)])
-    mid = _annotation_or_none(src.dg_union, src.ds_union, dst.hdim, dst.hratios, ctx.shape)
-    if mid is not None:  # align the HDim first, then each subgroup's DS
-        mv = _views(mid, ctx.shape)
-        candidates.append([_top_op(src, mid, ctx, sv, mv)] + _bottom_tier(mid, dst, mv, dv, ctx))
+    mv = _fitting(src.dg_union, dst.ds_union, src.hdim, src.hratios, ctx.shape)
+    if mv is not None:  # Figure 10: align the DS Union, then the HDim
+        candidates.append(_bottom_tier(src, mv.ann, sv, mv, ctx) + [_top_op(mv.ann, dst, ctx, mv, dv)])
+    mv = _fitting(src.dg_union, src.ds_union, dst.hdim, dst.hratios, ctx.shape)
+    if mv is not None:  # align the HDim first, then each subgroup's DS
+        candidates.append([_top_op(src, mv.ann, ctx, sv, mv)] + _bottom_tier(mv.ann, dst, mv, dv, ctx))
     candidates = [c for c in candidates if not any(op.kind is OpKind.BSR for op in c)]
     if not candidates:
         return None

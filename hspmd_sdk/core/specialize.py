@@ -19,10 +19,11 @@ only the byte counts do.  :meth:`Program.bind` checks concrete values against ev
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from ..errors import ResolutionError, ShapeError, SpecializationError
-from .annotation import Annotation, format_ranks, is_split, local_view, local_views
+from .annotation import Annotation, format_ranks, is_split, local_view, subgroup_views
 from .comm_ops import OpKind
 from .deduction import (activation_grad_annotation, deduce, local_constraints, local_shape, partial_as_duplicate,
                         weight_grad_annotation)
@@ -501,8 +502,8 @@ def specialize(model: Any, plan: Any, cluster: "Cluster | None" = None, *, bindi
                                    f"backward of Reshard {n.name!r}", f"{n.name}.bwd")
     reduce_plans = _grad_reduce_plans(graph, anns, plan_of)
     sync, syncs = _grad_sync_plans(graph, anns, given, plan_of)
-    fwd_ranks = {r for n in graph.nodes if not n.is_leaf and n.name not in pre
-                 for t in n.outputs for r in anns[t].ranks}
+    fwd_anns = {id(anns[t]): anns[t] for n in graph.nodes if not n.is_leaf and n.name not in pre for t in n.outputs}
+    fwd_ranks = {r for a in fwd_anns.values() for r in a.ranks}
     order_key = _pipeline_order(graph, anns)
     f_plans = [comm[n.name] for n in graph.reshards if n.name not in pre]
     b_plans = list(back.values()) + list(reduce_plans.values())
@@ -819,38 +820,51 @@ def _kernel_groups(graph: Graph, anns: Mapping[str, Annotation], bindings: Mappi
     """The devices that communicate inside a kernel: for every op whose kind mixes a dim of its first input that
     the plan splits (:attr:`~.ops.OpDef.mixes`, e.g. attention's sequence under context parallelism), the ranks
     holding the same box of that input but for those dims."""
-    out: dict[tuple[Any, ...], list[int]] = {}
+    out: list[list[int]] = []
     for n in graph.nodes:
         mixes = op_def(n.kind).mixes  # every kind is known: deduction has looked each one up
         if not mixes or not n.inputs:
             continue
         t = n.inputs[0]
         shape = tuple(int(d) for d in evaluate_shape(graph.tensors[t].shape, bindings, tensor=t))
-        for view in local_views(anns[t], shape):
-            key = (n.name,) + tuple(b for d, b in enumerate(view.box) if d not in mixes)
-            out.setdefault(key, []).append(view.rank)
-    return [g for g in out.values() if len(set(g)) > 1]
+        kept = [d for d in range(len(shape)) if d not in mixes]
+        rest: Callable[[Any], Any] = itemgetter(*kept) if kept else (lambda box: ())  # the box but the mixed dims
+        groups: dict[Any, list[int]] = {}
+        for dg, boxes in zip(anns[t].dg_union, subgroup_views(anns[t], shape).boxes):
+            for r, box in zip(dg, boxes):
+                groups.setdefault(rest(box), []).append(r)
+        out.extend(g for g in groups.values() if len(g) > 1 and len(set(g)) > 1)
+    return out
 
 
 def _node_rank_sets(graph: Graph, anns: Mapping[str, Annotation]) -> dict[str, frozenset[int]]:
+    """Per node, the ranks of its tensors' annotations: one set per distinct set of ranks, worked out once per
+    distinct tuple of annotations (the nodes of a layer share a few)."""
     interned: dict[tuple[int, ...], frozenset[int]] = {}
+    by_anns: dict[tuple[int, ...], frozenset[int]] = {}  # the ids of annotations that ``anns`` keeps alive
     out: dict[str, frozenset[int]] = {}
     for n in graph.nodes:
-        key = tuple(sorted({r for t in n.inputs + n.outputs for r in anns[t].ranks}))
-        out[n.name] = interned.setdefault(key, frozenset(key))
+        tensors = n.inputs + n.outputs
+        ids = tuple(id(anns[t]) for t in tensors)
+        got = by_anns.get(ids)
+        if got is None:
+            key = tuple(sorted({r for t in tensors for r in anns[t].ranks}))
+            got = by_anns[ids] = interned.setdefault(key, frozenset(key))
+        out[n.name] = got
     return out
 
 
 def _pipeline_order(graph: Graph, anns: Mapping[str, Annotation]) -> Callable[[list[int]], tuple[int, int]]:
     """Pipelines are numbered like the subgroups of the first placeholder (the data), then by smallest rank."""
     first = graph.placeholders[0].outputs[0] if graph.placeholders else None
-    dg = anns[first].dg_union if first else []
+    data = anns[first] if first else None
 
     def key(stage: list[int]) -> tuple[int, int]:
-        for k, g in enumerate(dg):
-            if set(stage) & set(g):
-                return k, min(stage)
-        return len(dg), min(stage)
+        """(the first subgroup of the data that holds a rank of ``stage``, or HSize if none; its smallest rank)"""
+        if data is None:
+            return 0, min(stage)
+        held = [loc[0] for loc in map(data.locate, stage) if loc is not None]
+        return min(held, default=data.hsize), min(stage)
 
     return key
 

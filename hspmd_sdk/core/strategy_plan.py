@@ -276,13 +276,20 @@ def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Clust
     ratios = [p.batch for p in strategy.pipelines]
     anns: dict[str, Annotation] = {}
     replicated: list[str] = []
+    #: a place (layer, "first", "last") -> its stage in each pipeline, their devices, whether one of them is uneven,
+    #: whether one has cp > 1: the same for every tensor of a layer, found once
+    at: dict[int | str, tuple[list["Stage"], list[list[int]], bool, bool]] = {}
     for node in graph.nodes:
         name = node.outputs[0]
         place = table.get(name) if (node.is_leaf or node.is_reshard) else None
         if place is None:
             continue
-        stages = _stages(strategy, place.where)
-        if any(st.is_uneven for st in stages):
+        if place.where not in at:
+            found = _stages(strategy, place.where)
+            at[place.where] = (found, [list(st.devices) for st in found], any(st.is_uneven for st in found),
+                               any(st.cp > 1 for st in found))
+        stages, groups, uneven, cp = at[place.where]
+        if uneven:
             full, shard = _uneven_annotation(name, place, stages, graph.tensors[name].shape,
                                              strategy.zero1 and place.kind == "parameter" and not node.is_reshard,
                                              replicated)
@@ -296,8 +303,7 @@ def plan_from_strategy(model: "ModelSpec", strategy: "Strategy", cluster: "Clust
             else:
                 anns[name] = full
             continue
-        groups = [list(st.devices) for st in stages]
-        if any(st.cp > 1 for st in stages):
+        if cp:
             _cp_annotation(anns, replicated, node, place, stages, graph.tensors[name].shape, strategy, ratios)
             continue
         if place.kind != "parameter":
