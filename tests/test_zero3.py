@@ -3,8 +3,9 @@ states sharded over each layer's data-parallel replicas, against the single-devi
 
 One 4-rank job trains the tiny GPT-2 (tied embeddings) under each plan with the recipe of ``test_training_recipe.py``
 (clipping active, warmup + cosine, weight decay, validation every 2 steps): DP2 with two micro-batches, uneven DP3,
-DP2 x TP2, pipelines of different shapes under GPipe (a TP2 stage then a TP1 stage beside a one-rank pipeline), two
-two-stage pipelines under 1F1B, and 3 : 1 shares.  The losses (1e-5 relative), global norms (1e-6), parameters
+DP2 x TP2, pipelines of different shapes under GPipe (a TP2 stage then a TP1 stage beside a one-rank pipeline; also
+with 3 micro-batches beside 1, the one-rank pipeline joining the others' extra gathers), two two-stage pipelines
+under 1F1B, and 3 : 1 shares.  The losses (1e-5 relative), global norms (1e-6), parameters
 and Adam moments equal the reference's.  ZeRO-3 changes when a gathered parameter is held, not a number: its runs
 are ZeRO-2's bit for bit (fp32, bf16, CP), while the gathered bytes a rank holds at its peak fall (measured from
 the tensors it holds).
@@ -44,6 +45,9 @@ PLANS = {
                                          _pipe([([2], [0, 1]), ([3], [2, 3])], 2, 2)], "zero": 3},
     "dp2_zero3_share3to1": {"pipelines": [{**_pipe([([0], [0, 3])], 2, 2), "zero_share": 3.0},
                                           _pipe([([1], [0, 3])], 2, 2)], "zero": 3},
+    # the tutorial's plan under GPipe: 3 micro-batches beside 1, the one-rank pipeline joining the others' gathers
+    "hetero_3v1_gpipe_zero3": {"pipelines": [_pipe([([0, 1], [0, 1]), ([2], [2, 3])], 2, 3),
+                                             _pipe([([3], [0, 3])], 2, 1)], "schedule": "gpipe", "zero": 3},
 }
 
 
@@ -61,12 +65,14 @@ def test_zero3_trains_equal_to_the_single_device_reference(name: str, trained: d
 
 
 def test_zero3_refuses_what_would_gather_out_of_order() -> None:
-    """Every replica of a layer must gather its parameters in the same order: as many micro-batches, the same
-    stages under 1F1B (GPipe takes pipelines of any shapes), no recomputation; the errors name the field."""
+    """Every replica of a layer must gather its parameters in the same order: under 1F1B as many micro-batches and
+    the same stages (GPipe takes pipelines of any shapes and micro-batch counts), no recomputation; the errors name
+    the field."""
     two = _pipe([([0], [0, 1]), ([1], [2, 3])], 2, 2)
     for bad, words in (
             ({"pipelines": [_pipe([([0], [0, 3])], 2, 3), _pipe([([1], [0, 3])], 2, 1)], "zero": 3},
-             r"pipelines\[1\].num_micro_batches: ZeRO-3 .* pipelines\[0\] runs 3, pipelines\[1\] 1"),
+             r"pipelines\[1\].num_micro_batches: under 1F1B, ZeRO-3 .* pipelines\[0\] runs 3, pipelines\[1\] 1; "
+             r"use schedule: gpipe"),
             ({"pipelines": _GPIPE_HETERO["pipelines"], "zero": 3},
              r"pipelines\[1\].stages: under 1F1B, ZeRO-3 .* \[\[0, 1\], \[2, 3\]\], pipelines\[1\]: \[\[0, 3\]\]"),
             ({"pipelines": [{**two, "stages": [{**two["stages"][0], "recompute": True}, two["stages"][1]]},
@@ -75,6 +81,7 @@ def test_zero3_refuses_what_would_gather_out_of_order() -> None:
         with pytest.raises(PlanValidationError, match=words):
             Strategy.load(bad)
     assert Strategy.load(PLANS["hetero_gpipe_zero3"]).zero == 3
+    assert Strategy.load(PLANS["hetero_3v1_gpipe_zero3"]).zero == 3
     assert Strategy.load(PLANS["dp2_zero3"]).name == "dp2-zero3"
 
 
@@ -144,12 +151,12 @@ def test_zero3_runs_bit_for_bit_like_zero2(gpt: GPTConfig) -> None:
 
 # ---- switching between levels in a running job --------------------------------------------------------------------
 def test_switching_to_and_from_zero3_equals_the_run_that_never_switched(gpt: GPTConfig, tmp_path: Path) -> None:
-    """ZeRO-3 -> GPipe pipelines of different shapes at ZeRO-3 -> DP4 ZeRO-1 -> DP2 ZeRO-2 -> DP2 ZeRO-3 with 3 : 1
-    shares, in one job: each switch lands at the held step boundary; the losses and the final parameters and Adam
+    """ZeRO-3 -> GPipe pipelines of different shapes and micro-batch counts (3 and 1) at ZeRO-3 -> DP4 ZeRO-1 -> DP2
+    ZeRO-2 -> DP2 ZeRO-3 with 3 : 1 shares, in one job: each switch lands at the held step boundary; the losses and the final parameters and Adam
     moments equal the single-device run's."""
     from test_switching import LR as SLR, SEED as SSEED, SEQ as SSEQ, TOL, _close, _state_ok, switch_at_holds
 
-    tour = [PLANS["dp2_zero3"], PLANS["hetero_gpipe_zero3"],
+    tour = [PLANS["dp2_zero3"], PLANS["hetero_3v1_gpipe_zero3"],
             {"pipelines": [_pipe([([r], [0, 3])], 2, 1) for r in range(4)], "zero": 1},
             {**PLANS["dp2_zero3"], "zero": 2}, PLANS["dp2_zero3_share3to1"]]
     cluster = Cluster.local(4)

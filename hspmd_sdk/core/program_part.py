@@ -6,7 +6,8 @@ Program cut down to what rank ``rank`` executes:
 
 * its executable graph's inputs: the defined graph and every tensor's annotation (the model's size, not the
   world's), its own compute operators, which nodes and gradient synchronisations it takes part in;
-* its own pipeline stage and schedule (the other pipelines are empty lists; their micro-batch counts 0);
+* its own pipeline stage and schedule (the other pipelines are empty lists; their micro-batch counts 0, but at
+  ZeRO-3, where a replica running fewer micro-batches joins the others' gathers);
 * the communication plans its executable graph runs, each reduced to the rank's own part: a collective keeps
   only the group the rank is in, a top-tier collective the slice collectives the rank is in, a point-to-point
   operator the messages the rank sends or receives — the others are replaced by one empty placeholder
@@ -333,7 +334,9 @@ def make_part(program: Any, rank: int, cls: type, *, version: int = 0) -> Any:
     where = {rank: program._where[rank]} if rank in program._where else {}
     own_p = where[rank][0] if where else None
     pipelines = [list(map(list, p)) if i == own_p else [] for i, p in enumerate(program.pipelines)]
-    micro = tuple(m if i == own_p else 0 for i, m in enumerate(program.micro_batches))
+    # at ZeRO-3 every pipeline's count: a replica running fewer micro-batches joins the others' gathers (.zero3)
+    every = program.plan.settings.zero >= 3
+    micro = tuple(m if i == own_p or every else 0 for i, m in enumerate(program.micro_batches))
     sizes = tuple(m if i == own_p else 0 for i, m in enumerate(program.micro_batch_sizes))
     mine, none = frozenset({rank}), frozenset()
     s = program.plan.settings

@@ -331,9 +331,10 @@ class Strategy(_Worded):
     def _zero3_problem(self) -> str | None:
         """Why ZeRO-3 cannot run this strategy, or ``None``.  ZeRO-3 gathers a layer's parameters for every
         forward and backward of every micro-batch, with collectives over the layer's replicas: every replica must
-        gather in the same order — as many micro-batches, and under 1F1B the same split of the layers into stages
-        (GPipe runs every forward, then every backward, whatever the stages) — and no recomputed forward may gather
-        inside a backward."""
+        gather in the same order.  GPipe runs every forward, then every backward, whatever the stages, and a
+        replica with fewer micro-batches joins the others' extra gathers after its own; under 1F1B the pipelines
+        need as many micro-batches and the same split of the layers into stages.  No recomputed forward may
+        gather inside a backward."""
         for i, p in enumerate(self.pipelines):
             for j, st in enumerate(p.stages):
                 if st.recompute:
@@ -342,11 +343,12 @@ class Strategy(_Worded):
                             "inside the backward); leave recompute out or use zero: 2")
         first = self.pipelines[0]
         for i, p in enumerate(self.pipelines[1:], 1):
-            if p.num_micro_batches != first.num_micro_batches:
-                return (f"pipelines[{i}].num_micro_batches: ZeRO-3 (zero: 3) gathers each layer's parameters for "
-                        "every micro-batch, over the layer's replicas, so every pipeline must run as many "
-                        f"micro-batches: pipelines[0] runs {first.num_micro_batches}, pipelines[{i}] "
-                        f"{p.num_micro_batches} (uneven batches: give the pipelines different micro_batch_size)")
+            if self.schedule == "1f1b" and p.num_micro_batches != first.num_micro_batches:
+                return (f"pipelines[{i}].num_micro_batches: under 1F1B, ZeRO-3 (zero: 3) needs every pipeline to "
+                        "run as many micro-batches, so that the replicas of a layer gather its parameters in the "
+                        f"same order: pipelines[0] runs {first.num_micro_batches}, pipelines[{i}] "
+                        f"{p.num_micro_batches}; use schedule: gpipe (a replica running fewer joins the others' "
+                        "gathers after its own) or give the pipelines different micro_batch_size")
             split = [tuple(s.layers) for s in p.stages]
             if self.schedule == "1f1b" and split != [tuple(s.layers) for s in first.stages]:
                 return (f"pipelines[{i}].stages: under 1F1B, ZeRO-3 (zero: 3) needs every pipeline to split the "

@@ -230,6 +230,10 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
         made = {o.outputs[0] for o in self.eg.pre}
         coalesced = [o for o in self.eg.pre if o.inputs[0] not in made and bucketable(self._pre_plan(o.name))]
         self.zero3 = self._zero3_params(coalesced) if self.program.plan.settings.zero >= 3 else None
+        # ZeRO-3: the most micro-batches a pipeline runs (a replica running fewer joins the others' gathers)
+        counts = [self.program.num_micro_batches(p) for p in range(len(self.program.pipelines))]
+        self._most_micro = max(counts)
+        self._zero3_uneven = self.program.plan.settings.zero >= 3 and len(set(counts)) > 1
         if self.zero3 is not None:
             coalesced = [o for o in coalesced if o.outputs[0] not in self.zero3]
         self._coalesced = {o.name: k for k, o in enumerate(coalesced)}
@@ -262,7 +266,10 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
             key = (tuple(sorted(set(plan.src.ranks) | set(plan.dst.ranks))), where.get(o.inputs[0]))
             units.setdefault(key, []).append(o)
         members = sorted(units.values(), key=lambda us: min(first[o.outputs[0]] for o in us))
-        buckets = [GatherBuckets([self._pre_plan(o.name) for o in us], [o.outputs[0] for o in us], self.groups,
+        # their own process groups where the worker made them (WorkerState.create_twin_groups): a gather never
+        # queues behind a gradient bucket of the same ranks
+        twins = self.groups.twin if hasattr(self.groups, "twin") else self.groups
+        buckets = [GatherBuckets([self._pre_plan(o.name) for o in us], [o.outputs[0] for o in us], twins,
                                  rank=self.rank, device=self.device, dtype=self.dtype, bucket_bytes=2**62,
                                  first_bucket_bytes=None, trace=self.trace, keep_buffers=False) for us in members]
 
@@ -514,10 +521,16 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
         vals = dict(self.step_values)
         for name, parts in self._feeds.items():
             vals[name] = parts[mb]
+        zero3 = self.zero3
         if self.recompute:
             self._forward_recompute(mb, vals, rec)
+        elif zero3 is not None and mb == 0:
+            with zero3.recording("F"):
+                self._run_whole_forward(mb, vals, rec)
         else:
             self._run_whole_forward(mb, vals, rec)
+        if zero3 is not None and mb == len(self._layout) - 1:  # serve the replicas that run more micro-batches
+            zero3.phantom("F", self._most_micro - len(self._layout))
         if self.loss_name in vals and self.rank in self.anns[self.loss_name].ranks:
             rec.loss = vals[self.loss_name]
             rec.loss_value = float(rec.loss.detach())
@@ -550,12 +563,20 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
         for (_, t), g in zip(rec.outputs, rec.out_grads):
             roots.append(t)
             grads.append(g)
-        self.grad_sync.last_backward(last)
-        if roots:
+        zero3 = self.zero3
+        # ZeRO-3 with pipelines of unequal micro-batch counts: the gradient buckets wait until every rank has
+        # served the others' gathers (a bucket waited for inside a backward would hold up a peer's gather)
+        self.grad_sync.last_backward(last and not self._zero3_uneven)
+        if roots and zero3 is not None and mb == 0:
+            with zero3.recording("B"):
+                self._timed(torch.autograd.backward, roots, grads)
+        elif roots:
             self._timed(torch.autograd.backward, roots, grads)
         self._event("backward_end", mb=mb)
         if last:
             self._resolve_all()  # a gather that no operator read gets no gradient; finish it all the same
+            if zero3 is not None:  # serve the replicas that run more micro-batches
+                zero3.phantom("B", self._most_micro - len(self._layout))
             self.grad_sync.backward_done()
         # keep only what SEND_B needs: the activations and gradients of this micro-batch can go
         self.records[mb] = MicroBatchRecord(loss_value=rec.loss_value, inputs=rec.inputs)

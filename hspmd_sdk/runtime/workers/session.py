@@ -122,6 +122,8 @@ class TrainSession:
         from .executor import pipeline_groups  # lazy: torch (executor)
 
         self.state.create_groups(_groups_of(program))
+        if program.plan.settings.zero >= 3:  # ZeRO-3's gathers on groups of their own (.zero3)
+            self.state.create_twin_groups(_groups_of(program))
         # NCCL: stage-boundary messages on a group per rank pair and direction (executor.pipeline_groups)
         # (a part, SPEC §16, carries the whole Program's pairs)
         self.p2p = pipeline_groups(program, self.state.spec.timeout_s) if self.state.spec.backend == "nccl" else None
@@ -131,10 +133,12 @@ class TrainSession:
         import torch.distributed as dist
 
         keep = set(_groups_of(program))
-        for key in sorted(set(self.state.groups) - keep):
-            g = self.state.groups.pop(key)
-            if g is not dist.group.WORLD and g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
-                dist.destroy_process_group(g)
+        twins = keep if program.plan.settings.zero >= 3 else set()
+        for groups, kept in ((self.state.groups, keep), (self.state.twins, twins)):
+            for key in sorted(set(groups) - kept):
+                g = groups.pop(key)
+                if g is not dist.group.WORLD and g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
+                    dist.destroy_process_group(g)
 
     def _make_executor(self, params: Any, optimizer_state: Any) -> None:
         from .executor import StepExecutor  # lazy: torch (executor)

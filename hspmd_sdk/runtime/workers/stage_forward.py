@@ -220,9 +220,11 @@ class StageForward:
     def _zero3_produced(self, inputs: Any, outputs: Any, vals: dict[str, torch.Tensor]) -> None:
         """ZeRO-3: an operator that read gathered parameters made ``outputs`` (:meth:`.zero3.Zero3Params.produced`:
         aliases kept live, the backward refilling them first)."""
-        owners = self.zero3.owners(inputs)  # type: ignore[union-attr]
+        zero3 = self.zero3
+        assert zero3 is not None
+        owners = zero3.owners(inputs)
         if owners:
-            vals.update(self.zero3.produced(owners, {n: vals[n] for n in outputs if n in vals}))  # type: ignore[union-attr]
+            vals.update(zero3.produced(owners, {n: vals[n] for n in outputs if n in vals}))
 
     def _forward_prepared(self) -> list[tuple[Any, Any, dict[str, Any] | None, bool]]:
         """Per forward operator at the current micro-batch shape: ``(node, kernel, attributes, reduced)``

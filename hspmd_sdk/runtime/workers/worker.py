@@ -65,6 +65,8 @@ class WorkerState:
     channel: Channel
     device: Any = None  # torch.device
     groups: dict[tuple[int, ...], Any] = field(default_factory=dict)
+    #: a second process group per rank set, for ZeRO-3's parameter gathers (:meth:`create_twin_groups`)
+    twins: dict[tuple[int, ...], Any] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
     optimizer: Any = None
     program: Any = None
@@ -103,6 +105,7 @@ class WorkerState:
         import torch.distributed as dist
 
         self.groups.clear()
+        self.twins.clear()
         _shutdown_sockets(keep_port=int(self.extras.get("store_port", self.spec.master_port)))
         try:
             if dist.is_initialized():
@@ -115,6 +118,7 @@ class WorkerState:
         import torch.distributed as dist
 
         self.groups.clear()
+        self.twins.clear()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -175,6 +179,21 @@ class WorkerState:
             else:
                 self.groups[key] = dist.new_group(list(key), timeout=timedelta(seconds=self.spec.timeout_s))
 
+    def create_twin_groups(self, rank_sets: Iterable[Sequence[int]]) -> None:
+        """A second process group for each of ``rank_sets`` (call on every rank with the same sets): ZeRO-3 gathers
+        a unit's parameters on them while the gradient buckets reduce on the first ones, so that the two streams of
+        collectives, each in the same order on every rank, never have to interleave alike (:mod:`.zero3`)."""
+        import torch.distributed as dist
+
+        for key in sorted({_group_key(s) for s in rank_sets}):
+            if key not in self.twins:
+                self.twins[key] = dist.new_group(list(key), timeout=timedelta(seconds=self.spec.timeout_s))
+
+    def twin(self, ranks: Sequence[int]) -> Any:
+        """The twin process group of ``ranks`` (:meth:`create_twin_groups`), or its first group when it has none."""
+        got = self.twins.get(_group_key(ranks))
+        return got if got is not None else self.group(ranks)
+
     def group(self, ranks: Sequence[int]) -> Any:
         """The process group of ``ranks`` (created earlier by ``create_groups`` on every rank)."""
         key = _group_key(ranks)
@@ -191,10 +210,11 @@ class WorkerState:
         """Forget (and destroy) every sub-group, e.g. before re-specializing for another Program."""
         import torch.distributed as dist
 
-        for key, g in list(self.groups.items()):
+        for key, g in [*self.groups.items(), *self.twins.items()]:
             if g is not dist.group.WORLD and g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
                 dist.destroy_process_group(g)
         self.groups.clear()
+        self.twins.clear()
 
     # ---- steps, emulation, metrics -------------------------------------------------------------------------
     def begin_step(self) -> None:

@@ -11,6 +11,11 @@ gathered tensor of each parameter is one leaf per step whose *storage* is filled
 * backward: the outputs of every operator that read it pass through :class:`_Regather`, whose backward gathers
   it again before that operator's backward needs it; it is freed once autograd has accumulated its gradient.
 
+A replica that runs fewer micro-batches than another (GPipe) joins the other's extra gathers of its shards after its
+own last forward and last backward (:meth:`Zero3Params.phantom`), in the order its own passes posted them.  The
+gathers use process groups of their own (``WorkerState.create_twin_groups``), so that the gradient buckets'
+collectives, posted during the last backward, never need to interleave with them alike on every rank.
+
 Freeing resizes the storage to 0 (FSDP2's approach): the tensor object, the one autograd saved, stays; refilling
 it keeps its version counter, so autograd accepts it.  The gather itself is the parameters' own ``PRE`` plans
 (``SplitAllGather`` from the resolution), so nothing new is resolved and the collectives per group are issued in
@@ -32,7 +37,8 @@ class _Regather(torch.autograd.Function):
     """Identity forward; backward first fills the storage of the parameters the producing operator read."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, owner: "Zero3Params", names: tuple[str, ...]) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, owner: "Zero3Params",  # type: ignore[override]
+                names: tuple[str, ...]) -> torch.Tensor:
         ctx.owner, ctx.names = owner, names
         return x.view_as(x)
 
@@ -77,10 +83,14 @@ class Zero3Params:
         self.held_bytes = 0
         self.peak_bytes = 0
         self.gathers = 0  # units gathered this step
+        self.sequences: dict[str, list[int]] = {}  # "F" / "B": the units posted by a micro-batch's pass, in order
+        self._recording: list[int] | None = None
 
     # ---- filling and freeing --------------------------------------------------------------------------------
     def _post(self, k: int) -> list[Pending]:
         self.gathers += 1
+        if self._recording is not None:
+            self._recording.append(k)
         return self._start_unit(k)
 
     def fill(self, name: str) -> torch.Tensor:
@@ -174,3 +184,29 @@ class Zero3Params:
             if not live:
                 del self._live[p]
                 self.free(p)
+
+    # ---- replicas that run fewer micro-batches (GPipe) -----------------------------------------------------------
+    def recording(self, kind: str) -> "_Recording":
+        """``with zero3.recording("F"):`` around a micro-batch's forward (``"B"``: backward) keeps the order in which
+        it posts its units' gathers (:attr:`sequences`), for :meth:`phantom`."""
+        return _Recording(self, kind)
+
+    def phantom(self, kind: str, times: int) -> None:
+        """Join ``times`` more passes' gathers, as recorded (:meth:`recording`), without computing: a replica of the
+        layers that runs fewer micro-batches than another serves the other's gathers of its shards (every rank of
+        a group issues its collectives in the same order; the values are dropped)."""
+        for _ in range(times):
+            for k in self.sequences.get(kind, []):
+                for got in self._post(k):
+                    got.wait()
+
+
+class _Recording:
+    def __init__(self, owner: Zero3Params, kind: str) -> None:
+        self.owner, self.kind = owner, kind
+
+    def __enter__(self) -> None:
+        self.owner._recording = []
+
+    def __exit__(self, *exc: Any) -> None:
+        self.owner.sequences[self.kind], self.owner._recording = self.owner._recording or [], None
