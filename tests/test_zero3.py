@@ -226,3 +226,22 @@ def test_the_simulator_prices_a_gather_before_every_forward_and_backward_at_zero
     assert all(g.end == pytest.approx(c.start) for g, c in zip(gathers, computes))
     assert sum(g.duration for g in gathers) == pytest.approx(4 * pre[0].duration)
     assert three.step_time == pytest.approx(two.step_time + 3 * pre[0].duration, rel=1e-6)
+
+
+def test_the_planners_plan_zero3_as_it_can_run() -> None:
+    """An elastic replan of a ZeRO-3 job under 1F1B keeps the level; where the survivors' pipelines differ in
+    micro-batch count (8 samples over 3 pipelines) or stages, it schedules them by GPipe instead of refusing (1F1B
+    needs them equal at ZeRO-3).  The planners never recompute at ZeRO-3 (``recomputing`` is refused there)."""
+    from hspmd_sdk.planner.elastic import replan_elastic
+    from hspmd_sdk.planner.hetero_mixed import recomputing
+
+    dp4 = Strategy.load({"pipelines": [_pipe([([r], [0, 3])], 2, 1) for r in range(4)], "zero": 3})
+    got = replan_elastic("tiny", Cluster.local(4), dp4, [3], seq_len=16)
+    assert (got.zero, got.schedule) == (3, "gpipe")
+    assert sorted(p.num_micro_batches for p in got.pipelines) == [1, 1, 2]
+    six = {"pipelines": [_pipe([([0], [0, 0]), ([1], [1, 2]), ([2], [3, 3])], 2, 2),
+                         _pipe([([3], [0, 0]), ([4], [1, 2]), ([5], [3, 3])], 2, 2)], "zero": 3}
+    got = replan_elastic("tiny", Cluster.local(6), Strategy.load(six), [2], seq_len=16)
+    assert (got.zero, got.schedule) == (3, "gpipe")
+    with pytest.raises(PlanValidationError, match="recomputation under ZeRO-3"):
+        recomputing(Strategy.load(six))

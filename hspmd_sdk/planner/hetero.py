@@ -679,7 +679,9 @@ def sync_estimates(ctx: PlanContext, pipes: Sequence[PipelinePlan]) -> list[floa
 
 def build_strategy(cand: Candidate, *, schedule: str = "1f1b", zero1: bool = True, zero: int | None = None,
                    name: str | None = None) -> "Strategy":
-    """The :class:`Strategy` of a solved candidate."""
+    """The :class:`Strategy` of a solved candidate.  At ZeRO-3, pipelines that differ in micro-batch count or stages
+    are scheduled by GPipe (1F1B needs them equal at ZeRO-3), and a candidate that recomputes is planned at ZeRO-2
+    (ZeRO-3 does not recompute yet); a ``name`` given says so."""
     pipelines = []
     for pipe, m in zip(cand.pipes, cand.counts):
         stages, first = [], 0
@@ -688,6 +690,11 @@ def build_strategy(cand: Candidate, *, schedule: str = "1f1b", zero1: bool = Tru
             first += n
         pipelines.append({"stages": stages, "micro_batch_size": cand.micro_batch, "num_micro_batches": m})
     level = {"zero1": zero1} if zero is None else {"zero": zero}
+    if zero == 3:  # what ZeRO-3 cannot run yet, planned as it can (Strategy._zero3_problem)
+        if any(p.recompute for p in cand.pipes):
+            level, name = {"zero": 2}, name and f"{name} (ZeRO-2: ZeRO-3 does not recompute yet)"
+        elif schedule == "1f1b" and len({(m, tuple(p.layers)) for p, m in zip(cand.pipes, cand.counts)}) > 1:
+            schedule, name = "gpipe", name and f"{name} (GPipe: under 1F1B, ZeRO-3 needs equal pipelines)"
     return Strategy.load({"pipelines": pipelines, "schedule": schedule, **level, "name": name})
 
 
@@ -701,8 +708,10 @@ def rank_by_simulation(ctx: PlanContext, strategies: Sequence["Strategy"]) -> li
 def refine_micro_batches(ctx: PlanContext, strategy: "Strategy", result: "SimResult", *,
                          max_moves: int = 6) -> tuple["Strategy", "SimResult"]:
     """Simulation-guided polish: move one micro-batch from the pipeline that ends last to the one that ends first
-    while the simulated step time improves."""
+    while the simulated step time improves (not at ZeRO-3 under 1F1B, whose pipelines run as many)."""
     best, best_r = strategy, result
+    if strategy.zero >= 3 and strategy.schedule == "1f1b":  # its pipelines' counts must stay equal
+        return best, best_r
     for _ in range(max_moves):
         if best.dp_degree < 2:
             break
@@ -871,7 +880,7 @@ def _best_mixed(ctx: PlanContext, ranks: Sequence[int], micro_batches: Sequence[
             if not found:
                 continue
             (s, r), = rank_by_simulation(ctx, found)
-            if r.oom:
+            if r.oom and ctx.zero < 3:  # ZeRO-3 does not recompute yet
                 (s, r), = rank_by_simulation(ctx, [recomputing(s)])
             if r.oom or r.step_time >= last:
                 break
