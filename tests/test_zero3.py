@@ -245,3 +245,23 @@ def test_the_planners_plan_zero3_as_it_can_run() -> None:
     assert (got.zero, got.schedule) == (3, "gpipe")
     with pytest.raises(PlanValidationError, match="recomputation under ZeRO-3"):
         recomputing(Strategy.load(six))
+
+
+def test_the_editor_offers_zero3_where_zero2_runs_out_of_memory() -> None:
+    """A ZeRO-2 strategy's out-of-memory stage is offered ZeRO-3 among its fixes (under GPipe where its 1F1B
+    pipelines differ, as ZeRO-3 needs), and a ZeRO-3 strategy is not offered recomputation (not supported there);
+    ``set_zero(3)`` takes the editor to level 3."""
+    from hspmd_sdk.viz import PlanEditor
+    from hspmd_sdk.viz._checks import _changes
+
+    tiny = GPTConfig.preset("tiny")
+    two = Strategy.load({**PLANS["dp2_zero3"], "zero": 2})
+    offered = dict(_changes(two, 0, 0, tiny, None))
+    assert [(w, s.zero, s.schedule) for w, s, _ in offered["zero3"]] == [("ZeRO-3", 3, "1f1b")]
+    uneven = Strategy.load({"pipelines": PLANS["hetero_3v1_gpipe_zero3"]["pipelines"], "zero": 2})
+    offered = dict(_changes(uneven, 0, 0, tiny, None))
+    assert [(w, s.zero, s.schedule) for w, s, _ in offered["zero3"]] == [("ZeRO-3 under GPipe", 3, "gpipe")]
+    assert "recompute" not in dict(_changes(Strategy.load(PLANS["dp2_zero3"]), 0, 0, tiny, None))
+    ed = PlanEditor(Cluster.local(2), "tiny", {**PLANS["dp2_zero3"], "zero": 2}, seq_len=16, background=False)
+    ed.set_zero(3)
+    assert ed.is_valid and ed.strategy.zero == 3

@@ -149,13 +149,21 @@ def _changes(strategy: "Strategy", i: int, j: int, model: Any, cluster: "Cluster
         return with_pipe(p.model_copy(update={"stages": [*p.stages[:j], *stages, *p.stages[j + 1:]]}))
 
     out: list[tuple[str, list[tuple[str, "Strategy", list[int]]]]] = []
-    if not s.recompute:
+    if not s.recompute and strategy.zero < 3:  # (ZeRO-3 does not recompute yet)
         out.append(("recompute", [("recompute on this stage", with_stages(s.model_copy(update={"recompute": True})),
                                    s.devices)]))
     if not strategy.zero1 and strategy.dp_degree > 1:
         out.append(("zero1", [("ZeRO-1", strategy.model_copy(update={"zero1": True}), s.devices)]))
     elif strategy.zero == 1 and strategy.dp_degree > 1:  # the gradients too
         out.append(("zero2", [("ZeRO-2", strategy.model_copy(update={"zero": 2}), s.devices)]))
+    elif strategy.zero == 2 and strategy.dp_degree > 1 and not any(x.recompute for q in strategy.pipelines
+                                                                   for x in q.stages):  # the parameters too
+        for words, update in (("ZeRO-3", {"zero": 3}), ("ZeRO-3 under GPipe", {"zero": 3, "schedule": "gpipe"})):
+            try:  # 1F1B at ZeRO-3 needs the pipelines alike; GPipe takes any
+                out.append(("zero3", [(words, strategy.model_copy(update=update), s.devices)]))
+                break
+            except ValueError:  # pydantic's, from the validated copy
+                continue
     if p.micro_batch_size > 1:
         n = p.num_micro_batches * p.micro_batch_size
         out.append(("mbs", [(f"micro-batch size 1 ({n} micro-batches)",
