@@ -13,8 +13,8 @@ import pytest
 
 from hspmd_sdk import LlamaConfig
 from hspmd_sdk.core.cluster import DeviceSpec, Link
-from hspmd_sdk.planner.cost import (ComputeFit, CostModel, LayerCost, LinkOverride, OperatorProfile, _fit_line,
-                                    _fit_plane, activation_memory, embedding_cost, fit_link, head_cost, layer_cost,
+from hspmd_sdk.planner.cost import (ComputeFit, CostModel, LayerCost, LinkOverride, OperatorProfile, fit_line,
+                                    fit_plane, activation_memory, embedding_cost, fit_link, head_cost, layer_cost,
                                     ring_factor, static_memory)
 
 H, V = 8, 32  # hidden, vocab
@@ -216,26 +216,26 @@ def test_static_and_activation_memory() -> None:
 
 
 def test_fit_line_cases() -> None:
-    f = _fit_line([1, 2, 3, 4], [5, 7, 9, 11])
+    f = fit_line([1, 2, 3, 4], [5, 7, 9, 11])
     assert (f.a, f.b, f.r2) == (close(2), close(3), close(1))
-    g = _fit_line([1, 2, 3], [1, 3, 5])  # y = 2x - 1: intercept clamped to 0, slope refit through the origin
+    g = fit_line([1, 2, 3], [1, 3, 5])  # y = 2x - 1: intercept clamped to 0, slope refit through the origin
     assert g.b == 0.0 and g.a == close(22 / 14)
     assert g.r2 == close(1 - sum((y - 22 / 14 * x) ** 2 for x, y in [(1, 1), (2, 3), (3, 5)]) / 8)
-    d = _fit_line([1, 2, 3], [9, 8, 7])  # falling: a flat line at the mean
+    d = fit_line([1, 2, 3], [9, 8, 7])  # falling: a flat line at the mean
     assert d.a == 0.0 and d.b == close(8)
-    c = _fit_line([2, 2, 2], [4, 4, 4])
+    c = fit_line([2, 2, 2], [4, 4, 4])
     assert c.a == 0.0 and c.b == close(4) and c.r2 is None
-    n = _fit_line([1, 2, 3, 4], [2.1, 3.9, 6.2, 7.8])
+    n = fit_line([1, 2, 3, 4], [2.1, 3.9, 6.2, 7.8])
     assert n.a == close(1.94) and n.b == close(0.15)  # sxy 9.7 / sxx 5; 5 - 1.94 * 2.5 and 0.99 < n.r2 < 1
 
 
 def test_fit_plane_cases() -> None:
     x1, x2 = [1, 2, 3, 1, 5], [0, 1, 5, 2, 2]
-    p = _fit_plane(x1, x2, [2 * a + 3 * b + 1 for a, b in zip(x1, x2)])
+    p = fit_plane(x1, x2, [2 * a + 3 * b + 1 for a, b in zip(x1, x2)])
     assert (p.a, p.c, p.b) == (close(2), close(3), close(1)) and p.r2 == close(1)
-    q = _fit_plane([1, 2, 3], [1, 2, 3], [4, 7, 10])  # x2 = x1: one line over x1 + x2
+    q = fit_plane([1, 2, 3], [1, 2, 3], [4, 7, 10])  # x2 = x1: one line over x1 + x2
     assert q.c is None and q.a == close(1.5) and q.b == close(1)
-    r = _fit_plane(x1, x2, [2 * a - 1 * b + 4 for a, b in zip(x1, x2)])  # c < 0: dropped, the rest refit
+    r = fit_plane(x1, x2, [2 * a - 1 * b + 4 for a, b in zip(x1, x2)])  # c < 0: dropped, the rest refit
     assert r.c == 0.0 and r.a > 0 and r.b >= 0
 
 
@@ -282,13 +282,13 @@ def test_small_operands_still_cost() -> None:
 def test_fits_report_r2_and_refit_without_negative_coefficients() -> None:
     import numpy as np
 
-    small = _fit_line([1, 2, 3], [0.1, 0.2, 0.35])  # total variance below 1 still gets an r2
+    small = fit_line([1, 2, 3], [0.1, 0.2, 0.35])  # total variance below 1 still gets an r2
     ys = np.array([0.1, 0.2, 0.35])
     res = ((ys - (small.a * np.array([1, 2, 3]) + small.b)) ** 2).sum()
     assert small.r2 == close(1 - res / ((ys - ys.mean()) ** 2).sum())
     x1, x2 = np.array([1.0, 2, 3, 1, 5, 4]), np.array([0.0, 1, 5, 2, 2, 3])
     y = 2 * x1 - x2 + 4 + np.array([0.1, -0.2, 0.05, 0.0, 0.1, -0.05])
-    p = _fit_plane(x1, x2, y)
+    p = fit_plane(x1, x2, y)
     # the x2 coefficient comes out negative: dropped, and a, b refit by least squares on [x1, 1] alone
     full = np.linalg.lstsq(np.column_stack([x1, x2, np.ones(6)]), y, rcond=None)[0]
     assert full[1] < 0
@@ -296,7 +296,7 @@ def test_fits_report_r2_and_refit_without_negative_coefficients() -> None:
     assert (p.a, p.c, p.b) == (close(a), 0.0, close(b))
     r2 = 1 - ((a * x1 + b - y) ** 2).sum() / ((y - y.mean()) ** 2).sum()
     assert p.r2 == close(r2)
-    flat = _fit_plane([1, 2, 3, 4], [4, 1, 3, 2], [5.0] * 4)
+    flat = fit_plane([1, 2, 3, 4], [4, 1, 3, 2], [5.0] * 4)
     assert flat.r2 is None and flat.b == close(5.0) and flat.a == close(0.0, abs=1e-9)
 
 
@@ -428,61 +428,61 @@ def test_embedding_and_head_of_an_uneven_group_read_its_ratios() -> None:
 
 
 def test_fit_line_is_centred_small_spread_flat_and_clamped() -> None:
-    """Pins _fit_line: the slope from centred sums (sizes far from 0 with a small spread still give the line,
+    """Pins fit_line: the slope from centred sums (sizes far from 0 with a small spread still give the line,
     where uncentred sums lose every digit); x with a spread below 1; x that does not vary gives a flat line at the
     mean with slope exactly 0 (not rounding noise), all-zero x too, at 0 for a mean below 0; a negative intercept
     under a slope below 1 is clamped to 0 and the slope refit through the origin."""
     xs = [3e9 + i for i in range(4)]  # y = 0.3 x + 5
-    far = _fit_line(xs, [0.3 * x + 5 for x in xs])
+    far = fit_line(xs, [0.3 * x + 5 for x in xs])
     assert far.a == close(0.3, rel=1e-9) and far.b == close(5.0, rel=1e-6)
-    small = _fit_line([0.1, 0.2, 0.3], [1.0, 2.0, 3.0])
+    small = fit_line([0.1, 0.2, 0.3], [1.0, 2.0, 3.0])
     assert small.a == close(10.0) and small.b == close(0.0, abs=1e-12)
-    flat = _fit_line([3.0] * 4, [0.1, 0.7, 0.2, 0.9])
+    flat = fit_line([3.0] * 4, [0.1, 0.7, 0.2, 0.9])
     assert (flat.a, flat.b) == (0.0, close(0.475))
-    zero = _fit_line([0.0, 0.0], [1.0, 2.0])
+    zero = fit_line([0.0, 0.0], [1.0, 2.0])
     assert (zero.a, zero.b) == (0.0, 1.5)
-    assert (_fit_line([0.0, 0.0], [-1.0, -2.0]).b, _fit_line([2.0, 2.0], [-1.0, -2.0]).b) == (0.0, 0.0)  # below 0
-    g = _fit_line([2, 4, 6], [0.0, 1.1, 2.0])  # y ~ 0.5x - 0.97: through the origin, 16.4 / 56
+    assert (fit_line([0.0, 0.0], [-1.0, -2.0]).b, fit_line([2.0, 2.0], [-1.0, -2.0]).b) == (0.0, 0.0)  # below 0
+    g = fit_line([2, 4, 6], [0.0, 1.1, 2.0])  # y ~ 0.5x - 0.97: through the origin, 16.4 / 56
     assert g.b == 0.0 and g.a == close(16.4 / 56)
-    h = _fit_line([1, 2, 3], [1.5, 2.5, 3.6])  # y ~ 1.05x + 0.43: a small slope with its intercept kept
+    h = fit_line([1, 2, 3], [1.5, 2.5, 3.6])  # y ~ 1.05x + 0.43: a small slope with its intercept kept
     assert h.a == close(1.05) and h.b == close(2.5333333333333 - 1.05 * 2)
-    k = _fit_line([1, 2, 3], [0.5, 0.9, 1.2])  # a slope of 0.35 and an intercept of 0.17, both kept
+    k = fit_line([1, 2, 3], [0.5, 0.9, 1.2])  # a slope of 0.35 and an intercept of 0.17, both kept
     assert k.a == close(0.35) and k.b == close(0.8666666666666667 - 0.7)
 
 
 def test_fit_plane_drops_the_most_negative_coefficient_first() -> None:
-    """Pins _fit_plane's order of refits: y = -0.5 x1 - 2 x2 + 12 with x2 falling as x1 rises: the x2 term (the
+    """Pins fit_plane's order of refits: y = -0.5 x1 - 2 x2 + 12 with x2 falling as x1 rises: the x2 term (the
     most negative) goes first, after which y rises with x1 alone (the intercept then goes too); dropping x1 first
     would leave a flat line."""
     import numpy as np
 
     x1, x2 = [1.0, 2, 3, 4, 5, 6], [6.0, 4, 5, 2, 3, 1]
     ys = [-0.5 * a - 2 * b + 12 for a, b in zip(x1, x2)]
-    p = _fit_plane(x1, x2, ys)
+    p = fit_plane(x1, x2, ys)
     a = float(np.dot(x1, ys) / np.dot(x1, x1))
     assert (p.a, p.c, p.b) == (close(a), 0.0, 0.0) and a > 0.9
 
 
 def test_fit_plane_of_negative_measurements_is_the_zero_plane() -> None:
-    """Pins _fit_plane when every coefficient comes out negative in turn: all are dropped and the fit is 0."""
-    p = _fit_plane([1.0, 2, 3, 4], [4.0, 1, 3, 2], [-1.0] * 4)
+    """Pins fit_plane when every coefficient comes out negative in turn: all are dropped and the fit is 0."""
+    p = fit_plane([1.0, 2, 3, 4], [4.0, 1, 3, 2], [-1.0] * 4)
     assert (p.a, p.c, p.b, p.r2) == (0.0, 0.0, 0.0, None)
 
 
 def test_fit_plane_of_seconds_reports_r2_and_computes_in_float64() -> None:
-    """Pins _fit_plane's r2 for measurements in seconds (total variance far below 1), and that float32 inputs are
+    """Pins fit_plane's r2 for measurements in seconds (total variance far below 1), and that float32 inputs are
     fitted in float64: the same fit as the same values given as Python floats."""
     import numpy as np
 
     x1, x2 = np.array([1.0, 2, 3, 1, 5, 4]), np.array([0.0, 1, 5, 2, 2, 3])
     y = 2e-3 * x1 + 5e-4 * x2 + 4e-3 + np.array([1e-4, -2e-4, 5e-5, 0.0, 1e-4, -5e-5])
-    p = _fit_plane(x1, x2, y)
+    p = fit_plane(x1, x2, y)
     X = np.column_stack([x1, x2, np.ones(6)])
     coef = np.linalg.lstsq(X, y, rcond=None)[0]
     assert p.r2 == close(1 - ((X @ coef - y) ** 2).sum() / ((y - y.mean()) ** 2).sum())
     y32 = y.astype(np.float32)
-    assert _fit_plane(x1.astype(np.float32), x2.astype(np.float32), y32) == \
-        _fit_plane(list(map(float, x1)), list(map(float, x2)), [float(v) for v in y32])
+    assert fit_plane(x1.astype(np.float32), x2.astype(np.float32), y32) == \
+        fit_plane(list(map(float, x1)), list(map(float, x2)), [float(v) for v in y32])
 
 
 def test_fit_link_defaults_backend_and_flat_all_reduce() -> None:
@@ -502,10 +502,10 @@ def test_cost_model_file_is_two_space_indented_json(tmp_path) -> None:
 
 
 def test_fit_line_of_an_exact_line_through_the_origin_keeps_its_slope() -> None:
-    """Pins _fit_line at an intercept of exactly 0: the centred least-squares slope stands (1 ns a byte, exactly);
+    """Pins fit_line at an intercept of exactly 0: the centred least-squares slope stands (1 ns a byte, exactly);
     refitting it through the origin (sum x y / sum x x) would round it to 1.0000000000000003e-09."""
     sizes = [41.0, 46e6]
-    f = _fit_line(sizes, [s * 1e-9 for s in sizes])
+    f = fit_line(sizes, [s * 1e-9 for s in sizes])
     assert (f.a, f.b) == (1e-9, 0.0)
 
 

@@ -141,12 +141,12 @@ def test_cost_model_profile_and_round_trip(tmp_path: Path) -> None:
     # A live fit's slope is this machine's timing: under load it can come out flat (clamped to 0), so only its form
     # is checked on the live profile; the fitting itself is checked on known points, against numpy's least squares.
     assert fit.a >= 0 and fit.b >= 0 and fit.device == "cpu" and fit.tflops > 0
-    from hspmd_sdk.planner.cost import _fit_line
+    from hspmd_sdk.planner.cost import fit_line
 
     xs = [2.0 * m ** 3 for m in (64, 256, 512, 1024)]
     ys = [3e-11 * x + 2e-4 + e for x, e in zip(xs, (1e-6, -2e-6, 1.5e-6, -0.5e-6))]
     slope, intercept = np.polyfit(xs, ys, 1)
-    known = _fit_line(xs, ys)
+    known = fit_line(xs, ys)
     assert known.a == pytest.approx(slope, rel=1e-9) and known.b == pytest.approx(intercept, rel=1e-6)
     assert math.isfinite(known.tflops) and known.tflops == pytest.approx(1e-12 / 3e-11, rel=1e-3)
     cost.save(tmp_path / "cost.json")
@@ -354,16 +354,16 @@ def test_profile_link_measures_gloo_between_two_processes() -> None:
 
 
 def test_attention_flops_get_their_own_rate_when_the_profile_spans_lengths() -> None:
-    """``_fit_plane`` recovers ``a * matmul + c * attention + b`` exactly; ``layer_cost`` prices the attention part
+    """``fit_plane`` recovers ``a * matmul + c * attention + b`` exactly; ``layer_cost`` prices the attention part
     of ``layer_flops`` at ``c``; a profile at one sequence length keeps ``c = None`` (one rate)."""
-    from hspmd_sdk.planner.cost import OperatorProfile, _fit_plane, layer_cost
+    from hspmd_sdk.planner.cost import OperatorProfile, fit_plane, layer_cost
     from hspmd_sdk.runtime.control.profile import profile_model
 
     model = LlamaConfig.preset("tiny")
     shapes = [(16, 16), (64, 16), (64, 32), (64, 64), (128, 64)]
     mm = [float(model.layer_flops(t, 0)) for t, _ in shapes]
     att = [float(model.layer_flops(t, s) - model.layer_flops(t, 0)) for t, s in shapes]
-    fit = _fit_plane(mm, att, [2e-10 * m + 5e-11 * a + 1e-4 for m, a in zip(mm, att)])
+    fit = fit_plane(mm, att, [2e-10 * m + 5e-11 * a + 1e-4 for m, a in zip(mm, att)])
     assert (fit.a, fit.c, fit.b) == pytest.approx((2e-10, 5e-11, 1e-4), rel=1e-6)
     line = ComputeFit(a=0.0, b=0.0)
     c = CostModel(profiles={"cpu": OperatorProfile(layer_fwd=fit, layer_bwd=fit, head_fwd=line, head_bwd=line)},

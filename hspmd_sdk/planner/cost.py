@@ -569,7 +569,7 @@ def activation_memory(per_micro_batch: float, in_flight: int, transient: float) 
 
 
 # ---- fitting measurements (the measuring is the runtime's: :mod:`hspmd_sdk.runtime.control.profile`) -------------------
-def _fit_line(xs: Iterable[float], ys: Iterable[float]) -> ComputeFit:
+def fit_line(xs: Iterable[float], ys: Iterable[float]) -> ComputeFit:
     """Least squares ``y = a x + b`` with ``a, b >= 0``: a line that does not rise (or ``x`` that does not vary) is
     flat at the mean (or 0), ``a = 0``; a negative intercept is clamped to 0 and ``a`` refit through the origin."""
     xs, ys = list(xs), list(ys)
@@ -588,7 +588,7 @@ def _fit_line(xs: Iterable[float], ys: Iterable[float]) -> ComputeFit:
     return ComputeFit(a=a, b=b, r2=1 - ss_res / ss_tot if ss_tot > 0 else None)
 
 
-def _fit_plane(x1: Sequence[float], x2: Sequence[float], ys: Sequence[float]) -> ComputeFit:
+def fit_plane(x1: Sequence[float], x2: Sequence[float], ys: Sequence[float]) -> ComputeFit:
     """Least squares ``y = a x1 + c x2 + b`` with ``a, c, b >= 0`` (a coefficient that comes out negative is
     dropped and the rest refit); ``c`` is ``None`` when ``x2`` does not vary independently of ``x1``."""
     import numpy as np
@@ -596,7 +596,7 @@ def _fit_plane(x1: Sequence[float], x2: Sequence[float], ys: Sequence[float]) ->
     X = np.column_stack([np.asarray(x1, float), np.asarray(x2, float), np.ones(len(ys))])
     y = np.asarray(ys, float)
     if np.linalg.matrix_rank(X) < 3:
-        f = _fit_line([a + b for a, b in zip(x1, x2)], ys)
+        f = fit_line([a + b for a, b in zip(x1, x2)], ys)
         return f
     keep = [0, 1, 2]
     while True:
@@ -621,17 +621,17 @@ def fit_link(sizes: Sequence[int], p2p: Sequence[float], all_reduce: Sequence[fl
     ``compute_s[1]`` (``in_context_long``: gives ``skew``; see :func:`~hspmd_sdk.runtime.profile_link`)."""
     if in_context_long is not None and in_context is None:
         raise ValueError("fit_link: in_context_long needs in_context (the shorter compute's sweep) too")
-    p = _fit_line(sizes, p2p)
-    ar = _fit_line(sizes, all_reduce)
+    p = fit_line(sizes, p2p)
+    ar = fit_line(sizes, all_reduce)
     update: dict = {}
     if in_context is not None:
-        ctx = _fit_line(sizes, in_context)
+        ctx = fit_line(sizes, in_context)
         update = {"call_latency": max(0.0, ctx.b - ar.b), "collective_bandwidth": 1.0 / ctx.a if ctx.a > 0 else 1e12}
         if in_context_long is not None:
             if compute_s is None or not compute_s[1] > compute_s[0]:
                 raise ValueError(f"fit_link: in_context_long needs compute_s=(short, long) with long > short, got "
                                  f"{compute_s}")
-            skew = max(0.0, (_fit_line(sizes, in_context_long).b - ctx.b) / (compute_s[1] - compute_s[0]))
+            skew = max(0.0, (fit_line(sizes, in_context_long).b - ctx.b) / (compute_s[1] - compute_s[0]))
             update.update(skew=skew, call_latency=max(0.0, ctx.b - ar.b - skew * compute_s[0]))
     return LinkOverride(latency=p.b, bandwidth=1.0 / p.a if p.a > 0 else 1e12, collective_latency=ar.b / 2,
                         collective_bandwidth=update.get("collective_bandwidth", 1.0 / ar.a if ar.a > 0 else 1e12),

@@ -70,8 +70,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Event", "TrainingController", "SwitchError", "StragglerWatch"]
 
-#: the bytes a switch plan moves (:func:`.state.switch_bytes`), by the name :mod:`.mixed` imports it
-_bytes = switch_bytes
 
 
 class TrainingController:

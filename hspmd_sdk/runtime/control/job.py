@@ -366,6 +366,11 @@ class Job:
         return self.spec.job_id
 
     @property
+    def started_at(self) -> float:
+        """When the job started (``time.monotonic()``'s clock)."""
+        return self._t0
+
+    @property
     def elapsed_s(self) -> float:
         """Seconds since the job started, up to its end once it ended (read-only; for displays)."""
         return (self._t1 if self._t1 is not None else time.monotonic()) - self._t0

@@ -72,9 +72,10 @@ from ...core.strategy_plan import plan_from_strategy, strategy_of
 from ...planner.mixed import Dispatcher
 from ..checkpoints.checkpoint import load_checkpoint, run_fields
 from ..workers.kernels import packing_problems
-from .controller import Event, StragglerWatch, TrainingController, _bytes
+from .controller import Event, StragglerWatch, TrainingController
 from .faults import Failure
 from .runs import checked_faults, checked_training_run, _launch_runs
+from .state import switch_bytes
 
 if TYPE_CHECKING:
     from ...core.cluster import Cluster
@@ -269,7 +270,7 @@ class LengthPlanner:
             program = self.programs[rec["choice"]]
             event = Event(rec["step"], "length", [], strategy_of(program),
                           {"detect": 0.0, "plan": rec["plan_s"], "specialize": rec["switch_plan_s"]},
-                          _bytes(self._plans[key], self.cluster),
+                          switch_bytes(self._plans[key], self.cluster),
                           {l: r for r, l in self.controller.current.to_launch.items()}, program=program)
             self.controller.record_event(("length", rec["step"]), event)
         self.job.send_control(msg)

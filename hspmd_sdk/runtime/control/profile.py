@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from ...planner.cost import ComputeFit, CostModel, LinkOverride, OperatorProfile, _fit_line, _fit_plane, fit_link
+from ...planner.cost import ComputeFit, CostModel, LinkOverride, OperatorProfile, fit_line, fit_plane, fit_link
 from ...models.registry import load_model_spec
 from .overhead import with_executor_overhead  # the runtime measures its own fixed cost
 
@@ -55,7 +55,7 @@ def profile_device(device: str = "cpu", shapes: Sequence[tuple[int, int, int]] =
         runs.sort()
         flops.append(2.0 * m * n * k)
         secs.append(runs[len(runs) // 2])
-    fit = _fit_line(flops, secs)
+    fit = fit_line(flops, secs)
     fit = fit.model_copy(update={"device": device, "dtype": dtype})
     base = base or CostModel()
     return base.model_copy(update={"compute_fits": {**base.compute_fits, kind or device: fit}})
@@ -178,13 +178,13 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
             torch.set_num_threads(old)
 
     def fit(key: str) -> ComputeFit:
-        f = _fit_line([x for x, _ in rows[key]], [y for _, y in rows[key]])
+        f = fit_line([x for x, _ in rows[key]], [y for _, y in rows[key]])
         return f.model_copy(update={"device": device, "dtype": "float32"})
 
     def fit_layer(key: str) -> ComputeFit:  # attention at its own rate when the shapes span sequence lengths
         if len({s for _, s in shapes}) < 2:
             return fit(key)
-        f = _fit_plane([m for m, _ in split], [a for _, a in split], [y for _, y in rows[key]])
+        f = fit_plane([m for m, _ in split], [a for _, a in split], [y for _, y in rows[key]])
         return f.model_copy(update={"device": device, "dtype": "float32"})
 
     prof = OperatorProfile(layer_fwd=fit_layer("lf"), layer_bwd=fit_layer("lb"), head_fwd=fit("hf"), head_bwd=fit("hb"),

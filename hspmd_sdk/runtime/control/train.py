@@ -156,7 +156,7 @@ def _launch_training(program: "Program | Strategy | Sequence[Program | Strategy]
                            schedule=schedule, max_norm=max_norm, decay=decay,
                            optimizer=optimizer, eval_every=eval_every,
                            eval_batches=eval_batches, **launch_kwargs)
-        job.prepared_s = job._t0 - begun  # checks, dispatch of the first step, specialization, preflight
+        job.prepared_s = job.started_at - begun  # checks, dispatch of the first step, specialization, preflight
         return job
     cluster = cluster if cluster is not None else program.cluster
     run = checked_training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
@@ -185,7 +185,7 @@ def _launch_training(program: "Program | Strategy | Sequence[Program | Strategy]
     if elastic and launch_kwargs.get("policy") is None:
         launch_kwargs["policy"] = controller
     job = _launch_runs([run], cluster, **launch_kwargs)
-    job.prepared_s = job._t0 - begun  # option checks, specialization on the launch cluster, preflight
+    job.prepared_s = job.started_at - begun  # option checks, specialization on the launch cluster, preflight
     job.controller = controller
     controller.attach(job)
     return job
