@@ -33,13 +33,10 @@ RUNTIME = "hspmd_sdk.runtime."
 #: ``wait_ended``, ``note``, ``send_control``, ``report_failure`` and ``use_controller``, taken up by ``mixed`` and
 #: ``growback``; ``mixed`` takes ``strategy_of`` from the core); 10 pairs, 13 uses after its second (``mixed`` takes
 #: ``switch_bytes`` from ``state``, ``planner.cost``'s ``fit_line`` / ``fit_plane`` are public, the job's
-#: ``started_at``).  Each is to go: the owner gives a public method,
+#: ``started_at``); 6 pairs, 6 uses after its third (the job's ``launch_ranks``, ``reached``, ``exited``,
+#: ``suspects`` and ``add_workers`` for ``grow`` and the controller).  Each is to go: the owner gives a public method,
 #: property or constructor argument (``controller`` and ``grow`` can use the job's public names above already).
 ALLOWED: dict[tuple[str, str], int] = {
-    ("control.controller", "_ranks"): 1,  # job: getattr(job, "_ranks") for the watchdog's suspects
-    ("control.grow", "_add_workers"): 1,  # job
-    ("control.grow", "_lock"): 2,  # job
-    ("control.grow", "_ranks"): 3,  # job
     ("control.mixed", "_launch_runs"): 1,  # runs
     ("control.runs", "_resolver"): 1,  # core.specialize: Program._resolver
     ("control.train", "_launch_runs"): 1,  # runs

@@ -531,8 +531,7 @@ _REPLAN_MODULES = ("hspmd_sdk.core.reconfigure", "hspmd_sdk.core.specialize", "h
 def _investigating(job: "Job", dead: set[int]) -> bool:
     """Whether the job's watchdog is reporting a silent rank: ``suspect``, and not yet among the ``dead`` (its
     failure is still on its way: its stack asked for, then the rank stopped, then the policy told)."""
-    ranks, lock = getattr(job, "_ranks", None), getattr(job, "_lock", None)
-    if ranks is None or lock is None:  # a job without a watchdog (a stand-in): nobody is being reported
+    suspects = getattr(job, "suspects", None)
+    if suspects is None:  # a job without a watchdog (a stand-in): nobody is being reported
         return False
-    with lock:
-        return any(rec.suspect and r not in dead for r, rec in ranks.items())
+    return bool(suspects() - dead)

@@ -79,13 +79,13 @@ def grow_job(job: Job, cluster: "Cluster", program: "Program | Strategy | None" 
     if job.metrics.last_step() + 2 >= job.spec.steps:
         raise SwitchError(f"job {job.job_id} is in its last step ({job.metrics.last_step() + 1} of "
                           f"{job.spec.steps}): there is no step boundary left to grow at")
-    first = max(job._ranks) + 1
+    first = max(job.launch_ranks()) + 1
     joiners = {n + j: first + j for j in range(cluster.num_ranks - n)}
     spec = _grown_spec(job, cluster, joiners)
     running = [l for l in ctl.current.to_launch.values()]
     event = ctl.announce_grow(program, cluster, joiners)
     try:
-        job._add_workers(spec, joiners)
+        job.add_workers(spec, joiners)
     except BaseException:
         job.stop_ranks(ctl.give_up_grow(event, "its workers could not be started"))
         raise
@@ -102,8 +102,7 @@ def _grow_when_ready(job: Job, event: Event, joiners: dict[int, int], running: l
     ctl, new = job.controller, sorted(joiners.values())
     deadline = time.monotonic() + job.spec.timeout_s
     while not event.superseded:
-        with job._lock:
-            ready = all("built" in job._ranks[r].phases for r in new)
+        ready = job.reached(new, "built")
         if ready or job.metrics.last_step() + NEAR_THE_END >= job.spec.steps:
             break  # ready; or so near the job's end that it waits for them at a boundary rather than end first
         if _ended(job, running):
@@ -128,8 +127,7 @@ def _grow_when_ready(job: Job, event: Event, joiners: dict[int, int], running: l
 
 
 def _ended(job: Job, running: list[int]) -> bool:
-    with job._lock:
-        return job.ended or all(job._ranks[r].returncode is not None for r in running)
+    return job.ended or job.exited(running)
 
 
 def _stop(job: Job, event: Event, new: list[int], why: str) -> None:

@@ -603,7 +603,27 @@ class Job:
 
         return grow_job(self, cluster, program)
 
-    def _add_workers(self, spec: LaunchSpec, joiners: dict[int, int]) -> None:
+    def launch_ranks(self) -> list[int]:
+        """Every launch rank the job has started a worker for (live or not), ascending."""
+        with self._lock:
+            return sorted(self._ranks)
+
+    def reached(self, ranks: Sequence[int], phase: str) -> bool:
+        """Whether every worker of ``ranks`` (launch ranks) has reported start-up ``phase`` (``"built"``...)."""
+        with self._lock:
+            return all(phase in self._ranks[r].phases for r in ranks)
+
+    def exited(self, ranks: Sequence[int]) -> bool:
+        """Whether the worker process of every one of ``ranks`` (launch ranks) has exited."""
+        with self._lock:
+            return all(self._ranks[r].returncode is not None for r in ranks)
+
+    def suspects(self) -> set[int]:
+        """The launch ranks the watchdog is reporting as silent now (its ``suspect`` state)."""
+        with self._lock:
+            return {r for r, rec in self._ranks.items() if rec.suspect}
+
+    def add_workers(self, spec: LaunchSpec, joiners: dict[int, int]) -> None:
         """Start a newcomer per launch rank in ``joiners.values()`` (``spec``: the grown job's spec)."""
         new = sorted(joiners.values())
         hosts: dict[str, list[int]] = {}
