@@ -39,13 +39,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import torch
 
 from ...core.comm_ops import SplitCollectiveOp
 from ...core.slices import box_numel, box_shape, relative
 from .comm import CommExecutionError, Pending, _collective, _Ctx, execute, group_lookup
+
+if TYPE_CHECKING:
+    from ...core.comm_ops import SliceCollective
+    from ...core.comm_plan import CommPlan
+    from .comm import Groups
 
 __all__ = ["SyncItem", "Bucket", "GradBuckets", "GatherBuckets", "plan_buckets", "bucketable", "BUCKET_BYTES",
            "FIRST_BUCKET_BYTES"]
@@ -68,7 +73,7 @@ class SyncItem:
     uses: tuple[str, ...]
 
 
-def bucketable(plan: Any) -> bool:
+def bucketable(plan: "CommPlan | None") -> bool:
     """Whether ``plan`` is one top-tier operator, whose slices can share buffers with other plans'."""
     return plan is not None and len(plan.ops) == 1 and isinstance(plan.ops[0], SplitCollectiveOp)
 
@@ -84,7 +89,7 @@ class Bucket:
     items: list[int] = field(default_factory=list)   #: the items it holds slices of, ascending
 
 
-def plan_buckets(plans: Sequence[tuple[int, Any]], rank: int, *, bucket_bytes: int = BUCKET_BYTES,
+def plan_buckets(plans: Sequence[tuple[int, "CommPlan"]], rank: int, *, bucket_bytes: int = BUCKET_BYTES,
                  first_bucket_bytes: int | None = FIRST_BUCKET_BYTES) -> list[Bucket]:
     """This rank's buckets of ``plans`` (``(item index, plan)`` in bucket order; only bucketable plans), in the
     order of their first slice.  A bucket never grows past its cap unless one slice alone is larger."""
@@ -165,7 +170,7 @@ class GradBuckets:
     the items run after backward (:func:`~.comm.execute`).  ``trace(event, **info)`` (tests) hears
     ``grad_final`` (a use's gradient is final) and ``bucket_start`` (a bucket's collective is posted)."""
 
-    def __init__(self, items: Sequence[SyncItem], groups: Any, *, rank: int, device: torch.device,
+    def __init__(self, items: Sequence[SyncItem], groups: "Groups", *, rank: int, device: torch.device,
                  dtype: torch.dtype, bucket_bytes: int = BUCKET_BYTES,
                  first_bucket_bytes: int | None = FIRST_BUCKET_BYTES, trace: Trace | None = None,
                  tag_base: int = 0, release: bool = False) -> None:
@@ -478,7 +483,7 @@ class GatherBuckets:
     ``trace`` event ``gather_start`` (a bucket posted).  The flat buffers are kept for the next :meth:`start`
     unless ``keep_buffers=False`` (ZeRO-3's units: they go once the values are unpacked)."""
 
-    def __init__(self, plans: Sequence[Any], names: Sequence[str], groups: Any, *, rank: int,
+    def __init__(self, plans: Sequence["CommPlan"], names: Sequence[str], groups: "Groups", *, rank: int,
                  device: torch.device, dtype: torch.dtype, bucket_bytes: int = BUCKET_BYTES,
                  first_bucket_bytes: int | None = FIRST_BUCKET_BYTES, trace: Trace | None = None,
                  keep_buffers: bool = True) -> None:
@@ -526,7 +531,7 @@ class GatherBuckets:
             out.append(Pending(held, partial(self._unpack, i, mine, bufs, inputs[i]), self._what(i), self.rank))
         return out
 
-    def _unpack(self, i: int, mine: list[tuple[int, int, Any]], bufs: dict[int, torch.Tensor],
+    def _unpack(self, i: int, mine: list[tuple[int, int, "SliceCollective"]], bufs: dict[int, torch.Tensor],
                 local: torch.Tensor | None) -> torch.Tensor | None:
         if self.rank not in self.plans[i].dst.ranks:
             return None

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ...core.annotation import local_view
 from ...core.slices import relative
@@ -39,6 +39,16 @@ from ..checkpoints.checkpoint_plan import layouts_of, read_plan, write_plan
 from .liveness import CommFailure, waits
 from ...core.model_spec import model_json
 from ..protocol import adam_json, training_of
+
+if TYPE_CHECKING:
+    import torch
+
+    from ...core.slices import Box
+    from ...core.specialize import Program, StateLayout
+    from ..checkpoints.checkpoint_io import Point
+    from .executor import StepExecutor
+    from .store import RendezvousStore
+    from .worker import WorkerState
 
 __all__ = ["CheckpointSaver", "load_resume", "restore_rng"]
 
@@ -70,7 +80,7 @@ class _Target:
         """Ranks that write a file: every rank of the Program (its pieces and its RNG state)."""
         return sorted(self.program.ranks)
 
-    def mine(self) -> list[tuple[str, int, Any]]:
+    def mine(self) -> list[tuple[str, int, "Box"]]:
         return [(name, i, box) for name, pieces in self.plan.items() for i, (r, box) in enumerate(pieces)
                 if r == self.rank]
 
@@ -89,7 +99,7 @@ class CheckpointSaver:
     :data:`~.checkpoint_io.WRITE_POINTS` (tests) SIGKILL this process at that point of the checkpoint of step
     ``step``."""
 
-    def __init__(self, state: Any, run: Mapping[str, Any], index: int = 0) -> None:
+    def __init__(self, state: "WorkerState", run: Mapping[str, Any], index: int = 0) -> None:
         opts = run["checkpoint"]
         self.root = Path(opts["dir"])
         self.every, self.keep, self.async_ = int(opts["every"]), int(opts["keep"]), bool(opts["async"])
@@ -113,7 +123,8 @@ class CheckpointSaver:
         self.retake = False
 
     # ---- the training loop's calls ---------------------------------------------------------------------
-    def after_step(self, completed: int, *, last: bool, program: Any, ex: Any, generation: int = 0) -> None:
+    def after_step(self, completed: int, *, last: bool, program: "Program", ex: "StepExecutor | None",
+                   generation: int = 0) -> None:
         """Save ``program``'s state if ``completed`` (steps done) is a multiple of ``every``, this was the last
         step or :attr:`retake` is set.  ``generation``: the job's reconfiguration count (the same on every rank), so
         that a checkpoint given up in a failure and its redo never share names."""
@@ -170,7 +181,7 @@ class CheckpointSaver:
         return {"dir": str(self.root), "saved": self.saved, "async": self.async_}
 
     # ---- snapshot -----------------------------------------------------------------------------------------
-    def _target(self, program: Any, ex: Any, generation: int) -> _Target:
+    def _target(self, program: "Program", ex: "StepExecutor | None", generation: int) -> _Target:
         got = self._plans.get(id(program))
         if got is None or got[0] is not program:
             layouts = layouts_of(program)
@@ -179,11 +190,11 @@ class CheckpointSaver:
         return _Target(program, ex, self.state.rank, self.state.world_size,
                        f"{self.job_id}.{self.index}.{generation}", layouts, state_layouts, plan, threading.Event())
 
-    def pieces(self, program: Any, ex: Any) -> list[tuple[str, Any]]:
+    def pieces(self, program: "Program", ex: "StepExecutor | None") -> list[tuple[str, "torch.Tensor"]]:
         """The ``(key, tensor)`` pieces this rank writes for ``program`` (views, its RNG state last)."""
         return self.snapshot(self._target(program, ex, 0), copy=False)[0]
 
-    def snapshot(self, target: _Target, *, copy: bool) -> tuple[list[tuple[str, Any]], int | None]:
+    def snapshot(self, target: _Target, *, copy: bool) -> tuple[list[tuple[str, "torch.Tensor"]], int | None]:
         """``(items, Adam's step count)``: this rank's pieces as ``(key, tensor)`` — copies with ``copy`` (they are
         written while training goes on), else views — and its RNG state."""
         import torch
@@ -208,8 +219,8 @@ class CheckpointSaver:
         return items, int(steps.pop()) if steps else 0
 
     # ---- writing (maybe in the background) ----------------------------------------------------------------
-    def _write_guarded(self, target: _Target, completed: int, items: list[tuple[str, Any]], opt_step: int | None,
-                       record: dict[str, Any]) -> None:
+    def _write_guarded(self, target: _Target, completed: int, items: list[tuple[str, "torch.Tensor"]],
+                       opt_step: int | None, record: dict[str, Any]) -> None:
         try:
             self._write(target, completed, items, opt_step, record)
         except BaseException as e:  # noqa: BLE001 - re-raised in the training thread by wait()
@@ -217,7 +228,7 @@ class CheckpointSaver:
                 self._error = e
             record["abandoned"] = target.abandoned.is_set()
 
-    def _point(self, target: _Target, completed: int) -> Any:
+    def _point(self, target: _Target, completed: int) -> "Point":
         faults = [f for f in self.faults if int(f["step"]) == completed]
 
         def point(name: str) -> None:
@@ -227,7 +238,7 @@ class CheckpointSaver:
                 raise _Abandoned
         return point
 
-    def _write(self, target: _Target, completed: int, items: list[tuple[str, Any]], opt_step: int | None,
+    def _write(self, target: _Target, completed: int, items: list[tuple[str, "torch.Tensor"]], opt_step: int | None,
                record: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         tmp = self.root / f".tmp-{step_dir_name(completed)}-{target.token}"
@@ -252,7 +263,7 @@ class CheckpointSaver:
             record["commit_s"] = round(time.perf_counter() - t1, 6)
         record["write_s"] = round(time.perf_counter() - t0, 6)
 
-    def _client(self) -> Any:
+    def _client(self) -> "RendezvousStore":
         """A rendezvous-store client of this saver's own, at the job's current rendezvous (the training thread's
         client may block in a wait; after an elastic reconfiguration the rendezvous is another)."""
         from .store import RendezvousStore  # lazy: torch (store)
@@ -297,7 +308,7 @@ class CheckpointSaver:
                 time.sleep(_POLL_S)
         return out
 
-    def _commit(self, target: _Target, completed: int, tmp: Path, mine: Mapping[str, Any] | None, point: Any,
+    def _commit(self, target: _Target, completed: int, tmp: Path, mine: Mapping[str, Any] | None, point: "Point",
                 timing: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         records = self._collect(target, completed, mine)
@@ -382,7 +393,7 @@ def _position(run: Mapping[str, Any], completed: int) -> DataPosition:
     return DataPosition(source=source, seed=int(run["seed"]), global_batch=batch, seq_len=seq, next_step=completed)
 
 
-def _local(ex: Any, rank: int, layout: Any, opt: Mapping[str, Any]) -> Any:
+def _local(ex: "StepExecutor", rank: int, layout: "StateLayout", opt: Mapping[str, Any]) -> "torch.Tensor":
     """The local tensor of ``layout`` (a parameter or one of its Adam moments) on this rank."""
     if layout.param not in ex.params:
         raise CheckpointError(f"rank {rank}: the write plan gives it {layout.name!r}, which it does not hold")
@@ -396,8 +407,8 @@ def _local(ex: Any, rank: int, layout: Any, opt: Mapping[str, Any]) -> Any:
 
 
 # ---- resuming -------------------------------------------------------------------------------------------------
-def load_resume(resume: Mapping[str, Any], program: Any, rank: int) -> tuple[dict[str, Any], dict[str, Any],
-                                                                           dict[str, Any]]:
+def load_resume(resume: Mapping[str, Any], program: "Program", rank: int
+                ) -> tuple[dict[str, "torch.Tensor"], dict[str, dict[str, Any]], dict[str, Any]]:
     """``(params, optimizer_state, stats)`` of ``rank`` under ``program`` from the checkpoint ``resume``
     (:func:`~.checkpoint.resume_payload`): each tensor the rank's executable graph holds, read as the
     intersections of its box with the stored pieces.  ``stats``: ``bytes_read`` (data bytes asked for),
@@ -425,7 +436,7 @@ def load_resume(resume: Mapping[str, Any], program: Any, rank: int) -> tuple[dic
     return params, optimizer_state, stats
 
 
-def restore_rng(resume: Mapping[str, Any], rank: int, device: Any = None) -> bool:
+def restore_rng(resume: Mapping[str, Any], rank: int, device: "torch.device | None" = None) -> bool:
     """Restore this rank's RNG state if the saved job had the same rank (the SDK's own randomness — data and
     initialisation — is a pure function of the seed and the step, so no plan change depends on it)."""
     import torch

@@ -43,7 +43,7 @@ Precision: plans are resolved at the graph's dtype; :func:`with_dtype` gives the
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -55,6 +55,7 @@ from ...errors import HSPMDError
 from ..trace import communicating, span
 
 if TYPE_CHECKING:
+    from ...core.comm_ops import CommOp, SliceCollective
     from ...core.comm_plan import CommPlan
 
 __all__ = ["CommExecutionError", "Pending", "comm_groups", "execute", "execute_async", "execute_op", "post_sends",
@@ -62,6 +63,16 @@ __all__ = ["CommExecutionError", "Pending", "comm_groups", "execute", "execute_a
            "with_dtype", "default_device"]
 
 GroupLookup = Callable[[Sequence[int]], Any]
+
+if TYPE_CHECKING:
+    class GroupHolder(Protocol):
+        """What has a ``group(ranks)`` method: the :class:`~.worker.WorkerState` (or a stand-in for one)."""
+
+        def group(self, ranks: Sequence[int]) -> Any: ...
+
+    #: What a ``groups`` argument may be (:func:`group_lookup`): the WorkerState (its ``group``), a callable
+    #: ``ranks -> group`` or a mapping ``{sorted ranks: group}``.
+    Groups = GroupHolder | GroupLookup | Mapping[tuple[int, ...], Any]
 
 
 class CommExecutionError(HSPMDError):
@@ -85,7 +96,7 @@ def comm_groups(plans: Iterable["CommPlan"]) -> list[tuple[int, ...]]:
     return sorted(sets)
 
 
-def group_lookup(groups: Any) -> GroupLookup:
+def group_lookup(groups: "Groups | None") -> GroupLookup:
     """A ``ranks -> ProcessGroup`` function from a WorkerState (``.group``), a callable or a mapping."""
     if hasattr(groups, "group") and callable(groups.group):
         return groups.group
@@ -99,7 +110,7 @@ def group_lookup(groups: Any) -> GroupLookup:
     raise TypeError(f"cannot look process groups up in a {type(groups).__name__}")
 
 
-def _group(lookup: GroupLookup, ranks: Sequence[int], rank: int, what: str) -> tuple[Any, list[int]]:
+def _group(lookup: GroupLookup, ranks: Sequence[int], rank: int, what: str) -> tuple[dist.ProcessGroup, list[int]]:
     """The process group of ``ranks`` and its members in group-rank order (the order collectives use)."""
     try:
         g = lookup(ranks)
@@ -113,7 +124,7 @@ def _group(lookup: GroupLookup, ranks: Sequence[int], rank: int, what: str) -> t
 
 
 # ---- small helpers -----------------------------------------------------------------------------------------
-def torch_dtype(name: Any) -> torch.dtype:
+def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     """The torch dtype of a plan's dtype name (``"float32"``, ``"torch.bfloat16"``) or a torch dtype."""
     if isinstance(name, torch.dtype):
         return name
@@ -123,7 +134,7 @@ def torch_dtype(name: Any) -> torch.dtype:
     return dt
 
 
-def with_dtype(plan: "CommPlan", dtype: Any) -> "CommPlan":
+def with_dtype(plan: "CommPlan", dtype: str | torch.dtype) -> "CommPlan":
     """``plan`` for tensors of ``dtype``: the same operators, groups, boxes and messages, byte counts at the new
     item size.  The core resolves communication at the graph's dtype (fp32); a bf16 run sends bf16 (SPEC §8) with
     the very same plans, so only the element type changes (``plan`` itself when it already has ``dtype``)."""
@@ -134,7 +145,7 @@ def with_dtype(plan: "CommPlan", dtype: Any) -> "CommPlan":
     return replace(plan, dtype=name, itemsize=n, ops=tuple(_op_itemsize(op, n) for op in plan.ops))
 
 
-def _op_itemsize(op: Any, n: int) -> Any:
+def _op_itemsize(op: "CommOp", n: int) -> "CommOp":
     if isinstance(op, (CollectiveOp, SplitCollectiveOp)):
         return replace(op, itemsize=n)
     if isinstance(op, PointToPointOp):
@@ -198,7 +209,7 @@ class _Ctx:
 
 
 # ---- execute -----------------------------------------------------------------------------------------------
-def execute(plan: "CommPlan", local: torch.Tensor | None, groups: Any, *, rank: int | None = None,
+def execute(plan: "CommPlan", local: torch.Tensor | None, groups: "Groups", *, rank: int | None = None,
             device: torch.device | str | None = None, tag_base: int = 0) -> torch.Tensor | None:
     """Run ``plan`` on this rank with real collectives; returns this rank's destination tensor, or ``None``.
 
@@ -227,7 +238,7 @@ def execute(plan: "CommPlan", local: torch.Tensor | None, groups: Any, *, rank: 
     return cur if rank in plan.dst.ranks else None
 
 
-def execute_op(plan: "CommPlan", index: int, local: torch.Tensor | None, groups: Any, *, rank: int,
+def execute_op(plan: "CommPlan", index: int, local: torch.Tensor | None, groups: "Groups", *, rank: int,
                device: torch.device) -> torch.Tensor | None:
     """Run operator ``index`` of ``plan`` alone on this rank; a rank it does not write keeps ``local``."""
     ctx = _Ctx(rank, group_lookup(groups), torch_dtype(plan.dtype), device)
@@ -241,7 +252,7 @@ def execute_op(plan: "CommPlan", index: int, local: torch.Tensor | None, groups:
     return out if out is not None else local
 
 
-def execute_async(plan: "CommPlan", local: torch.Tensor | None, groups: Any, *, rank: int,
+def execute_async(plan: "CommPlan", local: torch.Tensor | None, groups: "Groups", *, rank: int,
                   device: torch.device | str | None = None, tag_base: int = 0) -> Pending:
     """Start ``plan`` on this rank and return at once; ``.wait()`` gives what :func:`execute` returns.
 
@@ -269,20 +280,20 @@ def execute_async(plan: "CommPlan", local: torch.Tensor | None, groups: Any, *, 
     return Pending((), finish, what, int(rank))
 
 
-def default_device(groups: Any = None) -> torch.device:
+def default_device(groups: "Groups | None" = None) -> torch.device:
     """Where buffers of a rank that holds nothing go: the WorkerState's device if it has one, else the CPU."""
     dev = getattr(groups, "device", None)
     return torch.device(dev) if dev is not None else torch.device("cpu")
 
 
-def _run_op(op: Any, cur: torch.Tensor | None, ctx: _Ctx, what: str, tag_base: int = 0) -> torch.Tensor | None:
+def _run_op(op: "CommOp", cur: torch.Tensor | None, ctx: _Ctx, what: str, tag_base: int = 0) -> torch.Tensor | None:
     if isinstance(op, IdentityOp):
         return cur
     with span(f"comm {op.kind}"):  # the operator's SPEC name in a profiled step (:mod:`.trace`)
         return _run_op_now(op, cur, ctx, what, tag_base)
 
 
-def _run_op_now(op: Any, cur: torch.Tensor | None, ctx: _Ctx, what: str, tag_base: int) -> torch.Tensor | None:
+def _run_op_now(op: "CommOp", cur: torch.Tensor | None, ctx: _Ctx, what: str, tag_base: int) -> torch.Tensor | None:
     if isinstance(op, CollectiveOp):
         return _run_collective(op, cur, ctx, what)
     if isinstance(op, SplitCollectiveOp):
@@ -309,14 +320,14 @@ def _run_collective(op: CollectiveOp, cur: torch.Tensor | None, ctx: _Ctx, what:
     return run(x, inb, outb, order, pg, ctx, what)
 
 
-def _all_reduce(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: Any,
+def _all_reduce(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: dist.ProcessGroup,
                 ctx: _Ctx, what: str) -> torch.Tensor:
     total = x.contiguous().clone()
     dist.all_reduce(total, group=pg)
     return total[relative(outb[ctx.rank], inb[ctx.rank])].clone()
 
 
-def _reduce_scatter(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: Any,
+def _reduce_scatter(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: dist.ProcessGroup,
                     ctx: _Ctx, what: str) -> torch.Tensor:
     """Chunk ``j`` of the flat input is member ``order[j]``'s output box: whoever the plan gives a box gets it."""
     me = inb[ctx.rank]
@@ -329,7 +340,7 @@ def _reduce_scatter(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], 
     return out.reshape(box_shape(outb[ctx.rank]))
 
 
-def _all_gather(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: Any,
+def _all_gather(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: dist.ProcessGroup,
                 ctx: _Ctx, what: str) -> torch.Tensor:
     """Gather the members' flat inputs in group-rank order; place each at its box inside the output box."""
     n = x.numel()
@@ -347,7 +358,7 @@ def _all_gather(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], orde
     return out
 
 
-def _all_to_all(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: Any,
+def _all_to_all(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: dist.ProcessGroup,
                 ctx: _Ctx, what: str) -> torch.Tensor:
     """Send each peer the part of the input inside its output box; receive the parts of the own output box."""
     me_in, me_out = inb[ctx.rank], outb[ctx.rank]
@@ -375,7 +386,7 @@ _COLLECTIVES: dict[OpKind, Callable[..., torch.Tensor]] = {
 
 
 # ---- top tier ----------------------------------------------------------------------------------------------
-def _slice_batches(op: SplitCollectiveOp) -> list[tuple[tuple[int, ...], int | None, list[Any]]]:
+def _slice_batches(op: SplitCollectiveOp) -> list[tuple[tuple[int, ...], int | None, list["SliceCollective"]]]:
     """Slices batched by rank set and operation: ``(ranks, root, slices)``, ``root`` the single contributor of a
     broadcast batch or ``None`` for a summing batch (whose slices may have different contributors).
 
@@ -416,7 +427,7 @@ def _start_split(op: SplitCollectiveOp, cur: torch.Tensor | None, ctx: _Ctx, wha
     return Pending(works, finish, what, ctx.rank)
 
 
-def _collective(buf: torch.Tensor, ranks: Sequence[int], root: int | None, ctx: _Ctx, what: str) -> Any:
+def _collective(buf: torch.Tensor, ranks: Sequence[int], root: int | None, ctx: _Ctx, what: str) -> dist.Work:
     """Post the slice batch collective on ``ranks``: a broadcast from ``root``, or a summing all-reduce."""
     pg, _ = _group(ctx.lookup, ranks, ctx.rank, what)
     if root is not None:
@@ -424,7 +435,8 @@ def _collective(buf: torch.Tensor, ranks: Sequence[int], root: int | None, ctx: 
     return dist.all_reduce(buf, group=pg, async_op=True)
 
 
-def _split_buffer(slices: list[Any], x: torch.Tensor | None, inb: dict[int, Box], ctx: _Ctx) -> torch.Tensor:
+def _split_buffer(slices: list["SliceCollective"], x: torch.Tensor | None, inb: dict[int, Box],
+                  ctx: _Ctx) -> torch.Tensor:
     """The flat buffer of a batch: per slice, this rank's part if it contributes to that slice, else zeros."""
     parts = []
     for s in slices:
@@ -436,7 +448,7 @@ def _split_buffer(slices: list[Any], x: torch.Tensor | None, inb: dict[int, Box]
     return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
 
 
-def _split_unpack(buf: torch.Tensor, slices: list[Any], out: torch.Tensor | None, outb: dict[int, Box],
+def _split_unpack(buf: torch.Tensor, slices: list["SliceCollective"], out: torch.Tensor | None, outb: dict[int, Box],
                   ctx: _Ctx) -> None:
     at = 0
     for s in slices:
@@ -600,7 +612,7 @@ def receive(op: PointToPointOp, rank: int, dtype: torch.dtype, device: torch.dev
     return post_receives(op, rank, dtype, device, tag_base).wait()
 
 
-def _wait_all(ops: list[Any], rank: int, what: str) -> None:
+def _wait_all(ops: list[dist.P2POp], rank: int, what: str) -> None:
     """One ``batch_isend_irecv`` for all of this rank's sends and receives, then wait for each."""
     if not ops:
         return
@@ -617,7 +629,7 @@ class _Reshard(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, holds: bool, plan: "CommPlan", backward_plan: "CommPlan",
-                groups: Any, rank: int, tags: tuple[int, int] = (0, 0)) -> torch.Tensor:  # type: ignore[override]
+                groups: "Groups", rank: int, tags: tuple[int, int] = (0, 0)) -> torch.Tensor:  # type: ignore[override]
         ctx.plan, ctx.backward_plan, ctx.groups, ctx.rank, ctx.holds = plan, backward_plan, groups, rank, holds
         ctx.dtype, ctx.device, ctx.backward_tag = x.dtype, x.device, tags[1]
         out = execute(plan, x if holds else None, groups, rank=rank, device=x.device, tag_base=tags[0])
@@ -638,8 +650,9 @@ class _Reshard(torch.autograd.Function):
         return g, None, None, None, None, None, None
 
 
-def reshard(x: torch.Tensor | None, plan: "CommPlan", backward_plan: "CommPlan | None" = None, groups: Any = None,
-            *, rank: int | None = None, dtype: Any = None, device: torch.device | str | None = None,
+def reshard(x: torch.Tensor | None, plan: "CommPlan", backward_plan: "CommPlan | None" = None,
+            groups: "Groups | None" = None, *, rank: int | None = None, dtype: str | torch.dtype | None = None,
+            device: torch.device | str | None = None,
             tag_base: int = 0, backward_tag_base: int | None = None) -> torch.Tensor:
     """A differentiable Reshard: forward executes ``plan``, backward executes ``backward_plan`` on the gradient.
 

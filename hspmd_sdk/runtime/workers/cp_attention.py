@@ -311,7 +311,7 @@ class _Group:
     tag: int = 0
 
     @staticmethod
-    def of(pg: Any, cp: int, ranks: Sequence[int] | None = None, tag: int = 0) -> "_Group":
+    def of(pg: dist.ProcessGroup | None, cp: int, ranks: Sequence[int] | None = None, tag: int = 0) -> "_Group":
         if ranks is not None:
             ranks = tuple(int(r) for r in ranks)
             me = dist.get_rank() if dist.is_initialized() else 0
@@ -332,14 +332,14 @@ class _Group:
             return self.ranks[r]
         return r if self.pg is None else dist.get_global_rank(self.pg, r)
 
-    def shift(self, send: torch.Tensor, recv: torch.Tensor, tag: int) -> list[Any]:
+    def shift(self, send: torch.Tensor, recv: torch.Tensor, tag: int) -> list[dist.Work]:
         """Post ``send`` to the next rank and ``recv`` from the previous one; returns the works to wait on."""
         ops = [dist.P2POp(dist.isend, send, self.peer(1), group=self.pg, tag=self.tag + tag),
                dist.P2POp(dist.irecv, recv, self.peer(-1), group=self.pg, tag=self.tag + tag)]
         return dist.batch_isend_irecv(ops)
 
 
-def _wait(works: list[Any]) -> None:
+def _wait(works: list[dist.Work]) -> None:
     with communicating():  # waiting for the ring, not computing (the executor's compute_s leaves it out)
         for w in works:
             w.wait()
@@ -474,9 +474,10 @@ class _CPAttention(torch.autograd.Function):
         return dq.transpose(1, 2).to(qdt), dk, dv, None, None
 
 
-def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: CPLayout, *, group: Any = None,
-                 variant: str = "ring", causal: bool = True, documents: Sequence[int] | None = None,
-                 ranks: Sequence[int] | None = None, tag: int = 0) -> torch.Tensor:
+def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: CPLayout, *,
+                 group: dist.ProcessGroup | None = None, variant: str = "ring", causal: bool = True,
+                 documents: Sequence[int] | None = None, ranks: Sequence[int] | None = None,
+                 tag: int = 0) -> torch.Tensor:
     """Softmax attention of this rank's queries ``q [B, Lq, H, D]`` over the whole sequence, whose keys and
     values ``k, v [B, Lq, Hkv, D]`` are spread over the CP ``group`` (``None``: the world) as ``layout`` says;
     returns this rank's output ``[B, Lq, H, D]``, equal to the matching rows of whole-sequence attention.

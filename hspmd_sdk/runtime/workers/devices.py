@@ -13,9 +13,15 @@ without GPUs.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import HSPMDError, PlanValidationError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ...core.cluster import Cluster
+    from ..spec import LaunchSpec
 
 __all__ = ["backend_for_device", "cuda_problems", "worker_device", "StepClock", "DeviceError"]
 
@@ -45,7 +51,7 @@ def cuda_problems(ranks_per_host: int, *, cuda: Any = None) -> list[tuple[str, s
     return []
 
 
-def backend_for_device(device: str, cluster: Any, backend: str | None = None, transport: Any = None) -> str:
+def backend_for_device(device: str, cluster: "Cluster", backend: str | None = None, transport: Any = None) -> str:
     """The process-group backend of ``device`` (``"cuda"`` -> ``"nccl"``, ``"cpu"`` -> ``"gloo"``).
 
     Raises :class:`~hspmd_sdk.errors.PlanValidationError` (before any worker starts) for an unknown device, a
@@ -73,7 +79,7 @@ def _is_local(transport: Any) -> bool:
 CUDA_INDEX_ENV = "HSPMD_CUDA_INDEX"
 
 
-def worker_device(spec: Any, rank: int, *, cuda: Any = None) -> Any:
+def worker_device(spec: "LaunchSpec", rank: int, *, cuda: Any = None) -> "torch.device":
     """This worker's ``torch.device``: the CPU under gloo; under NCCL ``cuda:<local rank>`` (the rank's index
     among the ranks of its host, :meth:`~.spec.LaunchSpec.local_rank`), made current with ``set_device``; where the
     transport gave the worker a GPU of its own (a Slurm step's ``--gres=gpu:1``: it sees only that one), the
@@ -106,7 +112,7 @@ class StepClock:
     stream (``elapsed_time`` after synchronising the end event), so work still queued on the GPU is counted; on
     the CPU ``time.perf_counter``.  ``kind`` says which (``"cuda-events"`` / ``"wall"``)."""
 
-    def __init__(self, device: Any = None, *, cuda: Any = None) -> None:
+    def __init__(self, device: "torch.device | None" = None, *, cuda: Any = None) -> None:
         self.on_cuda = getattr(device, "type", None) == "cuda"
         self.cuda = (cuda if cuda is not None else _torch_cuda()) if self.on_cuda else None
         self.kind = "cuda-events" if self.on_cuda else "wall"

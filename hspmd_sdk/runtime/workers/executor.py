@@ -40,7 +40,7 @@ is reduce-scattered onto the shard, and the optimizer state is per shard.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -64,6 +64,11 @@ from .stage_forward import LocalContext, MicroBatchRecord, StageForward
 from .zero3 import Zero3Params
 from ..trace import span
 
+if TYPE_CHECKING:
+    from ...core.comm_plan import CommPlan
+    from ...core.specialize import ExecOp, Program
+    from .comm import Groups
+
 __all__ = ["StepExecutor", "ExecutorError", "program_comm_plans", "AdamConfig", "PRECISIONS", "precision_dtype",
            "pipeline_pairs", "pipeline_groups", "sequence_balance"]
 #: Re-exported from the executor's parts for their importers: :mod:`.optimizer` (``adam_problems``,
@@ -84,7 +89,7 @@ def precision_dtype(precision: str) -> torch.dtype:
         raise ExecutorError(f"precision must be one of {sorted(PRECISIONS)}, not {precision!r}") from None
 
 
-def program_comm_plans(program: Any) -> list[Any]:
+def program_comm_plans(program: "Program") -> list["CommPlan"]:
     """Every ``CommPlan`` of the program (for ``comm_groups``): forward/Pre Reshards, their backward plans,
     gradient reductions and gradient synchronisations — identical on every rank."""
     return (list(program.comm_plans.values()) + list(program.backward_plans.values())
@@ -112,8 +117,8 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
     direction (what NCCL needs; default: the job's group).
     """
 
-    def __init__(self, program: Any, rank: int, groups: Any, *, seed: int = 0, global_batch: int, seq_len: int,
-                 adam: AdamConfig = AdamConfig(), recompute: bool | None = None,
+    def __init__(self, program: "Program", rank: int, groups: "Groups", *, seed: int = 0, global_batch: int,
+                 seq_len: int, adam: AdamConfig = AdamConfig(), recompute: bool | None = None,
                  device: torch.device | None = None, emulate: Callable[[float], Any] | None = None,
                  params: Mapping[str, torch.Tensor] | None = None,
                  optimizer_state: Mapping[str, Mapping[str, Any]] | None = None, precision: str = "fp32",
@@ -230,6 +235,9 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
         made = {o.outputs[0] for o in self.eg.pre}
         coalesced = [o for o in self.eg.pre if o.inputs[0] not in made and bucketable(self._pre_plan(o.name))]
         self.zero3 = self._zero3_params(coalesced) if self.program.plan.settings.zero >= 3 else None
+        if self.zero3 is not None and self.recompute:
+            raise ExecutorError(f"rank {self.rank}: ZeRO-3 with activation recomputation is not supported yet (the "
+                                "recomputed forward would gather its parameters again inside the backward)")
         # ZeRO-3: the most micro-batches a pipeline runs (a replica running fewer joins the others' gathers)
         counts = [self.program.num_micro_batches(p) for p in range(len(self.program.pipelines))]
         self._most_micro = max(counts)
@@ -242,7 +250,7 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
                                      bucket_bytes=bucket_bytes, first_bucket_bytes=first_bucket_bytes,
                                      trace=self.trace)
 
-    def _zero3_params(self, gathers: list[Any]) -> Zero3Params | None:
+    def _zero3_params(self, gathers: list["ExecOp"]) -> Zero3Params | None:
         """ZeRO-3: of the parameters' top-tier gathers, those this rank receives and its forward reads (and no
         other ``PRE`` operator: a tied weight moved on is held for the step), in units -- the parameters of one
         layer (the model's placements; one unit without a model) over one set of ranks, the same on every rank
@@ -297,14 +305,14 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
         """``tensor``'s global shape at the current micro-batch's bindings."""
         return tuple(int(d) for d in evaluate_shape(self.graph.tensors[tensor].shape, self._cur[0], tensor=tensor))
 
-    def _role(self, op: Any) -> str:
+    def _role(self, op: "ExecOp") -> str:
         """``local`` (holds source and destination), ``send`` (only the source) or ``recv`` (only the
         destination) for a forward Reshard on this rank."""
         src, dst = self.anns[op.inputs[0]], self.anns[op.outputs[0]]
         has_src, has_dst = self.rank in src.ranks, self.rank in dst.ranks
         return "local" if has_src and has_dst else "send" if has_src else "recv"
 
-    def _plan(self, name: str, mb: int | None = None) -> Any:
+    def _plan(self, name: str, mb: int | None = None) -> "CommPlan":
         """The plan of communication ``name`` at micro-batch ``mb``'s shape (default: the current one), for the
         run's dtype (the symbolic plan resolved at the concrete shape once, cached)."""
         bindings, rows = self._cur if mb is None else self._layout[mb]
@@ -338,7 +346,7 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
             self._mb_bindings[key] = got
         return got
 
-    def _schedule_of(self, num_micro: int) -> list[Any]:
+    def _schedule_of(self, num_micro: int) -> list[Action]:
         """This stage's actions for ``num_micro`` micro-batches (``Pre``, ``Post`` only for none)."""
         got = self._schedules.get(num_micro)
         if got is None:
@@ -432,7 +440,7 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
         return self._interpret(actions, self._TRAIN, capture_grads=capture_grads)
 
     def _prepare(self, batch: Any, batch_rows: tuple[int, int] | None, micro_batches: Any,
-                 loss_normalizer: int | None) -> list[Any]:
+                 loss_normalizer: int | None) -> list[Action]:
         """Set up a pass over one batch (the feeds, each micro-batch's shape; see :meth:`step`); returns the
         stage's schedule actions for it."""
         if micro_batches is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
@@ -27,10 +27,13 @@ from .cp_attention import balanced_order
 from .errors import ExecutorError
 from .kernels import IGNORE_INDEX, packing_problems, reorder_problems
 
+if TYPE_CHECKING:
+    from ...core.specialize import Program
+
 __all__ = ["Feeder", "sequence_balance", "sequence_multiple"]
 
 
-def sequence_balance(program: Any, pipeline: int) -> int:
+def sequence_balance(program: "Program", pipeline: int) -> int:
     """The CP degree ``N`` whose balanced order (:func:`~.cp_attention.balanced_order`) pipeline ``pipeline`` of
     ``program`` lays its sequences out in (:attr:`StepExecutor.sequence_balance`), else 1: ``N`` when every
     attention of the pipeline splits the sequence (the query's dim 1) over ``N > 1`` ranks and every op of the
@@ -57,7 +60,7 @@ def sequence_balance(program: Any, pipeline: int) -> int:
     return degrees.pop() if len(degrees) == 1 and min(degrees) > 1 else 1
 
 
-def sequence_multiple(program: Any) -> int:
+def sequence_multiple(program: "Program") -> int:
     """What every micro-batch's sequence length must be a multiple of: the least common multiple of the degrees
     by which ``program`` splits a sequence dim (``S``) of any tensor (context parallelism), else 1."""
     got = 1
@@ -77,8 +80,9 @@ class Feeder:
     rank's executable graph; ``bindings``: the step's ``B`` and ``S``; ``micro_size`` / ``num_micro``: the plan's
     micro-batching of this rank's pipeline ``pipeline``."""
 
-    def __init__(self, program: Any, rank: int, *, leaves: Sequence[str], device: torch.device, dtype: torch.dtype,
-                 bindings: Mapping[str, int], micro_size: int, num_micro: int, pipeline: int) -> None:
+    def __init__(self, program: "Program", rank: int, *, leaves: Sequence[str], device: torch.device,
+                 dtype: torch.dtype, bindings: Mapping[str, int], micro_size: int, num_micro: int,
+                 pipeline: int) -> None:
         self.program, self.rank, self.device, self.dtype = program, rank, device, dtype
         self.graph, self.anns = program.graph, program.annotations
         self.placeholders = [n for n in leaves if self.graph.producer(n).kind == "placeholder"]
@@ -199,8 +203,8 @@ class Feeder:
             out[name] = list(torch.split(local, self.micro_size, dim=d)) if d is not None else [local] * self.num_micro
         return out
 
-    def micro(self, feeds: Sequence[Any], layout: Sequence[tuple[Mapping[str, int], int]]
-              ) -> dict[str, list[torch.Tensor]]:
+    def micro(self, feeds: Sequence[Mapping[str, torch.Tensor] | None],
+              layout: Sequence[tuple[Mapping[str, int], int]]) -> dict[str, list[torch.Tensor]]:
         """Each placeholder leaf of this rank, per micro-batch: the micro-batch's full tensor (``feeds[mb]``) cut
         to this rank's box at that micro-batch's shape ``layout[mb]`` (bindings, rows: its batch rows are the
         micro-batch's rows)."""

@@ -7,11 +7,14 @@ for a forward-only pass), one dict lookup per action.  Under gloo the receives o
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .errors import ExecutorError
 from .p2p import next_receives
 from ..trace import span
+
+if TYPE_CHECKING:
+    from ...core.schedule import Action
 
 __all__ = ["StepInterpreter"]
 
@@ -35,7 +38,7 @@ class StepInterpreter:
     #: The schedule actions a forward-only pass keeps (validation).
     FORWARD_ACTIONS = frozenset({"PRE", "RECV_F", "F", "SEND_F"})
 
-    def _interpret(self, actions: Sequence[Any], handlers: Mapping[str, Callable[..., None]], *,
+    def _interpret(self, actions: Sequence["Action"], handlers: Mapping[str, Callable[..., None]], *,
                    capture_grads: bool = False, span_prefix: str = "") -> float:
         """Run ``actions`` (a stage's schedule) in order, each by its kind's handler in ``handlers`` (:attr:`_TRAIN`
         for a training step, :attr:`_EVAL` for a forward-only pass); the receives of the next actions are posted

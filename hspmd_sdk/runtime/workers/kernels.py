@@ -30,13 +30,16 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from ...core.symbolic import symbols_of
 from .cp_attention import CPLayout, balanced_order, cp_attention, order_segments
+
+if TYPE_CHECKING:
+    from ...core.graph import Graph, Node
 
 __all__ = ["KERNELS", "Kernel", "KernelContext", "register_kernel", "run_graph", "rope_cos_sin", "IGNORE_INDEX",
            "packing_problems", "document_positions"]
@@ -76,7 +79,7 @@ class Kernel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
-    def attrs(self, node: Any, ctx: KernelContext) -> dict[str, Any]:
+    def attrs(self, node: "Node", ctx: KernelContext) -> dict[str, Any]:
         """The node's attrs plus the local ones (the local ones win).  Not the documents of a packed row: see
         :meth:`packed_attrs`."""
         out = dict(node.attr)
@@ -114,7 +117,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-5) -> torc
 
 
 def rope_cos_sin(seq: int, head_dim: int, theta: float, *, offset: int = 0, dtype: torch.dtype = torch.float32,
-                 device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``cos``/``sin`` tables ``[seq, head_dim/2]`` for positions ``offset .. offset+seq-1``."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim))
     pos = torch.arange(offset, offset + seq, dtype=torch.float64, device=device)
@@ -123,7 +126,8 @@ def rope_cos_sin(seq: int, head_dim: int, theta: float, *, offset: int = 0, dtyp
 
 
 @functools.lru_cache(maxsize=512)
-def _rope_tables(seq: int, head_dim: int, theta: float, offset: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_tables(seq: int, head_dim: int, theta: float, offset: int,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 ``cos``/``sin`` ``[1, seq, 1, head_dim/2]``, built once per shape (constants: a micro-batch of a length
     seen before, every layer of it, reuses them)."""
     cos, sin = rope_cos_sin(seq, head_dim, theta, offset=offset, dtype=torch.float32, device=device)
@@ -143,7 +147,7 @@ def document_positions(documents: tuple[int, ...], offset: int, seq: int) -> tor
 
 @functools.lru_cache(maxsize=16)
 def _packed_rope_tables(documents: tuple[int, ...], offset: int, seq: int, head_dim: int, theta: float,
-                        device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                        device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_rope_tables` at the positions of a packed row (once per micro-batch: its layers reuse them)."""
     pos = document_positions(documents, offset, seq).to(device)
     cos, sin = _rope_tables(max(documents), head_dim, theta, 0, device)
@@ -163,7 +167,7 @@ def segment_positions(segments: tuple[tuple[int, int], ...], documents: tuple[in
 
 @functools.lru_cache(maxsize=16)
 def _segment_rope_tables(segments: tuple[tuple[int, int], ...], documents: tuple[int, ...] | None, head_dim: int,
-                         theta: float, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                         theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_rope_tables` at the positions of the global tokens ``segments`` (a context-parallel rank's tokens
     in the balanced order)."""
     pos = segment_positions(segments, documents).to(device)
@@ -303,17 +307,17 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, total_count: i
 
 
 # ---- local attributes of the built-in ops -------------------------------------------------------------------
-def _reshape_attrs(node: Any, ctx: KernelContext) -> dict[str, Any]:
+def _reshape_attrs(node: "Node", ctx: KernelContext) -> dict[str, Any]:
     return {"shape": ctx.local_shape(node.outputs[0])}
 
 
-def _vocab_start(node: Any, ctx: KernelContext) -> dict[str, Any]:
+def _vocab_start(node: "Node", ctx: KernelContext) -> dict[str, Any]:
     w = node.inputs[1]
     rows = ctx.box(w)[0]
     return {} if rows == (0, ctx.global_shape(w)[0]) else {"vocab_start": rows[0]}
 
 
-def _position_offset(node: Any, ctx: KernelContext) -> dict[str, Any]:
+def _position_offset(node: "Node", ctx: KernelContext) -> dict[str, Any]:
     start, end = ctx.box(node.inputs[0])[1]
     balance = getattr(ctx, "sequence_balance", 1)
     if balance > 1:  # the sequence is laid out in the balanced CP order: the global tokens of this box
@@ -328,7 +332,7 @@ def _position_offset(node: Any, ctx: KernelContext) -> dict[str, Any]:
 CP_TAG = 3 << 23
 
 
-def _sequence_group(node: Any, ctx: KernelContext) -> dict[str, Any]:
+def _sequence_group(node: "Node", ctx: KernelContext) -> dict[str, Any]:
     """Context parallelism: where ``q``'s sequence dim is split across devices, the ranks holding the other
     chunks (in sequence order) and the whole length."""
     q = node.inputs[0]
@@ -350,7 +354,7 @@ def _sequence_group(node: Any, ctx: KernelContext) -> dict[str, Any]:
     return {"cp_ranks": ranks, "cp_seq": int(seq), **({"cp_balanced": True} if balance > 1 else {})}
 
 
-def _loss_normalizer(node: Any, ctx: KernelContext) -> dict[str, Any]:
+def _loss_normalizer(node: "Node", ctx: KernelContext) -> dict[str, Any]:
     return {} if ctx.loss_normalizer is None else {"total_count": int(ctx.loss_normalizer)}
 
 
@@ -371,7 +375,7 @@ _BUILTIN = dict(KERNELS)
 
 
 def register_kernel(kind: str, fn: Callable[..., Any], *,
-                    local_attrs: Callable[[Any, KernelContext], dict[str, Any]] | None = None,
+                    local_attrs: Callable[["Node", KernelContext], dict[str, Any]] | None = None,
                     packing: str | None = None, replace: bool = False) -> Kernel:
     """Register the torch kernel of op ``kind`` (whose rules :func:`hspmd_sdk.core.ops.register_op` added).
 
@@ -392,7 +396,7 @@ def register_kernel(kind: str, fn: Callable[..., Any], *,
 _ALONG = {"split": "dim", "concat": "dim", "sum": "dims"}
 
 
-def packing_problems(graph: Any) -> list[str]:
+def packing_problems(graph: "Graph") -> list[str]:
     """Why micro-batches packing several documents in a row cannot run ``graph`` (empty: they can): every op kind
     whose kernel does not say how it takes them (:attr:`Kernel.packing`), and every ``split`` / ``concat`` /
     ``sum`` along the sequence dim ``S`` (those would mix the documents of a row)."""
@@ -413,7 +417,7 @@ def packing_problems(graph: Any) -> list[str]:
     return out
 
 
-def reorder_problems(graph: Any) -> list[str]:
+def reorder_problems(graph: "Graph") -> list[str]:
     """Why ``graph`` cannot run on a sequence laid out in the balanced context-parallel order (empty: it can):
     what stops packed rows (:func:`packing_problems`: an op could mix positions), and every op kind of
     ``"documents"`` packing that is not a built-in kernel (it may take positions from its box, not from
@@ -454,7 +458,7 @@ class _WholeContext:
         return self.global_shape(tensor)
 
 
-def run_graph(graph: Any, feeds: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor], *,
+def run_graph(graph: "Graph", feeds: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor], *,
               documents: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
     """Execute ``graph`` (a :class:`hspmd_sdk.core.graph.Graph`) on one device; returns every tensor by name.
 

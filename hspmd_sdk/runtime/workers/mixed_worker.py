@@ -5,13 +5,22 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from ...errors import HSPMDError
 from ..protocol import program_of_run, unpack_payload
 from .session import TrainSession
+
+if TYPE_CHECKING:
+    import torch
+
+    from ...core.graph import Graph
+    from ...core.model_spec import ModelSpec
+    from ...core.specialize import Program
+    from .executor import StepExecutor
+    from .worker import WorkerState
 
 __all__ = ["MixedSession", "micro_batch_feeds", "target_placeholders"]
 
@@ -20,13 +29,13 @@ __all__ = ["MixedSession", "micro_batch_feeds", "target_placeholders"]
 DISPATCH_WAIT_S = 120.0
 
 
-def target_placeholders(graph: Any) -> set[str]:
+def target_placeholders(graph: "Graph") -> set[str]:
     """Placeholders the loss operator reads directly (the targets: their ``-100`` entries are padding)."""
     node = graph.producer(graph.loss)
     return {t for t in node.inputs if graph.producer(t).kind == "placeholder"}
 
 
-def micro_batch_feeds(model: Any, graph: Any, sequences: Sequence[np.ndarray], *,
+def micro_batch_feeds(model: "ModelSpec", graph: "Graph", sequences: Sequence[np.ndarray], *,
                       packed: bool = False) -> dict[str, Any]:
     """The graph's placeholders for one padded micro-batch: ``model.feeds`` of the sequences padded on the right
     (:func:`~.data.padded_rows`), padding ``-100`` in the targets (masked out of the loss) and ``0`` in every other
@@ -64,7 +73,7 @@ class MixedSession(TrainSession):
     candidates replanned on the survivors (:meth:`~..control.recovery.Recovery.replan_candidates`), among
     which the dispatch goes on."""
 
-    def __init__(self, state: Any, run: Mapping[str, Any], index: int, offset: int) -> None:
+    def __init__(self, state: "WorkerState", run: Mapping[str, Any], index: int, offset: int) -> None:
         mixed = run["mixed"]
         self.choice = int(mixed["first"])
         run = {**run, "recompute": None}  # every candidate's own (Program.recompute), whichever runs
@@ -81,7 +90,7 @@ class MixedSession(TrainSession):
         self._targets = target_placeholders(self.program.graph)
         self.validation: Any = None  # the validation batches, read at the first validation
 
-    def _candidate(self, i: int) -> Any:
+    def _candidate(self, i: int) -> "Program":
         got = self.candidates.get(i)
         if got is None and self.pool is not None:
             got = self.candidates[i] = self.pool[i]
@@ -91,11 +100,12 @@ class MixedSession(TrainSession):
                                                      "program": c.get("program")})
         return got
 
-    def _make_executor(self, params: Any, optimizer_state: Any) -> None:
+    def _make_executor(self, params: "Mapping[str, torch.Tensor] | None",
+                       optimizer_state: Mapping[str, Mapping[str, Any]] | None) -> None:
         self.B = int(self.program.bindings["B"])  # each candidate's default batch (the dispatch overrides it)
         super()._make_executor(params, optimizer_state)
 
-    def _drop_unused_groups(self, program: Any) -> None:
+    def _drop_unused_groups(self, program: "Program") -> None:
         """Keep every candidate's groups: the job switches back and forth between a few Programs."""
 
     def _take_dispatch(self, step: int) -> dict[str, Any]:
@@ -159,7 +169,7 @@ class MixedSession(TrainSession):
         self.state.channel.send("switched", id=step, what="length", step=self.offset + step,
                                 seconds=round(seconds, 6), bytes=nbytes, **self.last_switch)
 
-    def _reports(self, ex: Any, rank: int) -> bool:
+    def _reports(self, ex: "StepExecutor", rank: int) -> bool:
         """Whether ``rank`` reports the sequences its pipeline trained (``trained``): the lowest loss rank of its
         pipeline's last stage, so that each pipeline reports once (TP replicas hold copies of the loss; each rank
         of a context-parallel last stage holds a part of every sequence)."""

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
 from ...errors import PlanValidationError
 from .errors import ExecutorError
+
+if TYPE_CHECKING:
+    from ...core.specialize import Program
 
 __all__ = ["AdamConfig", "DECAY_RULES", "OPTIMIZERS", "clip_coefficient", "fused_adam_available", "adam_step_state",
            "adam_problems", "state_by_name", "load_state_by_name", "owned_slices", "owned_parts", "owned_grad_sq",
@@ -152,7 +155,7 @@ def load_state_by_name(params: Mapping[str, torch.Tensor], optimizer: torch.opti
         optimizer.state[p] = new
 
 
-def owned_slices(program: Any, params: Mapping[str, torch.Tensor], rank: int
+def owned_slices(program: "Program", params: Mapping[str, torch.Tensor], rank: int
                  ) -> dict[str, tuple[tuple[slice, ...], ...]]:
     """Parameter name -> the slices of ``rank``'s shard whose elements it owns (each element of the model is owned
     by exactly one rank: :func:`~hspmd_sdk.core.ownership.owned_boxes`), for sums that must count every element

@@ -12,7 +12,7 @@ computes nothing for a rank (its tensor stays as it is).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -21,6 +21,12 @@ from ...core.comm_ops import CollectiveOp, IdentityOp, PointToPointOp, SplitColl
 from ...core.program_part import world_pipeline_pairs
 from .comm import Pending, SendWaiter, execute_op, post_receives, post_sends
 from .errors import ExecutorError
+
+if TYPE_CHECKING:
+    from ...core.comm_plan import CommPlan
+    from ...core.schedule import Action
+    from ...core.specialize import Program
+    from .comm import Groups
 
 __all__ = ["StageTransfers", "tag", "PRE_TAG", "POST_TAG", "next_receives", "pipeline_pairs", "pipeline_groups",
            "identity_for"]
@@ -44,7 +50,7 @@ class StageTransfers:
     ``dtype`` / ``device``: of the received tensors.  Sends are waited for while watching for a peer's death
     (``groups.peer_failed``; gloo may never fail them)."""
 
-    def __init__(self, groups: Any, *, rank: int, device: torch.device, dtype: torch.dtype,
+    def __init__(self, groups: "Groups", *, rank: int, device: torch.device, dtype: torch.dtype,
                  p2p_groups: Mapping[tuple[int, int, int], Any] | None = None) -> None:
         self.groups, self.rank, self.device, self.dtype = groups, rank, device, dtype
         self.p2p_groups = p2p_groups
@@ -65,7 +71,7 @@ class StageTransfers:
         groups = self.p2p_groups
         return lambda src, dst: groups.get((direction, min(src, dst), max(src, dst)))
 
-    def send(self, plan: Any, local: torch.Tensor, mb: int, direction: int) -> None:
+    def send(self, plan: "CommPlan", local: torch.Tensor, mb: int, direction: int) -> None:
         """Post this rank's messages of a stage-crossing plan asynchronously (other operators run in place)."""
         cur: torch.Tensor | None = local.detach()
         t, group = tag(mb, direction), self.group(direction)
@@ -75,7 +81,7 @@ class StageTransfers:
             else:
                 cur = execute_op(plan, i, cur, self.groups, rank=self.rank, device=self.device)
 
-    def post_ahead(self, key: tuple[str, int, str], plan: Any, mb: int, direction: int) -> bool:
+    def post_ahead(self, key: tuple[str, int, str], plan: "CommPlan", mb: int, direction: int) -> bool:
         """Post the receives of ``plan``'s first operator under ``key`` ahead of its action, if it is a
         point-to-point operator and not posted yet; returns whether it posted."""
         if key in self.posted or not plan.ops or not isinstance(plan.ops[0], PointToPointOp):
@@ -84,7 +90,7 @@ class StageTransfers:
                                          self.group(direction))
         return True
 
-    def receive(self, plan: Any, mb: int, direction: int, key: tuple[str, int, str] | None = None
+    def receive(self, plan: "CommPlan", mb: int, direction: int, key: tuple[str, int, str] | None = None
                 ) -> torch.Tensor:
         """Receive this rank's part of a stage-crossing plan (blocking; its first operator's receives may have
         been posted ahead under ``key``); returns its destination tensor."""
@@ -108,7 +114,7 @@ class StageTransfers:
             self._sends.wait(pending)
 
 
-def next_receives(actions: Sequence[Any]) -> list[list[int]]:
+def next_receives(actions: Sequence["Action"]) -> list[list[int]]:
     """For each action index, the receive actions to post before it runs: a ``RECV_F`` / ``RECV_B`` is posted
     when the previous receive of its direction runs (the first ones before the first action), so each is posted
     once, at most two per direction are outstanding, and each is posted before its own action."""
@@ -121,7 +127,7 @@ def next_receives(actions: Sequence[Any]) -> list[list[int]]:
     return out
 
 
-def pipeline_pairs(program: Any) -> list[tuple[int, int, int]]:
+def pipeline_pairs(program: "Program") -> list[tuple[int, int, int]]:
     """``(direction, low rank, high rank)`` of every pair of ranks that exchanges stage-boundary messages — a
     rank holding only the source of a Reshard with one holding only its destination (direction 0: activations,
     the Reshard's plan; 1: gradients, its backward plan) — sorted, the same on every rank: the core's
@@ -131,7 +137,7 @@ def pipeline_pairs(program: Any) -> list[tuple[int, int, int]]:
     return sorted(tuple(k) for k in (world_pipeline_pairs(program) if pairs is None else pairs))
 
 
-def pipeline_groups(program: Any, timeout_s: float = 120.0) -> dict[tuple[int, int, int], Any]:
+def pipeline_groups(program: "Program", timeout_s: float = 120.0) -> dict[tuple[int, int, int], Any]:
     """A process group per :func:`pipeline_pairs` entry, created in sorted order (call on every rank of the
     job).  NCCL runs a pair's point-to-point operations in issue order on one stream, and a 1F1B stage issues
     its sends of activations and receives of gradients in another order than its neighbour: on one group per
@@ -142,7 +148,7 @@ def pipeline_groups(program: Any, timeout_s: float = 120.0) -> dict[tuple[int, i
             for key in pipeline_pairs(program)}
 
 
-def identity_for(plan: Any, rank: int) -> bool:
+def identity_for(plan: "CommPlan", rank: int) -> bool:
     """Whether ``plan`` leaves ``rank``'s tensor as it is (every operator is Identity or does not touch it)."""
     for op in plan.ops:
         if isinstance(op, IdentityOp):

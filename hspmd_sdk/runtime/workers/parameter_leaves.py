@@ -8,13 +8,16 @@ gathered parameter is waited for where the forward first reads it (:meth:`Parame
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from .comm import Pending, execute_async, with_dtype
 from .p2p import PRE_TAG, identity_for
 from .zero3 import Zero3Params
+
+if TYPE_CHECKING:
+    from ...core.comm_plan import CommPlan
 
 __all__ = ["ParameterLeaves"]
 
@@ -106,7 +109,7 @@ class ParameterLeaves:
             t.grad = None
         return {k: self._leaves[k] for k in self.params}
 
-    def _pre_plan(self, name: str) -> Any:
+    def _pre_plan(self, name: str) -> "CommPlan":
         key = f"pre:{name}"
         got = self._plans.get(key)
         if got is None:

@@ -13,13 +13,16 @@ indexed by global element position); the sharding logic here would stay the same
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import torch
 
 from ...core.annotation import local_view
 from ...core.slices import box_shape, format_box
 from ...errors import HSPMDError
+
+if TYPE_CHECKING:
+    from ...core.specialize import Program
 
 __all__ = ["init_local_parameters", "load_local_parameters", "check_local_parameters", "parameter_bytes",
            "shard_box", "ShardReader"]
@@ -28,7 +31,7 @@ __all__ = ["init_local_parameters", "load_local_parameters", "check_local_parame
 ShardReader = Callable[[str, tuple[int, ...], tuple[tuple[int, int], ...]], torch.Tensor]
 
 
-def shard_box(program: Any, name: str, rank: int) -> tuple[tuple[int, int], ...]:
+def shard_box(program: "Program", name: str, rank: int) -> tuple[tuple[int, int], ...]:
     """The global box of parameter ``name`` that ``rank`` holds under the program's annotation."""
     shape = tuple(int(d) for d in program.graph.tensors[name].shape)
     view = local_view(program.annotations[name], shape, rank)
@@ -37,7 +40,7 @@ def shard_box(program: Any, name: str, rank: int) -> tuple[tuple[int, int], ...]
     return view.box
 
 
-def load_local_parameters(program: Any, rank: int, reader: ShardReader) -> dict[str, torch.Tensor]:
+def load_local_parameters(program: "Program", rank: int, reader: ShardReader) -> dict[str, torch.Tensor]:
     """Parameter name -> this rank's shard read by ``reader`` (float32 leaf with ``requires_grad``), for every
     parameter leaf of ``rank``'s executable graph."""
     out: dict[str, torch.Tensor] = {}
@@ -52,7 +55,7 @@ def load_local_parameters(program: Any, rank: int, reader: ShardReader) -> dict[
     return out
 
 
-def init_local_parameters(program: Any, rank: int, seed: int) -> dict[str, torch.Tensor]:
+def init_local_parameters(program: "Program", rank: int, seed: int) -> dict[str, torch.Tensor]:
     """Parameter name -> this rank's shard of the model's seeded initial value."""
     model = program.model
     if model is None:
@@ -79,7 +82,8 @@ def state_dict_reader(state_dict: Mapping[str, torch.Tensor]) -> ShardReader:
     return read
 
 
-def check_local_parameters(program: Any, rank: int, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def check_local_parameters(program: "Program", rank: int,
+                           params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``params`` (this rank's shards, by name) checked against the boxes the program places on ``rank``."""
     want = program.executable_graph(rank).parameters
     missing = sorted(set(want) - set(params))

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ...core.slices import box_numel
 from ...errors import HSPMDError
@@ -48,6 +48,14 @@ from ..trace import StepRecorder
 from .checkpoint_worker import CheckpointSaver, load_resume, restore_rng
 from .worker import RendezvousAbandoned
 
+if TYPE_CHECKING:
+    import torch
+
+    from ...core.specialize import Program
+    from ...core.switch import SwitchPlan
+    from .executor import AdamConfig, StepExecutor
+    from .worker import WorkerState
+
 __all__ = ["TrainSession", "pack_payload", "unpack_payload", "Reconfigure", "CommFailure"]
 
 #: Seconds a worker waits for the launcher's answer after it halted (then it fails: nobody is coordinating).
@@ -57,7 +65,7 @@ RECONFIGURE_WAIT_S = 120.0
 class TrainSession:
     """One run of ``train_entry`` on one worker: see the module docstring."""
 
-    def __init__(self, state: Any, run: Mapping[str, Any], index: int, offset: int) -> None:
+    def __init__(self, state: "WorkerState", run: Mapping[str, Any], index: int, offset: int) -> None:
         from ..data import dataset_for  # lazy: torch (data)
 
         self.state, self.run, self.index, self.offset = state, run, index, offset
@@ -111,14 +119,14 @@ class TrainSession:
             torch.optim.Adam([torch.zeros(1, requires_grad=True)])
 
     # ---- building -----------------------------------------------------------------------------------------
-    def _adam(self) -> Any:
+    def _adam(self) -> "AdamConfig":
         from .executor import AdamConfig  # lazy: torch (executor)
 
         o = self.train_config.optimizer
         return AdamConfig(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, decay=o.decay,
                           kind=o.kind)
 
-    def _make_groups(self, program: Any) -> None:
+    def _make_groups(self, program: "Program") -> None:
         from .executor import pipeline_groups  # lazy: torch (executor)
 
         self.state.create_groups(_groups_of(program))
@@ -128,7 +136,7 @@ class TrainSession:
         # (a part, SPEC §16, carries the whole Program's pairs)
         self.p2p = pipeline_groups(program, self.state.spec.timeout_s) if self.state.spec.backend == "nccl" else None
 
-    def _drop_unused_groups(self, program: Any) -> None:
+    def _drop_unused_groups(self, program: "Program") -> None:
         """Destroy the process groups the running Program does not use (every rank does the same)."""
         import torch.distributed as dist
 
@@ -140,7 +148,8 @@ class TrainSession:
                 if g is not dist.group.WORLD and g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
                     dist.destroy_process_group(g)
 
-    def _make_executor(self, params: Any, optimizer_state: Any) -> None:
+    def _make_executor(self, params: "Mapping[str, torch.Tensor] | None",
+                       optimizer_state: Mapping[str, Mapping[str, Any]] | None) -> None:
         from .executor import StepExecutor  # lazy: torch (executor)
 
         rank, program = self.state.rank, self.program
@@ -540,7 +549,7 @@ class TrainSession:
         from."""
         self.previous = (self.program, self._state_by_name(), float(self.adam_steps), self.version)
 
-    def _state_by_name(self) -> dict[str, Any]:
+    def _state_by_name(self) -> dict[str, "torch.Tensor"]:
         """This rank's training state by :meth:`Program.state_layouts` name (parameters and Adam moments)."""
         import torch
 
@@ -555,7 +564,7 @@ class TrainSession:
                 out[f"{name}.{k}"] = st[k] if k in st else torch.zeros_like(p.detach())
         return out
 
-    def _switch_to(self, program: Any, plan: Any, *, source: Mapping[str, Any] | None = None,
+    def _switch_to(self, program: "Program", plan: "SwitchPlan", *, source: Mapping[str, "torch.Tensor"] | None = None,
                    src_rank: int | None = None, to_proc: Mapping[int, int] | None = None,
                    step_count: float | None = None) -> int:
         """Move the state to ``program`` by ``plan`` and build its executor; returns the bytes this rank sent."""
@@ -745,7 +754,8 @@ def _is_comm_failure(e: BaseException) -> bool:
     return False
 
 
-def _initial_shards(program: Any, rank: int, init: Mapping[str, Any] | None) -> Any:
+def _initial_shards(program: "Program", rank: int,
+                    init: Mapping[str, Any] | None) -> "dict[str, torch.Tensor] | None":
     """This rank's parameter shards read from the run's ``init`` (``None``: the seeded initialisation)."""
     if not init:
         return None
@@ -760,7 +770,8 @@ def _resume_point(run: Mapping[str, Any]) -> tuple[int, int]:
     return (int(resume["step"]), int(resume["optimizer_step"])) if resume else (0, 0)
 
 
-def _initial_state(program: Any, rank: int, run: Mapping[str, Any]) -> tuple[Any, Any, dict[str, Any] | None]:
+def _initial_state(program: "Program", rank: int, run: Mapping[str, Any]) -> tuple[
+        "dict[str, torch.Tensor] | None", dict[str, dict[str, Any]] | None, dict[str, Any] | None]:
     """``(params, optimizer_state, resume stats)`` of this rank: read from the resumed checkpoint (its RNG state
     restored too), else the ``init`` weights or the seeded initialisation and a fresh optimizer."""
     resume = run.get("resume")
@@ -772,7 +783,7 @@ def _initial_state(program: Any, rank: int, run: Mapping[str, Any]) -> tuple[Any
     return params, opt_state, stats
 
 
-def _checkpoint_saver(state: Any, run: Mapping[str, Any], index: int) -> Any:
+def _checkpoint_saver(state: "WorkerState", run: Mapping[str, Any], index: int) -> CheckpointSaver | None:
     """The run's :class:`~.checkpoint_worker.CheckpointSaver`, or ``None`` without ``checkpoint_dir``."""
     if not run.get("checkpoint"):
         return None
@@ -780,7 +791,7 @@ def _checkpoint_saver(state: Any, run: Mapping[str, Any], index: int) -> Any:
     return CheckpointSaver(state, run, index)
 
 
-def _groups_of(program: Any) -> list[tuple[int, ...]]:
+def _groups_of(program: "Program") -> list[tuple[int, ...]]:
     """The process groups every rank creates for ``program``: a part's (SPEC §16) are the whole Program's, which
     the part carries (:attr:`~hspmd_sdk.core.specialize.ProgramPart.world_groups`: torch creates a group with
     every rank of the job), a whole Program's come from its plans."""
@@ -791,7 +802,7 @@ def _groups_of(program: Any) -> list[tuple[int, ...]]:
     return list(world) if world is not None else comm_groups(program_comm_plans(program))
 
 
-def _memory_summary(ex: Any, program: Any, rank: int) -> dict[str, Any]:
+def _memory_summary(ex: "StepExecutor", program: "Program", rank: int) -> dict[str, Any]:
     """Bytes of the rank's parameters, of its Adam state, and of its shards by the annotations."""
     import torch
 
@@ -804,7 +815,7 @@ def _memory_summary(ex: Any, program: Any, rank: int) -> dict[str, Any]:
             "pipeline": ex.pipeline, "stage": ex.stage, "micro_batches": [ex.num_micro, ex.micro_size]}
 
 
-def _save_capture(ex: Any, program: Any, rank: int, path: Path) -> None:
+def _save_capture(ex: "StepExecutor", program: "Program", rank: int, path: Path) -> None:
     """Save the rank's synchronised gradients of step 0, its final parameter shards and their boxes."""
     import torch
 

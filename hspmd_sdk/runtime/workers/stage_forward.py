@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
@@ -25,6 +25,15 @@ from .kernels import kernel_for
 from .p2p import identity_for, tag
 from .zero3 import Zero3Params
 from ..trace import comm_seconds
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ...core.comm_plan import CommPlan
+    from ...core.graph import Node
+    from ...core.specialize import ExecOp
+    from .comm import Groups
+    from .kernels import Kernel
 
 __all__ = ["MicroBatchRecord", "LocalContext", "StageForward"]
 
@@ -45,7 +54,8 @@ class _GradReduce(torch.autograd.Function):
     """Identity forward; backward runs the activation's gradient reduction plan (Megatron's *f*)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, plan: Any, groups: Any, rank: int) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, plan: "CommPlan", groups: "Groups",
+                rank: int) -> torch.Tensor:  # type: ignore[override]
         ctx.plan, ctx.groups, ctx.rank = plan, groups, rank
         return x.view_as(x)
 
@@ -148,7 +158,7 @@ class StageForward:
     _get: Callable[[dict[str, torch.Tensor], str], torch.Tensor]
     zero3: Zero3Params | None
 
-    def _node_attrs(self, node: Any) -> dict[str, Any]:
+    def _node_attrs(self, node: "Node") -> dict[str, Any]:
         """A node's kernel attributes at the current micro-batch's shape (the loss operator's also at the step's
         normaliser); cached."""
         bindings, rows = self._cur
@@ -159,7 +169,8 @@ class StageForward:
             got = self._attrs[key] = kernel_for(node.kind, node.name).attrs(node, self.context)
         return got
 
-    def _run_forward(self, mb: int, vals: dict[str, torch.Tensor], rec: MicroBatchRecord, ops: Any) -> None:
+    def _run_forward(self, mb: int, vals: dict[str, torch.Tensor], rec: MicroBatchRecord,
+                     ops: "Iterable[ExecOp]") -> None:
         """Run ``ops`` (some of the stage's forward operators, in order) on ``vals``, each timed on its own."""
         for op in ops:
             if op.kind == "Reshard":
@@ -221,7 +232,7 @@ class StageForward:
             if zero3 is not None:
                 zero3.dropped(name)
 
-    def _zero3_produced(self, inputs: Any, outputs: Any, vals: dict[str, torch.Tensor]) -> None:
+    def _zero3_produced(self, inputs: tuple[str, ...], outputs: tuple[str, ...], vals: dict[str, torch.Tensor]) -> None:
         """ZeRO-3: an operator that read gathered parameters made ``outputs`` (:meth:`.zero3.Zero3Params.produced`:
         aliases kept live, the backward refilling them first)."""
         zero3 = self.zero3
@@ -230,7 +241,7 @@ class StageForward:
         if owners:
             vals.update(zero3.produced(owners, {n: vals[n] for n in outputs if n in vals}))
 
-    def _forward_prepared(self) -> list[tuple[Any, Any, dict[str, Any] | None, bool]]:
+    def _forward_prepared(self) -> list[tuple["Node | None", "Kernel | None", dict[str, Any] | None, bool]]:
         """Per forward operator at the current micro-batch shape: ``(node, kernel, attributes, reduced)``
         (``None``s for a Reshard; attributes ``None`` for the loss operator, read per step); cached per shape."""
         bindings, rows = self._cur
@@ -301,7 +312,7 @@ class StageForward:
         self.compute_s += dt
         return out
 
-    def _compute(self, op: Any, vals: dict[str, torch.Tensor]) -> None:
+    def _compute(self, op: "ExecOp", vals: dict[str, torch.Tensor]) -> None:
         node = self.nodes[op.name]
         kernel = kernel_for(node.kind, node.name)
         out = self._timed(kernel.fn, *[self._get(vals, t) for t in node.inputs], **self._node_attrs(node),
@@ -319,7 +330,7 @@ class StageForward:
             return v
         return _GradReduce.apply(v, self._plan(f"{name}.grad_reduce"), self.groups, self.rank)
 
-    def _forward_reshard(self, op: Any, mb: int, vals: dict[str, torch.Tensor], rec: MicroBatchRecord) -> None:
+    def _forward_reshard(self, op: "ExecOp", mb: int, vals: dict[str, torch.Tensor], rec: MicroBatchRecord) -> None:
         src, dst = op.inputs[0], op.outputs[0]
         role = self.roles[op.name]
         if role == "local" and op.name in self.unchanged:

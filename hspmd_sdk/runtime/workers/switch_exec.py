@@ -11,7 +11,7 @@ rank -> process rank, and ``group`` is the process group the point-to-point mess
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -22,14 +22,16 @@ from .comm import CommExecutionError, SendWaiter, default_device
 
 if TYPE_CHECKING:
     from ...core.switch import PackedMessage, SwitchPlan
+    from .worker import WorkerState
 
 __all__ = ["execute_switch"]
 
 
 
 
-def execute_switch(plan: "SwitchPlan", tensors: Mapping[str, torch.Tensor], state: Any = None, *,
-                   rank: int | None = None, ranks: Mapping[int, int] | None = None, group: Any = None,
+def execute_switch(plan: "SwitchPlan", tensors: Mapping[str, torch.Tensor], state: "WorkerState | None" = None, *,
+                   rank: int | None = None, ranks: Mapping[int, int] | None = None,
+                   group: dist.ProcessGroup | None = None,
                    device: torch.device | str | None = None,
                    dtypes: Mapping[str, torch.dtype] | None = None) -> dict[str, torch.Tensor]:
     """Move this rank's tensors from the plan's source layouts to its destination layouts.
@@ -61,7 +63,7 @@ def execute_switch(plan: "SwitchPlan", tensors: Mapping[str, torch.Tensor], stat
     return out
 
 
-def _plan_rank(state: Any, rank: int | None) -> int:
+def _plan_rank(state: "WorkerState | None", rank: int | None) -> int:
     if rank is not None:
         return int(rank)
     if state is not None and hasattr(state, "rank"):
@@ -69,7 +71,7 @@ def _plan_rank(state: Any, rank: int | None) -> int:
     return dist.get_rank()
 
 
-def _device_of(tensors: Mapping[str, torch.Tensor], state: Any) -> torch.device:
+def _device_of(tensors: Mapping[str, torch.Tensor], state: "WorkerState | None") -> torch.device:
     return next(iter(tensors.values())).device if tensors else default_device(state)
 
 
@@ -112,7 +114,8 @@ def _pack(m: "PackedMessage", mine: dict[str, torch.Tensor], sboxes: dict[str, d
     return buf
 
 
-def _exchange(messages: tuple["PackedMessage", ...], me: int, to_proc: Any, group: Any,
+def _exchange(messages: tuple["PackedMessage", ...], me: int, to_proc: Callable[[int], int],
+              group: dist.ProcessGroup | None,
               mine: dict[str, torch.Tensor], sboxes: dict[str, dict[int, Box]], dboxes: dict[str, dict[int, Box]],
               dtypes: dict[str, torch.dtype], out: dict[str, torch.Tensor], dev: torch.device,
               waiter: SendWaiter) -> None:

@@ -42,13 +42,16 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Iterable, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NoReturn, Sequence
 
 from .devices import StepClock, worker_device
 from .liveness import ControlInbox, Heartbeat, Listener, serve_stack_requests
 from ..metrics import StepMetrics, memory_mb
 from ..protocol import EXIT_FAILED, Channel, LineReader, LineWriter, is_collateral, jsonable
 from ..spec import LaunchSpec, resolve_entry
+
+if TYPE_CHECKING:
+    from .store import RendezvousStore
 
 
 @dataclass
@@ -311,7 +314,7 @@ def _shutdown_sockets(keep_port: int) -> None:
             s.close()  # the duplicate only
 
 
-def slowdown_at(schedule: Any, step: int) -> float:
+def slowdown_at(schedule: float | Sequence[tuple[int, float]], step: int) -> float:
     """The factor of an emulated slowdown at ``step``: a number, or a schedule ``[(from_step, factor), ...]``
     (the last entry whose step is <= ``step``; 1.0 before the first)."""
     if isinstance(schedule, (int, float)):
@@ -362,7 +365,7 @@ def connect(spec: LaunchSpec, rank: int, channel: Channel, inbox: ControlInbox |
 
 
 def open_store(spec: LaunchSpec, addr: str, port: int, host: bool, timeout: timedelta,
-               interrupted: Callable[[], bool] | None = None) -> Any:
+               interrupted: Callable[[], bool] | None = None) -> "RendezvousStore":
     """The rendezvous store of a world at ``addr:port``, authenticated by the job's secret: hosted by this
     process (``host``: rank 0) or reached from it (:mod:`.store`).  ``interrupted``: the store's waits give up
     once it is true (``WorkerState.peer_failed``: a peer of this world died)."""

@@ -2,14 +2,18 @@
 training job's workers run (:data:`~.runs.ENTRY`)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .session import TrainSession
+
+if TYPE_CHECKING:
+    from ..spec import LaunchSpec
+    from .worker import WorkerState
 
 __all__ = ["train_entry"]
 
 
-def train_entry(state: Any, spec: Any) -> dict[str, Any]:
+def train_entry(state: "WorkerState", spec: "LaunchSpec") -> dict[str, Any]:
     """Worker entry: run every run of ``spec.payload["runs"]`` in order (a :class:`~.session.TrainSession`
     each); returns ``{"runs": [...], "losses"}``."""
 
