@@ -45,7 +45,7 @@ import torch
 
 from ...core.comm_ops import SplitCollectiveOp
 from ...core.slices import box_numel, box_shape, relative
-from .comm import CommExecutionError, Pending, _collective, _Ctx, execute, group_lookup
+from .comm import CommExecutionError, Pending, post_slice_collective, ExecContext, execute, group_lookup
 
 if TYPE_CHECKING:
     from ...core.comm_ops import SliceCollective
@@ -140,7 +140,7 @@ def _fill_plan(b: Bucket, ops: Sequence[SplitCollectiveOp], rank: int) -> list[F
     return out
 
 
-def _fill(plan: Sequence[FillStep], local: Callable[[int], torch.Tensor | None], ctx: _Ctx,
+def _fill(plan: Sequence[FillStep], local: Callable[[int], torch.Tensor | None], ctx: ExecContext,
           what: Callable[[int], str], buf: torch.Tensor | None) -> torch.Tensor:
     """A bucket's flat buffer (``buf`` reused when it fits) by its :func:`_fill_plan`: per member slice, this
     rank's part of item ``i``'s input (``local(i)``, the box the operator expects) where it contributes, else
@@ -176,7 +176,7 @@ class GradBuckets:
                  tag_base: int = 0, release: bool = False) -> None:
         self.items, self.rank, self.dtype, self.tag_base = list(items), int(rank), dtype, int(tag_base)
         self.release = bool(release)
-        self.ctx = _Ctx(self.rank, group_lookup(groups), dtype, torch.device(device))
+        self.ctx = ExecContext(self.rank, group_lookup(groups), dtype, torch.device(device))
         self.trace = trace
         order = [(i, it.plan) for i, it in reversed(list(enumerate(self.items))) if bucketable(it.plan)]
         self.bucketed = {i for i, _ in order}
@@ -377,7 +377,7 @@ class GradBuckets:
         if not self.release:  # kept for the next step (fresh pages a step cost time); ZeRO-2 lets it go after use
             self._buffers[k] = buf
         what = f"a gradient bucket of {len(b.members)} slices over {list(b.ranks)}"
-        work = _collective(buf, b.ranks, b.root, ctx, what) if len(b.ranks) > 1 else None
+        work = post_slice_collective(buf, b.ranks, b.root, ctx, what) if len(b.ranks) > 1 else None
         self._posted.append((work, buf))
         if self.release:  # at most IN_FLIGHT buckets' buffers at once: wait for the older ones, keep their slices
             self._let_go(k)
@@ -492,7 +492,7 @@ class GatherBuckets:
         self.plans, self.names, self.rank, self.trace = list(plans), list(names), int(rank), trace
         self.keep_buffers = bool(keep_buffers)  # ZeRO-3 gathers again and again: its buffers go with the values
         self.ops: list[SplitCollectiveOp] = [p.ops[0] for p in self.plans]
-        self.ctx = _Ctx(self.rank, group_lookup(groups), dtype, torch.device(device))
+        self.ctx = ExecContext(self.rank, group_lookup(groups), dtype, torch.device(device))
         self.buckets = plan_buckets(list(enumerate(self.plans)), self.rank, bucket_bytes=bucket_bytes,
                                     first_bucket_bytes=first_bucket_bytes)
         self._fills = [_fill_plan(b, self.ops, self.rank) for b in self.buckets]
@@ -518,7 +518,7 @@ class GatherBuckets:
                 self._buffers[k] = buf
             what = f"a parameter-gather bucket of {len(b.members)} slices over {list(b.ranks)}"
             try:
-                works.append(_collective(buf, b.ranks, b.root, ctx, what) if len(b.ranks) > 1 else None)
+                works.append(post_slice_collective(buf, b.ranks, b.root, ctx, what) if len(b.ranks) > 1 else None)
             except RuntimeError as e:
                 raise CommExecutionError(f"rank {self.rank}, {what}: {e}") from e
             if self.trace is not None:

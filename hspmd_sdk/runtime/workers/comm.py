@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CommExecutionError", "Pending", "comm_groups", "execute", "execute_async", "execute_op", "post_sends",
            "post_receives", "receive", "reshard", "backward_plan_for", "gradient_layout", "group_lookup", "torch_dtype",
-           "with_dtype", "default_device"]
+           "with_dtype", "default_device", "ExecContext", "post_slice_collective"]
 
 GroupLookup = Callable[[Sequence[int]], Any]
 
@@ -186,7 +186,7 @@ def _piece(t: torch.Tensor, inner: Box, outer: Box) -> torch.Tensor:
     return t[relative(inner, outer)].reshape(-1)
 
 
-class _Ctx:
+class ExecContext:
     """What executing one plan on one rank needs: the rank, the group lookup, dtype and device of buffers."""
 
     def __init__(self, rank: int, lookup: GroupLookup, dtype: torch.dtype, device: torch.device) -> None:
@@ -226,7 +226,7 @@ def execute(plan: "CommPlan", local: torch.Tensor | None, groups: "Groups", *, r
                                  f"{plan.dtype}; resolve(..., dtype={str(local.dtype).removeprefix('torch.')!r})")
     dev = torch.device(device) if device is not None else (local.device if local is not None else
                                                              default_device(groups))
-    ctx = _Ctx(rank, group_lookup(groups), dtype, dev)
+    ctx = ExecContext(rank, group_lookup(groups), dtype, dev)
     cur = local
     with communicating():
         for i, op in enumerate(plan.ops):
@@ -241,7 +241,7 @@ def execute(plan: "CommPlan", local: torch.Tensor | None, groups: "Groups", *, r
 def execute_op(plan: "CommPlan", index: int, local: torch.Tensor | None, groups: "Groups", *, rank: int,
                device: torch.device) -> torch.Tensor | None:
     """Run operator ``index`` of ``plan`` alone on this rank; a rank it does not write keeps ``local``."""
-    ctx = _Ctx(rank, group_lookup(groups), torch_dtype(plan.dtype), device)
+    ctx = ExecContext(rank, group_lookup(groups), torch_dtype(plan.dtype), device)
     op = plan.ops[index]
     what = f"op {index} ({op.kind}) of {plan.src} -> {plan.dst}"
     try:
@@ -265,7 +265,7 @@ def execute_async(plan: "CommPlan", local: torch.Tensor | None, groups: "Groups"
     dtype = torch_dtype(plan.dtype)
     dev = torch.device(device) if device is not None else (local.device if local is not None else
                                                              default_device(groups))
-    ctx = _Ctx(int(rank), group_lookup(groups), dtype, dev)
+    ctx = ExecContext(int(rank), group_lookup(groups), dtype, dev)
     what = f"op 0 ({plan.ops[0].kind}) of {plan.src} -> {plan.dst}"
     try:
         started = _start_split(plan.ops[0], local, ctx, what)
@@ -286,14 +286,16 @@ def default_device(groups: "Groups | None" = None) -> torch.device:
     return torch.device(dev) if dev is not None else torch.device("cpu")
 
 
-def _run_op(op: "CommOp", cur: torch.Tensor | None, ctx: _Ctx, what: str, tag_base: int = 0) -> torch.Tensor | None:
+def _run_op(op: "CommOp", cur: torch.Tensor | None, ctx: ExecContext, what: str,
+            tag_base: int = 0) -> torch.Tensor | None:
     if isinstance(op, IdentityOp):
         return cur
     with span(f"comm {op.kind}"):  # the operator's SPEC name in a profiled step (:mod:`.trace`)
         return _run_op_now(op, cur, ctx, what, tag_base)
 
 
-def _run_op_now(op: "CommOp", cur: torch.Tensor | None, ctx: _Ctx, what: str, tag_base: int) -> torch.Tensor | None:
+def _run_op_now(op: "CommOp", cur: torch.Tensor | None, ctx: ExecContext, what: str,
+                tag_base: int) -> torch.Tensor | None:
     if isinstance(op, CollectiveOp):
         return _run_collective(op, cur, ctx, what)
     if isinstance(op, SplitCollectiveOp):
@@ -304,7 +306,7 @@ def _run_op_now(op: "CommOp", cur: torch.Tensor | None, ctx: _Ctx, what: str, ta
 
 
 # ---- bottom tier -------------------------------------------------------------------------------------------
-def _run_collective(op: CollectiveOp, cur: torch.Tensor | None, ctx: _Ctx, what: str) -> torch.Tensor | None:
+def _run_collective(op: CollectiveOp, cur: torch.Tensor | None, ctx: ExecContext, what: str) -> torch.Tensor | None:
     grp = next((g for g in op.groups if ctx.rank in g.ranks), None)
     if grp is None:
         return cur
@@ -321,14 +323,14 @@ def _run_collective(op: CollectiveOp, cur: torch.Tensor | None, ctx: _Ctx, what:
 
 
 def _all_reduce(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: dist.ProcessGroup,
-                ctx: _Ctx, what: str) -> torch.Tensor:
+                ctx: ExecContext, what: str) -> torch.Tensor:
     total = x.contiguous().clone()
     dist.all_reduce(total, group=pg)
     return total[relative(outb[ctx.rank], inb[ctx.rank])].clone()
 
 
 def _reduce_scatter(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: dist.ProcessGroup,
-                    ctx: _Ctx, what: str) -> torch.Tensor:
+                    ctx: ExecContext, what: str) -> torch.Tensor:
     """Chunk ``j`` of the flat input is member ``order[j]``'s output box: whoever the plan gives a box gets it."""
     me = inb[ctx.rank]
     sizes = {box_numel(outb[q]) for q in order}
@@ -341,7 +343,7 @@ def _reduce_scatter(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], 
 
 
 def _all_gather(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: dist.ProcessGroup,
-                ctx: _Ctx, what: str) -> torch.Tensor:
+                ctx: ExecContext, what: str) -> torch.Tensor:
     """Gather the members' flat inputs in group-rank order; place each at its box inside the output box."""
     n = x.numel()
     if any(box_numel(inb[q]) != n for q in order):
@@ -359,7 +361,7 @@ def _all_gather(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], orde
 
 
 def _all_to_all(x: torch.Tensor, inb: dict[int, Box], outb: dict[int, Box], order: list[int], pg: dist.ProcessGroup,
-                ctx: _Ctx, what: str) -> torch.Tensor:
+                ctx: ExecContext, what: str) -> torch.Tensor:
     """Send each peer the part of the input inside its output box; receive the parts of the own output box."""
     me_in, me_out = inb[ctx.rank], outb[ctx.rank]
     send_parts = [box_intersect(me_in, outb[q]) for q in order]
@@ -400,11 +402,11 @@ def _slice_batches(op: SplitCollectiveOp) -> list[tuple[tuple[int, ...], int | N
     return [(r, root, ss) for (r, root), ss in batches.items()]
 
 
-def _run_split(op: SplitCollectiveOp, cur: torch.Tensor | None, ctx: _Ctx, what: str) -> torch.Tensor | None:
+def _run_split(op: SplitCollectiveOp, cur: torch.Tensor | None, ctx: ExecContext, what: str) -> torch.Tensor | None:
     return _start_split(op, cur, ctx, what).wait()
 
 
-def _start_split(op: SplitCollectiveOp, cur: torch.Tensor | None, ctx: _Ctx, what: str) -> Pending:
+def _start_split(op: SplitCollectiveOp, cur: torch.Tensor | None, ctx: ExecContext, what: str) -> Pending:
     """Post the slice collectives of ``op`` (asynchronously, batch by batch in :func:`_slice_batches` order);
     waiting writes the received slices into this rank's output box."""
     inb, outb = dict(op.in_boxes), dict(op.out_boxes)
@@ -416,7 +418,7 @@ def _start_split(op: SplitCollectiveOp, cur: torch.Tensor | None, ctx: _Ctx, wha
             continue
         buf = _split_buffer(slices, x, inb, ctx)
         if len(ranks) > 1:
-            works.append(_collective(buf, ranks, root, ctx, what))
+            works.append(post_slice_collective(buf, ranks, root, ctx, what))
         bufs.append((buf, slices))
 
     def finish() -> torch.Tensor | None:
@@ -427,7 +429,8 @@ def _start_split(op: SplitCollectiveOp, cur: torch.Tensor | None, ctx: _Ctx, wha
     return Pending(works, finish, what, ctx.rank)
 
 
-def _collective(buf: torch.Tensor, ranks: Sequence[int], root: int | None, ctx: _Ctx, what: str) -> dist.Work:
+def post_slice_collective(buf: torch.Tensor, ranks: Sequence[int], root: int | None, ctx: ExecContext,
+                          what: str) -> dist.Work:
     """Post the slice batch collective on ``ranks``: a broadcast from ``root``, or a summing all-reduce."""
     pg, _ = _group(ctx.lookup, ranks, ctx.rank, what)
     if root is not None:
@@ -436,7 +439,7 @@ def _collective(buf: torch.Tensor, ranks: Sequence[int], root: int | None, ctx: 
 
 
 def _split_buffer(slices: list["SliceCollective"], x: torch.Tensor | None, inb: dict[int, Box],
-                  ctx: _Ctx) -> torch.Tensor:
+                  ctx: ExecContext) -> torch.Tensor:
     """The flat buffer of a batch: per slice, this rank's part if it contributes to that slice, else zeros."""
     parts = []
     for s in slices:
@@ -449,7 +452,7 @@ def _split_buffer(slices: list["SliceCollective"], x: torch.Tensor | None, inb: 
 
 
 def _split_unpack(buf: torch.Tensor, slices: list["SliceCollective"], out: torch.Tensor | None, outb: dict[int, Box],
-                  ctx: _Ctx) -> None:
+                  ctx: ExecContext) -> None:
     at = 0
     for s in slices:
         n = box_numel(s.box)
@@ -460,7 +463,7 @@ def _split_unpack(buf: torch.Tensor, slices: list["SliceCollective"], out: torch
 
 
 # ---- point to point ----------------------------------------------------------------------------------------
-def _run_p2p(op: PointToPointOp, cur: torch.Tensor | None, ctx: _Ctx, what: str,
+def _run_p2p(op: PointToPointOp, cur: torch.Tensor | None, ctx: ExecContext, what: str,
              tag_base: int = 0) -> torch.Tensor | None:
     """This rank's messages of ``op``; message ``i`` is tagged ``tag_base + i``."""
     inb, outb = dict(op.in_boxes), dict(op.out_boxes)
