@@ -35,13 +35,12 @@ RUNTIME = "hspmd_sdk.runtime."
 #: ``switch_bytes`` from ``state``, ``planner.cost``'s ``fit_line`` / ``fit_plane`` are public, the job's
 #: ``started_at``); 6 pairs, 6 uses after its third (the job's ``launch_ranks``, ``reached``, ``exited``,
 #: ``suspects`` and ``add_workers`` for ``grow`` and the controller); 4 pairs, 4 uses after comm's ``ExecContext``
-#: and ``post_slice_collective`` became public (the buckets use them).  Each is to go: the owner gives a public method,
+#: and ``post_slice_collective`` became public (the buckets use them); 2 pairs, 2 uses after the Program's
+#: ``default_resolver`` and ``digest_is_that_of`` (``runs``, ``protocol``).  Each is to go: the owner gives a public method,
 #: property or constructor argument (``controller`` and ``grow`` can use the job's public names above already).
 ALLOWED: dict[tuple[str, str], int] = {
     ("control.mixed", "_launch_runs"): 1,  # runs
-    ("control.runs", "_resolver"): 1,  # core.specialize: Program._resolver
     ("control.train", "_launch_runs"): 1,  # runs
-    ("protocol", "_micro"): 1,  # core.specialize: Program._micro
 }
 
 ACCESSORS = {"getattr", "hasattr", "setattr", "delattr"}

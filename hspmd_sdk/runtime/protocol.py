@@ -33,7 +33,6 @@ sends each worker) carries its Program as JSON, or that worker's part of it (SPE
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -353,9 +352,7 @@ class PartPayloads:
             program = self._programs.get(i)
             if program is None:
                 program = self._programs[i] = Program.from_json(run["program"])
-                # its digest is that of this very text (the launcher's Program.to_json(), read back equal): not
-                # written again to be hashed (10 s at 10,240 ranks of Llama-70B)
-                program._micro[("digest",)] = hashlib.sha256(run["program"].encode("utf-8")).hexdigest()
+                program.digest_is_that_of(run["program"])  # the launcher's Program.to_json(), read back equal
             try:
                 part = part_json(program, rank)  # what every part holds alike is written once
             except ProgramPartError:  # a rank outside the Program: the whole (it only sits the run out)

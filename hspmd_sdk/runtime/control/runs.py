@@ -191,7 +191,7 @@ def _validate_run(run: Mapping[str, Any], program: "Program", cluster: "Cluster"
     problems += _corpus_problems(run["data"], run["global_batch"], run["seq_len"], config.vocab_size)
     if problems:
         raise PlanValidationError(problems, what=what)
-    if program.cluster is not None and program.cluster == cluster and program._resolver is None:
+    if program.cluster is not None and program.cluster == cluster and program.default_resolver:
         return program
     try:  # specialized for another cluster: the plan on the launch cluster, once, here
         again = program_of_run({k: v for k, v in run.items() if k != "program"})
