@@ -104,7 +104,8 @@ def measured(gpt: GPTConfig) -> dict:
     cluster = Cluster.local(2)
     runs = {n: training_run(_program(gpt, s, cluster), steps=2, seed=SEED, seq_len=SEQ, lr=LR, cluster=cluster)
             for n, s in MEMORY.items()}
-    payload = {"runs": runs, "bucket_bytes": 64 * 1024, "first_bucket_bytes": 16 * 1024}
+    # a unit per layer (no merging up to ZERO3_UNIT_BYTES: the whole tiny model would be one unit)
+    payload = {"runs": runs, "bucket_bytes": 64 * 1024, "first_bucket_bytes": 16 * 1024, "zero3_unit_bytes": 0}
     old = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS), old])  # the workers import zero_entry from here
     try:

@@ -1,7 +1,7 @@
 """Worker entry of ``test_zero2.py``: train runs and measure the gradient bytes each rank holds.
 
 Payload: ``runs`` (name -> :func:`~hspmd_sdk.runtime.control.train.training_run` dict), ``bucket_bytes`` and
-``first_bucket_bytes`` (the gradient buckets' caps).  Per run this rank reports the global loss of each step and,
+``first_bucket_bytes`` (the gradient buckets' caps), optionally ``zero3_unit_bytes`` (ZeRO-3's least unit).  Per run this rank reports the global loss of each step and,
 for its last step, what its gradient synchronisation held (:meth:`GradBuckets.held_bytes`) at every event of the
 step's backward and synchronisation (a use's gradient final, a bucket posted, a backward ended: the peak is at one of
 them), the bytes of the gradients Adam reads (the masters' ``.grad``), and what is still held after the step; and
@@ -42,7 +42,8 @@ def entry(state: Any, spec: Any) -> dict[str, Any]:
             ex = StepExecutor(program, state.rank, state, seed=seed, global_batch=B, seq_len=S,
                               adam=AdamConfig(lr=training_of(run).optimizer.lr), device=state.device,
                               bucket_bytes=int(p["bucket_bytes"]), first_bucket_bytes=int(p["first_bucket_bytes"]),
-                              trace=measure)
+                              trace=measure, **({"zero3_unit_bytes": int(p["zero3_unit_bytes"])}
+                                                if "zero3_unit_bytes" in p else {}))
         dataset = dataset_for(run["data"], program.model.vocab_size)
         losses, synced = [], 0
         for step in range(int(run["steps"])):

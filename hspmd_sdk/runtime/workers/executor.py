@@ -61,7 +61,7 @@ from .p2p import POST_TAG, StageTransfers, identity_for, next_receives, pipeline
 from .parameter_leaves import ParameterLeaves
 from .params import check_local_parameters, init_local_parameters
 from .stage_forward import LocalContext, MicroBatchRecord, StageForward
-from .zero3 import Zero3Params
+from .zero3 import ZERO3_UNIT_BYTES, Zero3Params
 from ..trace import span
 
 if TYPE_CHECKING:
@@ -125,8 +125,10 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
                  bucket_bytes: int = BUCKET_BYTES, first_bucket_bytes: int | None = FIRST_BUCKET_BYTES,
                  trace: Callable[..., None] | None = None,
                  p2p_groups: Mapping[tuple[int, int, int], Any] | None = None,
-                 probe: Callable[[str], Any] | None = None, max_norm: float | None = None) -> None:
+                 probe: Callable[[str], Any] | None = None, max_norm: float | None = None,
+                 zero3_unit_bytes: int = ZERO3_UNIT_BYTES) -> None:
         self.program, self.rank, self.groups = program, rank, groups
+        self.zero3_unit_bytes = int(zero3_unit_bytes)
         # clipping by global norm: the gradients are scaled by clip_coefficient(norm, max_norm) before Adam, the
         # norm being what ``before_update`` returns (the world's sum of every rank's grad_sq); None: no clipping
         self.max_norm = max_norm
@@ -273,7 +275,7 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
             plan = self._pre_plan(o.name)
             key = (tuple(sorted(set(plan.src.ranks) | set(plan.dst.ranks))), where.get(o.inputs[0]))
             units.setdefault(key, []).append(o)
-        members = sorted(units.values(), key=lambda us: min(first[o.outputs[0]] for o in us))
+        members = self._merged(sorted(units.values(), key=lambda us: min(first[o.outputs[0]] for o in us)))
         # their own process groups where the worker made them (WorkerState.create_twin_groups): a gather never
         # queues behind a gradient bucket of the same ranks
         twins = self.groups.twin if hasattr(self.groups, "twin") else self.groups
@@ -287,6 +289,26 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
 
         return Zero3Params([[o.outputs[0] for o in us] for us in members], start,
                            lambda name, leaf: self.grad_sync.watch(name, leaf))
+
+    def _merged(self, units: list[list[Any]]) -> list[list[Any]]:
+        """Units of one set of ranks merged in order until each holds :attr:`zero3_unit_bytes` (FSDP's size-based
+        wrapping: a tiny layer's own unit would cost a collective per owner for a few kB).  Decided per set of
+        ranks from its own units and the parameters' global sizes: alike on every rank of the set."""
+        out: list[list[Any]] = []
+        open_: dict[tuple[int, ...], tuple[list[Any], list[int]]] = {}  # ranks -> (the unit filling, its bytes)
+        for us in units:
+            plan = self._pre_plan(us[0].name)
+            key = tuple(sorted(set(plan.src.ranks) | set(plan.dst.ranks)))
+            size = sum(math.prod(self._pre_plan(o.name).shape) * self._pre_plan(o.name).itemsize for o in us)
+            got = open_.get(key)
+            if got is not None and got[1][0] < self.zero3_unit_bytes:
+                got[0].extend(us)
+                got[1][0] += size
+            else:
+                unit = list(us)
+                open_[key] = (unit, [size])
+                out.append(unit)
+        return out
 
     def _sync_items(self) -> list[SyncItem]:
         """One item per ``GradSync`` of this rank (Program order), its plan at the wire dtype; ``None`` where

@@ -4,8 +4,8 @@ At ZeRO-1 and -2 a rank's parameters are already sharded at rest (the fp32 maste
 gathers each one once per step and holds it through every forward and backward of the step.  At ZeRO-3 the
 gathered tensor of each parameter is one leaf per step whose *storage* is filled only while it is read:
 
-* forward: gathered with its *unit* (FSDP's: the parameters of one layer over one set of ranks, coalesced into one
-  collective per owner) just before the first operator of the micro-batch that reads one of them (the next unit
+* forward: gathered with its *unit* (FSDP's: the parameters of one layer over one set of ranks — consecutive
+  layers merged up to :data:`ZERO3_UNIT_BYTES` —, coalesced into one collective per owner) just before the first operator of the micro-batch that reads one of them (the next unit
   posted while it computes: prefetch), each freed after its last reader (aliases — a ``split`` or ``reshape`` of
   it, views of its storage — keep it until their own last reader);
 * backward: the outputs of every operator that read it pass through :class:`_Regather`, whose backward gathers
@@ -30,7 +30,12 @@ import torch
 
 from .comm import Pending
 
-__all__ = ["Zero3Params"]
+__all__ = ["Zero3Params", "ZERO3_UNIT_BYTES"]
+
+#: The least bytes of a unit (its parameters' global sizes at the wire dtype): consecutive layers' units of one set
+#: of ranks are merged until they hold this much (FSDP's size-based wrapping), so that a small model is not
+#: gathered a few kB per collective; a large model's layers are a unit each.
+ZERO3_UNIT_BYTES = 4 * 2**20
 
 
 class _Regather(torch.autograd.Function):
