@@ -9,8 +9,8 @@
   uneven stage, ``ratios``: its own share, :meth:`Stage.share`).  With ZeRO-1 a unit's 12 optimizer bytes are
   divided by the number of stages (over all pipelines) that hold it (uneven ``Pipeline.zero_share``: in proportion to
   the shares), and with ZeRO-2 (``Strategy.zero >= 2``) its 2 gradient bytes too (each rank keeps its shard of the
-  reduce-scattered gradient); with ZeRO-3 its 2 parameter bytes too, plus twice the largest sharded unit whole
-  (what is gathered at once: the unit being read and the next one prefetched, :mod:`~hspmd_sdk.runtime.workers.
+  reduce-scattered gradient); with ZeRO-3 its 2 parameter bytes too, plus what is gathered at once
+  (:func:`zero3_gathered`: the unit being read and the next one prefetched, :mod:`~hspmd_sdk.runtime.workers.
   zero3`);
 * **activations**: what a layer keeps for its backward (:meth:`ModelSpec.layer_activation_bytes`, divided by the
   TP degree with sequence parallelism) for the micro-batches in flight at the stage's peak
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Hashable
 
 from .cluster import LOCAL_KIND
+from .plan import ZERO3_UNIT_BYTES
 from .schedule import in_flight
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -163,7 +164,7 @@ def device_memory(strategy: "Strategy", model: "ModelSpec", cluster: "Cluster | 
                 split = s.tp_degree if not s.is_uneven else 1 / s.share(r)
                 got = of_split.get(split)
                 if got is None:
-                    params = grads = optimizer = gathered = 0.0
+                    params = grads = optimizer = largest = total = 0.0
                     for unit, count in units_of[(i, j)]:
                         mine = count / split
                         ways = holders[unit] / shares[i]  # ZeRO divides this rank's part by it (even: holders)
@@ -171,8 +172,9 @@ def device_memory(strategy: "Strategy", model: "ModelSpec", cluster: "Cluster | 
                         grads += mine * BF16_BYTES / (ways if strategy.zero >= 2 else 1)
                         optimizer += mine * OPTIMIZER_BYTES / (ways if strategy.zero1 else 1)
                         if ways > 1:
-                            gathered = max(gathered, mine * BF16_BYTES)
-                    params += 2 * gathered if strategy.zero >= 3 else 0.0  # one unit read, the next prefetched
+                            largest, total = max(largest, mine * BF16_BYTES), total + mine * BF16_BYTES
+                    if strategy.zero >= 3:
+                        params += zero3_gathered(largest, total)
                     got = of_split[split] = (params, grads, optimizer,
                                              *_activations(model, s, tokens, split, last, sequence_parallel))
                 params, grads, optimizer, kept, transient = got
@@ -181,6 +183,14 @@ def device_memory(strategy: "Strategy", model: "ModelSpec", cluster: "Cluster | 
                                       runtime_bytes(kind, gpu_reserve_mb=gpu_reserve_mb,
                                                     cpu_baseline_mb=cpu_baseline_mb), kind)
     return out
+
+
+def zero3_gathered(largest: float, total: float) -> float:
+    """ZeRO-3's gathered bytes at once on a rank whose sharded units hold ``total`` bytes, the largest
+    ``largest``: a unit merges layers up to :data:`~.plan.ZERO3_UNIT_BYTES` (so it holds less than that plus one
+    layer, or everything); the unit read and the next one prefetched, or the one unit there is."""
+    unit = min(total, largest + ZERO3_UNIT_BYTES)
+    return unit if unit >= total else 2 * unit
 
 
 def _units(model: "ModelSpec", num_stages: int, j: int, stage: "Stage",

@@ -33,6 +33,11 @@ def _no_bool(value: Any) -> Any:
 #: masters (ZeRO-1), 2 also gradients (ZeRO-2), 3 also parameters (ZeRO-3)
 ZeroLevel = Annotated[Literal[0, 1, 2, 3], BeforeValidator(_no_bool)]
 
+#: ZeRO-3's least unit of parameters gathered together (bytes of their global sizes): consecutive layers' units of
+#: one set of ranks are merged until they hold this much (FSDP's size-based wrapping; the runtime's
+#: ``runtime.workers.zero3`` and the memory estimate read it).
+ZERO3_UNIT_BYTES = 4 * 2**20
+
 
 def agree_zero(data: Any) -> Any:
     """A model's input with ``zero`` and its alias ``zero1`` in agreement (a before-validator of

@@ -30,12 +30,9 @@ import torch
 
 from .comm import Pending
 
-__all__ = ["Zero3Params", "ZERO3_UNIT_BYTES"]
+from ...core.plan import ZERO3_UNIT_BYTES
 
-#: The least bytes of a unit (its parameters' global sizes at the wire dtype): consecutive layers' units of one set
-#: of ranks are merged until they hold this much (FSDP's size-based wrapping), so that a small model is not
-#: gathered a few kB per collective; a large model's layers are a unit each.
-ZERO3_UNIT_BYTES = 4 * 2**20
+__all__ = ["Zero3Params", "ZERO3_UNIT_BYTES"]
 
 
 class _Regather(torch.autograd.Function):
