@@ -39,8 +39,8 @@ DP4 = {"pipelines": [_pipe([([r], [0, 3])], 2, 1) for r in range(4)]}
 TP2_DP2 = {"pipelines": [_pipe([([0, 2], [0, 3])], 4, 1), _pipe([([1, 3], [0, 3])], 4, 1)]}
 
 
-def _program(model, data: dict, cluster: Cluster, zero1: bool = False):
-    strategy = Strategy.load({**data, "zero1": zero1})
+def _program(model, data: dict, cluster: Cluster, zero1: bool | int = False):
+    strategy = Strategy.load({**data, "zero": int(zero1)})  # zero1: True is level 1; or a level
     return specialize(model, plan_from_strategy(model, strategy, cluster), cluster, bindings={"B": 8, "S": SEQ})
 
 
@@ -95,9 +95,10 @@ def _grow_run(reference, grown: dict | None, *, zero1: bool = False, elastic: bo
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("zero1", [False, True])
-def test_a_job_grows_from_two_to_four_ranks_in_memory(reference, zero1: bool, tmp_path) -> None:
-    """DP2 -> TP2 x DP2 onto two new workers (ZeRO-1 off and on): equal losses, the same two processes go on, and
+@pytest.mark.parametrize("zero1", [False, True, 3])
+def test_a_job_grows_from_two_to_four_ranks_in_memory(reference, zero1: bool | int, tmp_path) -> None:
+    """DP2 -> TP2 x DP2 onto two new workers (ZeRO-1 off and on, and ZeRO-3: the newcomers make the gathers'
+    groups of their own like the running workers): equal losses, the same two processes go on, and
     the final parameters and Adam moments of all four ranks are the single-device run's (the losses alone would
     not show a moment lost in the move: Adam's next steps hardly change)."""
     _, result, event = _grow_run(reference, TP2_DP2, zero1=zero1, capture_dir=tmp_path)
