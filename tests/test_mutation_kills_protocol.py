@@ -338,3 +338,94 @@ def test_protocol_part_payloads_give_each_rank_its_part() -> None:
         assert isinstance(part, ProgramPart) and part.rank == rank and part.digest() == program.digest()
     assert parts(2)["runs"] == [whole, plain]  # rank 2 runs nothing of the Program: the whole run
     assert payload["runs"][1] is plain and plain["program"] == text  # the launcher's payload is untouched
+
+
+# ---- the Program and switch plan in control messages (issue 47: the controller's one send path) ----------------
+def _switch_pair():
+    """A 2-rank Program, another of the same model (pipelines of one rank each), and the plan between them."""
+    from hspmd_sdk.core.reconfigure import plan_program_switch
+
+    model, plan, cluster, program = _tiny()
+    other_strategy = Strategy.load({"pipelines": [{"stages": [{"devices": [r], "layers": [0, 3]}],
+                                                   "micro_batch_size": 1, "num_micro_batches": 1} for r in range(2)]})
+    other = specialize(model, plan_from_strategy(model, other_strategy, cluster), cluster, bindings={"B": 2, "S": 16})
+    return program, other, plan_program_switch(program, other, cluster)
+
+
+def test_protocol_compact_payloads_pack_their_runs_and_read_back_equal(tiny) -> None:
+    """``compact=True`` wraps the value as ``{"format", "packed": <pack_json text>}``; the default writes the value's
+    own keys beside the format.  Both read back equal (the packed one through ``unpack_json``)."""
+    from hspmd_sdk.core.program_part import pack_json
+    from hspmd_sdk.core.program_json import to_json_value
+
+    program = tiny[3]
+    plain, packed = pack_payload((program, None)), pack_payload((program, None), compact=True)
+    assert "packed" not in json.loads(plain)
+    data = json.loads(packed)
+    assert list(data) == ["format", "packed"] and data["packed"] == pack_json(to_json_value((program, None)))
+    for text in (plain, packed):
+        back, none = unpack_payload(text)
+        assert back == program and none is None
+
+
+def test_protocol_switch_messages_carry_the_whole_or_each_ranks_parts() -> None:
+    """``switch_message``: ``type``, ``id`` and the whole of Program and plan (``payload``) without a rank; with a
+    rank, that rank's ``program_part`` (the Program's part at ``version=id``) and ``plan_part`` (the plan's part of
+    that rank); ``switch_of`` reads both forms back."""
+    from hspmd_sdk.core.program_part import PlanParts, part_json
+    from hspmd_sdk.core.specialize import ProgramPart
+
+    _, program, plan = _switch_pair()
+    whole = protocol.switch_message(7, program, plan)
+    assert set(whole) == {"type", "id", "payload"} and (whole["type"], whole["id"]) == ("switch", 7)
+    got_program, got_plan = protocol.switch_of(whole)
+    assert got_program == program and got_plan == plan
+    mine = protocol.switch_message(7, program, plan, rank=1)
+    assert set(mine) == {"type", "id", "program_part", "plan_part"} and (mine["type"], mine["id"]) == ("switch", 7)
+    assert mine["program_part"] == part_json(program, 1, version=7)
+    assert mine["plan_part"] == PlanParts(plan).json(1)
+    part, plan_part = protocol.switch_of(mine)
+    assert isinstance(part, ProgramPart) and part.rank == 1 and part.version == 7
+    assert plan_part == plan.part(1)
+
+
+def test_protocol_program_fields_choose_parts_only_with_a_rank_a_plan_and_a_rank_inside() -> None:
+    """Parts only for a rank with a plan: without a rank, without a plan (a reload from a checkpoint), or for a rank
+    outside the new Program, the whole; ``plan_rank`` numbers the plan's part (default: the rank); given
+    ``plan_parts`` are the ones used."""
+    from hspmd_sdk.core.program_part import PlanParts
+
+    _, program, plan = _switch_pair()
+    for rank, p in ((None, plan), (1, None), (5, plan)):
+        got = protocol.program_fields(program, p, rank)
+        assert set(got) == {"payload"} and protocol.unpack_payload(got["payload"]) == (program, p)
+    mixed = protocol.program_fields(program, plan, 1, plan_rank=0)
+    assert mixed["plan_part"] == PlanParts(plan).json(0) != PlanParts(plan).json(1)
+
+    class Seen(PlanParts):
+        asked: list[int] = []
+
+        def json(self, rank: int) -> str:
+            Seen.asked.append(rank)
+            return "given"
+
+    got = protocol.program_fields(program, plan, 0, plan_parts=Seen(plan))
+    assert got["plan_part"] == "given" and Seen.asked == [0]
+
+
+def test_protocol_part_payloads_go_on_after_a_rank_outside_one_run() -> None:
+    """A rank outside the first run's Program keeps that run whole and still gets its part of the next run."""
+    from hspmd_sdk import GPTConfig
+    from hspmd_sdk.runtime.protocol import PartPayloads
+
+    model = GPTConfig.preset("tiny")
+    one, two = Cluster.local(1), Cluster.local(2)
+    small = specialize(model, plan_from_strategy(model, Strategy.load({"pipelines": [
+        {"stages": [{"devices": [0], "layers": [0, 3]}], "micro_batch_size": 1, "num_micro_batches": 1}]}), one), one)
+    big = specialize(model, plan_from_strategy(model, Strategy.load({"pipelines": [
+        {"stages": [{"devices": [r], "layers": [0, 3]}], "micro_batch_size": 1, "num_micro_batches": 1}
+        for r in range(2)]}), two), two)
+    payload = {"runs": [{"program": small.to_json(), "steps": 1}, {"program": big.to_json(), "steps": 1}]}
+    runs = PartPayloads(payload)(1)["runs"]
+    assert runs[0] == payload["runs"][0]  # rank 1 is outside: the whole run
+    assert runs[1]["program"] is None and runs[1]["program_part"]  # and the next run's part all the same
