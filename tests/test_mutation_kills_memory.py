@@ -117,3 +117,108 @@ def test_an_even_stage_splits_by_its_degree_exactly() -> None:
     m = device_memory(s, M, seq_len=4)[48]
     assert m.params == 50 / 49 * 2 + 100 / 49 * 2 + 30 / 49 * 2
     assert m.optimizer == 50 / 49 * 12 + 100 / 49 * 12 + 30 / 49 * 12
+
+
+# ---- ZeRO levels: shards by shares, ZeRO-2's gradients, ZeRO-3's parameters and what it gathers -------------------
+class Big(Fake):
+    """A model large enough that ZeRO-3 merges its units into more than one (ZERO3_UNIT_BYTES is 4 MiB): a layer
+    of 2**20 parameters (2 MiB in bf16), the embedding 3 * 2**20 (6 MiB), the head 2**19 (1 MiB)."""
+
+    def layer_param_count(self) -> int:
+        return 2**20
+
+    def embedding_param_count(self) -> int:
+        return 3 * 2**20
+
+    def head_param_count(self) -> int:
+        return 2**19
+
+
+BIG = Big()
+#: the parameter counts of a stage holding the whole model (4 layers, the embedding, the head)
+BIG_UNITS = [3 * 2**20] + [2**20] * 4 + [2**19]
+
+
+def _gathered(largest: float, total: float) -> float:
+    """ZeRO-3's gathered bytes, worked out here: units up to 4 MiB plus one layer; the unit read and the next
+    prefetched, or everything when one unit holds it."""
+    unit = min(total, largest + 4 * MIB)
+    return unit if unit >= total else 2 * unit
+
+
+def test_zero3_gathered_both_branches() -> None:
+    """zero3_gathered: everything when one unit holds it (at the bound too), else twice the largest unit."""
+    from hspmd_sdk.core.memory import zero3_gathered
+    assert zero3_gathered(10.0, 100.0) == 100.0
+    assert zero3_gathered(0.0, 0.0) == 0.0
+    assert zero3_gathered(MIB, 5 * MIB) == 5 * MIB  # exactly one unit: largest + 4 MiB == total
+    assert zero3_gathered(MIB, 5 * MIB + 1) == 2 * 5 * MIB
+    assert zero3_gathered(3.0, 16 * MIB) == 2 * (3.0 + 4 * MIB)
+    assert zero3_gathered(6 * MIB, 15 * MIB) == 20 * MIB
+
+
+def _dp2(zero: int, shares: bool) -> Strategy:
+    """Two one-stage replicas of the whole model, the first with ZeRO share 3 when ``shares``."""
+    pipes = [{"stages": [{"devices": [r], "layers": [0, 3]}], "micro_batch_size": 1, "num_micro_batches": 2}
+             for r in (0, 1)]
+    if shares:
+        pipes[0]["zero_share"] = 3
+    return Strategy.load({"pipelines": pipes, "zero": zero})
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_model_states_at_every_zero_level_with_shares_3_to_1(zero: int) -> None:
+    """Shares 3:1 (from ZeRO-1 on; none at level 0): rank 0 holds 3/4 of each sharded tensor, rank 1 1/4.  Level 1
+    shards the 12 optimizer bytes a parameter, 2 also the 2 gradient bytes, 3 also the 2 parameter bytes, plus what
+    it gathers: its units (15 MiB in all, the largest 6 MiB) merge into units of 10 MiB, read and prefetched."""
+    got = device_memory(_dp2(zero, shares=zero >= 1), BIG)
+    n = sum(BIG_UNITS)
+    whole = {0: 1.0, 1: 1.0} if zero == 0 else {0: 3 / 4, 1: 1 / 4}
+    for r in (0, 1):
+        part = whole[r]
+        params = 2 * n * (part if zero >= 3 else 1) + (_gathered(6 * MIB, 15 * MIB) if zero >= 3 else 0)
+        grads = 2 * n * (part if zero >= 2 else 1)
+        optimizer = 12 * n * (part if zero >= 1 else 1)
+        m = got[r]
+        assert (m.params, m.grads, m.optimizer) == pytest.approx((params, grads, optimizer), rel=1e-12), (zero, r)
+    if zero == 3:
+        assert got[0].params == pytest.approx(2 * n * 3 / 4 + 20 * MIB, rel=1e-12)
+        assert got[1].params == pytest.approx(2 * n / 4 + 20 * MIB, rel=1e-12)
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_even_shares_halve_the_sharded_states(zero: int) -> None:
+    """Without shares (even) two replicas halve each sharded state."""
+    got = device_memory(_dp2(zero, shares=False), BIG)
+    n = sum(BIG_UNITS)
+    for r in (0, 1):
+        m = got[r]
+        assert m.optimizer == 12 * n / 2
+        assert m.grads == (2 * n / 2 if zero >= 2 else 2 * n)
+        assert m.params == (2 * n / 2 + 20 * MIB if zero >= 3 else 2 * n)
+
+
+def test_zero3_gathers_nothing_for_units_no_other_rank_holds() -> None:
+    """One pipeline at ZeRO-3: no unit has another holder, nothing is sharded or gathered: the whole bf16 states."""
+    s = Strategy.load({"pipelines": [{"stages": [{"devices": [0], "layers": [0, 1]},
+                                                 {"devices": [1], "layers": [2, 3]}],
+                                      "micro_batch_size": 1, "num_micro_batches": 2}], "zero": 3})
+    got = device_memory(s, BIG)
+    assert (got[0].params, got[0].grads, got[0].optimizer) == (2 * 5 * 2**20, 2 * 5 * 2**20, 12 * 5 * 2**20)
+    assert (got[1].params, got[1].grads, got[1].optimizer) == (2 * 2.5 * 2**20, 2 * 2.5 * 2**20, 12 * 2.5 * 2**20)
+
+
+def test_zero3_gathers_only_the_units_sharded_over_a_stage_s_replicas() -> None:
+    """Pipeline 0 holds layers 0-1 (+ embedding) on rank 0 and 2-3 (+ head) on rank 1; pipeline 1 all of them on
+    rank 2.  Each unit has two holders: rank 0 shards 5 * 2**20 parameters (10 MiB, largest 6 MiB: one unit of
+    10 MiB), rank 1 2.5 * 2**20 (5 MiB: one unit), rank 2 all 15 MiB (two units of 10 MiB)."""
+    s = Strategy.load({"pipelines": [
+        {"stages": [{"devices": [0], "layers": [0, 1]}, {"devices": [1], "layers": [2, 3]}],
+         "micro_batch_size": 1, "num_micro_batches": 2},
+        {"stages": [{"devices": [2], "layers": [0, 3]}], "micro_batch_size": 1, "num_micro_batches": 2}],
+        "zero": 3, "schedule": "gpipe"})
+    got = device_memory(s, BIG)
+    assert got[0].params == 2 * 5 * 2**20 / 2 + 10 * MIB
+    assert got[1].params == 2 * 2.5 * 2**20 / 2 + 5 * MIB
+    assert got[2].params == 2 * 7.5 * 2**20 / 2 + 20 * MIB
+    assert got[2].grads == 2 * 7.5 * 2**20 / 2 and got[2].optimizer == 12 * 7.5 * 2**20 / 2

@@ -3,11 +3,12 @@ their messages, the legacy-``meta`` migration's exact conditions, and the settin
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from hspmd_sdk import Cluster
-from hspmd_sdk.core.plan import AnnotationPlan, ExecutionSettings
+from hspmd_sdk.core.plan import AnnotationPlan, ExecutionSettings, agree_zero
 from hspmd_sdk.errors import PlanValidationError
 
 ANN = {"wte": "[0,1] S0x2 | [2] R", "layers.0.wq": "[0,3] S1x2 | [5,6] S1x2"}
@@ -198,3 +199,57 @@ def test_summary_default_limit_is_40_and_width_caps_at_48() -> None:
     lines = AnnotationPlan.load({"annotations": {long: "[0] R", "y": "[0] R"}}).summary().split("\n")
     assert lines[1] == f"  {long}  HSize 1  [0] R" and lines[2] == "  y" + " " * 47 + "  HSize 1  [0] R"
     assert AnnotationPlan.load({"annotations": {}}).summary() == "AnnotationPlan: 0 tensors on ranks "
+
+
+# ---- agree_zero: the ZeRO level and its zero1 alias ----------------------------------------------------------------
+_CONTRADICTS = "zero1: {} contradicts zero: {} (zero1 means zero >= 1): give one of them"
+
+
+def test_agree_zero_passes_other_input_through_untouched() -> None:
+    """Not a dict, or a dict naming neither field: the very same object back."""
+    for data in ([("zero", 2)], "zero", None, 3, ExecutionSettings()):
+        assert agree_zero(data) is data
+    for data in ({}, {"schedule": "gpipe"}, {"Zero": 2, "ZERO1": True}):
+        assert agree_zero(data) is data and data == dict(data)
+    assert agree_zero({}) == {}
+
+
+def test_agree_zero_with_zero1_alone_sets_the_level() -> None:
+    """zero1 alone: True (the bool only) is level 1, anything else level 0; the input is not changed."""
+    for flag, level in ((True, 1), (False, 0), (1, 0), (None, 0), ("yes", 0)):
+        data = {"zero1": flag, "x": 1}
+        assert agree_zero(data) == {"zero1": flag, "x": 1, "zero": level}, flag
+        assert data == {"zero1": flag, "x": 1}
+
+
+def test_agree_zero_with_the_level_alone_sets_zero1() -> None:
+    """zero alone: zero1 is whether it is an int (not a bool) of at least 1; the level itself is kept."""
+    for level, flag in ((0, False), (1, True), (2, True), (3, True), (-1, False), (True, False), (False, False),
+                        ("2", False), (None, False), (1.0, False)):
+        data = {"zero": level}
+        got = agree_zero(data)
+        assert got == {"zero": level, "zero1": flag} and type(got["zero1"]) is bool, level
+        assert got["zero"] is level and data == {"zero": level}
+
+
+def test_agree_zero_with_both_keeps_them_or_names_the_contradiction() -> None:
+    """Both given: agreeing ones are kept as they are; an int level and a bool flag that disagree are refused,
+    naming both; a bool level or an int flag is left to the field's own validation (no contradiction raised)."""
+    for level, flag in ((0, False), (1, True), (2, True), (3, True), (True, False), (True, True), (2, 0), (0, 1),
+                        (2, None), (None, True), ("2", False)):
+        data = {"zero": level, "zero1": flag}
+        got = agree_zero(data)
+        assert got == data and got is not data and got["zero"] is level and got["zero1"] is flag, (level, flag)
+    for level, flag in ((2, False), (1, False), (3, False), (0, True)):
+        with pytest.raises(ValueError, match="^" + re.escape(_CONTRADICTS.format(flag, level)) + "$"):
+            agree_zero({"zero": level, "zero1": flag})
+
+
+def test_settings_read_the_level_through_agree_zero() -> None:
+    """ExecutionSettings: zero1 alone is level 1, a level sets zero1, a contradiction and a bool level are refused."""
+    assert (ExecutionSettings(zero1=True).zero, ExecutionSettings(zero=2).zero1) == (1, True)
+    assert (ExecutionSettings(zero=0).zero1, ExecutionSettings().zero, ExecutionSettings().zero1) == (False, 0, False)
+    with pytest.raises(ValueError, match=re.escape(_CONTRADICTS.format(True, 0))):
+        ExecutionSettings(zero=0, zero1=True)
+    with pytest.raises(ValueError):
+        ExecutionSettings(zero=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import pytest
@@ -18,8 +19,8 @@ from hspmd_sdk.core.strategy import Pipeline, Stage, Strategy, _over_memory, mem
 from hspmd_sdk.errors import PlanValidationError
 
 
-def pl(mbs: int, n: int, *stages: dict[str, Any]) -> dict[str, Any]:
-    return {"stages": list(stages), "micro_batch_size": mbs, "num_micro_batches": n}
+def pl(mbs: int, n: int, *stages: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    return {"stages": list(stages), "micro_batch_size": mbs, "num_micro_batches": n, **kw}
 
 
 def st(devices: list[int], layers: list[int], **kw: Any) -> dict[str, Any]:
@@ -418,3 +419,161 @@ def test_summary_kinds_of_a_mixed_stage() -> None:
     """A stage over two device kinds lists both, comma separated."""
     s = Strategy.load({"pipelines": [pl(1, 1, st([0, 1], [0, 3]))]})
     assert "[1xcpu, 1xH20]" in s.summary(None, Cluster.mixed({"cpu": 1, "H20": 1}, per_node=1))
+
+
+# ---- ZeRO levels: the level checks, ZeRO-3's refusals, zero_shares, model_copy ----------------------------------
+def _share_pipes() -> list[dict[str, Any]]:
+    """Two DP replicas of 4 layers, the first with ZeRO share 3 (the second counts 1)."""
+    return [pl(1, 2, st([0], [0, 3]), zero_share=3), pl(1, 2, st([1], [0, 3]))]
+
+
+def test_a_zero_share_needs_zero_and_even_tp() -> None:
+    """A zero_share without ZeRO, and one beside an uneven TP stage (of any pipeline), are refused with their text;
+    with ZeRO (zero1 alone, or a level) and even stages it loads."""
+    assert problems({"pipelines": _share_pipes()}) == [
+        ("pipelines[0].zero_share", "a share of the sharded state needs ZeRO (zero >= 1; it is 0)")]
+    assert problems({"pipelines": [pl(1, 2, st([0], [0, 3])), pl(1, 2, st([1], [0, 3]), zero_share=2)]}) == [
+        ("pipelines[1].zero_share", "a share of the sharded state needs ZeRO (zero >= 1; it is 0)")]
+    uneven = [_share_pipes()[0], pl(1, 2, st([1, 2], [0, 3], ratios=[3, 1]))]
+    for level in ({"zero1": True}, {"zero": 2}):
+        assert problems({"pipelines": uneven, **level}) == [
+            ("pipelines[0].zero_share", "uneven ZeRO shares beside uneven TP ratios are not supported yet (their "
+                                        "ZeRO split stays even): leave zero_share out")]
+    for level, zero in (({"zero1": True}, 1), ({"zero": 1}, 1), ({"zero": 2}, 2), ({"zero": 3}, 3)):
+        s = Strategy.load({"pipelines": _share_pipes(), **level})
+        assert (s.zero, s.zero1, s.pipelines[0].zero_share, s.pipelines[1].zero_share) == (zero, True, 3.0, None)
+    # uneven TP without any share: no share problem
+    assert Strategy.load({"pipelines": [pl(1, 2, st([0, 1], [0, 3], ratios=[3, 1]))], "zero": 2}).zero == 2
+
+
+def test_zero_shares_is_none_without_any_and_one_where_not_given() -> None:
+    """zero_shares(): None when no pipeline gives a share (even), else one a pipeline, 1.0 where not given."""
+    assert load(pl(1, 1, st([0], [0, 3])), pl(1, 1, st([1], [0, 3])), zero1=True).zero_shares() is None
+    assert load(pl(1, 1, st([0], [0, 3])), zero=2).zero_shares() is None
+    assert Strategy.load({"pipelines": _share_pipes(), "zero": 1}).zero_shares() == [3.0, 1.0]
+    three = load(pl(1, 1, st([0], [0, 3])), pl(1, 1, st([1], [0, 3]), zero_share=0.5),
+                 pl(1, 1, st([2], [0, 3]), zero_share=2), zero=2)
+    assert three.zero_shares() == [1.0, 0.5, 2.0]
+    assert all(type(x) is float for x in three.zero_shares())
+
+
+def test_summary_shows_a_pipeline_s_zero_share() -> None:
+    """The pipeline line of summary() ends with its ZeRO share when it gives one, and only then."""
+    lines = Strategy.load({"pipelines": _share_pipes(), "zero": 2}).summary().split("\n")
+    assert lines[0] == ("Strategy 'dp2-zero2': 2 pipelines, 2 ranks, schedule 1f1b, ZeRO-2 on, global batch 4")
+    assert lines[1] == "  pipeline 0: 2 micro-batches x bs1 (2 samples), 1 stage, ZeRO share 3"
+    assert lines[3] == "  pipeline 1: 2 micro-batches x bs1 (2 samples), 1 stage"
+    half = load(pl(1, 2, st([0], [0, 3]), zero_share=0.25), pl(1, 2, st([1], [0, 3])), zero1=True)
+    assert half.summary().split("\n")[1] == "  pipeline 0: 2 micro-batches x bs1 (2 samples), 1 stage, ZeRO share 0.25"
+
+
+_ZERO3_RECOMPUTE = ("activation recomputation under ZeRO-3 (zero: 3) is not supported yet (the recomputed forward "
+                    "would gather its parameters again inside the backward); leave recompute out or use zero: 2")
+
+
+def _zero3_count(i: int, first: int, got: int) -> str:
+    return (f"under 1F1B, ZeRO-3 (zero: 3) needs every pipeline to run as many micro-batches, so that the replicas "
+            f"of a layer gather its parameters in the same order: pipelines[0] runs {first}, pipelines[{i}] {got}; "
+            "use schedule: gpipe (a replica running fewer joins the others' gathers after its own) or give the "
+            "pipelines different micro_batch_size")
+
+
+def _zero3_split(i: int, first: str, got: str) -> str:
+    return (f"under 1F1B, ZeRO-3 (zero: 3) needs every pipeline to split the layers into the same stages "
+            f"(pipelines[0]: {first}, pipelines[{i}]: {got}), so that the replicas of a layer run its forwards and "
+            "backwards in the same order; use schedule: gpipe for pipelines of different shapes")
+
+
+def test_zero3_refuses_recompute_anywhere_under_either_schedule() -> None:
+    """A recomputing stage under ZeRO-3 is refused, naming its pipeline and stage (here the second of each), under
+    1F1B and GPipe; at ZeRO-2 the same strategy loads."""
+    pipes = [pl(1, 2, st([0], [0, 1]), st([1], [2, 3])), pl(1, 2, st([2], [0, 1]), st([3], [2, 3], recompute=True))]
+    for schedule in ("1f1b", "gpipe"):
+        assert problems({"pipelines": pipes, "zero": 3, "schedule": schedule}) == [
+            ("pipelines[1].stages[1].recompute", _ZERO3_RECOMPUTE)]
+        assert Strategy.load({"pipelines": pipes, "zero": 2, "schedule": schedule}).zero == 2
+    assert problems({"pipelines": [pl(1, 2, st([0], [0, 3], recompute=True))], "zero": 3}) == [
+        ("pipelines[0].stages[0].recompute", _ZERO3_RECOMPUTE)]
+
+
+def test_zero3_under_1f1b_needs_as_many_micro_batches() -> None:
+    """Under 1F1B every pipeline must run pipelines[0]'s micro-batch count: the first that does not is named,
+    with both counts (the second of two, the third of three)."""
+    assert problems({"pipelines": [pl(1, 3, st([0], [0, 3])), pl(1, 1, st([1], [0, 3]))], "zero": 3}) == [
+        ("pipelines[1].num_micro_batches", _zero3_count(1, 3, 1))]
+    assert problems({"pipelines": [pl(2, 2, st([0], [0, 3])), pl(1, 2, st([1], [0, 3])), pl(1, 5, st([2], [0, 3]))],
+                     "zero": 3}) == [("pipelines[2].num_micro_batches", _zero3_count(2, 2, 5))]
+
+
+def test_zero3_under_1f1b_needs_the_same_stages() -> None:
+    """Under 1F1B every pipeline must split the layers as pipelines[0] does: the first that does not is named,
+    with both splits."""
+    two = [pl(1, 2, st([0], [0, 1]), st([1], [2, 3])), pl(1, 2, st([2], [0, 3]))]
+    assert problems({"pipelines": two, "zero": 3}) == [
+        ("pipelines[1].stages", _zero3_split(1, "[[0, 1], [2, 3]]", "[[0, 3]]"))]
+    three = [pl(1, 2, st([0], [0, 1]), st([1], [2, 3])), pl(1, 2, st([2], [0, 1]), st([3], [2, 3])),
+             pl(1, 2, st([4], [0, 2]), st([5], [3, 3]))]
+    assert problems({"pipelines": three, "zero": 3}) == [
+        ("pipelines[2].stages", _zero3_split(2, "[[0, 1], [2, 3]]", "[[0, 2], [3, 3]]"))]
+
+
+def test_zero3_accepts_what_gathers_in_order() -> None:
+    """ZeRO-3 loads: 1F1B pipelines of one shape and count (any micro-batch sizes, TP degrees and shares); GPipe
+    pipelines of different shapes and counts; one pipeline.  The same refused strategies load at ZeRO-2."""
+    same = [pl(1, 2, st([0], [0, 1]), st([1], [2, 3])), pl(2, 2, st([2, 3], [0, 1]), st([4], [2, 3])),
+            pl(1, 2, st([5], [0, 1]), st([6], [2, 3]))]
+    assert Strategy.load({"pipelines": same, "zero": 3}).zero == 3
+    assert Strategy.load({"pipelines": _share_pipes(), "zero": 3}).zero_shares() == [3.0, 1.0]
+    assert Strategy.load({"pipelines": [pl(1, 4, st([0], [0, 3]))], "zero": 3}).name == "single-device"
+    shapes = [pl(1, 3, st([0], [0, 1]), st([1], [2, 3])), pl(1, 1, st([2], [0, 3])),
+              pl(1, 2, st([3], [0, 2]), st([4], [3, 3]))]
+    for pipes in (shapes, [pl(1, 3, st([0], [0, 3])), pl(1, 1, st([1], [0, 3]))],
+                  [pl(1, 2, st([0], [0, 1]), st([1], [2, 3])), pl(1, 2, st([2], [0, 3]))]):
+        assert Strategy.load({"pipelines": pipes, "zero": 3, "schedule": "gpipe"}).zero == 3
+        assert Strategy.load({"pipelines": pipes, "zero": 2}).zero == 2
+    assert Strategy.load({"pipelines": shapes, "zero": 3, "schedule": "gpipe"})._zero3_problem() is None
+
+
+def test_model_copy_without_a_level_change_is_pydantic_s_plain_copy() -> None:
+    """No update, or one that leaves zero and zero1 alone: pydantic's copy, shallow by default (the copy shares the
+    pipelines list) and deep with deep=True, not validated (a wrong field is taken as given)."""
+    s = Strategy.load({"pipelines": _share_pipes(), "zero": 2})
+    for c in (s.model_copy(), s.model_copy(update=None), s.model_copy(update={}), s.model_copy(deep=False)):
+        assert c == s and c is not s and c.pipelines is s.pipelines
+    for c in (s.model_copy(deep=True), s.model_copy(update={}, deep=True), s.model_copy(update=None, deep=True)):
+        assert c == s and c.pipelines is not s.pipelines and c.pipelines[0] is not s.pipelines[0]
+    deep = s.model_copy(update={"name": "x"}, deep=True)
+    assert (deep.name, deep.zero, deep.zero1) == ("x", 2, True) and deep.pipelines is not s.pipelines
+    named = s.model_copy(update={"name": "y", "schedule": "gpipe"})
+    assert (named.name, named.schedule, named.zero, named.zero1) == ("y", "gpipe", 2, True)
+    assert named.pipelines is s.pipelines
+    raw = s.model_copy(update={"schedule": "nonsense"})  # not validated
+    assert raw.schedule == "nonsense"
+
+
+def test_model_copy_changing_the_level_is_validated() -> None:
+    """An update of zero or zero1 gives a validated copy of every other field (name, schedule, pipelines, shares),
+    the field given winning over the other: zero1=False turns sharding off (and then a share is refused),
+    zero1=True is zero=1, a level sets zero1; a bad level is refused."""
+    two = Strategy.load({"pipelines": [pl(1, 2, st([0], [0, 3])), pl(1, 2, st([1], [0, 3]))], "zero": 2,
+                         "schedule": "gpipe", "name": "mine"})
+    for update, level in (({"zero1": False}, (0, False)), ({"zero1": True}, (1, True)), ({"zero": 3}, (3, True)),
+                          ({"zero": 0}, (0, False)), ({"zero": 1, "zero1": True}, (1, True))):
+        c = two.model_copy(update=update)
+        assert type(c) is Strategy and (c.zero, c.zero1) == level, update
+        assert (c.name, c.schedule, c.pipelines) == ("mine", "gpipe", two.pipelines), update
+    off = Strategy.load({"pipelines": [pl(1, 2, st([0], [0, 3])), pl(1, 2, st([1], [0, 3]))]})
+    for update, level in (({"zero": 2}, (2, True)), ({"zero1": True}, (1, True)), ({"zero": 1}, (1, True))):
+        c = off.model_copy(update=update)
+        assert (c.zero, c.zero1, c.name) == (*level, off.name), update
+    shared = Strategy.load({"pipelines": _share_pipes(), "zero": 1})
+    assert shared.model_copy(update={"zero": 2}).zero_shares() == [3.0, 1.0]
+    with pytest.raises(ValueError, match=re.escape("pipelines[0].zero_share: a share of the sharded state needs "
+                                                   "ZeRO (zero >= 1; it is 0)")):
+        shared.model_copy(update={"zero1": False})
+    with pytest.raises(ValueError, match=re.escape("zero1: False contradicts zero: 2 (zero1 means zero >= 1): give "
+                                                   "one of them")):
+        off.model_copy(update={"zero": 2, "zero1": False})
+    recompute = Strategy.load({"pipelines": [pl(1, 2, st([0], [0, 3], recompute=True))], "zero": 2})
+    with pytest.raises(ValueError, match=re.escape("pipelines[0].stages[0].recompute: " + _ZERO3_RECOMPUTE)):
+        recompute.model_copy(update={"zero": 3})
