@@ -552,3 +552,40 @@ def test_layer_cost_cp_ring_hops_recompute_and_no_ring_at_cp1() -> None:
     assert m2.bwd_comm == close(3 * hop - 2 * 0.24) and r2.bwd_comm == close(3 * hop - 2 * 0.24 + hop - 0.24)
     one = layer_cost(m, SPEC, 1, LINK, 2, 4, _cm(), cp=1, cp_link=LINK)
     assert (one.ring_gap_fwd, one.ring_gap_bwd, one.fwd_comm) == (0.0, 0.0, 0.0)
+
+
+# ---- counts of values priced at their dtype (wire_bytes, p2p_seconds, collective_seconds; issue 47, item 5) -------
+def test_values_are_priced_at_their_dtype_or_at_bf16_times_the_factor() -> None:
+    """``wire_bytes``: 4 a value at float32, 2 at bfloat16, and without a dtype the model's count (bf16) times
+    ``comm_bytes_factor``; ``p2p_seconds`` / ``collective_seconds`` are ``p2p_time`` / ``collective_time`` of those
+    bytes (which apply the factor themselves), and nothing for no values, one device or a rank's own link."""
+    link, own = Link("inter", 100.0, 1.0), Link("self", 1.0, 1.0)
+    cm = CostModel(p2p_efficiency=0.5, comm_scale=2.0, comm_bytes_factor=3.0)
+    assert cm.wire_bytes(10) == 60 and cm.wire_bytes(10, "float32") == 40 and cm.wire_bytes(10, "bfloat16") == 20
+    assert cm.p2p_seconds(10, link) == close(cm.p2p_time(20, link))  # the factor applied once
+    assert cm.p2p_seconds(10, link, "float32") == close(cm.p2p_time(40 / 3, link))
+    assert cm.p2p_seconds(1, link, "float32") > 0
+    assert cm.p2p_seconds(0, link) == 0.0 and cm.p2p_seconds(5, own) == 0.0
+    for op in ("AllReduce", "AllGather"):
+        assert cm.collective_seconds(op, 10, 4, link, "float32") == close(cm.collective_time(op, 40 / 3, 4, link))
+        assert cm.collective_seconds(op, 10, 4, link) == close(cm.collective_time(op, 20, 4, link))
+    assert cm.collective_seconds("AllReduce", 1, 2, link) > 0
+    assert cm.collective_seconds("AllReduce", 0, 2, link) == 0.0
+    assert cm.collective_seconds("AllReduce", 5, 1, link) == 0.0
+    assert cm.collective_seconds("AllReduce", 5, 2, own) == 0.0
+
+
+def test_the_operators_comm_is_priced_at_the_dtype_given() -> None:
+    """The TP collectives of a layer, the embedding and the head, and a CP ring over a slow link, cost more at
+    float32 than at bfloat16 (twice the bytes; the same latency), their compute unchanged."""
+    model, cm = Fake(), _cm()
+    slow = Link("inter", 1e-6, 1e-6)
+    for fn in (layer_cost, embedding_cost, head_cost):
+        f32, b16 = (fn(model, SPEC, 2, LINK, 2, 16, cm, dtype=d) for d in ("float32", "bfloat16"))
+        assert f32.fwd_comm > 0 or f32.bwd_comm > 0, fn.__name__
+        for a, b in ((f32.fwd_comm, b16.fwd_comm), (f32.bwd_comm, b16.bwd_comm)):
+            assert a > b or a == b == 0, fn.__name__
+        assert f32.fwd_compute == b16.fwd_compute and f32.bwd_compute == b16.bwd_compute
+    f32, b16 = (layer_cost(model, SPEC, 1, LINK, 2, 16, cm, cp=2, cp_link=slow, dtype=d)
+                for d in ("float32", "bfloat16"))
+    assert f32.ring_gap_fwd > b16.ring_gap_fwd > 0 and f32.ring_gap_bwd > b16.ring_gap_bwd > 0
