@@ -284,3 +284,58 @@ def test_model_copy_is_always_independent() -> None:
         assert c == a and c is not a and c.dg_union is not a.dg_union and c.dg_union[0] is not a.dg_union[0]
         assert c.hratios is not a.hratios and c.hratios == [1, 3]
     assert a.model_copy(update={"hratios": [2, 2]}).hratios is None
+
+
+# ---- the per-subgroup forms (issue 45: specialize at 102,400 ranks) --------------------------------------------
+def _counting(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[int]:
+    """Count the calls of ``owner.name`` (a function or method), without changing what it does."""
+    calls: list[int] = []
+    real = getattr(owner, name)
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+def test_same_ds_compares_each_distinct_pair_once_and_decides_like_equality(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_same_ds`` is list equality (different lengths, an unequal pair: False) that compares each pair of distinct
+    DS objects once (a replica's subgroups share their DS objects) and never an object with itself."""
+    from hspmd_sdk.core import annotation as mod
+
+    x, y, z = DS.parse("S0x2"), DS.parse("S0x2"), DS.parse("D2")
+    assert x is not y and x == y
+    assert mod._same_ds([x], [y]) and not mod._same_ds([x], [x, x]) and not mod._same_ds([x, y], [x])
+    assert not mod._same_ds([x], [z]) and not mod._same_ds([x, x], [y, z])
+    calls = _counting(monkeypatch, DS, "__eq__")
+    assert mod._same_ds([x] * 5, [y] * 5) and len(calls) == 1  # the pair (x, y) once
+    calls.clear()
+    assert mod._same_ds([x] * 5, [x] * 5) and calls == []  # the same object: nothing to compare
+
+
+def test_subgroup_views_share_one_layout_and_work_it_out_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Subgroups with the same DS object and subgroup box share their lists (boxes and summand indices, when no
+    offset applies); the positions' boxes of a DS are worked out once per extent (``_position_box`` once per
+    position), and a shape is checked once per DS object and extent."""
+    from hspmd_sdk.core import annotation as mod
+
+    ds = DS.parse("S0x2")  # one DS object in every subgroup (as strategies build them)
+    ann = Annotation([[0, 1], [2, 3], [4, 5]], [ds, ds, ds], -1)  # the whole tensor each (no HDim split)
+    views = mod.subgroup_views(ann, (8, 4))
+    assert views.boxes[0] is views.boxes[1] is views.boxes[2]
+    assert views.partial_indices[0] is views.partial_indices[1]
+    positions = _counting(monkeypatch, mod, "_position_box")
+    checks = _counting(monkeypatch, DS, "check_shape")
+    split = Annotation([[0, 1], [2, 3], [4, 5]], [ds, ds, ds], 1)  # three column blocks of one extent
+    views = mod.subgroup_views(split, (8, 6))
+    assert len(positions) == 2 and len(checks) == 1
+    assert [v[0] for v in views.boxes] == [((0, 4), (0, 2)), ((0, 4), (2, 4)), ((0, 4), (4, 6))]
+
+
+def test_a_shape_error_names_no_tensor_without_a_name() -> None:
+    """``subgroup_boxes`` without a name: the message starts at the subgroup (no ``tensor '...'`` prefix)."""
+    with pytest.raises(ShapeError) as e:
+        Annotation("[0,1] S0x2").subgroup_boxes((3, 4))
+    assert str(e.value).startswith("subgroup 0 (0,1): DS S0x2 splits dim 0 of size 3")
