@@ -346,3 +346,27 @@ def test_bottom_collective_groups(src: str, dst: str, kinds: list[str], groups) 
     rng = np.random.default_rng(7)
     value = rng.standard_normal(shape)
     check_destination(d, shape, value, plan.simulate(source_inputs(s, shape, value, rng)))
+
+
+# ---- the per-rank mappings of issue 45's faster resolve ----------------------------------------------------------
+def test_the_views_count_each_subgroups_summands_for_its_ranks() -> None:
+    """``_Views.partial_count``: every rank of a subgroup gets that subgroup's number of summands (3 for the P3
+    subgroup's three ranks, 1 for the lone replica), not the subgroup's size nor the first subgroup's count."""
+    from hspmd_sdk.core.annotation import Annotation
+    from hspmd_sdk.core.resolve import _views
+
+    views = _views(Annotation("[0,1,2] P3 | [3] R"), (4,))
+    assert views.partial_count == {0: 3, 1: 3, 2: 3, 3: 1}
+    views = _views(Annotation("[0] R | [1,2] P2 | [3] R"), (4,))
+    assert views.partial_count == {0: 1, 1: 2, 2: 2, 3: 1}
+
+
+def test_a_top_tier_partial_is_not_the_same_layout_as_a_bottom_tier_one() -> None:
+    """The same boxes and summand numbers, but the sums go over the hierarchy's other tier: ``_same_views`` says
+    they differ (the top tiers' Partial differs) and the plan moves data; so does one whose ranks differ."""
+    from hspmd_sdk.core.annotation import Annotation
+    from hspmd_sdk.core.resolve import resolve
+
+    top, bottom = Annotation("[0] R | [1] R ; hdim=-2"), Annotation("[0,1] P2")
+    assert [k.value for k in resolve(top, bottom, (4,), "float32").kinds] == ["SplitAllReduce", "BSR"]
+    assert [k.value for k in resolve(bottom, top, (4,), "float32").kinds] == ["AllReduce", "BSR"]
