@@ -4,10 +4,10 @@ At ZeRO-1 and -2 a rank's parameters are already sharded at rest (the fp32 maste
 gathers each one once per step and holds it through every forward and backward of the step.  At ZeRO-3 the
 gathered tensor of each parameter is one leaf per step whose *storage* is filled only while it is read:
 
-* forward: gathered with its *unit* (FSDP's: the parameters of one layer over one set of ranks — consecutive
-  layers merged up to :data:`ZERO3_UNIT_BYTES` —, coalesced into one collective per owner) just before the first operator of the micro-batch that reads one of them (the next unit
-  posted while it computes: prefetch), each freed after its last reader (aliases — a ``split`` or ``reshape`` of
-  it, views of its storage — keep it until their own last reader);
+* forward: gathered with its *unit* (FSDP's: the parameters of one layer over one set of ranks, consecutive layers
+  merged up to :data:`ZERO3_UNIT_BYTES`; one coalesced collective per owner) just before the first operator of the
+  micro-batch that reads one of them (the next unit posted while it computes: prefetch), each freed after its last
+  reader (aliases — a ``split`` or ``reshape`` of it, views of its storage — keep it until their own last reader);
 * backward: the outputs of every operator that read it pass through :class:`_Regather`, whose backward gathers
   it again before that operator's backward needs it; it is freed once autograd has accumulated its gradient.
 
@@ -20,7 +20,7 @@ Freeing resizes the storage to 0 (FSDP2's approach): the tensor object, the one 
 it keeps its version counter, so autograd accepts it.  The gather itself is the parameters' own ``PRE`` plans
 (``SplitAllGather`` from the resolution), so nothing new is resolved and the collectives per group are issued in
 the order of the operators — the same on every replica whose schedule runs the layer's forwards and backwards
-in the same order (:func:`hspmd_sdk.core.strategy.zero3_problems` checks that before launch).
+in the same order (the Strategy's check refuses what would not: ``Strategy._zero3_problem``).
 """
 from __future__ import annotations
 
@@ -28,9 +28,8 @@ from typing import Any, Callable
 
 import torch
 
-from .comm import Pending
-
 from ...core.plan import ZERO3_UNIT_BYTES
+from .comm import Pending
 
 __all__ = ["Zero3Params", "ZERO3_UNIT_BYTES"]
 
