@@ -399,6 +399,9 @@ def test_protocol_program_fields_choose_parts_only_with_a_rank_a_plan_and_a_rank
     for rank, p in ((None, plan), (1, None), (5, plan)):
         got = protocol.program_fields(program, p, rank)
         assert set(got) == {"payload"} and protocol.unpack_payload(got["payload"]) == (program, p)
+    from hspmd_sdk.core.program_part import part_json
+
+    assert protocol.program_fields(program, plan, 1)["program_part"] == part_json(program, 1, version=0)
     mixed = protocol.program_fields(program, plan, 1, plan_rank=0)
     assert mixed["plan_part"] == PlanParts(plan).json(0) != PlanParts(plan).json(1)
 
