@@ -6,7 +6,7 @@ step is timed between two ``dist.barrier()`` calls (the slowest rank).  :func:`h
 predicts each; reported: measured / simulated (goal: within 20%, i.e. 0.8-1.2, on a quiet machine).
 
 Strategies (the bench model: 4 layers, hidden 256, ffn 768, seq 128, global batch 8): one rank (no
-communication: the compute model's own error); DP2, PP2 1F1B (4 micro-batches), TP2 on 2 ranks; the
+communication: the compute model's own error); DP2, PP2 1F1B (4 micro-batches), TP2 and DP2 at ZeRO-3 on 2 ranks; the
 ``example_hetero_tiny`` layout (a TP2 -> TP1 pipeline with 3 micro-batches of 2 beside a 1-rank pipeline with 1)
 on 4 ranks.
 
@@ -71,7 +71,10 @@ STRATEGIES = {
     1: {"single": strategy([pipe([([0], [0, L])], 8, 1)], "single (1 rank)")},
     2: {"dp2": strategy([pipe([([0], [0, L])], 4, 1), pipe([([1], [0, L])], 4, 1)], "dp2"),
         "pp2_1f1b": strategy([pipe([([0], [0, 1]), ([1], [2, L])], 2, 4)], "pp2-1f1b"),
-        "tp2": strategy([pipe([([0, 1], [0, L])], 8, 1)], "tp2")},
+        "tp2": strategy([pipe([([0, 1], [0, L])], 8, 1)], "tp2"),
+        # ZeRO-3 (issue 46): every forward and backward gathers the parameters again (one unit: 4 MiB merged)
+        "dp2_zero3": strategy([pipe([([0], [0, L])], 4, 1), pipe([([1], [0, L])], 4, 1)], "dp2").model_copy(
+            update={"zero": 3, "name": "dp2-zero3"})},
     4: {"hetero_tiny_layout": strategy([pipe([([0, 1], [0, 1]), ([2], [2, L])], 2, 3), pipe([([3], [0, L])], 2, 1)],
                                        "example_hetero_tiny layout")},
 }
