@@ -122,12 +122,13 @@ MEMORY = {f"dp2_zero{z}": {"pipelines": [_pipe([([0], [0, 3])], 4, 1), _pipe([([
           for z in (0, 1, 2)}
 
 
-@pytest.fixture(scope="module")
-def measured(gpt: GPTConfig) -> dict:
+def measure(gpt: GPTConfig, plans: dict[str, dict], **options: Any) -> dict:
+    """Train ``plans`` (name -> DP2 strategy) for 2 steps each in one 2-rank job whose workers measure what they hold
+    (``zero_entry``; ``options``: more of its payload); every rank's report (shared with test_zero3.py)."""
     cluster = Cluster.local(2)
     runs = {n: training_run(_program(gpt, s, cluster), steps=2, seed=SEED, seq_len=SEQ, lr=LR, cluster=cluster)
-            for n, s in MEMORY.items()}
-    payload = {"runs": runs, "bucket_bytes": 64 * 1024, "first_bucket_bytes": 16 * 1024}
+            for n, s in plans.items()}
+    payload = {"runs": runs, "bucket_bytes": 64 * 1024, "first_bucket_bytes": 16 * 1024, **options}
     old = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS), old])  # the workers import zero_entry from here
     try:
@@ -135,6 +136,11 @@ def measured(gpt: GPTConfig) -> dict:
     finally:
         os.environ["PYTHONPATH"] = old
     return result.results
+
+
+@pytest.fixture(scope="module")
+def measured(gpt: GPTConfig) -> dict:
+    return measure(gpt, MEMORY)
 
 
 def test_zero2_holds_the_gradient_shard_and_less_at_its_peak(gpt: GPTConfig, measured: dict) -> None:

@@ -101,18 +101,10 @@ MEMORY = {f"dp2_zero{z}": {"pipelines": [_pipe([([0], [0, 3])], 2, 2), _pipe([([
 
 @pytest.fixture(scope="module")
 def measured(gpt: GPTConfig) -> dict:
-    cluster = Cluster.local(2)
-    runs = {n: training_run(_program(gpt, s, cluster), steps=2, seed=SEED, seq_len=SEQ, lr=LR, cluster=cluster)
-            for n, s in MEMORY.items()}
+    from test_zero2 import measure
+
     # a unit per layer (no merging up to ZERO3_UNIT_BYTES: the whole tiny model would be one unit)
-    payload = {"runs": runs, "bucket_bytes": 64 * 1024, "first_bucket_bytes": 16 * 1024, "zero3_unit_bytes": 0}
-    old = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS), old])  # the workers import zero_entry from here
-    try:
-        result = launch(None, cluster, steps=1, entry="zero_entry:entry", payload=payload, timeout_s=180).wait()
-    finally:
-        os.environ["PYTHONPATH"] = old
-    return result.results
+    return measure(gpt, MEMORY, zero3_unit_bytes=0)
 
 
 def test_zero3_holds_a_few_gathered_parameters_at_a_time(gpt: GPTConfig, measured: dict) -> None:

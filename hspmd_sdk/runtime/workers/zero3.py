@@ -24,7 +24,8 @@ in the same order (the Strategy's check refuses what would not: ``Strategy._zero
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -187,10 +188,15 @@ class Zero3Params:
                 self.free(p)
 
     # ---- replicas that run fewer micro-batches (GPipe) -----------------------------------------------------------
-    def recording(self, kind: str) -> "_Recording":
+    @contextmanager
+    def recording(self, kind: str) -> Iterator[None]:
         """``with zero3.recording("F"):`` around a micro-batch's forward (``"B"``: backward) keeps the order in which
         it posts its units' gathers (:attr:`sequences`), for :meth:`phantom`."""
-        return _Recording(self, kind)
+        self._recording = []
+        try:
+            yield
+        finally:
+            self.sequences[kind], self._recording = self._recording, None
 
     def phantom(self, kind: str, times: int) -> None:
         """Join ``times`` more passes' gathers, as recorded (:meth:`recording`), without computing: a replica of the
@@ -200,14 +206,3 @@ class Zero3Params:
             for k in self.sequences.get(kind, []):
                 for got in self._post(k):
                     got.wait()
-
-
-class _Recording:
-    def __init__(self, owner: Zero3Params, kind: str) -> None:
-        self.owner, self.kind = owner, kind
-
-    def __enter__(self) -> None:
-        self.owner._recording = []
-
-    def __exit__(self, *exc: Any) -> None:
-        self.owner.sequences[self.kind], self.owner._recording = self.owner._recording or [], None
