@@ -121,3 +121,78 @@ def test_planned_shares_specialize_and_train_like_the_reference(gpt: GPTConfig, 
     assert _rel(run["losses"], reference.losses) <= 1e-5
     assert _rel(run["grad_norms"], reference.grad_norms) <= 1e-6, (run["grad_norms"], reference.grad_norms)
     _state_matches(trained["out"], reference, 0)
+
+
+# ---- ZeRO-3: the weights sharded too, by the same shares --------------------------------------------------------
+G6 = {"kind": "G6", "memory_mb": 6144, "bf16_tflops": 165, "intra_bandwidth_gbs": 32}
+G8 = {**G6, "kind": "G8", "memory_mb": 8192}
+
+
+def test_the_planner_prices_zero3_weights_as_sharded_and_never_recomputes_there() -> None:
+    """The planner's model-state bytes at ZeRO-3 divide the bf16 weights by the replicas too; everything is then
+    sharded (nothing of the model state is outside ZeRO's shares); a stage's transient holds the two layers
+    gathered at once (the one read, the next prefetched); the layer ILPs never fall back to recomputation."""
+    from hspmd_sdk.planner.hetero import PlanContext, _gathered, _static_bytes
+
+    assert _static_bytes(10.0, 4, 3) == 10 * (2 / 4 + 2 / 4 + 12 / 4)
+    assert _static_bytes(10.0, 4, 2) == 10 * (2 + 2 / 4 + 12 / 4)
+    assert _gathered(10.0, 3) == 40.0 and _gathered(10.0, 2) == 0.0
+    cluster = _pair(G80, G6)
+    three = PlanContext(LLAMA_2_7B, cluster, global_batch=8, seq_len=512, zero=3, zero_shares=True)
+    two = PlanContext(LLAMA_2_7B, cluster, global_batch=8, seq_len=512, zero=2, zero_shares=True)
+    params = LLAMA_2_7B.param_count()
+    assert three.state_bytes() == (0.0, pytest.approx(params * 16))
+    assert two.state_bytes()[0] == pytest.approx(params * 2)  # the bf16 weights, whole on every replica
+    assert three.recompute_options == (False,) and two.recompute_options == (False, True)
+    from hspmd_sdk.planner.hetero import TPGroup
+
+    group = TPGroup((1,), "G6", 1)
+    p3, p2 = three.profile(group, 1, 2), two.profile(group, 1, 2)
+    layer_bf16 = LLAMA_2_7B.layer_param_count() * 2
+    assert p3.layer_transient == pytest.approx(p2.layer_transient + 2 * max(
+        layer_bf16, LLAMA_2_7B.embedding_param_count() * 2, LLAMA_2_7B.head_param_count() * 2))
+    assert p3.layer_static == pytest.approx(p2.layer_static - layer_bf16 / 2)
+
+
+def test_a_card_too_small_for_zero2_gets_an_uneven_zero3_plan() -> None:
+    """Llama 2.7B beside a 6 GB card (seq 512): with ZeRO-1 and ZeRO-2 no plan fits (the card cannot hold the bf16
+    weights, 5 GB, and the runtime's reserve), so ``plan_hetero`` plans ZeRO-3 with shares by free memory and says
+    why; every device's estimate is within its memory, each pipeline's fullest device fills the same fraction of
+    what it has free for the sharded state (weights, gradients, master weights and moments), and the pipelines'
+    unequal micro-batch counts run under GPipe.  Beside an 8 GB card, where ZeRO-2 fits, the planner keeps ZeRO-2:
+    the simulator prices ZeRO-3's gathers (every layer before each forward and backward, over a 32 GB/s link)
+    at twice the step."""
+    from hspmd_sdk.errors import PlanValidationError
+    from hspmd_sdk.planner.simulator import simulate
+
+    cluster, cost = _pair(G80, G6), CostModel()
+    got = plan_hetero(LLAMA_2_7B, cluster, global_batch=8, seq_len=512, min_pipelines=2)
+    assert got.zero == 3 and [p.ranks for p in got.pipelines] == [[0], [1]]
+    assert got.schedule == "gpipe" and len({p.num_micro_batches for p in got.pipelines}) == 2
+    assert not any(st.recompute for p in got.pipelines for st in p.stages)
+    shares = got.zero_shares()
+    assert shares is not None and shares[0] == 1.0 and 0 < shares[1] < 0.1, shares
+    assert "(ZeRO-3: with ZeRO-1, no strategy for llama-2.7b fits 2 devices" in got.name and \
+        "and with ZeRO-2 too)" in got.name and "ZeRO shares 1:" in got.name, got.name
+    with pytest.raises(PlanValidationError, match="no strategy"):
+        plan_hetero(LLAMA_2_7B, cluster, global_batch=8, seq_len=512, min_pipelines=2, zero=2)
+    capacity = {r: cluster.spec(r).memory_bytes for r in (0, 1)}
+    planned = _memory(got, LLAMA_2_7B, cluster, 512, cost)
+    even = _memory(_even(got), LLAMA_2_7B, cluster, 512, cost)
+    assert all(planned[r].total <= capacity[r] for r in (0, 1)), planned
+    assert even[1].total > 2 * capacity[1]
+    # the small card holds its share of the weights: its bf16 weights are its gradients' bytes (same shard)
+    assert planned[1].grads < 0.1 * planned[0].grads
+    used = []
+    for r in (0, 1):
+        sharded = planned[r].optimizer + 2 * planned[r].grads  # moments and masters, gradients, weights
+        used.append(sharded / (capacity[r] - (planned[r].total - sharded)))
+    assert used[0] == pytest.approx(used[1], rel=5e-3), used
+    assert not simulate(LLAMA_2_7B, got, cluster, seq_len=512, cost=cost).oom
+
+    roomier = _pair(G80, G8)
+    auto = plan_hetero(LLAMA_2_7B, roomier, global_batch=8, seq_len=512, min_pipelines=2)
+    three = plan_hetero(LLAMA_2_7B, roomier, global_batch=8, seq_len=512, min_pipelines=2, zero=3)
+    assert (auto.zero, three.zero) == (2, 3)
+    t2, t3 = (simulate(LLAMA_2_7B, s, roomier, seq_len=512, cost=cost) for s in (auto, three))
+    assert not t2.oom and not t3.oom and t3.step_time > 1.5 * t2.step_time, (t2.step_time, t3.step_time)

@@ -139,9 +139,17 @@ class StageProfile:
 
 def _static_bytes(params: float, zero_shards: float, zero: int = 1) -> float:
     """Model-state bytes of ``params`` parameters: bf16 weights and gradients, fp32 master and Adam moments; the
-    optimizer part over ``zero_shards`` replicas, and from ZeRO level 2 the gradients too."""
+    optimizer part over ``zero_shards`` replicas, from ZeRO level 2 the gradients too, at level 3 the weights too
+    (what ZeRO-3 gathers at once is a stage's transient: :func:`_gathered`)."""
     z = max(zero_shards, 1.0)
-    return params * (BF16 + BF16 / (z if zero >= 2 else 1.0) + 3 * FP32 / z)
+    return params * (BF16 / (z if zero >= 3 else 1.0) + BF16 / (z if zero >= 2 else 1.0) + 3 * FP32 / z)
+
+
+def _gathered(params: float, zero: int) -> float:
+    """ZeRO-3's gathered weights at once on a rank whose largest unit holds ``params`` parameters: the unit being
+    read and the next one prefetched (:func:`hspmd_sdk.core.memory.zero3_gathered`; the planner's units are
+    layers, whose bf16 weights at the sizes it plans exceed the runtime's least unit); nothing below level 3."""
+    return 2 * params * BF16 if zero >= 3 else 0.0
 
 
 class PlanContext:
@@ -156,8 +164,10 @@ class PlanContext:
         self.zero = (1 if zero1 else 0) if zero is None else int(zero)
         self.schedule, self.zero1 = schedule, self.zero >= 1
         # uneven ZeRO shares by free memory (:mod:`.zero_shares`): plan_hetero's, where the devices' memory differs
-        # (levels 1 and 2: what this planner prices; ZeRO-3's gathered parameters are not a share)
-        self.zero_shares = zero_shares and self.zero in (1, 2)
+        self.zero_shares = zero_shares and self.zero >= 1
+        # activation recomputation, the layer ILPs' fallback where a pipeline does not fit: not at ZeRO-3, which
+        # does not recompute yet (Strategy._zero3_problem)
+        self.recompute_options: tuple[bool, ...] = (False,) if self.zero >= 3 else (False, True)
         self._profiles: dict[tuple, StageProfile] = {}
         self._links: dict[tuple, object] = {}
         self._group_links: dict[tuple, object] = {}
@@ -177,7 +187,8 @@ class PlanContext:
         """The whole model's state bytes that ZeRO does not shard and those it does, at this level."""
         m = self.model
         params = m.num_layers * m.layer_param_count() + m.embedding_param_count() + m.head_param_count()
-        sharded = params * (3 * FP32 + (BF16 if self.zero >= 2 else 0.0)) if self.zero1 else 0.0
+        sharded = params * (3 * FP32 + (BF16 if self.zero >= 2 else 0.0) + (BF16 if self.zero >= 3 else 0.0)) \
+            if self.zero1 else 0.0
         return params * (2 * BF16 + 3 * FP32) - sharded, sharded
 
     def profile(self, group: TPGroup, micro_batch: int, zero_shards: int, recompute: bool = False) -> StageProfile:
@@ -207,13 +218,14 @@ class PlanContext:
     def _make_profile(self, kind: str, base: tuple, z: int) -> StageProfile:
         lay, emb, head = base
         spec = self.cluster.devices[kind]
+        gathered = _gathered(max(lay.params, emb.params, head.params), self.zero)
         return StageProfile(
             layer_time=lay.fwd + lay.bwd, emb_time=emb.fwd + emb.bwd, head_time=head.fwd + head.bwd,
             layer_static=_static_bytes(lay.params, z, self.zero), layer_act=lay.act_bytes,
-            layer_transient=lay.transient_bytes,
+            layer_transient=lay.transient_bytes + gathered,
             emb_static=_static_bytes(emb.params, z, self.zero), emb_act=emb.act_bytes,
             head_static=_static_bytes(head.params, z, self.zero), head_act=head.act_bytes,
-            head_transient=head.transient_bytes,
+            head_transient=head.transient_bytes + gathered,
             capacity=spec.memory_mb * 2.0**20 - self.cost.runtime_bytes(kind))
 
     def p2p_time(self, a: TPGroup, b: TPGroup, micro_batch: int) -> float:
@@ -389,7 +401,7 @@ def _quick_bound(ctx: PlanContext, classes: list[tuple[TPGroup, int]], D: int, b
     if S > ctx.model.num_layers:
         return math.inf
     z = ctx.zero_shards(D)
-    for recompute in (False, True):  # as the layer ILPs: recompute only where the plain pipeline does not fit
+    for recompute in ctx.recompute_options:  # as the layer ILPs: recompute only where the plain one does not fit
         profs = [(ctx.profile(g, b, z, recompute), g, n) for g, n in classes]
         cap = sum(n / p.layer_time for p, g, n in profs) / D  # layers per second per pipeline
         mem = sum(n * p.capacity * g.tp for p, g, n in profs) / D
@@ -419,9 +431,10 @@ def _pipeline_types(ctx: PlanContext, groups: dict[str, list[TPGroup]], D: int, 
     f = {k: len(groups[k]) // D for k in kinds}
     r = {k: len(groups[k]) % D for k in kinds}
     # plain, and with recomputation (the layer ILPs' fallback for a pipeline that does not fit otherwise)
-    prof = {rc: {k: ctx.profile(groups[k][0], b, z, rc) for k in kinds} for rc in (False, True)}
+    options = ctx.recompute_options
+    prof = {rc: {k: ctx.profile(groups[k][0], b, z, rc) for k in kinds} for rc in options}
     cap = {k: prof[False][k].capacity * groups[k][0].tp for k in kinds}
-    act = {rc: prof[rc][kinds[0]].layer_act * groups[kinds[0]][0].tp * L for rc in (False, True)}
+    act = {rc: prof[rc][kinds[0]].layer_act * groups[kinds[0]][0].tp * L for rc in options}
     static = _model_static_total(ctx, z)
     unsharded, sharded = ctx.state_bytes()
     spare = [k for k in kinds if r[k]]
@@ -431,11 +444,11 @@ def _pipeline_types(ctx: PlanContext, groups: dict[str, list[TPGroup]], D: int, 
             cnt = {k: f[k] + (k in extra) for k in kinds}
             S = sum(cnt.values())
             memory = sum(cnt[k] * cap[k] for k in kinds)
-            need = {rc: act[rc] * (S + 1) / 2 for rc in (False, True)}
-            fits = [rc for rc in (False, True) if memory >= static + need[rc]]
+            need = {rc: act[rc] * (S + 1) / 2 for rc in options}
+            fits = [rc for rc in options if memory >= static + need[rc]]
             # with ZeRO shares: a type with room beyond what ZeRO does not shard may take a smaller share (the
             # pipelines together hold the sharded part: configure_pipelines' pooled constraint)
-            room = [rc for rc in (False, True) if memory > unsharded + need[rc]] if ctx.zero_shares else []
+            room = [rc for rc in options if memory > unsharded + need[rc]] if ctx.zero_shares else []
             rc = fits[0] if fits else (room[0] if room else False)
             headroom = (memory - unsharded - need[rc]) / sharded if ctx.zero_shares and sharded else 0.0
             types.append(_Type(frozenset(extra), S, sum(cnt[k] / prof[rc][k].layer_time for k in kinds),
@@ -570,7 +583,7 @@ def share_shards(ctx: PlanContext, ordered: Sequence[Sequence[TPGroup]], b: int)
     for comp in ordered:
         memory = sum(ctx.profile(g, b, z).capacity * g.tp for g in comp)
         acts = [ctx.profile(comp[0], b, z, rc).layer_act * comp[0].tp * L * (len(comp) + 1) / 2
-                for rc in (False, True)]
+                for rc in ctx.recompute_options]
         left = [memory - unsharded - a for a in acts]
         room.append(next((h for h in left if h > 0), 0.0))
     if min(room) <= 0 or sum(room) < sharded:
@@ -581,8 +594,9 @@ def share_shards(ctx: PlanContext, ordered: Sequence[Sequence[TPGroup]], b: int)
 def solve_pipelines(ctx: PlanContext, ordered: Sequence[Sequence[TPGroup]], b: int, M: int,
                     z: float | Sequence[float]) -> list[PipelinePlan] | None:
     """Layer ILPs for pipelines given in stage order (identical kinds/TP/links solved once); a pipeline that does
-    not fit is retried with activation recomputation.  ``None`` if some pipeline fits neither way.  ``z``: the ways
-    ZeRO divides the sharded state, for all pipelines or per pipeline (uneven shares: :func:`share_shards`)."""
+    not fit is retried with activation recomputation (not at ZeRO-3).  ``None`` if some pipeline fits neither way.
+    ``z``: the ways ZeRO divides the sharded state, for all pipelines or per pipeline (uneven shares:
+    :func:`share_shards`)."""
     D = len(ordered)
     zs = [z] * D if isinstance(z, (int, float)) else list(z)
     cache: dict[tuple, PipelinePlan | None] = {}
@@ -591,7 +605,9 @@ def solve_pipelines(ctx: PlanContext, ordered: Sequence[Sequence[TPGroup]], b: i
         sig = (tuple((g.kind, g.tp, ctx.link(g.ranks[0], g.ranks[-1]).cls) for g in comp), z)
         if sig not in cache:
             m_guess = max(1, M // D)
-            plan = solve_layers(ctx, comp, b, m_guess, z) or solve_layers(ctx, comp, b, m_guess, z, recompute=True)
+            plan = solve_layers(ctx, comp, b, m_guess, z)
+            if plan is None and True in ctx.recompute_options:
+                plan = solve_layers(ctx, comp, b, m_guess, z, recompute=True)
             cache[sig] = plan
         plan = cache[sig]
         if plan is None:
@@ -778,7 +794,11 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
 
     ``zero``: the ZeRO level of the plans (SPEC §15; ``zero1`` is the alias of levels 0 and 1).  Not given and
     ``zero1``: when no plan fits the devices' memory with ZeRO-1, the planner plans again with ZeRO-2 (gradients
-    sharded too) and says so in the strategy's ``name``.
+    sharded too), then with ZeRO-3 (weights sharded too, each layer's gathered before its forward and backward),
+    and says so in the strategy's ``name``.  Plans at ZeRO-3 recompute nothing and run GPipe where ``schedule`` is
+    1F1B and the pipelines differ (ZeRO-3 runs neither recomputation nor 1F1B across unequal pipelines yet): the
+    layers are placed under 1F1B's memory, and a plan GPipe's activations do not fit is dropped by the simulator's
+    memory check, as every out-of-memory plan is.
 
     ZeRO shares: where the devices planned differ in memory (an H20 beside an H800, a 24 GB card beside an 80 GB
     one) and the plan shards (ZeRO-1 or 2), each pipeline gets a ``zero_share`` in proportion to the memory its
@@ -806,14 +826,17 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
         return _plan_hetero(model, cluster, global_batch, seq_len, zero=0 if zero is None else zero, **kw)
     try:
         return _plan_hetero(model, cluster, global_batch, seq_len, zero=1, **kw)
-    except PlanValidationError as e:  # memory binds: shard the gradients too
+    except PlanValidationError as e:  # memory binds: shard the gradients too, then the weights
         first = e
-    try:
-        plan = _plan_hetero(model, cluster, global_batch, seq_len, zero=2, **kw)
-    except PlanValidationError:
-        raise first from None
     why = first.problems[-1][1] if first.problems else str(first)
-    return plan.model_copy(update={"name": f"{plan.name} (ZeRO-2: with ZeRO-1, {why})"})
+    for level in (2, 3):
+        try:
+            plan = _plan_hetero(model, cluster, global_batch, seq_len, zero=level, **kw)
+        except PlanValidationError:
+            continue
+        return plan.model_copy(update={"name": f"{plan.name} (ZeRO-{level}: with ZeRO-1, {why}"
+                                               + (", and with ZeRO-2 too)" if level == 3 else ")")})
+    raise first from None
 
 
 def _plan_hetero(model: "ModelSpec", cluster: "Cluster", global_batch: int, seq_len: int, *, zero: int,

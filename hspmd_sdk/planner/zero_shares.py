@@ -2,13 +2,13 @@
 proportion to the memory its devices have free for it.
 
 **The rule.**  A device's estimate (:func:`hspmd_sdk.core.memory.device_memory`) is a part that ZeRO does not
-shard, ``U`` (bf16 weights; gradients below ZeRO-2; activations; the runtime), and the part it does, which is the
-device's share of the sharded state its stage would hold alone, ``F`` (fp32 master weights and Adam moments; from
-ZeRO-2 the gradients too).  With shares ``s``, a device of pipeline ``p`` holds ``U + F * s_p / sum(s)`` (every
-pipeline holds every layer once), which fits its memory ``C`` while ``s_p / sum(s) <= (C - U) / F``.  So pipeline
-``p`` can take at most the fraction ``f_p = min over its devices of (C - U) / F`` of the sharded state, a plan fits
-with some shares exactly when ``sum(f) >= 1``, and the shares ``s_p`` in proportion to ``f_p`` fill every pipeline's
-fullest device to the same fraction ``1 / sum(f)`` of its free memory (the best one can do for the worst device).
+shard, ``U`` (bf16 weights below ZeRO-3, its gathered units at ZeRO-3; gradients below ZeRO-2; activations; the
+runtime), and the part it does, which is the device's share of the sharded state its stage would hold alone, ``F``
+(fp32 master weights and Adam moments; from ZeRO-2 the gradients too; at ZeRO-3 the bf16 weights too).  With
+shares ``s``, a device of pipeline ``p`` holds ``U + F * s_p / sum(s)`` (every pipeline holds every layer once),
+which fits its memory ``C`` while ``s_p / sum(s) <= (C - U) / F``.  So pipeline ``p`` can take at most the
+fraction ``f_p = min over its devices of (C - U) / F`` of the sharded state, a plan fits with some shares exactly
+when ``sum(f) >= 1``, and the shares ``s_p`` in proportion to ``f_p`` fill every pipeline's fullest device to the same fraction ``1 / sum(f)`` of its free memory (the best one can do for the worst device).
 Where pipelines' devices have the same memory and the same stages, ``f`` is the same for all: even shares.
 
 Why free memory and not simply the devices' memory: a 24 GB card beside an 80 GB one holds the same bf16 weights
@@ -42,18 +42,19 @@ MIN_GAIN = 0.01
 
 
 def _sharded(strategy: "Strategy", m: "DeviceMemory") -> float:
-    """The bytes of a device's estimate that ZeRO shards at ``strategy``'s level."""
-    return m.optimizer + (m.grads if strategy.zero >= 2 else 0.0)
+    """The bytes of a device's estimate that ZeRO shards at ``strategy``'s level: at ZeRO-3 its shard of the bf16
+    weights too, which is its shard of the bf16 gradients (the same parameters, the same bytes: the estimate's
+    ``params`` also holds the gathered units, which no share divides)."""
+    return m.optimizer + (m.grads if strategy.zero >= 2 else 0.0) + (m.grads if strategy.zero >= 3 else 0.0)
 
 
 def memory_shares(strategy: "Strategy", model: "ModelSpec", cluster: "Cluster", *, seq_len: int,
                   cost: "CostModel") -> list[float] | None:
     """The pipelines' ZeRO shares by free memory (the module's rule), largest 1, three significant digits; ``None``
     where the rule gives even shares, where the strategy cannot take shares (no ZeRO, one pipeline, uneven TP
-    ratios), at ZeRO-3 (its gathered parameters are not divided by the shares: not planned here) or where some
-    pipeline has no memory left for any share."""
+    ratios) or where some pipeline has no memory left for any share."""
     pipes = strategy.pipelines
-    if strategy.zero not in (1, 2) or len(pipes) < 2 or any(st.is_uneven for p in pipes for st in p.stages):
+    if strategy.zero < 1 or len(pipes) < 2 or any(st.is_uneven for p in pipes for st in p.stages):
         return None
     even = strategy if strategy.zero_shares() is None else _shared(strategy, None)
     mem = device_memory(even, model, cluster, seq_len=seq_len, **cost.memory_options())
