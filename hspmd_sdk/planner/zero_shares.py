@@ -8,7 +8,8 @@ runtime), and the part it does, which is the device's share of the sharded state
 shares ``s``, a device of pipeline ``p`` holds ``U + F * s_p / sum(s)`` (every pipeline holds every layer once),
 which fits its memory ``C`` while ``s_p / sum(s) <= (C - U) / F``.  So pipeline ``p`` can take at most the
 fraction ``f_p = min over its devices of (C - U) / F`` of the sharded state, a plan fits with some shares exactly
-when ``sum(f) >= 1``, and the shares ``s_p`` in proportion to ``f_p`` fill every pipeline's fullest device to the same fraction ``1 / sum(f)`` of its free memory (the best one can do for the worst device).
+when ``sum(f) >= 1``, and the shares ``s_p`` in proportion to ``f_p`` fill every pipeline's fullest device to the
+same fraction ``1 / sum(f)`` of its free memory (the best one can do for the worst device).
 Where pipelines' devices have the same memory and the same stages, ``f`` is the same for all: even shares.
 
 Why free memory and not simply the devices' memory: a 24 GB card beside an 80 GB one holds the same bf16 weights
