@@ -196,3 +196,26 @@ def test_a_card_too_small_for_zero2_gets_an_uneven_zero3_plan() -> None:
     assert (auto.zero, three.zero) == (2, 3)
     t2, t3 = (simulate(LLAMA_2_7B, s, roomier, seq_len=512, cost=cost) for s in (auto, three))
     assert not t2.oom and not t3.oom and t3.step_time > 1.5 * t2.step_time, (t2.step_time, t3.step_time)
+
+
+def test_where_memory_binds_the_planner_takes_the_fastest_level() -> None:
+    """Llama-70B on 8 H800 and 16 H20 (global batch 64, 4K tokens): the ZeRO-1 plan fits with its fullest device at
+    99% of its memory, three pipelines; at ZeRO-2 four fit, and the simulator finds that plan 1.6x faster, so
+    ``plan_hetero`` returns it and its name gives each level's simulated step.  A plan whose memory does not bind
+    is not compared (Llama-7B on 8 H800 keeps ZeRO-1 and its name)."""
+    from hspmd_sdk.planner.hetero import BINDING
+    from hspmd_sdk.planner.simulator import simulate
+    from hspmd_sdk.planner.zero_shares import peak_fraction
+
+    model, cost = LlamaConfig.preset("llama-70b"), CostModel()
+    cluster = Cluster.mixed({"H800": 8, "H20": 16})
+    one = plan_hetero(model, cluster, global_batch=64, seq_len=4096, zero=1)
+    assert peak_fraction(one, model, cluster, seq_len=4096, cost=cost)[0] >= BINDING
+    got = plan_hetero(model, cluster, global_batch=64, seq_len=4096)
+    assert got.zero == 2 and len(got.pipelines) > len(one.pipelines), (got.name, one.name)
+    t1, t2 = (simulate(model, s, cluster, seq_len=4096, cost=cost).step_time for s in (one, got))
+    assert t2 < t1 / 1.3, (t1, t2)
+    assert f"(ZeRO-2: the fastest where memory binds, ZeRO-1's fullest device (rank " in got.name, got.name
+    assert f"simulated steps ZeRO-1 {t1:.3g} s, ZeRO-2 {t2:.3g} s" in got.name, got.name
+    roomy = plan_hetero("llama-7b", Cluster.mixed({"H800": 8}), global_batch=16, seq_len=2048)
+    assert roomy.zero == 1 and "memory binds" not in roomy.name

@@ -53,7 +53,7 @@ from ._pulp import _cbc, _variable
 from .cost import BF16, FP32, CostModel, embedding_cost, head_cost, layer_cost
 from .hetero_mixed import arrangement_strategies, mixed_arrangements, recomputing
 from .simulator import SimResult, simulate
-from .zero_shares import shares_note, with_memory_shares
+from .zero_shares import peak_fraction, shares_note, with_memory_shares
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.cluster import Cluster
@@ -795,7 +795,10 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
     ``zero``: the ZeRO level of the plans (SPEC §15; ``zero1`` is the alias of levels 0 and 1).  Not given and
     ``zero1``: when no plan fits the devices' memory with ZeRO-1, the planner plans again with ZeRO-2 (gradients
     sharded too), then with ZeRO-3 (weights sharded too, each layer's gathered before its forward and backward),
-    and says so in the strategy's ``name``.  Plans at ZeRO-3 recompute nothing and run GPipe where ``schedule`` is
+    and says so in the strategy's ``name``.  Where the ZeRO-1 plan fits but memory binds (its fullest device's
+    estimate at :data:`BINDING` of its memory or more: memory may have kept the planner from more replicas), it
+    also plans at ZeRO-2 and ZeRO-3 and returns the fastest in the simulator, its name saying the levels' times
+    where another level wins.  Plans at ZeRO-3 recompute nothing and run GPipe where ``schedule`` is
     1F1B and the pipelines differ (ZeRO-3 runs neither recomputation nor 1F1B across unequal pipelines yet): the
     layers are placed under 1F1B's memory, and a plan GPipe's activations do not fit is dropped by the simulator's
     memory check, as every out-of-memory plan is.
@@ -825,9 +828,11 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
     if zero is not None or not zero1:
         return _plan_hetero(model, cluster, global_batch, seq_len, zero=0 if zero is None else zero, **kw)
     try:
-        return _plan_hetero(model, cluster, global_batch, seq_len, zero=1, **kw)
+        one = _plan_hetero(model, cluster, global_batch, seq_len, zero=1, **kw)
     except PlanValidationError as e:  # memory binds: shard the gradients too, then the weights
         first = e
+    else:
+        return _fastest_level(one, model, cluster, global_batch, seq_len, **{**kw, "cost": cost or CostModel()})
     why = first.problems[-1][1] if first.problems else str(first)
     for level in (2, 3):
         try:
@@ -837,6 +842,36 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
         return plan.model_copy(update={"name": f"{plan.name} (ZeRO-{level}: with ZeRO-1, {why}"
                                                + (", and with ZeRO-2 too)" if level == 3 else ")")})
     raise first from None
+
+
+#: A plan's memory binds where its fullest device's estimate takes this fraction of its memory or more:
+#: :func:`plan_hetero` then plans the higher ZeRO levels too (more replicas may fit) and keeps the fastest.
+BINDING = 0.9
+
+
+def _fastest_level(one: "Strategy", model: "ModelSpec", cluster: "Cluster", global_batch: int, seq_len: int, *,
+                   cost: CostModel, **kw: Any) -> "Strategy":
+    """``one`` (planned at ZeRO-1) or, where its memory binds (:data:`BINDING`), the plan of ZeRO-2 or ZeRO-3 that
+    the simulator finds faster (named so, with the levels' simulated step times)."""
+    peak, rank = peak_fraction(one, model, cluster, seq_len=seq_len, cost=cost)
+    if peak < BINDING:
+        return one
+    timed = [(simulate(model, one, cluster, seq_len=seq_len, cost=cost).step_time, 1, one)]
+    for level in (2, 3):
+        try:
+            plan = _plan_hetero(model, cluster, global_batch, seq_len, zero=level, cost=cost, **kw)
+        except PlanValidationError:
+            continue
+        result = simulate(model, plan, cluster, seq_len=seq_len, cost=cost)
+        if not result.oom:
+            timed.append((result.step_time, level, plan))
+    best_t, level, best = min(timed, key=lambda x: x[0])
+    if level == 1:
+        return one
+    times = ", ".join(f"ZeRO-{z} {t:.3g} s" for t, z, _ in sorted(timed, key=lambda x: x[1]))
+    return best.model_copy(update={"name": f"{best.name} (ZeRO-{level}: the fastest where memory binds, ZeRO-1's "
+                                           f"fullest device (rank {rank}) at {peak:.0%} of its memory; simulated "
+                                           f"steps {times})"})
 
 
 def _plan_hetero(model: "ModelSpec", cluster: "Cluster", global_batch: int, seq_len: int, *, zero: int,
