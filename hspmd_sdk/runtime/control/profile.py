@@ -9,7 +9,7 @@ Imports torch when called.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ...planner.cost import ComputeFit, CostModel, LinkOverride, OperatorProfile, fit_line, fit_plane, fit_link
 from ...models.registry import load_model_spec
@@ -102,7 +102,6 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
     counts bf16).  The run is fp32 (the reference model's dtype).  Takes a few seconds for a small model.
     """
     import torch
-    import torch.nn.functional as F
 
     config = load_model_spec(config)
     seq = min(config.max_seq_len, 128)
@@ -113,85 +112,12 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
         torch.set_num_threads(threads)
     try:
         ref = config.with_layers(1).build_reference(seed=0).to(device)
-        layer = ref.layers[0]
-        c = config
-
-        def layer_fwd(h: "torch.Tensor") -> "torch.Tensor":
-            return ref.block(0, h)
-
-        def replicated_fwd(h: "torch.Tensor") -> "torch.Tensor":  # what TP does not divide (norms, residuals)
-            return ref.replicated(0, h)
-
-        def head_fwd(h: "torch.Tensor", targets: "torch.Tensor") -> "torch.Tensor":
-            logits = ref.head(h)
-            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-        inputs = []
-        for tokens, s in shapes:
-            b = max(1, tokens // s)
-            inputs.append((b, s, torch.randn(b, s, c.hidden_size, device=device),
-                           torch.randint(0, c.vocab_size, (b, s), device=device)))
-        # sweeps over all shapes, repeated (a warm-up sweep first), so that a change of background load hits every
-        # shape alike instead of biasing the slope or the intercept; median per shape.
-        samples: list[list[list[float]]] = [[[] for _ in range(8)] for _ in inputs]
-        for sweep in range(repeats + 1):
-            for i, (b, s, h0, tg) in enumerate(inputs):
-                t = (_time_fwd_bwd(torch, device, lambda: layer_fwd(h0.clone().requires_grad_()))
-                     + _time_fwd_bwd(torch, device, lambda: head_fwd(h0.clone().requires_grad_(), tg))
-                     + _time_fwd_bwd(torch, device, lambda: ref.embed_tokens(tg))
-                     + _time_fwd_bwd(torch, device, lambda: replicated_fwd(h0.clone().requires_grad_())))
-                if sweep:
-                    for j in range(8):
-                        samples[i][j].append(t[j])
-        rows: dict[str, list[tuple[float, float]]] = {k: [] for k in ("lf", "lb", "hf", "hb", "e", "rf", "rb")}
-        split: list[tuple[float, float]] = []  # per shape: (matmul FLOPs, attention FLOPs) of the layer
-        for (b, s, _, _), smp in zip(inputs, samples):
-            lf, lb, hf, hb, ef, eb, rf, rb = (sorted(x)[len(x) // 2] for x in smp)
-            n = b * s
-            split.append((float(c.layer_flops(n, 0)), float(c.layer_flops(n, s) - c.layer_flops(n, 0))))
-            rows["lf"].append((c.layer_flops(n, s), lf))
-            rows["lb"].append((c.layer_flops(n, s), lb))
-            rows["hf"].append((c.head_flops(n), hf))
-            rows["hb"].append((c.head_flops(n), hb))
-            rows["e"].append((n * c.hidden_size, ef + eb))
-            rows["rf"].append((n * c.hidden_size, rf))
-            rows["rb"].append((n * c.hidden_size, rb))
-        ref.zero_grad(set_to_none=True)
-        params = list(layer.parameters())
-        for p in params:
-            p.grad = torch.randn_like(p)
-        # lazy: torch (executor)
-        from ..workers.executor import AdamConfig  # the kernel the ranks run
-
-        opt = AdamConfig().build(params)
-        opt.step()  # warm-up (allocates the state)
-        runs = []
-        for _ in range(repeats):
-            _sync(torch, device)
-            t0 = time.perf_counter()
-            opt.step()
-            _sync(torch, device)
-            runs.append(time.perf_counter() - t0)
-        adam = sorted(runs)[len(runs) // 2] / sum(p.numel() for p in params)
+        rows, split = _operator_rows(config, ref, shapes, device, repeats)
+        adam = _adam_seconds_per_param(list(ref.layers[0].parameters()), device, repeats)
     finally:
         if threads is not None:
             torch.set_num_threads(old)
-
-    def fit(key: str) -> ComputeFit:
-        f = fit_line([x for x, _ in rows[key]], [y for _, y in rows[key]])
-        return f.model_copy(update={"device": device, "dtype": "float32"})
-
-    def fit_layer(key: str) -> ComputeFit:  # attention at its own rate when the shapes span sequence lengths
-        if len({s for _, s in shapes}) < 2:
-            return fit(key)
-        f = fit_plane([m for m, _ in split], [a for _, a in split], [y for _, y in rows[key]])
-        return f.model_copy(update={"device": device, "dtype": "float32"})
-
-    prof = OperatorProfile(layer_fwd=fit_layer("lf"), layer_bwd=fit_layer("lb"), head_fwd=fit("hf"), head_bwd=fit("hb"),
-                           embed=fit("e"), layer_replicated_fwd=fit("rf"), layer_replicated_bwd=fit("rb"),
-                           optimizer_s_per_param=adam, shapes=[(int(t), int(s)) for t, s in shapes],
-                           threads=threads, model=config.name or "",
-                           points={k: [(float(x), float(y)) for x, y in v] for k, v in rows.items()})
+    prof = _fitted_profile(rows, split, shapes, device, adam=adam, threads=threads, model=config.name or "")
     base = base or CostModel()
     update: dict = {"profiles": {**base.profiles, kind or device: prof}}
     if link:
@@ -208,6 +134,98 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
                           f"{config.name or type(config).__name__} ({type(e).__name__}: {e}); the intercepts stay "
                           "the reference's fit (executor=False)", RuntimeWarning, stacklevel=2)
     return out
+
+
+Rows = dict[str, list[tuple[float, float]]]
+
+
+def _operator_rows(c: "ModelSpec", ref: Any, shapes: Sequence[tuple[int, int]], device: str,
+                   repeats: int) -> tuple[Rows, list[tuple[float, float]]]:
+    """Per operator (``lf``/``lb`` a layer's forward and backward, ``hf``/``hb`` the head's, ``e`` the embedding,
+    ``rf``/``rb`` the layer's replicated part), ``(FLOPs or elements, median seconds)`` at each of ``shapes`` on the
+    one-layer reference ``ref``; and per shape the layer's ``(matmul FLOPs, attention FLOPs)``."""
+    import torch
+    import torch.nn.functional as F
+
+    def head_fwd(h: "torch.Tensor", targets: "torch.Tensor") -> "torch.Tensor":
+        logits = ref.head(h)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    inputs = []
+    for tokens, s in shapes:
+        b = max(1, tokens // s)
+        inputs.append((b, s, torch.randn(b, s, c.hidden_size, device=device),
+                       torch.randint(0, c.vocab_size, (b, s), device=device)))
+    # sweeps over all shapes, repeated (a warm-up sweep first), so that a change of background load hits every
+    # shape alike instead of biasing the slope or the intercept; median per shape.
+    samples: list[list[list[float]]] = [[[] for _ in range(8)] for _ in inputs]
+    for sweep in range(repeats + 1):
+        for i, (b, s, h0, tg) in enumerate(inputs):
+            t = (_time_fwd_bwd(torch, device, lambda: ref.block(0, h0.clone().requires_grad_()))
+                 + _time_fwd_bwd(torch, device, lambda: head_fwd(h0.clone().requires_grad_(), tg))
+                 + _time_fwd_bwd(torch, device, lambda: ref.embed_tokens(tg))
+                 # what TP does not divide (norms, residuals)
+                 + _time_fwd_bwd(torch, device, lambda: ref.replicated(0, h0.clone().requires_grad_())))
+            if sweep:
+                for j in range(8):
+                    samples[i][j].append(t[j])
+    rows: Rows = {k: [] for k in ("lf", "lb", "hf", "hb", "e", "rf", "rb")}
+    split: list[tuple[float, float]] = []  # per shape: (matmul FLOPs, attention FLOPs) of the layer
+    for (b, s, _, _), smp in zip(inputs, samples):
+        lf, lb, hf, hb, ef, eb, rf, rb = (sorted(x)[len(x) // 2] for x in smp)
+        n = b * s
+        split.append((float(c.layer_flops(n, 0)), float(c.layer_flops(n, s) - c.layer_flops(n, 0))))
+        rows["lf"].append((c.layer_flops(n, s), lf))
+        rows["lb"].append((c.layer_flops(n, s), lb))
+        rows["hf"].append((c.head_flops(n), hf))
+        rows["hb"].append((c.head_flops(n), hb))
+        rows["e"].append((n * c.hidden_size, ef + eb))
+        rows["rf"].append((n * c.hidden_size, rf))
+        rows["rb"].append((n * c.hidden_size, rb))
+    ref.zero_grad(set_to_none=True)
+    return rows, split
+
+
+def _adam_seconds_per_param(params: list[Any], device: str, repeats: int) -> float:
+    """The median seconds per parameter of the ranks' Adam kernel stepping ``params`` (random gradients)."""
+    import torch
+
+    from ..workers.executor import AdamConfig  # lazy: torch (executor); the kernel the ranks run
+
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = AdamConfig().build(params)
+    opt.step()  # warm-up (allocates the state)
+    runs = []
+    for _ in range(repeats):
+        _sync(torch, device)
+        t0 = time.perf_counter()
+        opt.step()
+        _sync(torch, device)
+        runs.append(time.perf_counter() - t0)
+    return sorted(runs)[len(runs) // 2] / sum(p.numel() for p in params)
+
+
+def _fitted_profile(rows: Rows, split: list[tuple[float, float]], shapes: Sequence[tuple[int, int]], device: str,
+                    *, adam: float, threads: int | None, model: str) -> OperatorProfile:
+    """The :class:`OperatorProfile` of the timed ``rows``: a line per operator, the layer's a plane (matmul and
+    attention FLOPs) when the shapes span several sequence lengths."""
+
+    def fit(key: str) -> ComputeFit:
+        f = fit_line([x for x, _ in rows[key]], [y for _, y in rows[key]])
+        return f.model_copy(update={"device": device, "dtype": "float32"})
+
+    def fit_layer(key: str) -> ComputeFit:  # attention at its own rate when the shapes span sequence lengths
+        if len({s for _, s in shapes}) < 2:
+            return fit(key)
+        f = fit_plane([m for m, _ in split], [a for _, a in split], [y for _, y in rows[key]])
+        return f.model_copy(update={"device": device, "dtype": "float32"})
+
+    return OperatorProfile(layer_fwd=fit_layer("lf"), layer_bwd=fit_layer("lb"), head_fwd=fit("hf"),
+                           head_bwd=fit("hb"), embed=fit("e"), layer_replicated_fwd=fit("rf"),
+                           layer_replicated_bwd=fit("rb"), optimizer_s_per_param=adam,
+                           shapes=[(int(t), int(s)) for t, s in shapes], threads=threads, model=model,
+                           points={k: [(float(x), float(y)) for x, y in v] for k, v in rows.items()})
 
 
 def _time_fwd_bwd(torch: object, device: str, fwd: "object") -> tuple[float, float]:
