@@ -123,17 +123,16 @@ def _launch_training(program: "Program | Strategy | Sequence[Program | Strategy]
     mixed = isinstance(program, (list, tuple))
     if data is None and not mixed:
         data = DEFAULT_DATA
+    # what both forms pass on alike: the run's optimizer, schedule, clipping, validation and checkpoints
+    recipe = dict(steps=steps, seed=seed, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, precision=precision,
+                  capture_dir=capture_dir, init=init, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                  keep=keep, checkpoint_async=checkpoint_async, resume_from=resume_from, schedule=schedule,
+                  max_norm=max_norm, eval_every=eval_every, eval_batches=eval_batches, decay=decay,
+                  optimizer=optimizer)
     check_run_options(getattr(program[0] if mixed and program else program, "model", None), mixed=mixed,
-                      what="mixed-length training run" if mixed else "training run", steps=steps, seed=seed,
-                      data=data, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, seq_len=seq_len,
-                      recompute=recompute, capture_dir=capture_dir, init=init, elastic=elastic, straggler=straggler,
-                      grow_back=grow_back, cost=cost, fault_injection=fault_injection, hold_at=hold_at,
-                      checkpoint_dir=checkpoint_dir,
-                      checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
-                      resume_from=resume_from, precision=precision, device=device, schedule=schedule,
-                      max_norm=max_norm, eval_every=eval_every, eval_batches=eval_batches, decay=decay,
-                      optimizer=optimizer,
-                      **launch_kwargs)
+                      what="mixed-length training run" if mixed else "training run", data=data, seq_len=seq_len,
+                      recompute=recompute, elastic=elastic, straggler=straggler, grow_back=grow_back, cost=cost,
+                      fault_injection=fault_injection, hold_at=hold_at, device=device, **recipe, **launch_kwargs)
     if mixed:  # candidate Programs: mixed-length data (SPEC §7)
         from .mixed import launch_mixed  # lazy: mixed-length runs only (loads the mixed planner)
 
@@ -146,26 +145,13 @@ def _launch_training(program: "Program | Strategy | Sequence[Program | Strategy]
         if device is not None:
             launch_kwargs["backend"] = backend_for_device(device, cluster or program[0].cluster,
                                                           launch_kwargs.get("backend"), launch_kwargs.get("transport"))
-        job = launch_mixed(program, cluster, steps=steps, seed=seed,
-                           data="stdlib-docs" if data in (None, "synthetic") else data, lr=lr, betas=betas, eps=eps,
-                           weight_decay=weight_decay, precision=precision, cost=cost, capture_dir=capture_dir,
-                           checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
-                           checkpoint_async=checkpoint_async, resume_from=resume_from, init=init,
-                           elastic=elastic, straggler=straggler, fault_injection=fault_injection,
-                           hold_at=hold_at, _checked=True,
-                           schedule=schedule, max_norm=max_norm, decay=decay,
-                           optimizer=optimizer, eval_every=eval_every,
-                           eval_batches=eval_batches, **launch_kwargs)
+        job = launch_mixed(program, cluster, data="stdlib-docs" if data in (None, "synthetic") else data, cost=cost,
+                           elastic=elastic, straggler=straggler, fault_injection=fault_injection, hold_at=hold_at,
+                           _checked=True, **recipe, **launch_kwargs)
         job.prepared_s = job.started_at - begun  # checks, dispatch of the first step, specialization, preflight
         return job
     cluster = cluster if cluster is not None else program.cluster
-    run = checked_training_run(program, steps=steps, seed=seed, data=data, lr=lr, betas=betas, eps=eps,
-                       weight_decay=weight_decay, seq_len=seq_len, recompute=recompute, capture_dir=capture_dir,
-                       cluster=cluster, init=init, checkpoint_dir=checkpoint_dir,
-                       checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
-                       resume_from=resume_from, precision=precision, schedule=schedule, max_norm=max_norm,
-                       eval_every=eval_every, eval_batches=eval_batches, decay=decay,
-                                optimizer=optimizer)
+    run = checked_training_run(program, data=data, seq_len=seq_len, recompute=recompute, cluster=cluster, **recipe)
     if device is not None:
         launch_kwargs["backend"] = backend_for_device(device, cluster, launch_kwargs.get("backend"),
                                                       launch_kwargs.get("transport"))
