@@ -74,6 +74,24 @@ class ReferenceResult:
     val_losses: dict[int, float] = field(default_factory=dict)
 
 
+def _loss_and_grads(work: Any, feeds: Mapping[str, Any], copies: list[Any] | None, masters: list[Any]) -> Any:
+    """The step's loss of module ``work`` on ``feeds``, backward done; ``copies``: ``work``'s parameters when it is
+    a bf16 copy of the fp32 ``masters`` (set from them first; their gradients become the masters', in fp32)."""
+    import torch
+
+    if copies is not None:
+        with torch.no_grad():
+            for c, m in zip(copies, masters):
+                c.copy_(m)
+                c.grad = None
+    loss = work.loss(feeds["tokens"], feeds["targets"])
+    loss.backward()
+    if copies is not None:
+        for c, m in zip(copies, masters):
+            m.grad = c.grad.float() if c.grad is not None else torch.zeros_like(m)
+    return loss
+
+
 def reference_training(config: "ModelSpec", *, steps: int | None = None, seed: int = 0, global_batch: int | None = None,
                        seq_len: int | None = None,
                        data: str = "stdlib", lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
@@ -135,16 +153,7 @@ def reference_training(config: "ModelSpec", *, steps: int | None = None, seed: i
             group["lr"] = lrs[-1]
         feeds = config.feeds(dataset.global_batch(step, global_batch, seq_len, seed))
         opt.zero_grad(set_to_none=True)
-        if work is not model:
-            with torch.no_grad():
-                for c, m in zip(copies, masters):
-                    c.copy_(m)
-                    c.grad = None
-        loss = work.loss(feeds["tokens"], feeds["targets"])
-        loss.backward()
-        if work is not model:
-            for c, m in zip(copies, masters):
-                m.grad = c.grad.float() if c.grad is not None else torch.zeros_like(m)
+        loss = _loss_and_grads(work, feeds, copies if work is not model else None, masters)
         if step == 0:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         norms.append(_clip(masters, max_norm))
