@@ -25,9 +25,11 @@ change is computed here, once, and sent to the workers (:mod:`.session` executes
   replan_straggler`) and a switch.
 
 The controller is one state machine (:class:`~.state.ControlState`) with policies over it: the user switch and the
-grow here, the elastic recovery in :mod:`.recovery` (:class:`~.recovery.Recovery`) and the straggler watch in
-:mod:`.stragglers` (:class:`~.stragglers.StragglerPolicy`), each owned by the controller and reading its state
-through a small interface (:class:`~.recovery.RecoveryHost`, :class:`~.stragglers.StragglerHost`).
+grow here, the elastic recovery in :mod:`.recovery` (:class:`~.recovery.Recovery`), the straggler watch in
+:mod:`.stragglers` (:class:`~.stragglers.StragglerPolicy`) and a mixed-length job's switch to other candidates
+(``Job.switch([...])``) in :mod:`.candidates` (:class:`~.candidates.CandidateSwitch`), each owned by the controller
+and reading its state through a small interface (:class:`~.recovery.RecoveryHost`,
+:class:`~.stragglers.StragglerHost`, :class:`~.candidates.CandidateHost`).
 
 Every reconfiguration is an :class:`Event` in ``Job.events`` (live) and ``JobResult.events``.
 
@@ -55,15 +57,17 @@ from ...core.reconfigure import plan_program_switch
 from ...core.strategy_plan import strategy_of
 from ..protocol import program_fields
 from ..transports.transport import LocalTransport, is_local_host
+from .candidates import CandidateSwitch
 from .growback import GrowBack
 from .recovery import Recovery
 from .state import ControlState, Event, Reason, switch_bytes
 from .stragglers import StragglerPolicy, StragglerWatch
-from .versions import Numbering, Versions
+from .versions import Numbering, Version, Versions
 
 if TYPE_CHECKING:
     from ...core.cluster import Cluster
     from ...core.specialize import Program
+    from ...core.strategy import Strategy
     from ...core.switch import SwitchPlan
     from ...planner.cost import CostModel
     from .job import Job
@@ -102,6 +106,8 @@ class TrainingController:
         self._warmed = False  # the planners imported ahead of the first replan (:func:`_warm_planners`)
         self.mixed = False  # a mixed-length job (:mod:`.mixed`): its plan changes per step, by length
         self.length_planner: Any = None  # its dispatch (:class:`~.mixed.LengthPlanner`)
+        #: a mixed-length job's switches to other candidates (``Job.switch([...])``, :mod:`.candidates`)
+        self.candidate_switch = CandidateSwitch(self)
         #: newcomers of an announced grow that are still starting: launch rank -> (its event, the world it grows)
         self._joining: dict[int, tuple[Event, int]] = {}
         #: an announced grow's switch, ready to send: id(event) -> (the grown numbering, its plan, its payload
@@ -179,8 +185,9 @@ class TrainingController:
 
         if self.mixed:
             raise SwitchError("this job trains on mixed-length data: it chooses its plan per step among its "
-                              "candidate programs (Job.events shows the length switches)")
-        self._acquire_quiet("switch")
+                              "candidate programs (Job.events shows the length switches); to switch it, pass a "
+                              "list of candidates: job.switch([program_or_strategy, ...])")
+        self.acquire_quiet("switch")
         try:
             cur = self.current
             self._check_switchable(program, cur)
@@ -207,15 +214,37 @@ class TrainingController:
         self.stragglers.reset()
         return ident
 
-    def _acquire_quiet(self, what: str) -> None:
-        """Take the lock once no reconfiguration after a failure is under way (a switch or a grow follows it)."""
+    # ---- Job.switch([...]) of a mixed-length job (:mod:`.candidates`) -------------------------------------------
+    def switch_candidates(self, candidates: Sequence["Program | Strategy"]) -> Event:
+        """Move a mixed-length job to another candidate set (``Job.switch([...])``, SPEC §9): see
+        :meth:`~.candidates.CandidateSwitch.switch`."""
+        return self.candidate_switch.switch(candidates)
+
+    def numbering_of(self, version: Version) -> Numbering | None:
+        """The Program and numbering of ``version``: the versions' own, or a mixed-length job's candidate added
+        by a switch of candidates (:class:`~.candidates.CandidateSets`)."""
+        got = self.versions.get(version)
+        return got if got is not None else self.candidate_switch.sets.get(version)
+
+    def candidate_versions(self, version: Version) -> list[Version]:
+        """A mixed-length job's versions of the candidate set ``version`` belongs to (a world's first set: its
+        ``candidate_count`` candidates from 0; a set added by a switch of candidates)."""
+        return self.candidate_switch.sets.members(version, self.versions.candidate_count(version[0]))
+
+    def acquire_quiet(self, what: str, outer: threading.Lock | None = None) -> None:
+        """Take the lock once no reconfiguration after a failure is under way (a switch or a grow follows it);
+        ``outer``: a lock taken before it each time (released with it while waiting), held on return too."""
         st = self.state
         deadline = time.monotonic() + self.halt_timeout_s + 30.0
         while True:
+            if outer is not None:
+                outer.acquire()
             st.lock.acquire()
             if not st.busy and not any(k[0] == "reconfigure" for k in st.open):
                 return
             st.lock.release()
+            if outer is not None:
+                outer.release()
             if self.job is not None and self.job.ended:
                 raise SwitchError(f"job {self.job.job_id} ended while reconfiguring after a failure; there is "
                                   f"nothing to {what}")
@@ -291,7 +320,7 @@ class TrainingController:
         the larger one (rendezvous on the host of the new rank 0), and one fused BSR moves every parameter and Adam
         moment to the new layout: the newcomers get their shards from the running ranks, whose numbering stays the
         same.  Refused when the job reconfigured after a failure since the grow was announced."""
-        self._acquire_quiet("grow")
+        self.acquire_quiet("grow")
         try:
             prepared = self._prepared.pop(id(event), None)
             joining = {l: reconf for l, (e, reconf) in self._joining.items() if e is event}

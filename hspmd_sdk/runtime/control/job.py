@@ -556,7 +556,7 @@ class Job:
                 g.kill(grace_s, ranks=mine)
 
     # ---- graph switching (a training job's controller) -----------------------------------------------------
-    def switch(self, program_or_strategy: "Program | Strategy") -> "Event":
+    def switch(self, program_or_strategy: "Program | Strategy | Sequence[Program | Strategy]") -> "Event":
         """Move the running job to a Program or a Strategy at the next step boundary (SPEC §6, §9): every
         parameter and Adam moment moves by one fused BSR, no process restarts, training goes on at the same step.
 
@@ -566,7 +566,21 @@ class Job:
         running Program's bindings (the global batch stays).  Anything else raises
         :class:`~.controller.SwitchError` naming its type.  Called while the job reconfigures itself after a
         failure, it waits for that to finish first.  Returns the :class:`~.controller.Event`; it is ``done`` once
-        every worker switched."""
+        every worker switched.
+
+        A job training on mixed-length data (launched with a list of candidates) takes a list, as ``launch``
+        does: ``job.switch([program_or_strategy, ...])`` (SPEC §9).  From the first step not dispatched yet
+        (the launcher dispatches up to ``lookahead`` steps ahead of the workers) the dispatcher chooses among the
+        new candidates, and the workers move from the running candidate to the chosen one by one fused BSR at that
+        step boundary (``Event.reason == "user"``); the global batch and the data order stay, so the losses stay
+        the single-device reference's.  The list is checked before anything changes: a
+        :class:`~.controller.SwitchError` names an empty list, an entry that is not a Program or Strategy,
+        another model, ranks the job does not run (or lost), a ZeRO-3 candidate, candidates whose longest
+        sequence is shorter than the data's context, and a job whose every remaining step is dispatched already.
+        A single Program or Strategy is refused for a mixed-length job (pass a one-element list), and a list for
+        a job that trains one Program.  With ``elastic=True``, a failure before the first step under the new
+        candidates committed recovers from the state held before the switch (as for one Program: the event is
+        then ``superseded`` unless every survivor had switched)."""
         # lazy: core, loaded only to switch (the launcher imports job without loading core)
         from ...core.specialize import Program, specialize
         from ...core.strategy import Strategy
@@ -578,6 +592,8 @@ class Job:
         if self._done.is_set():
             raise RuntimeFailure(f"job {self.job_id} has finished ({self.status.value}); there is nothing to switch")
         target = program_or_strategy
+        if isinstance(target, (list, tuple)):  # a mixed-length job's new candidates
+            return self.controller.switch_candidates(list(target))
         if not isinstance(target, (Program, Strategy)):
             raise SwitchError(f"job.switch takes a Program or a Strategy, not {type(target).__name__} "
                               f"({target!r:.80}); specialize(model, plan, cluster) gives a Program, "

@@ -43,6 +43,9 @@ is measured against what the dispatch estimated for it, and a rank that stays sl
 (:meth:`LengthPlanner.reprice`): the candidates stay, the sequences go by the measured speeds (``reason=
 "straggler"``).
 
+Other candidates for a running job (``job.switch([...])``, :mod:`.candidates`): the dispatch of the first step not
+dispatched yet chooses among them and carries them to the workers (:meth:`LengthPlanner.switch_candidates`).
+
 Packing (default where the model allows it, ``packing=False`` pads): a micro-batch is one row holding its
 sequences back to back, at most the pipeline's window in tokens, with no padding; the executor gives the kernels
 the sequences' lengths (:attr:`~.kernels.KernelContext.documents`), attention runs within each sequence (one
@@ -61,7 +64,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ...errors import HSPMDError, PlanValidationError
+from ...errors import HSPMDError, PlanValidationError, SwitchError
 from ..data import LengthBatches, data_spec, documents_for, validation_of
 from ..protocol import pack_payload, program_of_run
 from ..reference import reference_mixed
@@ -117,7 +120,9 @@ class LengthPlanner:
     switched away from, ``None`` where the Program stays; ``rank_seconds``: each rank's estimated compute, against
     which the straggler watch measures it; ``pricing``: how often the dispatcher had been repriced around
     stragglers; ``factors``: each candidate's measured / estimated step time the choice weighed, from the steps
-    finished so far).  After an elastic recovery (:meth:`restart`) the dispatch goes on among the
+    finished so far).  After a user's switch of candidates (:meth:`switch_candidates`) :attr:`programs` are the
+    new ones, candidates :attr:`base` on of the world, and the ``switch_from`` of its first record is the held
+    candidate's number in the world.  After an elastic recovery (:meth:`restart`) the dispatch goes on among the
     candidates replanned on the survivors, from the step they resume at; its messages carry the recovery's id
     (``generation``), so a worker never applies a dispatch made for a world that is gone."""
 
@@ -140,6 +145,9 @@ class LengthPlanner:
         self.pricing = 0  # how often the dispatcher was repriced around stragglers (:meth:`reprice`)
         self.base_cost = dispatcher.cost  # the job's cost model (a repriced dispatcher's holds slowed kinds too)
         self._lock = threading.Lock()  # a dispatch and a repricing, one at a time
+        #: one step's dispatch planned and sent at a time, or a switch of candidates (:meth:`switch_candidates`)
+        self.sending = threading.Lock()
+        self.base = 0  # the index of programs[0] among its world's candidates (past the sets of earlier switches)
         self._learned = 0  # records[:_learned] were measured against their estimates (_learn)
         self.first = self._plan_step(self.start_step)  # before any worker starts: the Program it runs under
 
@@ -152,18 +160,83 @@ class LengthPlanner:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10.0)
         old = self.dispatcher
-        self.programs, self.cluster = list(programs), cluster
-        self.dispatcher = Dispatcher(self.programs, old.model, cluster, cost=self.base_cost, packing=old.packing)
-        self.pricing += 1  # a straggler's pricing ends with the world it was measured in
-        self.layouts = same_layouts(self.programs)
-        self._plans = {}
-        self.current, self.generation, self.start_step = int(current), int(generation), int(start)
-        self.records = [r for r in self.records if r["step"] < start]
-        self._learned = len(self.records)
-        self._stop = threading.Event()
-        self._send(self._plan_step(start))
-        self._thread = threading.Thread(target=self._loop, name="hspmd-length-dispatch", daemon=True)
-        self._thread.start()
+        with self.sending:
+            self._take(programs, cluster, Dispatcher(list(programs), old.model, cluster, cost=self.base_cost,
+                                                     packing=old.packing), start=start, current=int(current), base=0)
+            self.generation = int(generation)
+            self._send(self._plan_step(start))
+        self._start_loop()
+
+    def _take(self, programs: Sequence["Program"], cluster: "Cluster", dispatcher: Dispatcher, *, start: int,
+              current: int | None, base: int) -> None:
+        """Dispatch from step ``start`` among ``programs`` on ``cluster`` by ``dispatcher`` (``current``: the one
+        held, ``None``: none; ``base``: the world's number of ``programs[0]``): :meth:`restart` and
+        :meth:`switch_candidates` share it."""
+        with self._lock:
+            self.programs, self.cluster, self.dispatcher, self.base = list(programs), cluster, dispatcher, int(base)
+            self.pricing += 1  # a straggler's pricing ends with the candidates it was measured under
+            self.layouts = same_layouts(self.programs)
+            self._plans = {}
+            self.current, self.start_step = current, int(start)
+            self.records = [r for r in self.records if r["step"] < start]
+            self._learned = len(self.records)
+
+    def check_candidates(self, candidates: Sequence["Program | Strategy"], cluster: "Cluster"
+                         ) -> tuple[list["Program"], Dispatcher]:
+        """The Programs of a user's new ``candidates`` (``job.switch([...])``: Programs of this job's model and
+        Strategies, specialized on ``cluster``, the job's) and their dispatcher, checked as ``launch`` checks
+        its candidates (one model, no ZeRO-3, the longest takes the data's context) before anything changes:
+        :class:`~hspmd_sdk.errors.SwitchError` naming ``candidates[i]`` and what is wrong."""
+        what = "switch of a mixed-length job's candidates"
+        model = self.dispatcher.model
+        try:
+            _, programs = _candidate_programs(candidates, cluster, what, model=model, field="candidates")
+            dispatcher = Dispatcher(programs, model, cluster, cost=self.base_cost, packing=self.dispatcher.packing)
+        except PlanValidationError as e:
+            raise SwitchError(str(e)) from e
+        context = self.batches.context
+        if dispatcher.max_seq_len < context:
+            raise SwitchError(f"invalid {what}: candidates: the longest takes sequences of {dispatcher.max_seq_len} "
+                              f"tokens, the job's data has sequences of up to {context}: add a candidate for "
+                              f"{context}")
+        runs = self.job.spec.payload.get("runs") if self.job is not None else None
+        evaluated = int((runs[0] if runs else {}).get("eval_context") or 0)  # eval_every=: validation sequences
+        shortest = min(min(c.windows) for c in dispatcher.candidates)
+        if shortest < evaluated:
+            raise SwitchError(f"invalid {what}: candidates: a pipeline takes sequences of {shortest} tokens, the "
+                              f"job's validation sequences (eval_every=) have {evaluated}: every pipeline of every "
+                              "candidate must take them")
+        return programs, dispatcher
+
+    def next_step(self) -> int:
+        """The first step not dispatched yet (the workers run no step before its dispatch)."""
+        return self.records[-1]["step"] + 1 if self.records else self.start_step
+
+    def boundary(self) -> int:
+        """The step a switch of candidates requested now lands at: the first one not dispatched yet (under
+        :attr:`sending`); :class:`~hspmd_sdk.errors.SwitchError` when every step is dispatched already."""
+        step = self.next_step()
+        if step >= self.steps:
+            raise SwitchError(f"every remaining step of the job (up to {self.steps - 1}) is dispatched already "
+                              f"(lookahead={self.lookahead}): there is no step boundary left to switch at")
+        return step
+
+    def switch_candidates(self, programs: Sequence["Program"], dispatcher: Dispatcher, *, base: int,
+                          seconds: Mapping[str, float]) -> Event:
+        """``job.switch([...])`` (the caller holds :attr:`sending` and the controller's lock): the first step not
+        dispatched yet (:meth:`boundary`) and the ones after are dispatched among ``programs`` by ``dispatcher``
+        (``base``: the world's number of ``programs[0]``); that step's message carries them and the fused BSR from
+        the running candidate, and every worker switches there.  Returns the :class:`~.controller.Event`
+        (``reason="user"``; ``seconds``: the caller's ``plan`` and ``specialize`` seconds)."""
+        step = self.boundary()
+        held = self.current if self.current is not None else 0
+        old, old_index = self.programs[held], self.base + held
+        self._take(programs, self.cluster, dispatcher, start=step, current=None, base=base)
+        rec = self._plan_step(step)
+        rec["switch_from"] = old_index  # among the world's candidates: the held one is in no new one's numbering
+        event = self._send(rec, moved=(old, old_index, seconds))
+        assert event is not None
+        return event
 
     def reprice(self, slow: Mapping[int, float]) -> int:
         """Dispatch from now on as if the ranks of ``slow`` (rank of the current candidates -> factor, measured
@@ -230,50 +303,83 @@ class LengthPlanner:
 
     def start(self, job: "Job", controller: TrainingController) -> None:
         self.job, self.controller = job, controller
-        self._send(self.first)
-        self._thread = threading.Thread(target=self._loop, name="hspmd-length-dispatch", daemon=True)
+        with self.sending:
+            self._send(self.first)
+        self._start_loop()
+
+    def _start_loop(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="hspmd-length-dispatch",
+                                        daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _loop(self) -> None:
+    def _loop(self, stop: threading.Event) -> None:
+        """Dispatch the next step once the workers are within ``lookahead`` steps of it, until every step is
+        dispatched or ``stop`` (a recovery restarts the dispatch; a user's switch of candidates changes what the
+        next dispatch chooses among, under :attr:`sending`)."""
         try:
-            for step in range(self.start_step + 1, self.steps):
-                while not self._stop.is_set() and step > self.job.metrics.last_step() + 1 + self.lookahead:
-                    if self.job.ended:
+            while not stop.is_set():
+                with self.sending:
+                    if stop.is_set():
                         return
-                    time.sleep(0.002)
-                if self._stop.is_set():
+                    step = self.next_step()
+                    if step >= self.steps:
+                        return
+                    if step <= self.job.metrics.last_step() + 1 + self.lookahead:
+                        self._send(self._plan_step(step))
+                        continue
+                if self.job.ended:
                     return
-                self._send(self._plan_step(step))
+                time.sleep(0.002)
         except Exception as e:  # noqa: BLE001 - the job must end with the reason, not hang
             self.error = e
 
             self.job.report_failure(Failure(0, f"length dispatch failed: {type(e).__name__}: {e}", kind="error"))
 
-    def _send(self, rec: dict[str, Any]) -> None:
-        msg: dict[str, Any] = {"type": "dispatch", "id": rec["step"], "gen": self.generation, "choice": rec["choice"],
-                               "lengths": rec["lengths"], "micro_batches": rec["micro_batches"],
-                               "packed": rec["packed"]}
+    def _send(self, rec: dict[str, Any], moved: "tuple[Program, int, Mapping[str, float]] | None" = None
+              ) -> Event | None:
+        """Send ``rec``'s dispatch to every worker (indices among the world's candidates: ``base`` added) with the
+        switch it needs: a length switch's fused BSR (planned once per pair), or -- ``moved``: the held Program,
+        its index and the seconds spent so far, a user's switch of candidates -- the new candidates and the BSR
+        from the held one.  Returns the switch's event (``None``: nothing moves)."""
+        choice = rec["choice"]
+        msg: dict[str, Any] = {"type": "dispatch", "id": rec["step"], "gen": self.generation,
+                               "choice": self.base + choice, "lengths": rec["lengths"],
+                               "micro_batches": rec["micro_batches"], "packed": rec["packed"]}
+        program, event = self.programs[choice], None
+        ranks = {l: r for r, l in self.controller.current.to_launch.items()}
         src = rec["switch_from"]
-        if src is not None:
-            key = (src, rec["choice"])
+        if moved is not None:
+            held, held_index, seconds = moved
+            t0 = time.perf_counter()
+            plan = plan_program_switch(held, program, self.cluster)
+            rec["switch_plan_s"] = time.perf_counter() - t0
+            msg.update({"plan": pack_payload(plan), "from": held_index, "candidates": pack_payload(self.programs),
+                        "base": self.base})
+            event = Event(rec["step"], "user", [], strategy_of(program),
+                          {"detect": 0.0, "plan": float(seconds.get("plan", 0.0)) + rec["plan_s"],
+                           "specialize": float(seconds.get("specialize", 0.0)) + rec["switch_plan_s"]},
+                          switch_bytes(plan, self.cluster), ranks, program=program,
+                          version=(self.generation, self.base + choice))
+            self.controller.record_event(("candidates", rec["step"]), event)
+        elif src is not None:
+            key = (src, choice)
             first = key not in self._plans
             if first:
                 t0 = time.perf_counter()
-                self._plans[key] = plan_program_switch(self.programs[src], self.programs[rec["choice"]],
-                                                       self.cluster)
+                self._plans[key] = plan_program_switch(self.programs[src], program, self.cluster)
                 rec["switch_plan_s"] = time.perf_counter() - t0
                 msg["plan"] = pack_payload(self._plans[key])
-            msg["from"] = src
-            program = self.programs[rec["choice"]]
+            msg["from"] = self.base + src
             event = Event(rec["step"], "length", [], strategy_of(program),
                           {"detect": 0.0, "plan": rec["plan_s"], "specialize": rec["switch_plan_s"]},
-                          switch_bytes(self._plans[key], self.cluster),
-                          {l: r for r, l in self.controller.current.to_launch.items()}, program=program)
+                          switch_bytes(self._plans[key], self.cluster), ranks, program=program)
             self.controller.record_event(("length", rec["step"]), event)
         self.job.send_control(msg)
+        return event
 
 
 def launch_mixed(programs: Sequence["Program | Strategy"], cluster: "Cluster | None" = None, *, steps: int,
@@ -411,38 +517,44 @@ def launch_mixed(programs: Sequence["Program | Strategy"], cluster: "Cluster | N
     return job
 
 
-def _candidate_programs(candidates: Sequence["Program | Strategy"], cluster: "Cluster", what: str
+def _candidate_programs(candidates: Sequence["Program | Strategy"], cluster: "Cluster", what: str, *,
+                        model: "ModelSpec | None" = None, field: str = "programs"
                         ) -> tuple["ModelSpec", list["Program"]]:
     """``(model, Programs)`` of a list of candidates: Programs of one model (from :meth:`MixedPlan.programs` or
-    any other), and Strategies, specialized here on ``cluster`` for the model of the Programs."""
+    any other), and Strategies, specialized here on ``cluster`` for the model of the Programs -- or, given
+    ``model`` (a running job's, for ``job.switch([...])``), of that model.  Problems name ``field[i]``."""
 
     models = [(i, getattr(c, "model", None)) for i, c in enumerate(candidates) if not isinstance(c, Strategy)]
     bare = [i for i, m in models if m is None]
     if bare:
-        raise PlanValidationError([(f"programs[{bare[0]}]", f"is a {type(candidates[bare[0]]).__name__}, not a "
-                                                            "Program specialized from a model config or a "
-                                                            "Strategy")], what=what)
-    if not models:
-        raise PlanValidationError([("programs", "are all Strategies: give at least one Program (specialize(model, "
-                                                "...)) so that the model is known")], what=what)
-    first, model = models[0]
+        raise PlanValidationError([(f"{field}[{bare[0]}]", f"is a {type(candidates[bare[0]]).__name__}, not a "
+                                                           "Program specialized from a model config or a "
+                                                           "Strategy")], what=what)
+    if not candidates:
+        raise PlanValidationError([(field, "is empty: give at least one candidate Program or Strategy")], what=what)
+    if not models and model is None:
+        raise PlanValidationError([(field, "are all Strategies: give at least one Program (specialize(model, "
+                                           "...)) so that the model is known")], what=what)
+    whose = "the job" if model is not None else f"{field}[{models[0][0]}]"
+    model = model if model is not None else models[0][1]
     other = [i for i, m in models if m != model]
     if other:
-        raise PlanValidationError([(f"programs[{other[0]}]", f"trains {candidates[other[0]].model!r}, "
-                                                            f"programs[{first}] {model!r}: every candidate must "
-                                                            "train the same model")], what=what)
+        raise PlanValidationError([(f"{field}[{other[0]}]", f"trains {candidates[other[0]].model!r}, "
+                                                           f"{whose} {model!r}: every candidate must "
+                                                           "train the same model")], what=what)
+    on = "the launch cluster" if field == "programs" else "the job's cluster (job.cluster)"
     out = []
     for i, c in enumerate(candidates):
         if isinstance(c, Strategy):
             try:
                 c = specialize(model, plan_from_strategy(model, c, cluster), cluster)
             except HSPMDError as e:
-                raise PlanValidationError([(f"programs[{i}]", f"the strategy does not specialize on the launch "
-                                                              f"cluster: {e}")], what=what) from e
+                raise PlanValidationError([(f"{field}[{i}]", f"the strategy does not specialize on {on}: {e}")],
+                                          what=what) from e
         if c.plan.settings.zero >= 3:  # each pipeline's micro-batches per step vary with the data
-            raise PlanValidationError([(f"programs[{i}]", "is at ZeRO-3 (zero: 3), which needs every replica of a "
-                                                          "layer to run as many micro-batches a step; mixed-length "
-                                                          "data changes them step by step: use zero: 2")], what=what)
+            raise PlanValidationError([(f"{field}[{i}]", "is at ZeRO-3 (zero: 3), which needs every replica of a "
+                                                         "layer to run as many micro-batches a step; mixed-length "
+                                                         "data changes them step by step: use zero: 2")], what=what)
         out.append(c)
     return model, out
 

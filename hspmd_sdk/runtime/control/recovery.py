@@ -70,6 +70,10 @@ class RecoveryHost(Protocol):
 
     def rendezvous(self, launch_rank: int) -> tuple[str, int]: ...
 
+    def numbering_of(self, version: Version) -> Numbering | None: ...
+
+    def candidate_versions(self, version: Version) -> list[Version]: ...
+
     def send_program(self, msg: Mapping[str, Any], program: "Program", plan: "SwitchPlan | None",
                      to: Sequence[int], *, version: int, rank_of: Mapping[int, int],
                      plan_rank_of: Mapping[int, int] | None = None,
@@ -232,7 +236,7 @@ class Recovery:
         st = self.host.state
         empty = {r for r, kind in offer.items() if kind == "nothing"}
         with st.lock:
-            src = self.host.versions.get(version)
+            src = self.host.numbering_of(version)
         if src is None:
             raise HSPMDError(f"the survivors hold the state of plan version {version}, which the launcher no longer "
                              "has")
@@ -300,6 +304,10 @@ class Recovery:
             for key in list(st.open):
                 if key[0] in ("reconfigure", "switch"):
                     st.open.pop(key).superseded = True
+                elif key[0] == "candidates":  # a mixed-length job's switch of candidates (Job.switch([...])):
+                    event = st.open.pop(key)   # applied if the survivors recover from a candidate of its set
+                    applied = held.version in self.host.candidate_versions(event.version or (-1, -1))
+                    event.done, event.superseded = applied, not applied
             ranks = {l: n for n, l in launch_of_new.items()}
             resume = held.step + 1 if checkpoint is None else checkpoint.step
             src_ranks = {l: r for r, l in src.to_launch.items() if l in ranks}
@@ -320,7 +328,7 @@ class Recovery:
             st.open[("reconfigure", ident)] = event
             host.events.append(event)
             if host.mixed:
-                st.switched = {k: v for k, v in st.switched.items() if k[0] != "length"}
+                st.switched = {k: v for k, v in st.switched.items() if k[0] not in ("length", "candidates")}
             host.stragglers.restart()
         msg = {"type": "reconfigure", "id": ident, "world": len(launch_of_new), "ranks": ranks,
                "src_ranks": src_ranks, "master_addr": addr, "master_port": port, "resume_step": resume,
@@ -347,22 +355,22 @@ class Recovery:
 
     def replan_candidates(self, version: Version, held: "Program", dead: Sequence[int],
                           mapping: Mapping[int, int], cluster: "Cluster") -> tuple[list["Program"], int]:
-        """Every candidate of a mixed-length job's world ``version[0]`` replanned on the survivors (``held``: the
-        one the survivors hold, already replanned) the way :func:`~hspmd_sdk.planner.elastic.replan_elastic`
-        replans one; a candidate with no plan on the survivors is dropped.  Returns the candidates and the index
-        of ``held`` among them."""
+        """Every candidate of the mixed-length job's candidate set ``version`` belongs to (its world's first set,
+        or one a ``Job.switch([...])`` added: :meth:`~.controller.TrainingController.candidate_versions`)
+        replanned on the survivors (``held``: the one the survivors hold, already replanned) the way
+        :func:`~hspmd_sdk.planner.elastic.replan_elastic` replans one; a candidate with no plan on the survivors is
+        dropped.  Returns the candidates and the index of ``held`` among them."""
         # lazy: planner, only an elastic/straggler/grow replan needs it
         from ...planner.elastic import renumber, replan_elastic
 
-        versions = self.host.versions
         out: list["Program"] = []
         choice = 0
-        for j in range(versions.candidate_count(version[0])):
-            if j == version[1]:
+        for member in self.host.candidate_versions(version):
+            if member == version:
                 choice = len(out)
                 out.append(held)
                 continue
-            src = versions.get((version[0], j))
+            src = self.host.numbering_of(member)
             if src is None:
                 continue
             model = src.program.model

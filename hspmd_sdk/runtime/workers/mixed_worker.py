@@ -79,7 +79,9 @@ class MixedSession(TrainSession):
         run = {**run, "recompute": None}  # every candidate's own (Program.recompute), whichever runs
         super().__init__(state, run, index, offset)
         self.version = (0, self.choice)
-        self.pool: list[Any] | None = None  # after a recovery: the candidates replanned on the survivors
+        # after a recovery (the candidates replanned on the survivors) or a user's switch of candidates
+        # (``Job.switch([...])``): index among the world's candidates -> its Program
+        self.pool: dict[int, Any] | None = None
         self.batches = self.dataset  # dataset_for(a mixed spec): LengthBatches
         self.candidates: dict[int, Any] = {self.choice: self.program}
         self.switch_plans: dict[tuple[int, int], Any] = {}
@@ -127,14 +129,21 @@ class MixedSession(TrainSession):
         step = super()._recover(reason)
         raw = self.last_reconfigure
         if "candidates" in raw:
-            self.pool = list(unpack_payload(raw["candidates"]))
+            self._use_candidates(unpack_payload(raw["candidates"]), 0)
             self.choice = int(raw["choice"])
-            self.candidates = {self.choice: self.program}
-            self.switch_plans.clear()
+            self.candidates[self.choice] = self.program
         self.version = (self.reconfigured, self.choice)
         self._messages = [m for m in self._messages
                           if m.get("type") != "dispatch" or int(m.get("gen", 0)) == self.reconfigured]
         return step
+
+    def _use_candidates(self, programs: Sequence["Program"], base: int) -> None:
+        """A new candidate set from now on, ``programs[j]`` the world's candidate ``base + j``: an elastic
+        recovery's (replanned on the survivors, from 0) or a user's switch of candidates (``Job.switch([...])``,
+        after the world's earlier sets).  The switch plans between the old ones go."""
+        self.pool = {base + j: p for j, p in enumerate(programs)}
+        self.candidates = {}
+        self.switch_plans.clear()
 
     def _maybe_switch(self, step: int) -> None:
         t0 = time.perf_counter()
@@ -150,6 +159,10 @@ class MixedSession(TrainSession):
             self.choice = choice
             self.version = (self.reconfigured, choice)
             return
+        what = "length"
+        if "candidates" in msg:  # a user's switch of candidates: this step's dispatch is among the new ones
+            self._use_candidates(unpack_payload(msg["candidates"]), int(msg["base"]))
+            what = "candidates"
         key = (int(msg["from"]), choice)
         if "plan" in msg:
             self.switch_plans[key] = unpack_payload(msg["plan"])
@@ -165,8 +178,8 @@ class MixedSession(TrainSession):
         self.version = (self.reconfigured, choice)
         seconds = time.perf_counter() - t1
         self.length_switches.append({"step": step, "from": key[0], "to": choice, "seconds": round(seconds, 6),
-                                     **self.last_switch})
-        self.state.channel.send("switched", id=step, what="length", step=self.offset + step,
+                                     "what": what, **self.last_switch})
+        self.state.channel.send("switched", id=step, what=what, step=self.offset + step,
                                 seconds=round(seconds, 6), bytes=nbytes, **self.last_switch)
 
     def _reports(self, ex: "StepExecutor", rank: int) -> bool:
