@@ -495,6 +495,20 @@ def test_pick_a_tensor_to_see_its_dg_union_and_shards(ui):
     assert canvas.locator("g.hc-union").count() == 0 and canvas.locator("g.hc-hull").count() > 0
 
 
+def test_the_zero_level_is_chosen_in_the_toolbar(ui):
+    """The toolbar's ZeRO select (0-3) sets the level in the kernel's editor: the redraw it answers with shows the
+    level chosen, and the plan's JSON has it; then back to ZeRO-1."""
+    page, canvas = ui
+    level = canvas.locator("select[data-op='zero']")
+    assert level.input_value() == "1"  # the strategy's zero1
+    assert [o.strip() for o in level.locator("option").all_inner_texts()] == [
+        "0: none", "1: optimizer states", "2: + gradients", "3: + weights"]
+    act(page, canvas, lambda: level.select_option("3"))
+    assert canvas.locator("select[data-op='zero']").input_value() == "3"
+    act(page, canvas, lambda: canvas.locator("select[data-op='zero']").select_option("1"))
+    assert canvas.locator("select[data-op='zero']").input_value() == "1"
+
+
 def test_launch_locally_and_follow_the_job_in_the_dashboard(session):
     page, errors = session
     start = len(errors)

@@ -155,6 +155,9 @@ def test_widget_messages_call_the_editor(tmp_path):
     ui._on_msg(None, {"op": "undo"}, None)
     ui._on_msg(None, {"op": "save", "path": str(tmp_path / "x.json")}, None)
     assert (tmp_path / "x.json").exists()
+    for level in (3, 2, 0, 1):  # the toolbar's ZeRO select
+        ui._on_msg(None, {"op": "zero", "level": level}, None)
+        assert (ed.draft.zero if ed.draft.zero1 else 0, ui.canvas.view["zero"]) == (level, level)
     ui._on_msg(None, {"op": "no-such-op"}, None)
     assert "unknown action" in ed.message
     ui._on_msg(None, {"op": "comm", "reshard": "layers.2.in"}, None)

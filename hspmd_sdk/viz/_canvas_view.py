@@ -287,6 +287,7 @@ def canvas_view(ed: Any, *, timeline_key: str | None = None, version: int = 0) -
     return {
         "version": version, "selected": list(ed._selected) if ed._selected else None,
         "tiles": _tiles(ed, flagged), "pipelines": _pipelines(ed), "schedule": d.schedule, "zero1": d.zero1,
+        "zero": d.zero if d.zero1 else 0,
         "name": d.name or "", "global_batch": ed.global_batch, "batch_source": ed.batch_source,
         "verdict": {"level": level, "text": text},
         "problems": [_problem(p) for p in general_problems(ed)],

@@ -67,7 +67,8 @@ class EditorUI:
             "micro": lambda m: editor.set_micro_batches(int(m["p"]), m.get("nmb"), m.get("mbs")),
             "batch": lambda m: editor.set_global_batch(int(m["value"])),
             "schedule": lambda m: editor.set_schedule(str(m["value"])),
-            "zero1": lambda m: editor.set_zero1(bool(m["on"])),
+            "zero1": lambda m: editor.set_zero1(bool(m["on"])),  # (older front ends)
+            "zero": lambda m: editor.set_zero(int(m["level"])),
             "add_pipeline": lambda m: editor.add_pipeline(),
             "remove_pipeline": lambda m: editor.remove_pipeline(int(m["p"])),
             "add_stage": lambda m: editor.add_stage(int(m["p"])),

@@ -2,7 +2,7 @@
 // arrows, labels and tiles) and turns every user action into a message {op, ...} (see index.js).
 
 import { esc } from "../common/esc.js";
-import { SVG, PAD, NODE_GAP, HULL, LANE, LINK } from "./constants.js";
+import { SVG, PAD, NODE_GAP, HULL, LANE, LINK, ZERO_LEVELS } from "./constants.js";
 import { layout } from "./layout.js";
 import { bbox, byNode, edgePoint } from "./geometry.js";
 import { hullSvg } from "./hull.js";
@@ -191,7 +191,7 @@ export class Canvas {
     const mode = `<span class="hc-group" title="dragging on the empty canvas selects devices">select
         <button class="hc-btn hc-toggle ${this.mode === "box" ? "on" : ""}" data-op="mode" data-mode="box" data-key="mode-box" aria-pressed="${this.mode === "box"}">▭ box</button><button class="hc-btn hc-toggle ${this.mode === "lasso" ? "on" : ""}" data-op="mode" data-mode="lasso" data-key="mode-lasso" aria-pressed="${this.mode === "lasso"}">◯ lasso</button></span>`;
     const settings = `<span class="hc-group"><label>schedule <select data-op="schedule" data-key="schedule">${["1f1b", "gpipe"].map((s) => `<option ${s === v.schedule ? "selected" : ""}>${s}</option>`).join("")}</select></label>
-        <label title="shard fp32 master weights and Adam states over the pipelines"><input type="checkbox" data-op="zero1" data-key="zero1" ${v.zero1 ? "checked" : ""}> ZeRO-1</label>
+        <label title="what the pipelines shard (ZeRO): 1 the fp32 master weights and Adam states, 2 also the gradients, 3 also the weights (gathered around each use)">ZeRO <select data-op="zero" data-key="zero">${ZERO_LEVELS.map(([z, what]) => `<option value="${z}" ${z === (v.zero ?? (v.zero1 ? 1 : 0)) ? "selected" : ""}>${z}: ${what}</option>`).join("")}</select></label>
         <label title="samples per step; pinned: edits never change it (${esc(v.batch_source)})">global batch <input class="hc-num" type="number" min="1" data-op="batch" data-key="batch" value="${v.global_batch ?? ""}"></label></span>`;
     const picker = `<span class="hc-group hc-picker"><label>tensor <select data-op="tgroup" data-key="tgroup" aria-label="tensor group"><option value="">—</option>${groups.map((g) => `<option value="${esc(g[0])}" ${g[0] === gsel ? "selected" : ""}>${esc(g[0])} (${g[1].length})</option>`).join("")}</select></label><select data-op="tname" data-key="tname" aria-label="tensor">${names.length ? `<option value="">pick…</option>` : ""}${names.map((n) => `<option ${n === v.tensor_name ? "selected" : ""} value="${esc(n)}">${esc(gsel && n.startsWith(gsel + ".") ? n.slice(gsel.length + 1) : n)}</option>`).join("")}</select>
         <input class="hc-text" list="hc-tensors-${this.uid()}" placeholder="or type a name" data-op="tensor" data-key="tensor" value="${esc(v.tensor_name)}" size="18">${v.tensor_name ? btn("untensor", "✕", true, "clear the tensor") : ""}</span>`;
@@ -563,7 +563,7 @@ export class Canvas {
     const num = () => parseInt(el.value, 10);
     switch (op) {
       case "schedule": this.send({ op, value: el.value }); return;
-      case "zero1": this.send({ op, on: el.checked }); return;
+      case "zero": this.send({ op, level: num() }); return;
       case "batch": if (num() >= 1) this.send({ op, value: num() }); return;
       case "recompute": this.send({ op, p, s, on: el.checked }); return;
       case "ratios": this.send(ratiosMessage(p, s, el.value)); return;

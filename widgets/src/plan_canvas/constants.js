@@ -5,3 +5,5 @@
 export const SVG = "http://www.w3.org/2000/svg";
 export const GAP = 16, PAD = 12, HEAD = 34, NODE_GAP = 36, HULL = 5, LANE = 26;
 export const LINK = { intra: "#159a8c", inter: "#d1495b", mixed: "#7b4fb0" };
+// The ZeRO levels the toolbar offers (SPEC §15), each with what it shards beyond the one before.
+export const ZERO_LEVELS = [[0, "none"], [1, "optimizer states"], [2, "+ gradients"], [3, "+ weights"]];
