@@ -58,7 +58,7 @@ from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.runtime.checkpoints.checkpoint import list_checkpoints  # noqa: E402
 from hspmd_sdk.runtime import launch  # noqa: E402
-from hspmd_sdk.runtime.control.train import _launch_runs, training_run  # noqa: E402
+from hspmd_sdk.runtime.control.train import start_runs, training_run  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 IO_ENTRY = "benchmarks.bench_checkpoint:io_entry"
@@ -316,7 +316,7 @@ def stall_part(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                                            "keep": 1, "checkpoint_async": mode == "background"}
         runs.append(training_run(prog, steps=steps, seed=SEED, seq_len=SEQ, cluster=cluster, **extra))
     before = load()
-    res = _launch_runs(runs, cluster, timeout_s=900).wait()
+    res = start_runs(runs, cluster, timeout_s=900).wait()
     step_times: dict[str, list[float]] = {m: [] for m in modes}
     blocked: dict[str, list[float]] = {m: [] for m in modes}
     written: dict[str, list[float]] = {m: [] for m in modes}
@@ -367,7 +367,7 @@ def restart(program_a: Any, cluster_a: Any, program_b: Any, cluster_b: Any, root
     run = training_run(program_b, steps=save_at + 1, seed=seed, seq_len=seq_len, cluster=cluster_b,
                        resume_from=root)
     check = time.perf_counter() - t0
-    job = _launch_runs([run], cluster_b, timeout_s=timeout_s,
+    job = start_runs([run], cluster_b, timeout_s=timeout_s,
                       **({} if transport is None else {"transport": transport()}))
     while job.metrics.last_step() < 0:
         time.sleep(0.002)

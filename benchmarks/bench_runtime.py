@@ -249,7 +249,7 @@ def hetero_part(args: argparse.Namespace, world: int) -> dict:
 # ---- (e): training quality ------------------------------------------------------------------------------------
 def quality(args: argparse.Namespace) -> dict:
     """Loss curves of a homogeneous and a heterogeneous plan; written next to ``--json`` as ``quality.json``."""
-    from hspmd_sdk.runtime.control.train import _launch_runs
+    from hspmd_sdk.runtime.control.train import start_runs
 
     tiny = LlamaConfig.preset("tiny")
     cluster = Cluster.local(4)
@@ -257,7 +257,7 @@ def quality(args: argparse.Namespace) -> dict:
     homo = Strategy.load({"pipelines": [pipe([([r], [0, 3])], 2, 1) for r in range(4)], "name": "dp4"})
     runs = [training_run(program_of(tiny, s, cluster), steps=args.quality_steps, seed=SEED, data="stdlib", lr=3e-3,
                          cluster=cluster) for s in (homo, hetero)]
-    res = _launch_runs(runs, cluster, timeout_s=1200, transport=LocalTransport(cwd=str(REPO))).wait()
+    res = start_runs(runs, cluster, timeout_s=1200, transport=LocalTransport(cwd=str(REPO))).wait()
     curves = {"homogeneous_dp4": res.results[0]["runs"][0]["losses"],
               "heterogeneous_example_hetero_tiny": res.results[0]["runs"][1]["losses"]}
     target = Path(args.json).parent / "quality.json"

@@ -30,7 +30,7 @@ from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError, RuntimeFailure  # noqa: E402
 from hspmd_sdk.runtime import CheckpointError, load_checkpoint  # noqa: E402
 from hspmd_sdk.runtime.checkpoints.checkpoint_io import WRITE_POINTS  # noqa: E402
-from hspmd_sdk.runtime.control.train import _launch_runs, launch, reference_training, training_run  # noqa: E402
+from hspmd_sdk.runtime.control.train import start_runs, launch, reference_training, training_run  # noqa: E402
 
 SEED, SEQ, LR, STEPS, CRASH_STEP = 5, 16, 1e-3, 3, 2
 MODEL = LlamaConfig.preset("tiny")
@@ -105,7 +105,7 @@ def resumed(crashed: dict) -> dict:
                          resume_from=root / f"step-{CRASH_STEP - 1:08d}" if point == "before-prune" else root,
                          checkpoint_dir=root, checkpoint_every=1, keep=1)
             for point, (root, _) in crashed["points"].items()]
-    return {"result": _launch_runs(runs, cluster, timeout_s=60).wait(),
+    return {"result": start_runs(runs, cluster, timeout_s=60).wait(),
             "starts": [r["resume"]["step"] for r in runs]}
 
 

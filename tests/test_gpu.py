@@ -55,7 +55,7 @@ from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
 from hspmd_sdk.runtime.workers.devices import backend_for_device  # noqa: E402
 from hspmd_sdk.runtime.reference import reference_result  # noqa: E402
-from hspmd_sdk.runtime.control.train import (ReferenceResult, assemble, dataset_for, _launch_runs, load_captured,  # noqa: E402
+from hspmd_sdk.runtime.control.train import (ReferenceResult, assemble, dataset_for, start_runs, load_captured,  # noqa: E402
                                      reference_training, training_run)
 from hspmd_sdk.runtime.transports.transport import LocalTransport  # noqa: E402
 
@@ -223,7 +223,7 @@ def train_on_gpus(table: Mapping[str, Mapping[str, Any]], world: int, out: Path)
     runs = [training_run(specialize(config, plan_from_strategy(config, Strategy.load(data), cluster), cluster),
                          steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=out, cluster=cluster)
             for data in table.values()]
-    result = _launch_runs(runs, cluster, backend=backend, timeout_s=JOB_TIMEOUT_S,
+    result = start_runs(runs, cluster, backend=backend, timeout_s=JOB_TIMEOUT_S,
                          transport=LocalTransport(env=WORKER_ENV)).wait()
     shapes = param_shapes(config)
     got = {}

@@ -46,7 +46,7 @@ from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
-from hspmd_sdk.runtime.control.train import (assemble, _launch_runs, load_captured, reference_training,  # noqa: E402
+from hspmd_sdk.runtime.control.train import (assemble, start_runs, load_captured, reference_training,  # noqa: E402
                                      training_run)
 from test_runtime_train import _HETERO, _expected_param_bytes, _pipe  # noqa: E402
 
@@ -88,7 +88,7 @@ def trained(config: LlamaConfig | GPTConfig, tmp_path_factory: pytest.TempPathFa
                 for n, (d, _) in TABLE.items()}
     runs = [training_run(programs[n], steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=out,
                          recompute=TABLE[n][1], cluster=cluster, precision="bf16") for n in TABLE]
-    result = _launch_runs(runs, cluster, timeout_s=300).wait()
+    result = start_runs(runs, cluster, timeout_s=300).wait()
     shapes = param_shapes(config)
     got = {}
     for i, name in enumerate(TABLE):

@@ -38,10 +38,7 @@ RUNTIME = "hspmd_sdk.runtime."
 #: and ``post_slice_collective`` became public (the buckets use them); 2 pairs, 2 uses after the Program's
 #: ``default_resolver`` and ``digest_is_that_of`` (``runs``, ``protocol``).  Each is to go: the owner gives a public method,
 #: property or constructor argument (``controller`` and ``grow`` can use the job's public names above already).
-ALLOWED: dict[tuple[str, str], int] = {
-    ("control.mixed", "_launch_runs"): 1,  # runs
-    ("control.train", "_launch_runs"): 1,  # runs
-}
+ALLOWED: dict[tuple[str, str], int] = {}  # none since runs' start_runs (was _launch_runs) is named as what it is
 
 ACCESSORS = {"getattr", "hasattr", "setattr", "delattr"}
 

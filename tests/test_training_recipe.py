@@ -30,7 +30,7 @@ from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
 from hspmd_sdk.planner.mixed import MixedEntry, MixedPlan  # noqa: E402
 from hspmd_sdk.runtime.control.mixed import reference_mixed  # noqa: E402
-from hspmd_sdk.runtime.control.train import _launch_runs, reference_training, training_run  # noqa: E402
+from hspmd_sdk.runtime.control.train import start_runs, reference_training, training_run  # noqa: E402
 
 from _equivalence import final_state_matches  # noqa: E402
 
@@ -77,7 +77,7 @@ def train_plans(gpt: GPTConfig, plans: dict[str, dict], out: Path) -> dict:
     cluster = Cluster.local(4)
     runs = [training_run(_program(gpt, s, cluster), steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=out,
                          cluster=cluster, **RECIPE) for s in plans.values()]
-    result = _launch_runs(runs, cluster, timeout_s=120).wait()
+    result = start_runs(runs, cluster, timeout_s=120).wait()
     return {"out": out, "runs": {n: result.results[0]["runs"][i] for i, n in enumerate(plans)},
             "results": result.results}
 
@@ -165,7 +165,7 @@ def test_llama_clipped_with_weight_decay_equals_the_reference(tmp_path: Path) ->
     recipe = {**RECIPE, "optimizer": "adamw"}
     runs = [training_run(_program(model, PLANS[n], cluster), steps=3, seed=SEED, seq_len=SEQ, lr=LR,
                          capture_dir=tmp_path, cluster=cluster, **recipe) for n in names]
-    result = _launch_runs(runs, cluster, timeout_s=120).wait()
+    result = start_runs(runs, cluster, timeout_s=120).wait()
     ref = reference_training(model, steps=3, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR, **recipe)
     adam = reference_training(model, steps=3, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR, **RECIPE)
     assert any(float((ref.params[k] - adam.params[k]).abs().max()) > 1e-6 for k in ref.params)  # not Adam's

@@ -25,7 +25,7 @@ from hspmd_sdk import Cluster, GPTConfig, launch, specialize  # noqa: E402
 from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
-from hspmd_sdk.runtime.control.train import _launch_runs, reference_training, training_run  # noqa: E402
+from hspmd_sdk.runtime.control.train import start_runs, reference_training, training_run  # noqa: E402
 
 from test_training_recipe import (RECIPE, _pipe, _program, _rel, _state_matches, gpt, reference,  # noqa: E402,F401
                                   train_plans)
@@ -136,7 +136,7 @@ def test_zero3_runs_bit_for_bit_like_zero2(gpt: GPTConfig) -> None:
     runs = [training_run(_program(gpt, {**s, "zero": z}, cluster), steps=3, seed=SEED, seq_len=SEQ, lr=LR,
                          cluster=cluster, precision=precision, **RECIPE)
             for s, precision in pairs.values() for z in (2, 3)]
-    got = _launch_runs(runs, cluster, timeout_s=120).wait().results[0]["runs"]
+    got = start_runs(runs, cluster, timeout_s=120).wait().results[0]["runs"]
     for k, name in enumerate(pairs):
         two, three = got[2 * k], got[2 * k + 1]
         assert two["losses"] == three["losses"] and two["grad_norms"] == three["grad_norms"], name

@@ -1,6 +1,6 @@
 """A checkpoint root belongs to one job at a time: the lock file ``ROOT/checkpoint.lock``.
 
-The launcher takes it (:func:`launch_holding_locks`, from :func:`~.runs._launch_runs`, the one place every
+The launcher takes it (:func:`launch_holding_locks`, from :func:`~.runs.start_runs`, the one place every
 training launch goes through) before any worker starts, for every ``checkpoint_dir`` of the job, and releases it
 when the job ends — succeeded, failed or cancelled (:meth:`~.job.Job.on_finish`) — or when Python exits with the
 job running (its workers stopped first).  Workers never touch it: they

@@ -77,7 +77,7 @@ from ..checkpoints.checkpoint import load_checkpoint, run_fields
 from ..workers.kernels import packing_problems
 from .controller import Event, StragglerWatch, TrainingController
 from .faults import Failure
-from .runs import checked_faults, checked_training_run, _launch_runs
+from .runs import checked_faults, checked_training_run, start_runs
 from .state import switch_bytes
 
 if TYPE_CHECKING:
@@ -511,7 +511,7 @@ def launch_mixed(programs: Sequence["Program | Strategy"], cluster: "Cluster | N
     controller.use_candidates(programs, first, planner)
     if elastic and launch_kwargs.get("policy") is None:
         launch_kwargs["policy"] = controller
-    job = _launch_runs([run], cluster, **launch_kwargs)
+    job = start_runs([run], cluster, **launch_kwargs)
     job.use_controller(controller, length_planner=planner)
     planner.start(job, controller)
     return job

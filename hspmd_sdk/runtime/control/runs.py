@@ -3,8 +3,9 @@ starts, and the start of a job that executes runs one after the other (launcher 
 
 * :func:`training_run` -- one run of a Program (options checked by :func:`~.run_config.check_run_options`, then
   what needs the Program and the cluster); :func:`checked_training_run` for options a launch checked already;
-* :func:`_launch_runs` -- one job executing runs in order in the same processes (tests train several plans while
-  paying process start-up once), through the one worker entry :data:`ENTRY`.
+* :func:`start_runs` -- one job executing runs in order in the same processes (tests train several plans while
+  paying process start-up once), through the one worker entry :data:`ENTRY`: the runtime's own (``launch`` and the
+  mixed-length launch start their jobs with it), not part of ``hspmd_sdk``'s API.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from .job import Job
 
 __all__ = ["ENTRY", "training_run", "checked_training_run", "checked_faults", "checked_profile",
-           "recompute_ranks"]
+           "recompute_ranks", "start_runs"]
 
 #: The worker entry of every training job (:func:`~.worker_entry.train_entry`).
 ENTRY = "hspmd_sdk.runtime.workers.worker_entry:train_entry"
@@ -214,7 +215,7 @@ def _corpus_problems(data: Any, global_batch: int, seq_len: int, vocab_size: int
     return [("data", p) for p in TokenCorpus(data).check(global_batch, seq_len, vocab_size)]
 
 
-def _launch_runs(runs: Sequence[Mapping[str, Any]], cluster: "Cluster", **launch_kwargs: Any) -> "Job":
+def start_runs(runs: Sequence[Mapping[str, Any]], cluster: "Cluster", **launch_kwargs: Any) -> "Job":
     """Start one job that executes ``runs`` (from :func:`training_run`) one after the other on ``cluster``'s
     ranks (ranks a run's program does not use sit it out).  Each rank's result is ``{"runs": [...]}``.
 

@@ -2,7 +2,7 @@
 per rank through a :class:`~.transport.Transport`, return the running :class:`~.job.Job`.
 
 :func:`start_workers` is the one function that starts workers, for every kind of job and every transport (local
-processes, SSH, Slurm): :func:`hspmd_sdk.runtime.control.launcher.launch_entry`, training (:func:`~.runs._launch_runs`) and the
+processes, SSH, Slurm): :func:`hspmd_sdk.runtime.control.launcher.launch_entry`, training (:func:`~.runs.start_runs`) and the
 SSH and mixed-length paths all end here.
 """
 from __future__ import annotations

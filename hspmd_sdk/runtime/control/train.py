@@ -6,7 +6,7 @@
   the plan's communication needs, builds its parameter shards and runs :class:`~.executor.StepExecutor` for
   ``steps`` steps.  ``Job.wait().losses`` are the per-step losses of the global batch.  A list of candidate
   Programs trains on mixed-length data (:func:`~.mixed.launch_mixed`).
-* The runs a job executes (:func:`~.runs.training_run`, ``runs._launch_runs``) and the worker entry
+* The runs a job executes (:func:`~.runs.training_run`, ``runs.start_runs``) and the worker entry
   (:func:`~.worker_entry.train_entry`) have modules of their own; :func:`~.reference.reference_training` is the
   plain single-device model trained with ``torch.optim.Adam`` on the same data: the independent reference.  The
   names stay importable from here.
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..data import DEFAULT_DATA, dataset_for
 from ..reference import ReferenceResult, assemble, load_captured, reference_training
-from .runs import (checked_faults, checked_profile, checked_training_run, _launch_runs, recompute_ranks,
+from .runs import (checked_faults, checked_profile, checked_training_run, start_runs, recompute_ranks,
                    training_run)
 from ...errors import PlanValidationError
 from ..workers.devices import backend_for_device
@@ -170,7 +170,7 @@ def _launch_training(program: "Program | Strategy | Sequence[Program | Strategy]
     controller.parts = sends_parts(run)  # the workers get their parts (SPEC §16): switches send parts too
     if elastic and launch_kwargs.get("policy") is None:
         launch_kwargs["policy"] = controller
-    job = _launch_runs([run], cluster, **launch_kwargs)
+    job = start_runs([run], cluster, **launch_kwargs)
     job.prepared_s = job.started_at - begun  # option checks, specialization on the launch cluster, preflight
     job.controller = controller
     controller.attach(job)
