@@ -42,7 +42,7 @@ from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
 from hspmd_sdk.runtime import load_checkpoint  # noqa: E402
-from hspmd_sdk.runtime.control.train import (assemble, _launch_runs, load_captured, reference_training,  # noqa: E402
+from hspmd_sdk.runtime.control.train import (assemble, start_runs, load_captured, reference_training,  # noqa: E402
                                      training_run)
 
 SEED, SEQ, LR, STEPS, K = 3, 16, 1e-3, 4, 2
@@ -88,10 +88,10 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict:
                              checkpoint_every=K, checkpoint_async=False))
     runs.append(training_run(pairs[1]["pa"], **common, cluster=save, checkpoint_dir=root / "keep2",
                              checkpoint_every=1, keep=2))
-    saved = _launch_runs(runs, save, timeout_s=180).wait()
+    saved = start_runs(runs, save, timeout_s=180).wait()
     runs_b = [training_run(p["pb"], **common, cluster=resume, capture_dir=root / "cap_b",
                            resume_from=root / f"pair{i}" / f"step-{K:08d}") for i, p in enumerate(pairs)]
-    resumed = _launch_runs(runs_b, resume, timeout_s=180).wait()
+    resumed = start_runs(runs_b, resume, timeout_s=180).wait()
     return {"pairs": pairs, "root": root, "saved": saved, "resumed": resumed}
 
 

@@ -29,7 +29,7 @@ from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
 from hspmd_sdk.runtime.workers.executor import sequence_balance  # noqa: E402
-from hspmd_sdk.runtime.control.train import assemble, _launch_runs, load_captured, reference_training, training_run  # noqa: E402
+from hspmd_sdk.runtime.control.train import assemble, start_runs, load_captured, reference_training, training_run  # noqa: E402
 
 STEPS, SEED, SEQ, LR, BATCH = 2, 1, 24, 1e-3, 8  # SEQ: whole chunks for CP2, CP3 and CP2 x 2
 TOL, PARAM_TOL = 1e-5, 2e-5
@@ -116,7 +116,7 @@ def _train(tmp: "pytest.TempPathFactory", keys: list[tuple[str, str]]) -> dict:
         config = FAMILIES[family].preset("tiny")
         program = specialize(config, plan_from_strategy(config, Strategy.load(RUNS[name]), cluster), cluster)
         runs.append(training_run(program, **common))
-    result = _launch_runs(runs, cluster, timeout_s=300).wait()
+    result = start_runs(runs, cluster, timeout_s=300).wait()
     got = {}
     for i, (family, name) in enumerate(keys):
         shapes = param_shapes(FAMILIES[family].preset("tiny"))

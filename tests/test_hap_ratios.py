@@ -34,7 +34,7 @@ from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.core.tp_ratios import feasible_ratios  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
-from hspmd_sdk.runtime.control.train import (assemble, _launch_runs, load_captured, reference_training,  # noqa: E402
+from hspmd_sdk.runtime.control.train import (assemble, start_runs, load_captured, reference_training,  # noqa: E402
                                      training_run)
 
 STEPS, SEED, SEQ, LR = 3, 1, 16, 1e-3
@@ -236,7 +236,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
         keys.append((family, "saved_even"))
         runs.append(training_run(even, **common, checkpoint_dir=out / f"ckpt_{family}", checkpoint_every=1,
                                  checkpoint_async=False))
-    results = [_launch_runs(runs, cluster, timeout_s=300).wait()]
+    results = [start_runs(runs, cluster, timeout_s=300).wait()]
     # a second job (a run checks its checkpoint exists when it is built): resume under the uneven plan
     resumed = []
     for family in FAMILIES:
@@ -244,7 +244,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
         programs[family, "resumed_uneven"] = programs[family, "tp2_3to1"]
         resumed.append(training_run(programs[family, "tp2_3to1"], **{**common, "capture_dir": out / "resumed"},
                                     resume_from=out / f"ckpt_{family}" / f"step-{RESUME_STEP:08d}"))
-    results.append(_launch_runs(resumed, cluster, timeout_s=300).wait())
+    results.append(start_runs(resumed, cluster, timeout_s=300).wait())
     got = {}
     for i, key in enumerate(keys):
         job, index = (0, i) if i < len(runs) else (1, i - len(runs))
@@ -444,7 +444,7 @@ def test_uneven_stages_beside_even_ones_in_pipelines_and_data_parallel(family: s
                 for n, d in SLOW_RUNS.items()}
     runs = [training_run(programs[n], steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, capture_dir=tmp_path,
                          cluster=cluster, data=DATA) for n in SLOW_RUNS]
-    result = _launch_runs(runs, cluster, timeout_s=300).wait()
+    result = start_runs(runs, cluster, timeout_s=300).wait()
     shapes = param_shapes(config)
     for i, name in enumerate(SLOW_RUNS):
         captured = load_captured(tmp_path, i)

@@ -35,7 +35,7 @@ from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.core.strategy_plan import plan_from_strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
 from hspmd_sdk.models import param_shapes  # noqa: E402
-from hspmd_sdk.runtime.control.train import (assemble, _launch_runs, load_captured, reference_training,  # noqa: E402
+from hspmd_sdk.runtime.control.train import (assemble, start_runs, load_captured, reference_training,  # noqa: E402
                                      training_run)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "hspmd_sdk" / "examples"
@@ -105,7 +105,7 @@ def _run_job(config: LlamaConfig, table: dict, world: int, out: Path) -> dict:
     programs = _programs(config, table, cluster)
     runs = [training_run(programs[n], steps=STEPS, seed=SEED, seq_len=SEQ, lr=LR, data=DATA, capture_dir=out,
                          recompute=table[n][1], cluster=cluster) for n in table]
-    result = _launch_runs(runs, cluster, timeout_s=120).wait()
+    result = start_runs(runs, cluster, timeout_s=120).wait()
     shapes = param_shapes(config)
     got = {}
     for i, name in enumerate(table):
@@ -353,7 +353,7 @@ def test_a_bad_plan_or_run_option_starts_no_worker(config: LlamaConfig, no_worke
             general_launch(program, four, **kwargs)                # the general launcher forwards them
     other = training_run(program, steps=1, cluster=Cluster.local(5))
     with pytest.raises(PlanValidationError, match=r"runs\[0\]\.cluster"):
-        _launch_runs([other], four)                                  # a run built for another cluster
+        start_runs([other], four)                                  # a run built for another cluster
     assert no_workers == []
 
 

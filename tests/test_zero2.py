@@ -24,7 +24,7 @@ from hspmd_sdk import Cluster, GPTConfig, launch  # noqa: E402
 from hspmd_sdk.core.memory import BF16_BYTES  # noqa: E402
 from hspmd_sdk.core.strategy import Strategy  # noqa: E402
 from hspmd_sdk.errors import PlanValidationError  # noqa: E402
-from hspmd_sdk.runtime.control.train import _launch_runs, reference_training, training_run  # noqa: E402
+from hspmd_sdk.runtime.control.train import start_runs, reference_training, training_run  # noqa: E402
 
 from test_training_recipe import (RECIPE, _pipe, _program, _rel, _state_matches, gpt, reference,  # noqa: E402,F401
                                   train_plans)
@@ -269,7 +269,7 @@ def test_zero2_runs_bit_for_bit_like_zero1(gpt: GPTConfig) -> None:
     runs = [training_run(_program(gpt, {**s, "zero": z}, cluster), steps=3, seed=SEED, seq_len=SEQ, lr=LR,
                          cluster=cluster, precision=precision, **RECIPE)
             for s, precision in PAIRS.values() for z in (1, 2)]
-    got = _launch_runs(runs, cluster, timeout_s=120).wait().results[0]["runs"]
+    got = start_runs(runs, cluster, timeout_s=120).wait().results[0]["runs"]
     for k, name in enumerate(PAIRS):
         one, two = got[2 * k], got[2 * k + 1]
         assert one["losses"] == two["losses"] and one["grad_norms"] == two["grad_norms"], name
