@@ -1,4 +1,4 @@
-"""The executor's wait for its sends (``comm.SendWaiter``): it stops when a peer of the world died, however the
+"""The executor's wait for its sends (``sends.SendWaiter``): it stops when a peer of the world died, however the
 send's own wait behaves.
 
 gloo (torch 2.13) does not fail an ``isend`` whose bytes were still queued on a connection when that connection
@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hspmd_sdk.runtime.workers.comm import SendWaiter  # noqa: E402
+from hspmd_sdk.runtime.workers.sends import SendWaiter  # noqa: E402
 from hspmd_sdk.runtime.workers.liveness import CommFailure  # noqa: E402
 
 
@@ -111,7 +111,7 @@ def test_without_a_halt_signal_the_caller_waits_itself() -> None:
 _GLOO = r"""
 import datetime, os, sys, threading, time
 import torch, torch.distributed as dist
-from hspmd_sdk.runtime.workers.comm import SendWaiter
+from hspmd_sdk.runtime.workers.sends import SendWaiter
 from hspmd_sdk.runtime.workers.liveness import CommFailure
 rank = 1 if os.fork() == 0 else 0
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=rank, world_size=2,

@@ -19,7 +19,8 @@ import torch.distributed as dist
 
 from ...core.comm_ops import CollectiveOp, IdentityOp, PointToPointOp, SplitCollectiveOp
 from ...core.program_part import world_pipeline_pairs
-from .comm import Pending, SendWaiter, execute_op, post_receives, post_sends
+from .comm import Pending, execute_op
+from .sends import SendWaiter, post_receives, post_sends
 from .errors import ExecutorError
 
 if TYPE_CHECKING:

@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from ...core.annotation import local_views
 from ...core.slices import Box, box_numel, box_shape, format_box, relative
-from .comm import CommExecutionError, SendWaiter, default_device
+from .comm import CommExecutionError, default_device
+from .sends import SendWaiter
 
 if TYPE_CHECKING:
     from ...core.switch import PackedMessage, SwitchPlan
