@@ -18,7 +18,8 @@ pipelines (``world / 2`` of them, one micro-batch each), whose workers get their
 
 The fitted exponent of each figure against the world size (``seconds = c * ranks^k``) is printed and written.
 
-Run: ``python benchmarks/bench_control.py`` (``--ranks 1024 4096`` for fewer points).  Figures:
+Run: ``python benchmarks/bench_control.py`` (``--ranks 1024 4096`` for fewer points; ``--parts-70b 1024 10240``
+writes every rank's Program part of Llama-70B, the ``bench_scale`` strategy, in one process instead).  Figures:
 ``benchmarks/results/control.json``.  Goals (issue 45, at 10,240 simulated ranks): all ready < 60 s, failure
 detected < 2 s, recovery decided and every message sent < 10 s, launcher memory < 4 GB; a launch message per
 worker that does not grow with the world.
@@ -84,6 +85,7 @@ def _bytes(sent: list[tuple[int, int]]) -> dict[str, float]:
 def run_world(world: int, *, processes: int, step_s: float, steps: int) -> dict[str, Any]:
     """One elastic job on ``world`` simulated ranks: launch, steady steps, one lost rank, one user switch."""
     t0 = time.perf_counter()
+    slow = max(1.0, world / 1024)  # the waits' limits grow with the world (a loaded machine at 4,096 ranks)
     tp2, pp2, cluster = strategies(world)
     first, second = program(tp2, cluster), program(pp2, cluster)
     build_s = time.perf_counter() - t0
@@ -96,7 +98,7 @@ def run_world(world: int, *, processes: int, step_s: float, steps: int) -> dict[
                      preflight=False, resource_check=False, timeout_s=600, heartbeat_s=1.0)
         out["launch_s"] = round(time.perf_counter() - t_call, 3)
 
-        t_ready = _wait("every rank ready", lambda: job.startup().phases.get("rendezvous") is not None, 600)
+        t_ready = _wait("every rank ready", lambda: job.startup().phases.get("rendezvous") is not None, 600 * slow)
         out["ready_s"] = round(t_ready - t_call, 3)
         # steady steps: the launcher's CPU a step
         _wait("step 2", lambda: job.metrics.last_step() >= 2, 120)
@@ -109,7 +111,8 @@ def run_world(world: int, *, processes: int, step_s: float, steps: int) -> dict[
         t_call2 = time.perf_counter()
         ev = job.switch(second)
         call_s = time.perf_counter() - t_call2
-        _wait("the switch", lambda: ev.done, 300)
+        out["switch"] = {"call_s": round(call_s, 3)}
+        _wait("the switch", lambda: ev.done, 300 * slow)
         out["switch"] = {"call_s": round(call_s, 3), "sent_s": round(transport.last_sent["switch"] - t_call2, 3),
                          "done_s": round(time.perf_counter() - t_call2, 3), "plan_s": round(ev.seconds["plan"], 3)}
         out["switch_bytes"] = _bytes(transport.sent.get("switch", []))
@@ -117,7 +120,7 @@ def run_world(world: int, *, processes: int, step_s: float, steps: int) -> dict[
         lost = world // 2 + 3
         t_lose = time.perf_counter()
         transport.lose([lost])
-        _wait("the recovery", lambda: any(e.reason == "failure" and e.done for e in job.events), 300)
+        _wait("the recovery", lambda: any(e.reason == "failure" and e.done for e in job.events), 300 * slow)
         t_done = time.perf_counter()
         event = next(e for e in job.events if e.reason == "failure")
         sent = transport.sent.get("reconfigure", [])
@@ -132,11 +135,38 @@ def run_world(world: int, *, processes: int, step_s: float, steps: int) -> dict[
         job.wait(timeout=120)
         out["launch_bytes"] = _bytes(transport.sent["launch"])
         out["status"] = str(job.status.value if hasattr(job.status, "value") else job.status)
+    except (TimeoutError, RuntimeError) as e:  # what was measured before it is kept (a failed job, a wait's limit)
+        out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        for kind in ("launch", "switch", "reconfigure"):
+            out.setdefault(f"{kind}_bytes", _bytes(transport.sent.get(kind, [])))
     finally:
         transport.close()
         out["sim_hosts_left"] = len(transport.alive())
     out["rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return out
+
+
+def parts_70b(world: int) -> dict[str, Any]:
+    """Every rank's Program part of Llama-70B (the ``bench_scale`` strategy on ``world`` mixed ranks) written in one
+    process, as a launcher writes them (``part_json``): seconds (wall and CPU) in all and a part, and the classes
+    whose first part was made whole."""
+    from bench_scale import MODEL as LLAMA_70B, scale_strategy
+
+    from hspmd_sdk.core.program_part import part_json
+
+    strategy, cluster = scale_strategy(world)
+    prog = specialize(LLAMA_70B, plan_from_strategy(LLAMA_70B, strategy, cluster), cluster)
+    prog.digest()
+    t0, c0, nbytes = time.perf_counter(), time.process_time(), 0
+    for r in prog.ranks:
+        nbytes += len(part_json(prog, r))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    writer = prog._micro[("part_writer",)]
+    return {"ranks": world, "parts": len(prog.ranks), "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+            "ms_per_part_cpu": round(cpu / len(prog.ranks) * 1e3, 2), "classes": len(writer._classes),
+            "fallbacks": writer.fallbacks, "mean_part_bytes": nbytes // len(prog.ranks),
+            "rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "load": Path("/proc/loadavg").read_text().split()[0]}
 
 
 def fit_exponent(xs: list[float], ys: list[float]) -> float | None:
@@ -167,11 +197,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--step-s", type=float, default=1.0, help="seconds of a simulated step")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--out", default=str(RESULTS / "control.json"))
+    p.add_argument("--parts-70b", type=int, nargs="*", default=[], metavar="RANKS",
+                   help="only write every rank's Program part of Llama-70B at these world sizes (no launch)")
     args = p.parse_args(argv)
+    if args.parts_70b:
+        rows = []
+        for world in args.parts_70b:
+            rows.append(parts_70b(world))
+            print(json.dumps(rows[-1]), flush=True)
+        out = {"parts_70b": rows}
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        return out
     rows = []
     for world in args.ranks:
         print(f"== {world} simulated ranks", flush=True)
-        row = run_world(world, processes=args.processes, step_s=args.step_s, steps=args.steps)
+        try:
+            row = run_world(world, processes=args.processes, step_s=args.step_s, steps=args.steps)
+        except (TimeoutError, RuntimeError) as e:  # the figures of the other world sizes are still written
+            row = {"ranks": world, "error": f"{type(e).__name__}: {str(e)[:300]}"}
         print(json.dumps(row), flush=True)
         rows.append(row)
     fits = {".".join(f): fit_exponent([r["ranks"] for r in rows], [_get(r, f) or 0.0 for r in rows])

@@ -34,6 +34,11 @@ shape whose integers each change by a constant from one to the next (a DG Union 
 the consecutive boxes of ZeRO's shards, consecutive object references and records), ``{"$R": [value, n]}`` for
 ``n`` equal values.  Reading expands them back first: the round trip is exact (``==``).
 
+A launcher writes every rank's part with :func:`part_json`, through the Program's :class:`ProgramParts`: what all
+parts share is written once, what the ranks of one class (the same operators placed, the same gradient reductions
+and synchronisations) share once for the class, and each rank's own restricted plans by index; the text is byte
+for byte that of the part made whole and written object by object (the class's first part is checked against it).
+
 What still grows with the world: the rank lists of a group that spans replicas when they are irregular (a
 heterogeneous layout whose ranks form no arithmetic run), and the boxes of a collective whose members hold
 different boxes (ZeRO's reduce-scatter over data-parallel replicas: one box per replica).  What does not shrink
@@ -43,20 +48,21 @@ JSON for Llama-70B, whose whole Program is 3.4 MB at 48 ranks and 10 MB at 1,024
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import SpecializationError
 from .annotation import Annotation
-from .comm_ops import CollectiveOp, Message, PointToPointOp, SplitCollectiveOp
+from .comm_ops import CollectiveGroup, CollectiveOp, Message, PointToPointOp, SliceCollective, SplitCollectiveOp
 from .gc_pause import gc_paused
 
 if TYPE_CHECKING:
     from .comm_plan import CommPlan
 
 __all__ = ["ProgramPartError", "PART_FORMAT", "no_message", "make_part", "restrict_plan", "program_digest",
-           "PlanParts",
+           "PlanParts", "ProgramParts", "switch_index",
            "world_groups", "world_pipeline_pairs", "part_to_json", "part_json", "part_from_json", "pack_json",
            "unpack_json"]
 
@@ -94,16 +100,13 @@ def part_json(program: Any, rank: int, *, version: int = 0) -> str:
     """Rank ``rank``'s part of ``program`` as JSON text, for a launcher that writes every rank's: read back by
     ``ProgramPart.from_json`` it equals ``program.part(rank)``, but what every part holds alike (the defined
     graph, the model config, the annotations, the gradient synchronisations, the shape constraints) is written
-    once per Program (cached on it) and reused; each rank's own objects follow."""
-    part = program.part(rank, version=version)
-    key = ("part_shared",)
-    shared = program._micro.get(key)
-    if shared is None:
-        shared = program._micro[key] = _shared_section(program)
-    objects, root = _section_text(shared, part)
-    head = json.dumps({"format": PART_FORMAT, "rank": part.rank, "digest": part.program_digest,
-                       "version": part.version}, separators=(",", ":"))[:-1]
-    return head + ',"objects":[' + objects + '],"root":' + json.dumps(root, separators=(",", ":")) + "}"
+    once per Program and reused; each rank's own objects follow.  Written by the Program's
+    :class:`ProgramParts` (cached on it), which writes what ranks of one class share once for the class."""
+    key = ("part_writer",)
+    parts = program._micro.get(key)
+    if parts is None:
+        parts = program._micro[key] = ProgramParts(program)
+    return parts.json(rank, version=version)
 
 
 def _shared_section(program: Any) -> tuple[int, dict[int, int], str, list[Any]]:
@@ -153,11 +156,12 @@ class PlanParts:
     reused, so that writing every rank's part costs the launcher the world once, not once a rank: whoever sends a
     plan's parts makes one of these for the plan and asks it for each rank's (it lives as long as they keep it)."""
 
-    __slots__ = ("plan", "_shared")
+    __slots__ = ("plan", "_shared", "_index")
 
     def __init__(self, plan: Any) -> None:
         self.plan = plan
         self._shared: tuple[int, dict[int, int], str, list[Any]] | None = None
+        self._index: list[Any] | None = None
 
     @property
     def shared(self) -> tuple[int, dict[int, int], str, list[Any]]:
@@ -172,9 +176,501 @@ class PlanParts:
         """Rank ``rank``'s part of the plan as compact payload text: the shared records, then its own."""
         from .program_json import FORMAT
 
-        objects, root = _section_text(self.shared, self.plan.part(rank))
+        if self._index is None:  # each step's messages, copies and zero fills by rank, listed once for all parts
+            self._index = switch_index(self.plan)
+        objects, root = _section_text(self.shared, self.plan.part(rank, index=self._index))
         return ('{"format":' + json.dumps(FORMAT) + ',"packed":{"objects":[' + objects + '],"root":'
                 + json.dumps(pack_json(root), separators=(",", ":")) + "}}")
+
+
+def _part_json_reference(program: Any, rank: int, *, version: int = 0) -> str:
+    """Rank ``rank``'s part JSON as :func:`part_json` writes it, by the general way: ``program.part(rank)`` made
+    whole, then written object by object after the Program's shared section.  What :class:`ProgramParts` checks
+    each class's first part against."""
+    part = program.part(rank, version=version)
+    objects, root = _section_text(_program_shared(program), part)
+    head = json.dumps({"format": PART_FORMAT, "rank": part.rank, "digest": part.program_digest,
+                       "version": part.version}, separators=(",", ":"))[:-1]
+    return head + ',"objects":[' + objects + '],"root":' + json.dumps(root, separators=(",", ":")) + "}"
+
+
+def _program_shared(program: Any) -> tuple[int, dict[int, int], str, list[Any]]:
+    """:func:`_shared_section` of ``program``, written once per Program (cached on it)."""
+    key = ("part_shared",)
+    shared = program._micro.get(key)
+    if shared is None:
+        shared = program._micro[key] = _shared_section(program)
+    return shared
+
+
+def _dumps(v: Any) -> str:
+    return json.dumps(v, separators=(",", ":"))
+
+
+def _plain_text(value: Any) -> str:
+    """The packed JSON text of ``value``, a value holding no object of a core class (ints, strings, sets ...)."""
+    from .program_json import _Writer
+
+    return _dumps(pack_json(_Writer().value(value)))
+
+
+#: A rank id no Program holds: a class's rank-only fields are written once with it, and it is then replaced.
+_SENTINEL = 918_273_645_546_372_819_000_001
+
+
+class _PartClass:
+    """What the parts of ranks of one class (:meth:`ProgramParts._key`) share: the representative's part, the
+    texts of the fields equal for the class, the templates of the rank-only fields (their text split where the
+    rank is written), and whether the class's parts are written by the general way (its check failed)."""
+
+    __slots__ = ("part", "keys", "plan_keys", "node_ranks", "sync_ranks", "general")
+
+    def __init__(self, part: Any) -> None:
+        self.part = part
+        #: the names of the plans the class's ranks run, per plan table (in the Program's order)
+        self.keys = tuple(tuple(getattr(part, f)) for f in _PLAN_TABLES)
+        self.plan_keys = ""
+        self.node_ranks: list[str] | None = None
+        self.sync_ranks: list[str] | None = None
+        self.general = False
+
+
+#: the fields of a part that hold its restricted communication plans, in the record's order
+_PLAN_TABLES = ("comm_plans", "backward_plans", "grad_reduce_plans", "grad_sync_plans")
+#: the fields of a part whose value is the Program's, whatever the rank
+_CONST_FIELDS = frozenset({"graph", "cluster", "annotations", "bindings", "constraints", "schedule_kind",
+                           "pre_reshards", "grad_syncs", "model", "program_digest", "world_ranks",
+                           "_group_families", "_pair_families"})
+
+
+class ProgramParts:
+    """Every rank's part of ``program`` as the JSON text of :func:`part_json`, for a launcher that writes every
+    rank's (launch, switch, recovery): what all parts share is written once per Program, what the parts of one
+    *class* of ranks share once for the class, and for each rank only what is its own, so that writing every
+    rank's part costs about the world once, not once a rank.
+
+    A class: the ranks that place the same operators and take part in the same gradient reductions and
+    synchronisations (:meth:`_key`) — their executable graphs hold the same operators, so their parts hold the
+    same compute operators, plan keys and plan names and differ in the rank, its stage, and the restricted
+    communication plans.  The first part of a class is made whole (:meth:`Program.part`) and written by the
+    general way; the fast text of that rank is checked against it (a class whose check fails is written by the
+    general way).  A rank's own communication plans are restricted by index (each operator's groups, slices,
+    messages and boxes listed by rank once per plan) and written as one section of records.
+
+    The text is byte for byte that of the general way: the part's records are its object (first), its
+    ``AnnotationPlan`` and settings, the records of its plans, its schedule's actions, its compute operators; no
+    two sections hold records of one class, so equal records and compact runs never span two sections, and each
+    section is written (deduplicated, packed) alone at its place."""
+
+    def __init__(self, program: Any) -> None:
+        self.program = program
+        self._node_sets = tuple(program._node_ranks.values())
+        self._reduced = tuple(program.grad_reduce_plans)
+        self._classes: dict[Any, _PartClass] = {}
+        self._sections: dict[Any, tuple[str, str, int]] = {}
+        self._templates: dict[Any, tuple[str, list[str], list[int], int]] = {}
+        self._dependent: set[Any] = set()
+        self._indexes: dict[int, list[Any]] = {}
+        self._fields: dict[Any, str] = {}
+        self._fillers: dict[int, Message] = {}
+        #: the records of the plans' leaves (messages, groups, slices: the Program's objects, kept alive here),
+        #: written once: id(object) -> (object, record); id(record) -> its JSON text; id(record) -> packed;
+        #: id(packed) -> its skeleton
+        self._leaves: dict[int, tuple[Any, dict[str, Any]]] = {}
+        self._leaf_keys: dict[int, str] = {}
+        self._leaf_packed: dict[int, Any] = {}
+        self._leaf_skeletons: dict[int, tuple[str, list[int]]] = {}
+        #: how many classes failed their check (written by the general way)
+        self.fallbacks = 0
+
+    @property
+    def shared(self) -> tuple[int, dict[int, int], str, list[Any]]:
+        """The records every part holds alike (:func:`_shared_section`), cached on the Program."""
+        return _program_shared(self.program)
+
+    def _key(self, rank: int) -> tuple[Any, ...]:
+        """What rank ``rank``'s executable graph's operators are a function of (``_instantiate``): which nodes
+        it is placed on, which gradient synchronisations it takes part in, which reduced gradients it holds."""
+        p = self.program
+        anns = p.annotations
+        return (tuple(rank in s for s in self._node_sets), tuple(rank in s for s in p._sync_ranks),
+                tuple(t in anns and anns[t].locate(rank) is not None for t in self._reduced))
+
+    @gc_paused
+    def json(self, rank: int, *, version: int = 0) -> str:
+        """Rank ``rank``'s part of the Program as JSON text, byte for byte :func:`_part_json_reference`'s.  Raises
+        ``ProgramPartError`` naming the rank if it takes part in no operator."""
+        rank = int(rank)
+        key = self._key(rank)
+        cls = self._classes.get(key)
+        if cls is None:
+            cls = self._classes[key] = self._new_class(rank)
+            if self._text(cls, rank, version) != _part_json_reference(self.program, rank, version=version):
+                cls.general = True
+                self.fallbacks += 1
+        if cls.general:
+            return _part_json_reference(self.program, rank, version=version)
+        return self._text(cls, rank, version)
+
+    # ---- a class ---------------------------------------------------------------------------------------------
+    def _new_class(self, rank: int) -> _PartClass:
+        part = self.program.part(rank)  # raises naming the rank if it takes part in nothing
+        cls = _PartClass(part)
+        cls.plan_keys = self._const_text(part._plan_keys)
+        cls.node_ranks = _template(part._node_ranks, rank)
+        cls.sync_ranks = _template(part._sync_ranks, rank)
+        return cls
+
+    def _const_text(self, value: Any) -> str:
+        """The packed text of a value that refers to shared records only."""
+        count, ids, _, _ = self.shared
+        from .program_json import _Writer
+
+        w = _Writer()
+        w.objects, w._ids = [None] * count, dict(ids)
+        out = _dumps(pack_json(w.value(value)))
+        if len(w.objects) != count:
+            raise ProgramPartError("a part's field that every class shares holds records of its own")
+        return out
+
+    # ---- a rank's text ---------------------------------------------------------------------------------------
+    def _text(self, cls: _PartClass, rank: int, version: int) -> str:
+        p, part = self.program, cls.part
+        count = self.shared[0]
+        where = p._where.get(rank)
+        own = where[0] if where is not None else None
+        mine: dict[int, Any] = {}
+        tables = tuple({k: self._restricted(getattr(p, f)[k], rank, mine) for k in keys}
+                       for f, keys in zip(_PLAN_TABLES, cls.keys))
+        head_text, plan_field, heads = self._section(("head",), part.plan, count + 1)
+        plans_text, plans_root, plans = self._write_plans(tables, count + 1 + heads)
+        acts = count + 1 + heads + plans
+        acts_text, schedules, nacts = self._section(("acts", where), _part_schedules(p, where), acts)
+        ops = acts + nacts
+        ops_text, compute_ops, _ = self._section(("ops", id(cls)), part._compute_ops, ops)
+        pipelines, micro, sizes = self._pipeline_fields(own)
+        values: dict[str, str] = {
+            "plan": plan_field, "schedules": schedules, "_compute_ops": compute_ops, "_plan_keys": cls.plan_keys,
+            "pipelines": pipelines, "micro_batches": micro, "micro_batch_sizes": sizes,
+            "recompute": _plain_text(p.recompute & frozenset({rank})),
+            "_node_ranks": str(rank).join(cls.node_ranks) if cls.node_ranks is not None
+            else _plain_text(_own_sets(p._node_ranks, rank)),
+            "_sync_ranks": str(rank).join(cls.sync_ranks) if cls.sync_ranks is not None
+            else _plain_text(_own_sets(p._sync_ranks, rank)),
+            "_where": _plain_text({rank: where} if where is not None else {}), "rank": str(rank),
+            "version": str(int(version))}
+        for f, v in zip(_PLAN_TABLES, plans_root["$t"]):
+            values[f] = _dumps(pack_json(v))
+        record = '{"$c":' + _dumps(self._path(part)) + ',"f":{' + ",".join(
+            _dumps(name) + ":" + (values[name] if name in values else self._const(name, part))
+            for name in self._names(part)) + "}}"
+        objects = ",".join(t for t in (self.shared[2], record, head_text, plans_text, acts_text, ops_text) if t)
+        head = _dumps({"format": PART_FORMAT, "rank": rank, "digest": part.program_digest, "version": int(version)})
+        return head[:-1] + ',"objects":[' + objects + '],"root":' + _dumps({"$ref": count}) + "}"
+
+    def _names(self, part: Any) -> tuple[str, ...]:
+        from .program_json import _Writer
+
+        return _Writer()._kind(type(part), part)[2]
+
+    def _path(self, part: Any) -> str:
+        from .program_json import _Writer
+
+        return _Writer()._kind(type(part), part)[1]
+
+    def _const(self, name: str, part: Any) -> str:
+        """The text of field ``name``, the same in every part (:data:`_CONST_FIELDS`), written once."""
+        got = self._fields.get(name)
+        if got is None:
+            if name not in _CONST_FIELDS:
+                raise ProgramPartError(f"ProgramParts does not know how to write the part's field {name!r}")
+            got = self._fields[name] = self._const_text(getattr(part, name))
+        return got
+
+    def _pipeline_fields(self, own: int | None) -> tuple[str, str, str]:
+        """The texts of the part's ``pipelines``, ``micro_batches`` and ``micro_batch_sizes`` for a rank of
+        pipeline ``own`` (:func:`_part_pipelines`): each list is the others' empty value (``[]``, ``0``) but at
+        ``own``, so that its packed text is the runs of that value before and after ``own``'s
+        (:func:`_runs_around`), written without walking every pipeline."""
+        p = self.program
+        zero3 = p.plan.settings.zero >= 3
+        out = []
+        for name, values, empty in (("pipelines", p.pipelines, []), ("micro_batches", p.micro_batches, 0),
+                                    ("micro_batch_sizes", p.micro_batch_sizes, 0)):
+            mine = None if own is None or own >= len(values) else values[own]
+            if name == "micro_batches" and zero3:  # every pipeline's count, whatever the rank
+                mine = None
+            if mine is None or (empty == 0 and (type(mine) is not int or mine == 0)):
+                key = (name, None if name == "micro_batches" and zero3 else own)
+                got = self._fields.get(key)
+                if got is None:
+                    got = self._fields[key] = _plain_text(_part_pipelines(p, own)[_PIPELINE_FIELDS.index(name)])
+                out.append(got)
+                continue
+            if name == "pipelines":
+                mine = list(map(list, mine))
+            packed = _runs_around(len(values), own, pack_json(_as_written(mine)), empty)
+            out.append(_dumps(packed if name == "pipelines" else {"$t": packed}))
+        return out[0], out[1], out[2]
+
+    def _section(self, key: Any, value: Any, base: int) -> tuple[str, str, int]:
+        """:meth:`_write` of ``value`` at ``base``: ``(its records' text, its root's packed text, how many)``.
+        Written once for ``key`` when its records refer to no record of their own (actions, compute operators):
+        for another ``base`` only the root's references to them are renumbered (packing depends on their
+        differences only); else written once for ``key`` at each ``base``."""
+        got = self._templates.get(key)
+        if got is not None:
+            text, pieces, rels, n = got
+            return text, pieces[0] + "".join(str(base + r) + q for r, q in zip(rels, pieces[1:])), n
+        out = self._sections.get((key, base))
+        if out is None:
+            text, root, n = self._write(value, base)
+            packed = pack_json(root)
+            out = self._sections[(key, base)] = (text, _dumps(packed), n)
+            if key not in self._dependent:
+                if _refers_from(_unpack_records(text), base):
+                    self._dependent.add(key)
+                else:
+                    self._templates[key] = (text, *_ref_template(packed, base), n)
+        return out
+
+    def _write(self, value: Any, base: int) -> tuple[str, Any, int]:
+        """``value``'s own records written after ``base`` records (the shared ones, then the part's earlier
+        sections, none of which ``value`` refers to): ``(their packed text without brackets, the root, how
+        many)``."""
+        from .program_json import _Writer
+
+        count, ids, _, _ = self.shared
+        w = _Writer()
+        w.objects, w._ids = [None] * base, dict(ids)
+        root = w.value(value)
+        objects, root, _ = _dedup(w.objects, root, fixed=base)
+        return _dumps(pack_json(objects[base:]))[1:-1], root, len(objects) - base
+
+    def _write_plans(self, value: Any, base: int) -> tuple[str, Any, int]:
+        """:meth:`_write` of a rank's restricted plans, each leaf's record (a message, a group, a slice: objects of
+        the Program that every part restricted from its plans shares) made, keyed and packed once per Program."""
+        count, ids, _, _ = self.shared
+        w = _leaf_writer_class()(self._leaves, self._leaf_keys)
+        w.objects, w._ids = [None] * base, dict(ids)
+        root = w.value(value)
+        objects, root, _ = _dedup(w.objects, root, fixed=base, known=self._leaf_keys)
+        own = objects[base:]
+        packed, skeletons = [], {}
+        for k, rec in enumerate(own):
+            p = self._leaf_packed.get(id(rec))
+            if p is None:
+                p = pack_json(rec)
+                if id(rec) in self._leaf_keys:
+                    p = self._leaf_packed[id(rec)] = p
+                    self._leaf_skeletons[id(p)] = _skeleton(p)
+            got = self._leaf_skeletons.get(id(p))
+            if got is not None:
+                skeletons[k] = got
+            packed.append(p)
+        return _dumps(_pack_runs(packed, skeletons))[1:-1], root, len(own)
+
+    def _restricted(self, plan: "CommPlan", rank: int, memo: dict[int, Any]) -> "CommPlan":
+        """:func:`restrict_plan` of ``plan`` to ``rank`` (once per plan in a part, as :func:`make_part`), by the
+        plan's operators' items listed by rank (:func:`_op_index`, once per plan)."""
+        got = memo.get(id(plan))
+        if got is None:
+            index = self._indexes.get(id(plan))
+            if index is None:
+                index = self._indexes[id(plan)] = [_op_index(op) for op in plan.ops]
+            filler = self._fillers.get(len(plan.shape))
+            if filler is None:  # one placeholder object per rank of dims: its record is written once per part
+                filler = self._fillers[len(plan.shape)] = no_message(len(plan.shape))
+            got = memo[id(plan)] = dataclasses.replace(
+                plan, ops=tuple(_restrict_indexed(op, i, rank, filler) for op, i in zip(plan.ops, index)),
+                cluster=None)
+        return got
+
+
+@functools.cache
+def _leaf_writer_class() -> type:
+    """The writer of a rank's restricted plans (:meth:`ProgramParts._write_plans`), made once."""
+    from .program_json import _Writer
+
+    class _LeafWriter(_Writer):
+        """A writer that writes a leaf of the plans (:data:`_LEAVES`) from ``leaves`` if written before, and adds
+        the ones it writes (with their JSON text to ``keys``)."""
+
+        def __init__(self, leaves: dict[int, tuple[Any, dict[str, Any]]], keys: dict[int, str]) -> None:
+            super().__init__()
+            self.leaves, self.keys = leaves, keys
+
+        def _object(self, x: Any) -> int:
+            got = self._ids.get(id(x))
+            if got is not None:
+                return got
+            leaf = self.leaves.get(id(x))
+            if leaf is not None:
+                index = self._ids[id(x)] = len(self.objects)
+                self.objects.append(leaf[1])
+                return index
+            index = super()._object(x)
+            rec = self.objects[index]
+            if type(x) in _LEAVES and not _refers(rec["f"]):
+                self.leaves[id(x)] = (x, rec)
+                self.keys[id(rec)] = json.dumps(rec, separators=(",", ":"))
+            return index
+
+    return _LeafWriter
+
+
+#: the classes of a plan's leaves: records that refer to no other record, shared by the parts of many ranks
+_LEAVES = (Message, CollectiveGroup, SliceCollective)
+
+
+def _refers(v: Any) -> bool:
+    """Whether the JSON value ``v`` holds a ``$ref``."""
+    if type(v) is list:
+        return any(_refers(x) for x in v)
+    if type(v) is dict:
+        return "$ref" in v or any(_refers(x) for x in v.values())
+    return False
+
+
+#: added to a reference's offset from its section's first record, to find it again in the section's root text
+_REF_MARK = 10 ** 40
+
+
+def _ref_template(packed: Any, base: int) -> tuple[list[str], list[int]]:
+    """The text of ``packed`` (a section's packed root, its records from ``base``) as pieces between its references
+    to its own records, and each reference's offset from ``base``: joined with ``base + offset`` for another base,
+    it is the text the root would have there (references below ``base`` -- shared records -- stay)."""
+    def mark(v: Any) -> Any:
+        if type(v) is list:
+            return [mark(x) for x in v]
+        if type(v) is dict:
+            if len(v) == 1 and type(v.get("$ref")) is int and v["$ref"] >= base:
+                return {"$ref": _REF_MARK + v["$ref"] - base}
+            return {k: mark(x) for k, x in v.items()}
+        return v
+
+    text = _dumps(mark(packed))
+    head = '{"$ref":'
+    pieces, rels = [], []
+    at = start = 0
+    while True:
+        i = text.find(head, at)
+        if i < 0:
+            break
+        j = i + len(head)
+        k = text.index("}", j)
+        at = k
+        value = int(text[j:k])
+        if value >= _REF_MARK:
+            rels.append(value - _REF_MARK)
+            pieces.append(text[start:j])
+            start = k
+    pieces.append(text[start:])
+    return pieces, rels
+
+
+def _unpack_records(text: str) -> Any:
+    return unpack_json(json.loads("[" + text + "]"))
+
+
+def _refers_from(v: Any, base: int) -> bool:
+    """Whether the JSON value ``v`` refers to a record at or above ``base``."""
+    if type(v) is list:
+        return any(_refers_from(x, base) for x in v)
+    if type(v) is dict:
+        if len(v) == 1 and type(v.get("$ref")) is int:
+            return v["$ref"] >= base
+        return any(_refers_from(x, base) for x in v.values())
+    return False
+
+
+#: the fields :func:`_part_pipelines` returns, in its order
+_PIPELINE_FIELDS = ("pipelines", "micro_batches", "micro_batch_sizes")
+
+
+def _as_written(value: Any) -> Any:
+    """``value`` as the Program JSON form writes it (a value holding no object of a core class)."""
+    from .program_json import _Writer
+
+    return _Writer().value(value)
+
+
+def _runs_around(n: int, own: int, mine: Any, empty: Any) -> list[Any]:
+    """:func:`_pack_list` of a list of ``n`` values, all ``empty`` (``[]``, or the integer 0) but the one at
+    ``own``, whose packed value is ``mine`` (a list of another length than ``empty``'s, or a non-zero integer):
+    the runs of ``empty`` before and after it and ``mine`` alone between them (a run of ``[]`` is ``$R`` from two
+    values; of 0, ``$A`` from three; ``mine`` starts no run: it differs from both neighbours in shape, or its
+    steps to them differ)."""
+    def run(k: int) -> list[Any]:
+        if empty == []:
+            return [] if k == 0 else [[]] if k == 1 else [{"$R": [[], k]}]
+        return [0] * k if k < 3 else [{"$A": [0, 0, k]}]
+
+    return run(own) + [mine] + run(n - own - 1)
+
+
+def _template(value: Any, rank: int) -> list[str] | None:
+    """The text of ``value`` (rank ``rank``'s rank sets, :func:`_own_sets`) written with the rank ``_SENTINEL``
+    instead, split where the sentinel is written — if joining it with ``rank`` gives ``value``'s text; else
+    ``None`` (the field is then written for each rank)."""
+    mark = frozenset({_SENTINEL})
+    marked = ({n: mark if r else r for n, r in value.items()} if isinstance(value, Mapping)
+              else tuple(mark if r else r for r in value))
+    pieces = _plain_text(marked).split(str(_SENTINEL))
+    return pieces if str(rank).join(pieces) == _plain_text(value) else None
+
+
+def _by_rank(items: Any, ranks_of: Any) -> dict[int, list[int]]:
+    """rank -> the indices of ``items`` it is in (``ranks_of(item)``: the item's distinct ranks), ascending."""
+    out: dict[int, list[int]] = {}
+    for i, x in enumerate(items):
+        for r in ranks_of(x):
+            out.setdefault(r, []).append(i)
+    return out
+
+
+def _op_index(op: Any) -> Any:
+    """The items of operator ``op`` that :func:`_restrict_op` keeps for a rank, listed by rank."""
+    def first(b: Any) -> tuple[int]:
+        return (b[0],)
+
+    if isinstance(op, CollectiveOp):
+        return _by_rank(op.groups, lambda g: set(g.ranks))
+    if isinstance(op, SplitCollectiveOp):
+        return (_by_rank(op.slices, lambda s: set(s.ranks)), _by_rank(op.in_boxes, first),
+                _by_rank(op.out_boxes, first))
+    if isinstance(op, PointToPointOp):
+        return (_by_rank(op.messages, lambda m: {m.src, m.dst}), _by_rank(op.copies, first),
+                _by_rank(op.in_boxes, first), _by_rank(op.out_boxes, first), _by_rank(op.zero_fill, lambda r: (r,)))
+    return None
+
+
+def _restrict_indexed(op: Any, index: Any, rank: int, filler: Message) -> Any:
+    """:func:`_restrict_op` of ``op`` to ``rank`` by ``index`` (:func:`_op_index`): the same operator."""
+    def pick(items: Any, by: dict[int, list[int]]) -> tuple[Any, ...]:
+        return tuple(items[i] for i in by.get(rank, ()))
+
+    if isinstance(op, CollectiveOp):
+        return dataclasses.replace(op, groups=pick(op.groups, index))
+    if isinstance(op, SplitCollectiveOp):
+        return dataclasses.replace(op, slices=pick(op.slices, index[0]), in_boxes=pick(op.in_boxes, index[1]),
+                                   out_boxes=pick(op.out_boxes, index[2]))
+    if isinstance(op, PointToPointOp):
+        messages = [filler] * len(op.messages)
+        for i in index[0].get(rank, ()):
+            messages[i] = op.messages[i]
+        return dataclasses.replace(op, messages=tuple(messages), copies=pick(op.copies, index[1]),
+                                   in_boxes=pick(op.in_boxes, index[2]), out_boxes=pick(op.out_boxes, index[3]),
+                                   zero_fill=pick(op.zero_fill, index[4]))
+    return op
+
+
+def switch_index(plan: Any) -> list[tuple[dict[int, list[int]], ...]]:
+    """Per step of the switch ``plan``: rank -> the indices of the messages it sends or receives, of its local
+    copies and of its zero fills (what :meth:`SwitchPlan.part <hspmd_sdk.core.switch.SwitchPlan.part>` keeps of a
+    step), for its ``index``."""
+    return [(_by_rank(s.messages, lambda m: {m.src, m.dst}), _by_rank(s.copies, lambda c: (c[1],)),
+             _by_rank(s.zero_fill, lambda z: (z[1],))) for s in plan.steps]
 
 
 @gc_paused
@@ -332,13 +828,8 @@ def make_part(program: Any, rank: int, cls: type, *, version: int = 0) -> Any:
     sync = keep(program.grad_sync_plans, lambda k: k)
     names = set(comm) | {f"{k}.bwd" for k in back} | {f"{k}.grad_reduce" for k in reduce} | set(sync)
     where = {rank: program._where[rank]} if rank in program._where else {}
-    own_p = where[rank][0] if where else None
-    pipelines = [list(map(list, p)) if i == own_p else [] for i, p in enumerate(program.pipelines)]
-    # at ZeRO-3 every pipeline's count: a replica running fewer micro-batches joins the others' gathers (.zero3)
-    every = program.plan.settings.zero >= 3
-    micro = tuple(m if i == own_p or every else 0 for i, m in enumerate(program.micro_batches))
-    sizes = tuple(m if i == own_p else 0 for i, m in enumerate(program.micro_batch_sizes))
-    mine, none = frozenset({rank}), frozenset()
+    pipelines, micro, sizes = _part_pipelines(program, where[rank][0] if where else None)
+    mine = frozenset({rank})
     s = program.plan.settings
     settings = ExecutionSettings(schedule=s.schedule, zero=s.zero, zero1=s.zero1, zero1_replicated=s.zero1_replicated,
                                  max_seq_len=s.max_seq_len)
@@ -348,15 +839,40 @@ def make_part(program: Any, rank: int, cls: type, *, version: int = 0) -> Any:
         grad_sync_plans=sync, pipelines=pipelines, bindings=program.bindings, constraints=program.constraints,
         schedule_kind=program.schedule_kind, micro_batches=micro, micro_batch_sizes=sizes,
         pre_reshards=program.pre_reshards, grad_syncs=program.grad_syncs,
-        schedules={where[rank]: program.schedules[where[rank]]} if where else {},
+        schedules=_part_schedules(program, where.get(rank)),
         recompute=program.recompute & mine, model=program.model,
-        _node_ranks={n: mine if rank in r else none for n, r in program._node_ranks.items()},
+        _node_ranks=_own_sets(program._node_ranks, rank),
         _where=where, _compute_ops={n: o for n, o in program._compute_ops.items() if rank in program._node_ranks[n]},
         _plan_keys={n: k for n, k in program._plan_keys.items() if n in names},
-        _sync_ranks=tuple(mine if rank in r else none for r in program._sync_ranks),
+        _sync_ranks=_own_sets(program._sync_ranks, rank),
         rank=rank, program_digest=program_digest(program), world_ranks=len(program.ranks),
         version=int(version), _group_families=_group_families(world_groups(program)),
         _pair_families=_pair_families(world_pipeline_pairs(program)))
+
+
+def _part_pipelines(program: Any, own: int | None) -> tuple[list[Any], tuple[int, ...], tuple[Any, ...]]:
+    """A part's ``pipelines``, ``micro_batches`` and ``micro_batch_sizes`` for a rank of pipeline ``own`` (``None``:
+    of none): its own pipeline's lists, the others' empty, their counts 0 — but at ZeRO-3 every pipeline's count
+    (a replica running fewer micro-batches joins the others' gathers: ``.zero3``)."""
+    every = program.plan.settings.zero >= 3
+    pipelines = [list(map(list, p)) if i == own else [] for i, p in enumerate(program.pipelines)]
+    micro = tuple(m if i == own or every else 0 for i, m in enumerate(program.micro_batches))
+    sizes = tuple(m if i == own else 0 for i, m in enumerate(program.micro_batch_sizes))
+    return pipelines, micro, sizes
+
+
+def _part_schedules(program: Any, where: tuple[int, int] | None) -> dict[tuple[int, int], Any]:
+    """A part's ``schedules``: its stage's (``where``: ``(pipeline, stage)``, ``None`` for a rank of no stage)."""
+    return {where: program.schedules[where]} if where is not None else {}
+
+
+def _own_sets(sets: Any, rank: int) -> Any:
+    """``sets`` (a mapping name -> rank set, or a tuple of rank sets) as a part of ``rank`` holds them: ``{rank}``
+    where ``rank`` is in the set, else the empty set."""
+    mine, none = frozenset({rank}), frozenset()
+    if isinstance(sets, Mapping):
+        return {n: mine if rank in r else none for n, r in sets.items()}
+    return tuple(mine if rank in r else none for r in sets)
 
 
 def _group_families(groups: Any) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
@@ -376,13 +892,16 @@ def _pair_families(pairs: Any) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
 
 
 # ---- the compact JSON --------------------------------------------------------------------------------------------
-def _dedup(objects: list[Any], root: Any, fixed: int = 0) -> tuple[list[Any], Any, dict[int, int]]:
+def _dedup(objects: list[Any], root: Any, fixed: int = 0,
+           known: Mapping[int, str] | None = None) -> tuple[list[Any], Any, dict[int, int]]:
     """Equal object records written once: every ``$ref`` points at the first record of its value.  Records
-    below index ``fixed`` are kept as they are, at their indices (a section written before).  Returns the
-    records, the root and the new index of every old one."""
+    below index ``fixed`` are kept as they are, at their indices (a section written before).  ``known``: the
+    JSON text of records (by ``id``) that refer to no record at or above ``fixed``, written before; such a record
+    is kept as the same object.  Returns the records, the root and the new index of every old one."""
     canon: dict[int, int] = {}
     seen: dict[str, int] = {}
     recs: dict[int, Any] = {}
+    known = known or {}
 
     def refs(v: Any) -> Any:
         if type(v) is list:
@@ -400,8 +919,10 @@ def _dedup(objects: list[Any], root: Any, fixed: int = 0) -> tuple[list[Any], An
         if got is not None:
             return got
         rec = objects[i]
-        rec = rec if "$model" in rec else {**rec, "f": refs(rec["f"])}
-        key = json.dumps(rec, separators=(",", ":"))
+        key = known.get(id(rec))
+        if key is None:
+            rec = rec if "$model" in rec else {**rec, "f": refs(rec["f"])}
+            key = json.dumps(rec, separators=(",", ":"))
         first = seen.setdefault(key, i)
         canon[i] = first
         recs.setdefault(first, rec)
@@ -420,14 +941,16 @@ def _dedup(objects: list[Any], root: Any, fixed: int = 0) -> tuple[list[Any], An
             return {k: renumber(x) for k, x in v.items()}
         return v
 
-    out = objects[:fixed] + [recs[i] if "$model" in recs[i] else {**recs[i], "f": renumber(recs[i]["f"])}
-                             for i in sorted(recs)]
+    out = objects[:fixed] + [recs[i] if "$model" in recs[i] or id(recs[i]) in known
+                             else {**recs[i], "f": renumber(recs[i]["f"])} for i in sorted(recs)]
     return out, renumber(root), {i: order[c] for i, c in canon.items()}
 
 
 def _skeleton(v: Any) -> tuple[str, list[int]]:
     """``v``'s shape with its integers taken out (a key: equal for values that differ only in integers) and its
     integers in walk order."""
+    if type(v) is dict and len(v) == 1 and type(v.get("$ref")) is int:  # a reference: the commonest value
+        return _REF_SKELETON, [v["$ref"]]
     ints: list[int] = []
 
     def walk(x: Any) -> Any:
@@ -461,6 +984,8 @@ class _Hole:
 
 
 _HOLE = _Hole()
+#: the skeleton of ``{"$ref": i}`` (what :func:`_skeleton` writes for it)
+_REF_SKELETON = json.dumps({"$ref": _HOLE}, separators=(",", ":"), default=lambda _: "\u0000int")
 
 
 def pack_json(v: Any) -> Any:
@@ -478,8 +1003,12 @@ def pack_json(v: Any) -> Any:
 def _pack_list(items: list[Any]) -> list[Any]:
     """Runs are found among the values as written (each packed first): a run's integers are few even where the
     values expand to many (a DG Union of every replica)."""
-    items = [x if type(x) is int else pack_json(x) for x in items]
-    skeletons: dict[int, tuple[str, list[int]]] = {}
+    return _pack_runs([x if type(x) is int else pack_json(x) for x in items], {})
+
+
+def _pack_runs(items: list[Any], skeletons: dict[int, tuple[str, list[int]]]) -> list[Any]:
+    """:func:`_pack_list` of ``items``, each packed already; ``skeletons``: index -> :func:`_skeleton` of the
+    item, where known (filled as needed)."""
     out: list[Any] = []
     i, n = 0, len(items)
     while i < n:

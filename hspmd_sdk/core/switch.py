@@ -96,16 +96,27 @@ class SwitchPlan:
     def kinds(self) -> list[str]:
         return [OpKind.BSR] * len(self.steps)
 
-    def part(self, rank: int) -> "SwitchPlan":
+    def part(self, rank: int, *, index: "Sequence[Sequence[Mapping[int, Sequence[int]]]] | None" = None
+             ) -> "SwitchPlan":
         """What rank ``rank`` executes of this plan (SPEC §16: a switch sends each worker its part): each step's
         messages that ``rank`` sends or receives, its local copies and zero fills; the tensors' layouts and
         everything else as they are.  The runtime's :func:`~hspmd_sdk.runtime.workers.switch_exec.execute_switch`
-        on ``rank`` does the same with the part as with the whole plan (each message keeps its tag)."""
+        on ``rank`` does the same with the part as with the whole plan (each message keeps its tag).  ``index``:
+        per step, rank -> the indices of its messages, of its copies and of its zero fills
+        (:func:`~.program_part.switch_index`), for a launcher that writes every rank's part (looked up, not
+        scanned: the same part)."""
         def mine(s: SwitchStep) -> SwitchStep:
             return SwitchStep(tuple(dataclasses.replace(m, tag=i) for i, m in enumerate(s.messages)
                                     if rank in (m.src, m.dst)),
                               tuple(c for c in s.copies if c[1] == rank), tuple(z for z in s.zero_fill if z[1] == rank))
 
+        def looked_up(s: SwitchStep, by: Sequence[Mapping[int, Sequence[int]]]) -> SwitchStep:
+            return SwitchStep(tuple(dataclasses.replace(s.messages[i], tag=i) for i in by[0].get(rank, ())),
+                              tuple(s.copies[i] for i in by[1].get(rank, ())),
+                              tuple(s.zero_fill[i] for i in by[2].get(rank, ())))
+
+        if index is not None:
+            return dataclasses.replace(self, steps=tuple(looked_up(s, by) for s, by in zip(self.steps, index)))
         return dataclasses.replace(self, steps=tuple(mine(s) for s in self.steps))
 
     def transfers(self) -> list[list[tuple[int, int, int, int]]]:
