@@ -567,3 +567,140 @@ def test_solve_layers_a_stage_that_holds_one_layer_takes_one() -> None:
     assert solve_layers(ctx, [_G0, _G1], 1, 1, 1).layers == (1, 3)
     none = _LayerCtx(4, {0: _flat(layer_static=10.0, capacity=9.0), 1: _flat()})
     assert solve_layers(none, [_G0, _G1], 1, 1, 1) is None
+
+
+# ---- ZeRO levels (SPEC §15): the states each level shards, the context's level and shares, build_strategy ---------
+def _param_total(model: LlamaConfig) -> int:
+    """Every parameter of the model, counted from its shapes (not from the per-part counts the planner uses)."""
+    return sum(math.prod(s) for s in model.param_shapes().values())
+
+
+def test_static_bytes_from_zero_two_shards_the_gradients_and_from_three_the_weights() -> None:
+    """ZeRO-2: bf16 weights whole, bf16 gradients and 12 B of fp32 states over the shards; ZeRO-3 the weights
+    too; ZeRO-1 shards the fp32 states only."""
+    assert _static_bytes(10.0, 4, 2) == 10 * (2 + 2 / 4 + 12 / 4)
+    assert _static_bytes(10.0, 4, 3) == 10 * (2 / 4 + 2 / 4 + 12 / 4)
+    assert _static_bytes(10.0, 4, 1) == 10 * (2 + 2 + 12 / 4)
+    assert _static_bytes(10.0, 4, 0) == 10 * (2 + 2 + 12 / 4)  # the shards are the caller's (1 without ZeRO)
+
+
+@pytest.mark.parametrize("zero, unsharded, sharded", [(0, 16, 0), (1, 4, 12), (2, 2, 14), (3, 0, 16)])
+def test_state_bytes_split_the_model_state_by_what_zero_shards(zero: int, unsharded: int, sharded: int) -> None:
+    """16 B of model state a parameter (bf16 weight and gradient, fp32 master and two moments): ZeRO-1 shards the
+    12 fp32 bytes, ZeRO-2 the gradient's 2 more, ZeRO-3 the weight's 2 more (all of it), no ZeRO nothing; over
+    every parameter of the model."""
+    model, cl = _small()
+    ctx = PlanContext(model, cl, global_batch=8, seq_len=128, zero=zero)
+    n = _param_total(model)
+    assert ctx.state_bytes() == (n * unsharded, n * sharded)
+
+
+def test_plan_context_zero_level_and_its_alias() -> None:
+    """zero given wins over zero1 (its alias for levels 0 and 1); zero1 follows the level; ZeRO shares only when
+    asked for, and only with ZeRO (level 1 or more); by default none.  Recomputation is the layer ILPs' fallback
+    below ZeRO-3 only (ZeRO-3 does not recompute yet)."""
+    model, cl = _small()
+
+    def ctx(**kw: object) -> PlanContext:
+        return PlanContext(model, cl, global_batch=8, seq_len=128, **kw)  # type: ignore[arg-type]
+
+    assert (ctx().zero, ctx().zero1, bool(ctx().zero_shares)) == (1, True, False)
+    assert (ctx(zero1=False).zero, ctx(zero1=False).zero1) == (0, False)
+    assert (ctx(zero=2).zero, ctx(zero=2).zero1) == (2, True)
+    assert (ctx(zero1=False, zero=2).zero, ctx(zero1=True, zero=0).zero, ctx(zero1=True, zero=0).zero1) == (2, 0, False)
+    assert [bool(ctx(zero=z, zero_shares=True).zero_shares) for z in (0, 1, 2, 3)] == [False, True, True, True]
+    assert [tuple(ctx(zero=z).recompute_options) for z in (0, 1, 2, 3)] == [(False, True)] * 3 + [(False,)]
+    assert not ctx(zero=1).zero_shares and not ctx(zero=2, zero_shares=False).zero_shares
+
+
+def test_profile_and_model_total_price_the_states_at_the_context_level() -> None:
+    """At ZeRO-2 the static bytes of a layer, the embedding and the head (and of the whole model) shard the bf16
+    gradients as well: over 4 shards (2 + 2/4 + 12/4) / (2 + 2 + 12/4) = 5.5 / 7 of ZeRO-1's; at ZeRO-3 the
+    weights too: (2/4 + 2/4 + 12/4) / 7 = 4 / 7.  ZeRO-3 adds two gathered units (the largest of layer, embedding
+    and head, bf16) to the layer's and the head's transient; below it nothing."""
+    from hspmd_sdk.planner.cost import embedding_cost, head_cost, layer_cost
+    from hspmd_sdk.planner.hetero import _model_static_total
+
+    model, cl = _small()
+    one, two, three = (PlanContext(model, cl, global_batch=8, seq_len=128, zero=z) for z in (1, 2, 3))
+    g = TPGroup((8, 9), "H20", 1)
+    p1, p2, p3 = one.profile(g, 2, 4), two.profile(g, 2, 4), three.profile(g, 2, 4)
+    for part in ("layer_static", "emb_static", "head_static"):
+        assert getattr(p1, part) > 0 and getattr(p2, part) == pytest.approx(getattr(p1, part) * 5.5 / 7, rel=1e-12)
+        assert getattr(p3, part) == pytest.approx(getattr(p1, part) * 4 / 7, rel=1e-12)
+    assert _model_static_total(two, 4) == pytest.approx(_param_total(model) * 5.5, rel=1e-12)
+    assert _model_static_total(three, 4) == pytest.approx(_param_total(model) * 4, rel=1e-12)
+    spec, link = cl.devices["H20"], cl.link(8, 9)
+    largest = max(f(model, spec, 2, link, 2, 128, one.cost).params for f in (layer_cost, embedding_cost, head_cost))
+    assert (p2.layer_transient, p2.head_transient) == (p1.layer_transient, p1.head_transient)
+    assert p3.layer_transient == pytest.approx(p1.layer_transient + 2 * 2 * largest, rel=1e-12)
+    assert p3.head_transient == pytest.approx(p1.head_transient + 2 * 2 * largest, rel=1e-12)
+    assert p3.emb_act == p1.emb_act and p3.capacity == p1.capacity
+
+
+def _zero3_candidate(recompute: bool, counts: list[int], layers: tuple[tuple[int, ...], ...]) -> Candidate:
+    g = lambda *r: TPGroup(r, "H20", 0)  # noqa: E731
+    pipes = [PipelinePlan(tuple(g(2 * (2 * i + j)) for j in range(len(lay))), lay, (1.0,) * len(lay), 0.0, recompute)
+             for i, lay in enumerate(layers)]
+    return Candidate({"H20": 1}, len(pipes), 1, 1.0, pipes=pipes, counts=counts)
+
+
+def test_build_strategy_at_a_zero_level() -> None:
+    """zero given: the strategy's level (zero1 left to follow it); not given: zero1."""
+    from hspmd_sdk.planner.hetero import build_strategy
+
+    c = _zero3_candidate(False, [2, 2], ((2, 2), (2, 2)))
+    assert (build_strategy(c, zero=2).zero, build_strategy(c, zero=2).zero1) == (2, True)
+    assert build_strategy(c, zero=0, zero1=True).zero == 0
+    assert build_strategy(c, zero1=False).zero == 0 and build_strategy(c).zero == 1
+
+
+def _own_name(s: "Strategy") -> str:
+    """The name a strategy like ``s`` gives itself when none is given."""
+    from hspmd_sdk.core.strategy import Strategy
+
+    return Strategy.load({k: v for k, v in s.model_dump().items() if k != "name"}).name
+
+
+def test_build_strategy_plans_zero3_as_zero3_can_run() -> None:
+    """At ZeRO-3: a recomputing candidate is planned at ZeRO-2; pipelines unequal in micro-batches or stages under
+    1F1B are scheduled by GPipe; equal ones, or GPipe asked for, stay as they are; a name given says what changed,
+    none stays none."""
+    from hspmd_sdk.planner.hetero import build_strategy
+
+    equal = _zero3_candidate(False, [2, 2], ((2, 2), (2, 2)))
+    s = build_strategy(equal, zero=3, name="n")
+    assert (s.zero, s.schedule, s.name) == (3, "1f1b", "n")
+    recomputes = _zero3_candidate(True, [2, 2], ((2, 2), (2, 2)))
+    s = build_strategy(recomputes, zero=3, name="n")
+    assert (s.zero, s.schedule, s.name) == (2, "1f1b", "n (ZeRO-2: ZeRO-3 does not recompute yet)")
+    assert build_strategy(recomputes, zero=3).name == _own_name(s)
+    for counts, layers in (([3, 1], ((2, 2), (2, 2))), ([2, 2], ((1, 3), (2, 2)))):
+        unequal = _zero3_candidate(False, counts, layers)
+        s = build_strategy(unequal, zero=3, name="n")
+        assert (s.zero, s.schedule, s.name) == (3, "gpipe", "n (GPipe: under 1F1B, ZeRO-3 needs equal pipelines)")
+        assert build_strategy(unequal, zero=3).name == _own_name(s)
+        s = build_strategy(unequal, zero=3, schedule="gpipe", name="n")
+        assert (s.zero, s.schedule, s.name) == (3, "gpipe", "n")
+
+
+def test_zero3_gathers_the_largest_unit_whichever_it_is() -> None:
+    """ZeRO-3's gathered weights at once are two of the largest unit of layer, embedding and head (bf16): for a
+    Llama with a wide vocabulary and a narrow hidden size the head (the embedding's size plus the final norm), for
+    a GPT-2 of a wide vocabulary (its head tied to the embedding: only the final norm of its own) the embedding
+    with its positions."""
+    from hspmd_sdk import GPTConfig
+    from hspmd_sdk.planner.cost import embedding_cost, head_cost, layer_cost
+
+    wide = LlamaConfig(vocab_size=32000, hidden_size=256, num_layers=2, num_heads=4, ffn_hidden_size=512)
+    cl = Cluster.mixed({"H800": 8, "H20": 8})
+    spec, link, g = cl.devices["H20"], cl.link(8, 9), TPGroup((8, 9), "H20", 1)
+    gpt = GPTConfig.preset("tiny").model_copy(update={"vocab_size": 32000})
+    for model, largest_is in ((wide, "head"), (gpt, "embedding")):
+        one, three = (PlanContext(model, cl, global_batch=8, seq_len=128, zero=z) for z in (1, 3))
+        params = {name: f(model, spec, 2, link, 2, 128, one.cost).params
+                  for name, f in (("layer", layer_cost), ("embedding", embedding_cost), ("head", head_cost))}
+        assert max(params, key=params.__getitem__) == largest_is
+        p1, p3 = one.profile(g, 2, 4), three.profile(g, 2, 4)
+        assert p3.layer_transient == pytest.approx(p1.layer_transient + 2 * 2 * max(params.values()), rel=1e-12)
+        assert p3.head_transient == pytest.approx(p1.head_transient + 2 * 2 * max(params.values()), rel=1e-12)

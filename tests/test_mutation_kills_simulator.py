@@ -483,3 +483,475 @@ def test_bubble_sync_time_and_label_follow_their_definitions() -> None:
     assert simulate("tiny", _two_by_two(False), cl, seq_len=16, label="mine").label == "mine"
     unnamed = _two_by_two(False, None)
     assert unnamed.name and simulate("tiny", unnamed, cl, seq_len=16).label == unnamed.name
+
+
+# ---- the strategy form's per-pipeline choices: tied weights, CP balance, the TP collectives' dtype ----------------
+# Measured-style overrides: a collective's seconds are its bytes on the wire / 2 B/s (no latency, no efficiency).
+WIRE = CostModel(link_overrides={"intra": LinkOverride(latency=0.0, bandwidth=1.0, collective_bandwidth=2.0)})
+
+
+def test_a_tied_weight_on_one_stage_is_synchronised_once() -> None:
+    """GPT-2's embedding is also its LM head.  Two one-stage pipelines hold both uses on one stage, whose
+    gradients add up there: the DP all-reduce moves every parameter once -- 2(n-1)/n = 1 x the model's own count
+    (summed from its shapes), 4 bytes a value at float32, over 2 B/s."""
+    import math
+
+    from hspmd_sdk import GPTConfig
+
+    gpt = GPTConfig.preset("tiny")
+    s = {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 2, "stages": [{"devices": [d], "layers": [0, 3]}]}
+                       for d in (0, 1)]}
+    r = simulate(gpt, s, Cluster.local(2), seq_len=32, cost=WIRE, dtype="float32")
+    values = sum(math.prod(shape) for shape in gpt.param_shapes().values())
+    assert sum(e.duration for e in r.timeline[0] if e.kind == "sync") == close(values * 4 / 2.0, rel=1e-12)
+
+
+def test_cp_stages_are_priced_balanced_only_where_their_pipeline_is() -> None:
+    """A pipeline whose stages all have cp=2 lays its micro-batches out in the balanced order (Pipeline.cp_balance):
+    its stage is priced balanced; a pipeline mixing cp=2 and cp=1 stages keeps the contiguous split, so its cp=2
+    stage is priced plain.  At length 4096 the two prices differ."""
+    from hspmd_sdk import LlamaConfig
+    from hspmd_sdk.core.strategy import Stage
+    from hspmd_sdk.planner.simulator import _stage_cost
+
+    model = LlamaConfig.preset("tiny").model_copy(update={"max_seq_len": 4096})
+    cl, cost = Cluster.mixed({"H800": 8}), CostModel()
+    s = {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 1,
+                        "stages": [{"devices": [0, 1], "layers": [0, 3], "cp": 2}]},
+                       {"micro_batch_size": 1, "num_micro_batches": 1,
+                        "stages": [{"devices": [2, 3], "layers": [0, 1], "cp": 2}, {"devices": [4], "layers": [2, 3]}]}]}
+    r = simulate(model, s, cl, seq_len=4096)
+    whole, first = Stage(devices=[0, 1], layers=[0, 3], cp=2), Stage(devices=[2, 3], layers=[0, 1], cp=2)
+    ((f0,),) = [[e.duration for e in r.timeline[0] if e.kind == "F"]]
+    ((f2,),) = [[e.duration for e in r.timeline[2] if e.kind == "F"]]
+    balanced = _stage_cost(model, whole, True, True, cl, 1, 4096, cost, balanced=True).fwd
+    plain = _stage_cost(model, first, True, False, cl, 1, 4096, cost, balanced=False).fwd
+    assert f0 == balanced != _stage_cost(model, whole, True, True, cl, 1, 4096, cost, balanced=False).fwd
+    assert f2 == plain != _stage_cost(model, first, True, False, cl, 1, 4096, cost, balanced=True).fwd
+
+
+def test_the_tp_collectives_are_priced_at_the_dtype_given() -> None:
+    """A TP2 stage's forward includes its TP collectives, priced at the ``dtype`` on the wire: float32 takes longer
+    than bfloat16, which is the cost model's own count (bf16 times a wire factor of 1)."""
+    from hspmd_sdk import LlamaConfig
+    from hspmd_sdk.core.strategy import Stage
+    from hspmd_sdk.planner.simulator import _stage_cost
+
+    model, cl, cost = LlamaConfig.preset("tiny"), Cluster.mixed({"H800": 2}), CostModel()
+    s = {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 1, "stages": [{"devices": [0, 1],
+                                                                                     "layers": [0, 3]}]}]}
+    stage = Stage(devices=[0, 1], layers=[0, 3])
+    fwd = {}
+    for dtype in ("float32", "bfloat16", None):
+        r = simulate(model, s, cl, seq_len=64, dtype=dtype)
+        (fwd[dtype],) = [e.duration for e in r.timeline[0] if e.kind == "F"]
+        assert fwd[dtype] == _stage_cost(model, stage, True, True, cl, 1, 64, cost, dtype=dtype).fwd
+    assert fwd["float32"] > fwd["bfloat16"] == fwd[None]
+
+
+# ---- simulate(program): what it cannot simulate, in words -----------------------------------------------------------
+def _dp2_program(strategy: dict | None = None, cluster: Cluster | None = None):  # type: ignore[no-untyped-def]
+    from hspmd_sdk import LlamaConfig
+    from hspmd_sdk.core.specialize import specialize
+    from hspmd_sdk.core.strategy_plan import plan_from_strategy
+
+    model = LlamaConfig.preset("tiny")
+    cluster = cluster or Cluster.local(2)
+    s = Strategy.load(strategy or {"pipelines": [
+        {"micro_batch_size": 1, "num_micro_batches": 2, "stages": [{"devices": [d], "layers": [0, 3]}]}
+        for d in (0, 1)]}, model=model, cluster=cluster)
+    plan = plan_from_strategy(model, s, cluster)
+    return model, s, cluster, plan, specialize(model, plan, cluster)
+
+
+def _with_strategy(plan, strategy: dict | None):  # type: ignore[no-untyped-def]
+    return plan.model_copy(update={"settings": plan.settings.model_copy(update={"strategy": strategy})})
+
+
+def test_a_program_without_what_simulate_needs_is_refused_naming_each_part() -> None:
+    """A bare graph's Program (no model), one specialized without a cluster, one whose plan has no strategy: each
+    missing part is named with what to do, all at once, as an invalid 'Program for simulate()'."""
+    from hspmd_sdk.core.specialize import specialize
+    from hspmd_sdk.core.strategy_plan import graph_of
+    from hspmd_sdk.errors import PlanValidationError
+
+    model, _, cluster, plan, _ = _dp2_program()
+    model_why = ("program.model", "a bare graph has no cost counts: specialize a model config")
+    cluster_why = ("program.cluster", "specialize(model, plan, cluster) with the cluster")
+    strategy_why = ("program.plan.settings.strategy",
+                    "none: specialize a plan made by plan_from_strategy(model, strategy, cluster)")
+    for program, problems in ((specialize(graph_of(model), plan, cluster), [model_why]),
+                              (specialize(model, plan), [cluster_why]),
+                              (specialize(model, _with_strategy(plan, None), cluster), [strategy_why]),
+                              (specialize(graph_of(model), _with_strategy(plan, None)),
+                               [model_why, cluster_why, strategy_why])):
+        with pytest.raises(PlanValidationError) as info:
+            simulate(program)
+        assert (info.value.what, info.value.problems) == ("Program for simulate()", problems)
+    assert str(info.value).startswith("invalid Program for simulate():\n  program.model: a bare graph")
+
+
+def test_a_programs_strategy_is_checked_against_its_model_and_cluster() -> None:
+    """The strategy a Program records is checked as the Program's: layers its model does not have, ranks its
+    cluster does not have -- the strategy's own errors, before its stages are compared with the Program's."""
+    from hspmd_sdk.core.specialize import specialize
+    from hspmd_sdk.errors import PlanValidationError
+
+    model, s, cluster, plan, _ = _dp2_program()
+    deeper = s.model_dump(mode="json")
+    for p in deeper["pipelines"]:
+        p["stages"][0]["layers"] = [0, 5]
+    with pytest.raises(PlanValidationError) as info:
+        simulate(specialize(model, _with_strategy(plan, deeper), cluster))
+    assert info.value.problems == [(f"pipelines[{i}]", "layers cover 0..5 but the model has 4 layers (0..3)")
+                                   for i in (0, 1)]
+    elsewhere = s.model_dump(mode="json")
+    elsewhere["pipelines"][1]["stages"][0]["devices"] = [5]
+    with pytest.raises(PlanValidationError) as info:
+        simulate(specialize(model, _with_strategy(plan, elsewhere), cluster))
+    assert info.value.problems == [("pipelines[1].stages[0].devices", "rank 5 is not in the cluster (2 ranks: 0..1)")]
+    swapped = s.model_dump(mode="json")
+    swapped["pipelines"].reverse()
+    with pytest.raises(PlanValidationError) as info:
+        simulate(specialize(model, _with_strategy(plan, swapped), cluster))
+    assert (info.value.what, info.value.problems) == ("Program for simulate()", [
+        ("program.pipelines", "[[[0]], [[1]]] are not the stages of its strategy [[[1]], [[0]]]")])
+
+
+def test_processor_sharing_stretches_the_optimizer_by_the_others_computing() -> None:
+    """Two ranks of one node with one core, PP2: the first stage's optimizer starts while the second stage's runs
+    and progresses at half speed until that one ends, then alone at full speed: it ends at the other's end plus
+    the work left, not after twice its time (the bound of every rank computing at once)."""
+    one_core = Cluster.load({"nodes": [{"host": "a", "kind": "cpu", "ranks": [0, 1]}]})
+    pp2 = {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 2, "stages": [
+        {"devices": [0], "layers": [0, 1]}, {"devices": [1], "layers": [2, 3]}]}]}
+    cost = CostModel(cores=1)
+    r = simulate("tiny", pp2, one_core, seq_len=16, cost=cost)
+    (mine,) = [e for e in r.timeline[0] if e.kind == "optim"]
+    (other,) = [e for e in r.timeline[1] if e.kind == "optim"]
+    work = cost.optimizer_time(16384 + 2 * 41088, one_core.spec(0))  # the embedding and layers 0-1
+    assert mine.start < other.end < mine.end
+    assert mine.end == close(other.end + (work - (other.end - mine.start) / 2), rel=1e-9)
+    assert mine.end - mine.start < 2 * work
+
+
+@pytest.mark.parametrize("zero, grads", [(1, 2), (2, 1)])
+def test_a_zero2_step_counts_the_gradients_sharded(zero: int, grads: int) -> None:
+    """DP2 of ``tiny`` (197,184 parameters): bf16 weights 2 B each; bf16 gradients 2 B each, halved over the two
+    replicas from ZeRO-2; fp32 optimizer states 12 B each, halved from ZeRO-1."""
+    n = 16384 + 4 * 41088 + 16448
+    s = {"zero": zero, "pipelines": [{"micro_batch_size": 1, "num_micro_batches": 2,
+                                      "stages": [{"devices": [d], "layers": [0, 3]}]} for d in (0, 1)]}
+    r = simulate("tiny", s, Cluster.local(2), seq_len=16)
+    for d in (0, 1):
+        assert {k: r.memory[d][k] for k in ("params", "grads", "optimizer")} == {
+            "params": 2.0 * n, "grads": float(grads * n), "optimizer": 6.0 * n}
+
+
+def test_a_program_prices_its_own_gradient_sync_and_gathers_not_its_strategys() -> None:
+    """A plan edited to shard the optimizer states (ZeRO-1 annotations: a reduce-scatter after the step, the
+    parameters gathered before it) under a strategy that says no ZeRO: simulate(program) prices the Program's own
+    collectives -- those of the ZeRO-1 Program -- not the strategy's all-reduce."""
+    from hspmd_sdk import LlamaConfig
+    from hspmd_sdk.core.specialize import specialize
+    from hspmd_sdk.core.strategy_plan import plan_from_strategy
+
+    model, cl = LlamaConfig.preset("tiny"), Cluster.local(2)
+    dp2 = {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 2,
+                          "stages": [{"devices": [d], "layers": [0, 3]}]} for d in (0, 1)]}
+    plain, sharded = Strategy.load(dp2), Strategy.load({**dp2, "zero1": True})
+    plan = plan_from_strategy(model, sharded, cl)
+    edited = specialize(model, _with_strategy(plan, plain.model_dump(mode="json")), cl)
+
+    def collectives(result: SimResult) -> list:
+        return [(e.kind, e.duration) for e in result.timeline[0] if e.kind in ("comm", "sync")]
+
+    got = collectives(simulate(edited))
+    assert got == collectives(simulate(specialize(model, plan, cl)))
+    assert [k for k, _ in got] == ["comm", "sync"]
+    assert got != collectives(simulate(model, plain, cl, seq_len=edited.bindings["S"], dtype="float32"))
+
+
+def _pipeline(stages: list, mbs: int = 1, nmb: int = 2) -> dict:
+    return {"micro_batch_size": mbs, "num_micro_batches": nmb,
+            "stages": [{"devices": d, "layers": l} for d, l in stages]}
+
+
+#: strategies beyond test_simulate_program's cases: ZeRO-3 (the gathers before every forward and backward), ZeRO-2
+#: over heterogeneous pipelines, TP2 stages of two kinds in PP2 x DP2
+MORE_CASES = {
+    "zero3 dp2 gpipe": ({"zero": 3, "schedule": "gpipe", "pipelines": [_pipeline([([0], [0, 3])]),
+                                                                       _pipeline([([1], [0, 3])])]}, 2),
+    "zero2 tp2+tp1 beside tp1": ({"zero": 2, "pipelines": [_pipeline([([0, 1], [0, 1]), ([2], [2, 3])], 1, 3),
+                                                           _pipeline([([3], [0, 3])], 1, 1)]}, 4),
+    "tp2 pp2 dp2, two kinds": ({"pipelines": [_pipeline([([0, 1], [0, 1]), ([4, 5], [2, 3])]),
+                                              _pipeline([([2, 3], [0, 1]), ([6, 7], [2, 3])])]}, 0),
+}
+
+
+@pytest.mark.parametrize("include_embedding", [True, False])
+@pytest.mark.parametrize("case", sorted(MORE_CASES))
+def test_more_programs_and_their_strategies_give_the_same_step(case: str, include_embedding: bool) -> None:
+    """simulate(program) equals simulate(model, strategy) at one dtype (every event, transfer and the memory), with
+    and without the embedding and head in the gradient synchronisation (CostModel.include_embedding)."""
+    from hspmd_sdk import LlamaConfig
+    from hspmd_sdk.core.specialize import specialize
+    from hspmd_sdk.core.strategy_plan import plan_from_strategy
+
+    model = LlamaConfig.preset("tiny")
+    data, ranks = MORE_CASES[case]
+    cl = Cluster.local(ranks) if ranks else Cluster.mixed({"H800": 4, "H20": 4})
+    s = Strategy.load(data, model=model, cluster=cl)
+    program = specialize(model, plan_from_strategy(model, s, cl), cl)
+    cost = CostModel(include_embedding=include_embedding)
+    got = simulate(program, seq_len=32, cost=cost, dtype="float32")
+    want = simulate(model, s, cl, seq_len=32, cost=cost, dtype="float32")
+    assert (got.timeline, got.transfers, got.memory) == (want.timeline, want.transfers, want.memory)
+    assert any(e.kind == "sync" for e in got.timeline[0])
+
+
+def test_a_programs_gradient_sync_without_the_embedding_moves_the_layers_only() -> None:
+    """CostModel(include_embedding=False): the Program's all-reduce of DP2 moves the four layers' parameters only
+    (41,088 each), 2(n-1)/n = 1 x the buffer, 4 bytes a float32 value, over 2 B/s."""
+    from hspmd_sdk import LlamaConfig
+
+    *_, program = _dp2_program()
+    cost = CostModel(include_embedding=False, link_overrides=WIRE.link_overrides)
+    r = simulate(program, seq_len=32, cost=cost)
+    assert sum(e.duration for e in r.timeline[0] if e.kind == "sync") == close(4 * 41088 * 4 / 2.0, rel=1e-12)
+    assert LlamaConfig.preset("tiny").layer_param_count() == 41088
+
+
+def test_zero3_gathers_a_stages_parameters_before_every_forward_and_backward() -> None:
+    """ZeRO-3 (DP2, GPipe, 2 micro-batches): no gather before the step, but before each of the 2 forwards and 2
+    backwards a `comm` event of that micro-batch lasting ZeRO-1's one gather of the same parameters; everything
+    else as at ZeRO-1, so the step is ZeRO-1's plus three gathers."""
+    def dp2(zero: int) -> dict:
+        return {"zero": zero, "schedule": "gpipe", "pipelines": [_pipeline([([0], [0, 3])]), _pipeline([([1], [0, 3])])]}
+
+    one = simulate("tiny", dp2(1), Cluster.local(2), seq_len=16)
+    three = simulate("tiny", dp2(3), Cluster.local(2), seq_len=16)
+    (gather,) = [e for e in one.timeline[0] if e.kind == "comm"]
+    assert gather.start == 0.0 and gather.duration > 0
+    work = [e for e in three.timeline[0] if e.kind in ("comm", "F", "B")]
+    assert [(e.kind, e.micro_batch) for e in work] == [("comm", 0), ("F", 0), ("comm", 1), ("F", 1),
+                                                       ("comm", 0), ("B", 0), ("comm", 1), ("B", 1)]
+    for before, after in zip(work[::2], work[1::2]):
+        assert before.duration == close(gather.duration, rel=1e-12) and before.end == after.start
+    assert three.step_time == close(one.step_time + 3 * gather.duration, rel=1e-9)
+
+
+def test_a_programs_step_carries_the_label_given() -> None:
+    *_, program = _dp2_program()
+    assert simulate(program, label="mine").label == "mine"
+
+
+def test_a_pp2_replay_times_its_actions_and_records_its_transfers() -> None:
+    """PP2 of ``tiny`` (1F1B, 2 micro-batches of 1 x 16 tokens) on two local ranks whose link has a measured send
+    overhead of 1 us: every F lasts the stage's forward and every B its backward (_stage_cost); each send keeps
+    the sender busy 1 us (a `comm` event of its micro-batch right after the F or B it follows) and is recorded as a
+    transfer (pipeline, source and destination stage, F or B, micro-batch, start, end, bytes): 1 x 16 x 64 bf16
+    values = 2,048 bytes, starting when posted and lasting p2p_seconds over the link."""
+    from hspmd_sdk import LlamaConfig
+    from hspmd_sdk.planner.simulator import Transfer, _stage_cost
+
+    model, cl = LlamaConfig.preset("tiny"), Cluster.local(2)
+    cost = CostModel(link_overrides={"intra": LinkOverride(latency=1e-6, bandwidth=1e9, send_overhead=1e-6)})
+    s = Strategy.load({"pipelines": [_pipeline([([0], [0, 1]), ([1], [2, 3])])]})
+    r = simulate(model, s, cl, seq_len=16, cost=cost)
+    link = cl.link(0, 1)
+    wire = cost.p2p_seconds(16 * 64, link)
+    for d, (first, last) in ((0, (True, False)), (1, (False, True))):
+        sc = _stage_cost(model, s.pipelines[0].stages[d], first, last, cl, 1, 16, cost)
+        events = [e for e in r.timeline[d] if e.kind != "idle"]
+        assert [e.duration for e in events if e.kind == "F"] == [close(sc.fwd, rel=1e-9)] * 2
+        assert [e.duration for e in events if e.kind == "B"] == [close(sc.bwd, rel=1e-9)] * 2
+        posts = [(events[i - 1], e) for i, e in enumerate(events) if e.kind == "comm"]
+        assert len(posts) == 2 and all(e.duration == close(1e-6, rel=1e-9) and before.end == e.start
+                                       and before.micro_batch == e.micro_batch
+                                       and before.kind == ("F" if d == 0 else "B") for before, e in posts)
+    assert sorted(r.transfers, key=lambda t: (t.kind != "F", t.micro_batch)) == [
+        Transfer(0, src, dst, kind, mb, t.start, t.start + wire, 2048)
+        for (src, dst, kind, mb), t in zip(((0, 1, "F", 0), (0, 1, "F", 1), (1, 0, "B", 0), (1, 0, "B", 1)),
+                                           sorted(r.transfers, key=lambda t: (t.kind != "F", t.micro_batch)))]
+    sent = {(t.kind, t.micro_batch): t.start for t in r.transfers}
+    for d, kind in ((0, "F"), (1, "B")):
+        for e in r.timeline[d]:
+            if e.kind == "comm":
+                assert sent[(kind, e.micro_batch)] == e.end  # the transfer goes once posted
+
+
+def test_processor_sharing_slows_the_compute_of_a_tp_group_not_its_collectives() -> None:
+    """A TP2 stage on a node of two ranks and one core: both ranks compute at once, so the compute part of each F
+    (B) takes twice its time while its TP collectives (fwd_comm, bwd_comm: the waits) take theirs."""
+    from hspmd_sdk import LlamaConfig
+    from hspmd_sdk.core.strategy import Stage
+    from hspmd_sdk.planner.simulator import _stage_cost
+
+    model = LlamaConfig.preset("tiny")
+    one_core = Cluster.load({"nodes": [{"host": "a", "kind": "cpu", "ranks": [0, 1]}]})
+    cost = CostModel(cores=1)
+    sc = _stage_cost(model, Stage(devices=[0, 1], layers=[0, 3]), True, True, one_core, 1, 16, cost, share=1.0)
+    assert sc.fwd_comm > 0 and sc.bwd_comm > 0 and sc.fwd_comm != sc.bwd_comm
+    r = simulate(model, {"pipelines": [_pipeline([([0, 1], [0, 3])], 1, 1)]}, one_core, seq_len=16, cost=cost)
+    (f,) = [e.duration for e in r.timeline[0] if e.kind == "F"]
+    (b,) = [e.duration for e in r.timeline[0] if e.kind == "B"]
+    assert f == close(2 * (sc.fwd - sc.fwd_comm) + sc.fwd_comm, rel=1e-9)
+    assert b == close(2 * (sc.bwd - sc.bwd_comm) + sc.bwd_comm, rel=1e-9)
+
+
+def test_the_bubble_window_starts_at_the_first_forward_after_a_gather() -> None:
+    """Under ZeRO-1 the step begins with the parameters' all-gather, so the first forward starts after it: the
+    bubble is the idle share of the devices' time from that first forward to the last backward."""
+    r = simulate("tiny", {"zero1": True, "pipelines": [_pipeline([([0], [0, 1]), ([1], [2, 3])]),
+                                                       _pipeline([([2], [0, 1]), ([3], [2, 3])])]},
+                 Cluster.mixed({"H800": 4}), seq_len=16)
+    events = [e for evs in r.timeline.values() for e in evs]
+    first_f = min(e.start for e in events if e.kind == "F")
+    last_b = max(e.end for e in events if e.kind == "B")
+    busy = sum(e.duration for e in events if e.kind in ("F", "B"))
+    (gather,) = [e for e in r.timeline[0] if e.kind == "comm" and e.start == 0.0]
+    assert first_f == gather.end > 0
+    assert r.bubble_fraction == close(1.0 - busy / ((last_b - first_f) * 4), rel=1e-12)
+
+
+def test_a_strategy_named_empty_gives_an_empty_label() -> None:
+    """The label is the one given, else the strategy's name -- an empty name gives an empty label, no made-up one
+    (a strategy copied with name '' keeps it)."""
+    s = Strategy.load({"pipelines": [_pipeline([([0], [0, 3])], 1, 1)]}).model_copy(update={"name": ""})
+    assert s.name == "" and simulate("tiny", s, Cluster.local(1), seq_len=16).label == ""
+
+
+def test_a_busy_channel_holds_the_next_transfer_until_the_last_one_ends() -> None:
+    """One transfer at a time per direction: over a slow link (1 MB/s: 2 ms for 2,048 bytes, far longer than a
+    forward) the second micro-batch's activation, posted right after its forward, waits for the first's transfer
+    to end and then takes its own time."""
+    cost = CostModel(link_overrides={"intra": LinkOverride(latency=0.0, bandwidth=1e6)})
+    r = simulate("tiny", {"schedule": "gpipe", "pipelines": [_pipeline([([0], [0, 1]), ([1], [2, 3])])]},
+                 Cluster.local(2), seq_len=16, cost=cost)
+    first, second = sorted((t for t in r.transfers if t.kind == "F"), key=lambda t: t.micro_batch)
+    (f1,) = [e for e in r.timeline[0] if e.kind == "F" and e.micro_batch == 1]
+    assert f1.end < first.end == second.start
+    assert second.end - second.start == close(2048 / 1e6, rel=1e-9) == first.end - first.start
+
+
+def test_with_idle_adds_no_gap_of_rounding_size_at_the_end() -> None:
+    assert _with_idle([Event(0.0, 1.0, "F", 0)], 1.0 + 1e-12) == [Event(0.0, 1.0, "F", 0)]
+
+
+def test_simulate_says_which_arguments_it_takes() -> None:
+    """A Program alone (anything else beside it is refused, each on its own); a model needs a strategy, a cluster
+    and seq_len (each missing one is refused); a strategy is checked against the cluster (a rank it lacks)."""
+    from hspmd_sdk.errors import PlanValidationError
+
+    model, s, cl, _, program = _dp2_program()
+    for extra in ({"strategy": s}, {"cluster": cl}, {"global_batch": 4}):
+        with pytest.raises(TypeError, match="takes the Program alone"):
+            simulate(program, **extra)
+    for args, kw in (((s, None), {"seq_len": 16}), ((None, cl), {"seq_len": 16}), ((s, cl), {})):
+        with pytest.raises(TypeError, match=r"needs a strategy, a cluster and seq_len \(or a specialized Program "
+                                            r"alone: simulate\(program\)\)"):
+            simulate(model, *args, **kw)
+    with pytest.raises(PlanValidationError) as info:
+        simulate(model, {"pipelines": [_pipeline([([0], [0, 3])]), _pipeline([([5], [0, 3])])]}, cl, seq_len=16)
+    assert info.value.problems == [("pipelines[1].stages[0].devices", "rank 5 is not in the cluster (2 ranks: 0..1)")]
+
+
+def test_a_transfer_lasts_as_long_as_its_busiest_sender() -> None:
+    """TP2 -> TP2 where sender 0 reaches its receiver (rank 2) across nodes and sender 1 its receiver (rank 3) inside
+    its node: each sends one 1 x 16 x 64 activation, so the transfer lasts sender 0's time over the slower link."""
+    cl = Cluster.load({"nodes": [{"host": "a", "kind": "H800", "ranks": [0, 1, 3]},
+                                 {"host": "b", "kind": "H800", "ranks": [2]}]})
+    cost = CostModel()
+    r = simulate("tiny", {"pipelines": [_pipeline([([0, 1], [0, 1]), ([2, 3], [2, 3])], 1, 1)]}, cl, seq_len=16,
+                 cost=cost)
+    (fwd,) = [t for t in r.transfers if t.kind == "F"]
+    slow, fast = cost.p2p_seconds(16 * 64, cl.link(0, 2)), cost.p2p_seconds(16 * 64, cl.link(1, 3))
+    assert slow > fast and fwd.end - fwd.start == close(slow, rel=1e-9) and fwd.nbytes == 16 * 64 * 2
+
+
+def test_a_gpt_programs_zero1_gathers_match_its_strategys() -> None:
+    """GPT-2 (its embedding tied to the LM head) in PP2 x DP2 under ZeRO-1: the parameters' all-gathers before the
+    step move each parameter once -- the tied weight's use on the last stage is gathered with the parameter, not
+    again -- in the Program and in the strategy's formulas alike."""
+    from hspmd_sdk import GPTConfig
+    from hspmd_sdk.core.specialize import specialize
+    from hspmd_sdk.core.strategy_plan import plan_from_strategy
+
+    gpt, cl = GPTConfig.preset("tiny"), Cluster.local(4)
+    s = Strategy.load({"zero1": True, "pipelines": [_pipeline([([0], [0, 1]), ([1], [2, 3])]),
+                                                    _pipeline([([2], [0, 1]), ([3], [2, 3])])]}, model=gpt, cluster=cl)
+    program = specialize(gpt, plan_from_strategy(gpt, s, cl), cl)
+    got, want = simulate(program, seq_len=32, dtype="float32"), simulate(gpt, s, cl, seq_len=32, dtype="float32")
+    for d in range(4):
+        gathers = [(e.start, e.end) for e in got.timeline[d] if e.kind == "comm"]
+        assert len(gathers) == 1 and gathers == [(e.start, e.end) for e in want.timeline[d] if e.kind == "comm"]
+
+
+def test_a_stage_costs_its_parts_compute_and_collectives() -> None:
+    """_stage_cost of a first-and-last stage (embedding, layers 0-3, head) sums each part's cost from the cost
+    model (at the stage's TP degree, context parallelism and link): forward = compute + TP collectives, backward
+    likewise, and the collectives' parts on their own; a CP2 stage prices the embedding and head at cp=2 too."""
+    from hspmd_sdk import LlamaConfig
+    from hspmd_sdk.core.strategy import Stage
+    from hspmd_sdk.planner.cost import embedding_cost, head_cost, layer_cost
+    from hspmd_sdk.planner.simulator import _stage_cost
+
+    model, cl, cost = LlamaConfig.preset("tiny"), Cluster.mixed({"H800": 4}), CostModel()
+    spec = cl.spec(0)
+    for devices, cp in (([0, 1], 1), ([0, 1, 2, 3], 2)):
+        stage = Stage(devices=devices, layers=[0, 3], cp=cp)
+        link = cl.link(0, 1)
+        cp_link = cl.link(0, 2) if cp > 1 else None
+        sc = _stage_cost(model, stage, True, True, cl, 1, 64, cost, share=1.0)
+        lay = layer_cost(model, spec, 2, link, 1, 64, cost, cp=cp, cp_link=cp_link)
+        parts = [embedding_cost(model, spec, 2, link, 1, 64, cost, cp=cp)] + [lay] * 4 + \
+            [head_cost(model, spec, 2, link, 1, 64, cost, cp=cp)]
+        assert sc.fwd == close(sum(c.fwd_compute + c.fwd_comm for c in parts), rel=1e-12)
+        assert sc.bwd == close(sum(c.bwd_compute + c.bwd_comm for c in parts), rel=1e-12)
+        assert (sc.fwd_comm, sc.bwd_comm) == (close(sum(c.fwd_comm for c in parts), rel=1e-12),
+                                              close(sum(c.bwd_comm for c in parts), rel=1e-12))
+        assert sc.bwd_comm > 0
+
+
+def test_an_uneven_stage_runs_the_collectives_of_its_tp_ranks_at_the_dtype_given() -> None:
+    """A 3:1 TP2 stage computes its shares but its collectives span the two ranks: the same TP collectives as an
+    even TP2 stage, forward and backward; priced at the dtype given (float32 above bfloat16)."""
+    from hspmd_sdk import LlamaConfig
+    from hspmd_sdk.core.strategy import Stage
+    from hspmd_sdk.planner.simulator import _stage_cost
+
+    model, cl, cost = LlamaConfig.preset("tiny"), Cluster.mixed({"H800": 2}), CostModel()
+    uneven, even = Stage(devices=[0, 1], layers=[0, 3], ratios=[3, 1]), Stage(devices=[0, 1], layers=[0, 3])
+    for dtype in ("float32", "bfloat16"):
+        u = _stage_cost(model, uneven, True, True, cl, 1, 16, cost, share=1.0, dtype=dtype)
+        e = _stage_cost(model, even, True, True, cl, 1, 16, cost, share=1.0, dtype=dtype)
+        assert (u.fwd_comm, u.bwd_comm) == (e.fwd_comm, e.bwd_comm) and u.bwd_comm > 0
+    u32, u16 = (_stage_cost(model, uneven, True, True, cl, 1, 16, cost, share=1.0, dtype=dt) for dt in
+                ("float32", "bfloat16"))
+    assert u32.fwd > u16.fwd and u32.bwd_comm > u16.bwd_comm
+    # recomputing, the backward repeats the forward's collectives: alike for the uneven and the even stage
+    u_rc = _stage_cost(model, uneven.model_copy(update={"recompute": True}), True, True, cl, 1, 16, cost, share=1.0)
+    e_rc = _stage_cost(model, even.model_copy(update={"recompute": True}), True, True, cl, 1, 16, cost, share=1.0)
+    assert (u_rc.fwd_comm, u_rc.bwd_comm) == (e_rc.fwd_comm, e_rc.bwd_comm) and e_rc.bwd_comm > u16.bwd_comm
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_cp_stage_cost_carries_its_ring_gaps_and_recompute_flag(recompute: bool) -> None:
+    """What the mixed-length cost model reads off a stage cost (mixed_cost.StageCost): the layers' CP ring gaps
+    summed over the stage (signed: here, over NVLink, the attention outlasts the ring) and whether the stage
+    recomputes."""
+    from hspmd_sdk import LlamaConfig
+    from hspmd_sdk.core.strategy import Stage
+    from hspmd_sdk.planner.cost import layer_cost
+    from hspmd_sdk.planner.simulator import _stage_cost
+
+    model = LlamaConfig.preset("tiny").model_copy(update={"max_seq_len": 4096})
+    cl, cost = Cluster.mixed({"H800": 4}), CostModel(include_embedding=False)
+    stage = Stage(devices=[0, 1, 2, 3], layers=[0, 3], cp=2, recompute=recompute)
+    sc = _stage_cost(model, stage, False, False, cl, 1, 4096, cost, share=1.0)
+    lay = layer_cost(model, cl.spec(0), 2, cl.link(0, 1), 1, 4096, cost, recompute=recompute, cp=2,
+                     cp_link=cl.link(0, 2))
+    assert lay.ring_gap_fwd != 0 and lay.ring_gap_bwd != 0
+    assert (sc.ring_gap_fwd, sc.ring_gap_bwd, sc.recompute) == (close(4 * lay.ring_gap_fwd, rel=1e-12),
+                                                                close(4 * lay.ring_gap_bwd, rel=1e-12), recompute)

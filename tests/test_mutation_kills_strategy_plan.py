@@ -442,3 +442,66 @@ def test_plan_errors_name_the_model_and_the_leaves() -> None:
     assert str(err.value) == ("model 'tiny': placements() gives no placement for leaf tensor(s) ['tokens', "
                               "'layers.1.attn_norm.weight', 'layers.1.attn.wq', 'layers.1.attn.wk', "
                               "'layers.1.attn.wv']; every placeholder and parameter needs one")
+
+
+# ---- uneven ZeRO shares (Pipeline.zero_share, SPEC §15) --------------------------------------------------------
+@pytest.mark.parametrize("units, shares, expected", [
+    (64, [3, 1], [48, 16]), (10, [1, 1, 1], [4, 3, 3]), (3, [100, 1, 1], [1, 1, 1]),  # the docstring's
+    (10, [2, 1], [6, 4]),      # one each, then 8 by 2:1 = 5.33 + 2.67: 6 + 3, the larger remainder (0.67) gets the 10th
+    (10, [1, 2], [4, 6]),      # the same, mirrored: the unit goes to the first share now
+    (5, [3, 1], [3, 2]),       # one each, then 3 by 3:1 = 2.25 + 0.75: 3 + 1, the 5th to the second (0.75 > 0.25)
+    (7, [1, 1, 1, 1], [2, 2, 2, 1]),  # ties of remainders: the earlier shares first
+    (6, [1, 3], [2, 4]),       # exact: 4 by 1:3 is 1 + 3, no remainder to give out
+])
+def test_share_chunks_cuts_units_by_largest_remainders(units: int, shares: list[float], expected: list[int]) -> None:
+    """share_chunks gives each share one unit, then the rest in proportion (floors), then one more unit to each of
+    the largest remainders (the earlier share first on a tie): every chunk >= 1 and the chunks add up to units."""
+    from hspmd_sdk.core.strategy_plan import share_chunks
+
+    got = share_chunks(units, shares)
+    assert got == expected and sum(got) == units and min(got) >= 1
+
+
+@pytest.mark.parametrize("shape, split, groups, expected", [
+    ((6, 10), None, [[0], [1]], (1, [7, 3])),        # the largest dim TP does not split: 1 + 1, then 8 by 3:1
+    ((5,), None, [[0], [1]], (0, [3, 2])),           # an odd dim: no even-division requirement for shares
+    ((2,), None, [[0], [1]], (0, [1, 1])),           # exactly one element per pipeline still shards
+    ((3,), None, [[0], [1]], (0, [2, 1])),
+    ((8, 3), 0, [[0, 1], [2, 3]], (1, [2, 1])),      # a dim TP does not split before the (larger) TP-split dim
+    ((4, 1), 0, [[0, 1], [2, 3]], (0, [2, 2])),      # the TP-split dim in whole TP units (2 units: one each)
+    ((7, 1), 0, [[0, 1], [2, 3]], None),             # 7 rows do not divide by TP 2; 1 column < 2 pipelines
+    ((2, 1), 0, [[0, 1], [2, 3]], None),             # 2 rows are one TP unit: fewer units than pipelines
+])
+def test_zero_shard_by_uneven_shares(shape: tuple[int, ...], split: int | None, groups: list[list[int]],
+                                     expected: Any) -> None:
+    """With shares not all equal (3:1 here), zero_shard cuts the largest dim TP does not split (else the TP-split
+    one, in units of the TP degrees' lcm) by share_chunks, at least one unit per pipeline; None when no dim has
+    that many units."""
+    assert zero_shard(shape, split, groups, [3, 1]) == expected
+
+
+def test_zero_shard_with_equal_shares_is_the_even_choice() -> None:
+    """Equal shares (1:1) are no uneven shares: the even choice (a dim the pipelines divide, no hratios)."""
+    assert zero_shard((4, 4), None, [[0], [1]], [1, 1]) == (0, None)
+    assert zero_shard((4, 4), None, [[0], [1]], [2.0, 2.0]) == (0, None)
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_plan_shards_parameters_by_zero_shares(cp: int) -> None:
+    """A pipeline with zero_share 3 beside one with 1 holds 3/4 of each ZeRO-sharded parameter (even and context
+    parallel stages alike): hratios 48:16 of a 64-row weight, 192:64 of the 256-row embedding, and the gradient
+    goes to the same shards."""
+    g1, g2 = ("[0] R", "[1] R") if cp == 1 else ("[0,1] D2", "[2,3] D2")
+    devs = [list(range(cp)), list(range(cp, 2 * cp))]
+    p = plan({"pipelines": [{**pl(1, 2, st(devs[0], [0, 3], cp=cp)), "zero_share": 3},
+                            pl(1, 2, st(devs[1], [0, 3], cp=cp))], "zero": 1})
+    assert texts(p, "layers.0.attn.wq", "layers.0.attn.wq.grad_sync", "embed.weight") == {
+        "layers.0.attn.wq": f"{g1} | {g2} ; hdim=0 ratios=48:16",
+        "layers.0.attn.wq.grad_sync": f"{g1} | {g2} ; hdim=0 ratios=48:16",
+        "embed.weight": f"{g1} | {g2} ; hdim=0 ratios=192:64"}
+
+
+def test_plan_settings_keep_the_zero_level() -> None:
+    """The plan's settings carry the strategy's ZeRO level itself (2 here), not only the ZeRO-1 flag."""
+    p = plan({"pipelines": [pl(1, 2, st([0], [0, 3])), pl(1, 2, st([1], [0, 3]))], "zero": 2})
+    assert (p.settings.zero, p.settings.zero1) == (2, True)
