@@ -154,3 +154,22 @@ def test_a_rank_s_part_keeps_its_messages_with_their_tags_its_copies_and_zero_fi
     assert len(unfused.steps) > 1
     assert [[(m.src, m.dst, m.tag) for m in s.messages] for s in unfused.part(3).steps] == \
         [[(m.src, m.dst, i) for i, m in enumerate(s.messages) if 3 in (m.src, m.dst)] for s in unfused.steps]
+
+
+def test_a_rank_s_part_by_the_index_is_the_part_by_scanning() -> None:
+    """``SwitchPlan.part(rank, index=switch_index(plan))`` (a launcher writing every rank's part looks each rank's
+    messages, copies and zero fills up instead of scanning) gives exactly ``plan.part(rank)``, fused and unfused,
+    for every rank -- including one that takes no part in a step."""
+    from hspmd_sdk.core.program_part import switch_index
+
+    src = dict(SRC, z=(Annotation("[0,1] D2"), (2, 2)))
+    dst = dict(DST, z=(Annotation("[1,2] P2"), (2, 2)))
+    for plan in (plan_switch(src, dst, TWO_BY_TWO), plan_switch(src, dst, TWO_BY_TWO, fused=False)):
+        index = switch_index(plan)
+        for rank in range(4):
+            by_index, scanned = plan.part(rank, index=index), plan.part(rank)
+            assert by_index == scanned, rank
+            assert [len(s.messages) for s in by_index.steps] == [len(s.messages) for s in scanned.steps]
+            assert by_index.steps and any(s.copies for s in plan.part(1, index=index).steps)
+    assert any(s.zero_fill for s in plan_switch(src, dst, TWO_BY_TWO).part(2, index=switch_index(
+        plan_switch(src, dst, TWO_BY_TWO))).steps)
