@@ -834,14 +834,20 @@ def plan_hetero(model: "ModelSpec | str", cluster: "Cluster", *, global_batch: i
     else:
         return _fastest_level(one, model, cluster, global_batch, seq_len, **{**kw, "cost": cost or CostModel()})
     why = first.problems[-1][1] if first.problems else str(first)
-    for level in (2, 3):
-        try:
-            plan = _plan_hetero(model, cluster, global_batch, seq_len, zero=level, **kw)
-        except PlanValidationError:
-            continue
+    for level, plan in _higher_levels(model, cluster, global_batch, seq_len, **kw):
         return plan.model_copy(update={"name": f"{plan.name} (ZeRO-{level}: with ZeRO-1, {why}"
                                                + (", and with ZeRO-2 too)" if level == 3 else ")")})
     raise first from None
+
+
+def _higher_levels(model: "ModelSpec", cluster: "Cluster", global_batch: int, seq_len: int,
+                   **kw: Any) -> Iterable[tuple[int, "Strategy"]]:
+    """``(level, plan)`` at ZeRO-2, then ZeRO-3, for each level that has a plan (planned as it is asked for)."""
+    for level in (2, 3):
+        try:
+            yield level, _plan_hetero(model, cluster, global_batch, seq_len, zero=level, **kw)
+        except PlanValidationError:
+            continue
 
 
 #: A plan's memory binds where its fullest device's estimate takes this fraction of its memory or more:
@@ -857,15 +863,11 @@ def _fastest_level(one: "Strategy", model: "ModelSpec", cluster: "Cluster", glob
     if peak < BINDING:
         return one
     timed = [(simulate(model, one, cluster, seq_len=seq_len, cost=cost).step_time, 1, one)]
-    for level in (2, 3):
-        try:
-            plan = _plan_hetero(model, cluster, global_batch, seq_len, zero=level, cost=cost, **kw)
-        except PlanValidationError:
-            continue
+    for level, plan in _higher_levels(model, cluster, global_batch, seq_len, cost=cost, **kw):
         result = simulate(model, plan, cluster, seq_len=seq_len, cost=cost)
         if not result.oom:
             timed.append((result.step_time, level, plan))
-    best_t, level, best = min(timed, key=lambda x: x[0])
+    _, level, best = min(timed, key=lambda x: x[0])
     if level == 1:
         return one
     times = ", ".join(f"ZeRO-{z} {t:.3g} s" for t, z, _ in sorted(timed, key=lambda x: x[1]))
