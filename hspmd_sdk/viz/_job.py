@@ -394,21 +394,8 @@ def snapshot(job: Any, *, stopped_by_user: bool = False) -> JobSnapshot:
     ranks = []
     for r in launch:
         f = dead.get(r)
-        if r not in world:
-            state, why = "removed", (f"{_kind(f)} at step {f.step}; the job went on without it" if f is not None
-                                     else "left out of the job's world")
-        elif f is not None:
-            state, why = "dead", _kind(f)
-        elif status in _RUNNING:
-            state, why = ("running" if r in last else "starting"), ""
-        elif status in _DONE:
-            state, why = "done", ""
-        else:
-            consequence = next((g for g in failures if r in g.ranks), None)
-            state = "stopped"
-            why = ("stopped from the dashboard" if stopped_by_user and status == "cancelled" else
-                   "cancelled" if status == "cancelled" else
-                   "failed after the first failure" if consequence is not None else "stopped by the launcher")
+        state, why = _rank_state(r, f, world=world, status=status, reported=r in last, failures=failures,
+                                 stopped_by_user=stopped_by_user)
         ranks.append(RankView(r, state, times.get(r), last.get(r, -1), memory.get(r), why,
                               f.step if f is not None else None, estimates.get(r) if r in world else None))
     step = metrics.last_step() + 1
@@ -434,6 +421,26 @@ def snapshot(job: Any, *, stopped_by_user: bool = False) -> JobSnapshot:
                        float(elapsed) if isinstance(elapsed, (int, float)) else None,
                        eta if status in _RUNNING else None, status_text, graceful, *_recipe(metrics),
                        data=_data_of(job), memory_note=memory_note if estimates else "")
+
+
+def _rank_state(r: int, failure: JobFailure | None, *, world: tuple[int, ...], status: str, reported: bool,
+                failures: tuple[JobFailure, ...], stopped_by_user: bool) -> tuple[str, str]:
+    """Launch rank ``r``'s :attr:`RankView.state` and why: ``removed`` (out of the job's ``world``), ``dead`` (its
+    own ``failure``, one that no other failure caused), ``running`` (``starting`` until it has ``reported`` a
+    step), ``done``, else ``stopped`` (by the user, a cancellation, another rank's failure or the launcher)."""
+    if r not in world:
+        return "removed", (f"{_kind(failure)} at step {failure.step}; the job went on without it"
+                           if failure is not None else "left out of the job's world")
+    if failure is not None:
+        return "dead", _kind(failure)
+    if status in _RUNNING:
+        return ("running" if reported else "starting"), ""
+    if status in _DONE:
+        return "done", ""
+    consequence = next((g for g in failures if r in g.ranks), None)
+    return "stopped", ("stopped from the dashboard" if stopped_by_user and status == "cancelled" else
+                       "cancelled" if status == "cancelled" else
+                       "failed after the first failure" if consequence is not None else "stopped by the launcher")
 
 
 def _data_of(job: Any) -> str:

@@ -17,6 +17,8 @@ schedules deadlock-free.  The executor is the coordinator of its parts, each a m
 * :mod:`.interpreter` — the schedule replayed through a table from action kind to handler;
 * :mod:`.parameter_leaves` — ``PRE``: the step's parameter leaves, ZeRO-1's gathers started in buckets and waited
   for where the forward first reads them;
+* :mod:`.param_gathers` — which of those gathers are coalesced in buckets, and ZeRO-3's units (:mod:`.zero3`);
+* :mod:`.micro_shapes` — the micro-batches' shapes (the plan's, or a step's own), their plans and schedules;
 * :mod:`.stage_forward` — ``F``: the local operators and in-stage Reshards, recomputation;
 * :mod:`.p2p` — the one send/receive path of stage-boundary messages (receives posted ahead under gloo);
 * :mod:`.feeds` — the batch cut into this rank's micro-batch feeds (packing, the context-parallel balanced order);
@@ -39,29 +41,28 @@ is reduce-scattered onto the shard, and the optimizer state is per shard.
 """
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist
 
 from ...core.annotation import local_view
-from ...core.schedule import Action, build_schedule
-from ...core.symbolic import evaluate_shape
-from .buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, GatherBuckets, GradBuckets, SyncItem, bucketable
+from .buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, GradBuckets, SyncItem
 from .comm import Pending, with_dtype
 from .errors import ExecutorError
-from .feeds import Feeder, sequence_balance
+from .feeds import sequence_balance
 from .interpreter import StepInterpreter
 from .kernels import IGNORE_INDEX
+from .micro_shapes import MicroBatchShapes
 from .optimizer import (AdamConfig, clip_gradients, load_state_by_name, owned_grad_sq, owned_parts, owned_slices,
                         state_by_name)
 from .optimizer import adam_problems, adam_step_state, fused_adam_available  # noqa: F401 (re-exported)
 from .p2p import POST_TAG, StageTransfers, identity_for, next_receives, pipeline_groups, pipeline_pairs
+from .param_gathers import ParameterGathers
 from .parameter_leaves import ParameterLeaves
 from .params import check_local_parameters, init_local_parameters
 from .stage_forward import LocalContext, MicroBatchRecord, StageForward
-from .zero3 import ZERO3_UNIT_BYTES, Zero3Params
+from .zero3 import ZERO3_UNIT_BYTES
 from ..trace import span
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ def program_comm_plans(program: "Program") -> list["CommPlan"]:
             + list(program.grad_reduce_plans.values()) + list(program.grad_sync_plans.values()))
 
 
-class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
+class StepExecutor(StepInterpreter, ParameterLeaves, ParameterGathers, StageForward, MicroBatchShapes):
     """Runs training steps of ``program`` on rank ``rank``.
 
     ``groups``: the process-group lookup (the :class:`~.worker.WorkerState`); every rank must already have called
@@ -197,30 +198,6 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
         if optimizer_state is not None:
             self.load_optimizer_state(optimizer_state)
 
-    def _init_micro_batches(self) -> None:
-        """The plan's micro-batching of this rank's pipeline, the per-step shapes and the feeds' cutter."""
-        program, rank = self.program, self.rank
-        self.num_micro = program.num_micro_batches(self.pipeline)
-        self.chunk = program.batch_rows(rank, self.bindings)
-        rows = self.chunk[1] - self.chunk[0]
-        mbs = program.micro_batch_size(self.pipeline)
-        self.micro_size = int(mbs) if mbs else rows // self.num_micro
-        if self.micro_size * self.num_micro != rows:
-            raise ExecutorError(f"rank {rank}: pipeline {self.pipeline} holds {rows} rows of the batch but runs "
-                                f"{self.num_micro} micro-batches of {self.micro_size}")
-        # every micro-batch's shape: (bindings, rows); the plan's by default, the dispatcher's per step
-        self._cur: tuple[dict[str, int], int] = (self.bindings, self.micro_size)
-        self._layout: list[tuple[dict[str, int], int]] = [self._cur] * self.num_micro
-        # a packed micro-batch (one row, several documents): their lengths; None: every row one sequence
-        self._cur_documents: tuple[int, ...] | None = None
-        self._documents: list[tuple[int, ...] | None] = [None] * self.num_micro
-        self._mb_bindings: dict[tuple[int, int], dict[str, int]] = {}
-        self._schedules: dict[int, list[Any]] = {}
-        self.trained_targets = 0  # real (non-padding) target tokens this rank's loss read in the last step
-        self.feeder = Feeder(program, rank, leaves=self.eg.leaves, device=self.device, dtype=self.dtype,
-                             bindings=self.bindings, micro_size=self.micro_size, num_micro=self.num_micro,
-                             pipeline=self.pipeline)
-
     def _init_communication(self, bucket_bytes: int, first_bucket_bytes: int | None) -> None:
         """The stage-boundary transfers, the gradient buckets and the parameters' gather buckets."""
         self.transfers = StageTransfers(self.groups, rank=self.rank, device=self.device, dtype=self.dtype,
@@ -234,81 +211,7 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
                                      dtype=self.dtype, bucket_bytes=bucket_bytes,
                                      first_bucket_bytes=first_bucket_bytes, trace=self.trace, tag_base=POST_TAG,
                                      release=self.program.plan.settings.zero >= 2)
-        made = {o.outputs[0] for o in self.eg.pre}
-        coalesced = [o for o in self.eg.pre if o.inputs[0] not in made and bucketable(self._pre_plan(o.name))]
-        self.zero3 = self._zero3_params(coalesced) if self.program.plan.settings.zero >= 3 else None
-        if self.zero3 is not None and self.recompute:
-            raise ExecutorError(f"rank {self.rank}: ZeRO-3 with activation recomputation is not supported yet (the "
-                                "recomputed forward would gather its parameters again inside the backward)")
-        # ZeRO-3: the most micro-batches a pipeline runs (a replica running fewer joins the others' gathers)
-        counts = [self.program.num_micro_batches(p) for p in range(len(self.program.pipelines))]
-        self._most_micro = max(counts)
-        self._zero3_uneven = self.program.plan.settings.zero >= 3 and len(set(counts)) > 1
-        if self.zero3 is not None:
-            coalesced = [o for o in coalesced if o.outputs[0] not in self.zero3]
-        self._coalesced = {o.name: k for k, o in enumerate(coalesced)}
-        self.gathers = GatherBuckets([self._pre_plan(o.name) for o in coalesced], [o.outputs[0] for o in coalesced],
-                                     self.groups, rank=self.rank, device=self.device, dtype=self.dtype,
-                                     bucket_bytes=bucket_bytes, first_bucket_bytes=first_bucket_bytes,
-                                     trace=self.trace)
-
-    def _zero3_params(self, gathers: list["ExecOp"]) -> Zero3Params | None:
-        """ZeRO-3: of the parameters' top-tier gathers, those this rank receives and its forward reads (and no
-        other ``PRE`` operator: a tied weight moved on is held for the step), in units -- the parameters of one
-        layer (the model's placements; one unit without a model) over one set of ranks, the same on every rank
-        of the set --, units and members in the order the forward first reads them (:mod:`.zero3`); ``None`` if
-        there are none."""
-        first: dict[str, int] = {}
-        for i, op in enumerate(self.eg.forward):
-            for t in (op.inputs if op.kind == "Reshard" else self.nodes[op.name].inputs):
-                first.setdefault(t, i)
-        # what every rank of a gather's group decides alike, from the graph: a gathered tensor that a Reshard reads
-        # (a tied weight's move, on whichever ranks it runs) is held for the step
-        ops = [o for o in gathers if o.outputs[0] in first and self.rank in self._pre_plan(o.name).dst.ranks
-               and not any(c.is_reshard for c in self.graph.consumers(o.outputs[0]))]
-        if not ops:
-            return None
-        model = self.program.model
-        where = {p.tensor: p.where for p in model.placements()} if model is not None else {}
-        units: dict[Any, list[Any]] = {}  # members in Program order (every rank's buffers alike), units by first read
-        for o in ops:
-            plan = self._pre_plan(o.name)
-            key = (tuple(sorted(set(plan.src.ranks) | set(plan.dst.ranks))), where.get(o.inputs[0]))
-            units.setdefault(key, []).append(o)
-        members = self._merged(sorted(units.values(), key=lambda us: min(first[o.outputs[0]] for o in us)))
-        # their own process groups where the worker made them (WorkerState.create_twin_groups): a gather never
-        # queues behind a gradient bucket of the same ranks
-        twins = self.groups.twin if hasattr(self.groups, "twin") else self.groups
-        buckets = [GatherBuckets([self._pre_plan(o.name) for o in us], [o.outputs[0] for o in us], twins,
-                                 rank=self.rank, device=self.device, dtype=self.dtype, bucket_bytes=2**62,
-                                 first_bucket_bytes=None, trace=self.trace, keep_buffers=False) for us in members]
-
-        def start(k: int) -> list[Pending]:
-            with torch.no_grad():
-                return buckets[k].start([self.step_values[o.inputs[0]].detach() for o in members[k]])
-
-        return Zero3Params([[o.outputs[0] for o in us] for us in members], start,
-                           lambda name, leaf: self.grad_sync.watch(name, leaf))
-
-    def _merged(self, units: list[list[Any]]) -> list[list[Any]]:
-        """Units of one set of ranks merged in order until each holds :attr:`zero3_unit_bytes` (FSDP's size-based
-        wrapping: a tiny layer's own unit would cost a collective per owner for a few kB).  Decided per set of
-        ranks from its own units and the parameters' global sizes: alike on every rank of the set."""
-        out: list[list[Any]] = []
-        open_: dict[tuple[int, ...], tuple[list[Any], list[int]]] = {}  # ranks -> (the unit filling, its bytes)
-        for us in units:
-            plan = self._pre_plan(us[0].name)
-            key = tuple(sorted(set(plan.src.ranks) | set(plan.dst.ranks)))
-            size = sum(math.prod(self._pre_plan(o.name).shape) * self._pre_plan(o.name).itemsize for o in us)
-            got = open_.get(key)
-            if got is not None and got[1][0] < self.zero3_unit_bytes:
-                got[0].extend(us)
-                got[1][0] += size
-            else:
-                unit = list(us)
-                open_[key] = (unit, [size])
-                out.append(unit)
-        return out
+        self._init_gathers(bucket_bytes, first_bucket_bytes)
 
     def _sync_items(self) -> list[SyncItem]:
         """One item per ``GradSync`` of this rank (Program order), its plan at the wire dtype; ``None`` where
@@ -323,59 +226,12 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
         return items
 
     # ---- set-up ---------------------------------------------------------------------------------------------
-    def global_shape(self, tensor: str) -> tuple[int, ...]:
-        """``tensor``'s global shape at the current micro-batch's bindings."""
-        return tuple(int(d) for d in evaluate_shape(self.graph.tensors[tensor].shape, self._cur[0], tensor=tensor))
-
     def _role(self, op: "ExecOp") -> str:
         """``local`` (holds source and destination), ``send`` (only the source) or ``recv`` (only the
         destination) for a forward Reshard on this rank."""
         src, dst = self.anns[op.inputs[0]], self.anns[op.outputs[0]]
         has_src, has_dst = self.rank in src.ranks, self.rank in dst.ranks
         return "local" if has_src and has_dst else "send" if has_src else "recv"
-
-    def _plan(self, name: str, mb: int | None = None) -> "CommPlan":
-        """The plan of communication ``name`` at micro-batch ``mb``'s shape (default: the current one), for the
-        run's dtype (the symbolic plan resolved at the concrete shape once, cached)."""
-        bindings, rows = self._cur if mb is None else self._layout[mb]
-        key = (name, rows, bindings.get("S"), bindings.get("B"))
-        got = self._plans.get(key)
-        if got is None:
-            got = self._plans[key] = with_dtype(
-                self.program.micro_batch_plan(name, self.rank, bindings, rows), self.dtype)
-        return got
-
-    # ---- per-step micro-batch shapes (mixed-length data) ----------------------------------------------------
-    def micro_bindings(self, rows: int, seq_len: int) -> dict[str, int]:
-        """Symbol values under which this pipeline's batch chunk holds at least ``rows`` rows and the sequence is
-        ``seq_len`` long: ``B`` is the program's ``B`` scaled by a whole factor (the top tier splits the batch in
-        fixed proportions), ``S`` is ``seq_len``.  A micro-batch of ``rows x seq_len`` then runs the plans of
-        those bindings with the chunk rewritten to its rows (:meth:`Program.micro_batch_plan`)."""
-        key = (int(rows), int(seq_len))
-        got = self._mb_bindings.get(key)
-        if got is None:
-            if rows < 1 or seq_len < 1:
-                raise ExecutorError(f"rank {self.rank}: a micro-batch of {rows} rows x {seq_len} tokens")
-            base = int(self.program.bindings.get("B", self.bindings["B"]))
-            a, b = self.program.batch_rows(self.rank, {**self.bindings, "B": base, "S": int(seq_len)})
-            k = max(1, math.ceil(rows / max(b - a, 1)))
-            got = {**self.bindings, "B": base * k, "S": int(seq_len)}
-            a, b = self.program.batch_rows(self.rank, got)
-            if b - a < rows:
-                raise ExecutorError(f"rank {self.rank}: pipeline {self.pipeline}'s share of B={got['B']} is "
-                                    f"{b - a} rows, fewer than the micro-batch's {rows}")
-            self.program.bind(got)
-            self._mb_bindings[key] = got
-        return got
-
-    def _schedule_of(self, num_micro: int) -> list[Action]:
-        """This stage's actions for ``num_micro`` micro-batches (``Pre``, ``Post`` only for none)."""
-        got = self._schedules.get(num_micro)
-        if got is None:
-            stages = self.program.num_stages(self.pipeline)
-            got = self._schedules[num_micro] = [Action("PRE"), Action("POST")] if num_micro == 0 else \
-                build_schedule(self.program.schedule_kind, stages, self.stage, num_micro)
-        return got
 
     # ---- the optimizer: learning rate, global norm ------------------------------------------------------------
     def set_lr(self, lr: float) -> None:
@@ -461,22 +317,6 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
         self.compute_s = 0.0  # this step's compute seconds (kernels, backward, Adam; never waiting for peers)
         return self._interpret(actions, self._TRAIN, capture_grads=capture_grads)
 
-    def _prepare(self, batch: Any, batch_rows: tuple[int, int] | None, micro_batches: Any,
-                 loss_normalizer: int | None) -> list[Action]:
-        """Set up a pass over one batch (the feeds, each micro-batch's shape; see :meth:`step`); returns the
-        stage's schedule actions for it."""
-        if micro_batches is not None:
-            micro_batches = [self.feeder.padded(m) for m in micro_batches]
-            self._layout = [(self.micro_bindings(int(m[0]), int(m[1])), int(m[0])) for m in micro_batches]
-            self._documents = [self.feeder.documents(i, m) for i, m in enumerate(micro_batches)]
-            self.loss_normalizer = int(loss_normalizer) if loss_normalizer is not None else None
-            self._feeds = self.feeder.micro([m[2] for m in micro_batches], self._layout)
-            return self._schedule_of(len(self._layout))
-        self._documents = [None] * self.num_micro
-        self._layout = [(self.bindings, self.micro_size)] * self.num_micro
-        self._feeds = self.feeder.local(self.feeder.full(batch), batch_rows)
-        return self.program.schedule(self.rank)
-
     def evaluate(self, batch: Any = None, batch_rows: tuple[int, int] | None = None, *,
                  micro_batches: Any = None, loss_normalizer: int | None = None) -> float:
         """The forward pass of one batch under the running plan, without gradients, synchronisation or an update
@@ -499,32 +339,9 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
         self.trained_targets = trained
         return loss if self.loss_contributor() else 0.0
 
-    @property
-    def sequence_multiple(self) -> int:
-        """What every micro-batch's sequence length must be a multiple of: the least common multiple of the
-        degrees by which the program splits a sequence dim (``S``) of any tensor (context parallelism), else 1."""
-        return self.feeder.sequence_multiple
-
-    @property
-    def sequence_balance(self) -> int:
-        """``N > 1`` when this pipeline lays its micro-batches' sequences out in the balanced order of CP degree
-        ``N`` (:func:`~.cp_attention.balanced_order`): every attention of the pipeline splits the sequence (its
-        query's dim 1) over ``N`` ranks, and every op of the graph takes positions from the order
-        (:func:`~.kernels.reorder_problems` is empty).  Rank ``i`` of a CP group then holds global chunks ``i``
-        and ``2N-1-i`` and every rank does the same causal work.  Else 1: the contiguous split (exact too, the last
-        chunk's rank doing most of the causal work).  The same on every rank of the pipeline (a function of the
-        Program: :func:`.feeds.sequence_balance`).  ``HSPMD_CP_LAYOUT=contiguous`` in the workers' environment
-        keeps the contiguous split (for measurements)."""
-        return self.feeder.sequence_balance
-
     def _event(self, event: str, **info: Any) -> None:
         if self.trace is not None:
             self.trace(event, **info)
-
-    def _local_feeds(self, full: Mapping[str, torch.Tensor],
-                     rows: tuple[int, int] | None = None) -> dict[str, list[torch.Tensor]]:
-        """:meth:`.feeds.Feeder.local`: ``full``'s placeholders cut to this rank's micro-batch feeds."""
-        return self.feeder.local(full, rows)
 
     def _record(self, mb: int) -> MicroBatchRecord:
         rec = self.records.get(mb)
@@ -645,16 +462,6 @@ class StepExecutor(StepInterpreter, ParameterLeaves, StageForward):
         for t in self._leaves.values():
             t.grad = None
         self.step_values = {}
-
-    # ---- reporting -----------------------------------------------------------------------------------------------
-    def gathered_bytes(self) -> int:
-        """Bytes of gathered parameters this rank holds now (ZeRO: the outputs of ``PRE``'s gathers, whole for the
-        step at levels 1-2; at ZeRO-3 only those being read, :mod:`.zero3`)."""
-        held = 0 if self.zero3 is None else self.zero3.held_bytes
-        for name, t in self.step_values.items():
-            if name not in self._leaves and name not in self.params:
-                held += t.untyped_storage().nbytes()
-        return held
 
     def _real_targets(self, mb: int) -> int:
         """Real (non-padding) targets of micro-batch ``mb`` in the placeholders the loss operator reads."""
