@@ -45,7 +45,8 @@ KNOWN_PRELOAD_STRAYS: set[str] = set()
 #: checkpoints (``runtime/checkpoints``); what both sides read (the protocol's values, the launch spec, the data,
 #: metrics, traces, the single-device references) stays at ``runtime/``'s top.
 SIDE_FOLDERS = ("control", "workers", "transports", "checkpoints")
-SHARED = {"protocol", "spec", "data", "metrics", "trace", "reference", "config_types", "lr_schedule", "train_config"}
+SHARED = {"protocol", "spec", "data", "metrics", "trace", "reference", "config_types", "lr_schedule", "train_config",
+          "train_sections"}
 
 
 def _side(module: str) -> str:
