@@ -201,8 +201,8 @@ def test_bad_input_is_refused_before_any_worker_starts() -> None:
         launch([plain], Cluster.local(4), **kw)
     with pytest.raises(PlanValidationError, match="straggler"):
         launch(progs, Cluster.local(4), straggler="often", **kw)  # straggler= works with candidates; a bad value not
-    with pytest.raises(PlanValidationError, match="grow_back"):
-        launch(progs, Cluster.local(4), grow_back=True, **kw)
+    with pytest.raises(PlanValidationError, match=r"grow_back.*needs elastic=True"):
+        launch(progs, Cluster.local(4), grow_back=True, **kw)  # grow_back works with candidates, with elastic=True
     with pytest.raises(PlanValidationError, match="no candidate"):
         launch([], Cluster.local(4), **kw)
     with pytest.raises(PlanValidationError, match="steps"):

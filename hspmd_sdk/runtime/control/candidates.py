@@ -14,6 +14,10 @@ gives it another list, as ``launch`` takes one (Programs of the job's model and 
   dispatched among the new candidates, its message carrying them and the fused BSR from the running candidate;
   every worker switches there, at the step boundary (:class:`~..workers.mixed_worker.MixedSession`).
 
+A grow of a mixed-length job (``Job.grow(cluster, [...])``, :mod:`.grow`) is such a switch onto candidates on the
+larger cluster (:meth:`CandidateSwitch.grow`): the grow's dispatch also carries the grown world's rendezvous, and
+the newcomers join there.
+
 Versions and acknowledgements are those of any switch: the event (``reason="user"``) is ``done`` once every
 worker switched, and its version ``(world, candidate)`` is then the newest every worker applied.  A failure before
 the first step under the new candidates committed recovers from the state held before the switch, as for one
@@ -132,6 +136,28 @@ class CandidateSwitch:
             host.state.lock.release()
             planner.sending.release()
         return event
+
+    def grow(self, event: Event, programs: Sequence["Program"], dispatcher: Any, grown: Numbering,
+             grow: Mapping[str, Any]) -> None:
+        """Send an announced grow of a mixed-length job (``Job.grow``, :mod:`.grow`; the caller holds the
+        dispatch's :attr:`~.mixed.LengthPlanner.sending` and the controller's lock, and checked that the world did
+        not change): ``programs`` (on ``grown``'s cluster and numbering: the running ranks keep their numbers, the
+        newcomers follow) become a candidate set of the running world and the job's current numbering, and the
+        first step not dispatched yet is dispatched among them, its message carrying them, the grown world's
+        rendezvous (``grow``) and the fused BSR from the running candidate; every worker, the newcomers too,
+        switches there.  ``event`` (``reason="grow"``) is ``done`` once every worker switched."""
+        host, planner = self.host, self.host.length_planner
+        world = host.versions.world
+        if world != planner.generation:
+            raise SwitchError("the job reconfigured after a failure while the newcomers started: grow it again "
+                              "onto job.cluster plus new ranks")
+        planner.boundary()  # a step is left to grow at
+        base = self.sets.add(world, host.versions.candidate_count(world),
+                             [Numbering(p, grown.cluster, dict(grown.to_launch)) for p in programs])
+        host.versions.current = Numbering(programs[0], grown.cluster, dict(grown.to_launch))  # alive: all of them
+        planner.switch_candidates(programs, dispatcher, base=base, seconds=event.seconds, cluster=grown.cluster,
+                                  grow=grow, event=event)
+        host.stragglers.reset()
 
     def check_ranks(self, candidates: Mapping[int, Any], cur: Numbering) -> None:
         """Each of the new candidates (by its index in the list: a Program or a Strategy) runs on the job's ranks

@@ -113,6 +113,8 @@ class TrainingController:
         #: an announced grow's switch, ready to send: id(event) -> (the grown numbering, its plan, its payload
         #: when the workers hold the whole Program, rendezvous)
         self._prepared: dict[int, tuple[Numbering, Any, dict[str, Any] | None, dict[str, Any]]] = {}
+        #: a mixed-length job's announced grow: id(event) -> (its candidates on the grown cluster, their dispatcher)
+        self._grown_candidates: dict[int, tuple[list["Program"], Any]] = {}
 
     @property
     def straggler(self) -> StragglerWatch | None:
@@ -254,27 +256,32 @@ class TrainingController:
             time.sleep(0.01)
 
     # ---- Job.grow -------------------------------------------------------------------------------------------
-    def announce_grow(self, program: "Program", cluster: "Cluster", joiners: Mapping[int, int]) -> Event:
+    def announce_grow(self, program: "Program | Sequence[Program]", cluster: "Cluster", joiners: Mapping[int, int],
+                      dispatcher: Any = None) -> Event:
         """The event of a grow onto ``cluster`` and ``program`` whose newcomers are starting (``joiners``: rank of
         ``cluster`` -> launch rank; :mod:`.grow`).  It is in :attr:`events` at once, and the switch is prepared
         now (its BSR planned, its payload packed unless each worker gets its parts, the grown world's rendezvous
         chosen); :meth:`grow` sends it once
         every newcomer is ready, so the job trains on while they start.  A newcomer lost before then gives the grow
-        up (:meth:`give_up_grow`): the running job is untouched.  Refuses a mixed-length job, another model, another
-        global batch, and a cluster that is not the running one plus new ranks."""
-        if self.mixed:
-            raise SwitchError("growing a mixed-length job (per-step candidates) is not supported yet; grow a job "
-                              "that trains one Program")
+        up (:meth:`give_up_grow`): the running job is untouched.  A mixed-length job grows onto a candidate set
+        (``program``: its Programs on ``cluster``, ``dispatcher``: theirs, :meth:`~.mixed.LengthPlanner.
+        check_candidates`), chosen among per step from the grow on; its switch is planned when it is sent, to the
+        candidate the grow's step is dispatched to (:meth:`~.candidates.CandidateSwitch.grow`).  Refuses another
+        model, another global batch, and a cluster that is not the running one plus new ranks."""
+        programs = list(program) if self.mixed else [program]
+        if self.mixed and dispatcher is None:
+            raise SwitchError("growing a mixed-length job takes its candidates' dispatcher (grow_job makes it)")
         with self.state.lock:
             cur, reconf = self.current, self.versions.world
             dead = sorted(l for l in cur.to_launch.values() if l in self.state.dead)
         if dead:
             raise SwitchError(f"launch ranks {dead} of the job failed and are not replanned yet; grow once the job "
                               "recovered (Job.events shows when)")
-        if program.model != cur.program.model:
-            raise SwitchError(f"the new program trains {program.model!r}, the job {cur.program.model!r}: "
-                              "growing keeps the model")
-        if program.bindings.get("B") != cur.program.bindings.get("B"):
+        for p in programs:
+            if p.model != cur.program.model:
+                raise SwitchError(f"the new program trains {p.model!r}, the job {cur.program.model!r}: "
+                                  "growing keeps the model")
+        if not self.mixed and program.bindings.get("B") != cur.program.bindings.get("B"):
             raise SwitchError(f"the new program's global batch is {program.bindings.get('B')}, the job's "
                               f"{cur.program.bindings.get('B')}: growing keeps the data of every step")
         n = cur.cluster.num_ranks
@@ -283,13 +290,15 @@ class TrainingController:
             raise SwitchError(f"the grown cluster has ranks 0..{cluster.num_ranks - 1}; the job runs "
                               f"0..{n - 1} and new workers are to start for {sorted(joiners)}")
         t0 = time.perf_counter()
-        plan = plan_program_switch(cur.program, program, cluster)  # cur's ranks keep their numbers
+        # cur's ranks keep their numbers; a mixed-length job's plan waits for the grow's step to be dispatched
+        plan = None if self.mixed else plan_program_switch(cur.program, program, cluster)
         # packed now (each worker's parts are written when it is sent: they depend on the rank)
-        whole = None if self._each_part else program_fields(program, plan)
+        whole = None if self._each_part or plan is None else program_fields(program, plan)
         launch_of = {l: r for r, l in to_launch.items()}
-        event = Event(self._next_step(), "grow", [], strategy_of(program),
+        event = Event(self._next_step(), "grow", [], strategy_of(programs[0]),
                       {"detect": 0.0, "plan": time.perf_counter() - t0, "specialize": 0.0},
-                      switch_bytes(plan, cluster), launch_of, program=program)
+                      switch_bytes(plan, cluster) if plan is not None else {"intra": 0, "inter": 0}, launch_of,
+                      program=programs[0])
         addr, port = self.rendezvous(to_launch[0])
         grow = {"master_addr": addr, "master_port": port, "world": cluster.num_ranks,
                 "ranks": {str(l): r for l, r in launch_of.items()}, "reconfigured": reconf}
@@ -297,7 +306,9 @@ class TrainingController:
             self.events.append(event)
             for launch in joiners.values():
                 self._joining[int(launch)] = (event, reconf)
-            self._prepared[id(event)] = (Numbering(program, cluster, to_launch), plan, whole, grow)
+            self._prepared[id(event)] = (Numbering(programs[0], cluster, to_launch), plan, whole, grow)
+            if self.mixed:
+                self._grown_candidates[id(event)] = (programs, dispatcher)
         return event
 
     def give_up_grow(self, event: Event, why: str) -> list[int]:
@@ -308,6 +319,7 @@ class TrainingController:
             for launch in new:
                 del self._joining[launch]
             self._prepared.pop(id(event), None)
+            self._grown_candidates.pop(id(event), None)
             event.superseded = True
         if self.job is not None:
             self.job.note(f"the grow onto launch ranks {new} was given up: {why}")
@@ -319,10 +331,14 @@ class TrainingController:
         new Program at the next step boundary.  The running workers leave their world there, every worker joins
         the larger one (rendezvous on the host of the new rank 0), and one fused BSR moves every parameter and Adam
         moment to the new layout: the newcomers get their shards from the running ranks, whose numbering stays the
-        same.  Refused when the job reconfigured after a failure since the grow was announced."""
-        self.acquire_quiet("grow")
+        same.  A mixed-length job grows at the first step not dispatched yet, onto its new candidates
+        (:meth:`~.candidates.CandidateSwitch.grow`).  Refused when the job reconfigured after a failure since the
+        grow was announced."""
+        sending = self.length_planner.sending if self.mixed else None
+        self.acquire_quiet("grow", outer=sending)
         try:
             prepared = self._prepared.pop(id(event), None)
+            candidates = self._grown_candidates.pop(id(event), None)
             joining = {l: reconf for l, (e, reconf) in self._joining.items() if e is event}
             if event.superseded or prepared is None or set(joining.values()) != {self.versions.world}:
                 raise SwitchError("the job reconfigured after a failure while the newcomers started: grow it again "
@@ -332,23 +348,32 @@ class TrainingController:
             if dead:
                 raise SwitchError(f"launch ranks {dead} of the job failed and are not replanned yet; grow once the "
                                   "job recovered (Job.events shows when)")
+            if candidates is not None:  # sent by the dispatch of the grow's step (under both locks)
+                self.candidate_switch.grow(event, *candidates, numbering, grow)
+                for launch in joining:
+                    del self._joining[launch]
+                return event
             for launch in joining:
                 del self._joining[launch]
             event.step = self._next_step()
             ident = self._open_switch(event, numbering)
         finally:
             self.state.lock.release()
+            if sending is not None:
+                sending.release()
         # each its parts by its rank in the grown Program (the running ranks keep theirs), or the whole packed before
         self.send_program({"type": "switch", "id": ident, "grow": grow}, numbering.program, plan, self.alive,
                           version=ident, rank_of=numbering.of_launch, whole=whole)
         return event
 
-    def record_event(self, key: tuple[str, int], event: Event) -> None:
+    def record_event(self, key: tuple[str, int], event: Event, *, listed: bool = False) -> None:
         """Record a reconfiguration planned elsewhere (a length switch, :mod:`.mixed`): it is ``done`` once every
-        worker reported ``switched`` with ``what, id = key``."""
+        worker reported ``switched`` with ``what, id = key`` (``listed``: the event is in :attr:`events` already,
+        a grow's)."""
         with self.state.lock:
             self.state.open[key] = event
-            self.events.append(event)
+            if not listed:
+                self.events.append(event)
             got = self.state.switched.get(key)
         if got:
             for rank, msg in list(got.items()):

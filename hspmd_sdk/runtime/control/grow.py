@@ -16,6 +16,11 @@ wait for the newcomers at the boundary, as a job too short to train on while the
 while starting gives the grow up (its event is ``superseded``) and leaves the running job as it was; so does a
 failure of the running job meanwhile (grow again after its recovery).  The event's ``seconds["switch"]`` is the
 slowest worker's rendezvous and BSR (and the wait for the newcomers, near the end).
+
+A mixed-length job (:mod:`.mixed`) grows onto a list of candidates for the larger cluster (given, or planned by
+:func:`~hspmd_sdk.planner.plan_mixed` on the job's data): the dispatch of the first step not dispatched yet chooses
+among them and carries the grow (:meth:`~.candidates.CandidateSwitch.grow`), the newcomers join at that step, and
+"near the end" counts the dispatch's lookahead too.
 """
 from __future__ import annotations
 
@@ -52,7 +57,8 @@ def extend_cluster(cluster: "Cluster", more: "Cluster") -> "Cluster":
     return Cluster.load({**base, "nodes": nodes, "devices": {**extra.get("devices", {}), **base.get("devices", {})}})
 
 
-def grow_job(job: Job, cluster: "Cluster", program: "Program | Strategy | None" = None) -> Event:
+def grow_job(job: Job, cluster: "Cluster", program: "Program | Strategy | list[Program | Strategy] | None" = None
+             ) -> Event:
     """See :meth:`Job.grow`."""
     ctl = job.controller
     if ctl is None:
@@ -75,15 +81,20 @@ def grow_job(job: Job, cluster: "Cluster", program: "Program | Strategy | None" 
                               f"but the job's rank {r} is a {cur.kind(r)} on {cur.node_of(r).host}: the grown "
                               "cluster is job.cluster with new ranks after its own (Cluster.load(...) of "
                               "job.cluster's nodes plus new ones)")
-    program = _program_for(ctl, cluster, program)
+    if ctl.mixed:  # a candidate set on the larger cluster, and its dispatcher
+        program, dispatcher = _candidates_for(ctl, cluster, program)
+    else:
+        program, dispatcher = _program_for(ctl, cluster, program), None
     if job.metrics.last_step() + 2 >= job.spec.steps:
         raise SwitchError(f"job {job.job_id} is in its last step ({job.metrics.last_step() + 1} of "
                           f"{job.spec.steps}): there is no step boundary left to grow at")
+    if ctl.mixed:
+        ctl.length_planner.boundary()  # a step is left to dispatch the grow with
     first = max(job.launch_ranks()) + 1
     joiners = {n + j: first + j for j in range(cluster.num_ranks - n)}
     spec = _grown_spec(job, cluster, joiners)
     running = [l for l in ctl.current.to_launch.values()]
-    event = ctl.announce_grow(program, cluster, joiners)
+    event = ctl.announce_grow(program, cluster, joiners, dispatcher)
     try:
         job.add_workers(spec, joiners)
     except BaseException:
@@ -101,9 +112,11 @@ def _grow_when_ready(job: Job, event: Event, joiners: dict[int, int], running: l
     reconfigured meanwhile)."""
     ctl, new = job.controller, sorted(joiners.values())
     deadline = time.monotonic() + job.spec.timeout_s
+    # a mixed-length job grows at the first step not dispatched yet: up to its lookahead past the next boundary
+    near = NEAR_THE_END + (ctl.length_planner.lookahead if ctl.mixed else 0)
     while not event.superseded:
         ready = job.reached(new, "built")
-        if ready or job.metrics.last_step() + NEAR_THE_END >= job.spec.steps:
+        if ready or job.metrics.last_step() + near >= job.spec.steps:
             break  # ready; or so near the job's end that it waits for them at a boundary rather than end first
         if _ended(job, running):
             return _stop(job, event, new, "the job ended before its newcomers were ready")
@@ -156,6 +169,28 @@ def _program_for(ctl: Any, cluster: "Cluster", target: "Program | Strategy | Non
     if outside:
         raise SwitchError(f"the program uses ranks {outside}, which the grown cluster does not have")
     return target
+
+
+def _candidates_for(ctl: Any, cluster: "Cluster", target: Any) -> tuple[list["Program"], Any]:
+    """A mixed-length job's candidates to grow onto and their dispatcher: ``target`` (a list of Programs on
+    ``cluster`` and Strategies, as ``launch`` takes them), or the mixed-length planner's plan for the larger
+    cluster (:func:`~hspmd_sdk.planner.plan_mixed`) on the job's data (its sequences' lengths, token budget and
+    context); checked as ``job.switch([...])`` checks a list (:meth:`~.mixed.LengthPlanner.check_candidates`)."""
+    planner = ctl.length_planner
+    if isinstance(target, (Program, Strategy)):
+        raise SwitchError("this job trains on mixed-length data: grow it onto a list of candidates for the larger "
+                          "cluster (job.grow(cluster, [program_or_strategy, ...])), or none to have them planned")
+    if target is None:
+        from ...planner.mixed import plan_mixed  # lazy: planner, only a grow's plan needs it
+
+        model, batches = ctl.program.model, planner.batches
+        lengths = [int(x) for x in batches.lengths]
+        target = plan_mixed(model, cluster, lengths, tokens_per_batch=batches.tokens_per_step,
+                            context_len=batches.context, cost=ctl.cost).programs(model, cluster)
+    if not isinstance(target, (list, tuple)):
+        raise SwitchError(f"job.grow of a mixed-length job takes a list of candidates for the larger cluster, not "
+                          f"{type(target).__name__} ({target!r:.80})")
+    return planner.check_candidates(list(target), cluster)
 
 
 def _grown_spec(job: Job, cluster: "Cluster", joiners: dict[int, int]) -> LaunchSpec:

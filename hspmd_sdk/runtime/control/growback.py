@@ -91,7 +91,9 @@ class GrowBack:
                 if more is not None:
                     try:
                         grown = extend_cluster(current, more)
-                        event = job.grow(grown, plan_back(job.controller, launched, grown))
+                        # a mixed-length job: candidates planned for the grown cluster (grow_job)
+                        back = None if job.controller.mixed else plan_back(job.controller, launched, grown)
+                        event = job.grow(grown, back)
                     except Exception as e:  # noqa: BLE001 - a daemon thread: said in the job's log, never raised
                         if not (isinstance(e, HSPMDError) and _busy(e)) or job.ended:  # its last steps,
                             # no plan fits, the host refused the workers: give up

@@ -79,7 +79,8 @@ class JobTraining:
                                 bindings=dict(running.bindings))
         return self.controller.switch(target)
 
-    def grow(self, cluster: "Cluster", program: "Program | Strategy | None" = None) -> "Event":
+    def grow(self, cluster: "Cluster", program: "Program | Strategy | Sequence[Program | Strategy] | None" = None
+             ) -> "Event":
         """Grow the running job onto ``cluster`` in memory (SPEC §10): ``cluster`` is ``job.cluster`` (the ranks
         it runs on now, in the same order) plus new ranks; one worker is started per new rank, the job trains on
         while they start, and at the first step boundary after every one is ready all workers meet in the larger
@@ -88,7 +89,10 @@ class JobTraining:
         new workers their parameters and Adam moments.  Training goes on at the same step with the same losses.
         Returns the :class:`~.controller.Event` (``reason="grow"``) at once; it is ``done`` once every worker
         switched, ``superseded`` if the grow was given up (a newcomer lost while starting, the job reconfigured or
-        ended first: :attr:`notes` says why).  Not for mixed-length jobs yet (:mod:`.grow`)."""
+        ended first: :attr:`notes` says why).  A job that trains on mixed-length data grows onto a list of
+        candidates for ``cluster`` (Programs and Strategies, as ``launch`` takes them; default: the mixed-length
+        planner's for ``cluster`` on the job's data): the dispatch of the first step not dispatched yet chooses
+        among them and carries the grow (:mod:`.candidates`)."""
         from .grow import grow_job  # lazy: core (grow): the launcher imports job without loading core
 
         return grow_job(self, cluster, program)

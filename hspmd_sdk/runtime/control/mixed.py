@@ -44,7 +44,10 @@ is measured against what the dispatch estimated for it, and a rank that stays sl
 "straggler"``).
 
 Other candidates for a running job (``job.switch([...])``, :mod:`.candidates`): the dispatch of the first step not
-dispatched yet chooses among them and carries them to the workers (:meth:`LengthPlanner.switch_candidates`).
+dispatched yet chooses among them and carries them to the workers (:meth:`LengthPlanner.switch_candidates`).  A
+grow (``job.grow(cluster, [...])``, :mod:`.grow`) is such a switch onto candidates for the larger cluster, its
+dispatch carrying the grown world's rendezvous too; ``grow_back=`` (with ``elastic=True``) grows back onto candidates
+planned for the capacity that came back.
 
 Packing (default where the model allows it, ``packing=False`` pads): a micro-batch is one row holding its
 sequences back to back, at most the pipeline's window in tokens, with no padding; the executor gives the kernels
@@ -61,6 +64,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -77,6 +81,7 @@ from ..checkpoints.checkpoint import load_checkpoint, run_fields
 from ..workers.kernels import packing_problems
 from .controller import Event, StragglerWatch, TrainingController
 from .faults import Failure
+from .growback import GrowBack
 from .runs import checked_faults, checked_training_run, start_runs
 from .state import switch_bytes
 
@@ -90,6 +95,18 @@ if TYPE_CHECKING:
     from .job import Job, JobResult
 
 __all__ = ["launch_mixed", "LengthPlanner", "reference_mixed", "documents_for", "data_spec", "planning_summary"]
+
+
+@dataclass
+class _Moved:
+    """A switch of candidates a dispatch carries (:meth:`LengthPlanner.switch_candidates`): the held Program, its
+    index among the world's candidates, the seconds spent before, and for a grow its rendezvous and event."""
+
+    held: "Program"
+    index: int
+    seconds: Mapping[str, float]
+    grow: Mapping[str, Any] | None = None
+    event: Event | None = None
 
 
 def same_layouts(programs: Sequence["Program"]) -> list[int]:
@@ -222,19 +239,23 @@ class LengthPlanner:
         return step
 
     def switch_candidates(self, programs: Sequence["Program"], dispatcher: Dispatcher, *, base: int,
-                          seconds: Mapping[str, float]) -> Event:
+                          seconds: Mapping[str, float], cluster: "Cluster | None" = None,
+                          grow: Mapping[str, Any] | None = None, event: Event | None = None) -> Event:
         """``job.switch([...])`` (the caller holds :attr:`sending` and the controller's lock): the first step not
         dispatched yet (:meth:`boundary`) and the ones after are dispatched among ``programs`` by ``dispatcher``
         (``base``: the world's number of ``programs[0]``); that step's message carries them and the fused BSR from
         the running candidate, and every worker switches there.  Returns the :class:`~.controller.Event`
-        (``reason="user"``; ``seconds``: the caller's ``plan`` and ``specialize`` seconds)."""
+        (``reason="user"``; ``seconds``: the caller's ``plan`` and ``specialize`` seconds).  A grow
+        (:meth:`~.candidates.CandidateSwitch.grow`): ``programs`` are on the larger ``cluster``, the message also
+        carries the grown world's rendezvous (``grow``), and ``event`` is the grow's, announced before."""
         step = self.boundary()
         held = self.current if self.current is not None else 0
         old, old_index = self.programs[held], self.base + held
-        self._take(programs, self.cluster, dispatcher, start=step, current=None, base=base)
+        self._take(programs, cluster or self.cluster, dispatcher, start=step, current=None, base=base)
         rec = self._plan_step(step)
         rec["switch_from"] = old_index  # among the world's candidates: the held one is in no new one's numbering
-        event = self._send(rec, moved=(old, old_index, seconds))
+        moved = _Moved(old, old_index, seconds, grow, event)
+        event = self._send(rec, moved=moved)
         assert event is not None
         return event
 
@@ -339,12 +360,11 @@ class LengthPlanner:
 
             self.job.report_failure(Failure(0, f"length dispatch failed: {type(e).__name__}: {e}", kind="error"))
 
-    def _send(self, rec: dict[str, Any], moved: "tuple[Program, int, Mapping[str, float]] | None" = None
-              ) -> Event | None:
+    def _send(self, rec: dict[str, Any], moved: "_Moved | None" = None) -> Event | None:
         """Send ``rec``'s dispatch to every worker (indices among the world's candidates: ``base`` added) with the
-        switch it needs: a length switch's fused BSR (planned once per pair), or -- ``moved``: the held Program,
-        its index and the seconds spent so far, a user's switch of candidates -- the new candidates and the BSR
-        from the held one.  Returns the switch's event (``None``: nothing moves)."""
+        switch it needs: a length switch's fused BSR (planned once per pair), or -- ``moved``: a user's switch of
+        candidates or a grow -- the new candidates and the BSR from the held one.  Returns the switch's event
+        (``None``: nothing moves)."""
         choice = rec["choice"]
         msg: dict[str, Any] = {"type": "dispatch", "id": rec["step"], "gen": self.generation,
                                "choice": self.base + choice, "lengths": rec["lengths"],
@@ -353,18 +373,25 @@ class LengthPlanner:
         ranks = {l: r for r, l in self.controller.current.to_launch.items()}
         src = rec["switch_from"]
         if moved is not None:
-            held, held_index, seconds = moved
             t0 = time.perf_counter()
-            plan = plan_program_switch(held, program, self.cluster)
+            plan = plan_program_switch(moved.held, program, self.cluster)  # a grow: the held ranks keep theirs
             rec["switch_plan_s"] = time.perf_counter() - t0
-            msg.update({"plan": pack_payload(plan), "from": held_index, "candidates": pack_payload(self.programs),
+            msg.update({"plan": pack_payload(plan), "from": moved.index, "candidates": pack_payload(self.programs),
                         "base": self.base})
-            event = Event(rec["step"], "user", [], strategy_of(program),
-                          {"detect": 0.0, "plan": float(seconds.get("plan", 0.0)) + rec["plan_s"],
-                           "specialize": float(seconds.get("specialize", 0.0)) + rec["switch_plan_s"]},
-                          switch_bytes(plan, self.cluster), ranks, program=program,
-                          version=(self.generation, self.base + choice))
-            self.controller.record_event(("candidates", rec["step"]), event)
+            seconds = {"detect": 0.0, "plan": float(moved.seconds.get("plan", 0.0)) + rec["plan_s"],
+                       "specialize": float(moved.seconds.get("specialize", 0.0)) + rec["switch_plan_s"]}
+            version = (self.generation, self.base + choice)
+            if moved.grow is not None and moved.event is not None:  # the grow's event, announced before
+                msg["grow"] = dict(moved.grow)
+                event = moved.event
+                event.step, event.strategy, event.program, event.version = rec["step"], strategy_of(program), \
+                    program, version
+                event.seconds.update(seconds)
+                event.bytes = switch_bytes(plan, self.cluster)
+            else:
+                event = Event(rec["step"], "user", [], strategy_of(program), seconds, switch_bytes(plan, self.cluster),
+                              ranks, program=program, version=version)
+            self.controller.record_event(("candidates", rec["step"]), event, listed=moved.event is not None)
         elif src is not None:
             key = (src, choice)
             first = key not in self._plans
@@ -427,6 +454,7 @@ def launch_mixed(programs: Sequence["Program | Strategy"], cluster: "Cluster | N
     elastic = bool(launch_kwargs.pop("elastic", False))
     faults = [dict(f) for f in launch_kwargs.pop("fault_injection", None) or ()]
     holds = launch_kwargs.pop("hold_at", None) or []
+    grow_back = launch_kwargs.pop("grow_back", None)
     # lazy: tests patch run_config.check_run_options
     from .run_config import check_run_options  # the same typed options as one Program's (SPEC §9)
 
@@ -438,7 +466,8 @@ def launch_mixed(programs: Sequence["Program | Strategy"], cluster: "Cluster | N
                           checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
                           resume_from=resume_from, packing=packing, init=init, straggler=straggler,
                           schedule=schedule, max_norm=max_norm, decay=decay, optimizer=optimizer, eval_every=eval_every,
-                          eval_batches=eval_batches, hold_at=holds, **launch_kwargs)
+                          eval_batches=eval_batches, hold_at=holds, grow_back=grow_back, elastic=elastic,
+                          **launch_kwargs)
     if not programs:
         raise PlanValidationError([("programs", "no candidate program")], what=what)
     cluster = cluster if cluster is not None else next((p.cluster for p in programs if hasattr(p, "cluster")), None)
@@ -507,7 +536,9 @@ def launch_mixed(programs: Sequence["Program | Strategy"], cluster: "Cluster | N
                                     elastic=elastic, straggler=watch, cost=cost,
                                     checkpoint_dir=(run.get("checkpoint") or {}).get("dir"),
                                     checkpoint_every=(run.get("checkpoint") or {}).get("every"),
-                                    resumed_from=(run.get("resume") or {}).get("dir"))
+                                    resumed_from=(run.get("resume") or {}).get("dir"),
+                                    grow_back=GrowBack() if grow_back is True else (grow_back or None),
+                                    grow_back_default=grow_back is None)
     controller.use_candidates(programs, first, planner)
     if elastic and launch_kwargs.get("policy") is None:
         launch_kwargs["policy"] = controller

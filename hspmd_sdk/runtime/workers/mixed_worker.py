@@ -73,6 +73,9 @@ class MixedSession(TrainSession):
     candidates replanned on the survivors (:meth:`~..control.recovery.Recovery.replan_candidates`), among
     which the dispatch goes on."""
 
+    #: a grow comes with the dispatch of its step (:meth:`~..control.candidates.CandidateSwitch.grow`)
+    GROWS_BY = "dispatch"
+
     def __init__(self, state: "WorkerState", run: Mapping[str, Any], index: int, offset: int) -> None:
         mixed = run["mixed"]
         self.choice = int(mixed["first"])
@@ -91,6 +94,7 @@ class MixedSession(TrainSession):
         self.length_switches: list[dict[str, Any]] = []
         self._targets = target_placeholders(self.program.graph)
         self.validation: Any = None  # the validation batches, read at the first validation
+        self._joined_at: int | None = None  # a newcomer: the grow's step, whose dispatch it applied joining
 
     def _candidate(self, i: int) -> "Program":
         got = self.candidates.get(i)
@@ -145,7 +149,44 @@ class MixedSession(TrainSession):
         self.candidates = {}
         self.switch_plans.clear()
 
+    def _join(self) -> int:
+        """A newcomer joins the running mixed-length job (``Job.grow``): the dispatch of the grow's step gives the
+        new candidates, the grown world and the switch to the chosen one, of which the running ranks send this rank
+        its shards (it holds nothing); that step's dispatch is then applied here.  Returns the grow's step."""
+        msg = self._grow_message(self.state.spec.timeout_s)
+        grow, step = msg["grow"], int(msg["id"])
+        t0 = time.perf_counter()
+        self.reconfigured = self.state.generation = int(grow["reconfigured"])
+        self._use_candidates(unpack_payload(msg["candidates"]), int(msg["base"]))
+        choice = int(msg["choice"])
+        program, plan = self._candidate(choice), unpack_payload(msg["plan"])
+        at, count, _ = self._enter_grown_world(grow, None)
+        if at != step:
+            raise HSPMDError(f"rank {self.state.launch_rank}: the grow's dispatch is for step {step}, the running "
+                             f"ranks grow at step {at}")
+        self.committed, self.adam_steps = step - 1, int(count)
+        nbytes = self._switch_to(program, plan, source={}, step_count=count)
+        self.joining = False
+        self.dispatch, self._joined_at = msg, step
+        self.choice, self.version = choice, (self.reconfigured, choice)
+        self.waits.append(0.0)
+        self._messages = [m for m in self._messages if m.get("type") != "dispatch" or int(m.get("id", -1)) > step]
+        self._switched(step, int(msg["from"]), "grow", time.perf_counter() - t0, nbytes)
+        return step
+
+    def _switched(self, step: int, src: int, what: str, seconds: float, nbytes: int) -> None:
+        """Record and report a switch at ``step``'s boundary (a length switch, a switch of candidates, a grow:
+        ``what``) from candidate ``src`` to the one chosen now."""
+        self.length_switches.append({"step": step, "from": src, "to": self.choice, "seconds": round(seconds, 6),
+                                     "what": what, **self.last_switch})
+        self.state.channel.send("switched", id=step, what="length" if what == "length" else "candidates",
+                                step=self.offset + step, seconds=round(seconds, 6), bytes=nbytes,
+                                **self.last_switch)
+
     def _maybe_switch(self, step: int) -> None:
+        if step == self._joined_at:  # a newcomer applied this step's dispatch when it joined
+            self._joined_at = None
+            return
         t0 = time.perf_counter()
         msg = self._take_dispatch(step)
         self.waits.append(time.perf_counter() - t0)
@@ -160,9 +201,9 @@ class MixedSession(TrainSession):
             self.version = (self.reconfigured, choice)
             return
         what = "length"
-        if "candidates" in msg:  # a user's switch of candidates: this step's dispatch is among the new ones
+        if "candidates" in msg:  # a user's switch of candidates or a grow: this step's dispatch is among the new ones
             self._use_candidates(unpack_payload(msg["candidates"]), int(msg["base"]))
-            what = "candidates"
+            what = "grow" if msg.get("grow") is not None else "candidates"
         key = (int(msg["from"]), choice)
         if "plan" in msg:
             self.switch_plans[key] = unpack_payload(msg["plan"])
@@ -173,14 +214,15 @@ class MixedSession(TrainSession):
         if self.elastic:  # a failure during the switch recovers from the state before it
             self._keep_previous()
         t1 = time.perf_counter()
-        nbytes = self._switch_to(program, self.switch_plans[key])
+        if what == "grow":  # the job grows: every rank leaves this world for the larger one, then the same BSR
+            tensors = self._state_by_name()
+            self._enter_grown_world(msg["grow"], step)
+            nbytes = self._switch_to(program, self.switch_plans[key], source=tensors)
+        else:
+            nbytes = self._switch_to(program, self.switch_plans[key])
         self.choice = choice
         self.version = (self.reconfigured, choice)
-        seconds = time.perf_counter() - t1
-        self.length_switches.append({"step": step, "from": key[0], "to": choice, "seconds": round(seconds, 6),
-                                     "what": what, **self.last_switch})
-        self.state.channel.send("switched", id=step, what=what, step=self.offset + step,
-                                seconds=round(seconds, 6), bytes=nbytes, **self.last_switch)
+        self._switched(step, key[0], what, time.perf_counter() - t1, nbytes)
 
     def _reports(self, ex: "StepExecutor", rank: int) -> bool:
         """Whether ``rank`` reports the sequences its pipeline trained (``trained``): the lowest loss rank of its

@@ -505,6 +505,9 @@ class TrainSession:
         dist.broadcast(where, src=0)
         return int(where[0]), float(where[1]), int(where[2])
 
+    #: the kind of control message that grows the job onto a newcomer (a mixed-length job's: its ``dispatch``)
+    GROWS_BY = "switch"
+
     @waits
     def _grow_message(self, timeout: float) -> dict[str, Any]:
         """A newcomer's first control message: the switch that grows the job onto it (waiting up to
@@ -513,7 +516,7 @@ class TrainSession:
         while True:
             self._collect()
             for i, msg in enumerate(self._messages):
-                if msg.get("type") == "switch" and str(self.state.launch_rank) in (msg.get("grow") or {}).get(
+                if msg.get("type") == self.GROWS_BY and str(self.state.launch_rank) in (msg.get("grow") or {}).get(
                         "ranks", {}):
                     return self._messages.pop(i)
             if time.monotonic() > end:
