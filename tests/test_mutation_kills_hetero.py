@@ -638,10 +638,12 @@ def test_profile_and_model_total_price_the_states_at_the_context_level() -> None
     assert p3.emb_act == p1.emb_act and p3.capacity == p1.capacity
 
 
-def _zero3_candidate(recompute: bool, counts: list[int], layers: tuple[tuple[int, ...], ...]) -> Candidate:
+def _zero3_candidate(recompute: bool | tuple[bool, ...], counts: list[int], layers: tuple[tuple[int, ...], ...]
+                     ) -> Candidate:
     g = lambda *r: TPGroup(r, "H20", 0)  # noqa: E731
-    pipes = [PipelinePlan(tuple(g(2 * (2 * i + j)) for j in range(len(lay))), lay, (1.0,) * len(lay), 0.0, recompute)
-             for i, lay in enumerate(layers)]
+    flags = recompute if isinstance(recompute, tuple) else (recompute,) * len(layers)
+    pipes = [PipelinePlan(tuple(g(2 * (2 * i + j)) for j in range(len(lay))), lay, (1.0,) * len(lay), 0.0, rc)
+             for i, (lay, rc) in enumerate(zip(layers, flags))]
     return Candidate({"H20": 1}, len(pipes), 1, 1.0, pipes=pipes, counts=counts)
 
 
@@ -663,18 +665,23 @@ def _own_name(s: "Strategy") -> str:
 
 
 def test_build_strategy_plans_zero3_as_zero3_can_run() -> None:
-    """At ZeRO-3: a recomputing candidate is planned at ZeRO-2; pipelines unequal in micro-batches or stages under
-    1F1B are scheduled by GPipe; equal ones, or GPipe asked for, stay as they are; a name given says what changed,
-    none stays none."""
+    """At ZeRO-3: a candidate whose pipelines recompute unalike (one does, one does not; or alike over different
+    stages) is planned at ZeRO-2; pipelines recomputing alike stay at ZeRO-3; pipelines unequal in micro-batches or
+    stages under 1F1B are scheduled by GPipe; equal ones, or GPipe asked for, stay as they are; a name given says what
+    changed, none stays none."""
     from hspmd_sdk.planner.hetero import build_strategy
 
     equal = _zero3_candidate(False, [2, 2], ((2, 2), (2, 2)))
     s = build_strategy(equal, zero=3, name="n")
     assert (s.zero, s.schedule, s.name) == (3, "1f1b", "n")
-    recomputes = _zero3_candidate(True, [2, 2], ((2, 2), (2, 2)))
-    s = build_strategy(recomputes, zero=3, name="n")
-    assert (s.zero, s.schedule, s.name) == (2, "1f1b", "n (ZeRO-2: ZeRO-3 does not recompute yet)")
-    assert build_strategy(recomputes, zero=3).name == _own_name(s)
+    alike = build_strategy(_zero3_candidate(True, [2, 2], ((2, 2), (2, 2))), zero=3, name="n")
+    assert (alike.zero, alike.schedule, alike.name) == (3, "1f1b", "n")
+    assert all(st.recompute for p in alike.pipelines for st in p.stages)
+    for recomputes in (_zero3_candidate((True, False), [2, 2], ((2, 2), (2, 2))),
+                       _zero3_candidate(True, [2, 2], ((1, 3), (2, 2)))):
+        s = build_strategy(recomputes, zero=3, name="n")
+        assert (s.zero, s.name) == (2, "n (ZeRO-2: ZeRO-3 recomputes only alike in every pipeline)")
+        assert build_strategy(recomputes, zero=3).name == _own_name(s)
     for counts, layers in (([3, 1], ((2, 2), (2, 2))), ([2, 2], ((1, 3), (2, 2)))):
         unequal = _zero3_candidate(False, counts, layers)
         s = build_strategy(unequal, zero=3, name="n")

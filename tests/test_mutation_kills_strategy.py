@@ -467,8 +467,10 @@ def test_summary_shows_a_pipeline_s_zero_share() -> None:
     assert half.summary().split("\n")[1] == "  pipeline 0: 2 micro-batches x bs1 (2 samples), 1 stage, ZeRO share 0.25"
 
 
-_ZERO3_RECOMPUTE = ("activation recomputation under ZeRO-3 (zero: 3) is not supported yet (the recomputed forward "
-                    "would gather its parameters again inside the backward); leave recompute out or use zero: 2")
+def _zero3_recompute(i: int, first: str, got: str) -> str:
+    return ("activation recomputation under ZeRO-3 (zero: 3) gathers a stage's parameters again inside its backward, "
+            "so every pipeline must split the layers into the same stages and recompute the same ones (pipelines[0]: "
+            f"{first}, pipelines[{i}]: {got}); recompute alike in every pipeline, leave recompute out or use zero: 2")
 
 
 def _zero3_count(i: int, first: int, got: int) -> str:
@@ -484,16 +486,29 @@ def _zero3_split(i: int, first: str, got: str) -> str:
             "backwards in the same order; use schedule: gpipe for pipelines of different shapes")
 
 
-def test_zero3_refuses_recompute_anywhere_under_either_schedule() -> None:
-    """A recomputing stage under ZeRO-3 is refused, naming its pipeline and stage (here the second of each), under
-    1F1B and GPipe; at ZeRO-2 the same strategy loads."""
+def test_zero3_recomputes_only_alike_in_every_pipeline_under_either_schedule() -> None:
+    """A recomputing stage under ZeRO-3 needs every pipeline to split the layers into the same stages and recompute
+    the same ones: the first pipeline that differs is named, at its first recomputing stage (else its first), with
+    both pipelines' forms, under 1F1B and GPipe; at ZeRO-2 the same strategy loads; alike pipelines load, and so
+    does a single recomputing pipeline."""
     pipes = [pl(1, 2, st([0], [0, 1]), st([1], [2, 3])), pl(1, 2, st([2], [0, 1]), st([3], [2, 3], recompute=True))]
     for schedule in ("1f1b", "gpipe"):
         assert problems({"pipelines": pipes, "zero": 3, "schedule": schedule}) == [
-            ("pipelines[1].stages[1].recompute", _ZERO3_RECOMPUTE)]
+            ("pipelines[1].stages[1].recompute", _zero3_recompute(1, "[[0, 1], [2, 3]]",
+                                                                  "[[0, 1], [2, 3, 'recompute']]"))]
         assert Strategy.load({"pipelines": pipes, "zero": 2, "schedule": schedule}).zero == 2
-    assert problems({"pipelines": [pl(1, 2, st([0], [0, 3], recompute=True))], "zero": 3}) == [
-        ("pipelines[0].stages[0].recompute", _ZERO3_RECOMPUTE)]
+    first = [pl(1, 2, st([0], [0, 1], recompute=True), st([1], [2, 3])), pl(1, 2, st([2], [0, 1]), st([3], [2, 3])),
+             pl(1, 2, st([4], [0, 1], recompute=True), st([5], [2, 3]))]
+    assert problems({"pipelines": first, "zero": 3}) == [
+        ("pipelines[1].stages[0].recompute", _zero3_recompute(1, "[[0, 1, 'recompute'], [2, 3]]", "[[0, 1], [2, 3]]"))]
+    shapes = [pl(1, 2, st([0], [0, 1], recompute=True), st([1], [2, 3], recompute=True)),
+              pl(1, 2, st([2], [0, 3], recompute=True))]
+    assert problems({"pipelines": shapes, "zero": 3, "schedule": "gpipe"}) == [
+        ("pipelines[1].stages[0].recompute", _zero3_recompute(1, "[[0, 1, 'recompute'], [2, 3, 'recompute']]",
+                                                              "[[0, 3, 'recompute']]"))]
+    alike = [pl(1, 2, st([r], [0, 1], recompute=True), st([r + 1], [2, 3])) for r in (0, 2)]
+    assert all(Strategy.load({"pipelines": ps, "zero": 3}).zero == 3
+               for ps in (alike, [pl(1, 2, st([0], [0, 3], recompute=True))]))
 
 
 def test_zero3_under_1f1b_needs_as_many_micro_batches() -> None:
@@ -574,6 +589,8 @@ def test_model_copy_changing_the_level_is_validated() -> None:
     with pytest.raises(ValueError, match=re.escape("zero1: False contradicts zero: 2 (zero1 means zero >= 1): give "
                                                    "one of them")):
         off.model_copy(update={"zero": 2, "zero1": False})
-    recompute = Strategy.load({"pipelines": [pl(1, 2, st([0], [0, 3], recompute=True))], "zero": 2})
-    with pytest.raises(ValueError, match=re.escape("pipelines[0].stages[0].recompute: " + _ZERO3_RECOMPUTE)):
+    recompute = Strategy.load({"pipelines": [pl(1, 2, st([0], [0, 3], recompute=True)), pl(1, 2, st([1], [0, 3]))],
+                               "zero": 2})
+    with pytest.raises(ValueError, match=re.escape("pipelines[1].stages[0].recompute: " + _zero3_recompute(
+            1, "[[0, 3, 'recompute']]", "[[0, 3]]"))):
         recompute.model_copy(update={"zero": 3})

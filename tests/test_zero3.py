@@ -5,7 +5,8 @@ One 4-rank job trains the tiny GPT-2 (tied embeddings) under each plan with the 
 (clipping active, warmup + cosine, weight decay, validation every 2 steps): DP2 with two micro-batches, uneven DP3,
 DP2 x TP2, pipelines of different shapes under GPipe (a TP2 stage then a TP1 stage beside a one-rank pipeline; also
 with 3 micro-batches beside 1, the one-rank pipeline joining the others' extra gathers), two two-stage pipelines
-under 1F1B, and 3 : 1 shares.  The losses (1e-5 relative), global norms (1e-6), parameters
+under 1F1B, 3 : 1 shares, and recomputation (DP2, two two-stage pipelines under 1F1B, 3 micro-batches beside 1
+under GPipe: the recomputed forward gathers its layers again inside the backward).  The losses (1e-5 relative), global norms (1e-6), parameters
 and Adam moments equal the reference's.  ZeRO-3 changes when a gathered parameter is held, not a number: its runs
 are ZeRO-2's bit for bit (fp32, bf16, CP), while the gathered bytes a rank holds at its peak fall (measured from
 the tensors it holds).
@@ -45,6 +46,15 @@ PLANS = {
                                          _pipe([([2], [0, 1]), ([3], [2, 3])], 2, 2)], "zero": 3},
     "dp2_zero3_share3to1": {"pipelines": [{**_pipe([([0], [0, 3])], 2, 2), "zero_share": 3.0},
                                           _pipe([([1], [0, 3])], 2, 2)], "zero": 3},
+    # recomputation: a stage's layers gathered again inside its backward (its forward rerun), alike in every replica
+    "dp2_zero3_recompute": {"pipelines": [_pipe([([r], [0, 3], {"recompute": True})], 2, 2) for r in (0, 1)],
+                            "zero": 3},
+    "pp2_dp2_1f1b_zero3_recompute": {"pipelines": [_pipe([([a], [0, 1], {"recompute": True}), ([b], [2, 3])], 2, 2)
+                                                   for a, b in ((0, 1), (2, 3))], "zero": 3},
+    # under GPipe, 3 micro-batches beside 1 and every stage recomputing: the fewer joins the others' regathers too
+    "dp2_3v1_gpipe_zero3_recompute": {"pipelines": [_pipe([([0], [0, 3], {"recompute": True})], 2, 3),
+                                                    _pipe([([1], [0, 3], {"recompute": True})], 2, 1)],
+                                      "schedule": "gpipe", "zero": 3},
     # the tutorial's plan under GPipe: 3 micro-batches beside 1, the one-rank pipeline joining the others' gathers
     "hetero_3v1_gpipe_zero3": {"pipelines": [_pipe([([0, 1], [0, 1]), ([2], [2, 3])], 2, 3),
                                              _pipe([([3], [0, 3])], 2, 1)], "schedule": "gpipe", "zero": 3},
@@ -66,8 +76,8 @@ def test_zero3_trains_equal_to_the_single_device_reference(name: str, trained: d
 
 def test_zero3_refuses_what_would_gather_out_of_order() -> None:
     """Every replica of a layer must gather its parameters in the same order: under 1F1B as many micro-batches and
-    the same stages (GPipe takes pipelines of any shapes and micro-batch counts), no recomputation; the errors name
-    the field."""
+    the same stages (GPipe takes pipelines of any shapes and micro-batch counts); with recomputation, the same stages
+    recomputing alike in every pipeline (under GPipe too); the errors name the field."""
     two = _pipe([([0], [0, 1]), ([1], [2, 3])], 2, 2)
     for bad, words in (
             ({"pipelines": [_pipe([([0], [0, 3])], 2, 3), _pipe([([1], [0, 3])], 2, 1)], "zero": 3},
@@ -77,7 +87,11 @@ def test_zero3_refuses_what_would_gather_out_of_order() -> None:
              r"pipelines\[1\].stages: under 1F1B, ZeRO-3 .* \[\[0, 1\], \[2, 3\]\], pipelines\[1\]: \[\[0, 3\]\]"),
             ({"pipelines": [{**two, "stages": [{**two["stages"][0], "recompute": True}, two["stages"][1]]},
                             _pipe([([2], [0, 1]), ([3], [2, 3])], 2, 2)], "zero": 3},
-             r"pipelines\[0\].stages\[0\].recompute: activation recomputation under ZeRO-3")):
+             r"pipelines\[1\].stages\[0\].recompute: activation recomputation under ZeRO-3 .* recompute the same "
+             r"ones \(pipelines\[0\]: \[\[0, 1, 'recompute'\], \[2, 3\]\], pipelines\[1\]: \[\[0, 1\], \[2, 3\]\]\)"),
+            ({"pipelines": [_pipe([([0, 1], [0, 1], {"recompute": True}), ([2], [2, 3], {"recompute": True})], 2, 2),
+                            _pipe([([3], [0, 3], {"recompute": True})], 2, 2)], "schedule": "gpipe", "zero": 3},
+             r"pipelines\[1\].stages\[0\].recompute: .* the same stages")):
         with pytest.raises(PlanValidationError, match=words):
             Strategy.load(bad)
     assert Strategy.load(PLANS["hetero_gpipe_zero3"]).zero == 3
@@ -212,7 +226,7 @@ def test_the_estimate_at_zero3_shards_the_parameters_and_bounds_what_is_gathered
 def test_the_simulator_prices_a_gather_before_every_forward_and_backward_at_zero3(gpt: GPTConfig) -> None:
     """``simulate`` at ZeRO-3: no gather in ``PRE``; each F and B of a stage first pays the gather of its parameters
     (a ``comm`` event of the step's ZeRO-2 gather time, the prefetch's overlap not counted), so the step is longer
-    by ``2 m - 1`` gathers with ``m`` micro-batches."""
+    by ``2 m - 1`` gathers with ``m`` micro-batches; a recomputing stage's B pays two."""
     from hspmd_sdk.planner.simulator import simulate
 
     cluster = Cluster.local(2)
@@ -225,12 +239,17 @@ def test_the_simulator_prices_a_gather_before_every_forward_and_backward_at_zero
     assert all(g.end == pytest.approx(c.start) for g, c in zip(gathers, computes))
     assert sum(g.duration for g in gathers) == pytest.approx(4 * pre[0].duration)
     assert three.step_time == pytest.approx(two.step_time + 3 * pre[0].duration, rel=1e-6)
+    # recomputing: each B gathers twice (the forward rerun, then the operators' backward), as the runtime does
+    again = simulate(gpt, Strategy.load(PLANS["dp2_zero3_recompute"]), cluster, seq_len=SEQ)
+    gathers = [e.duration for e in again.timeline[0] if e.kind == "comm"]
+    assert gathers == pytest.approx([g.duration * (2 if c.kind == "B" else 1) for g, c in zip(
+        [e for e in three.timeline[0] if e.kind == "comm"], computes)])
 
 
 def test_the_planners_plan_zero3_as_it_can_run() -> None:
     """An elastic replan of a ZeRO-3 job under 1F1B keeps the level; where the survivors' pipelines differ in
     micro-batch count (8 samples over 3 pipelines) or stages, it schedules them by GPipe instead of refusing (1F1B
-    needs them equal at ZeRO-3).  The planners never recompute at ZeRO-3 (``recomputing`` is refused there)."""
+    needs them equal at ZeRO-3).  Recomputation at ZeRO-3 (``recomputing``) takes pipelines of the same stages."""
     from hspmd_sdk.planner.elastic import replan_elastic
     from hspmd_sdk.planner.hetero_mixed import recomputing
 
@@ -242,8 +261,9 @@ def test_the_planners_plan_zero3_as_it_can_run() -> None:
                          _pipe([([3], [0, 0]), ([4], [1, 2]), ([5], [3, 3])], 2, 2)], "zero": 3}
     got = replan_elastic("tiny", Cluster.local(6), Strategy.load(six), [2], seq_len=16)
     assert (got.zero, got.schedule) == (3, "gpipe")
-    with pytest.raises(PlanValidationError, match="recomputation under ZeRO-3"):
-        recomputing(Strategy.load(six))
+    assert all(st.recompute for p in recomputing(Strategy.load(six)).pipelines for st in p.stages)  # alike: runs
+    with pytest.raises(PlanValidationError, match="recomputation under ZeRO-3 .* the same stages"):
+        recomputing(got)  # the survivors' pipelines split the layers differently
 
 
 def test_the_editor_offers_zero3_where_zero2_runs_out_of_memory() -> None:

@@ -333,15 +333,24 @@ class Strategy(_Worded):
         forward and backward of every micro-batch, with collectives over the layer's replicas: every replica must
         gather in the same order.  GPipe runs every forward, then every backward, whatever the stages, and a
         replica with fewer micro-batches joins the others' extra gathers after its own; under 1F1B the pipelines
-        need as many micro-batches and the same split of the layers into stages.  No recomputed forward may
-        gather inside a backward."""
-        for i, p in enumerate(self.pipelines):
-            for j, st in enumerate(p.stages):
-                if st.recompute:
-                    return (f"pipelines[{i}].stages[{j}].recompute: activation recomputation under ZeRO-3 (zero: 3) "
-                            "is not supported yet (the recomputed forward would gather its parameters again "
-                            "inside the backward); leave recompute out or use zero: 2")
+        need as many micro-batches and the same split of the layers into stages.  A recomputed stage gathers its
+        layers again inside its backward (its forward rerun): the replicas of its layers must then sit in stages of
+        the same layers that recompute too, so that each gathers in the same order within its pipeline's
+        backward."""
         first = self.pipelines[0]
+
+        def form(p: Pipeline) -> list[list[Any]]:
+            return [[*s.layers] + (["recompute"] if s.recompute else []) for s in p.stages]
+
+        if any(st.recompute for p in self.pipelines for st in p.stages):
+            for i, p in enumerate(self.pipelines):
+                if form(p) != form(first):
+                    j = next((j for j, st in enumerate(p.stages) if st.recompute), 0)
+                    return (f"pipelines[{i}].stages[{j}].recompute: activation recomputation under ZeRO-3 (zero: 3) "
+                            "gathers a stage's parameters again inside its backward, so every pipeline must split "
+                            f"the layers into the same stages and recompute the same ones (pipelines[0]: "
+                            f"{form(first)}, pipelines[{i}]: {form(p)}); recompute alike in every pipeline, leave "
+                            "recompute out or use zero: 2")
         for i, p in enumerate(self.pipelines[1:], 1):
             if self.schedule == "1f1b" and p.num_micro_batches != first.num_micro_batches:
                 return (f"pipelines[{i}].num_micro_batches: under 1F1B, ZeRO-3 (zero: 3) needs every pipeline to "

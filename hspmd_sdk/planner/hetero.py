@@ -165,8 +165,9 @@ class PlanContext:
         self.schedule, self.zero1 = schedule, self.zero >= 1
         # uneven ZeRO shares by free memory (:mod:`.zero_shares`): plan_hetero's, where the devices' memory differs
         self.zero_shares = zero_shares and self.zero >= 1
-        # activation recomputation, the layer ILPs' fallback where a pipeline does not fit: not at ZeRO-3, which
-        # does not recompute yet (Strategy._zero3_problem)
+        # activation recomputation, the layer ILPs' fallback where a pipeline does not fit: not at ZeRO-3, where a
+        # layer ILP's per-pipeline choice would differ between replicas (ZeRO-3 recomputes only alike in every
+        # pipeline: Strategy._zero3_problem; build_strategy)
         self.recompute_options: tuple[bool, ...] = (False,) if self.zero >= 3 else (False, True)
         self._profiles: dict[tuple, StageProfile] = {}
         self._links: dict[tuple, object] = {}
@@ -696,8 +697,9 @@ def sync_estimates(ctx: PlanContext, pipes: Sequence[PipelinePlan]) -> list[floa
 def build_strategy(cand: Candidate, *, schedule: str = "1f1b", zero1: bool = True, zero: int | None = None,
                    name: str | None = None) -> "Strategy":
     """The :class:`Strategy` of a solved candidate.  At ZeRO-3, pipelines that differ in micro-batch count or stages
-    are scheduled by GPipe (1F1B needs them equal at ZeRO-3), and a candidate that recomputes is planned at ZeRO-2
-    (ZeRO-3 does not recompute yet); a ``name`` given says so."""
+    are scheduled by GPipe (1F1B needs them equal at ZeRO-3), and a candidate that recomputes where its pipelines
+    differ in stages or recomputation is planned at ZeRO-2 (ZeRO-3 regathers a recomputed stage's layers inside
+    its backward: every replica must recompute alike); a ``name`` given says so."""
     pipelines = []
     for pipe, m in zip(cand.pipes, cand.counts):
         stages, first = [], 0
@@ -707,8 +709,8 @@ def build_strategy(cand: Candidate, *, schedule: str = "1f1b", zero1: bool = Tru
         pipelines.append({"stages": stages, "micro_batch_size": cand.micro_batch, "num_micro_batches": m})
     level = {"zero1": zero1} if zero is None else {"zero": zero}
     if zero == 3:  # what ZeRO-3 cannot run yet, planned as it can (Strategy._zero3_problem)
-        if any(p.recompute for p in cand.pipes):
-            level, name = {"zero": 2}, name and f"{name} (ZeRO-2: ZeRO-3 does not recompute yet)"
+        if any(p.recompute for p in cand.pipes) and len({(tuple(p.layers), p.recompute) for p in cand.pipes}) > 1:
+            level, name = {"zero": 2}, name and f"{name} (ZeRO-2: ZeRO-3 recomputes only alike in every pipeline)"
         elif schedule == "1f1b" and len({(m, tuple(p.layers)) for p, m in zip(cand.pipes, cand.counts)}) > 1:
             schedule, name = "gpipe", name and f"{name} (GPipe: under 1F1B, ZeRO-3 needs equal pipelines)"
     return Strategy.load({"pipelines": pipelines, "schedule": schedule, **level, "name": name})
@@ -940,8 +942,11 @@ def _best_mixed(ctx: PlanContext, ranks: Sequence[int], micro_batches: Sequence[
             if not found:
                 continue
             (s, r), = rank_by_simulation(ctx, found)
-            if r.oom and ctx.zero < 3:  # ZeRO-3 does not recompute yet
-                (s, r), = rank_by_simulation(ctx, [recomputing(s)])
+            if r.oom:  # recomputing every stage (at ZeRO-3 only where the pipelines' stages are alike)
+                try:
+                    (s, r), = rank_by_simulation(ctx, [recomputing(s)])
+                except PlanValidationError:
+                    pass
             if r.oom or r.step_time >= last:
                 break
             last = r.step_time

@@ -201,8 +201,6 @@ def arrangement_strategies(ctx: Any, pipes: Sequence[Sequence[Group]], micro_bat
         return None
     out = []
     for rc in recompute:
-        if rc and ctx.zero >= 3:  # ZeRO-3 does not recompute yet
-            continue
         pipelines = [{"stages": [{"devices": list(g), "layers": list(lay), "recompute": rc, "ratios": list(r)}
                                  for g, lay, r in zip(pipe, layout.layers, layout.ratios)],
                       "micro_batch_size": micro_batch, "num_micro_batches": ctx.global_batch // micro_batch // P}
@@ -238,7 +236,8 @@ def mixed_strategies(ctx: Any, ranks: Sequence[int], *, degrees: Sequence[int] |
 
 def recomputing(strategy: "Strategy") -> "Strategy":
     """``strategy`` with every stage recomputing its activations (what a candidate that runs out of memory tries
-    next; recomputation changes no check of the strategy), validated: ZeRO-3 refuses it."""
+    next), validated: ZeRO-3 refuses it where the pipelines split the layers into different stages (a recomputed
+    stage's replicas must gather its layers again alike)."""
     pipes = [p.model_copy(update={"stages": [st.model_copy(update={"recompute": True}) for st in p.stages]})
              for p in strategy.pipelines]
     return type(strategy).load({**strategy.model_dump(), "pipelines": [p.model_dump() for p in pipes]})

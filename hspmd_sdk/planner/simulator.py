@@ -795,7 +795,7 @@ def _run_pipelines(strategy: "Strategy", costs: dict[StageKey, _StageCost],
     """Replay every stage's schedule with timing: compute advances the stage's clock, a send occupies its
     (sender, receiver) channel for the transfer time (``sends``) without blocking the sender, a receive waits for
     the data.  ``regather``: ZeRO-3's gather seconds of a stage's parameters, paid by each of its F and B before
-    the compute (a ``comm`` event: the prefetch's overlap is not counted).  Returns each stage's clock after its
+    the compute (a ``comm`` event: the prefetch's overlap is not counted), twice by the B of a recomputing stage.  Returns each stage's clock after its
     last action and the transfers."""
     regather = regather or {}
     clock = dict(start)
@@ -806,7 +806,8 @@ def _run_pipelines(strategy: "Strategy", costs: dict[StageKey, _StageCost],
         k: StageKey = key  # type: ignore[assignment]
         sc = costs[k]
         if a.kind in ("F", "B"):
-            gather = regather.get(k, 0.0)
+            # a recomputing stage's B gathers twice: for its forward rerun, then for the operators' backward
+            gather = regather.get(k, 0.0) * (2 if a.kind == "B" and sc.recompute else 1)
             if gather > 0:
                 events[k].append(Event(clock[k], clock[k] + gather, "comm", a.micro_batch))
                 clock[k] += gather

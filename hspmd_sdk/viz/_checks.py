@@ -149,7 +149,7 @@ def _changes(strategy: "Strategy", i: int, j: int, model: Any, cluster: "Cluster
         return with_pipe(p.model_copy(update={"stages": [*p.stages[:j], *stages, *p.stages[j + 1:]]}))
 
     out: list[tuple[str, list[tuple[str, "Strategy", list[int]]]]] = []
-    if not s.recompute and strategy.zero < 3:  # (ZeRO-3 does not recompute yet)
+    if not s.recompute and strategy.zero < 3:  # (ZeRO-3: every pipeline recomputes alike, not one stage)
         out.append(("recompute", [("recompute on this stage", with_stages(s.model_copy(update={"recompute": True})),
                                    s.devices)]))
     if not strategy.zero1 and strategy.dp_degree > 1:

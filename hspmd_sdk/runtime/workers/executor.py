@@ -41,7 +41,7 @@ is reduce-scattered onto the shard, and the optimizer state is per shard.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from ...core.comm_plan import CommPlan
     from ...core.specialize import ExecOp, Program
     from .comm import Groups
+    from .feeds import MicroBatch
 
 __all__ = ["StepExecutor", "ExecutorError", "program_comm_plans", "AdamConfig", "PRECISIONS", "precision_dtype",
            "pipeline_pairs", "pipeline_groups", "sequence_balance"]
@@ -125,7 +126,7 @@ class StepExecutor(StepInterpreter, ParameterLeaves, ParameterGathers, StageForw
                  optimizer_state: Mapping[str, Mapping[str, Any]] | None = None, precision: str = "fp32",
                  bucket_bytes: int = BUCKET_BYTES, first_bucket_bytes: int | None = FIRST_BUCKET_BYTES,
                  trace: Callable[..., None] | None = None,
-                 p2p_groups: Mapping[tuple[int, int, int], Any] | None = None,
+                 p2p_groups: Mapping[tuple[int, int, int], dist.ProcessGroup] | None = None,
                  probe: Callable[[str], Any] | None = None, max_norm: float | None = None,
                  zero3_unit_bytes: int = ZERO3_UNIT_BYTES) -> None:
         self.program, self.rank, self.groups = program, rank, groups
@@ -278,9 +279,9 @@ class StepExecutor(StepInterpreter, ParameterLeaves, ParameterGathers, StageForw
         """Whether this rank reads the batch (its executable graph has a placeholder: first or last stage)."""
         return any(self.graph.producer(n).kind == "placeholder" for n in self.eg.leaves)
 
-    def step(self, batch: Any, *, capture_grads: bool = False,
+    def step(self, batch: torch.Tensor | Mapping[str, torch.Tensor] | None, *, capture_grads: bool = False,
              before_update: Callable[[float], Any] | None = None,
-             micro_batches: Any = None, loss_normalizer: int | None = None,
+             micro_batches: Sequence[MicroBatch] | None = None, loss_normalizer: int | None = None,
              batch_rows: tuple[int, int] | None = None) -> float:
         """Run one training step on the global batch — token sequences ``[B, S+1]`` that the model's ``feeds``
         turns into the graph's placeholders, or a mapping placeholder -> full tensor (every rank that
@@ -317,8 +318,9 @@ class StepExecutor(StepInterpreter, ParameterLeaves, ParameterGathers, StageForw
         self.compute_s = 0.0  # this step's compute seconds (kernels, backward, Adam; never waiting for peers)
         return self._interpret(actions, self._TRAIN, capture_grads=capture_grads)
 
-    def evaluate(self, batch: Any = None, batch_rows: tuple[int, int] | None = None, *,
-                 micro_batches: Any = None, loss_normalizer: int | None = None) -> float:
+    def evaluate(self, batch: torch.Tensor | Mapping[str, torch.Tensor] | None = None,
+                 batch_rows: tuple[int, int] | None = None, *, micro_batches: Sequence[MicroBatch] | None = None,
+                 loss_normalizer: int | None = None) -> float:
         """The forward pass of one batch under the running plan, without gradients, synchronisation or an update
         (validation): the stage's schedule with its backward actions left out (sends stay asynchronous, receives
         blocking: the forward part of a deadlock-free schedule is deadlock-free).  ``batch``, ``batch_rows``,
@@ -369,13 +371,12 @@ class StepExecutor(StepInterpreter, ParameterLeaves, ParameterGathers, StageForw
         for name, parts in self._feeds.items():
             vals[name] = parts[mb]
         zero3 = self.zero3
-        if self.recompute:
-            self._forward_recompute(mb, vals, rec)
-        elif zero3 is not None and mb == 0:
+        run = self._forward_recompute if self.recompute else self._run_whole_forward
+        if zero3 is not None and mb == 0:  # the order its gathers are posted in (phantom passes replay it)
             with zero3.recording("F"):
-                self._run_whole_forward(mb, vals, rec)
+                run(mb, vals, rec)
         else:
-            self._run_whole_forward(mb, vals, rec)
+            run(mb, vals, rec)
         if zero3 is not None and mb == len(self._layout) - 1:  # serve the replicas that run more micro-batches
             zero3.phantom("F", self._most_micro - len(self._layout))
         if self.loss_name in vals and self.rank in self.anns[self.loss_name].ranks:

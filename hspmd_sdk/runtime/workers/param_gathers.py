@@ -15,7 +15,6 @@ import torch
 
 from .buckets import GatherBuckets, bucketable
 from .comm import Pending
-from .errors import ExecutorError
 from .zero3 import Zero3Params
 
 if TYPE_CHECKING:
@@ -58,7 +57,7 @@ class ParameterGathers:
     """The gathers' set-up of :class:`~.executor.StepExecutor`, a part of it (its methods run on the executor).
 
     It reads the executor's set-up: ``program``, ``eg`` (its ``pre`` and ``forward`` operators), ``graph``,
-    ``nodes``, ``recompute``, ``zero3_unit_bytes``, the gradient buckets ``grad_sync`` (which watch ZeRO-3's leaves)
+    ``nodes``, ``zero3_unit_bytes``, the gradient buckets ``grad_sync`` (which watch ZeRO-3's leaves)
     and the parameters' plans (``_pre_plan``); it sets ``gathers`` (the coalesced buckets) with the ``_coalesced``
     operators' indices, and ``zero3``."""
 
@@ -71,7 +70,6 @@ class ParameterGathers:
     eg: Any
     graph: Any
     nodes: dict[str, Any]
-    recompute: bool
     zero3_unit_bytes: int
     params: dict[str, torch.Tensor]
     grad_sync: Any
@@ -84,9 +82,6 @@ class ParameterGathers:
         made = {o.outputs[0] for o in self.eg.pre}
         coalesced = [o for o in self.eg.pre if o.inputs[0] not in made and bucketable(self._pre_plan(o.name))]
         self.zero3 = self._zero3_params(coalesced) if self.program.plan.settings.zero >= 3 else None
-        if self.zero3 is not None and self.recompute:
-            raise ExecutorError(f"rank {self.rank}: ZeRO-3 with activation recomputation is not supported yet (the "
-                                "recomputed forward would gather its parameters again inside the backward)")
         # ZeRO-3: the most micro-batches a pipeline runs (a replica running fewer joins the others' gathers)
         counts = [self.program.num_micro_batches(p) for p in range(len(self.program.pipelines))]
         self._most_micro = max(counts)

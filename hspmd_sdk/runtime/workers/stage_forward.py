@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from ...core.comm_plan import CommPlan
-    from ...core.graph import Node
-    from ...core.specialize import ExecOp
+    from ...core.graph import Graph, Node
+    from ...core.specialize import ExecOp, ExecutableGraph
     from .comm import Groups
     from .kernels import Kernel
 
@@ -133,11 +133,11 @@ class StageForward:
     compute seconds go to ``compute_s`` (reported to ``emulate`` when speed emulation is on)."""
 
     rank: int
-    groups: Any
+    groups: "Groups"
     device: torch.device
-    graph: Any
+    graph: "Graph"
     anns: Mapping[str, Any]
-    eg: Any
+    eg: "ExecutableGraph"
     nodes: dict[str, Any]
     roles: dict[str, str]
     unchanged: set[str]
@@ -289,10 +289,16 @@ class StageForward:
         produced = {t for o in body for t in o.outputs}
         wanted = [o.inputs[0] for o in tail] + ([self.loss_name] if self.loss_name in produced else [])
         names = sorted(k for k, v in vals.items() if isinstance(v, torch.Tensor))
+        drops = dict(zip((o.name for o in ops), self._forward_drops()))
 
         def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            # each value let go after its last reader, in the forward and in its rerun: a ZeRO-3 parameter is
+            # then gathered alike in every micro-batch (once in the forward; in the backward for the rerun and
+            # again for the operators' backward), as a replica running fewer micro-batches replays it
             local = dict(zip(names, tensors))
-            self._run_forward(mb, local, rec, body)
+            for op in body:
+                self._run_forward(mb, local, rec, (op,))
+                self._drop(local, drops[op.name])
             return tuple(local[w] for w in wanted)
 
         outs = checkpoint(run, *(vals[n] for n in names), use_reentrant=False)
