@@ -101,11 +101,11 @@ def test_zero3_refuses_what_would_gather_out_of_order() -> None:
 
 def test_a_mixed_length_job_refuses_zero3(gpt: GPTConfig) -> None:
     """Mixed-length data changes each pipeline's micro-batches step by step: refused before any worker starts."""
-    from hspmd_sdk.runtime.control.mixed import _candidate_programs
+    from hspmd_sdk.runtime.control.mixed_checks import candidate_programs
 
     cluster = Cluster.local(2)
     with pytest.raises(PlanValidationError, match=r"programs\[0\]: is at ZeRO-3 .* use zero: 2"):
-        _candidate_programs([_program(gpt, PLANS["dp2_zero3"], cluster)], cluster, "mixed-length launch")
+        candidate_programs([_program(gpt, PLANS["dp2_zero3"], cluster)], cluster, "mixed-length launch")
 
 
 # ---- what a rank holds ---------------------------------------------------------------------------------------------

@@ -68,27 +68,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ...errors import HSPMDError, PlanValidationError, SwitchError
-from ..data import LengthBatches, data_spec, documents_for, validation_of
-from ..protocol import pack_payload, program_of_run
+from ...errors import PlanValidationError, SwitchError
+from ..data import LengthBatches, data_spec, documents_for
+from ..protocol import pack_payload
 from ..reference import reference_mixed
 from ...core.reconfigure import plan_program_switch
-from ...core.specialize import specialize
-from ...core.strategy import Strategy
-from ...core.strategy_plan import plan_from_strategy, strategy_of
+from ...core.strategy_plan import strategy_of
 from ...planner.mixed import Dispatcher
-from ..checkpoints.checkpoint import load_checkpoint, run_fields
-from ..workers.kernels import packing_problems
+from ..checkpoints.checkpoint import run_fields
 from .controller import Event, StragglerWatch, TrainingController
 from .faults import Failure
 from .growback import GrowBack
-from .runs import checked_faults, checked_training_run, start_runs
+from .mixed_checks import candidate_programs, candidate_runs, checked_dispatch, launch_candidates, mixed_run, \
+    resume_step
+from .runs import checked_faults, start_runs
 from .state import switch_bytes
 
 if TYPE_CHECKING:
     from ...core.cluster import Cluster
-    from ...core.model_spec import ModelSpec
     from ...core.specialize import Program
+    from ...core.strategy import Strategy
     from ...planner.cost import CostModel
     from ...planner.mixed import Dispatch
     from ..lr_schedule import Schedule
@@ -207,7 +206,7 @@ class LengthPlanner:
         what = "switch of a mixed-length job's candidates"
         model = self.dispatcher.model
         try:
-            _, programs = _candidate_programs(candidates, cluster, what, model=model, field="candidates")
+            _, programs = candidate_programs(candidates, cluster, what, model=model, field="candidates")
             dispatcher = Dispatcher(programs, model, cluster, cost=self.base_cost, packing=self.dispatcher.packing)
         except PlanValidationError as e:
             raise SwitchError(str(e)) from e
@@ -410,9 +409,8 @@ class LengthPlanner:
 
 
 def launch_mixed(programs: Sequence["Program | Strategy"], cluster: "Cluster | None" = None, *, steps: int,
-                 tokens_per_step: int,
-                 data: Any = "stdlib-docs", context: int | None = None, seed: int = 0, lr: float = 1e-3,
-                 betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                 tokens_per_step: int, data: Any = "stdlib-docs", context: int | None = None, seed: int = 0,
+                 lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  precision: str = "fp32", lookahead: int = 2, cost: "CostModel | None" = None,
                  capture_dir: str | Path | None = None, checkpoint_dir: str | Path | None = None,
                  checkpoint_every: int | None = None, keep: int = 3, checkpoint_async: bool = True,
@@ -455,90 +453,33 @@ def launch_mixed(programs: Sequence["Program | Strategy"], cluster: "Cluster | N
     faults = [dict(f) for f in launch_kwargs.pop("fault_injection", None) or ()]
     holds = launch_kwargs.pop("hold_at", None) or []
     grow_back = launch_kwargs.pop("grow_back", None)
-    # lazy: tests patch run_config.check_run_options
-    from .run_config import check_run_options  # the same typed options as one Program's (SPEC §9)
-
+    training = dict(steps=steps, seed=seed, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                    precision=precision, capture_dir=capture_dir, init=init, schedule=schedule, max_norm=max_norm,
+                    decay=decay, optimizer=optimizer, eval_every=eval_every, eval_batches=eval_batches)
+    saving = dict(checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
+                  checkpoint_async=checkpoint_async, resume_from=resume_from)
     if not _checked:  # launch() has checked them already
-        check_run_options(getattr(programs[0], "model", None) if programs else None, mixed=True, what=what,
-                          steps=steps, seed=seed, tokens_per_step=tokens_per_step, data=data, context=context,
-                          lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, precision=precision,
-                          lookahead=lookahead, cost=cost, capture_dir=capture_dir, checkpoint_dir=checkpoint_dir,
-                          checkpoint_every=checkpoint_every, keep=keep, checkpoint_async=checkpoint_async,
-                          resume_from=resume_from, packing=packing, init=init, straggler=straggler,
-                          schedule=schedule, max_norm=max_norm, decay=decay, optimizer=optimizer, eval_every=eval_every,
-                          eval_batches=eval_batches, hold_at=holds, grow_back=grow_back, elastic=elastic,
-                          **launch_kwargs)
-    if not programs:
-        raise PlanValidationError([("programs", "no candidate program")], what=what)
-    cluster = cluster if cluster is not None else next((p.cluster for p in programs if hasattr(p, "cluster")), None)
-    if cluster is None:
-        raise PlanValidationError([("cluster", "launch needs a cluster: pass cluster=")], what=what)
-    model, programs = _candidate_programs(programs, cluster, what)
+        _check_options(programs, what, tokens_per_step=tokens_per_step, data=data, context=context,
+                       lookahead=lookahead, cost=cost, packing=packing, straggler=straggler, hold_at=holds,
+                       grow_back=grow_back, elastic=elastic, **training, **saving, **launch_kwargs)
+    model, cluster, programs = launch_candidates(programs, cluster, what)
     context = int(model.max_seq_len if context is None else context)
-    try:
-        docs = documents_for(data, model.vocab_size)
-        batches = LengthBatches(docs, context=context, tokens_per_step=tokens_per_step, seed=seed)
-    except ValueError as e:
-        raise PlanValidationError([("data", str(e))], what=what) from e
-
-    problems = packing_problems(programs[0].graph)
-    if packing and problems:
-        raise PlanValidationError([("packing", f"the model's graph cannot keep packed sequences apart: "
-                                               f"{'; '.join(problems)}; pass packing=False (padded micro-batches)")],
-                                  what=what)
-    packing = not problems if packing is None else bool(packing)
-    try:
-        dispatcher = Dispatcher(programs, model, cluster, cost=cost, packing=packing)
-    except PlanValidationError as e:
-        raise PlanValidationError([("programs", str(e))], what=what) from e
-    if dispatcher.max_seq_len < context:
-        raise PlanValidationError([("programs", f"the longest candidate takes sequences of {dispatcher.max_seq_len} "
-                                                f"tokens, the data's context is {context}: pass context="
-                                                f"{dispatcher.max_seq_len} or add a candidate for {context}")],
-                                  what=what)
+    docs, batches, dispatcher = checked_dispatch(programs, model, cluster, what, data=data, context=context,
+                                                 tokens_per_step=tokens_per_step, seed=seed, packing=packing, cost=cost)
     if steps < 1:
         raise PlanValidationError([("steps", f"must be >= 1, not {steps}")], what=what)
     data = data_spec(docs, context=context, tokens_per_step=tokens_per_step, seed=seed)
-    start = _resume_step(resume_from, steps, what)
+    start = resume_step(resume_from, steps, what)
     planner = LengthPlanner(programs, cluster, batches, dispatcher, steps=steps, lookahead=lookahead, start=start)
     first = planner.first["choice"]
-    runs = []
-    for i, p in enumerate(programs):  # each candidate checked as the workers will rebuild it
-        run = checked_training_run(p, steps=steps, seed=seed, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                           seq_len=context, cluster=cluster, capture_dir=capture_dir, precision=precision,
-                           init=init if i == first else None, schedule=schedule, max_norm=max_norm, decay=decay,
-                           optimizer=optimizer,
-                           eval_every=eval_every, eval_batches=eval_batches)
-        again = program_of_run(run)
-        if again.pipelines != p.pipelines:
-            raise PlanValidationError([(f"programs[{i}]", "does not specialize to the same pipelines on the "
-                                                          "launch cluster")], what=what)
-        runs.append(run)
-    run = dict(runs[first])  # init= (a Hugging Face directory) read once, by the first candidate's run
-    run["data"] = data
-    if eval_every:  # validation sequences every pipeline of every candidate takes
-        run["eval_context"] = min(min(c.windows) for c in dispatcher.candidates)
-        try:
-            validation_of(data, run["eval_context"])
-        except ValueError as e:
-            raise PlanValidationError([("eval_every", str(e))], what=what) from e
-    run["mixed"] = {"candidates": [{"plan": r["plan"], "bindings": r["bindings"], "recompute": r["recompute"],
-                                    "program": r["program"]} for r in runs], "first": first}
-
-    run.update(run_fields(run, programs[first], checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                          keep=keep, checkpoint_async=checkpoint_async, resume_from=resume_from))
+    runs = candidate_runs(programs, cluster, first, what, seq_len=context, **training)
+    run = mixed_run(runs, first, data, dispatcher, what, eval_every=eval_every)
+    run.update(run_fields(run, programs[first], **saving))
     run["elastic"] = elastic
     run["faults"] = checked_faults(faults, range(cluster.num_ranks), "the cluster", what)
     run["holds"] = sorted({int(s) for s in holds})  # hold_at= (a test hook): as for one Program
-
-    watch = StragglerWatch() if straggler is True else (straggler or None)
-    controller = TrainingController(programs[first], cluster, global_batch=run["global_batch"], seq_len=context,
-                                    elastic=elastic, straggler=watch, cost=cost,
-                                    checkpoint_dir=(run.get("checkpoint") or {}).get("dir"),
-                                    checkpoint_every=(run.get("checkpoint") or {}).get("every"),
-                                    resumed_from=(run.get("resume") or {}).get("dir"),
-                                    grow_back=GrowBack() if grow_back is True else (grow_back or None),
-                                    grow_back_default=grow_back is None)
+    controller = _controller(programs[first], cluster, run, context, elastic=elastic, straggler=straggler,
+                             cost=cost, grow_back=grow_back)
     controller.use_candidates(programs, first, planner)
     if elastic and launch_kwargs.get("policy") is None:
         launch_kwargs["policy"] = controller
@@ -548,59 +489,28 @@ def launch_mixed(programs: Sequence["Program | Strategy"], cluster: "Cluster | N
     return job
 
 
-def _candidate_programs(candidates: Sequence["Program | Strategy"], cluster: "Cluster", what: str, *,
-                        model: "ModelSpec | None" = None, field: str = "programs"
-                        ) -> tuple["ModelSpec", list["Program"]]:
-    """``(model, Programs)`` of a list of candidates: Programs of one model (from :meth:`MixedPlan.programs` or
-    any other), and Strategies, specialized here on ``cluster`` for the model of the Programs -- or, given
-    ``model`` (a running job's, for ``job.switch([...])``), of that model.  Problems name ``field[i]``."""
+def _check_options(programs: list["Program | Strategy"], what: str, /, **options: Any) -> None:
+    """The launch's options checked as one Program's are (:func:`~.run_config.check_run_options`, SPEC §9), for
+    the model of the first candidate (none: its checks are skipped)."""
+    # lazy: tests patch run_config.check_run_options
+    from .run_config import check_run_options  # the same typed options as one Program's (SPEC §9)
 
-    models = [(i, getattr(c, "model", None)) for i, c in enumerate(candidates) if not isinstance(c, Strategy)]
-    bare = [i for i, m in models if m is None]
-    if bare:
-        raise PlanValidationError([(f"{field}[{bare[0]}]", f"is a {type(candidates[bare[0]]).__name__}, not a "
-                                                           "Program specialized from a model config or a "
-                                                           "Strategy")], what=what)
-    if not candidates:
-        raise PlanValidationError([(field, "is empty: give at least one candidate Program or Strategy")], what=what)
-    if not models and model is None:
-        raise PlanValidationError([(field, "are all Strategies: give at least one Program (specialize(model, "
-                                           "...)) so that the model is known")], what=what)
-    whose = "the job" if model is not None else f"{field}[{models[0][0]}]"
-    model = model if model is not None else models[0][1]
-    other = [i for i, m in models if m != model]
-    if other:
-        raise PlanValidationError([(f"{field}[{other[0]}]", f"trains {candidates[other[0]].model!r}, "
-                                                           f"{whose} {model!r}: every candidate must "
-                                                           "train the same model")], what=what)
-    on = "the launch cluster" if field == "programs" else "the job's cluster (job.cluster)"
-    out = []
-    for i, c in enumerate(candidates):
-        if isinstance(c, Strategy):
-            try:
-                c = specialize(model, plan_from_strategy(model, c, cluster), cluster)
-            except HSPMDError as e:
-                raise PlanValidationError([(f"{field}[{i}]", f"the strategy does not specialize on {on}: {e}")],
-                                          what=what) from e
-        if c.plan.settings.zero >= 3:  # each pipeline's micro-batches per step vary with the data
-            raise PlanValidationError([(f"{field}[{i}]", "is at ZeRO-3 (zero: 3), which needs every replica of a "
-                                                         "layer to run as many micro-batches a step; mixed-length "
-                                                         "data changes them step by step: use zero: 2")], what=what)
-        out.append(c)
-    return model, out
+    check_run_options(getattr(programs[0], "model", None) if programs else None, mixed=True, what=what, **options)
 
 
-def _resume_step(resume_from: str | Path | None, steps: int, what: str) -> int:
-    """The step a resumed mixed-length run starts at (its checkpoint's), checked against ``steps``; 0 without one
-    (the checkpoint itself is checked against the run by :func:`~.checkpoint.run_fields`)."""
-    if resume_from is None:
-        return 0
-
-    step = int(load_checkpoint(resume_from).step)
-    if step >= steps:
-        raise PlanValidationError([("steps", f"is the total step count ({steps}) but the checkpoint has already "
-                                             f"completed {step}; pass steps > {step}")], what=what)
-    return step
+def _controller(program: "Program", cluster: "Cluster", run: Mapping[str, Any], seq_len: int, *, elastic: bool,
+                straggler: Any, cost: "CostModel | None", grow_back: Any) -> TrainingController:
+    """The job's :class:`~.controller.TrainingController` under the ``first`` candidate's ``program``: the run's
+    checkpoints, ``straggler=`` (``True``: a default :class:`~.controller.StragglerWatch`) and ``grow_back=``
+    (``True``: a default :class:`~.growback.GrowBack`; ``None``: the default's choice)."""
+    watch = StragglerWatch() if straggler is True else (straggler or None)
+    return TrainingController(program, cluster, global_batch=run["global_batch"], seq_len=seq_len,
+                              elastic=elastic, straggler=watch, cost=cost,
+                              checkpoint_dir=(run.get("checkpoint") or {}).get("dir"),
+                              checkpoint_every=(run.get("checkpoint") or {}).get("every"),
+                              resumed_from=(run.get("resume") or {}).get("dir"),
+                              grow_back=GrowBack() if grow_back is True else (grow_back or None),
+                              grow_back_default=grow_back is None)
 
 
 def planning_summary(job: "Job", result: "JobResult") -> dict[str, Any]:
