@@ -42,28 +42,29 @@ from typing import TYPE_CHECKING, Any, Mapping
 from ...core.slices import box_numel
 from ...errors import HSPMDError
 from .liveness import CommFailure, waits
-from ..protocol import Reconfigure, pack_payload, program_of_run, switch_of, training_of, unpack_payload
+from ..protocol import Reconfigure, pack_payload, program_of_run, training_of, unpack_payload
 from ...models.hf import shard_reader
 from ..trace import StepRecorder
 from .checkpoint_worker import CheckpointSaver, load_resume, restore_rng
+from .session_growth import SessionGrowth
+from .session_recovery import SessionRecovery
+from .session_switching import SessionSwitching
 from .worker import RendezvousAbandoned
 
 if TYPE_CHECKING:
     import torch
 
     from ...core.specialize import Program
-    from ...core.switch import SwitchPlan
     from .executor import AdamConfig, StepExecutor
     from .worker import WorkerState
 
 __all__ = ["TrainSession", "pack_payload", "unpack_payload", "Reconfigure", "CommFailure"]
 
-#: Seconds a worker waits for the launcher's answer after it halted (then it fails: nobody is coordinating).
-RECONFIGURE_WAIT_S = 120.0
 
-
-class TrainSession:
-    """One run of ``train_entry`` on one worker: see the module docstring."""
+class TrainSession(SessionRecovery, SessionGrowth, SessionSwitching):
+    """One run of ``train_entry`` on one worker: see the module docstring.  Its parts, each in a module of its own:
+    switching (:class:`~.session_switching.SessionSwitching`), growing (:class:`~.session_growth.SessionGrowth`) and
+    recovery from failures (:class:`~.session_recovery.SessionRecovery`)."""
 
     def __init__(self, state: "WorkerState", run: Mapping[str, Any], index: int, offset: int) -> None:
         from ..data import dataset_for  # lazy: torch (data)
@@ -454,290 +455,6 @@ class TrainSession:
                 raise HSPMDError(f"rank {self.state.launch_rank}: the launcher sent no {kind} within {timeout:.0f} s "
                                  "after this worker halted")
             time.sleep(0.005)
-
-    # ---- switching ------------------------------------------------------------------------------------------
-    def _maybe_switch(self, step: int) -> None:
-        """Apply every switch up to the newest any rank has heard of, in the order they were requested: each was
-        planned from the layout the one before it leaves (the launcher's :meth:`~.controller.TrainingController.
-        switch` composes them), so none is skipped.  The state from before the first is kept until a step commits:
-        a failure during any of them replans from it."""
-        target = getattr(self, "_switch_agreed", 0)
-        if target <= self.switch_done:
-            return
-        self._keep_previous()
-        for ident in range(self.switch_done + 1, target + 1):
-            msg = self._take("switch", ident, self.state.spec.timeout_s)
-            program, plan = switch_of(msg)  # parts, or the whole (SPEC §16)
-            t0 = time.perf_counter()
-            if msg.get("grow") is not None:  # the job grows: new workers join the world, then the same BSR
-                tensors = self._state_by_name()
-                self._enter_grown_world(msg["grow"], step)
-                nbytes = self._switch_to(program, plan, source=tensors)
-            else:
-                nbytes = self._switch_to(program, plan)
-            self.switch_done = ident
-            self.version = (self.reconfigured, ident)
-            self.state.channel.send("switched", id=ident, what="switch", step=self.offset + step,
-                                    seconds=round(time.perf_counter() - t0, 6), bytes=nbytes, **self.last_switch)
-
-    # ---- growing (Job.grow) ---------------------------------------------------------------------------------
-    def _enter_grown_world(self, grow: Mapping[str, Any], step: int | None) -> tuple[int, float, int]:
-        """Leave the running world (a running worker, at the step boundary ``step``) and join the grown one at
-        its rank there; rank 0 (a running worker) tells the newcomers (``step=None``) the step the job goes on
-        from, Adam's step count and the newest switch every running worker agreed to apply at this boundary.
-        Returns those three."""
-        import torch
-        import torch.distributed as dist
-
-        self.ex = None  # the running world's executor and groups go: nothing may use them any more
-        self.whole = False
-        self.state.params, self.state.optimizer = {}, None
-        self.state.leave_world()
-        me = str(self.state.launch_rank)
-        if me not in grow["ranks"]:
-            raise HSPMDError(f"rank {me}: not in the grown world of ranks {sorted(grow['ranks'], key=int)}")
-        t0 = time.perf_counter()
-        self.state.rejoin(str(grow["master_addr"]), int(grow["master_port"]), int(grow["world"]),
-                          int(grow["ranks"][me]))
-        self.rejoin_s = time.perf_counter() - t0
-        where = torch.tensor([-1 if step is None else step, self.adam_steps, self._switch_agreed],
-                             dtype=torch.float64, device=self.state.device)
-        dist.broadcast(where, src=0)
-        return int(where[0]), float(where[1]), int(where[2])
-
-    #: the kind of control message that grows the job onto a newcomer (a mixed-length job's: its ``dispatch``)
-    GROWS_BY = "switch"
-
-    @waits
-    def _grow_message(self, timeout: float) -> dict[str, Any]:
-        """A newcomer's first control message: the switch that grows the job onto it (waiting up to
-        ``timeout``)."""
-        end = time.monotonic() + timeout
-        while True:
-            self._collect()
-            for i, msg in enumerate(self._messages):
-                if msg.get("type") == self.GROWS_BY and str(self.state.launch_rank) in (msg.get("grow") or {}).get(
-                        "ranks", {}):
-                    return self._messages.pop(i)
-            if time.monotonic() > end:
-                raise HSPMDError(f"rank {self.state.launch_rank}: started to grow the job, but the launcher sent "
-                                 f"no grow switch within {timeout:.0f} s")
-            time.sleep(0.005)
-
-    def _join(self) -> int:
-        """A newcomer joins the running job (``Job.grow``): the grown world, its shards of the new Program by the
-        grow's fused BSR (it sends nothing: it holds nothing), Adam's step count; returns the step to go on
-        from."""
-        msg = self._grow_message(self.state.spec.timeout_s)
-        program, plan = switch_of(msg)
-        grow, ident = msg["grow"], int(msg["id"])
-        t0 = time.perf_counter()
-        # a failure from here on is one of the grown world (the launcher's reconfiguration after it answers this
-        # newcomer too, holding nothing: ``joining`` stays set until a switch gave it its state)
-        self.reconfigured = self.state.generation = int(grow["reconfigured"])
-        step, count, agreed = self._enter_grown_world(grow, None)
-        self.committed, self.adam_steps = step - 1, int(count)
-        nbytes = self._switch_to(program, plan, source={}, step_count=count)
-        self.joining = False
-        self.switch_done = self.switch_heard = ident
-        self._switch_agreed = max(ident, agreed)  # switches requested after the grow, due at the same boundary
-        self._messages = [m for m in self._messages if m.get("type") != "switch" or int(m["id"]) > ident]
-        self.version = (self.reconfigured, ident)
-        self.state.channel.send("switched", id=ident, what="switch", step=self.offset + step,
-                                seconds=round(time.perf_counter() - t0, 6), bytes=nbytes, **self.last_switch)
-        return step
-
-    def _keep_previous(self) -> None:
-        """Keep the state held now (until a step commits): what a failure in the switches that follow recovers
-        from."""
-        self.previous = (self.program, self._state_by_name(), float(self.adam_steps), self.version)
-
-    def _state_by_name(self) -> dict[str, "torch.Tensor"]:
-        """This rank's training state by :meth:`Program.state_layouts` name (parameters and Adam moments)."""
-        import torch
-
-        out: dict[str, Any] = {}
-        if self.ex is None:
-            return out
-        opt = self.ex.optimizer_state()
-        for name, p in self.ex.params.items():
-            out[name] = p.detach()
-            st = opt.get(name) or {}
-            for k in ("exp_avg", "exp_avg_sq"):
-                out[f"{name}.{k}"] = st[k] if k in st else torch.zeros_like(p.detach())
-        return out
-
-    def _switch_to(self, program: "Program", plan: "SwitchPlan", *, source: Mapping[str, "torch.Tensor"] | None = None,
-                   src_rank: int | None = None, to_proc: Mapping[int, int] | None = None,
-                   step_count: float | None = None) -> int:
-        """Move the state to ``program`` by ``plan`` and build its executor; returns the bytes this rank sent."""
-        import torch.distributed as dist
-
-        from .switch_exec import execute_switch  # lazy: torch (switch_exec)
-
-        t0 = time.perf_counter()
-        tensors = dict(source) if source is not None else self._state_by_name()
-        count = float(self.adam_steps) if step_count is None else step_count
-        self._make_groups(program)
-        t1 = time.perf_counter()
-        if self.faults:
-            self._probe("switch")
-        me = self.state.rank if src_rank is None else src_rank
-        out = execute_switch(plan, tensors, self.state, rank=me, ranks=to_proc, group=dist.group.WORLD)
-        t2 = time.perf_counter()
-        self.program = program  # every rank has its new state: drop what the old Program needed
-        self._drop_unused_groups(program)
-        params = {n: out[n] for n in program.executable_graph(self.state.rank).parameters} \
-            if self.state.rank in program.ranks else None
-        opt = None
-        if params is not None:
-            opt = {n: ({"exp_avg": out[f"{n}.exp_avg"], "exp_avg_sq": out[f"{n}.exp_avg_sq"], "step": count}
-                       if count > 0 else {}) for n in params}
-        self._make_executor(params, opt)
-        self.whole = True
-        self.last_switch = {"groups_s": round(t1 - t0, 6), "bsr_s": round(t2 - t1, 6),
-                            "build_s": round(time.perf_counter() - t2, 6)}
-        return int(sum(m.nbytes for s in plan.steps for m in s.messages if m.src == me))
-
-    # ---- recovery -------------------------------------------------------------------------------------------
-    def _recover(self, reason: str) -> int:
-        """After a peer's failure: abandon the world, report, wait for the launcher's plan, rejoin, switch;
-        returns the step to go on from."""
-        import gc
-
-        t0 = time.perf_counter()
-        if self.saver is not None:  # a checkpoint in flight cannot complete in the broken world
-            self.saver.abandon()
-        finish, self._in_commit = self._in_commit, None
-        finished = None
-        if finish is not None and self.ex is not None:
-            # the failure hit the step's commit: other ranks may have completed it.  Keep the step finished too
-            # (the gradients are synchronised: Adam on them is what they did) for the launcher to choose
-            live = {k: v.detach().clone() for k, v in self._state_by_name().items()}
-            self.ex.optimizer.step()
-            finished = (self.program, {k: v.detach().clone() for k, v in self._state_by_name().items()},
-                        float(self.adam_steps + 1))
-        elif finish is not None:  # a rank without state in the running Program: finishing the step is counting it
-            finished = (self.program, {}, float(self.adam_steps + 1))
-        empty = self.joining  # a newcomer whose grow did not complete: it holds nothing, from no plan version
-        kept = self.previous if not empty else None  # the state from before the last switches, until a step
-        # the running state, when whole: after a grow, the newcomers hold only that one (no state from before it),
-        # so the launcher recovers from it when every survivor completed the grow's switch
-        whole_at = list(self.version) if self.whole else None
-        whole = None
-        if kept is not None and finish is None:  # failed during or right after a switch: the state from
-            program, tensors, count, held = kept   # before it is whole
-            have = "previous"
-            if self.whole:
-                whole = (self.program, {k: v.detach().clone() for k, v in self._state_by_name().items()},
-                         float(self.adam_steps), self.version)
-        else:
-            program, count, held = self.program, float(self.adam_steps), self.version
-            tensors = live if finish is not None and self.ex is not None else self._state_by_name()
-            have = "live"
-        # drop everything that holds the broken world's process groups (the executor's pending sends, the failed
-        # step's autograd graph), so that destroying them really closes their connections: peers still blocked
-        # on this process get an error at once, and every survivor halts
-        self.ex = None
-        self.whole = False
-        self.state.params, self.state.optimizer = {}, None
-        tensors = {k: v.detach().clone() for k, v in tensors.items()}
-        gc.collect()
-        self.state.abandon_groups()
-        gc.collect()
-        # a rank inside the first commit after a switch also still holds the state from before it: when no rank
-        # completed that commit, the launcher may choose that one for everyone (``previous_held``)
-        self.state.channel.send("halted", step=self.committed, source=have, after=self.reconfigured, error=reason,
-                                finish=finish if finished is not None else None, held=list(held),
-                                previous_held=list(kept[3]) if kept is not None and have == "live" else None,
-                                whole=whole_at, empty=empty)
-        raw = self._newest("reconfigure", self.reconfigured, RECONFIGURE_WAIT_S)
-        self.last_reconfigure = raw  # what a subclass reads more of (a mixed-length job's new candidates)
-        msg = Reconfigure.decode(raw)
-        me = self.state.launch_rank
-        want = msg.offer.get(me, "nothing" if empty else have)
-        if want == "nothing":  # the launcher's reconfiguration gives this rank all its shards: it sends nothing
-            program, tensors, count, have, empty = msg.program, {}, float(msg.resume_step), want, True
-            self.committed, self.adam_steps = msg.resume_step - 1, msg.resume_step  # one Adam update a step
-            self.joining = True  # until the switch completed: a failure meanwhile finds this rank holding nothing
-        elif want == "previous" and have == "live":
-            if kept is None:
-                raise HSPMDError(f"rank {me}: the launcher asked for the state from before the switch, but this "
-                                 "rank no longer holds it")
-            program, tensors, count, held = kept  # the launcher chose the state from before the switches
-            tensors = {k: v.detach().clone() for k, v in tensors.items()}
-            have = "previous"
-        elif want == "live" and have == "previous":  # the launcher chose the running state (after a grow)
-            if whole is None:
-                raise HSPMDError(f"rank {me}: the launcher asked for the running state, but this rank's is not "
-                                 "whole (it failed while switching)")
-            program, tensors, count, held = whole
-            have = "live"
-        elif me in msg.finish:
-            if finished is None:
-                raise HSPMDError(f"rank {self.state.launch_rank}: told to finish step {self.committed + 1}, whose "
-                                 "gradients it does not hold")
-            program, tensors, count = finished
-            held = self.version
-            self.committed += 1
-            self.adam_steps += 1
-        if me not in msg.ranks:
-            raise HSPMDError(f"rank {me}: left out of the re-formed world (treated as failed by the launcher)")
-        # from here on, a peer's death (while rejoining, creating groups, switching) is a failure *during*
-        # reconfiguration ``msg.id``: this rank then halts again reporting it, with the state it started from
-        self.reconfigured = self.state.generation = msg.id
-        if msg.source != "checkpoint" and not empty:
-            self.previous = (program, tensors, count, held)
-        t1 = time.perf_counter()
-        self.state.rejoin(msg.master_addr, msg.master_port, msg.world, msg.ranks[me])
-        t2 = time.perf_counter()
-        self.program = program
-        read: dict[str, Any] = {}
-        if msg.source == "checkpoint":
-            del tensors  # the state some of which has no surviving copy: the checkpoint replaces all of it
-            nbytes, read = 0, self._reload(msg)
-        else:
-            to_proc = {msg.src_ranks[l]: msg.ranks[l] for l in msg.ranks}  # source-numbering rank -> new rank
-            nbytes = self._switch_to(msg.program, msg.plan, source=tensors,
-                                     src_rank=msg.src_ranks[me], to_proc=to_proc, step_count=count)
-        self.reconfigured = msg.id
-        self.joining = False
-        # switches requested before the failure are cancelled (the launcher planned them for a world that is gone)
-        self.switch_done = self.switch_heard = max(self.switch_done, self.switch_heard, msg.switch_floor)
-        self._switch_agreed = self.switch_done
-        self.version = (msg.id, msg.switch_floor)
-        self._messages = [m for m in self._messages if m.get("type") != "switch" or int(m["id"]) > self.switch_done]
-        self.state.channel.send("switched", id=msg.id, what="reconfigure", step=self.offset + msg.resume_step,
-                                seconds=round(time.perf_counter() - t2, 6), rejoin_s=round(t2 - t1, 6),
-                                wait_s=round(t1 - t0, 6), bytes=nbytes, **read, **self.last_switch)
-        if self.saver is not None and msg.retake_checkpoint:
-            self.saver.retake = True
-        return msg.resume_step
-
-    def _reload(self, msg: Reconfigure) -> dict[str, Any]:
-        """Go back to the checkpoint ``msg`` names under ``msg.program``: its groups, this rank's shards read from
-        the checkpoint (only the boxes it holds, by :func:`~.checkpoint_worker.load_resume`, as a resumed run),
-        Adam's step count and the committed step of the checkpoint; returns ``bytes_read`` and ``checkpoint_step``
-        for the ``switched`` report (``last_switch`` gets ``load_s``, the read alone)."""
-
-        t0 = time.perf_counter()
-        program, ck = msg.program, msg.checkpoint
-        self.previous = None  # nothing from before the failure can be replanned from any more
-        self._make_groups(program)
-        self.program = program
-        self._drop_unused_groups(program)
-        t1 = time.perf_counter()
-        params = opt = None
-        stats: dict[str, Any] = {"bytes_read": 0}
-        if self.state.rank in program.ranks:
-            params, opt, stats = load_resume(ck, program, self.state.rank)
-        t2 = time.perf_counter()
-        self.committed, self.adam_steps = msg.resume_step - 1, int(ck["optimizer_step"])
-        self._make_executor(params, opt)
-        self.whole = True
-        self.last_switch = {"groups_s": round(t1 - t0, 6), "load_s": round(t2 - t1, 6),
-                            "build_s": round(time.perf_counter() - t2, 6)}
-        return {"bytes_read": int(stats["bytes_read"]), "checkpoint_step": int(ck["step"])}
 
 
 def _is_comm_failure(e: BaseException) -> bool:
