@@ -403,7 +403,7 @@ def padded_rows(sequences: Sequence[np.ndarray], pad: int = -100) -> torch.Tenso
     return torch.from_numpy(out)
 
 
-def documents_for(data: Any, vocab_size: int | None = None) -> Any:
+def documents_for(data: Any, vocab_size: int | None = None) -> Documents:
     """The :class:`~.data.Documents` of ``data=``: ``"stdlib-docs"`` (the standard library, one document per
     file), a :class:`~.data.Documents`, a list of token arrays, the path of a tokenized text file (one
     document per line), or a prepared corpus directory (its train documents, memory-mapped views)."""
@@ -430,7 +430,7 @@ def documents_for(data: Any, vocab_size: int | None = None) -> Any:
     return docs
 
 
-def data_spec(docs: Any, *, context: int, tokens_per_step: int, seed: int) -> dict[str, Any]:
+def data_spec(docs: Documents, *, context: int, tokens_per_step: int, seed: int) -> dict[str, Any]:
     """The JSON form of a mixed-length source for the workers (documents other than the embedded default are
     written once to a temporary ``.npz`` that each worker reads)."""
     import hashlib
@@ -454,7 +454,7 @@ def data_spec(docs: Any, *, context: int, tokens_per_step: int, seed: int) -> di
     return spec
 
 
-def batches_of(spec: Mapping[str, Any]) -> Any:
+def batches_of(spec: Mapping[str, Any]) -> LengthBatches:
     """The :class:`~.data.LengthBatches` of a :func:`data_spec` (worker side)."""
     src = spec["source"]
     if "stdlib" in src:
@@ -539,7 +539,7 @@ def describe_data(data: Any) -> str:
         return type(data).__name__
 
 
-def dataset_for(data: Any, vocab_size: int) -> Any:
+def dataset_for(data: Any, vocab_size: int) -> TokenDataset | LengthBatches:
     """The token source of a run: ``"synthetic"`` or ``"stdlib"`` (needs a vocabulary of at least 256), a
     prepared corpus directory (:class:`hspmd_sdk.data.TokenCorpus`, memory-mapped; its token ids must fit
     ``vocab_size``), or a mixed-length source (:func:`data_spec`: :class:`LengthBatches`)."""

@@ -11,7 +11,10 @@ import sys
 import threading
 import copy
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -67,7 +70,7 @@ class StepMetrics:
 _MESSAGE_FIELDS = tuple(f.name for f in fields(StepMetrics) if f.name not in ("rank", "extra"))
 
 
-def memory_mb(device: Any = None) -> float:
+def memory_mb(device: "torch.device | None" = None) -> float:
     """Peak memory of this process in MB: CUDA peak allocated on a GPU device, peak RSS otherwise."""
     if device is not None and getattr(device, "type", None) == "cuda":
         import torch

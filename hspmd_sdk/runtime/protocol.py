@@ -262,8 +262,8 @@ class Reconfigure:
     master_addr: str
     master_port: int
     resume_step: int
-    program: Any
-    plan: Any
+    program: "Program"
+    plan: "SwitchPlan | None"
     source: str                    # "memory": switch from the state the survivors hold (``offer``);
                                    # "checkpoint": read the new Program's shards from ``checkpoint``
     offer: dict[int, str]          # launch rank -> what it switches from: "live" (its running state), "previous"

@@ -21,7 +21,10 @@ from .workers.executor import AdamConfig
 from .workers.kernels import IGNORE_INDEX
 
 if TYPE_CHECKING:
+    import torch
+
     from ..core.model_spec import ModelSpec
+    from ..data.corpus import TokenCorpus
     from .lr_schedule import Schedule
     from .train_config import TrainConfig
 
@@ -38,7 +41,7 @@ def load_captured(capture_dir: str | Path, index: int = 0) -> list[dict[str, Any
 
 
 def assemble(captured: Sequence[Mapping[str, Any]], which: str, shapes: Mapping[str, Sequence[int]]
-             ) -> tuple[dict[str, Any], float]:
+             ) -> tuple[dict[str, "torch.Tensor"], float]:
     """Full tensors from the ranks' shards (``which``: ``"grads"``, ``"params"``, ``"exp_avg"`` or
     ``"exp_avg_sq"``) of the tensors ``shapes`` names, and the largest difference between two ranks' copies of the
     same element (replicas must agree)."""
@@ -74,7 +77,8 @@ class ReferenceResult:
     val_losses: dict[int, float] = field(default_factory=dict)
 
 
-def _loss_and_grads(work: Any, feeds: Mapping[str, Any], copies: list[Any] | None, masters: list[Any]) -> Any:
+def _loss_and_grads(work: "torch.nn.Module", feeds: Mapping[str, Any], copies: list["torch.nn.Parameter"] | None,
+                    masters: list["torch.nn.Parameter"]) -> "torch.Tensor":
     """The step's loss of module ``work`` on ``feeds``, backward done; ``copies``: ``work``'s parameters when it is
     a bf16 copy of the fp32 ``masters`` (set from them first; their gradients become the masters', in fp32)."""
     import torch
@@ -166,7 +170,7 @@ def reference_training(config: "ModelSpec", *, steps: int | None = None, seed: i
     return out
 
 
-def _clip(params: Sequence[Any], max_norm: float | None) -> float:
+def _clip(params: Sequence["torch.nn.Parameter"], max_norm: float | None) -> float:
     """``torch.nn.utils.clip_grad_norm_`` over ``params`` (only measuring the norm when ``max_norm`` is None);
     returns the norm before clipping."""
     import torch
@@ -177,7 +181,8 @@ def _clip(params: Sequence[Any], max_norm: float | None) -> float:
     return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
 
 
-def _validation_loss(model: Any, config: "ModelSpec", dataset: Any, batches: int, global_batch: int, seq_len: int) -> float:
+def _validation_loss(model: "torch.nn.Module", config: "ModelSpec", dataset: "TokenCorpus", batches: int,
+                     global_batch: int, seq_len: int) -> float:
     """The mean loss of the first ``batches`` validation batches, forward only."""
     import torch
 
@@ -189,7 +194,8 @@ def _validation_loss(model: Any, config: "ModelSpec", dataset: Any, batches: int
     return total / batches
 
 
-def reference_result(model: Any, opt: Any, losses: list[float], grads: dict[str, Any]) -> "ReferenceResult":
+def reference_result(model: "torch.nn.Module", opt: "torch.optim.Optimizer", losses: list[float],
+                     grads: dict[str, "torch.Tensor"]) -> "ReferenceResult":
     """A finished single-device run as a :class:`ReferenceResult`: its losses, step-0 gradients, and the final
     parameters and Adam moments of ``model`` under ``opt`` (copies)."""
     named = dict(model.named_parameters())
@@ -249,7 +255,7 @@ def reference_mixed(model: "ModelSpec", *, steps: int, tokens_per_step: int, dat
     return out
 
 
-def _mixed_validation_loss(model: Any, data: Any, context: int, tokens_per_step: int, batches: int) -> float:
+def _mixed_validation_loss(model: "torch.nn.Module", data: "str | Path", context: int, tokens_per_step: int, batches: int) -> float:
     """The mean over ``batches`` validation batches (:func:`~.data.validation_of` of ``data``, a prepared corpus)
     of each batch's loss, its sequences in one padded batch."""
     import torch

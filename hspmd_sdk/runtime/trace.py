@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+
+if TYPE_CHECKING:
+    import torch
 
 PREFIX = "hspmd:"
 #: the simulator's phase of each action span (``SimResult.timeline`` event kinds); ``POST`` counts by its parts
@@ -59,7 +62,7 @@ def comm_seconds() -> float:
     return _CLOCK.seconds
 
 
-def span(name: str) -> Any:
+def span(name: str) -> contextlib.AbstractContextManager[object]:
     """A range named ``hspmd:<name>`` in the torch profiler's trace while one records; else nothing."""
     import torch
 
@@ -107,7 +110,7 @@ class StepRecorder:
         self.collect_s = time.perf_counter() - stop  # the profiler's stop and the spans' extraction, after the step
 
 
-def spans_of(prof: Any) -> list[dict[str, Any]]:
+def spans_of(prof: "torch.profiler.profile") -> list[dict[str, Any]]:
     """The kept ranges of a finished profile: ``name``, ``ts`` (µs since the epoch), ``dur`` (µs), ``tid``.
 
     Read from the profiler's raw events: ``prof.events()`` would first build Python objects and a parent tree for

@@ -49,7 +49,7 @@ import sys
 import textwrap
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -57,6 +57,9 @@ from ..errors import PlanValidationError, format_path
 from .lr_schedule import Schedule
 from .train_sections import (SECTIONS, SEED_LIMIT, CheckpointSection, ClipSection, DataSection, EvalSection,
                              LauncherSection, OptimizerSection, PlanSection, ReconfigureSection, RunSection)
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -262,7 +265,7 @@ class TrainConfig(BaseModel):
 
 
 # ---- helpers: paths into the nested dump ---------------------------------------------------------------------
-def _field(section: type[BaseModel], key: str) -> Any:
+def _field(section: type[BaseModel], key: str) -> "FieldInfo":
     """The field of ``section`` named ``key`` (by name or alias)."""
     for name, info in section.model_fields.items():
         if key in (name, info.alias):

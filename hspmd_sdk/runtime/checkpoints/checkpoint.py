@@ -68,6 +68,8 @@ from ...models.hf import to_hf
 from ...models.registry import model_from_class
 
 if TYPE_CHECKING:
+    import torch
+
     from ...core.model_spec import ModelSpec
     from ...core.specialize import Program
 
@@ -384,7 +386,7 @@ class Checkpoint:
                                       "an older checkpoint")
 
     # ---- whole tensors --------------------------------------------------------------------------------------
-    def tensor(self, name: str) -> Any:
+    def tensor(self, name: str) -> "torch.Tensor":
         """The full tensor ``name`` (a parameter or ``<param>.exp_avg`` / ``.exp_avg_sq``), read from its pieces."""
 
         e = self._entry(name)
@@ -393,7 +395,7 @@ class Checkpoint:
         with PieceReader(self.path) as reader:
             return reader.assemble(stored, items, tuple((0, d) for d in e.shape), tensor=name)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, "torch.Tensor"]:
         """Parameter name -> full tensor (for one process: a reference model, Hugging Face, analysis)."""
         return {name: self.tensor(name) for name, e in self.manifest.tensors.items() if e.kind == "param"}
 

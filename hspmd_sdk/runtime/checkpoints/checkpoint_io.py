@@ -22,11 +22,16 @@ import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from ...core.slices import Box, box_shape, relative
 from ...errors import HSPMDError
 from .checkpoint_plan import DTYPE_BYTES
+
+if TYPE_CHECKING:
+    import torch
+
+    from .checkpoint_plan import ReadItem
 
 __all__ = ["CheckpointError", "write_shard", "read_header", "byte_runs", "PieceReader", "StoredPiece",
            "atomic_write_bytes", "fsync_dir", "ThreadReadCounter", "piece_crc", "WRITE_POINTS", "SAFETENSORS_DTYPE"]
@@ -64,14 +69,14 @@ class WrittenPiece:
     crc32: int
 
 
-def _dtype_name(t: Any) -> str:
+def _dtype_name(t: "torch.Tensor") -> str:
     name = str(t.dtype).removeprefix("torch.")
     if name not in SAFETENSORS_DTYPE:
         raise CheckpointError(f"cannot checkpoint a tensor of dtype {t.dtype} (supported: {sorted(SAFETENSORS_DTYPE)})")
     return name
 
 
-def _raw(t: Any) -> memoryview:
+def _raw(t: "torch.Tensor") -> memoryview:
     """The bytes of a contiguous CPU tensor, without a copy."""
     import torch
 
@@ -88,7 +93,7 @@ def _write_all(fd: int, mv: memoryview) -> None:
         mv = mv[n:]
 
 
-def write_shard(path: Path, items: Sequence[tuple[str, Any]], *, point: Point = _no_point,
+def write_shard(path: Path, items: Sequence[tuple[str, "torch.Tensor"]], *, point: Point = _no_point,
                 metadata: Mapping[str, str] | None = None) -> tuple[int, list[WrittenPiece]]:
     """Write ``items`` (key, tensor) as the safetensors file ``path``: to ``<path>.tmp``, fsync, rename.
 
@@ -238,7 +243,7 @@ class PieceReader:
                 raise CheckpointError(f"{path}: cannot open: {e.strerror or e}") from None
         return fd
 
-    def read(self, piece: StoredPiece, box: Box, *, tensor: str = "") -> Any:
+    def read(self, piece: StoredPiece, box: Box, *, tensor: str = "") -> "torch.Tensor":
         """The part ``box`` (global coordinates, inside ``piece.box``) of a stored piece, as a tensor."""
         import torch
 
@@ -267,7 +272,8 @@ class PieceReader:
         self.bytes_read += nbytes
         return out
 
-    def assemble(self, pieces: Sequence[StoredPiece], items: Sequence[Any], box: Box, *, tensor: str = "") -> Any:
+    def assemble(self, pieces: Sequence[StoredPiece], items: Sequence["ReadItem"], box: Box, *, tensor: str = ""
+                 ) -> "torch.Tensor":
         """The tensor of ``box`` from the read items (:class:`~.checkpoint_plan.ReadItem`) of ``pieces``."""
         import torch
 

@@ -36,6 +36,7 @@ from .versions import Numbering, Version, Versions
 if TYPE_CHECKING:
     from ...core.specialize import Program
     from ...core.strategy import Strategy
+    from ...planner.mixed import Dispatcher
     from .stragglers import StragglerPolicy
 
 __all__ = ["CandidateSets", "CandidateSwitch", "CandidateHost"]
@@ -137,7 +138,7 @@ class CandidateSwitch:
             planner.sending.release()
         return event
 
-    def grow(self, event: Event, programs: Sequence["Program"], dispatcher: Any, grown: Numbering,
+    def grow(self, event: Event, programs: Sequence["Program"], dispatcher: "Dispatcher", grown: Numbering,
              grow: Mapping[str, Any]) -> None:
         """Send an announced grow of a mixed-length job (``Job.grow``, :mod:`.grow`; the caller holds the
         dispatch's :attr:`~.mixed.LengthPlanner.sending` and the controller's lock, and checked that the world did
@@ -159,7 +160,7 @@ class CandidateSwitch:
                                   grow=grow, event=event)
         host.stragglers.reset()
 
-    def check_ranks(self, candidates: Mapping[int, Any], cur: Numbering) -> None:
+    def check_ranks(self, candidates: Mapping[int, "Program | Strategy"], cur: Numbering) -> None:
         """Each of the new candidates (by its index in the list: a Program or a Strategy) runs on the job's ranks
         now, none of them lost."""
         for i, c in candidates.items():

@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from ...core.strategy import Strategy
     from ...core.switch import SwitchPlan
     from ...planner.cost import CostModel
+    from ...planner.mixed import Dispatcher
     from .job import Job
 
 __all__ = ["Event", "TrainingController", "SwitchError", "StragglerWatch"]
@@ -257,7 +258,7 @@ class TrainingController:
 
     # ---- Job.grow -------------------------------------------------------------------------------------------
     def announce_grow(self, program: "Program | Sequence[Program]", cluster: "Cluster", joiners: Mapping[int, int],
-                      dispatcher: Any = None) -> Event:
+                      dispatcher: "Dispatcher | None" = None) -> Event:
         """The event of a grow onto ``cluster`` and ``program`` whose newcomers are starting (``joiners``: rank of
         ``cluster`` -> launch rank; :mod:`.grow`).  It is in :attr:`events` at once, and the switch is prepared
         now (its BSR planned, its payload packed unless each worker gets its parts, the grown world's rendezvous

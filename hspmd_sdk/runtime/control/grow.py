@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ...errors import RuntimeFailure, SwitchError
 from ..spec import LaunchSpec
@@ -36,8 +36,12 @@ from ...core.strategy import Strategy
 from ...core.strategy_plan import plan_from_strategy
 from ..transports.transport import LocalTransport
 
-#: a Job and a controller Event (not imported: the job imports this module)
-Job = Event = Any
+if TYPE_CHECKING:
+    from ...planner.mixed import Dispatcher
+    from .state import Event
+
+#: a Job (not imported: the job imports this module)
+Job = Any
 
 #: Steps before the job's end from which a grow no longer waits for its newcomers to be ready: the switch is asked
 #: for at once and the running workers wait for them at the next boundary, so that a grow asked for in time is
@@ -171,7 +175,8 @@ def _program_for(ctl: Any, cluster: "Cluster", target: "Program | Strategy | Non
     return target
 
 
-def _candidates_for(ctl: Any, cluster: "Cluster", target: Any) -> tuple[list["Program"], Any]:
+def _candidates_for(ctl: Any, cluster: "Cluster", target: "Sequence[Program | Strategy] | Program | Strategy | None"
+                    ) -> tuple[list["Program"], "Dispatcher"]:
     """A mixed-length job's candidates to grow onto and their dispatcher: ``target`` (a list of Programs on
     ``cluster`` and Strategies, as ``launch`` takes them), or the mixed-length planner's plan for the larger
     cluster (:func:`~hspmd_sdk.planner.plan_mixed`) on the job's data (its sequences' lengths, token budget and

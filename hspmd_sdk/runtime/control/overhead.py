@@ -22,14 +22,16 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn, Sequence
+
 from ...core.cluster import Cluster
 from ...core.specialize import specialize
 from ...core.strategy import Strategy
 from ...core.strategy_plan import plan_from_strategy
 
 if TYPE_CHECKING:
-    from ...planner.cost import CostModel
+    from ...core.model_spec import ModelSpec
+    from ...planner.cost import ComputeFit, CostModel
 
 __all__ = ["ExecutorOverhead", "executor_overhead", "with_executor_overhead"]
 
@@ -52,11 +54,11 @@ class _NoGroups:
 
     rank, world_size = 0, 1
 
-    def group(self, ranks: Any) -> Any:  # pragma: no cover - a one-rank program has no collectives
+    def group(self, ranks: Sequence[int]) -> NoReturn:  # pragma: no cover - a one-rank program has no collectives
         raise RuntimeError(f"the overhead probe runs one rank; it asked for a group of {ranks}")
 
 
-def _per_micro_batch(model: Any, layers: int, *, rows: int, seq: int, micro: int, repeats: int,
+def _per_micro_batch(model: "ModelSpec", layers: int, *, rows: int, seq: int, micro: int, repeats: int,
                      device: str) -> tuple[float, float]:
     """Median (forward, backward) seconds of one micro-batch of ``model.with_layers(layers)`` in the executor."""
     import numpy as np
@@ -79,7 +81,7 @@ def _per_micro_batch(model: Any, layers: int, *, rows: int, seq: int, micro: int
     rng = np.random.default_rng(0)
     vocab = int(getattr(m, "vocab_size", 2))
 
-    def batch(k: int) -> list[Any]:
+    def batch(k: int) -> list[tuple[int, int, dict[str, Any]]]:
         return [(rows, seq, micro_batch_feeds(m, program.graph, [rng.integers(0, vocab, seq + 1)
                                                                 for _ in range(rows)])) for _ in range(k)]
 
@@ -108,7 +110,7 @@ def _per_micro_batch(model: Any, layers: int, *, rows: int, seq: int, micro: int
     return max(per, 0.0) * f, max(per, 0.0) * (1.0 - f)
 
 
-def executor_overhead(model: Any, *, device: str = "cpu", threads: int | None = 1, rows: int = 1, seq: int = 8,
+def executor_overhead(model: "ModelSpec", *, device: str = "cpu", threads: int | None = 1, rows: int = 1, seq: int = 8,
                       micro: int = 8, repeats: int = 7) -> ExecutorOverhead:
     """Measure the executor's fixed cost per micro-batch for ``model`` (a :class:`~hspmd_sdk.core.model_spec.
     ModelSpec`) on ``device`` with ``threads`` torch threads (the workers run with 1): see the module docstring.
@@ -131,8 +133,8 @@ def executor_overhead(model: Any, *, device: str = "cpu", threads: int | None = 
                             rows=rows, seq=seq)
 
 
-def with_executor_overhead(cost: "CostModel", model: Any, kind: str = "cpu", overhead: ExecutorOverhead | None = None,
-                           **kw: Any) -> "CostModel":
+def with_executor_overhead(cost: "CostModel", model: "ModelSpec", kind: str = "cpu",
+                           overhead: ExecutorOverhead | None = None, **kw: Any) -> "CostModel":
     """``cost`` (a :class:`~hspmd_sdk.planner.CostModel` with a profile of ``kind`` from
     :func:`~hspmd_sdk.runtime.profile_model`) with the profile's intercepts set to the executor's measured fixed
     cost per micro-batch (:func:`executor_overhead`; ``kw`` goes to it): ``layer_fwd.b``/``layer_bwd.b`` per
@@ -146,7 +148,7 @@ def with_executor_overhead(cost: "CostModel", model: Any, kind: str = "cpu", ove
     tokens = o.rows * o.seq
     lflops, hflops = model.layer_flops(tokens, o.seq), model.head_flops(tokens)
 
-    def b(fit: Any, seconds: float, flops: float, less: float = 0.0) -> Any:
+    def b(fit: "ComputeFit", seconds: float, flops: float, less: float = 0.0) -> "ComputeFit":
         return fit.model_copy(update={"b": max(seconds - fit.a * flops - less, 0.0)})
 
     embed_b = prof.embed.b

@@ -9,13 +9,15 @@ Imports torch when called.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ...planner.cost import ComputeFit, CostModel, LinkOverride, OperatorProfile, fit_line, fit_plane, fit_link
 from ...models.registry import load_model_spec
 from .overhead import with_executor_overhead  # the runtime measures its own fixed cost
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from ...core.model_spec import ModelSpec
 
 __all__ = ["profile_device", "profile_model", "profile_link", "collective_sweep", "DEFAULT_SHAPES", "LINK_SIZES"]
@@ -139,7 +141,7 @@ def profile_model(config: "ModelSpec | str", device: str = "cpu", threads: int |
 Rows = dict[str, list[tuple[float, float]]]
 
 
-def _operator_rows(c: "ModelSpec", ref: Any, shapes: Sequence[tuple[int, int]], device: str,
+def _operator_rows(c: "ModelSpec", ref: "torch.nn.Module", shapes: Sequence[tuple[int, int]], device: str,
                    repeats: int) -> tuple[Rows, list[tuple[float, float]]]:
     """Per operator (``lf``/``lb`` a layer's forward and backward, ``hf``/``hb`` the head's, ``e`` the embedding,
     ``rf``/``rb`` the layer's replicated part), ``(FLOPs or elements, median seconds)`` at each of ``shapes`` on the
@@ -186,7 +188,7 @@ def _operator_rows(c: "ModelSpec", ref: Any, shapes: Sequence[tuple[int, int]], 
     return rows, split
 
 
-def _adam_seconds_per_param(params: list[Any], device: str, repeats: int) -> float:
+def _adam_seconds_per_param(params: list["torch.nn.Parameter"], device: str, repeats: int) -> float:
     """The median seconds per parameter of the ranks' Adam kernel stepping ``params`` (random gradients)."""
     import torch
 
@@ -307,8 +309,8 @@ def profile_link(backend: str = "gloo", sizes: Sequence[int] = LINK_SIZES, *, re
                     compute_s=(compute_s, skew_compute_s) if len(in_context) > 1 else None)
 
 
-def collective_sweep(sizes: Sequence[int], group: object = None, *, compute_s: float = 0.0,
-                     iters: int = CONTEXT_ITERS) -> list[float]:
+def collective_sweep(sizes: Sequence[int], group: "torch.distributed.ProcessGroup | None" = None, *,
+                     compute_s: float = 0.0, iters: int = CONTEXT_ITERS) -> list[float]:
     """Seconds of a blocking ``all_reduce`` of an fp32 buffer of each of ``sizes`` bytes on ``group`` (a
     torch.distributed group this process belongs to; ``None``: the world), called by every member.
 

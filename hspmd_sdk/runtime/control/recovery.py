@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ...core.specialize import Program
     from ...core.strategy import Strategy
     from ...core.switch import SwitchPlan
+    from ...planner.cost import CostModel
     from ..checkpoints.checkpoint import Checkpoint
     from .job import Job
     from .stragglers import StragglerPolicy
@@ -58,7 +59,7 @@ class RecoveryHost(Protocol):
     length_planner: Any
     seq_len: int
     global_batch: int
-    cost: Any
+    cost: "CostModel | None"
     checkpoint_dir: str | None
     checkpoint_every: int | None
     resumed_from: str | None
@@ -102,9 +103,9 @@ class Replanned:
     program: "Program"        #: specialized on the survivors renumbered ``0..n-1``
     cluster: "Cluster"        #: the survivors renumbered
     mapping: dict[int, int]   #: rank of the state held -> rank of ``program``
-    plan: Any                 #: the fused BSR from the state held; ``None``: reloaded from ``checkpoint``
-    checkpoint: Any           #: the checkpoint reloaded (state with no surviving copy), or ``None``
-    candidates: list[Any]     #: a mixed-length job's candidates replanned (else ``[program]``)
+    plan: "SwitchPlan | None"  #: the fused BSR from the state held; ``None``: reloaded from ``checkpoint``
+    checkpoint: "Checkpoint | None"  #: the checkpoint reloaded (state with no surviving copy), or ``None``
+    candidates: list["Program"]  #: a mixed-length job's candidates replanned (else ``[program]``)
     choice: int               #: the index of ``program`` among them
     seconds: dict[str, float]  #: ``plan``, ``specialize`` and, from a checkpoint, ``verify``
 

@@ -19,6 +19,7 @@ from .state import ControlState, Event
 
 if TYPE_CHECKING:
     from ...core.specialize import Program
+    from ...planner.cost import CostModel
     from .job import Job
     from .state import Reason
     from .versions import Numbering
@@ -85,7 +86,7 @@ class StragglerHost(Protocol):
     length_planner: Any
     seq_len: int
     global_batch: int
-    cost: Any
+    cost: "CostModel | None"
 
     @property
     def current(self) -> "Numbering": ...

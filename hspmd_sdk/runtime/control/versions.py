@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from ...errors import HSPMDError
 
 if TYPE_CHECKING:
+    from ...core.cluster import Cluster
     from ...core.specialize import Program
 
 __all__ = ["Version", "Numbering", "Versions", "common_previous", "version_for_all", "with_newcomers"]
@@ -37,8 +38,8 @@ class Numbering:
     """A Program, its cluster and how its ranks map to launch ranks (the processes the launcher started, whose
     numbers never change)."""
 
-    program: Any
-    cluster: Any
+    program: "Program"
+    cluster: "Cluster"
     to_launch: dict[int, int]  # program rank -> launch rank
 
     @property

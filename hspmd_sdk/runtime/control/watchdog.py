@@ -61,7 +61,7 @@ class Watchdog:
     ``stopping``: whether the job is stopping every worker (nothing more is reported then); ``host_lost(group,
     why)`` and ``hung(rank, why, stack)``: report a failure to the job."""
 
-    def __init__(self, spec: Callable[[], LaunchSpec], ranks: Mapping[int, Liveness], lock: Any,
+    def __init__(self, spec: Callable[[], LaunchSpec], ranks: Mapping[int, Liveness], lock: threading.RLock,
                  groups: Sequence[WorkerGroup], *, ended: threading.Event, stopping: Callable[[], bool],
                  host_lost: Callable[[WorkerGroup, str], None], hung: Callable[[int, str, str], None]) -> None:
         self._spec, self._ranks, self._lock, self._groups = spec, ranks, lock, groups

@@ -68,7 +68,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from ...core.slurm_nodes import SlurmError, SlurmNodeInfo, read_slurm_nodes
 from ...errors import PlanValidationError
@@ -444,7 +444,7 @@ class SlurmTransport(Transport):
         return f"SlurmTransport({', '.join(f'{k}={v!r}' for k, v in opts.items())})"
 
 
-def _unreachable(nodes: Any) -> bool:
+def _unreachable(nodes: Iterable[str]) -> bool:
     """Whether every node in ``nodes`` (names; one allocation's node each) has stopped answering slurmctld."""
     try:
         infos = read_slurm_nodes(nodes=sorted(set(nodes)))

@@ -37,12 +37,16 @@ from .transport import ExitSink, LineSink, Transport
 from ..control.preflight import HostFacts
 
 if TYPE_CHECKING:
+    import types
+
+    import asyncssh
+
     from ...core.cluster import Cluster
 
 __all__ = ["SSHTransport", "check_hosts", "SSHError", "PreflightError", "PreflightReport", "RemoteWorkers"]
 
 
-def _asyncssh() -> Any:
+def _asyncssh() -> "types.ModuleType":
     try:
         import asyncssh
     except ImportError:
@@ -103,7 +107,7 @@ class SSHTransport(Transport):
         s = self.settings(host)
         return f"{host} ({(s.user + '@') if s.user else ''}{s.address_of(host)}:{s.port})"
 
-    def _known_hosts_entries(self) -> Any:
+    def _known_hosts_entries(self) -> "asyncssh.SSHKnownHosts":
         """The known_hosts file, parsed; a file that cannot be read or parsed is an error naming it."""
         asyncssh = _asyncssh()
         try:
@@ -113,7 +117,7 @@ class SSHTransport(Transport):
             raise SSHError(f"known_hosts file {self.known_hosts}: cannot read it ({e}); fix or remove the bad "
                            "entries, or pass known_hosts= another file") from None
 
-    def _loaded_client_keys(self) -> Any:
+    def _loaded_client_keys(self) -> "list[asyncssh.SSHKeyPair]":
         """The client key files given, loaded; a missing or unreadable key is an error naming the file."""
         asyncssh = _asyncssh()
         assert self.client_keys is not None
@@ -140,7 +144,8 @@ class SSHTransport(Transport):
             opts["agent_path"] = self.agent_path
         return opts
 
-    async def _connect(self, host: str, *, accept_new: bool | None = None, retries: int | None = None) -> Any:
+    async def _connect(self, host: str, *, accept_new: bool | None = None, retries: int | None = None
+                       ) -> "asyncssh.SSHClientConnection":
         asyncssh = _asyncssh()
         accept = self.accept_new_host_keys if accept_new is None else accept_new
         addr = self.settings(host).address_of(host)
@@ -183,7 +188,7 @@ class SSHTransport(Transport):
                 f"{addr} >> {self.known_hosts}), or pass accept_new_host_keys=True to trust a host seen for the "
                 "first time.")
 
-    def _known_entries(self, host: str) -> list[Any]:
+    def _known_entries(self, host: str) -> "list[asyncssh.SSHKey]":
         s = self.settings(host)
         addr = s.address_of(host)
         keys, ca_keys, *_ = self._known_hosts_entries().match(addr, addr, s.port)
@@ -207,7 +212,7 @@ class SSHTransport(Transport):
                 f.write(line)
         return True
 
-    def connection(self, host: str) -> Any:
+    def connection(self, host: str) -> "asyncssh.SSHClientConnection":
         """The (one) connection to ``host``, opened on first use."""
         with self._conn_lock:
             conn = self._conns.get(host)
@@ -323,7 +328,7 @@ class SSHTransport(Transport):
         loop.close()
 
 
-async def _close_conn(conn: Any) -> None:
+async def _close_conn(conn: "asyncssh.SSHClientConnection") -> None:
     conn.close()
     try:
         await asyncio.wait_for(conn.wait_closed(), 5)

@@ -14,12 +14,15 @@ import queue
 import signal
 import threading
 import time
-from typing import Any, Coroutine, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Coroutine, Protocol, Sequence, TypeVar
 
 from ..protocol import EXIT_ORPHANED, control_line
 from .agent import PREFIX as AGENT_PREFIX
 from .hosts import SSHError
 from .transport import ExitSink, LineSink, WorkerGroup
+
+if TYPE_CHECKING:
+    import asyncssh
 
 __all__ = ["RemoteWorkers", "LoopThread", "AgentHost", "EXIT_LOST"]
 
@@ -128,7 +131,7 @@ class RemoteWorkers(WorkerGroup):
         self._dispatcher.start()
 
     # ---- event loop side ---------------------------------------------------------------------------------------
-    async def open(self, conn: Any, cmd: str, start_msg: str) -> None:
+    async def open(self, conn: "asyncssh.SSHClientConnection", cmd: str, start_msg: str) -> None:
         self._proc = await conn.create_process(cmd, encoding="utf-8", errors="replace")
         self._last_heard = time.monotonic()
         self._proc.stdin.write(start_msg)
@@ -375,10 +378,10 @@ class RemoteWorkers(WorkerGroup):
         self._dispatcher.join(timeout)
 
 
-async def _write(proc: Any, text: str) -> None:
+async def _write(proc: "asyncssh.SSHClientProcess[str]", text: str) -> None:
     proc.stdin.write(text)
     await asyncio.wait_for(proc.stdin.drain(), 5)
 
 
-async def _close_proc(proc: Any) -> None:
+async def _close_proc(proc: "asyncssh.SSHClientProcess[str]") -> None:
     proc.close()

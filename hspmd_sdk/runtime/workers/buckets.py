@@ -69,7 +69,7 @@ class SyncItem:
     rank's sum where it is) and the names of the parameter's uses it sums."""
 
     param: str
-    plan: Any
+    plan: "CommPlan | None"
     uses: tuple[str, ...]
 
 

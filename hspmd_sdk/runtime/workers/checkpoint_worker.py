@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from ...core.slices import Box
     from ...core.specialize import Program, StateLayout
     from ..checkpoints.checkpoint_io import Point
+    from ..checkpoints.checkpoint_plan import Layout
     from .executor import StepExecutor
     from .store import RendezvousStore
     from .worker import WorkerState
@@ -65,14 +66,14 @@ class _Target:
     """What one checkpoint is taken of: the running Program and executor, this process's rank and world then (a
     graph switch or an elastic reconfiguration changes them), and the write plan of that Program."""
 
-    program: Any
-    ex: Any
+    program: "Program"
+    ex: "StepExecutor | None"
     rank: int
     world: int
     token: str                                   # names the store keys and the temporary directory
-    layouts: Mapping[str, Any]
-    state_layouts: Mapping[str, Any]
-    plan: Mapping[str, list[tuple[int, Any]]]
+    layouts: Mapping[str, "Layout"]
+    state_layouts: Mapping[str, "StateLayout"]
+    plan: Mapping[str, list[tuple[int, "Box"]]]
     abandoned: threading.Event                   # set when a failure makes this checkpoint impossible
 
     @property

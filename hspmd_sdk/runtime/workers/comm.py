@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     class GroupHolder(Protocol):
         """What has a ``group(ranks)`` method: the :class:`~.worker.WorkerState` (or a stand-in for one)."""
 
-        def group(self, ranks: Sequence[int]) -> Any: ...
+        def group(self, ranks: Sequence[int]) -> dist.ProcessGroup: ...
 
     #: What a ``groups`` argument may be (:func:`group_lookup`): the WorkerState (its ``group``), a callable
     #: ``ranks -> group`` or a mapping ``{sorted ranks: group}``.
@@ -157,18 +157,19 @@ class Pending:
     """A communication in flight on this rank: :meth:`wait` waits for its collectives or messages and returns
     this rank's result (a tensor or ``None``), computed once.  ``what`` names it in an error."""
 
-    def __init__(self, works: Sequence[Any], finish: Callable[[], Any], what: str = "", rank: int = -1) -> None:
+    def __init__(self, works: Sequence[dist.Work], finish: Callable[[], torch.Tensor | None], what: str = "",
+                 rank: int = -1) -> None:
         self._works, self._finish, self.what, self.rank = list(works), finish, what, rank
         self._done, self._value = False, None
 
     @classmethod
-    def done(cls, value: Any) -> "Pending":
+    def done(cls, value: torch.Tensor | None) -> "Pending":
         """An already completed communication whose result is ``value``."""
         p = cls((), lambda: value)
         p.wait()
         return p
 
-    def wait(self) -> Any:
+    def wait(self) -> torch.Tensor | None:
         if not self._done:
             try:
                 for w in self._works:

@@ -39,7 +39,7 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -304,7 +304,7 @@ class _Group:
     the group's global ranks when it has no process group of its own (messages then go on the default group,
     tagged from ``tag``)."""
 
-    pg: Any
+    pg: "dist.ProcessGroup | None"
     rank: int
     size: int
     ranks: tuple[int, ...] | None = None
@@ -364,7 +364,8 @@ def _pack(k: torch.Tensor, v: torch.Tensor, length: int) -> torch.Tensor:
     return buf
 
 
-def _blocks(kv: torch.Tensor | Sequence[torch.Tensor], plan: _Plan, g: _Group) -> Any:
+def _blocks(kv: torch.Tensor | Sequence[torch.Tensor], plan: _Plan, g: _Group
+            ) -> Iterator[tuple[int, torch.Tensor | Sequence[torch.Tensor]]]:
     """Yield ``(owner, k, v)`` blocks (repeated heads, compute dtype), fetching them by the plan's variant; for
     the ring, each step's transfer is posted before its block is handed out."""
     if g.size == 1:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 
@@ -31,6 +31,12 @@ if TYPE_CHECKING:
     from ...core.specialize import Program
 
 __all__ = ["Feeder", "sequence_balance", "sequence_multiple"]
+
+#: A dispatcher's micro-batch (mixed-length data, :meth:`~.executor.StepExecutor.step`): ``(rows, seq_len, feeds)``
+#: or ``(rows, seq_len, feeds, documents)``; ``feeds`` (placeholder -> the micro-batch's full tensor) is ``None`` on
+#: the ranks that read no data, ``documents`` the lengths of the documents a packed row holds (or ``None``).
+MicroBatch = (tuple[int, int, Mapping[str, torch.Tensor] | None]
+              | tuple[int, int, Mapping[str, torch.Tensor] | None, Sequence[int] | None])
 
 
 def sequence_balance(program: "Program", pipeline: int) -> int:
@@ -120,7 +126,7 @@ class Feeder:
                 t = t.index_select(d, idx.to(t.device))
         return t
 
-    def padded(self, micro: Sequence[Any]) -> Sequence[Any]:
+    def padded(self, micro: MicroBatch) -> MicroBatch:
         """A dispatcher's micro-batch ``(rows, seq_len, feeds[, documents])`` padded on the right to a multiple of
         :attr:`sequence_multiple` (a context-parallel split never pads inside the plan: the annotations need whole
         chunks): targets ``-100`` (out of the loss and of ``trained_targets``), other feeds 0; a packed row gets
@@ -145,7 +151,7 @@ class Feeder:
         head = (micro[0], seq + pad, feeds)
         return head + ((tuple(docs) + (pad,),) if docs is not None else ((None,) if len(micro) > 3 else ()))
 
-    def documents(self, mb: int, micro: Sequence[Any]) -> tuple[int, ...] | None:
+    def documents(self, mb: int, micro: MicroBatch) -> tuple[int, ...] | None:
         """The document lengths of micro-batch ``mb`` if it is a packed row (checked), else ``None``."""
         if len(micro) < 4 or micro[3] is None:
             return None
@@ -162,7 +168,7 @@ class Feeder:
                                 "to its length")
         return docs
 
-    def full(self, batch: Any) -> Mapping[str, torch.Tensor]:
+    def full(self, batch: torch.Tensor | Mapping[str, torch.Tensor] | None) -> Mapping[str, torch.Tensor]:
         """The step's full feeds: ``batch`` if it is a mapping placeholder -> tensor, else the model's ``feeds``
         of it (nothing for ``None``)."""
         if batch is None:

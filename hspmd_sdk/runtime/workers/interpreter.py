@@ -15,6 +15,7 @@ from ..trace import span
 
 if TYPE_CHECKING:
     from ...core.schedule import Action
+    from .p2p import StageTransfers
 
 __all__ = ["StepInterpreter"]
 
@@ -27,7 +28,7 @@ class StepInterpreter:
     rank: int
     post_ahead: bool
     roles: dict[str, str]
-    transfers: Any
+    transfers: "StageTransfers"
     records: dict[int, Any]
     _step_loss: float
     _plan: Callable[..., Any]

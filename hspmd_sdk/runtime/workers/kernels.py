@@ -72,7 +72,7 @@ class Kernel:
     """An op kind's torch kernel and the local keyword arguments it needs on a sharded device."""
 
     fn: Callable[..., Any]
-    local_attrs: Callable[[Any, KernelContext], dict[str, Any]] | None = None
+    local_attrs: Callable[["Node", KernelContext], dict[str, Any]] | None = None
     #: ``"tokenwise"``, ``"documents"`` (takes ``documents=`` in a packed row) or ``None`` (unknown: no packing)
     packing: str | None = None
 

@@ -9,7 +9,7 @@ re-specialized.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
@@ -21,6 +21,9 @@ from .feeds import Feeder
 
 if TYPE_CHECKING:
     from ...core.comm_plan import CommPlan
+    from ...core.graph import Graph
+    from ...core.specialize import ExecutableGraph, Program
+    from .feeds import MicroBatch
 
 __all__ = ["MicroBatchShapes"]
 
@@ -33,13 +36,13 @@ class MicroBatchShapes:
     sets the plan's micro-batching (``num_micro``, ``micro_size``, ``chunk``), the ``feeder`` and, per pass, the
     micro-batches' ``_layout``, ``_documents`` and ``_feeds`` (``_cur``: the current one's shape)."""
 
-    program: Any
+    program: "Program"
     rank: int
     pipeline: int
     stage: int
     bindings: dict[str, int]
-    eg: Any
-    graph: Any
+    eg: "ExecutableGraph"
+    graph: "Graph"
     device: torch.device
     dtype: torch.dtype
     loss_normalizer: int | None
@@ -116,8 +119,8 @@ class MicroBatchShapes:
                 build_schedule(self.program.schedule_kind, stages, self.stage, num_micro)
         return got
 
-    def _prepare(self, batch: Any, batch_rows: tuple[int, int] | None, micro_batches: Any,
-                 loss_normalizer: int | None) -> list[Action]:
+    def _prepare(self, batch: torch.Tensor | Mapping[str, torch.Tensor] | None, batch_rows: tuple[int, int] | None,
+                 micro_batches: Sequence[MicroBatch] | None, loss_normalizer: int | None) -> list[Action]:
         """Set up a pass over one batch (the feeds, each micro-batch's shape; see :meth:`~.executor.StepExecutor.step`);
         returns the stage's schedule actions for it."""
         if micro_batches is not None:

@@ -12,7 +12,7 @@ computes nothing for a rank (its tensor stays as it is).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -52,10 +52,10 @@ class StageTransfers:
     (``groups.peer_failed``; gloo may never fail them)."""
 
     def __init__(self, groups: "Groups", *, rank: int, device: torch.device, dtype: torch.dtype,
-                 p2p_groups: Mapping[tuple[int, int, int], Any] | None = None) -> None:
+                 p2p_groups: Mapping[tuple[int, int, int], dist.ProcessGroup] | None = None) -> None:
         self.groups, self.rank, self.device, self.dtype = groups, rank, device, dtype
         self.p2p_groups = p2p_groups
-        self.pending: list[Any] = []                              # sends posted this step
+        self.pending: list[tuple[dist.Work, torch.Tensor]] = []   # sends posted this step
         self.posted: dict[tuple[str, int, str], Pending] = {}     # receives posted ahead: (kind, mb, op)
         self._sends = SendWaiter(getattr(groups, "peer_failed", None), rank=rank)
 
@@ -64,7 +64,7 @@ class StageTransfers:
         self.posted.clear()
         self.pending.clear()
 
-    def group(self, direction: int) -> Callable[[int, int], Any] | None:
+    def group(self, direction: int) -> Callable[[int, int], dist.ProcessGroup | None] | None:
         """Where a stage-boundary message of ``direction`` (0: activations, 1: gradients) travels: its pair's
         group of that direction (NCCL), or the job's group (``None``)."""
         if self.p2p_groups is None:
@@ -138,7 +138,7 @@ def pipeline_pairs(program: "Program") -> list[tuple[int, int, int]]:
     return sorted(tuple(k) for k in (world_pipeline_pairs(program) if pairs is None else pairs))
 
 
-def pipeline_groups(program: "Program", timeout_s: float = 120.0) -> dict[tuple[int, int, int], Any]:
+def pipeline_groups(program: "Program", timeout_s: float = 120.0) -> dict[tuple[int, int, int], dist.ProcessGroup]:
     """A process group per :func:`pipeline_pairs` entry, created in sorted order (call on every rank of the
     job).  NCCL runs a pair's point-to-point operations in issue order on one stream, and a 1F1B stage issues
     its sends of activations and receives of gradients in another order than its neighbour: on one group per

@@ -18,6 +18,9 @@ from .zero3 import Zero3Params
 
 if TYPE_CHECKING:
     from ...core.comm_plan import CommPlan
+    from ...core.specialize import ExecutableGraph, Program
+    from .buckets import GatherBuckets, GradBuckets
+    from .comm import Groups
 
 __all__ = ["ParameterLeaves"]
 
@@ -29,15 +32,15 @@ class ParameterLeaves:
     ``dtype``, the gradient buckets ``grad_sync`` and gather buckets ``gathers`` with the ``_coalesced`` operators'
     indices, and keeps the step's values in ``step_values``."""
 
-    program: Any
+    program: "Program"
     rank: int
-    groups: Any
+    groups: "Groups"
     device: torch.device
     dtype: torch.dtype
-    eg: Any
+    eg: "ExecutableGraph"
     params: dict[str, torch.Tensor]
-    grad_sync: Any
-    gathers: Any
+    grad_sync: "GradBuckets"
+    gathers: "GatherBuckets"
     step_values: dict[str, torch.Tensor]
     _coalesced: dict[str, int]
     _gathers: dict[str, Pending]

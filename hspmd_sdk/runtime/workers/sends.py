@@ -21,11 +21,11 @@ if TYPE_CHECKING:
 __all__ = ["P2PGroup", "post_sends", "post_receives", "receive", "SendWaiter"]
 
 
-P2PGroup = Callable[[int, int], Any]
+P2PGroup = Callable[[int, int], "dist.ProcessGroup | None"]
 
 
 def post_sends(op: PointToPointOp, x: torch.Tensor | None, rank: int, in_box: Box | None,
-               tag_base: int = 0, group: P2PGroup | None = None) -> list[tuple[Any, torch.Tensor]]:
+               tag_base: int = 0, group: P2PGroup | None = None) -> list[tuple[dist.Work, torch.Tensor]]:
     """Post this rank's sends of ``op`` asynchronously (``isend``; message ``i`` tagged ``tag_base + i``) from its
     local tensor ``x`` holding ``in_box``; returns ``(work, buffer)`` pairs to wait on later.  With
     :func:`receive` this is the split-phase form of a point-to-point operator that pipeline stages use: the
@@ -58,7 +58,7 @@ class SendWaiter:
         self.halted, self.rank, self.poll_s = halted, rank, poll_s
         self._jobs: Any = None
 
-    def wait(self, pending: list[tuple[Any, torch.Tensor]]) -> None:
+    def wait(self, pending: list[tuple[dist.Work, torch.Tensor]]) -> None:
         """Wait until every send of ``pending`` completed; raises what a wait raised, or ``CommFailure`` when
         ``halted()`` turns true first."""
         if not pending:

@@ -51,6 +51,10 @@ from ..protocol import EXIT_FAILED, Channel, LineReader, LineWriter, is_collater
 from ..spec import LaunchSpec, resolve_entry
 
 if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+    from ...core.specialize import Program
     from .store import RendezvousStore
 
 
@@ -66,20 +70,20 @@ class WorkerState:
     spec: LaunchSpec
     rank: int
     channel: Channel
-    device: Any = None  # torch.device
-    groups: dict[tuple[int, ...], Any] = field(default_factory=dict)
+    device: "torch.device | None" = None
+    groups: dict[tuple[int, ...], "dist.ProcessGroup"] = field(default_factory=dict)
     #: a second process group per rank set, for ZeRO-3's parameter gathers (:meth:`create_twin_groups`)
-    twins: dict[tuple[int, ...], Any] = field(default_factory=dict)
-    params: dict[str, Any] = field(default_factory=dict)
-    optimizer: Any = None
-    program: Any = None
+    twins: dict[tuple[int, ...], "dist.ProcessGroup"] = field(default_factory=dict)
+    params: dict[str, "torch.Tensor"] = field(default_factory=dict)
+    optimizer: "torch.optim.Optimizer | None" = None
+    program: "Program | None" = None
     extras: dict[str, Any] = field(default_factory=dict)
     inbox: ControlInbox = field(default_factory=ControlInbox)
     launch_rank: int = -1   #: the rank the launcher started this process as; never changes (``rank`` may)
     world: int | None = None  #: the world size after the survivors re-formed it (``None``: the spec's)
     step: int = 0           #: the training step being run (emulated slowdowns can change with it)
     generation: int = 0     #: the reconfigurations applied (the world this process is in; elastic training)
-    clock: Any = None  # a devices.StepClock: CUDA events on a GPU, the wall clock otherwise
+    clock: StepClock | None = None  # CUDA events on a GPU, the wall clock otherwise
     _step_start: float | None = None
     _emulated: float = 0.0
 
@@ -192,12 +196,12 @@ class WorkerState:
             if key not in self.twins:
                 self.twins[key] = dist.new_group(list(key), timeout=timedelta(seconds=self.spec.timeout_s))
 
-    def twin(self, ranks: Sequence[int]) -> Any:
+    def twin(self, ranks: Sequence[int]) -> "dist.ProcessGroup":
         """The twin process group of ``ranks`` (:meth:`create_twin_groups`), or its first group when it has none."""
         got = self.twins.get(_group_key(ranks))
         return got if got is not None else self.group(ranks)
 
-    def group(self, ranks: Sequence[int]) -> Any:
+    def group(self, ranks: Sequence[int]) -> "dist.ProcessGroup":
         """The process group of ``ranks`` (created earlier by ``create_groups`` on every rank)."""
         key = _group_key(ranks)
         if key not in self.groups:

@@ -25,7 +25,7 @@ in the same order (the Strategy's check refuses what would not: ``Strategy._zero
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -150,7 +150,7 @@ class Zero3Params:
             self._prefetch_after(self.unit_of[name])
         return leaf
 
-    def owners(self, names: Any) -> tuple[str, ...]:
+    def owners(self, names: Iterable[str]) -> tuple[str, ...]:
         """The ZeRO-3 parameters among ``names`` (directly or through an alias)."""
         out = []
         for n in names:
