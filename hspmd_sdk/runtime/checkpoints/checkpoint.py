@@ -13,9 +13,9 @@ the model (JSON + class path), the annotation plan, cluster and pipelines, the A
 position (source, seed, global batch, sequence length, next step) and, per tensor, its shape, dtype and pieces
 (box, file, absolute byte offset, size, CRC-32).
 
-``ROOT`` must be a directory every rank can write (on several hosts: one shared filesystem, as for DCP's file
-system writer).  Complete or absent: the ranks write into ``ROOT/.tmp-step-00000004-<job>/`` (each file under a temporary name,
-fsync-ed, renamed); rank 0 waits until every rank has announced its file, writes the manifest the same way and
+``ROOT`` must be a directory every rank can write (on several hosts: one shared filesystem, as for DCP's file system
+writer).  Complete or absent: the ranks write into ``ROOT/.tmp-step-00000004-<job>/`` (each file under a temporary
+name, fsync-ed, renamed); rank 0 waits until every rank has announced its file, writes the manifest the same way and
 renames the directory to ``step-00000004`` (atomic), then prunes all but the newest ``keep`` of its training's own
 checkpoints (the manifest's ``job_id``: this job's and those of the job it resumed from; never another job's).  A
 crash at any point leaves the previous checkpoint the latest complete one.  ``ROOT`` belongs to one job at a time:
@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ...core.plan import AnnotationPlan
-from ...core.slices import Box, box_shape, format_box
+from ...core.slices import box_shape, format_box
 from .checkpoint_io import CheckpointError, PieceReader, SAFETENSORS_DTYPE, StoredPiece, piece_crc, read_header
 from .checkpoint_lock import CheckpointLocked, break_checkpoint_lock
 from .checkpoint_plan import DTYPE_BYTES, ReadItem, tiling_problems
@@ -69,7 +69,6 @@ from ...models.registry import model_from_class
 
 if TYPE_CHECKING:
     import torch
-
     from ...core.model_spec import ModelSpec
     from ...core.specialize import Program
 
