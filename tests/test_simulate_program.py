@@ -88,6 +88,29 @@ def test_the_program_and_its_strategy_give_the_same_step(case: str, dtype: str) 
     assert (got.step_time, got.sync_time, got.memory) == (want.step_time, want.sync_time, want.memory)
 
 
+#: Known gaps (issue 47): with GPT-2's tied embedding at a ZeRO level the Program gathers the sharded weight a second
+#: time for the head on its home stage (``wte.weight.head`` in ``PRE``: the runtime really does) and all-reduces the
+#: head's gradient of it apart on another stage, where the formula counts neither / merges it into the stage's
+#: reduce-scatter.  Strict: the day the two agree (either side fixed) this fails and the case moves to CASES.
+TIED_ZERO = {
+    "gpt dp2 zero1 (tied, one stage)": {"zero1": True, "pipelines": [_pipe([([0], [0, 3], {})]),
+                                                                     _pipe([([1], [0, 3], {})])]},
+    "gpt pp2 dp2 zero1 (tied, two stages)": {"zero1": True, "pipelines": [
+        _pipe([([0], [0, 1], {}), ([1], [2, 3], {})]), _pipe([([2], [0, 1], {}), ([3], [2, 3], {})])]},
+}
+
+
+@pytest.mark.xfail(strict=True, reason="the formula does not yet price a tied weight's second gather / separate "
+                                       "gradient all-reduce at a ZeRO level as the Program has them")
+@pytest.mark.parametrize("case", sorted(TIED_ZERO))
+def test_a_tied_weight_at_a_zero_level_is_priced_alike(case: str) -> None:
+    strategy = TIED_ZERO[case]
+    cluster = Cluster.local(2 * len(strategy["pipelines"][0]["stages"]))
+    s, program = _program(GPT, strategy, cluster)
+    got, want = simulate(program, seq_len=SEQ), simulate(GPT, s, cluster, seq_len=SEQ)
+    assert got.timeline == want.timeline and got.step_time == want.step_time
+
+
 @pytest.mark.parametrize("name", ["table9_32b_16h800_32h20.json", "table11_c2.json"])
 def test_the_papers_heterogeneous_strategies_agree_at_both_dtypes(name: str) -> None:
     """The paper's Table 9 layout (32B on 16 H800 + 32 H20, TP4, 3 stages a pipeline) and Table 11's C2 (31 H20,
