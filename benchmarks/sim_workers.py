@@ -23,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import IO, Any, Sequence
 
-from hspmd_sdk.runtime.protocol import EXIT_ORPHANED, control_line
+from hspmd_sdk.runtime.protocol import EXIT_ORPHANED, control_text_line, message_text
 from hspmd_sdk.runtime.spec import LaunchSpec
 from hspmd_sdk.runtime.transports.transport import ExitSink, LineSink, Transport, WorkerGroup
 
@@ -105,8 +105,8 @@ class SimGroup(WorkerGroup):
     def stopped_by_kill(self, rank: int, returncode: int) -> bool:
         return rank in self._killed and returncode in (-15, EXIT_ORPHANED)
 
-    def send_control(self, msg: dict[str, Any], ranks: Sequence[int]) -> None:
-        line = control_line("control", msg=msg)
+    def send_control(self, msg: dict[str, Any], ranks: Sequence[int], *, text: str | None = None) -> None:
+        line = control_text_line(message_text(msg) if text is None else text)
         mine = [r for r in ranks if r in self.ranks]
         if mine:
             self.sim.write(json.dumps({"cmd": "control", "ranks": mine}) + "\n" + line)

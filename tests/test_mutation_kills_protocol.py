@@ -59,6 +59,18 @@ def test_protocol_control_line_is_compact_json_with_its_kind_first() -> None:
     assert control_line("control", msg={"a": 1, "b": [1, 2]}) == '{"t":"control","msg":{"a":1,"b":[1,2]}}\n'
 
 
+def test_a_message_encoded_once_gives_the_same_line() -> None:
+    """The job encodes a control message once (``message_text``) and every transport writes that text as it is:
+    byte for byte the line ``control_line`` writes of the message; what JSON cannot carry is refused there."""
+    from hspmd_sdk.runtime.protocol import control_text_line, message_text
+
+    for msg in ({"type": "switch", "id": 3, "grow": None}, {"s": "caf\u00e9 \"q\"", "x": [1.5, -0.0, {"k": []}]}, {}):
+        assert message_text(msg) == json.dumps(msg, separators=(",", ":"))
+        assert control_text_line(message_text(msg)) == control_line("control", msg=msg)
+    with pytest.raises(TypeError):
+        message_text({"n": object()})
+
+
 def test_protocol_decode_reads_messages_and_refuses_everything_else() -> None:
     """Only a prefixed JSON object with a ``t`` is a message; anything else is a raw line (``None``)."""
     assert decode('@hspmd {"t":"beat","rank":1}') == {"t": "beat", "rank": 1}

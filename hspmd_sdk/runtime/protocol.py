@@ -75,6 +75,18 @@ def control_line(kind: str, **fields: Any) -> str:
     return json.dumps({"t": kind, **fields}, separators=(",", ":")) + "\n"
 
 
+def message_text(msg: Mapping[str, Any]) -> str:
+    """A control message as the compact JSON text lines carry it: encoded once by the job, written as it is by
+    every transport (:func:`control_text_line`); ``TypeError`` / ``ValueError`` for what JSON cannot carry."""
+    return json.dumps(msg, separators=(",", ":"))
+
+
+def control_text_line(text: str) -> str:
+    """``control_line("control", msg=msg)`` of a message already encoded by :func:`message_text` (the same bytes,
+    without encoding the message again: a switch's part of a rank is ~200 KB)."""
+    return '{"t":"control","msg":' + text + "}\n"
+
+
 def decode(line: str) -> dict[str, Any] | None:
     """The message of a protocol line, or ``None`` for a raw text line."""
     if not line.startswith(PREFIX):

@@ -30,7 +30,6 @@ it had (re-exported from the parts).
 from __future__ import annotations
 
 import atexit
-import json
 import sys
 import tempfile
 import threading
@@ -50,6 +49,7 @@ from .job_traces import JobTraces, TraceFile  # noqa: F401 - re-exported
 from .job_training import JobTraining
 from .progress import Progress, in_notebook, make_progress
 from .watchdog import Watchdog
+from ..protocol import message_text
 from ..spec import LaunchSpec
 from ..transports.transport import Transport, WorkerGroup
 
@@ -91,6 +91,7 @@ class Job(JobStream, JobFailures, JobHolds, JobTraining, JobTraces):
         self._stopping = False
         self._cancelled = False
         self._groups: list[WorkerGroup] = []
+        self._groups_indexed: tuple[int, dict[int, WorkerGroup]] = (0, {})  # (len(_groups), rank -> group)
         self._t0 = time.monotonic()
         self._t1: float | None = None
         if progress is None:  # by default where someone watches: a notebook, or a terminal
@@ -283,15 +284,27 @@ class Job(JobStream, JobFailures, JobHolds, JobTraining, JobTraces):
         """:meth:`send_control` (every message of the job goes through here: the job's own, the controller's)."""
         if not isinstance(msg, dict):
             raise TypeError(f"a control message is a dict (a JSON object), not {type(msg).__name__}")
-        json.dumps(msg)  # not JSON-able: the caller hears it now, not a worker later
-        targets = set(self.spec.ranks) if ranks is None else {int(r) for r in ranks}
-        unknown = sorted(targets - set(self.spec.ranks))
+        text = message_text(msg)  # not JSON-able: the caller hears it now, not a worker later; encoded once
+        group_of = self._groups_by_rank()
+        targets = sorted(group_of) if ranks is None else sorted({int(r) for r in ranks})
+        unknown = [r for r in targets if r not in group_of and r not in self._ranks]
         if unknown:
             raise KeyError(f"ranks {unknown} are not in job {self.job_id} (ranks 0..{self.spec.world_size - 1})")
-        for g in list(self._groups):
-            mine = [r for r in g.ranks if r in targets]
-            if mine:
-                g.send_control(msg, mine)
+        mine: dict[int, tuple[WorkerGroup, list[int]]] = {}  # per group, its ranks among the targets
+        for r in targets:
+            g = group_of.get(r)
+            if g is not None:
+                mine.setdefault(id(g), (g, []))[1].append(r)
+        for g, rs in mine.values():
+            g.send_control(msg, rs, text=text)
+
+    def _groups_by_rank(self) -> dict[int, WorkerGroup]:
+        """Launch rank -> the group of workers it runs in (made again when a group was added): a message to one
+        rank finds its group at once, not by scanning every group (a switch sends each of 10,000 ranks its own)."""
+        groups = list(self._groups)
+        if self._groups_indexed[0] != len(groups):
+            self._groups_indexed = (len(groups), {r: g for g in groups for r in g.ranks})
+        return self._groups_indexed[1]
 
     # ---- start ---------------------------------------------------------------------------------------------
     def start(self) -> "Job":

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Coroutine, Protocol, Sequence, TypeVar
 
-from ..protocol import EXIT_ORPHANED, control_line
+from ..protocol import EXIT_ORPHANED, control_line, message_text
 from .agent import PREFIX as AGENT_PREFIX
 from .hosts import SSHError
 from .transport import ExitSink, LineSink, WorkerGroup
@@ -296,10 +296,13 @@ class RemoteWorkers(WorkerGroup):
 
     def _send(self, msg: dict[str, Any]) -> None:
         """Queue one line to the agent (never blocks; a closed channel is the reader's to report)."""
+        self._send_line(json.dumps(msg, separators=(",", ":")) + "\n")
+
+    def _send_line(self, line: str) -> None:
+        """:meth:`_send` of a line already encoded."""
         proc = self._proc
         if proc is None:
             return
-        line = json.dumps(msg, separators=(",", ":")) + "\n"
 
         def write() -> None:
             try:
@@ -311,8 +314,11 @@ class RemoteWorkers(WorkerGroup):
         except RuntimeError:
             pass  # the loop is closed: the job is over
 
-    def send_control(self, msg: dict[str, Any], ranks: Sequence[int]) -> None:
-        self._send({"t": "control", "ranks": list(ranks), "msg": msg})
+    def send_control(self, msg: dict[str, Any], ranks: Sequence[int], *, text: str | None = None) -> None:
+        # the agent's line {"t": "control", "ranks": [...], "msg": {...}}, the message's text spliced in as it is
+        body = message_text(msg) if text is None else text
+        self._send_line('{"t":"control","ranks":' + json.dumps([int(r) for r in ranks], separators=(",", ":"))
+                        + ',"msg":' + body + "}\n")
 
     def dump_stack(self, rank: int) -> None:
         self._send({"t": "dump", "rank": int(rank)})

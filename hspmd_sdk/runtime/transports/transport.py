@@ -29,7 +29,7 @@ from typing import IO, TYPE_CHECKING, Any, Callable, Sequence
 
 from . import forkserver
 from .forkserver import ForkedProcess, ForkServer
-from ..protocol import EXIT_ORPHANED, control_line
+from ..protocol import EXIT_ORPHANED, control_line, control_text_line, message_text
 from ..spec import LaunchSpec
 
 if TYPE_CHECKING:
@@ -75,8 +75,9 @@ class WorkerGroup(ABC):
         """
 
     @abstractmethod
-    def send_control(self, msg: dict[str, Any], ranks: Sequence[int]) -> None:
-        """Queue the control message ``msg`` for ``ranks`` (delivered in order; never blocks)."""
+    def send_control(self, msg: dict[str, Any], ranks: Sequence[int], *, text: str | None = None) -> None:
+        """Queue the control message ``msg`` for ``ranks`` (delivered in order; never blocks).  ``text``: ``msg``
+        already encoded (:func:`~..protocol.message_text`), written as it is: the job encodes a message once."""
 
     @abstractmethod
     def dump_stack(self, rank: int) -> None:
@@ -263,8 +264,8 @@ class LocalWorkers(WorkerGroup):
                 self._quiet.set()
         on_exit(rank, rc)
 
-    def send_control(self, msg: dict[str, Any], ranks: Sequence[int]) -> None:
-        line = control_line("control", msg=msg)
+    def send_control(self, msg: dict[str, Any], ranks: Sequence[int], *, text: str | None = None) -> None:
+        line = control_text_line(message_text(msg) if text is None else text)
         for r in ranks:
             w = self._stdin.get(r)
             if w is not None:
