@@ -288,10 +288,16 @@ def test_a_straggler_appearing_mid_run_is_replanned_around() -> None:
 
     model, cluster = LlamaConfig.preset("tiny"), Cluster.local(2)
     data = {"pipelines": [_pipe([([0], [0, 3])], 1, 4), _pipe([([1], [0, 3])], 1, 4)]}
-    steps = 20  # room after the slow-down (step 4) for a late detection under load: it came at step 11 once
+    steps, hold = 16, 12  # room after the slow-down (step 4) for a late detection under load: it came at step 11 once
     job = launch(_program(model, data, cluster), cluster, steps=steps, seed=SEED, seq_len=SEQ, lr=LR,
                           slowdown={1: [(4, 4.0)]}, straggler=StragglerWatch(margin=2.0, steps=3, warmup=2),
-                          timeout_s=60)
+                          timeout_s=60, hold_at=[hold])
+    # both ranks wait at the start of step `hold` until the straggler's replan exists and both heard its switch:
+    # it lands at a boundary before the job's end however late the load lets the watch see rank 1 slow down
+    assert job.wait_held(hold, timeout=150) == [0, 1]
+    _wait(lambda: any(e.reason == "straggler" for e in job.events), 60)
+    job.wait_held(hold, heard=next(e for e in job.events if e.reason == "straggler"), timeout=60)
+    job.release(hold)
     result = job.wait(timeout=170)
     ref = reference_training(model, steps=steps, seed=SEED, global_batch=8, seq_len=SEQ, lr=LR)
     stragglers = [e for e in result.events if e.reason == "straggler"]
