@@ -351,11 +351,10 @@ class TrainingController:
                                   "job recovered (Job.events shows when)")
             if candidates is not None:  # sent by the dispatch of the grow's step (under both locks)
                 self.candidate_switch.grow(event, *candidates, numbering, grow)
-                for launch in joining:
-                    del self._joining[launch]
-                return event
             for launch in joining:
                 del self._joining[launch]
+            if candidates is not None:
+                return event
             event.step = self._next_step()
             ident = self._open_switch(event, numbering)
         finally:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ...errors import RuntimeFailure
 from .faults import Failure, FailurePolicy, Reaction, describe_returncode
@@ -32,6 +32,7 @@ class JobFailures:
     _done: threading.Event
     _ranks: dict[int, "RankRecord"]
     _groups: list[WorkerGroup]
+    _groups_by_rank: Callable[[], dict[int, WorkerGroup]]  #: the job's launch rank -> group index
     _logs: "JobLogs"
     _failures: list[Failure]
     _absorbed: list[Failure]
@@ -114,10 +115,7 @@ class JobFailures:
             t.join()
 
     def _group_of(self, rank: int) -> WorkerGroup | None:
-        for g in list(self._groups):
-            if rank in g.ranks:
-                return g
-        return None
+        return self._groups_by_rank().get(rank)
 
     def _host_lost(self, group: WorkerGroup, why: str) -> None:
         """One ``connection lost`` failure per host, naming the ranks it carried."""
